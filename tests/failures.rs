@@ -1,1 +1,235 @@
-// placeholder: filled in by the tests work
+//! Failures: every refused dump or restore must exit non-zero with one
+//! `ckpt: error:` line naming the problem, leave a dumped process running
+//! untouched, leave no image dir behind, and never leave a half-restored
+//! process running.
+
+mod common;
+
+use std::fs::{self, OpenOptions};
+use std::time::Duration;
+
+use common::*;
+
+#[test]
+fn dump_of_nonexistent_pid_fails() {
+    let env = TestEnv::new("no-pid");
+    let pid = unused_pid();
+    let out = ckpt(
+        &env,
+        &[
+            "dump",
+            "--tree",
+            &pid.to_string(),
+            "--dir",
+            path_str(&env.img),
+        ],
+        FAIL_TIMEOUT,
+    );
+    let err = out.assert_error();
+    assert!(
+        err.contains(&pid.to_string()),
+        "error should name pid {pid}: {err}"
+    );
+    assert!(
+        !env.img.exists(),
+        "failed dump left the image dir {} behind",
+        env.img.display()
+    );
+}
+
+/// A socket (fd 42 in the victim) cannot be dumped: the dump must fail
+/// cleanly and the victim must not notice anything.
+#[test]
+fn dump_with_unsupported_fd_fails_and_leaves_victim_alone() {
+    let env = TestEnv::new("unsupported-fd");
+    let mut v = Victim::spawn(&env, "unsupported", &[]);
+    v.wait_ready();
+
+    let out = ckpt(
+        &env,
+        &[
+            "dump",
+            "--tree",
+            &v.pid.to_string(),
+            "--dir",
+            path_str(&env.img),
+        ],
+        DUMP_TIMEOUT,
+    );
+    let err = out.assert_error();
+    assert!(err.contains("fd 42"), "error should name `fd 42`: {err}");
+    assert!(
+        err.to_lowercase().contains("socket"),
+        "error should name the fd kind (socket): {err}"
+    );
+    assert!(
+        err.contains(&v.pid.to_string()),
+        "error should name pid {}: {err}",
+        v.pid
+    );
+    assert!(
+        !env.img.exists(),
+        "failed dump left the image dir {} behind",
+        env.img.display()
+    );
+
+    assert!(
+        v.original_exited().is_none(),
+        "victim died during the failed dump: {}",
+        v.diag()
+    );
+    assert_running_untouched(v.pid, "after a failed dump");
+    // Still running its own loop, then passes its own checks (memory, maps,
+    // socket, no pending signals, not traced).
+    assert!(
+        v.ping(READY_TIMEOUT),
+        "victim stopped looping: {}",
+        v.diag()
+    );
+    v.go();
+    let status = v.wait_original_exit(RESTORE_TIMEOUT);
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "victim disturbed by the failed dump: {}",
+        v.diag()
+    );
+    v.assert_pass();
+}
+
+#[test]
+fn dump_into_existing_dir_is_refused() {
+    let env = TestEnv::new("existing-dir");
+    fs::create_dir(&env.img).expect("create img dir");
+    let sentinel = env.img.join("sentinel");
+    fs::write(&sentinel, "keep me").expect("write sentinel");
+
+    let mut v = Victim::spawn(&env, "counter", &[]);
+    v.wait_ready();
+    let out = ckpt(
+        &env,
+        &[
+            "dump",
+            "--tree",
+            &v.pid.to_string(),
+            "--dir",
+            path_str(&env.img),
+        ],
+        DUMP_TIMEOUT,
+    );
+    out.assert_error();
+
+    let entries: Vec<_> = fs::read_dir(&env.img)
+        .expect("existing dir must still exist")
+        .map(|e| e.expect("dir entry").file_name())
+        .collect();
+    assert_eq!(
+        entries,
+        vec![std::ffi::OsString::from("sentinel")],
+        "existing dir was modified"
+    );
+    assert_eq!(fs::read_to_string(&sentinel).unwrap(), "keep me");
+
+    assert!(v.original_exited().is_none(), "victim died: {}", v.diag());
+    assert_running_untouched(v.pid, "after a refused dump");
+    v.go();
+    let status = v.wait_original_exit(RESTORE_TIMEOUT);
+    assert_eq!(status.code(), Some(0), "victim failed: {}", v.diag());
+    v.assert_pass();
+}
+
+#[test]
+fn restore_from_missing_dir_fails() {
+    let env = TestEnv::new("missing-dir");
+    let out = ckpt(
+        &env,
+        &["restore", "--dir", path_str(&env.img)],
+        FAIL_TIMEOUT,
+    );
+    let err = out.assert_error();
+    assert!(
+        err.contains(path_str(&env.img)) || err.contains("manifest.img"),
+        "error should name the missing dir or its manifest.img: {err}"
+    );
+}
+
+/// Dumps a counter victim with --kill and reaps it; returns the victim.
+fn dumped_counter(env: &TestEnv) -> Victim {
+    let mut v = Victim::spawn(env, "counter", &[]);
+    v.wait_ready();
+    dump_kill_reap(env, &mut v);
+    v
+}
+
+/// Restore must fail naming `file`, and nothing of the victim may run
+/// afterwards.  `go` exists from the start, so a victim that was let run
+/// even briefly would have written a result file.
+fn assert_restore_fails_cleanly(env: &TestEnv, v: &Victim, file: &str) {
+    v.go();
+    let out = spawn_restore(env, &[]).wait_with(FAIL_TIMEOUT, || v.diag());
+    let err = out.assert_error();
+    assert!(err.contains(file), "error should name {file}: {err}");
+    assert!(
+        wait_until(Duration::from_secs(2), || victim_gone(
+            v.pid, &v.bin, &v.work
+        )),
+        "a process for pid {} is left after the failed restore (state {:?}, cmdline {:?})",
+        v.pid,
+        proc_state(v.pid),
+        cmdline_of(v.pid)
+    );
+    assert!(
+        v.result().is_none(),
+        "the victim ran from corrupt images: {}",
+        v.diag()
+    );
+}
+
+#[test]
+fn restore_from_truncated_pages_fails() {
+    let env = TestEnv::new("truncated-pages");
+    let v = dumped_counter(&env);
+    let name = format!("pages-{}.img", v.pid);
+    let pages = env.img.join(&name);
+    let len = fs::metadata(&pages).expect("pages image").len();
+    OpenOptions::new()
+        .write(true)
+        .open(&pages)
+        .and_then(|f| f.set_len(len / 2))
+        .expect("truncate pages image");
+    assert_restore_fails_cleanly(&env, &v, &name);
+}
+
+#[test]
+fn restore_from_tampered_manifest_fails() {
+    let env = TestEnv::new("tampered-manifest");
+    let v = dumped_counter(&env);
+    let manifest = env.img.join("manifest.img");
+    let mut bytes = fs::read(&manifest).expect("read manifest");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    fs::write(&manifest, &bytes).expect("write manifest");
+    assert_restore_fails_cleanly(&env, &v, "manifest.img");
+}
+
+/// Restoring while the original still runs under the pid must fail with
+/// `pid N is in use` and must not disturb that process.
+#[test]
+fn restore_refuses_pid_held_by_live_process() {
+    let env = TestEnv::new("pid-in-use");
+    let mut v = Victim::spawn(&env, "counter", &[]);
+    v.wait_ready();
+    dump(&env, &v, &["--leave-running"]);
+
+    let out = spawn_restore(&env, &[]).wait_with(FAIL_TIMEOUT, || v.diag());
+    let err = out.assert_error();
+    let want = format!("pid {} is in use", v.pid);
+    assert!(err.contains(&want), "error should say {want:?}: {err}");
+
+    assert!(v.original_exited().is_none(), "original died: {}", v.diag());
+    assert_running_untouched(v.pid, "after the refused restore");
+    v.go();
+    let status = v.wait_original_exit(RESTORE_TIMEOUT);
+    assert_eq!(status.code(), Some(0), "original failed: {}", v.diag());
+    v.assert_pass();
+}

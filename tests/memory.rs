@@ -1,1 +1,185 @@
-// placeholder: filled in by the tests work
+//! Memory: anonymous, heap/brk, stack, private/shared file mappings, shared
+//! anonymous memory and PROT_NONE / mprotect-ed regions must come back with
+//! the same contents, layout and semantics (victim: tests/c/memory.c).
+
+mod common;
+
+use std::fmt;
+use std::fs;
+
+use common::*;
+
+#[test]
+fn memory_restored_after_dump_kill() {
+    standard_cycle("memory-kill", "memory", &[]);
+}
+
+/// Default dump leaves the process running, unchanged; the images it wrote
+/// while the process was live must still restore into a passing victim.
+#[test]
+fn memory_dump_leaves_original_running() {
+    let env = TestEnv::new("memory-leave-running");
+    let mut v = Victim::spawn(&env, "memory", &[]);
+    v.wait_ready();
+
+    dump(&env, &v, &[]);
+    assert!(
+        v.original_exited().is_none(),
+        "default dump must leave the victim running: {}",
+        v.diag()
+    );
+    assert_running_untouched(v.pid, "after a default (leave-running) dump");
+    // Still executing its own loop, not merely present.
+    assert!(
+        v.ping(READY_TIMEOUT),
+        "original no longer answers pings after dump: {}",
+        v.diag()
+    );
+
+    v.go();
+    let status = v.wait_original_exit(RESTORE_TIMEOUT);
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "original failed its own check after being dumped: {}",
+        v.diag()
+    );
+    v.assert_pass();
+
+    // The original is gone and reaped: its pid is free for the restore.
+    v.clear_protocol_files();
+    restore_and_check(&env, &v);
+}
+
+/// One entry of /proc/PID/maps after normalisation.
+#[derive(Clone, PartialEq, Eq)]
+struct Vma {
+    start: u64,
+    end: u64,
+    perms: String,
+    offset: u64,
+    /// dev:inode, only for real (not deleted) files: a restored shmem or
+    /// deleted-file mapping legitimately gets a new inode.
+    file_id: Option<String>,
+    path: String,
+}
+
+impl fmt::Debug for Vma {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:x}-{:x} {} {:08x} {} {}",
+            self.start,
+            self.end,
+            self.perms,
+            self.offset,
+            self.file_id.as_deref().unwrap_or("-"),
+            self.path
+        )
+    }
+}
+
+fn parse_maps(text: &str) -> Vec<Vma> {
+    let mut out: Vec<Vma> = Vec::new();
+    for line in text.lines() {
+        let mut it = line.split_whitespace();
+        let (Some(range), Some(perms), Some(off), Some(dev), Some(inode)) =
+            (it.next(), it.next(), it.next(), it.next(), it.next())
+        else {
+            panic!("malformed maps line: {line:?}");
+        };
+        // The path is the rest of the line (may contain spaces: " (deleted)").
+        let path = it.collect::<Vec<_>>().join(" ");
+        let (s, e) = range.split_once('-').expect("maps range");
+        let vma = Vma {
+            start: u64::from_str_radix(s, 16).expect("start"),
+            end: u64::from_str_radix(e, 16).expect("end"),
+            perms: perms.to_string(),
+            offset: u64::from_str_radix(off, 16).expect("offset"),
+            file_id: (path.starts_with('/') && !path.ends_with("(deleted)"))
+                .then(|| format!("{dev}:{inode}")),
+            path,
+        };
+        // Merge a mapping the kernel (or a restorer) split into adjacent
+        // VMAs: same perms and path, and for files a continuous offset.
+        if let Some(prev) = out.last_mut()
+            && prev.end == vma.start
+            && prev.perms == vma.perms
+            && prev.path == vma.path
+            && prev.file_id == vma.file_id
+            && (vma.path.is_empty() || vma.offset == prev.offset + (prev.end - prev.start))
+        {
+            prev.end = vma.end;
+            continue;
+        }
+        out.push(vma);
+    }
+    out
+}
+
+fn maps_diff(before: &[Vma], after: &[Vma]) -> String {
+    let mut s = String::new();
+    for v in before.iter().filter(|v| !after.contains(v)) {
+        s.push_str(&format!("  only before: {v:?}\n"));
+    }
+    for v in after.iter().filter(|v| !before.contains(v)) {
+        s.push_str(&format!("  only after:  {v:?}\n"));
+    }
+    s
+}
+
+#[test]
+fn merge_keeps_distinct_mappings_apart() {
+    // Guards the normaliser itself: it must merge only true continuations.
+    let maps = "\
+1000-2000 rw-p 00000000 00:00 0 \n\
+2000-3000 rw-p 00000000 00:00 0 \n\
+3000-4000 r--p 00000000 00:00 0 \n\
+4000-5000 r--p 00001000 08:01 12 /bin/x\n\
+5000-6000 r--p 00002000 08:01 12 /bin/x\n\
+6000-7000 r--p 00009000 08:01 12 /bin/x\n\
+7000-8000 rw-s 00000000 00:01 5 /dev/zero (deleted)\n";
+    let v = parse_maps(maps);
+    let ranges: Vec<(u64, u64)> = v.iter().map(|m| (m.start, m.end)).collect();
+    assert_eq!(
+        ranges,
+        vec![
+            (0x1000, 0x3000),
+            (0x3000, 0x4000),
+            (0x4000, 0x6000),
+            (0x6000, 0x7000),
+            (0x7000, 0x8000)
+        ]
+    );
+    assert_eq!(v[4].path, "/dev/zero (deleted)");
+    assert_eq!(v[4].file_id, None);
+    assert_eq!(v[2].file_id.as_deref(), Some("08:01:12"));
+}
+
+/// The restored process's whole address space, as seen from outside, must
+/// match the original's: every mapping including [heap], [stack], [vdso],
+/// [vvar] and [vvar_vclock].
+#[test]
+fn memory_maps_identical_from_outside() {
+    let env = TestEnv::new("memory-maps");
+    let mut v = Victim::spawn(&env, "memory", &[]);
+    v.wait_ready();
+    let before_text = fs::read_to_string(format!("/proc/{}/maps", v.pid)).expect("read maps");
+    let before = parse_maps(&before_text);
+
+    dump_kill_reap(&env, &mut v);
+    let mut restore = spawn_restore(&env, &[]);
+    // Only once the victim's own loop answers is the restore complete.
+    wait_restored_and_running(&v, &mut restore);
+    let after_text = fs::read_to_string(format!("/proc/{}/maps", v.pid)).expect("read maps");
+    let after = parse_maps(&after_text);
+
+    v.go();
+    let diff = maps_diff(&before, &after);
+    assert!(
+        before == after,
+        "/proc/{}/maps differs after restore:\n{diff}\n--- before:\n{before_text}\n--- after:\n{after_text}",
+        v.pid
+    );
+    finish_restore(&v, restore);
+}

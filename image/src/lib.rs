@@ -1,1 +1,67 @@
-//! placeholder
+//! The ckpt image format, defined once and shared by the dumper, the
+//! restorer and `ckpt show`.
+//!
+//! A checkpoint is a directory:
+//!
+//! ```text
+//! DIR/manifest.img     header + Manifest: tool/format version, kernel, CPU, per-file checksums
+//! DIR/core-PID.img     header + Core: registers, xstate, signals, credentials, limits, mm fields
+//! DIR/mm-PID.img       header + Mm: every VMA and where its saved pages live
+//! DIR/files-PID.img    header + Files: the fd table
+//! DIR/ghost-N.img      raw contents of an open-but-unlinked file
+//! DIR/pages-PID.img    raw page data, 4 KiB aligned, no header, so restore can
+//!                      read it straight into place
+//! ```
+//!
+//! Metadata is protobuf (prost derive, no .proto files). Compatibility rule,
+//! borrowed from CRIU's review practice: new fields are `optional` or
+//! repeated, tags are never renumbered or reused, removed tags are reserved in
+//! a comment. A change that old readers cannot ignore bumps [`FORMAT_VERSION`].
+//!
+//! This crate does no syscalls beyond reading and writing image files.
+
+#![forbid(unsafe_code)]
+
+pub mod core;
+pub mod dir;
+pub mod error;
+pub mod files;
+pub mod header;
+pub mod manifest;
+pub mod mm;
+pub mod summary;
+
+pub use dir::{ImageDir, ImageWriter, PagesWriter};
+pub use error::ImageError;
+pub use header::{FORMAT_VERSION, ImageKind};
+
+/// Size of a page on every platform ckpt supports (x86_64).
+pub const PAGE_SIZE: u64 = 4096;
+
+/// File name of a process's core image.
+pub fn core_name(pid: i32) -> String {
+    format!("core-{pid}.img")
+}
+
+/// File name of a process's memory-map image.
+pub fn mm_name(pid: i32) -> String {
+    format!("mm-{pid}.img")
+}
+
+/// File name of a process's fd-table image.
+pub fn files_name(pid: i32) -> String {
+    format!("files-{pid}.img")
+}
+
+/// File name of a process's page data.
+pub fn pages_name(pid: i32) -> String {
+    format!("pages-{pid}.img")
+}
+
+/// File name of the saved contents of the `n`th unlinked file.
+pub fn ghost_name(n: u32) -> String {
+    format!("ghost-{n}.img")
+}
+
+/// File name of the manifest.
+pub const MANIFEST_NAME: &str = "manifest.img";

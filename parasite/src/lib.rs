@@ -1,1 +1,19 @@
-//! placeholder
+//! ckpt's compel: run code inside another process.
+//!
+//! [`Tracee`] is a task stopped under ptrace: registers, xstate, signal mask
+//! and memory are reachable, and single syscalls run inside it at an address
+//! holding `syscall; int3`. [`Infection`] maps the freestanding parasite
+//! [`blob`] into the task, calls its commands ([`proto`]) and removes every
+//! trace again. This crate knows nothing about images, files or trees.
+
+pub mod blob;
+pub mod error;
+mod infect;
+pub mod proto;
+mod sys;
+pub mod tracee;
+
+pub use error::{ParasiteError, Result};
+pub use infect::{Infection, restart_regs};
+pub use sys::{RseqConfig, SIGINFO_SIZE, cpu_vendor, xsave_size};
+pub use tracee::{Regs, SYSCALL_INT3, Tracee, check_ret, tracer_of};

@@ -1,1 +1,289 @@
-//! placeholder
+//! Rebuild a process from a checkpoint image and resume it.
+//!
+//! Data flows one way: **read** (the whole image is verified against the
+//! manifest's checksums before anything is created) → **rebuild** → **resume**.
+//!
+//! How the address space is rebuilt: the restorer clones a child with the
+//! original pid (clone3 `set_tid`), which stops itself under
+//! `PTRACE_TRACEME` before running any code. Everything else is driven from
+//! outside with the parasite crate's remote syscalls, from a small scratch
+//! area placed where neither the child's inherited mappings nor the dumped
+//! ones lie: the inherited mappings are unmapped, the kernel's vDSO/vvar are
+//! moved to the dumped addresses (after checking the kernel provides the same
+//! vDSO), every VMA is recreated and filled from the pages file through
+//! `/proc/PID/mem`, then fds, signals, credentials and registers follow. The
+//! scratch area is unmapped by the very last syscall, which stops at its exit
+//! so the final registers can be set: no trace of ckpt is left in the map.
+//!
+//! Any error kills and reaps the child (and ptrace's EXITKILL kills it if
+//! the restorer itself dies), so no half-restored process is ever left.
+
+pub mod error;
+mod files;
+mod mm;
+mod pid;
+mod remote;
+mod sys;
+mod task;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use ckpt_image::core::Core;
+use ckpt_image::files::Files;
+use ckpt_image::mm::Mm;
+use ckpt_image::{ImageDir, ImageError, ImageKind};
+use ckpt_parasite::Tracee;
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+pub use error::{RestoreError, Result};
+
+/// Options of one restore.
+pub struct RestoreOptions<'a> {
+    /// The checkpoint directory.
+    pub dir: PathBuf,
+    /// How long to wait for a zombie holding the pid.
+    pub pid_wait: Duration,
+    /// Receives one-line notices (waiting for a pid, capped limits).
+    pub notice: &'a dyn Fn(&str),
+}
+
+/// A restored, running process (a child of the caller).
+#[derive(Debug, Clone, Copy)]
+pub struct Restored {
+    /// Its pid (the original one).
+    pub pid: i32,
+}
+
+/// Everything read from the images for one process.
+struct ProcessImages {
+    core: Core,
+    mm: Mm,
+    files: Files,
+}
+
+/// Restores the checkpoint in `opts.dir` and lets the process run.
+pub fn restore(opts: &RestoreOptions<'_>) -> Result<Restored> {
+    let images = ImageDir::open(&opts.dir)?;
+    check_compatible(&images)?;
+    let pid = images.manifest().root_pid;
+    let p = ProcessImages {
+        core: images.read_meta(&ckpt_image::core_name(pid), ImageKind::Core)?,
+        mm: images.read_meta(&ckpt_image::mm_name(pid), ImageKind::Mm)?,
+        files: images.read_meta(&ckpt_image::files_name(pid), ImageKind::Files)?,
+    };
+    validate(&images, pid, &p)?;
+    let pages_file = images.open_pages(&ckpt_image::pages_name(pid))?;
+    // SAFETY: the pages file is a private (0600) image file that ckpt
+    // verified just now and only reads; nothing else is expected to modify
+    // it while the restore runs. A concurrent truncation would fault the
+    // restorer, whose death kills the half-built child (PTRACE_O_EXITKILL).
+    let pages = unsafe { memmap2::Mmap::map(&pages_file) }
+        .map_err(|e| ImageError::io(images.path().join(ckpt_image::pages_name(pid)), "mmap", e))?;
+
+    let child = spawn(pid, opts)?;
+    let tracee = Tracee::adopt_stopped_child(pid)?;
+    if let Err(e) = rebuild(&tracee, &p, &pages, &images, opts.notice) {
+        // Kill while still stopped: a half-built process must never run.
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        return Err(e);
+    }
+    tracee.detach()?;
+    child.disarm();
+    Ok(Restored { pid })
+}
+
+fn check_compatible(images: &ImageDir) -> Result<()> {
+    let m = images.manifest();
+    let incompatible = |what: String| RestoreError::Incompatible {
+        dir: images.path().into(),
+        what,
+    };
+    if m.arch != std::env::consts::ARCH {
+        return Err(incompatible(format!("dumped on {}, this is {}", m.arch, std::env::consts::ARCH)));
+    }
+    if m.processes.len() != 1 {
+        return Err(incompatible(format!(
+            "{} processes: this version restores one",
+            m.processes.len()
+        )));
+    }
+    if let Some(cpu) = &m.cpu {
+        let here = sys::xcr0();
+        if cpu.xcr0 & !here != 0 {
+            return Err(incompatible(format!(
+                "the dumping CPU had register state this CPU lacks (XCR0 {:#x}, here {:#x})",
+                cpu.xcr0, here
+            )));
+        }
+        if cpu.xsave_size as usize != ckpt_parasite::xsave_size() {
+            return Err(incompatible(format!(
+                "XSAVE area is {} bytes here, {} in the image",
+                ckpt_parasite::xsave_size(),
+                cpu.xsave_size
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn validate(images: &ImageDir, pid: i32, p: &ProcessImages) -> Result<()> {
+    let invalid = |name: String, what: &str| {
+        RestoreError::Image(ImageError::Invalid {
+            path: images.path().join(name),
+            what: what.into(),
+        })
+    };
+    let core_name = ckpt_image::core_name(pid);
+    if p.core.pid != pid {
+        return Err(invalid(core_name, "pid does not match the manifest"));
+    }
+    if p.core.regs.is_none() || p.core.mm.is_none() {
+        return Err(invalid(core_name, "registers or mm fields missing"));
+    }
+    if p.core.xstate.len() < 576 {
+        return Err(invalid(core_name, "XSAVE area too short"));
+    }
+    let pages_len = images.digest(&ckpt_image::pages_name(pid))?.size;
+    if p.mm.pages_bytes != pages_len {
+        return Err(invalid(
+            ckpt_image::mm_name(pid),
+            "page total does not match the pages file",
+        ));
+    }
+    Ok(())
+}
+
+/// Kills and reaps the half-built child unless disarmed.
+struct ChildGuard {
+    pid: i32,
+    armed: std::cell::Cell<bool>,
+}
+
+impl ChildGuard {
+    fn disarm(&self) {
+        self.armed.set(false);
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if self.armed.get() {
+            let p = Pid::from_raw(self.pid);
+            let _ = kill(p, Signal::SIGKILL);
+            let _ = waitpid(p, Some(WaitPidFlag::__WALL));
+        }
+    }
+}
+
+/// Creates the child with the original pid, stopped and traced by us.
+fn spawn(pid: i32, opts: &RestoreOptions<'_>) -> Result<ChildGuard> {
+    let deadline = Instant::now() + opts.pid_wait;
+    loop {
+        pid::wait_free(
+            pid,
+            deadline.saturating_duration_since(Instant::now()),
+            opts.notice,
+        )?;
+        match sys::fork_stopped_with_pid(pid) {
+            Ok(got) => {
+                let guard = ChildGuard {
+                    pid: got,
+                    armed: true.into(),
+                };
+                match waitpid(Pid::from_raw(got), Some(WaitPidFlag::__WALL)) {
+                    Ok(WaitStatus::Stopped(_, Signal::SIGSTOP)) => return Ok(guard),
+                    other => {
+                        return Err(RestoreError::os(
+                            pid,
+                            format!("new process did not stop as expected: {other:?}"),
+                            std::io::Error::other("unexpected child state"),
+                        ));
+                    }
+                }
+            }
+            // Taken between our check and clone3 (or a zombie not yet
+            // visible as one): check again.
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(RestoreError::os(pid, "clone3 with set_tid", e)),
+        }
+    }
+}
+
+fn rebuild(
+    t: &Tracee,
+    p: &ProcessImages,
+    pages: &[u8],
+    images: &ImageDir,
+    notice: &dyn Fn(&str),
+) -> Result<()> {
+    let pid = t.pid();
+    let core = &p.core;
+    // Nothing may be delivered until the very end.
+    t.set_sigmask(!0)?;
+
+    let child_maps = mm::read_maps(pid)?;
+    let mut busy: Vec<(u64, u64)> = child_maps.iter().map(|m| (m.start, m.end)).collect();
+    busy.extend(p.mm.vmas.iter().map(|v| (v.start, v.end)));
+    let at = mm::find_gap(&busy, remote::SCRATCH_LEN).ok_or_else(|| RestoreError::Incompatible {
+        dir: images.path().into(),
+        what: "no free address range for the restorer's scratch area".into(),
+    })?;
+    let code = child_maps
+        .iter()
+        .find(|m| m.exec && !m.path.starts_with('['))
+        .map(|m| m.start)
+        .ok_or_else(|| RestoreError::Incompatible {
+            dir: images.path().into(),
+            what: "restorer has no executable mapping".into(),
+        })?;
+    let r = remote::Remote::map(t, code, at)?;
+
+    // The child inherited the restorer's rseq registration, which points
+    // into memory about to be replaced.
+    let rs = t.rseq()?;
+    if rs.rseq_abi_pointer != 0 {
+        r.call(
+            "rseq (unregister)",
+            libc::SYS_rseq,
+            [rs.rseq_abi_pointer, rs.rseq_abi_size as u64, 1, rs.signature as u64, 0, 0],
+        )?;
+    }
+    if let Some(v) = &p.mm.vdso {
+        mm::check_vdso(pid, &r, &child_maps, v)?;
+    }
+    mm::clear_and_move_specials(&r, &child_maps, &p.mm)?;
+    mm::map_vmas(&r, &p.mm)?;
+    mm::fill_pages(&r, &p.mm, pages)?;
+    mm::fix_protections(&r, &p.mm)?;
+    let mm_fields = core.mm.as_ref().expect("validated");
+    mm::set_mm_fields(&r, mm_fields, &core.exe)?;
+
+    task::restore_rlimits(pid, core, notice)?;
+    files::restore(&r, &p.files, images)?;
+    task::restore_misc(&r, core)?;
+    task::restore_sigactions(&r, core)?;
+    task::restore_creds(&r, core)?;
+    task::queue_pending(&r, core)?;
+
+    // Last syscall: unmap the scratch area, stopping at its exit because
+    // the instruction after it is gone; then the process's own registers.
+    let regs = ckpt_parasite::restart_regs(
+        &task::regs_from_image(core.regs.as_ref().expect("validated")),
+        false,
+    );
+    t.set_sigmask(core.sigmask)?;
+    let ret = t.syscall_stop_at_exit(
+        r.base,
+        libc::SYS_munmap,
+        [r.base, remote::SCRATCH_LEN, 0, 0, 0, 0],
+    )?;
+    ckpt_parasite::check_ret(pid, "munmap (scratch)", ret)?;
+    t.set_regs(&regs)?;
+    t.set_xstate(&core.xstate)?;
+    Ok(())
+}

@@ -1,1 +1,770 @@
+//! Shared harness for the ckpt end-to-end tests.
+//!
+//! The victims are small C programs in `tests/c/` following a zdtm-style
+//! protocol (see `tests/c/victim.h`): `victim WORKDIR` sets up its state,
+//! writes `WORKDIR/ready`, polls for `WORKDIR/go`, verifies its state and
+//! writes `WORKDIR/result` (`PASS` or `FAIL: ...`).
+//!
+//! Everything here has a timeout: a hung `ckpt` or victim must fail the test,
+//! never hang CI.  Processes a test started are killed when their guard is
+//! dropped, including when the test panics.
 
+// Each test binary uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::collections::hash_map::DefaultHasher;
+use std::fs::{self, File};
+use std::hash::{Hash, Hasher};
+use std::io;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+pub const CKPT: &str = env!("CARGO_BIN_EXE_ckpt");
+
+pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DUMP_TIMEOUT: Duration = Duration::from_secs(60);
+pub const RESTORE_TIMEOUT: Duration = Duration::from_secs(30);
+/// For commands that are expected to fail fast (bad images, bad pids).
+pub const FAIL_TIMEOUT: Duration = Duration::from_secs(30);
+pub const POLL: Duration = Duration::from_millis(10);
+
+/// Flags the victims are built with (the issue asks for exactly these).
+const CFLAGS: &[&str] = &["-O1", "-g", "-Wall"];
+
+/// Image files every dump must produce for its (single) process.
+pub fn expected_images(pid: i32) -> Vec<String> {
+    vec![
+        "manifest.img".to_string(),
+        format!("pages-{pid}.img"),
+        format!("core-{pid}.img"),
+        format!("mm-{pid}.img"),
+        format!("files-{pid}.img"),
+    ]
+}
+
+// ---------------------------------------------------------------------------
+// Victim compilation
+// ---------------------------------------------------------------------------
+
+fn c_dir() -> PathBuf {
+    // The ckpt package lives in <workspace>/ckpt, the tests in <workspace>/tests.
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/c")
+}
+
+static COMPILE_LOCK: Mutex<()> = Mutex::new(());
+
+/// Compiles `tests/c/<name>.c` once and returns the binary's path.
+///
+/// Binaries are cached in the target's tmp dir under a name derived from the
+/// source text, so edits always rebuild and parallel tests (or parallel test
+/// binaries) never see a half-written executable.  The binary must outlive
+/// the test process's temp dirs because `ckpt restore` needs the executable
+/// the image refers to.
+pub fn victim_bin(name: &str) -> PathBuf {
+    let _guard = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let src = c_dir().join(format!("{name}.c"));
+    let header = c_dir().join("victim.h");
+    let src_text = fs::read(&src).unwrap_or_else(|e| panic!("read {}: {e}", src.display()));
+    let header_text =
+        fs::read(&header).unwrap_or_else(|e| panic!("read {}: {e}", header.display()));
+    let mut h = DefaultHasher::new();
+    src_text.hash(&mut h);
+    header_text.hash(&mut h);
+    CFLAGS.hash(&mut h);
+    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ckpt-victims");
+    fs::create_dir_all(&out_dir).expect("create victim bin dir");
+    let out = out_dir.join(format!("{name}-{:016x}", h.finish()));
+    if out.exists() {
+        return out;
+    }
+    let tmp = out_dir.join(format!(
+        ".{name}-{}-{:?}.tmp",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let res = Command::new("gcc")
+        .args(CFLAGS)
+        .arg("-o")
+        .arg(&tmp)
+        .arg(&src)
+        .arg("-lm")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run gcc");
+    assert!(
+        res.status.success(),
+        "gcc failed for {}:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&res.stderr)
+    );
+    fs::rename(&tmp, &out).expect("rename compiled victim");
+    out
+}
+
+// ---------------------------------------------------------------------------
+// Temp dirs
+// ---------------------------------------------------------------------------
+
+/// Per-test scratch space: `work/` for the victim, `img/` (not created) for
+/// the images, and logs of every ckpt invocation.  Kept on failure so the
+/// images and logs can be inspected.
+pub struct TestEnv {
+    tmp: Option<tempfile::TempDir>,
+    pub root: PathBuf,
+    pub work: PathBuf,
+    pub img: PathBuf,
+    cmd_counter: AtomicUsize,
+}
+
+impl TestEnv {
+    pub fn new(test: &str) -> TestEnv {
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("ckpt-e2e-{test}-"))
+            .tempdir()
+            .expect("create temp dir");
+        let root = tmp.path().to_path_buf();
+        let work = root.join("work");
+        fs::create_dir(&work).expect("create work dir");
+        TestEnv {
+            tmp: Some(tmp),
+            img: root.join("img"),
+            root,
+            work,
+            cmd_counter: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some(tmp) = self.tmp.take()
+        {
+            eprintln!("test failed: keeping {}", tmp.keep().display());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Polling
+// ---------------------------------------------------------------------------
+
+/// Polls `f` every 10 ms until it returns true or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        sleep(POLL);
+    }
+}
+
+pub fn wait_for_file(path: &Path, timeout: Duration) -> bool {
+    wait_until(timeout, || path.exists())
+}
+
+pub fn read_to_string_lossy(path: &Path) -> String {
+    fs::read(path)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
+}
+
+/// Creates a file atomically (write tmp, rename), so victims never read a
+/// partial one.
+pub fn write_atomic(path: &Path, content: &str) {
+    let tmp = path.with_extension("harness-tmp");
+    fs::write(&tmp, content).unwrap_or_else(|e| panic!("write {}: {e}", tmp.display()));
+    fs::rename(&tmp, path).unwrap_or_else(|e| panic!("rename to {}: {e}", path.display()));
+}
+
+// ---------------------------------------------------------------------------
+// /proc helpers
+// ---------------------------------------------------------------------------
+
+pub fn pid_exists(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+pub fn proc_status(pid: i32) -> Option<String> {
+    fs::read_to_string(format!("/proc/{pid}/status")).ok()
+}
+
+/// Value of a `/proc/PID/status` field, e.g. `status_field(pid, "State")`.
+pub fn status_field(pid: i32, field: &str) -> Option<String> {
+    let status = proc_status(pid)?;
+    status.lines().find_map(|l| {
+        l.strip_prefix(field)
+            .and_then(|rest| rest.strip_prefix(':'))
+            .map(|v| v.trim().to_string())
+    })
+}
+
+/// Single-letter process state (R, S, D, T, t, Z, ...).
+pub fn proc_state(pid: i32) -> Option<char> {
+    status_field(pid, "State").and_then(|s| s.chars().next())
+}
+
+pub fn tracer_pid(pid: i32) -> Option<i32> {
+    status_field(pid, "TracerPid").and_then(|s| s.parse().ok())
+}
+
+pub fn ppid_of(pid: i32) -> Option<i32> {
+    status_field(pid, "PPid").and_then(|s| s.parse().ok())
+}
+
+/// Signal mask fields of /proc/PID/status (SigPnd, ShdPnd, SigBlk, ...).
+pub fn sig_mask_field(pid: i32, field: &str) -> Option<u64> {
+    status_field(pid, field).and_then(|s| u64::from_str_radix(&s, 16).ok())
+}
+
+pub fn exe_of(pid: i32) -> Option<PathBuf> {
+    fs::read_link(format!("/proc/{pid}/exe")).ok()
+}
+
+pub fn cmdline_of(pid: i32) -> String {
+    fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+/// Asserts the process exists, is neither stopped nor traced, and is not a
+/// zombie: what "untouched" means after a failed dump.
+pub fn assert_running_untouched(pid: i32, context: &str) {
+    let state = proc_state(pid);
+    assert!(
+        matches!(state, Some('R' | 'S' | 'D')),
+        "{context}: pid {pid} should be running, state is {state:?}"
+    );
+    assert_eq!(
+        tracer_pid(pid),
+        Some(0),
+        "{context}: pid {pid} is still traced (TracerPid)"
+    );
+}
+
+/// A pid that is not in use now (counting down from pid_max).
+pub fn unused_pid() -> i32 {
+    let max: i32 = fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(32768);
+    (2..max)
+        .rev()
+        .find(|p| !pid_exists(*p))
+        .expect("no free pid")
+}
+
+/// True once nothing runs as `pid` any more, or only a process that has
+/// nothing to do with this test (pid reuse): a zombie or anything running
+/// the victim binary or naming the work dir counts as still there.
+pub fn victim_gone(pid: i32, bin: &Path, work: &Path) -> bool {
+    if !pid_exists(pid) {
+        return true;
+    }
+    let zombie = proc_state(pid) == Some('Z');
+    !zombie && !is_our_victim(pid, bin, work)
+}
+
+fn is_our_victim(pid: i32, bin: &Path, work: &Path) -> bool {
+    let work = work.to_string_lossy();
+    cmdline_of(pid).contains(work.as_ref()) || exe_of(pid).as_deref() == Some(bin)
+}
+
+// ---------------------------------------------------------------------------
+// Spawning
+// ---------------------------------------------------------------------------
+
+/// Makes every inherited fd above 2 close-on-exec in the child.  Whatever the
+/// test runner leaked (pipes, jobserver fds) must not end up in a victim:
+/// ckpt cannot dump pipes, and the files test compares the whole fd table.
+fn cloexec_inherited_fds(cmd: &mut Command, new_session: bool) {
+    let hook = move || -> io::Result<()> {
+        if new_session {
+            nix::unistd::setsid().map_err(io::Error::from)?;
+        }
+        // SAFETY: close_range only changes fd flags in this (child) process;
+        // it takes no pointers.
+        let rc = unsafe {
+            libc::close_range(
+                3,
+                libc::c_uint::MAX,
+                libc::CLOSE_RANGE_CLOEXEC as libc::c_int,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs in the forked child before exec and only calls
+    // setsid and close_range, which are async-signal-safe and do not
+    // allocate or take locks.
+    unsafe {
+        cmd.pre_exec(hook);
+    }
+}
+
+/// A running victim.  Dropping it kills whatever still runs as its pid and
+/// is recognisably the victim (the original, or the restored copy).
+pub struct Victim {
+    pub pid: i32,
+    pub bin: PathBuf,
+    pub work: PathBuf,
+    pub name: String,
+    child: Option<Child>,
+}
+
+impl Victim {
+    /// Starts `tests/c/<name>.c` in its own session with stdin=/dev/null and
+    /// stdout/stderr going to regular files in the work dir (ckpt supports
+    /// neither pipes nor terminals).
+    pub fn spawn(env: &TestEnv, name: &str, extra_args: &[&str]) -> Victim {
+        let bin = victim_bin(name);
+        let stdout = File::create(env.work.join("stdout")).expect("create stdout file");
+        let stderr = File::create(env.work.join("stderr")).expect("create stderr file");
+        let mut cmd = Command::new(&bin);
+        cmd.arg(&env.work)
+            .args(extra_args)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr);
+        cloexec_inherited_fds(&mut cmd, true);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
+        Victim {
+            pid: child.id() as i32,
+            bin,
+            work: env.work.clone(),
+            name: name.to_string(),
+            child: Some(child),
+        }
+    }
+
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.work.join(file)
+    }
+
+    /// Everything the victim has said so far, for failure messages.
+    pub fn diag(&self) -> String {
+        format!(
+            "victim {} (pid {}): result={:?} stderr={:?}",
+            self.name,
+            self.pid,
+            read_to_string_lossy(&self.path("result")),
+            read_to_string_lossy(&self.path("stderr")),
+        )
+    }
+
+    /// Waits for the ready file and returns its content.
+    pub fn wait_ready(&mut self) -> String {
+        let ready = self.path("ready");
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while !ready.exists() {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!(
+                    "victim exited ({status}) before becoming ready: {}",
+                    self.diag()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "victim not ready after {READY_TIMEOUT:?}: {}",
+                self.diag()
+            );
+            sleep(POLL);
+        }
+        read_to_string_lossy(&ready)
+    }
+
+    /// Whether the original process (our child) has exited; reaps it if so.
+    pub fn original_exited(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Reaps the original process, which must die within `timeout`.  It
+    /// must have been killed by a signal: a victim that exited by itself
+    /// ran its checks without a go file, which means something is wrong.
+    pub fn reap_killed(&mut self, timeout: Duration) -> ExitStatus {
+        let child = self.child.as_mut().expect("original victim already reaped");
+        let mut status = None;
+        let exited = wait_until(timeout, || {
+            status = child.try_wait().expect("try_wait victim");
+            status.is_some()
+        });
+        let status = status.filter(|_| exited).unwrap_or_else(|| {
+            panic!(
+                "original victim pid {} still alive {timeout:?} after `ckpt dump --kill` \
+                 (state {:?})",
+                self.pid,
+                proc_state(self.pid)
+            )
+        });
+        self.child = None;
+        assert!(
+            status.signal().is_some(),
+            "original victim was not killed but exited with {status}: {}",
+            self.diag()
+        );
+        assert!(
+            !pid_exists(self.pid),
+            "pid {} still exists after reaping the original",
+            self.pid
+        );
+        status
+    }
+
+    /// Waits for the original (our child) to exit by itself.
+    pub fn wait_original_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let child = self.child.as_mut().expect("original victim already reaped");
+        let mut status = None;
+        let exited = wait_until(timeout, || {
+            status = child.try_wait().expect("try_wait victim");
+            status.is_some()
+        });
+        assert!(
+            exited,
+            "original victim did not exit within {timeout:?}: {}",
+            self.diag()
+        );
+        self.child = None;
+        status.expect("status")
+    }
+
+    /// Drops our handle on the original without reaping it (zombie test).
+    pub fn take_child(&mut self) -> Child {
+        self.child.take().expect("original victim already reaped")
+    }
+
+    pub fn clear_protocol_files(&self) {
+        for f in ["go", "go2", "result", "stage1", "ping", "pong"] {
+            let _ = fs::remove_file(self.path(f));
+        }
+    }
+
+    pub fn go(&self) {
+        write_atomic(&self.path("go"), "go");
+    }
+
+    pub fn result(&self) -> Option<String> {
+        fs::read_to_string(self.path("result")).ok()
+    }
+
+    /// Waits for the result file (for victims that are nobody's child here).
+    pub fn wait_result(&self, timeout: Duration) -> String {
+        assert!(
+            wait_for_file(&self.path("result"), timeout),
+            "no result from victim within {timeout:?}: {}",
+            self.diag()
+        );
+        self.result().unwrap_or_default()
+    }
+
+    pub fn assert_pass(&self) {
+        let result = self.result();
+        assert_eq!(
+            result.as_deref(),
+            Some("PASS"),
+            "victim check failed: {}",
+            self.diag()
+        );
+    }
+
+    /// Round-trips ping/pong: proves the victim's own code is executing.
+    pub fn ping(&self, timeout: Duration) -> bool {
+        let _ = fs::remove_file(self.path("pong"));
+        write_atomic(&self.path("ping"), "ping");
+        wait_for_file(&self.path("pong"), timeout)
+    }
+
+    pub fn send(&self, sig: Signal) {
+        kill(Pid::from_raw(self.pid), sig)
+            .unwrap_or_else(|e| panic!("kill({}, {sig}): {e}", self.pid));
+    }
+}
+
+impl Drop for Victim {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return;
+        }
+        // Restored copies are nobody's child here: only kill the pid if it is
+        // still recognisably ours, never an unrelated process reusing it.
+        if pid_exists(self.pid) && is_our_victim(self.pid, &self.bin, &self.work) {
+            let _ = kill(Pid::from_raw(self.pid), Signal::SIGKILL);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Running ckpt
+// ---------------------------------------------------------------------------
+
+/// A ckpt invocation running in the background; output goes to files (not
+/// pipes) so a process that inherits them can never block the harness.
+/// Killed on drop if still running.
+pub struct CkptCmd {
+    child: Option<Child>,
+    pub desc: String,
+    pub out_path: PathBuf,
+    pub err_path: PathBuf,
+}
+
+#[derive(Debug)]
+pub struct CkptOutput {
+    pub desc: String,
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CkptOutput {
+    /// Exit code, or 128+signo when ckpt itself was killed by a signal.
+    pub fn code(&self) -> i32 {
+        self.status
+            .code()
+            .unwrap_or_else(|| 128 + self.status.signal().unwrap_or(0))
+    }
+
+    pub fn assert_success(&self) -> &Self {
+        assert!(
+            self.status.success(),
+            "`{}` failed with {}\nstderr:\n{}\nstdout:\n{}",
+            self.desc,
+            self.status,
+            self.stderr,
+            self.stdout
+        );
+        self
+    }
+
+    /// The contract for every failure: non-zero exit (not a crash) and an
+    /// `ckpt: error:` line on stderr.  Returns that line.
+    pub fn assert_error(&self) -> String {
+        assert!(
+            self.status.code().is_some_and(|c| c != 0),
+            "`{}` should have failed with a non-zero exit code, got {}\nstderr:\n{}",
+            self.desc,
+            self.status,
+            self.stderr
+        );
+        self.stderr
+            .lines()
+            .find(|l| l.starts_with("ckpt: error:"))
+            .unwrap_or_else(|| {
+                panic!(
+                    "`{}`: no line starting with `ckpt: error:` on stderr:\n{}",
+                    self.desc, self.stderr
+                )
+            })
+            .to_string()
+    }
+}
+
+impl CkptCmd {
+    pub fn spawn(env: &TestEnv, args: &[&str]) -> CkptCmd {
+        let n = env.cmd_counter.fetch_add(1, Ordering::SeqCst);
+        let verb = args.first().copied().unwrap_or("none");
+        let out_path = env.root.join(format!("ckpt-{n}-{verb}.stdout"));
+        let err_path = env.root.join(format!("ckpt-{n}-{verb}.stderr"));
+        let mut cmd = Command::new(CKPT);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(File::create(&out_path).expect("create ckpt stdout"))
+            .stderr(File::create(&err_path).expect("create ckpt stderr"));
+        cloexec_inherited_fds(&mut cmd, false);
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {CKPT}: {e}"));
+        CkptCmd {
+            child: Some(child),
+            desc: format!("ckpt {}", args.join(" ")),
+            out_path,
+            err_path,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).unwrap_or(-1)
+    }
+
+    pub fn stderr_now(&self) -> String {
+        read_to_string_lossy(&self.err_path)
+    }
+
+    /// Some(status) once ckpt has exited (reaping it).
+    pub fn try_status(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().expect("try_wait ckpt"))
+    }
+
+    /// Waits for exit; on timeout kills ckpt and fails the test with what it
+    /// printed so far plus `extra_diag()` (e.g. the victim's state).
+    pub fn wait_with(mut self, timeout: Duration, extra_diag: impl Fn() -> String) -> CkptOutput {
+        let mut status = None;
+        let done = wait_until(timeout, || {
+            status = self.try_status();
+            status.is_some()
+        });
+        if !done {
+            let mut child = self.child.take().expect("child");
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "`{}` did not finish within {timeout:?}\nstderr:\n{}\n{}",
+                self.desc,
+                self.stderr_now(),
+                extra_diag()
+            );
+        }
+        self.child = None;
+        CkptOutput {
+            desc: self.desc.clone(),
+            status: status.expect("status"),
+            stdout: read_to_string_lossy(&self.out_path),
+            stderr: read_to_string_lossy(&self.err_path),
+        }
+    }
+
+    pub fn wait(self, timeout: Duration) -> CkptOutput {
+        self.wait_with(timeout, String::new)
+    }
+}
+
+impl Drop for CkptCmd {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Runs ckpt to completion (with a timeout).
+pub fn ckpt(env: &TestEnv, args: &[&str], timeout: Duration) -> CkptOutput {
+    CkptCmd::spawn(env, args).wait(timeout)
+}
+
+pub fn path_str(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+// ---------------------------------------------------------------------------
+// The standard cycle
+// ---------------------------------------------------------------------------
+
+/// Asserts the image dir holds the files the contract promises.
+pub fn assert_images(img: &Path, pid: i32) {
+    for f in expected_images(pid) {
+        let p = img.join(&f);
+        let len = fs::metadata(&p)
+            .unwrap_or_else(|e| panic!("image file {} missing after dump: {e}", p.display()))
+            .len();
+        assert!(len > 0, "image file {} is empty", p.display());
+    }
+}
+
+/// `ckpt dump --tree PID --dir IMG <extra>`, which must succeed and produce
+/// the image files.
+pub fn dump(env: &TestEnv, v: &Victim, extra: &[&str]) -> CkptOutput {
+    let pid = v.pid.to_string();
+    let mut args = vec!["dump", "--tree", &pid, "--dir", path_str(&env.img)];
+    args.extend_from_slice(extra);
+    let out = CkptCmd::spawn(env, &args).wait_with(DUMP_TIMEOUT, || v.diag());
+    out.assert_success();
+    assert_images(&env.img, v.pid);
+    out
+}
+
+/// Dump with `--kill`, then reap the original so its pid is free again.
+pub fn dump_kill_reap(env: &TestEnv, v: &mut Victim) {
+    dump(env, v, &["--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+}
+
+pub fn spawn_restore(env: &TestEnv, extra: &[&str]) -> CkptCmd {
+    let mut args = vec!["restore", "--dir", path_str(&env.img)];
+    args.extend_from_slice(extra);
+    CkptCmd::spawn(env, &args)
+}
+
+/// Waits (bounded) until the restored victim's own code answers a ping.
+/// Fails early, with ckpt's stderr, if the restore command exits first.
+pub fn wait_restored_and_running(v: &Victim, restore: &mut CkptCmd) {
+    let _ = fs::remove_file(v.path("pong"));
+    write_atomic(&v.path("ping"), "ping");
+    let deadline = Instant::now() + RESTORE_TIMEOUT;
+    while !v.path("pong").exists() {
+        if let Some(status) = restore.try_status() {
+            panic!(
+                "`{}` exited ({status}) before the restored victim answered a ping\n\
+                 stderr:\n{}\n{}",
+                restore.desc,
+                restore.stderr_now(),
+                v.diag()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "restored victim pid {} did not answer a ping within {RESTORE_TIMEOUT:?} \
+             (state {:?})\nrestore stderr:\n{}\n{}",
+            v.pid,
+            proc_state(v.pid),
+            restore.stderr_now(),
+            v.diag()
+        );
+        sleep(POLL);
+    }
+}
+
+/// Waits for a foreground `ckpt restore` to end and checks the contract: it
+/// exits with the victim's exit code (0 = PASS) and the victim wrote PASS.
+pub fn finish_restore(v: &Victim, restore: CkptCmd) -> CkptOutput {
+    let out = restore.wait_with(RESTORE_TIMEOUT, || v.diag());
+    assert_eq!(
+        out.code(),
+        0,
+        "`{}` should exit with the restored victim's exit code 0; got {}\n\
+         restore stderr:\n{}\n{}",
+        out.desc,
+        out.status,
+        out.stderr,
+        v.diag()
+    );
+    v.assert_pass();
+    out
+}
+
+/// restore (foreground) + go + wait + PASS.
+pub fn restore_and_check(env: &TestEnv, v: &Victim) -> CkptOutput {
+    let restore = spawn_restore(env, &[]);
+    // The victim polls for go: it may see it as soon as it runs again.
+    v.go();
+    finish_restore(v, restore)
+}
+
+/// The whole standard scenario for a victim that needs nothing special.
+pub fn standard_cycle(test: &str, victim: &str, args: &[&str]) {
+    let env = TestEnv::new(test);
+    let mut v = Victim::spawn(&env, victim, args);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    restore_and_check(&env, &v);
+}

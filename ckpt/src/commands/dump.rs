@@ -1,0 +1,89 @@
+//! `ckpt dump`.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use ckpt_dumper::{DumpOptions, FinalState};
+
+/// Arguments of `ckpt dump`.
+#[derive(clap::Args, Debug)]
+pub struct DumpArgs {
+    /// The process to checkpoint (this version: single-threaded, no children).
+    #[arg(long = "tree", short = 't', value_name = "PID")]
+    pid: i32,
+    /// Checkpoint directory to create; must not exist.
+    #[arg(long, short = 'D', value_name = "DIR")]
+    dir: PathBuf,
+    /// Leave the process running after the dump (the default).
+    #[arg(long, conflicts_with = "kill")]
+    leave_running: bool,
+    /// Kill the process once the images are complete and synced.
+    #[arg(long)]
+    kill: bool,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `ckpt dump`.
+pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "dumping pages {bar:40} {bytes}/{total_bytes} {bytes_per_sec}",
+            )
+            .expect("valid template"),
+        );
+        b
+    });
+    let progress = |done: u64, total: u64| {
+        if let Some(b) = &bar {
+            b.set_length(total);
+            b.set_position(done);
+        }
+    };
+    let opts = DumpOptions {
+        pid: a.pid,
+        dir: a.dir.clone(),
+        final_state: if a.kill {
+            FinalState::Kill
+        } else {
+            FinalState::LeaveRunning
+        },
+        progress: Some(&progress),
+    };
+    let report = ckpt_dumper::dump(&opts).with_context(|| format!("dump of pid {} failed", a.pid));
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let report = report?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "pid": report.pid,
+                "dir": report.dir,
+                "vmas": report.vmas,
+                "pages_bytes": report.pages_bytes,
+                "fds": report.fds,
+                "frozen_ms": report.frozen_ms,
+                "killed": a.kill,
+            })
+        );
+    } else {
+        eprintln!(
+            "dumped pid {} to {}: {} VMAs, {} bytes of pages, {} fds, frozen {} ms{}",
+            report.pid,
+            report.dir.display(),
+            report.vmas,
+            report.pages_bytes,
+            report.fds,
+            report.frozen_ms,
+            if a.kill { ", killed" } else { "" }
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

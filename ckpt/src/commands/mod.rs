@@ -1,0 +1,6 @@
+//! One module per subcommand.
+
+pub mod check;
+pub mod dump;
+pub mod restore;
+pub mod show;

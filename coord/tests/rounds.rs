@@ -1,0 +1,631 @@
+//! Simulated agents (threads) driven through checkpoint and restart rounds, flat and
+//! through a two-level tree, plus every abort path.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ckpt_coord::client::{Agent, AgentOptions, ClientError, Control, Directive};
+use ckpt_coord::protocol::{AfterCommit, Intent, Outcome, Phase, PhaseInfo, RoundKind};
+use ckpt_coord::server::{CoordConfig, CoordHandle, FaultPoint};
+use ckpt_coord::{EpochStore, Secret};
+
+const JOB: &str = "job7";
+const CKPT: RoundKind = RoundKind::Checkpoint {
+    then: AfterCommit::Resume,
+};
+/// Success paths get a generous deadline so a loaded machine cannot make them flaky.
+const LONG: Duration = Duration::from_secs(30);
+
+fn secret() -> Secret {
+    Secret::from_bytes(b"test secret, 32 bytes long......")
+}
+
+fn root(expect: u32, dir: &Path, deadline: Duration, fault: Option<FaultPoint>) -> CoordHandle {
+    let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, expect, secret());
+    cfg.state_dir = Some(dir.to_path_buf());
+    cfg.phase_deadline = deadline;
+    cfg.log_stderr = false;
+    cfg.fault = fault;
+    cfg.name = "root".into();
+    ckpt_coord::spawn(cfg).unwrap()
+}
+
+fn sub(parent: SocketAddr, name: &str, expect: u32) -> CoordHandle {
+    let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, expect, secret());
+    cfg.parent = Some(parent.to_string());
+    cfg.name = name.into();
+    cfg.log_stderr = false;
+    ckpt_coord::spawn(cfg).unwrap()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Behavior {
+    Normal,
+    DieIn(Phase),
+    FailIn(Phase),
+    StallIn(Phase),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Ev {
+    Enter(u64, Phase),
+    Aborted(u64, Phase, String),
+    Lost,
+    Error(String),
+}
+
+struct Sim {
+    node: String,
+    peers: Vec<String>,
+    behavior: Behavior,
+    rounds: usize,
+    intent: Intent,
+    /// The behaviour applies only in this epoch.
+    bad_epoch: u64,
+}
+
+fn key(node: &str, i: usize) -> String {
+    format!("{node}/vid{i}")
+}
+
+fn value(node: &str, i: usize) -> Vec<u8> {
+    format!("real-{node}-{i}").into_bytes()
+}
+
+/// One simulated agent: follows directives, publishes 16 keys, fetches every peer's 16.
+fn agent(addr: SocketAddr, sim: Sim) -> JoinHandle<Vec<Ev>> {
+    std::thread::spawn(move || {
+        let opts =
+            AgentOptions::new(&addr.to_string(), JOB, secret(), &sim.node).intent(sim.intent);
+        let mut a = match Agent::connect_with(&opts) {
+            Ok(a) => a,
+            Err(e) => return vec![Ev::Error(e.to_string())],
+        };
+        let mut evs = Vec::new();
+        let mut done = 0;
+        while done < sim.rounds {
+            let d = match a.next_directive(Some(Duration::from_secs(60))) {
+                Ok(d) => d,
+                Err(ClientError::CoordinatorLost { .. }) => {
+                    evs.push(Ev::Lost);
+                    return evs;
+                }
+                Err(e) => {
+                    evs.push(Ev::Error(e.to_string()));
+                    return evs;
+                }
+            };
+            let step = match d {
+                Directive::Abort {
+                    epoch, phase, node, ..
+                } => {
+                    evs.push(Ev::Aborted(epoch, phase, node));
+                    done += 1;
+                    continue;
+                }
+                Directive::Phase(s) => s,
+            };
+            evs.push(Ev::Enter(step.epoch, step.phase));
+            let behavior = if step.epoch == sim.bad_epoch {
+                sim.behavior
+            } else {
+                Behavior::Normal
+            };
+            match behavior {
+                Behavior::DieIn(p) if p == step.phase => return evs,
+                Behavior::FailIn(p) if p == step.phase => {
+                    a.report_failed(p, "simulated failure").unwrap();
+                    continue;
+                }
+                Behavior::StallIn(p) if p == step.phase => continue,
+                _ => {}
+            }
+            let res = match step.phase {
+                Phase::Commit => continue,
+                Phase::Publish => {
+                    let entries = (0..16)
+                        .map(|i| (key(&sim.node, i), value(&sim.node, i)))
+                        .collect();
+                    a.put_many(entries)
+                        .and_then(|_| a.report_done(Phase::Publish, PhaseInfo::None))
+                }
+                Phase::Subscribe => {
+                    let keys: Vec<String> = sim
+                        .peers
+                        .iter()
+                        .filter(|p| **p != sim.node)
+                        .flat_map(|p| (0..16).map(move |i| key(p, i)))
+                        .collect();
+                    let refs: Vec<&str> = keys.iter().map(|s| s.as_str()).collect();
+                    match a.get_many(&refs, LONG) {
+                        Ok(vals) => {
+                            for (k, v) in keys.iter().zip(vals) {
+                                let (p, i) = k.split_once("/vid").unwrap();
+                                assert_eq!(v, value(p, i.parse().unwrap()), "value of {k}");
+                            }
+                            a.report_done(Phase::Subscribe, PhaseInfo::None)
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+                Phase::Dump => a.report_done(
+                    Phase::Dump,
+                    PhaseInfo::Dump {
+                        image_dir: format!("/ckpt/{}/{}", sim.node, step.epoch),
+                        manifest_crc32c: step.epoch as u32,
+                    },
+                ),
+                p => a.report_done(p, PhaseInfo::None),
+            };
+            if let Err(e) = res {
+                match e {
+                    ClientError::Aborted {
+                        epoch, phase, node, ..
+                    } => {
+                        evs.push(Ev::Aborted(epoch, phase, node));
+                        done += 1;
+                        continue;
+                    }
+                    e => {
+                        evs.push(Ev::Error(e.to_string()));
+                        return evs;
+                    }
+                }
+            }
+            if step.kind.phases().last() == Some(&step.phase) {
+                done += 1;
+            }
+        }
+        evs
+    })
+}
+
+fn names(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i:02}")).collect()
+}
+
+fn spawn_agents(
+    addrs: &[SocketAddr],
+    nodes: &[String],
+    rounds: usize,
+    special: &[(usize, Behavior)],
+) -> Vec<JoinHandle<Vec<Ev>>> {
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let behavior = special
+                .iter()
+                .find(|(j, _)| *j == i)
+                .map(|(_, b)| *b)
+                .unwrap_or(Behavior::Normal);
+            agent(
+                addrs[i % addrs.len()],
+                Sim {
+                    node: n.clone(),
+                    peers: nodes.to_vec(),
+                    behavior,
+                    rounds,
+                    intent: Intent::Standby,
+                    bad_epoch: 2,
+                },
+            )
+        })
+        .collect()
+}
+
+fn control(addr: SocketAddr) -> Control {
+    Control::connect(&addr.to_string(), JOB, secret(), "test-control").unwrap()
+}
+
+fn expected_checkpoint(epoch: u64) -> Vec<Ev> {
+    [
+        Phase::Freeze,
+        Phase::Drain,
+        Phase::Dump,
+        Phase::Commit,
+        Phase::Resume,
+    ]
+    .iter()
+    .map(|p| Ev::Enter(epoch, *p))
+    .collect()
+}
+
+fn expected_restart(epoch: u64) -> Vec<Ev> {
+    [
+        Phase::Restore,
+        Phase::Publish,
+        Phase::Subscribe,
+        Phase::Resume,
+    ]
+    .iter()
+    .map(|p| Ev::Enter(epoch, *p))
+    .collect()
+}
+
+fn join_all(hs: Vec<JoinHandle<Vec<Ev>>>) -> Vec<Vec<Ev>> {
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn flat_checkpoint_then_restart_rounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = root(6, dir.path(), LONG, None);
+    let nodes = names("n", 6);
+    let hs = spawn_agents(&[c.local_addr()], &nodes, 2, &[]);
+    let mut ctl = control(c.local_addr());
+    let r1 = ctl.trigger(CKPT, Some(LONG)).unwrap();
+    assert_eq!((r1.epoch, r1.outcome), (1, Outcome::Committed));
+    let r2 = ctl.trigger(RoundKind::Restart, Some(LONG)).unwrap();
+    assert_eq!((r2.epoch, r2.outcome), (2, Outcome::Restarted));
+    let mut want = expected_checkpoint(1);
+    want.extend(expected_restart(2));
+    for evs in join_all(hs) {
+        assert_eq!(evs, want);
+    }
+    let m = EpochStore::open(dir.path(), JOB)
+        .unwrap()
+        .last_committed()
+        .unwrap()
+        .unwrap();
+    assert_eq!(m.epoch, 1);
+    assert_eq!(m.nodes.len(), 6);
+    assert_eq!(m.nodes[3].image_dir, "/ckpt/n03/1");
+    assert_eq!(ctl.status().unwrap().last_committed, Some(1));
+}
+
+#[test]
+fn round_starts_when_every_agent_asks_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = root(3, dir.path(), LONG, None);
+    let nodes = names("a", 3);
+    let hs: Vec<_> = nodes
+        .iter()
+        .map(|n| {
+            agent(
+                c.local_addr(),
+                Sim {
+                    node: n.clone(),
+                    peers: nodes.clone(),
+                    behavior: Behavior::Normal,
+                    rounds: 1,
+                    intent: Intent::Checkpoint,
+                    bad_epoch: 0,
+                },
+            )
+        })
+        .collect();
+    for evs in join_all(hs) {
+        assert_eq!(evs, expected_checkpoint(1));
+    }
+}
+
+#[test]
+fn two_level_tree_checkpoint_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = root(9, dir.path(), LONG, None);
+    let subs: Vec<CoordHandle> = (0..3)
+        .map(|i| sub(c.local_addr(), &format!("sub{i}"), 3))
+        .collect();
+    let addrs: Vec<SocketAddr> = subs.iter().map(|s| s.local_addr()).collect();
+    let nodes = names("t", 9);
+    let hs = spawn_agents(&addrs, &nodes, 3, &[]);
+    let mut ctl = control(c.local_addr());
+    assert_eq!(
+        ctl.trigger(CKPT, Some(LONG)).unwrap().outcome,
+        Outcome::Committed
+    );
+    assert_eq!(
+        ctl.trigger(RoundKind::Restart, Some(LONG)).unwrap().outcome,
+        Outcome::Restarted
+    );
+    assert_eq!(
+        ctl.trigger(CKPT, Some(LONG)).unwrap().outcome,
+        Outcome::Committed
+    );
+    let mut want = expected_checkpoint(1);
+    want.extend(expected_restart(2));
+    want.extend(expected_checkpoint(3));
+    for evs in join_all(hs) {
+        assert_eq!(evs, want);
+    }
+    let m = EpochStore::open(dir.path(), JOB)
+        .unwrap()
+        .last_committed()
+        .unwrap()
+        .unwrap();
+    assert_eq!((m.epoch, m.nodes.len()), (3, 9));
+}
+
+/// Runs one committed round, then one round with a misbehaving agent; checks that every
+/// survivor was told to abort epoch 2, naming the culprit, and epoch 1 stays valid.
+fn abort_case(tree: bool, culprit: Behavior, deadline: Duration, expect_reason: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let c = root(4, dir.path(), deadline, None);
+    let subs: Vec<CoordHandle> = if tree {
+        (0..2)
+            .map(|i| sub(c.local_addr(), &format!("sub{i}"), 2))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let addrs: Vec<SocketAddr> = if tree {
+        subs.iter().map(|s| s.local_addr()).collect()
+    } else {
+        vec![c.local_addr()]
+    };
+    let nodes = names("x", 4);
+    // Agent 3 behaves in round 1 and misbehaves in round 2: run it separately.
+    let hs = spawn_agents(&addrs, &nodes, 2, &[(3, culprit)]);
+    let mut ctl = control(c.local_addr());
+    let r1 = ctl.trigger(CKPT, Some(LONG)).unwrap();
+    assert_eq!((r1.epoch, r1.outcome.clone()), (1, Outcome::Committed));
+    let started = Instant::now();
+    let r2 = ctl.trigger(CKPT, Some(LONG)).unwrap();
+    assert_eq!(r2.epoch, 2);
+    match &r2.outcome {
+        Outcome::Aborted { node, reason, .. } => {
+            assert!(
+                node.contains("x03"),
+                "abort names the failed node, got {node}: {reason}"
+            );
+            assert!(
+                reason.contains(expect_reason),
+                "reason {reason:?} lacks {expect_reason:?}"
+            );
+        }
+        o => panic!("expected abort, got {o:?}"),
+    }
+    let all = join_all(hs);
+    for evs in &all[..3] {
+        assert_eq!(&evs[..5], &expected_checkpoint(1)[..]);
+        match evs.last().unwrap() {
+            Ev::Aborted(2, _, node) => assert!(node.contains("x03"), "{node}"),
+            e => panic!("survivor saw {e:?} ({evs:?})"),
+        }
+    }
+    let store = EpochStore::open(dir.path(), JOB).unwrap();
+    assert_eq!(store.last_committed().unwrap().unwrap().epoch, 1);
+    assert!(store.load(2).is_none());
+    assert!(started.elapsed() < LONG);
+}
+
+#[test]
+fn abort_when_agent_dies_during_freeze() {
+    abort_case(false, Behavior::DieIn(Phase::Freeze), LONG, "disconnected");
+}
+
+#[test]
+fn abort_when_agent_dies_during_dump() {
+    abort_case(false, Behavior::DieIn(Phase::Dump), LONG, "disconnected");
+}
+
+#[test]
+fn abort_when_agent_reports_failure() {
+    abort_case(
+        false,
+        Behavior::FailIn(Phase::Drain),
+        LONG,
+        "simulated failure",
+    );
+}
+
+#[test]
+fn abort_when_phase_deadline_missed() {
+    abort_case(
+        false,
+        Behavior::StallIn(Phase::Dump),
+        Duration::from_millis(1500),
+        "deadline",
+    );
+}
+
+#[test]
+fn tree_abort_when_agent_dies_during_freeze() {
+    abort_case(true, Behavior::DieIn(Phase::Freeze), LONG, "disconnected");
+}
+
+#[test]
+fn tree_abort_when_phase_deadline_missed() {
+    abort_case(
+        true,
+        Behavior::StallIn(Phase::Drain),
+        Duration::from_millis(1500),
+        "deadline",
+    );
+}
+
+#[test]
+fn coordinator_killed_after_dump_never_half_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = names("k", 3);
+    // Epoch 1 commits normally.
+    let c = root(3, dir.path(), LONG, None);
+    let hs = spawn_agents(&[c.local_addr()], &nodes, 1, &[]);
+    assert_eq!(
+        control(c.local_addr())
+            .trigger(CKPT, Some(LONG))
+            .unwrap()
+            .outcome,
+        Outcome::Committed
+    );
+    join_all(hs);
+    c.kill().unwrap();
+    // Epoch 2: the coordinator dies once every DUMP is in, before the commit record.
+    let c = root(3, dir.path(), LONG, Some(FaultPoint::CrashAfterDump));
+    let hs = spawn_agents(&[c.local_addr()], &nodes, 1, &[]);
+    let mut ctl = control(c.local_addr());
+    let err = ctl.trigger(CKPT, Some(LONG)).unwrap_err();
+    assert!(matches!(err, ClientError::CoordinatorLost { .. }), "{err}");
+    for evs in join_all(hs) {
+        assert_eq!(evs.last(), Some(&Ev::Lost), "{evs:?}");
+        assert!(!evs.contains(&Ev::Enter(2, Phase::Commit)));
+    }
+    c.join().unwrap();
+    let store = EpochStore::open(dir.path(), JOB).unwrap();
+    assert_eq!(store.last_committed().unwrap().unwrap().epoch, 1);
+    assert!(store.load(2).is_none());
+    // Restarted coordinator: epoch 1 is still the valid one, 2 is never reused.
+    let c = root(3, dir.path(), LONG, None);
+    let a = Agent::connect(&c.local_addr().to_string(), JOB, secret(), "probe").unwrap();
+    assert_eq!(a.last_committed(), Some(1));
+    drop(a);
+    let hs = spawn_agents(&[c.local_addr()], &nodes, 1, &[]);
+    let r = control(c.local_addr()).trigger(CKPT, Some(LONG)).unwrap();
+    assert_eq!((r.epoch, r.outcome), (3, Outcome::Committed));
+    join_all(hs);
+}
+
+#[test]
+fn wrong_secret_is_refused_and_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = root(2, dir.path(), LONG, None);
+    let addr = c.local_addr().to_string();
+    let bad = Agent::connect(
+        &addr,
+        JOB,
+        Secret::from_bytes(b"not the secret"),
+        "intruder",
+    );
+    assert!(
+        matches!(bad, Err(ClientError::ServerAuth { .. })),
+        "a client with the wrong secret cannot even verify the coordinator: {bad:?}"
+    );
+    // A client that skips the server check still gets refused by the coordinator.
+    let mut raw = TcpStream::connect(c.local_addr()).unwrap();
+    let hello = ckpt_coord::protocol::Message::Hello(ckpt_coord::protocol::Hello {
+        min_version: 1,
+        max_version: 1,
+        job: JOB.into(),
+        node: "intruder".into(),
+        role: ckpt_coord::protocol::Role::Control,
+        intent: Intent::Standby,
+        expect: 0,
+        client_nonce: [0; 32],
+    });
+    raw.write_all(&hello.encode().unwrap()).unwrap();
+    let auth = ckpt_coord::protocol::Message::Auth(ckpt_coord::protocol::Auth { proof: [9; 32] });
+    raw.write_all(&auth.encode().unwrap()).unwrap();
+    raw.set_read_timeout(Some(LONG)).unwrap();
+    let mut buf = Vec::new();
+    let _ = raw.read_to_end(&mut buf);
+    let mut r = ckpt_coord::protocol::FrameReader::new();
+    r.push(&buf);
+    let mut saw_refused = false;
+    while let Ok(Some(m)) = r.next_message() {
+        saw_refused |= matches!(m, ckpt_coord::protocol::Message::Refused(_));
+    }
+    assert!(saw_refused);
+    // Wrong job.
+    let other = Agent::connect(&addr, "otherjob", secret(), "n");
+    assert!(other.is_err());
+    // A rogue coordinator with another secret is detected by a genuine agent.
+    let rogue_dir = tempfile::tempdir().unwrap();
+    let mut cfg = CoordConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        JOB,
+        1,
+        Secret::from_bytes(b"rogue"),
+    );
+    cfg.state_dir = Some(rogue_dir.path().to_path_buf());
+    cfg.log_stderr = false;
+    let rogue = ckpt_coord::spawn(cfg).unwrap();
+    let fooled = Agent::connect(&rogue.local_addr().to_string(), JOB, secret(), "n");
+    assert!(matches!(fooled, Err(ClientError::ServerAuth { .. })));
+    // The real job is unaffected.
+    let nodes = names("s", 2);
+    let hs = spawn_agents(&[c.local_addr()], &nodes, 1, &[]);
+    let mut ctl = control(c.local_addr());
+    assert_eq!(
+        ctl.trigger(CKPT, Some(LONG)).unwrap().outcome,
+        Outcome::Committed
+    );
+    join_all(hs);
+    assert!(ctl.status().unwrap().refused >= 2);
+    let logs = c.log_lines().join("\n");
+    assert!(logs.contains("authentication failed"), "{logs}");
+}
+
+#[test]
+fn garbage_on_the_socket_closes_only_that_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = root(3, dir.path(), LONG, None);
+    let nodes = names("g", 3);
+    let hs = spawn_agents(&[c.local_addr()], &nodes, 1, &[]);
+    let mut garbage: Vec<Vec<u8>> = vec![
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        vec![0xff; 5000],
+        // Valid magic and version, absurd length.
+        [
+            &b"CKCO"[..],
+            &1u16.to_le_bytes(),
+            &1u16.to_le_bytes(),
+            &u32::MAX.to_le_bytes(),
+        ]
+        .concat(),
+        // Valid header, payload that is not a Hello.
+        [
+            &b"CKCO"[..],
+            &1u16.to_le_bytes(),
+            &1u16.to_le_bytes(),
+            &4u32.to_le_bytes(),
+            &[0xff; 4],
+        ]
+        .concat(),
+    ];
+    let mut x = 0x1234_5678_u32;
+    garbage.push(
+        (0..3000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect(),
+    );
+    for g in &garbage {
+        let mut s = TcpStream::connect(c.local_addr()).unwrap();
+        let _ = s.write_all(g);
+        s.set_read_timeout(Some(LONG)).unwrap();
+        let mut sink = Vec::new();
+        // The coordinator hangs up on us (EOF or reset), and only on us.
+        let _ = s.read_to_end(&mut sink);
+    }
+    let mut ctl = control(c.local_addr());
+    assert_eq!(
+        ctl.trigger(CKPT, Some(LONG)).unwrap().outcome,
+        Outcome::Committed
+    );
+    for evs in join_all(hs) {
+        assert_eq!(evs, expected_checkpoint(1));
+    }
+    assert!(ctl.status().unwrap().refused >= garbage.len() as u64);
+}
+
+#[test]
+fn get_of_a_key_that_never_comes_times_out_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = root(1, dir.path(), LONG, None);
+    let s = sub(c.local_addr(), "sub0", 1);
+    let mut a = Agent::connect(&s.local_addr().to_string(), JOB, secret(), "lonely").unwrap();
+    a.put("present", b"yes").unwrap();
+    assert_eq!(a.get("present", LONG).unwrap(), b"yes");
+    let t = Instant::now();
+    let err = a
+        .get("never/published", Duration::from_millis(400))
+        .unwrap_err();
+    assert!(t.elapsed() >= Duration::from_millis(350));
+    assert!(t.elapsed() < Duration::from_secs(10));
+    match &err {
+        ClientError::KeyTimeout { key, node, .. } => {
+            assert_eq!(key, "never/published");
+            assert_eq!(node, "lonely");
+        }
+        e => panic!("expected a key timeout, got {e}"),
+    }
+    assert!(err.to_string().contains("never/published"));
+}

@@ -1,0 +1,63 @@
+//! Errors of a dump. Every variant names the pid (and fd or file) involved.
+
+use std::path::PathBuf;
+
+use ckpt_image::ImageError;
+use ckpt_parasite::ParasiteError;
+
+/// Why a dump failed. The target is left running as it was in every case.
+#[derive(Debug, thiserror::Error)]
+pub enum DumpError {
+    /// No process with that pid.
+    #[error("pid {pid}: no such process")]
+    NoProcess {
+        /// The pid.
+        pid: i32,
+    },
+    /// ckpt may not trace or read the process.
+    #[error("pid {pid}: permission denied ({what})")]
+    Permission {
+        /// The pid.
+        pid: i32,
+        /// What was refused.
+        what: String,
+    },
+    /// The process uses something ckpt cannot save yet.
+    #[error("pid {pid}: {what} not supported")]
+    Unsupported {
+        /// The pid.
+        pid: i32,
+        /// The resource, e.g. "fd 7: socket".
+        what: String,
+    },
+    /// Reading a /proc file failed.
+    #[error("pid {pid}: reading {path}: {source}")]
+    Proc {
+        /// The pid.
+        pid: i32,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A /proc file had a format ckpt does not understand.
+    #[error("pid {pid}: cannot parse {path}: {what}")]
+    Parse {
+        /// The pid.
+        pid: i32,
+        /// The file.
+        path: String,
+        /// What was wrong.
+        what: String,
+    },
+    /// Controlling the process failed.
+    #[error(transparent)]
+    Parasite(#[from] ParasiteError),
+    /// Writing the images failed.
+    #[error(transparent)]
+    Image(#[from] ImageError),
+}
+
+/// Shorthand.
+pub type Result<T> = std::result::Result<T, DumpError>;

@@ -1,0 +1,231 @@
+//! What ckpt needs from the kernel and the CPU, probed at run time
+//! (`ckpt check`, and the CPU description stored in every manifest).
+
+use ckpt_image::manifest::CpuInfo;
+
+use crate::sys::probe_syscall;
+
+/// One probed feature.
+#[derive(Debug, Clone)]
+pub struct Feature {
+    /// Short name.
+    pub name: &'static str,
+    /// Present and usable.
+    pub ok: bool,
+    /// Needed for a basic dump/restore (false: only for later features).
+    pub required: bool,
+    /// What was found.
+    pub detail: String,
+}
+
+/// Offset of `xfeatures` in the XSAVE area's software-reserved bytes
+/// (`struct _fpx_sw_bytes` at 464), which the kernel fills for ptrace.
+const SW_XFEATURES: usize = 464 + 8;
+
+/// The CPU's register-state layout, from CPUID and a task's XSAVE area.
+pub fn cpu_info(xstate: &[u8]) -> CpuInfo {
+    let xcr0 = xstate
+        .get(SW_XFEATURES..SW_XFEATURES + 8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        .unwrap_or(0);
+    CpuInfo {
+        vendor: ckpt_parasite::cpu_vendor(),
+        xcr0,
+        xsave_size: xstate.len() as u32,
+    }
+}
+
+/// Probes everything `ckpt check` reports.
+pub fn probe() -> Vec<Feature> {
+    let mut out = Vec::new();
+    let mut add = |name, required, r: Result<String, String>| {
+        let ok = r.is_ok();
+        out.push(Feature {
+            name,
+            ok,
+            required,
+            detail: r.unwrap_or_else(|e| e),
+        })
+    };
+    let errno = |e: i32| std::io::Error::from_raw_os_error(e).to_string();
+
+    let uts = nix::sys::utsname::uname().ok();
+    add(
+        "kernel",
+        true,
+        Ok(uts
+            .map(|u| u.release().to_string_lossy().into_owned())
+            .unwrap_or_default()),
+    );
+    add("ptrace seize/interrupt", true, probe_ptrace());
+    add(
+        "clone3 set_tid",
+        true,
+        if std::path::Path::new("/proc/sys/kernel/ns_last_pid").exists() {
+            caps_any(&[caps::Capability::CAP_CHECKPOINT_RESTORE, caps::Capability::CAP_SYS_ADMIN])
+                .map(|c| format!("clone3 with set_tid allowed ({c})"))
+        } else {
+            Err("no /proc/sys/kernel/ns_last_pid: kernel lacks CONFIG_CHECKPOINT_RESTORE".into())
+        },
+    );
+    add(
+        "PR_SET_MM_MAP",
+        true,
+        // PR_SET_MM_MAP_SIZE just reports the struct size; EINVAL means no support.
+        {
+            let mut size: u32 = 0;
+            // SAFETY: the only pointer is to a live local u32 the kernel writes.
+            unsafe {
+                probe_syscall(
+                    libc::SYS_prctl,
+                    [35, 15, &mut size as *mut u32 as libc::c_long, 0, 0],
+                )
+            }
+            .map(|_| format!("struct prctl_mm_map is {size} bytes"))
+            .map_err(errno)
+        },
+    );
+    add(
+        "kcmp",
+        true,
+        // KCMP_VM (1) of ourselves with ourselves: no fds involved.
+        // SAFETY: integer arguments only.
+        unsafe {
+            probe_syscall(
+                libc::SYS_kcmp,
+                [std::process::id() as libc::c_long, std::process::id() as libc::c_long, 1, 0, 0],
+            )
+        }
+        .map(|_| "available".into())
+        .map_err(errno),
+    );
+    add(
+        "PTRACE_GET_RSEQ_CONFIGURATION",
+        true,
+        if uts_at_least(5, 13) {
+            Ok("kernel >= 5.13".into())
+        } else {
+            Err("kernel older than 5.13".into())
+        },
+    );
+    add(
+        "xsave",
+        true,
+        Ok(format!("{} bytes of XSAVE state", ckpt_parasite::xsave_size())),
+    );
+    add("PAGEMAP_SCAN", false, probe_pagemap_scan());
+    add(
+        "pidfd_getfd",
+        false,
+        // SAFETY: integer arguments only.
+        unsafe { probe_syscall(libc::SYS_pidfd_open, [std::process::id() as libc::c_long, 0, 0, 0, 0]) }
+            .and_then(|pidfd| {
+                // Fetch our own fd 2 (stderr is open in any sane ckpt run) or fail cleanly.
+                // SAFETY: integer arguments only.
+                let r = unsafe { probe_syscall(libc::SYS_pidfd_getfd, [pidfd, 2, 0, 0, 0]) };
+                close(pidfd);
+                r.map(close)
+            })
+            .map(|_| "available".into())
+            .map_err(errno),
+    );
+    add(
+        "userfaultfd",
+        false,
+        // UFFD_USER_MODE_ONLY (1) keeps this working without vm.unprivileged_userfaultfd.
+        // SAFETY: integer arguments only.
+        unsafe { probe_syscall(libc::SYS_userfaultfd, [libc::O_CLOEXEC as libc::c_long | 1, 0, 0, 0, 0]) }
+            .map(close)
+            .map(|_| "available".into())
+            .map_err(errno),
+    );
+    add(
+        "capabilities",
+        true,
+        caps_any(&[caps::Capability::CAP_SYS_PTRACE]).map(|_| {
+            let all = caps::read(None, caps::CapSet::Effective).unwrap_or_default();
+            let has = |c| if all.contains(&c) { "yes" } else { "no" };
+            format!(
+                "CAP_SYS_PTRACE yes, CAP_CHECKPOINT_RESTORE {}, CAP_SYS_ADMIN {}, CAP_SYS_RESOURCE {}",
+                has(caps::Capability::CAP_CHECKPOINT_RESTORE),
+                has(caps::Capability::CAP_SYS_ADMIN),
+                has(caps::Capability::CAP_SYS_RESOURCE)
+            )
+        }),
+    );
+    out
+}
+
+fn close(fd: libc::c_long) {
+    let _ = nix::unistd::close(fd as i32);
+}
+
+fn caps_any(want: &[caps::Capability]) -> Result<String, String> {
+    let eff = caps::read(None, caps::CapSet::Effective).map_err(|e| e.to_string())?;
+    want.iter()
+        .find(|c| eff.contains(c))
+        .map(|c| c.to_string())
+        .ok_or_else(|| format!("missing capability: one of {want:?}"))
+}
+
+fn uts_at_least(major: u32, minor: u32) -> bool {
+    let Ok(u) = nix::sys::utsname::uname() else {
+        return false;
+    };
+    let rel = u.release().to_string_lossy().into_owned();
+    let mut it = rel.split(|c: char| !c.is_ascii_digit());
+    let a: u32 = it.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let b: u32 = it.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+    (a, b) >= (major, minor)
+}
+
+/// Seizes a forked child, interrupts it and lets it go.
+fn probe_ptrace() -> Result<String, String> {
+    use nix::sys::signal::{Signal, kill};
+    use nix::sys::wait::waitpid;
+    use nix::unistd::{ForkResult, fork};
+    // SAFETY: the child only calls async-signal-safe pause() and _exit().
+    match unsafe { fork() }.map_err(|e| e.to_string())? {
+        ForkResult::Child => loop {
+            // SAFETY: pause and _exit are async-signal-safe.
+            unsafe {
+                libc::pause();
+            }
+        },
+        ForkResult::Parent { child } => {
+            let r = ckpt_parasite::Tracee::seize(child.as_raw())
+                .and_then(|t| t.detach())
+                .map(|()| "PTRACE_SEIZE + PTRACE_INTERRUPT work".to_string())
+                .map_err(|e| e.to_string());
+            let _ = kill(child, Signal::SIGKILL);
+            let _ = waitpid(child, None);
+            r
+        }
+    }
+}
+
+fn probe_pagemap_scan() -> Result<String, String> {
+    // PAGEMAP_SCAN = _IOWR('f', 16, struct pm_scan_arg) (64 bytes).
+    const PAGEMAP_SCAN: libc::c_ulong = 0xc040_6610;
+    let f = std::fs::File::open("/proc/self/pagemap").map_err(|e| e.to_string())?;
+    // An all-zero argument has size 0 and is rejected with EINVAL when the
+    // ioctl exists, ENOTTY when it does not.
+    let arg = [0u64; 8];
+    // SAFETY: arg is a live 64-byte buffer; the kernel only reads it here.
+    let r = unsafe {
+        probe_syscall(
+            libc::SYS_ioctl,
+            [
+                std::os::fd::AsRawFd::as_raw_fd(&f) as libc::c_long,
+                PAGEMAP_SCAN as libc::c_long,
+                arg.as_ptr() as libc::c_long,
+                0,
+                0,
+            ],
+        )
+    };
+    match r {
+        Err(libc::ENOTTY) => Err("not supported by this kernel (6.7+ needed)".into()),
+        _ => Ok("available".into()),
+    }
+}

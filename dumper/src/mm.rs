@@ -1,0 +1,315 @@
+//! The address space: VMAs from `/proc/PID/smaps`, which pages must be
+//! saved from `/proc/PID/pagemap`, and the mm fields from `/proc/PID/stat`.
+
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+
+use ckpt_image::PAGE_SIZE;
+use ckpt_image::core::MmFields;
+use ckpt_image::mm::{FileId, PageRange, VdsoInfo, Vma, VmaKind, prot, vma_flags};
+use ckpt_parasite::Tracee;
+
+use crate::error::{DumpError, Result};
+use crate::procfs::{self, stat_index};
+
+/// pagemap: page present in RAM.
+const PM_PRESENT: u64 = 1 << 63;
+/// pagemap: page swapped out.
+const PM_SWAPPED: u64 = 1 << 62;
+/// pagemap: page is a file page or shared anonymous (not a private anon page).
+const PM_FILE: u64 = 1 << 61;
+
+/// One line of smaps with the details the dumper needs.
+#[derive(Debug, Clone)]
+struct SmapsEntry {
+    start: u64,
+    end: u64,
+    perms: [u8; 4],
+    offset: u64,
+    inode: u64,
+    path: String,
+    vm_flags: Vec<String>,
+}
+
+fn parse_smaps(pid: i32, text: &str) -> Result<Vec<SmapsEntry>> {
+    let bad = |what: String| DumpError::Parse {
+        pid,
+        path: "smaps".into(),
+        what,
+    };
+    let mut out: Vec<SmapsEntry> = Vec::new();
+    for line in text.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-')
+            && let (Ok(start), Ok(end)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16))
+        {
+            // "start-end perms offset dev inode     path": the path is
+            // everything after the fifth field, spaces included.
+            let mut rest = line;
+            let mut fields = Vec::with_capacity(5);
+            for _ in 0..5 {
+                rest = rest.trim_start();
+                let end_of = rest.find(' ').unwrap_or(rest.len());
+                fields.push(&rest[..end_of]);
+                rest = &rest[end_of..];
+            }
+            let perms: [u8; 4] = fields[1]
+                .as_bytes()
+                .try_into()
+                .map_err(|_| bad(format!("bad perms in {line:?}")))?;
+            out.push(SmapsEntry {
+                start,
+                end,
+                perms,
+                offset: u64::from_str_radix(fields[2], 16)
+                    .map_err(|_| bad(format!("bad offset in {line:?}")))?,
+                inode: fields[4]
+                    .parse()
+                    .map_err(|_| bad(format!("bad inode in {line:?}")))?,
+                path: rest.trim_start().to_string(),
+                vm_flags: Vec::new(),
+            });
+        } else if let Some(flags) = line.strip_prefix("VmFlags:") {
+            let cur = out
+                .last_mut()
+                .ok_or_else(|| bad("VmFlags before any mapping".into()))?;
+            cur.vm_flags = flags.split_whitespace().map(String::from).collect();
+        }
+    }
+    Ok(out)
+}
+
+/// Reads the VMAs of a frozen process and classifies them. `skip` is an
+/// address range to leave out (none once the parasite is cured).
+pub fn collect_vmas(pid: i32) -> Result<Vec<Vma>> {
+    let text = procfs::read(pid, "smaps")?;
+    let entries = parse_smaps(pid, &text)?;
+    entries.iter().map(|e| classify(pid, e)).collect()
+}
+
+fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
+    let mut p = 0;
+    if e.perms[0] == b'r' {
+        p |= prot::READ;
+    }
+    if e.perms[1] == b'w' {
+        p |= prot::WRITE;
+    }
+    if e.perms[2] == b'x' {
+        p |= prot::EXEC;
+    }
+    let shared = e.perms[3] == b's';
+    let has = |f: &str| e.vm_flags.iter().any(|x| x == f);
+    let mut flags = 0;
+    if has("gd") {
+        flags |= vma_flags::GROWSDOWN;
+    }
+    if has("dc") {
+        flags |= vma_flags::DONTFORK;
+    }
+    if has("dd") {
+        flags |= vma_flags::DONTDUMP;
+    }
+    let unsupported = |what: String| DumpError::Unsupported {
+        pid,
+        what: format!("mapping {:#x}-{:#x} ({what})", e.start, e.end),
+    };
+    let mut vma = Vma {
+        start: e.start,
+        end: e.end,
+        prot: p,
+        flags,
+        kind: VmaKind::Anon as i32,
+        file_offset: 0,
+        path: String::new(),
+        file: None,
+        pages: Vec::new(),
+    };
+    let kind = match e.path.as_str() {
+        "[vdso]" => VmaKind::Vdso,
+        "[vvar]" => VmaKind::Vvar,
+        "[vvar_vclock]" => VmaKind::VvarVclock,
+        "[vsyscall]" => VmaKind::Vsyscall,
+        "[heap]" => {
+            vma.flags |= vma_flags::HEAP;
+            VmaKind::Anon
+        }
+        "[stack]" => {
+            vma.flags |= vma_flags::STACK;
+            VmaKind::Anon
+        }
+        "" => {
+            if shared {
+                return Err(unsupported("shared anonymous memory without a backing".into()));
+            }
+            VmaKind::Anon
+        }
+        "/dev/zero (deleted)" if shared => VmaKind::SharedAnon,
+        path if path.starts_with("[anon:") => VmaKind::Anon,
+        path if path.starts_with("/SYSV") => return Err(unsupported("SysV shared memory".into())),
+        path if path.starts_with("/memfd:") => return Err(unsupported("memfd".into())),
+        path if path.ends_with(" (deleted)") => {
+            return Err(unsupported(format!("mapping of deleted file {path}")));
+        }
+        path if path.starts_with('[') => return Err(unsupported(format!("special mapping {path}"))),
+        path => {
+            vma.path = path.to_string();
+            vma.file_offset = e.offset;
+            vma.file = Some(file_id(pid, e)?);
+            if shared {
+                if has("mw") {
+                    vma.flags |= vma_flags::MAYWRITE;
+                }
+                VmaKind::FileShared
+            } else {
+                VmaKind::FilePrivate
+            }
+        }
+    };
+    if !kind.is_special() && (has("io") || has("pf")) {
+        return Err(unsupported(format!("device memory {}", e.path)));
+    }
+    vma.kind = kind as i32;
+    Ok(vma)
+}
+
+/// Identity of a mapped file, taken through `/proc/PID/map_files` (the
+/// inode actually mapped) and checked against the path (the inode restore
+/// will open).
+fn file_id(pid: i32, e: &SmapsEntry) -> Result<FileId> {
+    let link = procfs::path(pid, &format!("map_files/{:x}-{:x}", e.start, e.end));
+    let mapped = std::fs::metadata(&link).map_err(|s| procfs::proc_err(pid, link, s))?;
+    let named = std::fs::metadata(&e.path).map_err(|source| DumpError::Proc {
+        pid,
+        path: e.path.clone().into(),
+        source,
+    })?;
+    if (mapped.dev(), mapped.ino()) != (named.dev(), named.ino()) || mapped.ino() != e.inode {
+        return Err(DumpError::Unsupported {
+            pid,
+            what: format!(
+                "mapping {:#x}-{:#x}: {} was replaced after it was mapped",
+                e.start, e.end, e.path
+            ),
+        });
+    }
+    Ok(FileId {
+        size: mapped.size(),
+        mtime_ns: mapped.mtime() * 1_000_000_000 + mapped.mtime_nsec(),
+        mode: mapped.mode(),
+    })
+}
+
+/// Decides which pages of each VMA must be saved and lays them out in the
+/// pages file (offsets assigned in address order). Returns the total size.
+pub fn plan_pages(pid: i32, vmas: &mut [Vma]) -> Result<u64> {
+    let p = procfs::path(pid, "pagemap");
+    let pagemap = File::open(&p).map_err(|s| procfs::proc_err(pid, p.clone(), s))?;
+    let mut offset = 0u64;
+    let mut buf = Vec::new();
+    for vma in vmas.iter_mut() {
+        let kind = VmaKind::try_from(vma.kind).unwrap_or(VmaKind::Anon);
+        let wanted: fn(u64) -> bool = match kind {
+            VmaKind::Anon | VmaKind::SharedAnon => |e| e & (PM_PRESENT | PM_SWAPPED) != 0,
+            // Only pages the process wrote (private anonymous copies); clean
+            // pages come back from the file.
+            VmaKind::FilePrivate => |e| (e & PM_PRESENT != 0 && e & PM_FILE == 0) || e & PM_SWAPPED != 0,
+            _ => continue,
+        };
+        let npages = vma.len() / PAGE_SIZE;
+        buf.resize(npages as usize * 8, 0);
+        pagemap
+            .read_exact_at(&mut buf, vma.start / PAGE_SIZE * 8)
+            .map_err(|s| procfs::proc_err(pid, p.clone(), s))?;
+        let mut run: Option<PageRange> = None;
+        for (i, entry) in buf.chunks_exact(8).enumerate() {
+            let e = u64::from_le_bytes(entry.try_into().expect("8 bytes"));
+            let addr = vma.start + i as u64 * PAGE_SIZE;
+            if wanted(e) {
+                match run.as_mut() {
+                    Some(r) => r.nr_pages += 1,
+                    None => {
+                        run = Some(PageRange {
+                            addr,
+                            nr_pages: 1,
+                            offset,
+                        })
+                    }
+                }
+                offset += PAGE_SIZE;
+            } else if let Some(r) = run.take() {
+                vma.pages.push(r);
+            }
+        }
+        if let Some(r) = run.take() {
+            vma.pages.push(r);
+        }
+    }
+    Ok(offset)
+}
+
+/// Identity of the process's vDSO, read from its memory.
+pub fn vdso_info(t: &Tracee, vmas: &[Vma]) -> Result<Option<VdsoInfo>> {
+    let find = |k: VmaKind| vmas.iter().find(|v| v.kind == k as i32);
+    let Some(vdso) = find(VmaKind::Vdso) else {
+        return Ok(None);
+    };
+    let mut code = vec![0u8; vdso.len() as usize];
+    t.read_mem(vdso.start, &mut code)?;
+    Ok(Some(VdsoInfo {
+        vdso_len: vdso.len(),
+        vdso_crc32c: crc32c::crc32c(&code),
+        vvar_len: find(VmaKind::Vvar).map_or(0, Vma::len),
+        vvar_vclock_len: find(VmaKind::VvarVclock).map_or(0, Vma::len),
+    }))
+}
+
+/// The mm fields of `struct prctl_mm_map` from `/proc/PID/stat` and
+/// `/proc/PID/auxv`; `brk` comes from the parasite (stat lacks it).
+pub fn mm_fields(pid: i32, brk: u64) -> Result<MmFields> {
+    let f = procfs::stat_fields(pid)?;
+    let at = |n: usize| f.get(stat_index(n)).copied().unwrap_or(0);
+    Ok(MmFields {
+        start_code: at(26),
+        end_code: at(27),
+        start_stack: at(28),
+        start_data: at(45),
+        end_data: at(46),
+        start_brk: at(47),
+        brk,
+        arg_start: at(48),
+        arg_end: at(49),
+        env_start: at(50),
+        env_end: at(51),
+        auxv: procfs::read_bytes(pid, "auxv")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smaps_paths_keep_spaces() {
+        let t = "7f00-7f01 r--p 00001000 08:01 1234    /tmp/a b (x)\nRss: 4 kB\nVmFlags: rd mr mw me\n\
+                 7f01-7f02 rw-s 00000000 00:01 99     /dev/zero (deleted)\nVmFlags: rd wr sh mr mw me ms\n\
+                 7ffd-7ffe rw-p 00000000 00:00 0                          [stack]\nVmFlags: rd wr mr mw me gd ac\n";
+        let e = parse_smaps(1, t).unwrap();
+        assert_eq!(e.len(), 3);
+        assert_eq!(e[0].path, "/tmp/a b (x)");
+        assert_eq!(e[0].offset, 0x1000);
+        assert_eq!(e[0].inode, 1234);
+        assert_eq!(e[1].perms, *b"rw-s");
+        assert!(e[2].vm_flags.contains(&"gd".to_string()));
+        let v = classify(1, &e[2]).unwrap();
+        assert_eq!(v.flags & vma_flags::GROWSDOWN, vma_flags::GROWSDOWN);
+        assert_eq!(classify(1, &e[1]).unwrap().kind, VmaKind::SharedAnon as i32);
+    }
+
+    #[test]
+    fn own_address_space_parses() {
+        let vmas = collect_vmas(std::process::id() as i32).unwrap();
+        assert!(vmas.iter().any(|v| v.kind == VmaKind::Vdso as i32));
+        assert!(vmas.windows(2).all(|w| w[0].end <= w[1].start));
+    }
+}

@@ -1,0 +1,96 @@
+//! Small readers for the /proc files the dumper needs, with errors that name
+//! the pid and file.
+//!
+//! The `procfs` crate is used where its model is exact (fd targets, task
+//! lists); VMAs and the mm fields are parsed here because procfs drops
+//! unknown VmFlags and trims paths (see shared/notes/rust-ecosystem.md).
+
+use std::path::PathBuf;
+
+use crate::error::{DumpError, Result};
+
+/// `/proc/PID/NAME`.
+pub fn path(pid: i32, name: &str) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/{name}"))
+}
+
+/// Reads `/proc/PID/NAME` as text.
+pub fn read(pid: i32, name: &str) -> Result<String> {
+    let p = path(pid, name);
+    std::fs::read_to_string(&p).map_err(|source| proc_err(pid, p, source))
+}
+
+/// Reads `/proc/PID/NAME` as bytes.
+pub fn read_bytes(pid: i32, name: &str) -> Result<Vec<u8>> {
+    let p = path(pid, name);
+    std::fs::read(&p).map_err(|source| proc_err(pid, p, source))
+}
+
+/// Reads the target of the symlink `/proc/PID/NAME`.
+pub fn readlink(pid: i32, name: &str) -> Result<String> {
+    let p = path(pid, name);
+    std::fs::read_link(&p)
+        .map(|t| t.to_string_lossy().into_owned())
+        .map_err(|source| proc_err(pid, p, source))
+}
+
+/// Maps an I/O error on a /proc file to the right [`DumpError`].
+pub fn proc_err(pid: i32, path: PathBuf, source: std::io::Error) -> DumpError {
+    match source.raw_os_error() {
+        Some(libc::ENOENT) | Some(libc::ESRCH) => DumpError::NoProcess { pid },
+        Some(libc::EACCES) | Some(libc::EPERM) => DumpError::Permission {
+            pid,
+            what: format!("reading {}", path.display()),
+        },
+        _ => DumpError::Proc { pid, path, source },
+    }
+}
+
+/// A `Key:\tvalue` field of `/proc/PID/status`.
+pub fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
+    status.lines().find_map(|l| {
+        l.strip_prefix(key)
+            .and_then(|r| r.strip_prefix(':'))
+            .map(str::trim)
+    })
+}
+
+/// The whitespace-separated fields of `/proc/PID/stat` after the command
+/// name, so index 0 is field 3 (`state`) of proc(5).
+pub fn stat_fields(pid: i32) -> Result<Vec<u64>> {
+    let s = read(pid, "stat")?;
+    let rest = s.rsplit_once(')').map(|(_, r)| r).ok_or(DumpError::Parse {
+        pid,
+        path: "stat".into(),
+        what: "no ')'".into(),
+    })?;
+    // Field 3 is a letter; keep positions by mapping non-numbers to 0.
+    Ok(rest
+        .split_whitespace()
+        .map(|f| f.parse::<i64>().map(|v| v as u64).unwrap_or(0))
+        .collect())
+}
+
+/// Index into [`stat_fields`] of proc(5) field number `n`.
+pub const fn stat_index(n: usize) -> usize {
+    n - 3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_status_and_stat() {
+        let me = std::process::id() as i32;
+        let st = read(me, "status").unwrap();
+        assert_eq!(status_field(&st, "Pid"), Some(me.to_string().as_str()));
+        let f = stat_fields(me).unwrap();
+        // field 4 is ppid
+        assert_eq!(f[stat_index(4)] as i32, nix::unistd::getppid().as_raw());
+        assert!(matches!(
+            read(i32::MAX, "status"),
+            Err(DumpError::NoProcess { .. })
+        ));
+    }
+}

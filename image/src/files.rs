@@ -1,0 +1,63 @@
+//! The fd table.
+
+/// All open file descriptors of one process.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Files {
+    /// Entries sorted by fd number.
+    #[prost(message, repeated, tag = "1")]
+    pub fds: Vec<FdEntry>,
+}
+
+/// What an fd refers to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum FdKind {
+    /// A regular file reachable by its path.
+    Regular = 0,
+    /// A regular file that was unlinked while open; its contents are in a
+    /// ghost image.
+    Unlinked = 1,
+    /// A directory.
+    Directory = 2,
+    /// A character device reopened by path (`/dev/null`, `/dev/zero`, ...).
+    CharDevice = 3,
+    /// A terminal: reconnected by the rule in the restorer (the restorer's
+    /// own fd with the same number, else /dev/null).
+    Tty = 4,
+}
+
+/// One open file descriptor.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct FdEntry {
+    /// The fd number.
+    #[prost(int32, tag = "1")]
+    pub fd: i32,
+    /// What it refers to.
+    #[prost(enumeration = "FdKind", tag = "2")]
+    pub kind: i32,
+    /// Path at dump time (without the " (deleted)" suffix).
+    #[prost(string, tag = "3")]
+    pub path: String,
+    /// open(2) flags (access mode, O_APPEND, O_NONBLOCK, ...), without O_CLOEXEC.
+    #[prost(uint32, tag = "4")]
+    pub flags: u32,
+    /// FD_CLOEXEC is set.
+    #[prost(bool, tag = "5")]
+    pub cloexec: bool,
+    /// File offset.
+    #[prost(int64, tag = "6")]
+    pub pos: i64,
+    /// `st_mode` of the file.
+    #[prost(uint32, tag = "7")]
+    pub mode: u32,
+    /// Ghost image holding the contents of an unlinked file.
+    #[prost(string, tag = "8")]
+    pub ghost: String,
+    /// Identifies the open file description: fds with the same value share
+    /// an offset (dup'ed) and are restored with dup.
+    #[prost(uint64, tag = "9")]
+    pub description: u64,
+    /// Size of the file at dump time.
+    #[prost(uint64, tag = "10")]
+    pub size: u64,
+}

@@ -1,0 +1,162 @@
+//! The ckpt parasite blob: freestanding, position-independent code that the dumper maps into a
+//! ptrace-stopped process and runs there.
+//!
+//! Built by `parasite/build.rs` with plain `$RUSTC` as a static PIE linked at address 0 (see
+//! `parasite.ld`), then flattened into `blob.bin`. Life cycle of one call:
+//!
+//! 1. The host maps the image (RWX), applies the R_X86_64_RELATIVE relocations, writes an
+//!    [`proto::Args`] block at `__parasite_args` and sets `rip` to [`parasite_entry`].
+//! 2. The entry switches to the blob's own 16 KiB stack (the target's stack and its red zone
+//!    are never touched), clears DF and calls [`parasite_main`].
+//! 3. `parasite_main` validates the block, runs the command with raw syscalls and stores `ret`.
+//! 4. The entry executes `int3`; the host waits for that `SIGTRAP` and reads the block back.
+//!    A stray return after that hits `ud2` (SIGILL).
+#![no_std]
+#![no_main]
+
+mod mem;
+#[allow(dead_code)]
+#[path = "../src/proto.rs"]
+mod proto;
+
+use core::arch::{asm, naked_asm};
+use proto::{
+    ARGS_MAGIC, Args, CMD_DUMP_MISC, CMD_NONE, KernelSigaction, MiscState, NITIMERS, NSIG,
+};
+
+const EINVAL: i64 = 22;
+
+const SYS_BRK: u64 = 12;
+const SYS_RT_SIGACTION: u64 = 13;
+const SYS_GETITIMER: u64 = 36;
+const SYS_SIGALTSTACK: u64 = 131;
+const SYS_PRCTL: u64 = 157;
+const PR_GET_TID_ADDRESS: u64 = 40;
+/// `sigsetsize` argument of `rt_sigaction` on x86_64.
+const KERNEL_SIGSET_SIZE: u64 = 8;
+
+/// The argument block. The linker script puts `.parasite.args` first in `.data`, so this static
+/// lives exactly at `__parasite_args`. It is `no_mangle` (externally visible) so that LLVM can
+/// not assume it still holds its zero initializer when the host has written it.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = ".parasite.args")]
+static mut PARASITE_ARGS: Args = Args::zeroed();
+
+/// Entry point: switch to the blob stack, clear DF, run [`parasite_main`], trap to the host.
+#[unsafe(no_mangle)]
+#[unsafe(naked)]
+#[unsafe(link_section = ".text.entry")]
+pub extern "C" fn parasite_entry() -> ! {
+    naked_asm!(
+        "cld",
+        "lea rsp, [rip + __parasite_stack_top]",
+        "and rsp, -16",
+        "call {main}",
+        "int3",
+        "ud2",
+        main = sym parasite_main,
+    )
+}
+
+/// Validates the argument block, dispatches on the command and stores the result in `ret`.
+extern "C" fn parasite_main() {
+    let args = &raw mut PARASITE_ARGS;
+    // SAFETY: `args` points at the static argument block, which the host filled in before
+    // starting us; the blob runs single-threaded, so nothing else accesses it concurrently.
+    unsafe {
+        let magic = (&raw const (*args).magic).read_volatile();
+        let cmd = (&raw const (*args).cmd).read_volatile();
+        let ret = if magic != ARGS_MAGIC {
+            -EINVAL
+        } else {
+            match cmd {
+                CMD_NONE => 0,
+                CMD_DUMP_MISC => dump_misc(&raw mut (*args).misc),
+                _ => -EINVAL,
+            }
+        };
+        (&raw mut (*args).ret).write_volatile(ret);
+    }
+}
+
+/// Fills a [`MiscState`] with raw syscalls. Always returns 0: per-call failures are reported
+/// in the `*_ret` fields.
+///
+/// # Safety
+/// `m` must be valid for writes of a whole `MiscState`.
+unsafe fn dump_misc(m: *mut MiscState) -> i64 {
+    // SAFETY: `m` is valid for writes (caller contract); every pointer handed to the kernel is
+    // a field of `*m` of exactly the size the syscall writes, and all indices are in bounds.
+    unsafe {
+        let sigactions = (&raw mut (*m).sigactions).cast::<KernelSigaction>();
+        let sigaction_ret = (&raw mut (*m).sigaction_ret).cast::<i64>();
+        for i in 0..NSIG {
+            let old = sigactions.add(i);
+            let r = syscall4(
+                SYS_RT_SIGACTION,
+                i as u64 + 1,
+                0,
+                old as u64,
+                KERNEL_SIGSET_SIZE,
+            );
+            sigaction_ret.add(i).write(r);
+        }
+
+        let itimers = (&raw mut (*m).itimers).cast::<proto::ITimerval>();
+        let itimer_ret = (&raw mut (*m).itimer_ret).cast::<i64>();
+        for i in 0..NITIMERS {
+            let r = syscall4(SYS_GETITIMER, i as u64, itimers.add(i) as u64, 0, 0);
+            itimer_ret.add(i).write(r);
+        }
+
+        let r = syscall4(SYS_SIGALTSTACK, 0, &raw mut (*m).altstack as u64, 0, 0);
+        (*m).altstack_ret = r;
+
+        let r = syscall4(
+            SYS_PRCTL,
+            PR_GET_TID_ADDRESS,
+            &raw mut (*m).tid_address as u64,
+            0,
+            0,
+        );
+        (*m).tid_address_ret = r;
+
+        (*m).brk = syscall4(SYS_BRK, 0, 0, 0, 0) as u64;
+    }
+    0
+}
+
+/// Raw x86_64 `syscall` with up to four arguments; returns the kernel's raw result.
+///
+/// # Safety
+/// The syscall and its arguments must be valid for the current process (pointer arguments
+/// must point at memory the kernel may read or write).
+#[inline(always)]
+unsafe fn syscall4(nr: u64, a1: u64, a2: u64, a3: u64, a4: u64) -> i64 {
+    let ret: i64;
+    // SAFETY: `syscall` clobbers only rax (result), rcx and r11, all declared; memory effects
+    // are covered by the caller's contract (no `nomem`/`readonly`, so the compiler assumes the
+    // kernel may access memory).
+    unsafe {
+        asm!(
+            "syscall",
+            inlateout("rax") nr => ret,
+            in("rdi") a1,
+            in("rsi") a2,
+            in("rdx") a3,
+            in("r10") a4,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack)
+        );
+    }
+    ret
+}
+
+/// Nothing in the blob can panic in practice; if it ever does, fault with SIGILL so the host
+/// sees a non-SIGTRAP stop instead of running off into garbage.
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    // SAFETY: `ud2` raises #UD and never returns.
+    unsafe { asm!("ud2", options(noreturn, nomem, nostack)) }
+}

@@ -1,0 +1,212 @@
+//! Command ABI shared by the host (dumper) and the freestanding parasite blob.
+//!
+//! This file is compiled three times: into the host library (`ckpt_parasite::proto`), into
+//! the `no_std` blob (`#[path = "../src/proto.rs"] mod proto;` in `parasite/blob/main.rs`) and
+//! into `parasite/build.rs` (to cross-check the blob's argument block size). It must therefore
+//! only use `core`, and every type here is `#[repr(C)]` plain old data made of fixed-size
+//! integers: no pointers (remote addresses are `u64`), no `bool`, no enums with data, and
+//! explicit padding fields. The sizes are pinned by compile-time asserts at the bottom.
+//!
+//! Protocol: the host writes an [`Args`] block (with [`ARGS_MAGIC`] and a command number) at
+//! the blob's args offset, runs the blob's entry point, waits for the `SIGTRAP` raised by the
+//! blob's final `int3`, then reads the block back. [`Args::ret`] is `0` on success or a
+//! negative errno (`-EINVAL` for a bad magic or an unknown command).
+
+/// No-op command: the blob only validates the magic and sets `ret = 0` (useful as a ping).
+pub const CMD_NONE: u32 = 0;
+/// Collect per-process "misc" state into [`Args::misc`] (see [`MiscState`]).
+pub const CMD_DUMP_MISC: u32 = 1;
+/// First command number available to users of the parasite; core commands stay below it.
+pub const CMD_USER_FIRST: u32 = 64;
+
+/// Value the host must store in [`Args::magic`]; the blob refuses to run without it.
+pub const ARGS_MAGIC: u64 = 0x434b_5054_5041_5253; // "CKPTPARS"
+
+/// Number of signals covered by [`MiscState::sigactions`] (signals `1..=64`).
+pub const NSIG: usize = 64;
+
+/// Number of interval timers in [`MiscState::itimers`] (`ITIMER_REAL`, `ITIMER_VIRTUAL`,
+/// `ITIMER_PROF`, in that order).
+pub const NITIMERS: usize = 3;
+
+/// The x86_64 kernel `struct sigaction` as used by the raw `rt_sigaction` syscall with
+/// `sigsetsize == 8` (this is *not* glibc's `struct sigaction`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelSigaction {
+    /// `sa_handler` / `sa_sigaction` (`SIG_DFL` = 0, `SIG_IGN` = 1, else a code address).
+    pub handler: u64,
+    /// `sa_flags` (`SA_RESTART`, `SA_SIGINFO`, `SA_RESTORER`, ...).
+    pub flags: u64,
+    /// `sa_restorer` (meaningful when `SA_RESTORER` is set).
+    pub restorer: u64,
+    /// `sa_mask`, one bit per signal: bit `n - 1` is signal `n`.
+    pub mask: u64,
+}
+
+impl KernelSigaction {
+    /// All-zero value (`SIG_DFL`, no flags, empty mask).
+    pub const fn zeroed() -> Self {
+        Self {
+            handler: 0,
+            flags: 0,
+            restorer: 0,
+            mask: 0,
+        }
+    }
+}
+
+/// The kernel's `struct __kernel_old_timeval` (x86_64).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeval {
+    /// Seconds.
+    pub sec: i64,
+    /// Microseconds.
+    pub usec: i64,
+}
+
+impl Timeval {
+    /// Zero time.
+    pub const fn zeroed() -> Self {
+        Self { sec: 0, usec: 0 }
+    }
+}
+
+/// The kernel's `struct __kernel_old_itimerval` as filled by `getitimer`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ITimerval {
+    /// Reload value (`it_interval`).
+    pub interval: Timeval,
+    /// Time left until the next expiry (`it_value`); zero means disarmed.
+    pub value: Timeval,
+}
+
+impl ITimerval {
+    /// Disarmed timer.
+    pub const fn zeroed() -> Self {
+        Self {
+            interval: Timeval::zeroed(),
+            value: Timeval::zeroed(),
+        }
+    }
+}
+
+/// The kernel's `stack_t` on x86_64 (as used by `sigaltstack`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackT {
+    /// `ss_sp`: base address of the alternate stack.
+    pub sp: u64,
+    /// `ss_flags` (`SS_ONSTACK` = 1, `SS_DISABLE` = 2, `SS_AUTODISARM` = 1 << 31).
+    pub flags: i32,
+    /// Explicit padding (the C struct has 4 implicit padding bytes here).
+    pub _pad: i32,
+    /// `ss_size`: size of the alternate stack in bytes.
+    pub size: u64,
+}
+
+impl StackT {
+    /// All-zero value.
+    pub const fn zeroed() -> Self {
+        Self {
+            sp: 0,
+            flags: 0,
+            _pad: 0,
+            size: 0,
+        }
+    }
+}
+
+/// Result of [`CMD_DUMP_MISC`]. Each `*_ret` field holds the raw syscall return value
+/// (`0` or a negative errno) of the call that filled the field(s) next to it; on failure the
+/// data field keeps whatever the host wrote there.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MiscState {
+    /// `rt_sigaction(sig, NULL, &old, 8)` for every signal; index = `signo - 1`. SIGKILL and
+    /// SIGSTOP are queried as well (they report `SIG_DFL`).
+    pub sigactions: [KernelSigaction; NSIG],
+    /// Return value of each `rt_sigaction` call; index = `signo - 1`.
+    pub sigaction_ret: [i64; NSIG],
+    /// `getitimer` for `ITIMER_REAL`, `ITIMER_VIRTUAL`, `ITIMER_PROF` (indices 0, 1, 2).
+    pub itimers: [ITimerval; NITIMERS],
+    /// Return value of each `getitimer` call.
+    pub itimer_ret: [i64; NITIMERS],
+    /// `sigaltstack(NULL, &old)` of the thread that ran the blob.
+    pub altstack: StackT,
+    /// Return value of `sigaltstack`.
+    pub altstack_ret: i64,
+    /// `prctl(PR_GET_TID_ADDRESS)` of the thread that ran the blob (its `clear_child_tid`).
+    pub tid_address: u64,
+    /// Return value of `prctl(PR_GET_TID_ADDRESS)`.
+    pub tid_address_ret: i64,
+    /// Current program break, from `brk(0)` (the syscall cannot fail in this form).
+    pub brk: u64,
+}
+
+impl MiscState {
+    /// All-zero value.
+    pub const fn zeroed() -> Self {
+        Self {
+            sigactions: [KernelSigaction::zeroed(); NSIG],
+            sigaction_ret: [0; NSIG],
+            itimers: [ITimerval::zeroed(); NITIMERS],
+            itimer_ret: [0; NITIMERS],
+            altstack: StackT::zeroed(),
+            altstack_ret: 0,
+            tid_address: 0,
+            tid_address_ret: 0,
+            brk: 0,
+        }
+    }
+}
+
+/// The argument block exchanged with the blob, located at the blob's args offset
+/// (`__parasite_args`, 64-byte aligned inside the blob's `.data`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Args {
+    /// Must be [`ARGS_MAGIC`].
+    pub magic: u64,
+    /// Command number (`CMD_*`).
+    pub cmd: u32,
+    /// Explicit padding; write 0.
+    pub _pad: u32,
+    /// Written by the blob: `0` on success, negative errno on failure.
+    pub ret: i64,
+    /// Output of [`CMD_DUMP_MISC`].
+    pub misc: MiscState,
+}
+
+impl Args {
+    /// All-zero block (note: `magic` is 0, so it must be set before running the blob).
+    pub const fn zeroed() -> Self {
+        Self {
+            magic: 0,
+            cmd: CMD_NONE,
+            _pad: 0,
+            ret: 0,
+            misc: MiscState::zeroed(),
+        }
+    }
+
+    /// A block ready to send: [`ARGS_MAGIC`], the given command, everything else zero.
+    pub const fn new(cmd: u32) -> Self {
+        let mut a = Self::zeroed();
+        a.magic = ARGS_MAGIC;
+        a.cmd = cmd;
+        a
+    }
+}
+
+const _: () = assert!(core::mem::size_of::<KernelSigaction>() == 32);
+const _: () = assert!(core::mem::size_of::<Timeval>() == 16);
+const _: () = assert!(core::mem::size_of::<ITimerval>() == 32);
+const _: () = assert!(core::mem::size_of::<StackT>() == 24);
+const _: () = assert!(core::mem::size_of::<MiscState>() == 2048 + 512 + 96 + 24 + 24 + 8 * 4);
+const _: () = assert!(core::mem::size_of::<Args>() == 24 + core::mem::size_of::<MiscState>());
+const _: () = assert!(core::mem::align_of::<Args>() == 8);
+const _: () = assert!(core::mem::offset_of!(Args, misc) == 24);
+const _: () = assert!(core::mem::offset_of!(StackT, size) == 16);

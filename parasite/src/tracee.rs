@@ -1,0 +1,350 @@
+//! A task under ptrace control: stopped, with its registers, memory and
+//! signal state reachable, and able to run single syscalls at an address
+//! that holds `syscall; int3`.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+
+use nix::errno::Errno;
+use nix::sys::ptrace;
+use nix::sys::signal::Signal;
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+use crate::error::{ParasiteError, Result};
+use crate::sys;
+
+/// x86_64 general-purpose registers as ptrace sees them.
+pub type Regs = libc::user_regs_struct;
+
+/// The bytes of the trampoline: `syscall; int3`.
+pub const SYSCALL_INT3: [u8; 3] = [0x0f, 0x05, 0xcc];
+
+/// `orig_rax` value that tells the kernel the task is not in a syscall, so
+/// nothing is restarted when it resumes.
+const NO_SYSCALL: u64 = u64::MAX;
+
+/// A stopped task that ckpt controls with ptrace.
+///
+/// Dropping it detaches (the task resumes with whatever registers it has),
+/// so callers restore what they changed before dropping; [`crate::Infection`]
+/// does that for the parasite.
+pub struct Tracee {
+    pid: Pid,
+    mem: File,
+    attached: bool,
+}
+
+impl Tracee {
+    /// Seizes `pid` with `PTRACE_SEIZE` and stops it with `PTRACE_INTERRUPT`,
+    /// so the program never sees a SIGSTOP.
+    pub fn seize(pid: i32) -> Result<Self> {
+        let p = Pid::from_raw(pid);
+        ptrace::seize(p, ptrace::Options::PTRACE_O_TRACESYSGOOD).map_err(|source| {
+            if source == Errno::EPERM
+                && let Some(tracer) = tracer_of(pid).filter(|t| *t != 0)
+            {
+                return ParasiteError::AlreadyTraced { pid, tracer };
+            }
+            ParasiteError::Ptrace {
+                pid,
+                op: "seize",
+                source,
+            }
+        })?;
+        // From here on the task is ours: any error below must detach.
+        let mut t = Tracee {
+            pid: p,
+            mem: File::open("/dev/null").expect("/dev/null"),
+            attached: true,
+        };
+        ptrace::interrupt(p).map_err(|source| ParasiteError::Ptrace {
+            pid,
+            op: "interrupt",
+            source,
+        })?;
+        loop {
+            match t.wait("freezing")? {
+                WaitStatus::PtraceEvent(_, _, libc::PTRACE_EVENT_STOP) => break,
+                // A signal arrived before our interrupt: let it be delivered
+                // exactly as it would have been, then take the stop.
+                WaitStatus::Stopped(_, sig) => {
+                    ptrace::cont(p, sig).map_err(|source| ParasiteError::Ptrace {
+                        pid,
+                        op: "cont",
+                        source,
+                    })?
+                }
+                other => {
+                    return Err(ParasiteError::UnexpectedStop {
+                        pid,
+                        what: "freezing",
+                        status: format!("{other:?}"),
+                    });
+                }
+            }
+        }
+        t.mem = open_mem(pid)?;
+        Ok(t)
+    }
+
+    /// Takes control of a child that called `PTRACE_TRACEME` and stopped
+    /// itself with SIGSTOP (the restorer's freshly cloned process).
+    pub fn adopt_stopped_child(pid: i32) -> Result<Self> {
+        let p = Pid::from_raw(pid);
+        let t = Tracee {
+            pid: p,
+            mem: open_mem(pid)?,
+            attached: true,
+        };
+        ptrace::setoptions(
+            p,
+            ptrace::Options::PTRACE_O_TRACESYSGOOD | ptrace::Options::PTRACE_O_EXITKILL,
+        )
+        .map_err(|source| ParasiteError::Ptrace {
+            pid,
+            op: "setoptions",
+            source,
+        })?;
+        Ok(t)
+    }
+
+    /// The task's pid.
+    pub fn pid(&self) -> i32 {
+        self.pid.as_raw()
+    }
+
+    /// The task's memory (`/proc/PID/mem`), usable with positional reads
+    /// from many threads. It reaches PROT_NONE and read-only pages too.
+    pub fn mem(&self) -> &File {
+        &self.mem
+    }
+
+    fn ptrace_err(&self, op: &'static str) -> impl FnOnce(Errno) -> ParasiteError {
+        let pid = self.pid();
+        move |source| ParasiteError::Ptrace { pid, op, source }
+    }
+
+    /// General-purpose registers.
+    pub fn regs(&self) -> Result<Regs> {
+        ptrace::getregs(self.pid).map_err(self.ptrace_err("getregs"))
+    }
+
+    /// Sets the general-purpose registers.
+    pub fn set_regs(&self, regs: &Regs) -> Result<()> {
+        ptrace::setregs(self.pid, *regs).map_err(self.ptrace_err("setregs"))
+    }
+
+    /// The full XSAVE area (FPU, SSE, AVX, ...).
+    pub fn xstate(&self) -> Result<Vec<u8>> {
+        sys::get_xstate(self.pid).map_err(self.ptrace_err("getregset NT_X86_XSTATE"))
+    }
+
+    /// Sets the full XSAVE area.
+    pub fn set_xstate(&self, xstate: &[u8]) -> Result<()> {
+        sys::set_xstate(self.pid, xstate).map_err(self.ptrace_err("setregset NT_X86_XSTATE"))
+    }
+
+    /// Blocked signal mask.
+    pub fn sigmask(&self) -> Result<u64> {
+        sys::get_sigmask(self.pid).map_err(self.ptrace_err("getsigmask"))
+    }
+
+    /// Sets the blocked signal mask.
+    pub fn set_sigmask(&self, mask: u64) -> Result<()> {
+        sys::set_sigmask(self.pid, mask).map_err(self.ptrace_err("setsigmask"))
+    }
+
+    /// Queued signals, per-thread (`shared == false`) or process-wide.
+    pub fn pending_signals(&self, shared: bool) -> Result<Vec<[u8; sys::SIGINFO_SIZE]>> {
+        sys::peek_siginfo(self.pid, shared).map_err(self.ptrace_err("peeksiginfo"))
+    }
+
+    /// The rseq registration.
+    pub fn rseq(&self) -> Result<sys::RseqConfig> {
+        sys::rseq_config(self.pid).map_err(self.ptrace_err("get_rseq_configuration"))
+    }
+
+    /// The robust futex list registration: (head, len).
+    pub fn robust_list(&self) -> Result<(u64, u64)> {
+        sys::get_robust_list(self.pid).map_err(self.ptrace_err("get_robust_list"))
+    }
+
+    /// Reads task memory (FOLL_FORCE: works on any mapped page).
+    pub fn read_mem(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        self.mem
+            .read_exact_at(buf, addr)
+            .map_err(|source| ParasiteError::Mem {
+                pid: self.pid(),
+                op: "read",
+                addr,
+                len: buf.len(),
+                source,
+            })
+    }
+
+    /// Writes task memory (FOLL_FORCE: read-only private pages are COW-ed).
+    pub fn write_mem(&self, addr: u64, buf: &[u8]) -> Result<()> {
+        self.mem
+            .write_all_at(buf, addr)
+            .map_err(|source| ParasiteError::Mem {
+                pid: self.pid(),
+                op: "write",
+                addr,
+                len: buf.len(),
+                source,
+            })
+    }
+
+    fn wait(&self, what: &'static str) -> Result<WaitStatus> {
+        loop {
+            match waitpid(self.pid, Some(WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::Exited(_, code)) => {
+                    return Err(ParasiteError::Died {
+                        pid: self.pid(),
+                        how: format!("exit code {code}"),
+                    });
+                }
+                Ok(WaitStatus::Signaled(_, sig, _)) => {
+                    return Err(ParasiteError::Died {
+                        pid: self.pid(),
+                        how: format!("killed by {sig}"),
+                    });
+                }
+                Ok(s) => return Ok(s),
+                Err(Errno::EINTR) => continue,
+                Err(source) => {
+                    let _ = what;
+                    return Err(ParasiteError::Ptrace {
+                        pid: self.pid(),
+                        op: "waitpid",
+                        source,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Resumes the task and waits until it executes an `int3`.
+    pub fn run_until_trap(&self, what: &'static str) -> Result<()> {
+        ptrace::cont(self.pid, None).map_err(self.ptrace_err("cont"))?;
+        match self.wait(what)? {
+            WaitStatus::Stopped(_, Signal::SIGTRAP) => Ok(()),
+            other => Err(ParasiteError::UnexpectedStop {
+                pid: self.pid(),
+                what,
+                status: format!("{other:?}"),
+            }),
+        }
+    }
+
+    /// Runs syscall `nr` with `args` inside the task, at `site`, which must
+    /// hold [`SYSCALL_INT3`]. Registers are left modified: the caller saves
+    /// and restores them around a batch of calls. Returns the raw result.
+    pub fn syscall_at(&self, site: u64, nr: i64, args: [u64; 6]) -> Result<i64> {
+        let mut r = self.regs()?;
+        set_syscall_regs(&mut r, site, nr, args);
+        self.set_regs(&r)?;
+        self.run_until_trap("running a remote syscall")?;
+        let after = self.regs()?;
+        if after.rip != site + SYSCALL_INT3.len() as u64 {
+            return Err(ParasiteError::UnexpectedStop {
+                pid: self.pid(),
+                what: "running a remote syscall",
+                status: format!("trap at {:#x}, expected {:#x}", after.rip, site + 3),
+            });
+        }
+        Ok(after.rax as i64)
+    }
+
+    /// Like [`Tracee::syscall_at`], checking the result; `name` is for errors.
+    pub fn syscall_ok(&self, site: u64, name: &'static str, nr: i64, args: [u64; 6]) -> Result<u64> {
+        let ret = self.syscall_at(site, nr, args)?;
+        check_ret(self.pid(), name, ret)
+    }
+
+    /// Runs a syscall at `site` (which must hold a `syscall` instruction) and
+    /// leaves the task stopped at the syscall's exit, so a syscall that
+    /// unmaps its own code (the last step of a restore) can be followed by
+    /// setting the final registers.
+    pub fn syscall_stop_at_exit(&self, site: u64, nr: i64, args: [u64; 6]) -> Result<i64> {
+        let mut r = self.regs()?;
+        set_syscall_regs(&mut r, site, nr, args);
+        self.set_regs(&r)?;
+        for stop in ["syscall entry", "syscall exit"] {
+            ptrace::syscall(self.pid, None).map_err(self.ptrace_err("syscall"))?;
+            match self.wait(stop)? {
+                WaitStatus::PtraceSyscall(_) => {}
+                other => {
+                    return Err(ParasiteError::UnexpectedStop {
+                        pid: self.pid(),
+                        what: stop,
+                        status: format!("{other:?}"),
+                    });
+                }
+            }
+        }
+        Ok(self.regs()?.rax as i64)
+    }
+
+    /// Detaches; the task continues from its current registers.
+    pub fn detach(mut self) -> Result<()> {
+        self.attached = false;
+        ptrace::detach(self.pid, None).map_err(self.ptrace_err("detach"))
+    }
+}
+
+impl Drop for Tracee {
+    fn drop(&mut self) {
+        if self.attached {
+            let _ = ptrace::detach(self.pid, None);
+        }
+    }
+}
+
+fn set_syscall_regs(r: &mut Regs, site: u64, nr: i64, args: [u64; 6]) {
+    r.rax = nr as u64;
+    r.rdi = args[0];
+    r.rsi = args[1];
+    r.rdx = args[2];
+    r.r10 = args[3];
+    r.r8 = args[4];
+    r.r9 = args[5];
+    r.orig_rax = NO_SYSCALL;
+    r.rip = site;
+}
+
+/// Turns a raw syscall return into a value or a [`ParasiteError::RemoteSyscall`].
+pub fn check_ret(pid: i32, name: &'static str, ret: i64) -> Result<u64> {
+    if (-4095..0).contains(&ret) {
+        Err(ParasiteError::RemoteSyscall {
+            pid,
+            name,
+            errno: Errno::from_raw(-ret as i32),
+        })
+    } else {
+        Ok(ret as u64)
+    }
+}
+
+fn open_mem(pid: i32) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{pid}/mem"))
+        .map_err(|source| ParasiteError::Mem {
+            pid,
+            op: "open",
+            addr: 0,
+            len: 0,
+            source,
+        })
+}
+
+/// The TracerPid of `pid`, from /proc.
+pub fn tracer_of(pid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))
+        .and_then(|v| v.trim().parse().ok())
+}

@@ -1,0 +1,76 @@
+//! Errors of a restore. Every variant names the pid and the file or object.
+
+use std::path::PathBuf;
+
+use ckpt_image::ImageError;
+use ckpt_parasite::ParasiteError;
+
+/// Why a restore failed. No restored process is left behind in any case.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    /// The images are missing, truncated, tampered with or inconsistent.
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    /// The pid is held by a live process.
+    #[error("pid {pid} is in use by a running process ({comm}); restore it in a new PID namespace or stop that process")]
+    PidInUse {
+        /// The pid.
+        pid: i32,
+        /// What holds it.
+        comm: String,
+    },
+    /// The pid stayed held by a dying process for too long.
+    #[error("pid {pid} is still held by a zombie after {secs} s; its parent must reap it")]
+    PidWaitTimeout {
+        /// The pid.
+        pid: i32,
+        /// How long ckpt waited.
+        secs: u64,
+    },
+    /// This machine cannot run what the images hold.
+    #[error("{dir}: cannot restore here: {what}")]
+    Incompatible {
+        /// The checkpoint.
+        dir: PathBuf,
+        /// Why.
+        what: String,
+    },
+    /// A file the process used is gone or changed since the dump.
+    #[error("pid {pid}: {path}: {what}")]
+    File {
+        /// The pid.
+        pid: i32,
+        /// The file.
+        path: String,
+        /// What is wrong.
+        what: String,
+    },
+    /// A system call of the restorer itself failed.
+    #[error("pid {pid}: {op}: {source}")]
+    Os {
+        /// The pid being restored.
+        pid: i32,
+        /// What was being done.
+        op: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Rebuilding the process from inside failed.
+    #[error(transparent)]
+    Parasite(#[from] ParasiteError),
+}
+
+/// Shorthand.
+pub type Result<T> = std::result::Result<T, RestoreError>;
+
+impl RestoreError {
+    /// Wraps an OS error with the pid and operation.
+    pub fn os(pid: i32, op: impl Into<String>, source: std::io::Error) -> Self {
+        RestoreError::Os {
+            pid,
+            op: op.into(),
+            source,
+        }
+    }
+}

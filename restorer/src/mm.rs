@@ -1,0 +1,356 @@
+//! Rebuilding the address space: clear out what the child inherited from
+//! the restorer, move the kernel's vDSO/vvar to where the dumped process had
+//! them, recreate every VMA at its address with its protections and flags,
+//! copy the saved pages in, and set the kernel's mm fields.
+
+use std::os::unix::fs::MetadataExt;
+
+use ckpt_image::PAGE_SIZE;
+use ckpt_image::core::MmFields;
+use ckpt_image::mm::{Mm, VdsoInfo, Vma, VmaKind, prot, vma_flags};
+
+use crate::error::{RestoreError, Result};
+use crate::remote::{Remote, SCRATCH_LEN};
+
+/// One line of the child's own `/proc/PID/maps`.
+#[derive(Debug, Clone)]
+pub struct MapLine {
+    /// Start address.
+    pub start: u64,
+    /// End address.
+    pub end: u64,
+    /// Executable.
+    pub exec: bool,
+    /// Path or `[name]`.
+    pub path: String,
+}
+
+/// Reads `/proc/PID/maps` of the child.
+pub fn read_maps(pid: i32) -> Result<Vec<MapLine>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .map_err(|e| RestoreError::os(pid, "read /proc/PID/maps", e))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (a, b) = f.next()?.split_once('-')?;
+            let perms = f.next()?;
+            Some(MapLine {
+                start: u64::from_str_radix(a, 16).ok()?,
+                end: u64::from_str_radix(b, 16).ok()?,
+                exec: perms.as_bytes().get(2) == Some(&b'x'),
+                path: f.nth(3).unwrap_or("").to_string(),
+            })
+        })
+        .collect())
+}
+
+const LOWEST: u64 = 1 << 32;
+const HIGHEST: u64 = 0x7fff_0000_0000;
+/// Keep temporary areas away from stack guard gaps and heap growth.
+const MARGIN: u64 = 1 << 24;
+
+/// Finds a free, page-aligned range of `len` bytes that overlaps none of
+/// `busy`, searching down from the top of the usual mmap area.
+pub fn find_gap(busy: &[(u64, u64)], len: u64) -> Option<u64> {
+    let mut b: Vec<(u64, u64)> = busy.to_vec();
+    b.sort_unstable();
+    let mut top = HIGHEST;
+    for &(s, e) in b.iter().rev() {
+        if s >= top {
+            continue;
+        }
+        if e + MARGIN <= top && top - (e + MARGIN) >= len + MARGIN {
+            return Some(top - MARGIN - len);
+        }
+        top = top.min(s);
+        if top < LOWEST {
+            return None;
+        }
+    }
+    (top >= LOWEST + len + MARGIN).then(|| top - MARGIN - len)
+}
+
+fn special_kind(path: &str) -> Option<VmaKind> {
+    match path {
+        "[vdso]" => Some(VmaKind::Vdso),
+        "[vvar]" => Some(VmaKind::Vvar),
+        "[vvar_vclock]" => Some(VmaKind::VvarVclock),
+        "[vsyscall]" => Some(VmaKind::Vsyscall),
+        _ => None,
+    }
+}
+
+/// Checks the kernel here provides the vDSO the process was using.
+pub fn check_vdso(pid: i32, r: &Remote<'_>, child: &[MapLine], want: &VdsoInfo) -> Result<()> {
+    let find = |k: VmaKind| child.iter().find(|m| special_kind(&m.path) == Some(k));
+    let len = |k| find(k).map_or(0, |m| m.end - m.start);
+    let incompatible = |what: String| RestoreError::Incompatible {
+        dir: Default::default(),
+        what: format!("pid {pid}: {what}; restore on a machine running the dumping kernel"),
+    };
+    let vdso = find(VmaKind::Vdso).ok_or_else(|| incompatible("this kernel maps no vDSO".into()))?;
+    let mut code = vec![0u8; (vdso.end - vdso.start) as usize];
+    r.t.read_mem(vdso.start, &mut code)?;
+    if code.len() as u64 != want.vdso_len || crc32c::crc32c(&code) != want.vdso_crc32c {
+        return Err(incompatible(format!(
+            "this kernel's vDSO ({} bytes) differs from the dumped one ({} bytes)",
+            code.len(),
+            want.vdso_len
+        )));
+    }
+    if len(VmaKind::Vvar) != want.vvar_len || len(VmaKind::VvarVclock) != want.vvar_vclock_len {
+        return Err(incompatible("the vvar layout differs".into()));
+    }
+    Ok(())
+}
+
+/// Removes every mapping the child inherited except the scratch area and
+/// the kernel's special mappings, then moves those to the dumped addresses.
+pub fn clear_and_move_specials(r: &Remote<'_>, child: &[MapLine], mm: &Mm) -> Result<()> {
+    let scratch = (r.base, r.base + SCRATCH_LEN);
+    for m in child {
+        if special_kind(&m.path).is_some() || (m.start, m.end) == scratch {
+            continue;
+        }
+        r.call(
+            "munmap (inherited)",
+            libc::SYS_munmap,
+            [m.start, m.end - m.start, 0, 0, 0, 0],
+        )?;
+    }
+    // Two moves each, through free space, so a destination never lands on
+    // a special mapping that has not moved yet.
+    let mut specials: Vec<(u64, u64, Option<&Vma>)> = child
+        .iter()
+        .filter_map(|m| {
+            let k = special_kind(&m.path)?;
+            (k != VmaKind::Vsyscall).then(|| {
+                let dumped = mm.vmas.iter().find(|v| v.kind == k as i32);
+                (m.start, m.end, dumped)
+            })
+        })
+        .collect();
+    let mut busy: Vec<(u64, u64)> = mm.vmas.iter().map(|v| (v.start, v.end)).collect();
+    busy.extend(child.iter().map(|m| (m.start, m.end)));
+    busy.push(scratch);
+    for s in specials.iter_mut() {
+        let len = s.1 - s.0;
+        let Some(dumped) = s.2 else {
+            r.call("munmap (vdso)", libc::SYS_munmap, [s.0, len, 0, 0, 0, 0])?;
+            continue;
+        };
+        if dumped.start == s.0 {
+            continue;
+        }
+        let tmp = find_gap(&busy, len).ok_or_else(|| RestoreError::Incompatible {
+            dir: Default::default(),
+            what: "no free address range to move the vDSO through".into(),
+        })?;
+        mremap(r, s.0, len, tmp)?;
+        busy.push((tmp, tmp + len));
+        *s = (tmp, tmp + len, Some(dumped));
+    }
+    for (start, end, dumped) in specials {
+        if let Some(d) = dumped
+            && d.start != start
+        {
+            mremap(r, start, end - start, d.start)?;
+        }
+    }
+    Ok(())
+}
+
+fn mremap(r: &Remote<'_>, from: u64, len: u64, to: u64) -> Result<()> {
+    r.call(
+        "mremap (vdso)",
+        libc::SYS_mremap,
+        [
+            from,
+            len,
+            len,
+            (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64,
+            to,
+            0,
+        ],
+    )?;
+    Ok(())
+}
+
+/// Creates every non-special VMA. Shared anonymous areas are created
+/// writable so pages can be copied in; [`fix_protections`] finishes them.
+pub fn map_vmas(r: &Remote<'_>, mm: &Mm) -> Result<()> {
+    let pid = r.t.pid();
+    for v in &mm.vmas {
+        let kind = VmaKind::try_from(v.kind).map_err(|_| invalid(pid, v, "unknown kind"))?;
+        if kind.is_special() {
+            continue;
+        }
+        let mut flags = libc::MAP_FIXED;
+        let mut p = v.prot as i32;
+        let mut fd: i64 = -1;
+        match kind {
+            VmaKind::Anon => flags |= libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            VmaKind::SharedAnon => {
+                flags |= libc::MAP_SHARED | libc::MAP_ANONYMOUS;
+                p |= libc::PROT_READ | libc::PROT_WRITE;
+            }
+            VmaKind::FilePrivate | VmaKind::FileShared => {
+                check_file(pid, v)?;
+                let shared = kind == VmaKind::FileShared;
+                let writable = shared && v.flags & vma_flags::MAYWRITE != 0;
+                flags |= if shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
+                let mode = if writable { libc::O_RDWR } else { libc::O_RDONLY };
+                fd = i64::from(r.open(&v.path, mode | libc::O_CLOEXEC, 0)?);
+            }
+            _ => unreachable!("special kinds skipped above"),
+        }
+        if v.flags & vma_flags::GROWSDOWN != 0 {
+            flags |= libc::MAP_GROWSDOWN;
+        }
+        let got = r.call(
+            "mmap",
+            libc::SYS_mmap,
+            [
+                v.start,
+                v.len(),
+                p as u64,
+                flags as u64,
+                fd as u64,
+                v.file_offset,
+            ],
+        );
+        if fd >= 0 {
+            r.close(fd as i32)?;
+        }
+        if got? != v.start {
+            return Err(invalid(pid, v, "mapped at a different address"));
+        }
+        for (flag, advice) in [
+            (vma_flags::DONTFORK, libc::MADV_DONTFORK),
+            (vma_flags::DONTDUMP, libc::MADV_DONTDUMP),
+        ] {
+            if v.flags & flag != 0 {
+                r.call(
+                    "madvise",
+                    libc::SYS_madvise,
+                    [v.start, v.len(), advice as u64, 0, 0, 0],
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Copies saved pages from the (verified, mapped) pages file into place.
+pub fn fill_pages(r: &Remote<'_>, mm: &Mm, pages: &[u8]) -> Result<()> {
+    for v in &mm.vmas {
+        for pr in &v.pages {
+            let (off, len) = (pr.offset as usize, pr.len() as usize);
+            let src = pages
+                .get(off..off + len)
+                .filter(|_| pr.addr >= v.start && pr.addr + pr.len() <= v.end)
+                .filter(|_| pr.offset % PAGE_SIZE == 0)
+                .ok_or_else(|| invalid(r.t.pid(), v, "page range outside the pages file or VMA"))?;
+            r.t.write_mem(pr.addr, src)?;
+        }
+    }
+    Ok(())
+}
+
+/// Gives shared anonymous areas their final protection.
+pub fn fix_protections(r: &Remote<'_>, mm: &Mm) -> Result<()> {
+    for v in &mm.vmas {
+        if v.kind == VmaKind::SharedAnon as i32 && v.prot & prot::WRITE == 0 {
+            r.call(
+                "mprotect",
+                libc::SYS_mprotect,
+                [v.start, v.len(), v.prot as u64, 0, 0, 0],
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Sets start_code…env_end, brk, auxv and /proc/PID/exe with one
+/// `prctl(PR_SET_MM, PR_SET_MM_MAP)` (no CAP_SYS_RESOURCE needed).
+pub fn set_mm_fields(r: &Remote<'_>, f: &MmFields, exe: &str) -> Result<()> {
+    const PR_SET_MM: u64 = 35;
+    const PR_SET_MM_MAP: u64 = 14;
+    let auxv = r.put(1, &f.auxv)?;
+    let exe_fd = r.open(exe, libc::O_RDONLY | libc::O_CLOEXEC, 0)?;
+    // struct prctl_mm_map: 11 addresses, auxv pointer, auxv_size and exe_fd (u32 each).
+    let words = [
+        f.start_code,
+        f.end_code,
+        f.start_data,
+        f.end_data,
+        f.start_brk,
+        f.brk,
+        f.start_stack,
+        f.arg_start,
+        f.arg_end,
+        f.env_start,
+        f.env_end,
+        auxv,
+        (f.auxv.len() as u64) | ((exe_fd as u64) << 32),
+    ];
+    let map = r.put_u64s(2, &words)?;
+    let res = r.call(
+        "prctl(PR_SET_MM_MAP)",
+        libc::SYS_prctl,
+        [PR_SET_MM, PR_SET_MM_MAP, map, (words.len() * 8) as u64, 0, 0],
+    );
+    r.close(exe_fd)?;
+    res.map(|_| ())
+}
+
+fn check_file(pid: i32, v: &Vma) -> Result<()> {
+    let Some(id) = &v.file else {
+        return Err(invalid(pid, v, "file mapping without file identity"));
+    };
+    let m = std::fs::metadata(&v.path).map_err(|e| RestoreError::File {
+        pid,
+        path: v.path.clone(),
+        what: format!("mapped file is missing: {e}"),
+    })?;
+    let mtime_ns = m.mtime() * 1_000_000_000 + m.mtime_nsec();
+    if m.size() != id.size || mtime_ns != id.mtime_ns {
+        return Err(RestoreError::File {
+            pid,
+            path: v.path.clone(),
+            what: format!(
+                "mapped file changed since the dump (size {} -> {}, mtime changed: {})",
+                id.size,
+                m.size(),
+                mtime_ns != id.mtime_ns
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn invalid(pid: i32, v: &Vma, what: &str) -> RestoreError {
+    RestoreError::Image(ckpt_image::ImageError::Invalid {
+        path: ckpt_image::mm_name(pid).into(),
+        what: format!("VMA {:#x}-{:#x}: {what}", v.start, v.end),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gap_avoids_everything() {
+        let busy = [
+            (HIGHEST - (1 << 30), HIGHEST),
+            (0x5555_0000_0000, 0x5555_0010_0000),
+        ];
+        let g = find_gap(&busy, 1 << 20).unwrap();
+        for (s, e) in busy {
+            assert!(g + (1 << 20) <= s || g >= e);
+        }
+        assert!(g >= LOWEST);
+    }
+}

@@ -1,0 +1,57 @@
+//! Getting the original pid: wait (bounded) while a zombie holds it, refuse
+//! when a live process does.
+
+use std::time::{Duration, Instant};
+
+use crate::error::{RestoreError, Result};
+
+/// Who holds a pid right now.
+enum Holder {
+    Free,
+    Zombie,
+    Live(String),
+}
+
+fn holder(pid: i32) -> Holder {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return Holder::Free;
+    };
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k).map(|v| v.trim().to_string()))
+    };
+    match field("State:") {
+        Some(s) if s.starts_with('Z') || s.starts_with('X') => Holder::Zombie,
+        _ => Holder::Live(field("Name:").unwrap_or_default()),
+    }
+}
+
+/// Returns once `pid` is free, printing one line through `notice` if it has
+/// to wait for a zombie. Fails at once for a live holder, or after `wait`.
+pub fn wait_free(pid: i32, wait: Duration, notice: &dyn Fn(&str)) -> Result<()> {
+    let start = Instant::now();
+    let mut told = false;
+    loop {
+        match holder(pid) {
+            Holder::Free => return Ok(()),
+            Holder::Live(comm) => return Err(RestoreError::PidInUse { pid, comm }),
+            Holder::Zombie => {
+                if start.elapsed() >= wait {
+                    return Err(RestoreError::PidWaitTimeout {
+                        pid,
+                        secs: wait.as_secs(),
+                    });
+                }
+                if !told {
+                    notice(&format!(
+                        "waiting for pid {pid} to be released (held by a zombie, up to {} s)",
+                        wait.as_secs()
+                    ));
+                    told = true;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}

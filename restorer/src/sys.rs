@@ -1,0 +1,69 @@
+//! Raw syscalls of the restorer: clone3 with `set_tid`, and reading XCR0.
+
+/// The kernel's `struct clone_args` (clone3(2)), up to `set_tid_size`.
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+}
+
+/// Creates a child with pid `pid` (fork semantics: a copy of this process).
+/// In the child it calls `PTRACE_TRACEME` and stops itself with SIGSTOP, so
+/// the parent holds it before it runs any code of its own; it never returns
+/// in the child.
+pub fn fork_stopped_with_pid(pid: i32) -> std::io::Result<i32> {
+    let tid: libc::pid_t = pid;
+    let args = CloneArgs {
+        exit_signal: libc::SIGCHLD as u64,
+        set_tid: &tid as *const libc::pid_t as u64,
+        set_tid_size: 1,
+        ..Default::default()
+    };
+    // SAFETY: args is a valid clone_args that outlives the call; with no
+    // CLONE_VM and no stack the child gets a copy-on-write copy of our
+    // memory, like fork(), and runs only async-signal-safe raw syscalls.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    match r {
+        0 => {
+            // SAFETY: in the child: raw syscalls only; _exit if the parent
+            // cannot take control, so nothing of ours ever runs here.
+            unsafe {
+                libc::syscall(libc::SYS_ptrace, libc::PTRACE_TRACEME, 0, 0, 0);
+                libc::syscall(libc::SYS_kill, libc::syscall(libc::SYS_getpid), libc::SIGSTOP);
+                libc::_exit(127);
+            }
+        }
+        r if r < 0 => Err(std::io::Error::last_os_error()),
+        r => Ok(r as i32),
+    }
+}
+
+/// XCR0: the XSAVE features the OS enabled on this CPU.
+pub fn xcr0() -> u64 {
+    let osxsave = std::arch::x86_64::__cpuid(1).ecx & (1 << 27) != 0;
+    if !osxsave {
+        return 0;
+    }
+    let (lo, hi): (u32, u32);
+    // SAFETY: xgetbv with ecx=0 is defined whenever CPUID.1:ECX.OSXSAVE is
+    // set (checked above); it only reads XCR0 into edx:eax.
+    unsafe {
+        std::arch::asm!("xgetbv", in("ecx") 0u32, out("eax") lo, out("edx") hi, options(nomem, nostack));
+    }
+    (u64::from(hi) << 32) | u64::from(lo)
+}

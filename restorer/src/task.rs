@@ -1,0 +1,286 @@
+//! Task state other than memory and files: identity, limits, signal
+//! dispositions, timers, futex/rseq registrations, credentials, pending
+//! signals, and finally the registers.
+
+use ckpt_image::core::{Core, GpRegs};
+use ckpt_parasite::Regs;
+
+use crate::error::{RestoreError, Result};
+use crate::remote::Remote;
+
+/// SIG_DFL for every signal not in the image: the child inherited the
+/// restorer's dispositions (Rust ignores SIGPIPE, for one).
+pub fn restore_sigactions(r: &Remote<'_>, core: &Core) -> Result<()> {
+    for signo in 1..=64u32 {
+        if signo == libc::SIGKILL as u32 || signo == libc::SIGSTOP as u32 {
+            continue;
+        }
+        let (handler, flags, restorer, mask) = core
+            .sigactions
+            .iter()
+            .find(|s| s.signo == signo)
+            .map_or((0, 0, 0, 0), |s| (s.handler, s.flags, s.restorer, s.mask));
+        let act = r.put_u64s(0, &[handler, flags, restorer, mask])?;
+        r.call(
+            "rt_sigaction",
+            libc::SYS_rt_sigaction,
+            [signo as u64, act, 0, 8, 0, 0],
+        )?;
+    }
+    Ok(())
+}
+
+/// Interval timers, alternate stack, tid address, robust list, rseq,
+/// personality, umask, name, cwd and root.
+pub fn restore_misc(r: &Remote<'_>, core: &Core) -> Result<()> {
+    for it in &core.itimers {
+        let us = |v: u64| [v / 1_000_000, v % 1_000_000];
+        let [is, iu] = us(it.interval_us);
+        let [vs, vu] = us(it.value_us);
+        let p = r.put_u64s(0, &[is, iu, vs, vu])?;
+        r.call(
+            "setitimer",
+            libc::SYS_setitimer,
+            [it.which as u64, p, 0, 0, 0, 0],
+        )?;
+    }
+    // The child inherited the restorer's alternate stack: replace or disable it.
+    let (sp, flags, size) = core
+        .altstack
+        .as_ref()
+        .map_or((0, libc::SS_DISABLE, 0), |a| (a.sp, a.flags & !libc::SS_ONSTACK, a.size));
+    let ss = r.put_u64s(0, &[sp, flags as u32 as u64, size])?;
+    r.call("sigaltstack", libc::SYS_sigaltstack, [ss, 0, 0, 0, 0, 0])?;
+    if core.tid_address != 0 {
+        r.call(
+            "set_tid_address",
+            libc::SYS_set_tid_address,
+            [core.tid_address, 0, 0, 0, 0, 0],
+        )?;
+    }
+    if let Some(rl) = &core.robust_list {
+        r.call(
+            "set_robust_list",
+            libc::SYS_set_robust_list,
+            [rl.head, rl.len, 0, 0, 0, 0],
+        )?;
+    }
+    if let Some(rs) = &core.rseq {
+        r.call(
+            "rseq",
+            libc::SYS_rseq,
+            [rs.addr, rs.len as u64, 0, rs.signature as u64, 0, 0],
+        )?;
+    }
+    r.call(
+        "personality",
+        libc::SYS_personality,
+        [core.personality as u64, 0, 0, 0, 0, 0],
+    )?;
+    r.call("umask", libc::SYS_umask, [core.umask as u64, 0, 0, 0, 0, 0])?;
+    let mut name = core.comm.as_bytes()[..core.comm.len().min(15)].to_vec();
+    name.push(0);
+    let p = r.put(0, &name)?;
+    r.call(
+        "prctl(PR_SET_NAME)",
+        libc::SYS_prctl,
+        [libc::PR_SET_NAME as u64, p, 0, 0, 0, 0],
+    )?;
+    // cwd first: after chroot a path would resolve in the new root.
+    let p = r.put_path(0, &core.cwd)?;
+    r.call("chdir", libc::SYS_chdir, [p, 0, 0, 0, 0, 0])
+        .map_err(|e| file_err(r, &core.cwd, e))?;
+    if core.root != "/" {
+        let p = r.put_path(0, &core.root)?;
+        r.call("chroot", libc::SYS_chroot, [p, 0, 0, 0, 0, 0])
+            .map_err(|e| file_err(r, &core.root, e))?;
+    }
+    Ok(())
+}
+
+fn file_err(r: &Remote<'_>, path: &str, e: RestoreError) -> RestoreError {
+    RestoreError::File {
+        pid: r.t.pid(),
+        path: path.into(),
+        what: e.to_string(),
+    }
+}
+
+/// Resource limits, set from outside with prlimit. A hard limit above the
+/// restorer's own cannot be raised without CAP_SYS_RESOURCE; such limits are
+/// capped and reported through `warn`.
+pub fn restore_rlimits(pid: i32, core: &Core, warn: &dyn Fn(&str)) -> Result<()> {
+    for rl in &core.rlimits {
+        let res = rl.resource as libc::__rlimit_resource_t;
+        let new = libc::rlimit64 {
+            rlim_cur: rl.soft,
+            rlim_max: rl.hard,
+        };
+        // SAFETY: prlimit64 reads `new` and writes nothing (old is null).
+        let rc = unsafe { libc::prlimit64(pid, res, &new, std::ptr::null_mut()) };
+        if rc == 0 {
+            continue;
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EPERM) {
+            return Err(RestoreError::os(pid, format!("prlimit resource {res}"), err));
+        }
+        let mut cur = libc::rlimit64 {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: prlimit64 writes one rlimit64 into `cur`.
+        unsafe { libc::prlimit64(pid, res, std::ptr::null(), &mut cur) };
+        let capped = libc::rlimit64 {
+            rlim_cur: rl.soft.min(cur.rlim_max),
+            rlim_max: rl.hard.min(cur.rlim_max),
+        };
+        // SAFETY: as above.
+        if unsafe { libc::prlimit64(pid, res, &capped, std::ptr::null_mut()) } != 0 {
+            return Err(RestoreError::os(
+                pid,
+                format!("prlimit resource {res}"),
+                std::io::Error::last_os_error(),
+            ));
+        }
+        warn(&format!(
+            "pid {pid}: resource limit {res} capped at {} (dumped hard limit {} needs CAP_SYS_RESOURCE)",
+            cur.rlim_max, rl.hard
+        ));
+    }
+    Ok(())
+}
+
+/// Groups, gids, uids and capabilities, when they differ from the
+/// restorer's (which the child inherited).
+pub fn restore_creds(r: &Remote<'_>, core: &Core) -> Result<()> {
+    let Some(c) = &core.creds else { return Ok(()) };
+    let status = std::fs::read_to_string(format!("/proc/{}/status", r.t.pid()))
+        .map_err(|e| RestoreError::os(r.t.pid(), "read status", e))?;
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k).map(|v| v.split_whitespace().collect::<Vec<_>>().join(" ")))
+            .unwrap_or_default()
+    };
+    let join = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(" ");
+    let same_ids = field("Uid:") == join(&c.uids)
+        && field("Gid:") == join(&c.gids)
+        && field("Groups:") == join(&c.groups);
+    let cap = |k: &str| u64::from_str_radix(&field(k), 16).unwrap_or(0);
+    let same_caps =
+        cap("CapEff:") == c.cap_eff && cap("CapPrm:") == c.cap_prm && cap("CapInh:") == c.cap_inh;
+    if same_ids && same_caps {
+        return Ok(());
+    }
+    if c.uids.len() < 3 || c.gids.len() < 3 {
+        return Err(RestoreError::Image(ckpt_image::ImageError::Invalid {
+            path: ckpt_image::core_name(core.pid).into(),
+            what: "credentials lack uids or gids".into(),
+        }));
+    }
+    if !same_ids {
+        let groups: Vec<u8> = c.groups.iter().flat_map(|g| g.to_le_bytes()).collect();
+        let gp = r.put(0, &groups)?;
+        r.call(
+            "setgroups",
+            libc::SYS_setgroups,
+            [c.groups.len() as u64, gp, 0, 0, 0, 0],
+        )?;
+        r.call(
+            "prctl(PR_SET_KEEPCAPS)",
+            libc::SYS_prctl,
+            [libc::PR_SET_KEEPCAPS as u64, 1, 0, 0, 0, 0],
+        )?;
+        let ids = |v: &[u32]| [v[0] as u64, v[1] as u64, v[2] as u64, 0, 0, 0];
+        r.call("setresgid", libc::SYS_setresgid, ids(&c.gids))?;
+        r.call("setresuid", libc::SYS_setresuid, ids(&c.uids))?;
+        r.call(
+            "prctl(PR_SET_KEEPCAPS)",
+            libc::SYS_prctl,
+            [libc::PR_SET_KEEPCAPS as u64, 0, 0, 0, 0, 0],
+        )?;
+    }
+    // struct __user_cap_header_struct {version, pid} + two data words
+    // {effective, permitted, inheritable} for _LINUX_CAPABILITY_VERSION_3.
+    let hdr = r.put(0, &[0x2008_0522u32.to_le_bytes(), 0u32.to_le_bytes()].concat())?;
+    let lo = |v: u64| v as u32;
+    let hi = |v: u64| (v >> 32) as u32;
+    let data: Vec<u8> = [
+        lo(c.cap_eff),
+        lo(c.cap_prm),
+        lo(c.cap_inh),
+        hi(c.cap_eff),
+        hi(c.cap_prm),
+        hi(c.cap_inh),
+    ]
+    .iter()
+    .flat_map(|w| w.to_le_bytes())
+    .collect();
+    let dp = r.put(1, &data)?;
+    r.call("capset", libc::SYS_capset, [hdr, dp, 0, 0, 0, 0])?;
+    Ok(())
+}
+
+/// Re-queues the signals that were pending at dump time. The mask is
+/// still all-blocked here, so nothing is delivered before the process runs.
+pub fn queue_pending(r: &Remote<'_>, core: &Core) -> Result<()> {
+    let pid = r.t.pid() as u64;
+    for p in &core.pending {
+        if p.siginfo.len() != ckpt_parasite::SIGINFO_SIZE {
+            return Err(RestoreError::Image(ckpt_image::ImageError::Invalid {
+                path: ckpt_image::core_name(core.pid).into(),
+                what: "pending signal with a short siginfo".into(),
+            }));
+        }
+        let signo = i32::from_le_bytes(p.siginfo[..4].try_into().expect("4 bytes")) as u64;
+        let info = r.put(0, &p.siginfo)?;
+        if p.shared {
+            r.call(
+                "rt_sigqueueinfo",
+                libc::SYS_rt_sigqueueinfo,
+                [pid, signo, info, 0, 0, 0],
+            )?;
+        } else {
+            r.call(
+                "rt_tgsigqueueinfo",
+                libc::SYS_rt_tgsigqueueinfo,
+                [pid, pid, signo, info, 0, 0],
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The image's registers as ptrace wants them.
+pub fn regs_from_image(g: &GpRegs) -> Regs {
+    Regs {
+        r15: g.r15,
+        r14: g.r14,
+        r13: g.r13,
+        r12: g.r12,
+        rbp: g.rbp,
+        rbx: g.rbx,
+        r11: g.r11,
+        r10: g.r10,
+        r9: g.r9,
+        r8: g.r8,
+        rax: g.rax,
+        rcx: g.rcx,
+        rdx: g.rdx,
+        rsi: g.rsi,
+        rdi: g.rdi,
+        orig_rax: g.orig_rax,
+        rip: g.rip,
+        cs: g.cs,
+        eflags: g.eflags,
+        rsp: g.rsp,
+        ss: g.ss,
+        fs_base: g.fs_base,
+        gs_base: g.gs_base,
+        ds: g.ds,
+        es: g.es,
+        fs: g.fs,
+        gs: g.gs,
+    }
+}

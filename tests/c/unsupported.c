@@ -1,0 +1,56 @@
+/*
+ * Victim holding an fd ckpt cannot dump (a UNIX stream socket on fd 42) next
+ * to ordinary memory.  A dump attempt must fail without disturbing it: after
+ * go it checks its memory, its full /proc/self/maps, the socket, that no
+ * signal was left pending and that nobody traces it.
+ */
+#include "victim.h"
+
+#include <signal.h>
+#include <sys/socket.h>
+
+#define SOCK_FD 42
+#define BLOB_LEN (3UL << 20)
+
+static char maps_before[1 << 18], maps_after[1 << 18];
+static char status_buf[8192];
+
+int main(int argc, char **argv)
+{
+	unsigned char *blob;
+	uint64_t h;
+	int s, type = 0;
+	socklen_t len = sizeof(type);
+	sigset_t pending;
+	char *tracer;
+
+	victim_init(argc, argv);
+	s = socket(AF_UNIX, SOCK_STREAM, 0);
+	if (s < 0 || dup2(s, SOCK_FD) != SOCK_FD)
+		die("socket");
+	close(s);
+	blob = malloc(BLOB_LEN);
+	if (!blob)
+		die("malloc");
+	fill_pattern(blob, BLOB_LEN, 77);
+	h = hash_bytes(blob, BLOB_LEN, 5);
+	if (read_small_file("/proc/self/maps", maps_before, sizeof(maps_before)) == (size_t)-1)
+		die("read maps");
+
+	victim_ready_and_wait(NULL);
+
+	CHECK(hash_bytes(blob, BLOB_LEN, 5) == h, "memory changed");
+	read_small_file("/proc/self/maps", maps_after, sizeof(maps_after));
+	CHECK(strcmp(maps_before, maps_after) == 0,
+	      "/proc/self/maps changed (leftover parasite or lost mapping?)");
+	CHECK(getsockopt(SOCK_FD, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM,
+	      "fd %d is no longer a stream socket", SOCK_FD);
+	sigpending(&pending);
+	for (int sig = 1; sig < 65; sig++)
+		CHECK(!sigismember(&pending, sig), "signal %d left pending", sig);
+	read_small_file("/proc/self/status", status_buf, sizeof(status_buf));
+	tracer = strstr(status_buf, "TracerPid:\t");
+	CHECK(tracer && strtol(tracer + 11, NULL, 10) == 0, "still traced: %.20s",
+	      tracer ? tracer : "no TracerPid line");
+	victim_finish();
+}
