@@ -173,7 +173,8 @@ fn restore_detach_leaves_process_running() {
         v.diag()
     );
     v.go();
-    assert_eq!(v.wait_result(RESTORE_TIMEOUT), "PASS", "{}", v.diag());
+    v.wait_result(RESTORE_TIMEOUT);
+    v.assert_pass();
     assert!(
         wait_until(Duration::from_secs(10), || victim_gone(
             v.pid, &v.bin, &v.work

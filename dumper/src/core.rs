@@ -2,7 +2,7 @@
 //! timers, credentials, limits and identity.
 
 use ckpt_image::core::{
-    AltStack, Core, Creds, GpRegs, ITimer, PendingSignal, RobustList, Rlimit, Rseq, SigAction,
+    AltStack, Core, Creds, GpRegs, ITimer, PendingSignal, Rlimit, RobustList, Rseq, SigAction,
 };
 use ckpt_parasite::proto::MiscState;
 use ckpt_parasite::{Infection, Regs, Tracee};
@@ -109,19 +109,20 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
             value_us: (it.value.sec as u64) * 1_000_000 + it.value.usec as u64,
         })
         .collect();
-    let altstack = (m.altstack_ret == 0 && m.altstack.flags & libc::SS_DISABLE == 0).then(|| {
-        AltStack {
+    let altstack =
+        (m.altstack_ret == 0 && m.altstack.flags & libc::SS_DISABLE == 0).then_some(AltStack {
             sp: m.altstack.sp,
             flags: m.altstack.flags,
             size: m.altstack.size,
-        }
-    });
+        });
     let (head, len) = t.robust_list()?;
     let rseq = t.rseq()?;
 
     Ok(Core {
         pid,
-        comm: procfs::read(pid, "comm")?.trim_end_matches('\n').to_string(),
+        comm: procfs::read(pid, "comm")?
+            .trim_end_matches('\n')
+            .to_string(),
         exe: procfs::readlink(pid, "exe")?,
         cwd: procfs::readlink(pid, "cwd")?,
         root: procfs::readlink(pid, "root")?,
@@ -143,7 +144,11 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
         pending,
         itimers,
         altstack,
-        tid_address: if m.tid_address_ret == 0 { m.tid_address } else { 0 },
+        tid_address: if m.tid_address_ret == 0 {
+            m.tid_address
+        } else {
+            0
+        },
         robust_list: (head != 0).then_some(RobustList { head, len }),
         rseq: (rseq.rseq_abi_pointer != 0).then_some(Rseq {
             addr: rseq.rseq_abi_pointer,
@@ -248,7 +253,10 @@ mod tests {
     #[test]
     fn own_limits_match_getrlimit() {
         let l = rlimits(std::process::id() as i32).unwrap();
-        let nofile = l.iter().find(|r| r.resource == libc::RLIMIT_NOFILE).unwrap();
+        let nofile = l
+            .iter()
+            .find(|r| r.resource == libc::RLIMIT_NOFILE)
+            .unwrap();
         let (soft, hard) =
             nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
         assert_eq!((nofile.soft, nofile.hard), (soft, hard));

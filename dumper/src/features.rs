@@ -62,8 +62,11 @@ pub fn probe() -> Vec<Feature> {
         "clone3 set_tid",
         true,
         if std::path::Path::new("/proc/sys/kernel/ns_last_pid").exists() {
-            caps_any(&[caps::Capability::CAP_CHECKPOINT_RESTORE, caps::Capability::CAP_SYS_ADMIN])
-                .map(|c| format!("clone3 with set_tid allowed ({c})"))
+            caps_any(&[
+                caps::Capability::CAP_CHECKPOINT_RESTORE,
+                caps::Capability::CAP_SYS_ADMIN,
+            ])
+            .map(|c| format!("clone3 with set_tid allowed ({c})"))
         } else {
             Err("no /proc/sys/kernel/ns_last_pid: kernel lacks CONFIG_CHECKPOINT_RESTORE".into())
         },
@@ -93,7 +96,13 @@ pub fn probe() -> Vec<Feature> {
         unsafe {
             probe_syscall(
                 libc::SYS_kcmp,
-                [std::process::id() as libc::c_long, std::process::id() as libc::c_long, 1, 0, 0],
+                [
+                    std::process::id() as libc::c_long,
+                    std::process::id() as libc::c_long,
+                    1,
+                    0,
+                    0,
+                ],
             )
         }
         .map(|_| "available".into())
@@ -111,33 +120,46 @@ pub fn probe() -> Vec<Feature> {
     add(
         "xsave",
         true,
-        Ok(format!("{} bytes of XSAVE state", ckpt_parasite::xsave_size())),
+        Ok(format!(
+            "{} bytes of XSAVE state",
+            ckpt_parasite::xsave_size()
+        )),
     );
     add("PAGEMAP_SCAN", false, probe_pagemap_scan());
     add(
         "pidfd_getfd",
         false,
         // SAFETY: integer arguments only.
-        unsafe { probe_syscall(libc::SYS_pidfd_open, [std::process::id() as libc::c_long, 0, 0, 0, 0]) }
-            .and_then(|pidfd| {
-                // Fetch our own fd 2 (stderr is open in any sane ckpt run) or fail cleanly.
-                // SAFETY: integer arguments only.
-                let r = unsafe { probe_syscall(libc::SYS_pidfd_getfd, [pidfd, 2, 0, 0, 0]) };
-                close(pidfd);
-                r.map(close)
-            })
-            .map(|_| "available".into())
-            .map_err(errno),
+        unsafe {
+            probe_syscall(
+                libc::SYS_pidfd_open,
+                [std::process::id() as libc::c_long, 0, 0, 0, 0],
+            )
+        }
+        .and_then(|pidfd| {
+            // Fetch our own fd 2 (stderr is open in any sane ckpt run) or fail cleanly.
+            // SAFETY: integer arguments only.
+            let r = unsafe { probe_syscall(libc::SYS_pidfd_getfd, [pidfd, 2, 0, 0, 0]) };
+            close(pidfd);
+            r.map(close)
+        })
+        .map(|_| "available".into())
+        .map_err(errno),
     );
     add(
         "userfaultfd",
         false,
         // UFFD_USER_MODE_ONLY (1) keeps this working without vm.unprivileged_userfaultfd.
         // SAFETY: integer arguments only.
-        unsafe { probe_syscall(libc::SYS_userfaultfd, [libc::O_CLOEXEC as libc::c_long | 1, 0, 0, 0, 0]) }
-            .map(close)
-            .map(|_| "available".into())
-            .map_err(errno),
+        unsafe {
+            probe_syscall(
+                libc::SYS_userfaultfd,
+                [libc::O_CLOEXEC as libc::c_long | 1, 0, 0, 0, 0],
+            )
+        }
+        .map(close)
+        .map(|_| "available".into())
+        .map_err(errno),
     );
     add(
         "capabilities",

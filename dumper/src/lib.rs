@@ -227,4 +227,3 @@ fn manifest(pid: i32, core: &ckpt_image::core::Core) -> Result<Manifest> {
         hostname: uts.nodename().to_string_lossy().into_owned(),
     })
 }
-

@@ -140,7 +140,9 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
         }
         "" => {
             if shared {
-                return Err(unsupported("shared anonymous memory without a backing".into()));
+                return Err(unsupported(
+                    "shared anonymous memory without a backing".into(),
+                ));
             }
             VmaKind::Anon
         }
@@ -151,7 +153,9 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
         path if path.ends_with(" (deleted)") => {
             return Err(unsupported(format!("mapping of deleted file {path}")));
         }
-        path if path.starts_with('[') => return Err(unsupported(format!("special mapping {path}"))),
+        path if path.starts_with('[') => {
+            return Err(unsupported(format!("special mapping {path}")));
+        }
         path => {
             vma.path = path.to_string();
             vma.file_offset = e.offset;
@@ -213,7 +217,9 @@ pub fn plan_pages(pid: i32, vmas: &mut [Vma]) -> Result<u64> {
             VmaKind::Anon | VmaKind::SharedAnon => |e| e & (PM_PRESENT | PM_SWAPPED) != 0,
             // Only pages the process wrote (private anonymous copies); clean
             // pages come back from the file.
-            VmaKind::FilePrivate => |e| (e & PM_PRESENT != 0 && e & PM_FILE == 0) || e & PM_SWAPPED != 0,
+            VmaKind::FilePrivate => {
+                |e| (e & PM_PRESENT != 0 && e & PM_FILE == 0) || e & PM_SWAPPED != 0
+            }
             _ => continue,
         };
         let npages = vma.len() / PAGE_SIZE;

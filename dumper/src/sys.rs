@@ -20,7 +20,10 @@ pub fn same_file_description(pid: i32, a: i32, b: i32) -> std::io::Result<bool> 
 /// # Safety
 /// Every pointer among `args` must be null or valid for what syscall `nr`
 /// does with it.
-pub unsafe fn probe_syscall(nr: libc::c_long, args: [libc::c_long; 5]) -> Result<libc::c_long, i32> {
+pub unsafe fn probe_syscall(
+    nr: libc::c_long,
+    args: [libc::c_long; 5],
+) -> Result<libc::c_long, i32> {
     // SAFETY: the caller guarantees the pointer arguments (see above).
     let r = unsafe { libc::syscall(nr, args[0], args[1], args[2], args[3], args[4]) };
     if r < 0 {

@@ -73,7 +73,8 @@ impl ImageWriter {
         let mut f = create_file(&path)?;
         f.write_all(bytes)
             .map_err(|e| ImageError::io(&path, "write", e))?;
-        f.sync_all().map_err(|e| ImageError::io(&path, "fsync", e))?;
+        f.sync_all()
+            .map_err(|e| ImageError::io(&path, "fsync", e))?;
         self.digests.push(FileDigest {
             name: name.into(),
             size: bytes.len() as u64,
@@ -109,7 +110,8 @@ impl ImageWriter {
         let mut f = create_file(&path)?;
         f.write_all(&bytes)
             .map_err(|e| ImageError::io(&path, "write", e))?;
-        f.sync_all().map_err(|e| ImageError::io(&path, "fsync", e))?;
+        f.sync_all()
+            .map_err(|e| ImageError::io(&path, "fsync", e))?;
         sync_dir(&self.tmp_dir)?;
         fs::rename(&self.tmp_dir, &self.final_dir).map_err(|e| match e.raw_os_error() {
             Some(libc::EEXIST) | Some(libc::ENOTEMPTY) => ImageError::Exists {
@@ -350,7 +352,9 @@ impl ImageDir {
         let mut buf = vec![0u8; 1 << 20];
         let mut crc = 0u32;
         loop {
-            let n = f.read(&mut buf).map_err(|e| ImageError::io(&path, "read", e))?;
+            let n = f
+                .read(&mut buf)
+                .map_err(|e| ImageError::io(&path, "read", e))?;
             if n == 0 {
                 break;
             }
@@ -411,8 +415,15 @@ mod tests {
         assert_eq!(back, core);
         let mut all = vec![1u8; 4096];
         all.extend_from_slice(&[2u8; 4096]);
-        assert_eq!(d.digest("pages-42.img").unwrap().crc32c, crc32c::crc32c(&all));
-        assert!(!t.path().join(format!("ck.tmp.{}", std::process::id())).exists());
+        assert_eq!(
+            d.digest("pages-42.img").unwrap().crc32c,
+            crc32c::crc32c(&all)
+        );
+        assert!(
+            !t.path()
+                .join(format!("ck.tmp.{}", std::process::id()))
+                .exists()
+        );
     }
 
     #[test]

@@ -25,7 +25,9 @@ pub enum ImageError {
         expected: &'static str,
     },
     /// The file was written by an incompatible format version.
-    #[error("{path}: image format version {found} is not supported (this ckpt reads version {supported})")]
+    #[error(
+        "{path}: image format version {found} is not supported (this ckpt reads version {supported})"
+    )]
     Version {
         /// The file.
         path: PathBuf,

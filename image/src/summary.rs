@@ -102,7 +102,12 @@ pub fn render_text(v: &Value) -> String {
         .as_array()
         .map(|f| f.iter().filter_map(|x| x["size"].as_u64()).sum())
         .unwrap_or(0);
-    let _ = writeln!(s, "{} files, {} bytes", v["files"].as_array().map_or(0, Vec::len), total);
+    let _ = writeln!(
+        s,
+        "{} files, {} bytes",
+        v["files"].as_array().map_or(0, Vec::len),
+        total
+    );
     for p in v["processes"].as_array().into_iter().flatten() {
         let _ = writeln!(
             s,
@@ -139,7 +144,11 @@ pub fn render_text(v: &Value) -> String {
                 f["kind"].as_str().unwrap_or(""),
                 f["flags"].as_str().unwrap_or(""),
                 f["pos"],
-                if f["cloexec"].as_bool() == Some(true) { " cloexec" } else { "" },
+                if f["cloexec"].as_bool() == Some(true) {
+                    " cloexec"
+                } else {
+                    ""
+                },
                 f["path"].as_str().unwrap_or("")
             );
         }

@@ -12,8 +12,9 @@
 //!    final `int3`, read the args back;
 //! 5. cure: `munmap` the area from its own trampoline, stopping at the
 //!    syscall's exit (the next instruction no longer exists), then put back
-//!    registers (with the kernel's syscall-restart step applied, see
-//!    [`restart_regs`]), xstate and mask.
+//!    the original registers and move the task into an interrupt stop
+//!    ([`Tracee::park_with`]) so the kernel's own syscall-restart step still
+//!    runs when it resumes; then xstate and mask.
 
 use crate::blob::BLOB;
 use crate::error::{ParasiteError, Result};
@@ -174,9 +175,8 @@ impl Infection<'_> {
             libc::SYS_munmap,
             [self.base, self.len, 0, 0, 0, 0],
         );
-        // Whatever happened, give the task its own state back.
-        let regs = restart_regs(&self.saved_regs, true);
-        t.set_regs(&regs)?;
+        // Whatever happened, give the task its own state back, exactly.
+        t.park_with(&self.saved_regs)?;
         t.set_xstate(&self.saved_xstate)?;
         t.set_sigmask(self.saved_mask)?;
         crate::tracee::check_ret(t.pid(), "munmap (parasite)", ret?)?;
@@ -193,8 +193,8 @@ impl Drop for Infection<'_> {
 }
 
 /// Registers to resume a task with when it will *not* pass through the
-/// kernel's signal-restart step (it resumes from a syscall-exit stop, or it
-/// is a freshly restored process): a task stopped inside an interrupted
+/// kernel's signal-restart step (a freshly restored process resumes from a
+/// syscall-exit stop): a task stopped inside an interrupted
 /// syscall has `rax = -ERESTART*` and `orig_rax = nr`; the kernel would
 /// re-execute the syscall, so do what it does. `same_process` tells whether
 /// the kernel's restart block still belongs to this task; a restored process

@@ -258,7 +258,13 @@ impl Tracee {
     }
 
     /// Like [`Tracee::syscall_at`], checking the result; `name` is for errors.
-    pub fn syscall_ok(&self, site: u64, name: &'static str, nr: i64, args: [u64; 6]) -> Result<u64> {
+    pub fn syscall_ok(
+        &self,
+        site: u64,
+        name: &'static str,
+        nr: i64,
+        args: [u64; 6],
+    ) -> Result<u64> {
         let ret = self.syscall_at(site, nr, args)?;
         check_ret(self.pid(), name, ret)
     }
@@ -285,6 +291,24 @@ impl Tracee {
             }
         }
         Ok(self.regs()?.rax as i64)
+    }
+
+    /// From a syscall-exit stop, moves a seized task into an interrupt stop
+    /// with `regs` in place. Resuming from there passes through the kernel's
+    /// signal-restart step, so registers of a task interrupted inside a
+    /// syscall (`rax = -ERESTART*`) can be put back exactly as they were.
+    pub fn park_with(&self, regs: &Regs) -> Result<()> {
+        self.set_regs(regs)?;
+        ptrace::interrupt(self.pid).map_err(self.ptrace_err("interrupt"))?;
+        ptrace::cont(self.pid, None).map_err(self.ptrace_err("cont"))?;
+        match self.wait("parking")? {
+            WaitStatus::PtraceEvent(_, _, libc::PTRACE_EVENT_STOP) => Ok(()),
+            other => Err(ParasiteError::UnexpectedStop {
+                pid: self.pid(),
+                what: "parking",
+                status: format!("{other:?}"),
+            }),
+        }
     }
 
     /// Detaches; the task continues from its current registers.

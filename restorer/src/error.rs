@@ -12,7 +12,9 @@ pub enum RestoreError {
     #[error(transparent)]
     Image(#[from] ImageError),
     /// The pid is held by a live process.
-    #[error("pid {pid} is in use by a running process ({comm}); restore it in a new PID namespace or stop that process")]
+    #[error(
+        "pid {pid} is in use by a running process ({comm}); restore it in a new PID namespace or stop that process"
+    )]
     PidInUse {
         /// The pid.
         pid: i32,

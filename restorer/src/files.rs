@@ -98,7 +98,8 @@ fn dup_to(r: &Remote<'_>, from: i32, to: i32, cloexec: i32) -> Result<()> {
 
 fn inherited_fds(pid: i32) -> Result<Vec<i32>> {
     let dir = format!("/proc/{pid}/fd");
-    let rd = std::fs::read_dir(&dir).map_err(|e| RestoreError::os(pid, format!("read {dir}"), e))?;
+    let rd =
+        std::fs::read_dir(&dir).map_err(|e| RestoreError::os(pid, format!("read {dir}"), e))?;
     Ok(rd
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect())

@@ -102,7 +102,11 @@ fn check_compatible(images: &ImageDir) -> Result<()> {
         what,
     };
     if m.arch != std::env::consts::ARCH {
-        return Err(incompatible(format!("dumped on {}, this is {}", m.arch, std::env::consts::ARCH)));
+        return Err(incompatible(format!(
+            "dumped on {}, this is {}",
+            m.arch,
+            std::env::consts::ARCH
+        )));
     }
     if m.processes.len() != 1 {
         return Err(incompatible(format!(
@@ -229,10 +233,11 @@ fn rebuild(
     let child_maps = mm::read_maps(pid)?;
     let mut busy: Vec<(u64, u64)> = child_maps.iter().map(|m| (m.start, m.end)).collect();
     busy.extend(p.mm.vmas.iter().map(|v| (v.start, v.end)));
-    let at = mm::find_gap(&busy, remote::SCRATCH_LEN).ok_or_else(|| RestoreError::Incompatible {
-        dir: images.path().into(),
-        what: "no free address range for the restorer's scratch area".into(),
-    })?;
+    let at =
+        mm::find_gap(&busy, remote::SCRATCH_LEN).ok_or_else(|| RestoreError::Incompatible {
+            dir: images.path().into(),
+            what: "no free address range for the restorer's scratch area".into(),
+        })?;
     let code = child_maps
         .iter()
         .find(|m| m.exec && !m.path.starts_with('['))
@@ -250,7 +255,14 @@ fn rebuild(
         r.call(
             "rseq (unregister)",
             libc::SYS_rseq,
-            [rs.rseq_abi_pointer, rs.rseq_abi_size as u64, 1, rs.signature as u64, 0, 0],
+            [
+                rs.rseq_abi_pointer,
+                rs.rseq_abi_size as u64,
+                1,
+                rs.signature as u64,
+                0,
+                0,
+            ],
         )?;
     }
     if let Some(v) = &p.mm.vdso {

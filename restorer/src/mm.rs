@@ -89,7 +89,8 @@ pub fn check_vdso(pid: i32, r: &Remote<'_>, child: &[MapLine], want: &VdsoInfo) 
         dir: Default::default(),
         what: format!("pid {pid}: {what}; restore on a machine running the dumping kernel"),
     };
-    let vdso = find(VmaKind::Vdso).ok_or_else(|| incompatible("this kernel maps no vDSO".into()))?;
+    let vdso =
+        find(VmaKind::Vdso).ok_or_else(|| incompatible("this kernel maps no vDSO".into()))?;
     let mut code = vec![0u8; (vdso.end - vdso.start) as usize];
     r.t.read_mem(vdso.start, &mut code)?;
     if code.len() as u64 != want.vdso_len || crc32c::crc32c(&code) != want.vdso_crc32c {
@@ -199,8 +200,16 @@ pub fn map_vmas(r: &Remote<'_>, mm: &Mm) -> Result<()> {
                 check_file(pid, v)?;
                 let shared = kind == VmaKind::FileShared;
                 let writable = shared && v.flags & vma_flags::MAYWRITE != 0;
-                flags |= if shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
-                let mode = if writable { libc::O_RDWR } else { libc::O_RDONLY };
+                flags |= if shared {
+                    libc::MAP_SHARED
+                } else {
+                    libc::MAP_PRIVATE
+                };
+                let mode = if writable {
+                    libc::O_RDWR
+                } else {
+                    libc::O_RDONLY
+                };
                 fd = i64::from(r.open(&v.path, mode | libc::O_CLOEXEC, 0)?);
             }
             _ => unreachable!("special kinds skipped above"),
@@ -299,7 +308,14 @@ pub fn set_mm_fields(r: &Remote<'_>, f: &MmFields, exe: &str) -> Result<()> {
     let res = r.call(
         "prctl(PR_SET_MM_MAP)",
         libc::SYS_prctl,
-        [PR_SET_MM, PR_SET_MM_MAP, map, (words.len() * 8) as u64, 0, 0],
+        [
+            PR_SET_MM,
+            PR_SET_MM_MAP,
+            map,
+            (words.len() * 8) as u64,
+            0,
+            0,
+        ],
     );
     r.close(exe_fd)?;
     res.map(|_| ())

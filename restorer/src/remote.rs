@@ -85,7 +85,10 @@ impl<'t> Remote<'t> {
             return Err(RestoreError::File {
                 pid: self.t.pid(),
                 path: path.into(),
-                what: format!("cannot open: {}", std::io::Error::from_raw_os_error(-fd as i32)),
+                what: format!(
+                    "cannot open: {}",
+                    std::io::Error::from_raw_os_error(-fd as i32)
+                ),
             });
         }
         Ok(fd as i32)

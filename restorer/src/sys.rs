@@ -44,7 +44,11 @@ pub fn fork_stopped_with_pid(pid: i32) -> std::io::Result<i32> {
             // cannot take control, so nothing of ours ever runs here.
             unsafe {
                 libc::syscall(libc::SYS_ptrace, libc::PTRACE_TRACEME, 0, 0, 0);
-                libc::syscall(libc::SYS_kill, libc::syscall(libc::SYS_getpid), libc::SIGSTOP);
+                libc::syscall(
+                    libc::SYS_kill,
+                    libc::syscall(libc::SYS_getpid),
+                    libc::SIGSTOP,
+                );
                 libc::_exit(127);
             }
         }

@@ -48,7 +48,9 @@ pub fn restore_misc(r: &Remote<'_>, core: &Core) -> Result<()> {
     let (sp, flags, size) = core
         .altstack
         .as_ref()
-        .map_or((0, libc::SS_DISABLE, 0), |a| (a.sp, a.flags & !libc::SS_ONSTACK, a.size));
+        .map_or((0, libc::SS_DISABLE, 0), |a| {
+            (a.sp, a.flags & !libc::SS_ONSTACK, a.size)
+        });
     let ss = r.put_u64s(0, &[sp, flags as u32 as u64, size])?;
     r.call("sigaltstack", libc::SYS_sigaltstack, [ss, 0, 0, 0, 0, 0])?;
     if core.tid_address != 0 {
@@ -123,7 +125,11 @@ pub fn restore_rlimits(pid: i32, core: &Core, warn: &dyn Fn(&str)) -> Result<()>
         }
         let err = std::io::Error::last_os_error();
         if err.raw_os_error() != Some(libc::EPERM) {
-            return Err(RestoreError::os(pid, format!("prlimit resource {res}"), err));
+            return Err(RestoreError::os(
+                pid,
+                format!("prlimit resource {res}"),
+                err,
+            ));
         }
         let mut cur = libc::rlimit64 {
             rlim_cur: 0,
@@ -160,7 +166,10 @@ pub fn restore_creds(r: &Remote<'_>, core: &Core) -> Result<()> {
     let field = |k: &str| {
         status
             .lines()
-            .find_map(|l| l.strip_prefix(k).map(|v| v.split_whitespace().collect::<Vec<_>>().join(" ")))
+            .find_map(|l| {
+                l.strip_prefix(k)
+                    .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+            })
             .unwrap_or_default()
     };
     let join = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(" ");
@@ -203,7 +212,10 @@ pub fn restore_creds(r: &Remote<'_>, core: &Core) -> Result<()> {
     }
     // struct __user_cap_header_struct {version, pid} + two data words
     // {effective, permitted, inheritable} for _LINUX_CAPABILITY_VERSION_3.
-    let hdr = r.put(0, &[0x2008_0522u32.to_le_bytes(), 0u32.to_le_bytes()].concat())?;
+    let hdr = r.put(
+        0,
+        &[0x2008_0522u32.to_le_bytes(), 0u32.to_le_bytes()].concat(),
+    )?;
     let lo = |v: u64| v as u32;
     let hi = |v: u64| (v >> 32) as u32;
     let data: Vec<u8> = [

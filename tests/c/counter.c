@@ -51,7 +51,7 @@ int main(int argc, char **argv)
 		if (counter == READY_AT) {
 			ready_value = counter;
 			snprintf(line, sizeof(line), "%lu", counter);
-			victim_write_file("ready", line);
+			victim_signal_ready(line);
 		}
 		if (ready_value && victim_file_exists("go"))
 			break;

@@ -392,6 +392,7 @@ static void verify_semantics(void)
 {
 	struct region *r;
 	unsigned char byte, file_byte;
+	struct stat shared_st;
 
 	/* Reserved PROT_NONE range must still be real zero-filled memory. */
 	r = find_kind(RESERVED);
@@ -409,7 +410,7 @@ static void verify_semantics(void)
 	/* Shared file mapping: both directions must reach the file. */
 	r = find_kind(FILE_SHARED);
 	shared_fd = open(shared_path, O_RDWR | O_CLOEXEC);
-	if (shared_fd < 0) {
+	if (shared_fd < 0 || fstat(shared_fd, &shared_st) != 0) {
 		fail("open %s: %s", shared_path, strerror(errno));
 	} else {
 		byte = r->addr[2 * PG + 9];
@@ -427,6 +428,17 @@ static void verify_semantics(void)
 		CHECK(r->addr[6 * PG + 3] == file_byte,
 		      "shared file mapping: write to file not visible in mapping");
 		CHECK(pwrite(shared_fd, &byte, 1, 6 * PG + 3) == 1, "pwrite shared file back");
+		/*
+		 * Content is back to what was dumped; put the mtime back too, so
+		 * images taken by a leave-running dump stay restorable (a
+		 * restorer may rightly refuse a mapped file changed since dump).
+		 */
+		msync(r->addr, r->pages * PG, MS_SYNC);
+		{
+			struct timespec times[2] = { shared_st.st_atim, shared_st.st_mtim };
+			CHECK(futimens(shared_fd, times) == 0, "futimens shared file: %s",
+			      strerror(errno));
+		}
 		close(shared_fd);
 	}
 

@@ -176,7 +176,7 @@ int main(int argc, char **argv)
 	third_before = third();
 
 	/* Ready just before the loop: the loop tolerates being dumped anywhere. */
-	victim_write_file("ready", avx ? "avx" : "sse");
+	victim_signal_ready(avx ? "avx" : "sse");
 	if (avx)
 		wait_avx();
 	else

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 /* A victim that never gets its go file (harness crashed) must not live forever. */
@@ -36,6 +37,13 @@ static const char *victim_workdir;
 static char victim_first_failure[512];
 static int victim_failures;
 static struct timespec victim_deadline;
+/*
+ * Random per-incarnation id, written to WORKDIR/incarnation at ready and to
+ * WORKDIR/incarnation.final just before the result.  A "restore" that simply
+ * re-executed the victim would write a new one, so the harness can tell a
+ * restored process from a fresh one that merely passes its own checks.
+ */
+static uint64_t victim_nonce;
 
 static inline void victim_path(char *buf, size_t len, const char *name)
 {
@@ -121,6 +129,9 @@ static inline void victim_finish(void)
 {
 	char msg[600];
 
+	snprintf(msg, sizeof(msg), "%016llx", (unsigned long long)victim_nonce);
+	victim_write_file("incarnation.final", msg);
+
 	if (victim_failures == 0) {
 		victim_write_file("result", "PASS");
 		_exit(0);
@@ -139,6 +150,8 @@ static inline void victim_init(int argc, char **argv)
 		_exit(2);
 	}
 	victim_workdir = argv[1];
+	if (getrandom(&victim_nonce, sizeof(victim_nonce), 0) != sizeof(victim_nonce))
+		die("getrandom");
 	clock_gettime(CLOCK_MONOTONIC, &victim_deadline);
 	victim_deadline.tv_sec += VICTIM_LIFETIME_SEC;
 }
@@ -189,9 +202,19 @@ static inline void victim_wait_for(const char *name)
 	}
 }
 
+/* Publish the incarnation id, then the ready file (with optional content). */
+static inline void victim_signal_ready(const char *ready_content)
+{
+	char id[32];
+
+	snprintf(id, sizeof(id), "%016llx", (unsigned long long)victim_nonce);
+	victim_write_file("incarnation", id);
+	victim_write_file("ready", ready_content ? ready_content : "ready");
+}
+
 static inline void victim_ready_and_wait(const char *ready_content)
 {
-	victim_write_file("ready", ready_content ? ready_content : "ready");
+	victim_signal_ready(ready_content);
 	victim_wait_for("go");
 }
 

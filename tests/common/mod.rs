@@ -323,6 +323,9 @@ pub struct Victim {
     pub bin: PathBuf,
     pub work: PathBuf,
     pub name: String,
+    /// Id the victim published at ready (see victim.h); the restored process
+    /// must report the same one, or it is a fresh process, not a restore.
+    pub incarnation: Option<String>,
     child: Option<Child>,
 }
 
@@ -349,6 +352,7 @@ impl Victim {
             bin,
             work: env.work.clone(),
             name: name.to_string(),
+            incarnation: None,
             child: Some(child),
         }
     }
@@ -388,6 +392,12 @@ impl Victim {
             );
             sleep(POLL);
         }
+        let id = read_to_string_lossy(&self.path("incarnation"));
+        assert!(
+            !id.is_empty(),
+            "victim wrote ready without an incarnation id"
+        );
+        self.incarnation = Some(id);
         read_to_string_lossy(&ready)
     }
 
@@ -453,7 +463,15 @@ impl Victim {
     }
 
     pub fn clear_protocol_files(&self) {
-        for f in ["go", "go2", "result", "stage1", "ping", "pong"] {
+        for f in [
+            "go",
+            "go2",
+            "result",
+            "stage1",
+            "ping",
+            "pong",
+            "incarnation.final",
+        ] {
             let _ = fs::remove_file(self.path(f));
         }
     }
@@ -476,6 +494,8 @@ impl Victim {
         self.result().unwrap_or_default()
     }
 
+    /// The victim wrote PASS, and it is the same incarnation that became
+    /// ready before the dump (not a re-executed copy).
     pub fn assert_pass(&self) {
         let result = self.result();
         assert_eq!(
@@ -483,6 +503,13 @@ impl Victim {
             Some("PASS"),
             "victim check failed: {}",
             self.diag()
+        );
+        let final_id = read_to_string_lossy(&self.path("incarnation.final"));
+        assert_eq!(
+            Some(&final_id),
+            self.incarnation.as_ref(),
+            "the process that passed is not the one that was dumped (incarnation id \
+             changed: it was started afresh instead of restored)"
         );
     }
 

@@ -40,5 +40,9 @@ pub fn run(a: CheckArgs) -> anyhow::Result<ExitCode> {
             }
         );
     }
-    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

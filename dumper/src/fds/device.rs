@@ -17,9 +17,6 @@ pub fn dump_char(p: &FdParams) -> Result<FdEntry> {
         (1, 3) | (1, 5) | (1, 7) | (1, 8) | (1, 9) => Ok(p.entry(FdKind::CharDevice)),
         // Unix98 pty slaves, virtual consoles and /dev/tty, /dev/console.
         (136..=143, _) | (4, _) | (5, 0) | (5, 1) => Ok(p.entry(FdKind::Tty)),
-        _ => Err(p.unsupported(&format!(
-            "character device {} ({major}:{minor})",
-            p.link
-        ))),
+        _ => Err(p.unsupported(&format!("character device {} ({major}:{minor})", p.link))),
     }
 }

@@ -123,13 +123,12 @@ fn share_descriptions(pid: i32, files: &mut Files) -> Result<()> {
             if a.description != a.fd as u64 || a.path != b.path || a.kind != b.kind {
                 continue;
             }
-            let same = sys::same_file_description(pid, a.fd, b.fd).map_err(|source| {
-                DumpError::Proc {
+            let same =
+                sys::same_file_description(pid, a.fd, b.fd).map_err(|source| DumpError::Proc {
                     pid,
                     path: format!("kcmp fd {} fd {}", a.fd, b.fd).into(),
                     source,
-                }
-            })?;
+                })?;
             if same {
                 files.fds[i].description = files.fds[j].fd as u64;
                 files.fds[i].ghost = files.fds[j].ghost.clone();

@@ -1,0 +1,658 @@
+//! Coordinator benchmark: many simulated agents, multiplexed on one poll loop per process,
+//! against one coordinator (flat) or through a tree of sub-coordinators.
+//!
+//! `cargo run --release -p ckpt-coord --example bench -- --agents 1024,4096,16384 --mode both`
+//!
+//! The same binary re-executes itself for its children (`serve-root`, `serve-subs`,
+//! `agents`), so the coordinator's CPU time can be read from `/proc/<pid>/stat`.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ckpt_coord::Secret;
+use ckpt_coord::auth;
+use ckpt_coord::client::Control;
+use ckpt_coord::protocol::{
+    AfterCommit, Arrive, Auth, FrameReader, Get, Hello, Intent, Message, NodeReport, Outcome,
+    Phase, PhaseInfo, Put, Role, RoundKind, VERSION_MAX, VERSION_MIN,
+};
+use ckpt_coord::server::CoordConfig;
+use mio::net::TcpStream;
+use mio::{Events, Interest, Poll, Token};
+
+const JOB: &str = "bench";
+
+fn arg(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn wall_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+fn secret() -> Secret {
+    let hex = std::env::var(auth::SECRET_ENV).expect("secret in the environment");
+    Secret::from_hex(&hex, auth::SECRET_ENV).expect("hex secret")
+}
+
+/// Raises the soft fd limit to the hard one; root here lacks CAP_SYS_RESOURCE, so the hard
+/// limit is the ceiling.
+fn raise_nofile() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a valid, writable rlimit for the duration of the call.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0;
+    if ok && r.rlim_cur < r.rlim_max {
+        r.rlim_cur = r.rlim_max;
+        // SAFETY: `r` is a valid rlimit read just above; only the soft limit changed.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) };
+    }
+    r.rlim_cur
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    raise_nofile();
+    match args.get(1).map(|s| s.as_str()) {
+        Some("serve-root") => serve_root(&args),
+        Some("serve-subs") => serve_subs(&args),
+        Some("agents") => agents(&args),
+        _ => orchestrate(&args),
+    }
+}
+
+// ------------------------------------------------------------------ children
+
+fn serve_root(args: &[String]) {
+    let expect: u32 = arg(args, "--expect").unwrap().parse().unwrap();
+    let dir = arg(args, "--state-dir").unwrap();
+    let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, expect, secret());
+    cfg.state_dir = Some(dir.into());
+    cfg.log_stderr = std::env::var("BENCH_LOG").is_ok();
+    cfg.phase_deadline = Duration::from_secs(120);
+    cfg.name = "root".into();
+    let h = ckpt_coord::spawn(cfg).unwrap();
+    println!("ADDR {}", h.local_addr());
+    let _ = h.join();
+}
+
+fn serve_subs(args: &[String]) {
+    let parent = arg(args, "--parent").unwrap();
+    let count: usize = arg(args, "--count").unwrap().parse().unwrap();
+    let first: usize = arg(args, "--first").unwrap().parse().unwrap();
+    let each: u32 = arg(args, "--expect-each").unwrap().parse().unwrap();
+    let mut hs = Vec::new();
+    for i in first..first + count {
+        let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, each, secret());
+        cfg.parent = Some(parent.clone());
+        cfg.name = format!("sub{i}");
+        cfg.log_stderr = std::env::var("BENCH_LOG").is_ok();
+        let h = ckpt_coord::spawn(cfg).unwrap();
+        println!("ADDR {i} {}", h.local_addr());
+        hs.push(h);
+    }
+    for h in hs {
+        let _ = h.join();
+    }
+}
+
+/// One simulated agent, driven by the process's poll loop.
+struct Sim {
+    idx: usize,
+    addr: SocketAddr,
+    stream: Option<TcpStream>,
+    reader: FrameReader,
+    out: Vec<u8>,
+    nonce: [u8; 32],
+    epoch: u64,
+    missing: usize,
+    attempts: u32,
+    retry_at: Option<Instant>,
+    connected: bool,
+}
+
+fn agents(args: &[String]) {
+    let addrs: Vec<SocketAddr> = arg(args, "--addrs")
+        .unwrap()
+        .split(',')
+        .map(|a| a.parse().unwrap())
+        .collect();
+    let first: usize = arg(args, "--first").unwrap().parse().unwrap();
+    let count: usize = arg(args, "--count").unwrap().parse().unwrap();
+    let total: usize = arg(args, "--total").unwrap().parse().unwrap();
+    let victim_epoch: u64 = arg(args, "--victim-epoch").unwrap().parse().unwrap();
+    let secret = secret();
+    let mut poll = Poll::new().unwrap();
+    let mut sims: Vec<Sim> = (0..count)
+        .map(|k| {
+            let idx = first + k;
+            // Agents are spread over the coordinators in contiguous blocks, so each
+            // sub-coordinator gets exactly its expected number.
+            let addr = addrs[idx * addrs.len() / total];
+            Sim {
+                idx,
+                addr,
+                stream: None,
+                reader: FrameReader::new(),
+                out: Vec::new(),
+                nonce: [0; 32],
+                epoch: 0,
+                missing: 0,
+                attempts: 0,
+                retry_at: Some(Instant::now()),
+                connected: false,
+            }
+        })
+        .collect();
+    let mut events = Events::with_capacity(4096);
+    let mut abort_max = 0u64;
+    let mut aborts = 0usize;
+    let mut alive = count;
+    let mut closed = 0usize;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let now = Instant::now();
+        for (k, s) in sims.iter_mut().enumerate() {
+            if s.retry_at.is_some_and(|t| t <= now) {
+                s.retry_at = None;
+                s.attempts += 1;
+                match TcpStream::connect(s.addr) {
+                    Ok(mut st) => {
+                        poll.registry()
+                            .register(&mut st, Token(k), Interest::READABLE | Interest::WRITABLE)
+                            .unwrap();
+                        s.stream = Some(st);
+                    }
+                    Err(_) => s.retry_at = Some(now + backoff(s.attempts)),
+                }
+            }
+        }
+        poll.poll(&mut events, Some(Duration::from_millis(20)))
+            .unwrap();
+        for ev in events.iter() {
+            let k = ev.token().0;
+            let s = &mut sims[k];
+            let Some(st) = s.stream.as_mut() else {
+                continue;
+            };
+            if !s.connected && ev.is_writable() {
+                if ev.is_error()
+                    || st.take_error().ok().flatten().is_some()
+                    || st.peer_addr().is_err()
+                {
+                    // Refused or reset while the coordinator was swamped: back off, retry.
+                    let _ = poll.registry().deregister(st);
+                    s.stream = None;
+                    s.retry_at = Some(Instant::now() + backoff(s.attempts));
+                    continue;
+                }
+                s.connected = true;
+                let _ = st.set_nodelay(true);
+                s.nonce = auth::nonce().unwrap();
+                Message::Hello(Hello {
+                    min_version: VERSION_MIN,
+                    max_version: VERSION_MAX,
+                    job: JOB.into(),
+                    node: format!("a{}", s.idx),
+                    role: Role::Agent,
+                    intent: Intent::Standby,
+                    expect: 1,
+                    client_nonce: s.nonce,
+                })
+                .encode_into(&mut s.out)
+                .unwrap();
+            }
+            let mut eof = false;
+            if ev.is_readable() {
+                loop {
+                    match st.read(&mut buf) {
+                        Ok(0) => {
+                            eof = true;
+                            break;
+                        }
+                        Ok(n) => {
+                            s.reader.push(&buf[..n]);
+                            if n < buf.len() && !ev.is_read_closed() {
+                                break;
+                            }
+                        }
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                        Err(_) => {
+                            eof = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            let mut die = false;
+            while let Ok(Some(m)) = s.reader.next_message() {
+                let node = format!("a{}", s.idx);
+                match m {
+                    Message::Challenge(c) => {
+                        assert!(secret.verify_server(
+                            JOB,
+                            &s.nonce,
+                            &c.server_nonce,
+                            &c.server_proof
+                        ));
+                        let proof =
+                            secret.client_proof(JOB, &node, Role::Agent, &c.server_nonce, &s.nonce);
+                        Message::Auth(Auth { proof })
+                            .encode_into(&mut s.out)
+                            .unwrap();
+                    }
+                    Message::Welcome(_) => {}
+                    Message::Refused(r) => panic!("agent {node} refused: {}", r.reason),
+                    Message::PhaseCmd(p) => {
+                        s.epoch = p.epoch;
+                        if s.idx == 0 && p.epoch == victim_epoch && p.phase == Phase::Freeze {
+                            die = true;
+                            break;
+                        }
+                        let arrive = |out: &mut Vec<u8>, phase, reports| {
+                            Message::Arrive(Arrive {
+                                epoch: p.epoch,
+                                phase,
+                                count: 1,
+                                reports,
+                            })
+                            .encode_into(out)
+                            .unwrap()
+                        };
+                        match p.phase {
+                            Phase::Commit => {}
+                            Phase::Dump => arrive(
+                                &mut s.out,
+                                Phase::Dump,
+                                vec![NodeReport {
+                                    node,
+                                    info: PhaseInfo::Dump {
+                                        image_dir: format!("/ckpt/a{}", s.idx),
+                                        manifest_crc32c: s.idx as u32,
+                                    },
+                                }],
+                            ),
+                            Phase::Publish => {
+                                let entries = (0..16)
+                                    .map(|i| (format!("a{}/k{i}", s.idx), vec![i as u8; 8]))
+                                    .collect();
+                                Message::Put(Put { entries })
+                                    .encode_into(&mut s.out)
+                                    .unwrap();
+                                arrive(&mut s.out, Phase::Publish, Vec::new());
+                            }
+                            Phase::Subscribe => {
+                                let peer = (s.idx + 1) % total;
+                                let keys = (0..16).map(|i| format!("a{peer}/k{i}")).collect();
+                                s.missing = 16;
+                                Message::Get(Get {
+                                    keys,
+                                    timeout_ms: 60_000,
+                                })
+                                .encode_into(&mut s.out)
+                                .unwrap();
+                            }
+                            ph => arrive(&mut s.out, ph, Vec::new()),
+                        }
+                    }
+                    Message::Values(v) => {
+                        s.missing = s.missing.saturating_sub(v.entries.len());
+                        assert!(v.entries.iter().all(|e| e.1.is_some()), "key timed out");
+                        if s.missing == 0 {
+                            Message::Arrive(Arrive {
+                                epoch: s.epoch,
+                                phase: Phase::Subscribe,
+                                count: 1,
+                                reports: Vec::new(),
+                            })
+                            .encode_into(&mut s.out)
+                            .unwrap();
+                        }
+                    }
+                    Message::Abort(_) => {
+                        abort_max = abort_max.max(wall_us());
+                        aborts += 1;
+                        if aborts == alive {
+                            println!("ABORTED {abort_max}");
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if die {
+                println!("DEATH {}", wall_us());
+                let _ = poll.registry().deregister(st);
+                s.stream = None;
+                alive -= 1;
+                closed += 1;
+                continue;
+            }
+            if !s.out.is_empty() {
+                match st.write(&s.out) {
+                    Ok(n) => {
+                        s.out.drain(..n);
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                    Err(_) => eof = true,
+                }
+            }
+            if eof {
+                let _ = poll.registry().deregister(st);
+                s.stream = None;
+                closed += 1;
+            }
+        }
+        let _ = std::io::stdout().flush();
+        if closed == count {
+            return;
+        }
+    }
+}
+
+fn backoff(attempt: u32) -> Duration {
+    let base = 5u64 << attempt.min(8);
+    let mut b = [0u8; 2];
+    let _ = getrandom_fill(&mut b);
+    let jitter = u64::from(u16::from_le_bytes(b)) % base.max(1);
+    Duration::from_millis(base / 2 + jitter)
+}
+
+fn getrandom_fill(b: &mut [u8]) -> bool {
+    match auth::nonce() {
+        Ok(n) => {
+            let k = b.len().min(n.len());
+            b[..k].copy_from_slice(&n[..k]);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+// ------------------------------------------------------------------ orchestrator
+
+struct Proc {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+fn spawn_child(args: &[String], secret_hex: &str) -> Proc {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(exe)
+        .args(args)
+        .env(auth::SECRET_ENV, secret_hex)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    Proc { child, lines: rx }
+}
+
+fn cpu_secs(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = s.rsplit_once(')').map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 (utime, stime) are at 11 and 12 after the command name; USER_HZ=100.
+    let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (t(11) + t(12)) / 100.0
+}
+
+#[derive(Default)]
+struct Row {
+    mode: String,
+    agents: usize,
+    register: f64,
+    round: f64,
+    kv: f64,
+    abort: f64,
+    cpu_root: f64,
+    cpu_subs: f64,
+    cpu_agents: f64,
+    bytes_per_agent: f64,
+}
+
+fn run_case(mode: &str, n: usize, subs: usize, procs: usize) -> Row {
+    let secret = Secret::generate().unwrap();
+    let hex = secret.to_hex();
+    let dir = std::env::temp_dir().join(format!(
+        "ckpt-coord-bench-{}-{mode}-{n}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut children: Vec<Proc> = Vec::new();
+    let root = spawn_child(
+        &[
+            "serve-root".into(),
+            "--expect".into(),
+            n.to_string(),
+            "--state-dir".into(),
+            dir.display().to_string(),
+        ],
+        &hex,
+    );
+    let root_addr: SocketAddr = root
+        .lines
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap()
+        .strip_prefix("ADDR ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let root_pid = root.child.id();
+    children.push(root);
+    let mut sub_pids = Vec::new();
+    let addrs: Vec<SocketAddr> = if mode == "tree" {
+        let per_proc = subs.div_ceil(procs);
+        let mut found: HashMap<usize, SocketAddr> = HashMap::new();
+        let mut first = 0;
+        while first < subs {
+            let count = per_proc.min(subs - first);
+            let p = spawn_child(
+                &[
+                    "serve-subs".into(),
+                    "--parent".into(),
+                    root_addr.to_string(),
+                    "--count".into(),
+                    count.to_string(),
+                    "--first".into(),
+                    first.to_string(),
+                    "--expect-each".into(),
+                    (n / subs).to_string(),
+                ],
+                &hex,
+            );
+            for _ in 0..count {
+                let l = p.lines.recv_timeout(Duration::from_secs(60)).unwrap();
+                let mut it = l.split_whitespace().skip(1);
+                let i: usize = it.next().unwrap().parse().unwrap();
+                found.insert(i, it.next().unwrap().parse().unwrap());
+            }
+            sub_pids.push(p.child.id());
+            children.push(p);
+            first += count;
+        }
+        (0..subs).map(|i| found[&i]).collect()
+    } else {
+        vec![root_addr]
+    };
+    let addr_list = addrs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut ctl = Control::connect(&root_addr.to_string(), JOB, secret.clone(), "bench").unwrap();
+    let t0 = Instant::now();
+    let per = n.div_ceil(procs);
+    let mut agent_procs = Vec::new();
+    let mut first = 0;
+    while first < n {
+        let count = per.min(n - first);
+        agent_procs.push(spawn_child(
+            &[
+                "agents".into(),
+                "--addrs".into(),
+                addr_list.clone(),
+                "--first".into(),
+                first.to_string(),
+                "--count".into(),
+                count.to_string(),
+                "--total".into(),
+                n.to_string(),
+                "--victim-epoch".into(),
+                "3".into(),
+            ],
+            &hex,
+        ));
+        first += count;
+    }
+    loop {
+        let s = ctl.status().unwrap();
+        if s.registered as usize >= n {
+            break;
+        }
+        if t0.elapsed() > Duration::from_secs(300) {
+            panic!("registration stalled at {} of {n}", s.registered);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let register = t0.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let r = ctl
+        .trigger(
+            RoundKind::Checkpoint {
+                then: AfterCommit::Resume,
+            },
+            Some(Duration::from_secs(300)),
+        )
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Committed, "round 1: {r:?}");
+    let round = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let r = ctl
+        .trigger(RoundKind::Restart, Some(Duration::from_secs(300)))
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Restarted, "restart round: {r:?}");
+    let kv = t.elapsed().as_secs_f64();
+    let status = ctl.status().unwrap();
+    let cpu_root = cpu_secs(root_pid);
+    let cpu_subs: f64 = sub_pids.iter().map(|p| cpu_secs(*p)).sum();
+    let cpu_agents: f64 = agent_procs.iter().map(|p| cpu_secs(p.child.id())).sum();
+    // Abort: agent a0 dies on FREEZE of epoch 3.
+    let r = ctl
+        .trigger(
+            RoundKind::Checkpoint {
+                then: AfterCommit::Resume,
+            },
+            Some(Duration::from_secs(300)),
+        )
+        .unwrap();
+    assert!(matches!(r.outcome, Outcome::Aborted { .. }), "{r:?}");
+    let mut death = 0u64;
+    let mut last_abort = 0u64;
+    for p in &agent_procs {
+        let mut got = false;
+        while !got {
+            match p.lines.recv_timeout(Duration::from_secs(30)) {
+                Ok(l) => {
+                    if let Some(v) = l.strip_prefix("DEATH ") {
+                        death = v.parse().unwrap();
+                    } else if let Some(v) = l.strip_prefix("ABORTED ") {
+                        last_abort = last_abort.max(v.parse().unwrap());
+                        got = true;
+                    }
+                }
+                Err(_) => panic!("an agent process never reported the abort"),
+            }
+        }
+    }
+    let abort = (last_abort.saturating_sub(death)) as f64 / 1e6;
+    for mut p in agent_procs.into_iter().chain(children) {
+        let _ = p.child.kill();
+        let _ = p.child.wait();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Row {
+        mode: if mode == "tree" {
+            format!("tree {subs}x{}", n / subs)
+        } else {
+            "flat".into()
+        },
+        agents: n,
+        register,
+        round,
+        kv,
+        abort,
+        cpu_root,
+        cpu_subs,
+        cpu_agents,
+        bytes_per_agent: (status.bytes_in + status.bytes_out) as f64 / n as f64,
+    }
+}
+
+fn orchestrate(args: &[String]) {
+    let sizes: Vec<usize> = arg(args, "--agents")
+        .unwrap_or_else(|| "1024,4096,16384".into())
+        .split(',')
+        .map(|s| s.parse().unwrap())
+        .collect();
+    let mode = arg(args, "--mode").unwrap_or_else(|| "both".into());
+    let subs: usize = arg(args, "--subs").map_or(64, |s| s.parse().unwrap());
+    let procs: usize = arg(args, "--procs").map_or(4, |s| s.parse().unwrap());
+    let modes: Vec<&str> = match mode.as_str() {
+        "both" => vec!["flat", "tree"],
+        m => vec![if m == "tree" { "tree" } else { "flat" }],
+    };
+    println!(
+        "fd limit {}; {procs} agent processes; times in seconds, abort = agent death to last agent told",
+        raise_nofile()
+    );
+    println!(
+        "{:<14} {:>7} {:>9} {:>8} {:>9} {:>8} {:>9} {:>9} {:>10}",
+        "mode",
+        "agents",
+        "register",
+        "round",
+        "kv-round",
+        "abort",
+        "cpu-root",
+        "cpu-subs",
+        "B/agent"
+    );
+    for m in modes {
+        for &n in &sizes {
+            let r = run_case(m, n, subs.min(n), procs);
+            println!(
+                "{:<14} {:>7} {:>9.3} {:>8.3} {:>9.3} {:>8.3} {:>9.2} {:>9.2} {:>10.2} {:>8.0}",
+                r.mode,
+                r.agents,
+                r.register,
+                r.round,
+                r.kv,
+                r.abort,
+                r.cpu_root,
+                r.cpu_subs,
+                r.cpu_agents,
+                r.bytes_per_agent
+            );
+        }
+    }
+}
