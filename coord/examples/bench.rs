@@ -160,12 +160,19 @@ fn agents(args: &[String]) {
     let mut aborts = 0usize;
     let mut alive = count;
     let mut closed = 0usize;
+    // Agents waiting to (re)connect; the scan over all agents is skipped when none are.
+    let mut retries = count;
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let now = Instant::now();
-        for (k, s) in sims.iter_mut().enumerate() {
+        for (k, s) in sims
+            .iter_mut()
+            .enumerate()
+            .skip(if retries == 0 { count } else { 0 })
+        {
             if s.retry_at.is_some_and(|t| t <= now) {
                 s.retry_at = None;
+                retries -= 1;
                 s.attempts += 1;
                 match TcpStream::connect(s.addr) {
                     Ok(mut st) => {
@@ -174,7 +181,10 @@ fn agents(args: &[String]) {
                             .unwrap();
                         s.stream = Some(st);
                     }
-                    Err(_) => s.retry_at = Some(now + backoff(s.attempts)),
+                    Err(_) => {
+                        s.retry_at = Some(now + backoff(s.attempts));
+                        retries += 1;
+                    }
                 }
             }
         }
@@ -195,6 +205,7 @@ fn agents(args: &[String]) {
                     let _ = poll.registry().deregister(st);
                     s.stream = None;
                     s.retry_at = Some(Instant::now() + backoff(s.attempts));
+                    retries += 1;
                     continue;
                 }
                 s.connected = true;

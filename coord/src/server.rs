@@ -1300,7 +1300,8 @@ impl Server {
         for v in self.nodes.values_mut() {
             v.1 = Intent::Standby;
         }
-        let epoch = match self.store.as_ref().map(|s| s.next_epoch()) {
+        let last = self.last_committed;
+        let epoch = match self.store.as_ref().map(|s| s.next_epoch(last)) {
             Some(Ok(e)) => e,
             Some(Err(e)) => {
                 log!(self, "cannot start a round: {e}");

@@ -168,14 +168,15 @@ impl EpochStore {
         self.write_atomic(&format!("epoch-{epoch:016}.aborted.json"), &bytes)
     }
 
-    /// Reserves the next epoch number durably and returns it.
-    pub fn next_epoch(&self) -> Result<u64, StoreError> {
+    /// Reserves the next epoch number durably and returns it. `last_committed` is what
+    /// the caller loaded at startup; passing it avoids re-reading every manifest.
+    pub fn next_epoch(&self, last_committed: Option<u64>) -> Result<u64, StoreError> {
         let path = self.dir.join("next-epoch");
         let stored = fs::read_to_string(&path)
             .ok()
             .and_then(|s| s.trim().parse::<u64>().ok())
             .unwrap_or(1);
-        let last = self.last_committed()?.map(|m| m.epoch).unwrap_or(0);
+        let last = last_committed.unwrap_or(0);
         let epoch = stored.max(last + 1);
         self.write_atomic("next-epoch", format!("{}\n", epoch + 1).as_bytes())?;
         Ok(epoch)
@@ -230,9 +231,9 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let s = EpochStore::open(d.path(), "j").unwrap();
         assert_eq!(s.last_committed().unwrap(), None);
-        assert_eq!(s.next_epoch().unwrap(), 1);
+        assert_eq!(s.next_epoch(None).unwrap(), 1);
         s.commit(&manifest(1)).unwrap();
-        assert_eq!(s.next_epoch().unwrap(), 2);
+        assert_eq!(s.next_epoch(Some(1)).unwrap(), 2);
         s.commit(&manifest(2)).unwrap();
         assert_eq!(s.last_committed().unwrap().unwrap().epoch, 2);
         // A crash mid-commit leaves only a temp file: it must not count.
@@ -244,7 +245,7 @@ mod tests {
         fs::write(&p, text).unwrap();
         assert_eq!(s.last_committed().unwrap().unwrap().epoch, 1);
         // Numbers are never reused, even after an abort.
-        assert_eq!(s.next_epoch().unwrap(), 3);
-        assert_eq!(s.next_epoch().unwrap(), 4);
+        assert_eq!(s.next_epoch(Some(1)).unwrap(), 3);
+        assert_eq!(s.next_epoch(None).unwrap(), 4);
     }
 }
