@@ -136,6 +136,12 @@ struct Flat {
     stack_top: u64,
     /// Offsets of the 8-byte R_X86_64_RELATIVE slots.
     relocs: Vec<u64>,
+    /// Offset of `parasite_done` (just after the "done" marker syscall).
+    done: u64,
+    /// Offset of `parasite_trampoline` (`syscall`, then marker and rescue).
+    trampoline: u64,
+    /// Offset of the `PARASITE_RESCUE_SP` static.
+    rescue_sp: u64,
 }
 
 impl Flat {
@@ -146,6 +152,9 @@ impl Flat {
         writeln!(s, "pub const ENTRY: usize = {:#x};", self.entry).unwrap();
         writeln!(s, "pub const ARGS_OFFSET: usize = {:#x};", self.args).unwrap();
         writeln!(s, "pub const STACK_TOP: usize = {:#x};", self.stack_top).unwrap();
+        writeln!(s, "pub const DONE: usize = {:#x};", self.done).unwrap();
+        writeln!(s, "pub const TRAMPOLINE: usize = {:#x};", self.trampoline).unwrap();
+        writeln!(s, "pub const RESCUE_SP: usize = {:#x};", self.rescue_sp).unwrap();
         s.push_str("pub const RELOCS: &[u64] = &[");
         for r in &self.relocs {
             write!(s, "{r:#x}, ").unwrap();
@@ -271,6 +280,18 @@ fn flatten(bytes: &[u8]) -> Flat {
     let args = sym("__parasite_args").st_value;
     let stack_top = sym("__parasite_stack_top").st_value;
     let args_static = sym("PARASITE_ARGS");
+    let done = sym("parasite_done").st_value;
+    let trampoline = sym("parasite_trampoline").st_value;
+    let rescue_sp = sym("PARASITE_RESCUE_SP").st_value;
+    if done >= file_size
+        || trampoline >= file_size
+        || rescue_sp % 8 != 0
+        || rescue_sp + 8 > mem_size
+    {
+        fail(format!(
+            "done {done:#x}, trampoline {trampoline:#x} or rescue sp {rescue_sp:#x} out of range"
+        ));
+    }
 
     if elf.header.e_entry != entry {
         fail(format!(
@@ -307,5 +328,8 @@ fn flatten(bytes: &[u8]) -> Flat {
         args,
         stack_top,
         relocs,
+        done,
+        trampoline,
+        rescue_sp,
     }
 }

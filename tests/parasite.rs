@@ -7,8 +7,15 @@ use std::time::Duration;
 
 use ckpt_parasite::{Tracee, proto};
 
-/// Readable, non-special mappings and their contents.
+/// Readable, non-special mappings and their contents. The registered rseq
+/// area is blanked: the kernel itself rewrites its cpu id fields whenever
+/// the task returns to user space on another CPU.
 fn snapshot_memory(t: &Tracee) -> Vec<(String, Vec<u8>)> {
+    let rseq = t.rseq().unwrap();
+    let (rs, re) = (
+        rseq.rseq_abi_pointer,
+        rseq.rseq_abi_pointer + u64::from(rseq.rseq_abi_size),
+    );
     let maps = std::fs::read_to_string(format!("/proc/{}/maps", t.pid())).unwrap();
     let mut out = Vec::new();
     for line in maps.lines() {
@@ -23,6 +30,9 @@ fn snapshot_memory(t: &Tracee) -> Vec<(String, Vec<u8>)> {
         );
         let mut buf = vec![0u8; (b - a) as usize];
         t.read_mem(a, &mut buf).unwrap();
+        if rs >= a && re <= b {
+            buf[(rs - a) as usize..(re - a) as usize].fill(0);
+        }
         out.push((line.to_string(), buf));
     }
     out
@@ -35,15 +45,27 @@ fn regs_tuple(r: &ckpt_parasite::Regs) -> Vec<u64> {
     ]
 }
 
+/// Kills the victim even when an assertion fails.
+struct Victim(std::process::Child);
+
+impl Drop for Victim {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn infect_and_cure_leaves_no_trace() {
-    let mut child = Command::new("sleep")
+    let child = Command::new("sleep")
         .arg("1000")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let pid = child.id() as i32;
+    let child = Victim(child);
+    let pid = child.0.id() as i32;
     std::thread::sleep(Duration::from_millis(200));
 
     let t = Tracee::seize(pid).unwrap();
@@ -99,8 +121,7 @@ fn infect_and_cure_leaves_no_trace() {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     assert!(status.contains("State:\tS"), "{status}");
     assert!(status.contains("TracerPid:\t0"), "{status}");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    drop(child);
 }
 
 #[test]

@@ -12,6 +12,7 @@
 
 pub mod core;
 pub mod error;
+pub mod fault;
 pub mod fds;
 pub mod features;
 pub mod mm;
@@ -75,6 +76,7 @@ pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
     precheck(pid)?;
     let frozen_at = Instant::now();
     let tracee = Tracee::seize(pid).map_err(|e| seize_error(pid, e))?;
+    fault::inject(fault::FaultPoint::AfterSeize);
     // It could have cloned between the check and the freeze.
     precheck(pid)?;
 
@@ -91,6 +93,7 @@ pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
     let mut w = ImageWriter::create(&opts.dir)?;
     let pw = w.pages(&ckpt_image::pages_name(pid))?;
     let progress = |done: u64| {
+        fault::inject(fault::FaultPoint::DuringPages);
         if let Some(p) = opts.progress {
             p(done, pages_bytes)
         }

@@ -43,6 +43,22 @@ const KERNEL_SIGSET_SIZE: u64 = 8;
 static mut PARASITE_ARGS: Args = Args::zeroed();
 
 /// Entry point: switch to the blob stack, clear DF, run [`parasite_main`], trap to the host.
+/// Stack pointer for the rescue path: the address just past `pretcode` of an
+/// `rt_sigframe` the host built from the task's own registers, xstate and
+/// mask. Written by the host before the first command.
+#[unsafe(no_mangle)]
+static mut PARASITE_RESCUE_SP: u64 = 0;
+
+/// Entry point and the fixed code around it.
+///
+/// * `parasite_entry`: run the command in the args block on our own stack.
+/// * `parasite_done`: just after the "done" marker syscall (getpid). The host
+///   runs commands under PTRACE_SYSCALL and stops at this syscall's entry.
+/// * `parasite_rescue`: falls through from the marker. It is only ever
+///   reached if the dumper died (the host never lets the task pass the
+///   marker): `rt_sigreturn` to the task's original state.
+/// * `parasite_trampoline`: `syscall`, then the marker and the rescue, so a
+///   task left at a remote syscall's exit by a dead dumper also goes home.
 #[unsafe(no_mangle)]
 #[unsafe(naked)]
 #[unsafe(link_section = ".text.entry")]
@@ -52,13 +68,26 @@ pub extern "C" fn parasite_entry() -> ! {
         "lea rsp, [rip + __parasite_stack_top]",
         "and rsp, -16",
         "call {main}",
-        "int3",
+        "2:",
+        "mov eax, 39",
+        "syscall",
+        ".globl parasite_done",
+        "parasite_done:",
+        ".globl parasite_rescue",
+        "parasite_rescue:",
+        "mov rsp, qword ptr [rip + {rescue_sp}]",
+        "mov eax, 15",
+        "syscall",
         "ud2",
+        ".globl parasite_trampoline",
+        "parasite_trampoline:",
+        "syscall",
+        "jmp 2b",
         main = sym parasite_main,
+        rescue_sp = sym PARASITE_RESCUE_SP,
     )
 }
 
-/// Validates the argument block, dispatches on the command and stores the result in `ret`.
 extern "C" fn parasite_main() {
     let args = &raw mut PARASITE_ARGS;
     // SAFETY: `args` points at the static argument block, which the host filled in before

@@ -40,6 +40,14 @@ pub struct BlobImage {
     /// Offsets of the 8-byte little-endian `R_X86_64_RELATIVE` slots; each holds its addend
     /// and must have the load base added.
     pub relocs: &'static [u64],
+    /// Offset just after the "done" marker syscall (getpid) every command
+    /// ends with; the host stops the task at that syscall's entry.
+    pub done: usize,
+    /// Offset of `syscall` followed by the marker and the rescue path: where
+    /// remote syscalls run once the blob is loaded.
+    pub trampoline: usize,
+    /// Offset of the 8-byte rescue stack pointer the host must fill in.
+    pub rescue_sp: usize,
 }
 
 /// The parasite blob built from `parasite/blob/main.rs`.
@@ -50,6 +58,9 @@ pub const BLOB: BlobImage = BlobImage {
     args_offset: meta::ARGS_OFFSET,
     stack_top: meta::STACK_TOP,
     relocs: meta::RELOCS,
+    done: meta::DONE,
+    trampoline: meta::TRAMPOLINE,
+    rescue_sp: meta::RESCUE_SP,
 };
 
 impl BlobImage {

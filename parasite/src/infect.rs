@@ -6,10 +6,16 @@
 //!    handler runs on the parasite's stack;
 //! 2. poke `syscall; int3` over the first 3 bytes of the first executable
 //!    mapping, run `mmap` there, and put the original bytes back at once;
-//! 3. copy the relocated blob plus a private `syscall; int3` trampoline into
-//!    the new area: every later syscall runs from the blob's own trampoline;
-//! 4. commands: write [`proto::Args`], jump to the blob's entry, wait for its
-//!    final `int3`, read the args back;
+//! 3. copy the relocated blob into the new area, and behind it an
+//!    `rt_sigframe` holding the task's own state ([`crate::sigframe`]);
+//! 4. commands and syscalls run under PTRACE_SYSCALL and always end with the
+//!    task stopped *before* the blob's rescue path: at the entry of the
+//!    "done" marker syscall, or at the exit of a trampoline syscall. If the
+//!    dumper dies (even by SIGKILL), the kernel detaches and the task runs on
+//!    into the rescue path: `rt_sigreturn` on that frame puts it back where
+//!    it was (the 20 KiB area stays mapped). Only two windows of a single
+//!    syscall each are not covered: the bootstrap `mmap` (step 2) and the
+//!    final `munmap` (step 5);
 //! 5. cure: `munmap` the area from its own trampoline, stopping at the
 //!    syscall's exit (the next instruction no longer exists), then put back
 //!    the original registers and move the task into an interrupt stop
@@ -19,11 +25,14 @@
 use crate::blob::BLOB;
 use crate::error::{ParasiteError, Result};
 use crate::proto;
+use crate::sigframe::{self, AltStack};
 use crate::tracee::{Regs, SYSCALL_INT3, Tracee};
 
 const PAGE: u64 = 4096;
 /// EFLAGS direction flag: must be clear on entry to compiled code.
 const EFLAGS_DF: u64 = 1 << 10;
+/// The blob's "done" marker is a getpid.
+const MARKER_NR: i64 = libc::SYS_getpid;
 
 /// A task with the parasite mapped into it. Dropping it cures the task
 /// (best effort); call [`Infection::cure`] to see errors.
@@ -34,7 +43,6 @@ pub struct Infection<'t> {
     saved_mask: u64,
     base: u64,
     len: u64,
-    trampoline: u64,
     cured: bool,
 }
 
@@ -45,35 +53,32 @@ impl Tracee {
         let saved_xstate = self.xstate()?;
         let saved_mask = self.sigmask()?;
         self.set_sigmask(!0)?;
-        let restore = |t: &Tracee| {
-            let _ = t.set_regs(&saved_regs);
-            let _ = t.set_xstate(&saved_xstate);
-            let _ = t.set_sigmask(saved_mask);
-        };
-        match self.map_blob() {
-            Ok((base, len, trampoline)) => {
-                restore(self);
-                Ok(Infection {
-                    tracee: self,
-                    saved_regs,
-                    saved_xstate,
-                    saved_mask,
-                    base,
-                    len,
-                    trampoline,
-                    cured: false,
-                })
-            }
+        let (base, len) = match self.map_blob(&saved_xstate) {
+            Ok(area) => area,
             Err(e) => {
-                restore(self);
-                Err(e)
+                let _ = self.set_regs(&saved_regs);
+                let _ = self.set_xstate(&saved_xstate);
+                let _ = self.set_sigmask(saved_mask);
+                return Err(e);
             }
-        }
+        };
+        let inf = Infection {
+            tracee: self,
+            saved_regs,
+            saved_xstate,
+            saved_mask,
+            base,
+            len,
+            cured: false,
+        };
+        // From here on, dropping `inf` cures the task.
+        inf.arm_rescue()?;
+        Ok(inf)
     }
 
-    fn map_blob(&self) -> Result<(u64, u64, u64)> {
-        let blob_end = (BLOB.mem_size as u64).next_multiple_of(16);
-        let len = (blob_end + 16).next_multiple_of(PAGE);
+    fn map_blob(&self, xstate: &[u8]) -> Result<(u64, u64)> {
+        let frame_off = (BLOB.mem_size as u64).next_multiple_of(64);
+        let len = (frame_off + sigframe::frame_len(xstate.len()) as u64).next_multiple_of(PAGE);
         let site = first_exec_addr(self.pid())?;
         let mut orig = [0u8; SYSCALL_INT3.len()];
         self.read_mem(site, &mut orig)?;
@@ -94,15 +99,11 @@ impl Tracee {
         // Put the program's code back before anything else can fail.
         self.write_mem(site, &orig)?;
         let base = mapped?;
-        let trampoline = base + blob_end;
-        let setup = self
-            .write_mem(base, &BLOB.relocated(base))
-            .and_then(|()| self.write_mem(trampoline, &SYSCALL_INT3));
-        if let Err(e) = setup {
+        if let Err(e) = self.write_mem(base, &BLOB.relocated(base)) {
             let _ = self.syscall_at(site, libc::SYS_munmap, [base, len, 0, 0, 0, 0]);
             return Err(e);
         }
-        Ok((base, len, trampoline))
+        Ok((base, len))
     }
 }
 
@@ -127,9 +128,46 @@ impl Infection<'_> {
         (self.base, self.base + self.len)
     }
 
+    fn frame_addr(&self) -> u64 {
+        self.base + (BLOB.mem_size as u64).next_multiple_of(64)
+    }
+
+    /// Writes the rescue frame and points the blob's rescue path at it. A
+    /// first frame keeps the alternate stack disabled; once the real one is
+    /// known (asked through the armed rescue path) the final frame replaces it.
+    fn arm_rescue(&self) -> Result<()> {
+        let t = self.tracee;
+        let regs = restart_regs(&self.saved_regs, true);
+        let at = self.frame_addr();
+        let write_frame = |alt: AltStack| {
+            let f = sigframe::build(at, &regs, &self.saved_xstate, self.saved_mask, alt);
+            t.write_mem(at, &f)
+        };
+        write_frame(AltStack {
+            sp: 0,
+            flags: libc::SS_DISABLE,
+            size: 0,
+        })?;
+        let sp = at + sigframe::RESCUE_SP_OFFSET;
+        t.write_mem(self.base + BLOB.rescue_sp as u64, &sp.to_le_bytes())?;
+        // The args block doubles as the output buffer of this one syscall.
+        let buf = self.base + BLOB.args_offset as u64;
+        self.syscall("sigaltstack", libc::SYS_sigaltstack, [0, buf, 0, 0, 0, 0])?;
+        let mut ss = [0u8; 24];
+        t.read_mem(buf, &mut ss)?;
+        let word = |i: usize| u64::from_le_bytes(ss[i..i + 8].try_into().expect("8 bytes"));
+        write_frame(AltStack {
+            sp: word(0),
+            flags: (word(8) as u32 as i32) & !libc::SS_ONSTACK,
+            size: word(16),
+        })
+    }
+
     /// Runs one syscall inside the task and checks its result.
     pub fn syscall(&self, name: &'static str, nr: i64, args: [u64; 6]) -> Result<u64> {
-        self.tracee.syscall_ok(self.trampoline, name, nr, args)
+        let t = self.tracee;
+        let ret = t.syscall_stop_at_exit(self.base + BLOB.trampoline as u64, nr, args)?;
+        crate::tracee::check_ret(t.pid(), name, ret)
     }
 
     /// Runs blob command `cmd` and returns the argument block it filled.
@@ -142,11 +180,14 @@ impl Infection<'_> {
         t.write_mem(args_addr, &block)?;
         let mut r = self.saved_regs;
         r.rip = self.base + BLOB.entry as u64;
-        r.rsp = self.base + BLOB.stack_top as u64;
         r.orig_rax = u64::MAX;
         r.eflags &= !EFLAGS_DF;
         t.set_regs(&r)?;
-        t.run_until_trap("running the parasite")?;
+        t.run_until_syscall_entry(
+            self.base + BLOB.done as u64,
+            MARKER_NR,
+            "running the parasite",
+        )?;
         t.read_mem(args_addr, &mut block)?;
         // SAFETY: Args is #[repr(C)] plain old data made of integers (see
         // proto.rs), so any byte pattern of the right length is a valid
@@ -171,7 +212,7 @@ impl Infection<'_> {
     fn do_cure(&self) -> Result<()> {
         let t = self.tracee;
         let ret = t.syscall_stop_at_exit(
-            self.trampoline,
+            self.base + BLOB.trampoline as u64,
             libc::SYS_munmap,
             [self.base, self.len, 0, 0, 0, 0],
         );
@@ -194,7 +235,7 @@ impl Drop for Infection<'_> {
 
 /// Registers to resume a task with when it will *not* pass through the
 /// kernel's signal-restart step (a freshly restored process resumes from a
-/// syscall-exit stop): a task stopped inside an interrupted
+/// syscall-exit stop; the rescue path resumes through `rt_sigreturn`): a task stopped inside an interrupted
 /// syscall has `rax = -ERESTART*` and `orig_rax = nr`; the kernel would
 /// re-execute the syscall, so do what it does. `same_process` tells whether
 /// the kernel's restart block still belongs to this task; a restored process

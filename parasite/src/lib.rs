@@ -10,10 +10,11 @@ pub mod blob;
 pub mod error;
 mod infect;
 pub mod proto;
+mod sigframe;
 mod sys;
 pub mod tracee;
 
 pub use error::{ParasiteError, Result};
 pub use infect::{Infection, restart_regs};
-pub use sys::{RseqConfig, SIGINFO_SIZE, cpu_vendor, xsave_size};
+pub use sys::{RseqConfig, SIGINFO_SIZE, cpu_vendor, xcr0, xsave_size};
 pub use tracee::{Regs, SYSCALL_INT3, Tracee, check_ret, tracer_of};

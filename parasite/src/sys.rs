@@ -189,3 +189,55 @@ pub fn get_robust_list(pid: Pid) -> Result<(u64, u64), Errno> {
     })?;
     Ok((head, len as u64))
 }
+
+/// XCR0: the XSAVE features the OS enabled on this CPU.
+pub fn xcr0() -> u64 {
+    let osxsave = std::arch::x86_64::__cpuid(1).ecx & (1 << 27) != 0;
+    if !osxsave {
+        return 0;
+    }
+    let (lo, hi): (u32, u32);
+    // SAFETY: xgetbv with ecx=0 is defined whenever CPUID.1:ECX.OSXSAVE is
+    // set (checked above); it only reads XCR0 into edx:eax.
+    unsafe {
+        std::arch::asm!("xgetbv", in("ecx") 0u32, out("eax") lo, out("edx") hi, options(nomem, nostack));
+    }
+    (u64::from(hi) << 32) | u64::from(lo)
+}
+
+/// `PTRACE_GET_SYSCALL_INFO` (5.3+).
+const PTRACE_GET_SYSCALL_INFO: libc::c_uint = 0x420e;
+
+/// Which side of a syscall a PTRACE_SYSCALL stop is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyscallStop {
+    /// Not a syscall stop.
+    None,
+    /// Syscall entry.
+    Entry,
+    /// Syscall exit.
+    Exit,
+    /// Seccomp stop.
+    Seccomp,
+}
+
+/// Tells a syscall-entry stop from a syscall-exit stop.
+pub fn syscall_stop(pid: Pid) -> Result<SyscallStop, Errno> {
+    // struct ptrace_syscall_info starts with `__u8 op`; the rest is not needed.
+    let mut info = [0u64; 11];
+    // SAFETY: the kernel writes at most `size` bytes into `info`.
+    check(unsafe {
+        libc::ptrace(
+            PTRACE_GET_SYSCALL_INFO,
+            pid.as_raw(),
+            std::mem::size_of_val(&info),
+            info.as_mut_ptr(),
+        )
+    })?;
+    Ok(match info[0] & 0xff {
+        1 => SyscallStop::Entry,
+        2 => SyscallStop::Exit,
+        3 => SyscallStop::Seccomp,
+        _ => SyscallStop::None,
+    })
+}

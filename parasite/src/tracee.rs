@@ -272,25 +272,62 @@ impl Tracee {
     /// Runs a syscall at `site` (which must hold a `syscall` instruction) and
     /// leaves the task stopped at the syscall's exit, so a syscall that
     /// unmaps its own code (the last step of a restore) can be followed by
-    /// setting the final registers.
+    /// setting the final registers. Works from any stop, including a
+    /// syscall-entry stop (whose skipped syscall still reports an exit).
     pub fn syscall_stop_at_exit(&self, site: u64, nr: i64, args: [u64; 6]) -> Result<i64> {
         let mut r = self.regs()?;
         set_syscall_regs(&mut r, site, nr, args);
         self.set_regs(&r)?;
-        for stop in ["syscall entry", "syscall exit"] {
+        let after = site + 2;
+        loop {
             ptrace::syscall(self.pid, None).map_err(self.ptrace_err("syscall"))?;
-            match self.wait(stop)? {
-                WaitStatus::PtraceSyscall(_) => {}
+            match self.wait("running a remote syscall")? {
+                WaitStatus::PtraceSyscall(_) => {
+                    let stop =
+                        sys::syscall_stop(self.pid).map_err(self.ptrace_err("get_syscall_info"))?;
+                    let now = self.regs()?;
+                    if stop == sys::SyscallStop::Exit
+                        && now.rip == after
+                        && now.orig_rax == nr as u64
+                    {
+                        return Ok(now.rax as i64);
+                    }
+                }
                 other => {
                     return Err(ParasiteError::UnexpectedStop {
                         pid: self.pid(),
-                        what: stop,
+                        what: "running a remote syscall",
                         status: format!("{other:?}"),
                     });
                 }
             }
         }
-        Ok(self.regs()?.rax as i64)
+    }
+
+    /// Resumes the task under PTRACE_SYSCALL until it enters syscall `nr`
+    /// from the instruction ending at `at` (the parasite's "done" marker);
+    /// the syscalls it makes on the way are let through.
+    pub fn run_until_syscall_entry(&self, at: u64, nr: i64, what: &'static str) -> Result<()> {
+        loop {
+            ptrace::syscall(self.pid, None).map_err(self.ptrace_err("syscall"))?;
+            match self.wait(what)? {
+                WaitStatus::PtraceSyscall(_) => {
+                    let stop =
+                        sys::syscall_stop(self.pid).map_err(self.ptrace_err("get_syscall_info"))?;
+                    let r = self.regs()?;
+                    if stop == sys::SyscallStop::Entry && r.rip == at && r.orig_rax == nr as u64 {
+                        return Ok(());
+                    }
+                }
+                other => {
+                    return Err(ParasiteError::UnexpectedStop {
+                        pid: self.pid(),
+                        what,
+                        status: format!("{other:?}"),
+                    });
+                }
+            }
+        }
     }
 
     /// From a syscall-exit stop, moves a seized task into an interrupt stop
