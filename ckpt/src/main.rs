@@ -30,6 +30,8 @@ enum Command {
     Show(commands::show::ShowArgs),
     /// Report which kernel features ckpt needs are present.
     Check(commands::check::CheckArgs),
+    /// Run a multi-node checkpoint coordinator, or trigger/query one.
+    Coord(commands::coord::CoordArgs),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +41,7 @@ fn main() -> ExitCode {
         Command::Restore(a) => commands::restore::run(a),
         Command::Show(a) => commands::show::run(a),
         Command::Check(a) => commands::check::run(a),
+        Command::Coord(a) => commands::coord::run(a).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -133,6 +133,10 @@ fn agents(args: &[String]) {
     let total: usize = arg(args, "--total").unwrap().parse().unwrap();
     let victim_epoch: u64 = arg(args, "--victim-epoch").unwrap().parse().unwrap();
     let secret = secret();
+    // Staggered start (seed 002's "staggered sleep"): all agents at once overflow the
+    // listen queue, and the kernel retries a dropped SYN only after a second.
+    let spread = Duration::from_millis(arg(args, "--spread-ms").map_or(0, |s| s.parse().unwrap()));
+    let start = Instant::now();
     let mut poll = Poll::new().unwrap();
     let mut sims: Vec<Sim> = (0..count)
         .map(|k| {
@@ -150,13 +154,15 @@ fn agents(args: &[String]) {
                 epoch: 0,
                 missing: 0,
                 attempts: 0,
-                retry_at: Some(Instant::now()),
+                retry_at: Some(start + spread.mul_f64(jitter01())),
                 connected: false,
             }
         })
         .collect();
     let mut events = Events::with_capacity(4096);
     let mut abort_max = 0u64;
+    let mut commit_max = 0u64;
+    let mut commits = 0usize;
     let mut aborts = 0usize;
     let mut alive = count;
     let mut closed = 0usize;
@@ -282,7 +288,14 @@ fn agents(args: &[String]) {
                             .unwrap()
                         };
                         match p.phase {
-                            Phase::Commit => {}
+                            Phase::Commit => {
+                                commit_max = commit_max.max(wall_us());
+                                commits += 1;
+                                if commits == alive {
+                                    println!("COMMIT {} {commit_max}", p.epoch);
+                                    commits = 0;
+                                }
+                            }
                             Phase::Dump => arrive(
                                 &mut s.out,
                                 Phase::Dump,
@@ -379,6 +392,12 @@ fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(base / 2 + jitter)
 }
 
+fn jitter01() -> f64 {
+    let mut b = [0u8; 2];
+    getrandom_fill(&mut b);
+    f64::from(u16::from_le_bytes(b)) / f64::from(u16::MAX)
+}
+
 fn getrandom_fill(b: &mut [u8]) -> bool {
     match auth::nonce() {
         Ok(n) => {
@@ -431,16 +450,19 @@ struct Row {
     mode: String,
     agents: usize,
     register: f64,
+    commit: f64,
     round: f64,
     kv: f64,
     abort: f64,
     cpu_root: f64,
     cpu_subs: f64,
     cpu_agents: f64,
+    round_cpu_coord: f64,
+    round_cpu_agents: f64,
     bytes_per_agent: f64,
 }
 
-fn run_case(mode: &str, n: usize, subs: usize, procs: usize) -> Row {
+fn run_case(mode: &str, n: usize, subs: usize, procs: usize, spread_ms: u64) -> Row {
     let secret = Secret::generate().unwrap();
     let hex = secret.to_hex();
     let dir = std::env::temp_dir().join(format!(
@@ -530,6 +552,8 @@ fn run_case(mode: &str, n: usize, subs: usize, procs: usize) -> Row {
                 n.to_string(),
                 "--victim-epoch".into(),
                 "3".into(),
+                "--spread-ms".into(),
+                spread_ms.to_string(),
             ],
             &hex,
         ));
@@ -546,7 +570,13 @@ fn run_case(mode: &str, n: usize, subs: usize, procs: usize) -> Row {
         std::thread::sleep(Duration::from_millis(5));
     }
     let register = t0.elapsed().as_secs_f64();
+    let coord_cpu =
+        |pids: &[u32]| cpu_secs(root_pid) + pids.iter().map(|p| cpu_secs(*p)).sum::<f64>();
+    let agent_pids: Vec<u32> = agent_procs.iter().map(|p| p.child.id()).collect();
+    let agents_cpu = || agent_pids.iter().map(|p| cpu_secs(*p)).sum::<f64>();
+    let (c0, a0) = (coord_cpu(&sub_pids), agents_cpu());
     let t = Instant::now();
+    let trigger_wall = wall_us();
     let r = ctl
         .trigger(
             RoundKind::Checkpoint {
@@ -557,6 +587,21 @@ fn run_case(mode: &str, n: usize, subs: usize, procs: usize) -> Row {
         .unwrap();
     assert_eq!(r.outcome, Outcome::Committed, "round 1: {r:?}");
     let round = t.elapsed().as_secs_f64();
+    let (round_cpu_coord, round_cpu_agents) = (coord_cpu(&sub_pids) - c0, agents_cpu() - a0);
+    let mut commit_wall = 0u64;
+    for p in &agent_procs {
+        loop {
+            let l = p
+                .lines
+                .recv_timeout(Duration::from_secs(30))
+                .expect("an agent process never reported the commit");
+            if let Some(v) = l.strip_prefix("COMMIT 1 ") {
+                commit_wall = commit_wall.max(v.parse().unwrap());
+                break;
+            }
+        }
+    }
+    let commit = commit_wall.saturating_sub(trigger_wall) as f64 / 1e6;
     let t = Instant::now();
     let r = ctl
         .trigger(RoundKind::Restart, Some(Duration::from_secs(300)))
@@ -565,7 +610,7 @@ fn run_case(mode: &str, n: usize, subs: usize, procs: usize) -> Row {
     let kv = t.elapsed().as_secs_f64();
     let status = ctl.status().unwrap();
     let cpu_root = cpu_secs(root_pid);
-    let cpu_subs: f64 = sub_pids.iter().map(|p| cpu_secs(*p)).sum();
+    let cpu_subs: f64 = 0.0 + sub_pids.iter().map(|p| cpu_secs(*p)).sum::<f64>();
     let cpu_agents: f64 = agent_procs.iter().map(|p| cpu_secs(p.child.id())).sum();
     // Abort: agent a0 dies on FREEZE of epoch 3.
     let r = ctl
@@ -609,12 +654,15 @@ fn run_case(mode: &str, n: usize, subs: usize, procs: usize) -> Row {
         },
         agents: n,
         register,
+        commit,
         round,
         kv,
         abort,
         cpu_root,
         cpu_subs,
         cpu_agents,
+        round_cpu_coord,
+        round_cpu_agents,
         bytes_per_agent: (status.bytes_in + status.bytes_out) as f64 / n as f64,
     }
 }
@@ -628,6 +676,7 @@ fn orchestrate(args: &[String]) {
     let mode = arg(args, "--mode").unwrap_or_else(|| "both".into());
     let subs: usize = arg(args, "--subs").map_or(64, |s| s.parse().unwrap());
     let procs: usize = arg(args, "--procs").map_or(4, |s| s.parse().unwrap());
+    let spread_ms: u64 = arg(args, "--spread-ms").map_or(0, |s| s.parse().unwrap());
     let modes: Vec<&str> = match mode.as_str() {
         "both" => vec!["flat", "tree"],
         m => vec![if m == "tree" { "tree" } else { "flat" }],
@@ -637,31 +686,38 @@ fn orchestrate(args: &[String]) {
         raise_nofile()
     );
     println!(
-        "{:<14} {:>7} {:>9} {:>8} {:>9} {:>8} {:>9} {:>9} {:>10}",
+        "{:<14} {:>7} {:>9} {:>8} {:>8} {:>9} {:>8} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8}",
         "mode",
         "agents",
         "register",
+        "commit",
         "round",
         "kv-round",
         "abort",
         "cpu-root",
         "cpu-subs",
+        "cpu-agents",
+        "rcpu-coord",
+        "rcpu-agent",
         "B/agent"
     );
     for m in modes {
         for &n in &sizes {
-            let r = run_case(m, n, subs.min(n), procs);
+            let r = run_case(m, n, subs.min(n), procs, spread_ms);
             println!(
-                "{:<14} {:>7} {:>9.3} {:>8.3} {:>9.3} {:>8.3} {:>9.2} {:>9.2} {:>10.2} {:>8.0}",
+                "{:<14} {:>7} {:>9.3} {:>8.3} {:>8.3} {:>9.3} {:>8.3} {:>9.2} {:>9.2} {:>10.2} {:>10.2} {:>10.2} {:>8.0}",
                 r.mode,
                 r.agents,
                 r.register,
+                r.commit,
                 r.round,
                 r.kv,
                 r.abort,
                 r.cpu_root,
                 r.cpu_subs,
                 r.cpu_agents,
+                r.round_cpu_coord,
+                r.round_cpu_agents,
                 r.bytes_per_agent
             );
         }

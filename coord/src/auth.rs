@@ -127,6 +127,15 @@ impl Secret {
         }
     }
 
+    /// The secret for a client or sub-coordinator: [`SECRET_ENV`] if set, else the
+    /// existing file at `path` (clients never create one: only the root's is authoritative).
+    pub fn load_client(path: &Path) -> Result<Secret, AuthError> {
+        match std::env::var(SECRET_ENV) {
+            Ok(v) => Secret::from_hex(&v, SECRET_ENV),
+            Err(_) => Secret::load(path),
+        }
+    }
+
     /// Reads an existing secret file, refusing one that others can read.
     pub fn load(path: &Path) -> Result<Secret, AuthError> {
         let io = |source| AuthError::Io {

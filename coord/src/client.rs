@@ -275,6 +275,8 @@ pub struct Step {
     pub kind: RoundKind,
     /// How long the coordinator waits for our report.
     pub deadline: Duration,
+    /// Last committed epoch: the one to restore in a restart round.
+    pub last_committed: Option<u64>,
 }
 
 /// Small jitter source so thousands of clients started together spread their retries.
@@ -406,6 +408,16 @@ impl Link {
             .secret
             .verify_server(&opts.job, &client_nonce, &ch.server_nonce, &ch.server_proof)
         {
+            // Answer anyway, so a genuine coordinator (and we hold the wrong secret) logs
+            // the refusal on its side too; the proof reveals nothing about our secret.
+            let proof = opts.secret.client_proof(
+                &opts.job,
+                &opts.node,
+                opts.role,
+                &ch.server_nonce,
+                &client_nonce,
+            );
+            let _ = self.send(&Message::Auth(Auth { proof }));
             return Err(ClientError::ServerAuth {
                 node: self.node.clone(),
                 addr: self.addr,
@@ -578,6 +590,7 @@ impl Agent {
                 phase: p.phase,
                 kind: p.kind,
                 deadline: Duration::from_millis(u64::from(p.deadline_ms)),
+                last_committed: p.last_committed,
             })),
             Message::Abort(a) => self.queued.push_back(Directive::Abort {
                 epoch: a.epoch,

@@ -7,11 +7,20 @@
 //! ([`store`]). See `docs/coord.md` for the protocol, the failure semantics and the
 //! benchmark.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+/// Logs through the coordinator's sink (stderr and the in-memory tail).
+macro_rules! log {
+    ($s:expr, $($arg:tt)*) => {
+        $s.log_line(format!($($arg)*))
+    };
+}
 
 pub mod auth;
 pub mod client;
 pub mod kv;
 pub mod protocol;
+mod round;
 pub mod server;
 pub mod store;
 mod tree;

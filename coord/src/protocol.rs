@@ -449,6 +449,9 @@ pub struct PhaseCmd {
     pub kind: RoundKind,
     /// How long nodes have to report.
     pub deadline_ms: u32,
+    /// Last committed epoch when the command was sent: the epoch a restart restores, and
+    /// during a checkpoint the one that stays valid if this round aborts.
+    pub last_committed: Option<u64>,
 }
 
 /// Upstream → downstream: the round is aborted; thaw and discard the epoch's images.
@@ -858,6 +861,7 @@ mod tests {
                     then: AfterCommit::Kill,
                 },
                 deadline_ms: 10,
+                last_committed: Some(0),
             }),
             Message::Abort(Abort {
                 epoch: 1,

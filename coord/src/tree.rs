@@ -15,12 +15,15 @@
 //! Losing the parent aborts the local agents and stops the sub-coordinator: the root
 //! aborts the epoch on its side when the connection drops.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use crate::client::{AgentOptions, Link};
-use crate::protocol::{Get, Intent, Message, NodeReport, Role};
-use crate::server::{Conn, Server, ServerError};
+use crate::kv::ConnId;
+use crate::protocol::{
+    Abort, Get, Intent, Message, NodeReport, Phase, PhaseCmd, Put, Role, Values,
+};
+use crate::server::{Conn, Round, Server, ServerError};
 
 /// The parent link and what waits to go up it.
 pub(crate) struct Upstream {
@@ -120,5 +123,141 @@ impl Server {
                 ));
             }
         }
+    }
+}
+
+impl Server {
+    /// A phase command from the parent: mirror the round locally and fan it out.
+    pub(crate) fn upstream_phase(&mut self, p: PhaseCmd) {
+        let new_epoch = self.round.as_ref().is_none_or(|r| r.epoch != p.epoch);
+        if new_epoch {
+            self.kv.clear();
+            if let Some(up) = self.upstream.as_mut() {
+                up.requested.clear();
+            }
+        }
+        let mut members: HashMap<ConnId, u32> = HashMap::new();
+        for (c, _) in self.nodes.values() {
+            *members.entry(*c).or_default() += 1;
+        }
+        let need = self.nodes.len() as u32;
+        let d = Duration::from_millis(u64::from(p.deadline_ms));
+        // Fire a little before the root so the report names the agent, not this relay.
+        let local = d.saturating_sub((d / 10).min(Duration::from_millis(500)));
+        let committed = p.phase == Phase::Commit
+            || self
+                .round
+                .as_ref()
+                .is_some_and(|r| r.committed && !new_epoch);
+        self.round = Some(Round {
+            epoch: p.epoch,
+            kind: p.kind,
+            idx: 0,
+            phase: p.phase,
+            deadline_ms: p.deadline_ms,
+            deadline: Instant::now() + local,
+            arrived: 0,
+            need,
+            per_conn: HashMap::new(),
+            members,
+            reports: Vec::new(),
+            committed,
+            sent_up: p.phase == Phase::Commit,
+            grace_used: false,
+        });
+        let to = self.members();
+        self.broadcast(&to, &Message::PhaseCmd(p));
+    }
+
+    /// An abort from the parent: fan it out and forget the round.
+    pub(crate) fn upstream_abort(&mut self, a: Abort) {
+        let to: Vec<ConnId> = self
+            .nodes
+            .values()
+            .map(|(c, _)| *c)
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        log!(
+            self,
+            "epoch {} ABORTED in {} by the root: node {}: {}",
+            a.epoch,
+            a.phase,
+            a.node,
+            a.reason
+        );
+        self.broadcast(&to, &Message::Abort(a));
+        self.round = None;
+    }
+
+    /// Values from the parent: cache, answer waiters, re-ask for keys still awaited.
+    pub(crate) fn upstream_values(&mut self, v: Values) {
+        let now = Instant::now();
+        for (k, val) in v.entries {
+            if let Some(up) = self.upstream.as_mut() {
+                up.requested.remove(&k);
+            }
+            match val {
+                Some(val) => {
+                    for (conn, key, val) in self.kv.put(k, val) {
+                        self.value_out
+                            .entry(conn)
+                            .or_default()
+                            .push((key, Some(val)));
+                    }
+                }
+                None => {
+                    for conn in self.kv.expire_key(&k, now + Duration::from_millis(20)) {
+                        self.value_out
+                            .entry(conn)
+                            .or_default()
+                            .push((k.clone(), None));
+                    }
+                    if let Some(d) = self.kv.latest_deadline(&k)
+                        && let Some(up) = self.upstream.as_mut()
+                    {
+                        up.want(k, d);
+                    }
+                }
+            }
+        }
+    }
+
+    pub(crate) fn upstream_lost(&mut self, reason: &str) {
+        let parent = self.cfg.parent.clone().unwrap_or_default();
+        log!(self, "lost parent {parent}: {reason}");
+        if let Some(r) = &self.round
+            && !r.committed
+        {
+            let a = Abort {
+                epoch: r.epoch,
+                phase: r.phase,
+                node: self.cfg.name.clone(),
+                reason: format!("parent coordinator {parent} lost: {reason}"),
+            };
+            self.upstream_abort(a);
+        }
+        self.flush_dirty();
+        self.fatal = Some(ServerError::UpstreamLost {
+            name: self.cfg.name.clone(),
+            parent,
+            reason: reason.to_string(),
+        });
+    }
+
+    pub(crate) fn send_up(&mut self, m: Message) {
+        let Some(up) = self.upstream.as_mut() else {
+            return;
+        };
+        // Puts must reach the parent before the arrival that says they are complete.
+        let puts = std::mem::take(&mut up.pending_puts);
+        let id = up.conn.as_ref().map(|c| c.id);
+        let Some(id) = id else {
+            return;
+        };
+        if !puts.is_empty() {
+            self.send(id, &Message::Put(Put { entries: puts }));
+        }
+        self.send(id, &m);
     }
 }

@@ -109,6 +109,12 @@ fn agent(addr: SocketAddr, sim: Sim) -> JoinHandle<Vec<Ev>> {
                 Directive::Phase(s) => s,
             };
             evs.push(Ev::Enter(step.epoch, step.phase));
+            if step.phase == Phase::Commit {
+                assert_eq!(step.last_committed, Some(step.epoch));
+            }
+            if step.phase == Phase::Restore {
+                assert!(step.last_committed.is_some_and(|e| e < step.epoch));
+            }
             let behavior = if step.epoch == sim.bad_epoch {
                 sim.behavior
             } else {
@@ -343,6 +349,16 @@ fn two_level_tree_checkpoint_and_restart() {
 /// Runs one committed round, then one round with a misbehaving agent; checks that every
 /// survivor was told to abort epoch 2, naming the culprit, and epoch 1 stays valid.
 fn abort_case(tree: bool, culprit: Behavior, deadline: Duration, expect_reason: &str) {
+    abort_case_kind(tree, CKPT, culprit, deadline, expect_reason)
+}
+
+fn abort_case_kind(
+    tree: bool,
+    kind2: RoundKind,
+    culprit: Behavior,
+    deadline: Duration,
+    expect_reason: &str,
+) {
     let dir = tempfile::tempdir().unwrap();
     let c = root(4, dir.path(), deadline, None);
     let subs: Vec<CoordHandle> = if tree {
@@ -364,7 +380,7 @@ fn abort_case(tree: bool, culprit: Behavior, deadline: Duration, expect_reason: 
     let r1 = ctl.trigger(CKPT, Some(LONG)).unwrap();
     assert_eq!((r1.epoch, r1.outcome.clone()), (1, Outcome::Committed));
     let started = Instant::now();
-    let r2 = ctl.trigger(CKPT, Some(LONG)).unwrap();
+    let r2 = ctl.trigger(kind2, Some(LONG)).unwrap();
     assert_eq!(r2.epoch, 2);
     match &r2.outcome {
         Outcome::Aborted { node, reason, .. } => {
@@ -418,7 +434,7 @@ fn abort_when_phase_deadline_missed() {
     abort_case(
         false,
         Behavior::StallIn(Phase::Dump),
-        Duration::from_millis(1500),
+        Duration::from_millis(2500),
         "deadline",
     );
 }
@@ -433,7 +449,7 @@ fn tree_abort_when_phase_deadline_missed() {
     abort_case(
         true,
         Behavior::StallIn(Phase::Drain),
-        Duration::from_millis(1500),
+        Duration::from_millis(2500),
         "deadline",
     );
 }
@@ -628,4 +644,151 @@ fn get_of_a_key_that_never_comes_times_out_clearly() {
         e => panic!("expected a key timeout, got {e}"),
     }
     assert!(err.to_string().contains("never/published"));
+}
+
+#[test]
+fn sub_coordinator_killed_mid_round_aborts_everyone() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = root(5, dir.path(), LONG, None);
+    // sub0: r00, r02; sub1: r01, r03 and the staller r99.
+    let mut subs: Vec<Option<CoordHandle>> = [2, 3]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Some(sub(c.local_addr(), &format!("sub{i}"), *n)))
+        .collect();
+    let addrs: Vec<SocketAddr> = subs
+        .iter()
+        .map(|s| s.as_ref().unwrap().local_addr())
+        .collect();
+    let nodes = names("r", 4);
+    // r99 (under sub1) stalls in FREEZE so the round is still open when sub0 dies.
+    let sims = spawn_agents(&addrs, &nodes, 1, &[]);
+    let stall = agent(
+        addrs[1],
+        Sim {
+            node: "r99".into(),
+            peers: nodes.clone(),
+            behavior: Behavior::StallIn(Phase::Freeze),
+            rounds: 1,
+            intent: Intent::Standby,
+            bad_epoch: 1,
+        },
+    );
+    let addr = c.local_addr();
+    let trig = std::thread::spawn(move || control(addr).trigger(CKPT, Some(LONG)).unwrap());
+    let mut ctl = control(c.local_addr());
+    let t = Instant::now();
+    loop {
+        let s = ctl.status().unwrap();
+        if s.running == Some((1, Phase::Freeze)) && t.elapsed() > Duration::from_millis(200) {
+            break;
+        }
+        assert!(t.elapsed() < LONG, "round never started: {s:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    subs[0].take().unwrap().kill().unwrap();
+    let r = trig.join().unwrap();
+    match &r.outcome {
+        Outcome::Aborted { reason, .. } => {
+            assert!(reason.contains("sub-coordinator sub0"), "{reason}")
+        }
+        o => panic!("expected an abort, got {o:?}"),
+    }
+    let mut all = join_all(sims);
+    all.push(stall.join().unwrap());
+    let lost = all.iter().filter(|e| e.last() == Some(&Ev::Lost)).count();
+    let aborted = all
+        .iter()
+        .filter(|e| matches!(e.last(), Some(Ev::Aborted(1, Phase::Freeze, _))))
+        .count();
+    assert_eq!((lost, aborted), (2, 3), "{all:?}");
+    assert!(
+        EpochStore::open(dir.path(), JOB)
+            .unwrap()
+            .last_committed()
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[test]
+fn an_agent_cannot_arrive_for_others() {
+    use ckpt_coord::client::Link;
+    use ckpt_coord::protocol::{Arrive, Message};
+    let dir = tempfile::tempdir().unwrap();
+    let c = root(3, dir.path(), LONG, None);
+    let nodes = names("b", 2);
+    let hs = spawn_agents(&[c.local_addr()], &nodes, 1, &[]);
+    let addr = c.local_addr();
+    let cheat = std::thread::spawn(move || {
+        let mut l = Link::open(&AgentOptions::new(
+            &addr.to_string(),
+            JOB,
+            secret(),
+            "cheat",
+        ))
+        .unwrap();
+        let Ok(Message::PhaseCmd(p)) = l.recv(Some(LONG), "freeze") else {
+            panic!("no phase command");
+        };
+        l.send(&Message::Arrive(Arrive {
+            epoch: p.epoch,
+            phase: p.phase,
+            count: 3,
+            reports: Vec::new(),
+        }))
+        .unwrap();
+        // The coordinator hangs up on the cheat.
+        while l.recv(Some(LONG), "anything").is_ok() {}
+    });
+    let r = control(c.local_addr()).trigger(CKPT, Some(LONG)).unwrap();
+    match r.outcome {
+        Outcome::Aborted { node, phase, .. } => {
+            assert_eq!((node.as_str(), phase), ("cheat", Phase::Freeze))
+        }
+        o => panic!("expected an abort, got {o:?}"),
+    }
+    cheat.join().unwrap();
+    for evs in join_all(hs) {
+        assert!(
+            matches!(evs.last(), Some(Ev::Aborted(1, Phase::Freeze, n)) if n == "cheat"),
+            "{evs:?}"
+        );
+    }
+}
+
+#[test]
+fn tree_restart_aborts_when_agent_dies_during_publish() {
+    abort_case_kind(
+        true,
+        RoundKind::Restart,
+        Behavior::DieIn(Phase::Publish),
+        LONG,
+        "disconnected",
+    );
+}
+
+#[test]
+fn checkpoint_then_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = root(2, dir.path(), LONG, None);
+    let hs = spawn_agents(&[c.local_addr()], &names("q", 2), 1, &[]);
+    let kind = RoundKind::Checkpoint {
+        then: AfterCommit::Kill,
+    };
+    let r = control(c.local_addr()).trigger(kind, Some(LONG)).unwrap();
+    assert_eq!((r.epoch, r.outcome), (1, Outcome::Committed));
+    let want: Vec<Ev> = [
+        Phase::Freeze,
+        Phase::Drain,
+        Phase::Dump,
+        Phase::Commit,
+        Phase::Kill,
+    ]
+    .iter()
+    .map(|p| Ev::Enter(1, *p))
+    .collect();
+    for evs in join_all(hs) {
+        assert_eq!(evs, want);
+    }
 }

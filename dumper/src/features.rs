@@ -3,7 +3,7 @@
 
 use ckpt_image::manifest::CpuInfo;
 
-use crate::sys::probe_syscall;
+use crate::sys;
 
 /// One probed feature.
 #[derive(Debug, Clone)]
@@ -74,39 +74,16 @@ pub fn probe() -> Vec<Feature> {
     add(
         "PR_SET_MM_MAP",
         true,
-        // PR_SET_MM_MAP_SIZE just reports the struct size; EINVAL means no support.
-        {
-            let mut size: u32 = 0;
-            // SAFETY: the only pointer is to a live local u32 the kernel writes.
-            unsafe {
-                probe_syscall(
-                    libc::SYS_prctl,
-                    [35, 15, &mut size as *mut u32 as libc::c_long, 0, 0],
-                )
-            }
-            .map(|_| format!("struct prctl_mm_map is {size} bytes"))
-            .map_err(errno)
-        },
+        sys::prctl_mm_map_size()
+            .map(|size| format!("struct prctl_mm_map is {size} bytes"))
+            .map_err(errno),
     );
     add(
         "kcmp",
         true,
-        // KCMP_VM (1) of ourselves with ourselves: no fds involved.
-        // SAFETY: integer arguments only.
-        unsafe {
-            probe_syscall(
-                libc::SYS_kcmp,
-                [
-                    std::process::id() as libc::c_long,
-                    std::process::id() as libc::c_long,
-                    1,
-                    0,
-                    0,
-                ],
-            )
-        }
-        .map(|_| "available".into())
-        .map_err(errno),
+        sys::kcmp_probe()
+            .map(|()| "available".into())
+            .map_err(errno),
     );
     add(
         "PTRACE_GET_RSEQ_CONFIGURATION",
@@ -129,37 +106,16 @@ pub fn probe() -> Vec<Feature> {
     add(
         "pidfd_getfd",
         false,
-        // SAFETY: integer arguments only.
-        unsafe {
-            probe_syscall(
-                libc::SYS_pidfd_open,
-                [std::process::id() as libc::c_long, 0, 0, 0, 0],
-            )
-        }
-        .and_then(|pidfd| {
-            // Fetch our own fd 2 (stderr is open in any sane ckpt run) or fail cleanly.
-            // SAFETY: integer arguments only.
-            let r = unsafe { probe_syscall(libc::SYS_pidfd_getfd, [pidfd, 2, 0, 0, 0]) };
-            close(pidfd);
-            r.map(close)
-        })
-        .map(|_| "available".into())
-        .map_err(errno),
+        sys::pidfd_getfd_probe()
+            .map(|()| "available".into())
+            .map_err(errno),
     );
     add(
         "userfaultfd",
         false,
-        // UFFD_USER_MODE_ONLY (1) keeps this working without vm.unprivileged_userfaultfd.
-        // SAFETY: integer arguments only.
-        unsafe {
-            probe_syscall(
-                libc::SYS_userfaultfd,
-                [libc::O_CLOEXEC as libc::c_long | 1, 0, 0, 0, 0],
-            )
-        }
-        .map(close)
-        .map(|_| "available".into())
-        .map_err(errno),
+        sys::userfaultfd_probe()
+            .map(|()| "available".into())
+            .map_err(errno),
     );
     add(
         "capabilities",
@@ -176,10 +132,6 @@ pub fn probe() -> Vec<Feature> {
         }),
     );
     out
-}
-
-fn close(fd: libc::c_long) {
-    let _ = nix::unistd::close(fd as i32);
 }
 
 fn caps_any(want: &[caps::Capability]) -> Result<String, String> {
@@ -204,50 +156,19 @@ fn uts_at_least(major: u32, minor: u32) -> bool {
 /// Seizes a forked child, interrupts it and lets it go.
 fn probe_ptrace() -> Result<String, String> {
     use nix::sys::signal::{Signal, kill};
-    use nix::sys::wait::waitpid;
-    use nix::unistd::{ForkResult, fork};
-    // SAFETY: the child only calls async-signal-safe pause() and _exit().
-    match unsafe { fork() }.map_err(|e| e.to_string())? {
-        ForkResult::Child => loop {
-            // SAFETY: pause and _exit are async-signal-safe.
-            unsafe {
-                libc::pause();
-            }
-        },
-        ForkResult::Parent { child } => {
-            let r = ckpt_parasite::Tracee::seize(child.as_raw())
-                .and_then(|t| t.detach())
-                .map(|()| "PTRACE_SEIZE + PTRACE_INTERRUPT work".to_string())
-                .map_err(|e| e.to_string());
-            let _ = kill(child, Signal::SIGKILL);
-            let _ = waitpid(child, None);
-            r
-        }
-    }
+    let child = sys::fork_sleeper().map_err(|e| e.to_string())?;
+    let r = ckpt_parasite::Tracee::seize(child.as_raw())
+        .and_then(|t| t.detach())
+        .map(|()| "PTRACE_SEIZE + PTRACE_INTERRUPT work".to_string())
+        .map_err(|e| e.to_string());
+    let _ = kill(child, Signal::SIGKILL);
+    let _ = nix::sys::wait::waitpid(child, None);
+    r
 }
 
 fn probe_pagemap_scan() -> Result<String, String> {
-    // PAGEMAP_SCAN = _IOWR('f', 16, struct pm_scan_arg) (64 bytes).
-    const PAGEMAP_SCAN: libc::c_ulong = 0xc040_6610;
     let f = std::fs::File::open("/proc/self/pagemap").map_err(|e| e.to_string())?;
-    // An all-zero argument has size 0 and is rejected with EINVAL when the
-    // ioctl exists, ENOTTY when it does not.
-    let arg = [0u64; 8];
-    // SAFETY: arg is a live 64-byte buffer; the kernel only reads it here.
-    let r = unsafe {
-        probe_syscall(
-            libc::SYS_ioctl,
-            [
-                std::os::fd::AsRawFd::as_raw_fd(&f) as libc::c_long,
-                PAGEMAP_SCAN as libc::c_long,
-                arg.as_ptr() as libc::c_long,
-                0,
-                0,
-            ],
-        )
-    };
-    match r {
-        Err(libc::ENOTTY) => Err("not supported by this kernel (6.7+ needed)".into()),
-        _ => Ok("available".into()),
-    }
+    sys::pagemap_scan_probe(&f)
+        .map(|()| "available".into())
+        .map_err(|_| "not supported by this kernel (6.7+ needed)".into())
 }

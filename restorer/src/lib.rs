@@ -76,11 +76,7 @@ pub fn restore(opts: &RestoreOptions<'_>) -> Result<Restored> {
     };
     validate(&images, pid, &p)?;
     let pages_file = images.open_pages(&ckpt_image::pages_name(pid))?;
-    // SAFETY: the pages file is a private (0600) image file that ckpt
-    // verified just now and only reads; nothing else is expected to modify
-    // it while the restore runs. A concurrent truncation would fault the
-    // restorer, whose death kills the half-built child (PTRACE_O_EXITKILL).
-    let pages = unsafe { memmap2::Mmap::map(&pages_file) }
+    let pages = sys::map_readonly(&pages_file)
         .map_err(|e| ImageError::io(images.path().join(ckpt_image::pages_name(pid)), "mmap", e))?;
 
     let child = spawn(pid, opts)?;

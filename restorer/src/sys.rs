@@ -71,3 +71,57 @@ pub fn xcr0() -> u64 {
     }
     (u64::from(hi) << 32) | u64::from(lo)
 }
+
+/// Sets resource limit `res` of process `pid` (prlimit64).
+pub fn set_rlimit(pid: i32, res: u32, soft: u64, hard: u64) -> std::io::Result<()> {
+    let new = libc::rlimit64 {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: prlimit64 reads `new` and writes nothing (old is null).
+    let rc = unsafe {
+        libc::prlimit64(
+            pid,
+            res as libc::__rlimit_resource_t,
+            &new,
+            std::ptr::null_mut(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Reads resource limit `res` of process `pid`: (soft, hard).
+pub fn get_rlimit(pid: i32, res: u32) -> std::io::Result<(u64, u64)> {
+    let mut cur = libc::rlimit64 {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit64 writes one rlimit64 into `cur` and reads nothing.
+    let rc = unsafe {
+        libc::prlimit64(
+            pid,
+            res as libc::__rlimit_resource_t,
+            std::ptr::null(),
+            &mut cur,
+        )
+    };
+    if rc == 0 {
+        Ok((cur.rlim_cur, cur.rlim_max))
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Maps a verified page file read-only.
+pub fn map_readonly(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
+    // SAFETY: the pages file is a private (0600) image file that ckpt
+    // verified just before and only reads; nothing else is expected to
+    // modify it while the restore runs. A concurrent truncation would fault
+    // the restorer, whose death kills the half-built child
+    // (PTRACE_O_EXITKILL), so no half-restored process can result.
+    unsafe { memmap2::Mmap::map(file) }
+}

@@ -7,6 +7,7 @@ use ckpt_parasite::Regs;
 
 use crate::error::{RestoreError, Result};
 use crate::remote::Remote;
+use crate::sys;
 
 /// SIG_DFL for every signal not in the image: the child inherited the
 /// restorer's dispositions (Rust ignores SIGPIPE, for one).
@@ -113,17 +114,11 @@ fn file_err(r: &Remote<'_>, path: &str, e: RestoreError) -> RestoreError {
 /// capped and reported through `warn`.
 pub fn restore_rlimits(pid: i32, core: &Core, warn: &dyn Fn(&str)) -> Result<()> {
     for rl in &core.rlimits {
-        let res = rl.resource as libc::__rlimit_resource_t;
-        let new = libc::rlimit64 {
-            rlim_cur: rl.soft,
-            rlim_max: rl.hard,
+        let res = rl.resource;
+        let err = match sys::set_rlimit(pid, res, rl.soft, rl.hard) {
+            Ok(()) => continue,
+            Err(e) => e,
         };
-        // SAFETY: prlimit64 reads `new` and writes nothing (old is null).
-        let rc = unsafe { libc::prlimit64(pid, res, &new, std::ptr::null_mut()) };
-        if rc == 0 {
-            continue;
-        }
-        let err = std::io::Error::last_os_error();
         if err.raw_os_error() != Some(libc::EPERM) {
             return Err(RestoreError::os(
                 pid,
@@ -131,27 +126,13 @@ pub fn restore_rlimits(pid: i32, core: &Core, warn: &dyn Fn(&str)) -> Result<()>
                 err,
             ));
         }
-        let mut cur = libc::rlimit64 {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: prlimit64 writes one rlimit64 into `cur`.
-        unsafe { libc::prlimit64(pid, res, std::ptr::null(), &mut cur) };
-        let capped = libc::rlimit64 {
-            rlim_cur: rl.soft.min(cur.rlim_max),
-            rlim_max: rl.hard.min(cur.rlim_max),
-        };
-        // SAFETY: as above.
-        if unsafe { libc::prlimit64(pid, res, &capped, std::ptr::null_mut()) } != 0 {
-            return Err(RestoreError::os(
-                pid,
-                format!("prlimit resource {res}"),
-                std::io::Error::last_os_error(),
-            ));
-        }
+        let (_, max) = sys::get_rlimit(pid, res)
+            .map_err(|e| RestoreError::os(pid, format!("prlimit resource {res}"), e))?;
+        sys::set_rlimit(pid, res, rl.soft.min(max), rl.hard.min(max))
+            .map_err(|e| RestoreError::os(pid, format!("prlimit resource {res}"), e))?;
         warn(&format!(
-            "pid {pid}: resource limit {res} capped at {} (dumped hard limit {} needs CAP_SYS_RESOURCE)",
-            cur.rlim_max, rl.hard
+            "pid {pid}: resource limit {res} capped at {max} (dumped hard limit {} needs CAP_SYS_RESOURCE)",
+            rl.hard
         ));
     }
     Ok(())
