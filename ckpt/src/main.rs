@@ -31,7 +31,7 @@ enum Command {
     /// Report which kernel features ckpt needs are present.
     Check(commands::check::CheckArgs),
     /// Run a multi-node checkpoint coordinator, or trigger/query one.
-    Coord(commands::coord::CoordArgs),
+    Coord(Box<commands::coord::CoordArgs>),
 }
 
 fn main() -> ExitCode {
@@ -41,7 +41,7 @@ fn main() -> ExitCode {
         Command::Restore(a) => commands::restore::run(a),
         Command::Show(a) => commands::show::run(a),
         Command::Check(a) => commands::check::run(a),
-        Command::Coord(a) => commands::coord::run(a).map(|()| ExitCode::SUCCESS),
+        Command::Coord(a) => commands::coord::run(*a).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
