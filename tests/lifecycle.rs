@@ -166,6 +166,19 @@ fn restore_detach_leaves_process_running() {
         Some(0),
         "detached process is still traced"
     );
+    // The victim led its own session (and process group) before the dump.
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", v.pid)).unwrap();
+    let after_comm: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        (after_comm[2], after_comm[3]),
+        (v.pid.to_string().as_str(), v.pid.to_string().as_str()),
+        "restored session leader lost its process group / session"
+    );
 
     assert!(
         v.ping(RESTORE_TIMEOUT),

@@ -117,6 +117,7 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
             size: m.altstack.size,
         });
     let (head, len) = t.robust_list()?;
+    let stat = procfs::stat_fields(pid)?;
     let rseq = t.rseq()?;
 
     Ok(Core {
@@ -158,6 +159,8 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
         }),
         rlimits: rlimits(pid)?,
         mm: None,
+        pgid: stat[procfs::stat_index(5)] as i32,
+        sid: stat[procfs::stat_index(6)] as i32,
     })
 }
 

@@ -66,6 +66,12 @@ pub struct Core {
     /// Address-space layout fields (`prctl(PR_SET_MM_MAP)`).
     #[prost(message, optional, tag = "20")]
     pub mm: Option<MmFields>,
+    /// Process group id.
+    #[prost(int32, tag = "21")]
+    pub pgid: i32,
+    /// Session id.
+    #[prost(int32, tag = "22")]
+    pub sid: i32,
 }
 
 /// Credentials at dump time.

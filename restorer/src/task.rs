@@ -81,6 +81,14 @@ pub fn restore_misc(r: &Remote<'_>, core: &Core) -> Result<()> {
         [core.personality as u64, 0, 0, 0, 0, 0],
     )?;
     r.call("umask", libc::SYS_umask, [core.umask as u64, 0, 0, 0, 0, 0])?;
+    // A session or group leader leads its own again; membership in another
+    // process's group or session cannot be recreated for a lone process, so
+    // it stays in the restorer's.
+    if core.sid == core.pid {
+        r.call("setsid", libc::SYS_setsid, [0; 6])?;
+    } else if core.pgid == core.pid {
+        r.call("setpgid", libc::SYS_setpgid, [0; 6])?;
+    }
     let mut name = core.comm.as_bytes()[..core.comm.len().min(15)].to_vec();
     name.push(0);
     let p = r.put(0, &name)?;
