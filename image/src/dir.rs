@@ -313,20 +313,7 @@ impl ImageDir {
     /// Opens a page file for reading; its size was checked against the manifest.
     pub fn open_pages(&self, name: &str) -> Result<File, ImageError> {
         let d = self.digest(name)?;
-        let path = self.path.join(name);
-        let f = File::open(&path).map_err(|e| ImageError::io(&path, "open", e))?;
-        let len = f
-            .metadata()
-            .map_err(|e| ImageError::io(&path, "stat", e))?
-            .len();
-        if len != d.size {
-            return Err(ImageError::Size {
-                path,
-                found: len,
-                expected: d.size,
-            });
-        }
-        Ok(f)
+        open_sized(&self.path.join(name), d.size)
     }
 
     fn verify(&self, d: &FileDigest) -> Result<(), ImageError> {
@@ -337,18 +324,7 @@ impl ImageDir {
                 what: "file name escapes the checkpoint directory".into(),
             });
         }
-        let mut f = File::open(&path).map_err(|e| ImageError::io(&path, "open", e))?;
-        let len = f
-            .metadata()
-            .map_err(|e| ImageError::io(&path, "stat", e))?
-            .len();
-        if len != d.size {
-            return Err(ImageError::Size {
-                path,
-                found: len,
-                expected: d.size,
-            });
-        }
+        let mut f = open_sized(&path, d.size)?;
         let mut buf = vec![0u8; 1 << 20];
         let mut crc = 0u32;
         loop {
@@ -365,6 +341,23 @@ impl ImageDir {
         }
         Ok(())
     }
+}
+
+/// Opens `path` and checks it is exactly `size` bytes long.
+fn open_sized(path: &Path, size: u64) -> Result<File, ImageError> {
+    let f = File::open(path).map_err(|e| ImageError::io(path, "open", e))?;
+    let len = f
+        .metadata()
+        .map_err(|e| ImageError::io(path, "stat", e))?
+        .len();
+    if len != size {
+        return Err(ImageError::Size {
+            path: path.into(),
+            found: len,
+            expected: size,
+        });
+    }
+    Ok(f)
 }
 
 fn read_limited(path: &Path, limit: u64) -> Result<Vec<u8>, ImageError> {

@@ -111,7 +111,7 @@ fn check_compatible(images: &ImageDir) -> Result<()> {
         )));
     }
     if let Some(cpu) = &m.cpu {
-        let here = sys::xcr0();
+        let here = ckpt_parasite::xcr0();
         if cpu.xcr0 & !here != 0 {
             return Err(incompatible(format!(
                 "the dumping CPU had register state this CPU lacks (XCR0 {:#x}, here {:#x})",

@@ -1,4 +1,4 @@
-//! Raw syscalls of the restorer: clone3 with `set_tid`, and reading XCR0.
+//! Raw syscalls of the restorer: clone3 with `set_tid`, prlimit, mapping the pages file.
 
 /// The kernel's `struct clone_args` (clone3(2)), up to `set_tid_size`.
 #[repr(C)]
@@ -55,21 +55,6 @@ pub fn fork_stopped_with_pid(pid: i32) -> std::io::Result<i32> {
         r if r < 0 => Err(std::io::Error::last_os_error()),
         r => Ok(r as i32),
     }
-}
-
-/// XCR0: the XSAVE features the OS enabled on this CPU.
-pub fn xcr0() -> u64 {
-    let osxsave = std::arch::x86_64::__cpuid(1).ecx & (1 << 27) != 0;
-    if !osxsave {
-        return 0;
-    }
-    let (lo, hi): (u32, u32);
-    // SAFETY: xgetbv with ecx=0 is defined whenever CPUID.1:ECX.OSXSAVE is
-    // set (checked above); it only reads XCR0 into edx:eax.
-    unsafe {
-        std::arch::asm!("xgetbv", in("ecx") 0u32, out("eax") lo, out("edx") hi, options(nomem, nostack));
-    }
-    (u64::from(hi) << 32) | u64::from(lo)
 }
 
 /// Sets resource limit `res` of process `pid` (prlimit64).
