@@ -45,12 +45,14 @@ pub fn restore(r: &Remote<'_>, files: &Files, images: &ImageDir) -> Result<()> {
     let mut ghosts = GhostCleanup::default();
     for e in &files.fds {
         let cloexec = if e.cloexec { libc::O_CLOEXEC } else { 0 };
-        if e.description != e.fd as u64 {
+        let kind = FdKind::try_from(e.kind).map_err(|_| bad(pid, e, "unknown fd kind"))?;
+        // Terminals follow the terminal rule even when they shared one open
+        // file description at dump time (0, 1 and 2 usually do).
+        if e.description != e.fd as u64 && kind != FdKind::Tty {
             // Shares the open file description of an earlier fd.
             dup_to(r, e.description as i32, e.fd, cloexec)?;
             continue;
         }
-        let kind = FdKind::try_from(e.kind).map_err(|_| bad(pid, e, "unknown fd kind"))?;
         let open_flags = (e.flags as i32) & !(libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL);
         let tmp = match kind {
             FdKind::Tty if keep.contains(&e.fd) => {

@@ -334,13 +334,32 @@ impl Victim {
     /// stdout/stderr going to regular files in the work dir (ckpt supports
     /// neither pipes nor terminals).
     pub fn spawn(env: &TestEnv, name: &str, extra_args: &[&str]) -> Victim {
-        let bin = victim_bin(name);
         let stdout = File::create(env.work.join("stdout")).expect("create stdout file");
         let stderr = File::create(env.work.join("stderr")).expect("create stderr file");
+        Victim::spawn_with(
+            env,
+            name,
+            extra_args,
+            Stdio::null(),
+            stdout.into(),
+            stderr.into(),
+        )
+    }
+
+    /// Like [`Victim::spawn`] with the standard fds chosen by the caller.
+    pub fn spawn_with(
+        env: &TestEnv,
+        name: &str,
+        extra_args: &[&str],
+        stdin: Stdio,
+        stdout: Stdio,
+        stderr: Stdio,
+    ) -> Victim {
+        let bin = victim_bin(name);
         let mut cmd = Command::new(&bin);
         cmd.arg(&env.work)
             .args(extra_args)
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(stdout)
             .stderr(stderr);
         cloexec_inherited_fds(&mut cmd, true);
