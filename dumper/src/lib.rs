@@ -153,6 +153,14 @@ fn precheck(pid: i32) -> Result<()> {
     {
         return Err(DumpError::NoProcess { pid });
     }
+    if let Some(state) = procfs::status_field(&status, "State")
+        && state.starts_with('T')
+    {
+        return Err(DumpError::Unsupported {
+            pid,
+            what: "job-control-stopped process (state T; send SIGCONT first)".into(),
+        });
+    }
     if procfs::status_field(&status, "Tgid") != Some(&pid.to_string()) {
         return Err(DumpError::Unsupported {
             pid,
