@@ -196,6 +196,21 @@ impl Tracee {
             })
     }
 
+    /// Writes task memory with `process_vm_writev`: one copy, no bounce
+    /// page, but only into mappings the task itself may write. Falls back to
+    /// [`Tracee::write_mem`] for the rest (read-only, PROT_NONE).
+    pub fn write_mem_fast(&self, addr: u64, buf: &[u8]) -> Result<()> {
+        let local = [std::io::IoSlice::new(buf)];
+        let remote = [nix::sys::uio::RemoteIoVec {
+            base: addr as usize,
+            len: buf.len(),
+        }];
+        match nix::sys::uio::process_vm_writev(self.pid, &local, &remote) {
+            Ok(n) if n == buf.len() => Ok(()),
+            _ => self.write_mem(addr, buf),
+        }
+    }
+
     fn wait(&self, what: &'static str) -> Result<WaitStatus> {
         loop {
             match waitpid(self.pid, Some(WaitPidFlag::__WALL)) {

@@ -261,7 +261,7 @@ pub fn fill_pages(r: &Remote<'_>, mm: &Mm, pages: &[u8]) -> Result<()> {
                 .filter(|_| pr.addr >= v.start && pr.addr + pr.len() <= v.end)
                 .filter(|_| pr.offset % PAGE_SIZE == 0)
                 .ok_or_else(|| invalid(r.t.pid(), v, "page range outside the pages file or VMA"))?;
-            r.t.write_mem(pr.addr, src)?;
+            r.t.write_mem_fast(pr.addr, src)?;
         }
     }
     Ok(())
