@@ -48,6 +48,8 @@ pub struct RestoreOptions<'a> {
     pub pid_wait: Duration,
     /// Receives one-line notices (waiting for a pid, capped limits).
     pub notice: &'a dyn Fn(&str),
+    /// Called with (bytes of page data copied, total) while pages are copied.
+    pub progress: Option<&'a dyn Fn(u64, u64)>,
 }
 
 /// A restored, running process (a child of the caller).
@@ -81,7 +83,7 @@ pub fn restore(opts: &RestoreOptions<'_>) -> Result<Restored> {
 
     let child = spawn(pid, opts)?;
     let tracee = Tracee::adopt_stopped_child(pid)?;
-    if let Err(e) = rebuild(&tracee, &p, &pages, &images, opts.notice) {
+    if let Err(e) = rebuild(&tracee, &p, &pages, &images, opts) {
         // Kill while still stopped: a half-built process must never run.
         let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         return Err(e);
@@ -219,7 +221,7 @@ fn rebuild(
     p: &ProcessImages,
     pages: &[u8],
     images: &ImageDir,
-    notice: &dyn Fn(&str),
+    opts: &RestoreOptions<'_>,
 ) -> Result<()> {
     let pid = t.pid();
     let core = &p.core;
@@ -266,12 +268,12 @@ fn rebuild(
     }
     mm::clear_and_move_specials(&r, &child_maps, &p.mm)?;
     mm::map_vmas(&r, &p.mm)?;
-    mm::fill_pages(&r, &p.mm, pages)?;
+    mm::fill_pages(&r, &p.mm, pages, opts.progress)?;
     mm::fix_protections(&r, &p.mm)?;
     let mm_fields = core.mm.as_ref().expect("validated");
     mm::set_mm_fields(&r, mm_fields, &core.exe)?;
 
-    task::restore_rlimits(pid, core, notice)?;
+    task::restore_rlimits(pid, core, opts.notice)?;
     files::restore(&r, &p.files, images)?;
     task::restore_misc(&r, core)?;
     task::restore_sigactions(&r, core)?;

@@ -252,7 +252,13 @@ pub fn map_vmas(r: &Remote<'_>, mm: &Mm) -> Result<()> {
 }
 
 /// Copies saved pages from the (verified, mapped) pages file into place.
-pub fn fill_pages(r: &Remote<'_>, mm: &Mm, pages: &[u8]) -> Result<()> {
+pub fn fill_pages(
+    r: &Remote<'_>,
+    mm: &Mm,
+    pages: &[u8],
+    progress: Option<&dyn Fn(u64, u64)>,
+) -> Result<()> {
+    let mut done = 0;
     for v in &mm.vmas {
         for pr in &v.pages {
             let (off, len) = (pr.offset as usize, pr.len() as usize);
@@ -262,6 +268,10 @@ pub fn fill_pages(r: &Remote<'_>, mm: &Mm, pages: &[u8]) -> Result<()> {
                 .filter(|_| pr.offset % PAGE_SIZE == 0)
                 .ok_or_else(|| invalid(r.t.pid(), v, "page range outside the pages file or VMA"))?;
             r.t.write_mem_fast(pr.addr, src)?;
+            done += pr.len();
+            if let Some(p) = progress {
+                p(done, mm.pages_bytes);
+            }
         }
     }
     Ok(())

@@ -1,6 +1,5 @@
 //! `ckpt dump`.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -29,16 +28,7 @@ pub struct DumpArgs {
 
 /// Runs `ckpt dump`.
 pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
-    let bar = std::io::stderr().is_terminal().then(|| {
-        let b = indicatif::ProgressBar::new(0);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "dumping pages {bar:40} {bytes}/{total_bytes} {bytes_per_sec}",
-            )
-            .expect("valid template"),
-        );
-        b
-    });
+    let bar = super::progress_bar("dumping pages");
     let progress = |done: u64, total: u64| {
         if let Some(b) = &bar {
             b.set_length(total);

@@ -5,3 +5,19 @@ pub mod coord;
 pub mod dump;
 pub mod restore;
 pub mod show;
+
+/// A byte progress bar on stderr when it is a terminal; none otherwise, so
+/// scripts and logs stay quiet.
+pub fn progress_bar(what: &str) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal().then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(&format!(
+                "{what} {{bar:40}} {{bytes}}/{{total_bytes}} {{bytes_per_sec}}"
+            ))
+            .expect("valid template"),
+        );
+        b
+    })
+}

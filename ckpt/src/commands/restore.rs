@@ -29,14 +29,28 @@ pub struct RestoreArgs {
 /// Runs `ckpt restore`: exits 0 once the process runs with `--detach`,
 /// otherwise waits and exits with its status (128+signal if killed).
 pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
-    let notice = |msg: &str| eprintln!("ckpt: {msg}");
+    let bar = super::progress_bar("restoring pages");
+    let notice = |msg: &str| match &bar {
+        Some(b) => b.println(format!("ckpt: {msg}")),
+        None => eprintln!("ckpt: {msg}"),
+    };
+    let progress = |done: u64, total: u64| {
+        if let Some(b) = &bar {
+            b.set_length(total);
+            b.set_position(done);
+        }
+    };
     let opts = RestoreOptions {
         dir: a.dir.clone(),
         pid_wait: Duration::from_secs(a.pid_wait),
         notice: &notice,
+        progress: Some(&progress),
     };
-    let r = ckpt_restorer::restore(&opts)
-        .with_context(|| format!("restore from {} failed", a.dir.display()))?;
+    let r = ckpt_restorer::restore(&opts);
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let r = r.with_context(|| format!("restore from {} failed", a.dir.display()))?;
     if a.json {
         println!("{}", serde_json::json!({ "pid": r.pid }));
     } else {
