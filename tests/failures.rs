@@ -233,3 +233,89 @@ fn restore_refuses_pid_held_by_live_process() {
     assert_eq!(status.code(), Some(0), "original failed: {}", v.diag());
     v.assert_pass();
 }
+
+/// A file the process had mapped changed after the dump: restore must refuse
+/// (naming the file) rather than map different contents.
+#[test]
+fn restore_refuses_changed_mapped_file() {
+    let env = TestEnv::new("changed-mapping");
+    let mut v = Victim::spawn(&env, "memory", &[]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    let mapped = env.work.join("private.bin");
+    let mut f = OpenOptions::new()
+        .append(true)
+        .open(&mapped)
+        .expect("open private.bin");
+    std::io::Write::write_all(&mut f, b"changed").expect("append");
+    drop(f);
+    assert_restore_fails_cleanly(&env, &v, "private.bin");
+}
+
+/// Unmounts the small tmpfs even when an assertion fails.
+struct Mount(std::path::PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A full disk fails the dump with a clear error; the process keeps
+/// running untouched and no partial checkpoint (nor its temporary
+/// directory) is left.
+#[test]
+fn dump_to_full_disk_fails_cleanly() {
+    let env = TestEnv::new("full-disk");
+    let small = env.work.join("small");
+    fs::create_dir(&small).unwrap();
+    let ok = std::process::Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=64k",
+            "ckpt-test",
+            path_str(&small),
+        ])
+        .status()
+        .expect("run mount");
+    assert!(ok.success(), "cannot mount a tmpfs for the test");
+    let _mount = Mount(small.clone());
+
+    let mut v = Victim::spawn(&env, "counter", &[]);
+    v.wait_ready();
+    let dir = small.join("img");
+    let out = ckpt(
+        &env,
+        &[
+            "dump",
+            "--tree",
+            &v.pid.to_string(),
+            "--dir",
+            path_str(&dir),
+        ],
+        DUMP_TIMEOUT,
+    );
+    let err = out.assert_error();
+    assert!(
+        err.contains("No space left on device"),
+        "error should say the disk is full: {err}"
+    );
+    assert!(
+        err.contains(&v.pid.to_string()),
+        "error should name the pid: {err}"
+    );
+    assert_eq!(
+        fs::read_dir(&small).unwrap().count(),
+        0,
+        "a failed dump left files behind in {}",
+        small.display()
+    );
+    assert!(v.original_exited().is_none(), "victim died: {}", v.diag());
+    assert_running_untouched(v.pid, "after a dump to a full disk");
+    v.go();
+    let status = v.wait_original_exit(RESTORE_TIMEOUT);
+    assert_eq!(status.code(), Some(0), "victim failed: {}", v.diag());
+    v.assert_pass();
+}
