@@ -10,6 +10,8 @@
 //! dropped, and the temporary image directory removes itself unless
 //! committed. Only after the manifest is durable does `--kill` kill it.
 
+#![warn(missing_docs)]
+
 pub mod core;
 pub mod error;
 pub mod fault;

@@ -20,6 +20,8 @@
 //!
 //! This crate does no syscalls beyond reading and writing image files.
 
+#![warn(missing_docs)]
+
 #![forbid(unsafe_code)]
 
 pub mod core;

@@ -6,6 +6,8 @@
 //! [`blob`] into the task, calls its commands ([`proto`]) and removes every
 //! trace again. This crate knows nothing about images, files or trees.
 
+#![warn(missing_docs)]
+
 pub mod blob;
 pub mod error;
 mod infect;

@@ -18,6 +18,8 @@
 //! Any error kills and reaps the child (and ptrace's EXITKILL kills it if
 //! the restorer itself dies), so no half-restored process is ever left.
 
+#![warn(missing_docs)]
+
 pub mod error;
 mod files;
 mod mm;
