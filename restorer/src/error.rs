@@ -37,6 +37,14 @@ pub enum RestoreError {
         /// Why.
         what: String,
     },
+    /// This kernel or address space cannot host the process as dumped.
+    #[error("pid {pid}: cannot restore here: {what}")]
+    Host {
+        /// The pid being restored.
+        pid: i32,
+        /// Why.
+        what: String,
+    },
     /// A file the process used is gone or changed since the dump.
     #[error("pid {pid}: {path}: {what}")]
     File {

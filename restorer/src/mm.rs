@@ -85,9 +85,9 @@ fn special_kind(path: &str) -> Option<VmaKind> {
 pub fn check_vdso(pid: i32, r: &Remote<'_>, child: &[MapLine], want: &VdsoInfo) -> Result<()> {
     let find = |k: VmaKind| child.iter().find(|m| special_kind(&m.path) == Some(k));
     let len = |k| find(k).map_or(0, |m| m.end - m.start);
-    let incompatible = |what: String| RestoreError::Incompatible {
-        dir: Default::default(),
-        what: format!("pid {pid}: {what}; restore on a machine running the dumping kernel"),
+    let incompatible = |what: String| RestoreError::Host {
+        pid,
+        what: format!("{what}; restore on a machine running the dumping kernel"),
     };
     let vdso =
         find(VmaKind::Vdso).ok_or_else(|| incompatible("this kernel maps no vDSO".into()))?;
@@ -144,8 +144,8 @@ pub fn clear_and_move_specials(r: &Remote<'_>, child: &[MapLine], mm: &Mm) -> Re
         if dumped.start == s.0 {
             continue;
         }
-        let tmp = find_gap(&busy, len).ok_or_else(|| RestoreError::Incompatible {
-            dir: Default::default(),
+        let tmp = find_gap(&busy, len).ok_or_else(|| RestoreError::Host {
+            pid: r.t.pid(),
             what: "no free address range to move the vDSO through".into(),
         })?;
         mremap(r, s.0, len, tmp)?;

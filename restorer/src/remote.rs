@@ -51,8 +51,8 @@ impl<'t> Remote<'t> {
     pub fn put(&self, slot: u64, bytes: &[u8]) -> Result<u64> {
         let addr = self.base + DATA_OFFSET + slot * 4096;
         if bytes.len() > 4096 || addr + 4096 > self.base + SCRATCH_LEN {
-            return Err(RestoreError::Incompatible {
-                dir: Default::default(),
+            return Err(RestoreError::Host {
+                pid: self.t.pid(),
                 what: format!("syscall argument of {} bytes too large", bytes.len()),
             });
         }
