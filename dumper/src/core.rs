@@ -8,7 +8,7 @@ use ckpt_parasite::proto::MiscState;
 use ckpt_parasite::{Infection, Regs, Tracee};
 
 use crate::error::{DumpError, Result};
-use crate::procfs::{self, status_field};
+use crate::procfile;
 
 /// Copies registers into the image type.
 pub fn gp_regs(r: &Regs) -> GpRegs {
@@ -73,7 +73,9 @@ pub fn run_parasite(t: &Tracee) -> Result<TaskMisc> {
 /// Builds the core image of a frozen task.
 pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
     let pid = t.pid();
-    let status = procfs::read(pid, "status")?;
+    let proc = procfs::process::Process::new(pid).map_err(|e| procfs_err(pid, "", e))?;
+    let status = proc.status().map_err(|e| procfs_err(pid, "status", e))?;
+    let limits = proc.limits().map_err(|e| procfs_err(pid, "limits", e))?;
     let m = &tm.misc;
 
     let mut sigactions = Vec::new();
@@ -117,28 +119,26 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
             size: m.altstack.size,
         });
     let (head, len) = t.robust_list()?;
-    let stat = procfs::stat_fields(pid)?;
+    let stat = procfile::stat_fields(pid)?;
     let rseq = t.rseq()?;
 
     Ok(Core {
         pid,
-        comm: procfs::read(pid, "comm")?
+        comm: procfile::read(pid, "comm")?
             .trim_end_matches('\n')
             .to_string(),
-        exe: procfs::readlink(pid, "exe")?,
-        cwd: procfs::readlink(pid, "cwd")?,
-        root: procfs::readlink(pid, "root")?,
-        umask: status_field(&status, "Umask")
-            .and_then(|v| u32::from_str_radix(v, 8).ok())
-            .unwrap_or(0o022),
-        personality: u32::from_str_radix(procfs::read(pid, "personality")?.trim(), 16).map_err(
+        exe: procfile::readlink(pid, "exe")?,
+        cwd: procfile::readlink(pid, "cwd")?,
+        root: procfile::readlink(pid, "root")?,
+        umask: status.umask.unwrap_or(0o022),
+        personality: u32::from_str_radix(procfile::read(pid, "personality")?.trim(), 16).map_err(
             |e| DumpError::Parse {
                 pid,
                 path: "personality".into(),
                 what: e.to_string(),
             },
         )?,
-        creds: Some(creds(pid, &status)?),
+        creds: Some(creds(&status)),
         regs: Some(gp_regs(&tm.regs)),
         xstate: tm.xstate.clone(),
         sigmask: tm.sigmask,
@@ -157,97 +157,78 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
             len: rseq.rseq_abi_size,
             signature: rseq.signature,
         }),
-        rlimits: rlimits(pid)?,
+        rlimits: rlimits(&limits),
         mm: None,
-        pgid: stat[procfs::stat_index(5)] as i32,
-        sid: stat[procfs::stat_index(6)] as i32,
+        pgid: stat[procfile::stat_index(5)] as i32,
+        sid: stat[procfile::stat_index(6)] as i32,
     })
 }
 
-fn creds(pid: i32, status: &str) -> Result<Creds> {
-    let bad = |what: &str| DumpError::Parse {
-        pid,
-        path: "status".into(),
-        what: format!("bad {what} line"),
-    };
-    let ids = |key: &str| -> Result<Vec<u32>> {
-        status_field(status, key)
-            .ok_or_else(|| bad(key))?
-            .split_whitespace()
-            .map(|v| v.parse().map_err(|_| bad(key)))
-            .collect()
-    };
-    let cap = |key: &str| -> Result<u64> {
-        u64::from_str_radix(status_field(status, key).ok_or_else(|| bad(key))?, 16)
-            .map_err(|_| bad(key))
-    };
-    Ok(Creds {
-        uids: ids("Uid")?,
-        gids: ids("Gid")?,
-        groups: ids("Groups")?,
-        cap_eff: cap("CapEff")?,
-        cap_prm: cap("CapPrm")?,
-        cap_inh: cap("CapInh")?,
-        cap_bnd: cap("CapBnd")?,
-        cap_amb: cap("CapAmb")?,
-    })
+fn creds(st: &procfs::process::Status) -> Creds {
+    Creds {
+        uids: vec![st.ruid, st.euid, st.suid, st.fuid],
+        gids: vec![st.rgid, st.egid, st.sgid, st.fgid],
+        groups: st.groups.clone(),
+        cap_eff: st.capeff,
+        cap_prm: st.capprm,
+        cap_inh: st.capinh,
+        cap_bnd: st.capbnd.unwrap_or(0),
+        cap_amb: st.capamb.unwrap_or(0),
+    }
 }
 
 /// Resource limits from `/proc/PID/limits` (prlimit on another uid's task
 /// needs CAP_SYS_RESOURCE, which root lacks on some hosts).
-fn rlimits(pid: i32) -> Result<Vec<Rlimit>> {
-    // The rows of /proc/PID/limits in RLIMIT_* order (resource.h).
-    const NAMES: [&str; 16] = [
-        "Max cpu time",
-        "Max file size",
-        "Max data size",
-        "Max stack size",
-        "Max core file size",
-        "Max resident set",
-        "Max processes",
-        "Max open files",
-        "Max locked memory",
-        "Max address space",
-        "Max file locks",
-        "Max pending signals",
-        "Max msgqueue size",
-        "Max nice priority",
-        "Max realtime priority",
-        "Max realtime timeout",
-    ];
-    let text = procfs::read(pid, "limits")?;
-    let value = |s: &str| -> Option<u64> {
-        if s == "unlimited" {
-            Some(u64::MAX)
-        } else {
-            s.parse().ok()
-        }
+fn rlimits(l: &procfs::process::Limits) -> Vec<Rlimit> {
+    use procfs::process::LimitValue;
+    let value = |v: &LimitValue| match v {
+        LimitValue::Unlimited => u64::MAX,
+        LimitValue::Value(n) => *n,
     };
-    let mut out = Vec::new();
-    for (resource, name) in NAMES.iter().enumerate() {
-        let line = text
-            .lines()
-            .find(|l| l.starts_with(name))
-            .ok_or_else(|| DumpError::Parse {
-                pid,
-                path: "limits".into(),
-                what: format!("no {name:?} row"),
-            })?;
-        let mut f = line[name.len()..].split_whitespace();
-        let (Some(soft), Some(hard)) = (f.next().and_then(value), f.next().and_then(value)) else {
-            return Err(DumpError::Parse {
-                pid,
-                path: "limits".into(),
-                what: format!("bad {name:?} row"),
-            });
-        };
-        out.push(Rlimit {
-            resource: resource as u32,
-            soft,
-            hard,
-        });
+    // In RLIMIT_* order (resource.h).
+    [
+        &l.max_cpu_time,
+        &l.max_file_size,
+        &l.max_data_size,
+        &l.max_stack_size,
+        &l.max_core_file_size,
+        &l.max_resident_set,
+        &l.max_processes,
+        &l.max_open_files,
+        &l.max_locked_memory,
+        &l.max_address_space,
+        &l.max_file_locks,
+        &l.max_pending_signals,
+        &l.max_msgqueue_size,
+        &l.max_nice_priority,
+        &l.max_realtime_priority,
+        &l.max_realtime_timeout,
+    ]
+    .iter()
+    .enumerate()
+    .map(|(resource, lim)| Rlimit {
+        resource: resource as u32,
+        soft: value(&lim.soft_limit),
+        hard: value(&lim.hard_limit),
+    })
+    .collect()
+}
+
+/// Maps a procfs crate error to the dumper's, naming pid and file.
+fn procfs_err(pid: i32, file: &str, e: procfs::ProcError) -> DumpError {
+    use procfs::ProcError;
+    match e {
+        ProcError::NotFound(_) => DumpError::NoProcess { pid },
+        ProcError::PermissionDenied(_) => DumpError::Permission {
+            pid,
+            what: format!("reading /proc/{pid}/{file}"),
+        },
+        other => DumpError::Parse {
+            pid,
+            path: file.into(),
+            what: other.to_string(),
+        },
     }
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -256,7 +237,8 @@ mod tests {
 
     #[test]
     fn own_limits_match_getrlimit() {
-        let l = rlimits(std::process::id() as i32).unwrap();
+        let me = procfs::process::Process::myself().unwrap();
+        let l = rlimits(&me.limits().unwrap());
         let nofile = l
             .iter()
             .find(|r| r.resource == libc::RLIMIT_NOFILE)
@@ -264,5 +246,7 @@ mod tests {
         let (soft, hard) =
             nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
         assert_eq!((nofile.soft, nofile.hard), (soft, hard));
+        let st = me.status().unwrap();
+        assert_eq!(creds(&st).uids[1], nix::unistd::geteuid().as_raw());
     }
 }

@@ -19,7 +19,7 @@ pub mod fds;
 pub mod features;
 pub mod mm;
 pub mod pages;
-mod procfs;
+mod procfile;
 mod sys;
 
 use std::path::PathBuf;
@@ -149,13 +149,13 @@ fn precheck(pid: i32) -> Result<()> {
             what: "dumping ckpt itself".into(),
         });
     }
-    let status = procfs::read(pid, "status")?;
-    if let Some(state) = procfs::status_field(&status, "State")
+    let status = procfile::read(pid, "status")?;
+    if let Some(state) = procfile::status_field(&status, "State")
         && (state.starts_with('Z') || state.starts_with('X'))
     {
         return Err(DumpError::NoProcess { pid });
     }
-    if let Some(state) = procfs::status_field(&status, "State")
+    if let Some(state) = procfile::status_field(&status, "State")
         && state.starts_with('T')
     {
         return Err(DumpError::Unsupported {
@@ -163,13 +163,13 @@ fn precheck(pid: i32) -> Result<()> {
             what: "job-control-stopped process (state T; send SIGCONT first)".into(),
         });
     }
-    if procfs::status_field(&status, "Tgid") != Some(&pid.to_string()) {
+    if procfile::status_field(&status, "Tgid") != Some(&pid.to_string()) {
         return Err(DumpError::Unsupported {
             pid,
             what: "dumping a single thread of a process (give the process id)".into(),
         });
     }
-    let threads: usize = procfs::status_field(&status, "Threads")
+    let threads: usize = procfile::status_field(&status, "Threads")
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
     if threads > 1 {
@@ -178,7 +178,7 @@ fn precheck(pid: i32) -> Result<()> {
             what: format!("multi-threaded process ({threads} threads)"),
         });
     }
-    let children = procfs::read(pid, &format!("task/{pid}/children"))?;
+    let children = procfile::read(pid, &format!("task/{pid}/children"))?;
     if !children.trim().is_empty() {
         return Err(DumpError::Unsupported {
             pid,
@@ -213,8 +213,8 @@ fn manifest(pid: i32, core: &ckpt_image::core::Core) -> Result<Manifest> {
         path: "uname".into(),
         source: e.into(),
     })?;
-    let ppid = procfs::stat_fields(pid)?
-        .get(procfs::stat_index(4))
+    let ppid = procfile::stat_fields(pid)?
+        .get(procfile::stat_index(4))
         .copied()
         .unwrap_or(0) as i32;
     Ok(Manifest {

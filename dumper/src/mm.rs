@@ -10,7 +10,7 @@ use ckpt_image::mm::{FileId, PageRange, VdsoInfo, Vma, VmaKind, prot, vma_flags}
 use ckpt_parasite::Tracee;
 
 use crate::error::{DumpError, Result};
-use crate::procfs::{self, stat_index};
+use crate::procfile::{self, stat_index};
 
 /// pagemap: page present in RAM.
 const PM_PRESENT: u64 = 1 << 63;
@@ -82,7 +82,7 @@ fn parse_smaps(pid: i32, text: &str) -> Result<Vec<SmapsEntry>> {
 /// Reads the VMAs of a frozen process and classifies them. `skip` is an
 /// address range to leave out (none once the parasite is cured).
 pub fn collect_vmas(pid: i32) -> Result<Vec<Vma>> {
-    let text = procfs::read(pid, "smaps")?;
+    let text = procfile::read(pid, "smaps")?;
     let entries = parse_smaps(pid, &text)?;
     entries.iter().map(|e| classify(pid, e)).collect()
 }
@@ -181,8 +181,8 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
 /// inode actually mapped) and checked against the path (the inode restore
 /// will open).
 fn file_id(pid: i32, e: &SmapsEntry) -> Result<FileId> {
-    let link = procfs::path(pid, &format!("map_files/{:x}-{:x}", e.start, e.end));
-    let mapped = std::fs::metadata(&link).map_err(|s| procfs::proc_err(pid, link, s))?;
+    let link = procfile::path(pid, &format!("map_files/{:x}-{:x}", e.start, e.end));
+    let mapped = std::fs::metadata(&link).map_err(|s| procfile::proc_err(pid, link, s))?;
     let named = std::fs::metadata(&e.path).map_err(|source| DumpError::Proc {
         pid,
         path: e.path.clone().into(),
@@ -207,8 +207,8 @@ fn file_id(pid: i32, e: &SmapsEntry) -> Result<FileId> {
 /// Decides which pages of each VMA must be saved and lays them out in the
 /// pages file (offsets assigned in address order). Returns the total size.
 pub fn plan_pages(pid: i32, vmas: &mut [Vma]) -> Result<u64> {
-    let p = procfs::path(pid, "pagemap");
-    let pagemap = File::open(&p).map_err(|s| procfs::proc_err(pid, p.clone(), s))?;
+    let p = procfile::path(pid, "pagemap");
+    let pagemap = File::open(&p).map_err(|s| procfile::proc_err(pid, p.clone(), s))?;
     let mut offset = 0u64;
     let mut buf = Vec::new();
     for vma in vmas.iter_mut() {
@@ -226,7 +226,7 @@ pub fn plan_pages(pid: i32, vmas: &mut [Vma]) -> Result<u64> {
         buf.resize(npages as usize * 8, 0);
         pagemap
             .read_exact_at(&mut buf, vma.start / PAGE_SIZE * 8)
-            .map_err(|s| procfs::proc_err(pid, p.clone(), s))?;
+            .map_err(|s| procfile::proc_err(pid, p.clone(), s))?;
         let mut run: Option<PageRange> = None;
         for (i, entry) in buf.chunks_exact(8).enumerate() {
             let e = u64::from_le_bytes(entry.try_into().expect("8 bytes"));
@@ -273,7 +273,7 @@ pub fn vdso_info(t: &Tracee, vmas: &[Vma]) -> Result<Option<VdsoInfo>> {
 /// The mm fields of `struct prctl_mm_map` from `/proc/PID/stat` and
 /// `/proc/PID/auxv`; `brk` comes from the parasite (stat lacks it).
 pub fn mm_fields(pid: i32, brk: u64) -> Result<MmFields> {
-    let f = procfs::stat_fields(pid)?;
+    let f = procfile::stat_fields(pid)?;
     let at = |n: usize| f.get(stat_index(n)).copied().unwrap_or(0);
     Ok(MmFields {
         start_code: at(26),
@@ -287,7 +287,7 @@ pub fn mm_fields(pid: i32, brk: u64) -> Result<MmFields> {
         arg_end: at(49),
         env_start: at(50),
         env_end: at(51),
-        auxv: procfs::read_bytes(pid, "auxv")?,
+        auxv: procfile::read_bytes(pid, "auxv")?,
     })
 }
 

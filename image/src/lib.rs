@@ -21,7 +21,6 @@
 //! This crate does no syscalls beyond reading and writing image files.
 
 #![warn(missing_docs)]
-
 #![forbid(unsafe_code)]
 
 pub mod core;

@@ -7,7 +7,7 @@ use ckpt_image::files::{FdEntry, FdKind};
 
 use super::{FdParams, Ghost};
 use crate::error::{DumpError, Result};
-use crate::procfs;
+use crate::procfile;
 
 const DELETED: &str = " (deleted)";
 
@@ -32,7 +32,7 @@ pub fn dump_regular(p: &FdParams, ghosts: &mut Vec<Ghost>) -> Result<FdEntry> {
 }
 
 fn read_contents(p: &FdParams) -> Result<Vec<u8>> {
-    let path = procfs::path(p.pid, &format!("fd/{}", p.fd));
+    let path = procfile::path(p.pid, &format!("fd/{}", p.fd));
     let mut data = Vec::new();
     std::fs::File::open(&path)
         .and_then(|mut f| f.read_to_end(&mut data))

@@ -9,7 +9,7 @@ use std::os::unix::fs::MetadataExt;
 use ckpt_image::files::{FdEntry, FdKind, Files};
 
 use crate::error::{DumpError, Result};
-use crate::procfs;
+use crate::procfile;
 use crate::sys;
 
 /// Contents of an unlinked file to be written as a ghost image.
@@ -64,9 +64,9 @@ impl FdParams {
 /// Collects the fd table of a frozen process; unlinked files' contents go
 /// to `ghosts`.
 pub fn collect(pid: i32, ghosts: &mut Vec<Ghost>) -> Result<Files> {
-    let dir = procfs::path(pid, "fd");
+    let dir = procfile::path(pid, "fd");
     let mut fds: Vec<i32> = std::fs::read_dir(&dir)
-        .map_err(|s| procfs::proc_err(pid, dir.clone(), s))?
+        .map_err(|s| procfile::proc_err(pid, dir.clone(), s))?
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect();
     fds.sort_unstable();
@@ -94,11 +94,11 @@ pub fn collect(pid: i32, ghosts: &mut Vec<Ghost>) -> Result<Files> {
 }
 
 fn params(pid: i32, fd: i32) -> Result<FdParams> {
-    let link = procfs::readlink(pid, &format!("fd/{fd}"))?;
-    let lp = procfs::path(pid, &format!("fd/{fd}"));
-    let meta = std::fs::metadata(&lp).map_err(|s| procfs::proc_err(pid, lp, s))?;
-    let info = procfs::read(pid, &format!("fdinfo/{fd}"))?;
-    let field = |k: &str| procfs::status_field(&info, k).unwrap_or("0").to_string();
+    let link = procfile::readlink(pid, &format!("fd/{fd}"))?;
+    let lp = procfile::path(pid, &format!("fd/{fd}"));
+    let meta = std::fs::metadata(&lp).map_err(|s| procfile::proc_err(pid, lp, s))?;
+    let info = procfile::read(pid, &format!("fdinfo/{fd}"))?;
+    let field = |k: &str| procfile::status_field(&info, k).unwrap_or("0").to_string();
     let bad = |what: &str| DumpError::Parse {
         pid,
         path: format!("fdinfo/{fd}"),
