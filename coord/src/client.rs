@@ -100,6 +100,16 @@ pub enum ClientError {
         #[source]
         source: ProtocolError,
     },
+    /// A call of the phase backend itself failed (e.g. a PMIx call).
+    #[error("node {node}: {call} failed: {status}")]
+    Backend {
+        /// Our node name.
+        node: String,
+        /// The failing call.
+        call: &'static str,
+        /// What it returned.
+        status: String,
+    },
     /// The coordinator sent a message that makes no sense at this point.
     #[error("node {node}: unexpected {got} from coordinator while {during}")]
     Unexpected {
@@ -526,9 +536,9 @@ impl Link {
     }
 }
 
-/// The phase API a checkpoint agent needs, so a PMIx Put/Commit/Fence/Get backend can stand
-/// in for the TCP coordinator under Slurm. Only [`Agent`] implements it today; the `pmix`
-/// cargo feature is reserved for that backend, which is not implemented yet.
+/// The phase API a checkpoint agent needs. [`Agent`] carries it over the TCP coordinator;
+/// with the `pmix` cargo feature, `pmix::PmixBackend` carries it over PMIx
+/// Put/Commit/Fence/Get (under Slurm's `--mpi=pmix` or Open MPI's `mpirun`).
 pub trait PhaseBackend {
     /// Blocks until the coordinator starts `expected`.
     fn wait_phase(&mut self, expected: Phase) -> Result<Step, ClientError>;

@@ -6,7 +6,7 @@
 //! phases and commits an epoch only when all of them have their images on disk
 //! ([`store`]). See `docs/coord.md` for the protocol, the failure semantics and the
 //! benchmark.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 /// Logs through the coordinator's sink (stderr and the in-memory tail).
@@ -19,6 +19,8 @@ macro_rules! log {
 pub mod auth;
 pub mod client;
 pub mod kv;
+#[cfg(feature = "pmix")]
+pub mod pmix;
 pub mod protocol;
 mod round;
 pub mod server;

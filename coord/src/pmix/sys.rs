@@ -380,8 +380,7 @@ pub fn get(proc_: &Proc, key: &str, how: Lookup) -> Result<Fetched, PmixError> {
                 // SAFETY: PMIx guarantees `bytes` points at `size` initialised bytes, owned
                 // by the value until it is released below; copied before that.
                 Fetched::Bytes(
-                    unsafe { std::slice::from_raw_parts(bo.bytes.cast::<u8>(), bo.size) }
-                        .to_vec(),
+                    unsafe { std::slice::from_raw_parts(bo.bytes.cast::<u8>(), bo.size) }.to_vec(),
                 )
             }
         }
