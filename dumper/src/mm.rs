@@ -11,6 +11,7 @@ use ckpt_parasite::Tracee;
 
 use crate::error::{DumpError, Result};
 use crate::procfile::{self, stat_index};
+use crate::sys::{self, page_is};
 
 /// pagemap: page present in RAM.
 const PM_PRESENT: u64 = 1 << 63;
@@ -204,51 +205,117 @@ fn file_id(pid: i32, e: &SmapsEntry) -> Result<FileId> {
     })
 }
 
+/// Whether a page with PAGEMAP_SCAN categories `cats` must be saved.
+fn keep(kind: VmaKind, cats: u64) -> bool {
+    use page_is::*;
+    match kind {
+        // A page that is only the shared zero page reads back as zeros
+        // without being saved.
+        VmaKind::Anon | VmaKind::SharedAnon => {
+            cats & (PRESENT | SWAPPED) != 0 && cats & PFNZERO == 0
+        }
+        // Only pages the process wrote (private anonymous copies); clean
+        // pages come back from the file.
+        VmaKind::FilePrivate => cats & SWAPPED != 0 || (cats & PRESENT != 0 && cats & FILE == 0),
+        _ => false,
+    }
+}
+
+/// Runs of pages to save in `vma`, as (address, pages), from PAGEMAP_SCAN:
+/// the kernel reports runs, so huge sparse reservations cost nothing.
+fn scan_runs(pagemap: &File, vma: &Vma, kind: VmaKind) -> std::io::Result<Vec<(u64, u64)>> {
+    use page_is::*;
+    let mut regions = Vec::new();
+    sys::pagemap_scan(
+        pagemap,
+        vma.start,
+        vma.end,
+        PRESENT | SWAPPED,
+        PRESENT | SWAPPED | FILE | PFNZERO,
+        &mut regions,
+    )?;
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for r in regions.iter().filter(|r| keep(kind, r.categories)) {
+        push_run(&mut runs, r.start, (r.end - r.start) / PAGE_SIZE);
+    }
+    Ok(runs)
+}
+
+/// The same from `/proc/PID/pagemap` entries, read in bounded chunks (for
+/// kernels without PAGEMAP_SCAN).
+fn read_runs(pid: i32, pagemap: &File, vma: &Vma, kind: VmaKind) -> Result<Vec<(u64, u64)>> {
+    const CHUNK_PAGES: u64 = 32 * 1024;
+    let mut runs = Vec::new();
+    let mut buf = vec![0u8; (CHUNK_PAGES * 8) as usize];
+    let mut addr = vma.start;
+    while addr < vma.end {
+        let n = CHUNK_PAGES.min((vma.end - addr) / PAGE_SIZE);
+        let b = &mut buf[..(n * 8) as usize];
+        pagemap
+            .read_exact_at(b, addr / PAGE_SIZE * 8)
+            .map_err(|s| procfile::proc_err(pid, procfile::path(pid, "pagemap"), s))?;
+        for (i, entry) in b.chunks_exact(8).enumerate() {
+            let e = u64::from_le_bytes(entry.try_into().expect("8 bytes"));
+            let mut cats = 0;
+            if e & PM_PRESENT != 0 {
+                cats |= page_is::PRESENT;
+            }
+            if e & PM_SWAPPED != 0 {
+                cats |= page_is::SWAPPED;
+            }
+            if e & PM_FILE != 0 {
+                cats |= page_is::FILE;
+            }
+            if keep(kind, cats) {
+                push_run(&mut runs, addr + i as u64 * PAGE_SIZE, 1);
+            }
+        }
+        addr += n * PAGE_SIZE;
+    }
+    Ok(runs)
+}
+
+fn push_run(runs: &mut Vec<(u64, u64)>, addr: u64, pages: u64) {
+    match runs.last_mut() {
+        Some((a, n)) if *a + *n * PAGE_SIZE == addr => *n += pages,
+        _ => runs.push((addr, pages)),
+    }
+}
+
 /// Decides which pages of each VMA must be saved and lays them out in the
 /// pages file (offsets assigned in address order). Returns the total size.
 pub fn plan_pages(pid: i32, vmas: &mut [Vma]) -> Result<u64> {
     let p = procfile::path(pid, "pagemap");
     let pagemap = File::open(&p).map_err(|s| procfile::proc_err(pid, p.clone(), s))?;
+    let mut use_scan = true;
     let mut offset = 0u64;
-    let mut buf = Vec::new();
     for vma in vmas.iter_mut() {
         let kind = VmaKind::try_from(vma.kind).unwrap_or(VmaKind::Anon);
-        let wanted: fn(u64) -> bool = match kind {
-            VmaKind::Anon | VmaKind::SharedAnon => |e| e & (PM_PRESENT | PM_SWAPPED) != 0,
-            // Only pages the process wrote (private anonymous copies); clean
-            // pages come back from the file.
-            VmaKind::FilePrivate => {
-                |e| (e & PM_PRESENT != 0 && e & PM_FILE == 0) || e & PM_SWAPPED != 0
-            }
-            _ => continue,
-        };
-        let npages = vma.len() / PAGE_SIZE;
-        buf.resize(npages as usize * 8, 0);
-        pagemap
-            .read_exact_at(&mut buf, vma.start / PAGE_SIZE * 8)
-            .map_err(|s| procfile::proc_err(pid, p.clone(), s))?;
-        let mut run: Option<PageRange> = None;
-        for (i, entry) in buf.chunks_exact(8).enumerate() {
-            let e = u64::from_le_bytes(entry.try_into().expect("8 bytes"));
-            let addr = vma.start + i as u64 * PAGE_SIZE;
-            if wanted(e) {
-                match run.as_mut() {
-                    Some(r) => r.nr_pages += 1,
-                    None => {
-                        run = Some(PageRange {
-                            addr,
-                            nr_pages: 1,
-                            offset,
-                        })
-                    }
-                }
-                offset += PAGE_SIZE;
-            } else if let Some(r) = run.take() {
-                vma.pages.push(r);
-            }
+        if !matches!(
+            kind,
+            VmaKind::Anon | VmaKind::SharedAnon | VmaKind::FilePrivate
+        ) {
+            continue;
         }
-        if let Some(r) = run.take() {
-            vma.pages.push(r);
+        let runs = if use_scan {
+            match scan_runs(&pagemap, vma, kind) {
+                Ok(runs) => runs,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) => {
+                    use_scan = false;
+                    read_runs(pid, &pagemap, vma, kind)?
+                }
+                Err(e) => return Err(procfile::proc_err(pid, p.clone(), e)),
+            }
+        } else {
+            read_runs(pid, &pagemap, vma, kind)?
+        };
+        for (addr, nr_pages) in runs {
+            vma.pages.push(PageRange {
+                addr,
+                nr_pages,
+                offset,
+            });
+            offset += nr_pages * PAGE_SIZE;
         }
     }
     Ok(offset)
@@ -310,6 +377,54 @@ mod tests {
         let v = classify(1, &e[2]).unwrap();
         assert_eq!(v.flags & vma_flags::GROWSDOWN, vma_flags::GROWSDOWN);
         assert_eq!(classify(1, &e[1]).unwrap().kind, VmaKind::SharedAnon as i32);
+    }
+
+    #[test]
+    fn scan_and_pagemap_agree() {
+        // 64 pages: every third written, every fifth only read (zero page).
+        let len = 64 * 4096;
+        // SAFETY: a fresh private anonymous mapping owned by this test.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        } as *mut u8;
+        assert_ne!(p as *mut libc::c_void, libc::MAP_FAILED);
+        for i in 0..64 {
+            // SAFETY: i * 4096 is inside the mapping made above.
+            unsafe {
+                if i % 3 == 0 {
+                    p.add(i * 4096).write_volatile(1);
+                } else if i % 5 == 0 {
+                    p.add(i * 4096).read_volatile();
+                }
+            }
+        }
+        let vma = Vma {
+            start: p as u64,
+            end: p as u64 + len as u64,
+            ..Default::default()
+        };
+        let me = std::process::id() as i32;
+        let f = File::open("/proc/self/pagemap").unwrap();
+        let scanned = scan_runs(&f, &vma, VmaKind::Anon).unwrap();
+        let read = read_runs(me, &f, &vma, VmaKind::Anon).unwrap();
+        let pages = |runs: &[(u64, u64)]| runs.iter().map(|r| r.1).sum::<u64>();
+        // Written pages are saved either way; the scan also skips zero pages.
+        assert_eq!(pages(&scanned), 22, "{scanned:?}");
+        assert!(pages(&read) >= 22);
+        for (a, n) in &scanned {
+            for k in 0..*n {
+                assert_eq!((a + k * 4096 - p as u64) / 4096 % 3, 0);
+            }
+        }
+        // SAFETY: unmapping the mapping made above.
+        unsafe { libc::munmap(p.cast(), len) };
     }
 
     #[test]

@@ -59,24 +59,115 @@ pub fn userfaultfd_probe() -> Result<(), i32> {
     ret(unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | 1) }).map(close)
 }
 
-/// The `PAGEMAP_SCAN` ioctl on a pagemap fd: an all-zero argument is
-/// rejected with EINVAL when the ioctl exists, ENOTTY when it does not.
-pub fn pagemap_scan_probe(pagemap: &std::fs::File) -> Result<(), i32> {
-    // _IOWR('f', 16, struct pm_scan_arg) with a 64-byte argument.
-    const PAGEMAP_SCAN: libc::c_ulong = 0xc040_6610;
-    let arg = [0u64; 8];
-    // SAFETY: arg is a live 64-byte buffer the kernel only reads here.
-    let r = unsafe {
-        libc::ioctl(
-            std::os::fd::AsRawFd::as_raw_fd(pagemap),
-            PAGEMAP_SCAN,
-            arg.as_ptr(),
-        )
-    };
-    match ret(r as libc::c_long) {
-        Err(libc::ENOTTY) => Err(libc::ENOTTY),
-        _ => Ok(()),
+/// `PAGEMAP_SCAN` = `_IOWR('f', 16, struct pm_scan_arg)` with a 96-byte argument.
+const PAGEMAP_SCAN: libc::c_ulong = 0xc060_6610;
+
+/// Page categories of `PAGEMAP_SCAN` (uapi linux/fs.h).
+pub mod page_is {
+    /// The page is file backed (or shared anonymous / shmem).
+    pub const FILE: u64 = 1 << 2;
+    /// The page is present in memory.
+    pub const PRESENT: u64 = 1 << 3;
+    /// The page is swapped out.
+    pub const SWAPPED: u64 = 1 << 4;
+    /// The page is the shared zero page (read-faulted, never written).
+    pub const PFNZERO: u64 = 1 << 5;
+}
+
+/// The kernel's `struct pm_scan_arg`.
+#[repr(C)]
+struct PmScanArg {
+    size: u64,
+    flags: u64,
+    start: u64,
+    end: u64,
+    walk_end: u64,
+    vec: u64,
+    vec_len: u64,
+    max_pages: u64,
+    category_inverted: u64,
+    category_mask: u64,
+    category_anyof_mask: u64,
+    return_mask: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<PmScanArg>() == 96);
+
+/// One run of pages with the same categories (`struct page_region`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PageRegion {
+    /// First address.
+    pub start: u64,
+    /// One past the last address.
+    pub end: u64,
+    /// `page_is` bits (restricted to the return mask).
+    pub categories: u64,
+}
+
+/// Scans `[start, end)` of the process behind `pagemap` with the
+/// `PAGEMAP_SCAN` ioctl (6.7+), appending every run of pages that has any
+/// of `anyof` to `out`, reported with the categories in `report`.
+pub fn pagemap_scan(
+    pagemap: &std::fs::File,
+    start: u64,
+    end: u64,
+    anyof: u64,
+    report: u64,
+    out: &mut Vec<PageRegion>,
+) -> std::io::Result<()> {
+    let mut regions = vec![PageRegion::default(); 512];
+    let mut cur = start;
+    while cur < end {
+        let mut arg = PmScanArg {
+            size: std::mem::size_of::<PmScanArg>() as u64,
+            flags: 0,
+            start: cur,
+            end,
+            walk_end: 0,
+            vec: regions.as_mut_ptr() as u64,
+            vec_len: regions.len() as u64,
+            max_pages: 0,
+            category_inverted: 0,
+            category_mask: 0,
+            category_anyof_mask: anyof,
+            return_mask: report,
+        };
+        // SAFETY: `arg` is a valid pm_scan_arg whose `vec` points to
+        // `regions`, which has room for `vec_len` page_regions and outlives
+        // the call; the kernel writes at most that many and updates walk_end.
+        let n = unsafe {
+            libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(pagemap),
+                PAGEMAP_SCAN,
+                &mut arg as *mut PmScanArg,
+            )
+        };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        out.extend_from_slice(&regions[..n as usize]);
+        if arg.walk_end <= cur {
+            break;
+        }
+        cur = arg.walk_end;
     }
+    Ok(())
+}
+
+/// True when this kernel has the `PAGEMAP_SCAN` ioctl.
+pub fn pagemap_scan_probe(pagemap: &std::fs::File) -> Result<(), i32> {
+    let probe = [0u8; 1];
+    let addr = probe.as_ptr() as u64 & !4095;
+    pagemap_scan(
+        pagemap,
+        addr,
+        addr + 4096,
+        page_is::PRESENT,
+        page_is::PRESENT,
+        &mut Vec::new(),
+    )
+    .map_err(|e| e.raw_os_error().unwrap_or(0))
 }
 
 /// Forks a child that only sleeps in `pause()` until killed.
