@@ -38,6 +38,7 @@ impl ImageWriter {
         let mut tmp = dir.as_os_str().to_owned();
         tmp.push(format!(".tmp.{}", std::process::id()));
         let tmp_dir = PathBuf::from(tmp);
+        remove_stale_tmp_dirs(dir);
         // A leftover from an earlier dumper that died with our pid is ours to discard.
         if tmp_dir.exists() {
             fs::remove_dir_all(&tmp_dir)
@@ -133,6 +134,36 @@ impl Drop for ImageWriter {
     fn drop(&mut self) {
         if !self.committed {
             let _ = fs::remove_dir_all(&self.tmp_dir);
+        }
+    }
+}
+
+/// Removes `DIR.tmp.<pid>` directories left by dumpers that were killed
+/// (their pid no longer exists). Best effort: a failure only leaves litter.
+fn remove_stale_tmp_dirs(dir: &Path) {
+    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
+        return;
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let prefix = format!("{}.tmp.", name.to_string_lossy());
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let file_name = e.file_name();
+        let Some(pid) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = fs::remove_dir_all(e.path());
         }
     }
 }
@@ -433,6 +464,21 @@ mod tests {
             ImageWriter::create(&dir),
             Err(ImageError::Exists { .. })
         ));
+    }
+
+    #[test]
+    fn stale_tmp_dirs_of_dead_dumpers_are_removed() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("ck");
+        // pid_max is at most 4194304, so this pid cannot exist.
+        let stale = t.path().join("ck.tmp.4194305");
+        fs::create_dir(&stale).unwrap();
+        let live = t.path().join("ck.tmp.1");
+        fs::create_dir(&live).unwrap();
+        let w = ImageWriter::create(&dir).unwrap();
+        assert!(!stale.exists(), "stale temporary dir kept");
+        assert!(live.exists(), "temporary dir of a live pid removed");
+        drop(w);
     }
 
     #[test]
