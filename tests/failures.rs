@@ -73,28 +73,9 @@ fn dump_with_unsupported_fd_fails_and_leaves_victim_alone() {
         env.img.display()
     );
 
-    assert!(
-        v.original_exited().is_none(),
-        "victim died during the failed dump: {}",
-        v.diag()
-    );
-    assert_running_untouched(v.pid, "after a failed dump");
     // Still running its own loop, then passes its own checks (memory, maps,
     // socket, no pending signals, not traced).
-    assert!(
-        v.ping(READY_TIMEOUT),
-        "victim stopped looping: {}",
-        v.diag()
-    );
-    v.go();
-    let status = v.wait_original_exit(RESTORE_TIMEOUT);
-    assert_eq!(
-        status.code(),
-        Some(0),
-        "victim disturbed by the failed dump: {}",
-        v.diag()
-    );
-    v.assert_pass();
+    v.assert_unharmed_and_passes("after a failed dump");
 }
 
 #[test]
@@ -130,12 +111,7 @@ fn dump_into_existing_dir_is_refused() {
     );
     assert_eq!(fs::read_to_string(&sentinel).unwrap(), "keep me");
 
-    assert!(v.original_exited().is_none(), "victim died: {}", v.diag());
-    assert_running_untouched(v.pid, "after a refused dump");
-    v.go();
-    let status = v.wait_original_exit(RESTORE_TIMEOUT);
-    assert_eq!(status.code(), Some(0), "victim failed: {}", v.diag());
-    v.assert_pass();
+    v.assert_unharmed_and_passes("after a refused dump");
 }
 
 #[test]
@@ -226,12 +202,7 @@ fn restore_refuses_pid_held_by_live_process() {
     let want = format!("pid {} is in use", v.pid);
     assert!(err.contains(&want), "error should say {want:?}: {err}");
 
-    assert!(v.original_exited().is_none(), "original died: {}", v.diag());
-    assert_running_untouched(v.pid, "after the refused restore");
-    v.go();
-    let status = v.wait_original_exit(RESTORE_TIMEOUT);
-    assert_eq!(status.code(), Some(0), "original failed: {}", v.diag());
-    v.assert_pass();
+    v.assert_unharmed_and_passes("after the refused restore");
 }
 
 /// A file the process had mapped changed after the dump: restore must refuse
@@ -312,10 +283,5 @@ fn dump_to_full_disk_fails_cleanly() {
         "a failed dump left files behind in {}",
         small.display()
     );
-    assert!(v.original_exited().is_none(), "victim died: {}", v.diag());
-    assert_running_untouched(v.pid, "after a dump to a full disk");
-    v.go();
-    let status = v.wait_original_exit(RESTORE_TIMEOUT);
-    assert_eq!(status.code(), Some(0), "victim failed: {}", v.diag());
-    v.assert_pass();
+    v.assert_unharmed_and_passes("after a dump to a full disk");
 }

@@ -532,6 +532,32 @@ impl Victim {
         );
     }
 
+    /// The original victim survived whatever ckpt just did to it: alive,
+    /// not stopped or traced, still running its own loop, and — once told
+    /// to go — passes its own checks and exits 0.
+    pub fn assert_unharmed_and_passes(&mut self, context: &str) {
+        assert!(
+            self.original_exited().is_none(),
+            "{context}: victim died: {}",
+            self.diag()
+        );
+        assert_running_untouched(self.pid, context);
+        assert!(
+            self.ping(READY_TIMEOUT),
+            "{context}: victim stopped looping: {}",
+            self.diag()
+        );
+        self.go();
+        let status = self.wait_original_exit(RESTORE_TIMEOUT);
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "{context}: victim failed its own check: {}",
+            self.diag()
+        );
+        self.assert_pass();
+    }
+
     /// Round-trips ping/pong: proves the victim's own code is executing.
     pub fn ping(&self, timeout: Duration) -> bool {
         let _ = fs::remove_file(self.path("pong"));
