@@ -40,13 +40,13 @@ pub fn wait_free(pid: i32, wait: Duration, notice: &dyn Fn(&str)) -> Result<()> 
                 if start.elapsed() >= wait {
                     return Err(RestoreError::PidWaitTimeout {
                         pid,
-                        secs: wait.as_secs(),
+                        secs: wait.as_secs_f64().ceil() as u64,
                     });
                 }
                 if !told {
                     notice(&format!(
-                        "waiting for pid {pid} to be released (held by a zombie, up to {} s)",
-                        wait.as_secs()
+                        "waiting for pid {pid} to be released (held by a zombie, up to {:.0} s)",
+                        wait.saturating_sub(start.elapsed()).as_secs_f64().ceil()
                     ));
                     told = true;
                 }
