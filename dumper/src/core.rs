@@ -3,6 +3,7 @@
 
 use ckpt_image::core::{
     AltStack, Core, Creds, GpRegs, ITimer, PendingSignal, Rlimit, RobustList, Rseq, SigAction,
+    ThreadCore,
 };
 use ckpt_parasite::proto::MiscState;
 use ckpt_parasite::{Infection, Regs, Tracee};
@@ -92,15 +93,8 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
             mask: sa.mask,
         });
     }
-    let mut pending = Vec::new();
-    for shared in [false, true] {
-        for info in t.pending_signals(shared)? {
-            pending.push(PendingSignal {
-                shared,
-                siginfo: info.to_vec(),
-            });
-        }
-    }
+    let mut pending = pending_signals(t, false)?;
+    pending.extend(pending_signals(t, true)?);
     let itimers = m
         .itimers
         .iter()
@@ -112,15 +106,7 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
             value_us: (it.value.sec as u64) * 1_000_000 + it.value.usec as u64,
         })
         .collect();
-    let altstack =
-        (m.altstack_ret == 0 && m.altstack.flags & libc::SS_DISABLE == 0).then_some(AltStack {
-            sp: m.altstack.sp,
-            flags: m.altstack.flags,
-            size: m.altstack.size,
-        });
-    let (head, len) = t.robust_list()?;
     let stat = procfile::stat_fields(pid)?;
-    let rseq = t.rseq()?;
 
     Ok(Core {
         pid,
@@ -145,23 +131,75 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
         sigactions,
         pending,
         itimers,
-        altstack,
-        tid_address: if m.tid_address_ret == 0 {
-            m.tid_address
-        } else {
-            0
-        },
-        robust_list: (head != 0).then_some(RobustList { head, len }),
-        rseq: (rseq.rseq_abi_pointer != 0).then_some(Rseq {
-            addr: rseq.rseq_abi_pointer,
-            len: rseq.rseq_abi_size,
-            signature: rseq.signature,
-        }),
+        altstack: altstack(m),
+        tid_address: tid_address(m),
+        robust_list: robust_list(t)?,
+        rseq: rseq(t)?,
         rlimits: rlimits(&limits),
         mm: None,
         pgid: stat[procfile::stat_index(5)] as i32,
         sid: stat[procfile::stat_index(6)] as i32,
+        threads: Vec::new(),
     })
+}
+
+/// Builds the image of a thread other than the leader.
+pub fn collect_thread(t: &Tracee, pid: i32, tm: &TaskMisc) -> Result<ThreadCore> {
+    let tid = t.pid();
+    Ok(ThreadCore {
+        tid,
+        comm: procfile::read(pid, &format!("task/{tid}/comm"))?
+            .trim_end_matches('\n')
+            .to_string(),
+        regs: Some(gp_regs(&tm.regs)),
+        xstate: tm.xstate.clone(),
+        sigmask: tm.sigmask,
+        pending: pending_signals(t, false)?,
+        altstack: altstack(&tm.misc),
+        tid_address: tid_address(&tm.misc),
+        robust_list: robust_list(t)?,
+        rseq: rseq(t)?,
+    })
+}
+
+fn pending_signals(t: &Tracee, shared: bool) -> Result<Vec<PendingSignal>> {
+    Ok(t.pending_signals(shared)?
+        .into_iter()
+        .map(|info| PendingSignal {
+            shared,
+            siginfo: info.to_vec(),
+        })
+        .collect())
+}
+
+fn altstack(m: &MiscState) -> Option<AltStack> {
+    (m.altstack_ret == 0 && m.altstack.flags & libc::SS_DISABLE == 0).then_some(AltStack {
+        sp: m.altstack.sp,
+        flags: m.altstack.flags,
+        size: m.altstack.size,
+    })
+}
+
+fn tid_address(m: &MiscState) -> u64 {
+    if m.tid_address_ret == 0 {
+        m.tid_address
+    } else {
+        0
+    }
+}
+
+fn robust_list(t: &Tracee) -> Result<Option<RobustList>> {
+    let (head, len) = t.robust_list()?;
+    Ok((head != 0).then_some(RobustList { head, len }))
+}
+
+fn rseq(t: &Tracee) -> Result<Option<Rseq>> {
+    let r = t.rseq()?;
+    Ok((r.rseq_abi_pointer != 0).then_some(Rseq {
+        addr: r.rseq_abi_pointer,
+        len: r.rseq_abi_size,
+        signature: r.signature,
+    }))
 }
 
 fn creds(st: &procfs::process::Status) -> Creds {

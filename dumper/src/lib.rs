@@ -21,6 +21,7 @@ pub mod mm;
 pub mod pages;
 mod procfile;
 mod sys;
+mod threads;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -28,7 +29,7 @@ use std::time::Instant;
 use ckpt_image::manifest::{Manifest, ProcessEntry};
 use ckpt_image::mm::Mm;
 use ckpt_image::{ImageKind, ImageWriter};
-use ckpt_parasite::{ParasiteError, Tracee};
+use ckpt_parasite::ParasiteError;
 use nix::errno::Errno;
 
 pub use error::{DumpError, Result};
@@ -72,21 +73,26 @@ pub struct DumpReport {
     pub frozen_ms: u64,
 }
 
-/// Dumps one process (single-threaded, no children) into `opts.dir`.
+/// Dumps one process (all its threads, no children) into `opts.dir`.
 pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
     let pid = opts.pid;
     precheck(pid)?;
     let frozen_at = Instant::now();
-    let tracee = Tracee::seize(pid).map_err(|e| seize_error(pid, e))?;
+    let tasks = threads::freeze(pid, |e| seize_error(pid, e))?;
     fault::inject(fault::FaultPoint::AfterSeize);
-    // It could have cloned between the check and the freeze.
+    // It could have forked between the check and the freeze.
     precheck(pid)?;
+    let tracee = &tasks[0];
 
-    let misc = core::run_parasite(&tracee)?;
-    let mut core = core::collect(&tracee, &misc)?;
+    let misc = core::run_parasite(tracee)?;
+    let mut core = core::collect(tracee, &misc)?;
     core.mm = Some(mm::mm_fields(pid, misc.misc.brk)?);
+    for t in &tasks[1..] {
+        let tm = core::run_parasite(t)?;
+        core.threads.push(core::collect_thread(t, pid, &tm)?);
+    }
     let mut vmas = mm::collect_vmas(pid)?;
-    let vdso = mm::vdso_info(&tracee, &vmas)?;
+    let vdso = mm::vdso_info(tracee, &vmas)?;
     let pages_bytes = mm::plan_pages(pid, &mut vmas)?;
     let mut ghosts = Vec::new();
     let files = fds::collect(pid, &mut ghosts)?;
@@ -100,7 +106,7 @@ pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
             p(done, pages_bytes)
         }
     };
-    pages::copy_pages(&tracee, &vmas, &pw, &progress)?;
+    pages::copy_pages(tracee, &vmas, &pw, &progress)?;
     w.finish_pages(pw)?;
     for g in &ghosts {
         w.write_raw(&g.name, &g.data)?;
@@ -124,9 +130,11 @@ pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
             nix::unistd::Pid::from_raw(pid),
             nix::sys::signal::Signal::SIGKILL,
         );
-        drop(tracee);
+        drop(tasks);
     } else {
-        tracee.detach()?;
+        for t in tasks {
+            t.detach()?;
+        }
     }
     Ok(DumpReport {
         pid,
@@ -169,21 +177,21 @@ fn precheck(pid: i32) -> Result<()> {
             what: "dumping a single thread of a process (give the process id)".into(),
         });
     }
-    let threads: usize = procfile::status_field(&status, "Threads")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
-    if threads > 1 {
-        return Err(DumpError::Unsupported {
-            pid,
-            what: format!("multi-threaded process ({threads} threads)"),
-        });
-    }
-    let children = procfile::read(pid, &format!("task/{pid}/children"))?;
-    if !children.trim().is_empty() {
-        return Err(DumpError::Unsupported {
-            pid,
-            what: format!("process with children ({})", children.trim()),
-        });
+    // Children are listed per thread that created them.
+    let task_dir = procfile::path(pid, "task");
+    let tids: Vec<String> = std::fs::read_dir(&task_dir)
+        .map_err(|e| procfile::proc_err(pid, task_dir.clone(), e))?
+        .filter_map(|e| Some(e.ok()?.file_name().to_str()?.to_string()))
+        .collect();
+    for tid in tids {
+        // A thread that exits meanwhile has no children to report.
+        let children = procfile::read(pid, &format!("task/{tid}/children")).unwrap_or_default();
+        if !children.trim().is_empty() {
+            return Err(DumpError::Unsupported {
+                pid,
+                what: format!("process with children ({})", children.trim()),
+            });
+        }
     }
     Ok(())
 }

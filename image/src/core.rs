@@ -72,6 +72,45 @@ pub struct Core {
     /// Session id.
     #[prost(int32, tag = "22")]
     pub sid: i32,
+    /// The process's other threads, in creation order; the fields above are
+    /// the thread-group leader's.
+    #[prost(message, repeated, tag = "23")]
+    pub threads: Vec<ThreadCore>,
+}
+
+/// Per-thread state of a thread other than the leader.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ThreadCore {
+    /// Thread id.
+    #[prost(int32, tag = "1")]
+    pub tid: i32,
+    /// Thread name (`/proc/PID/task/TID/comm`).
+    #[prost(string, tag = "2")]
+    pub comm: String,
+    /// General-purpose registers (fs_base is the thread's TLS).
+    #[prost(message, optional, tag = "3")]
+    pub regs: Option<GpRegs>,
+    /// The thread's XSAVE area.
+    #[prost(bytes = "vec", tag = "4")]
+    pub xstate: Vec<u8>,
+    /// The thread's blocked signal mask.
+    #[prost(uint64, tag = "5")]
+    pub sigmask: u64,
+    /// Signals queued to this thread only.
+    #[prost(message, repeated, tag = "6")]
+    pub pending: Vec<PendingSignal>,
+    /// The thread's alternate signal stack.
+    #[prost(message, optional, tag = "7")]
+    pub altstack: Option<AltStack>,
+    /// `set_tid_address` pointer (clear_child_tid, used by pthread_join).
+    #[prost(uint64, tag = "8")]
+    pub tid_address: u64,
+    /// `set_robust_list` registration.
+    #[prost(message, optional, tag = "9")]
+    pub robust_list: Option<RobustList>,
+    /// `rseq` registration.
+    #[prost(message, optional, tag = "10")]
+    pub rseq: Option<Rseq>,
 }
 
 /// Credentials at dump time.

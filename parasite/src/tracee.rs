@@ -109,6 +109,72 @@ impl Tracee {
         Ok(t)
     }
 
+    /// Makes threads the task creates from now on traced too (stopped with
+    /// SIGSTOP before they run any code), for recreating threads.
+    pub fn trace_clones(&self) -> Result<()> {
+        ptrace::setoptions(
+            self.pid,
+            ptrace::Options::PTRACE_O_TRACESYSGOOD
+                | ptrace::Options::PTRACE_O_EXITKILL
+                | ptrace::Options::PTRACE_O_TRACECLONE,
+        )
+        .map_err(self.ptrace_err("setoptions"))
+    }
+
+    /// Runs `clone3(args, size)` inside the task at `site` (which must hold
+    /// [`SYSCALL_INT3`]) to create a thread, with [`Tracee::trace_clones`]
+    /// in effect. Returns the new thread, stopped before its first
+    /// instruction.
+    pub fn clone_thread_at(&self, site: u64, args: u64, size: u64) -> Result<Tracee> {
+        let mut r = self.regs()?;
+        set_syscall_regs(&mut r, site, libc::SYS_clone3, [args, size, 0, 0, 0, 0]);
+        self.set_regs(&r)?;
+        ptrace::cont(self.pid, None).map_err(self.ptrace_err("cont"))?;
+        let tid = match self.wait("creating a thread")? {
+            WaitStatus::PtraceEvent(_, _, libc::PTRACE_EVENT_CLONE) => {
+                ptrace::getevent(self.pid).map_err(self.ptrace_err("geteventmsg"))? as i32
+            }
+            WaitStatus::Stopped(_, Signal::SIGTRAP) => {
+                // clone3 failed: the task went straight on to the int3.
+                let ret = self.regs()?.rax as i64;
+                check_ret(self.pid(), "clone3 (thread)", ret)?;
+                return Err(ParasiteError::UnexpectedStop {
+                    pid: self.pid(),
+                    what: "creating a thread",
+                    status: format!("clone3 returned {ret} without a clone event"),
+                });
+            }
+            other => {
+                return Err(ParasiteError::UnexpectedStop {
+                    pid: self.pid(),
+                    what: "creating a thread",
+                    status: format!("{other:?}"),
+                });
+            }
+        };
+        self.run_until_trap("creating a thread")?;
+        let child = Pid::from_raw(tid);
+        loop {
+            match waitpid(child, Some(WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::Stopped(_, Signal::SIGSTOP))
+                | Ok(WaitStatus::PtraceEvent(_, _, libc::PTRACE_EVENT_STOP)) => break,
+                Err(Errno::EINTR) => continue,
+                other => {
+                    return Err(ParasiteError::UnexpectedStop {
+                        pid: tid,
+                        what: "starting a new thread",
+                        status: format!("{other:?}"),
+                    });
+                }
+            }
+        }
+        Ok(Tracee {
+            pid: child,
+            mem: open_mem(tid)?,
+            attached: true,
+        })
+    }
+
     /// The task's pid.
     pub fn pid(&self) -> i32 {
         self.pid.as_raw()

@@ -27,6 +27,7 @@ mod pid;
 mod remote;
 mod sys;
 mod task;
+mod threads;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -83,6 +84,10 @@ pub fn restore(opts: &RestoreOptions<'_>) -> Result<Restored> {
     let pages = sys::map_readonly(&pages_file)
         .map_err(|e| ImageError::io(images.path().join(ckpt_image::pages_name(pid)), "mmap", e))?;
 
+    // The threads' ids must be free too (they share the pid space).
+    for tc in &p.core.threads {
+        pid::wait_free(tc.tid, opts.pid_wait, opts.notice)?;
+    }
     let child = spawn(pid, opts)?;
     let tracee = Tracee::adopt_stopped_child(pid)?;
     if let Err(e) = rebuild(&tracee, &p, &pages, &images, opts) {
@@ -280,7 +285,8 @@ fn rebuild(
     task::restore_misc(&r, core)?;
     task::restore_sigactions(&r, core)?;
     task::restore_creds(&r, core)?;
-    task::queue_pending(&r, core)?;
+    task::queue_pending(&r, pid, &core.pending)?;
+    let threads = threads::spawn(&r, core)?;
 
     // Last syscall: unmap the scratch area, stopping at its exit because
     // the instruction after it is gone; then the process's own registers.
@@ -297,5 +303,8 @@ fn rebuild(
     ckpt_parasite::check_ret(pid, "munmap (scratch)", ret)?;
     t.set_regs(&regs)?;
     t.set_xstate(&core.xstate)?;
+    for th in threads {
+        th.detach()?;
+    }
     Ok(())
 }

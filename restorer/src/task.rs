@@ -2,7 +2,7 @@
 //! dispositions, timers, futex/rseq registrations, credentials, pending
 //! signals, and finally the registers.
 
-use ckpt_image::core::{Core, GpRegs};
+use ckpt_image::core::{AltStack, Core, GpRegs, PendingSignal, RobustList, Rseq};
 use ckpt_parasite::Regs;
 
 use crate::error::{RestoreError, Result};
@@ -45,36 +45,13 @@ pub fn restore_misc(r: &Remote<'_>, core: &Core) -> Result<()> {
             [it.which as u64, p, 0, 0, 0, 0],
         )?;
     }
-    // The child inherited the restorer's alternate stack: replace or disable it.
-    let (sp, flags, size) = core
-        .altstack
-        .as_ref()
-        .map_or((0, libc::SS_DISABLE, 0), |a| {
-            (a.sp, a.flags & !libc::SS_ONSTACK, a.size)
-        });
-    let ss = r.put_u64s(0, &[sp, flags as u32 as u64, size])?;
-    r.call("sigaltstack", libc::SYS_sigaltstack, [ss, 0, 0, 0, 0, 0])?;
-    if core.tid_address != 0 {
-        r.call(
-            "set_tid_address",
-            libc::SYS_set_tid_address,
-            [core.tid_address, 0, 0, 0, 0, 0],
-        )?;
-    }
-    if let Some(rl) = &core.robust_list {
-        r.call(
-            "set_robust_list",
-            libc::SYS_set_robust_list,
-            [rl.head, rl.len, 0, 0, 0, 0],
-        )?;
-    }
-    if let Some(rs) = &core.rseq {
-        r.call(
-            "rseq",
-            libc::SYS_rseq,
-            [rs.addr, rs.len as u64, 0, rs.signature as u64, 0, 0],
-        )?;
-    }
+    restore_thread_state(
+        r,
+        core.altstack.as_ref(),
+        core.tid_address,
+        core.robust_list.as_ref(),
+        core.rseq.as_ref(),
+    )?;
     r.call(
         "personality",
         libc::SYS_personality,
@@ -89,14 +66,7 @@ pub fn restore_misc(r: &Remote<'_>, core: &Core) -> Result<()> {
     } else if core.pgid == core.pid {
         r.call("setpgid", libc::SYS_setpgid, [0; 6])?;
     }
-    let mut name = core.comm.as_bytes()[..core.comm.len().min(15)].to_vec();
-    name.push(0);
-    let p = r.put(0, &name)?;
-    r.call(
-        "prctl(PR_SET_NAME)",
-        libc::SYS_prctl,
-        [libc::PR_SET_NAME as u64, p, 0, 0, 0, 0],
-    )?;
+    set_name(r, &core.comm)?;
     // cwd first: after chroot a path would resolve in the new root.
     let p = r.put_path(0, &core.cwd)?;
     r.call("chdir", libc::SYS_chdir, [p, 0, 0, 0, 0, 0])
@@ -106,6 +76,58 @@ pub fn restore_misc(r: &Remote<'_>, core: &Core) -> Result<()> {
         r.call("chroot", libc::SYS_chroot, [p, 0, 0, 0, 0, 0])
             .map_err(|e| file_err(r, &core.root, e))?;
     }
+    Ok(())
+}
+
+/// State every thread has for itself: alternate stack (disabled when none
+/// was saved, since the leader inherited the restorer's), clear_child_tid
+/// address, robust futex list and rseq area.
+pub fn restore_thread_state(
+    r: &Remote<'_>,
+    altstack: Option<&AltStack>,
+    tid_address: u64,
+    robust_list: Option<&RobustList>,
+    rseq: Option<&Rseq>,
+) -> Result<()> {
+    let (sp, flags, size) = altstack.map_or((0, libc::SS_DISABLE, 0), |a| {
+        (a.sp, a.flags & !libc::SS_ONSTACK, a.size)
+    });
+    let ss = r.put_u64s(0, &[sp, flags as u32 as u64, size])?;
+    r.call("sigaltstack", libc::SYS_sigaltstack, [ss, 0, 0, 0, 0, 0])?;
+    if tid_address != 0 {
+        r.call(
+            "set_tid_address",
+            libc::SYS_set_tid_address,
+            [tid_address, 0, 0, 0, 0, 0],
+        )?;
+    }
+    if let Some(rl) = robust_list {
+        r.call(
+            "set_robust_list",
+            libc::SYS_set_robust_list,
+            [rl.head, rl.len, 0, 0, 0, 0],
+        )?;
+    }
+    if let Some(rs) = rseq {
+        r.call(
+            "rseq",
+            libc::SYS_rseq,
+            [rs.addr, rs.len as u64, 0, rs.signature as u64, 0, 0],
+        )?;
+    }
+    Ok(())
+}
+
+/// Sets the calling thread's name (comm).
+pub fn set_name(r: &Remote<'_>, comm: &str) -> Result<()> {
+    let mut name = comm.as_bytes()[..comm.len().min(15)].to_vec();
+    name.push(0);
+    let p = r.put(0, &name)?;
+    r.call(
+        "prctl(PR_SET_NAME)",
+        libc::SYS_prctl,
+        [libc::PR_SET_NAME as u64, p, 0, 0, 0, 0],
+    )?;
     Ok(())
 }
 
@@ -223,14 +245,15 @@ pub fn restore_creds(r: &Remote<'_>, core: &Core) -> Result<()> {
     Ok(())
 }
 
-/// Re-queues the signals that were pending at dump time. The mask is
+/// Re-queues the signals that were pending at dump time, from the thread
+/// `r` runs in (queuing to oneself is allowed for any si_code). The mask is
 /// still all-blocked here, so nothing is delivered before the process runs.
-pub fn queue_pending(r: &Remote<'_>, core: &Core) -> Result<()> {
-    let pid = r.t.pid() as u64;
-    for p in &core.pending {
+pub fn queue_pending(r: &Remote<'_>, tgid: i32, pending: &[PendingSignal]) -> Result<()> {
+    let tid = r.t.pid() as u64;
+    for p in pending {
         if p.siginfo.len() != ckpt_parasite::SIGINFO_SIZE {
             return Err(RestoreError::Image(ckpt_image::ImageError::Invalid {
-                path: ckpt_image::core_name(core.pid).into(),
+                path: ckpt_image::core_name(tgid).into(),
                 what: "pending signal with a short siginfo".into(),
             }));
         }
@@ -240,13 +263,13 @@ pub fn queue_pending(r: &Remote<'_>, core: &Core) -> Result<()> {
             r.call(
                 "rt_sigqueueinfo",
                 libc::SYS_rt_sigqueueinfo,
-                [pid, signo, info, 0, 0, 0],
+                [tgid as u64, signo, info, 0, 0, 0],
             )?;
         } else {
             r.call(
                 "rt_tgsigqueueinfo",
                 libc::SYS_rt_tgsigqueueinfo,
-                [pid, pid, signo, info, 0, 0],
+                [tgid as u64, tid, signo, info, 0, 0],
             )?;
         }
     }

@@ -95,7 +95,7 @@ pub fn victim_bin(name: &str) -> PathBuf {
         .arg("-o")
         .arg(&tmp)
         .arg(&src)
-        .arg("-lm")
+        .args(["-lm", "-pthread"])
         .stdin(Stdio::null())
         .output()
         .expect("run gcc");

@@ -9,7 +9,7 @@ use ckpt_dumper::{DumpOptions, FinalState};
 /// Arguments of `ckpt dump`.
 #[derive(clap::Args, Debug)]
 pub struct DumpArgs {
-    /// The process to checkpoint (this version: single-threaded, no children).
+    /// The process to checkpoint with all its threads (this version: no child processes).
     #[arg(long = "tree", short = 't', value_name = "PID")]
     pid: i32,
     /// Checkpoint directory to create; must not exist.

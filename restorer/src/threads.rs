@@ -1,0 +1,76 @@
+//! Recreating the process's other threads with their original tids: the
+//! restored leader runs `clone3` (`set_tid`) from the scratch area with
+//! clone tracing on, so each new thread is stopped before it runs any code;
+//! it then gets its own registers (fs_base is its TLS), xstate, mask,
+//! alternate stack, clear_child_tid, robust list, rseq, name and pending
+//! signals, the last remote syscalls running in the thread itself.
+
+use ckpt_image::core::Core;
+use ckpt_parasite::Tracee;
+
+use crate::error::{RestoreError, Result};
+use crate::remote::Remote;
+use crate::task;
+
+/// Flags of a pthread_create-style thread (the TLS comes with the registers).
+const THREAD_FLAGS: u64 = (libc::CLONE_VM
+    | libc::CLONE_FS
+    | libc::CLONE_FILES
+    | libc::CLONE_SIGHAND
+    | libc::CLONE_THREAD
+    | libc::CLONE_SYSVSEM) as u64;
+
+/// Size of the `struct clone_args` prefix that ends with `set_tid_size`.
+const CLONE_ARGS_SIZE: u64 = 80;
+
+/// Creates every thread of `core.threads` inside the leader behind `r` and
+/// sets its state; returns them stopped, ready to be detached.
+pub fn spawn(r: &Remote<'_>, core: &Core) -> Result<Vec<Tracee>> {
+    if core.threads.is_empty() {
+        return Ok(Vec::new());
+    }
+    let tgid = r.t.pid();
+    r.t.trace_clones()?;
+    let mut out = Vec::with_capacity(core.threads.len());
+    for tc in &core.threads {
+        let set_tid = r.put(1, &tc.tid.to_le_bytes())?;
+        // flags, pidfd, child_tid, parent_tid, exit_signal, stack,
+        // stack_size, tls, set_tid, set_tid_size. No stack: the thread never
+        // runs on the leader's before its own registers are in place.
+        let args = r.put_u64s(0, &[THREAD_FLAGS, 0, 0, 0, 0, 0, 0, 0, set_tid, 1])?;
+        let t = r.t.clone_thread_at(r.base, args, CLONE_ARGS_SIZE)?;
+        if t.pid() != tc.tid {
+            return Err(RestoreError::Host {
+                pid: tgid,
+                what: format!("thread {} came back as {}", tc.tid, t.pid()),
+            });
+        }
+        let tr = Remote {
+            t: &t,
+            base: r.base,
+        };
+        task::restore_thread_state(
+            &tr,
+            tc.altstack.as_ref(),
+            tc.tid_address,
+            tc.robust_list.as_ref(),
+            tc.rseq.as_ref(),
+        )?;
+        task::set_name(&tr, &tc.comm)?;
+        task::queue_pending(&tr, tgid, &tc.pending)?;
+        let regs = tc.regs.as_ref().ok_or_else(|| {
+            RestoreError::Image(ckpt_image::ImageError::Invalid {
+                path: ckpt_image::core_name(tgid).into(),
+                what: format!("thread {} has no registers", tc.tid),
+            })
+        })?;
+        t.set_sigmask(tc.sigmask)?;
+        t.set_regs(&ckpt_parasite::restart_regs(
+            &task::regs_from_image(regs),
+            false,
+        ))?;
+        t.set_xstate(&tc.xstate)?;
+        out.push(t);
+    }
+    Ok(out)
+}

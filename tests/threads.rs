@@ -1,0 +1,44 @@
+//! A multi-threaded process: every thread comes back with its tid, TLS,
+//! registers, signal mask and name, keeps running, and pthread_join still
+//! works (victim: tests/c/threads.c).
+
+mod common;
+
+use common::*;
+
+#[test]
+fn threads_restored_with_their_state() {
+    let env = TestEnv::new("threads");
+    let mut v = Victim::spawn(&env, "threads", &[]);
+    v.wait_ready();
+    let tids = |pid: i32| -> Vec<String> {
+        let mut t: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        t.sort();
+        t
+    };
+    let before = tids(v.pid);
+    assert_eq!(before.len(), 4, "victim should run 4 threads: {before:?}");
+
+    dump_kill_reap(&env, &mut v);
+    let mut restore = spawn_restore(&env, &[]);
+    wait_restored_and_running(&v, &mut restore);
+    assert_eq!(tids(v.pid), before, "thread ids changed");
+    let names: Vec<String> = before
+        .iter()
+        .map(|t| {
+            read_to_string_lossy(std::path::Path::new(&format!(
+                "/proc/{}/task/{t}/comm",
+                v.pid
+            )))
+        })
+        .collect();
+    assert_eq!(
+        names[1..].iter().map(|n| n.trim()).collect::<Vec<_>>(),
+        ["worker0", "worker1", "worker2"]
+    );
+    v.go();
+    finish_restore(&v, restore);
+}
