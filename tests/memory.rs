@@ -14,6 +14,26 @@ fn memory_restored_after_dump_kill() {
     standard_cycle("memory-kill", "memory", &[]);
 }
 
+/// The same with LZ4-compressed page data: smaller than the memory it
+/// holds, and restored byte for byte.
+#[test]
+fn memory_restored_from_compressed_images() {
+    let env = TestEnv::new("memory-compressed");
+    let mut v = Victim::spawn(&env, "memory", &[]);
+    v.wait_ready();
+    dump(&env, &v, &["--kill", "--compress"]);
+    v.reap_killed(std::time::Duration::from_secs(10));
+    let show = ckpt(&env, &["show", "--json", path_str(&env.img)], FAIL_TIMEOUT);
+    let j: serde_json::Value = serde_json::from_str(&show.assert_success().stdout).unwrap();
+    let p = &j["processes"][0];
+    assert_eq!(p["pages_compressed"], true, "{p}");
+    assert!(
+        p["pages_file_bytes"].as_u64() < p["pages_bytes"].as_u64(),
+        "compressed pages are not smaller: {p}"
+    );
+    restore_and_check(&env, &v);
+}
+
 /// Default dump leaves the process running, unchanged; the images it wrote
 /// while the process was live must still restore into a passing victim.
 #[test]

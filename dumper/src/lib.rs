@@ -54,6 +54,9 @@ pub struct DumpOptions<'a> {
     pub final_state: FinalState,
     /// Called with (bytes of page data written, total) while pages are copied.
     pub progress: Option<&'a (dyn Fn(u64, u64) + Sync)>,
+    /// Store pages as LZ4 blocks (smaller images of compressible memory;
+    /// restore decompresses instead of mapping the file).
+    pub compress: bool,
 }
 
 /// What a dump produced.
@@ -106,7 +109,12 @@ pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
             p(done, pages_bytes)
         }
     };
-    pages::copy_pages(tracee, &vmas, &pw, &progress)?;
+    let chunks = if opts.compress {
+        pages::copy_pages_compressed(tracee, &vmas, &pw, &progress)?
+    } else {
+        pages::copy_pages(tracee, &vmas, &pw, &progress)?;
+        Vec::new()
+    };
     w.finish_pages(pw)?;
     for g in &ghosts {
         w.write_raw(&g.name, &g.data)?;
@@ -118,6 +126,8 @@ pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
         vmas,
         vdso,
         pages_bytes,
+        compressed: opts.compress,
+        chunks,
     };
     w.write_meta(&ckpt_image::mm_name(pid), ImageKind::Mm, &mm)?;
     let manifest = manifest(pid, &core)?;

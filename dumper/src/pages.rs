@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use ckpt_image::PAGE_SIZE;
 use ckpt_image::PagesWriter;
-use ckpt_image::mm::{PageRange, Vma};
+use ckpt_image::mm::{PageChunk, PageRange, Vma};
 use ckpt_parasite::Tracee;
 use rayon::prelude::*;
 
@@ -56,6 +56,60 @@ pub fn copy_pages(
             Ok(())
         },
     )
+}
+
+/// Chunks compressed in parallel before being appended in order: bounds
+/// memory to a few chunks per thread while keeping every core busy.
+const WINDOW_CHUNKS: usize = 32;
+
+/// Like [`copy_pages`], but every chunk becomes one LZ4 block (stored raw
+/// when it does not shrink), appended to `out` in address order. Returns the
+/// block list for the mm image.
+pub fn copy_pages_compressed(
+    t: &Tracee,
+    vmas: &[Vma],
+    out: &PagesWriter,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Vec<PageChunk>> {
+    let all = chunks(vmas);
+    let mut blocks = Vec::with_capacity(all.len());
+    let mut file_offset = 0u64;
+    let mut done = 0u64;
+    for window in all.chunks(WINDOW_CHUNKS) {
+        let packed: Vec<(PageRange, bool, Vec<u8>)> = window
+            .par_iter()
+            .map_init(
+                || vec![0u8; CHUNK_BYTES as usize],
+                |buf, c| -> Result<(PageRange, bool, Vec<u8>)> {
+                    let raw = &mut buf[..c.len() as usize];
+                    t.read_mem(c.addr, raw).map_err(DumpError::from)?;
+                    let mut z = vec![0u8; lz4_flex::block::get_maximum_output_size(raw.len())];
+                    // The bound above makes the output large enough, so this cannot fail.
+                    let n = lz4_flex::block::compress_into(raw, &mut z).unwrap_or(usize::MAX);
+                    if n < raw.len() {
+                        z.truncate(n);
+                        Ok((*c, false, z))
+                    } else {
+                        Ok((*c, true, raw.to_vec()))
+                    }
+                },
+            )
+            .collect::<Result<_>>()?;
+        for (c, stored_raw, data) in packed {
+            out.write_at(file_offset, &data)?;
+            blocks.push(PageChunk {
+                addr: c.addr,
+                raw_len: c.len(),
+                file_offset,
+                file_len: data.len() as u64,
+                stored_raw,
+            });
+            file_offset += data.len() as u64;
+            done += c.len();
+            progress(done);
+        }
+    }
+    Ok(blocks)
 }
 
 #[cfg(test)]

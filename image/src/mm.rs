@@ -11,9 +11,36 @@ pub struct Mm {
     /// kernel is refused instead of running stale vDSO code.
     #[prost(message, optional, tag = "2")]
     pub vdso: Option<VdsoInfo>,
-    /// Total bytes of page data in the pages file.
+    /// Total bytes of page data (uncompressed).
     #[prost(uint64, tag = "3")]
     pub pages_bytes: u64,
+    /// Set when the pages file holds LZ4 blocks listed in `chunks` instead
+    /// of raw pages at the offsets of the VMAs' page ranges.
+    #[prost(bool, tag = "4")]
+    pub compressed: bool,
+    /// The compressed pages file's blocks, in file order.
+    #[prost(message, repeated, tag = "5")]
+    pub chunks: Vec<PageChunk>,
+}
+
+/// One independently compressed run of pages (within one [`PageRange`]).
+#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
+pub struct PageChunk {
+    /// Address of the first page.
+    #[prost(uint64, tag = "1")]
+    pub addr: u64,
+    /// Bytes of page data once decompressed (a multiple of the page size).
+    #[prost(uint64, tag = "2")]
+    pub raw_len: u64,
+    /// Offset of the block in the pages file.
+    #[prost(uint64, tag = "3")]
+    pub file_offset: u64,
+    /// Length of the block in the pages file.
+    #[prost(uint64, tag = "4")]
+    pub file_len: u64,
+    /// The block is stored uncompressed (LZ4 would not have made it smaller).
+    #[prost(bool, tag = "5")]
+    pub stored_raw: bool,
 }
 
 /// How a VMA is recreated.

@@ -55,6 +55,8 @@ pub fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
             "exe": core.exe,
             "cwd": core.cwd,
             "pages_bytes": mm.pages_bytes,
+            "pages_compressed": mm.compressed,
+            "pages_file_bytes": if mm.compressed { mm.chunks.iter().map(|c| c.file_len).sum::<u64>() } else { mm.pages_bytes },
             "sigactions": core.sigactions.len(),
             "pending_signals": core.pending.len(),
             "vmas": vmas,
@@ -119,8 +121,16 @@ pub fn render_text(v: &Value) -> String {
         );
         let _ = writeln!(
             s,
-            "  {} bytes of pages, {} signal handlers, {} pending signals",
-            p["pages_bytes"], p["sigactions"], p["pending_signals"]
+            "  {} bytes of pages ({} in the file{}), {} signal handlers, {} pending signals",
+            p["pages_bytes"],
+            p["pages_file_bytes"],
+            if p["pages_compressed"].as_bool() == Some(true) {
+                ", LZ4"
+            } else {
+                ""
+            },
+            p["sigactions"],
+            p["pending_signals"]
         );
         let _ = writeln!(s, "  VMAs:");
         for m in p["vmas"].as_array().into_iter().flatten() {

@@ -156,7 +156,12 @@ fn validate(images: &ImageDir, pid: i32, p: &ProcessImages) -> Result<()> {
         return Err(invalid(core_name, "XSAVE area too short"));
     }
     let pages_len = images.digest(&ckpt_image::pages_name(pid))?.size;
-    if p.mm.pages_bytes != pages_len {
+    let in_file = if p.mm.compressed {
+        p.mm.chunks.iter().map(|c| c.file_len).sum()
+    } else {
+        p.mm.pages_bytes
+    };
+    if in_file != pages_len {
         return Err(invalid(
             ckpt_image::mm_name(pid),
             "page total does not match the pages file",

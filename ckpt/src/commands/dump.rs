@@ -21,6 +21,9 @@ pub struct DumpArgs {
     /// Kill the process once the images are complete and synced.
     #[arg(long)]
     kill: bool,
+    /// Store page data LZ4-compressed (smaller images; restore decompresses).
+    #[arg(long)]
+    compress: bool,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -44,6 +47,7 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
             FinalState::LeaveRunning
         },
         progress: Some(&progress),
+        compress: a.compress,
     };
     let report = ckpt_dumper::dump(&opts).with_context(|| format!("dump of pid {} failed", a.pid));
     if let Some(b) = &bar {
