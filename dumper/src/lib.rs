@@ -22,6 +22,7 @@ pub mod pages;
 mod procfile;
 mod sys;
 mod threads;
+mod tree;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -62,8 +63,10 @@ pub struct DumpOptions<'a> {
 /// What a dump produced.
 #[derive(Debug, Clone)]
 pub struct DumpReport {
-    /// The dumped pid.
+    /// The dumped (root) pid.
     pub pid: i32,
+    /// Number of processes in the tree.
+    pub processes: usize,
     /// The checkpoint directory.
     pub dir: PathBuf,
     /// Number of VMAs.
@@ -76,84 +79,148 @@ pub struct DumpReport {
     pub frozen_ms: u64,
 }
 
-/// Dumps one process (all its threads, no children) into `opts.dir`.
-pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
-    let pid = opts.pid;
-    precheck(pid)?;
-    let frozen_at = Instant::now();
-    let tasks = threads::freeze(pid, |e| seize_error(pid, e))?;
-    fault::inject(fault::FaultPoint::AfterSeize);
-    // It could have forked between the check and the freeze.
-    precheck(pid)?;
-    let tracee = &tasks[0];
+/// Everything collected about one frozen process, ready to be written.
+struct Collected {
+    pid: i32,
+    ppid: i32,
+    core: ckpt_image::core::Core,
+    vmas: Vec<ckpt_image::mm::Vma>,
+    vdso: Option<ckpt_image::mm::VdsoInfo>,
+    pages_bytes: u64,
+    files: ckpt_image::files::Files,
+    ghosts: Vec<fds::Ghost>,
+}
 
-    let misc = core::run_parasite(tracee)?;
-    let mut core = core::collect(tracee, &misc)?;
+fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
+    let pid = p.pid;
+    let leader = &p.tasks[0];
+    let misc = core::run_parasite(leader)?;
+    let mut core = core::collect(leader, &misc)?;
     core.mm = Some(mm::mm_fields(pid, misc.misc.brk)?);
-    for t in &tasks[1..] {
+    for t in &p.tasks[1..] {
         let tm = core::run_parasite(t)?;
         core.threads.push(core::collect_thread(t, pid, &tm)?);
     }
     let mut vmas = mm::collect_vmas(pid)?;
-    let vdso = mm::vdso_info(tracee, &vmas)?;
+    let vdso = mm::vdso_info(leader, &vmas)?;
     let pages_bytes = mm::plan_pages(pid, &mut vmas)?;
     let mut ghosts = Vec::new();
     let files = fds::collect(pid, &mut ghosts)?;
-
-    // Everything is known to be supported: now write.
-    let mut w = ImageWriter::create(&opts.dir)?;
-    let pw = w.pages(&ckpt_image::pages_name(pid))?;
-    let progress = |done: u64| {
-        fault::inject(fault::FaultPoint::DuringPages);
-        if let Some(p) = opts.progress {
-            p(done, pages_bytes)
-        }
-    };
-    let chunks = if opts.compress {
-        pages::copy_pages_compressed(tracee, &vmas, &pw, &progress)?
-    } else {
-        pages::copy_pages(tracee, &vmas, &pw, &progress)?;
-        Vec::new()
-    };
-    w.finish_pages(pw)?;
-    for g in &ghosts {
-        w.write_raw(&g.name, &g.data)?;
-    }
-    let nvmas = vmas.len();
-    let nfds = files.fds.len();
-    w.write_meta(&ckpt_image::files_name(pid), ImageKind::Files, &files)?;
-    let mm = Mm {
+    Ok(Collected {
+        pid,
+        ppid: p.ppid,
+        core,
         vmas,
         vdso,
         pages_bytes,
-        compressed: opts.compress,
-        chunks,
+        files,
+        ghosts,
+    })
+}
+
+/// Dumps a process and all its descendants (with all their threads) into
+/// `opts.dir`.
+pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
+    let root = opts.pid;
+    if root <= 0 {
+        return Err(DumpError::NoProcess { pid: root });
+    }
+    let frozen_at = Instant::now();
+    let tree = tree::freeze(root, precheck, seize_error)?;
+    fault::inject(fault::FaultPoint::AfterSeize);
+
+    let mut procs = tree
+        .iter()
+        .map(collect_process)
+        .collect::<Result<Vec<Collected>>>()?;
+    tree::check_shared_memory(
+        &procs
+            .iter()
+            .map(|c| (c.pid, c.vmas.as_slice()))
+            .collect::<Vec<_>>(),
+    )?;
+    fds::share_across(
+        &mut procs
+            .iter_mut()
+            .map(|c| (c.pid, &mut c.files))
+            .collect::<Vec<_>>(),
+    )?;
+    // Ghosts of fds now taken from another process are not needed.
+    for c in procs.iter_mut() {
+        let wanted: Vec<String> = c.files.fds.iter().map(|e| e.ghost.clone()).collect();
+        c.ghosts.retain(|g| wanted.contains(&g.name));
+    }
+
+    // Everything is known to be supported: now write.
+    let total: u64 = procs.iter().map(|c| c.pages_bytes).sum();
+    let mut w = ImageWriter::create(&opts.dir)?;
+    let mut written = 0u64;
+    let mut report = DumpReport {
+        pid: root,
+        dir: opts.dir.clone(),
+        processes: procs.len(),
+        vmas: 0,
+        pages_bytes: total,
+        fds: 0,
+        frozen_ms: 0,
     };
-    w.write_meta(&ckpt_image::mm_name(pid), ImageKind::Mm, &mm)?;
-    let manifest = manifest(pid, &core)?;
-    w.write_meta(&ckpt_image::core_name(pid), ImageKind::Core, &core)?;
-    let dir = w.commit(manifest)?;
+    let mut entries = Vec::new();
+    for (c, frozen) in procs.into_iter().zip(&tree) {
+        let pw = w.pages(&ckpt_image::pages_name(c.pid))?;
+        let base = written;
+        let progress = |done: u64| {
+            fault::inject(fault::FaultPoint::DuringPages);
+            if let Some(p) = opts.progress {
+                p(base + done, total)
+            }
+        };
+        let chunks = if opts.compress {
+            pages::copy_pages_compressed(&frozen.tasks[0], &c.vmas, &pw, &progress)?
+        } else {
+            pages::copy_pages(&frozen.tasks[0], &c.vmas, &pw, &progress)?;
+            Vec::new()
+        };
+        w.finish_pages(pw)?;
+        written += c.pages_bytes;
+        for g in &c.ghosts {
+            w.write_raw(&g.name, &g.data)?;
+        }
+        report.vmas += c.vmas.len();
+        report.fds += c.files.fds.len();
+        w.write_meta(&ckpt_image::files_name(c.pid), ImageKind::Files, &c.files)?;
+        let mm = Mm {
+            vmas: c.vmas,
+            vdso: c.vdso,
+            pages_bytes: c.pages_bytes,
+            compressed: opts.compress,
+            chunks,
+        };
+        w.write_meta(&ckpt_image::mm_name(c.pid), ImageKind::Mm, &mm)?;
+        w.write_meta(&ckpt_image::core_name(c.pid), ImageKind::Core, &c.core)?;
+        entries.push((c.pid, c.ppid, c.core));
+    }
+    let manifest = manifest(root, &entries)?;
+    report.dir = w.commit(manifest)?;
 
     if opts.final_state == FinalState::Kill {
-        // The images are durable; only now may the original go.
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-        drop(tasks);
+        // The images are durable; only now may the tree go.
+        for p in &tree {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p.pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        drop(tree);
     } else {
-        for t in tasks {
-            t.detach()?;
+        // Children first, so no parent runs while a child is still stopped.
+        for p in tree.into_iter().rev() {
+            for t in p.tasks {
+                t.detach()?;
+            }
         }
     }
-    Ok(DumpReport {
-        pid,
-        dir,
-        vmas: nvmas,
-        pages_bytes,
-        fds: nfds,
-        frozen_ms: frozen_at.elapsed().as_millis() as u64,
-    })
+    report.frozen_ms = frozen_at.elapsed().as_millis() as u64;
+    Ok(report)
 }
 
 /// Refuses what this version cannot dump, before touching the process.
@@ -171,7 +238,10 @@ fn precheck(pid: i32) -> Result<()> {
     if let Some(state) = procfile::status_field(&status, "State")
         && (state.starts_with('Z') || state.starts_with('X'))
     {
-        return Err(DumpError::NoProcess { pid });
+        return Err(DumpError::Unsupported {
+            pid,
+            what: "zombie process (its parent has not reaped it)".into(),
+        });
     }
     if let Some(state) = procfile::status_field(&status, "State")
         && state.starts_with('T')
@@ -186,22 +256,6 @@ fn precheck(pid: i32) -> Result<()> {
             pid,
             what: "dumping a single thread of a process (give the process id)".into(),
         });
-    }
-    // Children are listed per thread that created them.
-    let task_dir = procfile::path(pid, "task");
-    let tids: Vec<String> = std::fs::read_dir(&task_dir)
-        .map_err(|e| procfile::proc_err(pid, task_dir.clone(), e))?
-        .filter_map(|e| Some(e.ok()?.file_name().to_str()?.to_string()))
-        .collect();
-    for tid in tids {
-        // A thread that exits meanwhile has no children to report.
-        let children = procfile::read(pid, &format!("task/{tid}/children")).unwrap_or_default();
-        if !children.trim().is_empty() {
-            return Err(DumpError::Unsupported {
-                pid,
-                what: format!("process with children ({})", children.trim()),
-            });
-        }
     }
     Ok(())
 }
@@ -225,16 +279,13 @@ fn seize_error(pid: i32, e: ParasiteError) -> DumpError {
     }
 }
 
-fn manifest(pid: i32, core: &ckpt_image::core::Core) -> Result<Manifest> {
+fn manifest(root: i32, procs: &[(i32, i32, ckpt_image::core::Core)]) -> Result<Manifest> {
+    let pid = root;
     let uts = nix::sys::utsname::uname().map_err(|e| DumpError::Proc {
         pid,
         path: "uname".into(),
         source: e.into(),
     })?;
-    let ppid = procfile::stat_fields(pid)?
-        .get(procfile::stat_index(4))
-        .copied()
-        .unwrap_or(0) as i32;
     Ok(Manifest {
         tool_version: env!("CARGO_PKG_VERSION").into(),
         kernel: format!(
@@ -243,17 +294,20 @@ fn manifest(pid: i32, core: &ckpt_image::core::Core) -> Result<Manifest> {
             uts.version().to_string_lossy()
         ),
         arch: std::env::consts::ARCH.into(),
-        cpu: Some(features::cpu_info(&core.xstate)),
+        cpu: Some(features::cpu_info(&procs[0].2.xstate)),
         created_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0),
-        root_pid: pid,
-        processes: vec![ProcessEntry {
-            pid,
-            ppid,
-            comm: core.comm.clone(),
-        }],
+        root_pid: root,
+        processes: procs
+            .iter()
+            .map(|(pid, ppid, core)| ProcessEntry {
+                pid: *pid,
+                ppid: *ppid,
+                comm: core.comm.clone(),
+            })
+            .collect(),
         files: Vec::new(),
         hostname: uts.nodename().to_string_lossy().into_owned(),
     })

@@ -125,6 +125,7 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
         path: String::new(),
         file: None,
         pages: Vec::new(),
+        shmem_id: 0,
     };
     let kind = match e.path.as_str() {
         "[vdso]" => VmaKind::Vdso,
@@ -147,7 +148,10 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
             }
             VmaKind::Anon
         }
-        "/dev/zero (deleted)" if shared => VmaKind::SharedAnon,
+        "/dev/zero (deleted)" if shared => {
+            vma.shmem_id = e.inode;
+            VmaKind::SharedAnon
+        }
         path if path.starts_with("[anon:") => VmaKind::Anon,
         path if path.starts_with("/SYSV") => return Err(unsupported("SysV shared memory".into())),
         path if path.starts_with("/memfd:") => return Err(unsupported("memfd".into())),

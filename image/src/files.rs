@@ -53,11 +53,16 @@ pub struct FdEntry {
     /// Ghost image holding the contents of an unlinked file.
     #[prost(string, tag = "8")]
     pub ghost: String,
-    /// Identifies the open file description: fds with the same value share
-    /// an offset (dup'ed) and are restored with dup.
+    /// The fd (in this process, or in `owner_pid`) whose open file
+    /// description this fd shares; equal to `fd` for the first one.
     #[prost(uint64, tag = "9")]
     pub description: u64,
     /// Size of the file at dump time.
     #[prost(uint64, tag = "10")]
     pub size: u64,
+    /// When non-zero, the open file description is shared with fd
+    /// `description` of this (earlier restored) process, usually inherited
+    /// across fork; restore takes it from there with pidfd_getfd.
+    #[prost(int32, tag = "11")]
+    pub owner_pid: i32,
 }

@@ -8,7 +8,7 @@
 //! DIR/core-PID.img     header + Core: registers, xstate, signals, credentials, limits, mm fields
 //! DIR/mm-PID.img       header + Mm: every VMA and where its saved pages live
 //! DIR/files-PID.img    header + Files: the fd table
-//! DIR/ghost-N.img      raw contents of an open-but-unlinked file
+//! DIR/ghost-PID-N.img  raw contents of an open-but-unlinked file
 //! DIR/pages-PID.img    raw page data, 4 KiB aligned, no header, so restore can
 //!                      read it straight into place
 //! ```
@@ -59,9 +59,9 @@ pub fn pages_name(pid: i32) -> String {
     format!("pages-{pid}.img")
 }
 
-/// File name of the saved contents of the `n`th unlinked file.
-pub fn ghost_name(n: u32) -> String {
-    format!("ghost-{n}.img")
+/// File name of the saved contents of process `pid`'s `n`th unlinked file.
+pub fn ghost_name(pid: i32, n: u32) -> String {
+    format!("ghost-{pid}-{n}.img")
 }
 
 /// File name of the manifest.

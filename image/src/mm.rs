@@ -133,6 +133,10 @@ pub struct Vma {
     /// Saved page contents, in address order.
     #[prost(message, repeated, tag = "9")]
     pub pages: Vec<PageRange>,
+    /// Identity (shmem inode) of a shared anonymous object, so mappings of
+    /// the same object can be told apart from lookalikes.
+    #[prost(uint64, tag = "10")]
+    pub shmem_id: u64,
 }
 
 impl Vma {

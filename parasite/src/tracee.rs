@@ -109,29 +109,31 @@ impl Tracee {
         Ok(t)
     }
 
-    /// Makes threads the task creates from now on traced too (stopped with
-    /// SIGSTOP before they run any code), for recreating threads.
+    /// Makes threads and processes the task creates from now on traced too
+    /// (stopped with SIGSTOP before they run any code), for recreating
+    /// threads and children.
     pub fn trace_clones(&self) -> Result<()> {
         ptrace::setoptions(
             self.pid,
             ptrace::Options::PTRACE_O_TRACESYSGOOD
                 | ptrace::Options::PTRACE_O_EXITKILL
-                | ptrace::Options::PTRACE_O_TRACECLONE,
+                | ptrace::Options::PTRACE_O_TRACECLONE
+                | ptrace::Options::PTRACE_O_TRACEFORK,
         )
         .map_err(self.ptrace_err("setoptions"))
     }
 
     /// Runs `clone3(args, size)` inside the task at `site` (which must hold
-    /// [`SYSCALL_INT3`]) to create a thread, with [`Tracee::trace_clones`]
-    /// in effect. Returns the new thread, stopped before its first
-    /// instruction.
-    pub fn clone_thread_at(&self, site: u64, args: u64, size: u64) -> Result<Tracee> {
+    /// [`SYSCALL_INT3`]) to create a thread or a child process, with
+    /// [`Tracee::trace_clones`] in effect. Returns the new task, stopped
+    /// before its first instruction.
+    pub fn clone_at(&self, site: u64, args: u64, size: u64) -> Result<Tracee> {
         let mut r = self.regs()?;
         set_syscall_regs(&mut r, site, libc::SYS_clone3, [args, size, 0, 0, 0, 0]);
         self.set_regs(&r)?;
         ptrace::cont(self.pid, None).map_err(self.ptrace_err("cont"))?;
         let tid = match self.wait("creating a thread")? {
-            WaitStatus::PtraceEvent(_, _, libc::PTRACE_EVENT_CLONE) => {
+            WaitStatus::PtraceEvent(_, _, libc::PTRACE_EVENT_CLONE | libc::PTRACE_EVENT_FORK) => {
                 ptrace::getevent(self.pid).map_err(self.ptrace_err("geteventmsg"))? as i32
             }
             WaitStatus::Stopped(_, Signal::SIGTRAP) => {

@@ -46,6 +46,21 @@ pub fn restore(r: &Remote<'_>, files: &Files, images: &ImageDir) -> Result<()> {
     for e in &files.fds {
         let cloexec = if e.cloexec { libc::O_CLOEXEC } else { 0 };
         let kind = FdKind::try_from(e.kind).map_err(|_| bad(pid, e, "unknown fd kind"))?;
+        if e.owner_pid != 0 && e.owner_pid != pid && kind != FdKind::Tty {
+            // Shared with a process restored earlier (inherited over fork).
+            let got = take_from(r, e.owner_pid, e.description as i32)?;
+            if got != e.fd {
+                dup_to(r, got, e.fd, cloexec)?;
+                r.close(got)?;
+            } else {
+                r.call(
+                    "fcntl(F_SETFD)",
+                    libc::SYS_fcntl,
+                    [e.fd as u64, libc::F_SETFD as u64, e.cloexec as u64, 0, 0, 0],
+                )?;
+            }
+            continue;
+        }
         // Terminals follow the terminal rule even when they shared one open
         // file description at dump time (0, 1 and 2 usually do).
         if e.description != e.fd as u64 && kind != FdKind::Tty {
@@ -87,6 +102,24 @@ pub fn restore(r: &Remote<'_>, files: &Files, images: &ImageDir) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Copies fd `fd` of process `owner` into the process behind `r`
+/// (pidfd_open + pidfd_getfd, run inside it): the same open file
+/// description, offset included.
+fn take_from(r: &Remote<'_>, owner: i32, fd: i32) -> Result<i32> {
+    let pidfd = r.call(
+        "pidfd_open",
+        libc::SYS_pidfd_open,
+        [owner as u64, 0, 0, 0, 0, 0],
+    )? as i32;
+    let got = r.call(
+        "pidfd_getfd",
+        libc::SYS_pidfd_getfd,
+        [pidfd as u64, fd as u64, 0, 0, 0, 0],
+    );
+    r.close(pidfd)?;
+    Ok(got? as i32)
 }
 
 fn dup_to(r: &Remote<'_>, from: i32, to: i32, cloexec: i32) -> Result<()> {

@@ -28,6 +28,7 @@ mod remote;
 mod sys;
 mod task;
 mod threads;
+mod tree;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -55,49 +56,161 @@ pub struct RestoreOptions<'a> {
     pub progress: Option<&'a dyn Fn(u64, u64)>,
 }
 
-/// A restored, running process (a child of the caller).
+/// A restored, running process tree (its root is a child of the caller).
 #[derive(Debug, Clone, Copy)]
 pub struct Restored {
-    /// Its pid (the original one).
+    /// The root's pid (the original one).
     pub pid: i32,
 }
 
 /// Everything read from the images for one process.
 struct ProcessImages {
+    pid: i32,
+    ppid: i32,
     core: Core,
     mm: Mm,
     files: Files,
 }
 
-/// Restores the checkpoint in `opts.dir` and lets the process run.
-pub fn restore(opts: &RestoreOptions<'_>) -> Result<Restored> {
-    let images = ImageDir::open(&opts.dir)?;
-    check_compatible(&images)?;
-    let pid = images.manifest().root_pid;
+fn load(images: &ImageDir, pid: i32, ppid: i32) -> Result<ProcessImages> {
     let p = ProcessImages {
+        pid,
+        ppid,
         core: images.read_meta(&ckpt_image::core_name(pid), ImageKind::Core)?,
         mm: images.read_meta(&ckpt_image::mm_name(pid), ImageKind::Mm)?,
         files: images.read_meta(&ckpt_image::files_name(pid), ImageKind::Files)?,
     };
-    validate(&images, pid, &p)?;
-    let pages_file = images.open_pages(&ckpt_image::pages_name(pid))?;
-    let pages = sys::map_readonly(&pages_file)
-        .map_err(|e| ImageError::io(images.path().join(ckpt_image::pages_name(pid)), "mmap", e))?;
+    validate(images, pid, &p)?;
+    Ok(p)
+}
 
-    // The threads' ids must be free too (they share the pid space).
-    for tc in &p.core.threads {
-        pid::wait_free(tc.tid, opts.pid_wait, opts.notice)?;
+/// Restores the checkpoint in `opts.dir` (a process tree, root first) and
+/// lets it run. The root becomes a child of the caller.
+pub fn restore(opts: &RestoreOptions<'_>) -> Result<Restored> {
+    let images = ImageDir::open(&opts.dir)?;
+    check_compatible(&images)?;
+    let m = images.manifest();
+    let root = m.root_pid;
+    let procs = m
+        .processes
+        .iter()
+        .map(|e| load(&images, e.pid, e.ppid))
+        .collect::<Result<Vec<_>>>()?;
+    check_tree(&images, root, &procs)?;
+    let pages = procs
+        .iter()
+        .map(|p| {
+            let name = ckpt_image::pages_name(p.pid);
+            let f = images.open_pages(&name)?;
+            sys::map_readonly(&f).map_err(|e| {
+                RestoreError::from(ImageError::io(images.path().join(&name), "mmap", e))
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+
+    // Every pid and thread id must be free (they share the pid space).
+    for p in &procs {
+        if p.pid != root {
+            pid::wait_free(p.pid, opts.pid_wait, opts.notice)?;
+        }
+        for tc in &p.core.threads {
+            pid::wait_free(tc.tid, opts.pid_wait, opts.notice)?;
+        }
     }
-    let child = spawn(pid, opts)?;
-    let tracee = Tracee::adopt_stopped_child(pid)?;
-    if let Err(e) = rebuild(&tracee, &p, &pages, &images, opts) {
-        // Kill while still stopped: a half-built process must never run.
-        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-        return Err(e);
+    let child = spawn(root, opts)?;
+    match build_tree(&procs, &pages, &images, opts) {
+        Ok(tracees) => {
+            // Children first, so no parent runs while a child is held.
+            for t in tracees.into_iter().rev() {
+                t.detach()?;
+            }
+            child.disarm();
+            Ok(Restored { pid: root })
+        }
+        Err(e) => {
+            // Kill while still stopped: a half-built process must never run.
+            for p in procs.iter().rev() {
+                let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
+            }
+            Err(e)
+        }
     }
-    tracee.detach()?;
-    child.disarm();
-    Ok(Restored { pid })
+}
+
+/// The tree must list the root first and every parent before its children.
+fn check_tree(images: &ImageDir, root: i32, procs: &[ProcessImages]) -> Result<()> {
+    let bad = |what: String| {
+        RestoreError::Image(ImageError::Invalid {
+            path: images.path().join(ckpt_image::MANIFEST_NAME),
+            what,
+        })
+    };
+    if procs.first().map(|p| p.pid) != Some(root) {
+        return Err(bad("the root process is not listed first".into()));
+    }
+    for (i, p) in procs.iter().enumerate().skip(1) {
+        if !procs[..i].iter().any(|q| q.pid == p.ppid) {
+            return Err(bad(format!(
+                "pid {} is listed before its parent {}",
+                p.pid, p.ppid
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Creates every process of the tree (each forked by its restored parent,
+/// so parenthood, sessions and groups come out right), then rebuilds each.
+fn build_tree(
+    procs: &[ProcessImages],
+    pages: &[memmap2::Mmap],
+    images: &ImageDir,
+    opts: &RestoreOptions<'_>,
+) -> Result<Vec<Tracee>> {
+    let root = Tracee::adopt_stopped_child(procs[0].pid)?;
+    // Nothing may be delivered until the very end; children inherit this.
+    root.set_sigmask(!0)?;
+    let child_maps = mm::read_maps(root.pid())?;
+    let mut busy: Vec<(u64, u64)> = child_maps.iter().map(|m| (m.start, m.end)).collect();
+    busy.extend(
+        procs
+            .iter()
+            .flat_map(|p| p.mm.vmas.iter().map(|v| (v.start, v.end))),
+    );
+    let no_room = |what: &str| RestoreError::Incompatible {
+        dir: images.path().into(),
+        what: what.into(),
+    };
+    let at = mm::find_gap(&busy, remote::SCRATCH_LEN)
+        .ok_or_else(|| no_room("no free address range for the restorer's scratch area"))?;
+    let code = child_maps
+        .iter()
+        .find(|m| m.exec && !m.path.starts_with('['))
+        .map(|m| m.start)
+        .ok_or_else(|| no_room("restorer has no executable mapping"))?;
+    // Forked children inherit the scratch area at the same address.
+    let base = remote::Remote::map(&root, code, at)?.base;
+    task::restore_session(&remote::Remote { t: &root, base }, &procs[0].core, true)?;
+    let mut tracees = vec![root];
+    for p in &procs[1..] {
+        let parent = procs
+            .iter()
+            .position(|q| q.pid == p.ppid)
+            .expect("checked by check_tree");
+        let child = tree::fork_child(
+            &remote::Remote {
+                t: &tracees[parent],
+                base,
+            },
+            p.pid,
+        )?;
+        task::restore_session(&remote::Remote { t: &child, base }, &p.core, false)?;
+        tracees.push(child);
+    }
+    for ((t, p), pg) in tracees.iter().zip(procs).zip(pages) {
+        rebuild(t, base, p, pg, images, opts)?;
+    }
+    Ok(tracees)
 }
 
 fn check_compatible(images: &ImageDir) -> Result<()> {
@@ -111,12 +224,6 @@ fn check_compatible(images: &ImageDir) -> Result<()> {
             "dumped on {}, this is {}",
             m.arch,
             std::env::consts::ARCH
-        )));
-    }
-    if m.processes.len() != 1 {
-        return Err(incompatible(format!(
-            "{} processes: this version restores one",
-            m.processes.len()
         )));
     }
     if let Some(cpu) = &m.cpu {
@@ -230,6 +337,7 @@ fn spawn(pid: i32, opts: &RestoreOptions<'_>) -> Result<ChildGuard> {
 
 fn rebuild(
     t: &Tracee,
+    base: u64,
     p: &ProcessImages,
     pages: &[u8],
     images: &ImageDir,
@@ -237,26 +345,8 @@ fn rebuild(
 ) -> Result<()> {
     let pid = t.pid();
     let core = &p.core;
-    // Nothing may be delivered until the very end.
-    t.set_sigmask(!0)?;
-
     let child_maps = mm::read_maps(pid)?;
-    let mut busy: Vec<(u64, u64)> = child_maps.iter().map(|m| (m.start, m.end)).collect();
-    busy.extend(p.mm.vmas.iter().map(|v| (v.start, v.end)));
-    let at =
-        mm::find_gap(&busy, remote::SCRATCH_LEN).ok_or_else(|| RestoreError::Incompatible {
-            dir: images.path().into(),
-            what: "no free address range for the restorer's scratch area".into(),
-        })?;
-    let code = child_maps
-        .iter()
-        .find(|m| m.exec && !m.path.starts_with('['))
-        .map(|m| m.start)
-        .ok_or_else(|| RestoreError::Incompatible {
-            dir: images.path().into(),
-            what: "restorer has no executable mapping".into(),
-        })?;
-    let r = remote::Remote::map(t, code, at)?;
+    let r = remote::Remote { t, base };
 
     // The child inherited the restorer's rseq registration, which points
     // into memory about to be replaced.
@@ -289,9 +379,14 @@ fn rebuild(
     files::restore(&r, &p.files, images)?;
     task::restore_misc(&r, core)?;
     task::restore_sigactions(&r, core)?;
-    task::restore_creds(&r, core)?;
     task::queue_pending(&r, pid, &core.pending)?;
+    // Threads are created while the leader still has the privileges clone3
+    // with set_tid needs; credentials are per thread in the kernel.
     let threads = threads::spawn(&r, core)?;
+    task::restore_creds(&r, core)?;
+    for th in &threads {
+        task::restore_creds(&remote::Remote { t: th, base }, core)?;
+    }
 
     // Last syscall: unmap the scratch area, stopping at its exit because
     // the instruction after it is gone; then the process's own registers.

@@ -58,14 +58,6 @@ pub fn restore_misc(r: &Remote<'_>, core: &Core) -> Result<()> {
         [core.personality as u64, 0, 0, 0, 0, 0],
     )?;
     r.call("umask", libc::SYS_umask, [core.umask as u64, 0, 0, 0, 0, 0])?;
-    // A session or group leader leads its own again; membership in another
-    // process's group or session cannot be recreated for a lone process, so
-    // it stays in the restorer's.
-    if core.sid == core.pid {
-        r.call("setsid", libc::SYS_setsid, [0; 6])?;
-    } else if core.pgid == core.pid {
-        r.call("setpgid", libc::SYS_setpgid, [0; 6])?;
-    }
     set_name(r, &core.comm)?;
     // cwd first: after chroot a path would resolve in the new root.
     let p = r.put_path(0, &core.cwd)?;
@@ -75,6 +67,35 @@ pub fn restore_misc(r: &Remote<'_>, core: &Core) -> Result<()> {
         let p = r.put_path(0, &core.root)?;
         r.call("chroot", libc::SYS_chroot, [p, 0, 0, 0, 0, 0])
             .map_err(|e| file_err(r, &core.root, e))?;
+    }
+    Ok(())
+}
+
+/// Session and process group. Runs right after the process is created,
+/// before it forks its own children, which then inherit both. A leader
+/// leads its own again; a tree member rejoins the group it was in (whose
+/// leader was restored before it); the root cannot join a group outside
+/// the tree and stays in the restorer's.
+pub fn restore_session(r: &Remote<'_>, core: &Core, is_root: bool) -> Result<()> {
+    if core.sid == core.pid {
+        r.call("setsid", libc::SYS_setsid, [0; 6])?;
+    } else if core.pgid == core.pid {
+        r.call("setpgid", libc::SYS_setpgid, [0; 6])?;
+    } else if !is_root {
+        let pid = r.t.pid();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map_err(|e| RestoreError::os(pid, "read stat", e))?;
+        let pgid: i32 = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(2)?.parse().ok())
+            .unwrap_or(0);
+        if pgid != core.pgid {
+            r.call(
+                "setpgid",
+                libc::SYS_setpgid,
+                [0, core.pgid as u64, 0, 0, 0, 0],
+            )?;
+        }
     }
     Ok(())
 }

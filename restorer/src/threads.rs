@@ -21,7 +21,7 @@ const THREAD_FLAGS: u64 = (libc::CLONE_VM
     | libc::CLONE_SYSVSEM) as u64;
 
 /// Size of the `struct clone_args` prefix that ends with `set_tid_size`.
-const CLONE_ARGS_SIZE: u64 = 80;
+pub const CLONE_ARGS_SIZE: u64 = 80;
 
 /// Creates every thread of `core.threads` inside the leader behind `r` and
 /// sets its state; returns them stopped, ready to be detached.
@@ -38,7 +38,7 @@ pub fn spawn(r: &Remote<'_>, core: &Core) -> Result<Vec<Tracee>> {
         // stack_size, tls, set_tid, set_tid_size. No stack: the thread never
         // runs on the leader's before its own registers are in place.
         let args = r.put_u64s(0, &[THREAD_FLAGS, 0, 0, 0, 0, 0, 0, 0, set_tid, 1])?;
-        let t = r.t.clone_thread_at(r.base, args, CLONE_ARGS_SIZE)?;
+        let t = r.t.clone_at(r.base, args, CLONE_ARGS_SIZE)?;
         if t.pid() != tc.tid {
             return Err(RestoreError::Host {
                 pid: tgid,

@@ -9,7 +9,7 @@ use ckpt_dumper::{DumpOptions, FinalState};
 /// Arguments of `ckpt dump`.
 #[derive(clap::Args, Debug)]
 pub struct DumpArgs {
-    /// The process to checkpoint with all its threads (this version: no child processes).
+    /// The process to checkpoint, with all its threads and descendants.
     #[arg(long = "tree", short = 't', value_name = "PID")]
     pid: i32,
     /// Checkpoint directory to create; must not exist.
@@ -59,6 +59,7 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
             "{}",
             serde_json::json!({
                 "pid": report.pid,
+                "processes": report.processes,
                 "dir": report.dir,
                 "vmas": report.vmas,
                 "pages_bytes": report.pages_bytes,
@@ -69,8 +70,9 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
         );
     } else {
         eprintln!(
-            "dumped pid {} to {}: {} VMAs, {} bytes of pages, {} fds, frozen {} ms{}",
+            "dumped pid {} ({} processes) to {}: {} VMAs, {} bytes of pages, {} fds, frozen {} ms{}",
             report.pid,
+            report.processes,
             report.dir.display(),
             report.vmas,
             report.pages_bytes,

@@ -21,7 +21,7 @@ pub fn dump_regular(p: &FdParams, ghosts: &mut Vec<Ghost>) -> Result<FdEntry> {
     {
         let mut e = p.entry(FdKind::Unlinked);
         e.path = path.to_string();
-        e.ghost = ckpt_image::ghost_name(ghosts.len() as u32);
+        e.ghost = ckpt_image::ghost_name(p.pid, ghosts.len() as u32);
         ghosts.push(Ghost {
             name: e.ghost.clone(),
             data: read_contents(p)?,

@@ -57,6 +57,7 @@ impl FdParams {
             ghost: String::new(),
             description: self.fd as u64,
             size: self.meta.size(),
+            owner_pid: 0,
         }
     }
 }
@@ -112,6 +113,62 @@ fn params(pid: i32, fd: i32) -> Result<FdParams> {
         flags: u32::from_str_radix(&field("flags"), 8).map_err(|_| bad("flags"))?,
         pos: field("pos").parse().map_err(|_| bad("pos"))?,
     })
+}
+
+/// Across a tree: marks fds of later processes (children) that share an
+/// open file description with an fd of an earlier one (usually inherited
+/// over fork), so restore takes it from that process instead of opening the
+/// file again — which would split the shared offset. `procs` is in tree
+/// order, parents first.
+pub fn share_across(procs: &mut [(i32, &mut Files)]) -> Result<()> {
+    for i in 1..procs.len() {
+        let (earlier, rest) = procs.split_at_mut(i);
+        let (pid, files) = &mut rest[0];
+        for e in files.fds.iter_mut() {
+            if e.description != e.fd as u64 || e.kind == FdKind::Tty as i32 {
+                continue;
+            }
+            'owners: for (opid, ofiles) in earlier.iter() {
+                for o in ofiles.fds.iter() {
+                    // Only an fd that owns its description locally can be the source.
+                    if o.owner_pid != 0 || o.path != e.path || o.kind != e.kind {
+                        continue;
+                    }
+                    let same = sys::same_file_description_of(*opid, o.fd, *pid, e.fd).map_err(
+                        |source| DumpError::Proc {
+                            pid: *pid,
+                            path: format!("kcmp pid {opid} fd {} / fd {}", o.fd, e.fd).into(),
+                            source,
+                        },
+                    )?;
+                    if same {
+                        e.owner_pid = *opid;
+                        e.description = o.description;
+                        e.ghost.clear();
+                        break 'owners;
+                    }
+                }
+            }
+        }
+        // Local dups of an fd that now comes from another process follow it.
+        let moved: Vec<(u64, i32, u64)> = files
+            .fds
+            .iter()
+            .filter(|e| e.owner_pid != 0)
+            .map(|e| (e.fd as u64, e.owner_pid, e.description))
+            .collect();
+        for e in files.fds.iter_mut().filter(|e| e.owner_pid == 0) {
+            if let Some((_, owner, desc)) = moved
+                .iter()
+                .find(|m| m.0 == e.description && e.description != e.fd as u64)
+            {
+                e.owner_pid = *owner;
+                e.description = *desc;
+                e.ghost.clear();
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Marks fds that share one open file description (dup'ed), so restore

@@ -1,0 +1,104 @@
+//! Freezing a process tree: the root and every descendant, each with all
+//! its threads. A process is frozen before its children are listed, so
+//! the list cannot grow behind ckpt's back.
+
+use ckpt_image::mm::{Vma, VmaKind};
+use ckpt_parasite::{ParasiteError, Tracee};
+
+use crate::error::{DumpError, Result};
+use crate::procfile;
+use crate::threads;
+
+/// One frozen process of the tree.
+pub struct FrozenProcess {
+    /// Its pid.
+    pub pid: i32,
+    /// Its parent's pid (the root's parent is outside the tree).
+    pub ppid: i32,
+    /// All its threads, the leader first.
+    pub tasks: Vec<Tracee>,
+}
+
+/// Children of `pid`, as listed per thread in /proc.
+fn children(pid: i32) -> Result<Vec<i32>> {
+    let dir = procfile::path(pid, "task");
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(&dir).map_err(|e| procfile::proc_err(pid, dir.clone(), e))? {
+        let Some(tid) = e
+            .ok()
+            .and_then(|e| e.file_name().to_str().map(String::from))
+        else {
+            continue;
+        };
+        // A thread that exited meanwhile has no children to report.
+        let list = procfile::read(pid, &format!("task/{tid}/children")).unwrap_or_default();
+        out.extend(
+            list.split_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok()),
+        );
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// Freezes `root` and its descendants, parents before children. `check`
+/// refuses a process this version cannot dump (called before seizing it);
+/// `seize_err` maps seize failures.
+pub fn freeze(
+    root: i32,
+    check: impl Fn(i32) -> Result<()>,
+    seize_err: impl Fn(i32, ParasiteError) -> DumpError,
+) -> Result<Vec<FrozenProcess>> {
+    check(root)?;
+    let ppid = procfile::stat_fields(root)?
+        .get(procfile::stat_index(4))
+        .copied()
+        .unwrap_or(0) as i32;
+    let mut procs = vec![FrozenProcess {
+        pid: root,
+        ppid,
+        tasks: threads::freeze(root, |e| seize_err(root, e))?,
+    }];
+    let mut i = 0;
+    while i < procs.len() {
+        let parent = procs[i].pid;
+        for child in children(parent)? {
+            if procs.iter().any(|p| p.pid == child) {
+                continue;
+            }
+            check(child)?;
+            procs.push(FrozenProcess {
+                pid: child,
+                ppid: parent,
+                tasks: threads::freeze(child, |e| seize_err(child, e))?,
+            });
+        }
+        i += 1;
+    }
+    Ok(procs)
+}
+
+/// Shared anonymous memory seen by more than one process would be restored
+/// as separate copies; refuse it until shared memory is supported.
+pub fn check_shared_memory(procs: &[(i32, &[Vma])]) -> Result<()> {
+    for (i, (pid, vmas)) in procs.iter().enumerate() {
+        for v in vmas.iter().filter(|v| v.kind == VmaKind::SharedAnon as i32) {
+            for (other, ovmas) in &procs[i + 1..] {
+                if ovmas
+                    .iter()
+                    .any(|o| o.kind == VmaKind::SharedAnon as i32 && o.shmem_id == v.shmem_id)
+                {
+                    return Err(DumpError::Unsupported {
+                        pid: *pid,
+                        what: format!(
+                            "shared anonymous memory {:#x}-{:#x} also mapped by pid {other}",
+                            v.start, v.end
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,49 @@
+//! A process tree: root, two children and a grandchild come back with their
+//! pids, parent links (the root reaps its children), memory, and one log
+//! descriptor whose offset they still share (victim: tests/c/tree.c).
+
+mod common;
+
+use common::*;
+
+fn children(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let t = t.unwrap().file_name();
+        let list =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{}/children", t.to_string_lossy()))
+                .unwrap_or_default();
+        out.extend(list.split_whitespace().map(|c| c.parse::<i32>().unwrap()));
+    }
+    out.sort_unstable();
+    out
+}
+
+#[test]
+fn tree_restored_with_links_and_shared_offset() {
+    let env = TestEnv::new("tree");
+    let mut v = Victim::spawn(&env, "tree", &[]);
+    v.wait_ready();
+    let kids = children(v.pid);
+    assert_eq!(kids.len(), 2, "root should have 2 children: {kids:?}");
+    let grandkids: Vec<Vec<i32>> = kids.iter().map(|k| children(*k)).collect();
+    assert_eq!(
+        grandkids.iter().map(Vec::len).sum::<usize>(),
+        1,
+        "one grandchild expected: {grandkids:?}"
+    );
+
+    let out = dump(&env, &v, &["--kill"]);
+    assert!(out.stderr.contains("4 processes"), "{}", out.stderr);
+    v.reap_killed(std::time::Duration::from_secs(10));
+
+    // The children were orphaned by the kill; init reaps them in its own
+    // time, and restore waits for their pids.
+    let mut restore = spawn_restore(&env, &[]);
+    wait_restored_and_running(&v, &mut restore);
+    assert_eq!(children(v.pid), kids, "children of the root changed");
+    let after: Vec<Vec<i32>> = kids.iter().map(|k| children(*k)).collect();
+    assert_eq!(after, grandkids, "grandchild links changed");
+    v.go();
+    finish_restore(&v, restore);
+}
