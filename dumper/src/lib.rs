@@ -145,6 +145,7 @@ pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
             .map(|c| (c.pid, &mut c.files))
             .collect::<Vec<_>>(),
     )?;
+    let pipes = fds::pipe::collect(&procs.iter().map(|c| (c.pid, &c.files)).collect::<Vec<_>>())?;
     // Ghosts of fds now taken from another process are not needed.
     for c in procs.iter_mut() {
         let wanted: Vec<String> = c.files.fds.iter().map(|e| e.ghost.clone()).collect();
@@ -198,6 +199,9 @@ pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
         w.write_meta(&ckpt_image::mm_name(c.pid), ImageKind::Mm, &mm)?;
         w.write_meta(&ckpt_image::core_name(c.pid), ImageKind::Core, &c.core)?;
         entries.push((c.pid, c.ppid, c.core));
+    }
+    if !pipes.pipes.is_empty() {
+        w.write_meta(ckpt_image::PIPES_NAME, ImageKind::Pipes, &pipes)?;
     }
     let manifest = manifest(root, &entries)?;
     report.dir = w.commit(manifest)?;

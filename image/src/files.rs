@@ -24,6 +24,9 @@ pub enum FdKind {
     /// A terminal: reconnected by the rule in the restorer (the restorer's
     /// own fd with the same number, else /dev/null).
     Tty = 4,
+    /// One end of a pipe whose both ends are in the dumped tree; its
+    /// buffered data is in `pipes.img`.
+    Pipe = 5,
 }
 
 /// One open file descriptor.
@@ -65,4 +68,29 @@ pub struct FdEntry {
     /// across fork; restore takes it from there with pidfd_getfd.
     #[prost(int32, tag = "11")]
     pub owner_pid: i32,
+    /// For a pipe end: the pipe's identity (its inode at dump time).
+    #[prost(uint64, tag = "12")]
+    pub pipe_id: u64,
+}
+
+/// The pipes of a checkpoint and the data buffered in them.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Pipes {
+    /// One entry per pipe.
+    #[prost(message, repeated, tag = "1")]
+    pub pipes: Vec<PipeData>,
+}
+
+/// One pipe.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PipeData {
+    /// Identity, as in [`FdEntry::pipe_id`].
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    /// Capacity (`F_GETPIPE_SZ`).
+    #[prost(uint32, tag = "2")]
+    pub size: u32,
+    /// Bytes written but not yet read, in order.
+    #[prost(bytes = "vec", tag = "3")]
+    pub data: Vec<u8>,
 }

@@ -34,6 +34,8 @@ pub enum ImageKind {
     Mm,
     /// `files-PID.img`.
     Files,
+    /// `pipes.img`.
+    Pipes,
 }
 
 impl ImageKind {
@@ -44,6 +46,7 @@ impl ImageKind {
             ImageKind::Core => b"CKPTCORE",
             ImageKind::Mm => b"CKPTMMAP",
             ImageKind::Files => b"CKPTFDTB",
+            ImageKind::Pipes => b"CKPTPIPE",
         }
     }
 
@@ -54,6 +57,7 @@ impl ImageKind {
             ImageKind::Core => "core",
             ImageKind::Mm => "mm",
             ImageKind::Files => "files",
+            ImageKind::Pipes => "pipes",
         }
     }
 }

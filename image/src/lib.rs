@@ -9,6 +9,7 @@
 //! DIR/mm-PID.img       header + Mm: every VMA and where its saved pages live
 //! DIR/files-PID.img    header + Files: the fd table
 //! DIR/ghost-PID-N.img  raw contents of an open-but-unlinked file
+//! DIR/pipes.img        header + Pipes: data buffered in the tree's pipes
 //! DIR/pages-PID.img    raw page data, 4 KiB aligned, no header, so restore can
 //!                      read it straight into place
 //! ```
@@ -63,6 +64,9 @@ pub fn pages_name(pid: i32) -> String {
 pub fn ghost_name(pid: i32, n: u32) -> String {
     format!("ghost-{pid}-{n}.img")
 }
+
+/// File name of the pipes image (present when the tree has pipes).
+pub const PIPES_NAME: &str = "pipes.img";
 
 /// File name of the manifest.
 pub const MANIFEST_NAME: &str = "manifest.img";

@@ -15,6 +15,7 @@ use ckpt_image::ImageDir;
 use ckpt_image::files::{FdEntry, FdKind, Files};
 
 use crate::error::{RestoreError, Result};
+use crate::pipes::PipeTable;
 use crate::remote::Remote;
 
 /// Removes ghost files still linked if the restore fails halfway.
@@ -30,7 +31,7 @@ impl Drop for GhostCleanup {
 }
 
 /// Rebuilds the fd table of the child from `files`.
-pub fn restore(r: &Remote<'_>, files: &Files, images: &ImageDir) -> Result<()> {
+pub fn restore(r: &Remote<'_>, files: &Files, images: &ImageDir, pipes: &PipeTable) -> Result<()> {
     let pid = r.t.pid();
     let inherited = inherited_fds(pid)?;
     let keep: HashSet<i32> = files
@@ -70,6 +71,31 @@ pub fn restore(r: &Remote<'_>, files: &Files, images: &ImageDir) -> Result<()> {
         }
         let open_flags = (e.flags as i32) & !(libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL);
         let tmp = match kind {
+            FdKind::Pipe => {
+                let got = take_from(r, std::process::id() as i32, pipes.end_for(pid, e)?)?;
+                // File status flags belong to the description: set ours.
+                r.call(
+                    "fcntl(F_SETFL)",
+                    libc::SYS_fcntl,
+                    [
+                        got as u64,
+                        libc::F_SETFL as u64,
+                        (open_flags & libc::O_NONBLOCK) as u64,
+                        0,
+                        0,
+                        0,
+                    ],
+                )?;
+                if got == e.fd {
+                    r.call(
+                        "fcntl(F_SETFD)",
+                        libc::SYS_fcntl,
+                        [e.fd as u64, libc::F_SETFD as u64, e.cloexec as u64, 0, 0, 0],
+                    )?;
+                    continue;
+                }
+                got
+            }
             FdKind::Tty if keep.contains(&e.fd) => {
                 r.call(
                     "fcntl(F_SETFD)",

@@ -24,6 +24,7 @@ pub mod error;
 mod files;
 mod mm;
 mod pid;
+mod pipes;
 mod remote;
 mod sys;
 mod task;
@@ -117,8 +118,9 @@ pub fn restore(opts: &RestoreOptions<'_>) -> Result<Restored> {
             pid::wait_free(tc.tid, opts.pid_wait, opts.notice)?;
         }
     }
+    let pipes = pipes::PipeTable::create(&images)?;
     let child = spawn(root, opts)?;
-    match build_tree(&procs, &pages, &images, opts) {
+    match build_tree(&procs, &pages, &images, &pipes, opts) {
         Ok(tracees) => {
             // Children first, so no parent runs while a child is held.
             for t in tracees.into_iter().rev() {
@@ -165,6 +167,7 @@ fn build_tree(
     procs: &[ProcessImages],
     pages: &[memmap2::Mmap],
     images: &ImageDir,
+    pipes: &pipes::PipeTable,
     opts: &RestoreOptions<'_>,
 ) -> Result<Vec<Tracee>> {
     let root = Tracee::adopt_stopped_child(procs[0].pid)?;
@@ -208,7 +211,7 @@ fn build_tree(
         tracees.push(child);
     }
     for ((t, p), pg) in tracees.iter().zip(procs).zip(pages) {
-        rebuild(t, base, p, pg, images, opts)?;
+        rebuild(t, base, p, pg, images, pipes, opts)?;
     }
     Ok(tracees)
 }
@@ -341,6 +344,7 @@ fn rebuild(
     p: &ProcessImages,
     pages: &[u8],
     images: &ImageDir,
+    pipes: &pipes::PipeTable,
     opts: &RestoreOptions<'_>,
 ) -> Result<()> {
     let pid = t.pid();
@@ -376,7 +380,7 @@ fn rebuild(
     mm::set_mm_fields(&r, mm_fields, &core.exe)?;
 
     task::restore_rlimits(pid, core, opts.notice)?;
-    files::restore(&r, &p.files, images)?;
+    files::restore(&r, &p.files, images, pipes)?;
     task::restore_misc(&r, core)?;
     task::restore_sigactions(&r, core)?;
     task::queue_pending(&r, pid, &core.pending)?;

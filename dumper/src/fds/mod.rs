@@ -3,6 +3,7 @@
 
 mod device;
 mod file;
+pub mod pipe;
 
 use std::os::unix::fs::MetadataExt;
 
@@ -58,6 +59,7 @@ impl FdParams {
             description: self.fd as u64,
             size: self.meta.size(),
             owner_pid: 0,
+            pipe_id: 0,
         }
     }
 }
@@ -82,7 +84,8 @@ pub fn collect(pid: i32, ghosts: &mut Vec<Ghost>) -> Result<Files> {
                 libc::S_IFREG => file::dump_regular(&p, ghosts)?,
                 libc::S_IFDIR => p.entry(FdKind::Directory),
                 libc::S_IFCHR => device::dump_char(&p)?,
-                libc::S_IFIFO => return Err(p.unsupported("pipe")),
+                libc::S_IFIFO if p.link.starts_with("pipe:") => pipe::dump_pipe(&p),
+                libc::S_IFIFO => return Err(p.unsupported("named pipe (FIFO)")),
                 libc::S_IFSOCK => return Err(p.unsupported("socket")),
                 libc::S_IFBLK => return Err(p.unsupported("block device")),
                 _ => return Err(p.unsupported(&format!("file type of {}", p.link))),
