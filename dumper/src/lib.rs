@@ -133,12 +133,15 @@ pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
         .iter()
         .map(collect_process)
         .collect::<Result<Vec<Collected>>>()?;
-    tree::check_shared_memory(
-        &procs
-            .iter()
-            .map(|c| (c.pid, c.vmas.as_slice()))
+    let relaid = tree::link_shared_memory(
+        &mut procs
+            .iter_mut()
+            .map(|c| (c.pid, &mut c.vmas))
             .collect::<Vec<_>>(),
     )?;
+    for c in procs.iter_mut().filter(|c| relaid.contains(&c.pid)) {
+        c.pages_bytes = mm::reassign_offsets(&mut c.vmas);
+    }
     fds::share_across(
         &mut procs
             .iter_mut()

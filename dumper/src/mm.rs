@@ -126,6 +126,7 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
         file: None,
         pages: Vec::new(),
         shmem_id: 0,
+        shmem_owner: None,
     };
     let kind = match e.path.as_str() {
         "[vdso]" => VmaKind::Vdso,
@@ -150,6 +151,7 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
         }
         "/dev/zero (deleted)" if shared => {
             vma.shmem_id = e.inode;
+            vma.file_offset = e.offset;
             VmaKind::SharedAnon
         }
         path if path.starts_with("[anon:") => VmaKind::Anon,
@@ -279,6 +281,41 @@ fn read_runs(pid: i32, pagemap: &File, vma: &Vma, kind: VmaKind) -> Result<Vec<(
     Ok(runs)
 }
 
+/// Runs of a shared anonymous VMA that hold data, from SEEK_DATA/SEEK_HOLE
+/// on the object itself: pages another process touched are not in this
+/// process's page tables, but they are in the object.
+fn shmem_runs(pid: i32, vma: &Vma) -> Result<Vec<(u64, u64)>> {
+    use std::os::fd::AsRawFd;
+    let link = procfile::path(pid, &format!("map_files/{:x}-{:x}", vma.start, vma.end));
+    let f = File::open(&link).map_err(|e| procfile::proc_err(pid, link.clone(), e))?;
+    let (lo, hi) = (vma.file_offset, vma.file_offset + vma.len());
+    let mut runs = Vec::new();
+    let mut off = lo;
+    while off < hi {
+        let Some(data) = sys::seek(f.as_raw_fd(), off, libc::SEEK_DATA)
+            .map_err(|e| procfile::proc_err(pid, link.clone(), e))?
+        else {
+            break;
+        };
+        if data >= hi {
+            break;
+        }
+        let hole = sys::seek(f.as_raw_fd(), data, libc::SEEK_HOLE)
+            .map_err(|e| procfile::proc_err(pid, link.clone(), e))?
+            .unwrap_or(hi)
+            .min(hi);
+        let start = data & !(PAGE_SIZE - 1);
+        let end = hole.next_multiple_of(PAGE_SIZE).min(hi);
+        push_run(
+            &mut runs,
+            vma.start + (start - lo),
+            (end - start) / PAGE_SIZE,
+        );
+        off = end;
+    }
+    Ok(runs)
+}
+
 fn push_run(runs: &mut Vec<(u64, u64)>, addr: u64, pages: u64) {
     match runs.last_mut() {
         Some((a, n)) if *a + *n * PAGE_SIZE == addr => *n += pages,
@@ -301,7 +338,9 @@ pub fn plan_pages(pid: i32, vmas: &mut [Vma]) -> Result<u64> {
         ) {
             continue;
         }
-        let runs = if use_scan {
+        let runs = if kind == VmaKind::SharedAnon {
+            shmem_runs(pid, vma)?
+        } else if use_scan {
             match scan_runs(&pagemap, vma, kind) {
                 Ok(runs) => runs,
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) => {
@@ -323,6 +362,18 @@ pub fn plan_pages(pid: i32, vmas: &mut [Vma]) -> Result<u64> {
         }
     }
     Ok(offset)
+}
+
+/// Lays the saved page ranges out again, back to back, after some were
+/// dropped (pages of a shared object saved with another VMA). Returns the
+/// new total.
+pub fn reassign_offsets(vmas: &mut [Vma]) -> u64 {
+    let mut offset = 0;
+    for r in vmas.iter_mut().flat_map(|v| v.pages.iter_mut()) {
+        r.offset = offset;
+        offset += r.len();
+    }
+    offset
 }
 
 /// Identity of the process's vDSO, read from its memory.

@@ -21,6 +21,22 @@ pub fn same_file_description_of(pid_a: i32, a: i32, pid_b: i32, b: i32) -> std::
     }
 }
 
+/// `lseek(fd, off, whence)`; `None` where SEEK_DATA finds no more data
+/// (ENXIO).
+pub fn seek(fd: i32, off: u64, whence: i32) -> std::io::Result<Option<u64>> {
+    // SAFETY: lseek takes only integers.
+    let r = unsafe { libc::lseek(fd, off as libc::off_t, whence) };
+    if r >= 0 {
+        return Ok(Some(r as u64));
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::ENXIO) {
+        Ok(None)
+    } else {
+        Err(e)
+    }
+}
+
 fn ret(r: libc::c_long) -> Result<libc::c_long, i32> {
     if r < 0 {
         Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))

@@ -2,7 +2,7 @@
 //! its threads. A process is frozen before its children are listed, so
 //! the list cannot grow behind ckpt's back.
 
-use ckpt_image::mm::{Vma, VmaKind};
+use ckpt_image::mm::{ShmemOwner, Vma, VmaKind};
 use ckpt_parasite::{ParasiteError, Tracee};
 
 use crate::error::{DumpError, Result};
@@ -79,26 +79,46 @@ pub fn freeze(
     Ok(procs)
 }
 
-/// Shared anonymous memory seen by more than one process would be restored
-/// as separate copies; refuse it until shared memory is supported.
-pub fn check_shared_memory(procs: &[(i32, &[Vma])]) -> Result<()> {
-    for (i, (pid, vmas)) in procs.iter().enumerate() {
-        for v in vmas.iter().filter(|v| v.kind == VmaKind::SharedAnon as i32) {
-            for (other, ovmas) in &procs[i + 1..] {
-                if ovmas
-                    .iter()
-                    .any(|o| o.kind == VmaKind::SharedAnon as i32 && o.shmem_id == v.shmem_id)
-                {
-                    return Err(DumpError::Unsupported {
-                        pid: *pid,
-                        what: format!(
-                            "shared anonymous memory {:#x}-{:#x} also mapped by pid {other}",
-                            v.start, v.end
-                        ),
-                    });
+/// Links every VMA that maps a shared anonymous object already seen (in
+/// this or an earlier process, tree order) to that first VMA, which alone
+/// keeps the object's pages. Returns the processes whose page layout changed.
+pub fn link_shared_memory(procs: &mut [(i32, &mut Vec<Vma>)]) -> Result<Vec<i32>> {
+    let mut owners: Vec<(u64, ShmemOwner, u64)> = Vec::new();
+    let mut changed = Vec::new();
+    for (pid, vmas) in procs.iter_mut() {
+        for v in vmas
+            .iter_mut()
+            .filter(|v| v.kind == VmaKind::SharedAnon as i32)
+        {
+            match owners.iter().find(|(id, _, _)| *id == v.shmem_id) {
+                Some((_, owner, offset)) => {
+                    // The fork case: the same whole object at the same offset.
+                    if owner.end - owner.start != v.len() || *offset != v.file_offset {
+                        return Err(DumpError::Unsupported {
+                            pid: *pid,
+                            what: format!(
+                                "mapping {:#x}-{:#x}: a different part of shared anonymous memory also mapped by pid {}",
+                                v.start, v.end, owner.pid
+                            ),
+                        });
+                    }
+                    v.shmem_owner = Some(*owner);
+                    v.pages.clear();
+                    if !changed.contains(pid) {
+                        changed.push(*pid);
+                    }
                 }
+                None => owners.push((
+                    v.shmem_id,
+                    ShmemOwner {
+                        pid: *pid,
+                        start: v.start,
+                        end: v.end,
+                    },
+                    v.file_offset,
+                )),
             }
         }
     }
-    Ok(())
+    Ok(changed)
 }

@@ -137,6 +137,25 @@ pub struct Vma {
     /// the same object can be told apart from lookalikes.
     #[prost(uint64, tag = "10")]
     pub shmem_id: u64,
+    /// Set when this VMA maps the same shared anonymous object as an
+    /// earlier VMA (of this or another process): it is mapped from there on
+    /// restore, and its pages are saved only with that one.
+    #[prost(message, optional, tag = "11")]
+    pub shmem_owner: Option<ShmemOwner>,
+}
+
+/// Where the shared anonymous object of a VMA is saved.
+#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
+pub struct ShmemOwner {
+    /// The process holding the owning VMA.
+    #[prost(int32, tag = "1")]
+    pub pid: i32,
+    /// Start of the owning VMA.
+    #[prost(uint64, tag = "2")]
+    pub start: u64,
+    /// End of the owning VMA.
+    #[prost(uint64, tag = "3")]
+    pub end: u64,
 }
 
 impl Vma {

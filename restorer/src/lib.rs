@@ -374,6 +374,7 @@ fn rebuild(
     }
     mm::clear_and_move_specials(&r, &child_maps, &p.mm)?;
     mm::map_vmas(&r, &p.mm)?;
+    mm::map_shared_links(&r, &p.mm)?;
     mm::fill_pages(&r, &p.mm, pages, opts.progress)?;
     mm::fix_protections(&r, &p.mm)?;
     let mm_fields = core.mm.as_ref().expect("validated");

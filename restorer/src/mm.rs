@@ -184,7 +184,7 @@ pub fn map_vmas(r: &Remote<'_>, mm: &Mm) -> Result<()> {
     let pid = r.t.pid();
     for v in &mm.vmas {
         let kind = VmaKind::try_from(v.kind).map_err(|_| invalid(pid, v, "unknown kind"))?;
-        if kind.is_special() {
+        if kind.is_special() || v.shmem_owner.is_some() {
             continue;
         }
         let mut flags = libc::MAP_FIXED;
@@ -246,6 +246,34 @@ pub fn map_vmas(r: &Remote<'_>, mm: &Mm) -> Result<()> {
                     [v.start, v.len(), advice as u64, 0, 0, 0],
                 )?;
             }
+        }
+    }
+    Ok(())
+}
+
+/// Maps the VMAs that share an object with an earlier VMA (of this or an
+/// already restored process) from that VMA's `/proc/PID/map_files` entry,
+/// so both map one object. Runs after [`map_vmas`], when every owner exists.
+pub fn map_shared_links(r: &Remote<'_>, mm: &Mm) -> Result<()> {
+    for v in &mm.vmas {
+        let Some(o) = v.shmem_owner else { continue };
+        let path = format!("/proc/{}/map_files/{:x}-{:x}", o.pid, o.start, o.end);
+        let fd = r.open(&path, libc::O_RDWR | libc::O_CLOEXEC, 0)?;
+        let got = r.call(
+            "mmap (shared)",
+            libc::SYS_mmap,
+            [
+                v.start,
+                v.len(),
+                v.prot as u64,
+                (libc::MAP_SHARED | libc::MAP_FIXED) as u64,
+                fd as u64,
+                0,
+            ],
+        );
+        r.close(fd)?;
+        if got? != v.start {
+            return Err(invalid(r.t.pid(), v, "mapped at a different address"));
         }
     }
     Ok(())
