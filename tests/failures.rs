@@ -45,18 +45,7 @@ fn dump_with_unsupported_fd_fails_and_leaves_victim_alone() {
     let mut v = Victim::spawn(&env, "unsupported", &[]);
     v.wait_ready();
 
-    let out = ckpt(
-        &env,
-        &[
-            "dump",
-            "--tree",
-            &v.pid.to_string(),
-            "--dir",
-            path_str(&env.img),
-        ],
-        DUMP_TIMEOUT,
-    );
-    let err = out.assert_error();
+    let err = dump_expect_error(&env, &v);
     assert!(err.contains("fd 42"), "error should name `fd 42`: {err}");
     assert!(
         err.to_lowercase().contains("socket"),
@@ -87,18 +76,7 @@ fn dump_into_existing_dir_is_refused() {
 
     let mut v = Victim::spawn(&env, "counter", &[]);
     v.wait_ready();
-    let out = ckpt(
-        &env,
-        &[
-            "dump",
-            "--tree",
-            &v.pid.to_string(),
-            "--dir",
-            path_str(&env.img),
-        ],
-        DUMP_TIMEOUT,
-    );
-    out.assert_error();
+    dump_expect_error(&env, &v);
 
     let entries: Vec<_> = fs::read_dir(&env.img)
         .expect("existing dir must still exist")

@@ -35,18 +35,7 @@ fn pipe_to_outside_the_tree_is_refused() {
         std::process::Stdio::null(),
     );
     v.wait_ready();
-    let out = ckpt(
-        &env,
-        &[
-            "dump",
-            "--tree",
-            &v.pid.to_string(),
-            "--dir",
-            path_str(&env.img),
-        ],
-        DUMP_TIMEOUT,
-    );
-    let err = out.assert_error();
+    let err = dump_expect_error(&env, &v);
     assert!(
         err.contains("fd 0") && err.contains("pipe") && err.contains("outside"),
         "error should name fd 0 and the pipe: {err}"

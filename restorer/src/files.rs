@@ -54,11 +54,7 @@ pub fn restore(r: &Remote<'_>, files: &Files, images: &ImageDir, pipes: &PipeTab
                 dup_to(r, got, e.fd, cloexec)?;
                 r.close(got)?;
             } else {
-                r.call(
-                    "fcntl(F_SETFD)",
-                    libc::SYS_fcntl,
-                    [e.fd as u64, libc::F_SETFD as u64, e.cloexec as u64, 0, 0, 0],
-                )?;
+                set_cloexec(r, e.fd, e.cloexec)?;
             }
             continue;
         }
@@ -87,21 +83,13 @@ pub fn restore(r: &Remote<'_>, files: &Files, images: &ImageDir, pipes: &PipeTab
                     ],
                 )?;
                 if got == e.fd {
-                    r.call(
-                        "fcntl(F_SETFD)",
-                        libc::SYS_fcntl,
-                        [e.fd as u64, libc::F_SETFD as u64, e.cloexec as u64, 0, 0, 0],
-                    )?;
+                    set_cloexec(r, e.fd, e.cloexec)?;
                     continue;
                 }
                 got
             }
             FdKind::Tty if keep.contains(&e.fd) => {
-                r.call(
-                    "fcntl(F_SETFD)",
-                    libc::SYS_fcntl,
-                    [e.fd as u64, libc::F_SETFD as u64, e.cloexec as u64, 0, 0, 0],
-                )?;
+                set_cloexec(r, e.fd, e.cloexec)?;
                 continue;
             }
             FdKind::Tty => r.open("/dev/null", open_flags | cloexec, 0)?,
@@ -146,6 +134,16 @@ fn take_from(r: &Remote<'_>, owner: i32, fd: i32) -> Result<i32> {
     );
     r.close(pidfd)?;
     Ok(got? as i32)
+}
+
+/// Sets or clears FD_CLOEXEC on `fd`.
+fn set_cloexec(r: &Remote<'_>, fd: i32, cloexec: bool) -> Result<()> {
+    r.call(
+        "fcntl(F_SETFD)",
+        libc::SYS_fcntl,
+        [fd as u64, libc::F_SETFD as u64, cloexec as u64, 0, 0, 0],
+    )?;
+    Ok(())
 }
 
 fn dup_to(r: &Remote<'_>, from: i32, to: i32, cloexec: i32) -> Result<()> {

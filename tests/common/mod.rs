@@ -765,6 +765,17 @@ pub fn dump(env: &TestEnv, v: &Victim, extra: &[&str]) -> CkptOutput {
     out
 }
 
+/// `ckpt dump --tree PID --dir IMG`, which must fail; returns its error line.
+pub fn dump_expect_error(env: &TestEnv, v: &Victim) -> String {
+    let pid = v.pid.to_string();
+    ckpt(
+        env,
+        &["dump", "--tree", &pid, "--dir", path_str(&env.img)],
+        DUMP_TIMEOUT,
+    )
+    .assert_error()
+}
+
 /// Dump with `--kill`, then reap the original so its pid is free again.
 pub fn dump_kill_reap(env: &TestEnv, v: &mut Victim) {
     dump(env, v, &["--kill"]);
