@@ -131,6 +131,7 @@ pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
 
     let mut procs = tree
         .iter()
+        .filter(|p| p.zombie_status.is_none())
         .map(collect_process)
         .collect::<Result<Vec<Collected>>>()?;
     let relaid = tree::link_shared_memory(
@@ -162,14 +163,16 @@ pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
     let mut report = DumpReport {
         pid: root,
         dir: opts.dir.clone(),
-        processes: procs.len(),
+        processes: tree.len(),
         vmas: 0,
         pages_bytes: total,
         fds: 0,
         frozen_ms: 0,
     };
     let mut entries = Vec::new();
-    for (c, frozen) in procs.into_iter().zip(&tree) {
+    let mut cores = Vec::new();
+    let live = tree.iter().filter(|p| p.zombie_status.is_none());
+    for (c, frozen) in procs.into_iter().zip(live) {
         let pw = w.pages(&ckpt_image::pages_name(c.pid))?;
         let base = written;
         let progress = |done: u64| {
@@ -201,12 +204,29 @@ pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
         };
         w.write_meta(&ckpt_image::mm_name(c.pid), ImageKind::Mm, &mm)?;
         w.write_meta(&ckpt_image::core_name(c.pid), ImageKind::Core, &c.core)?;
-        entries.push((c.pid, c.ppid, c.core));
+        entries.push(ProcessEntry {
+            pid: c.pid,
+            ppid: c.ppid,
+            comm: c.core.comm.clone(),
+            zombie_status: None,
+        });
+        cores.push(c.core);
+    }
+    // Zombies come last: their parents are all listed by then.
+    for z in tree.iter().filter(|p| p.zombie_status.is_some()) {
+        entries.push(ProcessEntry {
+            pid: z.pid,
+            ppid: z.ppid,
+            comm: procfile::read(z.pid, "comm")
+                .map(|c| c.trim_end().to_string())
+                .unwrap_or_default(),
+            zombie_status: z.zombie_status,
+        });
     }
     if !pipes.pipes.is_empty() {
         w.write_meta(ckpt_image::PIPES_NAME, ImageKind::Pipes, &pipes)?;
     }
-    let manifest = manifest(root, &entries)?;
+    let manifest = manifest(root, entries, &cores[0])?;
     report.dir = w.commit(manifest)?;
 
     if opts.final_state == FinalState::Kill {
@@ -286,7 +306,11 @@ fn seize_error(pid: i32, e: ParasiteError) -> DumpError {
     }
 }
 
-fn manifest(root: i32, procs: &[(i32, i32, ckpt_image::core::Core)]) -> Result<Manifest> {
+fn manifest(
+    root: i32,
+    processes: Vec<ProcessEntry>,
+    root_core: &ckpt_image::core::Core,
+) -> Result<Manifest> {
     let pid = root;
     let uts = nix::sys::utsname::uname().map_err(|e| DumpError::Proc {
         pid,
@@ -301,20 +325,13 @@ fn manifest(root: i32, procs: &[(i32, i32, ckpt_image::core::Core)]) -> Result<M
             uts.version().to_string_lossy()
         ),
         arch: std::env::consts::ARCH.into(),
-        cpu: Some(features::cpu_info(&procs[0].2.xstate)),
+        cpu: Some(features::cpu_info(&root_core.xstate)),
         created_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0),
         root_pid: root,
-        processes: procs
-            .iter()
-            .map(|(pid, ppid, core)| ProcessEntry {
-                pid: *pid,
-                ppid: *ppid,
-                comm: core.comm.clone(),
-            })
-            .collect(),
+        processes,
         files: Vec::new(),
         hostname: uts.nodename().to_string_lossy().into_owned(),
     })

@@ -15,8 +15,23 @@ pub struct FrozenProcess {
     pub pid: i32,
     /// Its parent's pid (the root's parent is outside the tree).
     pub ppid: i32,
-    /// All its threads, the leader first.
+    /// All its threads, the leader first (none for a zombie).
     pub tasks: Vec<Tracee>,
+    /// For a zombie: its wait status (it cannot be traced, only recorded).
+    pub zombie_status: Option<i32>,
+}
+
+/// The wait status of `pid` if it is a zombie.
+fn zombie_status(pid: i32) -> Result<Option<i32>> {
+    let status = procfile::read(pid, "status")?;
+    if !procfile::status_field(&status, "State").is_some_and(|s| s.starts_with('Z')) {
+        return Ok(None);
+    }
+    // Field 52 of stat: the exit code in waitpid() form.
+    let f = procfile::stat_fields(pid)?;
+    Ok(Some(
+        f.get(procfile::stat_index(52)).copied().unwrap_or(0) as i32
+    ))
 }
 
 /// Children of `pid`, as listed per thread in /proc.
@@ -59,6 +74,7 @@ pub fn freeze(
         pid: root,
         ppid,
         tasks: threads::freeze(root, |e| seize_err(root, e))?,
+        zombie_status: None,
     }];
     let mut i = 0;
     while i < procs.len() {
@@ -67,11 +83,22 @@ pub fn freeze(
             if procs.iter().any(|p| p.pid == child) {
                 continue;
             }
+            // A zombie stays a zombie while its (frozen) parent cannot reap it.
+            if let Some(status) = zombie_status(child)? {
+                procs.push(FrozenProcess {
+                    pid: child,
+                    ppid: parent,
+                    tasks: Vec::new(),
+                    zombie_status: Some(status),
+                });
+                continue;
+            }
             check(child)?;
             procs.push(FrozenProcess {
                 pid: child,
                 ppid: parent,
                 tasks: threads::freeze(child, |e| seize_err(child, e))?,
+                zombie_status: None,
             });
         }
         i += 1;

@@ -59,6 +59,10 @@ pub struct ProcessEntry {
     /// Its command name.
     #[prost(string, tag = "3")]
     pub comm: String,
+    /// Set for a zombie (exited, not yet reaped by its parent): its wait
+    /// status. A zombie has no other images.
+    #[prost(int32, optional, tag = "4")]
+    pub zombie_status: Option<i32>,
 }
 
 /// Size and CRC32C of one file of the checkpoint.

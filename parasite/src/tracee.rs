@@ -431,6 +431,23 @@ impl Tracee {
         }
     }
 
+    /// Makes the task die of signal `sig` with its default action (the mask
+    /// is cleared first), as if it had received it; waits until it is gone.
+    pub fn die_by(&self, sig: Signal) -> Result<()> {
+        self.set_sigmask(0)?;
+        nix::sys::signal::kill(self.pid, sig).map_err(self.ptrace_err("kill"))?;
+        let mut deliver = None;
+        loop {
+            ptrace::cont(self.pid, deliver).map_err(self.ptrace_err("cont"))?;
+            match self.wait("delivering a fatal signal") {
+                Err(ParasiteError::Died { .. }) => return Ok(()),
+                Err(e) => return Err(e),
+                Ok(WaitStatus::Stopped(_, s)) => deliver = Some(s),
+                Ok(_) => deliver = None,
+            }
+        }
+    }
+
     /// Detaches; the task continues from its current registers.
     pub fn detach(mut self) -> Result<()> {
         self.attached = false;

@@ -92,12 +92,18 @@ pub fn restore(opts: &RestoreOptions<'_>) -> Result<Restored> {
     check_compatible(&images)?;
     let m = images.manifest();
     let root = m.root_pid;
+    check_tree(&images, root, &m.processes)?;
     let procs = m
         .processes
         .iter()
+        .filter(|e| e.zombie_status.is_none())
         .map(|e| load(&images, e.pid, e.ppid))
         .collect::<Result<Vec<_>>>()?;
-    check_tree(&images, root, &procs)?;
+    let zombies: Vec<(i32, i32, i32)> = m
+        .processes
+        .iter()
+        .filter_map(|e| Some((e.pid, e.ppid, e.zombie_status?)))
+        .collect();
     let pages = procs
         .iter()
         .map(|p| {
@@ -110,6 +116,9 @@ pub fn restore(opts: &RestoreOptions<'_>) -> Result<Restored> {
         .collect::<Result<Vec<_>>>()?;
 
     // Every pid and thread id must be free (they share the pid space).
+    for (z, _, _) in &zombies {
+        pid::wait_free(*z, opts.pid_wait, opts.notice)?;
+    }
     for p in &procs {
         if p.pid != root {
             pid::wait_free(p.pid, opts.pid_wait, opts.notice)?;
@@ -120,7 +129,7 @@ pub fn restore(opts: &RestoreOptions<'_>) -> Result<Restored> {
     }
     let pipes = pipes::PipeTable::create(&images)?;
     let child = spawn(root, opts)?;
-    match build_tree(&procs, &pages, &images, &pipes, opts) {
+    match build_tree(&procs, &zombies, &pages, &images, &pipes, opts) {
         Ok(tracees) => {
             // Children first, so no parent runs while a child is held.
             for t in tracees.into_iter().rev() {
@@ -139,19 +148,29 @@ pub fn restore(opts: &RestoreOptions<'_>) -> Result<Restored> {
     }
 }
 
-/// The tree must list the root first and every parent before its children.
-fn check_tree(images: &ImageDir, root: i32, procs: &[ProcessImages]) -> Result<()> {
+/// The tree must list the root first and every parent before its children;
+/// only live processes can be parents.
+fn check_tree(
+    images: &ImageDir,
+    root: i32,
+    procs: &[ckpt_image::manifest::ProcessEntry],
+) -> Result<()> {
     let bad = |what: String| {
         RestoreError::Image(ImageError::Invalid {
             path: images.path().join(ckpt_image::MANIFEST_NAME),
             what,
         })
     };
-    if procs.first().map(|p| p.pid) != Some(root) {
-        return Err(bad("the root process is not listed first".into()));
+    if procs.first().map(|p| (p.pid, p.zombie_status)) != Some((root, None)) {
+        return Err(bad(
+            "the root process is not listed first, or is a zombie".into()
+        ));
     }
     for (i, p) in procs.iter().enumerate().skip(1) {
-        if !procs[..i].iter().any(|q| q.pid == p.ppid) {
+        if !procs[..i]
+            .iter()
+            .any(|q| q.pid == p.ppid && q.zombie_status.is_none())
+        {
             return Err(bad(format!(
                 "pid {} is listed before its parent {}",
                 p.pid, p.ppid
@@ -165,6 +184,7 @@ fn check_tree(images: &ImageDir, root: i32, procs: &[ProcessImages]) -> Result<(
 /// so parenthood, sessions and groups come out right), then rebuilds each.
 fn build_tree(
     procs: &[ProcessImages],
+    zombies: &[(i32, i32, i32)],
     pages: &[memmap2::Mmap],
     images: &ImageDir,
     pipes: &pipes::PipeTable,
@@ -209,6 +229,20 @@ fn build_tree(
         )?;
         task::restore_session(&remote::Remote { t: &child, base }, &p.core, false)?;
         tracees.push(child);
+    }
+    for &(pid, ppid, status) in zombies {
+        let parent = procs
+            .iter()
+            .position(|q| q.pid == ppid)
+            .expect("checked by check_tree");
+        let child = tree::fork_child(
+            &remote::Remote {
+                t: &tracees[parent],
+                base,
+            },
+            pid,
+        )?;
+        tree::make_zombie(&remote::Remote { t: &child, base }, status)?;
     }
     for ((t, p), pg) in tracees.iter().zip(procs).zip(pages) {
         rebuild(t, base, p, pg, images, pipes, opts)?;

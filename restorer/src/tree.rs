@@ -26,3 +26,38 @@ pub fn fork_child(r: &Remote<'_>, pid: i32) -> Result<Tracee> {
     }
     Ok(child)
 }
+
+/// Turns a freshly forked child into the zombie it was: it exits with the
+/// saved wait status (or dies of the saved signal) and stays unreaped for
+/// its parent. The parent gets a SIGCHLD it already had before the dump;
+/// it stays pending until the parent runs.
+pub fn make_zombie(r: &Remote<'_>, status: i32) -> Result<()> {
+    let pid = r.t.pid();
+    let sig = status & 0x7f;
+    if sig == 0 {
+        let code = (status >> 8) & 0xff;
+        return match r
+            .t
+            .syscall_at(r.base, libc::SYS_exit_group, [code as u64, 0, 0, 0, 0, 0])
+        {
+            Err(ckpt_parasite::ParasiteError::Died { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+            Ok(ret) => Err(RestoreError::Host {
+                pid,
+                what: format!("exit_group returned {ret}"),
+            }),
+        };
+    }
+    let signal = nix::sys::signal::Signal::try_from(sig).map_err(|_| RestoreError::Host {
+        pid,
+        what: format!("zombie killed by unknown signal {sig}"),
+    })?;
+    // The child inherited the restorer's dispositions; the default kills.
+    let act = r.put_u64s(0, &[0, 0, 0, 0])?;
+    r.call(
+        "rt_sigaction",
+        libc::SYS_rt_sigaction,
+        [sig as u64, act, 0, 8, 0, 0],
+    )?;
+    Ok(r.t.die_by(signal)?)
+}
