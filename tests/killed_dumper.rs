@@ -1,7 +1,8 @@
 //! A dumper that dies (SIGKILL, no chance to clean up) at the worst moments
 //! leaves the target running as it was: the kernel detaches it, and if the
 //! parasite was loaded its rescue path `rt_sigreturn`s it home
-//! (dumper/src/fault.rs lists the points; victim: tests/c/counter.c).
+//! (dumper/src/fault.rs lists the points; victim: tests/c/counter.c). A
+//! restorer that dies leaves no half-restored process behind.
 
 mod common;
 
@@ -74,4 +75,49 @@ fn dumper_killed_with_parasite_loaded() {
 #[test]
 fn dumper_killed_while_copying_pages() {
     dumper_killed_at("during-pages");
+}
+
+/// A restorer SIGKILLed halfway through rebuilding a tree leaves nothing
+/// running: ptrace's exit-kill takes every half-built process with it.
+#[test]
+fn restorer_killed_mid_rebuild_leaves_nothing() {
+    let env = TestEnv::new("killed-restorer");
+    let mut v = Victim::spawn(&env, "tree", &[]);
+    v.wait_ready();
+    let out = dump(&env, &v, &["--kill"]);
+    assert!(out.stderr.contains("4 processes"), "{}", out.stderr);
+    let show = ckpt(&env, &["show", "--json", path_str(&env.img)], DUMP_TIMEOUT);
+    let j: serde_json::Value = serde_json::from_str(&show.assert_success().stdout).unwrap();
+    let pids: Vec<i32> = j["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_i64().unwrap() as i32)
+        .collect();
+    assert_eq!(pids.len(), 4);
+    v.reap_killed(Duration::from_secs(10));
+    // go exists from the start: a restored victim that ran would answer.
+    v.go();
+    let status = Command::new(CKPT)
+        .args(["restore", "--dir", path_str(&env.img)])
+        .env("CKPT_FAULT", "restore-mid-rebuild")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    assert!(
+        wait_until(Duration::from_secs(5), || victim_gone(
+            v.pid, &v.bin, &v.work
+        )),
+        "a half-restored process {} survived its restorer (state {:?})",
+        v.pid,
+        proc_state(v.pid)
+    );
+    assert!(
+        v.result().is_none(),
+        "a half-restored victim ran: {}",
+        v.diag()
+    );
 }

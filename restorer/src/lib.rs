@@ -21,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod error;
+mod fault;
 mod files;
 mod mm;
 mod pid;
@@ -408,6 +409,7 @@ fn rebuild(
     }
     mm::clear_and_move_specials(&r, &child_maps, &p.mm)?;
     mm::map_vmas(&r, &p.mm)?;
+    fault::inject(fault::FaultPoint::MidRebuild);
     mm::map_shared_links(&r, &p.mm)?;
     mm::fill_pages(&r, &p.mm, pages, opts.progress)?;
     mm::fix_protections(&r, &p.mm)?;
