@@ -155,24 +155,24 @@ impl Secret {
         Secret::from_hex(&s, &path.display().to_string())
     }
 
-    fn mac(&self, parts: &[&[u8]]) -> [u8; NONCE_LEN] {
+    /// HMAC over length-prefixed parts: the prefixes keep ("ab","c") and
+    /// ("a","bc") from producing the same MAC.
+    fn keyed(&self, parts: &[&[u8]]) -> HmacSha256 {
         let mut m = HmacSha256::new_from_slice(&self.0).expect("HMAC accepts any key length");
         for p in parts {
-            // Length prefixes keep ("ab","c") and ("a","bc") from producing the same MAC.
             m.update(&(p.len() as u32).to_le_bytes());
             m.update(p);
         }
-        m.finalize().into_bytes().into()
+        m
+    }
+
+    fn mac(&self, parts: &[&[u8]]) -> [u8; NONCE_LEN] {
+        self.keyed(parts).finalize().into_bytes().into()
     }
 
     fn verify(&self, parts: &[&[u8]], proof: &[u8; NONCE_LEN]) -> bool {
-        let mut m = HmacSha256::new_from_slice(&self.0).expect("HMAC accepts any key length");
-        for p in parts {
-            m.update(&(p.len() as u32).to_le_bytes());
-            m.update(p);
-        }
         // Constant-time comparison, so timing reveals nothing about the expected MAC.
-        m.verify_slice(proof).is_ok()
+        self.keyed(parts).verify_slice(proof).is_ok()
     }
 
     /// The coordinator's proof, sent in `Challenge`.
@@ -182,12 +182,7 @@ impl Secret {
         client_nonce: &[u8; NONCE_LEN],
         server_nonce: &[u8; NONCE_LEN],
     ) -> [u8; NONCE_LEN] {
-        self.mac(&[
-            b"ckpt-coord server",
-            job.as_bytes(),
-            client_nonce,
-            server_nonce,
-        ])
+        self.mac(&server_parts(job, client_nonce, server_nonce))
     }
 
     /// Checks the coordinator's proof on the client side.
@@ -198,15 +193,7 @@ impl Secret {
         server_nonce: &[u8; NONCE_LEN],
         proof: &[u8; NONCE_LEN],
     ) -> bool {
-        self.verify(
-            &[
-                b"ckpt-coord server",
-                job.as_bytes(),
-                client_nonce,
-                server_nonce,
-            ],
-            proof,
-        )
+        self.verify(&server_parts(job, client_nonce, server_nonce), proof)
     }
 
     /// The client's proof, sent in `Auth`; binds the job, node name and role it registered with.
@@ -218,14 +205,8 @@ impl Secret {
         server_nonce: &[u8; NONCE_LEN],
         client_nonce: &[u8; NONCE_LEN],
     ) -> [u8; NONCE_LEN] {
-        self.mac(&[
-            b"ckpt-coord client",
-            job.as_bytes(),
-            node.as_bytes(),
-            &[role as u8],
-            server_nonce,
-            client_nonce,
-        ])
+        let role = [role as u8];
+        self.mac(&client_parts(job, node, &role, server_nonce, client_nonce))
     }
 
     /// Checks a client's proof on the coordinator side.
@@ -238,18 +219,44 @@ impl Secret {
         client_nonce: &[u8; NONCE_LEN],
         proof: &[u8; NONCE_LEN],
     ) -> bool {
+        let role = [role as u8];
         self.verify(
-            &[
-                b"ckpt-coord client",
-                job.as_bytes(),
-                node.as_bytes(),
-                &[role as u8],
-                server_nonce,
-                client_nonce,
-            ],
+            &client_parts(job, node, &role, server_nonce, client_nonce),
             proof,
         )
     }
+}
+
+/// What the coordinator's proof covers.
+fn server_parts<'a>(
+    job: &'a str,
+    client_nonce: &'a [u8; NONCE_LEN],
+    server_nonce: &'a [u8; NONCE_LEN],
+) -> [&'a [u8]; 4] {
+    [
+        b"ckpt-coord server",
+        job.as_bytes(),
+        client_nonce,
+        server_nonce,
+    ]
+}
+
+/// What a client's proof covers: job, node name and role bound to both nonces.
+fn client_parts<'a>(
+    job: &'a str,
+    node: &'a str,
+    role: &'a [u8; 1],
+    server_nonce: &'a [u8; NONCE_LEN],
+    client_nonce: &'a [u8; NONCE_LEN],
+) -> [&'a [u8]; 6] {
+    [
+        b"ckpt-coord client",
+        job.as_bytes(),
+        node.as_bytes(),
+        role,
+        server_nonce,
+        client_nonce,
+    ]
 }
 
 /// A fresh random nonce.
