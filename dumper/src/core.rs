@@ -136,7 +136,7 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
         robust_list: robust_list(t)?,
         rseq: rseq(t)?,
         rlimits: rlimits(&limits),
-        mm: None,
+        mm: Some(crate::mm::mm_fields(pid, &stat, m.brk)?),
         pgid: stat[procfile::stat_index(5)] as i32,
         sid: stat[procfile::stat_index(6)] as i32,
         threads: Vec::new(),

@@ -96,7 +96,6 @@ fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
     let leader = &p.tasks[0];
     let misc = core::run_parasite(leader)?;
     let mut core = core::collect(leader, &misc)?;
-    core.mm = Some(mm::mm_fields(pid, misc.misc.brk)?);
     for t in &p.tasks[1..] {
         let tm = core::run_parasite(t)?;
         core.threads.push(core::collect_thread(t, pid, &tm)?);

@@ -392,10 +392,10 @@ pub fn vdso_info(t: &Tracee, vmas: &[Vma]) -> Result<Option<VdsoInfo>> {
     }))
 }
 
-/// The mm fields of `struct prctl_mm_map` from `/proc/PID/stat` and
-/// `/proc/PID/auxv`; `brk` comes from the parasite (stat lacks it).
-pub fn mm_fields(pid: i32, brk: u64) -> Result<MmFields> {
-    let f = procfile::stat_fields(pid)?;
+/// The mm fields of `struct prctl_mm_map` from `/proc/PID/stat` (already
+/// read, as [`procfile::stat_fields`]) and `/proc/PID/auxv`; `brk` comes
+/// from the parasite (stat lacks it).
+pub fn mm_fields(pid: i32, f: &[u64], brk: u64) -> Result<MmFields> {
     let at = |n: usize| f.get(stat_index(n)).copied().unwrap_or(0);
     Ok(MmFields {
         start_code: at(26),
