@@ -12,16 +12,16 @@
 
 #![warn(missing_docs)]
 
-pub mod core;
 pub mod error;
 pub mod fault;
-pub mod fds;
+pub mod fd;
 pub mod features;
 pub mod mm;
 pub mod pages;
 mod procfile;
 mod sys;
-mod threads;
+pub mod task;
+mod thread;
 mod tree;
 
 use std::path::PathBuf;
@@ -83,28 +83,28 @@ pub struct DumpReport {
 struct Collected {
     pid: i32,
     ppid: i32,
-    core: ckpt_image::core::Core,
+    core: ckpt_image::task::Core,
     vmas: Vec<ckpt_image::mm::Vma>,
     vdso: Option<ckpt_image::mm::VdsoInfo>,
     pages_bytes: u64,
     files: ckpt_image::files::Files,
-    ghosts: Vec<fds::Ghost>,
+    ghosts: Vec<fd::Ghost>,
 }
 
 fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
     let pid = p.pid;
     let leader = &p.tasks[0];
-    let misc = core::run_parasite(leader)?;
-    let mut core = core::collect(leader, &misc)?;
+    let misc = task::run_parasite(leader)?;
+    let mut core = task::collect(leader, &misc)?;
     for t in &p.tasks[1..] {
-        let tm = core::run_parasite(t)?;
-        core.threads.push(core::collect_thread(t, pid, &tm)?);
+        let tm = task::run_parasite(t)?;
+        core.threads.push(task::collect_thread(t, pid, &tm)?);
     }
     let mut vmas = mm::collect_vmas(pid)?;
     let vdso = mm::vdso_info(leader, &vmas)?;
     let pages_bytes = mm::plan_pages(pid, &mut vmas)?;
     let mut ghosts = Vec::new();
-    let files = fds::collect(pid, &mut ghosts)?;
+    let files = fd::collect(pid, &mut ghosts)?;
     Ok(Collected {
         pid,
         ppid: p.ppid,
@@ -133,7 +133,7 @@ pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
         .filter(|p| p.zombie_status.is_none())
         .map(collect_process)
         .collect::<Result<Vec<Collected>>>()?;
-    let relaid = tree::link_shared_memory(
+    let relaid = mm::link_shared_memory(
         &mut procs
             .iter_mut()
             .map(|c| (c.pid, &mut c.vmas))
@@ -142,13 +142,13 @@ pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
     for c in procs.iter_mut().filter(|c| relaid.contains(&c.pid)) {
         c.pages_bytes = mm::reassign_offsets(&mut c.vmas);
     }
-    fds::share_across(
+    fd::share_across(
         &mut procs
             .iter_mut()
             .map(|c| (c.pid, &mut c.files))
             .collect::<Vec<_>>(),
     )?;
-    let pipes = fds::pipe::collect(&procs.iter().map(|c| (c.pid, &c.files)).collect::<Vec<_>>())?;
+    let pipes = fd::pipe::collect(&procs.iter().map(|c| (c.pid, &c.files)).collect::<Vec<_>>())?;
     // Ghosts of fds now taken from another process are not needed.
     for c in procs.iter_mut() {
         let wanted: Vec<String> = c.files.fds.iter().map(|e| e.ghost.clone()).collect();
@@ -308,7 +308,7 @@ fn seize_error(pid: i32, e: ParasiteError) -> DumpError {
 fn manifest(
     root: i32,
     processes: Vec<ProcessEntry>,
-    root_core: &ckpt_image::core::Core,
+    root_core: &ckpt_image::task::Core,
 ) -> Result<Manifest> {
     let pid = root;
     let uts = nix::sys::utsname::uname().map_err(|e| DumpError::Proc {

@@ -5,8 +5,8 @@ use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 
 use ckpt_image::PAGE_SIZE;
-use ckpt_image::core::MmFields;
-use ckpt_image::mm::{FileId, PageRange, VdsoInfo, Vma, VmaKind, prot, vma_flags};
+use ckpt_image::mm::{FileId, PageRange, ShmemOwner, VdsoInfo, Vma, VmaKind, prot, vma_flags};
+use ckpt_image::task::MmFields;
 use ckpt_parasite::Tracee;
 
 use crate::error::{DumpError, Result};
@@ -411,6 +411,50 @@ pub fn mm_fields(pid: i32, f: &[u64], brk: u64) -> Result<MmFields> {
         env_end: at(51),
         auxv: procfile::read_bytes(pid, "auxv")?,
     })
+}
+
+/// Links every VMA that maps a shared anonymous object already seen (in
+/// this or an earlier process, tree order) to that first VMA, which alone
+/// keeps the object's pages. Returns the processes whose page layout changed.
+pub fn link_shared_memory(procs: &mut [(i32, &mut Vec<Vma>)]) -> Result<Vec<i32>> {
+    let mut owners: Vec<(u64, ShmemOwner, u64)> = Vec::new();
+    let mut changed = Vec::new();
+    for (pid, vmas) in procs.iter_mut() {
+        for v in vmas
+            .iter_mut()
+            .filter(|v| v.kind == VmaKind::SharedAnon as i32)
+        {
+            match owners.iter().find(|(id, _, _)| *id == v.shmem_id) {
+                Some((_, owner, offset)) => {
+                    // The fork case: the same whole object at the same offset.
+                    if owner.end - owner.start != v.len() || *offset != v.file_offset {
+                        return Err(DumpError::Unsupported {
+                            pid: *pid,
+                            what: format!(
+                                "mapping {:#x}-{:#x}: a different part of shared anonymous memory also mapped by pid {}",
+                                v.start, v.end, owner.pid
+                            ),
+                        });
+                    }
+                    v.shmem_owner = Some(*owner);
+                    v.pages.clear();
+                    if !changed.contains(pid) {
+                        changed.push(*pid);
+                    }
+                }
+                None => owners.push((
+                    v.shmem_id,
+                    ShmemOwner {
+                        pid: *pid,
+                        start: v.start,
+                        end: v.end,
+                    },
+                    v.file_offset,
+                )),
+            }
+        }
+    }
+    Ok(changed)
 }
 
 #[cfg(test)]

@@ -2,12 +2,11 @@
 //! its threads. A process is frozen before its children are listed, so
 //! the list cannot grow behind ckpt's back.
 
-use ckpt_image::mm::{ShmemOwner, Vma, VmaKind};
 use ckpt_parasite::{ParasiteError, Tracee};
 
 use crate::error::{DumpError, Result};
 use crate::procfile;
-use crate::threads;
+use crate::thread;
 
 /// One frozen process of the tree.
 pub struct FrozenProcess {
@@ -73,7 +72,7 @@ pub fn freeze(
     let mut procs = vec![FrozenProcess {
         pid: root,
         ppid,
-        tasks: threads::freeze(root, |e| seize_err(root, e))?,
+        tasks: thread::freeze(root, |e| seize_err(root, e))?,
         zombie_status: None,
     }];
     let mut i = 0;
@@ -97,55 +96,11 @@ pub fn freeze(
             procs.push(FrozenProcess {
                 pid: child,
                 ppid: parent,
-                tasks: threads::freeze(child, |e| seize_err(child, e))?,
+                tasks: thread::freeze(child, |e| seize_err(child, e))?,
                 zombie_status: None,
             });
         }
         i += 1;
     }
     Ok(procs)
-}
-
-/// Links every VMA that maps a shared anonymous object already seen (in
-/// this or an earlier process, tree order) to that first VMA, which alone
-/// keeps the object's pages. Returns the processes whose page layout changed.
-pub fn link_shared_memory(procs: &mut [(i32, &mut Vec<Vma>)]) -> Result<Vec<i32>> {
-    let mut owners: Vec<(u64, ShmemOwner, u64)> = Vec::new();
-    let mut changed = Vec::new();
-    for (pid, vmas) in procs.iter_mut() {
-        for v in vmas
-            .iter_mut()
-            .filter(|v| v.kind == VmaKind::SharedAnon as i32)
-        {
-            match owners.iter().find(|(id, _, _)| *id == v.shmem_id) {
-                Some((_, owner, offset)) => {
-                    // The fork case: the same whole object at the same offset.
-                    if owner.end - owner.start != v.len() || *offset != v.file_offset {
-                        return Err(DumpError::Unsupported {
-                            pid: *pid,
-                            what: format!(
-                                "mapping {:#x}-{:#x}: a different part of shared anonymous memory also mapped by pid {}",
-                                v.start, v.end, owner.pid
-                            ),
-                        });
-                    }
-                    v.shmem_owner = Some(*owner);
-                    v.pages.clear();
-                    if !changed.contains(pid) {
-                        changed.push(*pid);
-                    }
-                }
-                None => owners.push((
-                    v.shmem_id,
-                    ShmemOwner {
-                        pid: *pid,
-                        start: v.start,
-                        end: v.end,
-                    },
-                    v.file_offset,
-                )),
-            }
-        }
-    }
-    Ok(changed)
 }

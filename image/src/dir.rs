@@ -414,7 +414,7 @@ fn read_limited(path: &Path, limit: u64) -> Result<Vec<u8>, ImageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::Core;
+    use crate::task::Core;
 
     #[test]
     fn write_commit_read_back() {

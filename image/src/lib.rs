@@ -24,7 +24,6 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
-pub mod core;
 pub mod dir;
 pub mod error;
 pub mod files;
@@ -32,6 +31,7 @@ pub mod header;
 pub mod manifest;
 pub mod mm;
 pub mod summary;
+pub mod task;
 
 pub use dir::{ImageDir, ImageWriter, PagesWriter};
 pub use error::ImageError;

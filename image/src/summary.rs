@@ -2,12 +2,12 @@
 
 use serde_json::{Value, json};
 
-use crate::core::Core;
 use crate::dir::ImageDir;
 use crate::error::ImageError;
 use crate::files::{FdKind, Files};
 use crate::header::ImageKind;
 use crate::mm::{Mm, VmaKind};
+use crate::task::Core;
 
 /// Decodes every image of `dir` into one JSON value.
 pub fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {

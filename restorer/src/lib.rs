@@ -22,22 +22,21 @@
 
 pub mod error;
 mod fault;
-mod files;
+mod fd;
 mod mm;
 mod pid;
-mod pipes;
 mod remote;
 mod sys;
 mod task;
-mod threads;
+mod thread;
 mod tree;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ckpt_image::core::Core;
 use ckpt_image::files::Files;
 use ckpt_image::mm::Mm;
+use ckpt_image::task::Core;
 use ckpt_image::{ImageDir, ImageError, ImageKind};
 use ckpt_parasite::Tracee;
 use nix::sys::signal::{Signal, kill};
@@ -128,7 +127,7 @@ pub fn restore(opts: &RestoreOptions<'_>) -> Result<Restored> {
             pid::wait_free(tc.tid, opts.pid_wait, opts.notice)?;
         }
     }
-    let pipes = pipes::PipeTable::create(&images)?;
+    let pipes = fd::pipe::PipeTable::create(&images)?;
     let child = spawn(root, opts)?;
     match build_tree(&procs, &zombies, &pages, &images, &pipes, opts) {
         Ok(tracees) => {
@@ -188,7 +187,7 @@ fn build_tree(
     zombies: &[(i32, i32, i32)],
     pages: &[memmap2::Mmap],
     images: &ImageDir,
-    pipes: &pipes::PipeTable,
+    pipes: &fd::pipe::PipeTable,
     opts: &RestoreOptions<'_>,
 ) -> Result<Vec<Tracee>> {
     let root = Tracee::adopt_stopped_child(procs[0].pid)?;
@@ -379,7 +378,7 @@ fn rebuild(
     p: &ProcessImages,
     pages: &[u8],
     images: &ImageDir,
-    pipes: &pipes::PipeTable,
+    pipes: &fd::pipe::PipeTable,
     opts: &RestoreOptions<'_>,
 ) -> Result<()> {
     let pid = t.pid();
@@ -417,13 +416,13 @@ fn rebuild(
     mm::set_mm_fields(&r, mm_fields, &core.exe)?;
 
     task::restore_rlimits(pid, core, opts.notice)?;
-    files::restore(&r, &p.files, images, pipes)?;
+    fd::restore(&r, &p.files, images, pipes)?;
     task::restore_misc(&r, core)?;
     task::restore_sigactions(&r, core)?;
     task::queue_pending(&r, pid, &core.pending)?;
     // Threads are created while the leader still has the privileges clone3
     // with set_tid needs; credentials are per thread in the kernel.
-    let threads = threads::spawn(&r, core)?;
+    let threads = thread::spawn(&r, core)?;
     task::restore_creds(&r, core)?;
     for th in &threads {
         task::restore_creds(&remote::Remote { t: th, base }, core)?;

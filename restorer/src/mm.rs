@@ -6,8 +6,8 @@
 use std::os::unix::fs::MetadataExt;
 
 use ckpt_image::PAGE_SIZE;
-use ckpt_image::core::MmFields;
 use ckpt_image::mm::{Mm, PageChunk, VdsoInfo, Vma, VmaKind, prot, vma_flags};
+use ckpt_image::task::MmFields;
 
 use crate::error::{RestoreError, Result};
 use crate::remote::{Remote, SCRATCH_LEN};

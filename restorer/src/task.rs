@@ -2,7 +2,7 @@
 //! dispositions, timers, futex/rseq registrations, credentials, pending
 //! signals, and finally the registers.
 
-use ckpt_image::core::{AltStack, Core, GpRegs, PendingSignal, RobustList, Rseq};
+use ckpt_image::task::{AltStack, Core, GpRegs, PendingSignal, RobustList, Rseq};
 use ckpt_parasite::Regs;
 
 use crate::error::{RestoreError, Result};

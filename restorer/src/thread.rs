@@ -5,7 +5,7 @@
 //! alternate stack, clear_child_tid, robust list, rseq, name and pending
 //! signals, the last remote syscalls running in the thread itself.
 
-use ckpt_image::core::Core;
+use ckpt_image::task::Core;
 use ckpt_parasite::Tracee;
 
 use crate::error::{RestoreError, Result};

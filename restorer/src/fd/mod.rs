@@ -14,9 +14,11 @@ use std::path::PathBuf;
 use ckpt_image::ImageDir;
 use ckpt_image::files::{FdEntry, FdKind, Files};
 
+pub mod pipe;
+
 use crate::error::{RestoreError, Result};
-use crate::pipes::PipeTable;
 use crate::remote::Remote;
+use pipe::PipeTable;
 
 /// Removes ghost files still linked if the restore fails halfway.
 #[derive(Default)]

@@ -1,7 +1,7 @@
 //! Task state other than memory and files: registers and xstate, signals,
 //! timers, credentials, limits and identity.
 
-use ckpt_image::core::{
+use ckpt_image::task::{
     AltStack, Core, Creds, GpRegs, ITimer, PendingSignal, Rlimit, RobustList, Rseq, SigAction,
     ThreadCore,
 };

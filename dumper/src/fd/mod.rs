@@ -1,9 +1,9 @@
 //! The fd table: walks `/proc/PID/fd`, asks each kind's module to describe
 //! its fds, and refuses (naming pid, fd and kind) anything not supported.
 
-mod device;
-mod file;
+mod dev;
 pub mod pipe;
+mod reg;
 
 use std::os::unix::fs::MetadataExt;
 
@@ -81,9 +81,9 @@ pub fn collect(pid: i32, ghosts: &mut Vec<Ghost>) -> Result<Files> {
             return Err(p.unsupported(kind.trim_matches(|c| c == '[' || c == ']')));
         } else {
             match p.meta.mode() & libc::S_IFMT {
-                libc::S_IFREG => file::dump_regular(&p, ghosts)?,
+                libc::S_IFREG => reg::dump_regular(&p, ghosts)?,
                 libc::S_IFDIR => p.entry(FdKind::Directory),
-                libc::S_IFCHR => device::dump_char(&p)?,
+                libc::S_IFCHR => dev::dump_char(&p)?,
                 libc::S_IFIFO if p.link.starts_with("pipe:") => pipe::dump_pipe(&p),
                 libc::S_IFIFO => return Err(p.unsupported("named pipe (FIFO)")),
                 libc::S_IFSOCK => return Err(p.unsupported("socket")),
