@@ -5,10 +5,15 @@
 //! and ptrace for the rest) → **write** (pages streamed in parallel into the
 //! image directory, metadata, then the manifest and an atomic rename).
 //!
+//! The phases are separate calls so a coordinator can hold a tree frozen
+//! while other nodes catch up: [`freeze`] → [`Frozen::drain`] →
+//! [`Frozen::write`] → [`Written::resume`] or [`Written::kill`]; [`dump`]
+//! runs them in one go.
+//!
 //! The target is never left stopped or changed by a failed dump: the
-//! [`ckpt_parasite::Infection`] cures itself and the `Tracee` detaches when
-//! dropped, and the temporary image directory removes itself unless
-//! committed. Only after the manifest is durable does `--kill` kill it.
+//! [`ckpt_parasite::Infection`] cures itself, a dropped [`Frozen`] thaws
+//! the tree, and the temporary image directory removes itself unless
+//! committed. Only after the manifest is durable can the tree be killed.
 
 #![warn(missing_docs)]
 
@@ -45,14 +50,20 @@ pub enum FinalState {
     Kill,
 }
 
-/// Options of one dump.
+/// Options of a whole dump ([`dump`]).
 pub struct DumpOptions<'a> {
     /// The process to dump.
     pub pid: i32,
-    /// The checkpoint directory to create (must not exist).
-    pub dir: PathBuf,
+    /// Where and how to write.
+    pub write: WriteOptions<'a>,
     /// What to do with the process afterwards.
     pub final_state: FinalState,
+}
+
+/// Options of [`Frozen::write`].
+pub struct WriteOptions<'a> {
+    /// The checkpoint directory to create (must not exist).
+    pub dir: PathBuf,
     /// Called with (bytes of page data written, total) while pages are copied.
     pub progress: Option<&'a (dyn Fn(u64, u64) + Sync)>,
     /// Store pages as LZ4 blocks (smaller images of compressible memory;
@@ -79,6 +90,128 @@ pub struct DumpReport {
     pub frozen_ms: u64,
 }
 
+/// Dumps a process and all its descendants (with all their threads): the
+/// phases [`freeze`] → [`Frozen::drain`] → [`Frozen::write`] →
+/// [`Written::resume`] or [`Written::kill`] in one call.
+pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
+    let mut frozen = freeze(opts.pid)?;
+    frozen.drain()?;
+    let written = frozen.write(&opts.write)?;
+    match opts.final_state {
+        FinalState::LeaveRunning => written.resume(),
+        FinalState::Kill => Ok(written.kill()),
+    }
+}
+
+/// Freezes `root` and every descendant, each with all its threads. Nothing
+/// of the tree runs until the returned [`Frozen`] is resumed, killed or
+/// dropped; dropping it (e.g. on any later error) thaws the tree exactly
+/// as it was.
+pub fn freeze(root: i32) -> Result<Frozen> {
+    if root <= 0 {
+        return Err(DumpError::NoProcess { pid: root });
+    }
+    let frozen_at = Instant::now();
+    let procs = tree::freeze(root, precheck, seize_error)?;
+    fault::inject(fault::FaultPoint::AfterSeize);
+    Ok(Frozen {
+        root,
+        procs,
+        frozen_at,
+    })
+}
+
+/// A frozen process tree (phase 1 of a dump).
+pub struct Frozen {
+    root: i32,
+    /// Tree order: parents before children.
+    procs: Vec<tree::FrozenProcess>,
+    frozen_at: Instant,
+}
+
+impl Frozen {
+    /// Pids of every process of the tree, parents first (zombies included).
+    pub fn pids(&self) -> Vec<i32> {
+        self.procs.iter().map(|p| p.pid).collect()
+    }
+
+    /// Drains interconnect state while the whole job is frozen (the place a
+    /// coordinator calls between every node's FREEZE and DUMP). Nothing
+    /// needs draining yet: TCP and InfiniBand state join here.
+    pub fn drain(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Collects everything and writes the checkpoint (fsynced, manifest
+    /// last, renamed into place). The tree stays frozen; on error it is
+    /// thawed unharmed and no directory is left.
+    pub fn write(self, opts: &WriteOptions<'_>) -> Result<Written> {
+        let report = write_images(&self, opts)?;
+        Ok(Written {
+            frozen: self,
+            report,
+        })
+    }
+
+    /// Detaches every task, children first so no parent runs while a child
+    /// is still stopped.
+    fn thaw(&mut self) -> Result<()> {
+        let mut first_err = None;
+        for p in std::mem::take(&mut self.procs).into_iter().rev() {
+            for t in p.tasks {
+                if let Err(e) = t.detach() {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), |e| Err(e.into()))
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = self.thaw();
+    }
+}
+
+/// A frozen tree whose checkpoint is durable (phase 2 of a dump). Dropping
+/// it resumes the tree.
+pub struct Written {
+    frozen: Frozen,
+    report: DumpReport,
+}
+
+impl Written {
+    /// What was written.
+    pub fn report(&self) -> &DumpReport {
+        &self.report
+    }
+
+    /// Lets the tree carry on.
+    pub fn resume(mut self) -> Result<DumpReport> {
+        self.frozen.thaw()?;
+        Ok(self.finish())
+    }
+
+    /// Kills the tree (the images are durable, so nothing is lost).
+    pub fn kill(mut self) -> DumpReport {
+        for p in &self.frozen.procs {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p.pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        self.frozen.procs.clear();
+        self.finish()
+    }
+
+    fn finish(&mut self) -> DumpReport {
+        let mut r = self.report.clone();
+        r.frozen_ms = self.frozen.frozen_at.elapsed().as_millis() as u64;
+        r
+    }
+}
+
 /// Everything collected about one frozen process, ready to be written.
 struct Collected {
     pid: i32,
@@ -87,8 +220,6 @@ struct Collected {
     vmas: Vec<ckpt_image::mm::Vma>,
     vdso: Option<ckpt_image::mm::VdsoInfo>,
     pages_bytes: u64,
-    files: ckpt_image::files::Files,
-    ghosts: Vec<fd::Ghost>,
 }
 
 fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
@@ -103,8 +234,6 @@ fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
     let mut vmas = mm::collect_vmas(pid)?;
     let vdso = mm::vdso_info(leader, &vmas)?;
     let pages_bytes = mm::plan_pages(pid, &mut vmas)?;
-    let mut ghosts = Vec::new();
-    let files = fd::collect(pid, &mut ghosts)?;
     Ok(Collected {
         pid,
         ppid: p.ppid,
@@ -112,26 +241,21 @@ fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
         vmas,
         vdso,
         pages_bytes,
-        files,
-        ghosts,
     })
 }
 
-/// Dumps a process and all its descendants (with all their threads) into
-/// `opts.dir`.
-pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
-    let root = opts.pid;
-    if root <= 0 {
-        return Err(DumpError::NoProcess { pid: root });
-    }
-    let frozen_at = Instant::now();
-    let tree = tree::freeze(root, precheck, seize_error)?;
-    fault::inject(fault::FaultPoint::AfterSeize);
-
-    let mut procs = tree
+/// Collect, then write: nothing is written before everything is known to
+/// be supported.
+fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<DumpReport> {
+    let root = frozen.root;
+    let live: Vec<&tree::FrozenProcess> = frozen
+        .procs
         .iter()
         .filter(|p| p.zombie_status.is_none())
-        .map(collect_process)
+        .collect();
+    let mut procs = live
+        .iter()
+        .map(|p| collect_process(p))
         .collect::<Result<Vec<Collected>>>()?;
     let relaid = mm::link_shared_memory(
         &mut procs
@@ -142,36 +266,23 @@ pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
     for c in procs.iter_mut().filter(|c| relaid.contains(&c.pid)) {
         c.pages_bytes = mm::reassign_offsets(&mut c.vmas);
     }
-    fd::share_across(
-        &mut procs
-            .iter_mut()
-            .map(|c| (c.pid, &mut c.files))
-            .collect::<Vec<_>>(),
-    )?;
-    let pipes = fd::pipe::collect(&procs.iter().map(|c| (c.pid, &c.files)).collect::<Vec<_>>())?;
-    // Ghosts of fds now taken from another process are not needed.
-    for c in procs.iter_mut() {
-        let wanted: Vec<String> = c.files.fds.iter().map(|e| e.ghost.clone()).collect();
-        c.ghosts.retain(|g| wanted.contains(&g.name));
-    }
+    let files = fd::collect_tree(&procs.iter().map(|c| c.pid).collect::<Vec<_>>())?;
 
-    // Everything is known to be supported: now write.
     let total: u64 = procs.iter().map(|c| c.pages_bytes).sum();
     let mut w = ImageWriter::create(&opts.dir)?;
     let mut written = 0u64;
     let mut report = DumpReport {
         pid: root,
         dir: opts.dir.clone(),
-        processes: tree.len(),
+        processes: frozen.procs.len(),
         vmas: 0,
         pages_bytes: total,
-        fds: 0,
+        fds: files.tables.iter().map(|(_, t)| t.fds.len()).sum(),
         frozen_ms: 0,
     };
     let mut entries = Vec::new();
     let mut cores = Vec::new();
-    let live = tree.iter().filter(|p| p.zombie_status.is_none());
-    for (c, frozen) in procs.into_iter().zip(live) {
+    for (c, p) in procs.into_iter().zip(&live) {
         let pw = w.pages(&ckpt_image::pages_name(c.pid))?;
         let base = written;
         let progress = |done: u64| {
@@ -181,19 +292,14 @@ pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
             }
         };
         let chunks = if opts.compress {
-            pages::copy_pages_compressed(&frozen.tasks[0], &c.vmas, &pw, &progress)?
+            pages::copy_pages_compressed(&p.tasks[0], &c.vmas, &pw, &progress)?
         } else {
-            pages::copy_pages(&frozen.tasks[0], &c.vmas, &pw, &progress)?;
+            pages::copy_pages(&p.tasks[0], &c.vmas, &pw, &progress)?;
             Vec::new()
         };
         w.finish_pages(pw)?;
         written += c.pages_bytes;
-        for g in &c.ghosts {
-            w.write_raw(&g.name, &g.data)?;
-        }
         report.vmas += c.vmas.len();
-        report.fds += c.files.fds.len();
-        w.write_meta(&ckpt_image::files_name(c.pid), ImageKind::Files, &c.files)?;
         let mm = Mm {
             vmas: c.vmas,
             vdso: c.vdso,
@@ -211,8 +317,15 @@ pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
         });
         cores.push(c.core);
     }
+    for (pid, table) in &files.tables {
+        w.write_meta(&ckpt_image::fds_name(*pid), ImageKind::FdTable, table)?;
+    }
+    w.write_meta(ckpt_image::FILES_NAME, ImageKind::Files, &files.files)?;
+    for b in files.blobs.iter() {
+        w.write_raw(&b.name, &b.data)?;
+    }
     // Zombies come last: their parents are all listed by then.
-    for z in tree.iter().filter(|p| p.zombie_status.is_some()) {
+    for z in frozen.procs.iter().filter(|p| p.zombie_status.is_some()) {
         entries.push(ProcessEntry {
             pid: z.pid,
             ppid: z.ppid,
@@ -222,30 +335,8 @@ pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
             zombie_status: z.zombie_status,
         });
     }
-    if !pipes.pipes.is_empty() {
-        w.write_meta(ckpt_image::PIPES_NAME, ImageKind::Pipes, &pipes)?;
-    }
     let manifest = manifest(root, entries, &cores[0])?;
     report.dir = w.commit(manifest)?;
-
-    if opts.final_state == FinalState::Kill {
-        // The images are durable; only now may the tree go.
-        for p in &tree {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(p.pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        drop(tree);
-    } else {
-        // Children first, so no parent runs while a child is still stopped.
-        for p in tree.into_iter().rev() {
-            for t in p.tasks {
-                t.detach()?;
-            }
-        }
-    }
-    report.frozen_ms = frozen_at.elapsed().as_millis() as u64;
     Ok(report)
 }
 

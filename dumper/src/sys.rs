@@ -3,12 +3,6 @@
 /// `kcmp` type: compare two file descriptors' open file descriptions.
 const KCMP_FILE: libc::c_int = 0;
 
-/// True when fd `a` and fd `b` of `pid` refer to the same open file
-/// description (share offset and flags), per `kcmp(2)`.
-pub fn same_file_description(pid: i32, a: i32, b: i32) -> std::io::Result<bool> {
-    same_file_description_of(pid, a, pid, b)
-}
-
 /// True when fd `a` of `pid_a` and fd `b` of `pid_b` share one open file
 /// description, per `kcmp(2)`.
 pub fn same_file_description_of(pid_a: i32, a: i32, pid_b: i32, b: i32) -> std::io::Result<bool> {

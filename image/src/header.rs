@@ -15,7 +15,7 @@ use std::path::Path;
 use crate::error::ImageError;
 
 /// Version of the on-disk format; independent of the tool's version.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Length of [`encode`]'s header.
 pub const HEADER_LEN: usize = 32;
@@ -32,10 +32,10 @@ pub enum ImageKind {
     Core,
     /// `mm-PID.img`.
     Mm,
-    /// `files-PID.img`.
+    /// `fds-PID.img`.
+    FdTable,
+    /// `files.img`.
     Files,
-    /// `pipes.img`.
-    Pipes,
 }
 
 impl ImageKind {
@@ -45,8 +45,8 @@ impl ImageKind {
             ImageKind::Manifest => b"CKPTMANI",
             ImageKind::Core => b"CKPTCORE",
             ImageKind::Mm => b"CKPTMMAP",
-            ImageKind::Files => b"CKPTFDTB",
-            ImageKind::Pipes => b"CKPTPIPE",
+            ImageKind::FdTable => b"CKPTFDTB",
+            ImageKind::Files => b"CKPTFILE",
         }
     }
 
@@ -56,8 +56,8 @@ impl ImageKind {
             ImageKind::Manifest => "manifest",
             ImageKind::Core => "core",
             ImageKind::Mm => "mm",
+            ImageKind::FdTable => "fd table",
             ImageKind::Files => "files",
-            ImageKind::Pipes => "pipes",
         }
     }
 }

@@ -7,9 +7,10 @@
 //! DIR/manifest.img     header + Manifest: tool/format version, kernel, CPU, per-file checksums
 //! DIR/core-PID.img     header + Core: registers, xstate, signals, credentials, limits, mm fields
 //! DIR/mm-PID.img       header + Mm: every VMA and where its saved pages live
-//! DIR/files-PID.img    header + Files: the fd table
-//! DIR/ghost-PID-N.img  raw contents of an open-but-unlinked file
-//! DIR/pipes.img        header + Pipes: data buffered in the tree's pipes
+//! DIR/fds-PID.img      header + FdTable: fd number -> open file id
+//! DIR/files.img        header + Files: every open file description, once
+//! DIR/ghost-ID.img     raw contents of open-but-unlinked file ID
+//! DIR/pipe-ID.img      raw data buffered in pipe ID
 //! DIR/pages-PID.img    raw page data, 4 KiB aligned, no header, so restore can
 //!                      read it straight into place
 //! ```
@@ -26,11 +27,10 @@
 
 pub mod dir;
 pub mod error;
-pub mod files;
+pub mod fd;
 pub mod header;
 pub mod manifest;
 pub mod mm;
-pub mod summary;
 pub mod task;
 
 pub use dir::{ImageDir, ImageWriter, PagesWriter};
@@ -50,23 +50,28 @@ pub fn mm_name(pid: i32) -> String {
     format!("mm-{pid}.img")
 }
 
-/// File name of a process's fd-table image.
-pub fn files_name(pid: i32) -> String {
-    format!("files-{pid}.img")
+/// File name of a process's fd table.
+pub fn fds_name(pid: i32) -> String {
+    format!("fds-{pid}.img")
 }
+
+/// File name of the image holding every open file description.
+pub const FILES_NAME: &str = "files.img";
 
 /// File name of a process's page data.
 pub fn pages_name(pid: i32) -> String {
     format!("pages-{pid}.img")
 }
 
-/// File name of the saved contents of process `pid`'s `n`th unlinked file.
-pub fn ghost_name(pid: i32, n: u32) -> String {
-    format!("ghost-{pid}-{n}.img")
+/// File name of the saved contents of unlinked open file `file_id`.
+pub fn ghost_name(file_id: u64) -> String {
+    format!("ghost-{file_id}.img")
 }
 
-/// File name of the pipes image (present when the tree has pipes).
-pub const PIPES_NAME: &str = "pipes.img";
+/// File name of the data buffered in pipe `pipe_id`.
+pub fn pipe_data_name(pipe_id: u64) -> String {
+    format!("pipe-{pipe_id}.img")
+}
 
 /// File name of the manifest.
 pub const MANIFEST_NAME: &str = "manifest.img";

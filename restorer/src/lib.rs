@@ -34,7 +34,7 @@ mod tree;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ckpt_image::files::Files;
+use ckpt_image::fd::{FdTable, Files};
 use ckpt_image::mm::Mm;
 use ckpt_image::task::Core;
 use ckpt_image::{ImageDir, ImageError, ImageKind};
@@ -70,18 +70,19 @@ struct ProcessImages {
     ppid: i32,
     core: Core,
     mm: Mm,
-    files: Files,
+    fds: FdTable,
 }
 
-fn load(images: &ImageDir, pid: i32, ppid: i32) -> Result<ProcessImages> {
+fn load(images: &ImageDir, files: &Files, pid: i32, ppid: i32) -> Result<ProcessImages> {
     let p = ProcessImages {
         pid,
         ppid,
         core: images.read_meta(&ckpt_image::core_name(pid), ImageKind::Core)?,
         mm: images.read_meta(&ckpt_image::mm_name(pid), ImageKind::Mm)?,
-        files: images.read_meta(&ckpt_image::files_name(pid), ImageKind::Files)?,
+        fds: images.read_meta(&ckpt_image::fds_name(pid), ImageKind::FdTable)?,
     };
     validate(images, pid, &p)?;
+    fd::validate(images, pid, &p.fds, files)?;
     Ok(p)
 }
 
@@ -93,11 +94,13 @@ pub fn restore(opts: &RestoreOptions<'_>) -> Result<Restored> {
     let m = images.manifest();
     let root = m.root_pid;
     check_tree(&images, root, &m.processes)?;
+    let files: Files = images.read_meta(ckpt_image::FILES_NAME, ImageKind::Files)?;
+    check_files(&images, &files)?;
     let procs = m
         .processes
         .iter()
         .filter(|e| e.zombie_status.is_none())
-        .map(|e| load(&images, e.pid, e.ppid))
+        .map(|e| load(&images, &files, e.pid, e.ppid))
         .collect::<Result<Vec<_>>>()?;
     let zombies: Vec<(i32, i32, i32)> = m
         .processes
@@ -127,9 +130,9 @@ pub fn restore(opts: &RestoreOptions<'_>) -> Result<Restored> {
             pid::wait_free(tc.tid, opts.pid_wait, opts.notice)?;
         }
     }
-    let pipes = fd::pipe::PipeTable::create(&images)?;
     let child = spawn(root, opts)?;
-    match build_tree(&procs, &zombies, &pages, &images, &pipes, opts) {
+    let mut fds = fd::Context::new(&images, &files);
+    match build_tree(&procs, &zombies, &pages, &mut fds, opts) {
         Ok(tracees) => {
             // Children first, so no parent runs while a child is held.
             for t in tracees.into_iter().rev() {
@@ -186,10 +189,10 @@ fn build_tree(
     procs: &[ProcessImages],
     zombies: &[(i32, i32, i32)],
     pages: &[memmap2::Mmap],
-    images: &ImageDir,
-    pipes: &fd::pipe::PipeTable,
+    fds: &mut fd::Context<'_>,
     opts: &RestoreOptions<'_>,
 ) -> Result<Vec<Tracee>> {
+    let images = fds.images;
     let root = Tracee::adopt_stopped_child(procs[0].pid)?;
     // Nothing may be delivered until the very end; children inherit this.
     root.set_sigmask(!0)?;
@@ -245,9 +248,20 @@ fn build_tree(
         tree::make_zombie(&remote::Remote { t: &child, base }, status)?;
     }
     for ((t, p), pg) in tracees.iter().zip(procs).zip(pages) {
-        rebuild(t, base, p, pg, images, pipes, opts)?;
+        rebuild(t, base, p, pg, fds, opts)?;
     }
     Ok(tracees)
+}
+
+/// File ids must be unique and sorted (lookups are binary searches).
+fn check_files(images: &ImageDir, files: &Files) -> Result<()> {
+    if files.files.windows(2).any(|w| w[0].id >= w[1].id) {
+        return Err(RestoreError::Image(ImageError::Invalid {
+            path: images.path().join(ckpt_image::FILES_NAME),
+            what: "file ids are not unique and sorted".into(),
+        }));
+    }
+    Ok(())
 }
 
 fn check_compatible(images: &ImageDir) -> Result<()> {
@@ -377,8 +391,7 @@ fn rebuild(
     base: u64,
     p: &ProcessImages,
     pages: &[u8],
-    images: &ImageDir,
-    pipes: &fd::pipe::PipeTable,
+    fds: &mut fd::Context<'_>,
     opts: &RestoreOptions<'_>,
 ) -> Result<()> {
     let pid = t.pid();
@@ -416,7 +429,7 @@ fn rebuild(
     mm::set_mm_fields(&r, mm_fields, &core.exe)?;
 
     task::restore_rlimits(pid, core, opts.notice)?;
-    fd::restore(&r, &p.files, images, pipes)?;
+    fd::restore(fds, &r, &p.fds)?;
     task::restore_misc(&r, core)?;
     task::restore_sigactions(&r, core)?;
     task::queue_pending(&r, pid, &core.pending)?;

@@ -46,7 +46,8 @@ pub fn expected_images(pid: i32) -> Vec<String> {
         format!("pages-{pid}.img"),
         format!("core-{pid}.img"),
         format!("mm-{pid}.img"),
-        format!("files-{pid}.img"),
+        format!("fds-{pid}.img"),
+        "files.img".to_string(),
     ]
 }
 

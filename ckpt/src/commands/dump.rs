@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use ckpt_dumper::{DumpOptions, FinalState};
+use ckpt_dumper::WriteOptions;
 
 /// Arguments of `ckpt dump`.
 #[derive(clap::Args, Debug)]
@@ -38,18 +38,26 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
             b.set_position(done);
         }
     };
-    let opts = DumpOptions {
-        pid: a.pid,
+    // The engine's phases, one after the other (a coordinated dump runs
+    // the same steps with barriers between them).
+    let write = WriteOptions {
         dir: a.dir.clone(),
-        final_state: if a.kill {
-            FinalState::Kill
-        } else {
-            FinalState::LeaveRunning
-        },
         progress: Some(&progress),
         compress: a.compress,
     };
-    let report = ckpt_dumper::dump(&opts).with_context(|| format!("dump of pid {} failed", a.pid));
+    let report = ckpt_dumper::freeze(a.pid)
+        .and_then(|mut frozen| {
+            frozen.drain()?;
+            frozen.write(&write)
+        })
+        .and_then(|written| {
+            if a.kill {
+                Ok(written.kill())
+            } else {
+                written.resume()
+            }
+        })
+        .with_context(|| format!("dump of pid {} failed", a.pid));
     if let Some(b) = &bar {
         b.finish_and_clear();
     }

@@ -1,9 +1,16 @@
-//! `ckpt show`.
+//! `ckpt show`: a readable and a JSON summary of a checkpoint. The
+//! presentation lives here; the image crate only decodes.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use ckpt_image::fd::file::Kind;
+use ckpt_image::fd::{FdTable, File, Files};
+use ckpt_image::mm::{Mm, VmaKind};
+use ckpt_image::task::Core;
+use ckpt_image::{ImageDir, ImageError, ImageKind};
+use serde_json::{Value, json};
 
 /// Arguments of `ckpt show`.
 #[derive(clap::Args, Debug)]
@@ -19,11 +26,203 @@ pub struct ShowArgs {
 pub fn run(a: ShowArgs) -> anyhow::Result<ExitCode> {
     let dir = ckpt_image::ImageDir::open(&a.dir)
         .with_context(|| format!("cannot read checkpoint {}", a.dir.display()))?;
-    let v = ckpt_image::summary::summarize(&dir)?;
+    let v = summarize(&dir)?;
     if a.json {
         println!("{v}");
     } else {
-        print!("{}", ckpt_image::summary::render_text(&v));
+        print!("{}", render_text(&v));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Decodes every image of `dir` into one JSON value.
+fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
+    let m = dir.manifest();
+    let files: Files = dir.read_meta(ckpt_image::FILES_NAME, ImageKind::Files)?;
+    let mut procs = Vec::new();
+    // Zombies have no images of their own, only their manifest entry.
+    for p in m.processes.iter().filter(|p| p.zombie_status.is_none()) {
+        let core: Core = dir.read_meta(&ckpt_image::core_name(p.pid), ImageKind::Core)?;
+        let mm: Mm = dir.read_meta(&ckpt_image::mm_name(p.pid), ImageKind::Mm)?;
+        let table: FdTable = dir.read_meta(&ckpt_image::fds_name(p.pid), ImageKind::FdTable)?;
+        let vmas: Vec<Value> = mm
+            .vmas
+            .iter()
+            .map(|v| {
+                let kind = VmaKind::try_from(v.kind).map_or("unknown".into(), |k| format!("{k:?}"));
+                json!({
+                    "start": format!("{:#x}", v.start),
+                    "end": format!("{:#x}", v.end),
+                    "prot": prot_string(v.prot),
+                    "kind": kind,
+                    "path": v.path,
+                    "file_offset": v.file_offset,
+                    "saved_bytes": v.pages.iter().map(|r| r.len()).sum::<u64>(),
+                })
+            })
+            .collect();
+        let fds: Vec<Value> = table
+            .fds
+            .iter()
+            .map(|f| {
+                let file = files.get(f.file_id);
+                json!({
+                    "fd": f.fd,
+                    "file_id": f.file_id,
+                    "kind": file.map_or("missing", |x| x.kind_name()),
+                    "path": file.and_then(path_of),
+                    "object": file.map(describe).unwrap_or_default(),
+                    "flags": file.map(|x| format!("{:#o}", x.flags)),
+                    "cloexec": f.cloexec,
+                    "pos": file.map(|x| x.pos),
+                })
+            })
+            .collect();
+        procs.push(json!({
+            "pid": p.pid,
+            "ppid": p.ppid,
+            "comm": core.comm,
+            "exe": core.exe,
+            "cwd": core.cwd,
+            "pages_bytes": mm.pages_bytes,
+            "pages_compressed": mm.compressed,
+            "pages_file_bytes": if mm.compressed { mm.chunks.iter().map(|c| c.file_len).sum::<u64>() } else { mm.pages_bytes },
+            "sigactions": core.sigactions.len(),
+            "pending_signals": core.pending.len(),
+            "vmas": vmas,
+            "fds": fds,
+        }));
+    }
+    Ok(json!({
+        "dir": dir.path().display().to_string(),
+        "format_version": ckpt_image::FORMAT_VERSION,
+        "tool_version": m.tool_version,
+        "kernel": m.kernel,
+        "arch": m.arch,
+        "hostname": m.hostname,
+        "created_unix": m.created_unix,
+        "cpu": m.cpu.as_ref().map(|c| json!({"vendor": c.vendor, "xcr0": format!("{:#x}", c.xcr0), "xsave_size": c.xsave_size})),
+        "root_pid": m.root_pid,
+        "files": m.files.iter().map(|f| json!({"name": f.name, "size": f.size, "crc32c": format!("{:08x}", f.crc32c)})).collect::<Vec<_>>(),
+        "processes": procs,
+    }))
+}
+
+/// `rwx` of a VMA's protection bits.
+fn prot_string(p: u32) -> String {
+    use ckpt_image::mm::prot::*;
+    [(READ, 'r'), (WRITE, 'w'), (EXEC, 'x')]
+        .iter()
+        .map(|&(b, c)| if p & b != 0 { c } else { '-' })
+        .collect()
+}
+
+/// Renders [`summarize`]'s value for a terminal.
+fn render_text(v: &Value) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "checkpoint {} (format {}, ckpt {}, {} on {})",
+        v["dir"].as_str().unwrap_or(""),
+        v["format_version"],
+        v["tool_version"].as_str().unwrap_or(""),
+        v["arch"].as_str().unwrap_or(""),
+        v["hostname"].as_str().unwrap_or("")
+    );
+    let _ = writeln!(s, "kernel {}", v["kernel"].as_str().unwrap_or(""));
+    let total: u64 = v["files"]
+        .as_array()
+        .map(|f| f.iter().filter_map(|x| x["size"].as_u64()).sum())
+        .unwrap_or(0);
+    let _ = writeln!(
+        s,
+        "{} files, {} bytes",
+        v["files"].as_array().map_or(0, Vec::len),
+        total
+    );
+    for p in v["processes"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            s,
+            "\nprocess {} ({}) exe {} cwd {}",
+            p["pid"],
+            p["comm"].as_str().unwrap_or(""),
+            p["exe"].as_str().unwrap_or(""),
+            p["cwd"].as_str().unwrap_or("")
+        );
+        let _ = writeln!(
+            s,
+            "  {} bytes of pages ({} in the file{}), {} signal handlers, {} pending signals",
+            p["pages_bytes"],
+            p["pages_file_bytes"],
+            if p["pages_compressed"].as_bool() == Some(true) {
+                ", LZ4"
+            } else {
+                ""
+            },
+            p["sigactions"],
+            p["pending_signals"]
+        );
+        let _ = writeln!(s, "  VMAs:");
+        for m in p["vmas"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                s,
+                "    {}-{} {} {:<11} saved {:>10}  {}",
+                m["start"].as_str().unwrap_or(""),
+                m["end"].as_str().unwrap_or(""),
+                m["prot"].as_str().unwrap_or(""),
+                m["kind"].as_str().unwrap_or(""),
+                m["saved_bytes"],
+                m["path"].as_str().unwrap_or("")
+            );
+        }
+        let _ = writeln!(s, "  fds:");
+        for f in p["fds"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                s,
+                "    {:>3} file {:<4} {:<8} flags {} pos {}{}  {}",
+                f["fd"],
+                f["file_id"],
+                f["kind"].as_str().unwrap_or(""),
+                f["flags"].as_str().unwrap_or(""),
+                f["pos"],
+                if f["cloexec"].as_bool() == Some(true) {
+                    " cloexec"
+                } else {
+                    ""
+                },
+                f["object"].as_str().unwrap_or("")
+            );
+        }
+    }
+    s
+}
+
+/// The path of an open file that has one.
+fn path_of(f: &File) -> Option<&str> {
+    match &f.kind {
+        Some(Kind::Reg(r)) => Some(&r.path),
+        Some(Kind::Dev(d)) => Some(&d.path),
+        Some(Kind::Tty(t)) => Some(&t.path),
+        _ => None,
+    }
+}
+
+/// What an open file refers to, in one line.
+fn describe(f: &File) -> String {
+    match &f.kind {
+        Some(Kind::Reg(r)) => match &r.ghost {
+            Some(g) => format!("{} (deleted, contents in {g})", r.path),
+            None => r.path.clone(),
+        },
+        Some(Kind::Dev(d)) => d.path.clone(),
+        Some(Kind::Tty(t)) => t.path.clone(),
+        Some(Kind::Pipe(p)) => format!("pipe:[{}] capacity {}", p.pipe_id, p.capacity),
+        Some(Kind::Eventfd(e)) => format!(
+            "eventfd count {}{}",
+            e.count,
+            if e.semaphore { " semaphore" } else { "" }
+        ),
+        None => String::new(),
+    }
 }

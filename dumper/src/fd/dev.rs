@@ -1,22 +1,32 @@
-//! Character devices: the stateless ones are reopened by path, terminals
-//! are reconnected by the restorer's rule (see `ckpt_image::files::FdKind::Tty`).
+//! Character devices without state worth saving, reopened by path.
 
 use std::os::unix::fs::MetadataExt;
 
-use ckpt_image::files::{FdEntry, FdKind};
+use ckpt_image::fd::dev::DevFile;
+use ckpt_image::fd::file::Kind;
 
-use super::FdParams;
+use super::{Blobs, FdParams, FileDumper};
 use crate::error::Result;
 
-/// Describes a character-device fd.
-pub fn dump_char(p: &FdParams) -> Result<FdEntry> {
-    let rdev = p.meta.rdev();
-    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
-    match (major, minor) {
-        // /dev/null, zero, full, random, urandom: no state worth saving.
-        (1, 3) | (1, 5) | (1, 7) | (1, 8) | (1, 9) => Ok(p.entry(FdKind::CharDevice)),
-        // Unix98 pty slaves, virtual consoles and /dev/tty, /dev/console.
-        (136..=143, _) | (4, _) | (5, 0) | (5, 1) => Ok(p.entry(FdKind::Tty)),
-        _ => Err(p.unsupported(&format!("character device {} ({major}:{minor})", p.link))),
+/// `/dev/null`, `zero`, `full`, `random`, `urandom` (major 1).
+pub struct Dev;
+
+/// Minor numbers of the stateless memory devices under major 1.
+const STATELESS_MINORS: [u32; 5] = [3, 5, 7, 8, 9];
+const MEM_MAJOR: u32 = 1;
+
+impl FileDumper for Dev {
+    fn claims(&self, p: &FdParams) -> bool {
+        let rdev = p.meta.rdev();
+        p.meta.mode() & libc::S_IFMT == libc::S_IFCHR
+            && libc::major(rdev) == MEM_MAJOR
+            && STATELESS_MINORS.contains(&libc::minor(rdev))
+    }
+
+    fn collect(&self, p: &FdParams, _file_id: u64, _blobs: &mut Blobs) -> Result<Kind> {
+        Ok(Kind::Dev(DevFile {
+            path: p.link.clone(),
+            rdev: p.meta.rdev(),
+        }))
     }
 }

@@ -1,24 +1,50 @@
-//! The fd table: walks `/proc/PID/fd`, asks each kind's module to describe
-//! its fds, and refuses (naming pid, fd and kind) anything not supported.
+//! Open files, dump side: walks each process's `/proc/PID/fd`, finds which
+//! fds of the whole tree share one open file description (`kcmp`), and has
+//! the kind's module describe each description once.
+//!
+//! Adding a kind of file: its image message (`image/src/fd/KIND.rs`), a
+//! module here implementing [`FileDumper`], one line in [`KINDS`], and the
+//! restore side's twin (`restorer/src/fd/KIND.rs`).
 
 mod dev;
-pub mod pipe;
+mod eventfd;
+mod pipe;
 mod reg;
+mod tty;
 
+use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 
-use ckpt_image::files::{FdEntry, FdKind, Files};
+use ckpt_image::fd::{Fd, FdTable, File, Files, file};
 
 use crate::error::{DumpError, Result};
 use crate::procfile;
 use crate::sys;
 
-/// Contents of an unlinked file to be written as a ghost image.
-pub struct Ghost {
-    /// Image file name.
-    pub name: String,
-    /// The file's bytes.
-    pub data: Vec<u8>,
+/// Every kind of open file ckpt can save; the first that claims an fd
+/// describes it. An fd no kind claims fails the dump, naming pid, fd and
+/// what it is.
+static KINDS: &[&dyn FileDumper] = &[
+    &reg::Reg,
+    &dev::Dev,
+    &tty::Tty,
+    &pipe::Pipe,
+    &eventfd::Eventfd,
+];
+
+/// One kind of open file, dump side.
+pub trait FileDumper: Sync {
+    /// This kind describes the fd.
+    fn claims(&self, p: &FdParams) -> bool;
+    /// Describes the open file description behind `p` (its process is
+    /// frozen). Contents that are not metadata (an unlinked file's bytes, a
+    /// pipe's buffer) go to `blobs`.
+    fn collect(&self, p: &FdParams, file_id: u64, blobs: &mut Blobs) -> Result<file::Kind>;
+    /// Checks what only the whole tree tells (e.g. both ends of a pipe are
+    /// in it), once every fd is collected.
+    fn check_tree(&self, _tree: &TreeFiles) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// What an fd's `/proc` entries say about it.
@@ -35,66 +61,218 @@ pub struct FdParams {
     pub flags: u32,
     /// `pos:` of fdinfo.
     pub pos: i64,
+    /// The whole fdinfo text, for kinds that report more fields there.
+    pub info: String,
 }
 
 impl FdParams {
     /// An "unsupported" error for this fd.
-    pub fn unsupported(&self, kind: &str) -> DumpError {
+    pub fn unsupported(&self, what: &str) -> DumpError {
         DumpError::Unsupported {
             pid: self.pid,
-            what: format!("fd {}: {kind}", self.fd),
+            what: format!("fd {}: {what}", self.fd),
         }
     }
 
-    fn entry(&self, kind: FdKind) -> FdEntry {
-        FdEntry {
-            fd: self.fd,
-            kind: kind as i32,
-            path: self.link.clone(),
-            flags: self.flags & !(libc::O_CLOEXEC as u32),
-            cloexec: self.flags & libc::O_CLOEXEC as u32 != 0,
-            pos: self.pos,
-            mode: self.meta.mode(),
-            ghost: String::new(),
-            description: self.fd as u64,
-            size: self.meta.size(),
-            owner_pid: 0,
-            pipe_id: 0,
+    /// A field of the fdinfo text, or an error naming it.
+    pub fn info_field(&self, key: &str) -> Result<&str> {
+        procfile::status_field(&self.info, key).ok_or_else(|| DumpError::Parse {
+            pid: self.pid,
+            path: format!("fdinfo/{}", self.fd),
+            what: format!("no {key} field"),
+        })
+    }
+
+    /// `/proc/PID/fd/N`, through which ckpt can open the same object.
+    pub fn proc_path(&self) -> std::path::PathBuf {
+        procfile::path(self.pid, &format!("fd/{}", self.fd))
+    }
+
+    /// What the fd is, in words, for an error when no kind claims it.
+    fn describe(&self) -> String {
+        if let Some(kind) = self.link.strip_prefix("anon_inode:") {
+            return kind.trim_matches(|c| c == '[' || c == ']').to_string();
+        }
+        match self.meta.mode() & libc::S_IFMT {
+            libc::S_IFREG if self.link.starts_with("/memfd:") => "memfd".into(),
+            libc::S_IFIFO if self.link.starts_with("pipe:") => "pipe".into(),
+            libc::S_IFIFO => "named pipe (FIFO)".into(),
+            libc::S_IFSOCK => "socket".into(),
+            libc::S_IFBLK => "block device".into(),
+            libc::S_IFCHR => {
+                let rdev = self.meta.rdev();
+                format!(
+                    "character device {} ({}:{})",
+                    self.link,
+                    libc::major(rdev),
+                    libc::minor(rdev)
+                )
+            }
+            _ => format!("file type of {}", self.link),
         }
     }
 }
 
-/// Collects the fd table of a frozen process; unlinked files' contents go
-/// to `ghosts`.
-pub fn collect(pid: i32, ghosts: &mut Vec<Ghost>) -> Result<Files> {
+/// Raw image files produced while collecting (written beside the
+/// metadata, checksummed like it).
+#[derive(Default)]
+pub struct Blobs(Vec<Blob>);
+
+/// One raw image file.
+pub struct Blob {
+    /// Image file name.
+    pub name: String,
+    /// Its bytes.
+    pub data: Vec<u8>,
+}
+
+impl Blobs {
+    /// Adds a raw image.
+    pub fn add(&mut self, name: String, data: Vec<u8>) {
+        self.0.push(Blob { name, data });
+    }
+
+    /// A raw image of this name was already added.
+    pub fn has(&self, name: &str) -> bool {
+        self.0.iter().any(|b| b.name == name)
+    }
+
+    /// The raw images, in the order they were added.
+    pub fn iter(&self) -> impl Iterator<Item = &Blob> {
+        self.0.iter()
+    }
+}
+
+/// One fd of the tree, pointing at its file.
+pub struct Holder {
+    /// The process.
+    pub pid: i32,
+    /// The fd number.
+    pub fd: i32,
+    /// The open file description.
+    pub file_id: u64,
+}
+
+/// Every fd and open file of the tree, as collected.
+pub struct TreeFiles {
+    /// Per process (tree order): its fd table.
+    pub tables: Vec<(i32, FdTable)>,
+    /// Every open file description, sorted by id.
+    pub files: Files,
+    /// Raw images (ghost contents, pipe buffers).
+    pub blobs: Blobs,
+}
+
+impl TreeFiles {
+    /// Every fd of the tree with its process, tree order.
+    pub fn holders(&self) -> impl Iterator<Item = Holder> + '_ {
+        self.tables.iter().flat_map(|(pid, t)| {
+            t.fds.iter().map(|f| Holder {
+                pid: *pid,
+                fd: f.fd,
+                file_id: f.file_id,
+            })
+        })
+    }
+
+    /// The file with this id (ids come from this collection).
+    pub fn file(&self, id: u64) -> &File {
+        self.files
+            .get(id)
+            .expect("ids are assigned by collect_tree")
+    }
+}
+
+/// The identity `stat` gives an open file; descriptions of one object
+/// share it, so only those need a `kcmp`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Inode {
+    dev: u64,
+    ino: u64,
+}
+
+/// Collects the fd tables of a frozen tree (`pids` in tree order, parents
+/// first) and every open file description behind them, once.
+pub fn collect_tree(pids: &[i32]) -> Result<TreeFiles> {
+    let mut out = TreeFiles {
+        tables: Vec::new(),
+        files: Files::default(),
+        blobs: Blobs::default(),
+    };
+    let mut seen: HashMap<Inode, Vec<Holder>> = HashMap::new();
+    for &pid in pids {
+        let mut table = FdTable::default();
+        for fd in fd_numbers(pid)? {
+            let p = params(pid, fd)?;
+            let inode = Inode {
+                dev: p.meta.dev(),
+                ino: p.meta.ino(),
+            };
+            let file_id = match same_description(&p, seen.get(&inode).map(Vec::as_slice))? {
+                Some(id) => id,
+                None => {
+                    let id = out.files.files.len() as u64 + 1;
+                    let kind = KINDS
+                        .iter()
+                        .find(|k| k.claims(&p))
+                        .ok_or_else(|| p.unsupported(&p.describe()))?
+                        .collect(&p, id, &mut out.blobs)?;
+                    out.files.files.push(File {
+                        id,
+                        flags: p.flags & !(libc::O_CLOEXEC as u32),
+                        pos: p.pos,
+                        kind: Some(kind),
+                    });
+                    id
+                }
+            };
+            seen.entry(inode)
+                .or_default()
+                .push(Holder { pid, fd, file_id });
+            table.fds.push(Fd {
+                fd,
+                cloexec: p.flags & libc::O_CLOEXEC as u32 != 0,
+                file_id,
+            });
+        }
+        out.tables.push((pid, table));
+    }
+    for k in KINDS {
+        k.check_tree(&out)?;
+    }
+    Ok(out)
+}
+
+/// The id of an already collected description `p` shares, if any.
+fn same_description(p: &FdParams, candidates: Option<&[Holder]>) -> Result<Option<u64>> {
+    let mut checked: Vec<u64> = Vec::new();
+    for h in candidates.unwrap_or_default() {
+        if checked.contains(&h.file_id) {
+            continue;
+        }
+        checked.push(h.file_id);
+        let same = sys::same_file_description_of(h.pid, h.fd, p.pid, p.fd).map_err(|source| {
+            DumpError::Proc {
+                pid: p.pid,
+                path: format!("kcmp pid {} fd {} / fd {}", h.pid, h.fd, p.fd).into(),
+                source,
+            }
+        })?;
+        if same {
+            return Ok(Some(h.file_id));
+        }
+    }
+    Ok(None)
+}
+
+fn fd_numbers(pid: i32) -> Result<Vec<i32>> {
     let dir = procfile::path(pid, "fd");
     let mut fds: Vec<i32> = std::fs::read_dir(&dir)
         .map_err(|s| procfile::proc_err(pid, dir.clone(), s))?
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect();
     fds.sort_unstable();
-    let mut out = Files::default();
-    for fd in fds {
-        let p = params(pid, fd)?;
-        let entry = if p.link.starts_with("anon_inode:") {
-            let kind = p.link.trim_start_matches("anon_inode:");
-            return Err(p.unsupported(kind.trim_matches(|c| c == '[' || c == ']')));
-        } else {
-            match p.meta.mode() & libc::S_IFMT {
-                libc::S_IFREG => reg::dump_regular(&p, ghosts)?,
-                libc::S_IFDIR => p.entry(FdKind::Directory),
-                libc::S_IFCHR => dev::dump_char(&p)?,
-                libc::S_IFIFO if p.link.starts_with("pipe:") => pipe::dump_pipe(&p),
-                libc::S_IFIFO => return Err(p.unsupported("named pipe (FIFO)")),
-                libc::S_IFSOCK => return Err(p.unsupported("socket")),
-                libc::S_IFBLK => return Err(p.unsupported("block device")),
-                _ => return Err(p.unsupported(&format!("file type of {}", p.link))),
-            }
-        };
-        out.fds.push(entry);
-    }
-    share_descriptions(pid, &mut out)?;
-    Ok(out)
+    Ok(fds)
 }
 
 fn params(pid: i32, fd: i32) -> Result<FdParams> {
@@ -102,99 +280,19 @@ fn params(pid: i32, fd: i32) -> Result<FdParams> {
     let lp = procfile::path(pid, &format!("fd/{fd}"));
     let meta = std::fs::metadata(&lp).map_err(|s| procfile::proc_err(pid, lp, s))?;
     let info = procfile::read(pid, &format!("fdinfo/{fd}"))?;
-    let field = |k: &str| procfile::status_field(&info, k).unwrap_or("0").to_string();
     let bad = |what: &str| DumpError::Parse {
         pid,
         path: format!("fdinfo/{fd}"),
         what: what.into(),
     };
+    let field = |k: &str| procfile::status_field(&info, k).unwrap_or("0");
     Ok(FdParams {
         pid,
         fd,
         link,
         meta,
-        flags: u32::from_str_radix(&field("flags"), 8).map_err(|_| bad("flags"))?,
+        flags: u32::from_str_radix(field("flags"), 8).map_err(|_| bad("flags"))?,
         pos: field("pos").parse().map_err(|_| bad("pos"))?,
+        info,
     })
-}
-
-/// Across a tree: marks fds of later processes (children) that share an
-/// open file description with an fd of an earlier one (usually inherited
-/// over fork), so restore takes it from that process instead of opening the
-/// file again — which would split the shared offset. `procs` is in tree
-/// order, parents first.
-pub fn share_across(procs: &mut [(i32, &mut Files)]) -> Result<()> {
-    for i in 1..procs.len() {
-        let (earlier, rest) = procs.split_at_mut(i);
-        let (pid, files) = &mut rest[0];
-        for e in files.fds.iter_mut() {
-            if e.description != e.fd as u64 || e.kind == FdKind::Tty as i32 {
-                continue;
-            }
-            'owners: for (opid, ofiles) in earlier.iter() {
-                for o in ofiles.fds.iter() {
-                    // Only an fd that owns its description locally can be the source.
-                    if o.owner_pid != 0 || o.path != e.path || o.kind != e.kind {
-                        continue;
-                    }
-                    let same = sys::same_file_description_of(*opid, o.fd, *pid, e.fd).map_err(
-                        |source| DumpError::Proc {
-                            pid: *pid,
-                            path: format!("kcmp pid {opid} fd {} / fd {}", o.fd, e.fd).into(),
-                            source,
-                        },
-                    )?;
-                    if same {
-                        e.owner_pid = *opid;
-                        e.description = o.description;
-                        e.ghost.clear();
-                        break 'owners;
-                    }
-                }
-            }
-        }
-        // Local dups of an fd that now comes from another process follow it.
-        let moved: Vec<(u64, i32, u64)> = files
-            .fds
-            .iter()
-            .filter(|e| e.owner_pid != 0)
-            .map(|e| (e.fd as u64, e.owner_pid, e.description))
-            .collect();
-        for e in files.fds.iter_mut().filter(|e| e.owner_pid == 0) {
-            if let Some((_, owner, desc)) = moved
-                .iter()
-                .find(|m| m.0 == e.description && e.description != e.fd as u64)
-            {
-                e.owner_pid = *owner;
-                e.description = *desc;
-                e.ghost.clear();
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Marks fds that share one open file description (dup'ed), so restore
-/// dups them instead of opening twice.
-fn share_descriptions(pid: i32, files: &mut Files) -> Result<()> {
-    for i in 0..files.fds.len() {
-        for j in 0..i {
-            let (a, b) = (&files.fds[j], &files.fds[i]);
-            if a.description != a.fd as u64 || a.path != b.path || a.kind != b.kind {
-                continue;
-            }
-            let same =
-                sys::same_file_description(pid, a.fd, b.fd).map_err(|source| DumpError::Proc {
-                    pid,
-                    path: format!("kcmp fd {} fd {}", a.fd, b.fd).into(),
-                    source,
-                })?;
-            if same {
-                files.fds[i].description = files.fds[j].fd as u64;
-                files.fds[i].ghost = files.fds[j].ghost.clone();
-                break;
-            }
-        }
-    }
-    Ok(())
 }

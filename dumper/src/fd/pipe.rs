@@ -8,57 +8,76 @@ use std::io::Read;
 use std::os::fd::AsFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 
-use ckpt_image::files::{FdEntry, FdKind, Files, PipeData, Pipes};
+use ckpt_image::fd::file::Kind;
+use ckpt_image::fd::pipe::PipeFile;
 use nix::fcntl::{FcntlArg, SpliceFFlags, fcntl, tee};
 
-use super::FdParams;
+use super::{Blobs, FdParams, FileDumper, Holder, TreeFiles};
 use crate::error::{DumpError, Result};
-use crate::procfile;
 
-/// Describes one end of a pipe.
-pub fn dump_pipe(p: &FdParams) -> FdEntry {
-    let mut e = p.entry(FdKind::Pipe);
-    e.pipe_id = p.meta.ino();
-    e
-}
+/// Anonymous pipes (`pipe:[ino]`).
+pub struct Pipe;
 
-/// Checks every pipe of the tree has both ends in it and saves what is
-/// buffered in each. `procs` is in tree order.
-pub fn collect(procs: &[(i32, &Files)]) -> Result<Pipes> {
-    // pipe id -> (first (pid, fd) seen, has a read end, has a write end)
-    let mut seen: BTreeMap<u64, ((i32, i32), bool, bool)> = BTreeMap::new();
-    for (pid, files) in procs {
-        for e in files.fds.iter().filter(|e| e.kind == FdKind::Pipe as i32) {
-            let writes = e.flags & libc::O_ACCMODE as u32 == libc::O_WRONLY as u32;
-            let entry = seen
-                .entry(e.pipe_id)
-                .or_insert(((*pid, e.fd), false, false));
-            if writes {
-                entry.2 = true;
-            } else {
-                entry.1 = true;
-            }
-        }
+impl FileDumper for Pipe {
+    fn claims(&self, p: &FdParams) -> bool {
+        p.meta.mode() & libc::S_IFMT == libc::S_IFIFO && p.link.starts_with("pipe:")
     }
-    let mut out = Pipes::default();
-    for (id, ((pid, fd), reads, writes)) in seen {
-        if !(reads && writes) {
-            return Err(DumpError::Unsupported {
-                pid,
+
+    fn collect(&self, p: &FdParams, _file_id: u64, blobs: &mut Blobs) -> Result<Kind> {
+        let pipe_id = p.meta.ino();
+        let name = ckpt_image::pipe_data_name(pipe_id);
+        let buffered = read_buffered(p)?;
+        // Both ends see the same buffer: keep it once.
+        if !blobs.has(&name) {
+            blobs.add(name, buffered.data);
+        }
+        Ok(Kind::Pipe(PipeFile {
+            pipe_id,
+            capacity: buffered.capacity,
+        }))
+    }
+
+    fn check_tree(&self, tree: &TreeFiles) -> Result<()> {
+        #[derive(Default)]
+        struct Ends {
+            read: bool,
+            write: bool,
+            first: Option<Holder>,
+        }
+        let mut pipes: BTreeMap<u64, Ends> = BTreeMap::new();
+        for h in tree.holders() {
+            let file = tree.file(h.file_id);
+            let Some(Kind::Pipe(p)) = &file.kind else {
+                continue;
+            };
+            let ends = pipes.entry(p.pipe_id).or_default();
+            ends.read |= file.readable();
+            ends.write |= file.writable();
+            ends.first.get_or_insert(h);
+        }
+        match pipes.into_values().find(|e| !(e.read && e.write)) {
+            Some(Ends { first: Some(h), .. }) => Err(DumpError::Unsupported {
+                pid: h.pid,
                 what: format!(
-                    "fd {fd}: pipe whose other end is outside the dumped tree (dump the process at the other end too)"
+                    "fd {}: pipe whose other end is outside the dumped tree (dump the process at the other end too)",
+                    h.fd
                 ),
-            });
+            }),
+            _ => Ok(()),
         }
-        out.pipes.push(read_buffered(pid, fd, id)?);
     }
-    Ok(out)
 }
 
-fn read_buffered(pid: i32, fd: i32, id: u64) -> Result<PipeData> {
-    let link = procfile::path(pid, &format!("fd/{fd}"));
+/// A pipe's buffer and capacity.
+struct Buffered {
+    data: Vec<u8>,
+    capacity: u32,
+}
+
+fn read_buffered(p: &FdParams) -> Result<Buffered> {
+    let link = p.proc_path();
     let err = |what: &str, e: std::io::Error| DumpError::Proc {
-        pid,
+        pid: p.pid,
         path: format!("{} ({what})", link.display()).into(),
         source: e,
     };
@@ -88,9 +107,8 @@ fn read_buffered(pid: i32, fd: i32, id: u64) -> Result<PipeData> {
     drop(wr);
     let mut data = Vec::with_capacity(copied);
     rd.read_to_end(&mut data).map_err(|e| err("read copy", e))?;
-    Ok(PipeData {
-        id,
-        size: size as u32,
+    Ok(Buffered {
         data,
+        capacity: size as u32,
     })
 }

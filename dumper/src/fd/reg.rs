@@ -1,38 +1,50 @@
-//! Regular files, including files unlinked while open (saved whole as
-//! ghost images, recreated and unlinked again on restore).
+//! Regular files and directories, including files unlinked while open
+//! (saved whole as ghost images, recreated and unlinked again on restore).
 
 use std::io::Read;
+use std::os::unix::fs::MetadataExt;
 
-use ckpt_image::files::{FdEntry, FdKind};
+use ckpt_image::fd::file::Kind;
+use ckpt_image::fd::reg::RegFile;
 
-use super::{FdParams, Ghost};
+use super::{Blobs, FdParams, FileDumper};
 use crate::error::{DumpError, Result};
-use crate::procfile;
 
 const DELETED: &str = " (deleted)";
 
-/// Describes a regular-file fd.
-pub fn dump_regular(p: &FdParams, ghosts: &mut Vec<Ghost>) -> Result<FdEntry> {
-    if p.link.starts_with("/memfd:") {
-        return Err(p.unsupported("memfd"));
+/// Regular files and directories.
+pub struct Reg;
+
+impl FileDumper for Reg {
+    fn claims(&self, p: &FdParams) -> bool {
+        match p.meta.mode() & libc::S_IFMT {
+            libc::S_IFREG => !p.link.starts_with("/memfd:"),
+            libc::S_IFDIR => true,
+            _ => false,
+        }
     }
-    if let Some(path) = p.link.strip_suffix(DELETED)
-        && std::os::unix::fs::MetadataExt::nlink(&p.meta) == 0
-    {
-        let mut e = p.entry(FdKind::Unlinked);
-        e.path = path.to_string();
-        e.ghost = ckpt_image::ghost_name(p.pid, ghosts.len() as u32);
-        ghosts.push(Ghost {
-            name: e.ghost.clone(),
-            data: read_contents(p)?,
-        });
-        return Ok(e);
+
+    fn collect(&self, p: &FdParams, file_id: u64, blobs: &mut Blobs) -> Result<Kind> {
+        let mut f = RegFile {
+            path: p.link.clone(),
+            mode: p.meta.mode(),
+            size: p.meta.size(),
+            ghost: None,
+        };
+        if let Some(path) = p.link.strip_suffix(DELETED)
+            && p.meta.nlink() == 0
+        {
+            let name = ckpt_image::ghost_name(file_id);
+            blobs.add(name.clone(), read_contents(p)?);
+            f.path = path.to_string();
+            f.ghost = Some(name);
+        }
+        Ok(Kind::Reg(f))
     }
-    Ok(p.entry(FdKind::Regular))
 }
 
 fn read_contents(p: &FdParams) -> Result<Vec<u8>> {
-    let path = procfile::path(p.pid, &format!("fd/{}", p.fd));
+    let path = p.proc_path();
     let mut data = Vec::new();
     std::fs::File::open(&path)
         .and_then(|mut f| f.read_to_end(&mut data))

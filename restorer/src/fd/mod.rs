@@ -1,121 +1,210 @@
-//! Rebuilding the fd table at the same numbers, flags and offsets.
+//! Open files, restore side: rebuilds each process's fd table at the same
+//! numbers, giving fds that shared an open file description at dump time
+//! one description again (`dup3` within a process, `pidfd_getfd` from the
+//! process that installed it first, so offsets and flags stay shared).
 //!
-//! Terminal rule: a terminal fd N is connected to whatever the restorer's
-//! own fd N is (the child inherited the restorer's table), so a program's
-//! output appears where `ckpt restore` runs; if the restorer has no fd N,
-//! /dev/null is used. Unlinked files are recreated from their ghost image
-//! next to the original path, opened, and unlinked again.
+//! Each kind of file has a module here implementing [`FileRestorer`] and
+//! one line in [`install_file`]; the twin on the dump side is
+//! `dumper/src/fd/KIND.rs`, the image message `image/src/fd/KIND.rs`.
 
-use std::collections::HashSet;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
+mod dev;
+mod eventfd;
+mod pipe;
+mod reg;
+mod tty;
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
 
 use ckpt_image::ImageDir;
-use ckpt_image::files::{FdEntry, FdKind, Files};
-
-pub mod pipe;
+use ckpt_image::fd::{Fd, FdTable, File, Files, file::Kind};
 
 use crate::error::{RestoreError, Result};
 use crate::remote::Remote;
-use pipe::PipeTable;
 
-/// Removes ghost files still linked if the restore fails halfway.
-#[derive(Default)]
-pub struct GhostCleanup(Vec<PathBuf>);
+/// One kind of open file, restore side.
+pub trait FileRestorer {
+    /// The kind's image message.
+    type Image;
+    /// Every fd of this kind is reconnected by its own rule instead of
+    /// sharing the dumped description (terminals).
+    const PER_FD: bool = false;
+    /// Opens the description inside the process behind `r` and returns
+    /// the fd it got there (any number; the caller moves it to `fd`).
+    fn open(
+        &self,
+        cx: &mut Context<'_>,
+        r: &Remote<'_>,
+        file: &File,
+        image: &Self::Image,
+        fd: i32,
+    ) -> Result<i32>;
+}
 
-impl Drop for GhostCleanup {
-    fn drop(&mut self) {
-        for p in &self.0 {
-            let _ = std::fs::remove_file(p);
-        }
+/// Installs `fd` of the process behind `r`: the registry of file kinds.
+fn install_file(cx: &mut Context<'_>, r: &Remote<'_>, file: &File, fd: &Fd) -> Result<()> {
+    match &file.kind {
+        Some(Kind::Reg(image)) => install(&reg::Reg, cx, r, file, image, fd),
+        Some(Kind::Dev(image)) => install(&dev::Dev, cx, r, file, image, fd),
+        Some(Kind::Tty(image)) => install(&tty::Tty, cx, r, file, image, fd),
+        Some(Kind::Pipe(image)) => install(&pipe::Pipe, cx, r, file, image, fd),
+        Some(Kind::Eventfd(image)) => install(&eventfd::Eventfd, cx, r, file, image, fd),
+        None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
 }
 
-/// Rebuilds the fd table of the child from `files`.
-pub fn restore(r: &Remote<'_>, files: &Files, images: &ImageDir, pipes: &PipeTable) -> Result<()> {
-    let pid = r.t.pid();
-    let inherited = inherited_fds(pid)?;
-    let keep: HashSet<i32> = files
-        .fds
-        .iter()
-        .filter(|e| e.kind == FdKind::Tty as i32 && inherited.contains(&e.fd))
-        .map(|e| e.fd)
-        .collect();
-    for fd in inherited.iter().filter(|fd| !keep.contains(fd)) {
-        r.close(*fd)?;
+/// Where an open file description was first installed.
+#[derive(Clone, Copy)]
+struct Installed {
+    pid: i32,
+    fd: i32,
+}
+
+/// State of the fd restore across the whole tree.
+pub struct Context<'a> {
+    /// The checkpoint.
+    pub images: &'a ImageDir,
+    files: &'a Files,
+    installed: HashMap<u64, Installed>,
+    /// Per kind, state shared across fds and processes (see [`Context::state`]).
+    states: HashMap<TypeId, Box<dyn Any>>,
+    /// The process being rebuilt and the fds it inherited from the restorer.
+    pid: i32,
+    inherited: Vec<i32>,
+}
+
+impl<'a> Context<'a> {
+    /// A context for restoring the fds of a tree whose files are `files`.
+    pub fn new(images: &'a ImageDir, files: &'a Files) -> Self {
+        Context {
+            images,
+            files,
+            installed: HashMap::new(),
+            states: HashMap::new(),
+            pid: 0,
+            inherited: Vec::new(),
+        }
     }
-    let mut ghosts = GhostCleanup::default();
-    for e in &files.fds {
-        let cloexec = if e.cloexec { libc::O_CLOEXEC } else { 0 };
-        let kind = FdKind::try_from(e.kind).map_err(|_| bad(pid, e, "unknown fd kind"))?;
-        if e.owner_pid != 0 && e.owner_pid != pid && kind != FdKind::Tty {
-            // Shared with a process restored earlier (inherited over fork).
-            let got = take_from(r, e.owner_pid, e.description as i32)?;
-            if got != e.fd {
-                dup_to(r, got, e.fd, cloexec)?;
-                r.close(got)?;
-            } else {
-                set_cloexec(r, e.fd, e.cloexec)?;
-            }
-            continue;
+
+    /// A kind's own state (created empty at first use, dropped when the
+    /// restore ends), so a kind keeps what it shares across fds (a pipe
+    /// created once for both ends) without a field here.
+    pub fn state<T: Default + 'static>(&mut self) -> &mut T {
+        self.states
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| Box::new(T::default()))
+            .downcast_mut()
+            .expect("keyed by its own TypeId")
+    }
+
+    /// The process being rebuilt.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The process inherited fd `fd` from the restorer.
+    pub fn inherited(&self, fd: i32) -> bool {
+        self.inherited.contains(&fd)
+    }
+
+    /// An error for a bad entry of this process's fd table.
+    pub fn invalid(&self, fd: i32, what: &str) -> RestoreError {
+        RestoreError::Image(ckpt_image::ImageError::Invalid {
+            path: self.images.path().join(ckpt_image::fds_name(self.pid)),
+            what: format!("fd {fd}: {what}"),
+        })
+    }
+}
+
+/// Checks a process's fd table against the tree's files before anything
+/// is created.
+pub fn validate(images: &ImageDir, pid: i32, table: &FdTable, files: &Files) -> Result<()> {
+    let invalid = |what: String| {
+        RestoreError::Image(ckpt_image::ImageError::Invalid {
+            path: images.path().join(ckpt_image::fds_name(pid)),
+            what,
+        })
+    };
+    let mut last = -1;
+    for f in &table.fds {
+        if f.fd <= last {
+            return Err(invalid(format!("fd {} out of order or repeated", f.fd)));
         }
-        // Terminals follow the terminal rule even when they shared one open
-        // file description at dump time (0, 1 and 2 usually do).
-        if e.description != e.fd as u64 && kind != FdKind::Tty {
-            // Shares the open file description of an earlier fd.
-            dup_to(r, e.description as i32, e.fd, cloexec)?;
-            continue;
+        last = f.fd;
+        if files.get(f.file_id).is_none() {
+            return Err(invalid(format!(
+                "fd {}: no file {} in files.img",
+                f.fd, f.file_id
+            )));
         }
-        let open_flags = (e.flags as i32) & !(libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL);
-        let tmp = match kind {
-            FdKind::Pipe => {
-                let got = take_from(r, std::process::id() as i32, pipes.end_for(pid, e)?)?;
-                // File status flags belong to the description: set ours.
-                r.call(
-                    "fcntl(F_SETFL)",
-                    libc::SYS_fcntl,
-                    [
-                        got as u64,
-                        libc::F_SETFL as u64,
-                        (open_flags & libc::O_NONBLOCK) as u64,
-                        0,
-                        0,
-                        0,
-                    ],
-                )?;
-                if got == e.fd {
-                    set_cloexec(r, e.fd, e.cloexec)?;
-                    continue;
-                }
-                got
-            }
-            FdKind::Tty if keep.contains(&e.fd) => {
-                set_cloexec(r, e.fd, e.cloexec)?;
-                continue;
-            }
-            FdKind::Tty => r.open("/dev/null", open_flags | cloexec, 0)?,
-            FdKind::Regular | FdKind::CharDevice => r.open(&e.path, open_flags | cloexec, 0)?,
-            FdKind::Directory => r.open(&e.path, open_flags | libc::O_DIRECTORY | cloexec, 0)?,
-            FdKind::Unlinked => {
-                let path = recreate_ghost(pid, e, images, &mut ghosts)?;
-                let fd = r.open(&path, open_flags | cloexec, 0);
-                let _ = std::fs::remove_file(&path);
-                ghosts.0.retain(|p| p.to_str() != Some(path.as_str()));
-                fd?
-            }
-        };
-        if tmp != e.fd {
-            dup_to(r, tmp, e.fd, cloexec)?;
-            r.close(tmp)?;
+    }
+    Ok(())
+}
+
+/// Rebuilds the fd table of the process behind `r` (processes in tree
+/// order, parents first, so a shared description's first holder is
+/// already rebuilt).
+pub fn restore(cx: &mut Context<'_>, r: &Remote<'_>, table: &FdTable) -> Result<()> {
+    cx.pid = r.t.pid();
+    cx.inherited = inherited_fds(cx.pid)?;
+    for fd in &table.fds {
+        let file = cx
+            .files
+            .get(fd.file_id)
+            .ok_or_else(|| cx.invalid(fd.fd, "no such file"))?;
+        install_file(cx, r, file, fd)?;
+    }
+    // What the restorer passed down and the process did not have.
+    for fd in std::mem::take(&mut cx.inherited) {
+        if !table.fds.iter().any(|f| f.fd == fd) {
+            r.close(fd)?;
         }
-        if matches!(kind, FdKind::Regular | FdKind::Unlinked | FdKind::Directory) {
-            r.call(
-                "lseek",
-                libc::SYS_lseek,
-                [e.fd as u64, e.pos as u64, libc::SEEK_SET as u64, 0, 0, 0],
-            )?;
+    }
+    Ok(())
+}
+
+/// Installs one fd: shares the description if an earlier fd got it, else
+/// has the kind open it; then puts it at its number with its FD_CLOEXEC.
+fn install<K: FileRestorer>(
+    kind: &K,
+    cx: &mut Context<'_>,
+    r: &Remote<'_>,
+    file: &File,
+    image: &K::Image,
+    fd: &Fd,
+) -> Result<()> {
+    let earlier = if K::PER_FD {
+        None
+    } else {
+        cx.installed.get(&file.id).copied()
+    };
+    let got = match earlier {
+        Some(at) if at.pid == cx.pid => at.fd,
+        Some(at) => take_from(r, at.pid, at.fd)?,
+        None => kind.open(cx, r, file, image, fd.fd)?,
+    };
+    if got == fd.fd {
+        set_cloexec(r, fd.fd, fd.cloexec)?;
+    } else {
+        let flags = if fd.cloexec { libc::O_CLOEXEC } else { 0 };
+        r.call(
+            "dup3",
+            libc::SYS_dup3,
+            [got as u64, fd.fd as u64, flags as u64, 0, 0, 0],
+        )?;
+        // A description installed earlier in this process stays where it is.
+        if earlier.is_none_or(|at| at.pid != cx.pid) {
+            r.close(got)?;
         }
+    }
+    if !K::PER_FD && earlier.is_none() {
+        cx.installed.insert(
+            file.id,
+            Installed {
+                pid: cx.pid,
+                fd: fd.fd,
+            },
+        );
     }
     Ok(())
 }
@@ -123,7 +212,7 @@ pub fn restore(r: &Remote<'_>, files: &Files, images: &ImageDir, pipes: &PipeTab
 /// Copies fd `fd` of process `owner` into the process behind `r`
 /// (pidfd_open + pidfd_getfd, run inside it): the same open file
 /// description, offset included.
-fn take_from(r: &Remote<'_>, owner: i32, fd: i32) -> Result<i32> {
+pub fn take_from(r: &Remote<'_>, owner: i32, fd: i32) -> Result<i32> {
     let pidfd = r.call(
         "pidfd_open",
         libc::SYS_pidfd_open,
@@ -138,6 +227,23 @@ fn take_from(r: &Remote<'_>, owner: i32, fd: i32) -> Result<i32> {
     Ok(got? as i32)
 }
 
+/// Sets the file status flags (`F_SETFL`) of `fd`: they belong to the
+/// description, so a description made by ckpt gets the dumped ones.
+pub fn set_status_flags(r: &Remote<'_>, fd: i32, flags: u32) -> Result<()> {
+    r.call(
+        "fcntl(F_SETFL)",
+        libc::SYS_fcntl,
+        [fd as u64, libc::F_SETFL as u64, flags as u64, 0, 0, 0],
+    )?;
+    Ok(())
+}
+
+/// The open(2) flags to reopen a dumped description with: its access mode
+/// and status flags, never creating or truncating anything.
+pub fn reopen_flags(file: &File) -> i32 {
+    (file.flags as i32 & !(libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL)) | libc::O_CLOEXEC
+}
+
 /// Sets or clears FD_CLOEXEC on `fd`.
 fn set_cloexec(r: &Remote<'_>, fd: i32, cloexec: bool) -> Result<()> {
     r.call(
@@ -148,59 +254,13 @@ fn set_cloexec(r: &Remote<'_>, fd: i32, cloexec: bool) -> Result<()> {
     Ok(())
 }
 
-fn dup_to(r: &Remote<'_>, from: i32, to: i32, cloexec: i32) -> Result<()> {
-    r.call(
-        "dup3",
-        libc::SYS_dup3,
-        [from as u64, to as u64, cloexec as u64, 0, 0, 0],
-    )?;
-    Ok(())
-}
-
 fn inherited_fds(pid: i32) -> Result<Vec<i32>> {
     let dir = format!("/proc/{pid}/fd");
     let rd =
         std::fs::read_dir(&dir).map_err(|e| RestoreError::os(pid, format!("read {dir}"), e))?;
-    Ok(rd
+    let mut fds: Vec<i32> = rd
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect())
-}
-
-/// Writes the ghost image next to the original path and returns the path
-/// the child should open.
-fn recreate_ghost(
-    pid: i32,
-    e: &FdEntry,
-    images: &ImageDir,
-    cleanup: &mut GhostCleanup,
-) -> Result<String> {
-    let data = images.read_raw(&e.ghost)?;
-    let mut path = PathBuf::from(&e.path);
-    if path.symlink_metadata().is_ok() {
-        path = PathBuf::from(format!("{}.ckpt-ghost.{}", e.path, std::process::id()));
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(e.mode & 0o7777)
-        .open(&path)
-        .map_err(|err| RestoreError::File {
-            pid,
-            path: path.display().to_string(),
-            what: format!("cannot recreate unlinked file: {err}"),
-        })?;
-    cleanup.0.push(path.clone());
-    f.write_all(&data).map_err(|err| RestoreError::File {
-        pid,
-        path: path.display().to_string(),
-        what: format!("cannot write unlinked file's contents: {err}"),
-    })?;
-    Ok(path.display().to_string())
-}
-
-fn bad(pid: i32, e: &FdEntry, what: &str) -> RestoreError {
-    RestoreError::Image(ckpt_image::ImageError::Invalid {
-        path: ckpt_image::files_name(pid).into(),
-        what: format!("fd {}: {what}", e.fd),
-    })
+        .collect();
+    fds.sort_unstable();
+    Ok(fds)
 }

@@ -1,59 +1,92 @@
-//! Pipes: the restorer recreates each pipe of the tree itself, refills the
-//! data that was buffered in it, and every process that owned an end takes
-//! that end from the restorer with `pidfd_getfd` (run inside it). The
-//! restorer closes its copies once the tree runs.
+//! Pipes: the restorer creates each pipe of the tree itself the first time
+//! an end is needed, refills the data that was buffered in it, and every
+//! process that owned an end takes that end from the restorer with
+//! `pidfd_getfd` (run inside it). The restorer's copies close when the
+//! restore ends.
 
 use std::collections::HashMap;
-use std::fs::File;
+use std::fs::File as OsFile;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd};
 
-use ckpt_image::files::{FdEntry, Pipes};
-use ckpt_image::{ImageDir, ImageKind, PIPES_NAME};
+use ckpt_image::fd::File;
+use ckpt_image::fd::pipe::PipeFile;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 
+use super::{Context, FileRestorer, set_status_flags, take_from};
 use crate::error::{RestoreError, Result};
+use crate::remote::Remote;
 
-/// The restorer's copies of every pipe: id -> (read end, write end).
+/// Anonymous pipes.
+pub struct Pipe;
+
+/// The restorer's own ends of one pipe.
+struct Ends {
+    read: OsFile,
+    write: OsFile,
+}
+
+/// Every pipe created so far, by pipe id.
 #[derive(Default)]
-pub struct PipeTable(HashMap<u64, (File, File)>);
+struct PipeTable(HashMap<u64, Ends>);
 
-impl PipeTable {
-    /// Creates and refills the pipes listed in `pipes.img`, if any.
-    pub fn create(images: &ImageDir) -> Result<PipeTable> {
-        let mut table = PipeTable::default();
-        if images.digest(PIPES_NAME).is_err() {
-            return Ok(table);
-        }
-        let pipes: Pipes = images.read_meta(PIPES_NAME, ImageKind::Pipes)?;
-        let me = std::process::id() as i32;
-        let err = |what: &str, e: std::io::Error| RestoreError::os(me, format!("pipe: {what}"), e);
-        for p in pipes.pipes {
-            let (r, w) =
-                nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| err("pipe2", e.into()))?;
-            if p.size > 0 {
-                fcntl(w.as_fd(), FcntlArg::F_SETPIPE_SZ(p.size as libc::c_int))
-                    .map_err(|e| err("F_SETPIPE_SZ", e.into()))?;
-            }
-            let mut w = File::from(w);
-            // It fit in a pipe of this size before, so it fits again.
-            fcntl(w.as_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
-                .map_err(|e| err("F_SETFL", e.into()))?;
-            w.write_all(&p.data).map_err(|e| err("refill", e))?;
-            table.0.insert(p.id, (File::from(r), w));
-        }
-        Ok(table)
-    }
+impl FileRestorer for Pipe {
+    type Image = PipeFile;
 
-    /// The restorer's fd for the end of the pipe that `e` is.
-    pub fn end_for(&self, pid: i32, e: &FdEntry) -> Result<i32> {
-        let (r, w) = self.0.get(&e.pipe_id).ok_or_else(|| {
-            RestoreError::Image(ckpt_image::ImageError::Invalid {
-                path: ckpt_image::files_name(pid).into(),
-                what: format!("fd {}: pipe {} missing from {PIPES_NAME}", e.fd, e.pipe_id),
-            })
-        })?;
-        let writes = e.flags & libc::O_ACCMODE as u32 == libc::O_WRONLY as u32;
-        Ok(if writes { w.as_raw_fd() } else { r.as_raw_fd() })
+    fn open(
+        &self,
+        cx: &mut Context<'_>,
+        r: &Remote<'_>,
+        file: &File,
+        image: &PipeFile,
+        fd: i32,
+    ) -> Result<i32> {
+        if !cx.state::<PipeTable>().0.contains_key(&image.pipe_id) {
+            let ends = create(cx, image, fd)?;
+            cx.state::<PipeTable>().0.insert(image.pipe_id, ends);
+        }
+        let ends = &cx.state::<PipeTable>().0[&image.pipe_id];
+        let mine = if file.writable() {
+            ends.write.as_raw_fd()
+        } else {
+            ends.read.as_raw_fd()
+        };
+        let got = take_from(r, std::process::id() as i32, mine)?;
+        set_status_flags(r, got, file.flags)?;
+        Ok(got)
     }
+}
+
+/// Creates the pipe with its capacity and buffered data.
+fn create(cx: &Context<'_>, image: &PipeFile, fd: i32) -> Result<Ends> {
+    let name = ckpt_image::pipe_data_name(image.pipe_id);
+    let data = cx.images.read_raw(&name)?;
+    if data.len() as u64 > u64::from(image.capacity) {
+        return Err(cx.invalid(
+            fd,
+            &format!(
+                "{name} holds {} bytes, more than the pipe's capacity {}",
+                data.len(),
+                image.capacity
+            ),
+        ));
+    }
+    let me = std::process::id() as i32;
+    let err = |what: &str, e: std::io::Error| RestoreError::os(me, format!("pipe: {what}"), e);
+    let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| err("pipe2", e.into()))?;
+    if image.capacity > 0 {
+        fcntl(
+            w.as_fd(),
+            FcntlArg::F_SETPIPE_SZ(image.capacity as libc::c_int),
+        )
+        .map_err(|e| err("F_SETPIPE_SZ", e.into()))?;
+    }
+    let mut w = OsFile::from(w);
+    // It fit in a pipe of this size before, so it fits again; never block.
+    fcntl(w.as_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(|e| err("F_SETFL", e.into()))?;
+    w.write_all(&data).map_err(|e| err("refill", e))?;
+    Ok(Ends {
+        read: OsFile::from(r),
+        write: w,
+    })
 }

@@ -1,0 +1,34 @@
+//! Terminals, by the terminal rule: fd N is connected to whatever
+//! `ckpt restore`'s own fd N is (the process inherited the restorer's
+//! table), so the program's output appears where restore runs; if the
+//! restorer has no fd N, `/dev/null`. This holds for every fd even when
+//! several shared one description at dump time (0, 1 and 2 usually do).
+
+use ckpt_image::fd::File;
+use ckpt_image::fd::tty::TtyFile;
+
+use super::{Context, FileRestorer, reopen_flags};
+use crate::error::Result;
+use crate::remote::Remote;
+
+/// Terminals.
+pub struct Tty;
+
+impl FileRestorer for Tty {
+    type Image = TtyFile;
+    const PER_FD: bool = true;
+
+    fn open(
+        &self,
+        cx: &mut Context<'_>,
+        r: &Remote<'_>,
+        file: &File,
+        _image: &TtyFile,
+        fd: i32,
+    ) -> Result<i32> {
+        if cx.inherited(fd) {
+            return Ok(fd);
+        }
+        r.open("/dev/null", reopen_flags(file), 0)
+    }
+}
