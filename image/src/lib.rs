@@ -14,10 +14,25 @@
 //!                      read it straight into place
 //! ```
 //!
-//! Metadata is protobuf (prost derive, no .proto files). Compatibility rule,
-//! borrowed from CRIU's review practice: new fields are `optional` or
-//! repeated, tags are never renumbered or reused, removed tags are reserved in
-//! a comment. A change that old readers cannot ignore bumps [`FORMAT_VERSION`].
+//! Metadata is protobuf. As in CRIU's `images/*.proto`, the schema of the
+//! manifest, core and mm images is written in `image/proto/` (`manifest.proto`,
+//! `task.proto`, `mm.proto`, package `ckpt`); `build.rs` compiles it with
+//! protox and prost-build (no `protoc` needed), and [`manifest`], [`task`] and
+//! [`mm`] re-export the generated types next to their hand-written helpers.
+//! Any protobuf tool can read those images once the 32-byte [`header`] is
+//! skipped:
+//!
+//! ```text
+//! tail -c +33 DIR/core-123.img | protoc --decode=ckpt.Core -I image/proto image/proto/task.proto
+//! ```
+//!
+//! The fd-table and pipes messages ([`files`]) are still prost derive
+//! structs with no .proto file.
+//!
+//! Compatibility rule, borrowed from CRIU's review practice: new fields are
+//! `optional` or repeated, tags are never renumbered or reused, removed tags
+//! are `reserved`. A change that old readers cannot ignore bumps
+//! [`FORMAT_VERSION`].
 //!
 //! This crate does no syscalls beyond reading and writing image files.
 
@@ -30,6 +45,7 @@ pub mod files;
 pub mod header;
 pub mod manifest;
 pub mod mm;
+mod pb;
 pub mod summary;
 pub mod task;
 
