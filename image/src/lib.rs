@@ -15,10 +15,23 @@
 //!                      read it straight into place
 //! ```
 //!
-//! Metadata is protobuf (prost derive, no .proto files). Compatibility rule,
-//! borrowed from CRIU's review practice: new fields are `optional` or
-//! repeated, tags are never renumbered or reused, removed tags are reserved in
-//! a comment. A change that old readers cannot ignore bumps [`FORMAT_VERSION`].
+//! Metadata is protobuf. As in CRIU's `images/*.proto`, the schema of every
+//! metadata image is written in `image/proto/` (`manifest.proto`,
+//! `task.proto`, `mm.proto`, `fd.proto` and one `fd_KIND.proto` per kind
+//! of open file; package `ckpt`); `build.rs` compiles it with protox and
+//! prost-build (no `protoc` needed), and [`manifest`], [`task`], [`mm`] and
+//! [`fd`] re-export the generated types next to their hand-written helpers.
+//! Any protobuf tool can read those images once the 32-byte [`header`] is
+//! skipped:
+//!
+//! ```text
+//! tail -c +33 DIR/core-123.img | protoc --decode=ckpt.Core -I image/proto image/proto/task.proto
+//! ```
+//!
+//! Compatibility rule, borrowed from CRIU's review practice: new fields are
+//! `optional` or repeated, tags are never renumbered or reused, removed tags
+//! are `reserved`. A change that old readers cannot ignore bumps
+//! [`FORMAT_VERSION`].
 //!
 //! This crate does no syscalls beyond reading and writing image files.
 
@@ -31,6 +44,7 @@ pub mod fd;
 pub mod header;
 pub mod manifest;
 pub mod mm;
+mod pb;
 pub mod task;
 
 pub use dir::{ImageDir, ImageWriter, PagesWriter};

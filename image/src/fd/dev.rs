@@ -1,13 +1,5 @@
 //! Character devices without state worth saving.
+//!
+//! The message is defined in `image/proto/fd_dev.proto`.
 
-/// A character device reopened by path (`/dev/null`, `/dev/zero`,
-/// `/dev/full`, `/dev/random`, `/dev/urandom`).
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct DevFile {
-    /// Path at dump time.
-    #[prost(string, tag = "1")]
-    pub path: String,
-    /// Device number (`st_rdev`); restore checks the path still names it.
-    #[prost(uint64, tag = "2")]
-    pub rdev: u64,
-}
+pub use crate::pb::DevFile;

@@ -14,6 +14,9 @@
 //! Sharing is "same `file_id`"; whatever later points at an open file (a
 //! socket's peer, an epoll target, a file in flight in `SCM_RIGHTS`) refers
 //! to it by id too.
+//!
+//! The messages are defined in `image/proto/fd.proto` (the table and the
+//! description) and `image/proto/fd_KIND.proto` (one per kind).
 
 pub mod dev;
 pub mod eventfd;
@@ -21,77 +24,7 @@ pub mod pipe;
 pub mod reg;
 pub mod tty;
 
-/// The fd table of one process.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct FdTable {
-    /// Entries sorted by fd number.
-    #[prost(message, repeated, tag = "1")]
-    pub fds: Vec<Fd>,
-}
-
-/// One fd: a number pointing at an open file description.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Fd {
-    /// The fd number.
-    #[prost(int32, tag = "1")]
-    pub fd: i32,
-    /// FD_CLOEXEC is set (a property of the fd, not of the description).
-    #[prost(bool, tag = "2")]
-    pub cloexec: bool,
-    /// The open file description, a [`File::id`] of `files.img`.
-    #[prost(uint64, tag = "3")]
-    pub file_id: u64,
-}
-
-/// Every open file description of the checkpoint.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Files {
-    /// Sorted by id; ids are unique.
-    #[prost(message, repeated, tag = "1")]
-    pub files: Vec<File>,
-}
-
-/// One open file description.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct File {
-    /// Identity within the checkpoint (1, 2, ...; 0 is never used).
-    #[prost(uint64, tag = "1")]
-    pub id: u64,
-    /// Access mode and file status flags (O_APPEND, O_NONBLOCK, ...), as
-    /// `/proc/PID/fdinfo` reports them, without O_CLOEXEC.
-    #[prost(uint32, tag = "2")]
-    pub flags: u32,
-    /// File offset.
-    #[prost(int64, tag = "3")]
-    pub pos: i64,
-    /// What the description refers to.
-    #[prost(oneof = "file::Kind", tags = "10, 11, 12, 13, 14")]
-    pub kind: Option<file::Kind>,
-}
-
-/// Nested types of [`File`].
-pub mod file {
-    /// The kind-specific part of an open file description. Adding a kind:
-    /// one message in its own module and one line here.
-    #[derive(Clone, PartialEq, prost::Oneof)]
-    pub enum Kind {
-        /// A regular file or directory, linked or unlinked.
-        #[prost(message, tag = "10")]
-        Reg(super::reg::RegFile),
-        /// A stateless character device.
-        #[prost(message, tag = "11")]
-        Dev(super::dev::DevFile),
-        /// A terminal.
-        #[prost(message, tag = "12")]
-        Tty(super::tty::TtyFile),
-        /// One end of a pipe.
-        #[prost(message, tag = "13")]
-        Pipe(super::pipe::PipeFile),
-        /// An eventfd.
-        #[prost(message, tag = "14")]
-        Eventfd(super::eventfd::EventfdFile),
-    }
-}
+pub use crate::pb::{Fd, FdTable, File, Files, file};
 
 impl File {
     /// Short name of the kind, for messages.
