@@ -18,7 +18,7 @@
 #![warn(missing_docs)]
 
 pub mod error;
-pub mod fault;
+
 pub mod fd;
 pub mod features;
 pub mod mm;
@@ -113,7 +113,7 @@ pub fn freeze(root: i32) -> Result<Frozen> {
     }
     let frozen_at = Instant::now();
     let procs = tree::freeze(root, precheck, seize_error)?;
-    fault::inject(fault::FaultPoint::AfterSeize);
+    ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::AfterSeize);
     Ok(Frozen {
         root,
         procs,
@@ -286,7 +286,7 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<DumpReport> 
         let pw = w.pages(&ckpt_image::pages_name(c.pid))?;
         let base = written;
         let progress = |done: u64| {
-            fault::inject(fault::FaultPoint::DuringPages);
+            ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::DuringPages);
             if let Some(p) = opts.progress {
                 p(base + done, total)
             }

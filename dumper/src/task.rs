@@ -60,7 +60,7 @@ pub struct TaskMisc {
 pub fn run_parasite(t: &Tracee) -> Result<TaskMisc> {
     let inf: Infection<'_> = t.infect()?;
     let args = inf.call(ckpt_parasite::proto::CMD_DUMP_MISC)?;
-    crate::fault::inject(crate::fault::FaultPoint::ParasiteLoaded);
+    ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::ParasiteLoaded);
     let out = TaskMisc {
         regs: *inf.saved_regs(),
         xstate: inf.saved_xstate().to_vec(),

@@ -67,6 +67,16 @@ pub enum ParasiteError {
         /// The errno it returned.
         errno: Errno,
     },
+    /// A file opened inside the task could not be opened.
+    #[error("pid {pid}: {path}: cannot open: {errno}")]
+    RemoteOpen {
+        /// The task.
+        pid: i32,
+        /// The path.
+        path: String,
+        /// The errno open returned.
+        errno: Errno,
+    },
     /// The parasite blob reported a failure.
     #[error("pid {pid}: parasite command {cmd} failed: {errno}")]
     Command {

@@ -26,7 +26,7 @@ use crate::blob::BLOB;
 use crate::error::{ParasiteError, Result};
 use crate::proto;
 use crate::sigframe::{self, AltStack};
-use crate::tracee::{Regs, SYSCALL_INT3, Tracee};
+use crate::tracee::{Regs, Tracee};
 
 const PAGE: u64 = 4096;
 /// EFLAGS direction flag: must be clear on entry to compiled code.
@@ -80,25 +80,13 @@ impl Tracee {
         let frame_off = (BLOB.mem_size as u64).next_multiple_of(64);
         let len = (frame_off + sigframe::frame_len(xstate.len()) as u64).next_multiple_of(PAGE);
         let site = first_exec_addr(self.pid())?;
-        let mut orig = [0u8; SYSCALL_INT3.len()];
-        self.read_mem(site, &mut orig)?;
-        self.write_mem(site, &SYSCALL_INT3)?;
-        let mapped = self.syscall_ok(
+        let base = self.bootstrap_mmap(
             site,
             "mmap (parasite)",
-            libc::SYS_mmap,
-            [
-                0,
-                len,
-                (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64,
-                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
-                u64::MAX,
-                0,
-            ],
-        );
-        // Put the program's code back before anything else can fail.
-        self.write_mem(site, &orig)?;
-        let base = mapped?;
+            0,
+            len,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+        )?;
         if let Err(e) = self.write_mem(base, &BLOB.relocated(base)) {
             let _ = self.syscall_at(site, libc::SYS_munmap, [base, len, 0, 0, 0, 0]);
             return Err(e);

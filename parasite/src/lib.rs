@@ -4,14 +4,19 @@
 //! and memory are reachable, and single syscalls run inside it at an address
 //! holding `syscall; int3`. [`Infection`] maps the freestanding parasite
 //! [`blob`] into the task, calls its commands ([`proto`]) and removes every
-//! trace again. This crate knows nothing about images, files or trees.
+//! trace again. [`remote::Remote`] runs syscalls from a scratch area of
+//! ckpt's own (the restorer's way of rebuilding a process); [`fault`] is the
+//! fault injection both the dumper and the restorer use in tests. This
+//! crate knows nothing about images, files or trees.
 
 #![warn(missing_docs)]
 
 pub mod blob;
 pub mod error;
+pub mod fault;
 mod infect;
 pub mod proto;
+pub mod remote;
 mod sigframe;
 mod sys;
 pub mod tracee;

@@ -352,6 +352,39 @@ impl Tracee {
         check_ret(self.pid(), name, ret)
     }
 
+    /// Maps `len` bytes of private anonymous RWX memory (at `addr`, with
+    /// `flags`) inside the task before it has any code of ckpt's: pokes
+    /// `syscall; int3` over the task's own code at `site`, runs `mmap`
+    /// there and puts the original bytes back before returning, even on
+    /// error. The parasite and the restorer's scratch area both start so.
+    pub fn bootstrap_mmap(
+        &self,
+        site: u64,
+        name: &'static str,
+        addr: u64,
+        len: u64,
+        flags: i32,
+    ) -> Result<u64> {
+        let mut orig = [0u8; SYSCALL_INT3.len()];
+        self.read_mem(site, &mut orig)?;
+        self.write_mem(site, &SYSCALL_INT3)?;
+        let mapped = self.syscall_ok(
+            site,
+            name,
+            libc::SYS_mmap,
+            [
+                addr,
+                len,
+                (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64,
+                flags as u64,
+                u64::MAX,
+                0,
+            ],
+        );
+        self.write_mem(site, &orig)?;
+        mapped
+    }
+
     /// Runs a syscall at `site` (which must hold a `syscall` instruction) and
     /// leaves the task stopped at the syscall's exit, so a syscall that
     /// unmaps its own code (the last step of a restore) can be followed by

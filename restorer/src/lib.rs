@@ -21,11 +21,11 @@
 #![warn(missing_docs)]
 
 pub mod error;
-mod fault;
+
 mod fd;
 mod mm;
 mod pid;
-mod remote;
+
 mod sys;
 mod task;
 mod thread;
@@ -87,8 +87,53 @@ fn load(images: &ImageDir, files: &Files, pid: i32, ppid: i32) -> Result<Process
 }
 
 /// Restores the checkpoint in `opts.dir` (a process tree, root first) and
-/// lets it run. The root becomes a child of the caller.
+/// lets it run. The root becomes a child of the caller. The phases
+/// [`rebuild`] → [`Stopped::resume`] in one call.
 pub fn restore(opts: &RestoreOptions<'_>) -> Result<Restored> {
+    rebuild(opts)?.resume()
+}
+
+/// A restored tree, every process rebuilt and still stopped under ptrace
+/// (phase 1 of a restore). Between this and [`Stopped::resume`] a
+/// coordinator publishes what changed (new addresses, new ids) and waits
+/// for its peers; nothing of the tree runs meanwhile. Dropping it kills
+/// the whole tree: a process that was never resumed never ran.
+pub struct Stopped {
+    root: i32,
+    /// Tree order (parents first).
+    tracees: Vec<Tracee>,
+    child: ChildGuard,
+}
+
+impl Stopped {
+    /// Pids of the rebuilt processes, parents first (zombies not included).
+    pub fn pids(&self) -> Vec<i32> {
+        self.tracees.iter().map(Tracee::pid).collect()
+    }
+
+    /// Lets the tree run.
+    pub fn resume(mut self) -> Result<Restored> {
+        // Children first, so no parent runs while a child is held.
+        while let Some(t) = self.tracees.pop() {
+            t.detach()?;
+        }
+        self.child.disarm();
+        Ok(Restored { pid: self.root })
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // Kill while still stopped; the guard reaps the root.
+        for t in self.tracees.iter().rev() {
+            let _ = kill(Pid::from_raw(t.pid()), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Reads and verifies the whole checkpoint, then creates every process of
+/// the tree and rebuilds it, leaving all of them stopped.
+pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
     let images = ImageDir::open(&opts.dir)?;
     check_compatible(&images)?;
     let m = images.manifest();
@@ -133,14 +178,11 @@ pub fn restore(opts: &RestoreOptions<'_>) -> Result<Restored> {
     let child = spawn(root, opts)?;
     let mut fds = fd::Context::new(&images, &files);
     match build_tree(&procs, &zombies, &pages, &mut fds, opts) {
-        Ok(tracees) => {
-            // Children first, so no parent runs while a child is held.
-            for t in tracees.into_iter().rev() {
-                t.detach()?;
-            }
-            child.disarm();
-            Ok(Restored { pid: root })
-        }
+        Ok(tracees) => Ok(Stopped {
+            root,
+            tracees,
+            child,
+        }),
         Err(e) => {
             // Kill while still stopped: a half-built process must never run.
             for p in procs.iter().rev() {
@@ -207,7 +249,7 @@ fn build_tree(
         dir: images.path().into(),
         what: what.into(),
     };
-    let at = mm::find_gap(&busy, remote::SCRATCH_LEN)
+    let at = mm::find_gap(&busy, ckpt_parasite::remote::SCRATCH_LEN)
         .ok_or_else(|| no_room("no free address range for the restorer's scratch area"))?;
     let code = child_maps
         .iter()
@@ -215,8 +257,12 @@ fn build_tree(
         .map(|m| m.start)
         .ok_or_else(|| no_room("restorer has no executable mapping"))?;
     // Forked children inherit the scratch area at the same address.
-    let base = remote::Remote::map(&root, code, at)?.base;
-    task::restore_session(&remote::Remote { t: &root, base }, &procs[0].core, true)?;
+    let base = ckpt_parasite::remote::Remote::map(&root, code, at)?.base;
+    task::restore_session(
+        &ckpt_parasite::remote::Remote { t: &root, base },
+        &procs[0].core,
+        true,
+    )?;
     let mut tracees = vec![root];
     for p in &procs[1..] {
         let parent = procs
@@ -224,13 +270,17 @@ fn build_tree(
             .position(|q| q.pid == p.ppid)
             .expect("checked by check_tree");
         let child = tree::fork_child(
-            &remote::Remote {
+            &ckpt_parasite::remote::Remote {
                 t: &tracees[parent],
                 base,
             },
             p.pid,
         )?;
-        task::restore_session(&remote::Remote { t: &child, base }, &p.core, false)?;
+        task::restore_session(
+            &ckpt_parasite::remote::Remote { t: &child, base },
+            &p.core,
+            false,
+        )?;
         tracees.push(child);
     }
     for &(pid, ppid, status) in zombies {
@@ -239,16 +289,16 @@ fn build_tree(
             .position(|q| q.pid == ppid)
             .expect("checked by check_tree");
         let child = tree::fork_child(
-            &remote::Remote {
+            &ckpt_parasite::remote::Remote {
                 t: &tracees[parent],
                 base,
             },
             pid,
         )?;
-        tree::make_zombie(&remote::Remote { t: &child, base }, status)?;
+        tree::make_zombie(&ckpt_parasite::remote::Remote { t: &child, base }, status)?;
     }
     for ((t, p), pg) in tracees.iter().zip(procs).zip(pages) {
-        rebuild(t, base, p, pg, fds, opts)?;
+        rebuild_process(t, base, p, pg, fds, opts)?;
     }
     Ok(tracees)
 }
@@ -386,7 +436,7 @@ fn spawn(pid: i32, opts: &RestoreOptions<'_>) -> Result<ChildGuard> {
     }
 }
 
-fn rebuild(
+fn rebuild_process(
     t: &Tracee,
     base: u64,
     p: &ProcessImages,
@@ -397,7 +447,7 @@ fn rebuild(
     let pid = t.pid();
     let core = &p.core;
     let child_maps = mm::read_maps(pid)?;
-    let r = remote::Remote { t, base };
+    let r = ckpt_parasite::remote::Remote { t, base };
 
     // The child inherited the restorer's rseq registration, which points
     // into memory about to be replaced.
@@ -421,7 +471,7 @@ fn rebuild(
     }
     mm::clear_and_move_specials(&r, &child_maps, &p.mm)?;
     mm::map_vmas(&r, &p.mm)?;
-    fault::inject(fault::FaultPoint::MidRebuild);
+    ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::MidRebuild);
     mm::map_shared_links(&r, &p.mm)?;
     mm::fill_pages(&r, &p.mm, pages, opts.progress)?;
     mm::fix_protections(&r, &p.mm)?;
@@ -438,7 +488,7 @@ fn rebuild(
     let threads = thread::spawn(&r, core)?;
     task::restore_creds(&r, core)?;
     for th in &threads {
-        task::restore_creds(&remote::Remote { t: th, base }, core)?;
+        task::restore_creds(&ckpt_parasite::remote::Remote { t: th, base }, core)?;
     }
 
     // Last syscall: unmap the scratch area, stopping at its exit because
@@ -451,7 +501,7 @@ fn rebuild(
     let ret = t.syscall_stop_at_exit(
         r.base,
         libc::SYS_munmap,
-        [r.base, remote::SCRATCH_LEN, 0, 0, 0, 0],
+        [r.base, ckpt_parasite::remote::SCRATCH_LEN, 0, 0, 0, 0],
     )?;
     ckpt_parasite::check_ret(pid, "munmap (scratch)", ret)?;
     t.set_regs(&regs)?;

@@ -10,7 +10,7 @@ use ckpt_image::mm::{Mm, PageChunk, VdsoInfo, Vma, VmaKind, prot, vma_flags};
 use ckpt_image::task::MmFields;
 
 use crate::error::{RestoreError, Result};
-use crate::remote::{Remote, SCRATCH_LEN};
+use ckpt_parasite::remote::{Remote, SCRATCH_LEN};
 
 /// One line of the child's own `/proc/PID/maps`.
 #[derive(Debug, Clone)]
@@ -413,7 +413,8 @@ pub fn set_mm_fields(r: &Remote<'_>, f: &MmFields, exe: &str) -> Result<()> {
         ],
     );
     r.close(exe_fd)?;
-    res.map(|_| ())
+    res?;
+    Ok(())
 }
 
 fn check_file(pid: i32, v: &Vma) -> Result<()> {

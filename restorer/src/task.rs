@@ -6,8 +6,8 @@ use ckpt_image::task::{AltStack, Core, GpRegs, PendingSignal, RobustList, Rseq};
 use ckpt_parasite::Regs;
 
 use crate::error::{RestoreError, Result};
-use crate::remote::Remote;
 use crate::sys;
+use ckpt_parasite::remote::Remote;
 
 /// SIG_DFL for every signal not in the image: the child inherited the
 /// restorer's dispositions (Rust ignores SIGPIPE, for one).
@@ -152,7 +152,7 @@ pub fn set_name(r: &Remote<'_>, comm: &str) -> Result<()> {
     Ok(())
 }
 
-fn file_err(r: &Remote<'_>, path: &str, e: RestoreError) -> RestoreError {
+fn file_err(r: &Remote<'_>, path: &str, e: ckpt_parasite::ParasiteError) -> RestoreError {
     RestoreError::File {
         pid: r.t.pid(),
         path: path.into(),

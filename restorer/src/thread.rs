@@ -9,8 +9,8 @@ use ckpt_image::task::Core;
 use ckpt_parasite::Tracee;
 
 use crate::error::{RestoreError, Result};
-use crate::remote::Remote;
 use crate::task;
+use ckpt_parasite::remote::Remote;
 
 /// Flags of a pthread_create-style thread (the TLS comes with the registers).
 const THREAD_FLAGS: u64 = (libc::CLONE_VM

@@ -7,8 +7,8 @@
 use ckpt_parasite::Tracee;
 
 use crate::error::{RestoreError, Result};
-use crate::remote::Remote;
 use crate::thread::CLONE_ARGS_SIZE;
+use ckpt_parasite::remote::Remote;
 
 /// Forks a child with pid `pid` from the process behind `r`.
 pub fn fork_child(r: &Remote<'_>, pid: i32) -> Result<Tracee> {

@@ -46,7 +46,9 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
         notice: &notice,
         progress: Some(&progress),
     };
-    let r = ckpt_restorer::restore(&opts);
+    // The engine's phases: a coordinated restart publishes and subscribes
+    // between them.
+    let r = ckpt_restorer::rebuild(&opts).and_then(|stopped| stopped.resume());
     if let Some(b) = &bar {
         b.finish_and_clear();
     }

@@ -5,7 +5,7 @@ use ckpt_image::fd::dev::DevFile;
 
 use super::{Context, FileRestorer, reopen_flags};
 use crate::error::Result;
-use crate::remote::Remote;
+use ckpt_parasite::remote::Remote;
 
 /// `/dev/null`, `zero`, `full`, `random`, `urandom`.
 pub struct Dev;
@@ -21,6 +21,6 @@ impl FileRestorer for Dev {
         image: &DevFile,
         _fd: i32,
     ) -> Result<i32> {
-        r.open(&image.path, reopen_flags(file), 0)
+        Ok(r.open(&image.path, reopen_flags(file), 0)?)
     }
 }

@@ -6,7 +6,7 @@ use ckpt_image::fd::eventfd::EventfdFile;
 
 use super::{Context, FileRestorer};
 use crate::error::Result;
-use crate::remote::Remote;
+use ckpt_parasite::remote::Remote;
 
 /// eventfds.
 pub struct Eventfd;

@@ -20,7 +20,7 @@ use ckpt_image::ImageDir;
 use ckpt_image::fd::{Fd, FdTable, File, Files, file::Kind};
 
 use crate::error::{RestoreError, Result};
-use crate::remote::Remote;
+use ckpt_parasite::remote::Remote;
 
 /// One kind of open file, restore side.
 pub trait FileRestorer {

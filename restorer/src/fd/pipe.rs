@@ -15,7 +15,7 @@ use nix::fcntl::{FcntlArg, OFlag, fcntl};
 
 use super::{Context, FileRestorer, set_status_flags, take_from};
 use crate::error::{RestoreError, Result};
-use crate::remote::Remote;
+use ckpt_parasite::remote::Remote;
 
 /// Anonymous pipes.
 pub struct Pipe;

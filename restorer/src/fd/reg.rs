@@ -11,7 +11,7 @@ use ckpt_image::fd::reg::RegFile;
 
 use super::{Context, FileRestorer, reopen_flags};
 use crate::error::{RestoreError, Result};
-use crate::remote::Remote;
+use ckpt_parasite::remote::Remote;
 
 /// Regular files and directories.
 pub struct Reg;

@@ -9,7 +9,7 @@ use ckpt_image::fd::tty::TtyFile;
 
 use super::{Context, FileRestorer, reopen_flags};
 use crate::error::Result;
-use crate::remote::Remote;
+use ckpt_parasite::remote::Remote;
 
 /// Terminals.
 pub struct Tty;
@@ -29,6 +29,6 @@ impl FileRestorer for Tty {
         if cx.inherited(fd) {
             return Ok(fd);
         }
-        r.open("/dev/null", reopen_flags(file), 0)
+        Ok(r.open("/dev/null", reopen_flags(file), 0)?)
     }
 }
