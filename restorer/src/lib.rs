@@ -24,6 +24,7 @@ pub mod error;
 
 mod fd;
 mod mm;
+mod pages;
 mod pid;
 
 mod sys;
@@ -473,7 +474,7 @@ fn rebuild_process(
     mm::map_vmas(&r, &p.mm)?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::MidRebuild);
     mm::map_shared_links(&r, &p.mm)?;
-    mm::fill_pages(&r, &p.mm, pages, opts.progress)?;
+    pages::fill_pages(&r, &p.mm, pages, opts.progress)?;
     mm::fix_protections(&r, &p.mm)?;
     let mm_fields = core.mm.as_ref().expect("validated");
     mm::set_mm_fields(&r, mm_fields, &core.exe)?;

@@ -36,7 +36,8 @@ pub const RESTORE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const FAIL_TIMEOUT: Duration = Duration::from_secs(30);
 pub const POLL: Duration = Duration::from_millis(10);
 
-/// Flags the victims are built with (the issue asks for exactly these).
+/// Flags the victims are built with: optimised a little (so registers
+/// carry live values across the checkpoint) and with debug info.
 const CFLAGS: &[&str] = &["-O1", "-g", "-Wall"];
 
 /// Image files every dump must produce for its (single) process.
