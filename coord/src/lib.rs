@@ -5,6 +5,15 @@
 //! [`client::Agent`] API; the coordinator drives every node through the same phases and
 //! commits an epoch only when all of them have their images on disk ([`store`]).
 //!
+//! The coordinator is split in three layers, each knowing nothing of the one above:
+//!
+//! * `engine`: a state machine without I/O; events in (with the time), actions out.
+//!   `round` counts barriers, `state` holds what root and relay share.
+//! * `policy`: where root and relay differ, as two types: `root::Root` (starts rounds,
+//!   commits, aborts) and `relay::Relay` (a sub-coordinator standing for its agents).
+//! * [`server`]: the `mio` loop that moves bytes, authenticates, feeds the engine and
+//!   carries out its `action`s.
+//!
 //! See `docs/coord.md` for the protocol, the failure semantics and the benchmark.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -17,32 +26,21 @@ macro_rules! log {
     };
 }
 
-// The engine and its policies are complete and unit-tested here; the I/O layer switches
-// over to them in the next step, until then they are unused outside the tests.
-#[allow(dead_code)]
 mod action;
 pub mod auth;
 pub mod client;
-#[allow(dead_code)]
 mod engine;
 pub mod kv;
-mod legacy_round;
 #[cfg(feature = "pmix")]
 pub mod pmix;
-#[allow(dead_code)]
 mod policy;
 pub mod protocol;
-#[allow(dead_code)]
 mod relay;
-#[allow(dead_code)]
 mod root;
-#[allow(dead_code)]
 mod round;
 pub mod server;
-#[allow(dead_code)]
 mod state;
 pub mod store;
-mod tree;
 
 pub use auth::Secret;
 pub use client::{Agent, AgentOptions, ClientError, Control, Directive, PhaseBackend, Step};
