@@ -1,7 +1,7 @@
 //! What the coordinator engine asks its I/O layer to do.
 //!
-//! The engine ([`crate::engine`]) never touches a socket, a file or a clock; it returns
-//! these, in order, and the I/O layer ([`crate::server`]) carries them out. Store actions
+//! The engine (`engine`) never touches a socket, a file or a clock; it returns
+//! these, in order, and the I/O layer (`server`) carries them out. Store actions
 //! whose result matters ([`Action::ReserveEpoch`], [`Action::Commit`]) are answered by
 //! feeding the matching event back into the engine.
 
@@ -53,14 +53,14 @@ pub(crate) enum Action {
     /// A log line.
     Log(String),
     /// Reserve the next epoch number durably; answer with
-    /// [`crate::engine::Event::EpochReserved`] or
-    /// [`crate::engine::Event::EpochUnavailable`].
+    /// `engine::Event::EpochReserved` or
+    /// `engine::Event::EpochUnavailable`.
     ReserveEpoch {
         /// Last committed epoch; the new number is above it and above any reserved one.
         last_committed: Option<u64>,
     },
     /// Write the epoch's global manifest atomically; answer with
-    /// [`crate::engine::Event::CommitWritten`] or [`crate::engine::Event::CommitFailed`].
+    /// `engine::Event::CommitWritten` or `engine::Event::CommitFailed`.
     /// Nobody is told COMMIT before that answer.
     Commit {
         /// Epoch.

@@ -1,9 +1,9 @@
 //! Where root and relay differ: what to do when nodes register, a barrier completes, a
 //! node fails or is late, keys are published or missed, and what comes from a parent.
 //!
-//! The engine ([`crate::engine`]) does everything both share (peers, registry, barrier
-//! counting, key/value cache) and asks its policy at these points. [`crate::root::Root`]
-//! decides: it starts rounds, commits and aborts. [`crate::relay::Relay`] forwards: it
+//! The engine (`engine`) does everything both share (peers, registry, barrier
+//! counting, key/value cache) and asks its policy at these points. `root::Root`
+//! decides: it starts rounds, commits and aborts. `relay::Relay` forwards: it
 //! aggregates its agents into one upstream peer and mirrors the parent's decisions.
 
 use std::time::Instant;

@@ -3,7 +3,7 @@
 //!
 //! The same structure serves the root (which drives the round) and a relay (which mirrors
 //! the round its parent drives); what happens when a barrier completes is the policy's
-//! business ([`crate::policy`]), not this module's.
+//! business (`policy`), not this module's.
 //!
 //! ```text
 //! checkpoint: Registering ─▶ Freeze ─▶ Drain ─▶ Dump ─▶ Commit ─▶ Resume | Kill

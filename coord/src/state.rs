@@ -1,7 +1,7 @@
 //! What root and relay have in common: the peers, the node registry, the running round,
 //! the key/value store, batched answers and the outbox of actions.
 //!
-//! The policies ([`crate::root`], [`crate::relay`]) and the engine ([`crate::engine`]) work
+//! The policies (`root`, `relay`) and the engine (`engine`) work
 //! on this; it knows nothing about either.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
