@@ -133,8 +133,9 @@ fn agents(args: &[String]) {
     let total: usize = arg(args, "--total").unwrap().parse().unwrap();
     let victim_epoch: u64 = arg(args, "--victim-epoch").unwrap().parse().unwrap();
     let secret = secret();
-    // Staggered start (seed 002's "staggered sleep"): all agents at once overflow the
-    // listen queue, and the kernel retries a dropped SYN only after a second.
+    // Staggered start (the "staggered sleep" of "System-level Scalable Checkpoint-Restart
+    // for Petascale Computing", Cao et al.): all agents at once overflow the listen queue,
+    // and the kernel retries a dropped SYN only after a second.
     let spread = Duration::from_millis(arg(args, "--spread-ms").map_or(0, |s| s.parse().unwrap()));
     let start = Instant::now();
     let mut poll = Poll::new().unwrap();

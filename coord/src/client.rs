@@ -296,8 +296,9 @@ fn jitter_fraction() -> f64 {
     f64::from(u16::from_le_bytes(b)) / f64::from(u16::MAX)
 }
 
-/// Connects with exponential backoff and jitter (seed 002: thousands of simultaneous
-/// connects fail without it).
+/// Connects with exponential backoff and jitter: thousands of simultaneous connects fail
+/// without it ("System-level Scalable Checkpoint-Restart for Petascale Computing", Cao,
+/// Arya, Garg, Matott, Panda, Subramoni, Vienne, Cooperman).
 fn connect_backoff(
     node: &str,
     addr: SocketAddr,

@@ -191,9 +191,10 @@ pub enum Role {
 pub enum Intent {
     /// Wait for a `Trigger` from a control client.
     Standby,
-    /// `ckpt dump --coord`: checkpoint as soon as every node is here, then resume.
+    /// Checkpoint as soon as every node is here, then resume (meant for a future
+    /// `ckpt dump --coord`, which does not exist yet).
     Checkpoint,
-    /// `ckpt restore --coord`: restart as soon as every node is here.
+    /// Restart as soon as every node is here (meant for a future `ckpt restore --coord`).
     Restart,
 }
 

@@ -1,274 +1,269 @@
-//! The root's round state machine: when a round starts, how a barrier completes, the
-//! commit, aborts and the report to control clients.
+//! One round's barrier bookkeeping: which connections stand for how many nodes, who has
+//! arrived at the current phase, and when the phase times out.
+//!
+//! The same structure serves the root (which drives the round) and a relay (which mirrors
+//! the round its parent drives); what happens when a barrier completes is the policy's
+//! business (`policy`), not this module's.
 //!
 //! ```text
-//! Registering ──(N nodes + trigger or unanimous intent)──▶ Freezing ─▶ Draining ─▶ Dumping
-//!      ▲                                                      │           │           │
-//!      │                                  failure/deadline/disconnect     ▼           ▼
-//!      └───────────── Aborted ◀──────────────────────────────────────── (any) ── Committed
-//!                                                                                     │
-//!                                                                     Resume | Kill ◀─┘
-//! restart:   Registering ─▶ Restore ─▶ Publish ─▶ Subscribe ─▶ Resume
+//! checkpoint: Registering ─▶ Freeze ─▶ Drain ─▶ Dump ─▶ Commit ─▶ Resume | Kill
+//!                               └──── failure / deadline / disconnect ────▶ Aborted
+//! restart:    Registering ─▶ Restore ─▶ Publish ─▶ Subscribe ─▶ Resume
 //! ```
 
-use std::collections::HashMap;
-use std::time::Instant;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use crate::kv::ConnId;
-use crate::protocol::{
-    Abort, Intent, Message, Outcome, Phase, PhaseCmd, PhaseInfo, RoundKind, RoundOver,
-};
-use crate::server::{FaultPoint, Round, Server, now_ms};
-use crate::store::{GlobalManifest, NodeManifest};
+use crate::protocol::{NodeReport, Phase, PhaseCmd, RoundKind};
 
-impl Server {
-    pub(crate) fn maybe_start_round(&mut self) {
-        if self.round.is_some() || self.upstream.is_some() {
-            return;
+/// How long nodes have for a phase, as sent on the wire in every phase command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PhaseDeadline {
+    millis: u32,
+}
+
+impl PhaseDeadline {
+    /// Saturates at `u32::MAX` milliseconds (about 49 days), the wire field's range.
+    pub(crate) fn new(d: Duration) -> PhaseDeadline {
+        PhaseDeadline {
+            millis: u32::try_from(d.as_millis()).unwrap_or(u32::MAX),
         }
-        if self.nodes.len() < self.cfg.expect as usize || self.cfg.expect == 0 {
-            return;
-        }
-        let kind = match self.trigger {
-            Some(k) => k,
-            None => {
-                let mut intents = self.nodes.values().map(|(_, i)| *i);
-                match intents.next() {
-                    Some(first) if first != Intent::Standby && intents.all(|i| i == first) => {
-                        match first {
-                            Intent::Checkpoint => RoundKind::Checkpoint {
-                                then: crate::protocol::AfterCommit::Resume,
-                            },
-                            _ => RoundKind::Restart,
-                        }
-                    }
-                    _ => return,
-                }
-            }
-        };
-        self.trigger = None;
-        for v in self.nodes.values_mut() {
-            v.1 = Intent::Standby;
-        }
-        let last = self.last_committed;
-        let epoch = match self.store.as_ref().map(|s| s.next_epoch(last)) {
-            Some(Ok(e)) => e,
-            Some(Err(e)) => {
-                log!(self, "cannot start a round: {e}");
-                self.notify_controls(
-                    0,
-                    kind,
-                    Outcome::Aborted {
-                        phase: Phase::Register,
-                        node: self.cfg.name.clone(),
-                        reason: format!("cannot reserve an epoch: {e}"),
-                    },
-                );
-                return;
-            }
-            None => return,
-        };
-        let mut members: HashMap<ConnId, u32> = HashMap::new();
-        for (c, _) in self.nodes.values() {
-            *members.entry(*c).or_default() += 1;
-        }
-        self.kv.clear();
-        let first = kind.phases()[0];
-        self.round = Some(Round {
+    }
+
+    /// As received in a phase command.
+    pub(crate) fn from_millis(millis: u32) -> PhaseDeadline {
+        PhaseDeadline { millis }
+    }
+
+    /// Wire form.
+    pub(crate) fn millis(self) -> u32 {
+        self.millis
+    }
+
+    /// As a duration.
+    pub(crate) fn duration(self) -> Duration {
+        Duration::from_millis(u64::from(self.millis))
+    }
+}
+
+/// Why an arrival was refused: the sender tried to complete a barrier for others.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BogusArrival {
+    /// Nodes the arrival claimed.
+    pub(crate) claimed: u32,
+    /// Nodes the sender stands for in this round.
+    pub(crate) allowed: u32,
+    /// Nodes of the sender that had already arrived.
+    pub(crate) already: u32,
+}
+
+/// What an accepted arrival did to the barrier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Barrier {
+    /// Still waiting for someone.
+    Open,
+    /// Every node of the round has arrived at the current phase.
+    Complete,
+}
+
+/// A running round, at the root or mirrored at a relay.
+#[derive(Debug)]
+pub(crate) struct Round {
+    epoch: u64,
+    kind: RoundKind,
+    phase_index: usize,
+    phase: Phase,
+    deadline_wire: PhaseDeadline,
+    deadline: Instant,
+    arrived: u32,
+    need: u32,
+    per_conn: BTreeMap<ConnId, u32>,
+    members: BTreeMap<ConnId, u32>,
+    reports: Vec<NodeReport>,
+    committed: bool,
+}
+
+impl Round {
+    /// A round entering `phase` with `members` (connection → nodes it stands for).
+    pub(crate) fn new(
+        epoch: u64,
+        kind: RoundKind,
+        phase: Phase,
+        members: BTreeMap<ConnId, u32>,
+        deadline_wire: PhaseDeadline,
+        deadline: Instant,
+    ) -> Round {
+        let need = members.values().sum();
+        let phase_index = kind.phases().iter().position(|p| *p == phase).unwrap_or(0);
+        Round {
             epoch,
             kind,
-            idx: 0,
-            phase: first,
-            deadline_ms: self.deadline_ms(),
-            deadline: Instant::now() + self.cfg.phase_deadline,
+            phase_index,
+            phase,
+            deadline_wire,
+            deadline,
             arrived: 0,
-            need: self.cfg.expect,
-            per_conn: HashMap::new(),
+            need,
+            per_conn: BTreeMap::new(),
             members,
             reports: Vec::new(),
-            committed: false,
-            sent_up: false,
-            grace_used: false,
-        });
-        log!(self, "epoch {epoch}: {kind:?} round starts with {first}");
-        self.broadcast_phase();
+            committed: phase == Phase::Commit,
+        }
     }
 
-    pub(crate) fn deadline_ms(&self) -> u32 {
-        u32::try_from(self.cfg.phase_deadline.as_millis()).unwrap_or(u32::MAX)
+    /// Epoch number.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
     }
 
+    /// Kind of round.
+    pub(crate) fn kind(&self) -> RoundKind {
+        self.kind
+    }
+
+    /// Current phase.
+    pub(crate) fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// How long nodes have for each phase of this round.
+    pub(crate) fn phase_deadline(&self) -> PhaseDeadline {
+        self.deadline_wire
+    }
+
+    /// When the current phase times out.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Moves the deadline (the root's one-time grace for a late relay).
+    pub(crate) fn extend_deadline(&mut self, to: Instant) {
+        self.deadline = to;
+    }
+
+    /// True once the epoch's record is durable: failures no longer abort it.
+    pub(crate) fn committed(&self) -> bool {
+        self.committed
+    }
+
+    /// Marks a relay's mirror as committed (its parent said so).
+    pub(crate) fn set_committed(&mut self) {
+        self.committed = true;
+    }
+
+    /// Connections taking part.
     pub(crate) fn members(&self) -> Vec<ConnId> {
-        self.round
-            .as_ref()
-            .map(|r| r.members.keys().copied().collect())
-            .unwrap_or_default()
+        self.members.keys().copied().collect()
     }
 
-    pub(crate) fn broadcast_phase(&mut self) {
-        let Some(r) = &self.round else {
-            return;
-        };
-        let m = Message::PhaseCmd(PhaseCmd {
-            epoch: r.epoch,
-            phase: r.phase,
-            kind: r.kind,
-            deadline_ms: r.deadline_ms,
-            last_committed: self.last_committed,
-        });
-        let to = self.members();
-        self.broadcast(&to, &m);
+    /// True if `conn` takes part.
+    pub(crate) fn is_member(&self, conn: ConnId) -> bool {
+        self.members.contains_key(&conn)
     }
 
-    /// Every node finished the current phase.
-    pub(crate) fn advance(&mut self) {
-        let Some(r) = self.round.as_mut() else {
-            return;
-        };
-        if r.phase == Phase::Dump {
-            if self.cfg.fault == Some(FaultPoint::CrashAfterDump) {
-                self.crashed = true;
-                return;
-            }
-            let mut by_node: HashMap<String, (String, u32)> = HashMap::new();
-            for rep in std::mem::take(&mut r.reports) {
-                if let PhaseInfo::Dump {
-                    image_dir,
-                    manifest_crc32c,
-                } = rep.info
-                {
-                    by_node.insert(rep.node, (image_dir, manifest_crc32c));
-                }
-            }
-            let epoch = r.epoch;
-            let mut nodes: Vec<NodeManifest> = self
-                .nodes
-                .keys()
-                .map(|n| {
-                    let (image_dir, manifest_crc32c) = by_node.remove(n).unwrap_or_default();
-                    NodeManifest {
-                        node: n.clone(),
-                        image_dir,
-                        manifest_crc32c,
-                    }
-                })
-                .collect();
-            nodes.sort_by(|a, b| a.node.cmp(&b.node));
-            let manifest = GlobalManifest {
-                job: self.cfg.job.clone(),
-                epoch,
-                committed_unix_ms: now_ms(),
-                nodes,
-            };
-            let t = Instant::now();
-            let res = match &self.store {
-                Some(s) => s.commit(&manifest),
-                None => Ok(()),
-            };
-            if let Err(e) = res {
-                let name = self.cfg.name.clone();
-                self.fail_round(Phase::Commit, &name, &format!("commit failed: {e}"));
-                return;
-            }
-            self.last_committed = Some(epoch);
-            log!(
-                self,
-                "epoch {epoch}: COMMITTED ({} nodes, record written in {:.1} ms)",
-                manifest.nodes.len(),
-                t.elapsed().as_secs_f64() * 1e3
-            );
-            if let Some(r) = self.round.as_mut() {
-                r.committed = true;
-                r.idx += 1;
-                r.phase = Phase::Commit;
-            }
-            self.broadcast_phase();
+    /// True in the round's last phase (RESUME or KILL).
+    pub(crate) fn in_last_phase(&self) -> bool {
+        self.kind.phases().last() == Some(&self.phase)
+    }
+
+    /// The peer has fully arrived in the round's last phase: leaving now is a normal exit.
+    pub(crate) fn finished_by(&self, conn: ConnId) -> bool {
+        self.in_last_phase()
+            && self.per_conn.get(&conn).copied().unwrap_or(0)
+                >= self.members.get(&conn).copied().unwrap_or(1)
+    }
+
+    /// The phase command every member is sent for the current phase.
+    pub(crate) fn phase_cmd(&self, last_committed: Option<u64>) -> PhaseCmd {
+        PhaseCmd {
+            epoch: self.epoch,
+            phase: self.phase,
+            kind: self.kind,
+            deadline_ms: self.deadline_wire.millis(),
+            last_committed,
         }
-        let Some(r) = self.round.as_mut() else {
-            return;
-        };
-        r.idx += 1;
-        let phases = r.kind.phases();
-        if r.idx >= phases.len() {
-            let outcome = match r.kind {
-                RoundKind::Checkpoint { .. } => Outcome::Committed,
-                RoundKind::Restart => Outcome::Restarted,
-            };
-            self.finish_round(outcome);
-            return;
-        }
-        r.phase = phases[r.idx];
-        r.arrived = 0;
-        r.per_conn.clear();
-        r.reports.clear();
-        r.grace_used = false;
-        r.deadline = Instant::now() + self.cfg.phase_deadline;
-        let (epoch, phase) = (r.epoch, r.phase);
-        log!(self, "epoch {epoch}: {phase}");
-        self.broadcast_phase();
     }
 
-    pub(crate) fn fail_round(&mut self, phase: Phase, node: &str, reason: &str) {
-        let Some(r) = &self.round else {
-            return;
-        };
-        let (epoch, kind) = (r.epoch, r.kind);
-        if r.committed {
-            log!(
-                self,
-                "epoch {epoch} stays committed, but node {node} failed in {phase}: {reason}"
-            );
-            self.finish_round(Outcome::CommittedWithErrors {
-                node: node.to_string(),
-                reason: reason.to_string(),
+    /// Counts an arrival of `count` nodes from `conn`. `own_reports` says whether every
+    /// report names a node that `conn` stands for (the caller knows the registry).
+    pub(crate) fn arrive(
+        &mut self,
+        conn: ConnId,
+        count: u32,
+        reports: Vec<NodeReport>,
+        own_reports: bool,
+    ) -> Result<Barrier, BogusArrival> {
+        // Arrivals are bounded by the nodes the peer stands for, and reports must name
+        // them: one peer must not be able to complete a barrier for others.
+        let allowed = self.members.get(&conn).copied().unwrap_or(0);
+        let already = self.per_conn.get(&conn).copied().unwrap_or(0);
+        if already.saturating_add(count) > allowed || !own_reports {
+            return Err(BogusArrival {
+                claimed: count,
+                allowed,
+                already,
             });
-            return;
         }
-        let to = self.members();
-        self.broadcast(
-            &to,
-            &Message::Abort(Abort {
-                epoch,
-                phase,
-                node: node.to_string(),
-                reason: reason.to_string(),
-            }),
-        );
-        log!(
-            self,
-            "epoch {epoch} ABORTED in {phase}: node {node}: {reason}; last committed epoch {:?} stays valid",
-            self.last_committed
-        );
-        if let Some(s) = &self.store
-            && let Err(e) = s.record_abort(epoch, phase, node, reason)
-        {
-            log!(self, "cannot record the abort of epoch {epoch}: {e}");
-        }
-        let _ = kind;
-        self.finish_round(Outcome::Aborted {
-            phase,
-            node: node.to_string(),
-            reason: reason.to_string(),
-        });
+        self.arrived += count;
+        *self.per_conn.entry(conn).or_default() += count;
+        self.reports.extend(reports);
+        Ok(if self.arrived >= self.need {
+            Barrier::Complete
+        } else {
+            Barrier::Open
+        })
     }
 
-    pub(crate) fn finish_round(&mut self, outcome: Outcome) {
-        let Some(r) = self.round.take() else {
-            return;
-        };
-        log!(self, "epoch {}: round over: {outcome:?}", r.epoch);
-        self.notify_controls(r.epoch, r.kind, outcome);
-        self.maybe_start_round();
+    /// Nodes that arrived at the current phase.
+    pub(crate) fn arrived(&self) -> u32 {
+        self.arrived
     }
 
-    pub(crate) fn notify_controls(&mut self, epoch: u64, kind: RoundKind, outcome: Outcome) {
-        let m = Message::RoundOver(RoundOver {
-            epoch,
-            kind,
-            outcome,
-        });
-        for id in std::mem::take(&mut self.waiting_controls) {
-            self.send(id, &m);
-        }
+    /// Hands out the reports gathered in the current phase.
+    pub(crate) fn take_reports(&mut self) -> Vec<NodeReport> {
+        std::mem::take(&mut self.reports)
     }
+
+    /// Members that have not fully arrived: connection and how many of its nodes are late.
+    pub(crate) fn late(&self) -> Vec<LateConn> {
+        self.members
+            .iter()
+            .filter_map(|(conn, stands_for)| {
+                let got = self.per_conn.get(conn).copied().unwrap_or(0);
+                (got < *stands_for).then(|| LateConn {
+                    conn: *conn,
+                    late: stands_for - got,
+                    stands_for: *stands_for,
+                })
+            })
+            .collect()
+    }
+
+    /// Moves to the next phase of the round's kind; `None` when the round is over.
+    pub(crate) fn next_phase(&mut self, deadline: Instant) -> Option<Phase> {
+        let phases = self.kind.phases();
+        self.phase_index += 1;
+        let phase = *phases.get(self.phase_index)?;
+        self.phase = phase;
+        self.arrived = 0;
+        self.per_conn.clear();
+        self.reports.clear();
+        self.deadline = deadline;
+        if phase == Phase::Commit {
+            self.committed = true;
+        }
+        Some(phase)
+    }
+}
+
+/// A member that missed the current phase's deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LateConn {
+    /// The connection.
+    pub(crate) conn: ConnId,
+    /// Its nodes that have not arrived.
+    pub(crate) late: u32,
+    /// Nodes it stands for.
+    pub(crate) stands_for: u32,
 }

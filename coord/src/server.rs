@@ -1,15 +1,17 @@
-//! The coordinator: one `mio` poll loop holding every connection of one job.
+//! The coordinator's I/O layer: one `mio` poll loop holding every connection of one job.
 //!
-//! This module owns the sockets: accepting, the handshake ([`crate::auth`]), framing
-//! ([`crate::protocol`]), per-connection output buffers flushed once per poll iteration,
-//! timers (phase deadlines, handshake timeouts, parked gets) and the dispatch of messages.
-//! The root's round state machine (`Registering → Freezing → Draining → Dumping →
-//! Committed | Aborted`, and the restart phases) lives in `round.rs`; with a parent
-//! address the same loop runs as a sub-coordinator (`tree.rs`). After DUMP the root
-//! writes the global manifest atomically ([`crate::store`]) before telling anyone COMMIT,
-//! so a crash leaves an epoch either fully committed or not at all.
+//! This module only moves bytes: it accepts connections, runs the handshake
+//! ([`crate::auth`]), frames messages ([`crate::protocol`]), buffers output per connection
+//! (flushed once per poll iteration), keeps the handshake and refusal timers, and talks to
+//! the epoch store ([`crate::store`]). Everything a coordinator decides (registration,
+//! rounds, barriers, aborts, the key/value exchange, relaying) is the engine's
+//! (`engine.rs`, a state machine without I/O): the loop feeds it events with the current
+//! time and carries out the actions it returns, answering the store actions (reserve an
+//! epoch, commit) with the store's result before anything else. With a parent address the
+//! same loop also holds the link to the parent and the engine runs the relay policy
+//! (`relay.rs`) instead of the root's (`root.rs`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,26 +23,45 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 
+use crate::action::{Action, Snapshot};
 use crate::auth::{self, Secret};
-use crate::client::ClientError;
-use crate::kv::{ConnId, KvStore};
+use crate::client::{AgentOptions, ClientError, Link};
+use crate::engine::{Engine, Event};
+use crate::kv::ConnId;
 use crate::protocol::{
-    Arrive, Challenge, Fail, FrameReader, Get, Hello, Intent, Leave, Message, NodeReport, Phase,
-    PhaseInfo, Put, Refused, Role, RoundKind, Status, VERSION_MAX, VERSION_MIN, Values, Welcome,
+    Challenge, FrameReader, Hello, Intent, Message, Phase, Refused, Role, Status, VERSION_MAX,
+    VERSION_MIN,
 };
-use crate::store::{EpochStore, StoreError};
-use crate::tree::Upstream;
+use crate::state::EngineConfig;
+use crate::store::{EpochStore, GlobalManifest, NodeManifest, StoreError};
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
-pub(crate) const UPSTREAM: usize = 2;
+/// The link to the parent coordinator.
+const UPSTREAM: Token = Token(2);
 const FIRST_CONN: usize = 3;
 /// Unauthenticated peers may not make us buffer more than this.
 const PREAUTH_LIMIT: usize = 4096;
-/// Longest a get may be parked, whatever the client asks.
-const MAX_GET_WAIT: Duration = Duration::from_secs(3600);
 /// Log lines kept in memory for [`CoordHandle::log_lines`].
 const LOG_KEEP: usize = 2000;
+/// std's backlog of 128 drops SYNs when thousands of agents connect at once; the kernel
+/// caps this at net.core.somaxconn.
+const LISTEN_BACKLOG: i32 = 4096;
+/// Size of the one reusable read buffer.
+const READ_BUF_LEN: usize = 64 * 1024;
+/// Events taken per poll call.
+const EVENTS_CAPACITY: usize = 4096;
+/// Longest poll wait: parked gets and timers are checked at least this often.
+const MAX_POLL_WAIT: Duration = Duration::from_millis(100);
+/// Shortest poll wait, so a deadline just passed does not spin the loop.
+const MIN_POLL_WAIT: Duration = Duration::from_millis(1);
+/// How long a refused peer has to read the reason before we hang up.
+const REFUSE_LINGER: Duration = Duration::from_secs(2);
+/// How long a sub-coordinator keeps trying to reach its parent at startup.
+const PARENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+/// The I/O layer's reason for a peer that hung up cleanly (not worth a log line before
+/// authentication).
+const CLOSED_BY_PEER: &str = "connection closed";
 
 /// Test hook: stop dead at a chosen point, as if the coordinator process were killed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,103 +187,84 @@ pub enum ServerError {
     },
 }
 
-pub(crate) enum State {
+enum ConnState {
     Hello,
     Auth {
         hello: Box<Hello>,
         server_nonce: [u8; 32],
     },
-    Ready(Peer),
+    /// Authenticated: its messages go to the engine.
+    Ready,
     /// Refused: we wait for the peer to read our reason and hang up.
     Closing,
 }
 
-pub(crate) struct Peer {
-    pub(crate) role: Role,
-    pub(crate) name: String,
-    pub(crate) nodes: Vec<String>,
+struct Conn {
+    id: ConnId,
+    stream: TcpStream,
+    addr: SocketAddr,
+    reader: FrameReader,
+    out: Vec<u8>,
+    out_pos: usize,
+    dirty: bool,
+    state: ConnState,
 }
 
-pub(crate) struct Conn {
-    pub(crate) id: ConnId,
-    pub(crate) stream: TcpStream,
-    pub(crate) addr: SocketAddr,
-    pub(crate) reader: FrameReader,
-    pub(crate) out: Vec<u8>,
-    pub(crate) out_pos: usize,
-    pub(crate) dirty: bool,
-    pub(crate) state: State,
+impl Conn {
+    fn new(id: ConnId, stream: TcpStream, addr: SocketAddr, reader: FrameReader) -> Conn {
+        Conn {
+            id,
+            stream,
+            addr,
+            reader,
+            out: Vec::new(),
+            out_pos: 0,
+            dirty: false,
+            state: ConnState::Hello,
+        }
+    }
 }
 
-/// A running round, at the root or mirrored at a sub-coordinator.
-pub(crate) struct Round {
-    pub(crate) epoch: u64,
-    pub(crate) kind: RoundKind,
-    pub(crate) idx: usize,
-    pub(crate) phase: Phase,
-    pub(crate) deadline_ms: u32,
-    pub(crate) deadline: Instant,
-    pub(crate) arrived: u32,
-    pub(crate) need: u32,
-    pub(crate) per_conn: HashMap<ConnId, u32>,
-    pub(crate) members: HashMap<ConnId, u32>,
-    pub(crate) reports: Vec<NodeReport>,
-    pub(crate) committed: bool,
-    pub(crate) sent_up: bool,
-    /// The root's one-time extension while a late sub-coordinator names the late agent.
-    pub(crate) grace_used: bool,
+/// Bytes moved and peers refused, for status answers.
+#[derive(Debug, Default)]
+struct Traffic {
+    bytes_in: u64,
+    bytes_out: u64,
+    refused: u64,
 }
 
-pub(crate) struct Stats {
-    pub(crate) bytes_in: u64,
-    pub(crate) bytes_out: u64,
-    pub(crate) refused: u64,
+/// A connection to act on once `at` has passed.
+#[derive(Debug, Clone, Copy)]
+struct Timer {
+    at: Instant,
+    conn: ConnId,
 }
-
-/// A key and its value, `None` when the wait timed out.
-type ValueEntry = (String, Option<Vec<u8>>);
 
 type LogBuf = Arc<Mutex<VecDeque<String>>>;
 
-pub(crate) struct Server {
-    pub(crate) cfg: CoordConfig,
-    pub(crate) poll: Poll,
-    pub(crate) listener: TcpListener,
-    pub(crate) stop: Arc<AtomicBool>,
-    pub(crate) conns: Vec<Option<Conn>>,
-    pub(crate) free: Vec<usize>,
-    pub(crate) serial: u64,
-    pub(crate) dirty: Vec<usize>,
-    pub(crate) nodes: HashMap<String, (ConnId, Intent)>,
-    pub(crate) round: Option<Round>,
-    pub(crate) trigger: Option<RoundKind>,
-    pub(crate) waiting_controls: Vec<ConnId>,
-    pub(crate) kv: KvStore,
-    pub(crate) value_out: HashMap<ConnId, Vec<ValueEntry>>,
-    pub(crate) store: Option<EpochStore>,
-    pub(crate) last_committed: Option<u64>,
-    pub(crate) upstream: Option<Upstream>,
-    pub(crate) stats: Stats,
-    pub(crate) handshakes: VecDeque<(Instant, ConnId)>,
-    pub(crate) closing: VecDeque<(Instant, ConnId)>,
-    pub(crate) logs: LogBuf,
-    pub(crate) crashed: bool,
-    pub(crate) fatal: Option<ServerError>,
-    pub(crate) started: Instant,
-    pub(crate) read_buf: Vec<u8>,
+struct Server {
+    cfg: CoordConfig,
+    poll: Poll,
+    listener: TcpListener,
+    stop: Arc<AtomicBool>,
+    conns: Vec<Option<Conn>>,
+    free: Vec<usize>,
+    serial: u64,
+    dirty: Vec<usize>,
+    upstream: Option<Conn>,
+    engine: Engine,
+    store: Option<EpochStore>,
+    traffic: Traffic,
+    handshakes: VecDeque<Timer>,
+    closing: VecDeque<Timer>,
+    logs: LogBuf,
+    crashed: bool,
+    fatal: Option<ServerError>,
+    started: Instant,
+    read_buf: Vec<u8>,
 }
 
-/// The peer has fully arrived in the round's last phase: leaving now is a normal exit.
-pub(crate) fn finished_in(r: &Round, id: ConnId) -> bool {
-    r.kind.phases().last() == Some(&r.phase)
-        && r.per_conn.get(&id).copied().unwrap_or(0) >= r.members.get(&id).copied().unwrap_or(1)
-}
-
-pub(crate) fn r_is_last(r: Option<&Round>) -> bool {
-    r.is_some_and(|r| r.kind.phases().last() == Some(&r.phase))
-}
-
-pub(crate) fn now_ms() -> u64 {
+fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -274,9 +276,7 @@ fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
     s.set_reuse_address(true)?;
     s.bind(&addr.into())?;
-    // std's backlog of 128 drops SYNs when thousands of agents connect at once; the kernel
-    // caps this at net.core.somaxconn.
-    s.listen(4096)?;
+    s.listen(LISTEN_BACKLOG)?;
     s.set_nonblocking(true)?;
     Ok(s.into())
 }
@@ -324,7 +324,7 @@ impl CoordHandle {
         self.join_inner()
     }
 
-    pub(crate) fn join_inner(&mut self) -> Result<(), ServerError> {
+    fn join_inner(&mut self) -> Result<(), ServerError> {
         match self.thread.take() {
             Some(t) => t.join().unwrap_or_else(|_| {
                 Err(ServerError::Panicked {
@@ -388,7 +388,7 @@ pub fn run(cfg: CoordConfig) -> Result<(), ServerError> {
 }
 
 impl Server {
-    pub(crate) fn new(cfg: CoordConfig) -> Result<Server, ServerError> {
+    fn new(cfg: CoordConfig) -> Result<Server, ServerError> {
         let name = cfg.name.clone();
         let poll_err = |source| ServerError::Poll {
             name: name.clone(),
@@ -405,23 +405,30 @@ impl Server {
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)
             .map_err(poll_err)?;
-        let (store, last_committed) = if cfg.parent.is_none() {
-            let dir = cfg
-                .state_dir
-                .clone()
-                .ok_or_else(|| ServerError::NoStateDir {
+        let engine_cfg = EngineConfig {
+            name: cfg.name.clone(),
+            job: cfg.job.clone(),
+            expect: cfg.expect,
+            phase_deadline: cfg.phase_deadline,
+        };
+        let (engine, store) = match &cfg.parent {
+            Some(parent) => (Engine::relay(engine_cfg, parent), None),
+            None => {
+                let dir = cfg
+                    .state_dir
+                    .clone()
+                    .ok_or_else(|| ServerError::NoStateDir {
+                        name: cfg.name.clone(),
+                        job: cfg.job.clone(),
+                    })?;
+                let store_err = |source| ServerError::Store {
                     name: cfg.name.clone(),
-                    job: cfg.job.clone(),
-                })?;
-            let store_err = |source| ServerError::Store {
-                name: cfg.name.clone(),
-                source,
-            };
-            let store = EpochStore::open(&dir, &cfg.job).map_err(store_err)?;
-            let last = store.last_committed().map_err(store_err)?.map(|m| m.epoch);
-            (Some(store), last)
-        } else {
-            (None, None)
+                    source,
+                };
+                let store = EpochStore::open(&dir, &cfg.job).map_err(store_err)?;
+                let last = store.last_committed().map_err(store_err)?.map(|m| m.epoch);
+                (Engine::root(engine_cfg, last), Some(store))
+            }
         };
         Ok(Server {
             cfg,
@@ -432,20 +439,10 @@ impl Server {
             free: Vec::new(),
             serial: 0,
             dirty: Vec::new(),
-            nodes: HashMap::new(),
-            round: None,
-            trigger: None,
-            waiting_controls: Vec::new(),
-            kv: KvStore::new(),
-            value_out: HashMap::new(),
-            store,
-            last_committed,
             upstream: None,
-            stats: Stats {
-                bytes_in: 0,
-                bytes_out: 0,
-                refused: 0,
-            },
+            engine,
+            store,
+            traffic: Traffic::default(),
             handshakes: VecDeque::new(),
             closing: VecDeque::new(),
             logs: Arc::new(Mutex::new(VecDeque::new())),
@@ -456,7 +453,7 @@ impl Server {
         })
     }
 
-    pub(crate) fn log_line(&self, line: String) {
+    fn log_line(&self, line: String) {
         if self.cfg.log_stderr {
             let t = self.started.elapsed().as_secs_f64();
             eprintln!("ckpt-coord[{}] +{t:.3}s: {line}", self.cfg.name);
@@ -469,9 +466,9 @@ impl Server {
         }
     }
 
-    pub(crate) fn run(mut self) -> Result<(), ServerError> {
-        if self.cfg.parent.is_some() {
-            self.connect_upstream()?;
+    fn run(mut self) -> Result<(), ServerError> {
+        if let Some(parent) = self.cfg.parent.clone() {
+            self.connect_upstream(&parent)?;
         }
         log!(
             self,
@@ -484,9 +481,9 @@ impl Server {
                 .as_ref()
                 .map(|p| format!(", parent {p}"))
                 .unwrap_or_default(),
-            self.last_committed
+            self.engine.last_committed()
         );
-        let mut events = Events::with_capacity(4096);
+        let mut events = Events::with_capacity(EVENTS_CAPACITY);
         loop {
             if self.stop.load(Ordering::SeqCst) {
                 return Ok(());
@@ -525,7 +522,6 @@ impl Server {
                 log!(self, "fault point reached: stopping dead");
                 return Ok(());
             }
-            self.flush_batches();
             self.flush_dirty();
             if let Some(e) = self.fatal.take() {
                 return Err(e);
@@ -533,75 +529,193 @@ impl Server {
         }
     }
 
-    pub(crate) fn poll_timeout(&self) -> Duration {
-        let mut t = Duration::from_millis(100);
+    fn poll_timeout(&self) -> Duration {
         let now = Instant::now();
-        if let Some(r) = &self.round {
-            t = t.min(r.deadline.saturating_duration_since(now));
+        self.engine
+            .next_deadline()
+            .map_or(MAX_POLL_WAIT, |d| {
+                MAX_POLL_WAIT.min(d.saturating_duration_since(now))
+            })
+            .max(MIN_POLL_WAIT)
+    }
+
+    // ---------------------------------------------------------------- engine
+
+    /// Feeds one event to the engine and carries out what it returns.
+    fn feed(&mut self, event: Event) {
+        let actions = self.engine.handle(Instant::now(), event);
+        self.execute(actions);
+    }
+
+    fn execute(&mut self, actions: Vec<Action>) {
+        for a in actions {
+            if self.crashed {
+                return;
+            }
+            match a {
+                Action::Send { to, msg } => self.send(to, &msg),
+                Action::Broadcast { to, msg } => self.broadcast(&to, &msg),
+                Action::SendUp(msg) => {
+                    if let Some(id) = self.upstream.as_ref().map(|c| c.id) {
+                        self.send(id, &msg);
+                    }
+                }
+                Action::SendStatus { to, snapshot } => {
+                    let status = self.status(snapshot);
+                    self.send(to, &Message::Status(status));
+                }
+                Action::Refuse { conn, reason } => self.refuse(conn, &reason),
+                Action::Expel { conn, reason } => {
+                    self.traffic.refused += 1;
+                    if let Some(c) = self.take_conn(conn) {
+                        log!(self, "closed {}: {reason}", c.addr);
+                    }
+                }
+                Action::Log(line) => self.log_line(line),
+                Action::ReserveEpoch { last_committed } => self.reserve_epoch(last_committed),
+                Action::Commit { epoch, nodes } => self.commit(epoch, nodes),
+                Action::RecordAbort {
+                    epoch,
+                    phase,
+                    node,
+                    reason,
+                } => self.record_abort(epoch, phase, &node, &reason),
+            }
         }
-        t.max(Duration::from_millis(1))
+    }
+
+    fn status(&self, s: Snapshot) -> Status {
+        Status {
+            registered: s.registered,
+            expect: s.expect,
+            last_committed: s.last_committed,
+            running: s.running.map(|r| (r.epoch, r.phase)),
+            bytes_in: self.traffic.bytes_in,
+            bytes_out: self.traffic.bytes_out,
+            refused: self.traffic.refused,
+        }
+    }
+
+    fn reserve_epoch(&mut self, last_committed: Option<u64>) {
+        let event = match self.store.as_ref().map(|s| s.next_epoch(last_committed)) {
+            Some(Ok(epoch)) => Event::EpochReserved { epoch },
+            Some(Err(e)) => Event::EpochUnavailable {
+                error: e.to_string(),
+            },
+            None => Event::EpochUnavailable {
+                error: format!("coordinator {} has no epoch store", self.cfg.name),
+            },
+        };
+        self.feed(event);
+    }
+
+    fn commit(&mut self, epoch: u64, nodes: Vec<NodeManifest>) {
+        if self.cfg.fault == Some(FaultPoint::CrashAfterDump) {
+            self.crashed = true;
+            return;
+        }
+        let manifest = GlobalManifest {
+            job: self.cfg.job.clone(),
+            epoch,
+            committed_unix_ms: now_ms(),
+            nodes,
+        };
+        let t = Instant::now();
+        let res = match &self.store {
+            Some(s) => s.commit(&manifest).map_err(|e| e.to_string()),
+            None => Err(format!("coordinator {} has no epoch store", self.cfg.name)),
+        };
+        let event = match res {
+            Ok(()) => {
+                log!(
+                    self,
+                    "epoch {epoch}: record of {} nodes written in {:.1} ms",
+                    manifest.nodes.len(),
+                    t.elapsed().as_secs_f64() * 1e3
+                );
+                Event::CommitWritten { epoch }
+            }
+            Err(error) => Event::CommitFailed { epoch, error },
+        };
+        self.feed(event);
+    }
+
+    fn record_abort(&mut self, epoch: u64, phase: Phase, node: &str, reason: &str) {
+        if let Some(s) = &self.store
+            && let Err(e) = s.record_abort(epoch, phase, node, reason)
+        {
+            log!(self, "cannot record the abort of epoch {epoch}: {e}");
+        }
     }
 
     // ---------------------------------------------------------------- connections
 
-    pub(crate) fn alloc_token(&mut self) -> usize {
+    /// Connects to the parent (with backoff), authenticates, and moves the socket into the
+    /// poll loop.
+    fn connect_upstream(&mut self, parent: &str) -> Result<(), ServerError> {
+        let mut opts = AgentOptions::new(
+            parent,
+            &self.cfg.job,
+            self.cfg.secret.clone(),
+            &self.cfg.name,
+        );
+        opts.role = Role::SubCoordinator;
+        opts.intent = Intent::Standby;
+        opts.expect = self.cfg.expect;
+        opts.connect_timeout = PARENT_CONNECT_TIMEOUT;
+        let link = Link::open(&opts).map_err(|source| ServerError::Upstream {
+            name: self.cfg.name.clone(),
+            parent: parent.to_string(),
+            source: Box::new(source),
+        })?;
+        let (stream, reader, _) = link.into_parts();
+        let poll_err = |source| ServerError::Poll {
+            name: self.cfg.name.clone(),
+            source,
+        };
+        let addr = stream.peer_addr().map_err(poll_err)?;
+        stream.set_nonblocking(true).map_err(poll_err)?;
+        let mut stream = TcpStream::from_std(stream);
+        self.poll
+            .registry()
+            .register(
+                &mut stream,
+                UPSTREAM,
+                Interest::READABLE | Interest::WRITABLE,
+            )
+            .map_err(poll_err)?;
+        self.serial += 1;
+        let id = ConnId {
+            token: UPSTREAM.0,
+            serial: self.serial,
+        };
+        let mut conn = Conn::new(id, stream, addr, reader);
+        conn.state = ConnState::Ready;
+        self.upstream = Some(conn);
+        Ok(())
+    }
+
+    fn alloc_token(&mut self) -> usize {
         self.free.pop().unwrap_or_else(|| {
             self.conns.push(None);
             self.conns.len() - 1 + FIRST_CONN
         })
     }
 
-    pub(crate) fn slot(&mut self, token: usize) -> Option<&mut Conn> {
-        if token == UPSTREAM {
-            return self.upstream.as_mut().and_then(|u| u.conn.as_mut());
+    fn slot(&mut self, token: usize) -> Option<&mut Conn> {
+        if token == UPSTREAM.0 {
+            return self.upstream.as_mut();
         }
         self.conns
             .get_mut(token.checked_sub(FIRST_CONN)?)
             .and_then(|c| c.as_mut())
     }
 
-    pub(crate) fn conn(&mut self, id: ConnId) -> Option<&mut Conn> {
+    fn conn(&mut self, id: ConnId) -> Option<&mut Conn> {
         self.slot(id.token).filter(|c| c.id == id)
     }
 
-    pub(crate) fn install_upstream(
-        &mut self,
-        std: std::net::TcpStream,
-        reader: FrameReader,
-        addr: SocketAddr,
-    ) -> std::io::Result<ConnId> {
-        std.set_nonblocking(true)?;
-        let mut stream = TcpStream::from_std(std);
-        self.poll.registry().register(
-            &mut stream,
-            Token(UPSTREAM),
-            Interest::READABLE | Interest::WRITABLE,
-        )?;
-        self.serial += 1;
-        let id = ConnId {
-            token: UPSTREAM,
-            serial: self.serial,
-        };
-        if let Some(u) = self.upstream.as_mut() {
-            u.conn = Some(Conn {
-                id,
-                stream,
-                addr,
-                reader,
-                out: Vec::new(),
-                out_pos: 0,
-                dirty: false,
-                state: State::Ready(Peer {
-                    role: Role::SubCoordinator,
-                    name: "parent".into(),
-                    nodes: Vec::new(),
-                }),
-            });
-        }
-        Ok(id)
-    }
-
-    pub(crate) fn accept_all(&mut self) {
+    fn accept_all(&mut self) {
         loop {
             match self.listener.accept() {
                 Ok((mut stream, addr)) => {
@@ -621,18 +735,12 @@ impl Server {
                         token,
                         serial: self.serial,
                     };
-                    self.conns[token - FIRST_CONN] = Some(Conn {
-                        id,
-                        stream,
-                        addr,
-                        reader: FrameReader::new(),
-                        out: Vec::new(),
-                        out_pos: 0,
-                        dirty: false,
-                        state: State::Hello,
+                    self.conns[token - FIRST_CONN] =
+                        Some(Conn::new(id, stream, addr, FrameReader::new()));
+                    self.handshakes.push_back(Timer {
+                        at: Instant::now() + self.cfg.handshake_timeout,
+                        conn: id,
                     });
-                    self.handshakes
-                        .push_back((Instant::now() + self.cfg.handshake_timeout, id));
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -646,12 +754,12 @@ impl Server {
         }
     }
 
-    pub(crate) fn read_conn(&mut self, token: usize, to_eof: bool) {
+    fn read_conn(&mut self, token: usize, to_eof: bool) {
         // One reusable buffer: zeroing 64 KiB on every readable event cost more than the
         // read itself at 16K connections.
         let mut buf = std::mem::take(&mut self.read_buf);
         if buf.is_empty() {
-            buf = vec![0u8; 64 * 1024];
+            buf = vec![0u8; READ_BUF_LEN];
         }
         let mut msgs = Vec::new();
         let mut close: Option<String> = None;
@@ -665,13 +773,13 @@ impl Server {
         loop {
             match conn.stream.read(&mut buf) {
                 Ok(0) => {
-                    close = Some("connection closed".into());
+                    close = Some(CLOSED_BY_PEER.into());
                     break;
                 }
                 Ok(n) => {
                     got += n as u64;
                     conn.reader.push(&buf[..n]);
-                    let preauth = !matches!(conn.state, State::Ready(_));
+                    let preauth = !matches!(conn.state, ConnState::Ready);
                     if preauth && conn.reader.pending() > PREAUTH_LIMIT {
                         close = Some("too much data before authentication".into());
                         violation = true;
@@ -692,7 +800,7 @@ impl Server {
                 }
             }
         }
-        if !violation && !matches!(conn.state, State::Closing) {
+        if !violation && !matches!(conn.state, ConnState::Closing) {
             loop {
                 match conn.reader.next_message() {
                     Ok(Some(m)) => msgs.push(m),
@@ -705,23 +813,23 @@ impl Server {
                 }
             }
         }
-        self.stats.bytes_in += got;
+        self.traffic.bytes_in += got;
         self.read_buf = buf;
         for m in msgs {
-            if self.conn(id).is_none() {
+            if self.conn(id).is_none() || self.crashed {
                 return;
             }
             self.handle(id, m);
         }
         if let Some(reason) = close {
             if violation {
-                self.stats.refused += 1;
+                self.traffic.refused += 1;
             }
             self.close(id, &reason);
         }
     }
 
-    pub(crate) fn flush_conn(&mut self, token: usize) {
+    fn flush_conn(&mut self, token: usize) {
         let mut err = None;
         let mut sent = 0u64;
         let Some(conn) = self.slot(token) else {
@@ -751,26 +859,30 @@ impl Server {
             conn.out.clear();
             conn.out_pos = 0;
         }
-        self.stats.bytes_out += sent;
+        self.traffic.bytes_out += sent;
         if let Some(e) = err {
             self.close(id, &e);
         }
     }
 
-    pub(crate) fn flush_dirty(&mut self) {
+    fn flush_dirty(&mut self) {
         let dirty = std::mem::take(&mut self.dirty);
         for t in dirty {
             self.flush_conn(t);
         }
     }
 
-    pub(crate) fn send(&mut self, id: ConnId, m: &Message) {
+    fn send(&mut self, id: ConnId, m: &Message) {
         let name = self.cfg.name.clone();
         let Some(conn) = self.conn(id) else {
             return;
         };
         if let Err(e) = m.encode_into(&mut conn.out) {
-            eprintln!("ckpt-coord[{name}]: cannot encode {:?}: {e}", m.msg_type());
+            eprintln!(
+                "ckpt-coord[{name}]: cannot encode {:?} for {}: {e}",
+                m.msg_type(),
+                conn.addr
+            );
             return;
         }
         if !conn.dirty {
@@ -779,11 +891,16 @@ impl Server {
         }
     }
 
-    pub(crate) fn broadcast(&mut self, to: &[ConnId], m: &Message) {
+    fn broadcast(&mut self, to: &[ConnId], m: &Message) {
         let bytes = match m.encode() {
             Ok(b) => b,
             Err(e) => {
-                log!(self, "cannot encode {:?}: {e}", m.msg_type());
+                log!(
+                    self,
+                    "cannot encode {:?} for {} connections: {e}",
+                    m.msg_type(),
+                    to.len()
+                );
                 return;
             }
         };
@@ -798,8 +915,8 @@ impl Server {
         }
     }
 
-    pub(crate) fn refuse(&mut self, id: ConnId, reason: &str) {
-        self.stats.refused += 1;
+    fn refuse(&mut self, id: ConnId, reason: &str) {
+        self.traffic.refused += 1;
         self.send(
             id,
             &Message::Refused(Refused {
@@ -809,18 +926,18 @@ impl Server {
         self.flush_conn(id.token);
         if let Some(conn) = self.conn(id) {
             let _ = conn.stream.shutdown(std::net::Shutdown::Write);
-            conn.state = State::Closing;
-            self.closing
-                .push_back((Instant::now() + Duration::from_secs(2), id));
+            conn.state = ConnState::Closing;
+            self.closing.push_back(Timer {
+                at: Instant::now() + REFUSE_LINGER,
+                conn: id,
+            });
         }
     }
 
-    pub(crate) fn close(&mut self, id: ConnId, reason: &str) {
-        let conn = if id.token == UPSTREAM {
-            match self.upstream.as_mut() {
-                Some(u) if u.conn.as_ref().is_some_and(|c| c.id == id) => u.conn.take(),
-                _ => None,
-            }
+    /// Removes a connection from the loop; the caller decides who hears of it.
+    fn take_conn(&mut self, id: ConnId) -> Option<Conn> {
+        let mut conn = if id.token == UPSTREAM.0 {
+            self.upstream.take_if(|c| c.id == id)
         } else {
             match id
                 .token
@@ -833,31 +950,79 @@ impl Server {
                 }
                 _ => None,
             }
-        };
-        let Some(mut conn) = conn else {
+        }?;
+        let _ = self.poll.registry().deregister(&mut conn.stream);
+        Some(conn)
+    }
+
+    /// Closes a connection for a reason the I/O layer saw (EOF, error, timeout), and tells
+    /// the engine if it knew the peer.
+    fn close(&mut self, id: ConnId, reason: &str) {
+        let Some(conn) = self.take_conn(id) else {
             return;
         };
-        let _ = self.poll.registry().deregister(&mut conn.stream);
-        if id.token == UPSTREAM {
+        if id.token == UPSTREAM.0 {
             self.upstream_lost(reason);
             return;
         }
         match conn.state {
-            State::Ready(peer) => self.peer_gone(id, conn.addr, peer, reason),
-            State::Hello | State::Auth { .. } => {
-                if reason != "connection closed" {
+            ConnState::Ready => self.feed(Event::Disconnected {
+                conn: id,
+                reason: reason.to_string(),
+            }),
+            ConnState::Hello | ConnState::Auth { .. } => {
+                if reason != CLOSED_BY_PEER {
                     log!(self, "dropped unauthenticated {}: {reason}", conn.addr);
                 }
             }
-            State::Closing => {}
+            ConnState::Closing => {}
         }
     }
 
-    // ---------------------------------------------------------------- messages
+    /// The parent is gone: the engine aborts the local agents, they are told at once, and
+    /// the loop stops.
+    fn upstream_lost(&mut self, reason: &str) {
+        self.feed(Event::ParentLost {
+            reason: reason.to_string(),
+        });
+        self.flush_dirty();
+        self.fatal = Some(ServerError::UpstreamLost {
+            name: self.cfg.name.clone(),
+            parent: self.cfg.parent.clone().unwrap_or_default(),
+            reason: reason.to_string(),
+        });
+    }
 
-    pub(crate) fn handle(&mut self, id: ConnId, m: Message) {
-        if id.token == UPSTREAM {
-            self.on_upstream_message(m);
+    fn timers(&mut self, now: Instant) {
+        while let Some(t) = self.handshakes.front().copied() {
+            if t.at > now {
+                break;
+            }
+            self.handshakes.pop_front();
+            let pending = self
+                .conn(t.conn)
+                .is_some_and(|c| matches!(c.state, ConnState::Hello | ConnState::Auth { .. }));
+            if pending {
+                self.traffic.refused += 1;
+                self.close(t.conn, "handshake timed out");
+            }
+        }
+        while let Some(t) = self.closing.front().copied() {
+            if t.at > now {
+                break;
+            }
+            self.closing.pop_front();
+            self.close(t.conn, "refused");
+        }
+        let actions = self.engine.handle(now, Event::Tick);
+        self.execute(actions);
+    }
+
+    // ---------------------------------------------------------------- handshake
+
+    fn handle(&mut self, id: ConnId, m: Message) {
+        if id.token == UPSTREAM.0 {
+            self.feed(Event::FromParent(m));
             return;
         }
         let Some(conn) = self.conn(id) else {
@@ -865,13 +1030,10 @@ impl Server {
         };
         let addr = conn.addr;
         match (&conn.state, m) {
-            (State::Hello, Message::Hello(h)) => self.on_hello(id, addr, h),
-            (State::Auth { .. }, Message::Auth(a)) => self.on_auth(id, addr, a.proof),
-            (State::Ready(p), m) => {
-                let role = p.role;
-                self.on_peer_message(id, role, m);
-            }
-            (State::Closing, _) => {}
+            (ConnState::Hello, Message::Hello(h)) => self.on_hello(id, addr, h),
+            (ConnState::Auth { .. }, Message::Auth(a)) => self.on_auth(id, addr, a.proof),
+            (ConnState::Ready, msg) => self.feed(Event::Received { conn: id, msg }),
+            (ConnState::Closing, _) => {}
             (_, m) => {
                 log!(
                     self,
@@ -883,7 +1045,7 @@ impl Server {
         }
     }
 
-    pub(crate) fn on_hello(&mut self, id: ConnId, addr: SocketAddr, h: Hello) {
+    fn on_hello(&mut self, id: ConnId, addr: SocketAddr, h: Hello) {
         if h.job != self.cfg.job {
             log!(
                 self,
@@ -927,21 +1089,21 @@ impl Server {
             }),
         );
         if let Some(conn) = self.conn(id) {
-            conn.state = State::Auth {
+            conn.state = ConnState::Auth {
                 hello: Box::new(h),
                 server_nonce,
             };
         }
     }
 
-    pub(crate) fn on_auth(&mut self, id: ConnId, addr: SocketAddr, proof: [u8; 32]) {
+    fn on_auth(&mut self, id: ConnId, addr: SocketAddr, proof: [u8; 32]) {
         let Some(conn) = self.conn(id) else {
             return;
         };
-        let State::Auth {
+        let ConnState::Auth {
             hello,
             server_nonce,
-        } = std::mem::replace(&mut conn.state, State::Closing)
+        } = std::mem::replace(&mut conn.state, ConnState::Closing)
         else {
             return;
         };
@@ -963,473 +1125,16 @@ impl Server {
             self.refuse(id, "authentication failed");
             return;
         }
-        let mut nodes = Vec::new();
-        if hello.role == Role::Agent {
-            if let Err(why) = self.can_register(&hello.node) {
-                log!(self, "refused {addr} (node {:?}): {why}", hello.node);
-                self.refuse(id, &why);
-                return;
-            }
-            nodes.push(hello.node.clone());
-        }
         if let Some(conn) = self.conn(id) {
-            conn.state = State::Ready(Peer {
-                role: hello.role,
-                name: hello.node.clone(),
-                nodes: nodes.clone(),
-            });
+            conn.state = ConnState::Ready;
         }
-        self.send(
-            id,
-            &Message::Welcome(Welcome {
-                last_committed: self.last_committed,
-            }),
-        );
-        if hello.role == Role::Agent {
-            let report = NodeReport {
-                node: hello.node.clone(),
-                info: PhaseInfo::Register {
-                    intent: hello.intent,
-                },
-            };
-            self.nodes.insert(hello.node, (id, hello.intent));
-            self.registered(vec![report]);
-        }
-    }
-
-    pub(crate) fn can_register(&self, node: &str) -> Result<(), String> {
-        if self.nodes.contains_key(node) {
-            return Err(format!("node {node} is already registered"));
-        }
-        if self.nodes.len() >= self.cfg.expect as usize {
-            return Err(format!(
-                "job {} already has all {} nodes registered",
-                self.cfg.job, self.cfg.expect
-            ));
-        }
-        if let Some(r) = &self.round {
-            return Err(format!(
-                "epoch {} is in {}; registration is closed",
-                r.epoch, r.phase
-            ));
-        }
-        Ok(())
-    }
-
-    /// New nodes registered here (directly or through a sub-coordinator).
-    pub(crate) fn registered(&mut self, reports: Vec<NodeReport>) {
-        if let Some(up) = self.upstream.as_mut() {
-            up.pending_register.extend(reports);
-        } else {
-            if self.nodes.len() == self.cfg.expect as usize {
-                log!(self, "all {} nodes registered", self.cfg.expect);
-            }
-            self.maybe_start_round();
-        }
-    }
-
-    pub(crate) fn on_peer_message(&mut self, id: ConnId, role: Role, m: Message) {
-        match (role, m) {
-            (Role::Agent, Message::Arrive(a)) if a.phase != Phase::Register => {
-                self.on_arrive(id, a)
-            }
-            (Role::SubCoordinator, Message::Arrive(a)) => self.on_arrive(id, a),
-            (Role::Agent | Role::SubCoordinator, Message::Fail(mut f)) => {
-                // A peer may only speak for nodes it stands for: a failure naming someone
-                // else is pinned on the sender.
-                if let Some(State::Ready(p)) = self.conn(id).map(|c| &c.state)
-                    && !p.nodes.contains(&f.node)
-                {
-                    f.node = p.nodes.first().cloned().unwrap_or_else(|| p.name.clone());
-                }
-                self.on_fail(f)
-            }
-            (Role::SubCoordinator, Message::Leave(l)) => self.on_leave(id, l),
-            (Role::Agent | Role::SubCoordinator, Message::Put(p)) => self.on_put(p),
-            (Role::Agent | Role::SubCoordinator, Message::Get(g)) => self.on_get(id, g),
-            (Role::Control, Message::Trigger(t)) => self.on_trigger(id, t.kind),
-            (_, Message::StatusQuery(_)) => {
-                let s = self.status();
-                self.send(id, &Message::Status(s));
-            }
-            (role, m) => {
-                let addr = self.conn(id).map(|c| c.addr);
-                log!(
-                    self,
-                    "closing {addr:?} ({role:?}): unexpected {:?}",
-                    m.msg_type()
-                );
-                self.stats.refused += 1;
-                self.close(id, "protocol violation");
-            }
-        }
-    }
-
-    pub(crate) fn status(&self) -> Status {
-        Status {
-            registered: self.nodes.len() as u32,
-            expect: self.cfg.expect,
-            last_committed: self.last_committed,
-            running: self.round.as_ref().map(|r| (r.epoch, r.phase)),
-            bytes_in: self.stats.bytes_in,
-            bytes_out: self.stats.bytes_out,
-            refused: self.stats.refused,
-        }
-    }
-
-    pub(crate) fn on_arrive(&mut self, id: ConnId, a: Arrive) {
-        if a.phase == Phase::Register {
-            let mut fresh = Vec::new();
-            for r in a.reports {
-                let intent = match r.info {
-                    PhaseInfo::Register { intent } => intent,
-                    _ => Intent::Standby,
-                };
-                if let Err(why) = self.can_register(&r.node) {
-                    log!(
-                        self,
-                        "ignoring registration of {} from downstream: {why}",
-                        r.node
-                    );
-                    continue;
-                }
-                self.nodes.insert(r.node.clone(), (id, intent));
-                if let Some(State::Ready(p)) = self.conn(id).map(|c| &mut c.state) {
-                    p.nodes.push(r.node.clone());
-                }
-                fresh.push(r);
-            }
-            self.registered(fresh);
-            return;
-        }
-        let Some(r) = self.round.as_mut() else {
-            return;
-        };
-        if a.epoch != r.epoch || a.phase != r.phase {
-            return;
-        }
-        // Arrivals are bounded by the nodes the peer stands for, and reports must name
-        // them: one peer must not be able to complete a barrier for others.
-        let allowed = r.members.get(&id).copied().unwrap_or(0);
-        let already = r.per_conn.get(&id).copied().unwrap_or(0);
-        let foreign = a
-            .reports
-            .iter()
-            .any(|rep| self.nodes.get(&rep.node).is_none_or(|(c, _)| *c != id));
-        if already.saturating_add(a.count) > allowed || foreign {
-            let addr = self.conn(id).map(|c| c.addr);
-            log!(
-                self,
-                "closing {addr:?}: arrival for {} nodes in {} (it stands for {allowed}, {already} arrived) or for foreign nodes",
-                a.count,
-                a.phase
-            );
-            self.stats.refused += 1;
-            self.close(id, "protocol violation: bogus arrival");
-            return;
-        }
-        let Some(r) = self.round.as_mut() else {
-            return;
-        };
-        r.arrived += a.count;
-        *r.per_conn.entry(id).or_default() += a.count;
-        r.reports.extend(a.reports);
-        if r.arrived < r.need {
-            return;
-        }
-        if self.upstream.is_some() {
-            if !r.sent_up {
-                r.sent_up = true;
-                let up = Arrive {
-                    epoch: r.epoch,
-                    phase: r.phase,
-                    count: r.arrived,
-                    reports: std::mem::take(&mut r.reports),
-                };
-                self.send_up(Message::Arrive(up));
-                // The last phase ends the round here; the root confirms nothing more.
-                if r_is_last(self.round.as_ref()) {
-                    self.round = None;
-                }
-            }
-        } else {
-            self.advance();
-        }
-    }
-
-    pub(crate) fn on_fail(&mut self, f: Fail) {
-        if self.upstream.is_some() {
-            self.send_up(Message::Fail(f));
-            return;
-        }
-        match &self.round {
-            Some(r) if r.epoch == f.epoch => {
-                let phase = r.phase;
-                self.fail_round(phase, &f.node, &format!("reported failure: {}", f.reason));
-            }
-            _ => log!(
-                self,
-                "ignoring failure report from node {} for epoch {} ({}): no such round running",
-                f.node,
-                f.epoch,
-                f.reason
-            ),
-        }
-    }
-
-    pub(crate) fn on_leave(&mut self, id: ConnId, l: Leave) {
-        for n in &l.nodes {
-            if self.nodes.get(n).is_some_and(|(c, _)| *c == id) {
-                self.nodes.remove(n);
-            }
-        }
-        if let Some(State::Ready(p)) = self.conn(id).map(|c| &mut c.state) {
-            p.nodes.retain(|n| !l.nodes.contains(n));
-        }
-        if let Some(up) = self.upstream.as_mut() {
-            up.pending_leave.extend(l.nodes);
-        } else if let Some(r) = self.round.as_ref().filter(|r| !finished_in(r, id)) {
-            let phase = r.phase;
-            if let Some(n) = l.nodes.first() {
-                self.fail_round(phase, n, "left during the round");
-            }
-        }
-    }
-
-    pub(crate) fn on_put(&mut self, p: Put) {
-        for (k, v) in p.entries {
-            if let Some(up) = self.upstream.as_mut() {
-                up.pending_puts.push((k.clone(), v.clone()));
-            }
-            for (conn, key, val) in self.kv.put(k, v) {
-                self.value_out
-                    .entry(conn)
-                    .or_default()
-                    .push((key, Some(val)));
-            }
-        }
-    }
-
-    pub(crate) fn on_get(&mut self, id: ConnId, g: Get) {
-        let wait = Duration::from_millis(u64::from(g.timeout_ms)).min(MAX_GET_WAIT);
-        let deadline = Instant::now() + wait;
-        for k in g.keys {
-            match self.kv.get(id, &k, deadline) {
-                Some(v) => self.value_out.entry(id).or_default().push((k, Some(v))),
-                None => {
-                    if let Some(up) = self.upstream.as_mut() {
-                        up.want(k, deadline);
-                    }
-                }
-            }
-        }
-    }
-
-    pub(crate) fn on_trigger(&mut self, id: ConnId, kind: RoundKind) {
-        if self.upstream.is_some() {
-            log!(
-                self,
-                "refusing a trigger: sub-coordinators take no triggers"
-            );
-            self.refuse(id, "send triggers to the root coordinator");
-            return;
-        }
-        match self.trigger {
-            Some(k) if k != kind => {
-                log!(self, "trigger {kind:?} ignored: {k:?} already pending");
-            }
-            _ => self.trigger = Some(kind),
-        }
-        self.waiting_controls.push(id);
-        log!(
-            self,
-            "trigger {kind:?}: {} of {} nodes registered",
-            self.nodes.len(),
-            self.cfg.expect
-        );
-        self.maybe_start_round();
-    }
-
-    pub(crate) fn peer_gone(&mut self, id: ConnId, addr: SocketAddr, peer: Peer, reason: &str) {
-        for n in &peer.nodes {
-            if self.nodes.get(n).is_some_and(|(c, _)| *c == id) {
-                self.nodes.remove(n);
-            }
-        }
-        if peer.nodes.is_empty() {
-            return;
-        }
-        let who = match peer.role {
-            Role::SubCoordinator => format!("sub-coordinator {}", peer.name),
-            _ => peer.name.clone(),
-        };
-        let member = self
-            .round
-            .as_ref()
-            .is_some_and(|r| r.members.contains_key(&id) && !finished_in(r, id));
-        if member {
-            let (epoch, phase) = self
-                .round
-                .as_ref()
-                .map(|r| (r.epoch, r.phase))
-                .unwrap_or((0, Phase::Register));
-            let why = format!("{who} ({addr}) disconnected: {reason}");
-            if self.upstream.is_some() {
-                self.send_up(Message::Fail(Fail {
-                    epoch,
-                    phase,
-                    node: peer.nodes[0].clone(),
-                    reason: why,
-                }));
-            } else {
-                self.fail_round(phase, &peer.nodes[0], &why);
-            }
-        } else {
-            log!(self, "{who} ({addr}) left: {reason}");
-            if let Some(up) = self.upstream.as_mut() {
-                up.pending_leave.extend(peer.nodes);
-            }
-        }
-    }
-
-    // ---------------------------------------------------------------- timers, batches
-
-    pub(crate) fn timers(&mut self, now: Instant) {
-        while let Some((d, id)) = self.handshakes.front().copied() {
-            if d > now {
-                break;
-            }
-            self.handshakes.pop_front();
-            let pending = self
-                .conn(id)
-                .is_some_and(|c| matches!(c.state, State::Hello | State::Auth { .. }));
-            if pending {
-                self.stats.refused += 1;
-                self.close(id, "handshake timed out");
-            }
-        }
-        while let Some((d, id)) = self.closing.front().copied() {
-            if d > now {
-                break;
-            }
-            self.closing.pop_front();
-            self.close(id, "refused");
-        }
-        for (conn, key) in self.kv.expire(now) {
-            self.value_out.entry(conn).or_default().push((key, None));
-        }
-        let Some(r) = &self.round else {
-            return;
-        };
-        if now < r.deadline || r.phase == Phase::Commit || (self.upstream.is_some() && r.sent_up) {
-            return;
-        }
-        let mut late: Vec<String> = Vec::new();
-        let members: Vec<(ConnId, u32)> = r.members.iter().map(|(c, n)| (*c, *n)).collect();
-        let per_conn = r.per_conn.clone();
-        let (epoch, phase) = (r.epoch, r.phase);
-        let secs = f64::from(r.deadline_ms) / 1e3;
-        let grace_used = r.grace_used;
-        let mut first_node = None;
-        let mut late_sub = false;
-        for (c, n) in members {
-            let got = per_conn.get(&c).copied().unwrap_or(0);
-            if got >= n {
-                continue;
-            }
-            if let Some(State::Ready(p)) = self.conn(c).map(|c| &c.state) {
-                first_node.get_or_insert_with(|| p.nodes.first().cloned().unwrap_or_default());
-                late_sub |= p.role == Role::SubCoordinator;
-                late.push(match p.role {
-                    Role::SubCoordinator => {
-                        format!("sub-coordinator {} ({} of {n} nodes late)", p.name, n - got)
-                    }
-                    _ => p.name.clone(),
-                });
-            }
-        }
-        // A late sub-coordinator fires its own, slightly earlier deadline and reports the
-        // late agent by name; give its report a moment to arrive before blaming the relay.
-        if late_sub && !grace_used && self.upstream.is_none() {
-            let extra = (self.cfg.phase_deadline / 10)
-                .clamp(Duration::from_millis(250), Duration::from_secs(2));
-            if let Some(r) = self.round.as_mut() {
-                r.grace_used = true;
-                r.deadline = now + extra;
-            }
-            return;
-        }
-        late.sort();
-        let shown = late.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
-        let more = late.len().saturating_sub(5);
-        let reason = format!(
-            "missed the {phase} deadline ({secs:.1} s){}",
-            if more > 0 {
-                format!(" with {more} more")
-            } else {
-                String::new()
-            }
-        );
-        let node = if self.upstream.is_some() {
-            first_node.unwrap_or_default()
-        } else if shown.is_empty() {
-            "(unknown)".to_string()
-        } else {
-            shown
-        };
-        if self.upstream.is_some() {
-            if let Some(r) = self.round.as_mut() {
-                r.sent_up = true;
-            }
-            self.send_up(Message::Fail(Fail {
-                epoch,
-                phase,
-                node,
-                reason,
-            }));
-        } else {
-            self.fail_round(phase, &node, &reason);
-        }
-    }
-
-    pub(crate) fn flush_batches(&mut self) {
-        let out = std::mem::take(&mut self.value_out);
-        for (id, entries) in out {
-            self.send(id, &Message::Values(Values { entries }));
-        }
-        let Some(up) = self.upstream.as_mut() else {
-            return;
-        };
-        let reg = std::mem::take(&mut up.pending_register);
-        // Agents that finish the last phase may hang up before their neighbours arrive;
-        // their Leave must follow the aggregated arrival, or the root would see a node
-        // vanish mid-round.
-        let leave = if self.round.is_none() {
-            std::mem::take(&mut up.pending_leave)
-        } else {
-            Vec::new()
-        };
-        let gets = up.take_gets();
-        let puts = !up.pending_puts.is_empty();
-        if !reg.is_empty() {
-            self.send_up(Message::Arrive(Arrive {
-                epoch: 0,
-                phase: Phase::Register,
-                count: reg.len() as u32,
-                reports: reg,
-            }));
-        }
-        if !leave.is_empty() {
-            self.send_up(Message::Leave(Leave { nodes: leave }));
-        }
-        if let Some(g) = gets {
-            self.send_up(Message::Get(g));
-        } else if puts {
-            // send_up flushes pending puts ahead of the message; a Status query is the
-            // cheapest harmless carrier, but an empty Put is clearer.
-            self.send_up(Message::Put(Put {
-                entries: Vec::new(),
-            }));
-        }
+        // Whether the peer may register (and what that sets off) is the engine's call.
+        self.feed(Event::Joined {
+            conn: id,
+            addr,
+            role: hello.role,
+            name: hello.node,
+            intent: hello.intent,
+        });
     }
 }
