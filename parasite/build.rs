@@ -1,6 +1,6 @@
 //! Builds the freestanding parasite blob (`blob/main.rs`) and embeds it.
 //!
-//! Pipeline (see docs in `/work/shared/notes/rust-ecosystem.md` §4):
+//! Pipeline:
 //! 1. compile `blob/main.rs` with the same `$RUSTC` as a `no_std`/`no_main` static PIE linked
 //!    at address 0 with `blob/parasite.ld` (no extra target, no nightly features);
 //! 2. parse the ELF with goblin and check it: `ET_DYN`, no `PT_INTERP`/`PT_TLS`, no needed

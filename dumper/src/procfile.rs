@@ -1,9 +1,11 @@
 //! Small readers for the /proc files the dumper needs, with errors that name
 //! the pid and file.
 //!
-//! The `procfs` crate is used where its model is exact (fd targets, task
-//! lists); VMAs and the mm fields are parsed here because procfs drops
-//! unknown VmFlags and trims paths (see shared/notes/rust-ecosystem.md).
+//! The `procfs` crate is used where its model is exact (credentials,
+//! limits); VMAs and the mm fields are parsed here because procfs drops
+//! unknown VmFlags and trims paths, and numbered directories (`fd`, `task`)
+//! are listed here because a process that vanishes meanwhile must become
+//! [`DumpError::NoProcess`], not a parse error.
 
 use std::path::PathBuf;
 
@@ -32,6 +34,18 @@ pub fn readlink(pid: i32, name: &str) -> Result<String> {
     std::fs::read_link(&p)
         .map(|t| t.to_string_lossy().into_owned())
         .map_err(|source| proc_err(pid, p, source))
+}
+
+/// The numeric entries of directory `/proc/PID/NAME` (fds, thread ids),
+/// sorted.
+pub fn numbered_entries(pid: i32, name: &str) -> Result<Vec<i32>> {
+    let dir = path(pid, name);
+    let mut out: Vec<i32> = std::fs::read_dir(&dir)
+        .map_err(|e| proc_err(pid, dir.clone(), e))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    out.sort_unstable();
+    Ok(out)
 }
 
 /// Maps an I/O error on a /proc file to the right [`DumpError`].

@@ -12,23 +12,13 @@ use crate::procfile;
 /// can seize is refused rather than chased forever.
 const MAX_PASSES: usize = 100;
 
-fn task_ids(pid: i32) -> Result<Vec<i32>> {
-    let dir = procfile::path(pid, "task");
-    let mut tids: Vec<i32> = std::fs::read_dir(&dir)
-        .map_err(|e| procfile::proc_err(pid, dir.clone(), e))?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    tids.sort_unstable();
-    Ok(tids)
-}
-
 /// Seizes and stops every thread of `pid`; the leader comes first. `seize`
 /// maps the leader's seize error (no such process, permission).
 pub fn freeze(pid: i32, seize: impl Fn(ParasiteError) -> DumpError) -> Result<Vec<Tracee>> {
     let mut frozen = vec![Tracee::seize(pid).map_err(&seize)?];
     for _ in 0..MAX_PASSES {
         let mut added = false;
-        for tid in task_ids(pid)? {
+        for tid in procfile::numbered_entries(pid, "task")? {
             if frozen.iter().any(|t| t.pid() == tid) {
                 continue;
             }
@@ -48,7 +38,7 @@ pub fn freeze(pid: i32, seize: impl Fn(ParasiteError) -> DumpError) -> Result<Ve
         }
         if !added {
             // Threads that exited after being seized are gone from the list.
-            let live = task_ids(pid)?;
+            let live = procfile::numbered_entries(pid, "task")?;
             frozen.retain(|t| live.contains(&t.pid()));
             return Ok(frozen);
         }

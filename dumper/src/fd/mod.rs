@@ -202,7 +202,7 @@ pub fn collect_tree(pids: &[i32]) -> Result<TreeFiles> {
     let mut seen: HashMap<Inode, Vec<Holder>> = HashMap::new();
     for &pid in pids {
         let mut table = FdTable::default();
-        for fd in fd_numbers(pid)? {
+        for fd in procfile::numbered_entries(pid, "fd")? {
             let p = params(pid, fd)?;
             let inode = Inode {
                 dev: p.meta.dev(),
@@ -263,16 +263,6 @@ fn same_description(p: &FdParams, candidates: Option<&[Holder]>) -> Result<Optio
         }
     }
     Ok(None)
-}
-
-fn fd_numbers(pid: i32) -> Result<Vec<i32>> {
-    let dir = procfile::path(pid, "fd");
-    let mut fds: Vec<i32> = std::fs::read_dir(&dir)
-        .map_err(|s| procfile::proc_err(pid, dir.clone(), s))?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    fds.sort_unstable();
-    Ok(fds)
 }
 
 fn params(pid: i32, fd: i32) -> Result<FdParams> {
