@@ -16,6 +16,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::fs::{self, File};
 use std::hash::{Hash, Hasher};
 use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -142,6 +143,72 @@ impl TestEnv {
             work,
             cmd_counter: AtomicUsize::new(0),
         }
+    }
+}
+
+/// An unprivileged account for the security tests: ckpt runs as root on
+/// other users' jobs, so what matters is what a restore gives a process of
+/// an ordinary user.
+pub struct TestUser {
+    pub name: &'static str,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+const TEST_USER: &str = "ckpt-test";
+
+/// The test account, created (system user, no home, no login shell) on
+/// first use.
+pub fn test_user() -> &'static TestUser {
+    static USER: std::sync::OnceLock<TestUser> = std::sync::OnceLock::new();
+    USER.get_or_init(|| {
+        let lookup = || nix::unistd::User::from_name(TEST_USER).expect("read passwd");
+        if lookup().is_none() {
+            let out = Command::new("useradd")
+                .args([
+                    "--system",
+                    "--no-create-home",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    TEST_USER,
+                ])
+                .output()
+                .expect("run useradd");
+            // Another test binary may have created it meanwhile.
+            assert!(
+                out.status.success() || lookup().is_some(),
+                "useradd {TEST_USER}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let u = lookup().expect("test user exists");
+        TestUser {
+            name: TEST_USER,
+            uid: u.uid.as_raw(),
+            gid: u.gid.as_raw(),
+        }
+    })
+}
+
+impl TestEnv {
+    /// Hands the work dir (where the victim keeps its state and protocol
+    /// files) to `user`. The image dir stays root's.
+    pub fn give_work_to(&self, user: &TestUser) {
+        let own = |p: &Path| {
+            nix::unistd::chown(
+                p,
+                Some(nix::unistd::Uid::from_raw(user.uid)),
+                Some(nix::unistd::Gid::from_raw(user.gid)),
+            )
+            .unwrap_or_else(|e| panic!("chown {}: {e}", p.display()))
+        };
+        own(&self.work);
+        for e in fs::read_dir(&self.work).expect("read work dir").flatten() {
+            own(&e.path());
+        }
+        // The root dir must be reachable for the victim to get to work/.
+        fs::set_permissions(&self.root, fs::Permissions::from_mode(0o755))
+            .expect("chmod test root");
     }
 }
 
@@ -348,6 +415,21 @@ impl Victim {
         )
     }
 
+    /// Like [`Victim::spawn`], running as `user` (uid, gid, no
+    /// supplementary groups). Call [`TestEnv::give_work_to`] first.
+    pub fn spawn_as(env: &TestEnv, name: &str, extra_args: &[&str], user: &TestUser) -> Victim {
+        let stdout = File::create(env.work.join("stdout")).expect("create stdout file");
+        let stderr = File::create(env.work.join("stderr")).expect("create stderr file");
+        env.give_work_to(user);
+        Victim::spawn_full(
+            env,
+            name,
+            extra_args,
+            [Stdio::null(), stdout.into(), stderr.into()],
+            Some(user),
+        )
+    }
+
     /// Like [`Victim::spawn`] with the standard fds chosen by the caller.
     pub fn spawn_with(
         env: &TestEnv,
@@ -357,6 +439,16 @@ impl Victim {
         stdout: Stdio,
         stderr: Stdio,
     ) -> Victim {
+        Victim::spawn_full(env, name, extra_args, [stdin, stdout, stderr], None)
+    }
+
+    fn spawn_full(
+        env: &TestEnv,
+        name: &str,
+        extra_args: &[&str],
+        [stdin, stdout, stderr]: [Stdio; 3],
+        user: Option<&TestUser>,
+    ) -> Victim {
         let bin = victim_bin(name);
         let mut cmd = Command::new(&bin);
         cmd.arg(&env.work)
@@ -364,6 +456,10 @@ impl Victim {
             .stdin(stdin)
             .stdout(stdout)
             .stderr(stderr);
+        if let Some(u) = user {
+            // std drops the supplementary groups when root sets a uid.
+            cmd.uid(u.uid).gid(u.gid);
+        }
         cloexec_inherited_fds(&mut cmd, true);
         let child = cmd
             .spawn()
