@@ -53,6 +53,13 @@ fn show_json_describes_the_dump() {
             out.stdout
         )
     });
+    // The CPU record drives the compatibility refusal on restore: XCR0
+    // always has x87 and SSE state on x86_64.
+    let xcr0 = json["cpu"]["xcr0"]
+        .as_str()
+        .and_then(|x| u64::from_str_radix(x.trim_start_matches("0x"), 16).ok())
+        .unwrap_or_else(|| panic!("no cpu.xcr0: {json}"));
+    assert_eq!(xcr0 & 0b11, 0b11, "XCR0 {xcr0:#x} lacks x87/SSE: {json}");
     let procs = json["processes"]
         .as_array()
         .unwrap_or_else(|| panic!("no processes array: {json}"));

@@ -18,19 +18,14 @@ pub struct Feature {
     pub detail: String,
 }
 
-/// Offset of `xfeatures` in the XSAVE area's software-reserved bytes
-/// (`struct _fpx_sw_bytes` at 464), which the kernel fills for ptrace.
-const SW_XFEATURES: usize = 464 + 8;
-
 /// The CPU's register-state layout, from CPUID and a task's XSAVE area.
 pub fn cpu_info(xstate: &[u8]) -> CpuInfo {
-    let xcr0 = xstate
-        .get(SW_XFEATURES..SW_XFEATURES + 8)
-        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-        .unwrap_or(0);
+    // XCR0 straight from the CPU (xgetbv): it is the same for every task of
+    // this kernel, and reading it from a task's XSAVE area depends on which
+    // software-reserved layout the kernel used for that copy.
     CpuInfo {
         vendor: ckpt_parasite::cpu_vendor(),
-        xcr0,
+        xcr0: ckpt_parasite::xcr0(),
         xsave_size: xstate.len() as u32,
     }
 }

@@ -471,7 +471,12 @@ impl Tracee {
         nix::sys::signal::kill(self.pid, sig).map_err(self.ptrace_err("kill"))?;
         let mut deliver = None;
         loop {
-            ptrace::cont(self.pid, deliver).map_err(self.ptrace_err("cont"))?;
+            match ptrace::cont(self.pid, deliver) {
+                // SIGKILL needs no delivery: the task is already dying and
+                // has left its stop; the wait below collects it.
+                Ok(()) | Err(Errno::ESRCH) => {}
+                Err(e) => return Err(self.ptrace_err("cont")(e)),
+            }
             match self.wait("delivering a fatal signal") {
                 Err(ParasiteError::Died { .. }) => return Ok(()),
                 Err(e) => return Err(e),

@@ -65,6 +65,15 @@ pub struct Restored {
     pub pid: i32,
 }
 
+/// A zombie of the tree: only its manifest entry exists.
+struct Zombie {
+    pid: i32,
+    ppid: i32,
+    /// Its wait status.
+    status: i32,
+    comm: String,
+}
+
 /// Everything read from the images for one process.
 struct ProcessImages {
     pid: i32,
@@ -148,10 +157,17 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
         .filter(|e| e.zombie_status.is_none())
         .map(|e| load(&images, &files, e.pid, e.ppid))
         .collect::<Result<Vec<_>>>()?;
-    let zombies: Vec<(i32, i32, i32)> = m
+    let zombies: Vec<Zombie> = m
         .processes
         .iter()
-        .filter_map(|e| Some((e.pid, e.ppid, e.zombie_status?)))
+        .filter_map(|e| {
+            Some(Zombie {
+                pid: e.pid,
+                ppid: e.ppid,
+                status: e.zombie_status?,
+                comm: e.comm.clone(),
+            })
+        })
         .collect();
     let pages = procs
         .iter()
@@ -165,8 +181,8 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
         .collect::<Result<Vec<_>>>()?;
 
     // Every pid and thread id must be free (they share the pid space).
-    for (z, _, _) in &zombies {
-        pid::wait_free(*z, opts.pid_wait, opts.notice)?;
+    for z in &zombies {
+        pid::wait_free(z.pid, opts.pid_wait, opts.notice)?;
     }
     for p in &procs {
         if p.pid != root {
@@ -230,7 +246,7 @@ fn check_tree(
 /// so parenthood, sessions and groups come out right), then rebuilds each.
 fn build_tree(
     procs: &[ProcessImages],
-    zombies: &[(i32, i32, i32)],
+    zombies: &[Zombie],
     pages: &[memmap2::Mmap],
     fds: &mut fd::Context<'_>,
     opts: &RestoreOptions<'_>,
@@ -284,19 +300,21 @@ fn build_tree(
         )?;
         tracees.push(child);
     }
-    for &(pid, ppid, status) in zombies {
+    for z in zombies {
         let parent = procs
             .iter()
-            .position(|q| q.pid == ppid)
+            .position(|q| q.pid == z.ppid)
             .expect("checked by check_tree");
         let child = tree::fork_child(
             &ckpt_parasite::remote::Remote {
                 t: &tracees[parent],
                 base,
             },
-            pid,
+            z.pid,
         )?;
-        tree::make_zombie(&ckpt_parasite::remote::Remote { t: &child, base }, status)?;
+        let r = ckpt_parasite::remote::Remote { t: &child, base };
+        task::set_name(&r, &z.comm)?;
+        tree::make_zombie(&r, z.status)?;
     }
     for ((t, p), pg) in tracees.iter().zip(procs).zip(pages) {
         rebuild_process(t, base, p, pg, fds, opts)?;

@@ -53,11 +53,14 @@ pub fn make_zombie(r: &Remote<'_>, status: i32) -> Result<()> {
         what: format!("zombie killed by unknown signal {sig}"),
     })?;
     // The child inherited the restorer's dispositions; the default kills.
-    let act = r.put_u64s(0, &[0, 0, 0, 0])?;
-    r.call(
-        "rt_sigaction",
-        libc::SYS_rt_sigaction,
-        [sig as u64, act, 0, 8, 0, 0],
-    )?;
+    // SIGKILL's cannot be changed (rt_sigaction refuses it) and always kills.
+    if signal != nix::sys::signal::Signal::SIGKILL {
+        let act = r.put_u64s(0, &[0, 0, 0, 0])?;
+        r.call(
+            "rt_sigaction",
+            libc::SYS_rt_sigaction,
+            [sig as u64, act, 0, 8, 0, 0],
+        )?;
+    }
     Ok(r.t.die_by(signal)?)
 }
