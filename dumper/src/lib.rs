@@ -340,6 +340,9 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<DumpReport> 
     Ok(report)
 }
 
+/// `PF_KTHREAD` in the flags field of `/proc/PID/stat`.
+const PF_KTHREAD: u64 = 0x0020_0000;
+
 /// Refuses what this version cannot dump, before touching the process.
 fn precheck(pid: i32) -> Result<()> {
     if pid <= 0 {
@@ -352,6 +355,32 @@ fn precheck(pid: i32) -> Result<()> {
         });
     }
     let status = procfile::read(pid, "status")?;
+    // Kernel threads have no user memory to save; ptrace refuses them with
+    // a bare EPERM, so say what they are first.
+    let flags = procfile::stat_fields(pid)?
+        .get(procfile::stat_index(9))
+        .copied()
+        .unwrap_or(0);
+    if procfile::status_field(&status, "Kthread") == Some("1") || flags & PF_KTHREAD != 0 {
+        return Err(DumpError::Unsupported {
+            pid,
+            what: "kernel thread".into(),
+        });
+    }
+    // NSpid lists the pid in every PID namespace from ckpt's down; more than
+    // one means the process lives in a nested namespace, whose pids a
+    // restore into ckpt's namespace could not give back.
+    if let Some(nspid) = procfile::status_field(&status, "NSpid")
+        && nspid.split_whitespace().count() > 1
+    {
+        return Err(DumpError::Unsupported {
+            pid,
+            what: format!(
+                "process in a nested PID namespace (NSpid {}); PID namespaces",
+                nspid.split_whitespace().collect::<Vec<_>>().join(" ")
+            ),
+        });
+    }
     if let Some(state) = procfile::status_field(&status, "State")
         && (state.starts_with('Z') || state.starts_with('X'))
     {
