@@ -328,3 +328,33 @@ fn dump_of_process_in_nested_pid_namespace_is_refused() {
     );
     assert!(!env.img.exists(), "failed dump left {}", env.img.display());
 }
+
+/// A target killed by someone else while it is frozen: the dump fails
+/// naming its death (not a short read), and leaves no image dir.
+#[test]
+fn target_killed_mid_dump_is_named() {
+    let env = TestEnv::new("target-killed");
+    let mut v = Victim::spawn(&env, "counter", &[]);
+    v.wait_ready();
+    let out = std::process::Command::new(CKPT)
+        .args([
+            "dump",
+            "--tree",
+            &v.pid.to_string(),
+            "--dir",
+            path_str(&env.img),
+        ])
+        .env("CKPT_FAULT", "kill-target-during-pages")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run ckpt");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "dump of a dying target succeeded");
+    assert!(
+        err.contains(&format!("pid {} exited during the dump", v.pid)),
+        "error should say the target exited during the dump: {err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one error line: {err}");
+    assert!(!env.img.exists(), "failed dump left {}", env.img.display());
+    v.reap_killed(Duration::from_secs(10));
+}

@@ -1,7 +1,7 @@
 //! A dumper that dies (SIGKILL, no chance to clean up) at the worst moments
 //! leaves the target running as it was: the kernel detaches it, and if the
 //! parasite was loaded its rescue path `rt_sigreturn`s it home
-//! (dumper/src/fault.rs lists the points; victim: tests/c/counter.c). A
+//! (parasite/src/fault.rs lists the points; victim: tests/c/counter.c). A
 //! restorer that dies leaves no half-restored process behind.
 
 mod common;

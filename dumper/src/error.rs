@@ -14,6 +14,15 @@ pub enum DumpError {
         /// The pid.
         pid: i32,
     },
+    /// A process of the tree died while it was frozen (killed by someone
+    /// else); what failed because of it is in `detail`.
+    #[error("pid {pid} exited during the dump ({detail})")]
+    Exited {
+        /// The pid.
+        pid: i32,
+        /// The error its death caused.
+        detail: String,
+    },
     /// ckpt may not trace or read the process.
     #[error("pid {pid}: permission denied ({what})")]
     Permission {

@@ -146,11 +146,29 @@ impl Frozen {
     /// last, renamed into place). The tree stays frozen; on error it is
     /// thawed unharmed and no directory is left.
     pub fn write(self, opts: &WriteOptions<'_>) -> Result<Written> {
-        let report = write_images(&self, opts)?;
+        let report = write_images(&self, opts).map_err(|e| self.explain(e))?;
         Ok(Written {
             frozen: self,
             report,
         })
+    }
+
+    /// A process that died while frozen makes whatever touched it next fail
+    /// with an obscure error (a short read of its memory, ESRCH from ptrace):
+    /// name the death instead.
+    fn explain(&self, e: DumpError) -> DumpError {
+        let died = self
+            .procs
+            .iter()
+            .filter(|p| p.zombie_status.is_none())
+            .find(|p| !tree::is_alive(p.pid));
+        match died {
+            Some(p) => DumpError::Exited {
+                pid: p.pid,
+                detail: e.to_string(),
+            },
+            None => e,
+        }
     }
 
     /// Detaches every task, children first so no parent runs while a child
@@ -287,6 +305,10 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<DumpReport> 
         let base = written;
         let progress = |done: u64| {
             ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::DuringPages);
+            ckpt_parasite::fault::kill_target(
+                ckpt_parasite::fault::FaultPoint::KillTargetDuringPages,
+                c.pid,
+            );
             if let Some(p) = opts.progress {
                 p(base + done, total)
             }

@@ -20,6 +20,13 @@ pub struct FrozenProcess {
     pub zombie_status: Option<i32>,
 }
 
+/// `pid` still runs (or is stopped): not gone, not a zombie, not dying.
+pub fn is_alive(pid: i32) -> bool {
+    procfile::read(pid, "status").is_ok_and(|s| {
+        procfile::status_field(&s, "State").is_some_and(|st| !st.starts_with(['Z', 'X']))
+    })
+}
+
 /// The wait status of `pid` if it is a zombie.
 fn zombie_status(pid: i32) -> Result<Option<i32>> {
     let status = procfile::read(pid, "status")?;

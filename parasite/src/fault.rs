@@ -15,6 +15,9 @@ pub enum FaultPoint {
     DuringPages,
     /// Restore: the address space of the first process is half rebuilt.
     MidRebuild,
+    /// Dump: the *target* is SIGKILLed while its pages are copied (by
+    /// someone else, as an out-of-memory killer or an impatient user would).
+    KillTargetDuringPages,
 }
 
 impl FaultPoint {
@@ -25,13 +28,28 @@ impl FaultPoint {
             FaultPoint::ParasiteLoaded => "parasite-loaded",
             FaultPoint::DuringPages => "during-pages",
             FaultPoint::MidRebuild => "restore-mid-rebuild",
+            FaultPoint::KillTargetDuringPages => "kill-target-during-pages",
         }
     }
 }
 
+fn selected(point: FaultPoint) -> bool {
+    std::env::var("CKPT_FAULT").is_ok_and(|v| v == point.name())
+}
+
 /// Dies here if `CKPT_FAULT` names this point.
 pub fn inject(point: FaultPoint) {
-    if std::env::var("CKPT_FAULT").is_ok_and(|v| v == point.name()) {
+    if selected(point) {
         let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+/// SIGKILLs process `pid` here if `CKPT_FAULT` names this point.
+pub fn kill_target(point: FaultPoint, pid: i32) {
+    if selected(point) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 }
