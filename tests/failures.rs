@@ -358,3 +358,34 @@ fn target_killed_mid_dump_is_named() {
     assert!(!env.img.exists(), "failed dump left {}", env.img.display());
     v.reap_killed(Duration::from_secs(10));
 }
+
+/// `ckpt restore --detach` as PID 1 of a fresh PID namespace would end the
+/// namespace (and the restored tree) as it exits: refused up front.
+#[test]
+fn detached_restore_as_namespace_init_is_refused() {
+    let env = TestEnv::new("pidns-init");
+    let mut v = Victim::spawn(&env, "counter", &[]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    let out = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", CKPT, "restore", "--detach", "--dir"])
+        .arg(&env.img)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run unshare");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "detached restore as init succeeded: {err}"
+    );
+    assert!(
+        err.contains("PID 1 of its PID namespace") && err.contains("--detach"),
+        "error should explain the namespace init: {err}"
+    );
+    assert!(
+        !std::path::Path::new(&format!("/proc/{}", v.pid)).exists()
+            || fs::read_to_string(format!("/proc/{}/cmdline", v.pid))
+                .is_ok_and(|c| !c.contains("counter")),
+        "nothing may be restored"
+    );
+}

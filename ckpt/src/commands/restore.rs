@@ -15,7 +15,8 @@ pub struct RestoreArgs {
     /// Checkpoint directory.
     #[arg(long, short = 'D', value_name = "DIR")]
     dir: PathBuf,
-    /// Exit as soon as the process runs instead of waiting for it.
+    /// Exit as soon as the process runs instead of waiting for it (refused
+    /// when ckpt is PID 1 of a PID namespace, whose end would kill the tree).
     #[arg(long, short = 'd')]
     detach: bool,
     /// Seconds to wait for a zombie that still holds the pid.
@@ -29,6 +30,15 @@ pub struct RestoreArgs {
 /// Runs `ckpt restore`: exits 0 once the process runs with `--detach`,
 /// otherwise waits and exits with its status (128+signal if killed).
 pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
+    // As PID 1 of a PID namespace (`unshare --pid --fork`), ckpt is the
+    // namespace's init: if it exited, the kernel would kill every process
+    // in the namespace, the restored tree included.
+    let ns_init = nix::unistd::getpid().as_raw() == 1;
+    if ns_init && a.detach {
+        anyhow::bail!(
+            "ckpt restore is PID 1 of its PID namespace: --detach would end the namespace and kill the restored tree; run it without --detach (ckpt then stays as the namespace's init)"
+        );
+    }
     let bar = super::progress_bar("restoring pages");
     let notice = |msg: &str| match &bar {
         Some(b) => b.println(format!("ckpt: {msg}")),
@@ -61,10 +71,21 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
     if a.detach {
         return Ok(ExitCode::SUCCESS);
     }
+    // As a namespace's init, orphans of the tree are reparented to ckpt:
+    // reap them all, and end with the root.
+    let wait_for = if ns_init {
+        Pid::from_raw(-1)
+    } else {
+        Pid::from_raw(r.pid)
+    };
     loop {
-        match waitpid(Pid::from_raw(r.pid), None) {
-            Ok(WaitStatus::Exited(_, code)) => return Ok(ExitCode::from(code as u8)),
-            Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(ExitCode::from(128 + sig as u8)),
+        match waitpid(wait_for, None) {
+            Ok(WaitStatus::Exited(p, code)) if p.as_raw() == r.pid => {
+                return Ok(ExitCode::from(code as u8));
+            }
+            Ok(WaitStatus::Signaled(p, sig, _)) if p.as_raw() == r.pid => {
+                return Ok(ExitCode::from(128 + sig as u8));
+            }
             Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(e).context(format!("waiting for pid {}", r.pid)),
         }
