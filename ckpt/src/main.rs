@@ -1,12 +1,14 @@
 //! `ckpt`: checkpoint and restore Linux processes.
 //!
 //! Each subcommand lives in `commands/<name>.rs`, turns its arguments into a
-//! library call and prints the result; errors are printed once, as one
-//! line, with a non-zero exit.
+//! library call and prints the result; errors are printed once by
+//! [`report`], as one line (or a JSON object with `--json`), with an exit
+//! code per class of error.
 
 #![forbid(unsafe_code)]
 
 mod commands;
+mod report;
 
 use std::process::ExitCode;
 
@@ -35,7 +37,22 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Known before parsing, so even a usage error can be JSON.
+    let json = std::env::args().skip(1).any(|a| a == "--json");
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            let message = first.strip_prefix("error: ").unwrap_or(first);
+            return report::ErrorReport::usage(format!("{message} (see ckpt --help)")).emit(json);
+        }
+    };
     let result = match cli.command {
         Command::Dump(a) => commands::dump::run(a),
         Command::Restore(a) => commands::restore::run(a),
@@ -45,9 +62,6 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
-        Err(e) => {
-            eprintln!("ckpt: error: {e:#}");
-            ExitCode::FAILURE
-        }
+        Err(e) => report::ErrorReport::from_error(&e).emit(json),
     }
 }

@@ -1,0 +1,320 @@
+//! How `ckpt` reports a failure: one line on stderr (`ckpt: error: ...`), or
+//! with `--json` one object on stdout, and an exit code per class of error
+//! so scripts and schedulers can tell "try again later" from "this job can
+//! never be checkpointed".
+
+use std::process::ExitCode;
+
+use ckpt_dumper::DumpError;
+use ckpt_image::ImageError;
+use ckpt_parasite::ParasiteError;
+use ckpt_restorer::RestoreError;
+
+/// The class of a failure; each has its own exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Something else went wrong (a bug, an unexpected OS error).
+    Internal,
+    /// Bad arguments.
+    Usage,
+    /// The target holds something ckpt cannot save (yet).
+    Unsupported,
+    /// ckpt may not trace, read or write what it needs.
+    Permission,
+    /// The target process does not exist or died meanwhile.
+    TargetGone,
+    /// Reading or writing the checkpoint's storage failed.
+    Storage,
+    /// The checkpoint is missing, corrupted, tampered with or inconsistent.
+    ImageInvalid,
+    /// This machine cannot take the restore as things are: a pid in use, a
+    /// changed file, another CPU or kernel.
+    Conflict,
+}
+
+impl ErrorKind {
+    /// Every class.
+    #[cfg(test)]
+    pub const ALL: [ErrorKind; 8] = [
+        ErrorKind::Internal,
+        ErrorKind::Usage,
+        ErrorKind::Unsupported,
+        ErrorKind::Permission,
+        ErrorKind::TargetGone,
+        ErrorKind::Storage,
+        ErrorKind::ImageInvalid,
+        ErrorKind::Conflict,
+    ];
+
+    /// The process exit code (documented in README.md).
+    pub fn exit_code(self) -> u8 {
+        match self {
+            ErrorKind::Internal => 1,
+            ErrorKind::Usage => 2,
+            ErrorKind::Unsupported => 3,
+            ErrorKind::Permission => 4,
+            ErrorKind::TargetGone => 5,
+            ErrorKind::Storage => 6,
+            ErrorKind::ImageInvalid => 7,
+            ErrorKind::Conflict => 8,
+        }
+    }
+
+    /// The name in JSON error objects.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::Internal => "internal",
+            ErrorKind::Usage => "usage",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::Permission => "permission",
+            ErrorKind::TargetGone => "target_gone",
+            ErrorKind::Storage => "storage",
+            ErrorKind::ImageInvalid => "image_invalid",
+            ErrorKind::Conflict => "conflict",
+        }
+    }
+}
+
+/// One failure, ready to print.
+#[derive(Debug)]
+pub struct ErrorReport {
+    /// Its class.
+    pub kind: ErrorKind,
+    /// The process it concerns, if one.
+    pub pid: Option<i32>,
+    /// The fd it concerns, if one.
+    pub fd: Option<i32>,
+    /// The file it concerns, if one.
+    pub path: Option<String>,
+    /// The whole message, one line.
+    pub message: String,
+}
+
+impl ErrorReport {
+    /// Classifies an error from any layer of ckpt.
+    pub fn from_error(e: &anyhow::Error) -> ErrorReport {
+        let message = one_line(e);
+        let mut r = ErrorReport {
+            kind: ErrorKind::Internal,
+            pid: None,
+            fd: None,
+            path: None,
+            message,
+        };
+        for cause in e.chain() {
+            if let Some(d) = cause.downcast_ref::<DumpError>() {
+                r.classify_dump(d);
+                break;
+            }
+            if let Some(re) = cause.downcast_ref::<RestoreError>() {
+                r.classify_restore(re);
+                break;
+            }
+            if let Some(i) = cause.downcast_ref::<ImageError>() {
+                r.classify_image(i);
+                break;
+            }
+            if let Some(p) = cause.downcast_ref::<ParasiteError>() {
+                r.classify_parasite(p);
+                break;
+            }
+        }
+        r.fd = r.fd.or_else(|| fd_in(&r.message));
+        r
+    }
+
+    /// A usage error (bad arguments).
+    pub fn usage(message: String) -> ErrorReport {
+        ErrorReport {
+            kind: ErrorKind::Usage,
+            pid: None,
+            fd: None,
+            path: None,
+            message,
+        }
+    }
+
+    fn classify_dump(&mut self, e: &DumpError) {
+        match e {
+            DumpError::NoProcess { pid } | DumpError::Exited { pid, .. } => {
+                self.set(ErrorKind::TargetGone, Some(*pid))
+            }
+            DumpError::Permission { pid, .. } => self.set(ErrorKind::Permission, Some(*pid)),
+            DumpError::Unsupported { pid, .. } => self.set(ErrorKind::Unsupported, Some(*pid)),
+            DumpError::Proc { pid, path, .. } => {
+                self.set(ErrorKind::Internal, Some(*pid));
+                self.path = Some(path.display().to_string());
+            }
+            DumpError::Parse { pid, path, .. } => {
+                self.set(ErrorKind::Internal, Some(*pid));
+                self.path = Some(path.clone());
+            }
+            DumpError::Parasite(p) => self.classify_parasite(p),
+            DumpError::Image(i) => self.classify_image(i),
+        }
+    }
+
+    fn classify_restore(&mut self, e: &RestoreError) {
+        match e {
+            RestoreError::Image(i) => self.classify_image(i),
+            RestoreError::PidInUse { pid, .. } | RestoreError::PidWaitTimeout { pid, .. } => {
+                self.set(ErrorKind::Conflict, Some(*pid))
+            }
+            RestoreError::Incompatible { dir, .. } => {
+                self.set(ErrorKind::Conflict, None);
+                self.path = Some(dir.display().to_string());
+            }
+            RestoreError::Host { pid, .. } => self.set(ErrorKind::Conflict, Some(*pid)),
+            RestoreError::File { pid, path, .. } => {
+                self.set(ErrorKind::Conflict, Some(*pid));
+                self.path = Some(path.clone());
+            }
+            RestoreError::Os { pid, .. } => self.set(ErrorKind::Internal, Some(*pid)),
+            RestoreError::Parasite(p) => self.classify_parasite(p),
+        }
+    }
+
+    fn classify_image(&mut self, e: &ImageError) {
+        let (kind, path) = match e {
+            // A checkpoint that is not there is a bad argument about images,
+            // not a storage failure.
+            ImageError::Io { path, source, .. } => match source.kind() {
+                std::io::ErrorKind::NotFound => (ErrorKind::ImageInvalid, path),
+                std::io::ErrorKind::PermissionDenied => (ErrorKind::Permission, path),
+                _ => (ErrorKind::Storage, path),
+            },
+            ImageError::Exists { path } => (ErrorKind::Usage, path),
+            ImageError::NotListed { dir, .. } => (ErrorKind::ImageInvalid, dir),
+            ImageError::BadMagic { path, .. }
+            | ImageError::Version { path, .. }
+            | ImageError::Size { path, .. }
+            | ImageError::Checksum { path }
+            | ImageError::Decode { path, .. }
+            | ImageError::TooLarge { path, .. }
+            | ImageError::Invalid { path, .. } => (ErrorKind::ImageInvalid, path),
+        };
+        self.kind = kind;
+        self.path = Some(path.display().to_string());
+    }
+
+    fn classify_parasite(&mut self, e: &ParasiteError) {
+        let pid = match e {
+            ParasiteError::Ptrace { pid, .. }
+            | ParasiteError::AlreadyTraced { pid, .. }
+            | ParasiteError::Died { pid, .. }
+            | ParasiteError::UnexpectedStop { pid, .. }
+            | ParasiteError::Mem { pid, .. }
+            | ParasiteError::RemoteSyscall { pid, .. }
+            | ParasiteError::Command { pid, .. }
+            | ParasiteError::Layout { pid, .. } => *pid,
+            ParasiteError::RemoteOpen { pid, path, .. } => {
+                self.path = Some(path.clone());
+                *pid
+            }
+        };
+        let kind = match e {
+            ParasiteError::Died { .. } => ErrorKind::TargetGone,
+            ParasiteError::AlreadyTraced { .. } => ErrorKind::Conflict,
+            ParasiteError::RemoteOpen { .. } => ErrorKind::Conflict,
+            _ => ErrorKind::Internal,
+        };
+        self.set(kind, Some(pid));
+    }
+
+    fn set(&mut self, kind: ErrorKind, pid: Option<i32>) {
+        self.kind = kind;
+        self.pid = pid;
+    }
+
+    /// Prints the report (stderr line, or JSON on stdout) and returns the
+    /// exit code.
+    pub fn emit(&self, json: bool) -> ExitCode {
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({ "error": {
+                    "kind": self.kind.name(),
+                    "pid": self.pid,
+                    "fd": self.fd,
+                    "path": self.path,
+                    "message": self.message,
+                }})
+            );
+        } else {
+            eprintln!("ckpt: error: {}", self.message);
+        }
+        ExitCode::from(self.kind.exit_code())
+    }
+}
+
+/// The error and its causes as one line, without repeating a cause whose
+/// text the previous message already includes (thiserror messages often
+/// embed their source).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out.replace('\n', " ")
+}
+
+/// The fd an error message names ("... fd 7: ..."), for the JSON report.
+fn fd_in(message: &str) -> Option<i32> {
+    let at = message.find("fd ")?;
+    let digits: String = message[at + 3..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_are_distinct() {
+        let mut codes: Vec<u8> = ErrorKind::ALL.iter().map(|k| k.exit_code()).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), ErrorKind::ALL.len());
+        assert!(!codes.contains(&0));
+    }
+
+    #[test]
+    fn causes_are_not_repeated() {
+        let io = std::io::Error::from_raw_os_error(libc::ENOENT);
+        let e = anyhow::Error::new(ImageError::io("/x/manifest.img", "open", io))
+            .context("restore from /x failed");
+        let line = one_line(&e);
+        assert_eq!(
+            line.matches("No such file or directory").count(),
+            1,
+            "{line}"
+        );
+        let r = ErrorReport::from_error(&e);
+        assert_eq!(r.kind, ErrorKind::ImageInvalid);
+        assert_eq!(r.path.as_deref(), Some("/x/manifest.img"));
+    }
+
+    #[test]
+    fn unsupported_fd_is_classified_with_pid_and_fd() {
+        let e = anyhow::Error::new(DumpError::Unsupported {
+            pid: 123,
+            what: "fd 7: socket".into(),
+        });
+        let r = ErrorReport::from_error(&e);
+        assert_eq!(
+            (r.kind, r.pid, r.fd),
+            (ErrorKind::Unsupported, Some(123), Some(7))
+        );
+        assert_eq!(r.message, "pid 123: fd 7: socket not supported");
+    }
+}

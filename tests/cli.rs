@@ -1,0 +1,112 @@
+//! The command line as scripts see it: every failure is one line on stderr
+//! (or one JSON object on stdout with `--json`) and an exit code per class,
+//! as README.md documents.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+/// Exit codes README.md promises.
+const USAGE: i32 = 2;
+const UNSUPPORTED: i32 = 3;
+const TARGET_GONE: i32 = 5;
+const IMAGE_INVALID: i32 = 7;
+
+fn json_error(out: &CkptOutput) -> Value {
+    let v: Value = serde_json::from_str(out.stdout.trim())
+        .unwrap_or_else(|e| panic!("`{}` printed no JSON ({e}): {}", out.desc, out.stdout));
+    v["error"].clone()
+}
+
+#[test]
+fn usage_errors_are_one_line_with_code_2() {
+    let env = TestEnv::new("cli-usage");
+    let out = ckpt(&env, &["dump", "--no-such-flag"], FAIL_TIMEOUT);
+    assert_eq!(out.code(), USAGE, "{}", out.stderr);
+    assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
+    assert!(out.stderr.starts_with("ckpt: error:"), "{}", out.stderr);
+
+    let out = ckpt(&env, &["dump", "--no-such-flag", "--json"], FAIL_TIMEOUT);
+    assert_eq!(out.code(), USAGE);
+    assert_eq!(json_error(&out)["kind"], "usage", "{}", out.stdout);
+    assert!(
+        out.stderr.is_empty(),
+        "JSON mode writes nothing to stderr: {}",
+        out.stderr
+    );
+}
+
+#[test]
+fn missing_process_and_missing_checkpoint_are_classified() {
+    let env = TestEnv::new("cli-gone");
+    let pid = unused_pid().to_string();
+    let out = ckpt(
+        &env,
+        &[
+            "dump",
+            "--tree",
+            &pid,
+            "--dir",
+            path_str(&env.img),
+            "--json",
+        ],
+        FAIL_TIMEOUT,
+    );
+    assert_eq!(out.code(), TARGET_GONE, "{}", out.stdout);
+    let e = json_error(&out);
+    assert_eq!(e["kind"], "target_gone");
+    assert_eq!(e["pid"].as_i64().map(|p| p.to_string()), Some(pid));
+
+    let out = ckpt(
+        &env,
+        &["restore", "--dir", path_str(&env.img)],
+        FAIL_TIMEOUT,
+    );
+    assert_eq!(out.code(), IMAGE_INVALID, "{}", out.stderr);
+    let line = out.assert_error();
+    assert_eq!(
+        line.matches("No such file or directory").count(),
+        1,
+        "the OS error should appear once: {line}"
+    );
+}
+
+#[test]
+fn unsupported_fd_names_pid_and_fd_in_json() {
+    let env = TestEnv::new("cli-unsupported");
+    let (r, w) = nix::unistd::pipe().unwrap();
+    let mut v = Victim::spawn_with(
+        &env,
+        "counter",
+        &[],
+        std::process::Stdio::from(r),
+        std::process::Stdio::null(),
+        std::process::Stdio::null(),
+    );
+    v.wait_ready();
+    let pid = v.pid.to_string();
+    let out = ckpt(
+        &env,
+        &[
+            "dump",
+            "--tree",
+            &pid,
+            "--dir",
+            path_str(&env.img),
+            "--json",
+        ],
+        DUMP_TIMEOUT,
+    );
+    assert_eq!(out.code(), UNSUPPORTED, "{}", out.stdout);
+    let e = json_error(&out);
+    assert_eq!(e["kind"], "unsupported");
+    assert_eq!(e["pid"].as_i64(), Some(i64::from(v.pid)));
+    assert_eq!(e["fd"].as_i64(), Some(0), "{e}");
+    assert!(
+        e["message"].as_str().is_some_and(|m| m.contains("pipe")),
+        "{e}"
+    );
+    drop(w);
+    v.assert_unharmed_and_passes("after a refused dump");
+}
