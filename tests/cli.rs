@@ -110,3 +110,18 @@ fn unsupported_fd_names_pid_and_fd_in_json() {
     drop(w);
     v.assert_unharmed_and_passes("after a refused dump");
 }
+
+#[test]
+fn restore_writes_the_pidfile() {
+    let env = TestEnv::new("cli-pidfile");
+    let mut v = Victim::spawn(&env, "counter", &[]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    let pidfile = env.root.join("restored.pid");
+    let mut restore = spawn_restore(&env, &["--pidfile", path_str(&pidfile)]);
+    wait_restored_and_running(&v, &mut restore);
+    let written = std::fs::read_to_string(&pidfile).expect("pid file written");
+    assert_eq!(written.trim(), v.pid.to_string(), "pid file content");
+    v.go();
+    finish_restore(&v, restore);
+}

@@ -25,6 +25,10 @@ pub struct RestoreArgs {
     /// Print the restored pid as JSON.
     #[arg(long)]
     json: bool,
+    /// Write the restored root's pid to this file once it runs (for
+    /// scripts and schedulers).
+    #[arg(long, value_name = "PATH")]
+    pidfile: Option<PathBuf>,
 }
 
 /// Runs `ckpt restore`: exits 0 once the process runs with `--detach`,
@@ -63,6 +67,9 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
         b.finish_and_clear();
     }
     let r = r.with_context(|| format!("restore from {} failed", a.dir.display()))?;
+    if let Some(path) = &a.pidfile {
+        write_pidfile(path, r.pid)?;
+    }
     if a.json {
         println!("{}", serde_json::json!({ "pid": r.pid }));
     } else {
@@ -90,4 +97,22 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
             Err(e) => return Err(e).context(format!("waiting for pid {}", r.pid)),
         }
     }
+}
+
+/// Writes `pid` to `path` atomically (a temporary file renamed over it), so
+/// a reader never sees a partial pid, and never through a symlink.
+fn write_pidfile(path: &std::path::Path, pid: i32) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .with_context(|| format!("{}: cannot create pid file", tmp.display()))?;
+    writeln!(f, "{pid}").with_context(|| format!("{}: write", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("{}: rename", path.display()))?;
+    Ok(())
 }
