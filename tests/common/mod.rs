@@ -128,6 +128,12 @@ pub struct TestEnv {
 }
 
 impl TestEnv {
+    /// The image key of this test's ckpt invocations (created by its first
+    /// dump), so tests never touch the site's key in /var/lib.
+    pub fn image_key(&self) -> PathBuf {
+        self.root.join("image.key")
+    }
+
     pub fn new(test: &str) -> TestEnv {
         let tmp = tempfile::Builder::new()
             .prefix(&format!("ckpt-e2e-{test}-"))
@@ -757,6 +763,7 @@ impl CkptCmd {
         let err_path = env.root.join(format!("ckpt-{n}-{verb}.stderr"));
         let mut cmd = Command::new(CKPT);
         cmd.args(args)
+            .env("CKPT_IMAGE_KEY", env.image_key())
             .stdin(Stdio::null())
             .stdout(File::create(&out_path).expect("create ckpt stdout"))
             .stderr(File::create(&err_path).expect("create ckpt stderr"));
