@@ -757,6 +757,12 @@ impl CkptOutput {
 
 impl CkptCmd {
     pub fn spawn(env: &TestEnv, args: &[&str]) -> CkptCmd {
+        CkptCmd::spawn_with_env(env, args, &[])
+    }
+
+    /// Like [`CkptCmd::spawn`] with extra environment variables (fault
+    /// injection).
+    pub fn spawn_with_env(env: &TestEnv, args: &[&str], vars: &[(&str, &Path)]) -> CkptCmd {
         let n = env.cmd_counter.fetch_add(1, Ordering::SeqCst);
         let verb = args.first().copied().unwrap_or("none");
         let out_path = env.root.join(format!("ckpt-{n}-{verb}.stdout"));
@@ -764,6 +770,7 @@ impl CkptCmd {
         let mut cmd = Command::new(CKPT);
         cmd.args(args)
             .env("CKPT_IMAGE_KEY", env.image_key())
+            .envs(vars.iter().map(|(k, v)| (*k, *v)))
             .stdin(Stdio::null())
             .stdout(File::create(&out_path).expect("create ckpt stdout"))
             .stderr(File::create(&err_path).expect("create ckpt stderr"));
