@@ -928,7 +928,7 @@ mod tests {
             }
             if val != 0 {
                 basis.push((val, combo));
-                basis.sort_by(|a, b| b.0.cmp(&a.0));
+                basis.sort_by_key(|b| std::cmp::Reverse(b.0));
             }
         }
         let (mut target, mut flips) = (base ^ want, 0u64);
