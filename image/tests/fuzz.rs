@@ -367,7 +367,7 @@ fn image_readers_survive_mutated_images() {
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             decode_everything(&input, pages.len() as u64, &mut rng);
             decode_everything(&framed, pages.len() as u64, &mut rng);
-            if rounds % DIR_ROUND_EVERY == 0 {
+            if rounds.is_multiple_of(DIR_ROUND_EVERY) {
                 through_the_directory(&mut rng, &seed_dir, &work);
             }
         }));
