@@ -345,6 +345,7 @@ fn target_killed_mid_dump_is_named() {
             path_str(&env.img),
         ])
         .env("CKPT_FAULT", "kill-target-during-pages")
+        .env("CKPT_IMAGE_KEY", env.image_key())
         .stdin(std::process::Stdio::null())
         .output()
         .expect("run ckpt");
@@ -370,6 +371,7 @@ fn detached_restore_as_namespace_init_is_refused() {
     let out = std::process::Command::new("unshare")
         .args(["--pid", "--fork", CKPT, "restore", "--detach", "--dir"])
         .arg(&env.img)
+        .env("CKPT_IMAGE_KEY", env.image_key())
         .stdin(std::process::Stdio::null())
         .output()
         .expect("run unshare");

@@ -17,6 +17,7 @@ fn dumper_killed_at(point: &str) {
     let mut v = Victim::spawn(&env, "counter", &[]);
     v.wait_ready();
     let status = Command::new(CKPT)
+        .env("CKPT_IMAGE_KEY", env.image_key())
         .args([
             "dump",
             "--tree",
@@ -99,6 +100,7 @@ fn restorer_killed_mid_rebuild_leaves_nothing() {
     // go exists from the start: a restored victim that ran would answer.
     v.go();
     let status = Command::new(CKPT)
+        .env("CKPT_IMAGE_KEY", env.image_key())
         .args(["restore", "--dir", path_str(&env.img)])
         .env("CKPT_FAULT", "restore-mid-rebuild")
         .stdin(Stdio::null())

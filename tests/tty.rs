@@ -45,6 +45,7 @@ fn terminal_fds_follow_the_restorer() {
 
     let log = env.work.join("restore.log");
     let status = Command::new(CKPT)
+        .env("CKPT_IMAGE_KEY", env.image_key())
         .args(["restore", "--dir", path_str(&env.img), "--detach"])
         .stdin(Stdio::null())
         .stdout(File::create(&log).unwrap())

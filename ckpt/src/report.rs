@@ -191,7 +191,19 @@ impl ErrorReport {
             | ImageError::Checksum { path }
             | ImageError::Decode { path, .. }
             | ImageError::TooLarge { path, .. }
+            | ImageError::NotSealed { path, .. }
+            | ImageError::NotRegular { path, .. }
             | ImageError::Invalid { path, .. } => (ErrorKind::ImageInvalid, path),
+            // Someone else could write the checkpoint, or swapped the dump's
+            // directory: a permission problem of the storage, not of ckpt.
+            ImageError::Unsafe { path, .. } | ImageError::Hijacked { path, .. } => {
+                (ErrorKind::Permission, path)
+            }
+            ImageError::Key(k) => {
+                self.kind = ErrorKind::Permission;
+                self.path = Some(k.path().display().to_string());
+                return;
+            }
         };
         self.kind = kind;
         self.path = Some(path.display().to_string());

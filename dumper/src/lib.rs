@@ -13,7 +13,9 @@
 //! The target is never left stopped or changed by a failed dump: the
 //! [`ckpt_parasite::Infection`] cures itself, a dropped [`Frozen`] thaws
 //! the tree, and the temporary image directory removes itself unless
-//! committed. Only after the manifest is durable can the tree be killed.
+//! committed. Only after the manifest is durable, and the committed
+//! directory is checked to be the one written (see
+//! [`ckpt_image::Committed::verify`]), can the tree be killed.
 
 #![warn(missing_docs)]
 
@@ -34,7 +36,7 @@ use std::time::Instant;
 
 use ckpt_image::manifest::{Manifest, ProcessEntry};
 use ckpt_image::mm::Mm;
-use ckpt_image::{ImageKind, ImageWriter};
+use ckpt_image::{Committed, ImageKey, ImageKind, ImageWriter};
 use ckpt_parasite::ParasiteError;
 use nix::errno::Errno;
 
@@ -69,7 +71,12 @@ pub struct WriteOptions<'a> {
     /// Store pages as LZ4 blocks (smaller images of compressible memory;
     /// restore decompresses instead of mapping the file).
     pub compress: bool,
+    /// The site's key, which seals the manifest.
+    pub key: &'a ImageKey,
 }
+
+// The restorer bounds every LZ4 block by this limit before allocating.
+const _: () = assert!(pages::CHUNK_BYTES <= ckpt_image::mm::MAX_BLOCK_RAW_LEN);
 
 /// What a dump produced.
 #[derive(Debug, Clone)]
@@ -99,7 +106,7 @@ pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
     let written = frozen.write(&opts.write)?;
     match opts.final_state {
         FinalState::LeaveRunning => written.resume(),
-        FinalState::Kill => Ok(written.kill()),
+        FinalState::Kill => written.kill(),
     }
 }
 
@@ -146,10 +153,12 @@ impl Frozen {
     /// last, renamed into place). The tree stays frozen; on error it is
     /// thawed unharmed and no directory is left.
     pub fn write(self, opts: &WriteOptions<'_>) -> Result<Written> {
-        let report = write_images(&self, opts).map_err(|e| self.explain(e))?;
+        let (report, committed) = write_images(&self, opts).map_err(|e| self.explain(e))?;
         Ok(Written {
             frozen: self,
             report,
+            committed,
+            key: opts.key.clone(),
         })
     }
 
@@ -157,11 +166,25 @@ impl Frozen {
     /// with an obscure error (a short read of its memory, ESRCH from ptrace):
     /// name the death instead.
     fn explain(&self, e: DumpError) -> DumpError {
-        let died = self
-            .procs
-            .iter()
-            .filter(|p| p.zombie_status.is_none())
-            .find(|p| !tree::is_alive(p.pid));
+        let dead = || {
+            self.procs
+                .iter()
+                .filter(|p| p.zombie_status.is_none())
+                .find(|p| !tree::is_alive(p.pid))
+        };
+        // SIGKILL takes a moment to turn a traced task into a zombie; only
+        // errors of controlling a task can be that symptom, so only those
+        // wait for it.
+        let mut died = dead();
+        if matches!(e, DumpError::Parasite(_)) {
+            for _ in 0..DEATH_SETTLE_POLLS {
+                if died.is_some() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                died = dead();
+            }
+        }
         match died {
             Some(p) => DumpError::Exited {
                 pid: p.pid,
@@ -197,6 +220,8 @@ impl Drop for Frozen {
 pub struct Written {
     frozen: Frozen,
     report: DumpReport,
+    committed: Committed,
+    key: ImageKey,
 }
 
 impl Written {
@@ -211,8 +236,13 @@ impl Written {
         Ok(self.finish())
     }
 
-    /// Kills the tree (the images are durable, so nothing is lost).
-    pub fn kill(mut self) -> DumpReport {
+    /// Kills the tree, once the committed checkpoint is checked to still be
+    /// the one written, complete and sealed (so nothing is lost). If it is
+    /// not, the tree is resumed untouched and the error returned.
+    pub fn kill(mut self) -> Result<DumpReport> {
+        ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::BeforeKill);
+        // Dropping `self` on error resumes the tree.
+        self.committed.verify(&self.key)?;
         for p in &self.frozen.procs {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(p.pid),
@@ -220,7 +250,7 @@ impl Written {
             );
         }
         self.frozen.procs.clear();
-        self.finish()
+        Ok(self.finish())
     }
 
     fn finish(&mut self) -> DumpReport {
@@ -264,7 +294,7 @@ fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
 
 /// Collect, then write: nothing is written before everything is known to
 /// be supported.
-fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<DumpReport> {
+fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<(DumpReport, Committed)> {
     let root = frozen.root;
     let live: Vec<&tree::FrozenProcess> = frozen
         .procs
@@ -331,11 +361,14 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<DumpReport> 
         };
         w.write_meta(&ckpt_image::mm_name(c.pid), ImageKind::Mm, &mm)?;
         w.write_meta(&ckpt_image::core_name(c.pid), ImageKind::Core, &c.core)?;
+        let owner = owner(c.pid)?;
         entries.push(ProcessEntry {
             pid: c.pid,
             ppid: c.ppid,
             comm: c.core.comm.clone(),
             zombie_status: None,
+            uids: owner.uids,
+            gids: owner.gids,
         });
         cores.push(c.core);
     }
@@ -348,6 +381,7 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<DumpReport> 
     }
     // Zombies come last: their parents are all listed by then.
     for z in frozen.procs.iter().filter(|p| p.zombie_status.is_some()) {
+        let owner = owner(z.pid)?;
         entries.push(ProcessEntry {
             pid: z.pid,
             ppid: z.ppid,
@@ -355,12 +389,51 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<DumpReport> 
                 .map(|c| c.trim_end().to_string())
                 .unwrap_or_default(),
             zombie_status: z.zombie_status,
+            uids: owner.uids,
+            gids: owner.gids,
         });
     }
     let manifest = manifest(root, entries, &cores[0])?;
-    report.dir = w.commit(manifest)?;
-    Ok(report)
+    ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::BeforeCommit);
+    let committed = w.commit(manifest, opts.key)?;
+    report.dir = committed.path().into();
+    Ok((report, committed))
 }
+
+/// Whose a process is: its ids as the kernel reports them in
+/// /proc/PID/status, independent of how the core image collects creds.
+struct Owner {
+    /// Real, effective, saved and filesystem uid.
+    uids: Vec<u32>,
+    /// Real, effective, saved and filesystem gid.
+    gids: Vec<u32>,
+}
+
+fn owner(pid: i32) -> Result<Owner> {
+    let status = procfile::read(pid, "status")?;
+    let ids = |key: &str| -> Result<Vec<u32>> {
+        let parsed: Option<Vec<u32>> = procfile::status_field(&status, key).and_then(|v| {
+            v.split_whitespace()
+                .map(|n| n.parse().ok())
+                .collect::<Option<Vec<u32>>>()
+        });
+        parsed
+            .filter(|ids| ids.len() == 4)
+            .ok_or_else(|| DumpError::Parse {
+                pid,
+                path: format!("/proc/{pid}/status"),
+                what: format!("no real, effective, saved and fs ids in {key}"),
+            })
+    };
+    Ok(Owner {
+        uids: ids("Uid")?,
+        gids: ids("Gid")?,
+    })
+}
+
+/// How many 10 ms polls [`Frozen::explain`] gives a killed task to show as
+/// dead.
+const DEATH_SETTLE_POLLS: u32 = 50;
 
 /// `PF_KTHREAD` in the flags field of `/proc/PID/stat`.
 const PF_KTHREAD: u64 = 0x0020_0000;

@@ -1,30 +1,55 @@
 //! Writing a checkpoint directory atomically and reading it back verified.
 //!
-//! Writing: every file goes into `DIR.tmp.<ckpt-pid>` and is fsynced; the
-//! manifest (with a checksum of every file) is written last, then the
-//! directory is fsynced and renamed to `DIR`, and the parent is fsynced. A
-//! dump that fails or is killed leaves at most the temporary directory
-//! (removed on the error path, and by the next dump) and never touches an
-//! existing `DIR`.
+//! Writing: the parent of `DIR` is opened once, and everything happens
+//! relative to that fd: `DIR.tmp.<ckpt-pid>` is created 0700 and opened
+//! without following symlinks; every file is created in it through its fd
+//! (`O_CREAT|O_EXCL|O_NOFOLLOW`, mode 0600 whatever the umask) and fsynced;
+//! the manifest (size, CRC32C and SHA-256 of every file) is written last
+//! with its seal (`manifest.mac`, see [`crate::seal`]); the directory is
+//! fsynced, checked to still be the one created, renamed to `DIR` without
+//! replacing anything, checked again under its new name, and the parent is
+//! fsynced. A dump that fails or is killed leaves at most the temporary
+//! directory (removed on the error path, and by the next dump) and never
+//! touches an existing `DIR`; another user who can write the parent can
+//! make a dump fail, but not redirect it.
 //!
-//! Reading: [`ImageDir::open`] decodes the manifest and then checks the size
-//! and CRC32C of every file it lists, before the caller touches the system.
+//! Reading: [`ImageDir::open`] checks the manifest's seal, decodes it, and
+//! then checks the size, CRC32C and SHA-256 of every file it lists, before
+//! the caller touches the system. Files are opened through the directory's
+//! fd without following symlinks and without blocking (a FIFO or device is
+//! refused, not read), must be regular files of the recorded size, owned by
+//! ckpt's user and writable by nobody else, and no read is larger than the
+//! manifest (or, for the manifest itself, a fixed limit) allows.
 
-use std::fs::{self, File, OpenOptions};
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
 use std::io::{Read, Write};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+
+use sha2::{Digest, Sha256};
 
 use crate::MANIFEST_NAME;
 use crate::error::ImageError;
 use crate::header::{self, ImageKind};
 use crate::manifest::{FileDigest, Manifest};
+use crate::seal::{self, ImageKey, SEAL_LEN, SEAL_NAME, SealFailure};
+use crate::sys::{self, FileType, Identity, OpenError};
+
+/// Length of a SHA-256 digest.
+pub const SHA256_LEN: usize = 32;
 
 /// Builds a checkpoint directory under a temporary name.
 pub struct ImageWriter {
-    final_dir: PathBuf,
-    tmp_dir: PathBuf,
+    final_path: PathBuf,
+    final_name: OsString,
+    parent: OwnedFd,
+    tmp_name: OsString,
+    tmp_path: PathBuf,
+    tmp: OwnedFd,
+    tmp_id: Identity,
     digests: Vec<FileDigest>,
     committed: bool,
 }
@@ -32,30 +57,67 @@ pub struct ImageWriter {
 impl ImageWriter {
     /// Starts a checkpoint that will become `dir`. Fails if `dir` exists.
     pub fn create(dir: &Path) -> Result<Self, ImageError> {
-        if dir.symlink_metadata().is_ok() {
-            return Err(ImageError::Exists { path: dir.into() });
+        let final_name = dir
+            .file_name()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| ImageError::Invalid {
+                path: dir.into(),
+                what: "does not end in a directory name".into(),
+            })?
+            .to_owned();
+        let parent_path = match dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        // Symlinks above the last component are the caller's choice and are
+        // followed once, here; from now on every name is relative to this fd.
+        let parent = sys::open_dir_path(&parent_path)
+            .map_err(|e| ImageError::io(&parent_path, "open parent directory", e))?;
+        match sys::stat_at(parent.as_fd(), &final_name) {
+            Ok(_) => return Err(ImageError::Exists { path: dir.into() }),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(ImageError::io(dir, "stat", e)),
         }
-        let mut tmp = dir.as_os_str().to_owned();
-        tmp.push(format!(".tmp.{}", std::process::id()));
-        let tmp_dir = PathBuf::from(tmp);
-        remove_stale_tmp_dirs(dir);
-        // A leftover from an earlier dumper that died with our pid is ours to discard.
-        if tmp_dir.exists() {
-            fs::remove_dir_all(&tmp_dir)
-                .map_err(|e| ImageError::io(&tmp_dir, "remove stale temporary dir", e))?;
+        remove_stale_tmp_dirs(&parent, &final_name);
+        let mut tmp_name = final_name.clone();
+        tmp_name.push(format!(".tmp.{}", std::process::id()));
+        let tmp_path = parent_path.join(&tmp_name);
+        sys::mkdir_at(parent.as_fd(), &tmp_name)
+            .map_err(|e| ImageError::io(&tmp_path, "create", e))?;
+        let hijacked = |what: String| ImageError::Hijacked {
+            path: tmp_path.clone(),
+            what,
+        };
+        let tmp = sys::open_dir_at(parent.as_fd(), &tmp_name)
+            .map_err(|e| hijacked(format!("replaced right after it was created ({e})")))?;
+        let st = sys::stat_fd(tmp.as_fd()).map_err(|e| ImageError::io(&tmp_path, "stat", e))?;
+        let empty = sys::list(tmp.as_fd())
+            .map_err(|e| ImageError::io(&tmp_path, "list", e))?
+            .is_empty();
+        if st.st_uid != sys::euid() || !empty {
+            return Err(hijacked(
+                "replaced by another directory right after it was created".into(),
+            ));
         }
-        fs::create_dir_all(&tmp_dir).map_err(|e| ImageError::io(&tmp_dir, "create", e))?;
+        sys::set_mode(tmp.as_fd(), sys::DIR_MODE)
+            .map_err(|e| ImageError::io(&tmp_path, "chmod", e))?;
         Ok(ImageWriter {
-            final_dir: dir.into(),
-            tmp_dir,
+            final_path: dir.into(),
+            final_name,
+            parent,
+            tmp_name,
+            tmp_path,
+            tmp,
+            tmp_id: Identity::of(&st),
             digests: Vec::new(),
             committed: false,
         })
     }
 
-    /// The temporary directory files are written to.
+    /// The temporary directory files are written to (for messages: files
+    /// are only ever reached through the directory's fd).
     pub fn tmp_dir(&self) -> &Path {
-        &self.tmp_dir
+        &self.tmp_path
     }
 
     /// Writes a metadata image.
@@ -70,24 +132,33 @@ impl ImageWriter {
 
     /// Writes a file verbatim (used for ghost-file contents).
     pub fn write_raw(&mut self, name: &str, bytes: &[u8]) -> Result<(), ImageError> {
-        let path = self.tmp_dir.join(name);
-        let mut f = create_file(&path)?;
-        f.write_all(bytes)
-            .map_err(|e| ImageError::io(&path, "write", e))?;
-        f.sync_all()
-            .map_err(|e| ImageError::io(&path, "fsync", e))?;
+        self.write_file(name, bytes)?;
         self.digests.push(FileDigest {
             name: name.into(),
             size: bytes.len() as u64,
             crc32c: crc32c::crc32c(bytes),
+            sha256: Sha256::digest(bytes).to_vec(),
         });
         Ok(())
     }
 
+    /// Creates `name` in the temporary directory with `bytes`, synced.
+    fn write_file(&self, name: &str, bytes: &[u8]) -> Result<(), ImageError> {
+        let path = self.tmp_path.join(name);
+        check_name(&self.tmp_path, name)?;
+        let mut f = sys::create_file_at(self.tmp.as_fd(), OsStr::new(name), false)
+            .map_err(|e| ImageError::io(&path, "create", e))?;
+        f.write_all(bytes)
+            .map_err(|e| ImageError::io(&path, "write", e))?;
+        f.sync_all().map_err(|e| ImageError::io(&path, "fsync", e))
+    }
+
     /// Opens a page-data file that may be filled from many threads.
     pub fn pages(&self, name: &str) -> Result<PagesWriter, ImageError> {
-        let path = self.tmp_dir.join(name);
-        let file = create_file(&path)?;
+        let path = self.tmp_path.join(name);
+        check_name(&self.tmp_path, name)?;
+        let file = sys::create_file_at(self.tmp.as_fd(), OsStr::new(name), true)
+            .map_err(|e| ImageError::io(&path, "create", e))?;
         Ok(PagesWriter {
             name: name.into(),
             path,
@@ -96,96 +167,276 @@ impl ImageWriter {
         })
     }
 
-    /// Syncs a page file and records its checksum.
+    /// Syncs a page file and records its checksums.
     pub fn finish_pages(&mut self, pages: PagesWriter) -> Result<(), ImageError> {
         let digest = pages.finish()?;
         self.digests.push(digest);
         Ok(())
     }
 
-    /// Writes the manifest, syncs and renames the directory into place.
-    pub fn commit(mut self, mut manifest: Manifest) -> Result<PathBuf, ImageError> {
+    /// Writes the manifest and its seal under `key`, syncs, renames the
+    /// directory into place and checks that `DIR` is what was written.
+    pub fn commit(
+        mut self,
+        mut manifest: Manifest,
+        key: &ImageKey,
+    ) -> Result<Committed, ImageError> {
         manifest.files = std::mem::take(&mut self.digests);
         let bytes = header::encode(ImageKind::Manifest, &manifest);
-        let path = self.tmp_dir.join(MANIFEST_NAME);
-        let mut f = create_file(&path)?;
-        f.write_all(&bytes)
-            .map_err(|e| ImageError::io(&path, "write", e))?;
-        f.sync_all()
-            .map_err(|e| ImageError::io(&path, "fsync", e))?;
-        sync_dir(&self.tmp_dir)?;
-        fs::rename(&self.tmp_dir, &self.final_dir).map_err(|e| match e.raw_os_error() {
-            Some(libc::EEXIST) | Some(libc::ENOTEMPTY) => ImageError::Exists {
-                path: self.final_dir.clone(),
-            },
-            _ => ImageError::io(&self.final_dir, "rename into place", e),
-        })?;
-        self.committed = true;
-        let parent = match self.final_dir.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
+        self.write_file(MANIFEST_NAME, &bytes)?;
+        self.write_file(SEAL_NAME, &key.seal(&bytes))?;
+        sys::sync(self.tmp.as_fd())
+            .map_err(|e| ImageError::io(&self.tmp_path, "fsync directory", e))?;
+        // Whoever can write the parent can move our directory away and put
+        // something else (a symlink) under its name: rename only our own.
+        match sys::stat_at(self.parent.as_fd(), &self.tmp_name) {
+            Ok(st) if Identity::of(&st) == self.tmp_id => {}
+            Ok(st) => {
+                return Err(ImageError::Hijacked {
+                    path: self.tmp_path.clone(),
+                    what: format!(
+                        "was replaced by a {} while the dump wrote it",
+                        FileType::of(&st).name()
+                    ),
+                });
+            }
+            Err(e) => {
+                return Err(ImageError::Hijacked {
+                    path: self.tmp_path.clone(),
+                    what: format!("disappeared while the dump wrote it ({e})"),
+                });
+            }
+        }
+        match sys::rename_noreplace_at(self.parent.as_fd(), &self.tmp_name, &self.final_name)
+            .map_err(|e| ImageError::io(&self.final_path, "rename into place", e))?
+        {
+            sys::RenameOutcome::Renamed => {}
+            sys::RenameOutcome::Exists => {
+                return Err(ImageError::Exists {
+                    path: self.final_path.clone(),
+                });
+            }
+        }
+        let committed = Committed {
+            path: self.final_path.clone(),
+            name: self.final_name.clone(),
+            parent: self
+                .parent
+                .try_clone()
+                .map_err(|e| ImageError::io(&self.final_path, "dup parent fd", e))?,
+            id: self.tmp_id,
+            manifest: bytes,
+            files: manifest.files,
         };
-        sync_dir(&parent)?;
-        Ok(self.final_dir.clone())
+        sys::sync(self.parent.as_fd())
+            .map_err(|e| ImageError::io(&self.final_path, "fsync parent directory", e))?;
+        // The name could have been swapped between the check and the
+        // rename: never report success for what is not ours.
+        committed.verify(key)?;
+        self.committed = true;
+        Ok(committed)
     }
 }
 
 impl Drop for ImageWriter {
     fn drop(&mut self) {
-        if !self.committed {
-            let _ = fs::remove_dir_all(&self.tmp_dir);
+        if self.committed {
+            return;
         }
+        // Through our own fd: if the directory was moved, its files still go.
+        clear_dir(&self.tmp);
+        for name in [&self.tmp_name, &self.final_name] {
+            if sys::stat_at(self.parent.as_fd(), name)
+                .is_ok_and(|st| Identity::of(&st) == self.tmp_id)
+            {
+                let _ = sys::rmdir_at(self.parent.as_fd(), name);
+            }
+        }
+    }
+}
+
+/// A checkpoint renamed into place by [`ImageWriter::commit`].
+pub struct Committed {
+    path: PathBuf,
+    name: OsString,
+    parent: OwnedFd,
+    id: Identity,
+    manifest: Vec<u8>,
+    files: Vec<FileDigest>,
+}
+
+impl Committed {
+    /// The checkpoint directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Checks that `DIR` is still the directory this dump wrote (not a
+    /// symlink, not another directory), holding the sealed manifest as
+    /// written and every file it lists at its recorded size. Run before
+    /// anything depends on the checkpoint, e.g. before killing its tree.
+    pub fn verify(&self, key: &ImageKey) -> Result<(), ImageError> {
+        let gone = |what: String| ImageError::Hijacked {
+            path: self.path.clone(),
+            what,
+        };
+        let dir = sys::open_dir_at(self.parent.as_fd(), &self.name)
+            .map_err(|e| gone(format!("cannot be opened as the committed directory ({e})")))?;
+        let st = sys::stat_fd(dir.as_fd()).map_err(|e| ImageError::io(&self.path, "stat", e))?;
+        if Identity::of(&st) != self.id {
+            return Err(gone("is no longer the directory this dump wrote".into()));
+        }
+        let mpath = self.path.join(MANIFEST_NAME);
+        let bytes = read_whole(&dir, MANIFEST_NAME, &mpath, self.manifest.len() as u64)?;
+        if bytes != self.manifest {
+            return Err(gone("holds another manifest than the one written".into()));
+        }
+        let sealed = read_whole(&dir, SEAL_NAME, &self.path.join(SEAL_NAME), SEAL_LEN as u64)?;
+        key.verify(&bytes, &sealed)
+            .map_err(|why| ImageError::NotSealed {
+                path: mpath,
+                key_file: key.path().into(),
+                why,
+            })?;
+        for d in &self.files {
+            let path = self.path.join(&d.name);
+            let st = sys::stat_at(dir.as_fd(), OsStr::new(&d.name))
+                .map_err(|e| ImageError::io(&path, "stat", e))?;
+            let kind = FileType::of(&st);
+            if kind != FileType::Regular {
+                return Err(ImageError::NotRegular {
+                    path,
+                    found: kind.name(),
+                });
+            }
+            if st.st_size as u64 != d.size {
+                return Err(ImageError::Size {
+                    path,
+                    found: st.st_size as u64,
+                    expected: d.size,
+                });
+            }
+        }
+        Ok(())
     }
 }
 
 /// Removes `DIR.tmp.<pid>` directories left by dumpers that were killed
-/// (their pid no longer exists). Best effort: a failure only leaves litter.
-fn remove_stale_tmp_dirs(dir: &Path) {
-    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
+/// (their pid no longer exists, or is ours). Only directories that are not
+/// symlinks and belong to ckpt's user are touched, and only the
+/// non-directory entries in them are removed, never anything they point
+/// at. Best effort: a failure only leaves litter.
+fn remove_stale_tmp_dirs(parent: &OwnedFd, final_name: &OsStr) {
+    let mut prefix = final_name.to_owned();
+    prefix.push(".tmp.");
+    let prefix = prefix.as_encoded_bytes().to_vec();
+    let Ok(names) = sys::list(parent.as_fd()) else {
         return;
     };
-    let parent = if parent.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        parent
-    };
-    let prefix = format!("{}.tmp.", name.to_string_lossy());
-    let Ok(entries) = fs::read_dir(parent) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let file_name = e.file_name();
-        let Some(pid) = file_name
-            .to_str()
-            .and_then(|n| n.strip_prefix(&prefix))
+    for name in names {
+        let Some(pid) = name
+            .as_encoded_bytes()
+            .strip_prefix(prefix.as_slice())
+            .and_then(|p| std::str::from_utf8(p).ok())
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|p| p.parse::<u32>().ok())
         else {
             continue;
         };
-        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = fs::remove_dir_all(e.path());
+        if pid == std::process::id() || !sys::pid_alive(pid) {
+            remove_dead_tmp_dir(parent, &name);
         }
     }
 }
 
-fn create_file(path: &Path) -> Result<File, ImageError> {
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| ImageError::io(path, "create", e))
+fn remove_dead_tmp_dir(parent: &OwnedFd, name: &OsStr) {
+    let Ok(st) = sys::stat_at(parent.as_fd(), name) else {
+        return;
+    };
+    if FileType::of(&st) != FileType::Directory || st.st_uid != sys::euid() {
+        return;
+    }
+    let Ok(dir) = sys::open_dir_at(parent.as_fd(), name) else {
+        return;
+    };
+    // Swapped between the stat and the open: leave it.
+    if !sys::stat_fd(dir.as_fd()).is_ok_and(|s| Identity::of(&s) == Identity::of(&st)) {
+        return;
+    }
+    clear_dir(&dir);
+    let _ = sys::rmdir_at(parent.as_fd(), name);
 }
 
-fn sync_dir(path: &Path) -> Result<(), ImageError> {
-    File::open(path)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| ImageError::io(path, "fsync directory", e))
+/// Unlinks every non-directory entry of `dir` (image directories are flat).
+fn clear_dir(dir: &OwnedFd) {
+    for name in sys::list(dir.as_fd()).unwrap_or_default() {
+        if sys::stat_at(dir.as_fd(), &name).is_ok_and(|st| FileType::of(&st) != FileType::Directory)
+        {
+            let _ = sys::unlink_at(dir.as_fd(), &name);
+        }
+    }
+}
+
+/// A file name inside an image directory: one plain component.
+fn check_name(dir: &Path, name: &str) -> Result<(), ImageError> {
+    if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
+        return Err(ImageError::Invalid {
+            path: dir.into(),
+            what: format!("file name {name:?} escapes the checkpoint directory"),
+        });
+    }
+    Ok(())
+}
+
+/// Opens `name` in `dir` as a regular file (see [`sys::open_regular_at`]).
+fn open_regular(
+    dir: &OwnedFd,
+    name: &str,
+    path: &Path,
+) -> Result<(File, nix::sys::stat::FileStat), ImageError> {
+    sys::open_regular_at(dir.as_fd(), OsStr::new(name)).map_err(|e| match e {
+        OpenError::NotRegular(t) => ImageError::NotRegular {
+            path: path.into(),
+            found: t.name(),
+        },
+        OpenError::Io(e) => ImageError::io(path, "open", e),
+    })
+}
+
+/// Reads all of regular file `name` in `dir`, which may not exceed `limit`.
+fn read_whole(dir: &OwnedFd, name: &str, path: &Path, limit: u64) -> Result<Vec<u8>, ImageError> {
+    let (f, st) = open_regular(dir, name, path)?;
+    let len = st.st_size as u64;
+    if len > limit {
+        return Err(ImageError::TooLarge {
+            path: path.into(),
+            len,
+            limit,
+        });
+    }
+    read_exact_len(f, path, len)
+}
+
+/// Reads exactly `len` bytes (the size the file had when opened; a file
+/// that grows or shrinks meanwhile is an error, not a longer read).
+fn read_exact_len(f: File, path: &Path, len: u64) -> Result<Vec<u8>, ImageError> {
+    let mut bytes = Vec::with_capacity(len as usize);
+    f.take(len.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| ImageError::io(path, "read", e))?;
+    if bytes.len() as u64 != len {
+        return Err(ImageError::Size {
+            path: path.into(),
+            found: bytes.len() as u64,
+            expected: len,
+        });
+    }
+    Ok(bytes)
 }
 
 /// A page-data file written at explicit offsets, possibly from many
-/// threads; the checksum is combined from per-chunk CRCs so the data is
-/// never read back.
+/// threads; the CRC is combined from per-chunk CRCs, the SHA-256 is
+/// computed by reading the file back once it is complete.
 pub struct PagesWriter {
     name: String,
     path: PathBuf,
@@ -201,7 +452,7 @@ struct ChunkCrc {
 }
 
 impl PagesWriter {
-    /// Path of the file being written.
+    /// Path of the file being written (for messages).
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -246,38 +497,81 @@ impl PagesWriter {
             };
             size += c.len;
         }
+        let sha256 = seal::sha256_of(&self.file, &self.path)?;
+        let on_disk = self
+            .file
+            .metadata()
+            .map_err(|e| ImageError::io(&self.path, "stat", e))?
+            .len();
+        if on_disk != size {
+            return Err(ImageError::Size {
+                path: self.path.clone(),
+                found: on_disk,
+                expected: size,
+            });
+        }
         Ok(FileDigest {
             name: self.name,
             size,
             crc32c: crc,
+            sha256: sha256.to_vec(),
         })
     }
 }
 
-/// A checkpoint directory opened for reading, with every file verified.
+/// A checkpoint directory opened for reading, sealed by this site's key,
+/// with every file verified.
 pub struct ImageDir {
     path: PathBuf,
+    dir: OwnedFd,
     manifest: Manifest,
 }
 
 impl ImageDir {
-    /// Opens `dir`, decodes its manifest and verifies the size and checksum
-    /// of every file the manifest lists.
-    pub fn open(dir: &Path) -> Result<Self, ImageError> {
-        let meta = fs::metadata(dir).map_err(|e| ImageError::io(dir, "open checkpoint", e))?;
-        if !meta.is_dir() {
-            return Err(ImageError::Invalid {
+    /// Opens `dir`, checks the manifest's seal under `key`, decodes the
+    /// manifest and verifies the size, CRC32C and SHA-256 of every file it
+    /// lists.
+    pub fn open(dir: &Path, key: &ImageKey) -> Result<Self, ImageError> {
+        let fd = sys::open_dir_path(dir).map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOTDIR) => ImageError::Invalid {
                 path: dir.into(),
                 what: "not a directory".into(),
-            });
-        }
+            },
+            _ => ImageError::io(dir, "open checkpoint", e),
+        })?;
         let mpath = dir.join(MANIFEST_NAME);
-        let bytes = read_limited(&mpath, header::MAX_PAYLOAD + header::HEADER_LEN as u64)?;
+        let bytes = read_whole(
+            &fd,
+            MANIFEST_NAME,
+            &mpath,
+            header::MAX_PAYLOAD + header::HEADER_LEN as u64,
+        )?;
+        let not_sealed = |why| ImageError::NotSealed {
+            path: mpath.clone(),
+            key_file: key.path().into(),
+            why,
+        };
+        // Nothing of the manifest is parsed before it is known to be ours.
+        let sealed = match read_whole(&fd, SEAL_NAME, &dir.join(SEAL_NAME), SEAL_LEN as u64) {
+            Ok(s) => s,
+            Err(ImageError::Io { source, .. }) if source.raw_os_error() == Some(libc::ENOENT) => {
+                return Err(not_sealed(SealFailure::Missing));
+            }
+            Err(ImageError::TooLarge { .. } | ImageError::NotRegular { .. }) => {
+                return Err(not_sealed(SealFailure::Malformed));
+            }
+            Err(e) => return Err(e),
+        };
+        key.verify(&bytes, &sealed).map_err(not_sealed)?;
+        let st = sys::stat_fd(fd.as_fd()).map_err(|e| ImageError::io(dir, "stat", e))?;
+        check_private(dir, &st)?;
         let manifest: Manifest = header::decode(ImageKind::Manifest, &mpath, &bytes)?;
         let this = ImageDir {
             path: dir.into(),
+            dir: fd,
             manifest,
         };
+        this.check_listing()?;
         for d in &this.manifest.files {
             this.verify(d)?;
         }
@@ -296,12 +590,7 @@ impl ImageDir {
 
     /// The manifest's record of `name`.
     pub fn digest(&self, name: &str) -> Result<&FileDigest, ImageError> {
-        if name.contains('/') {
-            return Err(ImageError::Invalid {
-                path: self.path.clone(),
-                what: format!("file name {name:?} escapes the checkpoint directory"),
-            });
-        }
+        check_name(&self.path, name)?;
         self.manifest
             .files
             .iter()
@@ -322,20 +611,14 @@ impl ImageDir {
         header::decode(kind, &self.path.join(name), &bytes)
     }
 
-    /// Reads a file listed in the manifest, checking size and checksum again
-    /// (it could have changed since [`ImageDir::open`]).
+    /// Reads a file listed in the manifest, checking size and checksums
+    /// again (it could have changed since [`ImageDir::open`]).
     pub fn read_raw(&self, name: &str) -> Result<Vec<u8>, ImageError> {
         let d = self.digest(name)?;
         let path = self.path.join(name);
-        let bytes = read_limited(&path, d.size)?;
-        if bytes.len() as u64 != d.size {
-            return Err(ImageError::Size {
-                path,
-                found: bytes.len() as u64,
-                expected: d.size,
-            });
-        }
-        if crc32c::crc32c(&bytes) != d.crc32c {
+        let (f, st) = self.open_listed(d, &path)?;
+        let bytes = read_exact_len(f, &path, st.st_size as u64)?;
+        if crc32c::crc32c(&bytes) != d.crc32c || Sha256::digest(&bytes)[..] != d.sha256[..] {
             return Err(ImageError::Checksum { path });
         }
         Ok(bytes)
@@ -344,20 +627,67 @@ impl ImageDir {
     /// Opens a page file for reading; its size was checked against the manifest.
     pub fn open_pages(&self, name: &str) -> Result<File, ImageError> {
         let d = self.digest(name)?;
-        open_sized(&self.path.join(name), d.size)
+        let path = self.path.join(name);
+        Ok(self.open_listed(d, &path)?.0)
+    }
+
+    /// Every listed name is a plain, unique file name with a SHA-256, and
+    /// not the manifest or its seal.
+    fn check_listing(&self) -> Result<(), ImageError> {
+        let mpath = self.path.join(MANIFEST_NAME);
+        let mut names: Vec<&str> = Vec::with_capacity(self.manifest.files.len());
+        for d in &self.manifest.files {
+            check_name(&self.path, &d.name)?;
+            if d.sha256.len() != SHA256_LEN {
+                return Err(ImageError::Invalid {
+                    path: mpath,
+                    what: format!("no SHA-256 recorded for {}", d.name),
+                });
+            }
+            if d.name == MANIFEST_NAME || d.name == SEAL_NAME {
+                return Err(ImageError::Invalid {
+                    path: mpath,
+                    what: format!("lists {} as one of its files", d.name),
+                });
+            }
+            names.push(&d.name);
+        }
+        names.sort_unstable();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(ImageError::Invalid {
+                path: mpath,
+                what: format!("lists {} twice", w[0]),
+            });
+        }
+        Ok(())
+    }
+
+    /// Opens a listed file: regular, private, of the recorded size.
+    fn open_listed(
+        &self,
+        d: &FileDigest,
+        path: &Path,
+    ) -> Result<(File, nix::sys::stat::FileStat), ImageError> {
+        let (f, st) = open_regular(&self.dir, &d.name, path)?;
+        check_private(path, &st)?;
+        if st.st_size as u64 != d.size {
+            return Err(ImageError::Size {
+                path: path.into(),
+                found: st.st_size as u64,
+                expected: d.size,
+            });
+        }
+        Ok((f, st))
     }
 
     fn verify(&self, d: &FileDigest) -> Result<(), ImageError> {
         let path = self.path.join(&d.name);
-        if d.name.contains('/') {
-            return Err(ImageError::Invalid {
-                path,
-                what: "file name escapes the checkpoint directory".into(),
-            });
-        }
-        let mut f = open_sized(&path, d.size)?;
-        let mut buf = vec![0u8; 1 << 20];
+        let (f, _) = self.open_listed(d, &path)?;
         let mut crc = 0u32;
+        let mut sha = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut f = f.take(d.size);
+        let mut total = 0u64;
         loop {
             let n = f
                 .read(&mut buf)
@@ -366,55 +696,55 @@ impl ImageDir {
                 break;
             }
             crc = crc32c::crc32c_append(crc, &buf[..n]);
+            sha.update(&buf[..n]);
+            total += n as u64;
         }
-        if crc != d.crc32c {
+        if total != d.size {
+            return Err(ImageError::Size {
+                path,
+                found: total,
+                expected: d.size,
+            });
+        }
+        if crc != d.crc32c || sha.finalize()[..] != d.sha256[..] {
             return Err(ImageError::Checksum { path });
         }
         Ok(())
     }
 }
 
-/// Opens `path` and checks it is exactly `size` bytes long.
-fn open_sized(path: &Path, size: u64) -> Result<File, ImageError> {
-    let f = File::open(path).map_err(|e| ImageError::io(path, "open", e))?;
-    let len = f
-        .metadata()
-        .map_err(|e| ImageError::io(path, "stat", e))?
-        .len();
-    if len != size {
-        return Err(ImageError::Size {
+/// An image file or directory only ckpt's user can change: otherwise it
+/// could be swapped after it was verified.
+fn check_private(path: &Path, st: &nix::sys::stat::FileStat) -> Result<(), ImageError> {
+    let me = sys::euid();
+    if st.st_uid != me {
+        return Err(ImageError::Unsafe {
             path: path.into(),
-            found: len,
-            expected: size,
+            what: format!("owned by uid {}, not by ckpt's user {me}", st.st_uid),
         });
     }
-    Ok(f)
-}
-
-fn read_limited(path: &Path, limit: u64) -> Result<Vec<u8>, ImageError> {
-    let f = File::open(path).map_err(|e| ImageError::io(path, "open", e))?;
-    let len = f
-        .metadata()
-        .map_err(|e| ImageError::io(path, "stat", e))?
-        .len();
-    if len > limit {
-        return Err(ImageError::TooLarge {
+    if st.st_mode & 0o022 != 0 {
+        return Err(ImageError::Unsafe {
             path: path.into(),
-            len,
-            limit,
+            what: format!(
+                "writable by group or others (mode {:o})",
+                st.st_mode & 0o7777
+            ),
         });
     }
-    let mut bytes = Vec::with_capacity(len as usize);
-    f.take(limit)
-        .read_to_end(&mut bytes)
-        .map_err(|e| ImageError::io(path, "read", e))?;
-    Ok(bytes)
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::task::Core;
+    use std::fs;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    fn key() -> ImageKey {
+        ImageKey::from_secret(Path::new("test.key"), [3; crate::seal::KEY_LEN])
+    }
 
     #[test]
     fn write_commit_read_back() {
@@ -432,9 +762,9 @@ mod tests {
         p.write_at(4096, &[2u8; 4096]).unwrap();
         p.write_at(0, &[1u8; 4096]).unwrap();
         w.finish_pages(p).unwrap();
-        w.commit(Manifest::default()).unwrap();
+        w.commit(Manifest::default(), &key()).unwrap();
 
-        let d = ImageDir::open(&dir).unwrap();
+        let d = ImageDir::open(&dir, &key()).unwrap();
         let back: Core = d.read_meta("core-42.img", ImageKind::Core).unwrap();
         assert_eq!(back, core);
         let mut all = vec![1u8; 4096];
@@ -487,16 +817,260 @@ mod tests {
         let dir = t.path().join("ck");
         let mut w = ImageWriter::create(&dir).unwrap();
         w.write_raw("ghost-0.img", &[7u8; 10000]).unwrap();
-        w.commit(Manifest::default()).unwrap();
+        w.commit(Manifest::default(), &key()).unwrap();
         let g = dir.join("ghost-0.img");
         let mut bytes = fs::read(&g).unwrap();
         bytes[5000] ^= 1;
         fs::write(&g, &bytes).unwrap();
-        let e = ImageDir::open(&dir).err().unwrap();
+        let e = ImageDir::open(&dir, &key()).err().unwrap();
         assert!(e.to_string().contains("ghost-0.img"), "{e}");
         assert!(matches!(e, ImageError::Checksum { .. }));
         fs::write(&g, &bytes[..100]).unwrap();
-        let e = ImageDir::open(&dir).err().unwrap();
+        let e = ImageDir::open(&dir, &key()).err().unwrap();
         assert!(matches!(e, ImageError::Size { .. }), "{e}");
+    }
+
+    /// A committed checkpoint with one ghost file, under `t`.
+    fn committed(t: &Path) -> PathBuf {
+        let dir = t.join("ck");
+        let mut w = ImageWriter::create(&dir).unwrap();
+        w.write_raw("ghost-0.img", b"ghost").unwrap();
+        w.commit(Manifest::default(), &key()).unwrap();
+        dir
+    }
+
+    #[test]
+    fn modes_are_private_whatever_the_umask() {
+        let t = tempfile::tempdir().unwrap();
+        // umask is per process; this test only needs it while it writes.
+        let old = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+        let dir = committed(t.path());
+        nix::sys::stat::umask(old);
+        assert_eq!(
+            fs::metadata(&dir).unwrap().permissions().mode() & 0o7777,
+            0o700
+        );
+        for e in fs::read_dir(&dir).unwrap() {
+            let m = e.unwrap().metadata().unwrap();
+            assert_eq!(m.permissions().mode() & 0o7777, 0o600);
+            assert_eq!(m.uid(), sys::euid());
+        }
+    }
+
+    #[test]
+    fn unsealed_or_foreign_manifests_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = committed(t.path());
+        let other = ImageKey::from_secret(Path::new("other.key"), [4; crate::seal::KEY_LEN]);
+        let e = ImageDir::open(&dir, &other).err().unwrap();
+        assert!(
+            matches!(
+                e,
+                ImageError::NotSealed {
+                    why: SealFailure::OtherKey,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .contains("manifest.img: not sealed by this site's key (other.key)"),
+            "{e}"
+        );
+        let m = dir.join(MANIFEST_NAME);
+        let mut bytes = fs::read(&m).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        fs::write(&m, &bytes).unwrap();
+        let e = ImageDir::open(&dir, &key()).err().unwrap();
+        assert!(
+            matches!(
+                e,
+                ImageError::NotSealed {
+                    why: SealFailure::Mismatch,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        fs::remove_file(dir.join(SEAL_NAME)).unwrap();
+        let e = ImageDir::open(&dir, &key()).err().unwrap();
+        assert!(
+            matches!(
+                e,
+                ImageError::NotSealed {
+                    why: SealFailure::Missing,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    /// Changes `data[0]` and then flips bits of `data[32..40]` so the CRC32C
+    /// is what it was: CRC is linear, so 64 candidate bits span its 32.
+    fn forge_same_crc(data: &mut [u8]) {
+        let want = crc32c::crc32c(data);
+        data[0] ^= 0xff;
+        let base = crc32c::crc32c(data);
+        // An xor basis of the bit flips' effects, each with the flips making it.
+        let mut basis: Vec<(u32, u64)> = Vec::new();
+        for bit in 0..64 {
+            data[32 + bit / 8] ^= 1 << (bit % 8);
+            let (mut val, mut combo) = (crc32c::crc32c(data) ^ base, 1u64 << bit);
+            data[32 + bit / 8] ^= 1 << (bit % 8);
+            for &(bv, bc) in &basis {
+                if val ^ bv < val {
+                    val ^= bv;
+                    combo ^= bc;
+                }
+            }
+            if val != 0 {
+                basis.push((val, combo));
+                basis.sort_by_key(|b| std::cmp::Reverse(b.0));
+            }
+        }
+        let (mut target, mut flips) = (base ^ want, 0u64);
+        for &(bv, bc) in &basis {
+            if target ^ bv < target {
+                target ^= bv;
+                flips ^= bc;
+            }
+        }
+        assert_eq!(target, 0, "the flips do not span the CRC");
+        for bit in (0..64).filter(|b| flips & (1 << b) != 0) {
+            data[32 + bit / 8] ^= 1 << (bit % 8);
+        }
+        assert_eq!(crc32c::crc32c(data), want);
+    }
+
+    #[test]
+    fn a_crc_forged_file_fails_the_sha256() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("ck");
+        let original = [0x5au8; 64];
+        let mut w = ImageWriter::create(&dir).unwrap();
+        w.write_raw("ghost-0.img", &original).unwrap();
+        w.commit(Manifest::default(), &key()).unwrap();
+        // Same length, same CRC32C, other content: what the seal must catch.
+        let mut forged = original;
+        forge_same_crc(&mut forged);
+        assert_ne!(forged, original);
+        fs::write(dir.join("ghost-0.img"), forged).unwrap();
+        let e = ImageDir::open(&dir, &key()).err().unwrap();
+        assert!(matches!(e, ImageError::Checksum { .. }), "{e}");
+    }
+
+    #[test]
+    fn links_fifos_and_devices_are_refused_without_blocking() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = committed(t.path());
+        let g = dir.join("ghost-0.img");
+        fs::remove_file(&g).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &g).unwrap();
+        let e = ImageDir::open(&dir, &key()).err().unwrap();
+        assert!(matches!(e, ImageError::NotRegular { .. }), "{e}");
+        assert!(e.to_string().contains("ghost-0.img"), "{e}");
+        fs::remove_file(&g).unwrap();
+        nix::unistd::mkfifo(&g, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let e = ImageDir::open(&dir, &key()).err().unwrap();
+        assert!(matches!(e, ImageError::NotRegular { .. }), "{e}");
+        fs::remove_file(&g).unwrap();
+        fs::remove_file(dir.join(MANIFEST_NAME)).unwrap();
+        nix::unistd::mkfifo(
+            &dir.join(MANIFEST_NAME),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        let e = ImageDir::open(&dir, &key()).err().unwrap();
+        assert!(matches!(e, ImageError::NotRegular { .. }), "{e}");
+    }
+
+    #[test]
+    fn files_others_can_write_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = committed(t.path());
+        let g = dir.join("ghost-0.img");
+        fs::set_permissions(&g, fs::Permissions::from_mode(0o666)).unwrap();
+        let e = ImageDir::open(&dir, &key()).err().unwrap();
+        assert!(matches!(e, ImageError::Unsafe { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_swapped_tmp_dir_is_not_committed_nor_written_through() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("ck");
+        let elsewhere = t.path().join("elsewhere");
+        fs::create_dir(&elsewhere).unwrap();
+        let mut w = ImageWriter::create(&dir).unwrap();
+        w.write_raw("ghost-0.img", b"ghost").unwrap();
+        let moved = t.path().join("moved");
+        fs::rename(w.tmp_dir(), &moved).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, w.tmp_dir()).unwrap();
+        let tmp = w.tmp_dir().to_path_buf();
+        let e = w.commit(Manifest::default(), &key()).err().unwrap();
+        assert!(matches!(e, ImageError::Hijacked { .. }), "{e}");
+        assert_eq!(
+            fs::read_dir(&elsewhere).unwrap().count(),
+            0,
+            "written through the symlink"
+        );
+        assert!(dir.symlink_metadata().is_err(), "something was committed");
+        assert!(
+            tmp.symlink_metadata().unwrap().file_type().is_symlink(),
+            "the other user's link was touched"
+        );
+        assert_eq!(
+            fs::read_dir(&moved).unwrap().count(),
+            0,
+            "our files were left behind"
+        );
+    }
+
+    #[test]
+    fn committed_checkpoint_is_verified_by_identity() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("ck");
+        let mut w = ImageWriter::create(&dir).unwrap();
+        w.write_raw("ghost-0.img", b"ghost").unwrap();
+        let c = w.commit(Manifest::default(), &key()).unwrap();
+        c.verify(&key()).unwrap();
+        fs::rename(&dir, t.path().join("away")).unwrap();
+        std::os::unix::fs::symlink(t.path().join("away"), &dir).unwrap();
+        let e = c.verify(&key()).err().unwrap();
+        assert!(matches!(e, ImageError::Hijacked { .. }), "{e}");
+        fs::remove_file(&dir).unwrap();
+        fs::rename(t.path().join("away"), &dir).unwrap();
+        c.verify(&key()).unwrap();
+        fs::remove_file(dir.join("ghost-0.img")).unwrap();
+        assert!(c.verify(&key()).is_err());
+    }
+
+    #[test]
+    fn stale_cleanup_follows_no_links_and_spares_other_owners() {
+        let t = tempfile::tempdir().unwrap();
+        let target = t.path().join("target");
+        fs::create_dir(&target).unwrap();
+        fs::write(target.join("precious"), b"x").unwrap();
+        std::os::unix::fs::symlink(&target, t.path().join("ck.tmp.4194305")).unwrap();
+        let foreign = t.path().join("ck.tmp.4194306");
+        fs::create_dir(&foreign).unwrap();
+        fs::write(foreign.join("theirs"), b"x").unwrap();
+        let foreign_owner = if sys::euid() == 0 {
+            std::os::unix::fs::chown(&foreign, Some(65534), None).unwrap();
+            true
+        } else {
+            false
+        };
+        let w = ImageWriter::create(&t.path().join("ck")).unwrap();
+        drop(w);
+        assert!(target.join("precious").exists(), "followed a symlink");
+        if foreign_owner {
+            assert!(
+                foreign.join("theirs").exists(),
+                "removed another user's files"
+            );
+        }
     }
 }

@@ -85,6 +85,45 @@ pub enum ImageError {
         /// The directory.
         path: PathBuf,
     },
+    /// The image key could not be read or created.
+    #[error(transparent)]
+    Key(#[from] crate::seal::KeyError),
+    /// The manifest's seal is missing or does not verify under this site's key.
+    #[error("{path}: not sealed by this site's key ({key_file}): {why}")]
+    NotSealed {
+        /// The manifest.
+        path: PathBuf,
+        /// The key file it was checked with.
+        key_file: PathBuf,
+        /// What is wrong with the seal.
+        why: crate::seal::SealFailure,
+    },
+    /// An image file is a symlink, directory, FIFO or device.
+    #[error("{path}: is a {found}, not a regular file; refusing to read it")]
+    NotRegular {
+        /// The file.
+        path: PathBuf,
+        /// What it is.
+        found: &'static str,
+    },
+    /// Someone other than ckpt's user could change the file after it is
+    /// verified.
+    #[error("{path}: {what}; only checkpoints that ckpt's user alone can write are read")]
+    Unsafe {
+        /// The file or directory.
+        path: PathBuf,
+        /// Who else owns or can write it.
+        what: String,
+    },
+    /// The temporary or final directory of a dump was replaced while the
+    /// dump wrote it (another user can write its parent).
+    #[error("{path}: {what}; the checkpoint was not committed")]
+    Hijacked {
+        /// The directory.
+        path: PathBuf,
+        /// What was found instead.
+        what: String,
+    },
     /// The images are internally inconsistent.
     #[error("{path}: invalid image: {what}")]
     Invalid {

@@ -140,6 +140,7 @@ mod tests {
             name: "pages-1.img".into(),
             size: 8192,
             crc32c: 7,
+            sha256: vec![1; 32],
         }
     }
 

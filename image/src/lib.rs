@@ -4,7 +4,9 @@
 //! A checkpoint is a directory:
 //!
 //! ```text
-//! DIR/manifest.img     header + Manifest: tool/format version, kernel, CPU, per-file checksums
+//! DIR/manifest.img     header + Manifest: tool/format version, kernel, CPU, processes and
+//!                      their owners, size + CRC32C + SHA-256 of every other file
+//! DIR/manifest.mac     HMAC-SHA256 of manifest.img under the site's image key (`seal`)
 //! DIR/core-PID.img     header + Core: registers, xstate, signals, credentials, limits, mm fields
 //! DIR/mm-PID.img       header + Mm: every VMA and where its saved pages live
 //! DIR/fds-PID.img      header + FdTable: fd number -> open file id
@@ -33,7 +35,8 @@
 //! are `reserved`. A change that old readers cannot ignore bumps
 //! [`FORMAT_VERSION`].
 //!
-//! This crate does no syscalls beyond reading and writing image files.
+//! This crate does no syscalls beyond reading and writing image files and
+//! the image key, always through directory fds (`sys.rs`).
 
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
@@ -45,11 +48,14 @@ pub mod header;
 pub mod manifest;
 pub mod mm;
 mod pb;
+pub mod seal;
+mod sys;
 pub mod task;
 
-pub use dir::{ImageDir, ImageWriter, PagesWriter};
+pub use dir::{Committed, ImageDir, ImageWriter, PagesWriter};
 pub use error::ImageError;
 pub use header::{FORMAT_VERSION, ImageKind};
+pub use seal::{ImageKey, KeyError};
 
 /// Size of a page on every platform ckpt supports (x86_64).
 pub const PAGE_SIZE: u64 = 4096;

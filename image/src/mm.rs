@@ -48,9 +48,10 @@ pub mod vma_flags {
 }
 
 impl Vma {
-    /// Length in bytes.
+    /// Length in bytes (0 for a reversed VMA, which
+    /// [`Mm::page_copies`] refuses).
     pub fn len(&self) -> u64 {
-        self.end - self.start
+        self.end.saturating_sub(self.start)
     }
 
     /// True for a zero-length VMA (never produced by the dumper).
@@ -60,13 +61,307 @@ impl Vma {
 }
 
 impl PageRange {
-    /// Length in bytes.
+    /// Length in bytes (saturating: [`Mm::page_copies`] refuses a range
+    /// whose length overflows).
     pub fn len(&self) -> u64 {
-        self.nr_pages * crate::PAGE_SIZE
+        self.nr_pages.saturating_mul(crate::PAGE_SIZE)
     }
 
     /// True when the range holds no pages.
     pub fn is_empty(&self) -> bool {
         self.nr_pages == 0
+    }
+}
+
+/// Most page data one LZ4 block may hold once decompressed; the restorer
+/// allocates a block's buffer only after checking this (the dumper writes
+/// blocks of at most 1 MiB).
+pub const MAX_BLOCK_RAW_LEN: u64 = 16 << 20;
+
+/// How a piece of saved page data is stored in the pages file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageEncoding {
+    /// The bytes as they go into memory.
+    Raw,
+    /// One LZ4 block.
+    Lz4,
+}
+
+/// One piece of saved page data and where it goes, checked against its VMA
+/// and the pages file by [`Mm::page_copies`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageCopy {
+    /// Address of the first page.
+    pub addr: u64,
+    /// Offset of the data in the pages file.
+    pub file_offset: u64,
+    /// Bytes of the data in the pages file.
+    pub file_len: u64,
+    /// Bytes it fills in memory (at most [`MAX_BLOCK_RAW_LEN`] for a block).
+    pub raw_len: u64,
+    /// How the data is stored.
+    pub encoding: PageEncoding,
+}
+
+/// Why the page data of an mm image cannot be laid out.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PageLayoutError {
+    /// A VMA is empty, reversed or not page aligned.
+    #[error("VMA {start:#x}-{end:#x} is empty, reversed or not page aligned")]
+    BadVma {
+        /// Its start.
+        start: u64,
+        /// Its end.
+        end: u64,
+    },
+    /// Saved pages lie outside every VMA (or their length overflows).
+    #[error("{pages} pages at {addr:#x} lie outside every saved VMA")]
+    OutsideVma {
+        /// Where they start.
+        addr: u64,
+        /// How many.
+        pages: u64,
+    },
+    /// Saved pages or their place in the file are not page aligned.
+    #[error("pages at {addr:#x} (file offset {file_offset:#x}) are not page aligned")]
+    Misaligned {
+        /// Where they start.
+        addr: u64,
+        /// Where their data is.
+        file_offset: u64,
+    },
+    /// The data lies (partly) beyond the end of the pages file.
+    #[error(
+        "data for {addr:#x} at file offset {file_offset:#x} (+{len}) is beyond the pages file's {file_len} bytes"
+    )]
+    OutsideFile {
+        /// Where it goes.
+        addr: u64,
+        /// Where it is.
+        file_offset: u64,
+        /// How long it is.
+        len: u64,
+        /// The pages file's length.
+        file_len: u64,
+    },
+    /// A block would decompress to more than [`MAX_BLOCK_RAW_LEN`], or to
+    /// nothing.
+    #[error("block for {addr:#x} decompresses to {raw_len} bytes (limit {MAX_BLOCK_RAW_LEN})")]
+    BlockSize {
+        /// Where it goes.
+        addr: u64,
+        /// What it claims to hold.
+        raw_len: u64,
+    },
+    /// A block's stored length cannot hold what it claims.
+    #[error("block for {addr:#x}: {file_len} bytes in the file cannot hold {raw_len} bytes")]
+    BlockLen {
+        /// Where it goes.
+        addr: u64,
+        /// Its length in the file.
+        file_len: u64,
+        /// What it claims to hold.
+        raw_len: u64,
+    },
+    /// The page data does not add up to the pages file.
+    #[error("page data totals {declared} bytes, the pages file has {file_len}")]
+    Total {
+        /// What the image adds up to.
+        declared: u64,
+        /// The pages file's length.
+        file_len: u64,
+    },
+}
+
+/// LZ4's worst case for `raw` bytes (lz4_flex's `get_maximum_output_size`).
+fn lz4_bound(raw: u64) -> u64 {
+    raw.saturating_add(raw / 255).saturating_add(16)
+}
+
+impl Mm {
+    /// Every piece of page data to copy, each checked with overflow-safe
+    /// arithmetic: inside a VMA, page aligned, inside a pages file of
+    /// `file_len` bytes, and for LZ4 blocks bounded by
+    /// [`MAX_BLOCK_RAW_LEN`]. Pure, so restore can refuse a bad image before
+    /// it creates anything, and fuzzing can reach it.
+    pub fn page_copies(&self, file_len: u64) -> Result<Vec<PageCopy>, PageLayoutError> {
+        let ps = crate::PAGE_SIZE;
+        for v in &self.vmas {
+            if v.start >= v.end || v.start % ps != 0 || v.end % ps != 0 {
+                return Err(PageLayoutError::BadVma {
+                    start: v.start,
+                    end: v.end,
+                });
+            }
+        }
+        let inside = |addr: u64, len: u64| {
+            addr.checked_add(len)
+                .is_some_and(|end| self.vmas.iter().any(|v| addr >= v.start && end <= v.end))
+        };
+        let in_file = |addr: u64, file_offset: u64, len: u64| {
+            if file_offset
+                .checked_add(len)
+                .is_some_and(|end| end <= file_len)
+            {
+                Ok(())
+            } else {
+                Err(PageLayoutError::OutsideFile {
+                    addr,
+                    file_offset,
+                    len,
+                    file_len,
+                })
+            }
+        };
+        let mut out = Vec::new();
+        let mut declared = 0u64;
+        if self.compressed {
+            for c in &self.chunks {
+                if c.raw_len == 0 || c.raw_len > MAX_BLOCK_RAW_LEN {
+                    return Err(PageLayoutError::BlockSize {
+                        addr: c.addr,
+                        raw_len: c.raw_len,
+                    });
+                }
+                if c.addr % ps != 0 || c.raw_len % ps != 0 {
+                    return Err(PageLayoutError::Misaligned {
+                        addr: c.addr,
+                        file_offset: c.file_offset,
+                    });
+                }
+                if !inside(c.addr, c.raw_len) {
+                    return Err(PageLayoutError::OutsideVma {
+                        addr: c.addr,
+                        pages: c.raw_len / ps,
+                    });
+                }
+                let fits = if c.stored_raw {
+                    c.file_len == c.raw_len
+                } else {
+                    c.file_len > 0 && c.file_len <= lz4_bound(c.raw_len)
+                };
+                if !fits {
+                    return Err(PageLayoutError::BlockLen {
+                        addr: c.addr,
+                        file_len: c.file_len,
+                        raw_len: c.raw_len,
+                    });
+                }
+                in_file(c.addr, c.file_offset, c.file_len)?;
+                declared = declared.saturating_add(c.file_len);
+                out.push(PageCopy {
+                    addr: c.addr,
+                    file_offset: c.file_offset,
+                    file_len: c.file_len,
+                    raw_len: c.raw_len,
+                    encoding: if c.stored_raw {
+                        PageEncoding::Raw
+                    } else {
+                        PageEncoding::Lz4
+                    },
+                });
+            }
+        } else {
+            declared = self.pages_bytes;
+            for r in self.vmas.iter().flat_map(|v| &v.pages) {
+                let len = r
+                    .nr_pages
+                    .checked_mul(ps)
+                    .filter(|_| inside(r.addr, r.len()));
+                let Some(len) = len else {
+                    return Err(PageLayoutError::OutsideVma {
+                        addr: r.addr,
+                        pages: r.nr_pages,
+                    });
+                };
+                if r.addr % ps != 0 || r.offset % ps != 0 {
+                    return Err(PageLayoutError::Misaligned {
+                        addr: r.addr,
+                        file_offset: r.offset,
+                    });
+                }
+                in_file(r.addr, r.offset, len)?;
+                out.push(PageCopy {
+                    addr: r.addr,
+                    file_offset: r.offset,
+                    file_len: len,
+                    raw_len: len,
+                    encoding: PageEncoding::Raw,
+                });
+            }
+        }
+        if declared != file_len {
+            return Err(PageLayoutError::Total { declared, file_len });
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn anon(start: u64, end: u64) -> Vma {
+        Vma {
+            start,
+            end,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn huge_or_overflowing_lengths_are_refused_before_use() {
+        let mut mm = Mm {
+            vmas: vec![anon(0x1000, 0x3000)],
+            compressed: true,
+            chunks: vec![PageChunk {
+                addr: 0x1000,
+                raw_len: 1 << 43,
+                file_offset: 0,
+                file_len: 16,
+                stored_raw: false,
+            }],
+            ..Default::default()
+        };
+        assert!(matches!(
+            mm.page_copies(16),
+            Err(PageLayoutError::BlockSize { .. })
+        ));
+        mm.chunks[0].raw_len = 0x1000;
+        mm.chunks[0].addr = u64::MAX - 0xfff;
+        assert!(matches!(
+            mm.page_copies(16),
+            Err(PageLayoutError::Misaligned { .. } | PageLayoutError::OutsideVma { .. })
+        ));
+        mm.chunks[0].addr = 0x1000;
+        mm.chunks[0].file_offset = u64::MAX;
+        assert!(matches!(
+            mm.page_copies(16),
+            Err(PageLayoutError::OutsideFile { .. })
+        ));
+        mm.chunks[0].file_offset = 0;
+        assert_eq!(mm.page_copies(16).unwrap().len(), 1);
+
+        let mut raw = Mm {
+            vmas: vec![anon(0x1000, 0x3000)],
+            pages_bytes: 0x1000,
+            ..Default::default()
+        };
+        raw.vmas[0].pages = vec![PageRange {
+            addr: 0x1000,
+            nr_pages: u64::MAX / 2,
+            offset: 0,
+        }];
+        assert!(matches!(
+            raw.page_copies(0x1000),
+            Err(PageLayoutError::OutsideVma { .. })
+        ));
+        raw.vmas[0].pages[0].nr_pages = 1;
+        assert_eq!(raw.page_copies(0x1000).unwrap()[0].raw_len, 0x1000);
+        raw.vmas[0].end = 0;
+        assert!(matches!(
+            raw.page_copies(0x1000),
+            Err(PageLayoutError::BadVma { .. })
+        ));
     }
 }

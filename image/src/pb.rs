@@ -117,9 +117,13 @@ mod tests {
         ),
         (
             "ProcessEntry",
-            "1:pid:int32 2:ppid:int32 3:comm:string 4:zombie_status:int32/optional",
+            "1:pid:int32 2:ppid:int32 3:comm:string 4:zombie_status:int32/optional \
+             5:uids:uint32/repeated 6:gids:uint32/repeated",
         ),
-        ("FileDigest", "1:name:string 2:size:uint64 3:crc32c:uint32"),
+        (
+            "FileDigest",
+            "1:name:string 2:size:uint64 3:crc32c:uint32 4:sha256:bytes",
+        ),
     ];
 
     fn kind_name(kind: &Kind) -> &'static str {

@@ -3,6 +3,16 @@
 //! reaches that point, so tests can check that a dumper dying at the worst
 //! moment leaves the target running as it was, and a restorer dying
 //! mid-rebuild leaves no half-restored process.
+//!
+//! With `CKPT_FAULT=pause:<point>` and `CKPT_FAULT_GATE=<path>`, ckpt instead
+//! creates `<path>.reached` at that point and waits (at most
+//! [`PAUSE_LIMIT`]) until `<path>` exists, so a test can change the world at
+//! exactly that moment (e.g. swap a directory for a symlink) and let ckpt go on.
+
+use std::time::{Duration, Instant};
+
+/// The longest a paused ckpt waits for its gate before going on anyway.
+pub const PAUSE_LIMIT: Duration = Duration::from_secs(60);
 
 /// Places where ckpt can be made to die.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +28,10 @@ pub enum FaultPoint {
     /// Dump: the *target* is SIGKILLed while its pages are copied (by
     /// someone else, as an out-of-memory killer or an impatient user would).
     KillTargetDuringPages,
+    /// Dump: every image is written, the manifest and the rename are next.
+    BeforeCommit,
+    /// Dump with `--kill`: the checkpoint is committed, the kill is next.
+    BeforeKill,
 }
 
 impl FaultPoint {
@@ -29,6 +43,8 @@ impl FaultPoint {
             FaultPoint::DuringPages => "during-pages",
             FaultPoint::MidRebuild => "restore-mid-rebuild",
             FaultPoint::KillTargetDuringPages => "kill-target-during-pages",
+            FaultPoint::BeforeCommit => "before-commit",
+            FaultPoint::BeforeKill => "before-kill",
         }
     }
 }
@@ -37,10 +53,26 @@ fn selected(point: FaultPoint) -> bool {
     std::env::var("CKPT_FAULT").is_ok_and(|v| v == point.name())
 }
 
-/// Dies here if `CKPT_FAULT` names this point.
+/// Dies here if `CKPT_FAULT` names this point; pauses here if it names
+/// `pause:` and this point.
 pub fn inject(point: FaultPoint) {
-    if selected(point) {
+    let Ok(v) = std::env::var("CKPT_FAULT") else {
+        return;
+    };
+    if v == point.name() {
         let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    }
+    if v.strip_prefix("pause:") == Some(point.name())
+        && let Some(gate) = std::env::var_os("CKPT_FAULT_GATE")
+    {
+        let gate = std::path::PathBuf::from(gate);
+        let mut reached = gate.clone().into_os_string();
+        reached.push(".reached");
+        let _ = std::fs::write(&reached, point.name());
+        let until = Instant::now() + PAUSE_LIMIT;
+        while !gate.exists() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 

@@ -1,7 +1,9 @@
 //! Rebuild a process from a checkpoint image and resume it.
 //!
-//! Data flows one way: **read** (the whole image is verified against the
-//! manifest's checksums before anything is created) → **rebuild** → **resume**.
+//! Data flows one way: **read** (the manifest's seal is checked with the
+//! site's key and the whole image against the manifest's checksums, and
+//! every process's credentials against the owner the manifest recorded,
+//! before anything is created) → **rebuild** → **resume**.
 //!
 //! How the address space is rebuilt: the restorer clones a child with the
 //! original pid (clone3 `set_tid`), which stops itself under
@@ -36,9 +38,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use ckpt_image::fd::{FdTable, Files};
+use ckpt_image::manifest::ProcessEntry;
 use ckpt_image::mm::Mm;
 use ckpt_image::task::Core;
-use ckpt_image::{ImageDir, ImageError, ImageKind};
+use ckpt_image::{ImageDir, ImageError, ImageKey, ImageKind};
 use ckpt_parasite::Tracee;
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -50,6 +53,8 @@ pub use error::{RestoreError, Result};
 pub struct RestoreOptions<'a> {
     /// The checkpoint directory.
     pub dir: PathBuf,
+    /// The site's key: the manifest must be sealed with it.
+    pub key: &'a ImageKey,
     /// How long to wait for a zombie holding the pid.
     pub pid_wait: Duration,
     /// Receives one-line notices (waiting for a pid, capped limits).
@@ -83,15 +88,17 @@ struct ProcessImages {
     fds: FdTable,
 }
 
-fn load(images: &ImageDir, files: &Files, pid: i32, ppid: i32) -> Result<ProcessImages> {
+fn load(images: &ImageDir, files: &Files, entry: &ProcessEntry) -> Result<ProcessImages> {
+    let pid = entry.pid;
     let p = ProcessImages {
         pid,
-        ppid,
+        ppid: entry.ppid,
         core: images.read_meta(&ckpt_image::core_name(pid), ImageKind::Core)?,
         mm: images.read_meta(&ckpt_image::mm_name(pid), ImageKind::Mm)?,
         fds: images.read_meta(&ckpt_image::fds_name(pid), ImageKind::FdTable)?,
     };
     validate(images, pid, &p)?;
+    check_owner(images, entry, &p.core)?;
     fd::validate(images, pid, &p.fds, files)?;
     Ok(p)
 }
@@ -144,7 +151,7 @@ impl Drop for Stopped {
 /// Reads and verifies the whole checkpoint, then creates every process of
 /// the tree and rebuilds it, leaving all of them stopped.
 pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
-    let images = ImageDir::open(&opts.dir)?;
+    let images = ImageDir::open(&opts.dir, opts.key)?;
     check_compatible(&images)?;
     let m = images.manifest();
     let root = m.root_pid;
@@ -155,7 +162,7 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
         .processes
         .iter()
         .filter(|e| e.zombie_status.is_none())
-        .map(|e| load(&images, &files, e.pid, e.ppid))
+        .map(|e| load(&images, &files, e))
         .collect::<Result<Vec<_>>>()?;
     let zombies: Vec<Zombie> = m
         .processes
@@ -383,15 +390,36 @@ fn validate(images: &ImageDir, pid: i32, p: &ProcessImages) -> Result<()> {
         return Err(invalid(core_name, "XSAVE area too short"));
     }
     let pages_len = images.digest(&ckpt_image::pages_name(pid))?.size;
-    let in_file = if p.mm.compressed {
-        p.mm.chunks.iter().map(|c| c.file_len).sum()
-    } else {
-        p.mm.pages_bytes
+    pages::plan(pid, &p.mm, pages_len)?;
+    Ok(())
+}
+
+/// The core image may only ask for the ids the process had: its uids and
+/// gids must be the ones the dumper read from /proc/PID/status into the
+/// sealed manifest. (The core is sealed too, through its SHA-256 in the
+/// manifest; this keeps a process's owner out of any single image's hands.)
+fn check_owner(images: &ImageDir, entry: &ProcessEntry, core: &Core) -> Result<()> {
+    let pid = entry.pid;
+    let invalid = |path: std::path::PathBuf, what: String| {
+        RestoreError::Image(ImageError::Invalid { path, what })
     };
-    if in_file != pages_len {
+    if entry.uids.len() != 4 || entry.gids.len() != 4 {
         return Err(invalid(
-            ckpt_image::mm_name(pid),
-            "page total does not match the pages file",
+            images.path().join(ckpt_image::MANIFEST_NAME),
+            format!("pid {pid} has no recorded owner (real, effective, saved and fs ids)"),
+        ));
+    }
+    let core_path = images.path().join(ckpt_image::core_name(pid));
+    let Some(creds) = &core.creds else {
+        return Err(invalid(core_path, "no credentials".into()));
+    };
+    if creds.uids != entry.uids || creds.gids != entry.gids {
+        return Err(invalid(
+            core_path,
+            format!(
+                "credentials (uids {:?}, gids {:?}) are not those pid {pid} had when dumped (uids {:?}, gids {:?})",
+                creds.uids, creds.gids, entry.uids, entry.gids
+            ),
         ));
     }
     Ok(())

@@ -128,6 +128,12 @@ pub struct TestEnv {
 }
 
 impl TestEnv {
+    /// The image key of this test's ckpt invocations (created by its first
+    /// dump), so tests never touch the site's key in /var/lib.
+    pub fn image_key(&self) -> PathBuf {
+        self.root.join("image.key")
+    }
+
     pub fn new(test: &str) -> TestEnv {
         let tmp = tempfile::Builder::new()
             .prefix(&format!("ckpt-e2e-{test}-"))
@@ -751,12 +757,20 @@ impl CkptOutput {
 
 impl CkptCmd {
     pub fn spawn(env: &TestEnv, args: &[&str]) -> CkptCmd {
+        CkptCmd::spawn_with_env(env, args, &[])
+    }
+
+    /// Like [`CkptCmd::spawn`] with extra environment variables (fault
+    /// injection).
+    pub fn spawn_with_env(env: &TestEnv, args: &[&str], vars: &[(&str, &Path)]) -> CkptCmd {
         let n = env.cmd_counter.fetch_add(1, Ordering::SeqCst);
         let verb = args.first().copied().unwrap_or("none");
         let out_path = env.root.join(format!("ckpt-{n}-{verb}.stdout"));
         let err_path = env.root.join(format!("ckpt-{n}-{verb}.stderr"));
         let mut cmd = Command::new(CKPT);
         cmd.args(args)
+            .env("CKPT_IMAGE_KEY", env.image_key())
+            .envs(vars.iter().map(|(k, v)| (*k, *v)))
             .stdin(Stdio::null())
             .stdout(File::create(&out_path).expect("create ckpt stdout"))
             .stderr(File::create(&err_path).expect("create ckpt stderr"));

@@ -27,6 +27,10 @@ pub struct DumpArgs {
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
+    /// The site's image key file, created on first use (default: $CKPT_IMAGE_KEY, else
+    /// /var/lib/ckpt/image.key).
+    #[arg(long, value_name = "PATH")]
+    image_key: Option<PathBuf>,
 }
 
 /// Runs `ckpt dump`.
@@ -40,10 +44,13 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
     };
     // The engine's phases, one after the other (a coordinated dump runs
     // the same steps with barriers between them).
+    let key =
+        ckpt_image::ImageKey::load_or_create(&ckpt_image::seal::key_path(a.image_key.as_deref()))?;
     let write = WriteOptions {
         dir: a.dir.clone(),
         progress: Some(&progress),
         compress: a.compress,
+        key: &key,
     };
     let report = ckpt_dumper::freeze(a.pid)
         .and_then(|mut frozen| {
@@ -52,7 +59,7 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
         })
         .and_then(|written| {
             if a.kill {
-                Ok(written.kill())
+                written.kill()
             } else {
                 written.resume()
             }

@@ -29,6 +29,10 @@ pub struct RestoreArgs {
     /// scripts and schedulers).
     #[arg(long, value_name = "PATH")]
     pidfile: Option<PathBuf>,
+    /// The site's image key file (default: $CKPT_IMAGE_KEY, else
+    /// /var/lib/ckpt/image.key).
+    #[arg(long, value_name = "PATH")]
+    image_key: Option<PathBuf>,
 }
 
 /// Runs `ckpt restore`: exits 0 once the process runs with `--detach`,
@@ -54,8 +58,11 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
             b.set_position(done);
         }
     };
+    let key = ckpt_image::ImageKey::load(&ckpt_image::seal::key_path(a.image_key.as_deref()))
+        .with_context(|| format!("restore from {} failed", a.dir.display()))?;
     let opts = RestoreOptions {
         dir: a.dir.clone(),
+        key: &key,
         pid_wait: Duration::from_secs(a.pid_wait),
         notice: &notice,
         progress: Some(&progress),

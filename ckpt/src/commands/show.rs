@@ -20,12 +20,19 @@ pub struct ShowArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// The site's image key file (default: $CKPT_IMAGE_KEY, else
+    /// /var/lib/ckpt/image.key).
+    #[arg(long, value_name = "PATH")]
+    image_key: Option<PathBuf>,
 }
 
 /// Runs `ckpt show`.
 pub fn run(a: ShowArgs) -> anyhow::Result<ExitCode> {
-    let dir = ckpt_image::ImageDir::open(&a.dir)
-        .with_context(|| format!("cannot read checkpoint {}", a.dir.display()))?;
+    let context = || format!("cannot read checkpoint {}", a.dir.display());
+    // Shown only once sealed by this site: an unsealed image is not ckpt's.
+    let key = ckpt_image::ImageKey::load(&ckpt_image::seal::key_path(a.image_key.as_deref()))
+        .with_context(context)?;
+    let dir = ckpt_image::ImageDir::open(&a.dir, &key).with_context(context)?;
     let v = summarize(&dir)?;
     if a.json {
         println!("{v}");
@@ -81,6 +88,8 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
         procs.push(json!({
             "pid": p.pid,
             "ppid": p.ppid,
+            "uids": p.uids,
+            "gids": p.gids,
             "comm": core.comm,
             "exe": core.exe,
             "cwd": core.cwd,
@@ -103,9 +112,18 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
         "created_unix": m.created_unix,
         "cpu": m.cpu.as_ref().map(|c| json!({"vendor": c.vendor, "xcr0": format!("{:#x}", c.xcr0), "xsave_size": c.xsave_size})),
         "root_pid": m.root_pid,
-        "files": m.files.iter().map(|f| json!({"name": f.name, "size": f.size, "crc32c": format!("{:08x}", f.crc32c)})).collect::<Vec<_>>(),
+        "files": m.files.iter().map(|f| json!({"name": f.name, "size": f.size, "crc32c": format!("{:08x}", f.crc32c), "sha256": hex(&f.sha256)})).collect::<Vec<_>>(),
         "processes": procs,
     }))
+}
+
+/// Lower-case hex of `bytes` (as `sha256sum` prints it).
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
 }
 
 /// `rwx` of a VMA's protection bits.

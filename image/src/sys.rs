@@ -1,0 +1,267 @@
+//! Directory-fd file operations for image directories, on nix's safe
+//! wrappers. Every name is resolved relative to a directory fd and never
+//! through a symlink in its last component, so a directory another user
+//! can write cannot redirect what ckpt reads or writes.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use nix::dir::Dir;
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, FcntlArg, OFlag, RenameFlags};
+use nix::sys::stat::{FileStat, Mode, SFlag};
+use nix::unistd::UnlinkatFlags;
+
+/// Mode of an image directory, whatever the umask.
+pub const DIR_MODE: u32 = 0o700;
+/// Mode of an image file, whatever the umask.
+pub const FILE_MODE: u32 = 0o600;
+
+/// Which object a name referred to: a rename or a swap changes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    dev: u64,
+    ino: u64,
+}
+
+impl Identity {
+    /// The identity of a stat result.
+    pub fn of(st: &FileStat) -> Self {
+        Identity {
+            dev: st.st_dev,
+            ino: st.st_ino,
+        }
+    }
+}
+
+/// The kind of a stat result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileType {
+    /// A regular file.
+    Regular,
+    /// A directory.
+    Directory,
+    /// A symbolic link.
+    Symlink,
+    /// A FIFO, socket or device.
+    Special,
+}
+
+impl FileType {
+    /// The type of a stat result.
+    pub fn of(st: &FileStat) -> Self {
+        match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
+            SFlag::S_IFREG => FileType::Regular,
+            SFlag::S_IFDIR => FileType::Directory,
+            SFlag::S_IFLNK => FileType::Symlink,
+            _ => FileType::Special,
+        }
+    }
+
+    /// For error messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            FileType::Regular => "regular file",
+            FileType::Directory => "directory",
+            FileType::Symlink => "symbolic link",
+            FileType::Special => "FIFO, socket or device",
+        }
+    }
+}
+
+fn io_err(e: Errno) -> io::Error {
+    io::Error::from_raw_os_error(e as i32)
+}
+
+/// Opens a directory by path, following symlinks anywhere in it (the
+/// caller chose the path); used for the parent of a checkpoint.
+pub fn open_dir_path(path: &Path) -> io::Result<OwnedFd> {
+    nix::fcntl::open(
+        path,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(io_err)
+}
+
+/// Opens directory `name` inside `dir`, refusing a symlink.
+pub fn open_dir_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<OwnedFd> {
+    nix::fcntl::openat(
+        dir,
+        name,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(io_err)
+}
+
+/// Creates directory `name` inside `dir` with [`DIR_MODE`] (the umask can
+/// only take bits away, which the caller's `fchmod` restores).
+pub fn mkdir_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    nix::sys::stat::mkdirat(dir, name, Mode::from_bits_truncate(DIR_MODE)).map_err(io_err)
+}
+
+/// Creates a new file `name` inside `dir`: never an existing file, never
+/// through a symlink, mode [`FILE_MODE`] whatever the umask.
+pub fn create_file_at(dir: BorrowedFd<'_>, name: &OsStr, read_back: bool) -> io::Result<File> {
+    let access = if read_back {
+        OFlag::O_RDWR
+    } else {
+        OFlag::O_WRONLY
+    };
+    let fd = nix::fcntl::openat(
+        dir,
+        name,
+        access | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(FILE_MODE),
+    )
+    .map_err(io_err)?;
+    set_mode(fd.as_fd(), FILE_MODE)?;
+    Ok(File::from(fd))
+}
+
+/// Opens `name` inside `dir` for reading: no symlink, and O_NONBLOCK so a
+/// FIFO cannot block the open (cleared again once the file is known to be
+/// regular). Returns the file and its stat.
+pub fn open_regular_at(dir: BorrowedFd<'_>, name: &OsStr) -> Result<(File, FileStat), OpenError> {
+    let fd = nix::fcntl::openat(
+        dir,
+        name,
+        OFlag::O_RDONLY
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_NONBLOCK
+            | OFlag::O_CLOEXEC
+            | OFlag::O_NOCTTY,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        // O_NOFOLLOW on a symlink.
+        Errno::ELOOP => OpenError::NotRegular(FileType::Symlink),
+        e => OpenError::Io(io_err(e)),
+    })?;
+    let st = nix::sys::stat::fstat(fd.as_fd()).map_err(|e| OpenError::Io(io_err(e)))?;
+    let kind = FileType::of(&st);
+    if kind != FileType::Regular {
+        return Err(OpenError::NotRegular(kind));
+    }
+    nix::fcntl::fcntl(fd.as_fd(), FcntlArg::F_SETFL(OFlag::empty()))
+        .map_err(|e| OpenError::Io(io_err(e)))?;
+    Ok((File::from(fd), st))
+}
+
+/// Why [`open_regular_at`] failed.
+#[derive(Debug)]
+pub enum OpenError {
+    /// The name is not a regular file.
+    NotRegular(FileType),
+    /// The OS refused.
+    Io(io::Error),
+}
+
+/// Stats `name` inside `dir` without following a symlink.
+pub fn stat_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<FileStat> {
+    nix::sys::stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(io_err)
+}
+
+/// Stats an open fd.
+pub fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<FileStat> {
+    nix::sys::stat::fstat(fd).map_err(io_err)
+}
+
+/// Sets the permission bits of an open file or directory.
+pub fn set_mode(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
+    nix::sys::stat::fchmod(fd, Mode::from_bits_truncate(mode)).map_err(io_err)
+}
+
+/// Flushes a file or directory to stable storage.
+pub fn sync(fd: BorrowedFd<'_>) -> io::Result<()> {
+    nix::unistd::fsync(fd).map_err(io_err)
+}
+
+/// How a rename into place went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenameOutcome {
+    /// Renamed; nothing was at the new name.
+    Renamed,
+    /// Something already has the new name; nothing was changed.
+    Exists,
+}
+
+/// Renames `old` to `new` inside `dir`, never replacing anything at `new`.
+/// Filesystems without RENAME_NOREPLACE (EINVAL) get a plain rename, which
+/// still cannot replace a non-empty directory; the caller checks afterwards
+/// that the new name holds what it renamed.
+pub fn rename_noreplace_at(
+    dir: BorrowedFd<'_>,
+    old: &OsStr,
+    new: &OsStr,
+) -> io::Result<RenameOutcome> {
+    match nix::fcntl::renameat2(dir, old, dir, new, RenameFlags::RENAME_NOREPLACE) {
+        Ok(()) => Ok(RenameOutcome::Renamed),
+        Err(Errno::EEXIST | Errno::ENOTEMPTY) => Ok(RenameOutcome::Exists),
+        Err(Errno::EINVAL) => match stat_at(dir, new) {
+            Ok(_) => Ok(RenameOutcome::Exists),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                match nix::fcntl::renameat(dir, old, dir, new) {
+                    Ok(()) => Ok(RenameOutcome::Renamed),
+                    Err(Errno::EEXIST | Errno::ENOTEMPTY) => Ok(RenameOutcome::Exists),
+                    Err(e) => Err(io_err(e)),
+                }
+            }
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(io_err(e)),
+    }
+}
+
+/// Removes the non-directory entry `name` of `dir` (a symlink itself, never
+/// its target).
+pub fn unlink_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    nix::unistd::unlinkat(dir, name, UnlinkatFlags::NoRemoveDir).map_err(io_err)
+}
+
+/// Removes the empty directory `name` of `dir`.
+pub fn rmdir_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    nix::unistd::unlinkat(dir, name, UnlinkatFlags::RemoveDir).map_err(io_err)
+}
+
+/// The names in directory `dir`, without `.` and `..`.
+pub fn list(dir: BorrowedFd<'_>) -> io::Result<Vec<OsString>> {
+    let mut d = Dir::openat(
+        dir,
+        ".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(io_err)?;
+    let mut out = Vec::new();
+    for e in d.iter() {
+        let e = e.map_err(io_err)?;
+        let name = e.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            out.push(OsStr::from_bytes(name).to_owned());
+        }
+    }
+    Ok(out)
+}
+
+/// The effective uid ckpt runs as.
+pub fn euid() -> u32 {
+    nix::unistd::geteuid().as_raw()
+}
+
+/// Whether `pid` names a live process (or one we cannot see, which counts
+/// as live so its files are left alone).
+pub fn pid_alive(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        Ok(()) => true,
+        Err(e) => e != Errno::ESRCH,
+    }
+}
