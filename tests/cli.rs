@@ -125,3 +125,15 @@ fn restore_writes_the_pidfile() {
     v.go();
     finish_restore(&v, restore);
 }
+
+/// CRIU users create the images directory first: an empty one is used, a
+/// non-empty one is never touched (see failures.rs for that side).
+#[test]
+fn dump_into_existing_empty_directory() {
+    let env = TestEnv::new("cli-empty-dir");
+    std::fs::create_dir(&env.img).expect("create empty img dir");
+    let mut v = Victim::spawn(&env, "counter", &[]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    restore_and_check(&env, &v);
+}

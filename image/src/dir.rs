@@ -52,6 +52,8 @@ pub struct ImageWriter {
     tmp_id: Identity,
     digests: Vec<FileDigest>,
     committed: bool,
+    /// `DIR` existed as an empty directory of ours, to be replaced.
+    replace_empty: bool,
 }
 
 impl ImageWriter {
@@ -73,11 +75,22 @@ impl ImageWriter {
         // followed once, here; from now on every name is relative to this fd.
         let parent = sys::open_dir_path(&parent_path)
             .map_err(|e| ImageError::io(&parent_path, "open parent directory", e))?;
-        match sys::stat_at(parent.as_fd(), &final_name) {
+        // CRIU users create the directory first: an empty directory of
+        // ckpt's user is taken (replaced at commit); anything else is kept.
+        let replace_empty = match sys::stat_at(parent.as_fd(), &final_name) {
+            Ok(st) if FileType::of(&st) == FileType::Directory && st.st_uid == sys::euid() => {
+                let existing = sys::open_dir_at(parent.as_fd(), &final_name)
+                    .and_then(|d| sys::list(d.as_fd()))
+                    .map_err(|e| ImageError::io(dir, "list", e))?;
+                if !existing.is_empty() {
+                    return Err(ImageError::Exists { path: dir.into() });
+                }
+                true
+            }
             Ok(_) => return Err(ImageError::Exists { path: dir.into() }),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => false,
             Err(e) => return Err(ImageError::io(dir, "stat", e)),
-        }
+        };
         remove_stale_tmp_dirs(&parent, &final_name);
         let mut tmp_name = final_name.clone();
         tmp_name.push(format!(".tmp.{}", std::process::id()));
@@ -111,6 +124,7 @@ impl ImageWriter {
             tmp_id: Identity::of(&st),
             digests: Vec::new(),
             committed: false,
+            replace_empty,
         })
     }
 
@@ -206,6 +220,11 @@ impl ImageWriter {
                     what: format!("disappeared while the dump wrote it ({e})"),
                 });
             }
+        }
+        if self.replace_empty {
+            // rmdir removes only an empty directory; if it filled up or was
+            // swapped meanwhile, the rename below refuses to replace it.
+            let _ = sys::rmdir_at(self.parent.as_fd(), &self.final_name);
         }
         match sys::rename_noreplace_at(self.parent.as_fd(), &self.tmp_name, &self.final_name)
             .map_err(|e| ImageError::io(&self.final_path, "rename into place", e))?
@@ -781,7 +800,7 @@ mod tests {
     }
 
     #[test]
-    fn dropped_writer_leaves_nothing_and_existing_dir_is_refused() {
+    fn dropped_writer_leaves_nothing_and_non_empty_dir_is_refused() {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("ck");
         {
@@ -789,11 +808,15 @@ mod tests {
             w.write_raw("ghost-0.img", b"abc").unwrap();
         }
         assert_eq!(fs::read_dir(t.path()).unwrap().count(), 0);
+        // An empty directory is taken; one with anything in it is refused.
         fs::create_dir(&dir).unwrap();
+        drop(ImageWriter::create(&dir).unwrap());
+        fs::write(dir.join("keep"), b"x").unwrap();
         assert!(matches!(
             ImageWriter::create(&dir),
             Err(ImageError::Exists { .. })
         ));
+        assert_eq!(fs::read(dir.join("keep")).unwrap(), b"x");
     }
 
     #[test]
