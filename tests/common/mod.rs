@@ -488,9 +488,18 @@ impl Victim {
             cmd.uid(u.uid).gid(u.gid);
         }
         cloexec_inherited_fds(&mut cmd, true);
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
+        // A binary a test just wrote can be "busy" for a moment: a process
+        // another test thread forked meanwhile holds the write fd until it
+        // execs.
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let child = loop {
+            match cmd.spawn() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && Instant::now() < deadline => {
+                    sleep(POLL)
+                }
+                other => break other.unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display())),
+            }
+        };
         Victim {
             pid: child.id() as i32,
             bin,
