@@ -55,9 +55,9 @@ fn counter_dumped(env: &TestEnv, v: &mut Victim) -> u64 {
 
 /// Restore in the foreground, let the restored counter tick a while, go, and
 /// check both PASS and the log continuation from index `from`.
-fn restore_counter_once(env: &TestEnv, v: &Victim, dumped_at: u64, what: &str) {
+fn restore_counter_once(env: &TestEnv, v: &Victim, dumped_at: u64, what: &str, extra: &[&str]) {
     let from = log_values(&env.work).len();
-    let mut restore = spawn_restore(env, &[]);
+    let mut restore = spawn_restore(env, extra);
     wait_restored_and_running(v, &mut restore);
     assert!(
         wait_until(Duration::from_secs(5), || log_values(&env.work).len()
@@ -76,7 +76,7 @@ fn same_images_restore_twice() {
     let mut v = Victim::spawn(&env, "counter", &[]);
     let dumped_at = counter_dumped(&env, &mut v);
 
-    restore_counter_once(&env, &v, dumped_at, "first restore");
+    restore_counter_once(&env, &v, dumped_at, "first restore", &[]);
     assert!(
         wait_until(Duration::from_secs(5), || victim_gone(
             v.pid, &v.bin, &v.work
@@ -86,7 +86,16 @@ fn same_images_restore_twice() {
     // The images must not have been consumed or modified by the first restore.
     assert_images(&env.img, v.pid);
     v.clear_protocol_files();
-    restore_counter_once(&env, &v, dumped_at, "second restore");
+    // The first restored instance appended to its log: a changed file is
+    // refused unless the user says it may change (it is append-only).
+    let log = env.work.join("counter.log");
+    restore_counter_once(
+        &env,
+        &v,
+        dumped_at,
+        "second restore",
+        &["--allow-changed", path_str(&log)],
+    );
 }
 
 #[test]

@@ -169,6 +169,13 @@ impl ErrorReport {
                 self.set(ErrorKind::Conflict, Some(*pid));
                 self.path = Some(path.clone());
             }
+            RestoreError::Changed { pid, at, path, .. } => {
+                self.set(ErrorKind::Conflict, Some(*pid));
+                self.path = Some(path.clone());
+                if let ckpt_restorer::FileUse::Fd(fd) = at {
+                    self.fd = Some(*fd);
+                }
+            }
             RestoreError::Os { pid, .. } => self.set(ErrorKind::Internal, Some(*pid)),
             RestoreError::Parasite(p) => self.classify_parasite(p),
         }

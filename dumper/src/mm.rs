@@ -166,7 +166,7 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
         path => {
             vma.path = path.to_string();
             vma.file_offset = e.offset;
-            vma.file = Some(file_id(pid, e)?);
+            vma.file = Some(file_id(pid, e, !shared)?);
             if shared {
                 if has("mw") {
                     vma.flags |= vma_flags::MAYWRITE;
@@ -186,10 +186,12 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
 
 /// Identity of a mapped file, taken through `/proc/PID/map_files` (the
 /// inode actually mapped) and checked against the path (the inode restore
-/// will open).
-fn file_id(pid: i32, e: &SmapsEntry) -> Result<FileId> {
+/// will open). A private mapping's file (code, libraries) is hashed too, so
+/// restore can tell a patched binary from an untouched one whatever its
+/// mtime says.
+fn file_id(pid: i32, e: &SmapsEntry, private: bool) -> Result<FileId> {
     let link = procfile::path(pid, &format!("map_files/{:x}-{:x}", e.start, e.end));
-    let mapped = std::fs::metadata(&link).map_err(|s| procfile::proc_err(pid, link, s))?;
+    let mapped = std::fs::metadata(&link).map_err(|s| procfile::proc_err(pid, link.clone(), s))?;
     let named = std::fs::metadata(&e.path).map_err(|source| DumpError::Proc {
         pid,
         path: e.path.clone().into(),
@@ -204,11 +206,77 @@ fn file_id(pid: i32, e: &SmapsEntry) -> Result<FileId> {
             ),
         });
     }
+    let sha256 = if private {
+        CONTENT_HASHES.get_or_hash(&mapped, || {
+            File::open(&link)
+                .and_then(FileId::content_sha256)
+                .map_err(|source| DumpError::Proc {
+                    pid,
+                    path: link.clone(),
+                    source,
+                })
+        })?
+    } else {
+        Vec::new()
+    };
     Ok(FileId {
         size: mapped.size(),
-        mtime_ns: mapped.mtime() * 1_000_000_000 + mapped.mtime_nsec(),
+        mtime_ns: mapped.mtime() * NANOS_PER_SEC + mapped.mtime_nsec(),
         mode: mapped.mode(),
+        dev: mapped.dev(),
+        ino: mapped.ino(),
+        uid: mapped.uid(),
+        gid: mapped.gid(),
+        sha256,
     })
+}
+
+const NANOS_PER_SEC: i64 = 1_000_000_000;
+
+/// What makes a cached content hash still valid: the same inode, unchanged
+/// since (a write moves ctime, which no one but root can set back).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct HashKey {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i64,
+    ctime_ns: i64,
+}
+
+/// Content hashes of mapped files already computed, so a library mapped
+/// several times and by every process of a tree (libc) is read once.
+struct HashCache(std::sync::Mutex<Option<std::collections::HashMap<HashKey, Vec<u8>>>>);
+
+static CONTENT_HASHES: HashCache = HashCache(std::sync::Mutex::new(None));
+
+impl HashCache {
+    fn get_or_hash(
+        &self,
+        m: &std::fs::Metadata,
+        hash: impl FnOnce() -> Result<Vec<u8>>,
+    ) -> Result<Vec<u8>> {
+        let key = HashKey {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: m.mtime() * NANOS_PER_SEC + m.mtime_nsec(),
+            ctime_ns: m.ctime() * NANOS_PER_SEC + m.ctime_nsec(),
+        };
+        let cached = |g: &Option<std::collections::HashMap<HashKey, Vec<u8>>>| {
+            g.as_ref().and_then(|c| c.get(&key).cloned())
+        };
+        if let Some(h) = cached(&self.0.lock().unwrap_or_else(|e| e.into_inner())) {
+            return Ok(h);
+        }
+        let h = hash()?;
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(Default::default)
+            .insert(key, h.clone());
+        Ok(h)
+    }
 }
 
 /// Whether a page with PAGEMAP_SCAN categories `cats` must be saved.

@@ -47,6 +47,24 @@ pub mod vma_flags {
     pub const DONTDUMP: u32 = 32;
 }
 
+impl FileId {
+    /// The SHA-256 of everything `r` yields, as [`FileId::sha256`] holds
+    /// it (computed the same way on both sides).
+    pub fn content_sha256(mut r: impl std::io::Read) -> std::io::Result<Vec<u8>> {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) => return Ok(h.finalize().to_vec()),
+                Ok(n) => h.update(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
 impl Vma {
     /// Length in bytes (0 for a reversed VMA, which
     /// [`Mm::page_copies`] refuses).

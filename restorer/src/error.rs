@@ -55,6 +55,20 @@ pub enum RestoreError {
         /// What is wrong.
         what: String,
     },
+    /// A file the process had open or mapped is not the one it had: gone,
+    /// replaced, changed, or not openable with the process's own
+    /// credentials.
+    #[error("pid {pid}: {at}: {path}: {what}")]
+    Changed {
+        /// The pid.
+        pid: i32,
+        /// Which fd or mapping of the process.
+        at: FileUse,
+        /// The file.
+        path: String,
+        /// What differs.
+        what: String,
+    },
     /// A system call of the restorer itself failed.
     #[error("pid {pid}: {op}: {source}")]
     Os {
@@ -69,6 +83,29 @@ pub enum RestoreError {
     /// Rebuilding the process from inside failed.
     #[error(transparent)]
     Parasite(#[from] ParasiteError),
+}
+
+/// Where a process used a file: which fd, or which mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileUse {
+    /// Fd number N.
+    Fd(i32),
+    /// The mapping at these addresses.
+    Mapping {
+        /// First address.
+        start: u64,
+        /// One past the last address.
+        end: u64,
+    },
+}
+
+impl std::fmt::Display for FileUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FileUse::Fd(fd) => write!(f, "fd {fd}"),
+            FileUse::Mapping { start, end } => write!(f, "mapping {start:#x}-{end:#x}"),
+        }
+    }
 }
 
 /// Shorthand.

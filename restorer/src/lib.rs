@@ -47,7 +47,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
-pub use error::{RestoreError, Result};
+pub use error::{FileUse, RestoreError, Result};
+pub use fd::{FilePolicy, InheritFd};
 
 /// Options of one restore.
 pub struct RestoreOptions<'a> {
@@ -61,6 +62,9 @@ pub struct RestoreOptions<'a> {
     pub notice: &'a dyn Fn(&str),
     /// Called with (bytes of page data copied, total) while pages are copied.
     pub progress: Option<&'a dyn Fn(u64, u64)>,
+    /// Which of the restorer's fds may reach the processes, and which files
+    /// may have changed since the dump.
+    pub files: FilePolicy,
 }
 
 /// A restored, running process tree (its root is a child of the caller).
@@ -200,7 +204,7 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
         }
     }
     let child = spawn(root, opts)?;
-    let mut fds = fd::Context::new(&images, &files);
+    let mut fds = fd::Context::new(&images, &files, &opts.files);
     match build_tree(&procs, &zombies, &pages, &mut fds, opts) {
         Ok(tracees) => Ok(Stopped {
             root,
@@ -517,7 +521,7 @@ fn rebuild_process(
         mm::check_vdso(pid, &r, &child_maps, v)?;
     }
     mm::clear_and_move_specials(&r, &child_maps, &p.mm)?;
-    mm::map_vmas(&r, &p.mm)?;
+    mm::map_vmas(&r, &p.mm, fds.checks())?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::MidRebuild);
     mm::map_shared_links(&r, &p.mm)?;
     pages::fill_pages(&r, &p.mm, pages, opts.progress)?;
@@ -526,7 +530,7 @@ fn rebuild_process(
     mm::set_mm_fields(&r, mm_fields, &core.exe)?;
 
     task::restore_rlimits(pid, core, opts.notice)?;
-    fd::restore(fds, &r, &p.fds)?;
+    fd::restore(fds, &r, &p.fds, core.creds.as_ref())?;
     task::restore_misc(&r, core)?;
     task::restore_sigactions(&r, core)?;
     task::queue_pending(&r, pid, &core.pending)?;

@@ -4,12 +4,11 @@
 //! (the saved pages are copied in by `pages`), and set the kernel's mm
 //! fields.
 
-use std::os::unix::fs::MetadataExt;
-
 use ckpt_image::mm::{Mm, VdsoInfo, Vma, VmaKind, prot, vma_flags};
 use ckpt_image::task::MmFields;
 
-use crate::error::{RestoreError, Result};
+use crate::error::{FileUse, RestoreError, Result};
+use crate::fd::identity::{Contents, Expected, FileChecks, Inode};
 use ckpt_parasite::remote::{Remote, SCRATCH_LEN};
 
 /// One line of the child's own `/proc/PID/maps`.
@@ -180,7 +179,8 @@ fn mremap(r: &Remote<'_>, from: u64, len: u64, to: u64) -> Result<()> {
 
 /// Creates every non-special VMA. Shared anonymous areas are created
 /// writable so pages can be copied in; [`fix_protections`] finishes them.
-pub fn map_vmas(r: &Remote<'_>, mm: &Mm) -> Result<()> {
+/// Each mapped file is checked to be the one the process had (`checks`).
+pub fn map_vmas(r: &Remote<'_>, mm: &Mm, checks: &mut FileChecks) -> Result<()> {
     let pid = r.t.pid();
     for v in &mm.vmas {
         let kind = VmaKind::try_from(v.kind).map_err(|_| invalid(pid, v, "unknown kind"))?;
@@ -197,7 +197,6 @@ pub fn map_vmas(r: &Remote<'_>, mm: &Mm) -> Result<()> {
                 p |= libc::PROT_READ | libc::PROT_WRITE;
             }
             VmaKind::FilePrivate | VmaKind::FileShared => {
-                check_file(pid, v)?;
                 let shared = kind == VmaKind::FileShared;
                 let writable = shared && v.flags & vma_flags::MAYWRITE != 0;
                 flags |= if shared {
@@ -210,7 +209,16 @@ pub fn map_vmas(r: &Remote<'_>, mm: &Mm) -> Result<()> {
                 } else {
                     libc::O_RDONLY
                 };
-                fd = i64::from(r.open(&v.path, mode | libc::O_CLOEXEC, 0)?);
+                // /proc resolved the dumped path: a symbolic link at its
+                // end was put there since.
+                let opened = r
+                    .open(&v.path, mode | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0)
+                    .map_err(|e| changed(pid, v, format!("cannot reopen: {e}")))?;
+                if let Err(e) = check_file(pid, v, opened, checks) {
+                    r.close(opened)?;
+                    return Err(e);
+                }
+                fd = i64::from(opened);
             }
             _ => unreachable!("special kinds skipped above"),
         }
@@ -334,29 +342,51 @@ pub fn set_mm_fields(r: &Remote<'_>, f: &MmFields, exe: &str) -> Result<()> {
     Ok(())
 }
 
-fn check_file(pid: i32, v: &Vma) -> Result<()> {
+/// Checks the file opened (inside the process, as `fd`) for mapping `v` is
+/// the one the process had mapped: same contents for a private mapping
+/// (hashed at dump time), same file unmodified for a shared one.
+fn check_file(pid: i32, v: &Vma, fd: i32, checks: &mut FileChecks) -> Result<()> {
     let Some(id) = &v.file else {
         return Err(invalid(pid, v, "file mapping without file identity"));
     };
-    let m = std::fs::metadata(&v.path).map_err(|e| RestoreError::File {
+    let contents = if id.sha256.is_empty() {
+        Contents::Unmodified {
+            size: id.size,
+            mtime_ns: id.mtime_ns,
+            ctime_ns: None,
+        }
+    } else {
+        Contents::Sha256 {
+            size: id.size,
+            digest: &id.sha256,
+        }
+    };
+    let want = Expected {
+        mode: id.mode,
+        uid: id.uid,
+        gid: id.gid,
+        inode: Inode {
+            dev: id.dev,
+            ino: id.ino,
+        },
+        contents,
+    };
+    let opened = std::path::PathBuf::from(format!("/proc/{pid}/fd/{fd}"));
+    checks
+        .verify(&opened, &want)
+        .map_err(|m| changed(pid, v, format!("mapped file {}", m.0)))
+}
+
+fn changed(pid: i32, v: &Vma, what: String) -> RestoreError {
+    RestoreError::Changed {
         pid,
+        at: FileUse::Mapping {
+            start: v.start,
+            end: v.end,
+        },
         path: v.path.clone(),
-        what: format!("mapped file is missing: {e}"),
-    })?;
-    let mtime_ns = m.mtime() * 1_000_000_000 + m.mtime_nsec();
-    if m.size() != id.size || mtime_ns != id.mtime_ns {
-        return Err(RestoreError::File {
-            pid,
-            path: v.path.clone(),
-            what: format!(
-                "mapped file changed since the dump (size {} -> {}, mtime changed: {})",
-                id.size,
-                m.size(),
-                mtime_ns != id.mtime_ns
-            ),
-        });
+        what,
     }
-    Ok(())
 }
 
 pub fn invalid(pid: i32, v: &Vma, what: &str) -> RestoreError {

@@ -429,7 +429,27 @@ impl Victim {
         env.give_work_to(user);
         Victim::spawn_full(
             env,
+            victim_bin(name),
             name,
+            extra_args,
+            [Stdio::null(), stdout.into(), stderr.into()],
+            Some(user),
+        )
+    }
+
+    /// Like [`Victim::spawn_as`], running the executable `bin` (a copy of a
+    /// victim, e.g. to change it between dump and restore).
+    pub fn spawn_bin_as(env: &TestEnv, bin: &Path, extra_args: &[&str], user: &TestUser) -> Victim {
+        let stdout = File::create(env.work.join("stdout")).expect("create stdout file");
+        let stderr = File::create(env.work.join("stderr")).expect("create stderr file");
+        env.give_work_to(user);
+        let name = bin
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        Victim::spawn_full(
+            env,
+            bin.to_path_buf(),
+            &name,
             extra_args,
             [Stdio::null(), stdout.into(), stderr.into()],
             Some(user),
@@ -445,17 +465,24 @@ impl Victim {
         stdout: Stdio,
         stderr: Stdio,
     ) -> Victim {
-        Victim::spawn_full(env, name, extra_args, [stdin, stdout, stderr], None)
+        Victim::spawn_full(
+            env,
+            victim_bin(name),
+            name,
+            extra_args,
+            [stdin, stdout, stderr],
+            None,
+        )
     }
 
     fn spawn_full(
         env: &TestEnv,
+        bin: PathBuf,
         name: &str,
         extra_args: &[&str],
         [stdin, stdout, stderr]: [Stdio; 3],
         user: Option<&TestUser>,
     ) -> Victim {
-        let bin = victim_bin(name);
         let mut cmd = Command::new(&bin);
         cmd.arg(&env.work)
             .args(extra_args)
@@ -467,9 +494,18 @@ impl Victim {
             cmd.uid(u.uid).gid(u.gid);
         }
         cloexec_inherited_fds(&mut cmd, true);
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
+        // A binary a test just wrote can be "busy" for a moment: a process
+        // another test thread forked meanwhile holds the write fd until it
+        // execs.
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let child = loop {
+            match cmd.spawn() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && Instant::now() < deadline => {
+                    sleep(POLL)
+                }
+                other => break other.unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display())),
+            }
+        };
         Victim {
             pid: child.id() as i32,
             bin,

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use ckpt_restorer::RestoreOptions;
+use ckpt_restorer::{FilePolicy, InheritFd, RestoreOptions};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
 
@@ -33,6 +33,16 @@ pub struct RestoreArgs {
     /// /var/lib/ckpt/image.key).
     #[arg(long, value_name = "PATH")]
     image_key: Option<PathBuf>,
+    /// Let a terminal fd N of the restored process receive this command's
+    /// own fd N (repeatable). Fds 0, 1 and 2 are always passed; any other
+    /// terminal fd gets /dev/null.
+    #[arg(long = "inherit-fd", value_name = "N")]
+    inherit_fd: Vec<u16>,
+    /// Accept that this open file changed since the dump (repeatable): it is
+    /// reopened at its end instead of the dumped offset, as an append-only
+    /// log continues. Its owner, mode and type must still match.
+    #[arg(long = "allow-changed", value_name = "PATH")]
+    allow_changed: Vec<PathBuf>,
 }
 
 /// Runs `ckpt restore`: exits 0 once the process runs with `--detach`,
@@ -66,6 +76,18 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
         pid_wait: Duration::from_secs(a.pid_wait),
         notice: &notice,
         progress: Some(&progress),
+        files: FilePolicy {
+            inherit_fds: a
+                .inherit_fd
+                .iter()
+                .map(|&n| InheritFd(i32::from(n)))
+                .collect(),
+            allow_changed: a
+                .allow_changed
+                .iter()
+                .map(|p| dumped_form(p))
+                .collect::<anyhow::Result<_>>()?,
+        },
     };
     // The engine's phases: a coordinated restart publishes and subscribes
     // between them.
@@ -122,4 +144,12 @@ fn write_pidfile(path: &std::path::Path, pid: i32) -> anyhow::Result<()> {
     writeln!(f, "{pid}").with_context(|| format!("{}: write", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("{}: rename", path.display()))?;
     Ok(())
+}
+
+/// A path as the dump recorded it: absolute, with every symbolic link
+/// resolved (the dump read it from /proc).
+fn dumped_form(p: &std::path::Path) -> anyhow::Result<PathBuf> {
+    std::fs::canonicalize(p).or_else(|_| {
+        std::path::absolute(p).with_context(|| format!("--allow-changed {}", p.display()))
+    })
 }

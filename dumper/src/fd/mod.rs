@@ -8,6 +8,7 @@
 
 mod dev;
 mod eventfd;
+mod lock;
 mod pipe;
 mod reg;
 mod tty;
@@ -204,6 +205,7 @@ pub fn collect_tree(pids: &[i32]) -> Result<TreeFiles> {
         let mut table = FdTable::default();
         for fd in procfile::numbered_entries(pid, "fd")? {
             let p = params(pid, fd)?;
+            lock::refuse_locks(&p)?;
             let inode = Inode {
                 dev: p.meta.dev(),
                 ino: p.meta.ino(),

@@ -11,6 +11,7 @@ use super::{Blobs, FdParams, FileDumper};
 use crate::error::{DumpError, Result};
 
 const DELETED: &str = " (deleted)";
+const NANOS_PER_SEC: i64 = 1_000_000_000;
 
 /// Regular files and directories.
 pub struct Reg;
@@ -25,11 +26,18 @@ impl FileDumper for Reg {
     }
 
     fn collect(&self, p: &FdParams, file_id: u64, blobs: &mut Blobs) -> Result<Kind> {
+        let m = &p.meta;
         let mut f = RegFile {
             path: p.link.clone(),
-            mode: p.meta.mode(),
-            size: p.meta.size(),
+            mode: m.mode(),
+            size: m.size(),
             ghost: None,
+            uid: m.uid(),
+            gid: m.gid(),
+            dev: m.dev(),
+            ino: m.ino(),
+            mtime_ns: m.mtime() * NANOS_PER_SEC + m.mtime_nsec(),
+            ctime_ns: m.ctime() * NANOS_PER_SEC + m.ctime_nsec(),
         };
         if let Some(path) = p.link.strip_suffix(DELETED)
             && p.meta.nlink() == 0

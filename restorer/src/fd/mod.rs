@@ -7,14 +7,20 @@
 //! one line in [`install_file`]; the twin on the dump side is
 //! `dumper/src/fd/KIND.rs`, the image message `image/src/fd/KIND.rs`.
 
+mod create;
+mod creds;
 mod dev;
 mod eventfd;
+pub mod identity;
 mod pipe;
 mod reg;
 mod tty;
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
+use std::path::PathBuf;
+
+use ckpt_image::task::Creds;
 
 use ckpt_image::ImageDir;
 use ckpt_image::fd::{Fd, FdTable, File, Files, file::Kind};
@@ -53,6 +59,32 @@ fn install_file(cx: &mut Context<'_>, r: &Remote<'_>, file: &File, fd: &Fd) -> R
     }
 }
 
+/// What the user running the restore allows to reach the restored
+/// processes beyond their images.
+#[derive(Debug, Clone, Default)]
+pub struct FilePolicy {
+    /// Fds of the restorer, besides 0, 1 and 2, that a terminal fd of the
+    /// same number may receive (`ckpt restore --inherit-fd N`). Any other
+    /// terminal fd gets `/dev/null`: whatever else the restorer has open
+    /// must never reach a process of another user.
+    pub inherit_fds: Vec<InheritFd>,
+    /// Files whose contents may have changed since the dump
+    /// (`ckpt restore --allow-changed PATH`, as the dump recorded the path):
+    /// reopened at their end instead of the dumped offset, as an
+    /// append-only log continues. Owner, mode, type and (on the dumping
+    /// host) inode must still match.
+    pub allow_changed: Vec<PathBuf>,
+}
+
+/// A restorer fd number that may be handed to a terminal fd of the same
+/// number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InheritFd(pub i32);
+
+/// The restorer's standard input, output and error: always passed to the
+/// terminal fds of the same numbers, so output appears where restore runs.
+const STDIO: [i32; 3] = [0, 1, 2];
+
 /// Where an open file description was first installed.
 #[derive(Clone, Copy)]
 struct Installed {
@@ -71,11 +103,15 @@ pub struct Context<'a> {
     /// The process being rebuilt and the fds it inherited from the restorer.
     pid: i32,
     inherited: Vec<i32>,
+    /// The filesystem uid its files are reopened with, once known.
+    fs_uid: Option<u32>,
+    policy: &'a FilePolicy,
+    checks: identity::FileChecks,
 }
 
 impl<'a> Context<'a> {
     /// A context for restoring the fds of a tree whose files are `files`.
-    pub fn new(images: &'a ImageDir, files: &'a Files) -> Self {
+    pub fn new(images: &'a ImageDir, files: &'a Files, policy: &'a FilePolicy) -> Self {
         Context {
             images,
             files,
@@ -83,7 +119,28 @@ impl<'a> Context<'a> {
             states: HashMap::new(),
             pid: 0,
             inherited: Vec::new(),
+            fs_uid: None,
+            policy,
+            checks: identity::FileChecks::new(&images.manifest().hostname),
         }
+    }
+
+    /// The checks files are put through (also used for mapped files).
+    pub fn checks(&mut self) -> &mut identity::FileChecks {
+        &mut self.checks
+    }
+
+    /// The filesystem uid the current process's files are reopened with.
+    pub fn fs_uid(&self) -> Option<u32> {
+        self.fs_uid
+    }
+
+    /// The user allowed the file at `path` to change since the dump.
+    pub fn may_change(&self, path: &str) -> bool {
+        self.policy
+            .allow_changed
+            .iter()
+            .any(|p| p.as_os_str() == path)
     }
 
     /// A kind's own state (created empty at first use, dropped when the
@@ -102,9 +159,12 @@ impl<'a> Context<'a> {
         self.pid
     }
 
-    /// The process inherited fd `fd` from the restorer.
-    pub fn inherited(&self, fd: i32) -> bool {
-        self.inherited.contains(&fd)
+    /// The process inherited fd `fd` from the restorer and may keep it on
+    /// a terminal fd of that number: stdio, or a number the user passed
+    /// with `--inherit-fd`.
+    pub fn may_inherit(&self, fd: i32) -> bool {
+        let allowed = STDIO.contains(&fd) || self.policy.inherit_fds.contains(&InheritFd(fd));
+        allowed && self.inherited.contains(&fd)
     }
 
     /// An error for a bad entry of this process's fd table.
@@ -143,16 +203,28 @@ pub fn validate(images: &ImageDir, pid: i32, table: &FdTable, files: &Files) -> 
 
 /// Rebuilds the fd table of the process behind `r` (processes in tree
 /// order, parents first, so a shared description's first holder is
-/// already rebuilt).
-pub fn restore(cx: &mut Context<'_>, r: &Remote<'_>, table: &FdTable) -> Result<()> {
+/// already rebuilt). Files are opened with the process's dumped
+/// filesystem identity (`creds`), see [`creds`].
+pub fn restore(
+    cx: &mut Context<'_>,
+    r: &Remote<'_>,
+    table: &FdTable,
+    creds: Option<&Creds>,
+) -> Result<()> {
     cx.pid = r.t.pid();
     cx.inherited = inherited_fds(cx.pid)?;
+    let identity = creds::FsIdentity::of(creds);
+    cx.fs_uid = identity.as_ref().map(creds::FsIdentity::uid);
+    let previous = identity.as_ref().map(|i| i.assume(r)).transpose()?;
     for fd in &table.fds {
         let file = cx
             .files
             .get(fd.file_id)
             .ok_or_else(|| cx.invalid(fd.fd, "no such file"))?;
         install_file(cx, r, file, fd)?;
+    }
+    if let Some(p) = previous {
+        p.restore(r)?;
     }
     // What the restorer passed down and the process did not have.
     for fd in std::mem::take(&mut cx.inherited) {

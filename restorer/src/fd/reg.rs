@@ -1,17 +1,21 @@
 //! Regular files and directories, reopened by path with their flags and
-//! offset. An unlinked file is recreated from its ghost image next to the
-//! original path, opened, and unlinked again.
+//! offset, by the process itself with its own filesystem identity, never
+//! following a symbolic link in the last component, and checked to be the
+//! file it had. An unlinked file is recreated from its ghost image with its
+//! owner and mode (see `create`), opened, and unlinked again.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
+use std::os::unix::io::AsRawFd;
 
 use ckpt_image::fd::File;
 use ckpt_image::fd::reg::RegFile;
-
-use super::{Context, FileRestorer, reopen_flags};
-use crate::error::{RestoreError, Result};
+use ckpt_parasite::ParasiteError;
 use ckpt_parasite::remote::Remote;
+use nix::errno::Errno;
+
+use super::create::{self, Ownership};
+use super::identity::{Contents, Expected, Inode};
+use super::{Context, FileRestorer, reopen_flags, take_from};
+use crate::error::{FileUse, RestoreError, Result};
 
 /// Regular files and directories.
 pub struct Reg;
@@ -25,65 +29,161 @@ impl FileRestorer for Reg {
         r: &Remote<'_>,
         file: &File,
         image: &RegFile,
-        _fd: i32,
+        fd: i32,
     ) -> Result<i32> {
-        let mut flags = reopen_flags(file);
-        if image.is_dir() {
-            flags |= libc::O_DIRECTORY;
-        }
         let got = match &image.ghost {
-            None => r.open(&image.path, flags, 0)?,
-            Some(ghost) => {
-                let path = recreate_ghost(cx, image, ghost)?;
-                let got = r.open(&path.display().to_string(), flags, 0);
-                let _ = std::fs::remove_file(&path);
-                cx.state::<GhostCleanup>().0.retain(|p| *p != path);
-                got?
-            }
+            None => reopen(cx, r, file, image, fd)?,
+            Some(ghost) => recreate_ghost(cx, r, file, image, ghost)?,
+        };
+        // A file the user allowed to change is picked up at its end, where
+        // an append-only log continues; its old offset means nothing now.
+        let (pos, whence) = if image.ghost.is_none() && cx.may_change(&image.path) {
+            (0, libc::SEEK_END)
+        } else {
+            (file.pos as u64, libc::SEEK_SET)
         };
         r.call(
             "lseek",
             libc::SYS_lseek,
-            [got as u64, file.pos as u64, libc::SEEK_SET as u64, 0, 0, 0],
+            [got as u64, pos, whence as u64, 0, 0, 0],
         )?;
         Ok(got)
     }
 }
 
-/// Removes ghost files still linked if the restore fails halfway.
-#[derive(Default)]
-struct GhostCleanup(Vec<PathBuf>);
-
-impl Drop for GhostCleanup {
-    fn drop(&mut self) {
-        for p in &self.0 {
-            let _ = std::fs::remove_file(p);
+/// Opens the dumped path inside the process and checks it is the same file.
+fn reopen(
+    cx: &mut Context<'_>,
+    r: &Remote<'_>,
+    file: &File,
+    image: &RegFile,
+    fd: i32,
+) -> Result<i32> {
+    let pid = cx.pid();
+    let changed = |what: String| RestoreError::Changed {
+        pid,
+        at: FileUse::Fd(fd),
+        path: image.path.clone(),
+        what,
+    };
+    // /proc resolved every symbolic link of the dumped path, so a link in
+    // the last component now was put there since.
+    let mut flags = reopen_flags(file) | libc::O_NOFOLLOW;
+    if image.is_dir() {
+        flags |= libc::O_DIRECTORY;
+    }
+    let got = r
+        .open(&image.path, flags, 0)
+        .map_err(|e| changed(open_failure(e, cx.fs_uid())))?;
+    let contents = if image.is_dir() || cx.may_change(&image.path) {
+        Contents::Any
+    } else {
+        Contents::Unmodified {
+            size: image.size,
+            mtime_ns: image.mtime_ns,
+            ctime_ns: Some(image.ctime_ns),
         }
+    };
+    let want = Expected {
+        mode: image.mode,
+        uid: image.uid,
+        gid: image.gid,
+        inode: Inode {
+            dev: image.dev,
+            ino: image.ino,
+        },
+        contents,
+    };
+    let opened = std::path::PathBuf::from(format!("/proc/{pid}/fd/{got}"));
+    if let Err(m) = cx.checks().verify(&opened, &want) {
+        let _ = r.close(got);
+        return Err(changed(m.0));
+    }
+    Ok(got)
+}
+
+/// Says why a reopen failed in terms of what probably happened.
+fn open_failure(e: ParasiteError, fs_uid: Option<u32>) -> String {
+    let ParasiteError::RemoteOpen { errno, .. } = &e else {
+        return format!("cannot reopen: {e}");
+    };
+    match *errno {
+        Errno::ELOOP => "cannot reopen: the path is now a symbolic link".into(),
+        Errno::ENOENT => "cannot reopen: gone since the dump".into(),
+        Errno::EACCES | Errno::EPERM => match fs_uid {
+            Some(uid) => format!(
+                "cannot reopen with the process's own credentials (uid {uid}): permission denied"
+            ),
+            None => "cannot reopen: permission denied".into(),
+        },
+        other => format!("cannot reopen: {other}"),
     }
 }
 
-/// Writes the ghost image next to the original path and returns the path
-/// the process should open.
-fn recreate_ghost(cx: &mut Context<'_>, image: &RegFile, ghost: &str) -> Result<PathBuf> {
-    let pid = cx.pid();
+/// Recreates an unlinked file from its ghost image with its owner, group
+/// and mode, gives the process a description of it with the dumped flags,
+/// and unlinks it again.
+fn recreate_ghost(
+    cx: &mut Context<'_>,
+    r: &Remote<'_>,
+    file: &File,
+    image: &RegFile,
+    ghost: &str,
+) -> Result<i32> {
     let data = cx.images.read_raw(ghost)?;
-    let mut path = PathBuf::from(&image.path);
-    if path.symlink_metadata().is_ok() {
-        path = PathBuf::from(format!("{}.ckpt-ghost.{}", image.path, std::process::id()));
-    }
-    let file_err = |what: String| RestoreError::File {
+    let created = create::create_exclusive(r, &image.path)?;
+    let result = fill_and_open(cx, file, image, &created, &data);
+    // Whatever happened, the name goes and the process keeps no stray fd.
+    let unlinked = match &result {
+        Ok(handover) => created.unlink(r, &handover.here),
+        Err(_) => created.discard(r),
+    };
+    created.close(r)?;
+    let handover = result?;
+    unlinked?;
+    take_from(r, std::process::id() as i32, handover.reopened.as_raw_fd())
+}
+
+/// The restorer's two handles on a recreated ghost: the one it filled, and
+/// one with the dumped flags to hand to the process.
+struct Handover {
+    here: std::fs::File,
+    reopened: std::fs::File,
+}
+
+fn fill_and_open(
+    cx: &Context<'_>,
+    file: &File,
+    image: &RegFile,
+    created: &create::Created,
+    data: &[u8],
+) -> Result<Handover> {
+    let pid = cx.pid();
+    let err = |what: String| RestoreError::File {
         pid,
-        path: path.display().to_string(),
+        path: created.path.clone(),
         what,
     };
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(image.mode & 0o7777)
-        .open(&path)
-        .map_err(|err| file_err(format!("cannot recreate unlinked file: {err}")))?;
-    cx.state::<GhostCleanup>().0.push(path.clone());
-    f.write_all(&data)
-        .map_err(|err| file_err(format!("cannot write unlinked file's contents: {err}")))?;
-    Ok(path)
+    let creator = cx
+        .fs_uid()
+        .unwrap_or_else(|| nix::unistd::geteuid().as_raw());
+    let mut here = created.open_here(creator)?;
+    let own = Ownership {
+        uid: image.uid,
+        gid: image.gid,
+        mode: image.mode,
+    };
+    create::fill(&mut here, &own, data)
+        .map_err(|e| err(format!("cannot write the unlinked file's contents: {e}")))?;
+    // The dumped access mode may be one the final mode no longer grants
+    // (opened, then chmod-ed): the restorer opens it as root and passes
+    // the description over, as the process had it.
+    let reopened = nix::fcntl::open(
+        format!("/proc/self/fd/{}", here.as_raw_fd()).as_str(),
+        nix::fcntl::OFlag::from_bits_retain(reopen_flags(file)),
+        nix::sys::stat::Mode::empty(),
+    )
+    .map(std::fs::File::from)
+    .map_err(|e| err(format!("cannot reopen the recreated file: {e}")))?;
+    Ok(Handover { here, reopened })
 }

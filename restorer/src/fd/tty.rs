@@ -1,8 +1,11 @@
-//! Terminals, by the terminal rule: fd N is connected to whatever
-//! `ckpt restore`'s own fd N is (the process inherited the restorer's
-//! table), so the program's output appears where restore runs; if the
-//! restorer has no fd N, `/dev/null`. This holds for every fd even when
-//! several shared one description at dump time (0, 1 and 2 usually do).
+//! Terminals, by the terminal rule: fd 0, 1 or 2 is connected to whatever
+//! `ckpt restore`'s own fd of that number is (the process inherited the
+//! restorer's table), so the program's output appears where restore runs;
+//! any other number only if the user passed it with `--inherit-fd N`. Else,
+//! or if the restorer has no fd N, `/dev/null`: the restorer's other fds
+//! (its images, whatever root had open when it ran it) never reach the
+//! process. This holds for every fd even when several shared one
+//! description at dump time (0, 1 and 2 usually do).
 
 use ckpt_image::fd::File;
 use ckpt_image::fd::tty::TtyFile;
@@ -26,7 +29,7 @@ impl FileRestorer for Tty {
         _image: &TtyFile,
         fd: i32,
     ) -> Result<i32> {
-        if cx.inherited(fd) {
+        if cx.may_inherit(fd) {
             return Ok(fd);
         }
         Ok(r.open("/dev/null", reopen_flags(file), 0)?)

@@ -1,0 +1,201 @@
+//! Creating files on restore (unlinked files' ghosts now; FIFOs and socket
+//! paths later) without ever making one the dumped user could not have
+//! made, and without a moment where the file is setuid-root or open to
+//! others.
+//!
+//! The name is created by the restored process itself while it holds the
+//! dumped filesystem identity (`creds`), so it lands only where that user
+//! may create files: the parent directory is opened with `O_NOFOLLOW`
+//! (symbolic links higher up the path are the user's own business; the last
+//! component decides where the file goes), the file with
+//! `O_CREAT | O_EXCL | O_NOFOLLOW` and mode 0600 inside that directory fd.
+//! The restorer then takes it through `/proc/PID/fd/N` and gives it the
+//! recorded owner and group (`fchown`), its contents, and its recorded mode
+//! last (`fchmod`), since a `chown` clears setuid bits and the mode must
+//! not open the file to anyone before it holds the right owner.
+
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use ckpt_parasite::ParasiteError;
+use ckpt_parasite::remote::Remote;
+use nix::errno::Errno;
+
+use super::identity::PERMISSION_BITS;
+use crate::error::{RestoreError, Result};
+
+/// Owner, group and permission bits a created file must end up with.
+pub struct Ownership {
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Permission bits (setuid, setgid, sticky, rwx).
+    pub mode: u32,
+}
+
+/// A file just created inside the process, still linked under `name` in
+/// the directory `dir_fd` (both fds of the process).
+pub struct Created {
+    pid: i32,
+    dir_fd: i32,
+    /// The process's fd of the new file (read-write).
+    pub fd: i32,
+    name: String,
+    /// Where it was created.
+    pub path: String,
+}
+
+/// Mode the file has until it is complete: the creating user only.
+const PRIVATE_MODE: u64 = 0o600;
+
+/// Creates an empty regular file at `path`, or beside it (`PATH.ckpt-ghost.N`)
+/// when that name is taken, inside the process behind `r` with its current
+/// filesystem identity.
+pub fn create_exclusive(r: &Remote<'_>, path: &str) -> Result<Created> {
+    let pid = r.t.pid();
+    let err = |what: String| RestoreError::File {
+        pid,
+        path: path.to_string(),
+        what,
+    };
+    let p = Path::new(path);
+    let (Some(parent), Some(name)) = (p.parent(), p.file_name().and_then(|n| n.to_str())) else {
+        return Err(err("cannot recreate: not a path to a file".into()));
+    };
+    let parent = parent.to_str().unwrap_or("/");
+    let dir_fd = r
+        .open(
+            parent,
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0,
+        )
+        .map_err(|e| err(format!("cannot open its directory to recreate it: {e}")))?;
+    let alternative = format!("{name}.ckpt-ghost.{}", std::process::id());
+    let mut last = None;
+    for candidate in [name, alternative.as_str()] {
+        match create_at(r, dir_fd, candidate) {
+            Ok(fd) => {
+                return Ok(Created {
+                    pid,
+                    dir_fd,
+                    fd,
+                    name: candidate.to_string(),
+                    path: format!("{}/{candidate}", parent.trim_end_matches('/')),
+                });
+            }
+            Err(e)
+                if matches!(
+                    e,
+                    ParasiteError::RemoteSyscall {
+                        errno: Errno::EEXIST,
+                        ..
+                    }
+                ) =>
+            {
+                last = Some(e);
+            }
+            Err(e) => {
+                last = Some(e);
+                break;
+            }
+        }
+    }
+    let _ = r.close(dir_fd);
+    Err(err(format!(
+        "cannot recreate: {}",
+        last.map_or_else(String::new, |e| e.to_string())
+    )))
+}
+
+fn create_at(r: &Remote<'_>, dir_fd: i32, name: &str) -> std::result::Result<i32, ParasiteError> {
+    let p = r.put_path(0, name)?;
+    let flags = libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_RDWR | libc::O_CLOEXEC;
+    r.call(
+        "openat (create)",
+        libc::SYS_openat,
+        [dir_fd as u64, p, flags as u64, PRIVATE_MODE, 0, 0],
+    )
+    .map(|fd| fd as i32)
+}
+
+impl Created {
+    fn proc_fd(&self, fd: i32) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/fd/{fd}", self.pid))
+    }
+
+    fn err(&self, what: String) -> RestoreError {
+        RestoreError::File {
+            pid: self.pid,
+            path: self.path.clone(),
+            what,
+        }
+    }
+
+    /// Opens the new file in the restorer, checking it is the empty regular
+    /// file just created (one link, owned by `creator`).
+    pub fn open_here(&self, creator: u32) -> Result<std::fs::File> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(self.proc_fd(self.fd))
+            .map_err(|e| self.err(format!("cannot open the recreated file: {e}")))?;
+        let m = f
+            .metadata()
+            .map_err(|e| self.err(format!("cannot stat the recreated file: {e}")))?;
+        if !m.is_file() || m.nlink() != 1 || m.len() != 0 || m.uid() != creator {
+            return Err(self.err("the recreated file is not the one ckpt created".into()));
+        }
+        Ok(f)
+    }
+
+    /// Removes the name again (the file stays open), after checking the
+    /// name still points at the file created.
+    pub fn unlink(&self, r: &Remote<'_>, file: &std::fs::File) -> Result<()> {
+        let ours = file
+            .metadata()
+            .map_err(|e| self.err(format!("cannot stat the recreated file: {e}")))?;
+        let named = std::fs::symlink_metadata(self.proc_fd(self.dir_fd).join(&self.name))
+            .map_err(|e| self.err(format!("the recreated file's name is gone: {e}")))?;
+        if (named.dev(), named.ino()) != (ours.dev(), ours.ino()) {
+            return Err(self.err(
+                "the recreated file was renamed or replaced before ckpt could unlink it".into(),
+            ));
+        }
+        let p = r.put_path(0, &self.name)?;
+        r.call(
+            "unlinkat (recreated file)",
+            libc::SYS_unlinkat,
+            [self.dir_fd as u64, p, 0, 0, 0, 0],
+        )?;
+        Ok(())
+    }
+
+    /// Removes the name of a file that could not be completed (as the
+    /// process's filesystem identity, inside the directory it was made in).
+    pub fn discard(&self, r: &Remote<'_>) -> Result<()> {
+        let p = r.put_path(0, &self.name)?;
+        r.call(
+            "unlinkat (incomplete file)",
+            libc::SYS_unlinkat,
+            [self.dir_fd as u64, p, 0, 0, 0, 0],
+        )?;
+        Ok(())
+    }
+
+    /// Closes the process's fds of the file and its directory.
+    pub fn close(self, r: &Remote<'_>) -> Result<()> {
+        r.close(self.fd)?;
+        r.close(self.dir_fd)?;
+        Ok(())
+    }
+}
+
+/// Gives a file ckpt created its owner, contents and, last, its mode.
+pub fn fill(file: &mut std::fs::File, own: &Ownership, contents: &[u8]) -> std::io::Result<()> {
+    std::os::unix::fs::fchown(file.as_fd(), Some(own.uid), Some(own.gid))?;
+    file.write_all(contents)?;
+    file.set_permissions(std::fs::Permissions::from_mode(own.mode & PERMISSION_BITS))
+}

@@ -1,0 +1,114 @@
+//! Reopening a process's files with its own filesystem credentials.
+//!
+//! When fds are restored the new process still runs as root (its dumped
+//! credentials are set last, since rebuilding needs privileges). Opening
+//! its files as root would let a path swapped since the dump (a symbolic
+//! link to `/etc/shadow`) hand the process a file its user may not open.
+//! So for the fd restore the process takes the dumped fsuid, fsgid and
+//! supplementary groups: these only drive permission checks on the file
+//! system (and while fsuid is not 0 the kernel drops the file capabilities
+//! such as CAP_DAC_OVERRIDE), while the process keeps the real and
+//! effective root it needs for the rest. Afterwards fsuid and fsgid go back;
+//! the groups stay the dumped ones, which the credential restore sets
+//! anyway.
+
+use ckpt_image::task::Creds;
+use ckpt_parasite::remote::Remote;
+
+use crate::error::{RestoreError, Result};
+
+/// The filesystem identity a process's files are reopened with.
+pub struct FsIdentity {
+    uid: u32,
+    gid: u32,
+    groups: Vec<u32>,
+}
+
+/// Position of the filesystem id in `Creds.uids` / `Creds.gids` (real,
+/// effective, saved, filesystem).
+const FS_ID: usize = 3;
+/// `setfsuid(-1)`: changes nothing and returns the current value.
+const QUERY: u64 = u32::MAX as u64;
+
+/// The fsuid and fsgid a process had before [`FsIdentity::assume`].
+pub struct Previous {
+    uid: u32,
+    gid: u32,
+}
+
+impl FsIdentity {
+    /// The dumped process's filesystem identity, if the image has its
+    /// credentials.
+    pub fn of(creds: Option<&Creds>) -> Option<Self> {
+        let c = creds?;
+        Some(FsIdentity {
+            uid: *c.uids.get(FS_ID)?,
+            gid: *c.gids.get(FS_ID)?,
+            groups: c.groups.clone(),
+        })
+    }
+
+    /// The filesystem uid.
+    pub fn uid(&self) -> u32 {
+        self.uid
+    }
+
+    /// Makes the process behind `r` check file access as this identity.
+    pub fn assume(&self, r: &Remote<'_>) -> Result<Previous> {
+        let prev = Previous {
+            uid: r.call(
+                "setfsuid (query)",
+                libc::SYS_setfsuid,
+                [QUERY, 0, 0, 0, 0, 0],
+            )? as u32,
+            gid: r.call(
+                "setfsgid (query)",
+                libc::SYS_setfsgid,
+                [QUERY, 0, 0, 0, 0, 0],
+            )? as u32,
+        };
+        let groups: Vec<u8> = self.groups.iter().flat_map(|g| g.to_ne_bytes()).collect();
+        let gp = r.put(0, &groups)?;
+        r.call(
+            "setgroups",
+            libc::SYS_setgroups,
+            [self.groups.len() as u64, gp, 0, 0, 0, 0],
+        )?;
+        set_fs_ids(r, self.uid, self.gid)?;
+        Ok(prev)
+    }
+}
+
+impl Previous {
+    /// Gives the process back the fsuid and fsgid it had (and with an
+    /// fsuid of 0, the file capabilities).
+    pub fn restore(self, r: &Remote<'_>) -> Result<()> {
+        set_fs_ids(r, self.uid, self.gid)
+    }
+}
+
+/// setfsgid + setfsuid, checked: both return the old value whatever
+/// happens, so the new one is read back.
+fn set_fs_ids(r: &Remote<'_>, uid: u32, gid: u32) -> Result<()> {
+    r.call("setfsgid", libc::SYS_setfsgid, [gid as u64, 0, 0, 0, 0, 0])?;
+    r.call("setfsuid", libc::SYS_setfsuid, [uid as u64, 0, 0, 0, 0, 0])?;
+    let got_gid = r.call(
+        "setfsgid (query)",
+        libc::SYS_setfsgid,
+        [QUERY, 0, 0, 0, 0, 0],
+    )? as u32;
+    let got_uid = r.call(
+        "setfsuid (query)",
+        libc::SYS_setfsuid,
+        [QUERY, 0, 0, 0, 0, 0],
+    )? as u32;
+    if (got_uid, got_gid) != (uid, gid) {
+        return Err(RestoreError::Host {
+            pid: r.t.pid(),
+            what: format!(
+                "could not take filesystem ids {uid}:{gid} to reopen files (got {got_uid}:{got_gid})"
+            ),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,185 @@
+/*
+ * Victim for tests/security_files.rs, run as an unprivileged user.
+ * `secfiles WORKDIR MODE [ARG]`, MODE one of:
+ *
+ *   ghost   fd 20: an unlinked file of its own with mode 04755. After go
+ *           it must still be owned by this user with mode 04755 (never
+ *           setuid-root) and hold the same bytes.
+ *   data    fd 10: WORKDIR/data.txt read-write at offset 4.
+ *   log     fd 6: WORKDIR/log.txt write-only, "line1\n" written. After
+ *           go the offset must be the end of the file (true both when
+ *           the file did not change and when restore was told it may
+ *           have and put the offset at its end).
+ *   tty7    fd 7: a pty slave (the master is closed). With ARG "null",
+ *           after go fd 7 must be /dev/null.
+ *   posix | ofd | flock
+ *           fd 5: WORKDIR/db read-write holding a write lock of that kind.
+ */
+#include "victim.h"
+
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
+#define FD_GHOST 20
+#define FD_DATA 10
+#define FD_LOG 6
+#define FD_TTY 7
+#define FD_LOCK 5
+
+#define GHOST_MODE 04755
+#define DATA_OFFSET 4
+
+static const char ghost_bytes[] = "ghost contents\n";
+static const char line1[] = "line1\n";
+
+static void at(int fd, int want)
+{
+	if (fd < 0)
+		die("open");
+	if (fd != want) {
+		if (dup2(fd, want) != want)
+			die("dup2");
+		close(fd);
+	}
+}
+
+static void setup_ghost(void)
+{
+	char p[PATH_MAX];
+
+	victim_path(p, sizeof(p), "suid-ghost");
+	at(open(p, O_RDWR | O_CREAT | O_EXCL, 0600), FD_GHOST);
+	victim_write_all(FD_GHOST, ghost_bytes, sizeof(ghost_bytes) - 1);
+	if (fchmod(FD_GHOST, GHOST_MODE))
+		die("fchmod");
+	if (unlink(p))
+		die("unlink");
+}
+
+static void check_ghost(void)
+{
+	struct stat st;
+	char buf[64] = { 0 };
+
+	CHECK(fstat(FD_GHOST, &st) == 0, "fstat ghost: %s", strerror(errno));
+	CHECK(st.st_uid == getuid() && st.st_gid == getgid(),
+	      "ghost owned by %u:%u, want %u:%u", st.st_uid, st.st_gid, getuid(), getgid());
+	CHECK((st.st_mode & 07777) == GHOST_MODE, "ghost mode %04o, want %04o",
+	      st.st_mode & 07777, GHOST_MODE);
+	CHECK(st.st_nlink == 0, "ghost has %lu links", (unsigned long)st.st_nlink);
+	CHECK(pread(FD_GHOST, buf, sizeof(buf) - 1, 0) == sizeof(ghost_bytes) - 1 &&
+		      strcmp(buf, ghost_bytes) == 0,
+	      "ghost contents changed");
+}
+
+static void setup_data(void)
+{
+	char p[PATH_MAX];
+
+	victim_path(p, sizeof(p), "data.txt");
+	at(open(p, O_RDWR | O_CREAT | O_TRUNC, 0600), FD_DATA);
+	victim_write_all(FD_DATA, "0123456789\n", 11);
+	if (lseek(FD_DATA, DATA_OFFSET, SEEK_SET) != DATA_OFFSET)
+		die("lseek");
+}
+
+static void check_data(void)
+{
+	CHECK(lseek(FD_DATA, 0, SEEK_CUR) == DATA_OFFSET, "data.txt offset changed");
+}
+
+static void setup_log(void)
+{
+	char p[PATH_MAX];
+
+	victim_path(p, sizeof(p), "log.txt");
+	at(open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644), FD_LOG);
+	victim_write_all(FD_LOG, line1, sizeof(line1) - 1);
+}
+
+static void check_log(void)
+{
+	struct stat st;
+	off_t off = lseek(FD_LOG, 0, SEEK_CUR);
+
+	CHECK(fstat(FD_LOG, &st) == 0, "fstat log: %s", strerror(errno));
+	CHECK(off == st.st_size, "log offset %ld is not its end %ld (would overwrite)",
+	      (long)off, (long)st.st_size);
+	victim_write_all(FD_LOG, "line2\n", 6);
+}
+
+static void setup_tty(void)
+{
+	int master = posix_openpt(O_RDWR | O_NOCTTY);
+	char *name;
+
+	if (master < 0 || grantpt(master) || unlockpt(master))
+		die("posix_openpt");
+	name = ptsname(master);
+	if (!name)
+		die("ptsname");
+	at(open(name, O_RDWR | O_NOCTTY), FD_TTY);
+	close(master);
+}
+
+static void check_tty_is_null(void)
+{
+	struct stat st;
+
+	CHECK(fstat(FD_TTY, &st) == 0, "fstat fd 7: %s", strerror(errno));
+	CHECK(S_ISCHR(st.st_mode) && major(st.st_rdev) == 1 && minor(st.st_rdev) == 3,
+	      "fd 7 is not /dev/null (mode %o, rdev %u:%u)", st.st_mode, major(st.st_rdev),
+	      minor(st.st_rdev));
+}
+
+static void setup_lock(const char *kind)
+{
+	char p[PATH_MAX];
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+
+	victim_path(p, sizeof(p), "db");
+	at(open(p, O_RDWR | O_CREAT, 0600), FD_LOCK);
+	if (strcmp(kind, "posix") == 0) {
+		if (fcntl(FD_LOCK, F_SETLK, &fl))
+			die("F_SETLK");
+	} else if (strcmp(kind, "ofd") == 0) {
+		if (fcntl(FD_LOCK, F_OFD_SETLK, &fl))
+			die("F_OFD_SETLK");
+	} else if (flock(FD_LOCK, LOCK_EX)) {
+		die("flock");
+	}
+}
+
+int main(int argc, char **argv)
+{
+	const char *mode = argc > 2 ? argv[2] : "";
+	const char *arg = argc > 3 ? argv[3] : "";
+
+	victim_init(argc, argv);
+	if (strcmp(mode, "ghost") == 0)
+		setup_ghost();
+	else if (strcmp(mode, "data") == 0)
+		setup_data();
+	else if (strcmp(mode, "log") == 0)
+		setup_log();
+	else if (strcmp(mode, "tty7") == 0)
+		setup_tty();
+	else if (strcmp(mode, "posix") == 0 || strcmp(mode, "ofd") == 0 ||
+		 strcmp(mode, "flock") == 0)
+		setup_lock(mode);
+	else
+		die("unknown mode");
+
+	victim_ready_and_wait(NULL);
+
+	if (strcmp(mode, "ghost") == 0)
+		check_ghost();
+	else if (strcmp(mode, "data") == 0)
+		check_data();
+	else if (strcmp(mode, "log") == 0)
+		check_log();
+	else if (strcmp(mode, "tty7") == 0 && strcmp(arg, "null") == 0)
+		check_tty_is_null();
+	victim_finish();
+}

@@ -1,0 +1,338 @@
+//! Root restores other users' processes: what a restore gives a process of
+//! an ordinary user must be what it had, nothing more (victim:
+//! tests/c/secfiles.c, run as the test user).
+//!
+//! - an unlinked setuid file of the user comes back owned by the user, not
+//!   setuid-root;
+//! - a path swapped for a symbolic link, or a file changed or replaced
+//!   since the dump, is refused naming pid, fd and path, with no process
+//!   left; a mapped binary is compared by contents, not mtime;
+//! - the restorer's own fds never reach a terminal fd beyond 0-2 unless
+//!   passed with `--inherit-fd`;
+//! - a process holding a file lock is refused at dump time, unharmed.
+
+mod common;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+/// The victim's fd numbers (tests/c/secfiles.c).
+const FD_GHOST: i32 = 20;
+const FD_DATA: i32 = 10;
+const FD_LOG: i32 = 6;
+const FD_TTY: i32 = 7;
+const FD_LOCK: i32 = 5;
+
+/// A file only root may read, standing for /etc/shadow.
+fn root_secret(env: &TestEnv) -> PathBuf {
+    let p = env.root.join("secret");
+    fs::write(&p, "root's secret\n").expect("write secret");
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).expect("chmod secret");
+    p
+}
+
+fn spawn_user_victim(env: &TestEnv, mode: &[&str]) -> Victim {
+    let mut v = Victim::spawn_as(env, "secfiles", mode, test_user());
+    v.wait_ready();
+    v
+}
+
+/// `ckpt restore` that must fail; returns its error line.
+fn restore_expect_error(env: &TestEnv, extra: &[&str]) -> String {
+    spawn_restore(env, extra)
+        .wait(RESTORE_TIMEOUT)
+        .assert_error()
+}
+
+fn assert_mentions(line: &str, words: &[&str]) {
+    eprintln!("{line}");
+    for w in words {
+        assert!(line.contains(w), "error line should name {w:?}: {line}");
+    }
+}
+
+fn assert_no_process_left(v: &Victim) {
+    assert!(
+        wait_until(Duration::from_secs(5), || victim_gone(
+            v.pid, &v.bin, &v.work
+        )),
+        "a process is left at pid {} after a refused restore",
+        v.pid
+    );
+}
+
+#[test]
+fn setuid_ghost_comes_back_owned_by_its_user() {
+    let user = test_user();
+    let env = TestEnv::new("sec-ghost");
+    let mut v = spawn_user_victim(&env, &["ghost"]);
+    dump_kill_reap(&env, &mut v);
+
+    let mut restore = spawn_restore(&env, &[]);
+    wait_restored_and_running(&v, &mut restore);
+    let m = fs::metadata(format!("/proc/{}/fd/{FD_GHOST}", v.pid)).expect("stat ghost fd");
+    assert_eq!(
+        (m.uid(), m.gid()),
+        (user.uid, user.gid),
+        "the recreated ghost must belong to the user"
+    );
+    assert_eq!(m.mode() & 0o7777, 0o4755, "ghost mode");
+    assert!(
+        !env.work.join("suid-ghost").exists(),
+        "the recreated ghost is still linked"
+    );
+    v.go();
+    finish_restore(&v, restore);
+}
+
+#[test]
+fn symlink_swapped_in_is_refused() {
+    let env = TestEnv::new("sec-symlink");
+    let secret = root_secret(&env);
+    let mut v = spawn_user_victim(&env, &["data"]);
+    dump_kill_reap(&env, &mut v);
+
+    let data = env.work.join("data.txt");
+    fs::remove_file(&data).unwrap();
+    std::os::unix::fs::symlink(&secret, &data).unwrap();
+    let line = restore_expect_error(&env, &[]);
+    assert_mentions(
+        &line,
+        &[&v.pid.to_string(), &format!("fd {FD_DATA}"), "data.txt"],
+    );
+    assert_no_process_left(&v);
+}
+
+#[test]
+fn file_replaced_by_a_shorter_one_is_refused() {
+    let env = TestEnv::new("sec-shorter");
+    let mut v = spawn_user_victim(&env, &["data"]);
+    dump_kill_reap(&env, &mut v);
+
+    let data = env.work.join("data.txt");
+    OpenOptions::new()
+        .write(true)
+        .open(&data)
+        .and_then(|f| f.set_len(2))
+        .expect("truncate data.txt");
+    let line = restore_expect_error(&env, &[]);
+    assert_mentions(&line, &[&format!("fd {FD_DATA}"), "data.txt", "size"]);
+    assert_no_process_left(&v);
+}
+
+/// The victim runs from a copy of its binary, owned by the user, so the
+/// test can change that copy between dump and restore.
+fn spawn_from_copy(env: &TestEnv) -> (Victim, PathBuf) {
+    let copy = env.work.join("secfiles-copy");
+    fs::copy(victim_bin("secfiles"), &copy).expect("copy victim");
+    fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).expect("chmod copy");
+    let mut v = Victim::spawn_bin_as(env, &copy, &["data"], test_user());
+    v.wait_ready();
+    (v, copy)
+}
+
+fn mtime_of(p: &Path) -> std::time::SystemTime {
+    fs::metadata(p).and_then(|m| m.modified()).expect("mtime")
+}
+
+#[test]
+fn binary_patched_with_same_size_and_mtime_is_refused() {
+    let env = TestEnv::new("sec-patched");
+    let (mut v, bin) = spawn_from_copy(&env);
+    dump_kill_reap(&env, &mut v);
+
+    let mtime = mtime_of(&bin);
+    let len = fs::metadata(&bin).unwrap().len();
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&bin)
+        .unwrap();
+    let mut byte = [0u8; 1];
+    f.seek(SeekFrom::Start(len / 2)).unwrap();
+    std::io::Read::read_exact(&mut f, &mut byte).unwrap();
+    f.seek(SeekFrom::Start(len / 2)).unwrap();
+    f.write_all(&[byte[0] ^ 0xff]).unwrap();
+    f.set_modified(mtime).unwrap();
+    drop(f);
+    assert_eq!(mtime_of(&bin), mtime);
+    assert_eq!(fs::metadata(&bin).unwrap().len(), len);
+
+    let line = restore_expect_error(&env, &[]);
+    assert_mentions(&line, &["mapping", "secfiles-copy", "SHA-256"]);
+    assert_no_process_left(&v);
+}
+
+#[test]
+fn binary_with_only_a_new_mtime_is_accepted() {
+    let env = TestEnv::new("sec-touched");
+    let (mut v, bin) = spawn_from_copy(&env);
+    dump_kill_reap(&env, &mut v);
+
+    let later = mtime_of(&bin) + Duration::from_secs(3600);
+    File::options()
+        .write(true)
+        .open(&bin)
+        .and_then(|f| f.set_modified(later))
+        .expect("touch binary");
+    restore_and_check(&env, &v);
+}
+
+/// `ckpt restore --detach EXTRA` with `held` open at fd 7 of the restorer.
+fn restore_holding_fd7(env: &TestEnv, held: &File, extra: &[&str]) -> String {
+    let log = env.root.join("restore-fd7.log");
+    let raw = held.as_raw_fd();
+    let mut cmd = Command::new(CKPT);
+    cmd.args(["restore", "--dir", path_str(&env.img), "--detach"])
+        .args(extra)
+        .env("CKPT_IMAGE_KEY", env.image_key())
+        .stdin(Stdio::null())
+        .stdout(File::create(&log).unwrap())
+        .stderr(File::create(&log).unwrap());
+    let hook = move || {
+        // SAFETY: dup2 only changes this (child) process's fd table; it is
+        // async-signal-safe and takes no pointers.
+        if unsafe { libc::dup2(raw, FD_TTY) } == FD_TTY {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    // SAFETY: the hook runs in the forked child before exec and only calls
+    // dup2, which does not allocate or take locks.
+    unsafe {
+        cmd.pre_exec(hook);
+    }
+    let status = cmd.status().expect("run ckpt restore");
+    let out = read_to_string_lossy(&log);
+    assert!(status.success(), "restore failed: {out}");
+    out
+}
+
+#[test]
+fn restorer_fds_do_not_leak_into_terminal_fds() {
+    let env = TestEnv::new("sec-fd7");
+    let secret = root_secret(&env);
+    let mut v = spawn_user_victim(&env, &["tty7", "null"]);
+    let link = fs::read_link(format!("/proc/{}/fd/{FD_TTY}", v.pid)).unwrap();
+    assert!(link.to_string_lossy().starts_with("/dev/pts/"), "{link:?}");
+    dump_kill_reap(&env, &mut v);
+
+    let held = File::open(&secret).unwrap();
+    restore_holding_fd7(&env, &held, &[]);
+    let link = fs::read_link(format!("/proc/{}/fd/{FD_TTY}", v.pid)).unwrap();
+    assert_eq!(link, Path::new("/dev/null"), "terminal fd 7 of the process");
+    v.go();
+    v.wait_result(RESTORE_TIMEOUT);
+    v.assert_pass();
+}
+
+#[test]
+fn inherit_fd_passes_an_explicit_fd() {
+    let env = TestEnv::new("sec-inherit");
+    let mut v = spawn_user_victim(&env, &["tty7"]);
+    dump_kill_reap(&env, &mut v);
+
+    let given = env.root.join("given.log");
+    let held = File::create(&given).unwrap();
+    restore_holding_fd7(&env, &held, &["--inherit-fd", "7"]);
+    let link = fs::read_link(format!("/proc/{}/fd/{FD_TTY}", v.pid)).unwrap();
+    assert_eq!(link, given, "--inherit-fd 7 gives the restorer's fd 7");
+    v.go();
+    v.wait_result(RESTORE_TIMEOUT);
+    v.assert_pass();
+}
+
+#[test]
+fn grown_log_is_refused_unless_allowed_then_continues_at_its_end() {
+    let env = TestEnv::new("sec-log");
+    let mut v = spawn_user_victim(&env, &["log"]);
+    dump(&env, &v, &["--leave-running"]);
+    v.send(nix::sys::signal::Signal::SIGKILL);
+    v.reap_killed(Duration::from_secs(10));
+
+    let log = env.work.join("log.txt");
+    OpenOptions::new()
+        .append(true)
+        .open(&log)
+        .and_then(|mut f| f.write_all(b"written after the dump\n"))
+        .expect("grow log");
+    let line = restore_expect_error(&env, &[]);
+    assert_mentions(&line, &[&format!("fd {FD_LOG}"), "log.txt", "size"]);
+    assert_no_process_left(&v);
+
+    let restore = spawn_restore(&env, &["--allow-changed", path_str(&log)]);
+    v.go();
+    finish_restore(&v, restore);
+    let text = fs::read_to_string(&log).unwrap();
+    assert_eq!(text, "line1\nwritten after the dump\nline2\n");
+}
+
+fn lock_refused(kind: &str, class: &str) {
+    let env = TestEnv::new(&format!("sec-lock-{kind}"));
+    let mut v = spawn_user_victim(&env, &[kind]);
+    let line = dump_expect_error(&env, &v);
+    assert_mentions(
+        &line,
+        &[
+            &v.pid.to_string(),
+            &format!("fd {FD_LOCK}"),
+            &format!("file lock ({class} WRITE)"),
+            "/db",
+        ],
+    );
+    assert!(
+        !env.img.exists(),
+        "a refused dump left {}",
+        env.img.display()
+    );
+    v.assert_unharmed_and_passes("after a dump refused for a file lock");
+}
+
+#[test]
+fn posix_lock_is_refused_at_dump() {
+    lock_refused("posix", "POSIX");
+}
+
+#[test]
+fn ofd_lock_is_refused_at_dump() {
+    lock_refused("ofd", "OFDLCK");
+}
+
+#[test]
+fn flock_is_refused_at_dump() {
+    lock_refused("flock", "FLOCK");
+}
+
+/// Proves the reopen runs with the user's credentials, before any identity
+/// check: a root-only file put in place of the user's is not even opened.
+#[test]
+fn root_only_file_swapped_in_is_not_opened() {
+    let env = TestEnv::new("sec-rootfile");
+    let mut v = spawn_user_victim(&env, &["data"]);
+    dump_kill_reap(&env, &mut v);
+
+    let data = env.work.join("data.txt");
+    fs::remove_file(&data).unwrap();
+    fs::write(&data, "0123456789\n").unwrap();
+    fs::set_permissions(&data, fs::Permissions::from_mode(0o600)).unwrap();
+    let line = restore_expect_error(&env, &[]);
+    assert_mentions(
+        &line,
+        &[
+            &format!("fd {FD_DATA}"),
+            "data.txt",
+            &format!("uid {}", test_user().uid),
+            "permission denied",
+        ],
+    );
+    assert_no_process_left(&v);
+}
