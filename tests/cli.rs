@@ -120,6 +120,12 @@ fn restore_writes_the_pidfile() {
     let pidfile = env.root.join("restored.pid");
     let mut restore = spawn_restore(&env, &["--pidfile", path_str(&pidfile)]);
     wait_restored_and_running(&v, &mut restore);
+    // Written right after the tree is resumed, so maybe just after the
+    // victim answered.
+    assert!(
+        wait_until(std::time::Duration::from_secs(10), || pidfile.exists()),
+        "no pid file"
+    );
     let written = std::fs::read_to_string(&pidfile).expect("pid file written");
     assert_eq!(written.trim(), v.pid.to_string(), "pid file content");
     v.go();
