@@ -82,6 +82,8 @@ fn serve_root(args: &[String]) {
     cfg.log_stderr = std::env::var("BENCH_LOG").is_ok();
     cfg.phase_deadline = Duration::from_secs(120);
     cfg.name = "root".into();
+    // Every simulated agent connects from 127.0.0.1: one source by design, not a flood.
+    cfg.limits.max_pending_per_source = cfg.limits.max_pending;
     let h = ckpt_coord::spawn(cfg).unwrap();
     println!("ADDR {}", h.local_addr());
     let _ = h.join();
@@ -97,6 +99,7 @@ fn serve_subs(args: &[String]) {
         let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, each, secret());
         cfg.parent = Some(parent.clone());
         cfg.name = format!("sub{i}");
+        cfg.limits.max_pending_per_source = cfg.limits.max_pending;
         cfg.log_stderr = std::env::var("BENCH_LOG").is_ok();
         let h = ckpt_coord::spawn(cfg).unwrap();
         println!("ADDR {i} {}", h.local_addr());

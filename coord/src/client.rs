@@ -296,6 +296,18 @@ fn jitter_fraction() -> f64 {
     f64::from(u16::from_le_bytes(b)) / f64::from(u16::MAX)
 }
 
+/// First retry delay of a connect.
+const BACKOFF_FIRST: Duration = Duration::from_millis(5);
+/// Longest retry delay: a coordinator back after a restart is found within a second.
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// Sleeps `delay` ±50 % (never past `start + timeout`) and returns the next delay.
+fn backoff_sleep(delay: Duration, start: Instant, timeout: Duration) -> Duration {
+    let sleep = delay.mul_f64(0.5 + jitter_fraction());
+    std::thread::sleep(sleep.min(timeout.saturating_sub(start.elapsed())));
+    (delay * 2).min(BACKOFF_MAX)
+}
+
 /// Connects with exponential backoff and jitter: thousands of simultaneous connects fail
 /// without it ("System-level Scalable Checkpoint-Restart for Petascale Computing", Cao,
 /// Arya, Garg, Matott, Panda, Subramoni, Vienne, Cooperman).
@@ -305,7 +317,7 @@ fn connect_backoff(
     timeout: Duration,
 ) -> Result<TcpStream, ClientError> {
     let start = Instant::now();
-    let mut delay = Duration::from_millis(5);
+    let mut delay = BACKOFF_FIRST;
     let mut attempts = 0;
     loop {
         attempts += 1;
@@ -323,11 +335,42 @@ fn connect_backoff(
                         source: e,
                     });
                 }
-                let sleep = delay.mul_f64(0.5 + jitter_fraction());
-                std::thread::sleep(sleep.min(timeout.saturating_sub(start.elapsed())));
-                delay = (delay * 2).min(Duration::from_secs(1));
+                delay = backoff_sleep(delay, start, timeout);
             }
         }
+    }
+}
+
+/// How a handshake failed.
+enum Handshake {
+    /// The connection was closed or reset before the challenge: shed by a busy
+    /// coordinator, worth retrying.
+    Shed(ClientError),
+    /// Anything else (refused, wrong secret, timeout): final.
+    Failed(ClientError),
+}
+
+impl Handshake {
+    fn before_challenge(e: ClientError) -> Handshake {
+        let shed = match &e {
+            ClientError::CoordinatorLost { .. } => true,
+            ClientError::Io { source, .. } => matches!(
+                source.kind(),
+                ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::ConnectionAborted
+            ),
+            _ => false,
+        };
+        if shed {
+            Handshake::Shed(e)
+        } else {
+            Handshake::Failed(e)
+        }
+    }
+}
+
+impl From<ClientError> for Handshake {
+    fn from(e: ClientError) -> Handshake {
+        Handshake::Failed(e)
     }
 }
 
@@ -365,18 +408,31 @@ impl Link {
                 addr: opts.addr.clone(),
                 source,
             })?;
-        let stream = connect_backoff(&node, addr, opts.connect_timeout)?;
-        let mut link = Link {
-            stream,
-            reader: FrameReader::new(),
-            node,
-            addr,
-            last_committed: None,
-        };
-        // Barrier messages are tiny and latency-bound: never let Nagle hold them back.
-        link.stream.set_nodelay(true).map_err(|e| link.io(e))?;
-        link.handshake(opts)?;
-        Ok(link)
+        let start = Instant::now();
+        let mut delay = BACKOFF_FIRST;
+        loop {
+            let left = opts.connect_timeout.saturating_sub(start.elapsed());
+            let stream = connect_backoff(&node, addr, left)?;
+            let mut link = Link {
+                stream,
+                reader: FrameReader::new(),
+                node: node.clone(),
+                addr,
+                last_committed: None,
+            };
+            // Barrier messages are tiny and latency-bound: never let Nagle hold them back.
+            link.stream.set_nodelay(true).map_err(|e| link.io(e))?;
+            match link.handshake(opts) {
+                Ok(()) => return Ok(link),
+                // Closed before the coordinator said anything: it shed the connection
+                // (too many handshakes in flight, out of descriptors). Like a refused
+                // connect, that passes: try again with the same backoff.
+                Err(Handshake::Shed(_)) if start.elapsed() < opts.connect_timeout => {
+                    delay = backoff_sleep(delay, start, opts.connect_timeout);
+                }
+                Err(Handshake::Shed(e) | Handshake::Failed(e)) => return Err(e),
+            }
+        }
     }
 
     fn io(&self, source: std::io::Error) -> ClientError {
@@ -387,12 +443,12 @@ impl Link {
         }
     }
 
-    fn handshake(&mut self, opts: &AgentOptions) -> Result<(), ClientError> {
+    fn handshake(&mut self, opts: &AgentOptions) -> Result<(), Handshake> {
         let client_nonce = auth::nonce().map_err(|source| ClientError::Auth {
             node: self.node.clone(),
             source,
         })?;
-        self.send(&Message::Hello(Hello {
+        let hello = self.send(&Message::Hello(Hello {
             min_version: VERSION_MIN,
             max_version: VERSION_MAX,
             job: opts.job.clone(),
@@ -401,19 +457,21 @@ impl Link {
             intent: opts.intent,
             expect: opts.expect,
             client_nonce,
-        }))?;
+        }));
         let hs = Some(Duration::from_secs(30));
-        let ch = match self.recv(hs, "waiting for the challenge")? {
+        let first = hello.and_then(|()| self.recv(hs, "waiting for the challenge"));
+        let ch = match first.map_err(Handshake::before_challenge)? {
             Message::Challenge(c) => c,
-            Message::Refused(r) => return Err(self.refused(r.reason)),
-            m => return Err(self.unexpected("waiting for the challenge", &m)),
+            Message::Refused(r) => return Err(self.refused(r.reason).into()),
+            m => return Err(self.unexpected("waiting for the challenge", &m).into()),
         };
         if !(VERSION_MIN..=VERSION_MAX).contains(&ch.version) {
             return Err(ClientError::Version {
                 node: self.node.clone(),
                 addr: self.addr,
                 version: ch.version,
-            });
+            }
+            .into());
         }
         if !opts
             .secret
@@ -433,7 +491,8 @@ impl Link {
                 node: self.node.clone(),
                 addr: self.addr,
                 job: opts.job.clone(),
-            });
+            }
+            .into());
         }
         let proof = opts.secret.client_proof(
             &opts.job,
@@ -448,8 +507,8 @@ impl Link {
                 self.last_committed = w.last_committed;
                 Ok(())
             }
-            Message::Refused(r) => Err(self.refused(r.reason)),
-            m => Err(self.unexpected("waiting for the welcome", &m)),
+            Message::Refused(r) => Err(self.refused(r.reason).into()),
+            m => Err(self.unexpected("waiting for the welcome", &m).into()),
         }
     }
 

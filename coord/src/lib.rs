@@ -27,6 +27,7 @@ macro_rules! log {
 }
 
 mod action;
+mod admit;
 pub mod auth;
 pub mod client;
 mod engine;
@@ -41,7 +42,10 @@ mod round;
 pub mod server;
 mod state;
 pub mod store;
+mod sys;
+mod throttle;
 
+pub use admit::ConnLimits;
 pub use auth::Secret;
 pub use client::{Agent, AgentOptions, ClientError, Control, Directive, PhaseBackend, Step};
 pub use protocol::{AfterCommit, Intent, Phase, PhaseInfo, RoundKind};

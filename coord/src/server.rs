@@ -24,6 +24,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::action::{Action, Snapshot};
+use crate::admit::{Admission, Cap, ConnLimits, Source, Verdict};
 use crate::auth::{self, Secret};
 use crate::client::{AgentOptions, ClientError, Link};
 use crate::engine::{Engine, Event};
@@ -34,6 +35,8 @@ use crate::protocol::{
 };
 use crate::state::EngineConfig;
 use crate::store::{EpochStore, GlobalManifest, NodeManifest, StoreError};
+use crate::sys::{self, ReserveFd};
+use crate::throttle::{LogThrottle, Noise};
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -62,6 +65,28 @@ const PARENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 /// The I/O layer's reason for a peer that hung up cleanly (not worth a log line before
 /// authentication).
 const CLOSED_BY_PEER: &str = "connection closed";
+/// The reason given when the handshake timer runs out.
+const HANDSHAKE_TIMED_OUT: &str = "handshake timed out";
+/// Connections taken off the listen queue per loop iteration: a flood of connects must
+/// not starve the connections already held (a control client's `status`, the handshake
+/// timers); the rest are taken in the next iteration, which then does not wait in poll.
+const ACCEPT_BATCH: usize = 256;
+/// How long the loop leaves the listener alone when it is out of descriptors and cannot
+/// shed (the reserve is gone): retrying at once would only spin.
+const FD_EXHAUSTED_PAUSE: Duration = Duration::from_millis(50);
+/// Each kind of externally caused log line (refusals, timeouts, out of descriptors) is
+/// logged at most once per this interval, with a count of the rest.
+const NOISE_INTERVAL: Duration = Duration::from_secs(1);
+/// Descriptors the process needs besides connections: stdio, the poll instance, the
+/// waker, the listener, the reserve, the epoch store's files during a commit, the parent
+/// link, and whatever the embedding program holds.
+const FD_OVERHEAD: u64 = 64;
+/// Authenticated control clients planned for besides the `expect` agents when sizing the
+/// unauthenticated cap to the descriptor limit.
+const CONTROL_HEADROOM: u64 = 16;
+/// The unauthenticated cap is never sized below this by the descriptor limit (with fewer,
+/// agents could not get in at all); a limit this tight is logged as a warning.
+const MIN_PENDING: usize = 8;
 
 /// Test hook: stop dead at a chosen point, as if the coordinator process were killed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +116,8 @@ pub struct CoordConfig {
     pub phase_deadline: Duration,
     /// How long a peer has to complete the handshake.
     pub handshake_timeout: Duration,
+    /// Caps on unauthenticated connections.
+    pub limits: ConnLimits,
     /// Also print log lines on stderr.
     pub log_stderr: bool,
     /// Fault injection for tests.
@@ -98,7 +125,8 @@ pub struct CoordConfig {
 }
 
 impl CoordConfig {
-    /// Defaults: 60 s phase deadline, 10 s handshake timeout, logs on stderr.
+    /// Defaults: 60 s phase deadline, 10 s handshake timeout, [`ConnLimits::default`],
+    /// logs on stderr.
     pub fn new(listen: SocketAddr, job: &str, expect: u32, secret: Secret) -> CoordConfig {
         CoordConfig {
             listen,
@@ -110,6 +138,7 @@ impl CoordConfig {
             secret,
             phase_deadline: Duration::from_secs(60),
             handshake_timeout: Duration::from_secs(10),
+            limits: ConnLimits::default(),
             log_stderr: true,
             fault: None,
         }
@@ -135,6 +164,15 @@ pub enum ServerError {
     /// The poll loop failed.
     #[error("coordinator {name}: poll: {source}")]
     Poll {
+        /// Coordinator name.
+        name: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Cannot open the reserve descriptor (see `docs/coord.md`).
+    #[error("coordinator {name}: cannot open a reserve file descriptor: {source}")]
+    Reserve {
         /// Coordinator name.
         name: String,
         /// Cause.
@@ -233,6 +271,16 @@ struct Traffic {
     refused: u64,
 }
 
+/// What [`Server::make_room`] managed when out of descriptors.
+enum Room {
+    /// A descriptor was freed or a queued connection shed: accept again.
+    Made,
+    /// Nothing is queued any more.
+    QueueEmpty,
+    /// Neither: leave the listener alone for [`FD_EXHAUSTED_PAUSE`].
+    Stuck,
+}
+
 /// A connection to act on once `at` has passed.
 #[derive(Debug, Clone, Copy)]
 struct Timer {
@@ -255,7 +303,18 @@ struct Server {
     engine: Engine,
     store: Option<EpochStore>,
     traffic: Traffic,
-    handshakes: VecDeque<Timer>,
+    /// Unauthenticated connections, oldest first: caps and handshake timeouts.
+    admission: Admission,
+    /// Why the caps are what they are, for the startup line.
+    caps_note: String,
+    throttle: LogThrottle,
+    reserve: ReserveFd,
+    /// Counts calls of `accept_batch`; connections of one batch never evict each other.
+    accept_batch: u64,
+    /// The listener may hold more connections than the last batch took.
+    accept_more: bool,
+    /// Out of descriptors: leave the listener alone until then.
+    accept_paused_until: Option<Instant>,
     closing: VecDeque<Timer>,
     logs: LogBuf,
     crashed: bool,
@@ -279,6 +338,40 @@ fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     s.listen(LISTEN_BACKLOG)?;
     s.set_nonblocking(true)?;
     Ok(s.into())
+}
+
+/// Sizes the caps on unauthenticated connections: the configured ones, with the total
+/// lowered so that it, `expect` authenticated peers, some control clients and the
+/// process's own descriptors fit under the descriptor limit (authenticated peers must
+/// never be the ones left without a descriptor). Returns the caps and a line saying why.
+fn admission_for(cfg: &CoordConfig) -> (Admission, String) {
+    let l = cfg.limits;
+    let (limit, origin) = match l.fd_limit {
+        Some(n) => (Some(n), "configured"),
+        None => (sys::nofile_soft_limit().ok().flatten(), "RLIMIT_NOFILE"),
+    };
+    let room =
+        limit.map(|n| n.saturating_sub(FD_OVERHEAD + u64::from(cfg.expect) + CONTROL_HEADROOM));
+    let total = match room {
+        Some(r) => l
+            .max_pending
+            .min(usize::try_from(r).unwrap_or(usize::MAX).max(MIN_PENDING)),
+        None => l.max_pending,
+    };
+    let admission = Admission::new(l.max_pending_per_source, total);
+    let (per_source, total) = admission.caps();
+    let mut note =
+        format!("unauthenticated connections capped at {per_source} per source, {total} in total");
+    if let Some(n) = limit {
+        note.push_str(&format!(" (descriptor limit {n}, {origin})"));
+    }
+    if room.is_some_and(|r| r < MIN_PENDING as u64) {
+        note.push_str(&format!(
+            "; WARNING: the descriptor limit is too low for {} nodes, raise it (ulimit -n)",
+            cfg.expect
+        ));
+    }
+    (admission, note)
 }
 
 /// A coordinator running on its own thread.
@@ -430,6 +523,11 @@ impl Server {
                 (Engine::root(engine_cfg, last), Some(store))
             }
         };
+        let reserve = ReserveFd::open().map_err(|source| ServerError::Reserve {
+            name: cfg.name.clone(),
+            source,
+        })?;
+        let (admission, caps_note) = admission_for(&cfg);
         Ok(Server {
             cfg,
             poll,
@@ -443,7 +541,13 @@ impl Server {
             engine,
             store,
             traffic: Traffic::default(),
-            handshakes: VecDeque::new(),
+            admission,
+            caps_note,
+            throttle: LogThrottle::new(NOISE_INTERVAL),
+            reserve,
+            accept_batch: 0,
+            accept_more: false,
+            accept_paused_until: None,
             closing: VecDeque::new(),
             logs: Arc::new(Mutex::new(VecDeque::new())),
             crashed: false,
@@ -483,6 +587,7 @@ impl Server {
                 .unwrap_or_default(),
             self.engine.last_committed()
         );
+        log!(self, "{}", self.caps_note);
         let mut events = Events::with_capacity(EVENTS_CAPACITY);
         loop {
             if self.stop.load(Ordering::SeqCst) {
@@ -500,7 +605,7 @@ impl Server {
             }
             for ev in events.iter() {
                 match ev.token() {
-                    LISTENER => self.accept_all(),
+                    LISTENER => self.accept_batch(Instant::now()),
                     WAKER => {}
                     Token(t) => {
                         if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
@@ -515,8 +620,14 @@ impl Server {
                     break;
                 }
             }
+            // The listener had more than one batch, or a pause just ended: mio only
+            // reports new connections, not ones still queued.
+            let now = Instant::now();
+            if self.accept_more && !self.crashed && self.fatal.is_none() {
+                self.accept_batch(now);
+            }
             if !self.crashed {
-                self.timers(Instant::now());
+                self.timers(now);
             }
             if self.crashed {
                 log!(self, "fault point reached: stopping dead");
@@ -531,6 +642,12 @@ impl Server {
 
     fn poll_timeout(&self) -> Duration {
         let now = Instant::now();
+        if self.accept_more {
+            return match self.accept_paused_until {
+                Some(t) => t.saturating_duration_since(now).min(MAX_POLL_WAIT),
+                None => Duration::ZERO,
+            };
+        }
         self.engine
             .next_deadline()
             .map_or(MAX_POLL_WAIT, |d| {
@@ -715,42 +832,167 @@ impl Server {
         self.slot(id.token).filter(|c| c.id == id)
     }
 
-    fn accept_all(&mut self) {
-        loop {
+    /// Takes up to [`ACCEPT_BATCH`] connections off the listen queue, admitting each,
+    /// evicting an older unauthenticated one for it, or closing it at once.
+    fn accept_batch(&mut self, now: Instant) {
+        if self.accept_paused_until.is_some_and(|t| now < t) {
+            self.accept_more = true;
+            return;
+        }
+        self.accept_paused_until = None;
+        self.accept_more = false;
+        self.accept_batch += 1;
+        let mut taken = 0;
+        while taken < ACCEPT_BATCH {
             match self.listener.accept() {
-                Ok((mut stream, addr)) => {
-                    let _ = stream.set_nodelay(true);
-                    let token = self.alloc_token();
-                    if let Err(e) = self.poll.registry().register(
-                        &mut stream,
-                        Token(token),
-                        Interest::READABLE | Interest::WRITABLE,
-                    ) {
-                        log!(self, "cannot register connection from {addr}: {e}");
-                        self.free.push(token);
-                        continue;
-                    }
-                    self.serial += 1;
-                    let id = ConnId {
-                        token,
-                        serial: self.serial,
-                    };
-                    self.conns[token - FIRST_CONN] =
-                        Some(Conn::new(id, stream, addr, FrameReader::new()));
-                    self.handshakes.push_back(Timer {
-                        at: Instant::now() + self.cfg.handshake_timeout,
-                        conn: id,
-                    });
+                Ok((stream, addr)) => {
+                    taken += 1;
+                    self.admit(stream, addr, now);
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                // The peer gave up while queued: nothing to do.
+                Err(e) if e.kind() == ErrorKind::ConnectionAborted => taken += 1,
+                Err(e) if sys::is_fd_exhaustion(&e) => {
+                    taken += 1;
+                    match self.make_room(&e) {
+                        Room::Made => {}
+                        Room::QueueEmpty => return,
+                        Room::Stuck => {
+                            self.accept_paused_until = Some(now + FD_EXHAUSTED_PAUSE);
+                            break;
+                        }
+                    }
+                }
                 Err(e) => {
-                    // EMFILE and friends: the listener stays registered, and the next
-                    // connection attempt wakes us again.
-                    log!(self, "accept failed: {e}");
+                    self.noise(Noise::AcceptFailed, format!("accept failed: {e}"));
+                    self.accept_paused_until = Some(now + FD_EXHAUSTED_PAUSE);
                     break;
                 }
             }
+        }
+        self.accept_more = true;
+    }
+
+    /// A connection just accepted: through the caps first, before any buffer exists.
+    fn admit(&mut self, mut stream: TcpStream, addr: SocketAddr, now: Instant) {
+        let source = Source::from(addr.ip());
+        match self.admission.check(source, self.accept_batch) {
+            Verdict::Admit => {}
+            Verdict::Evict { victim, cap } => {
+                let why = self.cap_reason(cap, addr);
+                self.traffic.refused += 1;
+                self.admission.remove(victim);
+                if let Some(old) = self.take_conn(victim) {
+                    self.noise(
+                        Noise::OverCap,
+                        format!("closed unauthenticated {} for {addr}: {why}", old.addr),
+                    );
+                }
+            }
+            Verdict::Shed(cap) => {
+                let why = self.cap_reason(cap, addr);
+                self.traffic.refused += 1;
+                drop(stream);
+                self.noise(Noise::OverCap, format!("closed {addr} at once: {why}"));
+                return;
+            }
+        }
+        let _ = stream.set_nodelay(true);
+        let token = self.alloc_token();
+        if let Err(e) = self.poll.registry().register(
+            &mut stream,
+            Token(token),
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            self.noise(
+                Noise::AcceptFailed,
+                format!("cannot register connection from {addr}: {e}"),
+            );
+            self.free.push(token);
+            return;
+        }
+        self.serial += 1;
+        let id = ConnId {
+            token,
+            serial: self.serial,
+        };
+        self.conns[token - FIRST_CONN] = Some(Conn::new(id, stream, addr, FrameReader::new()));
+        self.admission.insert(id, source, now, self.accept_batch);
+    }
+
+    fn cap_reason(&self, cap: Cap, addr: SocketAddr) -> String {
+        let (per_source, total) = self.admission.caps();
+        match cap {
+            Cap::Source => format!(
+                "too many unauthenticated connections from {} (cap {per_source})",
+                addr.ip()
+            ),
+            Cap::Total => format!("too many unauthenticated connections (cap {total})"),
+        }
+    }
+
+    /// `accept` failed for want of descriptors. Frees one by closing the oldest
+    /// unauthenticated connection if there is one from an earlier batch (it had its
+    /// chance; authenticated peers are never closed for this); otherwise spends the
+    /// reserve descriptor to take the next queued connection and close it, so the queue
+    /// drains and clients hear at once instead of hanging. False when neither is
+    /// possible.
+    fn make_room(&mut self, e: &std::io::Error) -> Room {
+        if let Some(victim) = self.admission.evictable(self.accept_batch) {
+            self.traffic.refused += 1;
+            self.admission.remove(victim);
+            if let Some(old) = self.take_conn(victim) {
+                self.noise(
+                    Noise::FdExhausted,
+                    format!(
+                        "accept: {e}: closed unauthenticated {} to make room",
+                        old.addr
+                    ),
+                );
+            }
+            return Room::Made;
+        }
+        if !self.reserve.release() {
+            if let Err(again) = self.reserve.reacquire() {
+                self.noise(
+                    Noise::FdExhausted,
+                    format!("accept: {e}; no reserve descriptor either ({again}): pausing"),
+                );
+                return Room::Stuck;
+            }
+            // The reserve is back: the next failure can spend it.
+            return Room::Made;
+        }
+        let shed = self.listener.accept();
+        let reopened = self.reserve.reacquire();
+        match shed {
+            Ok((stream, addr)) => {
+                drop(stream);
+                self.traffic.refused += 1;
+                self.noise(
+                    Noise::FdExhausted,
+                    format!("accept: {e}: closed {addr} at once (reserve descriptor)"),
+                );
+            }
+            Err(again) if again.kind() == ErrorKind::WouldBlock => return Room::QueueEmpty,
+            // Another failure: pause rather than spin.
+            Err(_) => return Room::Stuck,
+        }
+        if let Err(again) = reopened {
+            self.noise(
+                Noise::FdExhausted,
+                format!("cannot reopen the reserve descriptor: {again}"),
+            );
+            return Room::Stuck;
+        }
+        Room::Made
+    }
+
+    /// Logs a line caused from outside through the rate limit.
+    fn noise(&mut self, kind: Noise, line: String) {
+        for l in self.throttle.note(kind, Instant::now(), line) {
+            self.log_line(l);
         }
     }
 
@@ -951,6 +1193,7 @@ impl Server {
                 _ => None,
             }
         }?;
+        self.admission.remove(id);
         let _ = self.poll.registry().deregister(&mut conn.stream);
         Some(conn)
     }
@@ -971,9 +1214,15 @@ impl Server {
                 reason: reason.to_string(),
             }),
             ConnState::Hello | ConnState::Auth { .. } => {
-                if reason != CLOSED_BY_PEER {
-                    log!(self, "dropped unauthenticated {}: {reason}", conn.addr);
-                }
+                let kind = match reason {
+                    CLOSED_BY_PEER => return,
+                    HANDSHAKE_TIMED_OUT => Noise::HandshakeTimeout,
+                    _ => Noise::Dropped,
+                };
+                self.noise(
+                    kind,
+                    format!("dropped unauthenticated {}: {reason}", conn.addr),
+                );
             }
             ConnState::Closing => {}
         }
@@ -994,18 +1243,18 @@ impl Server {
     }
 
     fn timers(&mut self, now: Instant) {
-        while let Some(t) = self.handshakes.front().copied() {
-            if t.at > now {
+        // Every unauthenticated connection is in `admission`, oldest first, so this is the
+        // handshake timer of each of them, checked every iteration however busy the loop.
+        while let Some((id, since)) = self.admission.oldest() {
+            if since + self.cfg.handshake_timeout > now {
                 break;
             }
-            self.handshakes.pop_front();
-            let pending = self
-                .conn(t.conn)
-                .is_some_and(|c| matches!(c.state, ConnState::Hello | ConnState::Auth { .. }));
-            if pending {
-                self.traffic.refused += 1;
-                self.close(t.conn, "handshake timed out");
-            }
+            self.admission.remove(id);
+            self.traffic.refused += 1;
+            self.close(id, HANDSHAKE_TIMED_OUT);
+        }
+        for line in self.throttle.flush(now) {
+            self.log_line(line);
         }
         while let Some(t) = self.closing.front().copied() {
             if t.at > now {
@@ -1035,10 +1284,12 @@ impl Server {
             (ConnState::Ready, msg) => self.feed(Event::Received { conn: id, msg }),
             (ConnState::Closing, _) => {}
             (_, m) => {
-                log!(
-                    self,
-                    "refused {addr}: {:?} before the handshake completed",
-                    m.msg_type()
+                self.noise(
+                    Noise::Refused,
+                    format!(
+                        "refused {addr}: {:?} before the handshake completed",
+                        m.msg_type()
+                    ),
                 );
                 self.refuse(id, "protocol violation: handshake expected");
             }
@@ -1047,23 +1298,24 @@ impl Server {
 
     fn on_hello(&mut self, id: ConnId, addr: SocketAddr, h: Hello) {
         if h.job != self.cfg.job {
-            log!(
-                self,
-                "refused {addr} (node {:?}): job {:?} is not this coordinator's job",
-                h.node,
-                h.job
+            self.noise(
+                Noise::Refused,
+                format!(
+                    "refused {addr} (node {:?}): job {:?} is not this coordinator's job",
+                    h.node, h.job
+                ),
             );
             self.refuse(id, "unknown job");
             return;
         }
         let version = VERSION_MAX.min(h.max_version);
         if version < VERSION_MIN.max(h.min_version) {
-            log!(
-                self,
-                "refused {addr} (node {:?}): no common protocol version ({}..={})",
-                h.node,
-                h.min_version,
-                h.max_version
+            self.noise(
+                Noise::Refused,
+                format!(
+                    "refused {addr} (node {:?}): no common protocol version ({}..={})",
+                    h.node, h.min_version, h.max_version
+                ),
             );
             self.refuse(id, "no common protocol version");
             return;
@@ -1116,11 +1368,13 @@ impl Server {
             &proof,
         );
         if !ok {
-            log!(
-                self,
+            self.noise(
+                Noise::Refused,
+                format!(
                 "refused {addr} (node {:?}, {:?}): authentication failed: wrong or missing job secret",
                 hello.node,
                 hello.role
+                ),
             );
             self.refuse(id, "authentication failed");
             return;
@@ -1128,6 +1382,8 @@ impl Server {
         if let Some(conn) = self.conn(id) {
             conn.state = ConnState::Ready;
         }
+        // Authenticated: no longer subject to the caps or the handshake timer.
+        self.admission.remove(id);
         // Whether the peer may register (and what that sets off) is the engine's call.
         self.feed(Event::Joined {
             conn: id,
