@@ -18,7 +18,6 @@ use ckpt_image::mm::Mm;
 use ckpt_image::task::Core;
 use ckpt_image::{ImageKey, ImageKind};
 use common::*;
-use sha2::Digest;
 
 /// Restore and show must give up on a crafted image at once; a hang is a failure.
 const QUICK: Duration = Duration::from_secs(10);
@@ -53,7 +52,7 @@ fn rewrite<M: prost::Message>(
     let d = m.files.iter_mut().find(|d| d.name == name).unwrap();
     d.size = bytes.len() as u64;
     d.crc32c = crc32c(&bytes);
-    d.sha256 = sha2::Sha256::digest(&bytes).to_vec();
+    d.sha256 = ckpt_image::digest::of_bytes(&bytes).sha256.to_vec();
     let manifest = header::encode(ImageKind::Manifest, &m);
     fs::write(img.join("manifest.img"), &manifest).unwrap();
     if let Some(k) = key {

@@ -29,13 +29,12 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use sha2::{Digest, Sha256};
-
 use crate::MANIFEST_NAME;
+use crate::digest;
 use crate::error::ImageError;
 use crate::header::{self, ImageKind};
 use crate::manifest::{FileDigest, Manifest};
-use crate::seal::{self, ImageKey, SEAL_LEN, SEAL_NAME, SealFailure};
+use crate::seal::{ImageKey, SEAL_LEN, SEAL_NAME, SealFailure};
 use crate::sys::{self, FileType, Identity, OpenError};
 
 /// Length of a SHA-256 digest.
@@ -147,11 +146,12 @@ impl ImageWriter {
     /// Writes a file verbatim (used for ghost-file contents).
     pub fn write_raw(&mut self, name: &str, bytes: &[u8]) -> Result<(), ImageError> {
         self.write_file(name, bytes)?;
+        let sums = digest::of_bytes(bytes);
         self.digests.push(FileDigest {
             name: name.into(),
             size: bytes.len() as u64,
-            crc32c: crc32c::crc32c(bytes),
-            sha256: Sha256::digest(bytes).to_vec(),
+            crc32c: sums.crc32c,
+            sha256: sums.sha256.to_vec(),
         });
         Ok(())
     }
@@ -516,7 +516,11 @@ impl PagesWriter {
             };
             size += c.len;
         }
-        let sha256 = seal::sha256_of(&self.file, &self.path)?;
+        // The CRC was combined from the chunks as they were written; the
+        // SHA-256 needs the blocks, read back from the page cache in
+        // parallel.
+        let sums = digest::of_file(&self.file, size, &self.path)?;
+        debug_assert_eq!(sums.crc32c, crc);
         let on_disk = self
             .file
             .metadata()
@@ -533,7 +537,7 @@ impl PagesWriter {
             name: self.name,
             size,
             crc32c: crc,
-            sha256: sha256.to_vec(),
+            sha256: sums.sha256.to_vec(),
         })
     }
 }
@@ -637,7 +641,8 @@ impl ImageDir {
         let path = self.path.join(name);
         let (f, st) = self.open_listed(d, &path)?;
         let bytes = read_exact_len(f, &path, st.st_size as u64)?;
-        if crc32c::crc32c(&bytes) != d.crc32c || Sha256::digest(&bytes)[..] != d.sha256[..] {
+        let sums = digest::of_bytes(&bytes);
+        if sums.crc32c != d.crc32c || sums.sha256[..] != d.sha256[..] {
             return Err(ImageError::Checksum { path });
         }
         Ok(bytes)
@@ -702,30 +707,8 @@ impl ImageDir {
     fn verify(&self, d: &FileDigest) -> Result<(), ImageError> {
         let path = self.path.join(&d.name);
         let (f, _) = self.open_listed(d, &path)?;
-        let mut crc = 0u32;
-        let mut sha = Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        let mut f = f.take(d.size);
-        let mut total = 0u64;
-        loop {
-            let n = f
-                .read(&mut buf)
-                .map_err(|e| ImageError::io(&path, "read", e))?;
-            if n == 0 {
-                break;
-            }
-            crc = crc32c::crc32c_append(crc, &buf[..n]);
-            sha.update(&buf[..n]);
-            total += n as u64;
-        }
-        if total != d.size {
-            return Err(ImageError::Size {
-                path,
-                found: total,
-                expected: d.size,
-            });
-        }
-        if crc != d.crc32c || sha.finalize()[..] != d.sha256[..] {
+        let sums = digest::of_file(&f, d.size, &path)?;
+        if sums.crc32c != d.crc32c || sums.sha256[..] != d.sha256[..] {
             return Err(ImageError::Checksum { path });
         }
         Ok(())

@@ -41,6 +41,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod digest;
 pub mod dir;
 pub mod error;
 pub mod fd;

@@ -20,7 +20,6 @@
 //! `manifest.img` file).
 
 use std::ffi::OsStr;
-use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -375,25 +374,6 @@ fn split(path: &Path) -> (&Path, &OsStr) {
         _ => Path::new("."),
     };
     (dir, path.file_name().unwrap_or(path.as_os_str()))
-}
-
-/// SHA-256 of a whole open file, read from its start.
-pub(crate) fn sha256_of(f: &File, path: &Path) -> Result<[u8; 32], crate::ImageError> {
-    use std::os::unix::fs::FileExt;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut off = 0u64;
-    loop {
-        let n = f
-            .read_at(&mut buf, off)
-            .map_err(|e| crate::ImageError::io(path, "read back", e))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        off += n as u64;
-    }
-    Ok(h.finalize().into())
 }
 
 #[cfg(test)]

@@ -294,10 +294,9 @@ fn through_the_directory(rng: &mut Rng, seed_dir: &Path, work: &Path) {
             header::decode::<Manifest>(ImageKind::Manifest, Path::new("m"), &manifest_bytes)
     {
         if let Some(d) = m.files.iter_mut().find(|d| &d.name == victim) {
-            use sha2::Digest;
             d.size = mutated.len() as u64;
             d.crc32c = crc32c_of(&mutated);
-            d.sha256 = sha2::Sha256::digest(&mutated).to_vec();
+            d.sha256 = ckpt_image::digest::of_bytes(&mutated).sha256.to_vec();
         }
         let bytes = header::encode(ImageKind::Manifest, &m);
         fs::write(dir.join("manifest.img"), &bytes).unwrap();

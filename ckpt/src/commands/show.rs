@@ -117,7 +117,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
     }))
 }
 
-/// Lower-case hex of `bytes` (as `sha256sum` prints it).
+/// Lower-case hex of `bytes`.
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
     bytes.iter().fold(String::new(), |mut s, b| {
