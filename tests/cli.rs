@@ -143,3 +143,66 @@ fn dump_into_existing_empty_directory() {
     dump_kill_reap(&env, &mut v);
     restore_and_check(&env, &v);
 }
+
+/// A tree holding three kinds of unsupported objects (four fds) in two
+/// processes: every one is reported in one run (one line each, plus a summary), and
+/// the tree keeps running.
+#[test]
+fn every_blocker_of_the_tree_is_reported_at_once() {
+    let env = TestEnv::new("cli-blockers");
+    let mut v = Victim::spawn(&env, "blockers", &[]);
+    v.wait_ready();
+    let pid = v.pid.to_string();
+    let out = ckpt(
+        &env,
+        &["dump", "--tree", &pid, "--dir", path_str(&env.img)],
+        DUMP_TIMEOUT,
+    );
+    assert_eq!(out.code(), UNSUPPORTED, "{}", out.stderr);
+    let lines: Vec<&str> = out.stderr.trim().lines().collect();
+    assert_eq!(
+        lines.len(),
+        5,
+        "four blockers and a summary: {}",
+        out.stderr
+    );
+    for what in ["socket", "memfd", "inotify"] {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("ckpt: error: pid ") && l.contains(what)),
+            "no line for the {what}: {}",
+            out.stderr
+        );
+    }
+    assert!(
+        lines[4].contains("4 things") && lines[4].contains("2 processes"),
+        "summary: {}",
+        lines[4]
+    );
+    assert!(!env.img.exists(), "failed dump left {}", env.img.display());
+
+    let out = ckpt(
+        &env,
+        &[
+            "dump",
+            "--tree",
+            &pid,
+            "--dir",
+            path_str(&env.img),
+            "--json",
+        ],
+        DUMP_TIMEOUT,
+    );
+    assert_eq!(out.code(), UNSUPPORTED);
+    let e = json_error(&out);
+    let blockers = e["blockers"].as_array().expect("blockers array");
+    assert_eq!(blockers.len(), 4, "{e}");
+    assert!(
+        blockers
+            .iter()
+            .all(|b| b["pid"].is_i64() && b["fd"].is_i64()),
+        "{e}"
+    );
+    v.assert_unharmed_and_passes("after a dump refused for four reasons");
+}

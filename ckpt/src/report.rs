@@ -88,6 +88,8 @@ pub struct ErrorReport {
     pub path: Option<String>,
     /// The whole message, one line.
     pub message: String,
+    /// For a dump refused for several reasons: each of them.
+    pub blockers: Vec<ckpt_dumper::Blocker>,
 }
 
 impl ErrorReport {
@@ -100,6 +102,7 @@ impl ErrorReport {
             fd: None,
             path: None,
             message,
+            blockers: Vec::new(),
         };
         for cause in e.chain() {
             if let Some(d) = cause.downcast_ref::<DumpError>() {
@@ -131,6 +134,7 @@ impl ErrorReport {
             fd: None,
             path: None,
             message,
+            blockers: Vec::new(),
         }
     }
 
@@ -141,6 +145,10 @@ impl ErrorReport {
             }
             DumpError::Permission { pid, .. } => self.set(ErrorKind::Permission, Some(*pid)),
             DumpError::Unsupported { pid, .. } => self.set(ErrorKind::Unsupported, Some(*pid)),
+            DumpError::Blocked { blockers } => {
+                self.set(ErrorKind::Unsupported, None);
+                self.blockers = blockers.clone();
+            }
             DumpError::Proc { pid, path, .. } => {
                 self.set(ErrorKind::Internal, Some(*pid));
                 self.path = Some(path.display().to_string());
@@ -249,6 +257,17 @@ impl ErrorReport {
     /// exit code.
     pub fn emit(&self, json: bool) -> ExitCode {
         if json {
+            let blockers: Vec<serde_json::Value> = self
+                .blockers
+                .iter()
+                .map(|b| {
+                    serde_json::json!({
+                        "pid": b.pid,
+                        "fd": fd_in(&b.what),
+                        "message": format!("pid {}: {} not supported", b.pid, b.what),
+                    })
+                })
+                .collect();
             println!(
                 "{}",
                 serde_json::json!({ "error": {
@@ -257,10 +276,25 @@ impl ErrorReport {
                     "fd": self.fd,
                     "path": self.path,
                     "message": self.message,
+                    "blockers": blockers,
                 }})
             );
-        } else {
+        } else if self.blockers.is_empty() {
             eprintln!("ckpt: error: {}", self.message);
+        } else {
+            // One line per blocker, then the summary.
+            for b in &self.blockers {
+                eprintln!("ckpt: error: pid {}: {} not supported", b.pid, b.what);
+            }
+            let mut pids: Vec<i32> = self.blockers.iter().map(|b| b.pid).collect();
+            pids.sort_unstable();
+            pids.dedup();
+            eprintln!(
+                "ckpt: error: dump refused: {} things cannot be saved, in {} process{}; the tree keeps running",
+                self.blockers.len(),
+                pids.len(),
+                if pids.len() == 1 { "" } else { "es" }
+            );
         }
         ExitCode::from(self.kind.exit_code())
     }

@@ -14,6 +14,13 @@ pub enum DumpError {
         /// The pid.
         pid: i32,
     },
+    /// Several things in the tree cannot be saved (each would be an
+    /// [`DumpError::Unsupported`] on its own).
+    #[error("{} things in the tree cannot be saved: {}", blockers.len(), blockers.iter().map(|b| format!("pid {}: {}", b.pid, b.what)).collect::<Vec<_>>().join("; "))]
+    Blocked {
+        /// Every one of them, in tree order.
+        blockers: Vec<Blocker>,
+    },
     /// A process of the tree died while it was frozen (killed by someone
     /// else); what failed because of it is in `detail`.
     #[error("pid {pid} exited during the dump ({detail})")]
@@ -66,6 +73,15 @@ pub enum DumpError {
     /// Writing the images failed.
     #[error(transparent)]
     Image(#[from] ImageError),
+}
+
+/// One thing ckpt cannot save.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocker {
+    /// The process holding it.
+    pub pid: i32,
+    /// What it is, e.g. "fd 7: socket".
+    pub what: String,
 }
 
 /// Shorthand.

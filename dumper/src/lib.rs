@@ -19,6 +19,7 @@
 
 #![warn(missing_docs)]
 
+mod blockers;
 pub mod error;
 
 pub mod fd;
@@ -34,13 +35,14 @@ mod tree;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use blockers::Blockers;
 use ckpt_image::manifest::{Manifest, ProcessEntry};
 use ckpt_image::mm::Mm;
 use ckpt_image::{Committed, ImageKey, ImageKind, ImageWriter};
 use ckpt_parasite::ParasiteError;
 use nix::errno::Errno;
 
-pub use error::{DumpError, Result};
+pub use error::{Blocker, DumpError, Result};
 
 /// What happens to the target once its images are complete and synced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -119,12 +121,14 @@ pub fn freeze(root: i32) -> Result<Frozen> {
         return Err(DumpError::NoProcess { pid: root });
     }
     let frozen_at = Instant::now();
-    let procs = tree::freeze(root, precheck, seize_error)?;
+    let mut blockers = Blockers::default();
+    let procs = tree::freeze(root, precheck, seize_error, &mut blockers)?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::AfterSeize);
     Ok(Frozen {
         root,
         procs,
         frozen_at,
+        blockers,
     })
 }
 
@@ -134,6 +138,9 @@ pub struct Frozen {
     /// Tree order: parents before children.
     procs: Vec<tree::FrozenProcess>,
     frozen_at: Instant,
+    /// What freezing found that cannot be saved (reported with the rest
+    /// by [`Frozen::write`]).
+    blockers: Blockers,
 }
 
 impl Frozen {
@@ -301,20 +308,33 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<(DumpReport,
         .iter()
         .filter(|p| p.zombie_status.is_none())
         .collect();
-    let mut procs = live
-        .iter()
-        .map(|p| collect_process(p))
-        .collect::<Result<Vec<Collected>>>()?;
-    let relaid = mm::link_shared_memory(
-        &mut procs
-            .iter_mut()
-            .map(|c| (c.pid, &mut c.vmas))
-            .collect::<Vec<_>>(),
-    )?;
+    // Collect everything, gathering what cannot be saved instead of
+    // stopping at the first: the user gets the whole list in one run.
+    let mut blockers = Blockers::default();
+    let mut procs = Vec::new();
+    for p in &live {
+        if let Some(c) = blockers.absorb(collect_process(p))? {
+            procs.push(c);
+        }
+    }
+    let relaid = blockers
+        .absorb(mm::link_shared_memory(
+            &mut procs
+                .iter_mut()
+                .map(|c| (c.pid, &mut c.vmas))
+                .collect::<Vec<_>>(),
+        ))?
+        .unwrap_or_default();
     for c in procs.iter_mut().filter(|c| relaid.contains(&c.pid)) {
         c.pages_bytes = mm::reassign_offsets(&mut c.vmas);
     }
-    let files = fd::collect_tree(&procs.iter().map(|c| c.pid).collect::<Vec<_>>())?;
+    let files = fd::collect_tree(
+        &procs.iter().map(|c| c.pid).collect::<Vec<_>>(),
+        &mut blockers,
+    )?;
+    let mut all = frozen.blockers.clone();
+    all.extend(blockers);
+    all.into_result()?;
 
     let total: u64 = procs.iter().map(|c| c.pages_bytes).sum();
     let mut w = ImageWriter::create(&opts.dir)?;

@@ -4,6 +4,7 @@
 
 use ckpt_parasite::{ParasiteError, Tracee};
 
+use crate::blockers::Blockers;
 use crate::error::{DumpError, Result};
 use crate::procfile;
 use crate::thread;
@@ -64,12 +65,15 @@ fn children(pid: i32) -> Result<Vec<i32>> {
 }
 
 /// Freezes `root` and its descendants, parents before children. `check`
-/// refuses a process this version cannot dump (called before seizing it);
-/// `seize_err` maps seize failures.
+/// refuses a process this version cannot dump (called before seizing it):
+/// for the root that ends the dump, a descendant it refuses is left alone
+/// (with its own descendants) and recorded in `blockers`. `seize_err` maps
+/// seize failures.
 pub fn freeze(
     root: i32,
     check: impl Fn(i32) -> Result<()>,
     seize_err: impl Fn(i32, ParasiteError) -> DumpError,
+    blockers: &mut Blockers,
 ) -> Result<Vec<FrozenProcess>> {
     check(root)?;
     let ppid = procfile::stat_fields(root)?
@@ -99,7 +103,9 @@ pub fn freeze(
                 });
                 continue;
             }
-            check(child)?;
+            if blockers.absorb(check(child))?.is_none() {
+                continue;
+            }
             procs.push(FrozenProcess {
                 pid: child,
                 ppid: parent,

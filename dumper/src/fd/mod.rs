@@ -18,6 +18,7 @@ use std::os::unix::fs::MetadataExt;
 
 use ckpt_image::fd::{Fd, FdTable, File, Files, file};
 
+use crate::blockers::Blockers;
 use crate::error::{DumpError, Result};
 use crate::procfile;
 use crate::sys;
@@ -194,7 +195,7 @@ struct Inode {
 
 /// Collects the fd tables of a frozen tree (`pids` in tree order, parents
 /// first) and every open file description behind them, once.
-pub fn collect_tree(pids: &[i32]) -> Result<TreeFiles> {
+pub fn collect_tree(pids: &[i32], blockers: &mut Blockers) -> Result<TreeFiles> {
     let mut out = TreeFiles {
         tables: Vec::new(),
         files: Files::default(),
@@ -205,7 +206,9 @@ pub fn collect_tree(pids: &[i32]) -> Result<TreeFiles> {
         let mut table = FdTable::default();
         for fd in procfile::numbered_entries(pid, "fd")? {
             let p = params(pid, fd)?;
-            lock::refuse_locks(&p)?;
+            if blockers.absorb(lock::refuse_locks(&p))?.is_none() {
+                continue;
+            }
             let inode = Inode {
                 dev: p.meta.dev(),
                 ino: p.meta.ino(),
@@ -214,11 +217,13 @@ pub fn collect_tree(pids: &[i32]) -> Result<TreeFiles> {
                 Some(id) => id,
                 None => {
                     let id = out.files.files.len() as u64 + 1;
-                    let kind = KINDS
-                        .iter()
-                        .find(|k| k.claims(&p))
-                        .ok_or_else(|| p.unsupported(&p.describe()))?
-                        .collect(&p, id, &mut out.blobs)?;
+                    let collected = match KINDS.iter().find(|k| k.claims(&p)) {
+                        Some(k) => k.collect(&p, id, &mut out.blobs),
+                        None => Err(p.unsupported(&p.describe())),
+                    };
+                    let Some(kind) = blockers.absorb(collected)? else {
+                        continue;
+                    };
                     out.files.files.push(File {
                         id,
                         flags: p.flags & !(libc::O_CLOEXEC as u32),
@@ -240,7 +245,7 @@ pub fn collect_tree(pids: &[i32]) -> Result<TreeFiles> {
         out.tables.push((pid, table));
     }
     for k in KINDS {
-        k.check_tree(&out)?;
+        blockers.absorb(k.check_tree(&out))?;
     }
     Ok(out)
 }
