@@ -13,6 +13,15 @@ const UNSUPPORTED: i32 = 3;
 const TARGET_GONE: i32 = 5;
 const IMAGE_INVALID: i32 = 7;
 
+/// `ckpt dump --tree PID --dir IMG --json`.
+fn dump_json(env: &TestEnv, pid: &str) -> CkptOutput {
+    ckpt(
+        env,
+        &["dump", "--tree", pid, "--dir", path_str(&env.img), "--json"],
+        DUMP_TIMEOUT,
+    )
+}
+
 fn json_error(out: &CkptOutput) -> Value {
     let v: Value = serde_json::from_str(out.stdout.trim())
         .unwrap_or_else(|e| panic!("`{}` printed no JSON ({e}): {}", out.desc, out.stdout));
@@ -41,18 +50,7 @@ fn usage_errors_are_one_line_with_code_2() {
 fn missing_process_and_missing_checkpoint_are_classified() {
     let env = TestEnv::new("cli-gone");
     let pid = unused_pid().to_string();
-    let out = ckpt(
-        &env,
-        &[
-            "dump",
-            "--tree",
-            &pid,
-            "--dir",
-            path_str(&env.img),
-            "--json",
-        ],
-        FAIL_TIMEOUT,
-    );
+    let out = dump_json(&env, &pid);
     assert_eq!(out.code(), TARGET_GONE, "{}", out.stdout);
     let e = json_error(&out);
     assert_eq!(e["kind"], "target_gone");
@@ -86,18 +84,7 @@ fn unsupported_fd_names_pid_and_fd_in_json() {
     );
     v.wait_ready();
     let pid = v.pid.to_string();
-    let out = ckpt(
-        &env,
-        &[
-            "dump",
-            "--tree",
-            &pid,
-            "--dir",
-            path_str(&env.img),
-            "--json",
-        ],
-        DUMP_TIMEOUT,
-    );
+    let out = dump_json(&env, &pid);
     assert_eq!(out.code(), UNSUPPORTED, "{}", out.stdout);
     let e = json_error(&out);
     assert_eq!(e["kind"], "unsupported");
@@ -182,18 +169,7 @@ fn every_blocker_of_the_tree_is_reported_at_once() {
     );
     assert!(!env.img.exists(), "failed dump left {}", env.img.display());
 
-    let out = ckpt(
-        &env,
-        &[
-            "dump",
-            "--tree",
-            &pid,
-            "--dir",
-            path_str(&env.img),
-            "--json",
-        ],
-        DUMP_TIMEOUT,
-    );
+    let out = dump_json(&env, &pid);
     assert_eq!(out.code(), UNSUPPORTED);
     let e = json_error(&out);
     let blockers = e["blockers"].as_array().expect("blockers array");

@@ -336,7 +336,8 @@ fn target_killed_mid_dump_is_named() {
     let env = TestEnv::new("target-killed");
     let mut v = Victim::spawn(&env, "counter", &[]);
     v.wait_ready();
-    let out = std::process::Command::new(CKPT)
+    let out = env
+        .ckpt_command()
         .args([
             "dump",
             "--tree",
@@ -345,7 +346,6 @@ fn target_killed_mid_dump_is_named() {
             path_str(&env.img),
         ])
         .env("CKPT_FAULT", "kill-target-during-pages")
-        .env("CKPT_IMAGE_KEY", env.image_key())
         .stdin(std::process::Stdio::null())
         .output()
         .expect("run ckpt");

@@ -7,7 +7,7 @@
 mod common;
 
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
@@ -16,8 +16,8 @@ fn dumper_killed_at(point: &str) {
     let env = TestEnv::new(&format!("killed-{point}"));
     let mut v = Victim::spawn(&env, "counter", &[]);
     v.wait_ready();
-    let status = Command::new(CKPT)
-        .env("CKPT_IMAGE_KEY", env.image_key())
+    let status = env
+        .ckpt_command()
         .args([
             "dump",
             "--tree",
@@ -99,8 +99,8 @@ fn restorer_killed_mid_rebuild_leaves_nothing() {
     v.reap_killed(Duration::from_secs(10));
     // go exists from the start: a restored victim that ran would answer.
     v.go();
-    let status = Command::new(CKPT)
-        .env("CKPT_IMAGE_KEY", env.image_key())
+    let status = env
+        .ckpt_command()
         .args(["restore", "--dir", path_str(&env.img)])
         .env("CKPT_FAULT", "restore-mid-rebuild")
         .stdin(Stdio::null())

@@ -19,7 +19,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
@@ -190,10 +190,9 @@ fn binary_with_only_a_new_mtime_is_accepted() {
 fn restore_holding_fd7(env: &TestEnv, held: &File, extra: &[&str]) -> String {
     let log = env.root.join("restore-fd7.log");
     let raw = held.as_raw_fd();
-    let mut cmd = Command::new(CKPT);
+    let mut cmd = env.ckpt_command();
     cmd.args(["restore", "--dir", path_str(&env.img), "--detach"])
         .args(extra)
-        .env("CKPT_IMAGE_KEY", env.image_key())
         .stdin(Stdio::null())
         .stdout(File::create(&log).unwrap())
         .stderr(File::create(&log).unwrap());

@@ -7,7 +7,7 @@ mod common;
 
 use std::fs::File;
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
@@ -44,8 +44,8 @@ fn terminal_fds_follow_the_restorer() {
     dump_kill_reap(&env, &mut v);
 
     let log = env.work.join("restore.log");
-    let status = Command::new(CKPT)
-        .env("CKPT_IMAGE_KEY", env.image_key())
+    let status = env
+        .ckpt_command()
         .args(["restore", "--dir", path_str(&env.img), "--detach"])
         .stdin(Stdio::null())
         .stdout(File::create(&log).unwrap())

@@ -134,6 +134,14 @@ impl TestEnv {
         self.root.join("image.key")
     }
 
+    /// A `ckpt` command with this test's image key, for tests that need
+    /// more control than [`ckpt`] gives (fault points, odd fds, signals).
+    pub fn ckpt_command(&self) -> Command {
+        let mut cmd = Command::new(CKPT);
+        cmd.env("CKPT_IMAGE_KEY", self.image_key());
+        cmd
+    }
+
     pub fn new(test: &str) -> TestEnv {
         let tmp = tempfile::Builder::new()
             .prefix(&format!("ckpt-e2e-{test}-"))
