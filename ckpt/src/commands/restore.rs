@@ -9,6 +9,8 @@ use ckpt_restorer::{FilePolicy, InheritFd, RestoreOptions};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
 
+use crate::scripts::{ActionScripts, Phase};
+
 /// Arguments of `ckpt restore`.
 #[derive(clap::Args, Debug)]
 pub struct RestoreArgs {
@@ -43,6 +45,10 @@ pub struct RestoreArgs {
     /// log continues. Its owner, mode and type must still match.
     #[arg(long = "allow-changed", value_name = "PATH")]
     allow_changed: Vec<PathBuf>,
+    /// Run this program at pre-restore, post-restore and pre-resume
+    /// (repeatable); a failure aborts the restore and kills the tree.
+    #[arg(long = "action-script", value_name = "PATH")]
+    action_scripts: Vec<PathBuf>,
 }
 
 /// Runs `ckpt restore`: exits 0 once the process runs with `--detach`,
@@ -89,13 +95,9 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
                 .collect::<anyhow::Result<_>>()?,
         },
     };
-    // The engine's phases: a coordinated restart publishes and subscribes
-    // between them.
-    let r = ckpt_restorer::rebuild(&opts).and_then(|stopped| stopped.resume());
-    if let Some(b) = &bar {
-        b.finish_and_clear();
-    }
-    let r = r.with_context(|| format!("restore from {} failed", a.dir.display()))?;
+    let scripts = ActionScripts::new(a.action_scripts.clone(), &a.dir);
+    let r = phases(&a, &opts, &scripts, bar.as_ref())
+        .with_context(|| format!("restore from {} failed", a.dir.display()))?;
     if let Some(path) = &a.pidfile {
         write_pidfile(path, r.pid)?;
     }
@@ -126,6 +128,28 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
             Err(e) => return Err(e).context(format!("waiting for pid {}", r.pid)),
         }
     }
+}
+
+/// The engine's phases (a coordinated restart publishes and subscribes
+/// between them) with the action scripts. An error after the rebuild drops
+/// the stopped tree, which kills it.
+fn phases(
+    _a: &RestoreArgs,
+    opts: &RestoreOptions<'_>,
+    scripts: &ActionScripts,
+    bar: Option<&indicatif::ProgressBar>,
+) -> anyhow::Result<ckpt_restorer::Restored> {
+    // The checkpoint is not read yet, so the pid is not known.
+    scripts.run(Phase::PreRestore, None)?;
+    let stopped = ckpt_restorer::rebuild(opts);
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let stopped = stopped?;
+    let root = stopped.pids().first().copied();
+    scripts.run(Phase::PostRestore, root)?;
+    scripts.run(Phase::PreResume, root)?;
+    Ok(stopped.resume()?)
 }
 
 /// Writes `pid` to `path` atomically (a temporary file renamed over it), so
