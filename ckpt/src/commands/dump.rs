@@ -38,6 +38,10 @@ pub struct DumpArgs {
     /// the dump.
     #[arg(long = "action-script", value_name = "PATH")]
     action_scripts: Vec<PathBuf>,
+    /// Accepted for CRIU compatibility; changes nothing (terminals are
+    /// always recorded; see `restore --shell-job`).
+    #[arg(long, short = 'j')]
+    shell_job: bool,
 }
 
 /// Runs `ckpt dump`.

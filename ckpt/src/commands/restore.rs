@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use ckpt_restorer::{FilePolicy, InheritFd, RestoreOptions};
+use ckpt_restorer::{FilePolicy, InheritFd, Rebound, RestoreOptions};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
 
@@ -49,6 +49,11 @@ pub struct RestoreArgs {
     /// (repeatable); a failure aborts the restore and kills the tree.
     #[arg(long = "action-script", value_name = "PATH")]
     action_scripts: Vec<PathBuf>,
+    /// The tree is a shell job: bind its terminal fds 0-2 to this command's
+    /// and let its root join this command's session and process group
+    /// without a notice on stderr.
+    #[arg(long, short = 'j')]
+    shell_job: bool,
 }
 
 /// Runs `ckpt restore`: exits 0 once the process runs with `--detach`,
@@ -134,7 +139,7 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
 /// between them) with the action scripts. An error after the rebuild drops
 /// the stopped tree, which kills it.
 fn phases(
-    _a: &RestoreArgs,
+    a: &RestoreArgs,
     opts: &RestoreOptions<'_>,
     scripts: &ActionScripts,
     bar: Option<&indicatif::ProgressBar>,
@@ -146,10 +151,31 @@ fn phases(
         b.finish_and_clear();
     }
     let stopped = stopped?;
+    if !a.shell_job {
+        for r in stopped.rebound() {
+            eprintln!("ckpt: {}", rebound_notice(r));
+        }
+    }
     let root = stopped.pids().first().copied();
     scripts.run(Phase::PostRestore, root)?;
     scripts.run(Phase::PreResume, root)?;
     Ok(stopped.resume()?)
+}
+
+/// What was bound to this command instead of restored, in one line.
+fn rebound_notice(r: &Rebound) -> String {
+    match r {
+        Rebound::Terminal { pid, fds } => {
+            let fds: Vec<String> = fds.iter().map(i32::to_string).collect();
+            format!(
+                "pid {pid} fd {}: terminal rebound to this command's fds",
+                fds.join(",")
+            )
+        }
+        Rebound::Session { pid } => {
+            format!("pid {pid}: session/process group of this command adopted")
+        }
+    }
 }
 
 /// Writes `pid` to `path` atomically (a temporary file renamed over it), so
