@@ -157,7 +157,9 @@ impl ActionScripts {
         let stdout = std::os::fd::AsFd::as_fd(&std::io::stderr())
             .try_clone_to_owned()
             .map_or_else(|_| Stdio::null(), Stdio::from);
-        cmd.stdin(Stdio::null()).stdout(stdout).stderr(Stdio::inherit());
+        cmd.stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(Stdio::inherit());
         // Its own group, so a timeout kills whatever it started too.
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         close_inherited_fds(&mut cmd);

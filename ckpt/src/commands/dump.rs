@@ -64,7 +64,8 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
         key: &key,
     };
     let scripts = ActionScripts::new(a.action_scripts.clone(), &a.dir);
-    let report = phases(&a, &write, &scripts).with_context(|| format!("dump of pid {} failed", a.pid));
+    let report =
+        phases(&a, &write, &scripts).with_context(|| format!("dump of pid {} failed", a.pid));
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
