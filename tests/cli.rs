@@ -182,3 +182,27 @@ fn every_blocker_of_the_tree_is_reported_at_once() {
     );
     v.assert_unharmed_and_passes("after a dump refused for four reasons");
 }
+
+/// README's list of file kinds names every kind of the dumper's registry
+/// and every refused thing (`ckpt check --kinds --json` prints both).
+#[test]
+fn readme_lists_every_file_kind() {
+    let env = TestEnv::new("cli-kinds");
+    let out = ckpt(&env, &["check", "--kinds", "--json"], FAIL_TIMEOUT);
+    out.assert_success();
+    let v: Value = serde_json::from_str(&out.stdout).expect("JSON");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("read README.md");
+    let mut names = 0;
+    for list in ["supported", "refused"] {
+        for k in v[list].as_array().expect(list) {
+            let name = k["name"].as_str().expect("name");
+            assert!(
+                readme.contains(&format!("`{name}`")),
+                "README.md does not mention {list} kind `{name}`"
+            );
+            names += 1;
+        }
+    }
+    assert!(names >= 10, "{v}");
+}

@@ -33,7 +33,32 @@ fn openpty() -> (OwnedFd, OwnedFd) {
 
 #[test]
 fn terminal_fds_follow_the_restorer() {
-    let env = TestEnv::new("tty");
+    let log = terminal_cycle("tty", &[]);
+    let notice = log
+        .lines()
+        .find(|l| l.contains("terminal rebound"))
+        .unwrap_or_else(|| panic!("no notice of the rebound terminal on stderr:\n{log}"));
+    assert!(
+        notice.starts_with("ckpt: pid ")
+            && notice.ends_with(" fd 0,1,2: terminal rebound to this command's fds"),
+        "{notice}"
+    );
+    // The victim leads its own session: nothing of it was adopted.
+    assert!(!log.contains("adopted"), "{log}");
+}
+
+/// `--shell-job` is the explicit opt-in: the same rebinding, silently.
+#[test]
+fn shell_job_rebinds_silently() {
+    let log = terminal_cycle("tty-shell-job", &["--shell-job"]);
+    assert!(!log.contains("rebound"), "--shell-job still printed: {log}");
+}
+
+/// Runs a victim on a pty, dumps it (with `--shell-job`, a no-op), restores it with
+/// `restore_extra` and fds 0-2 = /dev/null and a log file, checks the
+/// victim got those and passes; returns the restore's output.
+fn terminal_cycle(test: &str, restore_extra: &[&str]) -> String {
+    let env = TestEnv::new(test);
     let (_master, slave) = openpty();
     let stdio = || Stdio::from(slave.try_clone().unwrap());
     let mut v = Victim::spawn_with(&env, "counter", &[], stdio(), stdio(), stdio());
@@ -41,12 +66,15 @@ fn terminal_fds_follow_the_restorer() {
     let fd1 = std::fs::read_link(format!("/proc/{}/fd/1", v.pid)).unwrap();
     assert!(fd1.to_string_lossy().starts_with("/dev/pts/"), "{fd1:?}");
 
-    dump_kill_reap(&env, &mut v);
+    // `--shell-job` on dump is accepted (CRIU's) and changes nothing.
+    dump(&env, &v, &["--kill", "--shell-job"]);
+    v.reap_killed(Duration::from_secs(10));
 
     let log = env.work.join("restore.log");
     let status = env
         .ckpt_command()
         .args(["restore", "--dir", path_str(&env.img), "--detach"])
+        .args(restore_extra)
         .stdin(Stdio::null())
         .stdout(File::create(&log).unwrap())
         .stderr(File::create(&log).unwrap())
@@ -70,4 +98,5 @@ fn terminal_fds_follow_the_restorer() {
     v.go();
     v.wait_result(Duration::from_secs(10));
     v.assert_pass();
+    read_to_string_lossy(&log)
 }

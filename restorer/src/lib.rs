@@ -74,6 +74,28 @@ pub struct Restored {
     pub pid: i32,
 }
 
+/// Something of the restored tree that was bound to the restoring command
+/// instead of restored as dumped (what CRIU calls a shell job). `ckpt
+/// restore` reports each unless the user opted in with `--shell-job`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rebound {
+    /// These terminal fds of `pid` are now the restorer's own fds of the
+    /// same numbers (the terminal rule).
+    Terminal {
+        /// The process.
+        pid: i32,
+        /// Its fd numbers, ascending.
+        fds: Vec<i32>,
+    },
+    /// `pid` (the root) was in a session it did not lead, which was outside
+    /// the tree: it is in the restorer's session (and group, unless it led
+    /// its own) instead.
+    Session {
+        /// The process.
+        pid: i32,
+    },
+}
+
 /// A zombie of the tree: only its manifest entry exists.
 struct Zombie {
     pid: i32,
@@ -124,12 +146,18 @@ pub struct Stopped {
     /// Tree order (parents first).
     tracees: Vec<Tracee>,
     child: ChildGuard,
+    rebound: Vec<Rebound>,
 }
 
 impl Stopped {
     /// Pids of the rebuilt processes, parents first (zombies not included).
     pub fn pids(&self) -> Vec<i32> {
         self.tracees.iter().map(Tracee::pid).collect()
+    }
+
+    /// What was bound to the restoring command instead of restored.
+    pub fn rebound(&self) -> &[Rebound] {
+        &self.rebound
     }
 
     /// Lets the tree run.
@@ -206,11 +234,24 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
     let child = spawn(root, opts)?;
     let mut fds = fd::Context::new(&images, &files, &opts.files);
     match build_tree(&procs, &zombies, &pages, &mut fds, opts) {
-        Ok(tracees) => Ok(Stopped {
-            root,
-            tracees,
-            child,
-        }),
+        Ok((tracees, session)) => {
+            let mut rebound = Vec::new();
+            if session == task::SessionOrigin::Adopted {
+                rebound.push(Rebound::Session { pid: root });
+            }
+            for &(pid, fd) in fds.terminals_inherited() {
+                match rebound.last_mut() {
+                    Some(Rebound::Terminal { pid: p, fds }) if *p == pid => fds.push(fd),
+                    _ => rebound.push(Rebound::Terminal { pid, fds: vec![fd] }),
+                }
+            }
+            Ok(Stopped {
+                root,
+                tracees,
+                child,
+                rebound,
+            })
+        }
         Err(e) => {
             // Kill while still stopped: a half-built process must never run.
             for p in procs.iter().rev() {
@@ -261,7 +302,7 @@ fn build_tree(
     pages: &[memmap2::Mmap],
     fds: &mut fd::Context<'_>,
     opts: &RestoreOptions<'_>,
-) -> Result<Vec<Tracee>> {
+) -> Result<(Vec<Tracee>, task::SessionOrigin)> {
     let images = fds.images;
     let root = Tracee::adopt_stopped_child(procs[0].pid)?;
     // Nothing may be delivered until the very end; children inherit this.
@@ -286,7 +327,7 @@ fn build_tree(
         .ok_or_else(|| no_room("restorer has no executable mapping"))?;
     // Forked children inherit the scratch area at the same address.
     let base = ckpt_parasite::remote::Remote::map(&root, code, at)?.base;
-    task::restore_session(
+    let session = task::restore_session(
         &ckpt_parasite::remote::Remote { t: &root, base },
         &procs[0].core,
         true,
@@ -330,7 +371,7 @@ fn build_tree(
     for ((t, p), pg) in tracees.iter().zip(procs).zip(pages) {
         rebuild_process(t, base, p, pg, fds, opts)?;
     }
-    Ok(tracees)
+    Ok((tracees, session))
 }
 
 /// File ids must be unique and sorted (lookups are binary searches).

@@ -76,7 +76,7 @@ pub fn restore_misc(r: &Remote<'_>, core: &Core) -> Result<()> {
 /// leads its own again; a tree member rejoins the group it was in (whose
 /// leader was restored before it); the root cannot join a group outside
 /// the tree and stays in the restorer's.
-pub fn restore_session(r: &Remote<'_>, core: &Core, is_root: bool) -> Result<()> {
+pub fn restore_session(r: &Remote<'_>, core: &Core, is_root: bool) -> Result<SessionOrigin> {
     if core.sid == core.pid {
         r.call("setsid", libc::SYS_setsid, [0; 6])?;
     } else if core.pgid == core.pid {
@@ -97,7 +97,21 @@ pub fn restore_session(r: &Remote<'_>, core: &Core, is_root: bool) -> Result<()>
             )?;
         }
     }
-    Ok(())
+    // A root that did not lead its session had it from outside the tree.
+    Ok(if is_root && core.sid != core.pid {
+        SessionOrigin::Adopted
+    } else {
+        SessionOrigin::Restored
+    })
+}
+
+/// Where a restored process's session and process group come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionOrigin {
+    /// As dumped: its own, or its restored parent's.
+    Restored,
+    /// The restorer's: the dumped ones were outside the tree.
+    Adopted,
 }
 
 /// State every thread has for itself: alternate stack (disabled when none

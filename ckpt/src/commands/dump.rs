@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use ckpt_dumper::WriteOptions;
+use ckpt_dumper::{DumpReport, WriteOptions};
+
+use crate::scripts::{ActionScripts, Phase};
 
 /// Arguments of `ckpt dump`.
 #[derive(clap::Args, Debug)]
@@ -31,6 +33,15 @@ pub struct DumpArgs {
     /// /var/lib/ckpt/image.key).
     #[arg(long, value_name = "PATH")]
     image_key: Option<PathBuf>,
+    /// Run this program at pre-dump (before the freeze) and post-dump
+    /// (images committed, tree still frozen) (repeatable); a failure aborts
+    /// the dump.
+    #[arg(long = "action-script", value_name = "PATH")]
+    action_scripts: Vec<PathBuf>,
+    /// Accepted for CRIU compatibility; changes nothing (terminals are
+    /// always recorded; see `restore --shell-job`).
+    #[arg(long, short = 'j')]
+    shell_job: bool,
 }
 
 /// Runs `ckpt dump`.
@@ -52,19 +63,9 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
         compress: a.compress,
         key: &key,
     };
-    let report = ckpt_dumper::freeze(a.pid)
-        .and_then(|mut frozen| {
-            frozen.drain()?;
-            frozen.write(&write)
-        })
-        .and_then(|written| {
-            if a.kill {
-                written.kill()
-            } else {
-                written.resume()
-            }
-        })
-        .with_context(|| format!("dump of pid {} failed", a.pid));
+    let scripts = ActionScripts::new(a.action_scripts.clone(), &a.dir);
+    let report =
+        phases(&a, &write, &scripts).with_context(|| format!("dump of pid {} failed", a.pid));
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
@@ -97,4 +98,33 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The engine's phases with the action scripts between them.
+fn phases(
+    a: &DumpArgs,
+    write: &WriteOptions<'_>,
+    scripts: &ActionScripts,
+) -> anyhow::Result<DumpReport> {
+    scripts.run(Phase::PreDump, Some(a.pid))?;
+    let mut frozen = ckpt_dumper::freeze(a.pid)?;
+    frozen.drain()?;
+    let written = frozen.write(write)?;
+    if let Err(e) = scripts.run(Phase::PostDump, Some(a.pid)) {
+        // A vetoed dump leaves no checkpoint, like any failed one; dropping
+        // `written` then thaws the tree.
+        let dir = &written.report().dir;
+        if let Err(rm) = std::fs::remove_dir_all(dir) {
+            return Err(anyhow::Error::new(e).context(format!(
+                "{}: cannot remove the vetoed checkpoint: {rm}",
+                dir.display()
+            )));
+        }
+        return Err(e.into());
+    }
+    Ok(if a.kill {
+        written.kill()?
+    } else {
+        written.resume()?
+    })
 }

@@ -5,9 +5,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use ckpt_restorer::{FilePolicy, InheritFd, RestoreOptions};
+use ckpt_restorer::{FilePolicy, InheritFd, Rebound, RestoreOptions};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
+
+use crate::scripts::{ActionScripts, Phase};
 
 /// Arguments of `ckpt restore`.
 #[derive(clap::Args, Debug)]
@@ -43,6 +45,15 @@ pub struct RestoreArgs {
     /// log continues. Its owner, mode and type must still match.
     #[arg(long = "allow-changed", value_name = "PATH")]
     allow_changed: Vec<PathBuf>,
+    /// Run this program at pre-restore, post-restore and pre-resume
+    /// (repeatable); a failure aborts the restore and kills the tree.
+    #[arg(long = "action-script", value_name = "PATH")]
+    action_scripts: Vec<PathBuf>,
+    /// The tree is a shell job: bind its terminal fds 0-2 to this command's
+    /// and let its root join this command's session and process group
+    /// without a notice on stderr.
+    #[arg(long, short = 'j')]
+    shell_job: bool,
 }
 
 /// Runs `ckpt restore`: exits 0 once the process runs with `--detach`,
@@ -89,13 +100,9 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
                 .collect::<anyhow::Result<_>>()?,
         },
     };
-    // The engine's phases: a coordinated restart publishes and subscribes
-    // between them.
-    let r = ckpt_restorer::rebuild(&opts).and_then(|stopped| stopped.resume());
-    if let Some(b) = &bar {
-        b.finish_and_clear();
-    }
-    let r = r.with_context(|| format!("restore from {} failed", a.dir.display()))?;
+    let scripts = ActionScripts::new(a.action_scripts.clone(), &a.dir);
+    let r = phases(&a, &opts, &scripts, bar.as_ref())
+        .with_context(|| format!("restore from {} failed", a.dir.display()))?;
     if let Some(path) = &a.pidfile {
         write_pidfile(path, r.pid)?;
     }
@@ -124,6 +131,49 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
             }
             Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(e).context(format!("waiting for pid {}", r.pid)),
+        }
+    }
+}
+
+/// The engine's phases (a coordinated restart publishes and subscribes
+/// between them) with the action scripts. An error after the rebuild drops
+/// the stopped tree, which kills it.
+fn phases(
+    a: &RestoreArgs,
+    opts: &RestoreOptions<'_>,
+    scripts: &ActionScripts,
+    bar: Option<&indicatif::ProgressBar>,
+) -> anyhow::Result<ckpt_restorer::Restored> {
+    // The checkpoint is not read yet, so the pid is not known.
+    scripts.run(Phase::PreRestore, None)?;
+    let stopped = ckpt_restorer::rebuild(opts);
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let stopped = stopped?;
+    if !a.shell_job {
+        for r in stopped.rebound() {
+            eprintln!("ckpt: {}", rebound_notice(r));
+        }
+    }
+    let root = stopped.pids().first().copied();
+    scripts.run(Phase::PostRestore, root)?;
+    scripts.run(Phase::PreResume, root)?;
+    Ok(stopped.resume()?)
+}
+
+/// What was bound to this command instead of restored, in one line.
+fn rebound_notice(r: &Rebound) -> String {
+    match r {
+        Rebound::Terminal { pid, fds } => {
+            let fds: Vec<String> = fds.iter().map(i32::to_string).collect();
+            format!(
+                "pid {pid} fd {}: terminal rebound to this command's fds",
+                fds.join(",")
+            )
+        }
+        Rebound::Session { pid } => {
+            format!("pid {pid}: session/process group of this command adopted")
         }
     }
 }

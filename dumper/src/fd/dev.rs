@@ -16,6 +16,14 @@ const STATELESS_MINORS: [u32; 5] = [3, 5, 7, 8, 9];
 const MEM_MAJOR: u32 = 1;
 
 impl FileDumper for Dev {
+    fn name(&self) -> &'static str {
+        "dev"
+    }
+
+    fn description(&self) -> &'static str {
+        "/dev/null, /dev/zero, /dev/full, /dev/random, /dev/urandom (reopened by path)"
+    }
+
     fn claims(&self, p: &FdParams) -> bool {
         let rdev = p.meta.rdev();
         p.meta.mode() & libc::S_IFMT == libc::S_IFCHR

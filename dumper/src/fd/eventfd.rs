@@ -12,6 +12,14 @@ use crate::error::{DumpError, Result};
 pub struct Eventfd;
 
 impl FileDumper for Eventfd {
+    fn name(&self) -> &'static str {
+        "eventfd"
+    }
+
+    fn description(&self) -> &'static str {
+        "eventfds: counter and semaphore mode (Linux 6.6+)"
+    }
+
     fn claims(&self, p: &FdParams) -> bool {
         p.link == "anon_inode:[eventfd]"
     }

@@ -34,8 +34,42 @@ static KINDS: &[&dyn FileDumper] = &[
     &eventfd::Eventfd,
 ];
 
+/// What ckpt refuses by name (an fd of these fails the dump, naming pid and
+/// fd): (name, why), for `ckpt check --kinds` and the README.
+pub static REFUSED: &[(&str, &str)] = &[
+    ("socket", "sockets of any family"),
+    (
+        "pipe to outside the tree",
+        "a pipe whose other end no process of the tree holds",
+    ),
+    ("named pipe (FIFO)", "FIFOs opened by path"),
+    ("epoll", "epoll instances"),
+    ("signalfd", "signalfd objects"),
+    ("timerfd", "timerfd objects"),
+    ("inotify", "inotify and fanotify instances"),
+    ("memfd", "memfd files"),
+    (
+        "other devices",
+        "character and block devices other than the ones above",
+    ),
+    (
+        "file lock",
+        "POSIX, OFD, flock locks and leases (the process is refused)",
+    ),
+];
+
+/// Every kind of open file ckpt can save: (name, one-line description),
+/// in registry order.
+pub fn supported_kinds() -> impl Iterator<Item = (&'static str, &'static str)> {
+    KINDS.iter().map(|k| (k.name(), k.description()))
+}
+
 /// One kind of open file, dump side.
 pub trait FileDumper: Sync {
+    /// Short name, as `ckpt show` prints it (`File::kind_name`).
+    fn name(&self) -> &'static str;
+    /// What it covers, in one line for `ckpt check --kinds`.
+    fn description(&self) -> &'static str;
     /// This kind describes the fd.
     fn claims(&self, p: &FdParams) -> bool;
     /// Describes the open file description behind `p` (its process is

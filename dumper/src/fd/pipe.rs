@@ -19,6 +19,14 @@ use crate::error::{DumpError, Result};
 pub struct Pipe;
 
 impl FileDumper for Pipe {
+    fn name(&self) -> &'static str {
+        "pipe"
+    }
+
+    fn description(&self) -> &'static str {
+        "pipes with both ends in the tree, with their buffered data"
+    }
+
     fn claims(&self, p: &FdParams) -> bool {
         p.meta.mode() & libc::S_IFMT == libc::S_IFIFO && p.link.starts_with("pipe:")
     }

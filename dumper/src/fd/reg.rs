@@ -17,6 +17,14 @@ const NANOS_PER_SEC: i64 = 1_000_000_000;
 pub struct Reg;
 
 impl FileDumper for Reg {
+    fn name(&self) -> &'static str {
+        "reg"
+    }
+
+    fn description(&self) -> &'static str {
+        "regular files and directories, also unlinked while open (contents saved)"
+    }
+
     fn claims(&self, p: &FdParams) -> bool {
         match p.meta.mode() & libc::S_IFMT {
             libc::S_IFREG => !p.link.starts_with("/memfd:"),

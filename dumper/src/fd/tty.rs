@@ -13,6 +13,14 @@ use crate::error::Result;
 pub struct Tty;
 
 impl FileDumper for Tty {
+    fn name(&self) -> &'static str {
+        "tty"
+    }
+
+    fn description(&self) -> &'static str {
+        "terminals: pty slaves, virtual consoles, /dev/tty, /dev/console (rebound on restore)"
+    }
+
     fn claims(&self, p: &FdParams) -> bool {
         let rdev = p.meta.rdev();
         p.meta.mode() & libc::S_IFMT == libc::S_IFCHR

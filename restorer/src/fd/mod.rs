@@ -107,6 +107,8 @@ pub struct Context<'a> {
     fs_uid: Option<u32>,
     policy: &'a FilePolicy,
     checks: identity::FileChecks,
+    /// Terminal fds that kept the restorer's fd of their number, per pid.
+    terminals: Vec<(i32, i32)>,
 }
 
 impl<'a> Context<'a> {
@@ -122,7 +124,19 @@ impl<'a> Context<'a> {
             fs_uid: None,
             policy,
             checks: identity::FileChecks::new(&images.manifest().hostname),
+            terminals: Vec::new(),
         }
+    }
+
+    /// Notes that terminal fd `fd` of the current process is now the
+    /// restorer's own fd of that number, so the caller can say so.
+    pub fn note_terminal_inherited(&mut self, fd: i32) {
+        self.terminals.push((self.pid, fd));
+    }
+
+    /// Every terminal fd that got the restorer's fd: (pid, fd), tree order.
+    pub fn terminals_inherited(&self) -> &[(i32, i32)] {
+        &self.terminals
     }
 
     /// The checks files are put through (also used for mapped files).

@@ -30,6 +30,7 @@ impl FileRestorer for Tty {
         fd: i32,
     ) -> Result<i32> {
         if cx.may_inherit(fd) {
+            cx.note_terminal_inherited(fd);
             return Ok(fd);
         }
         Ok(r.open("/dev/null", reopen_flags(file), 0)?)
