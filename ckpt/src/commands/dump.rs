@@ -35,7 +35,7 @@ pub struct DumpArgs {
 
 /// Runs `ckpt dump`.
 pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
-    let bar = super::progress_bar("dumping pages");
+    let bar = super::progress_bar("dumping pages").filter(|_| !crate::logger::verbose_on_stderr());
     let progress = |done: u64, total: u64| {
         if let Some(b) = &bar {
             b.set_length(total);
@@ -51,6 +51,7 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
         progress: Some(&progress),
         compress: a.compress,
         key: &key,
+        log: Some(&crate::logger::captured),
     };
     let report = ckpt_dumper::freeze(a.pid)
         .and_then(|mut frozen| {
@@ -81,6 +82,7 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
                 "fds": report.fds,
                 "frozen_ms": report.frozen_ms,
                 "killed": a.kill,
+                "stats": report.stats,
             })
         );
     } else {

@@ -57,7 +57,8 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
             "ckpt restore is PID 1 of its PID namespace: --detach would end the namespace and kill the restored tree; run it without --detach (ckpt then stays as the namespace's init)"
         );
     }
-    let bar = super::progress_bar("restoring pages");
+    let bar =
+        super::progress_bar("restoring pages").filter(|_| !crate::logger::verbose_on_stderr());
     let notice = |msg: &str| match &bar {
         Some(b) => b.println(format!("ckpt: {msg}")),
         None => eprintln!("ckpt: {msg}"),
