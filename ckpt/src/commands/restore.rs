@@ -43,6 +43,11 @@ pub struct RestoreArgs {
     /// log continues. Its owner, mode and type must still match.
     #[arg(long = "allow-changed", value_name = "PATH")]
     allow_changed: Vec<PathBuf>,
+    /// Write the restore's figures (phase times, processes, threads, VMAs,
+    /// fds, page bytes) as JSON to PATH (created 0600, never through a
+    /// symbolic link). The checkpoint directory is input and stays as it is.
+    #[arg(long = "stats-file", value_name = "PATH")]
+    stats_file: Option<PathBuf>,
 }
 
 /// Runs `ckpt restore`: exits 0 once the process runs with `--detach`,
@@ -100,8 +105,11 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &a.pidfile {
         write_pidfile(path, r.pid)?;
     }
+    if let Some(path) = &a.stats_file {
+        write_stats(path, &r.stats)?;
+    }
     if a.json {
-        println!("{}", serde_json::json!({ "pid": r.pid }));
+        println!("{}", serde_json::json!({ "pid": r.pid, "stats": r.stats }));
     } else {
         eprintln!("ckpt: restored pid {}", r.pid);
     }
@@ -144,6 +152,28 @@ fn write_pidfile(path: &std::path::Path, pid: i32) -> anyhow::Result<()> {
         .with_context(|| format!("{}: cannot create pid file", tmp.display()))?;
     writeln!(f, "{pid}").with_context(|| format!("{}: write", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("{}: rename", path.display()))?;
+    Ok(())
+}
+
+/// Writes `stats-restore.json` content to `path`: created 0600 or
+/// replaced if a regular file, never written through a symbolic link.
+fn write_stats(path: &std::path::Path, stats: &ckpt_restorer::RestoreStats) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let what = || format!("--stats-file {}", path.display());
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .with_context(what)?;
+    if !f.metadata().with_context(what)?.file_type().is_file() {
+        anyhow::bail!("{}: not a regular file, refused", what());
+    }
+    f.set_len(0).with_context(what)?;
+    let json = serde_json::to_string_pretty(stats).context("encode restore stats")?;
+    writeln!(f, "{json}").with_context(what)?;
     Ok(())
 }
 
