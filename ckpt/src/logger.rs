@@ -107,13 +107,13 @@ pub fn captured() -> Vec<u8> {
         .unwrap_or_default()
 }
 
-/// Appends `message` as an error line to the log file only (the caller
-/// prints it on stderr in its own form).
-pub fn file_only(message: &str) {
+/// Appends `message` at `level` to the log file only, for what the caller
+/// already prints on stderr in its own form (the final error, notices).
+pub fn file_only(level: Level, message: &str) {
     if let Some(l) = LOGGER.get()
         && let Some((_, f)) = &l.file
     {
-        let line = l.format(Level::Error, format_args!("{message}"));
+        let line = l.format(level, format_args!("{message}"));
         let _ = f
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -85,7 +85,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             let r = report::ErrorReport::from_error(&e);
-            logger::file_only(&format!("ckpt: error: {}", r.message));
+            logger::file_only(log::Level::Error, &format!("ckpt: error: {}", r.message));
             r.emit(json)
         }
     }

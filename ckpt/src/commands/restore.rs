@@ -64,9 +64,12 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
     }
     let bar =
         super::progress_bar("restoring pages").filter(|_| !crate::logger::verbose_on_stderr());
-    let notice = |msg: &str| match &bar {
-        Some(b) => b.println(format!("ckpt: {msg}")),
-        None => eprintln!("ckpt: {msg}"),
+    let notice = |msg: &str| {
+        crate::logger::file_only(log::Level::Warn, msg);
+        match &bar {
+            Some(b) => b.println(format!("ckpt: {msg}")),
+            None => eprintln!("ckpt: {msg}"),
+        }
     };
     let progress = |done: u64, total: u64| {
         if let Some(b) = &bar {
