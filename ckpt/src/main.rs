@@ -10,9 +10,11 @@
 #![deny(unsafe_code)]
 
 mod commands;
+mod logger;
 mod report;
 mod scripts;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -21,6 +23,14 @@ use clap::{Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(name = "ckpt", version, about)]
 struct Cli {
+    /// Log more on stderr: -v the phases with timings and each process,
+    /// -vv each object (VMA, fd, thread) and the reason for every refusal.
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    /// Also write the log, at -vv level at least, to PATH (created 0600; a
+    /// symbolic link or anything but a regular file is refused).
+    #[arg(long = "log-file", value_name = "PATH", global = true)]
+    log_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -56,6 +66,17 @@ fn main() -> ExitCode {
             return report::ErrorReport::usage(format!("{message} (see ckpt --help)")).emit(json);
         }
     };
+    let log = logger::LogSettings {
+        verbose: cli.verbose,
+        file: cli.log_file.as_deref(),
+        // A dump keeps its whole log next to its images (dump.log).
+        capture: matches!(cli.command, Command::Dump(_)),
+    };
+    if let Err(e) = logger::init(log) {
+        let mut r = report::ErrorReport::usage(format!("{e:#}"));
+        r.path = cli.log_file.as_ref().map(|p| p.display().to_string());
+        return r.emit(json);
+    }
     let result = match cli.command {
         Command::Dump(a) => commands::dump::run(a),
         Command::Restore(a) => commands::restore::run(a),
@@ -65,6 +86,10 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
-        Err(e) => report::ErrorReport::from_error(&e).emit(json),
+        Err(e) => {
+            let r = report::ErrorReport::from_error(&e);
+            logger::file_only(log::Level::Error, &format!("ckpt: error: {}", r.message));
+            r.emit(json)
+        }
     }
 }

@@ -17,10 +17,14 @@ impl Blockers {
         match r {
             Ok(v) => Ok(Some(v)),
             Err(DumpError::Unsupported { pid, what }) => {
+                log::debug!("refused: pid {pid}: {what} not supported");
                 self.0.push(Blocker { pid, what });
                 Ok(None)
             }
             Err(DumpError::Blocked { blockers }) => {
+                for b in &blockers {
+                    log::debug!("refused: pid {}: {} not supported", b.pid, b.what);
+                }
                 self.0.extend(blockers);
                 Ok(None)
             }

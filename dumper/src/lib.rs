@@ -75,6 +75,74 @@ pub struct WriteOptions<'a> {
     pub compress: bool,
     /// The site's key, which seals the manifest.
     pub key: &'a ImageKey,
+    /// The log so far, stored as `dump.log` with the images just before
+    /// the commit (so it is listed and sealed like every other file).
+    pub log: Option<&'a (dyn Fn() -> Vec<u8> + Sync)>,
+}
+
+/// Name of the dump's log in the checkpoint directory.
+pub const LOG_NAME: &str = "dump.log";
+/// Name of the dump's figures ([`DumpStats`] as JSON) in the checkpoint
+/// directory.
+pub const STATS_NAME: &str = "stats-dump.json";
+
+/// How long each phase of a dump took, in milliseconds.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct PhaseTimes {
+    /// Seizing and stopping every task of the tree.
+    pub freeze_ms: f64,
+    /// Reading registers, memory maps, page maps and fds of every process.
+    pub collect_ms: f64,
+    /// Copying page data into the pages files.
+    pub pages_ms: f64,
+    /// Writing the metadata images and file contents.
+    pub metadata_ms: f64,
+    /// Writing the manifest, syncing and renaming into place; unknown when
+    /// `stats-dump.json` is written (just before), so only in the report.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub commit_ms: Option<f64>,
+}
+
+/// The figures of one dump: what `stats-dump.json` holds.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct DumpStats {
+    /// How long the tree had been frozen, in milliseconds: up to writing
+    /// `stats-dump.json` there, up to the resume or kill in the report.
+    pub frozen_ms: f64,
+    /// Time per phase.
+    pub phases: PhaseTimes,
+    /// Processes of the tree (zombies included).
+    pub processes: usize,
+    /// Threads of the live processes (each leader counts as one).
+    pub threads: usize,
+    /// VMAs saved.
+    pub vmas: usize,
+    /// Fds saved.
+    pub fds: usize,
+    /// Bytes of page data planned (the pages that must be saved).
+    pub pages_planned_bytes: u64,
+    /// Bytes the pages files take on disk (less than planned with
+    /// `--compress`).
+    pub pages_written_bytes: u64,
+    /// Bytes of private and anonymous mappings not saved: never touched,
+    /// or file pages never written (restore maps them from the file).
+    pub pages_untouched_bytes: u64,
+    /// Bytes of every image file written before `stats-dump.json` (pages,
+    /// metadata, file contents; not the log, manifest and seal).
+    pub disk_bytes: u64,
+    /// Planned page bytes per written page byte, with `--compress` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compression_ratio: Option<f64>,
+}
+
+/// Milliseconds since `t`, as a fraction (short phases take well under one).
+fn ms_since(t: Instant) -> f64 {
+    ms(t.elapsed())
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    // Microsecond precision is plenty and keeps the JSON short.
+    (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
 // The restorer bounds every LZ4 block by this limit before allocating.
@@ -97,6 +165,8 @@ pub struct DumpReport {
     pub fds: usize,
     /// How long the process was frozen, in milliseconds.
     pub frozen_ms: u64,
+    /// Every figure of the dump, phase times included.
+    pub stats: DumpStats,
 }
 
 /// Dumps a process and all its descendants (with all their threads): the
@@ -122,12 +192,20 @@ pub fn freeze(root: i32) -> Result<Frozen> {
     }
     let frozen_at = Instant::now();
     let mut blockers = Blockers::default();
+    log::info!("freeze: pid {root} and its descendants");
     let procs = tree::freeze(root, precheck, seize_error, &mut blockers)?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::AfterSeize);
+    let freeze_ms = ms_since(frozen_at);
+    log::info!(
+        "freeze: {} processes, {} threads frozen ({freeze_ms:.3} ms)",
+        procs.len(),
+        procs.iter().map(|p| p.tasks.len()).sum::<usize>()
+    );
     Ok(Frozen {
         root,
         procs,
         frozen_at,
+        freeze_ms,
         blockers,
     })
 }
@@ -138,6 +216,8 @@ pub struct Frozen {
     /// Tree order: parents before children.
     procs: Vec<tree::FrozenProcess>,
     frozen_at: Instant,
+    /// How long freezing took.
+    freeze_ms: f64,
     /// What freezing found that cannot be saved (reported with the rest
     /// by [`Frozen::write`]).
     blockers: Blockers,
@@ -240,7 +320,13 @@ impl Written {
     /// Lets the tree carry on.
     pub fn resume(mut self) -> Result<DumpReport> {
         self.frozen.thaw()?;
-        Ok(self.finish())
+        let r = self.finish();
+        log::info!(
+            "resume: {} processes running again, frozen {:.3} ms",
+            r.processes,
+            r.stats.frozen_ms
+        );
+        Ok(r)
     }
 
     /// Kills the tree, once the committed checkpoint is checked to still be
@@ -257,12 +343,19 @@ impl Written {
             );
         }
         self.frozen.procs.clear();
-        Ok(self.finish())
+        let r = self.finish();
+        log::info!(
+            "kill: {} processes killed, frozen {:.3} ms",
+            r.processes,
+            r.stats.frozen_ms
+        );
+        Ok(r)
     }
 
     fn finish(&mut self) -> DumpReport {
         let mut r = self.report.clone();
         r.frozen_ms = self.frozen.frozen_at.elapsed().as_millis() as u64;
+        r.stats.frozen_ms = ms_since(self.frozen.frozen_at);
         r
     }
 }
@@ -275,20 +368,53 @@ struct Collected {
     vmas: Vec<ckpt_image::mm::Vma>,
     vdso: Option<ckpt_image::mm::VdsoInfo>,
     pages_bytes: u64,
+    /// Bytes of dumpable VMAs the plan leaves out.
+    untouched_bytes: u64,
 }
 
 fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
     let pid = p.pid;
+    let started = Instant::now();
     let leader = &p.tasks[0];
+    log::debug!("pid {pid}: thread {pid} (leader)");
     let misc = task::run_parasite(leader)?;
     let mut core = task::collect(leader, &misc)?;
     for t in &p.tasks[1..] {
+        log::debug!("pid {pid}: thread {}", t.pid());
         let tm = task::run_parasite(t)?;
         core.threads.push(task::collect_thread(t, pid, &tm)?);
     }
     let mut vmas = mm::collect_vmas(pid)?;
     let vdso = mm::vdso_info(leader, &vmas)?;
     let pages_bytes = mm::plan_pages(pid, &mut vmas)?;
+    let mut untouched_bytes = 0;
+    for v in &vmas {
+        let kind = ckpt_image::mm::VmaKind::try_from(v.kind);
+        let saved: u64 = v.pages.iter().map(|r| r.len()).sum();
+        if matches!(
+            kind,
+            Ok(ckpt_image::mm::VmaKind::Anon
+                | ckpt_image::mm::VmaKind::SharedAnon
+                | ckpt_image::mm::VmaKind::FilePrivate)
+        ) {
+            untouched_bytes += (v.end - v.start).saturating_sub(saved);
+        }
+        log::debug!(
+            "pid {pid}: VMA {:#x}-{:#x} prot {:#x} {} {}: {saved} bytes of pages",
+            v.start,
+            v.end,
+            v.prot,
+            kind.map_or_else(|_| "unknown".to_string(), |k| format!("{k:?}")),
+            if v.path.is_empty() { "-" } else { &v.path },
+        );
+    }
+    log::info!(
+        "collect pid {pid} ({}): {} threads, {} VMAs, {pages_bytes} bytes of pages planned ({:.3} ms)",
+        core.comm,
+        p.tasks.len(),
+        vmas.len(),
+        ms_since(started)
+    );
     Ok(Collected {
         pid,
         ppid: p.ppid,
@@ -296,6 +422,7 @@ fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
         vmas,
         vdso,
         pages_bytes,
+        untouched_bytes,
     })
 }
 
@@ -312,6 +439,7 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<(DumpReport,
     // stopping at the first: the user gets the whole list in one run.
     let mut blockers = Blockers::default();
     let mut procs = Vec::new();
+    let collect_started = Instant::now();
     for p in &live {
         if let Some(c) = blockers.absorb(collect_process(p))? {
             procs.push(c);
@@ -328,16 +456,39 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<(DumpReport,
     for c in procs.iter_mut().filter(|c| relaid.contains(&c.pid)) {
         c.pages_bytes = mm::reassign_offsets(&mut c.vmas);
     }
+    let fds_started = Instant::now();
     let files = fd::collect_tree(
         &procs.iter().map(|c| c.pid).collect::<Vec<_>>(),
         &mut blockers,
     )?;
+    let fds: usize = files.tables.iter().map(|(_, t)| t.fds.len()).sum();
+    log::info!(
+        "collect fds: {fds} fds, {} open files ({:.3} ms)",
+        files.files.files.len(),
+        ms_since(fds_started)
+    );
     let mut all = frozen.blockers.clone();
     all.extend(blockers);
     all.into_result()?;
 
     let total: u64 = procs.iter().map(|c| c.pages_bytes).sum();
+    let mut stats = DumpStats {
+        phases: PhaseTimes {
+            freeze_ms: frozen.freeze_ms,
+            collect_ms: ms_since(collect_started),
+            ..PhaseTimes::default()
+        },
+        processes: frozen.procs.len(),
+        threads: live.iter().map(|p| p.tasks.len()).sum(),
+        fds,
+        pages_planned_bytes: total,
+        pages_untouched_bytes: procs.iter().map(|c| c.untouched_bytes).sum(),
+        ..DumpStats::default()
+    };
+    let write_started = Instant::now();
+    let mut pages_time = std::time::Duration::ZERO;
     let mut w = ImageWriter::create(&opts.dir)?;
+    log::info!("write: into {}", w.tmp_dir().display());
     let mut written = 0u64;
     let mut report = DumpReport {
         pid: root,
@@ -345,12 +496,15 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<(DumpReport,
         processes: frozen.procs.len(),
         vmas: 0,
         pages_bytes: total,
-        fds: files.tables.iter().map(|(_, t)| t.fds.len()).sum(),
+        fds,
         frozen_ms: 0,
+        stats: DumpStats::default(),
     };
     let mut entries = Vec::new();
     let mut cores = Vec::new();
     for (c, p) in procs.into_iter().zip(&live) {
+        let pages_started = Instant::now();
+        let on_disk_before = w.written_bytes();
         let pw = w.pages(&ckpt_image::pages_name(c.pid))?;
         let base = written;
         let progress = |done: u64| {
@@ -370,6 +524,15 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<(DumpReport,
             Vec::new()
         };
         w.finish_pages(pw)?;
+        let on_disk = w.written_bytes() - on_disk_before;
+        stats.pages_written_bytes += on_disk;
+        pages_time += pages_started.elapsed();
+        log::info!(
+            "write pages pid {}: {} bytes, {on_disk} on disk ({:.3} ms)",
+            c.pid,
+            c.pages_bytes,
+            ms_since(pages_started)
+        );
         written += c.pages_bytes;
         report.vmas += c.vmas.len();
         let mm = Mm {
@@ -414,9 +577,44 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<(DumpReport,
         });
     }
     let manifest = manifest(root, entries, &cores[0])?;
+    stats.vmas = report.vmas;
+    stats.disk_bytes = w.written_bytes();
+    stats.phases.pages_ms = ms(pages_time);
+    stats.phases.metadata_ms = ms(write_started.elapsed().saturating_sub(pages_time));
+    stats.compression_ratio = (opts.compress && stats.pages_written_bytes > 0).then(|| {
+        // Two decimals are all a ratio needs.
+        (stats.pages_planned_bytes as f64 / stats.pages_written_bytes as f64 * 100.0).round()
+            / 100.0
+    });
+    stats.frozen_ms = ms_since(frozen.frozen_at);
+    log::info!(
+        "metadata: {} bytes of images written ({:.3} ms)",
+        stats.disk_bytes,
+        stats.phases.metadata_ms
+    );
+    let json = serde_json::to_vec_pretty(&stats).map_err(|e| {
+        DumpError::Image(ckpt_image::ImageError::io(
+            w.tmp_dir().join(STATS_NAME),
+            "encode",
+            e.into(),
+        ))
+    })?;
+    w.write_raw(STATS_NAME, &json)?;
+    if let Some(log) = opts.log {
+        log::info!("commit: writing {LOG_NAME}, the manifest and its seal");
+        w.write_raw(LOG_NAME, &log())?;
+    }
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::BeforeCommit);
+    let commit_started = Instant::now();
     let committed = w.commit(manifest, opts.key)?;
+    stats.phases.commit_ms = Some(ms_since(commit_started));
+    log::info!(
+        "commit: {} ({:.3} ms)",
+        committed.path().display(),
+        ms_since(commit_started)
+    );
     report.dir = committed.path().into();
+    report.stats = stats;
     Ok((report, committed))
 }
 

@@ -153,7 +153,14 @@ impl ImageWriter {
             crc32c: sums.crc32c,
             sha256: sums.sha256.to_vec(),
         });
+        log::debug!("wrote {name}: {} bytes", bytes.len());
         Ok(())
+    }
+
+    /// Bytes of every file written so far (the manifest and its seal, which
+    /// come last, excluded).
+    pub fn written_bytes(&self) -> u64 {
+        self.digests.iter().map(|d| d.size).sum()
     }
 
     /// Creates `name` in the temporary directory with `bytes`, synced.
@@ -184,6 +191,7 @@ impl ImageWriter {
     /// Syncs a page file and records its checksums.
     pub fn finish_pages(&mut self, pages: PagesWriter) -> Result<(), ImageError> {
         let digest = pages.finish()?;
+        log::debug!("wrote {}: {} bytes", digest.name, digest.size);
         self.digests.push(digest);
         Ok(())
     }
@@ -597,6 +605,7 @@ impl ImageDir {
         this.check_listing()?;
         for d in &this.manifest.files {
             this.verify(d)?;
+            log::debug!("verified {}: {} bytes", d.name, d.size);
         }
         Ok(this)
     }

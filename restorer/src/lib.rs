@@ -72,6 +72,41 @@ pub struct RestoreOptions<'a> {
 pub struct Restored {
     /// The root's pid (the original one).
     pub pid: i32,
+    /// The figures of the restore.
+    pub stats: RestoreStats,
+}
+
+/// How long each phase of a restore took, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct RestorePhaseTimes {
+    /// Checking the seal and every file's checksums, decoding the images.
+    pub read_ms: f64,
+    /// Creating every process and rebuilding it (memory, fds, threads...).
+    pub rebuild_ms: f64,
+    /// Letting the tree run.
+    pub resume_ms: f64,
+}
+
+/// The figures of one restore (`ckpt restore --stats-file`, `--json`).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct RestoreStats {
+    /// Time per phase.
+    pub phases: RestorePhaseTimes,
+    /// Processes of the tree (zombies included).
+    pub processes: usize,
+    /// Threads of the live processes (each leader counts as one).
+    pub threads: usize,
+    /// VMAs recreated.
+    pub vmas: usize,
+    /// Fds restored.
+    pub fds: usize,
+    /// Bytes of page data restored.
+    pub pages_bytes: u64,
+}
+
+/// Milliseconds since `t`, to the microsecond.
+fn ms_since(t: Instant) -> f64 {
+    (t.elapsed().as_secs_f64() * 1e6).round() / 1e3
 }
 
 /// Something of the restored tree that was bound to the restoring command
@@ -147,6 +182,7 @@ pub struct Stopped {
     tracees: Vec<Tracee>,
     child: ChildGuard,
     rebound: Vec<Rebound>,
+    stats: RestoreStats,
 }
 
 impl Stopped {
@@ -162,12 +198,24 @@ impl Stopped {
 
     /// Lets the tree run.
     pub fn resume(mut self) -> Result<Restored> {
+        let started = Instant::now();
         // Children first, so no parent runs while a child is held.
         while let Some(t) = self.tracees.pop() {
+            log::debug!("resume pid {}", t.pid());
             t.detach()?;
         }
         self.child.disarm();
-        Ok(Restored { pid: self.root })
+        let mut stats = self.stats;
+        stats.phases.resume_ms = ms_since(started);
+        log::info!(
+            "resume: {} processes running ({:.3} ms)",
+            stats.processes,
+            stats.phases.resume_ms
+        );
+        Ok(Restored {
+            pid: self.root,
+            stats,
+        })
     }
 }
 
@@ -183,6 +231,8 @@ impl Drop for Stopped {
 /// Reads and verifies the whole checkpoint, then creates every process of
 /// the tree and rebuilds it, leaving all of them stopped.
 pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
+    let read_started = Instant::now();
+    log::info!("read: {}", opts.dir.display());
     let images = ImageDir::open(&opts.dir, opts.key)?;
     check_compatible(&images)?;
     let m = images.manifest();
@@ -218,6 +268,22 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
+    let mut stats = RestoreStats {
+        processes: m.processes.len(),
+        threads: procs.iter().map(|p| 1 + p.core.threads.len()).sum(),
+        vmas: procs.iter().map(|p| p.mm.vmas.len()).sum(),
+        fds: procs.iter().map(|p| p.fds.fds.len()).sum(),
+        pages_bytes: procs.iter().map(|p| p.mm.pages_bytes).sum(),
+        ..RestoreStats::default()
+    };
+    stats.phases.read_ms = ms_since(read_started);
+    log::info!(
+        "read: {} files verified, {} processes ({:.3} ms)",
+        m.files.len(),
+        stats.processes,
+        stats.phases.read_ms
+    );
+    let rebuild_started = Instant::now();
 
     // Every pid and thread id must be free (they share the pid space).
     for z in &zombies {
@@ -235,6 +301,12 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
     let mut fds = fd::Context::new(&images, &files, &opts.files);
     match build_tree(&procs, &zombies, &pages, &mut fds, opts) {
         Ok((tracees, session)) => {
+            stats.phases.rebuild_ms = ms_since(rebuild_started);
+            log::info!(
+                "rebuild: {} processes rebuilt, stopped ({:.3} ms)",
+                tracees.len(),
+                stats.phases.rebuild_ms
+            );
             let mut rebound = Vec::new();
             if session == task::SessionOrigin::Adopted {
                 rebound.push(Rebound::Session { pid: root });
@@ -250,6 +322,7 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
                 tracees,
                 child,
                 rebound,
+                stats,
             })
         }
         Err(e) => {
@@ -365,11 +438,23 @@ fn build_tree(
             z.pid,
         )?;
         let r = ckpt_parasite::remote::Remote { t: &child, base };
+        log::debug!("pid {}: zombie (status {:#x})", z.pid, z.status);
         task::set_name(&r, &z.comm)?;
         tree::make_zombie(&r, z.status)?;
     }
     for ((t, p), pg) in tracees.iter().zip(procs).zip(pages) {
+        let started = Instant::now();
         rebuild_process(t, base, p, pg, fds, opts)?;
+        log::info!(
+            "rebuild pid {} ({}): {} threads, {} VMAs, {} bytes of pages, {} fds ({:.3} ms)",
+            p.pid,
+            p.core.comm,
+            1 + p.core.threads.len(),
+            p.mm.vmas.len(),
+            p.mm.pages_bytes,
+            p.fds.fds.len(),
+            ms_since(started)
+        );
     }
     Ok((tracees, session))
 }
@@ -562,6 +647,15 @@ fn rebuild_process(
         mm::check_vdso(pid, &r, &child_maps, v)?;
     }
     mm::clear_and_move_specials(&r, &child_maps, &p.mm)?;
+    for v in &p.mm.vmas {
+        log::debug!(
+            "pid {pid}: VMA {:#x}-{:#x} prot {:#x} {}",
+            v.start,
+            v.end,
+            v.prot,
+            if v.path.is_empty() { "-" } else { &v.path }
+        );
+    }
     mm::map_vmas(&r, &p.mm, fds.checks())?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::MidRebuild);
     mm::map_shared_links(&r, &p.mm)?;
@@ -571,6 +665,13 @@ fn rebuild_process(
     mm::set_mm_fields(&r, mm_fields, &core.exe)?;
 
     task::restore_rlimits(pid, core, opts.notice)?;
+    for f in &p.fds.fds {
+        let kind = fds
+            .files
+            .get(f.file_id)
+            .map_or("missing", |x| x.kind_name());
+        log::debug!("pid {pid}: fd {}: {kind} (open file {})", f.fd, f.file_id);
+    }
     fd::restore(fds, &r, &p.fds, core.creds.as_ref())?;
     task::restore_misc(&r, core)?;
     task::restore_sigactions(&r, core)?;
@@ -578,6 +679,9 @@ fn rebuild_process(
     // Threads are created while the leader still has the privileges clone3
     // with set_tid needs; credentials are per thread in the kernel.
     let threads = thread::spawn(&r, core)?;
+    for th in &threads {
+        log::debug!("pid {pid}: thread {}", th.pid());
+    }
     task::restore_creds(&r, core)?;
     for th in &threads {
         task::restore_creds(&ckpt_parasite::remote::Remote { t: th, base }, core)?;

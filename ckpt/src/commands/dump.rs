@@ -46,7 +46,7 @@ pub struct DumpArgs {
 
 /// Runs `ckpt dump`.
 pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
-    let bar = super::progress_bar("dumping pages");
+    let bar = super::progress_bar("dumping pages").filter(|_| !crate::logger::verbose_on_stderr());
     let progress = |done: u64, total: u64| {
         if let Some(b) = &bar {
             b.set_length(total);
@@ -62,6 +62,7 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
         progress: Some(&progress),
         compress: a.compress,
         key: &key,
+        log: Some(&crate::logger::captured),
     };
     let scripts = ActionScripts::new(a.action_scripts.clone(), &a.dir);
     let report =
@@ -82,6 +83,7 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
                 "fds": report.fds,
                 "frozen_ms": report.frozen_ms,
                 "killed": a.kill,
+                "stats": report.stats,
             })
         );
     } else {

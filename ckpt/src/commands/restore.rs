@@ -54,6 +54,11 @@ pub struct RestoreArgs {
     /// without a notice on stderr.
     #[arg(long, short = 'j')]
     shell_job: bool,
+    /// Write the restore's figures (phase times, processes, threads, VMAs,
+    /// fds, page bytes) as JSON to PATH (created 0600, never through a
+    /// symbolic link). The checkpoint directory is input and stays as it is.
+    #[arg(long = "stats-file", value_name = "PATH")]
+    stats_file: Option<PathBuf>,
 }
 
 /// Runs `ckpt restore`: exits 0 once the process runs with `--detach`,
@@ -68,10 +73,14 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
             "ckpt restore is PID 1 of its PID namespace: --detach would end the namespace and kill the restored tree; run it without --detach (ckpt then stays as the namespace's init)"
         );
     }
-    let bar = super::progress_bar("restoring pages");
-    let notice = |msg: &str| match &bar {
-        Some(b) => b.println(format!("ckpt: {msg}")),
-        None => eprintln!("ckpt: {msg}"),
+    let bar =
+        super::progress_bar("restoring pages").filter(|_| !crate::logger::verbose_on_stderr());
+    let notice = |msg: &str| {
+        crate::logger::file_only(log::Level::Warn, msg);
+        match &bar {
+            Some(b) => b.println(format!("ckpt: {msg}")),
+            None => eprintln!("ckpt: {msg}"),
+        }
     };
     let progress = |done: u64, total: u64| {
         if let Some(b) = &bar {
@@ -106,8 +115,11 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &a.pidfile {
         write_pidfile(path, r.pid)?;
     }
+    if let Some(path) = &a.stats_file {
+        write_stats(path, &r.stats)?;
+    }
     if a.json {
-        println!("{}", serde_json::json!({ "pid": r.pid }));
+        println!("{}", serde_json::json!({ "pid": r.pid, "stats": r.stats }));
     } else {
         eprintln!("ckpt: restored pid {}", r.pid);
     }
@@ -193,6 +205,28 @@ fn write_pidfile(path: &std::path::Path, pid: i32) -> anyhow::Result<()> {
         .with_context(|| format!("{}: cannot create pid file", tmp.display()))?;
     writeln!(f, "{pid}").with_context(|| format!("{}: write", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("{}: rename", path.display()))?;
+    Ok(())
+}
+
+/// Writes `stats-restore.json` content to `path`: created 0600 or
+/// replaced if a regular file, never written through a symbolic link.
+fn write_stats(path: &std::path::Path, stats: &ckpt_restorer::RestoreStats) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let what = || format!("--stats-file {}", path.display());
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .with_context(what)?;
+    if !f.metadata().with_context(what)?.file_type().is_file() {
+        anyhow::bail!("{}: not a regular file, refused", what());
+    }
+    f.set_len(0).with_context(what)?;
+    let json = serde_json::to_string_pretty(stats).context("encode restore stats")?;
+    writeln!(f, "{json}").with_context(what)?;
     Ok(())
 }
 

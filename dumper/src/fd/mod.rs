@@ -248,7 +248,10 @@ pub fn collect_tree(pids: &[i32], blockers: &mut Blockers) -> Result<TreeFiles> 
                 ino: p.meta.ino(),
             };
             let file_id = match same_description(&p, seen.get(&inode).map(Vec::as_slice))? {
-                Some(id) => id,
+                Some(id) => {
+                    log::debug!("pid {pid}: fd {fd}: shares open file {id}");
+                    id
+                }
                 None => {
                     let id = out.files.files.len() as u64 + 1;
                     let collected = match KINDS.iter().find(|k| k.claims(&p)) {
@@ -258,12 +261,18 @@ pub fn collect_tree(pids: &[i32], blockers: &mut Blockers) -> Result<TreeFiles> 
                     let Some(kind) = blockers.absorb(collected)? else {
                         continue;
                     };
-                    out.files.files.push(File {
+                    let file = File {
                         id,
                         flags: p.flags & !(libc::O_CLOEXEC as u32),
                         pos: p.pos,
                         kind: Some(kind),
-                    });
+                    };
+                    log::debug!(
+                        "pid {pid}: fd {fd}: {} {} (open file {id})",
+                        file.kind_name(),
+                        p.link
+                    );
+                    out.files.files.push(file);
                     id
                 }
             };

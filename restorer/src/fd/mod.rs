@@ -96,7 +96,8 @@ struct Installed {
 pub struct Context<'a> {
     /// The checkpoint.
     pub images: &'a ImageDir,
-    files: &'a Files,
+    /// Every open file of the checkpoint.
+    pub(crate) files: &'a Files,
     installed: HashMap<u64, Installed>,
     /// Per kind, state shared across fds and processes (see [`Context::state`]).
     states: HashMap<TypeId, Box<dyn Any>>,
