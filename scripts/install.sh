@@ -26,4 +26,9 @@ fi
 
 cargo install --locked --path ckpt --root "$prefix"
 echo "installed $prefix/bin/ckpt"
+# Generated from the same definitions as the parser, so they match it.
+mkdir -p "$prefix/share/bash-completion/completions" "$prefix/share/man/man1"
+"$prefix/bin/ckpt" completions bash >"$prefix/share/bash-completion/completions/ckpt"
+"$prefix/bin/ckpt" man "$prefix/share/man/man1"
+echo "installed bash completion and man pages under $prefix/share"
 "$prefix/bin/ckpt" check || echo "install.sh: some kernel features are missing (see above)" >&2

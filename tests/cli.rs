@@ -206,3 +206,24 @@ fn readme_lists_every_file_kind() {
     }
     assert!(names >= 10, "{v}");
 }
+
+/// Completions and man pages come from the parser's own definitions.
+#[test]
+fn completions_and_man_pages_match_the_options() {
+    let env = TestEnv::new("cli-docs");
+    let out = ckpt(&env, &["completions", "bash"], FAIL_TIMEOUT);
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    assert!(
+        out.stdout.contains("dump") && out.stdout.contains("--tree"),
+        "bash completion lacks dump --tree"
+    );
+    let man = env.root.join("man");
+    let out = ckpt(&env, &["man", path_str(&man)], FAIL_TIMEOUT);
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    let page = std::fs::read_to_string(man.join("ckpt-dump.1")).expect("ckpt-dump.1 written");
+    assert!(
+        page.contains("tree"),
+        "ckpt-dump.1 does not document --tree"
+    );
+    assert!(man.join("ckpt-restore.1").exists(), "no ckpt-restore.1");
+}

@@ -17,7 +17,7 @@ mod scripts;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Transparent checkpoint/restart for Linux processes.
 #[derive(Parser, Debug)]
@@ -47,6 +47,10 @@ enum Command {
     Check(commands::check::CheckArgs),
     /// Run a multi-node checkpoint coordinator, or trigger/query one.
     Coord(Box<commands::coord::CoordArgs>),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(commands::docs::CompletionsArgs),
+    /// Write man pages for ckpt and every subcommand into a directory.
+    Man(commands::docs::ManArgs),
 }
 
 fn main() -> ExitCode {
@@ -83,6 +87,8 @@ fn main() -> ExitCode {
         Command::Show(a) => commands::show::run(a),
         Command::Check(a) => commands::check::run(a),
         Command::Coord(a) => commands::coord::run(*a).map(|()| ExitCode::SUCCESS),
+        Command::Completions(a) => commands::docs::completions(a, Cli::command()),
+        Command::Man(a) => commands::docs::man(a, Cli::command()),
     };
     match result {
         Ok(code) => code,

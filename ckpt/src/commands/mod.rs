@@ -2,6 +2,7 @@
 
 pub mod check;
 pub mod coord;
+pub mod docs;
 pub mod dump;
 pub mod restore;
 pub mod show;
