@@ -78,6 +78,9 @@ pub struct WriteOptions<'a> {
     /// The log so far, stored as `dump.log` with the images just before
     /// the commit (so it is listed and sealed like every other file).
     pub log: Option<&'a (dyn Fn() -> Vec<u8> + Sync)>,
+    /// Keys of open files the user declared external (`--external`):
+    /// `pipe:[INODE]`, `socket:[INODE]` or a path, as `/proc/PID/fd` shows.
+    pub externals: &'a [String],
 }
 
 /// Name of the dump's log in the checkpoint directory.
@@ -459,6 +462,7 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<(DumpReport,
     let fds_started = Instant::now();
     let files = fd::collect_tree(
         &procs.iter().map(|c| c.pid).collect::<Vec<_>>(),
+        opts.externals,
         &mut blockers,
     )?;
     let fds: usize = files.tables.iter().map(|(_, t)| t.fds.len()).sum();

@@ -42,6 +42,12 @@ pub struct DumpArgs {
     /// always recorded; see `restore --shell-job`).
     #[arg(long, short = 'j')]
     shell_job: bool,
+    /// Declare an open file external instead of refusing it (repeatable):
+    /// KEY is `pipe:[INODE]` or `socket:[INODE]` as /proc/PID/fd shows the
+    /// fd, or a path. Nothing of it is saved; restore is handed an fd for it
+    /// with `--inherit-fd fd[N]:KEY`.
+    #[arg(long = "external", value_name = "KEY")]
+    externals: Vec<String>,
 }
 
 /// Runs `ckpt dump`.
@@ -63,6 +69,7 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
         compress: a.compress,
         key: &key,
         log: Some(&crate::logger::captured),
+        externals: &a.externals,
     };
     let scripts = ActionScripts::new(a.action_scripts.clone(), &a.dir);
     let report =

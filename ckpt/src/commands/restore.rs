@@ -35,11 +35,13 @@ pub struct RestoreArgs {
     /// /var/lib/ckpt/image.key).
     #[arg(long, value_name = "PATH")]
     image_key: Option<PathBuf>,
-    /// Let a terminal fd N of the restored process receive this command's
-    /// own fd N (repeatable). Fds 0, 1 and 2 are always passed; any other
-    /// terminal fd gets /dev/null.
-    #[arg(long = "inherit-fd", value_name = "N")]
-    inherit_fd: Vec<u16>,
+    /// Hand this command's fd to the restored processes (repeatable). `N`:
+    /// a terminal fd N may receive this command's fd N (0, 1 and 2 always
+    /// do; any other terminal fd gets /dev/null). `fd[N]:KEY`: this
+    /// command's fd N stands in for the file declared with
+    /// `ckpt dump --external KEY` (CRIU's form).
+    #[arg(long = "inherit-fd", value_name = "N|fd[N]:KEY")]
+    inherit_fd: Vec<InheritFd>,
     /// Accept that this open file changed since the dump (repeatable): it is
     /// reopened at its end instead of the dumped offset, as an append-only
     /// log continues. Its owner, mode and type must still match.
@@ -97,11 +99,7 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
         notice: &notice,
         progress: Some(&progress),
         files: FilePolicy {
-            inherit_fds: a
-                .inherit_fd
-                .iter()
-                .map(|&n| InheritFd(i32::from(n)))
-                .collect(),
+            inherit_fds: a.inherit_fd.clone(),
             allow_changed: a
                 .allow_changed
                 .iter()

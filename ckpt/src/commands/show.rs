@@ -241,6 +241,7 @@ fn describe(f: &File) -> String {
             e.count,
             if e.semaphore { " semaphore" } else { "" }
         ),
+        Some(Kind::External(x)) => format!("external {}", x.key),
         None => String::new(),
     }
 }

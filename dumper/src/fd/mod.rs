@@ -8,6 +8,7 @@
 
 mod dev;
 mod eventfd;
+mod external;
 mod lock;
 mod pipe;
 mod reg;
@@ -27,6 +28,8 @@ use crate::sys;
 /// describes it. An fd no kind claims fails the dump, naming pid, fd and
 /// what it is.
 static KINDS: &[&dyn FileDumper] = &[
+    // First: the user's word that an fd is external beats its kind.
+    &external::External,
     &reg::Reg,
     &dev::Dev,
     &tty::Tty,
@@ -99,6 +102,9 @@ pub struct FdParams {
     pub pos: i64,
     /// The whole fdinfo text, for kinds that report more fields there.
     pub info: String,
+    /// The user declared this fd's file external (`--external`, matching
+    /// [`FdParams::link`]).
+    pub external: bool,
 }
 
 impl FdParams {
@@ -229,7 +235,11 @@ struct Inode {
 
 /// Collects the fd tables of a frozen tree (`pids` in tree order, parents
 /// first) and every open file description behind them, once.
-pub fn collect_tree(pids: &[i32], blockers: &mut Blockers) -> Result<TreeFiles> {
+pub fn collect_tree(
+    pids: &[i32],
+    externals: &[String],
+    blockers: &mut Blockers,
+) -> Result<TreeFiles> {
     let mut out = TreeFiles {
         tables: Vec::new(),
         files: Files::default(),
@@ -239,7 +249,7 @@ pub fn collect_tree(pids: &[i32], blockers: &mut Blockers) -> Result<TreeFiles> 
     for &pid in pids {
         let mut table = FdTable::default();
         for fd in procfile::numbered_entries(pid, "fd")? {
-            let p = params(pid, fd)?;
+            let p = params(pid, fd, externals)?;
             if blockers.absorb(lock::refuse_locks(&p))?.is_none() {
                 continue;
             }
@@ -315,7 +325,7 @@ fn same_description(p: &FdParams, candidates: Option<&[Holder]>) -> Result<Optio
     Ok(None)
 }
 
-fn params(pid: i32, fd: i32) -> Result<FdParams> {
+fn params(pid: i32, fd: i32, externals: &[String]) -> Result<FdParams> {
     let link = procfile::readlink(pid, &format!("fd/{fd}"))?;
     let lp = procfile::path(pid, &format!("fd/{fd}"));
     let meta = std::fs::metadata(&lp).map_err(|s| procfile::proc_err(pid, lp, s))?;
@@ -329,6 +339,7 @@ fn params(pid: i32, fd: i32) -> Result<FdParams> {
     Ok(FdParams {
         pid,
         fd,
+        external: externals.contains(&link),
         link,
         meta,
         flags: u32::from_str_radix(field("flags"), 8).map_err(|_| bad("flags"))?,

@@ -20,6 +20,7 @@
 
 pub mod dev;
 pub mod eventfd;
+pub mod external;
 pub mod pipe;
 pub mod reg;
 pub mod tty;
@@ -35,6 +36,7 @@ impl File {
             Some(file::Kind::Tty(_)) => "tty",
             Some(file::Kind::Pipe(_)) => "pipe",
             Some(file::Kind::Eventfd(_)) => "eventfd",
+            Some(file::Kind::External(_)) => "external",
             None => "unknown",
         }
     }

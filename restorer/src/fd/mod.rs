@@ -11,6 +11,7 @@ mod create;
 mod creds;
 mod dev;
 mod eventfd;
+mod external;
 pub mod identity;
 mod pipe;
 mod reg;
@@ -55,6 +56,7 @@ fn install_file(cx: &mut Context<'_>, r: &Remote<'_>, file: &File, fd: &Fd) -> R
         Some(Kind::Tty(image)) => install(&tty::Tty, cx, r, file, image, fd),
         Some(Kind::Pipe(image)) => install(&pipe::Pipe, cx, r, file, image, fd),
         Some(Kind::Eventfd(image)) => install(&eventfd::Eventfd, cx, r, file, image, fd),
+        Some(Kind::External(image)) => install(&external::External, cx, r, file, image, fd),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
 }
@@ -76,10 +78,50 @@ pub struct FilePolicy {
     pub allow_changed: Vec<PathBuf>,
 }
 
-/// A restorer fd number that may be handed to a terminal fd of the same
-/// number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InheritFd(pub i32);
+/// A restorer fd the user hands to the restored processes
+/// (`ckpt restore --inherit-fd`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InheritFd {
+    /// `N`: a terminal fd N of the process may receive the restorer's fd N.
+    Terminal(i32),
+    /// `fd[N]:KEY`: the restorer's fd N stands in for the open file
+    /// declared external with KEY at dump time.
+    External {
+        /// The restorer's fd.
+        fd: i32,
+        /// The key given to `ckpt dump --external`.
+        key: String,
+    },
+}
+
+impl std::str::FromStr for InheritFd {
+    type Err = String;
+
+    /// `N` or `fd[N]:KEY` (CRIU's form).
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let number = |n: &str| {
+            n.parse::<i32>()
+                .ok()
+                .filter(|n| *n >= 0)
+                .ok_or_else(|| format!("{s}: not an fd number"))
+        };
+        match s.strip_prefix("fd[") {
+            None => number(s).map(InheritFd::Terminal),
+            Some(rest) => {
+                let (n, key) = rest
+                    .split_once("]:")
+                    .ok_or_else(|| format!("{s}: expected fd[N]:KEY"))?;
+                if key.is_empty() {
+                    return Err(format!("{s}: empty KEY"));
+                }
+                Ok(InheritFd::External {
+                    fd: number(n)?,
+                    key: key.into(),
+                })
+            }
+        }
+    }
+}
 
 /// The restorer's standard input, output and error: always passed to the
 /// terminal fds of the same numbers, so output appears where restore runs.
@@ -178,8 +220,17 @@ impl<'a> Context<'a> {
     /// a terminal fd of that number: stdio, or a number the user passed
     /// with `--inherit-fd`.
     pub fn may_inherit(&self, fd: i32) -> bool {
-        let allowed = STDIO.contains(&fd) || self.policy.inherit_fds.contains(&InheritFd(fd));
+        let allowed =
+            STDIO.contains(&fd) || self.policy.inherit_fds.contains(&InheritFd::Terminal(fd));
         allowed && self.inherited.contains(&fd)
+    }
+
+    /// The restorer's fd the user handed over for external `key`.
+    pub fn external_fd(&self, key: &str) -> Option<i32> {
+        self.policy.inherit_fds.iter().find_map(|i| match i {
+            InheritFd::External { fd, key: k } if k == key => Some(*fd),
+            _ => None,
+        })
     }
 
     /// An error for a bad entry of this process's fd table.

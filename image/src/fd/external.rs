@@ -1,0 +1,5 @@
+//! Open files declared external at dump time and handed over at restore.
+//!
+//! The message is defined in `image/proto/fd_external.proto`.
+
+pub use crate::pb::ExternalFile;
