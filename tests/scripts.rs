@@ -85,21 +85,7 @@ fn failing_pre_dump_script_aborts_the_dump() {
     let veto = script(&env, "veto.sh", &log, "exit 3");
     let mut v = Victim::spawn(&env, "counter", &[]);
     v.wait_ready();
-    let pid = v.pid.to_string();
-    let out = ckpt(
-        &env,
-        &[
-            "dump",
-            "--tree",
-            &pid,
-            "--dir",
-            path_str(&env.img),
-            "--kill",
-            "--action-script",
-            path_str(&veto),
-        ],
-        DUMP_TIMEOUT,
-    );
+    let out = dump_outcome(&env, &v, &["--kill", "--action-script", path_str(&veto)]);
     let err = out.assert_error();
     assert!(
         err.contains(path_str(&veto)) && err.contains("pre-dump") && err.contains("exit status: 3"),
@@ -122,21 +108,7 @@ fn failing_post_dump_script_removes_the_images_and_thaws() {
     );
     let mut v = Victim::spawn(&env, "counter", &[]);
     v.wait_ready();
-    let pid = v.pid.to_string();
-    let out = ckpt(
-        &env,
-        &[
-            "dump",
-            "--tree",
-            &pid,
-            "--dir",
-            path_str(&env.img),
-            "--kill",
-            "--action-script",
-            path_str(&veto),
-        ],
-        DUMP_TIMEOUT,
-    );
+    let out = dump_outcome(&env, &v, &["--kill", "--action-script", path_str(&veto)]);
     let err = out.assert_error();
     assert!(err.contains("post-dump"), "{err}");
     assert!(!env.img.exists(), "vetoed dump left {}", env.img.display());

@@ -921,15 +921,17 @@ pub fn dump(env: &TestEnv, v: &Victim, extra: &[&str]) -> CkptOutput {
     out
 }
 
+/// `ckpt dump --tree PID --dir IMG <extra>`, whatever its outcome.
+pub fn dump_outcome(env: &TestEnv, v: &Victim, extra: &[&str]) -> CkptOutput {
+    let pid = v.pid.to_string();
+    let mut args = vec!["dump", "--tree", &pid, "--dir", path_str(&env.img)];
+    args.extend_from_slice(extra);
+    ckpt(env, &args, DUMP_TIMEOUT)
+}
+
 /// `ckpt dump --tree PID --dir IMG`, which must fail; returns its error line.
 pub fn dump_expect_error(env: &TestEnv, v: &Victim) -> String {
-    let pid = v.pid.to_string();
-    ckpt(
-        env,
-        &["dump", "--tree", &pid, "--dir", path_str(&env.img)],
-        DUMP_TIMEOUT,
-    )
-    .assert_error()
+    dump_outcome(env, v, &[]).assert_error()
 }
 
 /// Dump with `--kill`, then reap the original so its pid is free again.
