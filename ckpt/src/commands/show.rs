@@ -242,6 +242,46 @@ fn describe(f: &File) -> String {
             if e.semaphore { " semaphore" } else { "" }
         ),
         Some(Kind::External(x)) => format!("external {}", x.key),
+        Some(Kind::Timerfd(t)) => describe_timerfd(t),
+        Some(Kind::Signalfd(s)) => {
+            let signals: Vec<String> = s.signals().map(|n| n.to_string()).collect();
+            format!(
+                "signalfd mask {:#x} (signals {})",
+                s.sigmask,
+                signals.join(",")
+            )
+        }
         None => String::new(),
     }
+}
+
+/// A timerfd in one line: clock, how it is armed, pending expirations.
+fn describe_timerfd(t: &ckpt_image::fd::timerfd::TimerfdFile) -> String {
+    let value = t.value.unwrap_or_default();
+    let interval = t.interval.unwrap_or_default();
+    let armed = if value.is_zero() && interval.is_zero() {
+        "disarmed".to_string()
+    } else if t.abstime {
+        let deadline = t.deadline().map_or_else(|| "?".into(), |d| d.to_string());
+        format!(
+            "deadline {deadline}{}",
+            if t.cancel_on_set {
+                " cancel-on-set"
+            } else {
+                ""
+            }
+        )
+    } else {
+        format!("in {value}")
+    };
+    let every = if interval.is_zero() {
+        String::new()
+    } else {
+        format!(" every {interval}")
+    };
+    format!(
+        "timerfd {} {armed}{every} ticks {}",
+        t.clock_name(),
+        t.ticks
+    )
 }

@@ -12,6 +12,8 @@ mod external;
 mod lock;
 mod pipe;
 mod reg;
+mod signalfd;
+mod timerfd;
 mod tty;
 
 use std::collections::HashMap;
@@ -35,6 +37,8 @@ static KINDS: &[&dyn FileDumper] = &[
     &tty::Tty,
     &pipe::Pipe,
     &eventfd::Eventfd,
+    &timerfd::Timerfd,
+    &signalfd::Signalfd,
 ];
 
 /// What ckpt refuses by name (an fd of these fails the dump, naming pid and
@@ -47,8 +51,6 @@ pub static REFUSED: &[(&str, &str)] = &[
     ),
     ("named pipe (FIFO)", "FIFOs opened by path"),
     ("epoll", "epoll instances"),
-    ("signalfd", "signalfd objects"),
-    ("timerfd", "timerfd objects"),
     ("inotify", "inotify and fanotify instances"),
     ("memfd", "memfd files"),
     (

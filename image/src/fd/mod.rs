@@ -23,6 +23,8 @@ pub mod eventfd;
 pub mod external;
 pub mod pipe;
 pub mod reg;
+pub mod signalfd;
+pub mod timerfd;
 pub mod tty;
 
 pub use crate::pb::{Fd, FdTable, File, Files, file};
@@ -37,6 +39,8 @@ impl File {
             Some(file::Kind::Pipe(_)) => "pipe",
             Some(file::Kind::Eventfd(_)) => "eventfd",
             Some(file::Kind::External(_)) => "external",
+            Some(file::Kind::Timerfd(_)) => "timerfd",
+            Some(file::Kind::Signalfd(_)) => "signalfd",
             None => "unknown",
         }
     }

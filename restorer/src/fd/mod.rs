@@ -15,6 +15,8 @@ mod external;
 pub mod identity;
 mod pipe;
 mod reg;
+mod signalfd;
+mod timerfd;
 mod tty;
 
 use std::any::{Any, TypeId};
@@ -57,6 +59,8 @@ fn install_file(cx: &mut Context<'_>, r: &Remote<'_>, file: &File, fd: &Fd) -> R
         Some(Kind::Pipe(image)) => install(&pipe::Pipe, cx, r, file, image, fd),
         Some(Kind::Eventfd(image)) => install(&eventfd::Eventfd, cx, r, file, image, fd),
         Some(Kind::External(image)) => install(&external::External, cx, r, file, image, fd),
+        Some(Kind::Timerfd(image)) => install(&timerfd::Timerfd, cx, r, file, image, fd),
+        Some(Kind::Signalfd(image)) => install(&signalfd::Signalfd, cx, r, file, image, fd),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
 }
