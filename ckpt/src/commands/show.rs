@@ -242,6 +242,7 @@ fn describe(f: &File) -> String {
             if e.semaphore { " semaphore" } else { "" }
         ),
         Some(Kind::External(x)) => format!("external {}", x.key),
+        Some(Kind::Fifo(f)) => format!("fifo {} capacity {}", f.path, f.capacity),
         None => String::new(),
     }
 }

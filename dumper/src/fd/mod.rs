@@ -9,6 +9,7 @@
 mod dev;
 mod eventfd;
 mod external;
+mod fifo;
 mod lock;
 mod pipe;
 mod reg;
@@ -35,6 +36,7 @@ static KINDS: &[&dyn FileDumper] = &[
     &tty::Tty,
     &pipe::Pipe,
     &eventfd::Eventfd,
+    &fifo::Fifo,
 ];
 
 /// What ckpt refuses by name (an fd of these fails the dump, naming pid and
@@ -45,7 +47,6 @@ pub static REFUSED: &[(&str, &str)] = &[
         "pipe to outside the tree",
         "a pipe whose other end no process of the tree holds",
     ),
-    ("named pipe (FIFO)", "FIFOs opened by path"),
     ("epoll", "epoll instances"),
     ("signalfd", "signalfd objects"),
     ("timerfd", "timerfd objects"),

@@ -77,12 +77,16 @@ impl FileDumper for Pipe {
 }
 
 /// A pipe's buffer and capacity.
-struct Buffered {
-    data: Vec<u8>,
-    capacity: u32,
+pub(super) struct Buffered {
+    /// The bytes buffered in it, still there.
+    pub data: Vec<u8>,
+    /// F_GETPIPE_SZ.
+    pub capacity: u32,
 }
 
-fn read_buffered(p: &FdParams) -> Result<Buffered> {
+/// Copies what is buffered in the pipe or FIFO behind `p` without
+/// consuming it (`tee` from a read end reopened through `/proc`).
+pub(super) fn read_buffered(p: &FdParams) -> Result<Buffered> {
     let link = p.proc_path();
     let err = |what: &str, e: std::io::Error| DumpError::Proc {
         pid: p.pid,

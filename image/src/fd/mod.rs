@@ -21,6 +21,7 @@
 pub mod dev;
 pub mod eventfd;
 pub mod external;
+pub mod fifo;
 pub mod pipe;
 pub mod reg;
 pub mod tty;
@@ -37,6 +38,7 @@ impl File {
             Some(file::Kind::Pipe(_)) => "pipe",
             Some(file::Kind::Eventfd(_)) => "eventfd",
             Some(file::Kind::External(_)) => "external",
+            Some(file::Kind::Fifo(_)) => "fifo",
             None => "unknown",
         }
     }

@@ -12,6 +12,7 @@ mod creds;
 mod dev;
 mod eventfd;
 mod external;
+mod fifo;
 pub mod identity;
 mod pipe;
 mod reg;
@@ -57,6 +58,7 @@ fn install_file(cx: &mut Context<'_>, r: &Remote<'_>, file: &File, fd: &Fd) -> R
         Some(Kind::Pipe(image)) => install(&pipe::Pipe, cx, r, file, image, fd),
         Some(Kind::Eventfd(image)) => install(&eventfd::Eventfd, cx, r, file, image, fd),
         Some(Kind::External(image)) => install(&external::External, cx, r, file, image, fd),
+        Some(Kind::Fifo(image)) => install(&fifo::Fifo, cx, r, file, image, fd),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
 }
