@@ -45,7 +45,7 @@ pub static REFUSED: &[(&str, &str)] = &[
     ("socket", "sockets of any family"),
     (
         "pipe to outside the tree",
-        "a pipe whose other end no process of the tree holds",
+        "a pipe whose other end no process of the tree holds, unless only fds 0-2 hold it (rebound to restore's stdio) or it is declared with --external",
     ),
     ("epoll", "epoll instances"),
     ("signalfd", "signalfd objects"),
@@ -85,6 +85,9 @@ pub trait FileDumper: Sync {
     fn check_tree(&self, _tree: &TreeFiles) -> Result<()> {
         Ok(())
     }
+    /// Completes what only the whole tree tells (e.g. a stdio pipe whose
+    /// other end is outside), once every kind's `check_tree` passed.
+    fn finish_tree(&self, _tree: &mut TreeFiles) {}
 }
 
 /// What an fd's `/proc` entries say about it.
@@ -173,6 +176,12 @@ impl Blobs {
     /// Adds a raw image.
     pub fn add(&mut self, name: String, data: Vec<u8>) {
         self.0.push(Blob { name, data });
+    }
+
+    /// Drops the raw image of this name, if any (contents that turned out
+    /// not to be saved once the whole tree was seen).
+    pub fn remove(&mut self, name: &str) {
+        self.0.retain(|b| b.name != name);
     }
 
     /// A raw image of this name was already added.
@@ -300,6 +309,9 @@ pub fn collect_tree(
     }
     for k in KINDS {
         blockers.absorb(k.check_tree(&out))?;
+    }
+    for k in KINDS {
+        k.finish_tree(&mut out);
     }
     Ok(out)
 }
