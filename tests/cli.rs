@@ -73,10 +73,11 @@ fn missing_process_and_missing_checkpoint_are_classified() {
 #[test]
 fn unsupported_fd_names_pid_and_fd_in_json() {
     let env = TestEnv::new("cli-unsupported");
+    // A pipe to outside on fd 10 (a stdio one would be rebound instead).
     let (r, w) = nix::unistd::pipe().unwrap();
     let mut v = Victim::spawn_with(
         &env,
-        "counter",
+        "outside_pipe",
         &[],
         std::process::Stdio::from(r),
         std::process::Stdio::null(),
@@ -89,7 +90,7 @@ fn unsupported_fd_names_pid_and_fd_in_json() {
     let e = json_error(&out);
     assert_eq!(e["kind"], "unsupported");
     assert_eq!(e["pid"].as_i64(), Some(i64::from(v.pid)));
-    assert_eq!(e["fd"].as_i64(), Some(0), "{e}");
+    assert_eq!(e["fd"].as_i64(), Some(10), "{e}");
     assert!(
         e["message"].as_str().is_some_and(|m| m.contains("pipe")),
         "{e}"

@@ -4,6 +4,9 @@
 
 mod common;
 
+use std::io::Read;
+use std::time::{Duration, Instant};
+
 use common::*;
 
 #[test]
@@ -26,15 +29,16 @@ fn pipe_between_parent_and_child_keeps_its_data() {
     restore_and_check(&env, &v);
 }
 
-/// A pipe whose other end is outside the dumped tree cannot be restored:
-/// the dump names it and leaves the process alone.
+/// A pipe whose other end is outside the dumped tree, on an fd other than
+/// 0, 1 or 2, cannot be restored: the dump names pid, fd and `--external`,
+/// and leaves the process alone (victim: tests/c/outside_pipe.c).
 #[test]
 fn pipe_to_outside_the_tree_is_refused() {
     let env = TestEnv::new("pipe-outside");
     let (r, w) = nix::unistd::pipe().unwrap();
     let mut v = Victim::spawn_with(
         &env,
-        "counter",
+        "outside_pipe",
         &[],
         std::process::Stdio::from(r),
         std::process::Stdio::null(),
@@ -43,10 +47,110 @@ fn pipe_to_outside_the_tree_is_refused() {
     v.wait_ready();
     let err = dump_expect_error(&env, &v);
     assert!(
-        err.contains("fd 0") && err.contains("pipe") && err.contains("outside"),
-        "error should name fd 0 and the pipe: {err}"
+        err.contains(&format!("pid {}", v.pid))
+            && err.contains("fd 10")
+            && err.contains("outside")
+            && err.contains("--external"),
+        "error should name pid, fd 10 and --external: {err}"
     );
     assert!(!env.img.exists(), "failed dump left {}", env.img.display());
     drop(w);
     v.assert_unharmed_and_passes("after refusing an outside pipe");
+}
+
+/// The "tick N" numbers readable from `r` within `wait` (non-blocking).
+fn ticks(r: &mut std::fs::File, wait: Duration) -> Vec<u64> {
+    let mut text = String::new();
+    let deadline = Instant::now() + wait;
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        match r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => text.push_str(&String::from_utf8_lossy(&buf[..n])),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(e) => panic!("read pipe: {e}"),
+        }
+    }
+    text.lines()
+        .filter_map(|l| l.strip_prefix("tick ")?.parse().ok())
+        .collect()
+}
+
+/// A non-blocking pipe: (read end, write end).
+fn launcher_pipe() -> (std::fs::File, std::os::fd::OwnedFd) {
+    let (r, w) = nix::unistd::pipe().unwrap();
+    nix::fcntl::fcntl(
+        &r,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    )
+    .expect("O_NONBLOCK");
+    (std::fs::File::from(r), w)
+}
+
+/// A job whose stdout is a pipe to its launcher (the test) is dumped
+/// without `--external` (the terminal rule covers stdio pipes): restored
+/// under a new launcher, it writes on into the new launcher's pipe,
+/// numbered from where it stopped, and restore says it rebound the fd
+/// (victim: tests/c/ticker.c).
+#[test]
+fn stdio_pipe_to_launcher_is_rebound_to_restore() {
+    let env = TestEnv::new("pipe-stdio");
+    let (mut r1, w1) = launcher_pipe();
+    let mut v = Victim::spawn_with(
+        &env,
+        "ticker",
+        &[],
+        std::process::Stdio::null(),
+        std::process::Stdio::from(w1),
+        std::process::Stdio::null(),
+    );
+    v.wait_ready();
+    dump(&env, &v, &["--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+    // What the job wrote before the dump is still in the old pipe, the old
+    // launcher's to read; none of it is in the checkpoint.
+    let before = ticks(&mut r1, Duration::from_millis(100));
+    let last = *before.last().expect("ticks before the dump");
+    let saved = std::fs::read_dir(&env.img)
+        .expect("read image dir")
+        .filter_map(|e| e.ok())
+        .any(|e| e.file_name().to_string_lossy().starts_with("pipe-"));
+    assert!(!saved, "a launcher's pipe data must not be saved");
+
+    let (mut r2, w2) = launcher_pipe();
+    let stderr_path = env.work.join("restore.stderr");
+    let stderr = std::fs::File::create(&stderr_path).unwrap();
+    let status = env
+        .ckpt_command()
+        .args(["restore", "--detach", "--dir", path_str(&env.img)])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(w2))
+        .stderr(stderr)
+        .status()
+        .expect("run restore");
+    let notice = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    assert!(status.success(), "restore failed: {notice}");
+    assert!(
+        notice.contains(&format!(
+            "pid {} fd 1: pipe to outside the tree rebound",
+            v.pid
+        )),
+        "restore should say it rebound fd 1: {notice}"
+    );
+    let after = ticks(&mut r2, Duration::from_millis(500));
+    assert!(!after.is_empty(), "no ticks in the new launcher's pipe");
+    assert_eq!(
+        after[0],
+        last + 1,
+        "ticks should carry on from {last}: {after:?}"
+    );
+    v.go();
+    assert_eq!(
+        v.wait_result(Duration::from_secs(10)),
+        "PASS",
+        "{}",
+        v.diag()
+    );
 }

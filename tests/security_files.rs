@@ -197,16 +197,26 @@ fn restore_holding_fd7(env: &TestEnv, held: &File, extra: &[&str]) -> String {
         .stdout(File::create(&log).unwrap())
         .stderr(File::create(&log).unwrap());
     let hook = move || {
-        // SAFETY: dup2 only changes this (child) process's fd table; it is
-        // async-signal-safe and takes no pointers.
-        if unsafe { libc::dup2(raw, FD_TTY) } == FD_TTY {
+        // The held file may already be fd 7 (fd numbers depend on what
+        // other tests have open): then dup2 would be a no-op that leaves
+        // FD_CLOEXEC set, and exec would close it. Clear the flag instead.
+        // SAFETY: fcntl and dup2 only change this (child) process's fd
+        // table; they are async-signal-safe and take no pointers.
+        let rc = unsafe {
+            if raw == FD_TTY {
+                libc::fcntl(FD_TTY, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(raw, FD_TTY)
+            }
+        };
+        if rc >= 0 {
             Ok(())
         } else {
             Err(std::io::Error::last_os_error())
         }
     };
     // SAFETY: the hook runs in the forked child before exec and only calls
-    // dup2, which does not allocate or take locks.
+    // fcntl or dup2, which do not allocate or take locks.
     unsafe {
         cmd.pre_exec(hook);
     }

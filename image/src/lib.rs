@@ -94,5 +94,11 @@ pub fn pipe_data_name(pipe_id: u64) -> String {
     format!("pipe-{pipe_id}.img")
 }
 
+/// File name of the data buffered in the FIFO on device `dev`, inode
+/// `ino` (one file per FIFO, whichever descriptions of it the tree holds).
+pub fn fifo_data_name(dev: u64, ino: u64) -> String {
+    format!("fifo-{dev}-{ino}.img")
+}
+
 /// File name of the manifest.
 pub const MANIFEST_NAME: &str = "manifest.img";

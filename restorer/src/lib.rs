@@ -122,6 +122,14 @@ pub enum Rebound {
         /// Its fd numbers, ascending.
         fds: Vec<i32>,
     },
+    /// These fds of `pid` were a pipe to a launcher outside the tree and are
+    /// now the restorer's own fds of the same numbers (the terminal rule).
+    StdioPipe {
+        /// The process.
+        pid: i32,
+        /// Its fd numbers, ascending.
+        fds: Vec<i32>,
+    },
     /// `pid` (the root) was in a session it did not lead, which was outside
     /// the tree: it is in the restorer's session (and group, unless it led
     /// its own) instead.
@@ -315,6 +323,12 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
                 match rebound.last_mut() {
                     Some(Rebound::Terminal { pid: p, fds }) if *p == pid => fds.push(fd),
                     _ => rebound.push(Rebound::Terminal { pid, fds: vec![fd] }),
+                }
+            }
+            for &(pid, fd) in fds.stdio_pipes_inherited() {
+                match rebound.last_mut() {
+                    Some(Rebound::StdioPipe { pid: p, fds }) if *p == pid => fds.push(fd),
+                    _ => rebound.push(Rebound::StdioPipe { pid, fds: vec![fd] }),
                 }
             }
             Ok(Stopped {

@@ -182,6 +182,13 @@ fn rebound_notice(r: &Rebound) -> String {
                 fds.join(",")
             )
         }
+        Rebound::StdioPipe { pid, fds } => {
+            let fds: Vec<String> = fds.iter().map(i32::to_string).collect();
+            format!(
+                "pid {pid} fd {}: pipe to outside the tree rebound to this command's fds",
+                fds.join(",")
+            )
+        }
         Rebound::Session { pid } => {
             format!("pid {pid}: session/process group of this command adopted")
         }

@@ -235,6 +235,10 @@ fn describe(f: &File) -> String {
         },
         Some(Kind::Dev(d)) => d.path.clone(),
         Some(Kind::Tty(t)) => t.path.clone(),
+        Some(Kind::Pipe(p)) if p.outside => format!(
+            "pipe:[{}] to outside the tree (rebound to restore's fd)",
+            p.pipe_id
+        ),
         Some(Kind::Pipe(p)) => format!("pipe:[{}] capacity {}", p.pipe_id, p.capacity),
         Some(Kind::Eventfd(e)) => format!(
             "eventfd count {}{}",
@@ -251,6 +255,7 @@ fn describe(f: &File) -> String {
                 signals.join(",")
             )
         }
+        Some(Kind::Fifo(f)) => format!("fifo {} capacity {}", f.path, f.capacity),
         None => String::new(),
     }
 }

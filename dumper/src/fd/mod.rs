@@ -9,6 +9,7 @@
 mod dev;
 mod eventfd;
 mod external;
+mod fifo;
 mod lock;
 mod pipe;
 mod reg;
@@ -39,6 +40,7 @@ static KINDS: &[&dyn FileDumper] = &[
     &eventfd::Eventfd,
     &timerfd::Timerfd,
     &signalfd::Signalfd,
+    &fifo::Fifo,
 ];
 
 /// What ckpt refuses by name (an fd of these fails the dump, naming pid and
@@ -47,9 +49,8 @@ pub static REFUSED: &[(&str, &str)] = &[
     ("socket", "sockets of any family"),
     (
         "pipe to outside the tree",
-        "a pipe whose other end no process of the tree holds",
+        "a pipe whose other end no process of the tree holds, unless only fds 0-2 hold it (rebound to restore's stdio) or it is declared with --external",
     ),
-    ("named pipe (FIFO)", "FIFOs opened by path"),
     ("epoll", "epoll instances"),
     ("inotify", "inotify and fanotify instances"),
     ("memfd", "memfd files"),
@@ -86,6 +87,9 @@ pub trait FileDumper: Sync {
     fn check_tree(&self, _tree: &TreeFiles) -> Result<()> {
         Ok(())
     }
+    /// Completes what only the whole tree tells (e.g. a stdio pipe whose
+    /// other end is outside), once every kind's `check_tree` passed.
+    fn finish_tree(&self, _tree: &mut TreeFiles) {}
 }
 
 /// What an fd's `/proc` entries say about it.
@@ -174,6 +178,12 @@ impl Blobs {
     /// Adds a raw image.
     pub fn add(&mut self, name: String, data: Vec<u8>) {
         self.0.push(Blob { name, data });
+    }
+
+    /// Drops the raw image of this name, if any (contents that turned out
+    /// not to be saved once the whole tree was seen).
+    pub fn remove(&mut self, name: &str) {
+        self.0.retain(|b| b.name != name);
     }
 
     /// A raw image of this name was already added.
@@ -301,6 +311,9 @@ pub fn collect_tree(
     }
     for k in KINDS {
         blockers.absorb(k.check_tree(&out))?;
+    }
+    for k in KINDS {
+        k.finish_tree(&mut out);
     }
     Ok(out)
 }

@@ -1,6 +1,11 @@
 //! Pipes whose both ends are in the dumped tree. The data buffered in a
 //! pipe is copied without consuming it: ckpt opens another read end through
 //! `/proc/PID/fd/N`, `tee`s the buffer into a pipe of its own and reads that.
+//!
+//! A pipe whose other end is outside the tree is refused, except when only
+//! fds 0, 1 and 2 hold it (a launcher's pipe): it is marked `outside`, its
+//! data is not saved, and restore rebinds those fds to its own, as it does
+//! for terminals.
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -24,7 +29,7 @@ impl FileDumper for Pipe {
     }
 
     fn description(&self) -> &'static str {
-        "pipes with both ends in the tree, with their buffered data"
+        "pipes with both ends in the tree, with their buffered data; a pipe to outside held only as fd 0-2 is rebound to restore's own fd (data not saved)"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -42,47 +47,103 @@ impl FileDumper for Pipe {
         Ok(Kind::Pipe(PipeFile {
             pipe_id,
             capacity: buffered.capacity,
+            // Known once the whole tree is seen (finish_tree).
+            outside: false,
         }))
     }
 
     fn check_tree(&self, tree: &TreeFiles) -> Result<()> {
-        #[derive(Default)]
-        struct Ends {
-            read: bool,
-            write: bool,
-            first: Option<Holder>,
-        }
-        let mut pipes: BTreeMap<u64, Ends> = BTreeMap::new();
-        for h in tree.holders() {
-            let file = tree.file(h.file_id);
-            let Some(Kind::Pipe(p)) = &file.kind else {
+        for (pipe_id, ends) in pipes_of(tree) {
+            let Some(h) = ends.refused() else {
                 continue;
             };
-            let ends = pipes.entry(p.pipe_id).or_default();
-            ends.read |= file.readable();
-            ends.write |= file.writable();
-            ends.first.get_or_insert(h);
-        }
-        match pipes.into_values().find(|e| !(e.read && e.write)) {
-            Some(Ends { first: Some(h), .. }) => Err(DumpError::Unsupported {
+            return Err(DumpError::Unsupported {
                 pid: h.pid,
                 what: format!(
-                    "fd {}: pipe whose other end is outside the dumped tree (dump the process at the other end too)",
+                    "fd {}: pipe whose other end is outside the dumped tree (dump the process at the other end too, or declare it with --external pipe:[{pipe_id}])",
                     h.fd
                 ),
-            }),
-            _ => Ok(()),
+            });
+        }
+        Ok(())
+    }
+
+    fn finish_tree(&self, tree: &mut TreeFiles) {
+        let outside: Vec<u64> = pipes_of(tree)
+            .into_iter()
+            .filter(|(_, e)| !e.both() && e.refused().is_none())
+            .map(|(id, _)| id)
+            .collect();
+        for file in &mut tree.files.files {
+            if let Some(Kind::Pipe(p)) = &mut file.kind
+                && outside.contains(&p.pipe_id)
+            {
+                p.outside = true;
+            }
+        }
+        // What sits in a launcher's pipe is the old launcher's to read.
+        for id in outside {
+            tree.blobs.remove(&ckpt_image::pipe_data_name(id));
         }
     }
 }
 
-/// A pipe's buffer and capacity.
-struct Buffered {
-    data: Vec<u8>,
-    capacity: u32,
+/// The fds a launcher's pipe may hold: standard input, output and error,
+/// which restore rebinds to its own (the terminal rule).
+const STDIO: std::ops::RangeInclusive<i32> = 0..=2;
+
+/// Which ends of one pipe the tree holds, and where.
+#[derive(Default)]
+struct Ends {
+    read: bool,
+    write: bool,
+    /// Every fd of the tree holding an end, tree order.
+    holders: Vec<Holder>,
 }
 
-fn read_buffered(p: &FdParams) -> Result<Buffered> {
+impl Ends {
+    /// Both ends are in the tree.
+    fn both(&self) -> bool {
+        self.read && self.write
+    }
+
+    /// The first fd that makes this pipe unsaveable: one end is outside
+    /// and an fd other than 0, 1 or 2 holds it.
+    fn refused(&self) -> Option<&Holder> {
+        if self.both() {
+            return None;
+        }
+        self.holders.iter().find(|h| !STDIO.contains(&h.fd))
+    }
+}
+
+/// Every pipe of the tree by pipe id, with its ends.
+fn pipes_of(tree: &TreeFiles) -> BTreeMap<u64, Ends> {
+    let mut pipes: BTreeMap<u64, Ends> = BTreeMap::new();
+    for h in tree.holders() {
+        let file = tree.file(h.file_id);
+        let Some(Kind::Pipe(p)) = &file.kind else {
+            continue;
+        };
+        let ends = pipes.entry(p.pipe_id).or_default();
+        ends.read |= file.readable();
+        ends.write |= file.writable();
+        ends.holders.push(h);
+    }
+    pipes
+}
+
+/// A pipe's buffer and capacity.
+pub(super) struct Buffered {
+    /// The bytes buffered in it, still there.
+    pub data: Vec<u8>,
+    /// F_GETPIPE_SZ.
+    pub capacity: u32,
+}
+
+/// Copies what is buffered in the pipe or FIFO behind `p` without
+/// consuming it (`tee` from a read end reopened through `/proc`).
+pub(super) fn read_buffered(p: &FdParams) -> Result<Buffered> {
     let link = p.proc_path();
     let err = |what: &str, e: std::io::Error| DumpError::Proc {
         pid: p.pid,

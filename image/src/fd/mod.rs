@@ -21,6 +21,7 @@
 pub mod dev;
 pub mod eventfd;
 pub mod external;
+pub mod fifo;
 pub mod pipe;
 pub mod reg;
 pub mod signalfd;
@@ -41,6 +42,7 @@ impl File {
             Some(file::Kind::External(_)) => "external",
             Some(file::Kind::Timerfd(_)) => "timerfd",
             Some(file::Kind::Signalfd(_)) => "signalfd",
+            Some(file::Kind::Fifo(_)) => "fifo",
             None => "unknown",
         }
     }

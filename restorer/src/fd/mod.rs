@@ -12,6 +12,7 @@ mod creds;
 mod dev;
 mod eventfd;
 mod external;
+mod fifo;
 pub mod identity;
 mod pipe;
 mod reg;
@@ -56,11 +57,15 @@ fn install_file(cx: &mut Context<'_>, r: &Remote<'_>, file: &File, fd: &Fd) -> R
         Some(Kind::Reg(image)) => install(&reg::Reg, cx, r, file, image, fd),
         Some(Kind::Dev(image)) => install(&dev::Dev, cx, r, file, image, fd),
         Some(Kind::Tty(image)) => install(&tty::Tty, cx, r, file, image, fd),
+        Some(Kind::Pipe(image)) if image.outside => {
+            install(&pipe::StdioPipe, cx, r, file, image, fd)
+        }
         Some(Kind::Pipe(image)) => install(&pipe::Pipe, cx, r, file, image, fd),
         Some(Kind::Eventfd(image)) => install(&eventfd::Eventfd, cx, r, file, image, fd),
         Some(Kind::External(image)) => install(&external::External, cx, r, file, image, fd),
         Some(Kind::Timerfd(image)) => install(&timerfd::Timerfd, cx, r, file, image, fd),
         Some(Kind::Signalfd(image)) => install(&signalfd::Signalfd, cx, r, file, image, fd),
+        Some(Kind::Fifo(image)) => install(&fifo::Fifo, cx, r, file, image, fd),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
 }
@@ -156,6 +161,8 @@ pub struct Context<'a> {
     checks: identity::FileChecks,
     /// Terminal fds that kept the restorer's fd of their number, per pid.
     terminals: Vec<(i32, i32)>,
+    /// Stdio pipes to outside that got the restorer's fd of their number.
+    stdio_pipes: Vec<(i32, i32)>,
 }
 
 impl<'a> Context<'a> {
@@ -172,6 +179,7 @@ impl<'a> Context<'a> {
             policy,
             checks: identity::FileChecks::new(&images.manifest().hostname),
             terminals: Vec::new(),
+            stdio_pipes: Vec::new(),
         }
     }
 
@@ -179,6 +187,17 @@ impl<'a> Context<'a> {
     /// restorer's own fd of that number, so the caller can say so.
     pub fn note_terminal_inherited(&mut self, fd: i32) {
         self.terminals.push((self.pid, fd));
+    }
+
+    /// Notes that fd `fd` of the current process, a pipe to outside the
+    /// tree, is now the restorer's own fd of that number.
+    pub fn note_stdio_pipe_inherited(&mut self, fd: i32) {
+        self.stdio_pipes.push((self.pid, fd));
+    }
+
+    /// Every stdio pipe fd that got the restorer's fd: (pid, fd), tree order.
+    pub fn stdio_pipes_inherited(&self) -> &[(i32, i32)] {
+        &self.stdio_pipes
     }
 
     /// Every terminal fd that got the restorer's fd: (pid, fd), tree order.

@@ -2,7 +2,8 @@
 //! an end is needed, refills the data that was buffered in it, and every
 //! process that owned an end takes that end from the restorer with
 //! `pidfd_getfd` (run inside it). The restorer's copies close when the
-//! restore ends.
+//! restore ends. A stdio pipe to outside the tree follows the terminal
+//! rule instead ([`StdioPipe`]).
 
 use std::collections::HashMap;
 use std::fs::File as OsFile;
@@ -13,7 +14,7 @@ use ckpt_image::fd::File;
 use ckpt_image::fd::pipe::PipeFile;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 
-use super::{Context, FileRestorer, set_status_flags, take_from};
+use super::{Context, FileRestorer, reopen_flags, set_status_flags, take_from};
 use crate::error::{RestoreError, Result};
 use ckpt_parasite::remote::Remote;
 
@@ -54,6 +55,34 @@ impl FileRestorer for Pipe {
         let got = take_from(r, std::process::id() as i32, mine)?;
         set_status_flags(r, got, file.flags)?;
         Ok(got)
+    }
+}
+
+/// Pipes whose other end was outside the tree, held only as fds 0, 1 and
+/// 2: by the terminal rule, each such fd is the restorer's own fd of its
+/// number (so a new launcher's pipe takes the old one's place), or
+/// `/dev/null` if the restorer has none. Nothing was saved of their data.
+pub struct StdioPipe;
+
+impl FileRestorer for StdioPipe {
+    type Image = PipeFile;
+    // Per fd number, like terminals: `2>&1` shared one description at dump
+    // time, but the new launcher may give restore two.
+    const PER_FD: bool = true;
+
+    fn open(
+        &self,
+        cx: &mut Context<'_>,
+        r: &Remote<'_>,
+        file: &File,
+        _image: &PipeFile,
+        fd: i32,
+    ) -> Result<i32> {
+        if cx.may_inherit(fd) {
+            cx.note_stdio_pipe_inherited(fd);
+            return Ok(fd);
+        }
+        Ok(r.open("/dev/null", reopen_flags(file), 0)?)
     }
 }
 

@@ -1,0 +1,5 @@
+//! FIFOs (named pipes) opened by path, with their buffered data.
+//!
+//! The message is defined in `image/proto/fd_fifo.proto`.
+
+pub use crate::pb::FifoFile;
