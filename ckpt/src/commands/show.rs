@@ -242,6 +242,14 @@ fn describe(f: &File) -> String {
             if e.semaphore { " semaphore" } else { "" }
         ),
         Some(Kind::External(x)) => format!("external {}", x.key),
+        Some(Kind::Epoll(e)) => format!(
+            "epoll targets {}",
+            e.targets
+                .iter()
+                .map(|t| format!("fd {} file {} events {:#x}", t.fd, t.file_id, t.events))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         None => String::new(),
     }
 }

@@ -7,6 +7,7 @@
 //! restore side's twin (`restorer/src/fd/KIND.rs`).
 
 mod dev;
+mod epoll;
 mod eventfd;
 mod external;
 mod lock;
@@ -35,6 +36,7 @@ static KINDS: &[&dyn FileDumper] = &[
     &tty::Tty,
     &pipe::Pipe,
     &eventfd::Eventfd,
+    &epoll::Epoll,
 ];
 
 /// What ckpt refuses by name (an fd of these fails the dump, naming pid and
@@ -46,7 +48,6 @@ pub static REFUSED: &[(&str, &str)] = &[
         "a pipe whose other end no process of the tree holds",
     ),
     ("named pipe (FIFO)", "FIFOs opened by path"),
-    ("epoll", "epoll instances"),
     ("signalfd", "signalfd objects"),
     ("timerfd", "timerfd objects"),
     ("inotify", "inotify and fanotify instances"),
@@ -79,6 +80,12 @@ pub trait FileDumper: Sync {
     /// frozen). Contents that are not metadata (an unlinked file's bytes, a
     /// pipe's buffer) go to `blobs`.
     fn collect(&self, p: &FdParams, file_id: u64, blobs: &mut Blobs) -> Result<file::Kind>;
+    /// Fills in what refers to other open files of the tree (an epoll's
+    /// targets, by file id), once every fd is collected and before
+    /// [`FileDumper::check_tree`].
+    fn link_tree(&self, _tree: &mut TreeFiles) -> Result<()> {
+        Ok(())
+    }
     /// Checks what only the whole tree tells (e.g. both ends of a pipe are
     /// in it), once every fd is collected.
     fn check_tree(&self, _tree: &TreeFiles) -> Result<()> {
@@ -296,6 +303,9 @@ pub fn collect_tree(
             });
         }
         out.tables.push((pid, table));
+    }
+    for k in KINDS {
+        blockers.absorb(k.link_tree(&mut out))?;
     }
     for k in KINDS {
         blockers.absorb(k.check_tree(&out))?;

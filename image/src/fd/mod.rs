@@ -19,6 +19,7 @@
 //! description) and `image/proto/fd_KIND.proto` (one per kind).
 
 pub mod dev;
+pub mod epoll;
 pub mod eventfd;
 pub mod external;
 pub mod pipe;
@@ -37,6 +38,7 @@ impl File {
             Some(file::Kind::Pipe(_)) => "pipe",
             Some(file::Kind::Eventfd(_)) => "eventfd",
             Some(file::Kind::External(_)) => "external",
+            Some(file::Kind::Epoll(_)) => "epoll",
             None => "unknown",
         }
     }
