@@ -15,6 +15,53 @@ pub fn same_file_description_of(pid_a: i32, a: i32, pid_b: i32, b: i32) -> std::
     }
 }
 
+/// `kcmp` type: compare an fd with a file registered in an epoll.
+const KCMP_EPOLL_TFD: libc::c_int = 7;
+
+/// `struct kcmp_epoll_slot`: which registration of epoll `efd` to compare.
+#[repr(C)]
+struct KcmpEpollSlot {
+    efd: u32,
+    tfd: u32,
+    toff: u32,
+}
+
+/// Whether fd `fd` of `pid` is the file registered in epoll `efd` of
+/// `epoll_pid` as its `toff`-th registration under fd number `tfd`
+/// (`kcmp(KCMP_EPOLL_TFD)`). `Err` with `EOPNOTSUPP` or `EINVAL` where the
+/// kernel cannot tell.
+pub fn same_epoll_target(
+    pid: i32,
+    fd: i32,
+    epoll_pid: i32,
+    efd: i32,
+    tfd: i32,
+    toff: u32,
+) -> std::io::Result<bool> {
+    let slot = KcmpEpollSlot {
+        efd: efd as u32,
+        tfd: tfd as u32,
+        toff,
+    };
+    // SAFETY: the only pointer is to a live local struct of the layout
+    // kcmp(2) documents, which the kernel only reads.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            pid,
+            epoll_pid,
+            KCMP_EPOLL_TFD,
+            fd,
+            &slot as *const KcmpEpollSlot,
+        )
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r == 0)
+    }
+}
+
 /// `lseek(fd, off, whence)`; `None` where SEEK_DATA finds no more data
 /// (ENXIO).
 pub fn seek(fd: i32, off: u64, whence: i32) -> std::io::Result<Option<u64>> {

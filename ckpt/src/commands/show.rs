@@ -256,6 +256,14 @@ fn describe(f: &File) -> String {
             )
         }
         Some(Kind::Fifo(f)) => format!("fifo {} capacity {}", f.path, f.capacity),
+        Some(Kind::Epoll(e)) => format!(
+            "epoll targets {}",
+            e.targets
+                .iter()
+                .map(|t| format!("fd {} file {} events {:#x}", t.fd, t.file_id, t.events))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         None => String::new(),
     }
 }

@@ -7,6 +7,7 @@
 //! restore side's twin (`restorer/src/fd/KIND.rs`).
 
 mod dev;
+mod epoll;
 mod eventfd;
 mod external;
 mod fifo;
@@ -41,6 +42,7 @@ static KINDS: &[&dyn FileDumper] = &[
     &timerfd::Timerfd,
     &signalfd::Signalfd,
     &fifo::Fifo,
+    &epoll::Epoll,
 ];
 
 /// What ckpt refuses by name (an fd of these fails the dump, naming pid and
@@ -51,7 +53,6 @@ pub static REFUSED: &[(&str, &str)] = &[
         "pipe to outside the tree",
         "a pipe whose other end no process of the tree holds, unless only fds 0-2 hold it (rebound to restore's stdio) or it is declared with --external",
     ),
-    ("epoll", "epoll instances"),
     ("inotify", "inotify and fanotify instances"),
     ("memfd", "memfd files"),
     (
@@ -82,6 +83,12 @@ pub trait FileDumper: Sync {
     /// frozen). Contents that are not metadata (an unlinked file's bytes, a
     /// pipe's buffer) go to `blobs`.
     fn collect(&self, p: &FdParams, file_id: u64, blobs: &mut Blobs) -> Result<file::Kind>;
+    /// Fills in what refers to other open files of the tree (an epoll's
+    /// targets, by file id), once every fd is collected and before
+    /// [`FileDumper::check_tree`].
+    fn link_tree(&self, _tree: &mut TreeFiles) -> Result<()> {
+        Ok(())
+    }
     /// Checks what only the whole tree tells (e.g. both ends of a pipe are
     /// in it), once every fd is collected.
     fn check_tree(&self, _tree: &TreeFiles) -> Result<()> {
@@ -308,6 +315,9 @@ pub fn collect_tree(
             });
         }
         out.tables.push((pid, table));
+    }
+    for k in KINDS {
+        blockers.absorb(k.link_tree(&mut out))?;
     }
     for k in KINDS {
         blockers.absorb(k.check_tree(&out))?;

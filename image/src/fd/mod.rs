@@ -19,6 +19,7 @@
 //! description) and `image/proto/fd_KIND.proto` (one per kind).
 
 pub mod dev;
+pub mod epoll;
 pub mod eventfd;
 pub mod external;
 pub mod fifo;
@@ -43,6 +44,7 @@ impl File {
             Some(file::Kind::Timerfd(_)) => "timerfd",
             Some(file::Kind::Signalfd(_)) => "signalfd",
             Some(file::Kind::Fifo(_)) => "fifo",
+            Some(file::Kind::Epoll(_)) => "epoll",
             None => "unknown",
         }
     }

@@ -10,6 +10,7 @@
 mod create;
 mod creds;
 mod dev;
+mod epoll;
 mod eventfd;
 mod external;
 mod fifo;
@@ -66,8 +67,16 @@ fn install_file(cx: &mut Context<'_>, r: &Remote<'_>, file: &File, fd: &Fd) -> R
         Some(Kind::Timerfd(image)) => install(&timerfd::Timerfd, cx, r, file, image, fd),
         Some(Kind::Signalfd(image)) => install(&signalfd::Signalfd, cx, r, file, image, fd),
         Some(Kind::Fifo(image)) => install(&fifo::Fifo, cx, r, file, image, fd),
+        Some(Kind::Epoll(image)) => install(&epoll::Epoll, cx, r, file, image, fd),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
+}
+
+/// Kinds restored after every other fd of their process, because they
+/// refer to other open files that must be installed first (an epoll adds
+/// its targets by fd).
+fn after_others(file: &File) -> bool {
+    matches!(file.kind, Some(Kind::Epoll(_)))
 }
 
 /// What the user running the restore allows to reach the restored
@@ -150,6 +159,8 @@ pub struct Context<'a> {
     /// Every open file of the checkpoint.
     pub(crate) files: &'a Files,
     installed: HashMap<u64, Installed>,
+    /// The current process's fds installed so far: fd -> file id.
+    here: HashMap<i32, u64>,
     /// Per kind, state shared across fds and processes (see [`Context::state`]).
     states: HashMap<TypeId, Box<dyn Any>>,
     /// The process being rebuilt and the fds it inherited from the restorer.
@@ -172,6 +183,7 @@ impl<'a> Context<'a> {
             images,
             files,
             installed: HashMap::new(),
+            here: HashMap::new(),
             states: HashMap::new(),
             pid: 0,
             inherited: Vec::new(),
@@ -232,6 +244,29 @@ impl<'a> Context<'a> {
             .or_insert_with(|| Box::new(T::default()))
             .downcast_mut()
             .expect("keyed by its own TypeId")
+    }
+
+    /// An fd of the current process already holding open file `file_id`:
+    /// `want` if it does, else the lowest.
+    pub fn fd_here(&self, file_id: u64, want: i32) -> Option<i32> {
+        if self.here.get(&want) == Some(&file_id) {
+            return Some(want);
+        }
+        self.here
+            .iter()
+            .filter(|(_, id)| **id == file_id)
+            .map(|(fd, _)| *fd)
+            .min()
+    }
+
+    /// A new fd of the process behind `r` for open file `file_id`, taken
+    /// from the earlier process that installed it (the caller closes it),
+    /// or `None` if no earlier process did.
+    pub fn take_installed(&self, r: &Remote<'_>, file_id: u64) -> Result<Option<i32>> {
+        match self.installed.get(&file_id) {
+            Some(at) if at.pid != self.pid => take_from(r, at.pid, at.fd).map(Some),
+            _ => Ok(None),
+        }
     }
 
     /// The process being rebuilt.
@@ -302,15 +337,20 @@ pub fn restore(
 ) -> Result<()> {
     cx.pid = r.t.pid();
     cx.inherited = inherited_fds(cx.pid)?;
+    cx.here.clear();
     let identity = creds::FsIdentity::of(creds);
     cx.fs_uid = identity.as_ref().map(creds::FsIdentity::uid);
     let previous = identity.as_ref().map(|i| i.assume(r)).transpose()?;
-    for fd in &table.fds {
-        let file = cx
-            .files
-            .get(fd.file_id)
-            .ok_or_else(|| cx.invalid(fd.fd, "no such file"))?;
-        install_file(cx, r, file, fd)?;
+    for last in [false, true] {
+        for fd in &table.fds {
+            let file = cx
+                .files
+                .get(fd.file_id)
+                .ok_or_else(|| cx.invalid(fd.fd, "no such file"))?;
+            if after_others(file) == last {
+                install_file(cx, r, file, fd)?;
+            }
+        }
     }
     if let Some(p) = previous {
         p.restore(r)?;
@@ -358,6 +398,7 @@ fn install<K: FileRestorer>(
             r.close(got)?;
         }
     }
+    cx.here.insert(fd.fd, file.id);
     if !K::PER_FD && earlier.is_none() {
         cx.installed.insert(
             file.id,
