@@ -32,15 +32,9 @@ fn epoll_targets_events_and_sharing_survive() {
 
     // Parent and child each hold the epoll (fork copies the table): two
     // fds, one open file.
-    let show = ckpt(&env, &["show", path_str(&env.img), "--json"], FAIL_TIMEOUT);
-    show.assert_success();
-    let json: serde_json::Value = serde_json::from_str(show.stdout.trim()).expect("show --json");
-    let mut ids: Vec<u64> = json["processes"]
-        .as_array()
-        .expect("processes")
-        .iter()
-        .flat_map(|p| p["fds"].as_array().cloned().unwrap_or_default())
-        .filter(|f| f["kind"] == "epoll")
+    let json = show_json(&env);
+    let mut ids: Vec<u64> = fds_of_kind(&json, "epoll")
+        .into_iter()
         .map(|f| f["file_id"].as_u64().expect("file_id"))
         .collect();
     assert_eq!(ids.len(), 2, "parent and child hold the epoll: {json}");

@@ -16,25 +16,18 @@ fn eventfd_counter_mode_and_sharing_survive() {
 
     // Parent and child each hold A, its dup and S (fork copies the table):
     // six fds, two open files.
-    let show = ckpt(&env, &["show", path_str(&env.img), "--json"], FAIL_TIMEOUT);
-    show.assert_success();
-    let json: serde_json::Value = serde_json::from_str(show.stdout.trim()).expect("show --json");
-    let mut ids: Vec<u64> = json["processes"]
-        .as_array()
-        .expect("processes")
-        .iter()
-        .flat_map(|p| p["fds"].as_array().cloned().unwrap_or_default())
-        .filter(|f| f["kind"] == "eventfd")
-        .map(|f| f["file_id"].as_u64().expect("file_id"))
-        .collect();
+    let json = show_json(&env);
+    let fds = fds_of_kind(&json, "eventfd");
     assert_eq!(
-        ids.len(),
+        fds.len(),
         6,
         "parent and child hold 3 eventfd fds each: {json}"
     );
-    ids.sort_unstable();
-    ids.dedup();
-    assert_eq!(ids.len(), 2, "6 eventfd fds should be 2 open files: {json}");
+    assert_eq!(
+        file_ids(&fds).len(),
+        2,
+        "6 eventfd fds should be 2 open files: {json}"
+    );
 
     restore_and_check(&env, &v);
 }

@@ -6,30 +6,9 @@
 
 mod common;
 
-use std::io::Read;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
-
-/// The "tick N" numbers readable from `r` within `wait` (non-blocking).
-fn ticks(r: &mut std::fs::File, wait: Duration) -> Vec<u64> {
-    let mut text = String::new();
-    let deadline = Instant::now() + wait;
-    let mut buf = [0u8; 4096];
-    while Instant::now() < deadline {
-        match r.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => text.push_str(&String::from_utf8_lossy(&buf[..n])),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(10))
-            }
-            Err(e) => panic!("read pipe: {e}"),
-        }
-    }
-    text.lines()
-        .filter_map(|l| l.strip_prefix("tick ")?.parse().ok())
-        .collect()
-}
 
 fn nonblocking(f: &std::fs::File) {
     nix::fcntl::fcntl(
@@ -63,7 +42,7 @@ fn outside_pipe_is_external_and_handed_over_at_restore() {
     let out = dump(&env, &v, &["--kill", "--external", &key]);
     assert!(out.stderr.contains("1 processes"), "{}", out.stderr);
     v.reap_killed(Duration::from_secs(10));
-    let before = ticks(&mut r1, Duration::from_millis(100));
+    let before = read_ticks(&mut r1, Duration::from_millis(100));
     let last = *before.last().expect("ticks before the dump");
 
     // No fd named for it: a clear error naming the option.
@@ -98,7 +77,7 @@ fn outside_pipe_is_external_and_handed_over_at_restore() {
         .status()
         .expect("run restore");
     assert!(status.success(), "restore with --inherit-fd failed");
-    let after = ticks(&mut r2, Duration::from_millis(500));
+    let after = read_ticks(&mut r2, Duration::from_millis(500));
     assert!(!after.is_empty(), "no ticks in the handed-over pipe");
     assert_eq!(
         after[0],

@@ -39,16 +39,8 @@ fn fifo_between_parent_and_child_keeps_its_data() {
     let images = fifo_images(&env.img);
     assert_eq!(images.len(), 1, "one data image for one FIFO: {images:?}");
     assert!(images[0].1 > 0, "no data buffered at dump time: {images:?}");
-    let show = ckpt(&env, &["show", path_str(&env.img), "--json"], FAIL_TIMEOUT);
-    show.assert_success();
-    let json: serde_json::Value = serde_json::from_str(show.stdout.trim()).expect("show --json");
-    let fifos = json["processes"]
-        .as_array()
-        .expect("processes")
-        .iter()
-        .flat_map(|p| p["fds"].as_array().cloned().unwrap_or_default())
-        .filter(|f| f["kind"] == "fifo")
-        .count();
+    let json = show_json(&env);
+    let fifos = fds_of_kind(&json, "fifo").len();
     assert_eq!(fifos, 2, "writer and reader each hold one end: {json}");
 
     // Gone at restore time: a clear error, and nothing is created.
@@ -69,27 +61,6 @@ fn fifo_between_parent_and_child_keeps_its_data() {
     std::fs::rename(&moved, &fifo).unwrap();
 
     restore_and_check(&env, &v);
-}
-
-/// The "tick N" numbers readable from `r` within `wait` (non-blocking).
-fn ticks(r: &mut std::fs::File, wait: Duration) -> Vec<u64> {
-    use std::io::Read;
-    let mut text = String::new();
-    let deadline = std::time::Instant::now() + wait;
-    let mut buf = [0u8; 4096];
-    while std::time::Instant::now() < deadline {
-        match r.read(&mut buf) {
-            Ok(n) if n > 0 => text.push_str(&String::from_utf8_lossy(&buf[..n])),
-            Ok(_) => std::thread::sleep(Duration::from_millis(10)),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(10))
-            }
-            Err(e) => panic!("read FIFO: {e}"),
-        }
-    }
-    text.lines()
-        .filter_map(|l| l.strip_prefix("tick ")?.parse().ok())
-        .collect()
 }
 
 /// Opens the FIFO's read end without waiting for a writer.
@@ -135,7 +106,7 @@ fn fifo_with_reader_outside_keeps_its_data() {
     let mut reader = open_reader(&fifo);
 
     let restore = spawn_restore(&env, &[]);
-    let got = ticks(&mut reader, Duration::from_millis(800));
+    let got = read_ticks(&mut reader, Duration::from_millis(800));
     assert!(got.len() > 20, "too few ticks after restore: {got:?}");
     let expected: Vec<u64> = (1..=got.len() as u64).collect();
     assert_eq!(got, expected, "every tick from 1, in order, once");

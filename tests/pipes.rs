@@ -4,8 +4,7 @@
 
 mod common;
 
-use std::io::Read;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -58,26 +57,6 @@ fn pipe_to_outside_the_tree_is_refused() {
     v.assert_unharmed_and_passes("after refusing an outside pipe");
 }
 
-/// The "tick N" numbers readable from `r` within `wait` (non-blocking).
-fn ticks(r: &mut std::fs::File, wait: Duration) -> Vec<u64> {
-    let mut text = String::new();
-    let deadline = Instant::now() + wait;
-    let mut buf = [0u8; 4096];
-    while Instant::now() < deadline {
-        match r.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => text.push_str(&String::from_utf8_lossy(&buf[..n])),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(10))
-            }
-            Err(e) => panic!("read pipe: {e}"),
-        }
-    }
-    text.lines()
-        .filter_map(|l| l.strip_prefix("tick ")?.parse().ok())
-        .collect()
-}
-
 /// A non-blocking pipe: (read end, write end).
 fn launcher_pipe() -> (std::fs::File, std::os::fd::OwnedFd) {
     let (r, w) = nix::unistd::pipe().unwrap();
@@ -111,7 +90,7 @@ fn stdio_pipe_to_launcher_is_rebound_to_restore() {
     v.reap_killed(Duration::from_secs(10));
     // What the job wrote before the dump is still in the old pipe, the old
     // launcher's to read; none of it is in the checkpoint.
-    let before = ticks(&mut r1, Duration::from_millis(100));
+    let before = read_ticks(&mut r1, Duration::from_millis(100));
     let last = *before.last().expect("ticks before the dump");
     let saved = std::fs::read_dir(&env.img)
         .expect("read image dir")
@@ -139,7 +118,7 @@ fn stdio_pipe_to_launcher_is_rebound_to_restore() {
         )),
         "restore should say it rebound fd 1: {notice}"
     );
-    let after = ticks(&mut r2, Duration::from_millis(500));
+    let after = read_ticks(&mut r2, Duration::from_millis(500));
     assert!(!after.is_empty(), "no ticks in the new launcher's pipe");
     assert_eq!(
         after[0],

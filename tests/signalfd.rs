@@ -17,16 +17,8 @@ fn signalfd_mask_flags_and_sharing_survive() {
     v.reap_killed(std::time::Duration::from_secs(10));
 
     // Parent and child each hold S, its dup and T: six fds, two open files.
-    let show = ckpt(&env, &["show", path_str(&env.img), "--json"], FAIL_TIMEOUT);
-    show.assert_success();
-    let json: serde_json::Value = serde_json::from_str(show.stdout.trim()).expect("show --json");
-    let fds: Vec<serde_json::Value> = json["processes"]
-        .as_array()
-        .expect("processes")
-        .iter()
-        .flat_map(|p| p["fds"].as_array().cloned().unwrap_or_default())
-        .filter(|f| f["kind"] == "signalfd")
-        .collect();
+    let json = show_json(&env);
+    let fds: Vec<serde_json::Value> = fds_of_kind(&json, "signalfd").into_iter().collect();
     assert_eq!(
         fds.len(),
         6,

@@ -24,16 +24,8 @@ fn timerfd_times_ticks_and_sharing_survive() {
 
     // Parent and child each hold P, its dup, O, R and X: ten fds, four
     // open files.
-    let show = ckpt(&env, &["show", path_str(&env.img), "--json"], FAIL_TIMEOUT);
-    show.assert_success();
-    let json: serde_json::Value = serde_json::from_str(show.stdout.trim()).expect("show --json");
-    let fds: Vec<serde_json::Value> = json["processes"]
-        .as_array()
-        .expect("processes")
-        .iter()
-        .flat_map(|p| p["fds"].as_array().cloned().unwrap_or_default())
-        .filter(|f| f["kind"] == "timerfd")
-        .collect();
+    let json = show_json(&env);
+    let fds: Vec<serde_json::Value> = fds_of_kind(&json, "timerfd").into_iter().collect();
     assert_eq!(
         fds.len(),
         10,

@@ -1009,3 +1009,58 @@ pub fn standard_cycle(test: &str, victim: &str, args: &[&str]) {
     dump_kill_reap(&env, &mut v);
     restore_and_check(&env, &v);
 }
+
+// ---------------------------------------------------------------------------
+// Reading what a checkpoint and a victim say
+// ---------------------------------------------------------------------------
+
+/// `ckpt show --json` of the test's checkpoint.
+pub fn show_json(env: &TestEnv) -> serde_json::Value {
+    let show = ckpt(env, &["show", path_str(&env.img), "--json"], FAIL_TIMEOUT);
+    show.assert_success();
+    serde_json::from_str(show.stdout.trim()).expect("show --json prints one JSON value")
+}
+
+/// Every fd of file kind `kind` in `show` (from [`show_json`]), all
+/// processes together, as `ckpt show --json` describes them.
+pub fn fds_of_kind(show: &serde_json::Value, kind: &str) -> Vec<serde_json::Value> {
+    show["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .flat_map(|p| p["fds"].as_array().cloned().unwrap_or_default())
+        .filter(|f| f["kind"] == kind)
+        .collect()
+}
+
+/// The distinct open-file ids of `fds` (from [`fds_of_kind`]).
+pub fn file_ids(fds: &[serde_json::Value]) -> Vec<u64> {
+    let mut ids: Vec<u64> = fds
+        .iter()
+        .map(|f| f["file_id"].as_u64().expect("file_id"))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// The "tick N" numbers readable from `r` (non-blocking) within `wait`;
+/// the ticker victims write such lines.
+pub fn read_ticks(r: &mut File, wait: Duration) -> Vec<u64> {
+    use std::io::Read;
+    let mut text = String::new();
+    let deadline = Instant::now() + wait;
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        match r.read(&mut buf) {
+            Ok(n) if n > 0 => text.push_str(&String::from_utf8_lossy(&buf[..n])),
+            // EOF of a FIFO without writer yet, or nothing yet: wait.
+            Ok(_) => sleep(POLL),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => sleep(POLL),
+            Err(e) => panic!("read ticks: {e}"),
+        }
+    }
+    text.lines()
+        .filter_map(|l| l.strip_prefix("tick ")?.parse().ok())
+        .collect()
+}
