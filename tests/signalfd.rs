@@ -18,20 +18,14 @@ fn signalfd_mask_flags_and_sharing_survive() {
 
     // Parent and child each hold S, its dup and T: six fds, two open files.
     let json = show_json(&env);
-    let fds: Vec<serde_json::Value> = fds_of_kind(&json, "signalfd").into_iter().collect();
+    let fds = fds_of_kind(&json, "signalfd");
     assert_eq!(
         fds.len(),
         6,
         "parent and child hold 3 signalfd fds each: {json}"
     );
-    let mut ids: Vec<u64> = fds
-        .iter()
-        .map(|f| f["file_id"].as_u64().expect("file_id"))
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
     assert_eq!(
-        ids.len(),
+        file_ids(&fds).len(),
         2,
         "6 signalfd fds should be 2 open files: {json}"
     );

@@ -25,20 +25,14 @@ fn timerfd_times_ticks_and_sharing_survive() {
     // Parent and child each hold P, its dup, O, R and X: ten fds, four
     // open files.
     let json = show_json(&env);
-    let fds: Vec<serde_json::Value> = fds_of_kind(&json, "timerfd").into_iter().collect();
+    let fds = fds_of_kind(&json, "timerfd");
     assert_eq!(
         fds.len(),
         10,
         "parent and child hold 5 timerfd fds each: {json}"
     );
-    let mut ids: Vec<u64> = fds
-        .iter()
-        .map(|f| f["file_id"].as_u64().expect("file_id"))
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
     assert_eq!(
-        ids.len(),
+        file_ids(&fds).len(),
         4,
         "10 timerfd fds should be 4 open files: {json}"
     );
