@@ -74,16 +74,7 @@ fn missing_process_and_missing_checkpoint_are_classified() {
 fn unsupported_fd_names_pid_and_fd_in_json() {
     let env = TestEnv::new("cli-unsupported");
     // A pipe to outside on fd 10 (a stdio one would be rebound instead).
-    let (r, w) = nix::unistd::pipe().unwrap();
-    let mut v = Victim::spawn_with(
-        &env,
-        "outside_pipe",
-        &[],
-        std::process::Stdio::from(r),
-        std::process::Stdio::null(),
-        std::process::Stdio::null(),
-    );
-    v.wait_ready();
+    let (mut v, w) = spawn_with_outside_pipe(&env);
     let pid = v.pid.to_string();
     let out = dump_json(&env, &pid);
     assert_eq!(out.code(), UNSUPPORTED, "{}", out.stdout);

@@ -10,20 +10,10 @@ use std::time::Duration;
 
 use common::*;
 
-fn nonblocking(f: &std::fs::File) {
-    nix::fcntl::fcntl(
-        f,
-        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
-    )
-    .expect("O_NONBLOCK");
-}
-
 #[test]
 fn outside_pipe_is_external_and_handed_over_at_restore() {
     let env = TestEnv::new("external");
-    let (r1, w1) = nix::unistd::pipe().unwrap();
-    let mut r1 = std::fs::File::from(r1);
-    nonblocking(&r1);
+    let (mut r1, w1) = launcher_pipe();
     let mut v = Victim::spawn_with(
         &env,
         "ticker",
@@ -58,9 +48,7 @@ fn outside_pipe_is_external_and_handed_over_at_restore() {
     );
 
     // Hand over a new pipe as restore's fd 1.
-    let (r2, w2) = nix::unistd::pipe().unwrap();
-    let mut r2 = std::fs::File::from(r2);
-    nonblocking(&r2);
+    let (mut r2, w2) = launcher_pipe();
     let status = env
         .ckpt_command()
         .args([
@@ -77,18 +65,5 @@ fn outside_pipe_is_external_and_handed_over_at_restore() {
         .status()
         .expect("run restore");
     assert!(status.success(), "restore with --inherit-fd failed");
-    let after = read_ticks(&mut r2, Duration::from_millis(500));
-    assert!(!after.is_empty(), "no ticks in the handed-over pipe");
-    assert_eq!(
-        after[0],
-        last + 1,
-        "ticks should carry on from {last}: {after:?}"
-    );
-    v.go();
-    assert_eq!(
-        v.wait_result(Duration::from_secs(10)),
-        "PASS",
-        "{}",
-        v.diag()
-    );
+    assert_ticks_carry_on(&mut r2, last, &v);
 }

@@ -34,16 +34,7 @@ fn pipe_between_parent_and_child_keeps_its_data() {
 #[test]
 fn pipe_to_outside_the_tree_is_refused() {
     let env = TestEnv::new("pipe-outside");
-    let (r, w) = nix::unistd::pipe().unwrap();
-    let mut v = Victim::spawn_with(
-        &env,
-        "outside_pipe",
-        &[],
-        std::process::Stdio::from(r),
-        std::process::Stdio::null(),
-        std::process::Stdio::null(),
-    );
-    v.wait_ready();
+    let (mut v, w) = spawn_with_outside_pipe(&env);
     let err = dump_expect_error(&env, &v);
     assert!(
         err.contains(&format!("pid {}", v.pid))
@@ -55,17 +46,6 @@ fn pipe_to_outside_the_tree_is_refused() {
     assert!(!env.img.exists(), "failed dump left {}", env.img.display());
     drop(w);
     v.assert_unharmed_and_passes("after refusing an outside pipe");
-}
-
-/// A non-blocking pipe: (read end, write end).
-fn launcher_pipe() -> (std::fs::File, std::os::fd::OwnedFd) {
-    let (r, w) = nix::unistd::pipe().unwrap();
-    nix::fcntl::fcntl(
-        &r,
-        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
-    )
-    .expect("O_NONBLOCK");
-    (std::fs::File::from(r), w)
 }
 
 /// A job whose stdout is a pipe to its launcher (the test) is dumped
@@ -118,18 +98,5 @@ fn stdio_pipe_to_launcher_is_rebound_to_restore() {
         )),
         "restore should say it rebound fd 1: {notice}"
     );
-    let after = read_ticks(&mut r2, Duration::from_millis(500));
-    assert!(!after.is_empty(), "no ticks in the new launcher's pipe");
-    assert_eq!(
-        after[0],
-        last + 1,
-        "ticks should carry on from {last}: {after:?}"
-    );
-    v.go();
-    assert_eq!(
-        v.wait_result(Duration::from_secs(10)),
-        "PASS",
-        "{}",
-        v.diag()
-    );
+    assert_ticks_carry_on(&mut r2, last, &v);
 }

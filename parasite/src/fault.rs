@@ -49,14 +49,23 @@ impl FaultPoint {
     }
 }
 
+/// `CKPT_FAULT`, read once: injection points sit in the page-copy loop,
+/// which should not look up the environment for every chunk.
+fn setting() -> Option<&'static str> {
+    static SETTING: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    SETTING
+        .get_or_init(|| std::env::var("CKPT_FAULT").ok())
+        .as_deref()
+}
+
 fn selected(point: FaultPoint) -> bool {
-    std::env::var("CKPT_FAULT").is_ok_and(|v| v == point.name())
+    setting() == Some(point.name())
 }
 
 /// Dies here if `CKPT_FAULT` names this point; pauses here if it names
 /// `pause:` and this point.
 pub fn inject(point: FaultPoint) {
-    let Ok(v) = std::env::var("CKPT_FAULT") else {
+    let Some(v) = setting() else {
         return;
     };
     if v == point.name() {

@@ -319,16 +319,23 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
             if session == task::SessionOrigin::Adopted {
                 rebound.push(Rebound::Session { pid: root });
             }
-            for &(pid, fd) in fds.terminals_inherited() {
-                match rebound.last_mut() {
-                    Some(Rebound::Terminal { pid: p, fds }) if *p == pid => fds.push(fd),
-                    _ => rebound.push(Rebound::Terminal { pid, fds: vec![fd] }),
-                }
-            }
-            for &(pid, fd) in fds.stdio_pipes_inherited() {
-                match rebound.last_mut() {
-                    Some(Rebound::StdioPipe { pid: p, fds }) if *p == pid => fds.push(fd),
-                    _ => rebound.push(Rebound::StdioPipe { pid, fds: vec![fd] }),
+            for b in fds.bound() {
+                // Consecutive fds of one process and kind make one notice.
+                match (rebound.last_mut(), b.kind) {
+                    (Some(Rebound::Terminal { pid, fds }), fd::BoundKind::Terminal)
+                    | (Some(Rebound::StdioPipe { pid, fds }), fd::BoundKind::StdioPipe)
+                        if *pid == b.pid =>
+                    {
+                        fds.push(b.fd)
+                    }
+                    (_, fd::BoundKind::Terminal) => rebound.push(Rebound::Terminal {
+                        pid: b.pid,
+                        fds: vec![b.fd],
+                    }),
+                    (_, fd::BoundKind::StdioPipe) => rebound.push(Rebound::StdioPipe {
+                        pid: b.pid,
+                        fds: vec![b.fd],
+                    }),
                 }
             }
             Ok(Stopped {

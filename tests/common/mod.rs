@@ -1064,3 +1064,51 @@ pub fn read_ticks(r: &mut File, wait: Duration) -> Vec<u64> {
         .filter_map(|l| l.strip_prefix("tick ")?.parse().ok())
         .collect()
 }
+
+/// A launcher's pipe for a ticker victim's stdout: (read end, non-blocking,
+/// for [`read_ticks`]; write end, to hand to the victim or to restore).
+pub fn launcher_pipe() -> (File, std::os::fd::OwnedFd) {
+    let (r, w) = nix::unistd::pipe().expect("pipe");
+    nix::fcntl::fcntl(
+        &r,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    )
+    .expect("O_NONBLOCK");
+    (File::from(r), w)
+}
+
+/// After a restore under a new launcher reading `r`: the ticker's lines
+/// carry on from `last`, and after go the victim passes.
+pub fn assert_ticks_carry_on(r: &mut File, last: u64, v: &Victim) {
+    let after = read_ticks(r, Duration::from_millis(500));
+    assert!(!after.is_empty(), "no ticks in the new launcher's pipe");
+    assert_eq!(
+        after[0],
+        last + 1,
+        "ticks should carry on from {last}: {after:?}"
+    );
+    v.go();
+    assert_eq!(
+        v.wait_result(Duration::from_secs(10)),
+        "PASS",
+        "{}",
+        v.diag()
+    );
+}
+
+/// The outside_pipe victim: its stdin is a pipe whose write end (returned,
+/// keep it open) stays with the test, outside the tree; the victim moves
+/// it to fd 10, where the stdio rule does not cover it.
+pub fn spawn_with_outside_pipe(env: &TestEnv) -> (Victim, std::os::fd::OwnedFd) {
+    let (r, w) = nix::unistd::pipe().expect("pipe");
+    let mut v = Victim::spawn_with(
+        env,
+        "outside_pipe",
+        &[],
+        Stdio::from(r),
+        Stdio::null(),
+        Stdio::null(),
+    );
+    v.wait_ready();
+    (v, w)
+}

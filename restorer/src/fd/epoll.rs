@@ -27,6 +27,7 @@ const EVENT_SLOT: u64 = 0;
 
 impl FileRestorer for Epoll {
     type Image = EpollFile;
+    const AFTER_OTHERS: bool = true;
 
     fn open(
         &self,

@@ -211,25 +211,19 @@ fn refill(
     Ok(())
 }
 
-/// Says why the reopen failed in terms of what probably happened.
+/// Says why the reopen failed in terms of what probably happened: a FIFO
+/// that is gone gets the recipe to recreate it, as ckpt never does.
 fn open_failure(e: ParasiteError, image: &FifoFile, fs_uid: Option<u32>) -> String {
-    let ParasiteError::RemoteOpen { errno, .. } = &e else {
-        return format!("cannot reopen the FIFO: {e}");
-    };
-    match *errno {
-        Errno::ENOENT => format!(
+    match &e {
+        ParasiteError::RemoteOpen {
+            errno: Errno::ENOENT,
+            ..
+        } => format!(
             "the FIFO is gone since the dump; ckpt does not create it: recreate it (mkfifo, owner {}:{}, mode {:04o}) and restore again",
             image.uid,
             image.gid,
             image.mode & PERMISSION_BITS
         ),
-        Errno::ELOOP => "cannot reopen the FIFO: the path is now a symbolic link".into(),
-        Errno::EACCES | Errno::EPERM => match fs_uid {
-            Some(uid) => format!(
-                "cannot reopen the FIFO with the process's own credentials (uid {uid}): permission denied"
-            ),
-            None => "cannot reopen the FIFO: permission denied".into(),
-        },
-        other => format!("cannot reopen the FIFO: {other}"),
+        _ => super::reg::reopen_failure(e, " the FIFO", fs_uid),
     }
 }

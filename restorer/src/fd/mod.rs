@@ -40,6 +40,10 @@ pub trait FileRestorer {
     /// Every fd of this kind is reconnected by its own rule instead of
     /// sharing the dumped description (terminals).
     const PER_FD: bool = false;
+    /// Its files refer to other open files of the process, which must be
+    /// installed first (an epoll adds its targets by fd): installed in the
+    /// last pass.
+    const AFTER_OTHERS: bool = false;
     /// Opens the description inside the process behind `r` and returns
     /// the fd it got there (any number; the caller moves it to `fd`).
     fn open(
@@ -53,30 +57,37 @@ pub trait FileRestorer {
 }
 
 /// Installs `fd` of the process behind `r`: the registry of file kinds.
-fn install_file(cx: &mut Context<'_>, r: &Remote<'_>, file: &File, fd: &Fd) -> Result<()> {
+fn install_file(
+    cx: &mut Context<'_>,
+    r: &Remote<'_>,
+    file: &File,
+    fd: &Fd,
+    pass: Pass,
+) -> Result<()> {
     match &file.kind {
-        Some(Kind::Reg(image)) => install(&reg::Reg, cx, r, file, image, fd),
-        Some(Kind::Dev(image)) => install(&dev::Dev, cx, r, file, image, fd),
-        Some(Kind::Tty(image)) => install(&tty::Tty, cx, r, file, image, fd),
+        Some(Kind::Reg(image)) => install(&reg::Reg, cx, r, file, image, fd, pass),
+        Some(Kind::Dev(image)) => install(&dev::Dev, cx, r, file, image, fd, pass),
+        Some(Kind::Tty(image)) => install(&tty::Tty, cx, r, file, image, fd, pass),
         Some(Kind::Pipe(image)) if image.outside => {
-            install(&pipe::StdioPipe, cx, r, file, image, fd)
+            install(&pipe::StdioPipe, cx, r, file, image, fd, pass)
         }
-        Some(Kind::Pipe(image)) => install(&pipe::Pipe, cx, r, file, image, fd),
-        Some(Kind::Eventfd(image)) => install(&eventfd::Eventfd, cx, r, file, image, fd),
-        Some(Kind::External(image)) => install(&external::External, cx, r, file, image, fd),
-        Some(Kind::Timerfd(image)) => install(&timerfd::Timerfd, cx, r, file, image, fd),
-        Some(Kind::Signalfd(image)) => install(&signalfd::Signalfd, cx, r, file, image, fd),
-        Some(Kind::Fifo(image)) => install(&fifo::Fifo, cx, r, file, image, fd),
-        Some(Kind::Epoll(image)) => install(&epoll::Epoll, cx, r, file, image, fd),
+        Some(Kind::Pipe(image)) => install(&pipe::Pipe, cx, r, file, image, fd, pass),
+        Some(Kind::Eventfd(image)) => install(&eventfd::Eventfd, cx, r, file, image, fd, pass),
+        Some(Kind::External(image)) => install(&external::External, cx, r, file, image, fd, pass),
+        Some(Kind::Timerfd(image)) => install(&timerfd::Timerfd, cx, r, file, image, fd, pass),
+        Some(Kind::Signalfd(image)) => install(&signalfd::Signalfd, cx, r, file, image, fd, pass),
+        Some(Kind::Fifo(image)) => install(&fifo::Fifo, cx, r, file, image, fd, pass),
+        Some(Kind::Epoll(image)) => install(&epoll::Epoll, cx, r, file, image, fd, pass),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
 }
 
-/// Kinds restored after every other fd of their process, because they
-/// refer to other open files that must be installed first (an epoll adds
-/// its targets by fd).
-fn after_others(file: &File) -> bool {
-    matches!(file.kind, Some(Kind::Epoll(_)))
+/// The passes over a process's fd table: kinds whose files refer to other
+/// files ([`FileRestorer::AFTER_OTHERS`]) go last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    First,
+    Last,
 }
 
 /// What the user running the restore allows to reach the restored
@@ -170,10 +181,30 @@ pub struct Context<'a> {
     fs_uid: Option<u32>,
     policy: &'a FilePolicy,
     checks: identity::FileChecks,
-    /// Terminal fds that kept the restorer's fd of their number, per pid.
-    terminals: Vec<(i32, i32)>,
-    /// Stdio pipes to outside that got the restorer's fd of their number.
-    stdio_pipes: Vec<(i32, i32)>,
+    /// Fds given the restorer's fd of their number by the terminal rule,
+    /// tree order.
+    bound: Vec<Bound>,
+}
+
+/// Why an fd was given the restorer's own fd of its number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BoundKind {
+    /// It was a terminal.
+    Terminal,
+    /// It was a stdio pipe to a launcher outside the tree.
+    StdioPipe,
+}
+
+/// An fd of a restored process that is now the restorer's fd of the same
+/// number (the terminal rule).
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    /// The process.
+    pub pid: i32,
+    /// The fd number.
+    pub fd: i32,
+    /// What it was at dump time.
+    pub kind: BoundKind,
 }
 
 impl<'a> Context<'a> {
@@ -190,31 +221,36 @@ impl<'a> Context<'a> {
             fs_uid: None,
             policy,
             checks: identity::FileChecks::new(&images.manifest().hostname),
-            terminals: Vec::new(),
-            stdio_pipes: Vec::new(),
+            bound: Vec::new(),
         }
     }
 
-    /// Notes that terminal fd `fd` of the current process is now the
-    /// restorer's own fd of that number, so the caller can say so.
-    pub fn note_terminal_inherited(&mut self, fd: i32) {
-        self.terminals.push((self.pid, fd));
+    /// The terminal rule, for fds whose dumped object belonged to the old
+    /// launcher (a terminal, a stdio pipe): fd `fd` of the current process
+    /// becomes the restorer's own fd of that number when the process
+    /// inherited it and the user allows it ([`Context::may_inherit`]), else
+    /// `/dev/null` opened with the dumped flags. Returns the fd it got.
+    pub fn bind_to_restorer(
+        &mut self,
+        r: &Remote<'_>,
+        file: &File,
+        fd: i32,
+        kind: BoundKind,
+    ) -> Result<i32> {
+        if self.may_inherit(fd) {
+            self.bound.push(Bound {
+                pid: self.pid,
+                fd,
+                kind,
+            });
+            return Ok(fd);
+        }
+        Ok(r.open("/dev/null", reopen_flags(file), 0)?)
     }
 
-    /// Notes that fd `fd` of the current process, a pipe to outside the
-    /// tree, is now the restorer's own fd of that number.
-    pub fn note_stdio_pipe_inherited(&mut self, fd: i32) {
-        self.stdio_pipes.push((self.pid, fd));
-    }
-
-    /// Every stdio pipe fd that got the restorer's fd: (pid, fd), tree order.
-    pub fn stdio_pipes_inherited(&self) -> &[(i32, i32)] {
-        &self.stdio_pipes
-    }
-
-    /// Every terminal fd that got the restorer's fd: (pid, fd), tree order.
-    pub fn terminals_inherited(&self) -> &[(i32, i32)] {
-        &self.terminals
+    /// Every fd given the restorer's fd of its number, tree order.
+    pub fn bound(&self) -> &[Bound] {
+        &self.bound
     }
 
     /// The checks files are put through (also used for mapped files).
@@ -341,15 +377,13 @@ pub fn restore(
     let identity = creds::FsIdentity::of(creds);
     cx.fs_uid = identity.as_ref().map(creds::FsIdentity::uid);
     let previous = identity.as_ref().map(|i| i.assume(r)).transpose()?;
-    for last in [false, true] {
+    for pass in [Pass::First, Pass::Last] {
         for fd in &table.fds {
             let file = cx
                 .files
                 .get(fd.file_id)
                 .ok_or_else(|| cx.invalid(fd.fd, "no such file"))?;
-            if after_others(file) == last {
-                install_file(cx, r, file, fd)?;
-            }
+            install_file(cx, r, file, fd, pass)?;
         }
     }
     if let Some(p) = previous {
@@ -373,7 +407,16 @@ fn install<K: FileRestorer>(
     file: &File,
     image: &K::Image,
     fd: &Fd,
+    pass: Pass,
 ) -> Result<()> {
+    let wanted = if K::AFTER_OTHERS {
+        Pass::Last
+    } else {
+        Pass::First
+    };
+    if pass != wanted {
+        return Ok(());
+    }
     let earlier = if K::PER_FD {
         None
     } else {

@@ -14,7 +14,7 @@ use ckpt_image::fd::File;
 use ckpt_image::fd::pipe::PipeFile;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 
-use super::{Context, FileRestorer, reopen_flags, set_status_flags, take_from};
+use super::{BoundKind, Context, FileRestorer, set_status_flags, take_from};
 use crate::error::{RestoreError, Result};
 use ckpt_parasite::remote::Remote;
 
@@ -78,11 +78,7 @@ impl FileRestorer for StdioPipe {
         _image: &PipeFile,
         fd: i32,
     ) -> Result<i32> {
-        if cx.may_inherit(fd) {
-            cx.note_stdio_pipe_inherited(fd);
-            return Ok(fd);
-        }
-        Ok(r.open("/dev/null", reopen_flags(file), 0)?)
+        cx.bind_to_restorer(r, file, fd, BoundKind::StdioPipe)
     }
 }
 

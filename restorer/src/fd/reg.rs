@@ -74,7 +74,7 @@ fn reopen(
     }
     let got = r
         .open(&image.path, flags, 0)
-        .map_err(|e| changed(open_failure(e, cx.fs_uid())))?;
+        .map_err(|e| changed(reopen_failure(e, "", cx.fs_uid())))?;
     let contents = if image.is_dir() || cx.may_change(&image.path) {
         Contents::Any
     } else {
@@ -102,21 +102,22 @@ fn reopen(
     Ok(got)
 }
 
-/// Says why a reopen failed in terms of what probably happened.
-fn open_failure(e: ParasiteError, fs_uid: Option<u32>) -> String {
+/// Says why a reopen of `object` (e.g. "" or " the FIFO", as it reads
+/// after "cannot reopen") failed, in terms of what probably happened.
+pub(super) fn reopen_failure(e: ParasiteError, object: &str, fs_uid: Option<u32>) -> String {
     let ParasiteError::RemoteOpen { errno, .. } = &e else {
-        return format!("cannot reopen: {e}");
+        return format!("cannot reopen{object}: {e}");
     };
     match *errno {
-        Errno::ELOOP => "cannot reopen: the path is now a symbolic link".into(),
-        Errno::ENOENT => "cannot reopen: gone since the dump".into(),
+        Errno::ELOOP => format!("cannot reopen{object}: the path is now a symbolic link"),
+        Errno::ENOENT => format!("cannot reopen{object}: gone since the dump"),
         Errno::EACCES | Errno::EPERM => match fs_uid {
             Some(uid) => format!(
-                "cannot reopen with the process's own credentials (uid {uid}): permission denied"
+                "cannot reopen{object} with the process's own credentials (uid {uid}): permission denied"
             ),
-            None => "cannot reopen: permission denied".into(),
+            None => format!("cannot reopen{object}: permission denied"),
         },
-        other => format!("cannot reopen: {other}"),
+        other => format!("cannot reopen{object}: {other}"),
     }
 }
 

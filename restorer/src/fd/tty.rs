@@ -10,7 +10,7 @@
 use ckpt_image::fd::File;
 use ckpt_image::fd::tty::TtyFile;
 
-use super::{Context, FileRestorer, reopen_flags};
+use super::{BoundKind, Context, FileRestorer};
 use crate::error::Result;
 use ckpt_parasite::remote::Remote;
 
@@ -29,10 +29,6 @@ impl FileRestorer for Tty {
         _image: &TtyFile,
         fd: i32,
     ) -> Result<i32> {
-        if cx.may_inherit(fd) {
-            cx.note_terminal_inherited(fd);
-            return Ok(fd);
-        }
-        Ok(r.open("/dev/null", reopen_flags(file), 0)?)
+        cx.bind_to_restorer(r, file, fd, BoundKind::Terminal)
     }
 }
