@@ -24,6 +24,7 @@ pub mod error;
 
 pub mod fd;
 pub mod features;
+mod inherit;
 pub mod mm;
 pub mod pages;
 mod procfile;
@@ -456,6 +457,24 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<(DumpReport,
                 .collect::<Vec<_>>(),
         ))?
         .unwrap_or_default();
+    let mut relaid = relaid;
+    let (changed, shared) = inherit::share_with_parents(
+        &mut procs
+            .iter_mut()
+            .map(|c| inherit::ProcessVmas {
+                pid: c.pid,
+                ppid: c.ppid,
+                vmas: &mut c.vmas,
+            })
+            .collect::<Vec<_>>(),
+    )?;
+    relaid.extend(changed);
+    if shared.bytes > 0 {
+        log::info!(
+            "collect: {} bytes of private memory still shared with a parent since fork, saved once",
+            shared.bytes
+        );
+    }
     for c in procs.iter_mut().filter(|c| relaid.contains(&c.pid)) {
         c.pages_bytes = mm::reassign_offsets(&mut c.vmas);
     }
