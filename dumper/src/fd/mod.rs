@@ -13,6 +13,7 @@ mod external;
 mod fifo;
 mod lock;
 mod pipe;
+mod pty;
 mod reg;
 mod signalfd;
 mod timerfd;
@@ -43,6 +44,7 @@ static KINDS: &[&dyn FileDumper] = &[
     &signalfd::Signalfd,
     &fifo::Fifo,
     &epoll::Epoll,
+    &pty::Pty,
 ];
 
 /// What ckpt refuses by name (an fd of these fails the dump, naming pid and

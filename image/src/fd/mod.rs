@@ -24,6 +24,7 @@ pub mod eventfd;
 pub mod external;
 pub mod fifo;
 pub mod pipe;
+pub mod pty;
 pub mod reg;
 pub mod signalfd;
 pub mod timerfd;
@@ -45,6 +46,7 @@ impl File {
             Some(file::Kind::Signalfd(_)) => "signalfd",
             Some(file::Kind::Fifo(_)) => "fifo",
             Some(file::Kind::Epoll(_)) => "epoll",
+            Some(file::Kind::Pty(_)) => "pty",
             None => "unknown",
         }
     }

@@ -16,6 +16,7 @@ mod external;
 mod fifo;
 pub mod identity;
 mod pipe;
+mod pty;
 mod reg;
 mod signalfd;
 mod timerfd;
@@ -78,6 +79,7 @@ fn install_file(
         Some(Kind::Signalfd(image)) => install(&signalfd::Signalfd, cx, r, file, image, fd, pass),
         Some(Kind::Fifo(image)) => install(&fifo::Fifo, cx, r, file, image, fd, pass),
         Some(Kind::Epoll(image)) => install(&epoll::Epoll, cx, r, file, image, fd, pass),
+        Some(Kind::Pty(image)) => install(&pty::Pty, cx, r, file, image, fd, pass),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
 }
