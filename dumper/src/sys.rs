@@ -247,3 +247,212 @@ pub fn fork_sleeper() -> nix::Result<nix::unistd::Pid> {
         ForkResult::Parent { child } => Ok(child),
     }
 }
+
+/// `pidfd_open(pid)` + `pidfd_getfd(fd)`: ckpt's own copy of fd `fd` of
+/// `pid` (the same open file description, so a socket's options and
+/// repair mode are the process's).
+pub fn take_fd(pid: i32, fd: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: integer arguments only.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if pidfd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: integer arguments only.
+    let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) };
+    let err = std::io::Error::last_os_error();
+    close(pidfd);
+    if got < 0 {
+        return Err(err);
+    }
+    // SAFETY: pidfd_getfd returned a new fd that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(got as i32) })
+}
+
+/// `getsockopt` of a plain-old-data value `T` (an int, `struct tcp_info`).
+/// Returns the value and how many bytes the kernel filled (older kernels
+/// fill less of a growing struct).
+pub fn getsockopt_raw<T: Copy + Default>(
+    fd: std::os::fd::BorrowedFd<'_>,
+    level: i32,
+    opt: i32,
+) -> std::io::Result<(T, usize)> {
+    use std::os::fd::AsRawFd;
+    let mut v = T::default();
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into the live local `v`,
+    // whose type is plain old data (every bit pattern valid).
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            opt,
+            (&raw mut v).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((v, len as usize))
+}
+
+/// `getsockopt` of an int option.
+pub fn getsockopt_int(fd: std::os::fd::BorrowedFd<'_>, level: i32, opt: i32) -> std::io::Result<i32> {
+    getsockopt_raw::<libc::c_int>(fd, level, opt).map(|(v, _)| v)
+}
+
+/// `setsockopt` of an int option.
+pub fn setsockopt_int(
+    fd: std::os::fd::BorrowedFd<'_>,
+    level: i32,
+    opt: i32,
+    val: i32,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the kernel reads one int from the live local `val`.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            opt,
+            (&raw const val).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// An `ioctl` returning an int through its argument (SIOCINQ, SIOCOUTQ).
+pub fn ioctl_int(fd: std::os::fd::BorrowedFd<'_>, req: libc::c_ulong) -> std::io::Result<i32> {
+    use std::os::fd::AsRawFd;
+    let mut v: libc::c_int = 0;
+    // SAFETY: these requests write one int into the live local `v`.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), req, &mut v) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(v)
+    }
+}
+
+/// `recv(MSG_PEEK | MSG_DONTWAIT)` of up to `len` bytes: copies a queue
+/// without consuming it.
+pub fn recv_peek(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> std::io::Result<Vec<u8>> {
+    use std::os::fd::AsRawFd;
+    let mut buf = vec![0u8; len];
+    // SAFETY: the kernel writes at most `len` bytes into `buf`, which holds
+    // `len` bytes.
+    let r = unsafe {
+        libc::recv(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            len,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(r as usize);
+    Ok(buf)
+}
+
+/// Which end of a socket [`sock_addr`] asks for.
+#[derive(Clone, Copy)]
+pub enum SockEnd {
+    /// `getsockname`.
+    Local,
+    /// `getpeername`.
+    Peer,
+}
+
+/// `getsockname` / `getpeername` of an inet socket; `None` when not
+/// connected (ENOTCONN) or for a non-inet address.
+pub fn sock_addr(
+    fd: std::os::fd::BorrowedFd<'_>,
+    end: SockEnd,
+) -> std::io::Result<Option<std::net::SocketAddr>> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: sockaddr_storage is plain old data.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let p = (&raw mut ss).cast::<libc::sockaddr>();
+    // SAFETY: the kernel writes at most `len` bytes into the live local `ss`.
+    let r = unsafe {
+        match end {
+            SockEnd::Local => libc::getsockname(fd.as_raw_fd(), p, &mut len),
+            SockEnd::Peer => libc::getpeername(fd.as_raw_fd(), p, &mut len),
+        }
+    };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::ENOTCONN) {
+            Ok(None)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(match i32::from(ss.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let a = unsafe { *(&raw const ss).cast::<libc::sockaddr_in>() };
+            Some(std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
+                std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                u16::from_be(a.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let a = unsafe { *(&raw const ss).cast::<libc::sockaddr_in6>() };
+            Some(std::net::SocketAddr::V6(std::net::SocketAddrV6::new(
+                std::net::Ipv6Addr::from(a.sin6_addr.s6_addr),
+                u16::from_be(a.sin6_port),
+                0,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    })
+}
+
+/// The start of the kernel's `struct tcp_info` (uapi linux/tcp.h), up to
+/// the fields ckpt reads.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct TcpInfo {
+    /// `TCP_ESTABLISHED`, `TCP_LISTEN`, ...
+    pub state: u8,
+    pub ca_state: u8,
+    pub retransmits: u8,
+    pub probes: u8,
+    pub backoff: u8,
+    /// `TCPI_OPT_*` bits.
+    pub options: u8,
+    /// Send window scale in the low nibble, receive in the high one.
+    pub wscale: u8,
+    pub flags: u8,
+    pub rto: u32,
+    pub ato: u32,
+    pub snd_mss: u32,
+    pub rcv_mss: u32,
+    /// Listening sockets: connections waiting in the accept queue.
+    pub unacked: u32,
+    /// Listening sockets: the backlog.
+    pub sacked: u32,
+}
+
+/// The kernel's `struct tcp_repair_window`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct TcpRepairWindow {
+    pub snd_wl1: u32,
+    pub snd_wnd: u32,
+    pub max_window: u32,
+    pub rcv_wnd: u32,
+    pub rcv_wup: u32,
+}
