@@ -420,6 +420,9 @@ struct Repaired {
     pid: i32,
     fd: i32,
     sock: OwnedFd,
+    /// SO_REUSEADDR before repair mode, which overrides it (and switching
+    /// repair off clears it).
+    reuseaddr: bool,
 }
 
 /// Established TCP connections of a frozen tree held in repair mode. Dropping
@@ -497,6 +500,13 @@ impl TcpRepair {
                 );
                 continue;
             }
+            let reuseaddr = flag(f.sock.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR).map_err(
+                |e| DumpError::Proc {
+                    pid: f.pid,
+                    path: format!("fd {}: SO_REUSEADDR", f.fd).into(),
+                    source: e,
+                },
+            )?;
             // On error `repair` drops and switches off what it holds.
             sys::setsockopt_int(f.sock.as_fd(), libc::IPPROTO_TCP, libc::TCP_REPAIR, TCP_REPAIR_ON)
                 .map_err(|e| DumpError::Proc {
@@ -516,6 +526,7 @@ impl TcpRepair {
                 pid: f.pid,
                 fd: f.fd,
                 sock: f.sock,
+                reuseaddr,
             });
         }
         if !repair.socks.is_empty() {
@@ -527,12 +538,12 @@ impl TcpRepair {
     /// Switches repair mode off again (the tree goes on).
     pub fn release(&mut self) {
         for r in self.socks.drain(..) {
-            if let Err(e) = sys::setsockopt_int(
-                r.sock.as_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_REPAIR,
-                TCP_REPAIR_OFF_NO_WP,
-            ) {
+            let s = r.sock.as_fd();
+            let off = sys::setsockopt_int(s, libc::IPPROTO_TCP, libc::TCP_REPAIR, TCP_REPAIR_OFF_NO_WP)
+                .and_then(|()| {
+                    sys::setsockopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR, i32::from(r.reuseaddr))
+                });
+            if let Err(e) = off {
                 log::warn!("pid {} fd {}: cannot switch TCP repair mode off: {e}", r.pid, r.fd);
             }
         }

@@ -77,7 +77,34 @@ struct Held {
     fd: i32,
     sock: OwnedFd,
     reuseaddr: bool,
+    /// SO_SNDBUF as dumped.
+    sndbuf: u32,
     unsent: Vec<u8>,
+}
+
+/// Per byte put back into a queue, room for the kernel's per-buffer
+/// overhead: a rebuilt queue is cut into other buffers than the original
+/// (no larger segments than the restored MSS allows), so while it is
+/// refilled its socket buffer is made this much larger than the data, and
+/// set back to the dumped size afterwards (which only stops new data
+/// until the queue drains, as it would have).
+const REFILL_OVERHEAD: u32 = 8;
+/// Room for a refill besides the bytes themselves.
+const REFILL_SLACK: u32 = 1 << 20;
+
+/// Sets SO_SNDBUFFORCE or SO_RCVBUFFORCE so that what getsockopt reports
+/// is `reported` (the kernel doubles the value set).
+fn force_buffer(sock: BorrowedFd<'_>, opt: i32, reported: u32) -> std::io::Result<()> {
+    sys::setsockopt_int(sock, libc::SOL_SOCKET, opt, i32::try_from(reported / 2).unwrap_or(i32::MAX))
+}
+
+/// A buffer size with room to refill `bytes`.
+fn refill_room(dumped: u32, bytes: usize) -> u32 {
+    let need = u32::try_from(bytes)
+        .unwrap_or(u32::MAX)
+        .saturating_mul(REFILL_OVERHEAD)
+        .saturating_add(REFILL_SLACK);
+    dumped.max(need)
 }
 
 /// Connections waiting for their other end, by file id.
@@ -117,7 +144,7 @@ impl FileRestorer for Inet {
             let what = what.to_string();
             move |e: std::io::Error| RestoreError::os(pid, format!("fd {fd}: {what}"), e)
         };
-        let options = image.options.clone().unwrap_or_default();
+        let options = plan.options.clone();
         set_options(sock, &plan, &options).map_err(os("setsockopt"))?;
         match (&plan.tcp, plan.state) {
             (Some(conn), _) => {
@@ -127,6 +154,7 @@ impl FileRestorer for Inet {
                     fd,
                     sock: copy,
                     reuseaddr: options.reuseaddr,
+                    sndbuf: options.sndbuf,
                     unsent: plan.unsent,
                 };
                 finish_or_wait(cx, held, file.id, conn.peer_file_id)?;
@@ -161,6 +189,8 @@ struct Plan {
     local: Option<SocketAddr>,
     peer: Option<SocketAddr>,
     tcp: Option<TcpConnection>,
+    /// Socket options as dumped.
+    options: InetOptions,
     /// An established connection's queues: what was sent and not
     /// acknowledged, what was never sent, what was received and not read.
     sent: Vec<u8>,
@@ -203,6 +233,7 @@ impl Plan {
             local,
             peer,
             tcp: None,
+            options: image.options.clone().unwrap_or_default(),
             sent: Vec::new(),
             unsent: Vec::new(),
             received: Vec::new(),
@@ -326,7 +357,7 @@ fn set_options(sock: BorrowedFd<'_>, plan: &Plan, o: &InetOptions) -> std::io::R
     // had, no more).
     for (opt, val) in [(libc::SO_SNDBUFFORCE, o.sndbuf), (libc::SO_RCVBUFFORCE, o.rcvbuf)] {
         if val > 0 {
-            sys::setsockopt_int(sock, sol, opt, i32::try_from(val / 2).unwrap_or(i32::MAX))?;
+            force_buffer(sock, opt, val)?;
         }
     }
     if plan.family == InetFamily::Ipv6 {
@@ -419,6 +450,11 @@ fn restore_connection(
         sys::setsockopt_int(sock, tcp, libc::TCP_TIMESTAMP, conn.timestamp as i32)
             .map_err(os("TCP_TIMESTAMP"))?;
     }
+    let options = plan.options.clone();
+    force_buffer(sock, libc::SO_SNDBUFFORCE, refill_room(options.sndbuf, plan.sent.len()))
+        .map_err(os("SO_SNDBUFFORCE"))?;
+    force_buffer(sock, libc::SO_RCVBUFFORCE, refill_room(options.rcvbuf, plan.received.len()))
+        .map_err(os("SO_RCVBUFFORCE"))?;
     // Sent but not acknowledged: queued as sent (repair mode transmits
     // nothing; the retransmission timer resends it if the peer lacks it).
     sys::setsockopt_int(sock, tcp, libc::TCP_REPAIR_QUEUE, TCP_SEND_QUEUE)
@@ -436,6 +472,9 @@ fn restore_connection(
     };
     sys::setsockopt_raw(sock, tcp, libc::TCP_REPAIR_WINDOW, &[window])
         .map_err(os("TCP_REPAIR_WINDOW"))?;
+    // The receive buffer goes back to its size now; the send buffer once
+    // the bytes never sent are queued too.
+    force_buffer(sock, libc::SO_RCVBUFFORCE, options.rcvbuf.max(1)).map_err(os("SO_RCVBUFFORCE"))?;
     log::debug!(
         "pid {pid} fd {fd}: TCP {local} -> {peer} rebuilt (open file {file_id}): {} bytes sent, {} unsent, {} received",
         plan.sent.len(),
@@ -449,13 +488,10 @@ fn restore_connection(
 /// rebuilt (or at once for a peer outside).
 fn finish_or_wait(cx: &mut Context<'_>, held: Held, file_id: u64, peer_file_id: u64) -> Result<()> {
     if peer_file_id == 0 {
-        return finish(held);
+        return finish(&[held]);
     }
     match cx.state::<Waiting>().0.remove(&peer_file_id) {
-        Some(other) => {
-            finish(other)?;
-            finish(held)
-        }
+        Some(other) => finish(&[other, held]),
         None => {
             cx.state::<Waiting>().0.insert(file_id, held);
             Ok(())
@@ -463,25 +499,30 @@ fn finish_or_wait(cx: &mut Context<'_>, held: Held, file_id: u64, peer_file_id: 
     }
 }
 
-/// Repair off (with a window probe, so the peer learns our window), the
-/// process's address reuse back (repair mode overrides it), then the bytes
-/// that had never been sent go out like any write.
-fn finish(held: Held) -> Result<()> {
-    let Held {
-        pid,
-        fd,
-        sock,
-        reuseaddr,
-        unsent,
-    } = held;
-    let os = |what: &'static str| {
+/// Repair off on every end first (with a window probe, so the peer learns
+/// our window), the process's address reuse back (repair mode overrides
+/// it); then the bytes that had never been sent go out like any write.
+fn finish(ends: &[Held]) -> Result<()> {
+    let os = |h: &Held, what: &str| {
+        let (pid, fd, what) = (h.pid, h.fd, what.to_string());
         move |e: std::io::Error| RestoreError::os(pid, format!("fd {fd}: TCP repair: {what}"), e)
     };
-    let s = sock.as_fd();
-    sys::setsockopt_int(s, libc::IPPROTO_TCP, libc::TCP_REPAIR, TCP_REPAIR_OFF)
-        .map_err(os("TCP_REPAIR off"))?;
-    sys::setsockopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR, i32::from(reuseaddr))
-        .map_err(os("SO_REUSEADDR"))?;
-    sys::send_all(s, &unsent).map_err(os("send unsent bytes"))?;
+    for h in ends {
+        let s = h.sock.as_fd();
+        sys::setsockopt_int(s, libc::IPPROTO_TCP, libc::TCP_REPAIR, TCP_REPAIR_OFF)
+            .map_err(os(h, "TCP_REPAIR off"))?;
+        sys::setsockopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR, i32::from(h.reuseaddr))
+            .map_err(os(h, "SO_REUSEADDR"))?;
+    }
+    for h in ends {
+        let s = h.sock.as_fd();
+        force_buffer(s, libc::SO_SNDBUFFORCE, refill_room(h.sndbuf, h.unsent.len()))
+            .map_err(os(h, "SO_SNDBUFFORCE"))?;
+        sys::send_all(s, &h.unsent).map_err(os(
+            h,
+            &format!("send the {} bytes never sent", h.unsent.len()),
+        ))?;
+        force_buffer(s, libc::SO_SNDBUFFORCE, h.sndbuf.max(1)).map_err(os(h, "SO_SNDBUFFORCE"))?;
+    }
     Ok(())
 }
