@@ -261,7 +261,10 @@ fn connection_to_outside_needs_tcp_established_and_then_goes_on() {
         "{objects:?}"
     );
 
-    let restore = spawn_restore(&env, &[]);
+    // Nothing may reach the victim's port before its socket is back (no
+    // network lock: the kernel would answer with a reset).
+    let mut restore = spawn_restore(&env, &[]);
+    wait_restored_and_running(&v, &mut restore);
     v.go();
     // The test's end never saw a FIN or RST: the stream just goes on.
     end.pump();
