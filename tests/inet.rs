@@ -270,3 +270,46 @@ fn connection_to_outside_needs_tcp_established_and_then_goes_on() {
     end.pump();
     finish_restore(&v, restore);
 }
+
+#[test]
+fn privileged_port_is_not_given_back_without_cap_net_bind_service() {
+    let env = TestEnv::new("inet-privport");
+    let mut v = Victim::spawn(&env, "inet", &["privport"]);
+    v.wait_ready();
+    let port = read_to_string_lossy(&v.path("port"));
+    dump(&env, &v, &["--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+    // The restorer binds as root; the process could not have.
+    let out = spawn_restore(&env, &[]).wait(Duration::from_secs(30));
+    let line = out.assert_error();
+    assert!(
+        line.contains(&format!("pid {}", v.pid))
+            && line.contains(&format!("127.0.0.1:{port}"))
+            && line.contains("CAP_NET_BIND_SERVICE"),
+        "{line}"
+    );
+    assert!(!pid_exists(v.pid), "nothing of the refused restore runs");
+}
+
+#[test]
+fn unaccepted_and_half_closed_connections_are_refused_by_name() {
+    let env = TestEnv::new("inet-refused");
+    let mut v = Victim::spawn(&env, "inet", &["refused"]);
+    v.wait_ready();
+    let out = dump_outcome(&env, &v, &[]);
+    out.assert_error();
+    for what in [
+        "with 1 connections not accepted yet",
+        "in state FIN_WAIT2",
+        "in state CLOSE_WAIT",
+    ] {
+        assert!(
+            out.stderr
+                .lines()
+                .any(|l| l.contains(&format!("pid {}", v.pid)) && l.contains(what)),
+            "no line for {what}:\n{}",
+            out.stderr
+        );
+    }
+    v.assert_unharmed_and_passes("after a refused dump");
+}

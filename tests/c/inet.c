@@ -11,6 +11,10 @@
  *                          listening sockets accept new connections.
  *   inet WORKDIR udp       bound and connected UDP pairs (v4, v6) with
  *                          their options; datagrams flow again after go.
+ *   inet WORKDIR refused   a connection not accepted yet and a half-closed
+ *                          one: refused by name, and they go on.
+ *   inet WORKDIR privport  (root) a UDP socket on a port below 1024, kept
+ *                          after dropping CAP_NET_BIND_SERVICE.
  *   inet WORKDIR outside PORT
  *                          one connection to 127.0.0.1:PORT, held by the
  *                          test itself, with the same stream both ways.
@@ -22,7 +26,9 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <linux/capability.h>
 
 /* Bytes each side sends on each connection in all. */
 #define TOTAL (1u << 20)
@@ -490,6 +496,74 @@ static void outside(const char *port)
 	victim_finish();
 }
 
+/* Binds a UDP socket to a free port below 1024 while root, then drops
+ * CAP_NET_BIND_SERVICE from the effective set: the process keeps the port
+ * but could not bind it again (a server that dropped privileges). */
+static void privport(void)
+{
+	struct __user_cap_header_struct h = { .version = _LINUX_CAPABILITY_VERSION_3 };
+	struct __user_cap_data_struct d[2];
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	int fd = socket(AF_INET, SOCK_DGRAM, 0), port;
+	char buf[16];
+
+	if (fd < 0)
+		die("socket");
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	for (port = 1023; port > 900; port--) {
+		a.sin_port = htons((uint16_t)port);
+		if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0)
+			break;
+	}
+	if (port == 900)
+		die("bind a low port");
+	if (syscall(SYS_capget, &h, d) != 0)
+		die("capget");
+	d[CAP_NET_BIND_SERVICE / 32].effective &= ~(1u << (CAP_NET_BIND_SERVICE % 32));
+	if (syscall(SYS_capset, &h, d) != 0)
+		die("capset");
+	snprintf(buf, sizeof(buf), "%d", port);
+	victim_write_file("port", buf);
+
+	victim_ready_and_wait(NULL);
+
+	struct sockaddr_storage want = { 0 };
+	memcpy(&want, &a, sizeof(a));
+	CHECK(same_addr(fd, &want, 0), "lost its port");
+	victim_finish();
+}
+
+/* What ckpt refuses by name: a listening socket with a connection not
+ * accepted yet, and a half-closed connection (FIN_WAIT2 on the side that
+ * shut down writing, CLOSE_WAIT on the other). All keep working. */
+static void refused(void)
+{
+	int l = listener(AF_INET);
+	int pending = connect_to(l, 0);
+	int l2 = listener(AF_INET);
+	int closer = connect_to(l2, 0);
+	int other = accept(l2, NULL, NULL);
+	char b = 0;
+
+	if (other < 0)
+		die("accept");
+	if (shutdown(closer, SHUT_WR) != 0)
+		die("shutdown");
+	/* Wait until the FIN arrived. */
+	if (recv(other, &b, 1, 0) != 0)
+		die("FIN");
+
+	victim_ready_and_wait(NULL);
+
+	int got = accept(l, NULL, NULL);
+	CHECK(got >= 0, "pending connection lost: %s", strerror(errno));
+	CHECK(send(pending, "p", 1, MSG_NOSIGNAL) == 1 && recv(got, &b, 1, 0) == 1 && b == 'p',
+	      "pending connection broken");
+	CHECK(send(other, "o", 1, MSG_NOSIGNAL) == 1 && recv(closer, &b, 1, 0) == 1 && b == 'o',
+	      "half-closed connection broken");
+	victim_finish();
+}
+
 int main(int argc, char **argv)
 {
 	victim_init(argc, argv);
@@ -499,6 +573,10 @@ int main(int argc, char **argv)
 		tcp();
 	else if (strcmp(mode, "udp") == 0)
 		udp();
+	else if (strcmp(mode, "refused") == 0)
+		refused();
+	else if (strcmp(mode, "privport") == 0)
+		privport();
 	else if (strcmp(mode, "outside") == 0 && argc > 3)
 		outside(argv[3]);
 	errno = EINVAL;
