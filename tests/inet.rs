@@ -45,7 +45,9 @@ impl OutsideEnd {
             return false;
         }
         let n = (TOTAL - self.sent).min(65536) as usize;
-        let buf: Vec<u8> = (0..n as u64).map(|i| stream_byte(0, self.sent + i)).collect();
+        let buf: Vec<u8> = (0..n as u64)
+            .map(|i| stream_byte(0, self.sent + i))
+            .collect();
         match self.s.write(&buf) {
             Ok(w) => {
                 self.sent += w as u64;
@@ -218,7 +220,11 @@ fn udp_sockets_survive_as_their_user_and_queued_datagrams_are_dropped() {
 fn connection_to_outside_needs_tcp_established_and_then_goes_on() {
     let env = TestEnv::new("inet-outside");
     let listener = outside_listener();
-    let port = listener.local_addr().expect("local_addr").port().to_string();
+    let port = listener
+        .local_addr()
+        .expect("local_addr")
+        .port()
+        .to_string();
     let mut v = Victim::spawn(&env, "inet", &["outside", &port]);
     let (stream, _) = listener.accept().expect("accept");
     stream.set_nonblocking(true).expect("nonblocking");
@@ -231,7 +237,9 @@ fn connection_to_outside_needs_tcp_established_and_then_goes_on() {
     // with bytes it cannot send would probe the window while the victim is
     // down, and be answered with a reset (ckpt has no network lock).
     let queued: Vec<u8> = (0..OUTSIDE_QUEUED).map(|i| stream_byte(0, i)).collect();
-    end.s.write_all(&queued).expect("queue bytes for the victim");
+    end.s
+        .write_all(&queued)
+        .expect("queue bytes for the victim");
     end.sent = OUTSIDE_QUEUED;
     v.wait_ready();
 
@@ -250,7 +258,11 @@ fn connection_to_outside_needs_tcp_established_and_then_goes_on() {
             && line.contains(&victim_addr),
         "the refusal names pid, fd and addresses: {line}"
     );
-    assert!(v.ping(Duration::from_secs(10)), "victim stopped: {}", v.diag());
+    assert!(
+        v.ping(Duration::from_secs(10)),
+        "victim stopped: {}",
+        v.diag()
+    );
     assert!(!env.img.exists(), "a refused dump leaves no checkpoint");
 
     dump(&env, &v, &["--tcp-established", "--kill"]);
@@ -299,7 +311,7 @@ fn unaccepted_and_half_closed_connections_are_refused_by_name() {
     let out = dump_outcome(&env, &v, &[]);
     out.assert_error();
     for what in [
-        "with 1 connections not accepted yet",
+        "with 1 connection(s) not accepted yet",
         "in state FIN_WAIT2",
         "in state CLOSE_WAIT",
     ] {

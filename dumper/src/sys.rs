@@ -282,15 +282,7 @@ pub fn getsockopt_raw<T: Copy + Default>(
     let mut len = std::mem::size_of::<T>() as libc::socklen_t;
     // SAFETY: the kernel writes at most `len` bytes into the live local `v`,
     // whose type is plain old data (every bit pattern valid).
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            level,
-            opt,
-            (&raw mut v).cast(),
-            &mut len,
-        )
-    };
+    let r = unsafe { libc::getsockopt(fd.as_raw_fd(), level, opt, (&raw mut v).cast(), &mut len) };
     if r < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -298,7 +290,11 @@ pub fn getsockopt_raw<T: Copy + Default>(
 }
 
 /// `getsockopt` of an int option.
-pub fn getsockopt_int(fd: std::os::fd::BorrowedFd<'_>, level: i32, opt: i32) -> std::io::Result<i32> {
+pub fn getsockopt_int(
+    fd: std::os::fd::BorrowedFd<'_>,
+    level: i32,
+    opt: i32,
+) -> std::io::Result<i32> {
     getsockopt_raw::<libc::c_int>(fd, level, opt).map(|(v, _)| v)
 }
 

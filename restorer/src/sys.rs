@@ -269,4 +269,3 @@ pub fn send_all(fd: std::os::fd::BorrowedFd<'_>, mut data: &[u8]) -> std::io::Re
     }
     Ok(())
 }
-

@@ -90,7 +90,9 @@ struct Identity {
 /// The family and transport of the socket behind `sock`; `Ok(None)` for a
 /// socket of another family, `Err` with a refusal for an inet socket ckpt
 /// cannot save (raw, SCTP, ...).
-fn identify(sock: BorrowedFd<'_>) -> std::io::Result<Option<std::result::Result<Identity, String>>> {
+fn identify(
+    sock: BorrowedFd<'_>,
+) -> std::io::Result<Option<std::result::Result<Identity, String>>> {
     let domain = sys::getsockopt_int(sock, libc::SOL_SOCKET, libc::SO_DOMAIN)?;
     let family = match domain {
         libc::AF_INET => InetFamily::Ipv4,
@@ -176,7 +178,10 @@ impl FileDumper for Inet {
             family: id.family as i32,
             protocol: id.protocol as i32,
             state: InetState::Closed as i32,
-            local: local.filter(|a| a.port() != 0).as_ref().map(InetAddr::from_socket_addr),
+            local: local
+                .filter(|a| a.port() != 0)
+                .as_ref()
+                .map(InetAddr::from_socket_addr),
             peer: peer.as_ref().map(InetAddr::from_socket_addr),
             options: Some(options),
             backlog: 0,
@@ -206,7 +211,7 @@ impl FileDumper for Inet {
                     tcp_state::LISTEN => {
                         if info.unacked > 0 {
                             return Err(p.unsupported(&format!(
-                                "listening TCP socket {} with {} connections not accepted yet",
+                                "listening TCP socket {} with {} connection(s) not accepted yet",
                                 name(&local),
                                 info.unacked
                             )));
@@ -245,10 +250,7 @@ impl FileDumper for Inet {
             .iter()
             .filter_map(|f| match &f.kind {
                 Some(Kind::Inet(i)) if i.tcp.is_some() => Some((
-                    (
-                        i.local.as_ref()?.to_string(),
-                        i.peer.as_ref()?.to_string(),
-                    ),
+                    (i.local.as_ref()?.to_string(), i.peer.as_ref()?.to_string()),
                     f.id,
                 )),
                 _ => None,
@@ -468,8 +470,15 @@ impl TcpRepair {
                 let Ok(sock) = sys::take_fd(pid, fd) else {
                     continue;
                 };
-                let tcp = matches!(identify(sock.as_fd()), Ok(Some(Ok(Identity { protocol: InetProtocol::Tcp, .. }))));
-                if !tcp || !tcp_info(sock.as_fd()).is_ok_and(|i| i.state == tcp_state::ESTABLISHED) {
+                let tcp = matches!(
+                    identify(sock.as_fd()),
+                    Ok(Some(Ok(Identity {
+                        protocol: InetProtocol::Tcp,
+                        ..
+                    })))
+                );
+                if !tcp || !tcp_info(sock.as_fd()).is_ok_and(|i| i.state == tcp_state::ESTABLISHED)
+                {
                     continue;
                 }
                 let addr = |end| sys::sock_addr(sock.as_fd(), end).ok().flatten();
@@ -500,27 +509,37 @@ impl TcpRepair {
                 );
                 continue;
             }
-            let reuseaddr = flag(f.sock.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR).map_err(
-                |e| DumpError::Proc {
-                    pid: f.pid,
-                    path: format!("fd {}: SO_REUSEADDR", f.fd).into(),
-                    source: e,
-                },
-            )?;
-            // On error `repair` drops and switches off what it holds.
-            sys::setsockopt_int(f.sock.as_fd(), libc::IPPROTO_TCP, libc::TCP_REPAIR, TCP_REPAIR_ON)
-                .map_err(|e| DumpError::Proc {
-                    pid: f.pid,
-                    path: format!("fd {}: TCP_REPAIR (needs CAP_NET_ADMIN)", f.fd).into(),
-                    source: e,
+            let reuseaddr =
+                flag(f.sock.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR).map_err(|e| {
+                    DumpError::Proc {
+                        pid: f.pid,
+                        path: format!("fd {}: SO_REUSEADDR", f.fd).into(),
+                        source: e,
+                    }
                 })?;
+            // On error `repair` drops and switches off what it holds.
+            sys::setsockopt_int(
+                f.sock.as_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_REPAIR,
+                TCP_REPAIR_ON,
+            )
+            .map_err(|e| DumpError::Proc {
+                pid: f.pid,
+                path: format!("fd {}: TCP_REPAIR (needs CAP_NET_ADMIN)", f.fd).into(),
+                source: e,
+            })?;
             log::debug!(
                 "pid {} fd {}: TCP {} -> {} in repair mode ({})",
                 f.pid,
                 f.fd,
                 f.local,
                 f.peer,
-                if inside { "peer in the tree" } else { "peer outside" }
+                if inside {
+                    "peer in the tree"
+                } else {
+                    "peer outside"
+                }
             );
             repair.socks.push(Repaired {
                 pid: f.pid,
@@ -530,7 +549,10 @@ impl TcpRepair {
             });
         }
         if !repair.socks.is_empty() {
-            log::info!("drain: {} TCP connections in repair mode", repair.socks.len());
+            log::info!(
+                "drain: {} TCP connections in repair mode",
+                repair.socks.len()
+            );
         }
         Ok(repair)
     }
@@ -539,12 +561,22 @@ impl TcpRepair {
     pub fn release(&mut self) {
         for r in self.socks.drain(..) {
             let s = r.sock.as_fd();
-            let off = sys::setsockopt_int(s, libc::IPPROTO_TCP, libc::TCP_REPAIR, TCP_REPAIR_OFF_NO_WP)
-                .and_then(|()| {
-                    sys::setsockopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR, i32::from(r.reuseaddr))
-                });
+            let off =
+                sys::setsockopt_int(s, libc::IPPROTO_TCP, libc::TCP_REPAIR, TCP_REPAIR_OFF_NO_WP)
+                    .and_then(|()| {
+                        sys::setsockopt_int(
+                            s,
+                            libc::SOL_SOCKET,
+                            libc::SO_REUSEADDR,
+                            i32::from(r.reuseaddr),
+                        )
+                    });
             if let Err(e) = off {
-                log::warn!("pid {} fd {}: cannot switch TCP repair mode off: {e}", r.pid, r.fd);
+                log::warn!(
+                    "pid {} fd {}: cannot switch TCP repair mode off: {e}",
+                    r.pid,
+                    r.fd
+                );
             }
         }
     }

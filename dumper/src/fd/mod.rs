@@ -50,7 +50,10 @@ static KINDS: &[&dyn FileDumper] = &[
 /// What ckpt refuses by name (an fd of these fails the dump, naming pid and
 /// fd): (name, why), for `ckpt check --kinds` and the README.
 pub static REFUSED: &[(&str, &str)] = &[
-    ("socket", "sockets of families other than IPv4/IPv6; raw, ping and UDP-Lite sockets"),
+    (
+        "socket",
+        "sockets of families other than IPv4/IPv6; raw, ping and UDP-Lite sockets",
+    ),
     (
         "TCP in other states",
         "half-closed or opening TCP connections (FIN_WAIT*, CLOSE_WAIT, SYN_SENT, ...), listening sockets with connections not accepted yet, connections to a peer outside the tree without --tcp-established",

@@ -5,7 +5,9 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
-pub use crate::pb::{InetAddr, InetFamily, InetFile, InetOptions, InetProtocol, InetState, TcpConnection};
+pub use crate::pb::{
+    InetAddr, InetFamily, InetFile, InetOptions, InetProtocol, InetState, TcpConnection,
+};
 
 /// The most bytes one queue of a connection may hold in an image: the
 /// kernel's own ceiling for a socket buffer (`INT_MAX`), so a forged

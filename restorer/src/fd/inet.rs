@@ -95,7 +95,12 @@ const REFILL_SLACK: u32 = 1 << 20;
 /// Sets SO_SNDBUFFORCE or SO_RCVBUFFORCE so that what getsockopt reports
 /// is `reported` (the kernel doubles the value set).
 fn force_buffer(sock: BorrowedFd<'_>, opt: i32, reported: u32) -> std::io::Result<()> {
-    sys::setsockopt_int(sock, libc::SOL_SOCKET, opt, i32::try_from(reported / 2).unwrap_or(i32::MAX))
+    sys::setsockopt_int(
+        sock,
+        libc::SOL_SOCKET,
+        opt,
+        i32::try_from(reported / 2).unwrap_or(i32::MAX),
+    )
 }
 
 /// A buffer size with room to refill `bytes`.
@@ -144,7 +149,7 @@ impl FileRestorer for Inet {
             let what = what.to_string();
             move |e: std::io::Error| RestoreError::os(pid, format!("fd {fd}: {what}"), e)
         };
-        let options = plan.options.clone();
+        let options = plan.options;
         set_options(sock, &plan, &options).map_err(os("setsockopt"))?;
         match (&plan.tcp, plan.state) {
             (Some(conn), _) => {
@@ -233,7 +238,7 @@ impl Plan {
             local,
             peer,
             tcp: None,
-            options: image.options.clone().unwrap_or_default(),
+            options: image.options.unwrap_or_default(),
             sent: Vec::new(),
             unsent: Vec::new(),
             received: Vec::new(),
@@ -246,7 +251,6 @@ impl Plan {
             (InetProtocol::Tcp, InetState::Connected) => {
                 let conn = image
                     .tcp
-                    .clone()
                     .ok_or_else(|| bad("established TCP without its connection state"))?;
                 if local.is_none() {
                     return Err(bad("established TCP without a local address"));
@@ -307,7 +311,11 @@ fn check_peer(cx: &Context<'_>, file: &File, conn: &TcpConnection, fd: i32) -> R
     if conn.peer_file_id == 0 {
         return Ok(());
     }
-    let back = match cx.files.get(conn.peer_file_id).and_then(|f| f.kind.as_ref()) {
+    let back = match cx
+        .files
+        .get(conn.peer_file_id)
+        .and_then(|f| f.kind.as_ref())
+    {
         Some(Kind::Inet(i)) => i.tcp.as_ref().map(|t| t.peer_file_id),
         _ => None,
     };
@@ -355,7 +363,10 @@ fn set_options(sock: BorrowedFd<'_>, plan: &Plan, o: &InetOptions) -> std::io::R
     // getsockopt reports twice what was set; the FORCE variants take what
     // the dump saw even above the sysctl limits (it is what the socket
     // had, no more).
-    for (opt, val) in [(libc::SO_SNDBUFFORCE, o.sndbuf), (libc::SO_RCVBUFFORCE, o.rcvbuf)] {
+    for (opt, val) in [
+        (libc::SO_SNDBUFFORCE, o.sndbuf),
+        (libc::SO_RCVBUFFORCE, o.rcvbuf),
+    ] {
         if val > 0 {
             force_buffer(sock, opt, val)?;
         }
@@ -450,11 +461,19 @@ fn restore_connection(
         sys::setsockopt_int(sock, tcp, libc::TCP_TIMESTAMP, conn.timestamp as i32)
             .map_err(os("TCP_TIMESTAMP"))?;
     }
-    let options = plan.options.clone();
-    force_buffer(sock, libc::SO_SNDBUFFORCE, refill_room(options.sndbuf, plan.sent.len()))
-        .map_err(os("SO_SNDBUFFORCE"))?;
-    force_buffer(sock, libc::SO_RCVBUFFORCE, refill_room(options.rcvbuf, plan.received.len()))
-        .map_err(os("SO_RCVBUFFORCE"))?;
+    let options = plan.options;
+    force_buffer(
+        sock,
+        libc::SO_SNDBUFFORCE,
+        refill_room(options.sndbuf, plan.sent.len()),
+    )
+    .map_err(os("SO_SNDBUFFORCE"))?;
+    force_buffer(
+        sock,
+        libc::SO_RCVBUFFORCE,
+        refill_room(options.rcvbuf, plan.received.len()),
+    )
+    .map_err(os("SO_RCVBUFFORCE"))?;
     // Sent but not acknowledged: queued as sent (repair mode transmits
     // nothing; the retransmission timer resends it if the peer lacks it).
     sys::setsockopt_int(sock, tcp, libc::TCP_REPAIR_QUEUE, TCP_SEND_QUEUE)
@@ -474,7 +493,8 @@ fn restore_connection(
         .map_err(os("TCP_REPAIR_WINDOW"))?;
     // The receive buffer goes back to its size now; the send buffer once
     // the bytes never sent are queued too.
-    force_buffer(sock, libc::SO_RCVBUFFORCE, options.rcvbuf.max(1)).map_err(os("SO_RCVBUFFORCE"))?;
+    force_buffer(sock, libc::SO_RCVBUFFORCE, options.rcvbuf.max(1))
+        .map_err(os("SO_RCVBUFFORCE"))?;
     log::debug!(
         "pid {pid} fd {fd}: TCP {local} -> {peer} rebuilt (open file {file_id}): {} bytes sent, {} unsent, {} received",
         plan.sent.len(),
@@ -511,13 +531,22 @@ fn finish(ends: &[Held]) -> Result<()> {
         let s = h.sock.as_fd();
         sys::setsockopt_int(s, libc::IPPROTO_TCP, libc::TCP_REPAIR, TCP_REPAIR_OFF)
             .map_err(os(h, "TCP_REPAIR off"))?;
-        sys::setsockopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR, i32::from(h.reuseaddr))
-            .map_err(os(h, "SO_REUSEADDR"))?;
+        sys::setsockopt_int(
+            s,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            i32::from(h.reuseaddr),
+        )
+        .map_err(os(h, "SO_REUSEADDR"))?;
     }
     for h in ends {
         let s = h.sock.as_fd();
-        force_buffer(s, libc::SO_SNDBUFFORCE, refill_room(h.sndbuf, h.unsent.len()))
-            .map_err(os(h, "SO_SNDBUFFORCE"))?;
+        force_buffer(
+            s,
+            libc::SO_SNDBUFFORCE,
+            refill_room(h.sndbuf, h.unsent.len()),
+        )
+        .map_err(os(h, "SO_SNDBUFFORCE"))?;
         sys::send_all(s, &h.unsent).map_err(os(
             h,
             &format!("send the {} bytes never sent", h.unsent.len()),
