@@ -325,3 +325,37 @@ fn unaccepted_and_half_closed_connections_are_refused_by_name() {
     }
     v.assert_unharmed_and_passes("after a refused dump");
 }
+
+#[test]
+fn tcp_connections_of_an_unprivileged_user_survive() {
+    let env = TestEnv::new("inet-tcp-user");
+    let mut v = Victim::spawn_as(&env, "inet", &["tcp"], test_user());
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    restore_and_check(&env, &v);
+}
+
+/// A dumper killed while the connections are in repair mode: its guard
+/// switches repair off, and the tree's streams complete.
+#[test]
+fn dumper_killed_in_repair_mode_leaves_connections_working() {
+    let env = TestEnv::new("inet-dumper-killed");
+    let mut v = Victim::spawn(&env, "inet", &["tcp"]);
+    v.wait_ready();
+    let out = env
+        .ckpt_command()
+        .args([
+            "dump",
+            "--tree",
+            &v.pid.to_string(),
+            "--dir",
+            path_str(&env.img),
+            "--kill",
+        ])
+        .env("CKPT_FAULT", "before-commit")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run ckpt");
+    assert!(!out.status.success(), "the dumper was to die");
+    v.assert_unharmed_and_passes("after the dumper died in repair mode");
+}

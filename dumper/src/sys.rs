@@ -452,3 +452,81 @@ pub struct TcpRepairWindow {
     pub rcv_wnd: u32,
     pub rcv_wup: u32,
 }
+
+/// Forks the guard of sockets in TCP repair mode: a process that holds
+/// its own copies of `socks` (fd, SO_REUSEADDR to put back) and waits on
+/// the read end of a pipe whose write end is returned. A byte means the
+/// dumper has dealt with them itself (the guard exits, closing its copies
+/// as they are); end of file means the dumper died: the guard switches
+/// repair off and puts SO_REUSEADDR back, so the tree's connections go on.
+/// Returns the guard's pid and the write end.
+pub fn fork_repair_guard(
+    socks: &[(std::os::fd::RawFd, bool)],
+) -> std::io::Result<(i32, std::os::fd::OwnedFd)> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 writes two fds into the live local array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 returned two new fds that nothing else owns.
+    let (rx, tx) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: the child runs only async-signal-safe system calls (close,
+    // read, setsockopt, _exit) on data prepared before the fork, and never
+    // returns, so no lock or allocator state of other threads matters.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: see above; every pointer is to live data of this process.
+        unsafe {
+            libc::close(tx.as_raw_fd());
+            let mut b = 0u8;
+            let n = loop {
+                let n = libc::read(rx.as_raw_fd(), (&raw mut b).cast(), 1);
+                if n >= 0 || *libc::__errno_location() != libc::EINTR {
+                    break n;
+                }
+            };
+            if n <= 0 {
+                for &(fd, reuse) in socks {
+                    let off: libc::c_int = TCP_REPAIR_OFF_NO_WP;
+                    let reuse = libc::c_int::from(reuse);
+                    let len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+                    libc::setsockopt(
+                        fd,
+                        libc::IPPROTO_TCP,
+                        libc::TCP_REPAIR,
+                        (&raw const off).cast(),
+                        len,
+                    );
+                    libc::setsockopt(
+                        fd,
+                        libc::SOL_SOCKET,
+                        libc::SO_REUSEADDR,
+                        (&raw const reuse).cast(),
+                        len,
+                    );
+                }
+            }
+            libc::_exit(0);
+        }
+    }
+    drop(rx);
+    Ok((pid, tx))
+}
+
+/// `TCP_REPAIR_OFF_NO_WP`: repair off without a window probe.
+pub const TCP_REPAIR_OFF_NO_WP: libc::c_int = -1;
+
+/// Tells the guard of [`fork_repair_guard`] the dumper dealt with its
+/// sockets, and reaps it.
+pub fn dismiss_repair_guard(pid: i32, tx: std::os::fd::OwnedFd) {
+    use std::os::fd::AsRawFd;
+    let b = 1u8;
+    // SAFETY: writes one byte from a live local.
+    unsafe { libc::write(tx.as_raw_fd(), (&raw const b).cast(), 1) };
+    drop(tx);
+    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+}

@@ -66,7 +66,7 @@ mod tcp_state {
 const TCP_REPAIR_ON: i32 = 1;
 /// Repair off without the window probe the plain `TCP_REPAIR_OFF` sends:
 /// the connection just goes on.
-const TCP_REPAIR_OFF_NO_WP: i32 = -1;
+const TCP_REPAIR_OFF_NO_WP: i32 = sys::TCP_REPAIR_OFF_NO_WP;
 /// `TCP_REPAIR_QUEUE` values.
 const TCP_NO_QUEUE: i32 = 0;
 const TCP_RECV_QUEUE: i32 = 1;
@@ -428,10 +428,19 @@ struct Repaired {
 }
 
 /// Established TCP connections of a frozen tree held in repair mode. Dropping
-/// it switches repair off again, so a thawed tree's connections go on.
+/// it switches repair off again, so a thawed tree's connections go on; a
+/// guard process does the same if the dumper dies (see
+/// [`sys::fork_repair_guard`]).
 #[derive(Default)]
 pub struct TcpRepair {
     socks: Vec<Repaired>,
+    guard: Option<Guard>,
+}
+
+/// The guard process and the pipe that keeps it waiting.
+struct Guard {
+    pid: i32,
+    tx: OwnedFd,
 }
 
 /// An established connection found in the tree.
@@ -549,8 +558,19 @@ impl TcpRepair {
             });
         }
         if !repair.socks.is_empty() {
+            let socks: Vec<(std::os::fd::RawFd, bool)> = repair
+                .socks
+                .iter()
+                .map(|r| (std::os::fd::AsRawFd::as_raw_fd(&r.sock), r.reuseaddr))
+                .collect();
+            let (pid, tx) = sys::fork_repair_guard(&socks).map_err(|e| DumpError::Proc {
+                pid: std::process::id() as i32,
+                path: "fork (TCP repair guard)".into(),
+                source: e,
+            })?;
+            repair.guard = Some(Guard { pid, tx });
             log::info!(
-                "drain: {} TCP connections in repair mode",
+                "drain: {} TCP connections in repair mode (guard pid {pid})",
                 repair.socks.len()
             );
         }
@@ -559,6 +579,17 @@ impl TcpRepair {
 
     /// Switches repair mode off again (the tree goes on).
     pub fn release(&mut self) {
+        self.release_own();
+        self.dismiss_guard();
+    }
+
+    fn dismiss_guard(&mut self) {
+        if let Some(g) = self.guard.take() {
+            sys::dismiss_repair_guard(g.pid, g.tx);
+        }
+    }
+
+    fn release_own(&mut self) {
         for r in self.socks.drain(..) {
             let s = r.sock.as_fd();
             let off =
@@ -586,6 +617,7 @@ impl TcpRepair {
     /// never learns the connection went away and a restore can continue it.
     pub fn abandon(&mut self) {
         self.socks.clear();
+        self.dismiss_guard();
     }
 }
 
