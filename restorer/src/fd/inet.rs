@@ -116,6 +116,27 @@ fn refill_room(dumped: u32, bytes: usize) -> u32 {
 #[derive(Default)]
 struct Waiting(HashMap<u64, Held>);
 
+/// Dropped with the restore context, before any restored process runs:
+/// whatever still waits (an image whose other end no fd holds) leaves
+/// repair mode here, so no process ever gets a socket in repair mode.
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        for h in self.0.values() {
+            log::warn!(
+                "pid {} fd {}: the other end of this TCP connection was never restored; repair mode switched off",
+                h.pid,
+                h.fd
+            );
+            let _ = sys::setsockopt_int(
+                h.sock.as_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_REPAIR,
+                TCP_REPAIR_OFF,
+            );
+        }
+    }
+}
+
 impl FileRestorer for Inet {
     type Image = InetFile;
 
