@@ -526,20 +526,8 @@ impl TcpRepair {
                         source: e,
                     }
                 })?;
-            // On error `repair` drops and switches off what it holds.
-            sys::setsockopt_int(
-                f.sock.as_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_REPAIR,
-                TCP_REPAIR_ON,
-            )
-            .map_err(|e| DumpError::Proc {
-                pid: f.pid,
-                path: format!("fd {}: TCP_REPAIR (needs CAP_NET_ADMIN)", f.fd).into(),
-                source: e,
-            })?;
             log::debug!(
-                "pid {} fd {}: TCP {} -> {} in repair mode ({})",
+                "pid {} fd {}: TCP {} -> {}: saved ({})",
                 f.pid,
                 f.fd,
                 f.local,
@@ -547,7 +535,7 @@ impl TcpRepair {
                 if inside {
                     "peer in the tree"
                 } else {
-                    "peer outside"
+                    "peer outside, --tcp-established"
                 }
             );
             repair.socks.push(Repaired {
@@ -557,23 +545,42 @@ impl TcpRepair {
                 reuseaddr,
             });
         }
-        if !repair.socks.is_empty() {
-            let socks: Vec<(std::os::fd::RawFd, bool)> = repair
-                .socks
-                .iter()
-                .map(|r| (std::os::fd::AsRawFd::as_raw_fd(&r.sock), r.reuseaddr))
-                .collect();
-            let (pid, tx) = sys::fork_repair_guard(&socks).map_err(|e| DumpError::Proc {
-                pid: std::process::id() as i32,
-                path: "fork (TCP repair guard)".into(),
+        if repair.socks.is_empty() {
+            return Ok(repair);
+        }
+        // The guard first, so no moment passes with a socket in repair
+        // mode that nothing would switch back if the dumper died.
+        let socks: Vec<(std::os::fd::RawFd, bool)> = repair
+            .socks
+            .iter()
+            .map(|r| (std::os::fd::AsRawFd::as_raw_fd(&r.sock), r.reuseaddr))
+            .collect();
+        let (pid, tx) = sys::fork_repair_guard(&socks).map_err(|e| DumpError::Proc {
+            pid: std::process::id() as i32,
+            path: "fork (TCP repair guard)".into(),
+            source: e,
+        })?;
+        repair.guard = Some(Guard { pid, tx });
+        // On error `repair` drops: every socket leaves repair mode (one
+        // never switched on just gets its SO_REUSEADDR set again).
+        for r in &repair.socks {
+            sys::setsockopt_int(
+                r.sock.as_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_REPAIR,
+                TCP_REPAIR_ON,
+            )
+            .map_err(|e| DumpError::Proc {
+                pid: r.pid,
+                path: format!("fd {}: TCP_REPAIR (needs CAP_NET_ADMIN)", r.fd).into(),
                 source: e,
             })?;
-            repair.guard = Some(Guard { pid, tx });
-            log::info!(
-                "drain: {} TCP connections in repair mode (guard pid {pid})",
-                repair.socks.len()
-            );
+            log::debug!("pid {} fd {}: TCP connection in repair mode", r.pid, r.fd);
         }
+        log::info!(
+            "drain: {} TCP connections in repair mode (guard pid {pid})",
+            repair.socks.len()
+        );
         Ok(repair)
     }
 
