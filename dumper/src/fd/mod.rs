@@ -11,7 +11,7 @@ mod epoll;
 mod eventfd;
 mod external;
 mod fifo;
-pub mod inet;
+pub(crate) mod inet;
 mod lock;
 mod pipe;
 mod reg;
