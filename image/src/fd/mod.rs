@@ -23,6 +23,7 @@ pub mod epoll;
 pub mod eventfd;
 pub mod external;
 pub mod fifo;
+pub mod inet;
 pub mod pipe;
 pub mod pty;
 pub mod reg;
@@ -47,6 +48,7 @@ impl File {
             Some(file::Kind::Fifo(_)) => "fifo",
             Some(file::Kind::Epoll(_)) => "epoll",
             Some(file::Kind::Pty(_)) => "pty",
+            Some(file::Kind::Inet(_)) => "inet",
             None => "unknown",
         }
     }
