@@ -82,6 +82,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
                     "flags": file.map(|x| format!("{:#o}", x.flags)),
                     "cloexec": f.cloexec,
                     "pos": file.map(|x| x.pos),
+                    "locks": table.locks.iter().filter(|l| l.fd == f.fd).map(|l| l.describe()).collect::<Vec<_>>(),
                 })
             })
             .collect();
@@ -196,9 +197,20 @@ fn render_text(v: &Value) -> String {
         }
         let _ = writeln!(s, "  fds:");
         for f in p["fds"].as_array().into_iter().flatten() {
+            let locks: Vec<&str> = f["locks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            let locks = if locks.is_empty() {
+                String::new()
+            } else {
+                format!("  (locks {})", locks.join(", "))
+            };
             let _ = writeln!(
                 s,
-                "    {:>3} file {:<4} {:<8} flags {} pos {}{}  {}",
+                "    {:>3} file {:<4} {:<8} flags {} pos {}{}  {}{locks}",
                 f["fd"],
                 f["file_id"],
                 f["kind"].as_str().unwrap_or(""),

@@ -60,8 +60,8 @@ pub static REFUSED: &[(&str, &str)] = &[
         "character and block devices other than the ones above",
     ),
     (
-        "file lock",
-        "POSIX, OFD, flock locks and leases (the process is refused)",
+        "file lease",
+        "leases (F_SETLEASE) and delegations, mandatory locks of old kernels, and locks on files not reopened by path (the process is refused)",
     ),
 ];
 
@@ -265,13 +265,12 @@ pub fn collect_tree(
         blobs: Blobs::default(),
     };
     let mut seen: HashMap<Inode, Vec<Holder>> = HashMap::new();
+    let mut seen_locks = lock::SeenLocks::default();
     for &pid in pids {
         let mut table = FdTable::default();
+        seen_locks.next_process();
         for fd in procfile::numbered_entries(pid, "fd")? {
             let p = params(pid, fd, externals)?;
-            if blockers.absorb(lock::refuse_locks(&p))?.is_none() {
-                continue;
-            }
             let inode = Inode {
                 dev: p.meta.dev(),
                 ino: p.meta.ino(),
@@ -305,6 +304,10 @@ pub fn collect_tree(
                     id
                 }
             };
+            let file = out.file(file_id);
+            if let Some(locks) = blockers.absorb(lock::locks_of(&p, file, &mut seen_locks))? {
+                table.locks.extend(locks);
+            }
             seen.entry(inode)
                 .or_default()
                 .push(Holder { pid, fd, file_id });

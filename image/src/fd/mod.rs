@@ -23,6 +23,7 @@ pub mod epoll;
 pub mod eventfd;
 pub mod external;
 pub mod fifo;
+pub mod lock;
 pub mod pipe;
 pub mod reg;
 pub mod signalfd;

@@ -15,6 +15,7 @@ mod eventfd;
 mod external;
 mod fifo;
 pub mod identity;
+mod lock;
 mod pipe;
 mod reg;
 mod signalfd;
@@ -358,6 +359,15 @@ pub fn validate(images: &ImageDir, pid: i32, table: &FdTable, files: &Files) -> 
             )));
         }
     }
+    for l in &table.locks {
+        if !table.fds.iter().any(|f| f.fd == l.fd) {
+            return Err(invalid(format!("lock on fd {}, not in the table", l.fd)));
+        }
+        let in_range = i64::try_from(l.start).is_ok() && i64::try_from(l.len).is_ok();
+        if l.class() == ckpt_image::fd::lock::LockClass::Unspecified || !in_range {
+            return Err(invalid(format!("fd {}: bad lock {}", l.fd, l.describe())));
+        }
+    }
     Ok(())
 }
 
@@ -395,6 +405,8 @@ pub fn restore(
             r.close(fd)?;
         }
     }
+    // Last: closing any fd of a file releases the process's POSIX locks on it.
+    lock::retake(r, &table.locks)?;
     Ok(())
 }
 
