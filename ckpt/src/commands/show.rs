@@ -276,6 +276,14 @@ fn describe(f: &File) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
+        Some(Kind::Inotify(i)) => format!(
+            "inotify watches {}",
+            i.watches
+                .iter()
+                .map(|w| format!("wd {} mask {:#x} {}", w.wd, w.mask, w.path))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         None => String::new(),
     }
 }

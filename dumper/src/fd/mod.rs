@@ -11,6 +11,7 @@ mod epoll;
 mod eventfd;
 mod external;
 mod fifo;
+mod inotify;
 mod lock;
 mod pipe;
 mod reg;
@@ -43,6 +44,7 @@ static KINDS: &[&dyn FileDumper] = &[
     &signalfd::Signalfd,
     &fifo::Fifo,
     &epoll::Epoll,
+    &inotify::Inotify,
 ];
 
 /// What ckpt refuses by name (an fd of these fails the dump, naming pid and
@@ -53,7 +55,7 @@ pub static REFUSED: &[(&str, &str)] = &[
         "pipe to outside the tree",
         "a pipe whose other end no process of the tree holds, unless only fds 0-2 hold it (rebound to restore's stdio) or it is declared with --external",
     ),
-    ("inotify", "inotify and fanotify instances"),
+    ("fanotify", "fanotify instances"),
     ("memfd", "memfd files"),
     (
         "other devices",

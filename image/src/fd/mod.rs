@@ -23,6 +23,7 @@ pub mod epoll;
 pub mod eventfd;
 pub mod external;
 pub mod fifo;
+pub mod inotify;
 pub mod lock;
 pub mod pipe;
 pub mod reg;
@@ -46,6 +47,7 @@ impl File {
             Some(file::Kind::Signalfd(_)) => "signalfd",
             Some(file::Kind::Fifo(_)) => "fifo",
             Some(file::Kind::Epoll(_)) => "epoll",
+            Some(file::Kind::Inotify(_)) => "inotify",
             None => "unknown",
         }
     }

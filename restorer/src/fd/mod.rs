@@ -15,6 +15,7 @@ mod eventfd;
 mod external;
 mod fifo;
 pub mod identity;
+mod inotify;
 mod lock;
 mod pipe;
 mod reg;
@@ -79,6 +80,7 @@ fn install_file(
         Some(Kind::Signalfd(image)) => install(&signalfd::Signalfd, cx, r, file, image, fd, pass),
         Some(Kind::Fifo(image)) => install(&fifo::Fifo, cx, r, file, image, fd, pass),
         Some(Kind::Epoll(image)) => install(&epoll::Epoll, cx, r, file, image, fd, pass),
+        Some(Kind::Inotify(image)) => install(&inotify::Inotify, cx, r, file, image, fd, pass),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
 }
