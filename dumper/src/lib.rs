@@ -30,6 +30,7 @@ mod procfile;
 mod sys;
 pub mod task;
 mod thread;
+mod timer;
 mod tree;
 
 use std::path::PathBuf;
@@ -380,11 +381,11 @@ fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
     let started = Instant::now();
     let leader = &p.tasks[0];
     log::debug!("pid {pid}: thread {pid} (leader)");
-    let misc = task::run_parasite(leader)?;
+    let misc = task::run_parasite(leader, true)?;
     let mut core = task::collect(leader, &misc)?;
     for t in &p.tasks[1..] {
         log::debug!("pid {pid}: thread {}", t.pid());
-        let tm = task::run_parasite(t)?;
+        let tm = task::run_parasite(t, false)?;
         core.threads.push(task::collect_thread(t, pid, &tm)?);
     }
     let mut vmas = mm::collect_vmas(pid)?;

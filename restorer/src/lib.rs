@@ -32,6 +32,7 @@ mod pid;
 mod sys;
 mod task;
 mod thread;
+mod timer;
 mod tree;
 
 use std::path::PathBuf;
@@ -703,6 +704,8 @@ fn rebuild_process(
     for th in &threads {
         log::debug!("pid {pid}: thread {}", th.pid());
     }
+    // After the threads: a timer may signal one of them.
+    timer::restore(&r, &core.posix_timers)?;
     task::restore_creds(&r, core)?;
     for th in &threads {
         task::restore_creds(&ckpt_parasite::remote::Remote { t: th, base }, core)?;

@@ -99,6 +99,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
             "pages_file_bytes": if mm.compressed { mm.chunks.iter().map(|c| c.file_len).sum::<u64>() } else { mm.pages_bytes },
             "sigactions": core.sigactions.len(),
             "pending_signals": core.pending.len(),
+            "posix_timers": core.posix_timers.iter().map(|t| t.describe()).collect::<Vec<_>>(),
             "vmas": vmas,
             "fds": fds,
         }));
@@ -182,6 +183,9 @@ fn render_text(v: &Value) -> String {
             p["sigactions"],
             p["pending_signals"]
         );
+        for t in p["posix_timers"].as_array().into_iter().flatten() {
+            let _ = writeln!(s, "  POSIX {}", t.as_str().unwrap_or(""));
+        }
         let _ = writeln!(s, "  VMAs:");
         for m in p["vmas"].as_array().into_iter().flatten() {
             let _ = writeln!(
