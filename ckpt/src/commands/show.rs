@@ -288,6 +288,7 @@ fn describe(f: &File) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
+        Some(Kind::Pidfd(p)) => format!("pidfd of pid {}", p.pid),
         None => String::new(),
     }
 }

@@ -13,6 +13,7 @@ mod external;
 mod fifo;
 mod inotify;
 mod lock;
+mod pidfd;
 mod pipe;
 mod reg;
 mod signalfd;
@@ -45,6 +46,7 @@ static KINDS: &[&dyn FileDumper] = &[
     &fifo::Fifo,
     &epoll::Epoll,
     &inotify::Inotify,
+    &pidfd::Pidfd,
 ];
 
 /// What ckpt refuses by name (an fd of these fails the dump, naming pid and

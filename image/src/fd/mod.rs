@@ -25,6 +25,7 @@ pub mod external;
 pub mod fifo;
 pub mod inotify;
 pub mod lock;
+pub mod pidfd;
 pub mod pipe;
 pub mod reg;
 pub mod signalfd;
@@ -48,6 +49,7 @@ impl File {
             Some(file::Kind::Fifo(_)) => "fifo",
             Some(file::Kind::Epoll(_)) => "epoll",
             Some(file::Kind::Inotify(_)) => "inotify",
+            Some(file::Kind::Pidfd(_)) => "pidfd",
             None => "unknown",
         }
     }

@@ -17,6 +17,7 @@ mod fifo;
 pub mod identity;
 mod inotify;
 mod lock;
+mod pidfd;
 mod pipe;
 mod reg;
 mod signalfd;
@@ -81,6 +82,7 @@ fn install_file(
         Some(Kind::Fifo(image)) => install(&fifo::Fifo, cx, r, file, image, fd, pass),
         Some(Kind::Epoll(image)) => install(&epoll::Epoll, cx, r, file, image, fd, pass),
         Some(Kind::Inotify(image)) => install(&inotify::Inotify, cx, r, file, image, fd, pass),
+        Some(Kind::Pidfd(image)) => install(&pidfd::Pidfd, cx, r, file, image, fd, pass),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
 }
