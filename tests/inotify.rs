@@ -45,3 +45,15 @@ fn fanotify_is_refused_by_name() {
     }
     v.assert_unharmed_and_passes("after a dump refused for fanotify");
 }
+
+#[test]
+fn watch_on_a_deleted_file_is_refused_by_name() {
+    let env = TestEnv::new("inotify-deleted");
+    let mut v = Victim::spawn(&env, "inotify", &["deleted"]);
+    v.wait_ready();
+    let line = dump_expect_error(&env, &v);
+    for w in [&v.pid.to_string(), "fd 10", "inotify watch wd 4"] {
+        assert!(line.contains(w), "error should name {w:?}: {line}");
+    }
+    v.assert_unharmed_and_passes("after a dump refused for a deleted watched file");
+}

@@ -8,8 +8,9 @@
  * IN_CREATE on wd 2 named new.txt, writing and closing file gives IN_MODIFY
  * and IN_CLOSE_WRITE on wd 3 (and nothing for wd 2); removing new.txt gives
  * IN_DELETE on wd 2; a new watch gets wd 4 (numbering goes on after 3).
- * With "fanotify": fd 11 is also a fanotify instance (the dump must refuse
- * it; the victim then passes untouched).
+ * With "fanotify": fd 11 is also a fanotify instance; with "deleted": fd 11
+ * is an open file, watched (wd 4), whose name was removed. The dump must
+ * refuse either; the victim then passes untouched.
  */
 #include "victim.h"
 #include <poll.h>
@@ -19,6 +20,7 @@
 
 #define FD_INOTIFY 10
 #define FD_FANOTIFY 11
+#define FD_DELETED 11
 #define DIR_MASK (IN_CREATE | IN_DELETE)
 #define FILE_MASK (IN_MODIFY | IN_CLOSE_WRITE)
 #define WAIT_MS 2000
@@ -76,6 +78,7 @@ int main(int argc, char **argv)
 {
 	char dir[PATH_MAX], file[PATH_MAX], newf[PATH_MAX];
 	int fanotify = argc > 2 && strcmp(argv[2], "fanotify") == 0;
+	int deleted = argc > 2 && strcmp(argv[2], "deleted") == 0;
 	struct seen ev[16];
 
 	victim_init(argc, argv);
@@ -101,6 +104,18 @@ int main(int argc, char **argv)
 		die("IN_IGNORED of the removed watch");
 	if (fanotify)
 		at(fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC, O_RDONLY), FD_FANOTIFY);
+	int wd_deleted = -1;
+	if (deleted) {
+		char gone[PATH_MAX];
+
+		victim_path(gone, sizeof(gone), "gone");
+		at(open(gone, O_RDWR | O_CREAT, 0600), FD_DELETED);
+		wd_deleted = inotify_add_watch(FD_INOTIFY, gone, IN_MODIFY);
+		if (wd_deleted != 4 || unlink(gone))
+			die("watch a deleted file");
+		/* Its IN_ATTRIB (link count) and the dir's nothing: read it out. */
+		read_events(ev, 16, 1);
+	}
 
 	victim_ready_and_wait(NULL);
 
@@ -134,6 +149,7 @@ int main(int argc, char **argv)
 		expect(&ev[0], wd_dir, IN_DELETE, "new.txt");
 
 	int wd_next = inotify_add_watch(FD_INOTIFY, victim_workdir, IN_ATTRIB);
-	CHECK(wd_next == 4, "a new watch got wd %d, want 4", wd_next);
+	CHECK(wd_next == (deleted ? 5 : 4), "a new watch got wd %d, want %d", wd_next,
+	      deleted ? 5 : 4);
 	victim_finish();
 }
