@@ -156,20 +156,11 @@ fn to_image(p: &FdParams, held: &HeldLock) -> Result<FileLock> {
         "READ" => false,
         _ => return refuse("file lock"),
     };
-    let bad = |what: &str| DumpError::Parse {
+    let (start, len) = range(&held.start, &held.end).ok_or_else(|| DumpError::Parse {
         pid: p.pid,
         path: format!("fdinfo/{}", p.fd),
-        what: format!("lock range: {what}"),
-    };
-    let start: u64 = held.start.parse().map_err(|_| bad(&held.start))?;
-    let len = if held.end == TO_EOF {
-        0
-    } else {
-        let end: u64 = held.end.parse().map_err(|_| bad(&held.end))?;
-        end.checked_sub(start)
-            .and_then(|d| d.checked_add(1))
-            .ok_or_else(|| bad(&held.end))?
-    };
+        what: format!("lock range {} {}", held.start, held.end),
+    })?;
     Ok(FileLock {
         fd: p.fd,
         class: class as i32,
@@ -177,6 +168,17 @@ fn to_image(p: &FdParams, held: &HeldLock) -> Result<FileLock> {
         start,
         len,
     })
+}
+
+/// fdinfo's first and last byte (or `EOF`) as fcntl's start and length
+/// (0: to the end of the file).
+fn range(start: &str, end: &str) -> Option<(u64, u64)> {
+    let start: u64 = start.parse().ok()?;
+    if end == TO_EOF {
+        return Some((start, 0));
+    }
+    let end: u64 = end.parse().ok()?;
+    Some((start, end.checked_sub(start)?.checked_add(1)?))
 }
 
 #[cfg(test)]
@@ -199,5 +201,14 @@ mod tests {
         assert_eq!(locks[1].class, "FLOCK");
         assert_eq!(locks[1].end, "EOF");
         assert!(held_locks("pos:\t0\nflags:\t02\n").is_empty());
+    }
+
+    #[test]
+    fn ranges_become_start_and_length() {
+        assert_eq!(range("100", "199"), Some((100, 100)));
+        assert_eq!(range("0", "EOF"), Some((0, 0)));
+        assert_eq!(range("5", "5"), Some((5, 1)));
+        assert_eq!(range("10", "9"), None);
+        assert_eq!(range("x", "EOF"), None);
     }
 }
