@@ -1,6 +1,7 @@
 //! pidfds of processes of the tree come back on the same pids with their
-//! flags: a parent polls and waits for its child through one; a pidfd of a
-//! process outside the tree is refused by name (victim: tests/c/pidfd.c).
+//! flags: a parent polls and waits for its child through one, and reaps a
+//! zombie child through another; a pidfd of a process outside the tree is
+//! refused by name (victim: tests/c/pidfd.c).
 
 mod common;
 
@@ -14,12 +15,12 @@ fn pidfds_of_the_tree_come_back() {
     let mut v = Victim::spawn_as(&env, "pidfd", &[], test_user());
     v.wait_ready();
     let out = dump(&env, &v, &["--kill"]);
-    assert!(out.stderr.contains("2 processes"), "{}", out.stderr);
+    assert!(out.stderr.contains("3 processes"), "{}", out.stderr);
     v.reap_killed(Duration::from_secs(10));
 
     let json = show_json(&env);
     let fds = fds_of_kind(&json, "pidfd");
-    assert_eq!(fds.len(), 2, "the parent's two pidfds: {json}");
+    assert_eq!(fds.len(), 3, "the parent's three pidfds: {json}");
     let objects: Vec<&str> = fds.iter().filter_map(|f| f["object"].as_str()).collect();
     assert!(
         objects.contains(&format!("pidfd of pid {}", v.pid).as_str()),
@@ -39,7 +40,7 @@ fn pidfd_of_a_process_outside_the_tree_is_refused() {
         &v.pid.to_string(),
         "fd 12",
         "pidfd of pid",
-        "not a live process of the dumped tree",
+        "not a process (or unreaped child) of the dumped tree",
     ] {
         assert!(line.contains(w), "error should name {w:?}: {line}");
     }

@@ -6,6 +6,8 @@
  * pid, waitid(P_PIDFD, WNOHANG) says it is running, signal 0 reaches it);
  * fd 11 refers to this process; once told to, the child exits with 42,
  * poll says fd 10 is readable, and waitid(P_PIDFD) reaps it with status 42.
+ * fd 13 = pidfd_open of a second child that exited with 7 before the dump
+ * and was not reaped (a zombie): waitid(P_PIDFD, WNOHANG) reaps it with 7.
  * With "outside": fd 12 is also a pidfd of the victim's parent (outside the
  * tree), which the dump must refuse; the victim then passes untouched.
  */
@@ -18,6 +20,8 @@
 #define FD_CHILD 10
 #define FD_SELF 11
 #define FD_OUTSIDE 12
+#define FD_ZOMBIE 13
+#define ZOMBIE_STATUS 7
 #define CHILD_STATUS 42
 #define WAIT_MS 5000
 #ifndef PIDFD_NONBLOCK
@@ -68,6 +72,16 @@ int main(int argc, char **argv)
 		}
 		_exit(CHILD_STATUS);
 	}
+	pid_t zombie = fork();
+	if (zombie < 0)
+		die("fork");
+	if (zombie == 0)
+		_exit(ZOMBIE_STATUS);
+	siginfo_t si = { 0 };
+	/* Wait until it has exited, without reaping it. */
+	if (waitid(P_PID, zombie, &si, WEXITED | WNOWAIT))
+		die("waitid WNOWAIT");
+	at(pidfd_open(zombie, 0), FD_ZOMBIE);
 	at(pidfd_open(kid, PIDFD_NONBLOCK), FD_CHILD);
 	at(pidfd_open(getpid(), 0), FD_SELF);
 	if (outside)
@@ -83,9 +97,17 @@ int main(int argc, char **argv)
 	CHECK(!(fcntl(FD_SELF, F_GETFL) & O_NONBLOCK), "fd %d gained O_NONBLOCK", FD_SELF);
 	CHECK(syscall(SYS_pidfd_send_signal, FD_CHILD, 0, NULL, 0) == 0,
 	      "pidfd_send_signal(0) to the child: %s", strerror(errno));
-	siginfo_t si = { 0 };
+	memset(&si, 0, sizeof(si));
 	CHECK(waitid(P_PIDFD, FD_CHILD, &si, WEXITED | WNOHANG) == 0 && si.si_pid == 0,
 	      "the child is not running (si_pid %d): %s", si.si_pid, strerror(errno));
+
+	CHECK(fdinfo_pid(FD_ZOMBIE) == zombie, "fd %d Pid: %d, want the zombie %d", FD_ZOMBIE,
+	      fdinfo_pid(FD_ZOMBIE), zombie);
+	memset(&si, 0, sizeof(si));
+	CHECK(waitid(P_PIDFD, FD_ZOMBIE, &si, WEXITED | WNOHANG) == 0 && si.si_pid == zombie &&
+		      si.si_code == CLD_EXITED && si.si_status == ZOMBIE_STATUS,
+	      "zombie: pid %d code %d status %d, want %d exited %d", si.si_pid, si.si_code,
+	      si.si_status, zombie, ZOMBIE_STATUS);
 
 	victim_write_file("exit", "exit");
 	struct pollfd p = { .fd = FD_CHILD, .events = POLLIN };

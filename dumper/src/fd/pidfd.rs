@@ -1,6 +1,6 @@
 //! pidfds: the process they refer to (`Pid:` of `/proc/PID/fdinfo`), which
-//! must be a live process of the tree (restored with the same pid, then
-//! opened again with `pidfd_open`). A pidfd of a process outside the tree,
+//! must be a process of the tree or an unreaped (zombie) child of one
+//! (restored with the same pid, then opened again with `pidfd_open`). A pidfd of a process outside the tree,
 //! of one already reaped (`Pid: -1`) or in another pid namespace
 //! (`Pid: 0`) is refused by name.
 
@@ -9,6 +9,7 @@ use ckpt_image::fd::pidfd::PidfdFile;
 
 use super::{Blobs, FdParams, FileDumper, TreeFiles};
 use crate::error::{Blocker, DumpError, Result};
+use crate::procfile;
 
 /// `anon_inode:[pidfd]`.
 pub struct Pidfd;
@@ -52,11 +53,12 @@ impl FileDumper for Pidfd {
             let Some(Kind::Pidfd(pf)) = &tree.file(h.file_id).kind else {
                 continue;
             };
-            if !tree.tables.iter().any(|(pid, _)| *pid == pf.pid) {
+            let live = tree.tables.iter().any(|(pid, _)| *pid == pf.pid);
+            if !live && !zombie_child_of(tree, pf.pid) {
                 refused.push(Blocker {
                     pid: h.pid,
                     what: format!(
-                        "fd {}: pidfd of pid {}, which is not a live process of the dumped tree",
+                        "fd {}: pidfd of pid {}, which is not a process (or unreaped child) of the dumped tree",
                         h.fd, pf.pid
                     ),
                 });
@@ -68,4 +70,16 @@ impl FileDumper for Pidfd {
             Err(DumpError::Blocked { blockers: refused })
         }
     }
+}
+
+/// `pid` is a zombie whose parent is in the tree: the dump records it (its
+/// parent has not reaped it, and cannot while frozen) and restore makes it
+/// again before any fd is restored.
+fn zombie_child_of(tree: &TreeFiles, pid: i32) -> bool {
+    let Ok(status) = procfile::read(pid, "status") else {
+        return false;
+    };
+    let zombie = procfile::status_field(&status, "State").is_some_and(|s| s.starts_with('Z'));
+    let ppid = procfile::status_field(&status, "PPid").and_then(|p| p.trim().parse::<i32>().ok());
+    zombie && ppid.is_some_and(|pp| tree.tables.iter().any(|(p, _)| *p == pp))
 }

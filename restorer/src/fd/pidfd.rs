@@ -1,7 +1,7 @@
 //! pidfds, opened again inside the process with `pidfd_open` on the same
-//! pid: every process of the tree is forked, with its dumped pid, before
-//! any fd is restored, so the target exists. The pid must be a live process
-//! of this checkpoint, whatever the image says.
+//! pid: every process of the tree, zombies included, is forked with its
+//! dumped pid before any fd is restored, so the target exists. The pid must
+//! be a process of this checkpoint, whatever the image says.
 
 use ckpt_image::fd::File;
 use ckpt_image::fd::pidfd::PidfdFile;
@@ -28,13 +28,13 @@ impl FileRestorer for Pidfd {
         image: &PidfdFile,
         fd: i32,
     ) -> Result<i32> {
-        let live = cx
+        let ours = cx
             .images
             .manifest()
             .processes
             .iter()
-            .any(|p| p.pid == image.pid && p.zombie_status.is_none());
-        if !live {
+            .any(|p| p.pid == image.pid);
+        if !ours {
             return Err(cx.invalid(
                 fd,
                 &format!(
