@@ -57,3 +57,23 @@ fn watch_on_a_deleted_file_is_refused_by_name() {
     }
     v.assert_unharmed_and_passes("after a dump refused for a deleted watched file");
 }
+
+/// Events queued and not read cannot be queued again: the dump says how
+/// many bytes are dropped, and the restored instance starts empty.
+#[test]
+fn queued_events_are_dropped_with_a_warning() {
+    let env = TestEnv::new("inotify-queued");
+    let mut v = Victim::spawn(&env, "inotify", &["queued"]);
+    v.wait_ready();
+    let out = dump(&env, &v, &["--kill"]);
+    assert!(
+        out.stderr.contains(&format!(
+            "pid {}: fd 10: 32 bytes of inotify events not read yet are dropped",
+            v.pid
+        )),
+        "{}",
+        out.stderr
+    );
+    v.reap_killed(Duration::from_secs(10));
+    restore_and_check(&env, &v);
+}

@@ -10,7 +10,9 @@
  * IN_DELETE on wd 2; a new watch gets wd 4 (numbering goes on after 3).
  * With "fanotify": fd 11 is also a fanotify instance; with "deleted": fd 11
  * is an open file, watched (wd 4), whose name was removed. The dump must
- * refuse either; the victim then passes untouched.
+ * refuse either; the victim then passes untouched. With "queued": an
+ * IN_CREATE event (dir/queued.txt) is left unread at dump time; it is lost
+ * (the dump warns), so after go nothing is queued either.
  */
 #include "victim.h"
 #include <poll.h>
@@ -79,6 +81,7 @@ int main(int argc, char **argv)
 	char dir[PATH_MAX], file[PATH_MAX], newf[PATH_MAX];
 	int fanotify = argc > 2 && strcmp(argv[2], "fanotify") == 0;
 	int deleted = argc > 2 && strcmp(argv[2], "deleted") == 0;
+	int queued = argc > 2 && strcmp(argv[2], "queued") == 0;
 	struct seen ev[16];
 
 	victim_init(argc, argv);
@@ -115,6 +118,16 @@ int main(int argc, char **argv)
 			die("watch a deleted file");
 		/* Its IN_ATTRIB (link count) and the dir's nothing: read it out. */
 		read_events(ev, 16, 1);
+	}
+
+	if (queued) {
+		char q[PATH_MAX];
+
+		snprintf(q, sizeof(q), "%s/queued.txt", dir);
+		f = open(q, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+		if (f < 0)
+			die("create queued.txt");
+		close(f);
 	}
 
 	victim_ready_and_wait(NULL);
