@@ -2,9 +2,10 @@
 //! with their dumped ids (`prctl(PR_TIMER_CREATE_RESTORE_IDS)` makes
 //! `timer_create` take the id in `*timerid`, Linux 6.13+ with
 //! CONFIG_CHECKPOINT_RESTORE), clock, signal, value and target thread, and
-//! armed with the time they had left at dump time, counted from now (for
-//! the frozen process no time passed), after the threads exist (a timer
-//! may signal one of them).
+//! armed with the time they had left at dump time, counted from the end
+//! of its rebuild (for the frozen process no time passed). They are
+//! created after the threads exist (a timer may signal one of them) and
+//! armed last.
 
 use ckpt_image::timer::PosixTimer;
 use ckpt_parasite::remote::Remote;
@@ -29,8 +30,9 @@ const ID_SLOT: u64 = 1;
 const SPEC_SLOT: u64 = 2;
 const NANOS_PER_SEC: u64 = 1_000_000_000;
 
-/// Creates and arms the process's POSIX timers.
-pub fn restore(r: &Remote<'_>, timers: &[PosixTimer]) -> Result<()> {
+/// Creates the process's POSIX timers, disarmed (the prctl needs the
+/// privileges the process has before its credentials are restored).
+pub fn create(r: &Remote<'_>, timers: &[PosixTimer]) -> Result<()> {
     if timers.is_empty() {
         return Ok(());
     }
@@ -47,7 +49,7 @@ pub fn restore(r: &Remote<'_>, timers: &[PosixTimer]) -> Result<()> {
         ),
     })?;
     for t in timers {
-        create(r, t)?;
+        create_one(r, t)?;
     }
     r.call(
         "prctl(PR_TIMER_CREATE_RESTORE_IDS)",
@@ -64,7 +66,7 @@ pub fn restore(r: &Remote<'_>, timers: &[PosixTimer]) -> Result<()> {
     Ok(())
 }
 
-fn create(r: &Remote<'_>, t: &PosixTimer) -> Result<()> {
+fn create_one(r: &Remote<'_>, t: &PosixTimer) -> Result<()> {
     let pid = r.t.pid();
     log::debug!("pid {pid}: {}", t.describe());
     let mut sev = [0u8; SIGEVENT_SIZE];
@@ -92,9 +94,22 @@ fn create(r: &Remote<'_>, t: &PosixTimer) -> Result<()> {
             what: format!("POSIX timer {} was created as timer {got}", t.id),
         });
     }
-    if t.value_ns == 0 {
-        return Ok(());
+    Ok(())
+}
+
+/// Arms the timers with the time they had left, as the last remote calls
+/// into the process: a timer that fires now only leaves its signal
+/// pending (the leader blocks everything until its final stop, and no
+/// thread runs again before the process is let go), so it cannot break
+/// into the restorer's remote syscalls.
+pub fn arm(r: &Remote<'_>, timers: &[PosixTimer]) -> Result<()> {
+    for t in timers.iter().filter(|t| t.value_ns != 0) {
+        arm_one(r, t)?;
     }
+    Ok(())
+}
+
+fn arm_one(r: &Remote<'_>, t: &PosixTimer) -> Result<()> {
     let split = |ns: u64| [ns / NANOS_PER_SEC, ns % NANOS_PER_SEC];
     let [is, ins] = split(t.interval_ns);
     let [vs, vns] = split(t.value_ns);
