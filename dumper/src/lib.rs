@@ -26,6 +26,7 @@ pub mod fd;
 pub mod features;
 pub mod mm;
 pub mod pages;
+mod shmem;
 mod procfile;
 mod sys;
 pub mod task;
@@ -397,8 +398,8 @@ fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
         if matches!(
             kind,
             Ok(ckpt_image::mm::VmaKind::Anon
-                | ckpt_image::mm::VmaKind::SharedAnon
-                | ckpt_image::mm::VmaKind::FilePrivate)
+                | ckpt_image::mm::VmaKind::FilePrivate
+                | ckpt_image::mm::VmaKind::ShmemPrivate)
         ) {
             untouched_bytes += (v.end - v.start).saturating_sub(saved);
         }
@@ -448,16 +449,10 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<(DumpReport,
             procs.push(c);
         }
     }
-    let relaid = blockers
-        .absorb(mm::link_shared_memory(
-            &mut procs
-                .iter_mut()
-                .map(|c| (c.pid, &mut c.vmas))
-                .collect::<Vec<_>>(),
-        ))?
-        .unwrap_or_default();
-    for c in procs.iter_mut().filter(|c| relaid.contains(&c.pid)) {
-        c.pages_bytes = mm::reassign_offsets(&mut c.vmas);
+    // Each shared memory object once, whoever maps it.
+    let mut objects = shmem::Objects::default();
+    for c in procs.iter_mut() {
+        blockers.absorb(objects.link_vmas(c.pid, &mut c.vmas))?;
     }
     let fds_started = Instant::now();
     let files = fd::collect_tree(
@@ -563,6 +558,13 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<(DumpReport,
         w.write_meta(&ckpt_image::fds_name(*pid), ImageKind::FdTable, table)?;
     }
     w.write_meta(ckpt_image::FILES_NAME, ImageKind::Files, &files.files)?;
+    let shmem_started = Instant::now();
+    let shmem_bytes = objects.data_bytes();
+    objects.write(&mut w)?;
+    log::info!(
+        "write shared memory: {shmem_bytes} bytes ({:.3} ms)",
+        ms_since(shmem_started)
+    );
     for b in files.blobs.iter() {
         w.write_raw(&b.name, &b.data)?;
     }

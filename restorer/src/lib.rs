@@ -28,6 +28,7 @@ mod fd;
 mod mm;
 mod pages;
 mod pid;
+mod shmem;
 
 mod sys;
 mod task;
@@ -39,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use ckpt_image::fd::{FdTable, Files};
 use ckpt_image::manifest::ProcessEntry;
-use ckpt_image::mm::Mm;
+use ckpt_image::mm::{Mm, VmaKind};
 use ckpt_image::task::Core;
 use ckpt_image::{ImageDir, ImageError, ImageKey, ImageKind};
 use ckpt_parasite::Tracee;
@@ -254,6 +255,14 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
         .filter(|e| e.zombie_status.is_none())
         .map(|e| load(&images, &files, e))
         .collect::<Result<Vec<_>>>()?;
+    let objects = shmem::load(&images)?;
+    for p in &procs {
+        for v in p.mm.vmas.iter().filter(|v| {
+            VmaKind::try_from(v.kind).is_ok_and(VmaKind::maps_shmem)
+        }) {
+            objects.check_vma(&images, p.pid, v)?;
+        }
+    }
     let zombies: Vec<Zombie> = m
         .processes
         .iter()
@@ -307,6 +316,7 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
     }
     let child = spawn(root, opts)?;
     let mut fds = fd::Context::new(&images, &files, &opts.files);
+    *fds.state::<shmem::Objects>() = objects;
     match build_tree(&procs, &zombies, &pages, &mut fds, opts) {
         Ok((tracees, session)) => {
             stats.phases.rebuild_ms = ms_since(rebuild_started);
@@ -477,6 +487,7 @@ fn build_tree(
             ms_since(started)
         );
     }
+    fds.state::<shmem::Objects>().seal_all()?;
     Ok((tracees, session))
 }
 
@@ -677,11 +688,14 @@ fn rebuild_process(
             if v.path.is_empty() { "-" } else { &v.path }
         );
     }
-    mm::map_vmas(&r, &p.mm, fds.checks())?;
+    // The objects live in the context's state, next to the checks both use.
+    let images = fds.images;
+    let mut objects = std::mem::take(fds.state::<shmem::Objects>());
+    let mapped = mm::map_vmas(&r, &p.mm, fds.checks(), images, &mut objects);
+    *fds.state::<shmem::Objects>() = objects;
+    mapped?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::MidRebuild);
-    mm::map_shared_links(&r, &p.mm)?;
     pages::fill_pages(&r, &p.mm, pages, opts.progress)?;
-    mm::fix_protections(&r, &p.mm)?;
     let mm_fields = core.mm.as_ref().expect("validated");
     mm::set_mm_fields(&r, mm_fields, &core.exe)?;
 

@@ -1,0 +1,180 @@
+//! Shared memory objects: the restorer creates each object of `shmem.img`
+//! once, the first time a VMA needs it (shared anonymous memory with a
+//! shared `mmap` of its own, a memfd or a deleted file's bytes with
+//! `memfd_create`), fills in its saved data, and every process maps it
+//! from an fd taken from the restorer (`pidfd_getfd`, run inside it), so
+//! all mappers share one object again and no memory is duplicated. Seals
+//! are added once every process is rebuilt. The restorer's fds close when
+//! the restore ends; the mappings keep the objects alive.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, PermissionsExt};
+
+use ckpt_image::mm::Vma;
+use ckpt_image::shmem::{MAX_MEMFD_NAME, ShmemKind, ShmemObject, ShmemObjects};
+use ckpt_image::{ImageDir, ImageError, ImageKind};
+
+use crate::error::{RestoreError, Result};
+use crate::sys;
+
+/// The restorer's own fds of one object.
+struct Made {
+    /// Opened read-write: shared mappings that may be made writable.
+    rw: File,
+    /// Opened read-only: private and read-only shared mappings (so a
+    /// write-sealed memfd can still be sealed and mapped).
+    ro: File,
+}
+
+/// Every object of the checkpoint and those created so far.
+#[derive(Default)]
+pub struct Objects {
+    list: ShmemObjects,
+    made: HashMap<u64, Made>,
+}
+
+fn invalid(images: &ImageDir, what: String) -> RestoreError {
+    RestoreError::Image(ImageError::Invalid {
+        path: images.path().join(ckpt_image::SHMEM_NAME),
+        what,
+    })
+}
+
+/// Reads and checks `shmem.img` (absent when the tree mapped no shared
+/// memory object): ids unique and sorted, kinds and names valid, data
+/// runs inside each object and filling its data file.
+pub fn load(images: &ImageDir) -> Result<Objects> {
+    let listed = images
+        .manifest()
+        .files
+        .iter()
+        .any(|d| d.name == ckpt_image::SHMEM_NAME);
+    if !listed {
+        return Ok(Objects::default());
+    }
+    let list: ShmemObjects = images.read_meta(ckpt_image::SHMEM_NAME, ImageKind::Shmem)?;
+    if list.objects.windows(2).any(|w| w[0].id >= w[1].id) {
+        return Err(invalid(images, "object ids are not unique and sorted".into()));
+    }
+    for o in &list.objects {
+        let kind = ShmemKind::try_from(o.kind)
+            .map_err(|_| invalid(images, format!("object {}: unknown kind {}", o.id, o.kind)))?;
+        if kind != ShmemKind::Anon && (o.name.len() > MAX_MEMFD_NAME || o.name.contains('\0')) {
+            return Err(invalid(images, format!("object {}: bad name", o.id)));
+        }
+        let data_len = images
+            .digest(&ckpt_image::shmem_data_name(o.id))?
+            .size;
+        o.check_runs(data_len)
+            .map_err(|e| invalid(images, e.to_string()))?;
+    }
+    Ok(Objects {
+        list,
+        made: HashMap::new(),
+    })
+}
+
+impl Objects {
+    /// Checks that a VMA of process `pid` that maps a shared memory object
+    /// names one of the checkpoint's, in this format.
+    pub fn check_vma(&self, images: &ImageDir, pid: i32, v: &Vma) -> Result<()> {
+        let bad = |what: &str| {
+            RestoreError::Image(ImageError::Invalid {
+                path: images.path().join(ckpt_image::mm_name(pid)),
+                what: format!("VMA {:#x}-{:#x}: {what}", v.start, v.end),
+            })
+        };
+        if v.shmem_owner.is_some() {
+            return Err(bad(
+                "shared memory linked the format 2 way (written by an older ckpt)",
+            ));
+        }
+        if self.list.get(v.shmem_id).is_none() {
+            return Err(bad(&format!("no shared memory object {}", v.shmem_id)));
+        }
+        Ok(())
+    }
+
+    /// The restorer's fd of object `id` (read-write or read-only), creating
+    /// and filling the object the first time.
+    pub fn fd(&mut self, images: &ImageDir, id: u64, writable: bool) -> Result<i32> {
+        if !self.made.contains_key(&id) {
+            let o = self
+                .list
+                .get(id)
+                .ok_or_else(|| invalid(images, format!("no object {id}")))?;
+            let made = create(images, o)?;
+            self.made.insert(id, made);
+        }
+        let m = &self.made[&id];
+        Ok(if writable { m.rw.as_raw_fd() } else { m.ro.as_raw_fd() })
+    }
+
+    /// Adds every created memfd's seals, once every process maps what it
+    /// mapped (a write seal would forbid the writable mappings of others).
+    pub fn seal_all(&self) -> Result<()> {
+        for o in self.list.objects.iter().filter(|o| o.seals != 0) {
+            if o.kind != ShmemKind::Memfd as i32 {
+                continue;
+            }
+            if let Some(m) = self.made.get(&o.id) {
+                sys::add_seals(m.rw.as_raw_fd(), o.seals).map_err(|e| {
+                    RestoreError::os(me(), format!("F_ADD_SEALS on memfd {:?}", o.name), e)
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn me() -> i32 {
+    std::process::id() as i32
+}
+
+/// Creates object `o` in the restorer with its size, owner, data and mode
+/// (mode last, so it is never open to others on the way).
+fn create(images: &ImageDir, o: &ShmemObject) -> Result<Made> {
+    let err = |what: &str, e: std::io::Error| {
+        RestoreError::os(me(), format!("shared memory object {} ({:?}): {what}", o.id, o.name), e)
+    };
+    let kind = ShmemKind::try_from(o.kind).unwrap_or(ShmemKind::Anon);
+    let rw = match kind {
+        ShmemKind::Anon => sys::shared_anon(o.size).map_err(|e| err("shared mmap", e))?,
+        ShmemKind::Memfd | ShmemKind::DeletedFile => {
+            // A deleted file's path is no name memfd_create takes.
+            let name = match kind {
+                ShmemKind::Memfd => o.name.as_str(),
+                _ => o.name.rsplit('/').next().unwrap_or(""),
+            };
+            let f = sys::memfd(name).map_err(|e| err("memfd_create", e))?;
+            f.set_len(o.size).map_err(|e| err("ftruncate", e))?;
+            std::os::unix::fs::fchown(&f, Some(o.uid), Some(o.gid))
+                .map_err(|e| err("fchown", e))?;
+            f
+        }
+    };
+    let name = ckpt_image::shmem_data_name(o.id);
+    let data_file = images.open_pages(&name)?;
+    let data = sys::map_readonly(&data_file)
+        .map_err(|e| RestoreError::from(ImageError::io(images.path().join(&name), "mmap", e)))?;
+    let mut at = 0usize;
+    for r in &o.data {
+        // In range: `load` checked the runs fill the data file exactly.
+        let len = r.len as usize;
+        let bytes = data
+            .get(at..at + len)
+            .ok_or_else(|| invalid(images, format!("object {}: data file too short", o.id)))?;
+        rw.write_all_at(bytes, r.offset)
+            .map_err(|e| err("write data", e))?;
+        at += len;
+    }
+    if kind != ShmemKind::Anon {
+        rw.set_permissions(std::fs::Permissions::from_mode(o.mode & 0o777))
+            .map_err(|e| err("fchmod", e))?;
+    }
+    let ro = File::open(format!("/proc/self/fd/{}", rw.as_raw_fd()))
+        .map_err(|e| err("reopen read-only", e))?;
+    Ok(Made { rw, ro })
+}
