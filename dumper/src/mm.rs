@@ -160,6 +160,10 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
             vma.file_offset = e.offset;
             VmaKind::Shmem
         }
+        // A private mapping of /dev/zero is anonymous memory the kernel
+        // names after the device (reading the device to hash it would
+        // never end); it comes back as plain anonymous memory.
+        "/dev/zero" if !shared => VmaKind::Anon,
         path if path.starts_with("[anon:") => VmaKind::Anon,
         path if path.starts_with("/SYSV") => return Err(unsupported("SysV shared memory".into())),
         AIO_RING => return Err(unsupported("aio ring of io_setup".into())),
