@@ -460,6 +460,8 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<(DumpReport,
         opts.externals,
         &mut blockers,
     )?;
+    let mut files = files;
+    blockers.absorb(objects.link_files(&mut files))?;
     let fds: usize = files.tables.iter().map(|(_, t)| t.fds.len()).sum();
     log::info!(
         "collect fds: {fds} fds, {} open files ({:.3} ms)",

@@ -18,7 +18,10 @@ use ckpt_image::mm::{Vma, VmaKind};
 use ckpt_image::shmem::{ShmemKind, ShmemObject, ShmemObjects, ShmemRun};
 use ckpt_image::{ImageKind, ImageWriter, PAGE_SIZE};
 
+use ckpt_image::fd::file::Kind;
+
 use crate::error::Result;
+use crate::fd::TreeFiles;
 use crate::mm::{DELETED_SUFFIX, MEMFD_PREFIX};
 use crate::procfile;
 use crate::sys;
@@ -60,6 +63,24 @@ impl Objects {
                 &v.path
             };
             v.shmem_id = self.object(pid, link, path)?;
+        }
+        Ok(())
+    }
+
+    /// Gives every memfd open file of the tree the id of its object (the
+    /// one its mappings have, if any), through the first fd holding it.
+    pub fn link_files(&mut self, tree: &mut TreeFiles) -> Result<()> {
+        let holders: Vec<_> = tree.holders().collect();
+        for f in tree.files.files.iter_mut() {
+            let Some(Kind::Memfd(m)) = &mut f.kind else {
+                continue;
+            };
+            let Some(h) = holders.iter().find(|h| h.file_id == f.id) else {
+                continue;
+            };
+            let name = format!("fd/{}", h.fd);
+            let link = procfile::readlink(h.pid, &name)?;
+            m.shmem_id = self.object(h.pid, procfile::path(h.pid, &name), &link)?;
         }
         Ok(())
     }

@@ -263,6 +263,16 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
             objects.check_vma(&images, p.pid, v)?;
         }
     }
+    for f in &files.files {
+        if let Some(ckpt_image::fd::file::Kind::Memfd(m)) = &f.kind
+            && !objects.has(m.shmem_id)
+        {
+            return Err(RestoreError::Image(ImageError::Invalid {
+                path: images.path().join(ckpt_image::FILES_NAME),
+                what: format!("memfd file {}: no shared memory object {}", f.id, m.shmem_id),
+            }));
+        }
+    }
     let zombies: Vec<Zombie> = m
         .processes
         .iter()

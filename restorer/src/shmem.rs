@@ -97,6 +97,11 @@ impl Objects {
         Ok(())
     }
 
+    /// The checkpoint has object `id`.
+    pub fn has(&self, id: u64) -> bool {
+        self.list.get(id).is_some()
+    }
+
     /// The restorer's fd of object `id` (read-write or read-only), creating
     /// and filling the object the first time.
     pub fn fd(&mut self, images: &ImageDir, id: u64, writable: bool) -> Result<i32> {

@@ -300,6 +300,7 @@ fn describe(f: &File) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
+        Some(Kind::Memfd(m)) => format!("memfd, shared memory object {}", m.shmem_id),
         None => String::new(),
     }
 }

@@ -12,6 +12,7 @@ mod eventfd;
 mod external;
 mod fifo;
 mod lock;
+mod memfd;
 mod pipe;
 mod reg;
 mod signalfd;
@@ -43,6 +44,7 @@ static KINDS: &[&dyn FileDumper] = &[
     &signalfd::Signalfd,
     &fifo::Fifo,
     &epoll::Epoll,
+    &memfd::Memfd,
 ];
 
 /// What ckpt refuses by name (an fd of these fails the dump, naming pid and
@@ -54,7 +56,7 @@ pub static REFUSED: &[(&str, &str)] = &[
         "a pipe whose other end no process of the tree holds, unless only fds 0-2 hold it (rebound to restore's stdio) or it is declared with --external",
     ),
     ("inotify", "inotify and fanotify instances"),
-    ("memfd", "memfd files"),
+    ("hugetlb memfd", "memfds made with MFD_HUGETLB (fds and mappings)"),
     (
         "other devices",
         "character and block devices other than the ones above",

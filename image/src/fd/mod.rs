@@ -23,6 +23,7 @@ pub mod epoll;
 pub mod eventfd;
 pub mod external;
 pub mod fifo;
+pub mod memfd;
 pub mod pipe;
 pub mod reg;
 pub mod signalfd;
@@ -45,6 +46,7 @@ impl File {
             Some(file::Kind::Signalfd(_)) => "signalfd",
             Some(file::Kind::Fifo(_)) => "fifo",
             Some(file::Kind::Epoll(_)) => "epoll",
+            Some(file::Kind::Memfd(_)) => "memfd",
             None => "unknown",
         }
     }

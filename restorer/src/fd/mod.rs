@@ -14,6 +14,7 @@ mod epoll;
 mod eventfd;
 mod external;
 mod fifo;
+mod memfd;
 pub mod identity;
 mod pipe;
 mod reg;
@@ -78,6 +79,7 @@ fn install_file(
         Some(Kind::Signalfd(image)) => install(&signalfd::Signalfd, cx, r, file, image, fd, pass),
         Some(Kind::Fifo(image)) => install(&fifo::Fifo, cx, r, file, image, fd, pass),
         Some(Kind::Epoll(image)) => install(&epoll::Epoll, cx, r, file, image, fd, pass),
+        Some(Kind::Memfd(image)) => install(&memfd::Memfd, cx, r, file, image, fd, pass),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
 }
