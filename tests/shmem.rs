@@ -2,7 +2,8 @@
 //! anonymous memory across fork (tests/c/shmem.c), and a parent and child
 //! mapping shared anonymous memory with its middle unmapped, /dev/zero, a
 //! memfd mapped twice at different offsets and privately, and a deleted
-//! file mapped shared and private (tests/c/shmobj.c).
+//! file mapped shared and private, a POSIX shm object in /dev/shm shared by
+//! both and removed (or kept) before the restore (tests/c/shmobj.c).
 
 mod common;
 
@@ -17,8 +18,26 @@ fn shared_anonymous_memory_stays_shared() {
 /// object of `kind` (its data once, however many VMAs of both processes
 /// map it), restores and requires the victim to pass. Returns the show.
 fn one_object_cycle(test: &str, args: &[&str], kind: &str) -> serde_json::Value {
+    one_object_cycle_with(test, args, kind, None, |_| {})
+}
+
+/// [`one_object_cycle`] with the victim run as `user` (root if `None`) and
+/// `between` run after the dump, before the restore.
+fn one_object_cycle_with(
+    test: &str,
+    args: &[&str],
+    kind: &str,
+    user: Option<&TestUser>,
+    between: impl FnOnce(&serde_json::Value),
+) -> serde_json::Value {
     let env = TestEnv::new(test);
-    let mut v = Victim::spawn(&env, "shmobj", args);
+    let mut v = match user {
+        Some(u) => {
+            env.give_work_to(u);
+            Victim::spawn_as(&env, "shmobj", args, u)
+        }
+        None => Victim::spawn(&env, "shmobj", args),
+    };
     v.wait_ready();
     dump_kill_reap(&env, &mut v);
     let show = show_json(&env);
@@ -56,6 +75,7 @@ fn one_object_cycle(test: &str, args: &[&str], kind: &str) -> serde_json::Value 
             assert_eq!(m["saved_bytes"].as_u64(), Some(0), "{m}");
         }
     }
+    between(&show);
     restore_and_check(&env, &v);
     show
 }
@@ -106,5 +126,65 @@ fn deleted_file_mapped_shared_and_private() {
             .ends_with("/deleted.bin"),
         "{}",
         show["shmem"][0]
+    );
+}
+
+/// A POSIX shm name of this test run, removed when dropped.
+struct ShmName(String);
+
+impl ShmName {
+    fn new(tag: &str) -> ShmName {
+        ShmName(format!("/ckpt-test-{}-{tag}", std::process::id()))
+    }
+
+    fn path(&self) -> std::path::PathBuf {
+        std::path::Path::new("/dev/shm").join(&self.0[1..])
+    }
+}
+
+impl Drop for ShmName {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.path());
+    }
+}
+
+#[test]
+fn posix_shm_recreated_when_gone() {
+    use std::os::unix::fs::MetadataExt;
+    let user = test_user();
+    let name = ShmName::new("gone");
+    let path = name.path();
+    one_object_cycle_with(
+        "shmem-posix-gone",
+        &["posix", &name.0],
+        "TmpfsFile",
+        Some(user),
+        |show| {
+            assert_eq!(show["shmem"][0]["name"], path.to_str().unwrap());
+            // As after a reboot or on another node: only the image has it.
+            std::fs::remove_file(&path).unwrap();
+        },
+    );
+    let m = std::fs::metadata(&path).expect("recreated");
+    assert_eq!((m.uid(), m.gid()), (user.uid, user.gid));
+    assert_eq!(m.mode() & 0o7777, 0o640);
+    assert_eq!(m.len(), 5 * 4096 + 300);
+}
+
+#[test]
+fn posix_shm_kept_gets_the_checkpoint_contents() {
+    use std::os::unix::fs::FileExt;
+    let name = ShmName::new("kept");
+    let path = name.path();
+    one_object_cycle_with(
+        "shmem-posix-kept",
+        &["posix", &name.0],
+        "TmpfsFile",
+        None,
+        |_| {
+            // Changed after the checkpoint: the image's state wins.
+            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.write_all_at(b"changed after the checkpoint", 2 * 4096).unwrap();
+        },
     );
 }

@@ -187,7 +187,11 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
             vma.path = path.to_string();
             vma.file_offset = e.offset;
             vma.file = Some(file_id(pid, e, !shared)?);
-            if shared {
+            if shared && on_tmpfs(pid, e)? {
+                // It lives only in RAM: saved once as a shared memory
+                // object (`shmem`), recreated if gone at restore.
+                VmaKind::Shmem
+            } else if shared {
                 if has("mw") {
                     vma.flags |= vma_flags::MAYWRITE;
                 }
@@ -255,6 +259,16 @@ fn file_id(pid: i32, e: &SmapsEntry, private: bool) -> Result<FileId> {
 }
 
 const NANOS_PER_SEC: i64 = 1_000_000_000;
+
+/// statfs(2) `f_type` of tmpfs.
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// The file mapped by `e` lives on a tmpfs (only in RAM).
+fn on_tmpfs(pid: i32, e: &SmapsEntry) -> Result<bool> {
+    let link = procfile::path(pid, &format!("map_files/{:x}-{:x}", e.start, e.end));
+    let fs = nix::sys::statfs::statfs(&link).map_err(|s| procfile::proc_err(pid, link, s.into()))?;
+    Ok(fs.filesystem_type().0 as i64 == TMPFS_MAGIC)
+}
 
 /// What makes a cached content hash still valid: the same inode, unchanged
 /// since (a write moves ctime, which no one but root can set back).

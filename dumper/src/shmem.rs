@@ -1,6 +1,6 @@
 //! Shared memory objects: every object the tree maps shared or that is
 //! gone from the filesystem (shared anonymous memory, memfds, deleted
-//! files) is found through `/proc/PID/map_files`, told apart by device and
+//! files, files on a tmpfs mapped shared) is found through `/proc/PID/map_files`, told apart by device and
 //! inode, and saved once (`shmem.img`, data in `shmem-ID.img`) whatever
 //! processes and VMAs map it and at whatever offsets; each VMA records the
 //! object's id and its offset in it.
@@ -99,6 +99,8 @@ impl Objects {
         }
         let (kind, name) = if path == SHARED_ANON_PATH {
             (ShmemKind::Anon, String::new())
+        } else if !path.ends_with(DELETED_SUFFIX) {
+            (ShmemKind::TmpfsFile, path.to_string())
         } else {
             let bare = path.strip_suffix(DELETED_SUFFIX).unwrap_or(path);
             match bare.strip_prefix(MEMFD_PREFIX) {

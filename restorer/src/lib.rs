@@ -701,7 +701,14 @@ fn rebuild_process(
     // The objects live in the context's state, next to the checks both use.
     let images = fds.images;
     let mut objects = std::mem::take(fds.state::<shmem::Objects>());
-    let mapped = mm::map_vmas(&r, &p.mm, fds.checks(), images, &mut objects);
+    let mapped = mm::map_vmas(
+        &r,
+        &p.mm,
+        fds.checks(),
+        images,
+        &mut objects,
+        core.creds.as_ref(),
+    );
     *fds.state::<shmem::Objects>() = objects;
     mapped?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::MidRebuild);

@@ -12,6 +12,7 @@ use crate::fd::identity::{Contents, Expected, FileChecks, Inode};
 use crate::fd::take_from;
 use crate::shmem;
 use ckpt_image::ImageDir;
+use ckpt_image::task::Creds;
 use ckpt_parasite::remote::{Remote, SCRATCH_LEN};
 
 /// One line of the child's own `/proc/PID/maps`.
@@ -189,6 +190,7 @@ pub fn map_vmas(
     checks: &mut FileChecks,
     images: &ImageDir,
     objects: &mut shmem::Objects,
+    creds: Option<&Creds>,
 ) -> Result<()> {
     let pid = r.t.pid();
     for v in &mm.vmas {
@@ -204,7 +206,13 @@ pub fn map_vmas(
             VmaKind::Shmem | VmaKind::ShmemPrivate => {
                 let shared = kind == VmaKind::Shmem;
                 let writable = shared && v.flags & vma_flags::MAYWRITE != 0;
-                let mine = objects.fd(images, v.shmem_id, writable)?;
+                let at = shmem::AtPath {
+                    r,
+                    creds,
+                    file: v.file.as_ref(),
+                    checks: &mut *checks,
+                };
+                let mine = objects.fd(images, v.shmem_id, writable, Some(at))?;
                 fd = i64::from(take_from(r, std::process::id() as i32, mine)?);
                 flags |= if shared {
                     libc::MAP_SHARED

@@ -16,8 +16,15 @@ use ckpt_image::mm::Vma;
 use ckpt_image::shmem::{MAX_MEMFD_NAME, ShmemKind, ShmemObject, ShmemObjects};
 use ckpt_image::{ImageDir, ImageError, ImageKind};
 
+use ckpt_image::mm::FileId;
+use ckpt_image::task::Creds;
+use ckpt_parasite::remote::Remote;
+
 use crate::error::{RestoreError, Result};
+use crate::fd::identity::FileChecks;
 use crate::sys;
+
+mod tmpfs;
 
 /// The restorer's own fds of one object.
 struct Made {
@@ -103,14 +110,28 @@ impl Objects {
     }
 
     /// The restorer's fd of object `id` (read-write or read-only), creating
-    /// and filling the object the first time.
-    pub fn fd(&mut self, images: &ImageDir, id: u64, writable: bool) -> Result<i32> {
+    /// and filling the object the first time. A tmpfs file is reopened or
+    /// recreated at its path by the process of `at` (a mapping of it).
+    pub fn fd(
+        &mut self,
+        images: &ImageDir,
+        id: u64,
+        writable: bool,
+        at: Option<AtPath<'_, '_>>,
+    ) -> Result<i32> {
         if !self.made.contains_key(&id) {
             let o = self
                 .list
                 .get(id)
                 .ok_or_else(|| invalid(images, format!("no object {id}")))?;
-            let made = create(images, o)?;
+            let made = if o.kind == ShmemKind::TmpfsFile as i32 {
+                let at = at.ok_or_else(|| {
+                    invalid(images, format!("object {id}: a tmpfs file held only by an fd"))
+                })?;
+                tmpfs::open_or_create(images, o, at)?
+            } else {
+                create(images, o)?
+            };
             self.made.insert(id, made);
         }
         let m = &self.made[&id];
@@ -138,6 +159,41 @@ fn me() -> i32 {
     std::process::id() as i32
 }
 
+/// What a tmpfs file object needs to be found or recreated at its path: the
+/// process that maps it first (its filesystem identity opens and creates
+/// the file), and what the file was.
+pub struct AtPath<'r, 'c> {
+    /// The process.
+    pub r: &'r Remote<'r>,
+    /// Its dumped credentials (fsuid, fsgid, groups).
+    pub creds: Option<&'c Creds>,
+    /// The file as the dump saw it.
+    pub file: Option<&'c FileId>,
+    /// The identity checks.
+    pub checks: &'c mut FileChecks,
+}
+
+/// Writes the saved data of `o` into `f` at its offsets.
+fn write_data(images: &ImageDir, o: &ShmemObject, f: &File) -> Result<()> {
+    let name = ckpt_image::shmem_data_name(o.id);
+    let data_file = images.open_pages(&name)?;
+    let data = sys::map_readonly(&data_file)
+        .map_err(|e| RestoreError::from(ImageError::io(images.path().join(&name), "mmap", e)))?;
+    let mut at = 0usize;
+    for r in &o.data {
+        // In range: `load` checked the runs fill the data file exactly.
+        let len = r.len as usize;
+        let bytes = data
+            .get(at..at + len)
+            .ok_or_else(|| invalid(images, format!("object {}: data file too short", o.id)))?;
+        f.write_all_at(bytes, r.offset).map_err(|e| {
+            RestoreError::os(me(), format!("shared memory object {}: write data", o.id), e)
+        })?;
+        at += len;
+    }
+    Ok(())
+}
+
 /// Creates object `o` in the restorer with its size, owner, data and mode
 /// (mode last, so it is never open to others on the way).
 fn create(images: &ImageDir, o: &ShmemObject) -> Result<Made> {
@@ -147,6 +203,7 @@ fn create(images: &ImageDir, o: &ShmemObject) -> Result<Made> {
     let kind = ShmemKind::try_from(o.kind).unwrap_or(ShmemKind::Anon);
     let rw = match kind {
         ShmemKind::Anon => sys::shared_anon(o.size).map_err(|e| err("shared mmap", e))?,
+        ShmemKind::TmpfsFile => unreachable!("created by tmpfs::open_or_create"),
         ShmemKind::Memfd | ShmemKind::DeletedFile => {
             // A deleted file's path is no name memfd_create takes.
             let name = match kind {
@@ -160,21 +217,7 @@ fn create(images: &ImageDir, o: &ShmemObject) -> Result<Made> {
             f
         }
     };
-    let name = ckpt_image::shmem_data_name(o.id);
-    let data_file = images.open_pages(&name)?;
-    let data = sys::map_readonly(&data_file)
-        .map_err(|e| RestoreError::from(ImageError::io(images.path().join(&name), "mmap", e)))?;
-    let mut at = 0usize;
-    for r in &o.data {
-        // In range: `load` checked the runs fill the data file exactly.
-        let len = r.len as usize;
-        let bytes = data
-            .get(at..at + len)
-            .ok_or_else(|| invalid(images, format!("object {}: data file too short", o.id)))?;
-        rw.write_all_at(bytes, r.offset)
-            .map_err(|e| err("write data", e))?;
-        at += len;
-    }
+    write_data(images, o, &rw)?;
     if kind != ShmemKind::Anon {
         rw.set_permissions(std::fs::Permissions::from_mode(o.mode & 0o777))
             .map_err(|e| err("fchmod", e))?;

@@ -7,7 +7,9 @@
  *            offsets and once private with a written page; its fd kept
  *            open when argv[3] is "fd" (name, offset, seals checked);
  *   deleted  a file unlinked while mapped shared and private;
- *   devzero  /dev/zero mapped shared and private.
+ *   devzero  /dev/zero mapped shared and private;
+ *   posix    a POSIX shm object (shm_open NAME = argv[3], in /dev/shm)
+ *            mapped shared, its fd closed.
  * After go the parent and the child each write a token the other must see
  * (the object is still one object, not copies), and both check every
  * byte of the saved patterns.
@@ -107,6 +109,20 @@ static void setup_deleted(void)
 	close(fd);
 }
 
+static void setup_posix(const char *name)
+{
+	object_len = 5 * PG + 300;
+	object = malloc(object_len);
+	fill_pattern(object, object_len, 41);
+	int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0640);
+	if (fd < 0)
+		die("shm_open");
+	if (write(fd, object, object_len) != (ssize_t)object_len)
+		die("write shm");
+	add_shared("posix shm", mmap(NULL, 6 * PG, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), 6 * PG, 0);
+	close(fd);
+}
+
 static void setup_anon(int devzero, int partial)
 {
 	object_len = 16 * PG;
@@ -202,6 +218,8 @@ int main(int argc, char **argv)
 		setup_memfd(argc > 3 && !strcmp(argv[3], "fd"));
 	else if (!strcmp(mode, "deleted"))
 		setup_deleted();
+	else if (!strcmp(mode, "posix") && argc > 3)
+		setup_posix(argv[3]);
 	else
 		die("unknown mode");
 

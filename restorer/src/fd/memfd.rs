@@ -36,7 +36,7 @@ impl FileRestorer for Memfd {
         }
         let mine = cx
             .state::<shmem::Objects>()
-            .fd(images, image.shmem_id, true)?;
+            .fd(images, image.shmem_id, true, None)?;
         let taken = take_from(r, std::process::id() as i32, mine)?;
         let opened = r.open(&format!("/proc/self/fd/{taken}"), reopen_flags(file), 0);
         r.close(taken)?;

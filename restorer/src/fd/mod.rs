@@ -7,8 +7,8 @@
 //! one line in [`install_file`]; the twin on the dump side is
 //! `dumper/src/fd/KIND.rs`, the image message `image/src/fd/KIND.rs`.
 
-mod create;
-mod creds;
+pub(crate) mod create;
+pub(crate) mod creds;
 mod dev;
 mod epoll;
 mod eventfd;
