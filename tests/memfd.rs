@@ -34,7 +34,13 @@ fn memfd_fd_and_mappings_are_one_object() {
     for f in &fds {
         assert_eq!(f["pos"].as_i64(), Some(1234));
         assert_eq!(f["cloexec"].as_bool(), Some(true));
-        assert!(f["object"].as_str().unwrap().contains(&format!("shared memory object {id}")), "{f}");
+        assert!(
+            f["object"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("shared memory object {id}")),
+            "{f}"
+        );
     }
     // Its contents once: one data file, no pages for the shared mappings.
     let data_files: Vec<_> = show["files"]

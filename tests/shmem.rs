@@ -88,7 +88,12 @@ fn shared_views(show: &serde_json::Value) -> Vec<(u64, u64)> {
         .unwrap()
         .iter()
         .filter(|m| m["kind"] == "Shmem")
-        .map(|m| (m["file_offset"].as_u64().unwrap(), hex(&m["end"]) - hex(&m["start"])))
+        .map(|m| {
+            (
+                m["file_offset"].as_u64().unwrap(),
+                hex(&m["end"]) - hex(&m["start"]),
+            )
+        })
         .collect()
 }
 
@@ -184,7 +189,8 @@ fn posix_shm_kept_gets_the_checkpoint_contents() {
         |_| {
             // Changed after the checkpoint: the image's state wins.
             let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-            f.write_all_at(b"changed after the checkpoint", 2 * 4096).unwrap();
+            f.write_all_at(b"changed after the checkpoint", 2 * 4096)
+                .unwrap();
         },
     );
 }

@@ -266,7 +266,8 @@ const TMPFS_MAGIC: i64 = 0x0102_1994;
 /// The file mapped by `e` lives on a tmpfs (only in RAM).
 fn on_tmpfs(pid: i32, e: &SmapsEntry) -> Result<bool> {
     let link = procfile::path(pid, &format!("map_files/{:x}-{:x}", e.start, e.end));
-    let fs = nix::sys::statfs::statfs(&link).map_err(|s| procfile::proc_err(pid, link, s.into()))?;
+    let fs =
+        nix::sys::statfs::statfs(&link).map_err(|s| procfile::proc_err(pid, link, s.into()))?;
     Ok(fs.filesystem_type().0 as i64 == TMPFS_MAGIC)
 }
 
@@ -325,7 +326,9 @@ fn keep(kind: VmaKind, cats: u64) -> bool {
         VmaKind::Anon => cats & (PRESENT | SWAPPED) != 0 && cats & PFNZERO == 0,
         // Only pages the process wrote (private anonymous copies); clean
         // pages come back from the file or object.
-        VmaKind::FilePrivate | VmaKind::ShmemPrivate => cats & SWAPPED != 0 || (cats & PRESENT != 0 && cats & FILE == 0),
+        VmaKind::FilePrivate | VmaKind::ShmemPrivate => {
+            cats & SWAPPED != 0 || (cats & PRESENT != 0 && cats & FILE == 0)
+        }
         _ => false,
     }
 }

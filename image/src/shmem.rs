@@ -15,7 +15,9 @@ pub const MAX_MEMFD_NAME: usize = 249;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ShmemLayoutError {
     /// A run is empty, overlaps the previous one or ends past the object.
-    #[error("object {id}: data run at {offset:#x} (+{len}) is empty, out of order or past its size {size}")]
+    #[error(
+        "object {id}: data run at {offset:#x} (+{len}) is empty, out of order or past its size {size}"
+    )]
     BadRun {
         /// The object.
         id: u64,

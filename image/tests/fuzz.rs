@@ -24,8 +24,8 @@ use ckpt_image::fd::{FdTable, Files};
 use ckpt_image::header::{self, HEADER_LEN};
 use ckpt_image::manifest::Manifest;
 use ckpt_image::mm::Mm;
-use ckpt_image::task::Core;
 use ckpt_image::shmem::ShmemObjects;
+use ckpt_image::task::Core;
 use ckpt_image::{ImageDir, ImageKey, ImageKind, ImageWriter};
 
 /// No single allocation while reading an image may be larger than this:

@@ -257,9 +257,11 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
         .collect::<Result<Vec<_>>>()?;
     let objects = shmem::load(&images)?;
     for p in &procs {
-        for v in p.mm.vmas.iter().filter(|v| {
-            VmaKind::try_from(v.kind).is_ok_and(VmaKind::maps_shmem)
-        }) {
+        for v in
+            p.mm.vmas
+                .iter()
+                .filter(|v| VmaKind::try_from(v.kind).is_ok_and(VmaKind::maps_shmem))
+        {
             objects.check_vma(&images, p.pid, v)?;
         }
     }
@@ -269,7 +271,10 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
         {
             return Err(RestoreError::Image(ImageError::Invalid {
                 path: images.path().join(ckpt_image::FILES_NAME),
-                what: format!("memfd file {}: no shared memory object {}", f.id, m.shmem_id),
+                what: format!(
+                    "memfd file {}: no shared memory object {}",
+                    f.id, m.shmem_id
+                ),
             }));
         }
     }

@@ -63,7 +63,10 @@ pub fn load(images: &ImageDir) -> Result<Objects> {
     }
     let list: ShmemObjects = images.read_meta(ckpt_image::SHMEM_NAME, ImageKind::Shmem)?;
     if list.objects.windows(2).any(|w| w[0].id >= w[1].id) {
-        return Err(invalid(images, "object ids are not unique and sorted".into()));
+        return Err(invalid(
+            images,
+            "object ids are not unique and sorted".into(),
+        ));
     }
     for o in &list.objects {
         let kind = ShmemKind::try_from(o.kind)
@@ -71,9 +74,7 @@ pub fn load(images: &ImageDir) -> Result<Objects> {
         if kind != ShmemKind::Anon && (o.name.len() > MAX_MEMFD_NAME || o.name.contains('\0')) {
             return Err(invalid(images, format!("object {}: bad name", o.id)));
         }
-        let data_len = images
-            .digest(&ckpt_image::shmem_data_name(o.id))?
-            .size;
+        let data_len = images.digest(&ckpt_image::shmem_data_name(o.id))?.size;
         o.check_runs(data_len)
             .map_err(|e| invalid(images, e.to_string()))?;
     }
@@ -126,7 +127,10 @@ impl Objects {
                 .ok_or_else(|| invalid(images, format!("no object {id}")))?;
             let made = if o.kind == ShmemKind::TmpfsFile as i32 {
                 let at = at.ok_or_else(|| {
-                    invalid(images, format!("object {id}: a tmpfs file held only by an fd"))
+                    invalid(
+                        images,
+                        format!("object {id}: a tmpfs file held only by an fd"),
+                    )
                 })?;
                 tmpfs::open_or_create(images, o, at)?
             } else {
@@ -135,7 +139,11 @@ impl Objects {
             self.made.insert(id, made);
         }
         let m = &self.made[&id];
-        Ok(if writable { m.rw.as_raw_fd() } else { m.ro.as_raw_fd() })
+        Ok(if writable {
+            m.rw.as_raw_fd()
+        } else {
+            m.ro.as_raw_fd()
+        })
     }
 
     /// Adds every created memfd's seals, once every process maps what it
@@ -187,7 +195,11 @@ fn write_data(images: &ImageDir, o: &ShmemObject, f: &File) -> Result<()> {
             .get(at..at + len)
             .ok_or_else(|| invalid(images, format!("object {}: data file too short", o.id)))?;
         f.write_all_at(bytes, r.offset).map_err(|e| {
-            RestoreError::os(me(), format!("shared memory object {}: write data", o.id), e)
+            RestoreError::os(
+                me(),
+                format!("shared memory object {}: write data", o.id),
+                e,
+            )
         })?;
         at += len;
     }
@@ -198,7 +210,11 @@ fn write_data(images: &ImageDir, o: &ShmemObject, f: &File) -> Result<()> {
 /// (mode last, so it is never open to others on the way).
 fn create(images: &ImageDir, o: &ShmemObject) -> Result<Made> {
     let err = |what: &str, e: std::io::Error| {
-        RestoreError::os(me(), format!("shared memory object {} ({:?}): {what}", o.id, o.name), e)
+        RestoreError::os(
+            me(),
+            format!("shared memory object {} ({:?}): {what}", o.id, o.name),
+            e,
+        )
     };
     let kind = ShmemKind::try_from(o.kind).unwrap_or(ShmemKind::Anon);
     let rw = match kind {

@@ -151,7 +151,8 @@ pub fn shared_anon(size: u64) -> std::io::Result<std::fs::File> {
 /// added at the end).
 pub fn memfd(name: &str) -> std::io::Result<std::fs::File> {
     use std::os::fd::FromRawFd;
-    let c = std::ffi::CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    let c = std::ffi::CString::new(name)
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: `c` is a NUL-terminated string that outlives the call.
     let fd = unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if fd < 0 {

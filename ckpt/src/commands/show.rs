@@ -111,7 +111,8 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
             .objects
             .iter()
             .map(|o| {
-                let kind = ShmemKind::try_from(o.kind).map_or("unknown".into(), |k| format!("{k:?}"));
+                let kind =
+                    ShmemKind::try_from(o.kind).map_or("unknown".into(), |k| format!("{k:?}"));
                 json!({
                     "id": o.id,
                     "kind": kind,

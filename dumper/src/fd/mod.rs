@@ -56,7 +56,10 @@ pub static REFUSED: &[(&str, &str)] = &[
         "a pipe whose other end no process of the tree holds, unless only fds 0-2 hold it (rebound to restore's stdio) or it is declared with --external",
     ),
     ("inotify", "inotify and fanotify instances"),
-    ("hugetlb memfd", "memfds made with MFD_HUGETLB (fds and mappings)"),
+    (
+        "hugetlb memfd",
+        "memfds made with MFD_HUGETLB (fds and mappings)",
+    ),
     (
         "other devices",
         "character and block devices other than the ones above",

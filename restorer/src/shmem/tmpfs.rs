@@ -44,14 +44,20 @@ pub(super) fn open_or_create(
         path: o.name.clone(),
         what,
     };
-    let fs = FsIdentity::of(at.creds).ok_or_else(|| err("no filesystem identity to open it with".into()))?;
-    let dumped = at.file.ok_or_else(|| err("no identity recorded for it".into()))?;
+    let fs = FsIdentity::of(at.creds)
+        .ok_or_else(|| err("no filesystem identity to open it with".into()))?;
+    let dumped = at
+        .file
+        .ok_or_else(|| err("no identity recorded for it".into()))?;
     let prev = fs.assume(r)?;
     let got = find_or_create(images, o, &mut at, fs.uid(), dumped);
     prev.restore(r)?;
     let rw = got?;
-    let ro = File::open(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&rw)))
-        .map_err(|e| err(format!("cannot reopen read-only: {e}")))?;
+    let ro = File::open(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&rw)
+    ))
+    .map_err(|e| err(format!("cannot reopen read-only: {e}")))?;
     Ok(Made { rw, ro })
 }
 
@@ -69,7 +75,11 @@ fn find_or_create(
         path: o.name.clone(),
         what,
     };
-    match r.open(&o.name, libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0) {
+    match r.open(
+        &o.name,
+        libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        0,
+    ) {
         Ok(fd) => {
             let proc = format!("/proc/{pid}/fd/{fd}");
             let want = Expected {
@@ -83,9 +93,17 @@ fn find_or_create(
                 contents: Contents::Any,
             };
             let checked = at.checks.verify(Path::new(&proc), &want);
-            let here = std::fs::OpenOptions::new().read(true).write(true).open(&proc);
+            let here = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&proc);
             r.close(fd)?;
-            checked.map_err(|m| err(format!("the tmpfs file there is not the one mapped: {}", m.0)))?;
+            checked.map_err(|m| {
+                err(format!(
+                    "the tmpfs file there is not the one mapped: {}",
+                    m.0
+                ))
+            })?;
             let f = here.map_err(|e| err(format!("cannot open it: {e}")))?;
             if !same_contents(images, o, &f)? {
                 log::info!("pid {pid}: {}: giving it the checkpoint's contents", o.name);
@@ -107,8 +125,10 @@ fn find_or_create(
                         .and_then(|()| f.set_len(o.size))
                         .map_err(|e| err(format!("cannot fill the recreated file: {e}")))?;
                     write_data(images, o, &f)?;
-                    f.set_permissions(std::fs::Permissions::from_mode(dumped.mode & PERMISSION_BITS))
-                        .map_err(|e| err(format!("cannot set its mode: {e}")))?;
+                    f.set_permissions(std::fs::Permissions::from_mode(
+                        dumped.mode & PERMISSION_BITS,
+                    ))
+                    .map_err(|e| err(format!("cannot set its mode: {e}")))?;
                     Ok(f)
                 })
             } else {
@@ -127,14 +147,21 @@ fn find_or_create(
 /// The file already holds exactly the saved contents (size, data runs,
 /// zeros elsewhere).
 fn same_contents(images: &ImageDir, o: &ShmemObject, f: &File) -> Result<bool> {
-    let err = |e: std::io::Error| RestoreError::os(std::process::id() as i32, format!("{}: compare", o.name), e);
+    let err = |e: std::io::Error| {
+        RestoreError::os(std::process::id() as i32, format!("{}: compare", o.name), e)
+    };
     if f.metadata().map_err(err)?.len() != o.size {
         return Ok(false);
     }
     let name = ckpt_image::shmem_data_name(o.id);
     let data_file = images.open_pages(&name)?;
-    let data = crate::sys::map_readonly(&data_file)
-        .map_err(|e| RestoreError::from(ckpt_image::ImageError::io(images.path().join(&name), "mmap", e)))?;
+    let data = crate::sys::map_readonly(&data_file).map_err(|e| {
+        RestoreError::from(ckpt_image::ImageError::io(
+            images.path().join(&name),
+            "mmap",
+            e,
+        ))
+    })?;
     let mut buf = vec![0u8; CHUNK];
     let mut off = 0u64;
     let mut at = 0usize;
