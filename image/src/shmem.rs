@@ -11,6 +11,41 @@ pub use crate::pb::{ShmemKind, ShmemObject, ShmemObjects, ShmemRun};
 /// make the kernel's NAME_MAX); a longer one in an image is refused.
 pub const MAX_MEMFD_NAME: usize = 249;
 
+/// Longest path of a deleted or tmpfs file (PATH_MAX less its NUL).
+pub const MAX_PATH: usize = 4095;
+
+impl ShmemObject {
+    /// The name is one the object's kind can have: none for shared
+    /// anonymous memory, a memfd name, or an absolute path; never a NUL.
+    pub fn name_is_valid(&self) -> bool {
+        let name = &self.name;
+        !name.contains('\0')
+            && match ShmemKind::try_from(self.kind) {
+                Ok(ShmemKind::Anon) => name.is_empty(),
+                Ok(ShmemKind::Memfd) => name.len() <= MAX_MEMFD_NAME,
+                Ok(ShmemKind::DeletedFile | ShmemKind::TmpfsFile) => {
+                    name.starts_with('/') && name.len() <= MAX_PATH
+                }
+                Err(_) => false,
+            }
+    }
+
+    /// The name a memfd standing in for this object gets: its own for a
+    /// memfd, the file name (cut to what memfd_create takes) for a deleted
+    /// file.
+    pub fn memfd_name(&self) -> &str {
+        let base = match ShmemKind::try_from(self.kind) {
+            Ok(ShmemKind::Memfd) => self.name.as_str(),
+            _ => self.name.rsplit('/').next().unwrap_or(""),
+        };
+        let mut end = base.len().min(MAX_MEMFD_NAME);
+        while !base.is_char_boundary(end) {
+            end -= 1;
+        }
+        &base[..end]
+    }
+}
+
 /// Why an object's data cannot be laid out.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ShmemLayoutError {
@@ -86,6 +121,30 @@ impl ShmemObjects {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_fit_their_kind() {
+        let named = |kind: ShmemKind, name: &str| ShmemObject {
+            kind: kind as i32,
+            name: name.into(),
+            ..Default::default()
+        };
+        assert!(named(ShmemKind::Anon, "").name_is_valid());
+        assert!(!named(ShmemKind::Anon, "x").name_is_valid());
+        assert!(named(ShmemKind::Memfd, "a b").name_is_valid());
+        assert!(!named(ShmemKind::Memfd, &"m".repeat(250)).name_is_valid());
+        assert!(!named(ShmemKind::Memfd, "a\0b").name_is_valid());
+        assert!(!named(ShmemKind::TmpfsFile, "dev/shm/x").name_is_valid());
+        let long = format!("/tmp/{}", "é".repeat(200));
+        let deleted = named(ShmemKind::DeletedFile, &long);
+        assert!(deleted.name_is_valid());
+        assert!(deleted.memfd_name().len() <= MAX_MEMFD_NAME);
+        assert!(deleted.memfd_name().starts_with('é'));
+        assert_eq!(
+            named(ShmemKind::DeletedFile, "/a/lib.so").memfd_name(),
+            "lib.so"
+        );
+    }
 
     #[test]
     fn runs_must_be_ordered_inside_and_add_up() {

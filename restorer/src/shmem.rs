@@ -13,7 +13,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 
 use ckpt_image::mm::Vma;
-use ckpt_image::shmem::{MAX_MEMFD_NAME, ShmemKind, ShmemObject, ShmemObjects};
+use ckpt_image::shmem::{ShmemKind, ShmemObject, ShmemObjects};
 use ckpt_image::{ImageDir, ImageError, ImageKind};
 
 use ckpt_image::mm::FileId;
@@ -71,8 +71,11 @@ pub fn load(images: &ImageDir) -> Result<Objects> {
     for o in &list.objects {
         let kind = ShmemKind::try_from(o.kind)
             .map_err(|_| invalid(images, format!("object {}: unknown kind {}", o.id, o.kind)))?;
-        if kind != ShmemKind::Anon && (o.name.len() > MAX_MEMFD_NAME || o.name.contains('\0')) {
-            return Err(invalid(images, format!("object {}: bad name", o.id)));
+        if !o.name_is_valid() {
+            return Err(invalid(
+                images,
+                format!("object {}: bad name for a {kind:?} object", o.id),
+            ));
         }
         let data_len = images.digest(&ckpt_image::shmem_data_name(o.id))?.size;
         o.check_runs(data_len)
@@ -221,12 +224,7 @@ fn create(images: &ImageDir, o: &ShmemObject) -> Result<Made> {
         ShmemKind::Anon => sys::shared_anon(o.size).map_err(|e| err("shared mmap", e))?,
         ShmemKind::TmpfsFile => unreachable!("created by tmpfs::open_or_create"),
         ShmemKind::Memfd | ShmemKind::DeletedFile => {
-            // A deleted file's path is no name memfd_create takes.
-            let name = match kind {
-                ShmemKind::Memfd => o.name.as_str(),
-                _ => o.name.rsplit('/').next().unwrap_or(""),
-            };
-            let f = sys::memfd(name).map_err(|e| err("memfd_create", e))?;
+            let f = sys::memfd(o.memfd_name()).map_err(|e| err("memfd_create", e))?;
             f.set_len(o.size).map_err(|e| err("ftruncate", e))?;
             std::os::unix::fs::fchown(&f, Some(o.uid), Some(o.gid))
                 .map_err(|e| err("fchown", e))?;

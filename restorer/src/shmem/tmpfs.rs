@@ -75,12 +75,20 @@ fn find_or_create(
         path: o.name.clone(),
         what,
     };
-    match r.open(
-        &o.name,
-        libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        0,
-    ) {
-        Ok(fd) => {
+    let flags = libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // Read-write if the user may write it, else read-only: the restorer
+    // never writes a file for a user who could not.
+    let opened = match r.open(&o.name, libc::O_RDWR | flags, 0) {
+        Err(ParasiteError::RemoteOpen {
+            errno: Errno::EACCES | Errno::EROFS,
+            ..
+        }) => r
+            .open(&o.name, libc::O_RDONLY | flags, 0)
+            .map(|fd| (fd, false)),
+        other => other.map(|fd| (fd, true)),
+    };
+    match opened {
+        Ok((fd, writable)) => {
             let proc = format!("/proc/{pid}/fd/{fd}");
             let want = Expected {
                 mode: dumped.mode,
@@ -95,7 +103,7 @@ fn find_or_create(
             let checked = at.checks.verify(Path::new(&proc), &want);
             let here = std::fs::OpenOptions::new()
                 .read(true)
-                .write(true)
+                .write(writable)
                 .open(&proc);
             r.close(fd)?;
             checked.map_err(|m| {
@@ -106,6 +114,12 @@ fn find_or_create(
             })?;
             let f = here.map_err(|e| err(format!("cannot open it: {e}")))?;
             if !same_contents(images, o, &f)? {
+                if !writable {
+                    return Err(err(
+                        "its contents differ from the checkpoint's and the process may not write it"
+                            .into(),
+                    ));
+                }
                 log::info!("pid {pid}: {}: giving it the checkpoint's contents", o.name);
                 f.set_len(0)
                     .and_then(|()| f.set_len(o.size))
