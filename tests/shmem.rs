@@ -207,3 +207,16 @@ fn aio_ring_is_refused_by_name() {
     );
     v.assert_unharmed_and_passes("after the refused dump");
 }
+
+#[test]
+fn deleted_file_held_by_an_fd_and_mapped_shared_is_refused() {
+    let env = TestEnv::new("shmem-deleted-fd");
+    let mut v = Victim::spawn(&env, "shmobj", &["deleted", "fd"]);
+    v.wait_ready();
+    let err = dump_expect_error(&env, &v);
+    assert!(
+        err.contains("deleted.bin") && err.contains("also mapped shared"),
+        "{err}"
+    );
+    v.assert_unharmed_and_passes("after the refused dump");
+}

@@ -20,7 +20,7 @@ use ckpt_image::{ImageKind, ImageWriter, PAGE_SIZE};
 
 use ckpt_image::fd::file::Kind;
 
-use crate::error::Result;
+use crate::error::{Blocker, DumpError, Result};
 use crate::fd::TreeFiles;
 use crate::mm::{DELETED_SUFFIX, MEMFD_PREFIX};
 use crate::procfile;
@@ -39,6 +39,8 @@ struct Entry {
     file: File,
     link: PathBuf,
     pid: i32,
+    /// Some VMA maps it shared (not only privately).
+    mapped_shared: bool,
 }
 
 /// Every shared memory object of the tree, in the order first seen (tree
@@ -63,14 +65,53 @@ impl Objects {
                 &v.path
             };
             v.shmem_id = self.object(pid, link, path)?;
+            if kind == VmaKind::Shmem
+                && let Some(e) = self.0.iter_mut().find(|e| e.object.id == v.shmem_id)
+            {
+                e.mapped_shared = true;
+            }
         }
         Ok(())
     }
 
     /// Gives every memfd open file of the tree the id of its object (the
     /// one its mappings have, if any), through the first fd holding it.
+    /// An unlinked file held by an fd (saved as a ghost) that is also
+    /// mapped shared is refused: restore would make the ghost and the
+    /// mapping two files, and writes through one would no longer show in
+    /// the other.
     pub fn link_files(&mut self, tree: &mut TreeFiles) -> Result<()> {
         let holders: Vec<_> = tree.holders().collect();
+        let mut blocked = Vec::new();
+        for f in &tree.files.files {
+            let Some(Kind::Reg(reg)) = &f.kind else {
+                continue;
+            };
+            if reg.ghost.is_none() {
+                continue;
+            }
+            let Some(h) = holders.iter().find(|h| h.file_id == f.id) else {
+                continue;
+            };
+            let link = procfile::path(h.pid, &format!("fd/{}", h.fd));
+            let st = std::fs::metadata(&link).map_err(|e| procfile::proc_err(h.pid, link, e))?;
+            if self
+                .0
+                .iter()
+                .any(|e| e.mapped_shared && (e.dev, e.ino) == (st.dev(), st.ino()))
+            {
+                blocked.push(Blocker {
+                    pid: h.pid,
+                    what: format!(
+                        "fd {}: deleted file {} also mapped shared (the fd and the mapping would come back as two files)",
+                        h.fd, reg.path
+                    ),
+                });
+            }
+        }
+        if !blocked.is_empty() {
+            return Err(DumpError::Blocked { blockers: blocked });
+        }
         for f in tree.files.files.iter_mut() {
             let Some(Kind::Memfd(m)) = &mut f.kind else {
                 continue;
@@ -138,6 +179,7 @@ impl Objects {
             file,
             link,
             pid,
+            mapped_shared: false,
         });
         Ok(id)
     }

@@ -5,8 +5,10 @@
  *            one object at different offsets;
  *   memfd    a memfd (odd size, seals) mapped shared twice at different
  *            offsets and once private with a written page; its fd kept
- *            open when argv[3] is "fd" (name, offset, seals checked);
- *   deleted  a file unlinked while mapped shared and private;
+ *            open when argv[3] is "fd" (name, offset, seals checked),
+ *            next to a memfd made without MFD_ALLOW_SEALING;
+ *   deleted  a file unlinked while mapped shared and private (its fd kept
+ *            open when argv[3] is "fd", which the dump must refuse);
  *   devzero  /dev/zero mapped shared and private;
  *   aio      an aio ring (io_setup), which the dump must refuse by name
  *            (nothing shared, no child);
@@ -44,7 +46,7 @@ static size_t priv_len;
 static unsigned char expect_priv[4 * PG];
 static unsigned char *object; /* expected object contents, for checks */
 static size_t object_len;
-static int memfd = -1;
+static int memfd = -1, unsealable = -1;
 
 static void add_shared(const char *what, void *p, size_t len, size_t off)
 {
@@ -86,12 +88,16 @@ static void setup_memfd(int keep_fd)
 		if (lseek(fd, 1234, SEEK_SET) != 1234)
 			die("lseek");
 		memfd = fd;
+		/* Made without MFD_ALLOW_SEALING: it must stay unsealable. */
+		unsealable = memfd_create("ckpt unsealable", MFD_CLOEXEC);
+		if (unsealable < 0 || write(unsealable, "hello", 5) != 5)
+			die("memfd unsealable");
 	} else {
 		close(fd);
 	}
 }
 
-static void setup_deleted(void)
+static void setup_deleted(int keep_fd)
 {
 	char path[PATH_MAX];
 	victim_path(path, sizeof(path), "deleted.bin");
@@ -110,7 +116,8 @@ static void setup_deleted(void)
 	fill_pattern(expect_priv + 3 * PG, PG, 98);
 	fill_pattern((void *)(priv + 3 * PG), PG, 98);
 	unlink(path);
-	close(fd);
+	if (!keep_fd)
+		close(fd);
 }
 
 static void setup_posix(const char *name)
@@ -229,7 +236,7 @@ int main(int argc, char **argv)
 	else if (!strcmp(mode, "memfd"))
 		setup_memfd(argc > 3 && !strcmp(argv[3], "fd"));
 	else if (!strcmp(mode, "deleted"))
-		setup_deleted();
+		setup_deleted(argc > 3 && !strcmp(argv[3], "fd"));
 	else if (!strcmp(mode, "posix") && argc > 3)
 		setup_posix(argv[3]);
 	else
@@ -287,6 +294,12 @@ int main(int argc, char **argv)
 		unsigned char b[100];
 		CHECK(pread(memfd, b, sizeof(b), object_len - 100) == 100 &&
 		      !memcmp(b, object + object_len - 100, 100), "memfd tail differs through the fd");
+		CHECK(fcntl(unsealable, F_GET_SEALS) == F_SEAL_SEAL, "unsealable memfd seals are %#x",
+		      fcntl(unsealable, F_GET_SEALS));
+		CHECK(fcntl(unsealable, F_ADD_SEALS, F_SEAL_GROW) < 0 && errno == EPERM,
+		      "a memfd made without MFD_ALLOW_SEALING accepts seals");
+		CHECK(pread(unsealable, b, 5, 0) == 5 && !memcmp(b, "hello", 5) &&
+		      lseek(unsealable, 0, SEEK_CUR) == 5, "unsealable memfd contents or offset lost");
 	}
 	victim_finish();
 }
