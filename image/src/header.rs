@@ -15,7 +15,7 @@ use std::path::Path;
 use crate::error::ImageError;
 
 /// Version of the on-disk format; independent of the tool's version.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 /// Length of [`encode`]'s header.
 pub const HEADER_LEN: usize = 32;

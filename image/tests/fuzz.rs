@@ -112,6 +112,7 @@ fn load_corpus() -> (Vec<Seed>, Vec<u8>) {
         ("mm-compressed.bin", ImageKind::Mm),
         ("fds.bin", ImageKind::FdTable),
         ("files.bin", ImageKind::Files),
+        ("shmem.bin", ImageKind::Shmem),
     ]
     .into_iter()
     .map(|(name, kind)| Seed {
