@@ -1,7 +1,8 @@
 //! Shared memory objects: every object the tree maps shared or that is
 //! gone from the filesystem (shared anonymous memory, memfds, deleted
-//! files, files on a tmpfs mapped shared) is found through `/proc/PID/map_files`, told apart by device and
-//! inode, and saved once (`shmem.img`, data in `shmem-ID.img`) whatever
+//! files, files on a tmpfs mapped shared) is found through
+//! `/proc/PID/map_files` (or `/proc/PID/fd` for a memfd), told apart by
+//! device and inode, and saved once (`shmem.img`, data in `shmem-ID.img`) whatever
 //! processes and VMAs map it and at whatever offsets; each VMA records the
 //! object's id and its offset in it.
 //!
@@ -14,11 +15,10 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
 
+use ckpt_image::fd::file::Kind;
 use ckpt_image::mm::{Vma, VmaKind};
 use ckpt_image::shmem::{ShmemKind, ShmemObject, ShmemObjects, ShmemRun};
 use ckpt_image::{ImageKind, ImageWriter, PAGE_SIZE};
-
-use ckpt_image::fd::file::Kind;
 
 use crate::error::{Blocker, DumpError, Result};
 use crate::fd::TreeFiles;

@@ -1,7 +1,8 @@
 //! Shared memory objects: the restorer creates each object of `shmem.img`
-//! once, the first time a VMA needs it (shared anonymous memory with a
-//! shared `mmap` of its own, a memfd or a deleted file's bytes with
-//! `memfd_create`), fills in its saved data, and every process maps it
+//! once, the first time a VMA or memfd fd needs it (shared anonymous memory
+//! with a shared `mmap` of its own, a memfd or a deleted file's bytes with
+//! `memfd_create`, a tmpfs file at its path: `tmpfs`), fills in its saved
+//! data, and every process maps it
 //! from an fd taken from the restorer (`pidfd_getfd`, run inside it), so
 //! all mappers share one object again and no memory is duplicated. Seals
 //! are added once every process is rebuilt. The restorer's fds close when
@@ -12,12 +13,10 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 
-use ckpt_image::mm::Vma;
+use ckpt_image::mm::{FileId, Vma};
 use ckpt_image::shmem::{ShmemKind, ShmemObject, ShmemObjects};
-use ckpt_image::{ImageDir, ImageError, ImageKind};
-
-use ckpt_image::mm::FileId;
 use ckpt_image::task::Creds;
+use ckpt_image::{ImageDir, ImageError, ImageKind};
 use ckpt_parasite::remote::Remote;
 
 use crate::error::{RestoreError, Result};
@@ -209,6 +208,10 @@ fn write_data(images: &ImageDir, o: &ShmemObject, f: &File) -> Result<()> {
     Ok(())
 }
 
+/// Permission bits a memfd gets (never setuid or setgid, which a memfd
+/// never needs).
+const MEMFD_MODE_BITS: u32 = 0o777;
+
 /// Creates object `o` in the restorer with its size, owner, data and mode
 /// (mode last, so it is never open to others on the way).
 fn create(images: &ImageDir, o: &ShmemObject) -> Result<Made> {
@@ -222,7 +225,12 @@ fn create(images: &ImageDir, o: &ShmemObject) -> Result<Made> {
     let kind = ShmemKind::try_from(o.kind).unwrap_or(ShmemKind::Anon);
     let rw = match kind {
         ShmemKind::Anon => sys::shared_anon(o.size).map_err(|e| err("shared mmap", e))?,
-        ShmemKind::TmpfsFile => unreachable!("created by tmpfs::open_or_create"),
+        ShmemKind::TmpfsFile => {
+            return Err(invalid(
+                images,
+                format!("object {}: a tmpfs file is opened at its path", o.id),
+            ));
+        }
         ShmemKind::Memfd | ShmemKind::DeletedFile => {
             let f = sys::memfd(o.memfd_name()).map_err(|e| err("memfd_create", e))?;
             f.set_len(o.size).map_err(|e| err("ftruncate", e))?;
@@ -233,7 +241,7 @@ fn create(images: &ImageDir, o: &ShmemObject) -> Result<Made> {
     };
     write_data(images, o, &rw)?;
     if kind != ShmemKind::Anon {
-        rw.set_permissions(std::fs::Permissions::from_mode(o.mode & 0o777))
+        rw.set_permissions(std::fs::Permissions::from_mode(o.mode & MEMFD_MODE_BITS))
             .map_err(|e| err("fchmod", e))?;
     }
     let ro = File::open(format!("/proc/self/fd/{}", rw.as_raw_fd()))
