@@ -24,6 +24,7 @@ pub mod error;
 
 pub mod fd;
 pub mod features;
+mod inherit;
 pub mod mm;
 pub mod pages;
 mod procfile;
@@ -453,6 +454,25 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<(DumpReport,
     let mut objects = shmem::Objects::default();
     for c in procs.iter_mut() {
         blockers.absorb(objects.link_vmas(c.pid, &mut c.vmas))?;
+    }
+    let (relaid, shared) = inherit::share_with_parents(
+        &mut procs
+            .iter_mut()
+            .map(|c| inherit::ProcessVmas {
+                pid: c.pid,
+                ppid: c.ppid,
+                vmas: &mut c.vmas,
+            })
+            .collect::<Vec<_>>(),
+    )?;
+    if shared.bytes > 0 {
+        log::info!(
+            "collect: {} bytes of private memory still shared with a parent since fork, saved once",
+            shared.bytes
+        );
+    }
+    for c in procs.iter_mut().filter(|c| relaid.contains(&c.pid)) {
+        c.pages_bytes = mm::reassign_offsets(&mut c.vmas);
     }
     let fds_started = Instant::now();
     let files = fd::collect_tree(

@@ -134,6 +134,8 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
         pages: Vec::new(),
         shmem_id: 0,
         shmem_owner: None,
+        inherited: false,
+        dropped: Vec::new(),
     };
     let kind = match e.path.as_str() {
         "[vdso]" => VmaKind::Vdso,
@@ -432,6 +434,18 @@ pub fn plan_pages(pid: i32, vmas: &mut [Vma]) -> Result<u64> {
         }
     }
     Ok(offset)
+}
+
+/// Lays the saved page ranges out again, back to back, after some were
+/// dropped (private pages still shared with a parent since fork, saved
+/// with the parent). Returns the new total.
+pub fn reassign_offsets(vmas: &mut [Vma]) -> u64 {
+    let mut offset = 0;
+    for r in vmas.iter_mut().flat_map(|v| v.pages.iter_mut()) {
+        r.offset = offset;
+        offset += r.len();
+    }
+    offset
 }
 
 /// Identity of the process's vDSO, read from its memory.

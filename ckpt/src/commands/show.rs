@@ -67,6 +67,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
                     "file_offset": v.file_offset,
                     "shmem_id": VmaKind::try_from(v.kind).is_ok_and(VmaKind::maps_shmem).then_some(v.shmem_id),
                     "saved_bytes": v.pages.iter().map(|r| r.len()).sum::<u64>(),
+                    "inherited": v.inherited,
                 })
             })
             .collect();
@@ -222,13 +223,18 @@ fn render_text(v: &Value) -> String {
         for m in p["vmas"].as_array().into_iter().flatten() {
             let _ = writeln!(
                 s,
-                "    {}-{} {} {:<11} saved {:>10}  {}",
+                "    {}-{} {} {:<11} saved {:>10}  {}{}",
                 m["start"].as_str().unwrap_or(""),
                 m["end"].as_str().unwrap_or(""),
                 m["prot"].as_str().unwrap_or(""),
                 m["kind"].as_str().unwrap_or(""),
                 m["saved_bytes"],
-                m["path"].as_str().unwrap_or("")
+                m["path"].as_str().unwrap_or(""),
+                if m["inherited"] == true {
+                    " (rest shared with the parent since fork)"
+                } else {
+                    ""
+                }
             );
         }
         let _ = writeln!(s, "  fds:");
