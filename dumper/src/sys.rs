@@ -258,3 +258,96 @@ pub fn fork_sleeper() -> nix::Result<nix::unistd::Pid> {
         ForkResult::Parent { child } => Ok(child),
     }
 }
+
+/// A copy of fd `fd` of process `pid` (`pidfd_open` + `pidfd_getfd`): the
+/// same open file description, so ckpt can query it without reopening it
+/// by path (which for `/dev/ptmx` would make a new terminal).
+pub fn steal_fd(pid: i32, fd: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes only integers.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if pidfd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pidfd_open returned a new fd that nothing else owns.
+    let pidfd = unsafe { std::os::fd::OwnedFd::from_raw_fd(pidfd as i32) };
+    use std::os::fd::AsRawFd;
+    // SAFETY: pidfd_getfd takes only integers.
+    let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    if got < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pidfd_getfd returned a new fd (close-on-exec) that nothing
+    // else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(got as i32) })
+}
+
+/// A terminal's line settings and window size, read through `fd` (on a pty
+/// master they are the slave's: the kernel applies termios ioctls of a
+/// master to its peer).
+pub struct TermState {
+    /// `TCGETS`.
+    pub termios: libc::termios,
+    /// `TIOCGWINSZ`.
+    pub winsize: libc::winsize,
+}
+
+/// An int-valued ioctl that writes its answer to `*arg`.
+fn ioctl_get_int(fd: std::os::fd::BorrowedFd<'_>, req: libc::Ioctl) -> std::io::Result<i32> {
+    use std::os::fd::AsRawFd;
+    let mut v: libc::c_int = 0;
+    // SAFETY: the request writes one int to the pointer, a live local.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), req, &mut v as *mut libc::c_int) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(v)
+    }
+}
+
+/// `TCGETS` and `TIOCGWINSZ` of a terminal fd.
+pub fn term_state(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<TermState> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: all-zero is a valid value of these plain C structs.
+    let mut st: TermState = unsafe { std::mem::zeroed() };
+    // SAFETY: TCGETS writes one struct termios to the pointer, a live
+    // local of that type.
+    if unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TCGETS,
+            &mut st.termios as *mut libc::termios,
+        )
+    } < 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: TIOCGWINSZ writes one struct winsize to the pointer, a live
+    // local of that type.
+    if unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TIOCGWINSZ,
+            &mut st.winsize as *mut libc::winsize,
+        )
+    } < 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+/// Bytes waiting to be read from a terminal or pipe fd (`FIONREAD`).
+pub fn readable_bytes(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<i32> {
+    ioctl_get_int(fd, libc::FIONREAD)
+}
+
+/// Packet mode of a pty master (`TIOCGPKT`).
+pub fn pty_packet_mode(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<bool> {
+    ioctl_get_int(fd, libc::TIOCGPKT).map(|v| v != 0)
+}
+
+/// Whether a pty master's slave is locked (`TIOCGPTLCK`).
+pub fn pty_locked(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<bool> {
+    ioctl_get_int(fd, libc::TIOCGPTLCK).map(|v| v != 0)
+}

@@ -172,3 +172,70 @@ pub fn add_seals(fd: i32, seals: u32) -> std::io::Result<()> {
         Ok(())
     }
 }
+
+/// An ioctl whose argument is an int passed by pointer (`TIOCPKT`,
+/// `TIOCSPTLCK`).
+pub fn ioctl_set_int(
+    fd: std::os::fd::BorrowedFd<'_>,
+    req: libc::Ioctl,
+    value: i32,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let v: libc::c_int = value;
+    // SAFETY: the request reads one int from the pointer, a live local.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), req, &v as *const libc::c_int) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Sets a terminal's line settings and window size through `fd` (on a pty
+/// master they are its slave's).
+pub fn set_term_state(
+    fd: std::os::fd::BorrowedFd<'_>,
+    termios: &libc::termios,
+    winsize: &libc::winsize,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: TCSETS reads one struct termios from the pointer, a live
+    // reference.
+    if unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TCSETS,
+            termios as *const libc::termios,
+        )
+    } < 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: TIOCSWINSZ reads one struct winsize from the pointer, a live
+    // reference.
+    if unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TIOCSWINSZ,
+            winsize as *const libc::winsize,
+        )
+    } < 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Opens the slave of pty master `fd` (`TIOCGPTPEER`), without making it a
+/// controlling terminal and without a path lookup.
+pub fn open_pty_peer(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let flags = libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC;
+    // SAFETY: TIOCGPTPEER takes its flags by value and returns a new fd.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGPTPEER, flags) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the ioctl returned a new fd that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(r) })
+}

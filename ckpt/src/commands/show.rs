@@ -307,9 +307,34 @@ fn describe(f: &File) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
+        Some(Kind::Pty(p)) => describe_pty(p),
         Some(Kind::Memfd(m)) => format!("memfd, shared memory object {}", m.shmem_id),
         None => String::new(),
     }
+}
+
+/// One end of a pty pair in one line.
+fn describe_pty(p: &ckpt_image::fd::pty::PtyFile) -> String {
+    use ckpt_image::fd::pty::PtySide;
+    if p.side == PtySide::Slave as i32 {
+        return format!(
+            "pty slave /dev/pts/{} of master file {}",
+            p.index, p.master_file_id
+        );
+    }
+    let line = p.line.clone().unwrap_or_default();
+    format!(
+        "pty master of /dev/pts/{} ({}x{}{}{})",
+        p.index,
+        line.cols,
+        line.rows,
+        if line.packet_mode {
+            ", packet mode"
+        } else {
+            ""
+        },
+        if line.locked { ", locked" } else { "" }
+    )
 }
 
 /// A timerfd in one line: clock, how it is armed, pending expirations.

@@ -14,6 +14,7 @@ mod fifo;
 mod lock;
 mod memfd;
 mod pipe;
+mod pty;
 mod reg;
 mod signalfd;
 mod timerfd;
@@ -44,6 +45,7 @@ static KINDS: &[&dyn FileDumper] = &[
     &signalfd::Signalfd,
     &fifo::Fifo,
     &epoll::Epoll,
+    &pty::Pty,
     &memfd::Memfd,
 ];
 

@@ -25,6 +25,7 @@ pub mod external;
 pub mod fifo;
 pub mod memfd;
 pub mod pipe;
+pub mod pty;
 pub mod reg;
 pub mod signalfd;
 pub mod timerfd;
@@ -46,6 +47,7 @@ impl File {
             Some(file::Kind::Signalfd(_)) => "signalfd",
             Some(file::Kind::Fifo(_)) => "fifo",
             Some(file::Kind::Epoll(_)) => "epoll",
+            Some(file::Kind::Pty(_)) => "pty",
             Some(file::Kind::Memfd(_)) => "memfd",
             None => "unknown",
         }

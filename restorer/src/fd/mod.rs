@@ -17,6 +17,7 @@ mod fifo;
 pub mod identity;
 mod memfd;
 mod pipe;
+mod pty;
 mod reg;
 mod signalfd;
 mod timerfd;
@@ -79,6 +80,7 @@ fn install_file(
         Some(Kind::Signalfd(image)) => install(&signalfd::Signalfd, cx, r, file, image, fd, pass),
         Some(Kind::Fifo(image)) => install(&fifo::Fifo, cx, r, file, image, fd, pass),
         Some(Kind::Epoll(image)) => install(&epoll::Epoll, cx, r, file, image, fd, pass),
+        Some(Kind::Pty(image)) => install(&pty::Pty, cx, r, file, image, fd, pass),
         Some(Kind::Memfd(image)) => install(&memfd::Memfd, cx, r, file, image, fd, pass),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
