@@ -308,6 +308,7 @@ fn describe(f: &File) -> String {
                 .join(", ")
         ),
         Some(Kind::Pty(p)) => describe_pty(p),
+        Some(Kind::Inet(i)) => describe_inet(i),
         Some(Kind::Memfd(m)) => format!("memfd, shared memory object {}", m.shmem_id),
         None => String::new(),
     }
@@ -335,6 +336,52 @@ fn describe_pty(p: &ckpt_image::fd::pty::PtyFile) -> String {
         },
         if line.locked { ", locked" } else { "" }
     )
+}
+
+/// A TCP or UDP socket in one line: transport, family, state, addresses,
+/// and for an established connection its queued bytes and where its
+/// other end is.
+fn describe_inet(i: &ckpt_image::fd::inet::InetFile) -> String {
+    use ckpt_image::fd::inet::{InetFamily, InetProtocol, InetState};
+    let proto = match InetProtocol::try_from(i.protocol) {
+        Ok(InetProtocol::Tcp) => "tcp",
+        Ok(InetProtocol::Udp) => "udp",
+        _ => "?",
+    };
+    let family = match InetFamily::try_from(i.family) {
+        Ok(InetFamily::Ipv4) => "4",
+        Ok(InetFamily::Ipv6) => "6",
+        _ => "?",
+    };
+    let state = match InetState::try_from(i.state) {
+        Ok(InetState::Listen) => format!("listen backlog {}", i.backlog),
+        Ok(InetState::Connected) if i.tcp.is_some() => "established".into(),
+        Ok(InetState::Connected) => "connected".into(),
+        Ok(InetState::Closed) if i.local.is_some() => "bound".into(),
+        Ok(InetState::Closed) => "unbound".into(),
+        _ => "?".into(),
+    };
+    let mut s = format!("{proto}{family} {state}");
+    if let Some(l) = &i.local {
+        s.push_str(&format!(" {l}"));
+    }
+    if let Some(p) = &i.peer {
+        s.push_str(&format!(" -> {p}"));
+    }
+    if let Some(t) = &i.tcp {
+        s.push_str(&format!(
+            " send queue {} ({} unsent) receive queue {} peer {}",
+            t.send_len,
+            t.unsent_len,
+            t.recv_len,
+            if t.peer_file_id == 0 {
+                "outside the tree".to_string()
+            } else {
+                format!("file {}", t.peer_file_id)
+            }
+        ));
+    }
+    s
 }
 
 /// A timerfd in one line: clock, how it is armed, pending expirations.

@@ -11,6 +11,7 @@ mod epoll;
 mod eventfd;
 mod external;
 mod fifo;
+pub(crate) mod inet;
 mod lock;
 mod memfd;
 mod pipe;
@@ -46,13 +47,21 @@ static KINDS: &[&dyn FileDumper] = &[
     &fifo::Fifo,
     &epoll::Epoll,
     &pty::Pty,
+    &inet::Inet,
     &memfd::Memfd,
 ];
 
 /// What ckpt refuses by name (an fd of these fails the dump, naming pid and
 /// fd): (name, why), for `ckpt check --kinds` and the README.
 pub static REFUSED: &[(&str, &str)] = &[
-    ("socket", "sockets of any family"),
+    (
+        "socket",
+        "sockets of families other than IPv4/IPv6; raw, ping and UDP-Lite sockets",
+    ),
+    (
+        "TCP in other states",
+        "half-closed or opening TCP connections (FIN_WAIT*, CLOSE_WAIT, SYN_SENT, ...), listening sockets with connections not accepted yet, connections to a peer outside the tree without --tcp-established",
+    ),
     (
         "pipe to outside the tree",
         "a pipe whose other end no process of the tree holds, unless only fds 0-2 hold it (rebound to restore's stdio) or it is declared with --external",

@@ -166,7 +166,7 @@ impl FileDumper for Pty {
 }
 
 fn steal(pid: i32, fd: i32) -> Result<OwnedFd> {
-    sys::steal_fd(pid, fd).map_err(|e| DumpError::Proc {
+    sys::take_fd(pid, fd).map_err(|e| DumpError::Proc {
         pid,
         path: format!("fd/{fd} (pidfd_getfd)").into(),
         source: e,

@@ -23,6 +23,7 @@ pub mod epoll;
 pub mod eventfd;
 pub mod external;
 pub mod fifo;
+pub mod inet;
 pub mod memfd;
 pub mod pipe;
 pub mod pty;
@@ -48,6 +49,7 @@ impl File {
             Some(file::Kind::Fifo(_)) => "fifo",
             Some(file::Kind::Epoll(_)) => "epoll",
             Some(file::Kind::Pty(_)) => "pty",
+            Some(file::Kind::Inet(_)) => "inet",
             Some(file::Kind::Memfd(_)) => "memfd",
             None => "unknown",
         }

@@ -15,6 +15,7 @@ mod eventfd;
 mod external;
 mod fifo;
 pub mod identity;
+mod inet;
 mod memfd;
 mod pipe;
 mod pty;
@@ -81,6 +82,7 @@ fn install_file(
         Some(Kind::Fifo(image)) => install(&fifo::Fifo, cx, r, file, image, fd, pass),
         Some(Kind::Epoll(image)) => install(&epoll::Epoll, cx, r, file, image, fd, pass),
         Some(Kind::Pty(image)) => install(&pty::Pty, cx, r, file, image, fd, pass),
+        Some(Kind::Inet(image)) => install(&inet::Inet, cx, r, file, image, fd, pass),
         Some(Kind::Memfd(image)) => install(&memfd::Memfd, cx, r, file, image, fd, pass),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
