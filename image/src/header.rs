@@ -15,7 +15,7 @@ use std::path::Path;
 use crate::error::ImageError;
 
 /// Version of the on-disk format; independent of the tool's version.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 /// Length of [`encode`]'s header.
 pub const HEADER_LEN: usize = 32;
@@ -36,6 +36,8 @@ pub enum ImageKind {
     FdTable,
     /// `files.img`.
     Files,
+    /// `shmem.img`.
+    Shmem,
 }
 
 impl ImageKind {
@@ -47,6 +49,7 @@ impl ImageKind {
             ImageKind::Mm => b"CKPTMMAP",
             ImageKind::FdTable => b"CKPTFDTB",
             ImageKind::Files => b"CKPTFILE",
+            ImageKind::Shmem => b"CKPTSHMM",
         }
     }
 
@@ -58,6 +61,7 @@ impl ImageKind {
             ImageKind::Mm => "mm",
             ImageKind::FdTable => "fd table",
             ImageKind::Files => "files",
+            ImageKind::Shmem => "shmem",
         }
     }
 }
