@@ -247,3 +247,134 @@ pub fn fork_sleeper() -> nix::Result<nix::unistd::Pid> {
         ForkResult::Parent { child } => Ok(child),
     }
 }
+
+/// `pidfd_open` + `pidfd_getfd`: a copy of fd `fd` of process `pid` in
+/// ckpt, the same open file description (reading through it acts on the
+/// target's object, so only non-consuming reads may be done).
+pub fn take_fd(pid: i32, fd: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes only integers.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if pidfd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pidfd is a new fd owned here from now on.
+    let pidfd = unsafe { std::os::fd::OwnedFd::from_raw_fd(pidfd as i32) };
+    // SAFETY: pidfd_getfd takes only integers and returns a new fd.
+    let got = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_getfd,
+            std::os::fd::AsRawFd::as_raw_fd(&pidfd),
+            fd,
+            0,
+        )
+    };
+    if got < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pidfd_getfd returned a new fd (O_CLOEXEC) nobody else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(got as i32) })
+}
+
+/// `getsockopt(fd, level, opt)` for an option of type `T` (an int or a
+/// struct timeval).
+pub fn getsockopt<T: Copy + Default>(
+    fd: std::os::fd::BorrowedFd<'_>,
+    level: i32,
+    opt: i32,
+) -> std::io::Result<T> {
+    let mut v = T::default();
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `v`, a live local
+    // of exactly that size.
+    let r = unsafe {
+        libc::getsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            level,
+            opt,
+            (&mut v as *mut T).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(v)
+    }
+}
+
+/// `setsockopt(fd, SOL_SOCKET, opt)` with an int.
+pub fn setsockopt_int(fd: std::os::fd::BorrowedFd<'_>, opt: i32, v: i32) -> std::io::Result<()> {
+    // SAFETY: the kernel reads one int from a live local.
+    let r = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            libc::SOL_SOCKET,
+            opt,
+            (&v as *const i32).cast(),
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// The `sun_path` bytes of a UNIX socket's own address (`getsockname`):
+/// empty when unbound, a leading NUL for an abstract name.
+pub fn unix_sockname(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Vec<u8>> {
+    // SAFETY: sockaddr_un is plain old data; all zeroes is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `addr`.
+    let r = unsafe {
+        libc::getsockname(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            (&mut addr as *mut libc::sockaddr_un).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let family = std::mem::size_of::<libc::sa_family_t>();
+    let n = (len as usize)
+        .saturating_sub(family)
+        .min(addr.sun_path.len());
+    let mut path: Vec<u8> = addr.sun_path[..n].iter().map(|&c| c as u8).collect();
+    // A path name may be reported with its terminating NUL; an abstract
+    // name's bytes are all significant.
+    if path.first() != Some(&0) {
+        if let Some(end) = path.iter().position(|&c| c == 0) {
+            path.truncate(end);
+        }
+    }
+    Ok(path)
+}
+
+/// The protocol name sockfs gives a socket (`system.sockprotoname`:
+/// `UNIX`, `UNIX-STREAM`, `NETLINK`, `TCP`, ...), through its `/proc` link.
+pub fn socket_protocol(link: &std::path::Path) -> std::io::Result<String> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(link.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let mut buf = [0u8; 64];
+    // SAFETY: both names are NUL-terminated and the kernel writes at most
+    // buf.len() bytes into buf.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            c"system.sockprotoname".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let name = &buf[..n as usize];
+    let name = name.split(|&c| c == 0).next().unwrap_or_default();
+    Ok(String::from_utf8_lossy(name).into_owned())
+}

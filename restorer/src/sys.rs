@@ -110,3 +110,43 @@ pub fn map_readonly(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
     // (PTRACE_O_EXITKILL), so no half-restored process can result.
     unsafe { memmap2::Mmap::map(file) }
 }
+
+/// `pidfd_open` + `pidfd_getfd`: a copy in the restorer of fd `fd` of
+/// process `pid` (the same open file description).
+pub fn take_fd(pid: i32, fd: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: pidfd_open takes only integers.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if pidfd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pidfd is a new fd owned here from now on.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+    // SAFETY: pidfd_getfd takes only integers and returns a new fd.
+    let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    if got < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pidfd_getfd returned a new fd (O_CLOEXEC) nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(got as i32) })
+}
+
+/// `setsockopt(fd, SOL_SOCKET, opt)` with a value of type `T` (an int or
+/// a struct timeval).
+pub fn setsockopt<T: Copy>(fd: std::os::fd::BorrowedFd<'_>, opt: i32, v: T) -> std::io::Result<()> {
+    // SAFETY: the kernel reads size_of::<T>() bytes from a live local.
+    let r = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            libc::SOL_SOCKET,
+            opt,
+            (&v as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}

@@ -264,8 +264,25 @@ fn describe(f: &File) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
+        Some(Kind::Unix(u)) => describe_unix(u),
         None => String::new(),
     }
+}
+
+/// A UNIX socket in one line: type, inode, name, peer, shutdown, queue.
+fn describe_unix(u: &ckpt_image::fd::unix::UnixSocketFile) -> String {
+    let mut s = format!("unix {} socket:[{}]", u.type_name(), u.ino);
+    if !u.name.is_empty() {
+        s += &format!(" name {}", u.printable_name());
+    }
+    if u.peer_file_id != 0 {
+        s += &format!(" peer file {} socket:[{}]", u.peer_file_id, u.peer_ino);
+    }
+    if u.shutdown != 0 {
+        s += &format!(" shutdown {}", u.shutdown);
+    }
+    let bytes: u64 = u.queue.iter().map(|&l| u64::from(l)).sum();
+    s + &format!(" queued {} messages {bytes} bytes", u.queue.len())
 }
 
 /// A timerfd in one line: clock, how it is armed, pending expirations.

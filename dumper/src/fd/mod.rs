@@ -17,6 +17,7 @@ mod reg;
 mod signalfd;
 mod timerfd;
 mod tty;
+mod unix;
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
@@ -43,12 +44,28 @@ static KINDS: &[&dyn FileDumper] = &[
     &signalfd::Signalfd,
     &fifo::Fifo,
     &epoll::Epoll,
+    &unix::Unix,
 ];
 
 /// What ckpt refuses by name (an fd of these fails the dump, naming pid and
 /// fd): (name, why), for `ckpt check --kinds` and the README.
 pub static REFUSED: &[(&str, &str)] = &[
-    ("socket", "sockets of any family"),
+    (
+        "other sockets",
+        "sockets of other families than UNIX (inet, netlink, packet, ...), named by family",
+    ),
+    (
+        "unix socket to outside the tree",
+        "a UNIX socket whose peer no process of the tree holds, unless declared with --external socket:[INO]",
+    ),
+    (
+        "listening or bound unix socket",
+        "UNIX sockets listening or bound to a path or abstract name, other than one end of a connected stream or seqpacket pair",
+    ),
+    (
+        "unix fds in flight",
+        "a UNIX socket with file descriptors queued in SCM_RIGHTS messages",
+    ),
     (
         "pipe to outside the tree",
         "a pipe whose other end no process of the tree holds, unless only fds 0-2 hold it (rebound to restore's stdio) or it is declared with --external",
@@ -152,7 +169,10 @@ impl FdParams {
             libc::S_IFREG if self.link.starts_with("/memfd:") => "memfd".into(),
             libc::S_IFIFO if self.link.starts_with("pipe:") => "pipe".into(),
             libc::S_IFIFO => "named pipe (FIFO)".into(),
-            libc::S_IFSOCK => "socket".into(),
+            libc::S_IFSOCK => match sys::socket_protocol(&self.proc_path()) {
+                Ok(proto) => format!("{} socket", socket_family(&proto)),
+                Err(_) => "socket".into(),
+            },
             libc::S_IFBLK => "block device".into(),
             libc::S_IFCHR => {
                 let rdev = self.meta.rdev();
@@ -165,6 +185,18 @@ impl FdParams {
             }
             _ => format!("file type of {}", self.link),
         }
+    }
+}
+
+/// The family a socket's sockfs protocol name (`NETLINK`, `TCPv6`, ...)
+/// belongs to, in the words a user knows.
+fn socket_family(proto: &str) -> String {
+    match proto {
+        "TCP" | "UDP" | "UDP-Lite" | "RAW" | "PING" | "MPTCP" | "SCTP" => "inet".into(),
+        "TCPv6" | "UDPv6" | "UDPLITEv6" | "RAWv6" | "PINGv6" | "MPTCPv6" | "SCTPv6" => {
+            "inet6".into()
+        }
+        other => other.to_lowercase(),
     }
 }
 

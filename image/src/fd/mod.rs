@@ -28,6 +28,7 @@ pub mod reg;
 pub mod signalfd;
 pub mod timerfd;
 pub mod tty;
+pub mod unix;
 
 pub use crate::pb::{Fd, FdTable, File, Files, file};
 
@@ -45,6 +46,7 @@ impl File {
             Some(file::Kind::Signalfd(_)) => "signalfd",
             Some(file::Kind::Fifo(_)) => "fifo",
             Some(file::Kind::Epoll(_)) => "epoll",
+            Some(file::Kind::Unix(_)) => "unix",
             None => "unknown",
         }
     }

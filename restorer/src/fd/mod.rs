@@ -20,6 +20,7 @@ mod reg;
 mod signalfd;
 mod timerfd;
 mod tty;
+mod unix;
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
@@ -78,6 +79,7 @@ fn install_file(
         Some(Kind::Signalfd(image)) => install(&signalfd::Signalfd, cx, r, file, image, fd, pass),
         Some(Kind::Fifo(image)) => install(&fifo::Fifo, cx, r, file, image, fd, pass),
         Some(Kind::Epoll(image)) => install(&epoll::Epoll, cx, r, file, image, fd, pass),
+        Some(Kind::Unix(image)) => install(&unix::Unix, cx, r, file, image, fd, pass),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
 }

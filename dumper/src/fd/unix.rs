@@ -1,0 +1,328 @@
+//! UNIX domain sockets. What `/proc` does not tell is read from a copy of
+//! the socket ckpt takes with `pidfd_getfd` (the same open file
+//! description): type, address and options by `getsockopt`, and the
+//! messages queued for it by `MSG_PEEK`, walking the queue with
+//! `SO_PEEK_OFF` so nothing is consumed (the old offset is put back). The
+//! kernel's `sock_diag` tells each socket's peer and shutdown state: one
+//! dump of every UNIX socket per checkpoint, in `link_tree`, where peers
+//! become file ids.
+//!
+//! Supported: sockets connected to each other inside the tree (socketpair,
+//! or a client and the connection a server accepted), of every type, with
+//! the data queued in both directions, and sockets that are neither bound
+//! nor connected. Refused by name: listening and bound sockets (not yet),
+//! a peer outside the tree, a datagram socket connected one way, messages
+//! carrying file descriptors, sockets in another network namespace.
+
+mod diag;
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::MetadataExt;
+
+use ckpt_image::fd::file::Kind;
+use ckpt_image::fd::unix::{MAX_QUEUE_BYTES, MAX_QUEUE_MESSAGES, UnixSocketFile};
+use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+
+use super::{Blobs, FdParams, FileDumper, Holder, TreeFiles};
+use crate::error::{DumpError, Result};
+use crate::sys;
+
+/// UNIX domain sockets (`socket:[ino]` whose protocol is `UNIX*`).
+pub struct Unix;
+
+/// sockfs's protocol names of UNIX sockets start with this (`UNIX`,
+/// `UNIX-STREAM`).
+const UNIX_PROTOCOL: &str = "UNIX";
+
+/// Largest number of fds one message can carry (SCM_MAX_FD), for the
+/// control buffer of a peek: fds it installs must all be seen to be closed.
+const SCM_MAX_FD: usize = 253;
+
+/// First buffer for one peeked message; grown to a message's length.
+const PEEK_CHUNK: usize = 64 << 10;
+
+impl FileDumper for Unix {
+    fn name(&self) -> &'static str {
+        "unix"
+    }
+
+    fn description(&self) -> &'static str {
+        "UNIX sockets connected within the tree (stream, datagram, seqpacket) with the data queued both ways, shutdown state and options; unbound unconnected sockets"
+    }
+
+    fn claims(&self, p: &FdParams) -> bool {
+        p.meta.mode() & libc::S_IFMT == libc::S_IFSOCK
+            && sys::socket_protocol(&p.proc_path()).is_ok_and(|n| n.starts_with(UNIX_PROTOCOL))
+    }
+
+    fn collect(&self, p: &FdParams, file_id: u64, blobs: &mut Blobs) -> Result<Kind> {
+        let sock = sys::take_fd(p.pid, p.fd).map_err(|e| os_err(p, "pidfd_getfd", e))?;
+        let fd = sock.as_fd();
+        let opt = |name: &str, opt: i32| -> Result<i32> {
+            sys::getsockopt::<i32>(fd, libc::SOL_SOCKET, opt).map_err(|e| os_err(p, name, e))
+        };
+        let timeout = |name: &str, opt: i32| -> Result<u64> {
+            let tv = sys::getsockopt::<Timeval>(fd, libc::SOL_SOCKET, opt)
+                .map_err(|e| os_err(p, name, e))?;
+            Ok(tv.micros())
+        };
+        if opt("SO_ACCEPTCONN", libc::SO_ACCEPTCONN)? != 0 {
+            return Err(p.unsupported("listening unix socket (not supported yet)"));
+        }
+        let sock_type = opt("SO_TYPE", libc::SO_TYPE)?;
+        let queue = peek_queue(p, fd, sock_type)?;
+        let mut image = UnixSocketFile {
+            ino: p.meta.ino(),
+            sock_type: sock_type as u32,
+            name: sys::unix_sockname(fd).map_err(|e| os_err(p, "getsockname", e))?,
+            passcred: opt("SO_PASSCRED", libc::SO_PASSCRED)? != 0,
+            sndbuf: opt("SO_SNDBUF", libc::SO_SNDBUF)? as u32,
+            rcvbuf: opt("SO_RCVBUF", libc::SO_RCVBUF)? as u32,
+            sndtimeo_us: timeout("SO_SNDTIMEO", libc::SO_SNDTIMEO)?,
+            rcvtimeo_us: timeout("SO_RCVTIMEO", libc::SO_RCVTIMEO)?,
+            peek_off: queue.peek_off,
+            // Known once the whole tree is seen (link_tree).
+            peer_file_id: 0,
+            peer_ino: 0,
+            shutdown: 0,
+            queue: queue.lengths,
+        };
+        if !queue.data.is_empty() {
+            blobs.add(ckpt_image::unix_queue_name(file_id), queue.data);
+        }
+        image.queue.shrink_to_fit();
+        Ok(Kind::Unix(image))
+    }
+
+    fn link_tree(&self, tree: &mut TreeFiles) -> Result<()> {
+        let holders = first_holders(tree);
+        if holders.is_empty() {
+            return Ok(());
+        }
+        let kernel = diag::all().map_err(|source| DumpError::Proc {
+            pid: std::process::id() as i32,
+            path: "sock_diag (NETLINK_SOCK_DIAG, unix)".into(),
+            source,
+        })?;
+        let by_ino: HashMap<u64, u64> = tree
+            .files
+            .files
+            .iter()
+            .filter_map(|f| match &f.kind {
+                Some(Kind::Unix(u)) => Some((u.ino, f.id)),
+                _ => None,
+            })
+            .collect();
+        let mut links: Vec<(u64, Link)> = Vec::new();
+        for (&file_id, h) in &holders {
+            let Some(Kind::Unix(u)) = &tree.file(file_id).kind else {
+                continue;
+            };
+            let refuse = |what: String| DumpError::Unsupported {
+                pid: h.pid,
+                what: format!("fd {}: {what}", h.fd),
+            };
+            let Some(me) = kernel.get(&u.ino) else {
+                return Err(refuse(format!(
+                    "unix socket socket:[{}] not visible to ckpt's sock_diag (in another network namespace?): not supported",
+                    u.ino
+                )));
+            };
+            let mut link = Link {
+                shutdown: me.shutdown,
+                peer: None,
+            };
+            if me.peer != 0 {
+                let Some(&peer_file) = by_ino.get(&me.peer) else {
+                    return Err(refuse(format!(
+                        "unix socket connected to socket:[{}] outside the dumped tree (dump its holder too, or declare this one with --external socket:[{}])",
+                        me.peer, u.ino
+                    )));
+                };
+                if kernel.get(&me.peer).map(|d| d.peer) != Some(u.ino) {
+                    return Err(refuse(format!(
+                        "unix datagram socket connected one way to socket:[{}] (not supported yet)",
+                        me.peer
+                    )));
+                }
+                link.peer = Some((peer_file, me.peer));
+            } else if !u.queue.is_empty() {
+                return Err(refuse(
+                    "unix socket with data queued but no peer (its peer closed): not supported yet"
+                        .into(),
+                ));
+            } else if !u.name.is_empty() {
+                return Err(refuse(format!(
+                    "unix socket bound to {} (bound sockets not supported yet)",
+                    printable(&u.name)
+                )));
+            }
+            if link.peer.is_some() && u.sock_type == libc::SOCK_DGRAM as u32 && !u.name.is_empty() {
+                return Err(refuse(format!(
+                    "unix datagram socket bound to {} (bound sockets not supported yet)",
+                    printable(&u.name)
+                )));
+            }
+            links.push((file_id, link));
+        }
+        for (file_id, link) in links {
+            let Some(file) = tree.files.files.iter_mut().find(|f| f.id == file_id) else {
+                continue;
+            };
+            if let Some(Kind::Unix(u)) = &mut file.kind {
+                u.shutdown = u32::from(link.shutdown);
+                if let Some((peer_file, peer_ino)) = link.peer {
+                    u.peer_file_id = peer_file;
+                    u.peer_ino = peer_ino;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What `link_tree` learns of one socket.
+struct Link {
+    shutdown: u8,
+    /// (file id, inode) of its peer.
+    peer: Option<(u64, u64)>,
+}
+
+/// The first fd of the tree holding each unix socket, by file id.
+fn first_holders(tree: &TreeFiles) -> std::collections::BTreeMap<u64, Holder> {
+    let mut out = std::collections::BTreeMap::new();
+    for h in tree.holders() {
+        if matches!(tree.file(h.file_id).kind, Some(Kind::Unix(_))) {
+            out.entry(h.file_id).or_insert(h);
+        }
+    }
+    out
+}
+
+/// A socket name for messages: a path as is, an abstract name as `@name`.
+pub(super) fn printable(name: &[u8]) -> String {
+    match name.split_first() {
+        Some((0, rest)) => format!("@{}", String::from_utf8_lossy(rest)),
+        _ => String::from_utf8_lossy(name).into_owned(),
+    }
+}
+
+/// `struct timeval` as getsockopt returns SO_*TIMEO.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Timeval {
+    sec: i64,
+    usec: i64,
+}
+
+impl Timeval {
+    fn micros(self) -> u64 {
+        (self.sec.max(0) as u64)
+            .saturating_mul(1_000_000)
+            .saturating_add(self.usec.max(0) as u64)
+    }
+}
+
+/// The queue of one socket, copied without consuming it.
+struct Queue {
+    lengths: Vec<u32>,
+    data: Vec<u8>,
+    /// SO_PEEK_OFF as the process had it.
+    peek_off: i32,
+}
+
+/// Copies the messages queued for `fd` to read, walking them with
+/// `SO_PEEK_OFF` and putting the process's own peek offset back after.
+fn peek_queue(p: &FdParams, fd: BorrowedFd<'_>, sock_type: i32) -> Result<Queue> {
+    let old = sys::getsockopt::<i32>(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF)
+        .map_err(|e| os_err(p, "SO_PEEK_OFF", e))?;
+    sys::setsockopt_int(fd, libc::SO_PEEK_OFF, 0).map_err(|e| os_err(p, "SO_PEEK_OFF", e))?;
+    let walked = walk(p, fd, sock_type == libc::SOCK_STREAM);
+    let put_back = sys::setsockopt_int(fd, libc::SO_PEEK_OFF, old)
+        .map_err(|e| os_err(p, "SO_PEEK_OFF (put back)", e));
+    let (lengths, data) = walked?;
+    put_back?;
+    Ok(Queue {
+        lengths,
+        data,
+        peek_off: old,
+    })
+}
+
+/// The peeks themselves: one message at a time for datagrams and
+/// seqpackets, what comes for a stream.
+fn walk(p: &FdParams, fd: BorrowedFd<'_>, stream: bool) -> Result<(Vec<u32>, Vec<u8>)> {
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    let mut lengths = Vec::new();
+    let mut data = Vec::new();
+    let mut buf = vec![0u8; PEEK_CHUNK];
+    loop {
+        let mut flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC;
+        if !stream {
+            flags |= MsgFlags::MSG_TRUNC;
+        }
+        let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; SCM_MAX_FD], libc::ucred);
+        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+        let msg = match recvmsg::<()>(raw, &mut iov, Some(&mut cmsg), flags) {
+            Ok(m) => m,
+            Err(nix::errno::Errno::EAGAIN) => break,
+            Err(e) => return Err(os_err(p, "recvmsg(MSG_PEEK)", e.into())),
+        };
+        let len = msg.bytes;
+        let mut in_flight = msg.flags.contains(MsgFlags::MSG_CTRUNC);
+        if let Ok(cmsgs) = msg.cmsgs() {
+            for c in cmsgs {
+                if let ControlMessageOwned::ScmRights(fds) = c {
+                    in_flight = true;
+                    for f in fds {
+                        // Installed into ckpt by the peek: never keep them.
+                        let _ = nix::unistd::close(f);
+                    }
+                }
+            }
+        }
+        if in_flight {
+            return Err(p.unsupported("unix socket has file descriptors in flight (SCM_RIGHTS)"));
+        }
+        if stream && len == 0 {
+            // End of stream: the peer shut down its sending side.
+            break;
+        }
+        if len > buf.len() {
+            // A datagram larger than the buffer: the peek offset moved by
+            // what was copied; step back and peek it whole.
+            let at = i32::try_from(data.len()).map_err(|_| too_large(p))?;
+            sys::setsockopt_int(fd, libc::SO_PEEK_OFF, at)
+                .map_err(|e| os_err(p, "SO_PEEK_OFF", e))?;
+            buf.resize(len, 0);
+            continue;
+        }
+        if data.len() + len > MAX_QUEUE_BYTES || lengths.len() >= MAX_QUEUE_MESSAGES {
+            return Err(too_large(p));
+        }
+        data.extend_from_slice(&buf[..len]);
+        lengths.push(len as u32);
+        if !stream && len == 0 {
+            // A zero-length datagram does not move the peek offset: the
+            // next peek would return it again.
+            return Err(p.unsupported("unix socket with an empty datagram queued (not supported)"));
+        }
+    }
+    Ok((lengths, data))
+}
+
+fn too_large(p: &FdParams) -> DumpError {
+    p.unsupported(&format!(
+        "unix socket with more than {MAX_QUEUE_BYTES} bytes or {MAX_QUEUE_MESSAGES} messages queued"
+    ))
+}
+
+/// An OS error on the socket copy of `p`, naming pid, fd and the call.
+fn os_err(p: &FdParams, what: &str, source: std::io::Error) -> DumpError {
+    DumpError::Proc {
+        pid: p.pid,
+        path: format!("fd {} (unix socket: {what})", p.fd).into(),
+        source,
+    }
+}

@@ -1,0 +1,279 @@
+/*
+ * UNIX socket victim. Before the dump the root builds, then forks (the
+ * child keeps the second end of each cross-process pair):
+ *   - STREAM pair, several writes queued each way (the child end has
+ *     SO_PEEK_OFF 2 set; the root end SO_PASSCRED, forced buffer sizes,
+ *     receive and send timeouts, and a dup at DUP_FD);
+ *   - DGRAM pair, messages of 1, 300 and 70000 bytes queued each way (the
+ *     root end O_NONBLOCK);
+ *   - SEQPACKET pair, messages of 5, 0x1000 and 100000 bytes each way;
+ *   - SHUT pair (stream): the root wrote "bye" and shut its sending side;
+ *   - LOCAL pair (stream, both ends in the root) with data both ways;
+ *   - LONE: a datagram socket neither bound nor connected.
+ * After go each side reads back every queued byte and message boundary
+ * exactly, checks the attributes and the socket owner (its own fsuid),
+ * then the root and the child play ping-pong over every cross-process
+ * pair; the root reaps the child (exit 0 = all its checks passed).
+ */
+#include "victim.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+
+#define DUP_FD 40
+#define SNDBUF_SET 300000
+#define RCVBUF_SET 123456
+#define PEEK_OFF_SET 2
+#define ROUNDS 3
+
+static const size_t dgram_sizes[] = { 1, 300, 70000 };
+static const size_t seq_sizes[] = { 5, 0x1000, 100000 };
+#define NMSG 3
+
+static const char root_stream[] = "root-to-child: first write|second write|third";
+static const char child_stream[] = "child-to-root: 1|22|333|4444";
+
+static unsigned char msgbuf[200000], expect[200000];
+
+/* Receive one message or stream chunk, waiting up to 5 s. */
+static ssize_t recv_wait(int fd, void *buf, size_t len, int flags)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	if (poll(&p, 1, 5000) != 1)
+		return -2;
+	return recv(fd, buf, len, flags | MSG_DONTWAIT);
+}
+
+/* Read exactly len stream bytes and compare them. */
+static int read_stream(int fd, const char *want, size_t len)
+{
+	size_t got = 0;
+	while (got < len) {
+		ssize_t n = recv_wait(fd, msgbuf + got, len - got, 0);
+		if (n <= 0)
+			return 0;
+		got += (size_t)n;
+	}
+	return memcmp(msgbuf, want, len) == 0;
+}
+
+/* Queued messages of sizes[] with pattern seed base+i: each must come back
+ * whole, in order, and nothing after. Returns a failure reason or NULL. */
+static const char *read_messages(int fd, const size_t *sizes, uint64_t base)
+{
+	for (int i = 0; i < NMSG; i++) {
+		ssize_t n = recv_wait(fd, msgbuf, sizeof(msgbuf), MSG_TRUNC);
+		if (n < 0)
+			return "message missing";
+		if ((size_t)n != sizes[i])
+			return "message boundary or size changed";
+		fill_pattern(expect, sizes[i], base + i);
+		if (memcmp(msgbuf, expect, sizes[i]) != 0)
+			return "message contents changed";
+	}
+	if (recv(fd, msgbuf, sizeof(msgbuf), MSG_DONTWAIT) >= 0)
+		return "extra message queued";
+	return NULL;
+}
+
+static void send_messages(int fd, const size_t *sizes, uint64_t base)
+{
+	for (int i = 0; i < NMSG; i++) {
+		fill_pattern(msgbuf, sizes[i], base + i);
+		if (send(fd, msgbuf, sizes[i], 0) != (ssize_t)sizes[i])
+			die("send message");
+	}
+}
+
+static int owned_by_me(int fd)
+{
+	struct stat st;
+	return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_uid == geteuid();
+}
+
+static int sock_int(int fd, int opt)
+{
+	int v = -12345;
+	socklen_t len = sizeof(v);
+	if (getsockopt(fd, SOL_SOCKET, opt, &v, &len) != 0)
+		return -12345;
+	return v;
+}
+
+static long timeo_us(int fd, int opt)
+{
+	struct timeval tv = { 0, 0 };
+	socklen_t len = sizeof(tv);
+	if (getsockopt(fd, SOL_SOCKET, opt, &tv, &len) != 0)
+		return -1;
+	return tv.tv_sec * 1000000L + tv.tv_usec;
+}
+
+/* Ping-pong: one side sends "ping N", the other answers "pong N". */
+static int ping(int fd, int round)
+{
+	char m[32], r[32], want[32];
+	int n = snprintf(m, sizeof(m), "ping %d", round);
+	snprintf(want, sizeof(want), "pong %d", round);
+	if (send(fd, m, (size_t)n, MSG_NOSIGNAL) != n)
+		return 0;
+	ssize_t got = recv_wait(fd, r, sizeof(r), 0);
+	return got == (ssize_t)strlen(want) && memcmp(r, want, (size_t)got) == 0;
+}
+
+static int pong(int fd, int round)
+{
+	char m[32], want[32];
+	int n = snprintf(want, sizeof(want), "ping %d", round);
+	ssize_t got = recv_wait(fd, m, sizeof(m), 0);
+	if (got != n || memcmp(m, want, (size_t)n) != 0)
+		return 0;
+	n = snprintf(m, sizeof(m), "pong %d", round);
+	return send(fd, m, (size_t)n, MSG_NOSIGNAL) == n;
+}
+
+static void child(int st, int dg, int sq, int sh)
+{
+	while (!victim_file_exists("go")) {
+		victim_tick();
+		if (victim_timespec_passed(&victim_deadline))
+			_exit(90);
+	}
+	if (!owned_by_me(st) || !owned_by_me(dg))
+		_exit(91);
+	if (sock_int(st, SO_PEEK_OFF) != PEEK_OFF_SET)
+		_exit(92);
+	if (sock_int(st, SO_TYPE) != SOCK_STREAM || sock_int(sq, SO_TYPE) != SOCK_SEQPACKET)
+		_exit(93);
+	if (!read_stream(st, root_stream, sizeof(root_stream)))
+		_exit(94);
+	if (read_messages(dg, dgram_sizes, 100))
+		_exit(95);
+	if (read_messages(sq, seq_sizes, 300))
+		_exit(96);
+	/* The root shut its sending side after "bye": then end of file. */
+	if (!read_stream(sh, "bye", 3) || recv_wait(sh, msgbuf, 1, 0) != 0)
+		_exit(97);
+	for (int i = 0; i < ROUNDS; i++)
+		if (!pong(st, i) || !pong(dg, i) || !pong(sq, i))
+			_exit(98);
+	/* The child may still write to the root: only the root's side is shut. */
+	if (send(sh, "late", 4, MSG_NOSIGNAL) != 4)
+		_exit(99);
+	_exit(0);
+}
+
+int main(int argc, char **argv)
+{
+	int st[2], dg[2], sq[2], sh[2], lo[2];
+
+	victim_init(argc, argv);
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, st) || socketpair(AF_UNIX, SOCK_DGRAM, 0, dg) ||
+	    socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sq) || socketpair(AF_UNIX, SOCK_STREAM, 0, sh) ||
+	    socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, lo))
+		die("socketpair");
+	int lone = socket(AF_UNIX, SOCK_DGRAM, 0);
+	if (lone < 0)
+		die("socket");
+
+	/* Queued both ways, in several writes. */
+	const char *p = root_stream;
+	for (int i = 0; i < 3; i++) {
+		size_t part = i < 2 ? sizeof(root_stream) / 3 : sizeof(root_stream) - 2 * (sizeof(root_stream) / 3);
+		if (write(st[0], p, part) != (ssize_t)part)
+			die("write stream");
+		p += part;
+	}
+	if (write(st[1], child_stream, 10) != 10 ||
+	    write(st[1], child_stream + 10, sizeof(child_stream) - 10) != (ssize_t)(sizeof(child_stream) - 10))
+		die("write stream back");
+	send_messages(dg[0], dgram_sizes, 100);
+	send_messages(dg[1], dgram_sizes, 200);
+	send_messages(sq[0], seq_sizes, 300);
+	send_messages(sq[1], seq_sizes, 400);
+	if (write(sh[0], "bye", 3) != 3 || shutdown(sh[0], SHUT_WR))
+		die("shutdown");
+	if (write(lo[0], "left", 4) != 4 || write(lo[1], "right!", 6) != 6)
+		die("write local pair");
+
+	/* Attributes. */
+	int one = 1, v;
+	struct timeval rcv = { 2, 500000 }, snd = { 1, 250000 };
+	if (setsockopt(st[0], SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)) ||
+	    (v = SNDBUF_SET, setsockopt(st[0], SOL_SOCKET, SO_SNDBUF, &v, sizeof(v))) ||
+	    (v = RCVBUF_SET, setsockopt(st[0], SOL_SOCKET, SO_RCVBUF, &v, sizeof(v))) ||
+	    setsockopt(st[0], SOL_SOCKET, SO_RCVTIMEO, &rcv, sizeof(rcv)) ||
+	    setsockopt(st[0], SOL_SOCKET, SO_SNDTIMEO, &snd, sizeof(snd)) ||
+	    (v = PEEK_OFF_SET, setsockopt(st[1], SOL_SOCKET, SO_PEEK_OFF, &v, sizeof(v))))
+		die("setsockopt");
+	int sndbuf = sock_int(st[0], SO_SNDBUF), rcvbuf = sock_int(st[0], SO_RCVBUF);
+	/* Kept in jiffies: read back rounded up to the tick. */
+	long rcvtimeo = timeo_us(st[0], SO_RCVTIMEO), sndtimeo = timeo_us(st[0], SO_SNDTIMEO);
+	if (rcvtimeo < 2500000 || sndtimeo < 1250000)
+		die("timeouts not set");
+	if (fcntl(dg[0], F_SETFL, O_NONBLOCK) || dup2(st[0], DUP_FD) != DUP_FD)
+		die("fcntl/dup2");
+
+	pid_t kid = fork();
+	if (kid < 0)
+		die("fork");
+	if (kid == 0) {
+		close(st[0]);
+		close(DUP_FD);
+		close(dg[0]);
+		close(sq[0]);
+		close(sh[0]);
+		close(lo[0]);
+		close(lo[1]);
+		close(lone);
+		child(st[1], dg[1], sq[1], sh[1]);
+	}
+	close(st[1]);
+	close(dg[1]);
+	close(sq[1]);
+	close(sh[1]);
+
+	victim_ready_and_wait(NULL);
+
+	const char *why;
+	CHECK(owned_by_me(st[0]) && owned_by_me(lo[0]) && owned_by_me(lone),
+	      "sockets not owned by the process's user");
+	CHECK(sock_int(lone, SO_TYPE) == SOCK_DGRAM, "lone socket lost its type");
+	CHECK(sock_int(st[0], SO_PASSCRED) == 1, "SO_PASSCRED lost");
+	CHECK(sock_int(st[0], SO_SNDBUF) == sndbuf, "SO_SNDBUF %d, want %d", sock_int(st[0], SO_SNDBUF), sndbuf);
+	CHECK(sock_int(st[0], SO_RCVBUF) == rcvbuf, "SO_RCVBUF %d, want %d", sock_int(st[0], SO_RCVBUF), rcvbuf);
+	CHECK(timeo_us(st[0], SO_RCVTIMEO) == rcvtimeo, "SO_RCVTIMEO %ld, want %ld",
+	      timeo_us(st[0], SO_RCVTIMEO), rcvtimeo);
+	CHECK(timeo_us(st[0], SO_SNDTIMEO) == sndtimeo, "SO_SNDTIMEO %ld, want %ld",
+	      timeo_us(st[0], SO_SNDTIMEO), sndtimeo);
+	CHECK(sock_int(st[0], SO_PEEK_OFF) == -1, "SO_PEEK_OFF of the root end changed: %d",
+	      sock_int(st[0], SO_PEEK_OFF));
+	CHECK(fcntl(dg[0], F_GETFL) & O_NONBLOCK, "O_NONBLOCK lost");
+	CHECK(!(fcntl(st[0], F_GETFL) & O_NONBLOCK), "O_NONBLOCK gained");
+	CHECK(fcntl(lo[0], F_GETFD) == FD_CLOEXEC && fcntl(st[0], F_GETFD) == 0, "FD_CLOEXEC changed");
+
+	/* The dup shares the description: reading through it drains st[0]. */
+	CHECK(read_stream(DUP_FD, child_stream, sizeof(child_stream)), "stream bytes from the child changed");
+	CHECK(recv(st[0], msgbuf, 1, MSG_DONTWAIT) < 0 && errno == EAGAIN, "extra stream bytes");
+	why = read_messages(dg[0], dgram_sizes, 200);
+	CHECK(!why, "dgram: %s", why);
+	why = read_messages(sq[0], seq_sizes, 400);
+	CHECK(!why, "seqpacket: %s", why);
+	CHECK(read_stream(lo[0], "right!", 6) && read_stream(lo[1], "left", 4), "local pair data changed");
+	CHECK(write(lo[1], "again", 5) == 5 && read_stream(lo[0], "again", 5), "local pair broken");
+	CHECK(send(sh[0], "x", 1, MSG_NOSIGNAL) < 0 && errno == EPIPE, "shut side can still send");
+
+	for (int i = 0; i < ROUNDS; i++) {
+		CHECK(ping(st[0], i), "stream ping-pong %d", i);
+		CHECK(ping(dg[0], i), "dgram ping-pong %d", i);
+		CHECK(ping(sq[0], i), "seqpacket ping-pong %d", i);
+	}
+	int status;
+	CHECK(waitpid(kid, &status, 0) == kid, "waitpid: %s", strerror(errno));
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child failed: status %#x", status);
+	CHECK(read_stream(sh[0], "late", 4), "the child's late write did not arrive");
+	victim_finish();
+}
