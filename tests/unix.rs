@@ -61,3 +61,98 @@ fn an_unprivileged_users_sockets_stay_theirs() {
     let v = Victim::spawn_as(&env, "unix", &[], test_user());
     cycle(&env, v);
 }
+
+/// A message carrying an fd (SCM_RIGHTS) is refused by name, and the
+/// victim later receives it and its fd intact (the peek took nothing).
+#[test]
+fn fds_in_flight_are_refused_and_left_in_place() {
+    let env = TestEnv::new("unix-inflight");
+    let mut v = Victim::spawn(&env, "unix", &["inflight"]);
+    v.wait_ready();
+    let err = dump_expect_error(&env, &v);
+    assert!(
+        err.contains(&format!("pid {}", v.pid))
+            && err.contains("unix socket has file descriptors in flight (SCM_RIGHTS)"),
+        "{err}"
+    );
+    assert!(!env.img.exists(), "failed dump left {}", env.img.display());
+    v.assert_unharmed_and_passes("after a refused dump");
+}
+
+/// A socket whose peer is outside the tree is refused naming the
+/// `--external` key; the pair still works afterwards.
+#[test]
+fn a_peer_outside_the_tree_is_refused() {
+    let env = TestEnv::new("unix-outside");
+    let mut v = Victim::spawn(&env, "unix", &["outside"]);
+    v.wait_ready();
+    let err = dump_expect_error(&env, &v);
+    assert!(
+        err.contains(&format!("pid {}", v.pid))
+            && err.contains("outside the dumped tree")
+            && err.contains("--external socket:["),
+        "{err}"
+    );
+    v.assert_unharmed_and_passes("after a refused dump");
+}
+
+/// A non-blocking socket pair for a launcher: (its end as a `File` the
+/// test reads, the end the job gets as stdout).
+fn launcher_socket() -> (std::fs::File, std::os::fd::OwnedFd) {
+    let (mine, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+    mine.set_nonblocking(true).expect("O_NONBLOCK");
+    (
+        std::fs::File::from(std::os::fd::OwnedFd::from(mine)),
+        theirs.into(),
+    )
+}
+
+/// A socket to a daemon outside the tree (here the test, as the job's
+/// stdout) is refused naming its key, saved when declared with
+/// `--external socket:[INO]`, and handed over at restore with
+/// `--inherit-fd fd[N]:socket:[INO]`: the job writes on into the new one.
+#[test]
+fn an_outside_socket_declared_external_is_handed_over() {
+    let env = TestEnv::new("unix-external");
+    let (mut r1, w1) = launcher_socket();
+    let mut v = Victim::spawn_with(
+        &env,
+        "ticker",
+        &[],
+        std::process::Stdio::null(),
+        std::process::Stdio::from(w1),
+        std::process::Stdio::null(),
+    );
+    v.wait_ready();
+    let key = std::fs::read_link(format!("/proc/{}/fd/1", v.pid))
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(key.starts_with("socket:["), "{key}");
+    let err = dump_expect_error(&env, &v);
+    assert!(err.contains("fd 1") && err.contains(&key), "{err}");
+
+    dump(&env, &v, &["--kill", "--external", &key]);
+    v.reap_killed(std::time::Duration::from_secs(10));
+    let before = read_ticks(&mut r1, std::time::Duration::from_millis(100));
+    let last = *before.last().expect("ticks before the dump");
+
+    let (mut r2, w2) = launcher_socket();
+    let status = env
+        .ckpt_command()
+        .args([
+            "restore",
+            "--detach",
+            "--dir",
+            path_str(&env.img),
+            "--inherit-fd",
+        ])
+        .arg(format!("fd[1]:{key}"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(w2))
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("run restore");
+    assert!(status.success(), "restore with --inherit-fd failed");
+    assert_ticks_carry_on(&mut r2, last, &v);
+}

@@ -14,6 +14,13 @@
  * exactly, checks the attributes and the socket owner (its own fsuid),
  * then the root and the child play ping-pong over every cross-process
  * pair; the root reaps the child (exit 0 = all its checks passed).
+ *
+ * `unix WORKDIR inflight`: a stream pair whose queue holds a message with
+ * an fd (SCM_RIGHTS); the dump must be refused, and after go the message
+ * and its fd arrive intact.
+ * `unix WORKDIR outside`: a stream socket whose peer is held by an
+ * orphaned grandchild (outside the tree); the dump must be refused, and
+ * after go the pair still works both ways.
  */
 #include "victim.h"
 
@@ -166,11 +173,87 @@ static void child(int st, int dg, int sq, int sh)
 	_exit(0);
 }
 
+static void inflight(void)
+{
+	int sv[2], pp[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) || pipe(pp))
+		die("socketpair/pipe");
+	if (write(pp[1], "through the pipe", 16) != 16)
+		die("write pipe");
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = { .iov_base = "fd!", .iov_len = 3 };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+			    .msg_controllen = sizeof(cbuf) };
+	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &pp[0], sizeof(int));
+	if (sendmsg(sv[0], &m, 0) != 3)
+		die("sendmsg SCM_RIGHTS");
+	close(pp[0]);
+
+	victim_ready_and_wait(NULL);
+
+	char data[4] = { 0 };
+	iov.iov_base = data;
+	iov.iov_len = sizeof(data);
+	m.msg_controllen = sizeof(cbuf);
+	CHECK(recvmsg(sv[1], &m, MSG_DONTWAIT) == 3 && memcmp(data, "fd!", 3) == 0,
+	      "message with the fd lost");
+	c = CMSG_FIRSTHDR(&m);
+	int got = -1;
+	if (c && c->cmsg_type == SCM_RIGHTS)
+		memcpy(&got, CMSG_DATA(c), sizeof(int));
+	CHECK(got >= 0 && read(got, msgbuf, 16) == 16 && memcmp(msgbuf, "through the pipe", 16) == 0,
+	      "the fd in flight was lost or changed");
+	victim_finish();
+}
+
+static void outside(void)
+{
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+		die("socketpair");
+	pid_t kid = fork();
+	if (kid < 0)
+		die("fork");
+	if (kid == 0) {
+		/* The grandchild is reparented away: outside the dumped tree. */
+		if (fork() == 0) {
+			close(sv[0]);
+			alarm(VICTIM_LIFETIME_SEC);
+			/* Block until the first ping (after go), then answer. */
+			if (recv(sv[1], msgbuf, 1, MSG_PEEK) != 1)
+				_exit(1);
+			for (int i = 0; i < ROUNDS; i++)
+				if (!pong(sv[1], i))
+					_exit(1);
+			_exit(0);
+		}
+		_exit(0);
+	}
+	close(sv[1]);
+	int status;
+	if (waitpid(kid, &status, 0) != kid)
+		die("waitpid");
+
+	victim_ready_and_wait(NULL);
+
+	for (int i = 0; i < ROUNDS; i++)
+		CHECK(ping(sv[0], i), "ping-pong with the outside peer %d", i);
+	victim_finish();
+}
+
 int main(int argc, char **argv)
 {
 	int st[2], dg[2], sq[2], sh[2], lo[2];
 
 	victim_init(argc, argv);
+	if (argc > 2 && strcmp(argv[2], "inflight") == 0)
+		inflight();
+	if (argc > 2 && strcmp(argv[2], "outside") == 0)
+		outside();
 	if (socketpair(AF_UNIX, SOCK_STREAM, 0, st) || socketpair(AF_UNIX, SOCK_DGRAM, 0, dg) ||
 	    socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sq) || socketpair(AF_UNIX, SOCK_STREAM, 0, sh) ||
 	    socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, lo))
