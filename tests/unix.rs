@@ -7,10 +7,15 @@ mod common;
 
 use common::*;
 
-/// The fds the victim holds, per process: root 4 cross-process ends, a
-/// dup, 2 local ends and a lone socket; the child 4 ends.
-const ROOT_FDS: usize = 8;
-const CHILD_FDS: usize = 4;
+/// The fds the victim holds, per process: the root 4 cross-process ends, a
+/// dup, 2 local ends, a lone socket, 3 listeners, an accepted connection,
+/// a pending client and a bound datagram socket; the child 4 ends, a
+/// pending client and an accepted connection's client.
+const ROOT_FDS: usize = 14;
+const CHILD_FDS: usize = 6;
+/// Open files: 5 pairs, 2 pending clients, a connection and its client,
+/// 3 listeners, the lone and the bound datagram sockets.
+const FILES: usize = 19;
 
 fn cycle(env: &TestEnv, mut v: Victim) {
     v.wait_ready();
@@ -21,8 +26,8 @@ fn cycle(env: &TestEnv, mut v: Victim) {
     let json = show_json(env);
     let fds = fds_of_kind(&json, "unix");
     assert_eq!(fds.len(), ROOT_FDS + CHILD_FDS, "unix fds: {json}");
-    // Five pairs and the lone socket; the dup shares its description.
-    assert_eq!(file_ids(&fds).len(), 11, "unix open files: {json}");
+    // The dup shares its description.
+    assert_eq!(file_ids(&fds).len(), FILES, "unix open files: {json}");
     let objects: Vec<&str> = fds.iter().filter_map(|f| f["object"].as_str()).collect();
     for what in [
         "unix stream",
@@ -31,6 +36,10 @@ fn cycle(env: &TestEnv, mut v: Victim) {
         "queued 3 messages",
         "shutdown 2",
         "shutdown 1",
+        "listening",
+        "pending on file",
+        "name @ckpt-unix-test-",
+        "unlinked",
     ] {
         assert!(
             objects.iter().any(|o| o.contains(what)),

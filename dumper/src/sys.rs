@@ -339,19 +339,7 @@ pub fn unix_sockname(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Vec<u8>
     if r < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    let family = std::mem::size_of::<libc::sa_family_t>();
-    let n = (len as usize)
-        .saturating_sub(family)
-        .min(addr.sun_path.len());
-    let mut path: Vec<u8> = addr.sun_path[..n].iter().map(|&c| c as u8).collect();
-    // A path name may be reported with its terminating NUL; an abstract
-    // name's bytes are all significant.
-    if path.first() != Some(&0) {
-        if let Some(end) = path.iter().position(|&c| c == 0) {
-            path.truncate(end);
-        }
-    }
-    Ok(path)
+    Ok(sun_path(&addr, len))
 }
 
 /// The protocol name sockfs gives a socket (`system.sockprotoname`:
@@ -377,4 +365,55 @@ pub fn socket_protocol(link: &std::path::Path) -> std::io::Result<String> {
     let name = &buf[..n as usize];
     let name = name.split(|&c| c == 0).next().unwrap_or_default();
     Ok(String::from_utf8_lossy(name).into_owned())
+}
+
+/// The `sun_path` bytes of the address a UNIX socket is connected to
+/// (`getpeername`), or `None` if it is not connected.
+pub fn unix_peername(fd: std::os::fd::BorrowedFd<'_>) -> Option<Vec<u8>> {
+    // SAFETY: sockaddr_un is plain old data; all zeroes is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `addr`.
+    let r = unsafe {
+        libc::getpeername(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            (&mut addr as *mut libc::sockaddr_un).cast(),
+            &mut len,
+        )
+    };
+    (r == 0).then(|| sun_path(&addr, len))
+}
+
+/// The significant bytes of `addr`'s `sun_path` given the length the
+/// kernel reported: a path without its NUL, an abstract name whole.
+fn sun_path(addr: &libc::sockaddr_un, len: libc::socklen_t) -> Vec<u8> {
+    let family = std::mem::size_of::<libc::sa_family_t>();
+    let n = (len as usize)
+        .saturating_sub(family)
+        .min(addr.sun_path.len());
+    let mut path: Vec<u8> = addr.sun_path[..n].iter().map(|&c| c as u8).collect();
+    // A path name may be reported with its terminating NUL; an abstract
+    // name's bytes are all significant.
+    if path.first() != Some(&0)
+        && let Some(end) = path.iter().position(|&c| c == 0)
+    {
+        path.truncate(end);
+    }
+    path
+}
+
+/// `SIOCUNIXFILE`: an `O_PATH` fd of the file a UNIX socket is bound to
+/// (even if unlinked since).
+const SIOCUNIXFILE: libc::c_ulong = 0x89E0;
+
+/// The file a path-bound UNIX socket made, opened `O_PATH`.
+pub fn unix_bound_file(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: SIOCUNIXFILE takes no argument and returns a new fd.
+    let r = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&fd), SIOCUNIXFILE, 0) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the ioctl returned a new fd nobody else owns.
+    Ok(unsafe { std::fs::File::from_raw_fd(r) })
 }

@@ -10,6 +10,13 @@
  *   - SHUT pair (stream): the root wrote "bye" and shut its sending side;
  *   - LOCAL pair (stream, both ends in the root) with data both ways;
  *   - LONE: a datagram socket neither bound nor connected.
+ *   - SRV: a stream listener bound to WORKDIR/srv.sock (mode 0640,
+ *     backlog 7) with one connection accepted (ACC, its client in the
+ *     child) and one pending (client in the child);
+ *   - ABS: a seqpacket listener on an abstract name with a pending
+ *     connection from the root itself (client at a lower fd than ABS);
+ *   - GONE: a listener bound to WORKDIR/gone.sock, then unlinked;
+ *   - BOUND: a datagram socket bound to WORKDIR/dgram.sock.
  * After go each side reads back every queued byte and message boundary
  * exactly, checks the attributes and the socket owner (its own fsuid),
  * then the root and the child play ping-pong over every cross-process
@@ -25,12 +32,18 @@
 #include "victim.h"
 
 #include <poll.h>
+#include <stddef.h>
+#include <sys/un.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 
 #define DUP_FD 40
+#define PENDING_CLIENT_FD 45
+#define ABS_FD 50
+#define SOCK_MODE 0640
+#define BACKLOG 7
 #define SNDBUF_SET 300000
 #define RCVBUF_SET 123456
 #define PEEK_OFF_SET 2
@@ -142,7 +155,64 @@ static int pong(int fd, int round)
 	return send(fd, m, (size_t)n, MSG_NOSIGNAL) == n;
 }
 
-static void child(int st, int dg, int sq, int sh)
+static char srv_path[PATH_MAX], gone_path[PATH_MAX], dgram_path[PATH_MAX];
+static char abs_name[64];
+
+static socklen_t unix_addr(struct sockaddr_un *a, const char *path, int abstract)
+{
+	memset(a, 0, sizeof(*a));
+	a->sun_family = AF_UNIX;
+	if (abstract) {
+		size_t n = strlen(path);
+		memcpy(a->sun_path + 1, path, n);
+		return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+	}
+	snprintf(a->sun_path, sizeof(a->sun_path), "%s", path);
+	return sizeof(*a);
+}
+
+static int listener(int type, const char *path, int abstract)
+{
+	struct sockaddr_un a;
+	socklen_t len = unix_addr(&a, path, abstract);
+	int s = socket(AF_UNIX, type, 0);
+	if (s < 0 || bind(s, (struct sockaddr *)&a, len) || listen(s, BACKLOG))
+		die("listener");
+	return s;
+}
+
+static int connect_to(int type, const char *path, int abstract)
+{
+	struct sockaddr_un a;
+	socklen_t len = unix_addr(&a, path, abstract);
+	int s = socket(AF_UNIX, type, 0);
+	if (s < 0 || connect(s, (struct sockaddr *)&a, len))
+		die("connect");
+	return s;
+}
+
+/* getsockname is the path (or abstract name) it was bound to. */
+static int named(int fd, const char *path, int abstract)
+{
+	struct sockaddr_un want, got;
+	socklen_t wlen = unix_addr(&want, path, abstract), glen = sizeof(got);
+	memset(&got, 0, sizeof(got));
+	if (getsockname(fd, (struct sockaddr *)&got, &glen))
+		return 0;
+	if (abstract)
+		return glen == wlen && memcmp(&got, &want, wlen) == 0;
+	return strcmp(got.sun_path, want.sun_path) == 0;
+}
+
+static int accept_wait(int l)
+{
+	struct pollfd p = { .fd = l, .events = POLLIN };
+	if (poll(&p, 1, 5000) != 1)
+		return -1;
+	return accept4(l, NULL, NULL, SOCK_CLOEXEC);
+}
+
+static void child(int st, int dg, int sq, int sh, int pend, int acc_client)
 {
 	while (!victim_file_exists("go")) {
 		victim_tick();
@@ -167,6 +237,12 @@ static void child(int st, int dg, int sq, int sh)
 	for (int i = 0; i < ROUNDS; i++)
 		if (!pong(st, i) || !pong(dg, i) || !pong(sq, i))
 			_exit(98);
+	/* The pending connection, accepted by the root after the restore. */
+	if (send(pend, "pending-hello", 13, MSG_NOSIGNAL) != 13 || !read_stream(pend, "pending-welcome", 15))
+		_exit(100);
+	for (int i = 0; i < ROUNDS; i++)
+		if (!pong(acc_client, i))
+			_exit(101);
 	/* The child may still write to the root: only the root's side is shut. */
 	if (send(sh, "late", 4, MSG_NOSIGNAL) != 4)
 		_exit(99);
@@ -262,6 +338,36 @@ int main(int argc, char **argv)
 	if (lone < 0)
 		die("socket");
 
+	/* Listeners, pending and accepted connections, bound names. */
+	victim_path(srv_path, sizeof(srv_path), "srv.sock");
+	victim_path(gone_path, sizeof(gone_path), "gone.sock");
+	victim_path(dgram_path, sizeof(dgram_path), "dgram.sock");
+	snprintf(abs_name, sizeof(abs_name), "ckpt-unix-test-%d", (int)getpid());
+	int srv = listener(SOCK_STREAM, srv_path, 0);
+	if (chmod(srv_path, SOCK_MODE))
+		die("chmod");
+	int acc_client = connect_to(SOCK_STREAM, srv_path, 0);
+	int acc = accept4(srv, NULL, NULL, 0);
+	if (acc < 0)
+		die("accept");
+	int pend = connect_to(SOCK_STREAM, srv_path, 0);
+	int abs_l = listener(SOCK_SEQPACKET, abs_name, 1);
+	if (dup2(abs_l, ABS_FD) != ABS_FD)
+		die("dup2 abs");
+	close(abs_l);
+	int pc = connect_to(SOCK_SEQPACKET, abs_name, 1);
+	if (dup2(pc, PENDING_CLIENT_FD) != PENDING_CLIENT_FD)
+		die("dup2 pending client");
+	close(pc);
+	int gone = listener(SOCK_STREAM, gone_path, 0);
+	if (unlink(gone_path))
+		die("unlink");
+	struct sockaddr_un ba;
+	socklen_t blen = unix_addr(&ba, dgram_path, 0);
+	int bound = socket(AF_UNIX, SOCK_DGRAM, 0);
+	if (bound < 0 || bind(bound, (struct sockaddr *)&ba, blen))
+		die("bind dgram");
+
 	/* Queued both ways, in several writes. */
 	const char *p = root_stream;
 	for (int i = 0; i < 3; i++) {
@@ -312,8 +418,16 @@ int main(int argc, char **argv)
 		close(lo[0]);
 		close(lo[1]);
 		close(lone);
-		child(st[1], dg[1], sq[1], sh[1]);
+		close(srv);
+		close(acc);
+		close(ABS_FD);
+		close(PENDING_CLIENT_FD);
+		close(gone);
+		close(bound);
+		child(st[1], dg[1], sq[1], sh[1], pend, acc_client);
 	}
+	close(pend);
+	close(acc_client);
 	close(st[1]);
 	close(dg[1]);
 	close(sq[1]);
@@ -354,6 +468,48 @@ int main(int argc, char **argv)
 		CHECK(ping(dg[0], i), "dgram ping-pong %d", i);
 		CHECK(ping(sq[0], i), "seqpacket ping-pong %d", i);
 	}
+	/* The listener on a path: name, socket file, the pending connection. */
+	struct stat sst;
+	CHECK(named(srv, srv_path, 0), "listener lost its name");
+	CHECK(stat(srv_path, &sst) == 0 && S_ISSOCK(sst.st_mode) && (sst.st_mode & 07777) == SOCK_MODE &&
+		      sst.st_uid == geteuid(),
+	      "socket file %s: mode %o uid %d", srv_path, sst.st_mode, (int)sst.st_uid);
+	CHECK(sock_int(srv, SO_ACCEPTCONN) == 1, "no longer listening");
+	int conn = accept_wait(srv);
+	CHECK(conn >= 0, "the pending connection is gone: %s", strerror(errno));
+	if (conn >= 0) {
+		CHECK(read_stream(conn, "pending-hello", 13), "pending connection's data");
+		CHECK(send(conn, "pending-welcome", 15, MSG_NOSIGNAL) == 15, "reply on the pending connection");
+	}
+	for (int i = 0; i < ROUNDS; i++)
+		CHECK(ping(acc, i), "accepted connection ping-pong %d", i);
+	/* A new client is served too. */
+	int fresh = connect_to(SOCK_STREAM, srv_path, 0);
+	int fc = accept_wait(srv);
+	CHECK(fc >= 0 && write(fresh, "new", 3) == 3 && read_stream(fc, "new", 3), "new connection");
+
+	/* The abstract seqpacket listener and its pending client (same process). */
+	CHECK(named(ABS_FD, abs_name, 1), "abstract listener lost its name");
+	int aconn = accept_wait(ABS_FD);
+	CHECK(aconn >= 0, "abstract pending connection gone");
+	if (aconn >= 0) {
+		CHECK(send(PENDING_CLIENT_FD, "seq", 3, 0) == 3 && recv_wait(aconn, msgbuf, sizeof(msgbuf), 0) == 3,
+		      "abstract connection broken");
+		CHECK(sock_int(aconn, SO_TYPE) == SOCK_SEQPACKET, "abstract connection type");
+	}
+
+	/* Bound, then unlinked: still named, still no file. */
+	CHECK(named(gone, gone_path, 0), "unlinked listener lost its name");
+	CHECK(access(gone_path, F_OK) != 0 && errno == ENOENT, "unlinked socket file came back");
+	CHECK(sock_int(gone, SO_ACCEPTCONN) == 1, "unlinked listener not listening");
+
+	/* The bound datagram socket receives at its path. */
+	CHECK(named(bound, dgram_path, 0), "datagram socket lost its name");
+	int to = socket(AF_UNIX, SOCK_DGRAM, 0);
+	CHECK(sendto(to, "to-bound", 8, 0, (struct sockaddr *)&ba, blen) == 8 &&
+		      recv_wait(bound, msgbuf, sizeof(msgbuf), 0) == 8 && memcmp(msgbuf, "to-bound", 8) == 0,
+	      "datagram to the bound socket");
+
 	int status;
 	CHECK(waitpid(kid, &status, 0) == kid, "waitpid: %s", strerror(errno));
 	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child failed: status %#x", status);

@@ -275,6 +275,18 @@ fn describe_unix(u: &ckpt_image::fd::unix::UnixSocketFile) -> String {
     if !u.name.is_empty() {
         s += &format!(" name {}", u.printable_name());
     }
+    if u.bound.as_ref().is_some_and(|b| b.unlinked) {
+        s += " (unlinked)";
+    }
+    if u.listening {
+        s += &format!(" listening backlog {}", u.backlog);
+    }
+    if u.pending_on_file_id != 0 {
+        s += &format!(" pending on file {}", u.pending_on_file_id);
+    }
+    if u.peer_closed {
+        s += " peer closed";
+    }
     if u.peer_file_id != 0 {
         s += &format!(" peer file {} socket:[{}]", u.peer_file_id, u.peer_ino);
     }

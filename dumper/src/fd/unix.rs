@@ -18,14 +18,16 @@ mod diag;
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 
 use ckpt_image::fd::file::Kind;
-use ckpt_image::fd::unix::{MAX_QUEUE_BYTES, MAX_QUEUE_MESSAGES, UnixSocketFile};
+use ckpt_image::fd::unix::{MAX_QUEUE_BYTES, MAX_QUEUE_MESSAGES, UnixBoundFile, UnixSocketFile};
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
 
 use super::{Blobs, FdParams, FileDumper, Holder, TreeFiles};
 use crate::error::{DumpError, Result};
+use crate::procfile;
 use crate::sys;
 
 /// UNIX domain sockets (`socket:[ino]` whose protocol is `UNIX*`).
@@ -67,31 +69,49 @@ impl FileDumper for Unix {
                 .map_err(|e| os_err(p, name, e))?;
             Ok(tv.micros())
         };
-        if opt("SO_ACCEPTCONN", libc::SO_ACCEPTCONN)? != 0 {
-            return Err(p.unsupported("listening unix socket (not supported yet)"));
-        }
+        let listening = opt("SO_ACCEPTCONN", libc::SO_ACCEPTCONN)? != 0;
         let sock_type = opt("SO_TYPE", libc::SO_TYPE)?;
-        let queue = peek_queue(p, fd, sock_type)?;
-        let mut image = UnixSocketFile {
+        // A listening socket's queue holds connections, not data.
+        let queue = if listening {
+            Queue {
+                lengths: Vec::new(),
+                data: Vec::new(),
+                peek_off: opt("SO_PEEK_OFF", libc::SO_PEEK_OFF)?,
+            }
+        } else {
+            peek_queue(p, fd, sock_type)?
+        };
+        let name = sys::unix_sockname(fd).map_err(|e| os_err(p, "getsockname", e))?;
+        let bound = if name.first().is_some_and(|&c| c != 0) {
+            Some(bound_file(p, fd, &name)?)
+        } else {
+            None
+        };
+        let image = UnixSocketFile {
             ino: p.meta.ino(),
             sock_type: sock_type as u32,
-            name: sys::unix_sockname(fd).map_err(|e| os_err(p, "getsockname", e))?,
+            name,
+            peer_name: sys::unix_peername(fd).unwrap_or_default(),
             passcred: opt("SO_PASSCRED", libc::SO_PASSCRED)? != 0,
             sndbuf: opt("SO_SNDBUF", libc::SO_SNDBUF)? as u32,
             rcvbuf: opt("SO_RCVBUF", libc::SO_RCVBUF)? as u32,
             sndtimeo_us: timeout("SO_SNDTIMEO", libc::SO_SNDTIMEO)?,
             rcvtimeo_us: timeout("SO_RCVTIMEO", libc::SO_RCVTIMEO)?,
             peek_off: queue.peek_off,
+            listening,
+            bound,
+            queue: queue.lengths,
             // Known once the whole tree is seen (link_tree).
             peer_file_id: 0,
             peer_ino: 0,
             shutdown: 0,
-            queue: queue.lengths,
+            backlog: 0,
+            pending_on_file_id: 0,
+            peer_closed: false,
         };
         if !queue.data.is_empty() {
             blobs.add(ckpt_image::unix_queue_name(file_id), queue.data);
         }
-        image.queue.shrink_to_fit();
         Ok(Kind::Unix(image))
     }
 
@@ -105,20 +125,28 @@ impl FileDumper for Unix {
             path: "sock_diag (NETLINK_SOCK_DIAG, unix)".into(),
             source,
         })?;
-        let by_ino: HashMap<u64, u64> = tree
+        let sockets: Vec<(u64, UnixSocketFile)> = tree
             .files
             .files
             .iter()
             .filter_map(|f| match &f.kind {
-                Some(Kind::Unix(u)) => Some((u.ino, f.id)),
+                Some(Kind::Unix(u)) => Some((f.id, u.clone())),
                 _ => None,
             })
             .collect();
-        let mut links: Vec<(u64, Link)> = Vec::new();
-        for (&file_id, h) in &holders {
-            let Some(Kind::Unix(u)) = &tree.file(file_id).kind else {
-                continue;
-            };
+        let by_ino: HashMap<u64, u64> = sockets.iter().map(|(id, u)| (u.ino, *id)).collect();
+        // Position of each process in tree order: a pending connection is
+        // restored by connecting, so its listener must be restored first.
+        let order: HashMap<i32, usize> = tree
+            .tables
+            .iter()
+            .enumerate()
+            .map(|(i, (pid, _))| (*pid, i))
+            .collect();
+        let mut links: HashMap<u64, Link> = HashMap::new();
+        let mut pending_per_listener: HashMap<u64, usize> = HashMap::new();
+        for (file_id, u) in &sockets {
+            let h = &holders[file_id];
             let refuse = |what: String| DumpError::Unsupported {
                 pid: h.pid,
                 what: format!("fd {}: {what}", h.fd),
@@ -131,9 +159,13 @@ impl FileDumper for Unix {
             };
             let mut link = Link {
                 shutdown: me.shutdown,
-                peer: None,
+                backlog: me.wqueue,
+                ..Link::default()
             };
-            if me.peer != 0 {
+            let stream = u.sock_type != libc::SOCK_DGRAM as u32;
+            if me.state == diag::TCP_LISTEN {
+                // Checked below, once every pending client is matched.
+            } else if me.peer != 0 {
                 let Some(&peer_file) = by_ino.get(&me.peer) else {
                     return Err(refuse(format!(
                         "unix socket connected to socket:[{}] outside the dumped tree (dump its holder too, or declare this one with --external socket:[{}])",
@@ -146,48 +178,130 @@ impl FileDumper for Unix {
                         me.peer
                     )));
                 }
+                if !stream && !u.name.is_empty() {
+                    return Err(refuse(format!(
+                        "unix datagram socket bound to {} (bound datagram sockets not supported yet)",
+                        printable(&u.name)
+                    )));
+                }
                 link.peer = Some((peer_file, me.peer));
+            } else if me.state == diag::TCP_ESTABLISHED && stream && me.shutdown == 0 {
+                // Connected to a connection its listener has not accepted.
+                let listener = sockets
+                    .iter()
+                    .find(|(_, l)| l.listening && !l.name.is_empty() && l.name == u.peer_name);
+                let Some((listener_id, _)) = listener else {
+                    return Err(refuse(format!(
+                        "unix socket with a connection to {} not yet accepted by a listener outside the dumped tree",
+                        printable(&u.peer_name)
+                    )));
+                };
+                let lh = &holders[listener_id];
+                if order[&lh.pid] > order[&h.pid] {
+                    return Err(refuse(format!(
+                        "unix socket with a connection not yet accepted by pid {} fd {}, a process restored after it (not supported yet)",
+                        lh.pid, lh.fd
+                    )));
+                }
+                if me.wqueue != 0 {
+                    return Err(refuse(format!(
+                        "unix socket sent data on a connection to {} not yet accepted (the kernel cannot show it without accepting)",
+                        printable(&u.peer_name)
+                    )));
+                }
+                if let Some(Kind::Unix(l)) = &tree.file(*listener_id).kind
+                    && l.bound.as_ref().is_some_and(|b| b.unlinked)
+                {
+                    return Err(refuse(format!(
+                        "unix socket with a connection not yet accepted by {}, whose name was unlinked (not supported yet)",
+                        printable(&u.peer_name)
+                    )));
+                }
+                *pending_per_listener.entry(*listener_id).or_default() += 1;
+                link.pending_on = *listener_id;
+            } else if me.state == diag::TCP_ESTABLISHED {
+                // Its peer closed: the socket keeps its queue and shutdown.
+                link.peer_closed = true;
             } else if !u.queue.is_empty() {
                 return Err(refuse(
-                    "unix socket with data queued but no peer (its peer closed): not supported yet"
-                        .into(),
+                    "unix socket with data queued but not connected: not supported".into(),
                 ));
-            } else if !u.name.is_empty() {
-                return Err(refuse(format!(
-                    "unix socket bound to {} (bound sockets not supported yet)",
-                    printable(&u.name)
-                )));
             }
-            if link.peer.is_some() && u.sock_type == libc::SOCK_DGRAM as u32 && !u.name.is_empty() {
-                return Err(refuse(format!(
-                    "unix datagram socket bound to {} (bound sockets not supported yet)",
-                    printable(&u.name)
-                )));
-            }
-            links.push((file_id, link));
+            links.insert(*file_id, link);
         }
-        for (file_id, link) in links {
-            let Some(file) = tree.files.files.iter_mut().find(|f| f.id == file_id) else {
+        for (file_id, u) in &sockets {
+            let Some(me) = kernel.get(&u.ino) else {
                 continue;
             };
-            if let Some(Kind::Unix(u)) = &mut file.kind {
-                u.shutdown = u32::from(link.shutdown);
-                if let Some((peer_file, peer_ino)) = link.peer {
-                    u.peer_file_id = peer_file;
-                    u.peer_ino = peer_ino;
-                }
+            let in_tree = pending_per_listener.get(file_id).copied().unwrap_or(0);
+            if u.listening && me.pending > in_tree {
+                let h = &holders[file_id];
+                return Err(DumpError::Unsupported {
+                    pid: h.pid,
+                    what: format!(
+                        "fd {}: listening unix socket {} has {} connections not yet accepted from outside the dumped tree",
+                        h.fd,
+                        printable(&u.name),
+                        me.pending - in_tree
+                    ),
+                });
             }
+        }
+        for file in &mut tree.files.files {
+            let (Some(Kind::Unix(u)), Some(link)) = (&mut file.kind, links.get(&file.id)) else {
+                continue;
+            };
+            u.shutdown = u32::from(link.shutdown);
+            if let Some((peer_file, peer_ino)) = link.peer {
+                u.peer_file_id = peer_file;
+                u.peer_ino = peer_ino;
+            }
+            if u.listening {
+                u.backlog = link.backlog;
+            }
+            u.pending_on_file_id = link.pending_on;
+            u.peer_closed = link.peer_closed;
         }
         Ok(())
     }
 }
 
 /// What `link_tree` learns of one socket.
+#[derive(Default)]
 struct Link {
     shutdown: u8,
+    /// Listening: the backlog.
+    backlog: u32,
     /// (file id, inode) of its peer.
     peer: Option<(u64, u64)>,
+    /// File id of the listener its unaccepted connection waits on.
+    pending_on: u64,
+    /// Its peer has closed.
+    peer_closed: bool,
 }
+
+/// The socket file of a path-bound socket: owner, mode, and whether the
+/// name still leads to it.
+fn bound_file(p: &FdParams, fd: BorrowedFd<'_>, name: &[u8]) -> Result<UnixBoundFile> {
+    let file = sys::unix_bound_file(fd).map_err(|e| os_err(p, "SIOCUNIXFILE", e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| os_err(p, "stat of the bound file", e))?;
+    // The name in the process's root, as the process sees it.
+    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(name));
+    let seen = procfile::path(p.pid, "root").join(path.strip_prefix("/").unwrap_or(path));
+    let linked = std::fs::symlink_metadata(seen)
+        .is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino());
+    Ok(UnixBoundFile {
+        unlinked: !linked,
+        mode: meta.mode() & PERMISSION_BITS,
+        uid: meta.uid(),
+        gid: meta.gid(),
+    })
+}
+
+/// Permission bits of a file mode (setuid, setgid, sticky, rwx).
+const PERMISSION_BITS: u32 = 0o7777;
 
 /// The first fd of the tree holding each unix socket, by file id.
 fn first_holders(tree: &TreeFiles) -> std::collections::BTreeMap<u64, Holder> {

@@ -4,7 +4,7 @@
 //!
 //! The message is defined in `image/proto/fd_unix.proto`.
 
-pub use crate::pb::UnixSocketFile;
+pub use crate::pb::{UnixBoundFile, UnixSocketFile};
 
 /// Most bytes a socket's queue image may hold. The kernel caps a queue by
 /// the buffer sizes (SO_SNDBUF up to `wmem_max`, or forced by root); this

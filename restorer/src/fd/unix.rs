@@ -15,6 +15,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
 use ckpt_image::fd::File;
 use ckpt_image::fd::file::Kind;
@@ -64,67 +65,356 @@ impl FileRestorer for Unix {
             return Ok(got);
         }
         let sock_type = checked_type(cx, image, fd)?;
-        let got = if image.peer_file_id == 0 {
+        let got = if image.peer_file_id != 0 {
+            pair(cx, r, file, image, sock_type, fd)?
+        } else if image.peer_closed {
+            orphan(cx, r, file, image, sock_type, fd)?
+        } else {
             if !image.queue.is_empty() {
                 return Err(cx.invalid(fd, "unix socket with a queue but no peer"));
             }
-            let s = r.call(
-                "socket(AF_UNIX)",
-                libc::SYS_socket,
-                [
-                    libc::AF_UNIX as u64,
-                    sock_type | libc::SOCK_CLOEXEC as u64,
-                    0,
-                    0,
-                    0,
-                    0,
-                ],
-            )? as i32;
+            let s = new_socket(r, sock_type, 0)?;
+            if !image.name.is_empty() {
+                bind(cx, r, s, image)?;
+            }
+            if image.listening {
+                r.call(
+                    "listen",
+                    libc::SYS_listen,
+                    [s as u64, u64::from(image.backlog), 0, 0, 0, 0],
+                )?;
+            }
             let here = sys::take_fd(pid, s)
                 .map_err(|e| RestoreError::os(pid, "pidfd_getfd (socket)", e))?;
             configure(pid, here.as_fd(), image)?;
             s
-        } else {
-            let peer = peer_of(cx, file, image, fd)?;
-            let out = r.put(0, &[0u8; 8])?;
-            r.call(
-                "socketpair(AF_UNIX)",
-                libc::SYS_socketpair,
-                [
-                    libc::AF_UNIX as u64,
-                    sock_type | libc::SOCK_CLOEXEC as u64,
-                    0,
-                    out,
-                    0,
-                    0,
-                ],
-            )?;
-            let mut fds = [0u8; 8];
-            r.t.read_mem(out, &mut fds)?;
-            let a = i32::from_ne_bytes([fds[0], fds[1], fds[2], fds[3]]);
-            let b = i32::from_ne_bytes([fds[4], fds[5], fds[6], fds[7]]);
-            let take = |n| {
-                sys::take_fd(pid, n)
-                    .map_err(|e| RestoreError::os(pid, "pidfd_getfd (socketpair)", e))
-            };
-            let (mine, theirs) = (take(a)?, take(b)?);
-            r.close(b)?;
-            let stream = sock_type == libc::SOCK_STREAM as u64;
-            for s in [&mine, &theirs] {
-                sys::setsockopt(s.as_fd(), libc::SO_SNDBUFFORCE, REFILL_SNDBUF)
-                    .map_err(|e| RestoreError::os(pid, "SO_SNDBUFFORCE (refill)", e))?;
-            }
-            refill(cx, pid, theirs.as_fd(), file.id, image, stream, fd)?;
-            refill(cx, pid, mine.as_fd(), image.peer_file_id, &peer, stream, fd)?;
-            configure(pid, mine.as_fd(), image)?;
-            configure(pid, theirs.as_fd(), &peer)?;
-            cx.state::<Unclaimed>().0.insert(image.peer_file_id, theirs);
-            a
         };
         set_status_flags(r, got, file.flags)?;
         Ok(got)
     }
 }
+
+/// A connection that was waiting to be accepted: connected again to its
+/// listener, which is restored before it (earlier in the tree, or in the
+/// first pass of its own process).
+pub struct UnixPending;
+
+impl FileRestorer for UnixPending {
+    type Image = UnixSocketFile;
+    const AFTER_OTHERS: bool = true;
+
+    fn open(
+        &self,
+        cx: &mut Context<'_>,
+        r: &Remote<'_>,
+        file: &File,
+        image: &UnixSocketFile,
+        fd: i32,
+    ) -> Result<i32> {
+        let pid = r.t.pid();
+        let sock_type = checked_type(cx, image, fd)?;
+        match cx
+            .files
+            .get(image.pending_on_file_id)
+            .and_then(|f| f.kind.as_ref())
+        {
+            Some(Kind::Unix(l)) if l.listening && l.name == image.peer_name => {}
+            _ => {
+                return Err(cx.invalid(
+                    fd,
+                    "unix socket waits on a file that is not a listener of its peer's name",
+                ));
+            }
+        }
+        // Never block on a full backlog; the dumped flags come after.
+        let s = new_socket(r, sock_type, libc::SOCK_NONBLOCK)?;
+        let addr = sockaddr(cx, fd, &image.peer_name)?;
+        let at = r.put(ADDR_SLOT, &addr)?;
+        r.call(
+            "connect (pending unix connection)",
+            libc::SYS_connect,
+            [s as u64, at, addr.len() as u64, 0, 0, 0],
+        )?;
+        let here =
+            sys::take_fd(pid, s).map_err(|e| RestoreError::os(pid, "pidfd_getfd (socket)", e))?;
+        configure(pid, here.as_fd(), image)?;
+        set_status_flags(r, s, file.flags)?;
+        Ok(s)
+    }
+}
+
+/// Argument slot of the scratch area for socket addresses (slot 0 holds
+/// paths for `open`).
+const ADDR_SLOT: u64 = 1;
+
+/// `socket(AF_UNIX, type | flags | SOCK_CLOEXEC)` inside the process.
+fn new_socket(r: &Remote<'_>, sock_type: u64, flags: i32) -> Result<i32> {
+    Ok(r.call(
+        "socket(AF_UNIX)",
+        libc::SYS_socket,
+        [
+            libc::AF_UNIX as u64,
+            sock_type | (libc::SOCK_CLOEXEC | flags) as u64,
+            0,
+            0,
+            0,
+            0,
+        ],
+    )? as i32)
+}
+
+/// Both ends of a connected pair: made with `socketpair` inside the process
+/// holding the first, the second kept by the restorer for its holder.
+fn pair(
+    cx: &mut Context<'_>,
+    r: &Remote<'_>,
+    file: &File,
+    image: &UnixSocketFile,
+    sock_type: u64,
+    fd: i32,
+) -> Result<i32> {
+    let pid = r.t.pid();
+    let peer = peer_of(cx, file, image, fd)?;
+    let (a, mine, theirs) = socketpair(r, sock_type)?;
+    let stream = sock_type == libc::SOCK_STREAM as u64;
+    refill(cx, pid, theirs.as_fd(), file.id, image, stream, fd)?;
+    refill(cx, pid, mine.as_fd(), image.peer_file_id, &peer, stream, fd)?;
+    configure(pid, mine.as_fd(), image)?;
+    configure(pid, theirs.as_fd(), &peer)?;
+    cx.state::<Unclaimed>().0.insert(image.peer_file_id, theirs);
+    Ok(a)
+}
+
+/// A socket whose peer had closed: made as a pair whose other end sends
+/// its queue and is closed, which leaves it as the kernel left it (for a
+/// stream, shut down both ways with its data still readable).
+fn orphan(
+    cx: &mut Context<'_>,
+    r: &Remote<'_>,
+    file: &File,
+    image: &UnixSocketFile,
+    sock_type: u64,
+    fd: i32,
+) -> Result<i32> {
+    let pid = r.t.pid();
+    let (a, mine, theirs) = socketpair(r, sock_type)?;
+    let stream = sock_type == libc::SOCK_STREAM as u64;
+    refill(cx, pid, theirs.as_fd(), file.id, image, stream, fd)?;
+    drop(theirs);
+    configure(pid, mine.as_fd(), image)?;
+    Ok(a)
+}
+
+/// `socketpair` inside the process: its fd of the first end, and the
+/// restorer's copies of both (the process's fd of the second is closed).
+fn socketpair(r: &Remote<'_>, sock_type: u64) -> Result<(i32, OwnedFd, OwnedFd)> {
+    let pid = r.t.pid();
+    let out = r.put(ADDR_SLOT, &[0u8; 8])?;
+    r.call(
+        "socketpair(AF_UNIX)",
+        libc::SYS_socketpair,
+        [
+            libc::AF_UNIX as u64,
+            sock_type | libc::SOCK_CLOEXEC as u64,
+            0,
+            out,
+            0,
+            0,
+        ],
+    )?;
+    let mut fds = [0u8; 8];
+    r.t.read_mem(out, &mut fds)?;
+    let a = i32::from_ne_bytes([fds[0], fds[1], fds[2], fds[3]]);
+    let b = i32::from_ne_bytes([fds[4], fds[5], fds[6], fds[7]]);
+    let take =
+        |n| sys::take_fd(pid, n).map_err(|e| RestoreError::os(pid, "pidfd_getfd (socketpair)", e));
+    let (mine, theirs) = (take(a)?, take(b)?);
+    r.close(b)?;
+    for s in [&mine, &theirs] {
+        sys::setsockopt(s.as_fd(), libc::SO_SNDBUFFORCE, REFILL_SNDBUF)
+            .map_err(|e| RestoreError::os(pid, "SO_SNDBUFFORCE (refill)", e))?;
+    }
+    Ok((a, mine, theirs))
+}
+
+/// `struct sockaddr_un` bytes for `name` (a path, or an abstract name with
+/// its leading NUL).
+fn sockaddr(cx: &Context<'_>, fd: i32, name: &[u8]) -> Result<Vec<u8>> {
+    // sun_path of struct sockaddr_un.
+    const SUN_PATH_LEN: usize = 108;
+    let abstract_name = name.first() == Some(&0);
+    if name.is_empty() || name.len() + usize::from(!abstract_name) > SUN_PATH_LEN {
+        return Err(cx.invalid(fd, "unix socket name empty or too long"));
+    }
+    let mut addr = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
+    addr.extend_from_slice(name);
+    if !abstract_name {
+        addr.push(0);
+    }
+    Ok(addr)
+}
+
+/// Binds socket `s` of the process to the dumped name: an abstract name as
+/// is; a path by the process itself, with its filesystem identity, inside
+/// its directory opened without following a symbolic link, replacing only
+/// a stale socket of the same user, then given the dumped mode (and
+/// unlinked again if it was).
+fn bind(cx: &Context<'_>, r: &Remote<'_>, s: i32, image: &UnixSocketFile) -> Result<()> {
+    let pid = r.t.pid();
+    if image.name.first() == Some(&0) {
+        let addr = sockaddr(cx, s, &image.name)?;
+        let at = r.put(ADDR_SLOT, &addr)?;
+        r.call(
+            "bind (abstract unix name)",
+            libc::SYS_bind,
+            [s as u64, at, addr.len() as u64, 0, 0, 0],
+        )?;
+        return Ok(());
+    }
+    let path = String::from_utf8(image.name.clone())
+        .map_err(|_| cx.invalid(s, "unix socket path is not UTF-8"))?;
+    let err = |what: String| RestoreError::File {
+        pid,
+        path: path.clone(),
+        what,
+    };
+    let p = std::path::Path::new(&path);
+    let (Some(parent), Some(name)) = (p.parent(), p.file_name().and_then(|n| n.to_str())) else {
+        return Err(err("cannot bind: not a path to a file".into()));
+    };
+    let dir = r
+        .open(
+            parent.to_str().unwrap_or("/"),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0,
+        )
+        .map_err(|e| err(format!("cannot open its directory to bind the socket: {e}")))?;
+    let result = bind_in(cx, r, s, dir, name, image, &err);
+    let _ = r.close(dir);
+    result
+}
+
+fn bind_in(
+    cx: &Context<'_>,
+    r: &Remote<'_>,
+    s: i32,
+    dir: i32,
+    name: &str,
+    image: &UnixSocketFile,
+    err: &dyn Fn(String) -> RestoreError,
+) -> Result<()> {
+    let pid = r.t.pid();
+    // Bound by its full path (getsockname reports what bind was given),
+    // and checked below to have landed in the directory opened without
+    // following a link; bind never follows one at the name itself.
+    let addr = sockaddr(cx, s, &image.name)?;
+    let try_bind = || -> std::result::Result<u64, ckpt_parasite::ParasiteError> {
+        let at = r.put(ADDR_SLOT, &addr)?;
+        r.call(
+            "bind (unix path)",
+            libc::SYS_bind,
+            [s as u64, at, addr.len() as u64, 0, 0, 0],
+        )
+    };
+    match try_bind() {
+        Ok(_) => {}
+        Err(ckpt_parasite::ParasiteError::RemoteSyscall {
+            errno: nix::errno::Errno::EADDRINUSE,
+            ..
+        }) => {
+            remove_stale(cx, r, dir, name, &addr, err)?;
+            try_bind().map_err(|e| err(format!("cannot bind: {e}")))?;
+        }
+        Err(e) => return Err(err(format!("cannot bind: {e}"))),
+    }
+    let here =
+        sys::take_fd(pid, s).map_err(|e| RestoreError::os(pid, "pidfd_getfd (socket)", e))?;
+    let made = sys::unix_bound_file(here.as_fd())
+        .and_then(|f| f.metadata())
+        .map_err(|e| err(format!("cannot find the socket file bind made: {e}")))?;
+    let named = std::fs::symlink_metadata(format!("/proc/{pid}/fd/{dir}/{name}"));
+    if !named.is_ok_and(|m| (m.dev(), m.ino()) == (made.dev(), made.ino())) {
+        return Err(err(
+            "the socket file was not made in the directory ckpt opened (its path changed during the restore)".into(),
+        ));
+    }
+    let Some(bound) = &image.bound else {
+        return Ok(());
+    };
+    let n = r.put_path(0, name)?;
+    r.call(
+        "fchmodat (socket file)",
+        libc::SYS_fchmodat,
+        [
+            dir as u64,
+            n,
+            u64::from(bound.mode & PERMISSION_BITS),
+            0,
+            0,
+            0,
+        ],
+    )
+    .map_err(|e| err(format!("cannot set the socket file's mode: {e}")))?;
+    if bound.unlinked {
+        r.call(
+            "unlinkat (socket file unlinked at dump time)",
+            libc::SYS_unlinkat,
+            [dir as u64, n, 0, 0, 0, 0],
+        )?;
+    }
+    Ok(())
+}
+
+/// Removes the name in the way of a bind if, and only if, it is a socket
+/// file of the process's own filesystem user that nothing listens on any
+/// more (a connect is refused): the socket the dumped process left behind.
+fn remove_stale(
+    cx: &Context<'_>,
+    r: &Remote<'_>,
+    dir: i32,
+    name: &str,
+    addr: &[u8],
+    err: &dyn Fn(String) -> RestoreError,
+) -> Result<()> {
+    let pid = r.t.pid();
+    let there = std::fs::symlink_metadata(format!("/proc/{pid}/fd/{dir}/{name}"))
+        .map_err(|e| err(format!("cannot bind, and cannot stat what is there: {e}")))?;
+    let owner = cx.fs_uid().unwrap_or(0);
+    if !there.file_type().is_socket() || there.uid() != owner {
+        return Err(err(format!(
+            "cannot bind: the name exists and is not a socket file of uid {owner} (ckpt replaces only a stale socket of the process's user)"
+        )));
+    }
+    let probe = new_socket(r, u64::from(libc::SOCK_STREAM as u32), libc::SOCK_NONBLOCK)?;
+    let at = r.put(ADDR_SLOT, addr)?;
+    let tried = r.call(
+        "connect (stale socket probe)",
+        libc::SYS_connect,
+        [probe as u64, at, addr.len() as u64, 0, 0, 0],
+    );
+    r.close(probe)?;
+    match tried {
+        Err(ckpt_parasite::ParasiteError::RemoteSyscall {
+            errno: nix::errno::Errno::ECONNREFUSED,
+            ..
+        }) => {}
+        _ => {
+            return Err(err(
+                "cannot bind: a socket is still listening on that name".into()
+            ));
+        }
+    }
+    let n = r.put_path(0, name)?;
+    r.call(
+        "unlinkat (stale socket)",
+        libc::SYS_unlinkat,
+        [dir as u64, n, 0, 0, 0, 0],
+    )?;
+    Ok(())
+}
+
+/// Permission bits of a file mode.
+const PERMISSION_BITS: u32 = 0o7777;
 
 /// The socket type, if it is one ckpt makes.
 fn checked_type(cx: &Context<'_>, image: &UnixSocketFile, fd: i32) -> Result<u64> {

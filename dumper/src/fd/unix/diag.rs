@@ -23,8 +23,12 @@ pub struct UnixDiag {
     pub shutdown: u8,
     /// Bound name (`sun_path` bytes; leading NUL when abstract).
     pub name: Vec<u8>,
-    /// Inodes of the connections waiting to be accepted (listening only).
-    pub pending: Vec<u64>,
+    /// Connections waiting to be accepted (listening only; their inodes
+    /// are 0 until accepted).
+    pub pending: usize,
+    /// Listening: the backlog; otherwise bytes (truesize) it sent that
+    /// its peer has not read.
+    pub wqueue: u32,
 }
 
 // uapi/linux/sock_diag.h, uapi/linux/unix_diag.h, uapi/linux/netlink.h.
@@ -45,7 +49,12 @@ const UDIAG_SHOW_UID: u32 = 0x40;
 const UNIX_DIAG_NAME: u16 = 0;
 const UNIX_DIAG_PEER: u16 = 2;
 const UNIX_DIAG_ICONS: u16 = 3;
+const UNIX_DIAG_RQLEN: u16 = 4;
 const UNIX_DIAG_SHUTDOWN: u16 = 6;
+/// `sk_state` of a connected (or pending) socket.
+pub const TCP_ESTABLISHED: u8 = 1;
+/// `sk_state` of a listening socket.
+pub const TCP_LISTEN: u8 = 10;
 /// Every socket state.
 const ALL_STATES: u32 = u32::MAX;
 /// Room for one batch of replies.
@@ -169,12 +178,8 @@ fn parse_socket(m: &[u8]) -> std::io::Result<UnixDiag> {
             UNIX_DIAG_NAME => d.name = data.to_vec(),
             UNIX_DIAG_PEER => d.peer = u64::from(u32_at(data, 0)?),
             UNIX_DIAG_SHUTDOWN => d.shutdown = *data.first().ok_or_else(|| bad("shutdown"))?,
-            UNIX_DIAG_ICONS => {
-                d.pending = data
-                    .chunks_exact(4)
-                    .map(|c| u64::from(u32::from_ne_bytes([c[0], c[1], c[2], c[3]])))
-                    .collect();
-            }
+            UNIX_DIAG_ICONS => d.pending = data.len() / 4,
+            UNIX_DIAG_RQLEN => d.wqueue = u32_at(data, 4)?,
             _ => {}
         }
         attrs = &attrs[align4(len).min(attrs.len())..];
