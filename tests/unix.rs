@@ -165,3 +165,53 @@ fn an_outside_socket_declared_external_is_handed_over() {
     assert!(status.success(), "restore with --inherit-fd failed");
     assert_ticks_carry_on(&mut r2, last, &v);
 }
+
+/// Data a client sent on a connection not yet accepted sits on a socket
+/// no fd reaches, and reading it would accept the connection: refused by
+/// name; after go the listener accepts it with its data.
+#[test]
+fn data_on_a_connection_not_yet_accepted_is_refused() {
+    let env = TestEnv::new("unix-pendingdata");
+    let mut v = Victim::spawn(&env, "unix", &["pendingdata"]);
+    v.wait_ready();
+    let err = dump_expect_error(&env, &v);
+    assert!(
+        err.contains(&format!("pid {}", v.pid)) && err.contains("not yet accepted"),
+        "{err}"
+    );
+    v.assert_unharmed_and_passes("after a refused dump");
+}
+
+/// Restore binds a socket path only in place of a stale socket of the
+/// process's user: a regular file of the user's at the name fails the
+/// restore naming the path and stays as it was; once it is gone the
+/// restore goes through.
+#[test]
+fn a_bound_path_never_replaces_a_users_file() {
+    let env = TestEnv::new("unix-occupied");
+    let mut v = Victim::spawn(&env, "unix", &["listen"]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+
+    let path = v.path("srv.sock");
+    std::fs::remove_file(&path).expect("remove the stale socket");
+    std::fs::write(&path, "the user's data").expect("write a file in its place");
+    let out = ckpt(
+        &env,
+        &["restore", "--dir", path_str(&env.img)],
+        FAIL_TIMEOUT,
+    );
+    let err = out.assert_error();
+    assert!(
+        err.contains(path_str(&path)) && err.contains("not a socket file"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&path).expect("the file is still there"),
+        "the user's data"
+    );
+    assert!(!pid_exists(v.pid), "a half-restored process survived");
+
+    std::fs::remove_file(&path).expect("remove the file");
+    restore_and_check(&env, &v);
+}

@@ -28,6 +28,11 @@
  * `unix WORKDIR outside`: a stream socket whose peer is held by an
  * orphaned grandchild (outside the tree); the dump must be refused, and
  * after go the pair still works both ways.
+ * `unix WORKDIR pendingdata`: a client sent data on a connection its
+ * listener has not accepted; the dump must be refused, and after go the
+ * listener accepts it and gets the data.
+ * `unix WORKDIR listen`: only a listener at WORKDIR/srv.sock; after go it
+ * still has its name and serves a new connection.
  */
 #include "victim.h"
 
@@ -321,6 +326,35 @@ static void outside(void)
 	victim_finish();
 }
 
+static void pendingdata(void)
+{
+	victim_path(srv_path, sizeof(srv_path), "srv.sock");
+	int srv = listener(SOCK_STREAM, srv_path, 0);
+	int c = connect_to(SOCK_STREAM, srv_path, 0);
+	if (write(c, "early", 5) != 5)
+		die("write");
+
+	victim_ready_and_wait(NULL);
+
+	int conn = accept_wait(srv);
+	CHECK(conn >= 0 && read_stream(conn, "early", 5), "the data sent before accept was lost");
+	victim_finish();
+}
+
+static void listen_only(void)
+{
+	victim_path(srv_path, sizeof(srv_path), "srv.sock");
+	int srv = listener(SOCK_STREAM, srv_path, 0);
+
+	victim_ready_and_wait(NULL);
+
+	CHECK(named(srv, srv_path, 0), "listener lost its name");
+	int c = connect_to(SOCK_STREAM, srv_path, 0);
+	int conn = accept_wait(srv);
+	CHECK(conn >= 0 && write(c, "hi", 2) == 2 && read_stream(conn, "hi", 2), "new connection");
+	victim_finish();
+}
+
 int main(int argc, char **argv)
 {
 	int st[2], dg[2], sq[2], sh[2], lo[2];
@@ -330,6 +364,10 @@ int main(int argc, char **argv)
 		inflight();
 	if (argc > 2 && strcmp(argv[2], "outside") == 0)
 		outside();
+	if (argc > 2 && strcmp(argv[2], "pendingdata") == 0)
+		pendingdata();
+	if (argc > 2 && strcmp(argv[2], "listen") == 0)
+		listen_only();
 	if (socketpair(AF_UNIX, SOCK_STREAM, 0, st) || socketpair(AF_UNIX, SOCK_DGRAM, 0, dg) ||
 	    socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sq) || socketpair(AF_UNIX, SOCK_STREAM, 0, sh) ||
 	    socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, lo))

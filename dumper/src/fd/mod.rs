@@ -59,8 +59,12 @@ pub static REFUSED: &[(&str, &str)] = &[
         "a UNIX socket whose peer no process of the tree holds, unless declared with --external socket:[INO]",
     ),
     (
-        "listening or bound unix socket",
-        "UNIX sockets listening or bound to a path or abstract name, other than one end of a connected stream or seqpacket pair",
+        "unix data before accept",
+        "data a client sent on a UNIX connection its listener has not accepted (the kernel shows it only by accepting), or a pending connection from outside the tree",
+    ),
+    (
+        "unix datagram connected one way",
+        "a UNIX datagram socket connected to a socket not connected back to it (e.g. a client of a bound datagram server), or a bound one holding queued datagrams",
     ),
     (
         "unix fds in flight",
