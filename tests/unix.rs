@@ -10,12 +10,13 @@ use common::*;
 /// The fds the victim holds, per process: the root 4 cross-process ends, a
 /// dup, 2 local ends, a lone socket, 3 listeners, an accepted connection,
 /// a pending client and a bound datagram socket; the child 4 ends, a
-/// pending client and an accepted connection's client.
+/// pending client, an accepted connection's client and a datagram socket
+/// connected one way.
 const ROOT_FDS: usize = 14;
-const CHILD_FDS: usize = 6;
+const CHILD_FDS: usize = 7;
 /// Open files: 5 pairs, 2 pending clients, a connection and its client,
-/// 3 listeners, the lone and the bound datagram sockets.
-const FILES: usize = 19;
+/// 3 listeners, the lone, the bound and the one-way datagram sockets.
+const FILES: usize = 20;
 
 fn cycle(env: &TestEnv, mut v: Victim) {
     v.wait_ready();
@@ -40,6 +41,8 @@ fn cycle(env: &TestEnv, mut v: Victim) {
         "pending on file",
         "name @ckpt-unix-test-",
         "unlinked",
+        "sends to file",
+        "queued 2 messages 10 bytes",
     ] {
         assert!(
             objects.iter().any(|o| o.contains(what)),

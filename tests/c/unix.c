@@ -16,7 +16,9 @@
  *   - ABS: a seqpacket listener on an abstract name with a pending
  *     connection from the root itself (client at a lower fd than ABS);
  *   - GONE: a listener bound to WORKDIR/gone.sock, then unlinked;
- *   - BOUND: a datagram socket bound to WORKDIR/dgram.sock.
+ *   - BOUND: a datagram socket bound to WORKDIR/dgram.sock, with two
+ *     datagrams queued from DC, a datagram socket connected to it one way
+ *     (held by the child), which sends a third after go.
  * After go each side reads back every queued byte and message boundary
  * exactly, checks the attributes and the socket owner (its own fsuid),
  * then the root and the child play ping-pong over every cross-process
@@ -217,7 +219,7 @@ static int accept_wait(int l)
 	return accept4(l, NULL, NULL, SOCK_CLOEXEC);
 }
 
-static void child(int st, int dg, int sq, int sh, int pend, int acc_client)
+static void child(int st, int dg, int sq, int sh, int pend, int acc_client, int dc)
 {
 	while (!victim_file_exists("go")) {
 		victim_tick();
@@ -248,6 +250,12 @@ static void child(int st, int dg, int sq, int sh, int pend, int acc_client)
 	for (int i = 0; i < ROUNDS; i++)
 		if (!pong(acc_client, i))
 			_exit(101);
+	struct sockaddr_un peer;
+	socklen_t plen = sizeof(peer);
+	if (getpeername(dc, (struct sockaddr *)&peer, &plen) || strcmp(peer.sun_path, dgram_path) != 0)
+		_exit(102);
+	if (send(dc, "dc-after", 8, 0) != 8)
+		_exit(103);
 	/* The child may still write to the root: only the root's side is shut. */
 	if (send(sh, "late", 4, MSG_NOSIGNAL) != 4)
 		_exit(99);
@@ -405,6 +413,9 @@ int main(int argc, char **argv)
 	int bound = socket(AF_UNIX, SOCK_DGRAM, 0);
 	if (bound < 0 || bind(bound, (struct sockaddr *)&ba, blen))
 		die("bind dgram");
+	int dc = connect_to(SOCK_DGRAM, dgram_path, 0);
+	if (send(dc, "dc-1", 4, 0) != 4 || send(dc, "dc-two", 6, 0) != 6)
+		die("send to the bound socket");
 
 	/* Queued both ways, in several writes. */
 	const char *p = root_stream;
@@ -462,8 +473,9 @@ int main(int argc, char **argv)
 		close(PENDING_CLIENT_FD);
 		close(gone);
 		close(bound);
-		child(st[1], dg[1], sq[1], sh[1], pend, acc_client);
+		child(st[1], dg[1], sq[1], sh[1], pend, acc_client, dc);
 	}
+	close(dc);
 	close(pend);
 	close(acc_client);
 	close(st[1]);
@@ -543,6 +555,11 @@ int main(int argc, char **argv)
 
 	/* The bound datagram socket receives at its path. */
 	CHECK(named(bound, dgram_path, 0), "datagram socket lost its name");
+	CHECK(recv_wait(bound, msgbuf, sizeof(msgbuf), 0) == 4 && memcmp(msgbuf, "dc-1", 4) == 0 &&
+		      recv_wait(bound, msgbuf, sizeof(msgbuf), 0) == 6 && memcmp(msgbuf, "dc-two", 6) == 0,
+	      "datagrams queued for the bound socket changed");
+	CHECK(recv_wait(bound, msgbuf, sizeof(msgbuf), 0) == 8 && memcmp(msgbuf, "dc-after", 8) == 0,
+	      "the one-way client's datagram after the restore");
 	int to = socket(AF_UNIX, SOCK_DGRAM, 0);
 	CHECK(sendto(to, "to-bound", 8, 0, (struct sockaddr *)&ba, blen) == 8 &&
 		      recv_wait(bound, msgbuf, sizeof(msgbuf), 0) == 8 && memcmp(msgbuf, "to-bound", 8) == 0,

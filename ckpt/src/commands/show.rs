@@ -281,8 +281,17 @@ fn describe_unix(u: &ckpt_image::fd::unix::UnixSocketFile) -> String {
     if u.listening {
         s += &format!(" listening backlog {}", u.backlog);
     }
-    if u.pending_on_file_id != 0 {
-        s += &format!(" pending on file {}", u.pending_on_file_id);
+    if u.connect_to_file_id != 0 {
+        s += &format!(
+            " {} file {} {}",
+            if u.sock_type == libc::SOCK_DGRAM as u32 {
+                "sends to"
+            } else {
+                "pending on"
+            },
+            u.connect_to_file_id,
+            u.peer_name_printable()
+        );
     }
     if u.peer_closed {
         s += " peer closed";

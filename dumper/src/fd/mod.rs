@@ -64,7 +64,7 @@ pub static REFUSED: &[(&str, &str)] = &[
     ),
     (
         "unix datagram connected one way",
-        "a UNIX datagram socket connected to a socket not connected back to it (e.g. a client of a bound datagram server), or a bound one holding queued datagrams",
+        "a UNIX datagram socket connected one way to a socket without a name to connect to again, restored after it, or with datagrams queued for it; a bound datagram socket also connected both ways",
     ),
     (
         "unix fds in flight",

@@ -9,10 +9,14 @@
 //!
 //! Supported: sockets connected to each other inside the tree (socketpair,
 //! or a client and the connection a server accepted), of every type, with
-//! the data queued in both directions, and sockets that are neither bound
-//! nor connected. Refused by name: listening and bound sockets (not yet),
-//! a peer outside the tree, a datagram socket connected one way, messages
-//! carrying file descriptors, sockets in another network namespace.
+//! the data queued in both directions; sockets whose peer closed;
+//! listeners (path or abstract name, unlinked or not) with the
+//! connections not yet accepted whose clients are in the tree; bound
+//! sockets, a bound datagram socket with its queue, and datagram sockets
+//! connected one way to one in the tree. Refused by name: a peer outside
+//! the tree, data sent on a connection not yet accepted, messages carrying
+//! file descriptors, sockets in another network namespace, and the rarer
+//! shapes listed in `link_tree`.
 
 mod diag;
 
@@ -50,7 +54,7 @@ impl FileDumper for Unix {
     }
 
     fn description(&self) -> &'static str {
-        "UNIX sockets connected within the tree (stream, datagram, seqpacket) with the data queued both ways, shutdown state and options; unbound unconnected sockets"
+        "UNIX sockets (stream, datagram, seqpacket): pairs within the tree with the data queued both ways, listeners on a path or abstract name with their pending connections, bound and one-way datagram sockets; shutdown state and options"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -87,11 +91,13 @@ impl FileDumper for Unix {
         } else {
             None
         };
+        let peer_name = sys::unix_peername(fd);
         let image = UnixSocketFile {
             ino: p.meta.ino(),
             sock_type: sock_type as u32,
             name,
-            peer_name: sys::unix_peername(fd).unwrap_or_default(),
+            connected: peer_name.is_some(),
+            peer_name: peer_name.unwrap_or_default(),
             passcred: opt("SO_PASSCRED", libc::SO_PASSCRED)? != 0,
             sndbuf: opt("SO_SNDBUF", libc::SO_SNDBUF)? as u32,
             rcvbuf: opt("SO_RCVBUF", libc::SO_RCVBUF)? as u32,
@@ -106,7 +112,7 @@ impl FileDumper for Unix {
             peer_ino: 0,
             shutdown: 0,
             backlog: 0,
-            pending_on_file_id: 0,
+            connect_to_file_id: 0,
             peer_closed: false,
         };
         if !queue.data.is_empty() {
@@ -173,14 +179,42 @@ impl FileDumper for Unix {
                     )));
                 };
                 if kernel.get(&me.peer).map(|d| d.peer) != Some(u.ino) {
-                    return Err(refuse(format!(
-                        "unix datagram socket connected one way to socket:[{}] (not supported yet)",
-                        me.peer
-                    )));
+                    // A datagram socket connected to one that is not
+                    // connected back (a client of a bound server): restore
+                    // connects it again by the server's name.
+                    let target = sockets
+                        .iter()
+                        .find(|(id, _)| *id == peer_file)
+                        .map(|(_, t)| t);
+                    let reachable = target.is_some_and(|t| {
+                        !t.name.is_empty() && !t.bound.as_ref().is_some_and(|b| b.unlinked)
+                    });
+                    if stream || !reachable {
+                        return Err(refuse(format!(
+                            "unix datagram socket connected one way to socket:[{}], which has no name to connect to again (not supported)",
+                            me.peer
+                        )));
+                    }
+                    if !u.queue.is_empty() {
+                        return Err(refuse(format!(
+                            "unix datagram socket connected one way to {} with datagrams queued for it (not supported yet)",
+                            printable(&u.peer_name)
+                        )));
+                    }
+                    let th = &holders[&peer_file];
+                    if order[&th.pid] > order[&h.pid] {
+                        return Err(refuse(format!(
+                            "unix datagram socket connected to pid {} fd {}, a process restored after it (not supported yet)",
+                            th.pid, th.fd
+                        )));
+                    }
+                    link.connect_to = peer_file;
+                    links.insert(*file_id, link);
+                    continue;
                 }
                 if !stream && !u.name.is_empty() {
                     return Err(refuse(format!(
-                        "unix datagram socket bound to {} (bound datagram sockets not supported yet)",
+                        "unix datagram socket bound to {} and connected both ways (not supported yet)",
                         printable(&u.name)
                     )));
                 }
@@ -218,13 +252,17 @@ impl FileDumper for Unix {
                     )));
                 }
                 *pending_per_listener.entry(*listener_id).or_default() += 1;
-                link.pending_on = *listener_id;
-            } else if me.state == diag::TCP_ESTABLISHED {
+                link.connect_to = *listener_id;
+            } else if me.state == diag::TCP_ESTABLISHED && u.connected {
                 // Its peer closed: the socket keeps its queue and shutdown.
+                // (A datagram socket others connected to is ESTABLISHED
+                // too, but has no peer of its own.)
                 link.peer_closed = true;
-            } else if !u.queue.is_empty() {
+            } else if !u.queue.is_empty()
+                && (stream || u.name.is_empty() || u.bound.as_ref().is_some_and(|b| b.unlinked))
+            {
                 return Err(refuse(
-                    "unix socket with data queued but not connected: not supported".into(),
+                    "unix socket with data queued, not connected and no name to send it to again: not supported".into(),
                 ));
             }
             links.insert(*file_id, link);
@@ -259,7 +297,7 @@ impl FileDumper for Unix {
             if u.listening {
                 u.backlog = link.backlog;
             }
-            u.pending_on_file_id = link.pending_on;
+            u.connect_to_file_id = link.connect_to;
             u.peer_closed = link.peer_closed;
         }
         Ok(())
@@ -275,7 +313,7 @@ struct Link {
     /// (file id, inode) of its peer.
     peer: Option<(u64, u64)>,
     /// File id of the listener its unaccepted connection waits on.
-    pending_on: u64,
+    connect_to: u64,
     /// Its peer has closed.
     peer_closed: bool,
 }

@@ -51,10 +51,12 @@ impl UnixSocketFile {
     /// The bound name for people: a path as is, an abstract name as
     /// `@name`.
     pub fn printable_name(&self) -> String {
-        match self.name.split_first() {
-            Some((0, rest)) => format!("@{}", String::from_utf8_lossy(rest)),
-            _ => String::from_utf8_lossy(&self.name).into_owned(),
-        }
+        printable(&self.name)
+    }
+
+    /// The name of what it is connected to, likewise.
+    pub fn peer_name_printable(&self) -> String {
+        printable(&self.peer_name)
     }
 
     /// Splits the queue image `data` into the queued messages, in order,
@@ -81,6 +83,14 @@ impl UnixSocketFile {
             rest = tail;
         }
         Ok(out)
+    }
+}
+
+/// A socket name for people: a path as is, an abstract name as `@name`.
+pub fn printable(name: &[u8]) -> String {
+    match name.split_first() {
+        Some((0, rest)) => format!("@{}", String::from_utf8_lossy(rest)),
+        _ => String::from_utf8_lossy(name).into_owned(),
     }
 }
 

@@ -79,8 +79,8 @@ fn install_file(
         Some(Kind::Signalfd(image)) => install(&signalfd::Signalfd, cx, r, file, image, fd, pass),
         Some(Kind::Fifo(image)) => install(&fifo::Fifo, cx, r, file, image, fd, pass),
         Some(Kind::Epoll(image)) => install(&epoll::Epoll, cx, r, file, image, fd, pass),
-        Some(Kind::Unix(image)) if image.pending_on_file_id != 0 => {
-            install(&unix::UnixPending, cx, r, file, image, fd, pass)
+        Some(Kind::Unix(image)) if image.connect_to_file_id != 0 => {
+            install(&unix::UnixConnect, cx, r, file, image, fd, pass)
         }
         Some(Kind::Unix(image)) => install(&unix::Unix, cx, r, file, image, fd, pass),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),

@@ -70,8 +70,12 @@ impl FileRestorer for Unix {
         } else if image.peer_closed {
             orphan(cx, r, file, image, sock_type, fd)?
         } else {
-            if !image.queue.is_empty() {
-                return Err(cx.invalid(fd, "unix socket with a queue but no peer"));
+            if !image.queue.is_empty()
+                && (image.sock_type != libc::SOCK_DGRAM as u32 || image.name.is_empty())
+            {
+                return Err(
+                    cx.invalid(fd, "unix socket with a queue but neither a peer nor a name")
+                );
             }
             let s = new_socket(r, sock_type, 0)?;
             if !image.name.is_empty() {
@@ -86,6 +90,9 @@ impl FileRestorer for Unix {
             }
             let here = sys::take_fd(pid, s)
                 .map_err(|e| RestoreError::os(pid, "pidfd_getfd (socket)", e))?;
+            if !image.queue.is_empty() {
+                refill_by_name(cx, r, file.id, image, fd)?;
+            }
             configure(pid, here.as_fd(), image)?;
             s
         };
@@ -94,12 +101,14 @@ impl FileRestorer for Unix {
     }
 }
 
-/// A connection that was waiting to be accepted: connected again to its
-/// listener, which is restored before it (earlier in the tree, or in the
-/// first pass of its own process).
-pub struct UnixPending;
+/// A socket connected again by name in the last pass: a connection that
+/// was waiting to be accepted (to its listener), or a datagram socket
+/// connected one way (to the bound socket it sends to). What it connects
+/// to is restored before it (earlier in the tree, or in the first pass of
+/// its own process).
+pub struct UnixConnect;
 
-impl FileRestorer for UnixPending {
+impl FileRestorer for UnixConnect {
     type Image = UnixSocketFile;
     const AFTER_OTHERS: bool = true;
 
@@ -115,14 +124,16 @@ impl FileRestorer for UnixPending {
         let sock_type = checked_type(cx, image, fd)?;
         match cx
             .files
-            .get(image.pending_on_file_id)
+            .get(image.connect_to_file_id)
             .and_then(|f| f.kind.as_ref())
         {
-            Some(Kind::Unix(l)) if l.listening && l.name == image.peer_name => {}
+            Some(Kind::Unix(t))
+                if t.name == image.peer_name
+                    && (t.listening || t.sock_type == libc::SOCK_DGRAM as u32) => {}
             _ => {
                 return Err(cx.invalid(
                     fd,
-                    "unix socket waits on a file that is not a listener of its peer's name",
+                    "unix socket connects to a file that is not a listener or datagram socket of its peer's name",
                 ));
             }
         }
@@ -141,6 +152,35 @@ impl FileRestorer for UnixPending {
         set_status_flags(r, s, file.flags)?;
         Ok(s)
     }
+}
+
+/// Sends the datagrams queued for a bound, unconnected socket back to it
+/// from a socket its process connects to its name (with its own rights);
+/// the restorer sends through a copy of that socket, which is closed
+/// after. Their senders' addresses are not kept.
+fn refill_by_name(
+    cx: &Context<'_>,
+    r: &Remote<'_>,
+    file_id: u64,
+    image: &UnixSocketFile,
+    fd: i32,
+) -> Result<()> {
+    let pid = r.t.pid();
+    let sender = new_socket(r, u64::from(image.sock_type), libc::SOCK_NONBLOCK)?;
+    let addr = sockaddr(cx, fd, &image.name)?;
+    let at = r.put(ADDR_SLOT, &addr)?;
+    let connected = r.call(
+        "connect (refilling a bound socket)",
+        libc::SYS_connect,
+        [sender as u64, at, addr.len() as u64, 0, 0, 0],
+    );
+    let here = sys::take_fd(pid, sender);
+    r.close(sender)?;
+    connected?;
+    let here = here.map_err(|e| RestoreError::os(pid, "pidfd_getfd (socket)", e))?;
+    sys::setsockopt(here.as_fd(), libc::SO_SNDBUFFORCE, REFILL_SNDBUF)
+        .map_err(|e| RestoreError::os(pid, "SO_SNDBUFFORCE (refill)", e))?;
+    refill(cx, pid, here.as_fd(), file_id, image, false, fd)
 }
 
 /// Argument slot of the scratch area for socket addresses (slot 0 holds
