@@ -91,6 +91,22 @@ fn fds_in_flight_are_refused_and_left_in_place() {
     v.assert_unharmed_and_passes("after a refused dump");
 }
 
+/// An out-of-band byte would be peeked inline and come back inline:
+/// refused by name, and the reader later finds it where it was.
+#[test]
+fn out_of_band_data_is_refused_and_left_in_place() {
+    let env = TestEnv::new("unix-oob");
+    let mut v = Victim::spawn(&env, "unix", &["oob"]);
+    v.wait_ready();
+    let err = dump_expect_error(&env, &v);
+    assert!(
+        err.contains(&format!("pid {}", v.pid))
+            && err.contains("out-of-band data queued (MSG_OOB)"),
+        "{err}"
+    );
+    v.assert_unharmed_and_passes("after a refused dump");
+}
+
 /// A socket whose peer is outside the tree is refused naming the
 /// `--external` key; the pair still works afterwards.
 #[test]

@@ -417,3 +417,16 @@ pub fn unix_bound_file(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<std::
     // SAFETY: the ioctl returned a new fd nobody else owns.
     Ok(unsafe { std::fs::File::from_raw_fd(r) })
 }
+
+/// `SIOCINQ` of a socket: for a UNIX stream or seqpacket socket, the bytes
+/// of every message queued for it (out-of-band byte included).
+pub fn socket_inq(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<u64> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCINQ writes one int into a live local.
+    let r = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::FIONREAD, &mut n) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n.max(0) as u64)
+    }
+}

@@ -33,6 +33,9 @@
  * `unix WORKDIR pendingdata`: a client sent data on a connection its
  * listener has not accepted; the dump must be refused, and after go the
  * listener accepts it and gets the data.
+ * `unix WORKDIR oob`: a stream pair with "abc", an out-of-band "X" and
+ * "def" queued; the dump must be refused, and after go the reader still
+ * gets "abc", the urgent byte, then "def".
  * `unix WORKDIR listen`: only a listener at WORKDIR/srv.sock; after go it
  * still has its name and serves a new connection.
  */
@@ -349,6 +352,22 @@ static void pendingdata(void)
 	victim_finish();
 }
 
+static void oob(void)
+{
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) || send(sv[0], "abc", 3, 0) != 3 ||
+	    send(sv[0], "X", 1, MSG_OOB) != 1 || send(sv[0], "def", 3, 0) != 3)
+		die("out-of-band setup");
+
+	victim_ready_and_wait(NULL);
+
+	char c = 0;
+	CHECK(read_stream(sv[1], "abc", 3), "bytes before the mark");
+	CHECK(recv(sv[1], &c, 1, MSG_OOB | MSG_DONTWAIT) == 1 && c == 'X', "the urgent byte");
+	CHECK(read_stream(sv[1], "def", 3), "bytes after the mark");
+	victim_finish();
+}
+
 static void listen_only(void)
 {
 	victim_path(srv_path, sizeof(srv_path), "srv.sock");
@@ -374,6 +393,8 @@ int main(int argc, char **argv)
 		outside();
 	if (argc > 2 && strcmp(argv[2], "pendingdata") == 0)
 		pendingdata();
+	if (argc > 2 && strcmp(argv[2], "oob") == 0)
+		oob();
 	if (argc > 2 && strcmp(argv[2], "listen") == 0)
 		listen_only();
 	if (socketpair(AF_UNIX, SOCK_STREAM, 0, st) || socketpair(AF_UNIX, SOCK_DGRAM, 0, dg) ||

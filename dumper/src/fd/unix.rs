@@ -159,7 +159,7 @@ impl FileDumper for Unix {
             };
             let Some(me) = kernel.get(&u.ino) else {
                 return Err(refuse(format!(
-                    "unix socket socket:[{}] not visible to ckpt's sock_diag (in another network namespace?): not supported",
+                    "unix socket socket:[{}] in another network namespace (not visible to ckpt's sock_diag)",
                     u.ino
                 )));
             };
@@ -173,6 +173,10 @@ impl FileDumper for Unix {
                 // Checked below, once every pending client is matched.
             } else if me.peer != 0 {
                 let Some(&peer_file) = by_ino.get(&me.peer) else {
+                    if held_in_tree(tree, me.peer) {
+                        // Its holder's fd was refused: that line says why.
+                        continue;
+                    }
                     return Err(refuse(format!(
                         "unix socket connected to socket:[{}] outside the dumped tree (dump its holder too, or declare this one with --external socket:[{}])",
                         me.peer, u.ino
@@ -191,20 +195,20 @@ impl FileDumper for Unix {
                     });
                     if stream || !reachable {
                         return Err(refuse(format!(
-                            "unix datagram socket connected one way to socket:[{}], which has no name to connect to again (not supported)",
+                            "unix datagram socket connected one way to socket:[{}], which has no name to connect to again,",
                             me.peer
                         )));
                     }
                     if !u.queue.is_empty() {
                         return Err(refuse(format!(
-                            "unix datagram socket connected one way to {} with datagrams queued for it (not supported yet)",
+                            "unix datagram socket connected one way to {} with datagrams queued for it",
                             printable(&u.peer_name)
                         )));
                     }
                     let th = &holders[&peer_file];
                     if order[&th.pid] > order[&h.pid] {
                         return Err(refuse(format!(
-                            "unix datagram socket connected to pid {} fd {}, a process restored after it (not supported yet)",
+                            "unix datagram socket connected to pid {} fd {} (a process restored after it)",
                             th.pid, th.fd
                         )));
                     }
@@ -214,7 +218,7 @@ impl FileDumper for Unix {
                 }
                 if !stream && !u.name.is_empty() {
                     return Err(refuse(format!(
-                        "unix datagram socket bound to {} and connected both ways (not supported yet)",
+                        "unix datagram socket bound to {} and connected both ways",
                         printable(&u.name)
                     )));
                 }
@@ -233,7 +237,7 @@ impl FileDumper for Unix {
                 let lh = &holders[listener_id];
                 if order[&lh.pid] > order[&h.pid] {
                     return Err(refuse(format!(
-                        "unix socket with a connection not yet accepted by pid {} fd {}, a process restored after it (not supported yet)",
+                        "unix socket with a connection not yet accepted by pid {} fd {} (a process restored after it)",
                         lh.pid, lh.fd
                     )));
                 }
@@ -247,7 +251,7 @@ impl FileDumper for Unix {
                     && l.bound.as_ref().is_some_and(|b| b.unlinked)
                 {
                     return Err(refuse(format!(
-                        "unix socket with a connection not yet accepted by {}, whose name was unlinked (not supported yet)",
+                        "unix socket with a connection not yet accepted by {} (whose name was unlinked)",
                         printable(&u.peer_name)
                     )));
                 }
@@ -262,7 +266,8 @@ impl FileDumper for Unix {
                 && (stream || u.name.is_empty() || u.bound.as_ref().is_some_and(|b| b.unlinked))
             {
                 return Err(refuse(
-                    "unix socket with data queued, not connected and no name to send it to again: not supported".into(),
+                    "unix socket with data queued, not connected and no name to send it to again"
+                        .into(),
                 ));
             }
             links.insert(*file_id, link);
@@ -302,6 +307,18 @@ impl FileDumper for Unix {
         }
         Ok(())
     }
+}
+
+/// Some fd of the tree holds socket `ino`, even one refused (not in the
+/// collected files).
+fn held_in_tree(tree: &TreeFiles, ino: u64) -> bool {
+    let link = format!("socket:[{ino}]");
+    tree.tables.iter().any(|(pid, _)| {
+        procfile::numbered_entries(*pid, "fd").is_ok_and(|fds| {
+            fds.into_iter()
+                .any(|fd| procfile::readlink(*pid, &format!("fd/{fd}")).is_ok_and(|l| l == link))
+        })
+    })
 }
 
 /// What `link_tree` learns of one socket.
@@ -395,6 +412,29 @@ fn peek_queue(p: &FdParams, fd: BorrowedFd<'_>, sock_type: i32) -> Result<Queue>
         .map_err(|e| os_err(p, "SO_PEEK_OFF (put back)", e));
     let (lengths, data) = walked?;
     put_back?;
+    // A stream's out-of-band byte (MSG_OOB) is peeked inline, and sending
+    // it back inline would hand the reader a byte it never reads.
+    if sock_type == libc::SOCK_STREAM {
+        let mut byte = [0u8; 1];
+        let oob = nix::sys::socket::recv(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            &mut byte,
+            MsgFlags::MSG_OOB | MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+        );
+        if oob.is_ok() {
+            return Err(p.unsupported("unix socket with out-of-band data queued (MSG_OOB)"));
+        }
+    }
+    // What the peeks saw must be the whole queue.
+    if sock_type != libc::SOCK_DGRAM {
+        let queued = sys::socket_inq(fd).map_err(|e| os_err(p, "SIOCINQ", e))?;
+        if queued != data.len() as u64 {
+            return Err(p.unsupported(&format!(
+                "unix socket queue not readable whole ({} of {queued} bytes)",
+                data.len()
+            )));
+        }
+    }
     Ok(Queue {
         lengths,
         data,
@@ -458,7 +498,7 @@ fn walk(p: &FdParams, fd: BorrowedFd<'_>, stream: bool) -> Result<(Vec<u32>, Vec
         if !stream && len == 0 {
             // A zero-length datagram does not move the peek offset: the
             // next peek would return it again.
-            return Err(p.unsupported("unix socket with an empty datagram queued (not supported)"));
+            return Err(p.unsupported("unix socket with an empty datagram queued"));
         }
     }
     Ok((lengths, data))
