@@ -8,15 +8,16 @@ mod common;
 use common::*;
 
 /// The fds the victim holds, per process: the root 4 cross-process ends, a
-/// dup, 2 local ends, a lone socket, 3 listeners, an accepted connection,
+/// dup, 2 local ends, a lone socket, 2 whose peer closed, 3 listeners, an accepted connection,
 /// a pending client and a bound datagram socket; the child 4 ends, a
 /// pending client, an accepted connection's client and a datagram socket
 /// connected one way.
-const ROOT_FDS: usize = 14;
+const ROOT_FDS: usize = 16;
 const CHILD_FDS: usize = 7;
 /// Open files: 5 pairs, 2 pending clients, a connection and its client,
-/// 3 listeners, the lone, the bound and the one-way datagram sockets.
-const FILES: usize = 20;
+/// 3 listeners, the lone, the bound and the one-way datagram sockets, 2
+/// sockets whose peer closed.
+const FILES: usize = 22;
 
 fn cycle(env: &TestEnv, mut v: Victim) {
     v.wait_ready();
@@ -42,6 +43,7 @@ fn cycle(env: &TestEnv, mut v: Victim) {
         "name @ckpt-unix-test-",
         "unlinked",
         "sends to file",
+        "peer closed",
         "queued 2 messages 10 bytes",
     ] {
         assert!(

@@ -10,6 +10,8 @@
  *   - SHUT pair (stream): the root wrote "bye" and shut its sending side;
  *   - LOCAL pair (stream, both ends in the root) with data both ways;
  *   - LONE: a datagram socket neither bound nor connected.
+ *   - WIDOW (stream) and DWIDOW (datagram): one end of a pair whose other
+ *     end wrote a last message and closed;
  *   - SRV: a stream listener bound to WORKDIR/srv.sock (mode 0640,
  *     backlog 7) with one connection accepted (ACC, its client in the
  *     child) and one pending (client in the child);
@@ -404,6 +406,12 @@ int main(int argc, char **argv)
 	int lone = socket(AF_UNIX, SOCK_DGRAM, 0);
 	if (lone < 0)
 		die("socket");
+	int widow[2], dwidow[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, widow) || socketpair(AF_UNIX, SOCK_DGRAM, 0, dwidow) ||
+	    write(widow[1], "last words", 10) != 10 || write(dwidow[1], "dgram-last", 10) != 10)
+		die("widows");
+	close(widow[1]);
+	close(dwidow[1]);
 
 	/* Listeners, pending and accepted connections, bound names. */
 	victim_path(srv_path, sizeof(srv_path), "srv.sock");
@@ -488,6 +496,8 @@ int main(int argc, char **argv)
 		close(lo[0]);
 		close(lo[1]);
 		close(lone);
+		close(widow[0]);
+		close(dwidow[0]);
 		close(srv);
 		close(acc);
 		close(ABS_FD);
@@ -539,6 +549,15 @@ int main(int argc, char **argv)
 		CHECK(ping(dg[0], i), "dgram ping-pong %d", i);
 		CHECK(ping(sq[0], i), "seqpacket ping-pong %d", i);
 	}
+	/* Peers that closed: the last data, then end of file / refusal. */
+	CHECK(read_stream(widow[0], "last words", 10) && recv(widow[0], msgbuf, 1, MSG_DONTWAIT) == 0,
+	      "stream whose peer closed: data or end of file");
+	CHECK(send(widow[0], "x", 1, MSG_NOSIGNAL) < 0 && errno == EPIPE, "stream whose peer closed: send");
+	CHECK(recv(dwidow[0], msgbuf, sizeof(msgbuf), MSG_DONTWAIT) == 10 && memcmp(msgbuf, "dgram-last", 10) == 0,
+	      "datagram whose peer closed: data");
+	CHECK(send(dwidow[0], "x", 1, MSG_DONTWAIT) < 0 && errno == ECONNREFUSED,
+	      "datagram whose peer closed: send %s", strerror(errno));
+
 	/* The listener on a path: name, socket file, the pending connection. */
 	struct stat sst;
 	CHECK(named(srv, srv_path, 0), "listener lost its name");

@@ -5,13 +5,24 @@
 //! other end (one `send` per dumped message, so datagram and seqpacket
 //! boundaries come back), then sets sizes, timeouts, options and shutdown
 //! state. It keeps the second end until the process holding it takes it
-//! (`pidfd_getfd` run inside that process), as for pipes. A socket that
-//! was neither bound nor connected is made with `socket` inside its
-//! process.
+//! (`pidfd_getfd` run inside that process), as for pipes. A socket whose
+//! peer had closed is made the same way, its other end closed after
+//! sending its queue.
+//!
+//! Other sockets are made with `socket` inside their process, bound to
+//! their name (a path under the rules of [`bind`]: the process's own
+//! rights, a parent not reached through a link, only a stale socket of
+//! the same user replaced), listening with their backlog, a bound
+//! datagram socket refilled from a socket connected to its name
+//! ([`refill_by_name`]). Connections not yet accepted and datagram
+//! sockets connected one way connect again by name in the last pass
+//! ([`UnixConnect`]).
 //!
 //! Not restored: the credentials of queued messages (they are the
 //! restorer's, for a receiver with SO_PASSCRED), SO_PEERCRED (the process
-//! that made the pair), and the names of an accepted connection's ends.
+//! that made the pair), the names of an accepted connection's ends, the
+//! senders' addresses of a bound datagram socket's queue, and the owner
+//! of a socket file when it was not the process's fsuid/fsgid.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
