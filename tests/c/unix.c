@@ -252,11 +252,15 @@ static void child(int st, int dg, int sq, int sh, int pend, int acc_client, int 
 	/* The pending connection, accepted by the root after the restore. */
 	if (send(pend, "pending-hello", 13, MSG_NOSIGNAL) != 13 || !read_stream(pend, "pending-welcome", 15))
 		_exit(100);
+	struct sockaddr_un peer;
+	socklen_t plen = sizeof(peer);
+	/* Connected through the listener again: its name is the peer's. */
+	if (getpeername(acc_client, (struct sockaddr *)&peer, &plen) || strcmp(peer.sun_path, srv_path) != 0)
+		_exit(104);
 	for (int i = 0; i < ROUNDS; i++)
 		if (!pong(acc_client, i))
 			_exit(101);
-	struct sockaddr_un peer;
-	socklen_t plen = sizeof(peer);
+	plen = sizeof(peer);
 	if (getpeername(dc, (struct sockaddr *)&peer, &plen) || strcmp(peer.sun_path, dgram_path) != 0)
 		_exit(102);
 	if (send(dc, "dc-after", 8, 0) != 8)
@@ -571,6 +575,7 @@ int main(int argc, char **argv)
 		CHECK(read_stream(conn, "pending-hello", 13), "pending connection's data");
 		CHECK(send(conn, "pending-welcome", 15, MSG_NOSIGNAL) == 15, "reply on the pending connection");
 	}
+	CHECK(named(acc, srv_path, 0), "the accepted connection lost the listener's name");
 	for (int i = 0; i < ROUNDS; i++)
 		CHECK(ping(acc, i), "accepted connection ping-pong %d", i);
 	/* A new client is served too. */

@@ -20,7 +20,8 @@
 //!
 //! Not restored: the credentials of queued messages (they are the
 //! restorer's, for a receiver with SO_PASSCRED), SO_PEERCRED (the process
-//! that made the pair), the names of an accepted connection's ends, the
+//! that made the pair), the names of an accepted connection's ends when
+//! the process making it does not hold its listener ([`through_listener`]), the
 //! senders' addresses of a bound datagram socket's queue, and the owner
 //! of a socket file when it was not the process's fsuid/fsgid.
 
@@ -226,7 +227,10 @@ fn pair(
 ) -> Result<i32> {
     let pid = r.t.pid();
     let peer = peer_of(cx, file, image, fd)?;
-    let (a, mine, theirs) = socketpair(r, sock_type)?;
+    let (a, mine, theirs) = match accepted_via(cx, image, &peer) {
+        Some(via) => through_listener(cx, r, via, sock_type, fd)?,
+        None => socketpair(r, sock_type)?,
+    };
     let stream = sock_type == libc::SOCK_STREAM as u64;
     refill(cx, pid, theirs.as_fd(), file.id, image, stream, fd)?;
     refill(cx, pid, mine.as_fd(), image.peer_file_id, &peer, stream, fd)?;
@@ -234,6 +238,95 @@ fn pair(
     configure(pid, theirs.as_fd(), &peer)?;
     cx.state::<Unclaimed>().0.insert(image.peer_file_id, theirs);
     Ok(a)
+}
+
+/// The listener a connected pair was made through (one end accepted by
+/// it, the other connected to its name), when this process already holds
+/// it again and its name can still be connected to.
+struct Via {
+    /// The process's fd of the listener.
+    listener: i32,
+    /// Its name.
+    name: Vec<u8>,
+    /// The end being opened is the accepted one (else the client).
+    accepted_here: bool,
+}
+
+fn accepted_via(cx: &Context<'_>, image: &UnixSocketFile, peer: &UnixSocketFile) -> Option<Via> {
+    let (server, client, accepted_here) = if !image.name.is_empty() && image.name == peer.peer_name
+    {
+        (image, peer, true)
+    } else if !peer.name.is_empty() && peer.name == image.peer_name {
+        (peer, image, false)
+    } else {
+        return None;
+    };
+    if server.listening || client.listening {
+        return None;
+    }
+    cx.files.files.iter().find_map(|f| match &f.kind {
+        Some(Kind::Unix(l))
+            if l.listening
+                && l.name == server.name
+                && !l.bound.as_ref().is_some_and(|b| b.unlinked) =>
+        {
+            cx.fd_here(f.id, -1).map(|listener| Via {
+                listener,
+                name: l.name.clone(),
+                accepted_here,
+            })
+        }
+        _ => None,
+    })
+}
+
+/// A pair made the way it was first made: a client connects to the
+/// listener's name and the listener accepts it, inside the process, so
+/// getsockname and getpeername report the listener's name again. Returns
+/// what [`socketpair`] does, the end being opened first.
+fn through_listener(
+    cx: &Context<'_>,
+    r: &Remote<'_>,
+    via: Via,
+    sock_type: u64,
+    fd: i32,
+) -> Result<(i32, OwnedFd, OwnedFd)> {
+    let pid = r.t.pid();
+    // Never block; the dumped flags are set on each end when installed.
+    let client = new_socket(r, sock_type, libc::SOCK_NONBLOCK)?;
+    let addr = sockaddr(cx, fd, &via.name)?;
+    let at = r.put(ADDR_SLOT, &addr)?;
+    r.call(
+        "connect (accepted unix connection)",
+        libc::SYS_connect,
+        [client as u64, at, addr.len() as u64, 0, 0, 0],
+    )?;
+    let server = r.call(
+        "accept4 (accepted unix connection)",
+        libc::SYS_accept4,
+        [
+            via.listener as u64,
+            0,
+            0,
+            (libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK) as u64,
+            0,
+            0,
+        ],
+    )? as i32;
+    let (first, second) = if via.accepted_here {
+        (server, client)
+    } else {
+        (client, server)
+    };
+    let take =
+        |n| sys::take_fd(pid, n).map_err(|e| RestoreError::os(pid, "pidfd_getfd (accept)", e));
+    let (mine, theirs) = (take(first)?, take(second)?);
+    r.close(second)?;
+    for s in [&mine, &theirs] {
+        sys::setsockopt(s.as_fd(), libc::SO_SNDBUFFORCE, REFILL_SNDBUF)
+            .map_err(|e| RestoreError::os(pid, "SO_SNDBUFFORCE (refill)", e))?;
+    }
+    Ok((first, mine, theirs))
 }
 
 /// A socket whose peer had closed: made as a pair whose other end sends
