@@ -127,6 +127,8 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
         pages: Vec::new(),
         shmem_id: 0,
         shmem_owner: None,
+        inherited: false,
+        dropped: Vec::new(),
     };
     let kind = match e.path.as_str() {
         "[vdso]" => VmaKind::Vdso,

@@ -111,44 +111,229 @@ pub fn map_readonly(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
     unsafe { memmap2::Mmap::map(file) }
 }
 
-/// `pidfd_open` + `pidfd_getfd`: a copy in the restorer of fd `fd` of
-/// process `pid` (the same open file description).
+/// `pidfd_open(pid)` + `pidfd_getfd(fd)` run by the restorer: its own copy
+/// of fd `fd` of process `pid` (the same open file description).
 pub fn take_fd(pid: i32, fd: i32) -> std::io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    // SAFETY: pidfd_open takes only integers.
+    use std::os::fd::FromRawFd;
+    // SAFETY: integer arguments only.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if pidfd < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    // SAFETY: pidfd is a new fd owned here from now on.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
-    // SAFETY: pidfd_getfd takes only integers and returns a new fd.
-    let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    // SAFETY: integer arguments only.
+    let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: pidfd is ours and closed once.
+    unsafe { libc::close(pidfd as i32) };
     if got < 0 {
-        return Err(std::io::Error::last_os_error());
+        return Err(err);
     }
-    // SAFETY: pidfd_getfd returned a new fd (O_CLOEXEC) nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(got as i32) })
+    // SAFETY: pidfd_getfd returned a new fd that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(got as i32) })
 }
 
-/// `setsockopt(fd, SOL_SOCKET, opt)` with a value of type `T` (an int or
-/// a struct timeval).
-pub fn setsockopt<T: Copy>(fd: std::os::fd::BorrowedFd<'_>, opt: i32, v: T) -> std::io::Result<()> {
-    // SAFETY: the kernel reads size_of::<T>() bytes from a live local.
-    let r = unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&fd),
-            libc::SOL_SOCKET,
-            opt,
-            (&v as *const T).cast(),
-            std::mem::size_of::<T>() as libc::socklen_t,
-        )
-    };
+fn check(r: libc::c_int) -> std::io::Result<()> {
     if r < 0 {
         Err(std::io::Error::last_os_error())
     } else {
         Ok(())
     }
+}
+
+/// `setsockopt` of a plain-old-data value (an int, an array of
+/// `struct tcp_repair_opt`, `struct tcp_repair_window`).
+pub fn setsockopt_raw<T: Copy>(
+    fd: std::os::fd::BorrowedFd<'_>,
+    level: i32,
+    opt: i32,
+    val: &[T],
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the kernel reads at most the given length from the live
+    // slice `val`.
+    check(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            opt,
+            val.as_ptr().cast(),
+            std::mem::size_of_val(val) as libc::socklen_t,
+        )
+    })
+}
+
+/// `setsockopt` of an int option.
+pub fn setsockopt_int(
+    fd: std::os::fd::BorrowedFd<'_>,
+    level: i32,
+    opt: i32,
+    val: i32,
+) -> std::io::Result<()> {
+    setsockopt_raw(fd, level, opt, &[val as libc::c_int])
+}
+
+/// A socket address in the kernel's layout.
+struct RawAddr {
+    storage: libc::sockaddr_storage,
+    len: libc::socklen_t,
+}
+
+fn raw_addr(a: &std::net::SocketAddr) -> RawAddr {
+    // SAFETY: sockaddr_storage is plain old data.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match a {
+        std::net::SocketAddr::V4(v4) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*v4.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for
+            // sockaddr_in.
+            unsafe { *(&raw mut storage).cast::<libc::sockaddr_in>() = sin };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        std::net::SocketAddr::V6(v6) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: v6.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
+                sin6_scope_id: v6.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for
+            // sockaddr_in6.
+            unsafe { *(&raw mut storage).cast::<libc::sockaddr_in6>() = sin6 };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    RawAddr {
+        storage,
+        len: len as libc::socklen_t,
+    }
+}
+
+/// `bind(2)`.
+pub fn bind(fd: std::os::fd::BorrowedFd<'_>, a: &std::net::SocketAddr) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let raw = raw_addr(a);
+    // SAFETY: the kernel reads `len` bytes of the live local address.
+    check(unsafe { libc::bind(fd.as_raw_fd(), (&raw const raw.storage).cast(), raw.len) })
+}
+
+/// `connect(2)`.
+pub fn connect(fd: std::os::fd::BorrowedFd<'_>, a: &std::net::SocketAddr) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let raw = raw_addr(a);
+    // SAFETY: the kernel reads `len` bytes of the live local address.
+    check(unsafe { libc::connect(fd.as_raw_fd(), (&raw const raw.storage).cast(), raw.len) })
+}
+
+/// `listen(2)`.
+pub fn listen(fd: std::os::fd::BorrowedFd<'_>, backlog: i32) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: integer arguments only.
+    check(unsafe { libc::listen(fd.as_raw_fd(), backlog) })
+}
+
+/// Sends all of `data` without blocking (`MSG_DONTWAIT`: the socket's
+/// description is the process's, whose blocking mode ckpt leaves alone).
+pub fn send_all(fd: std::os::fd::BorrowedFd<'_>, mut data: &[u8]) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    while !data.is_empty() {
+        // SAFETY: the kernel reads at most `data.len()` bytes of `data`.
+        let n = unsafe {
+            libc::send(
+                fd.as_raw_fd(),
+                data.as_ptr().cast(),
+                data.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::WriteZero));
+        }
+        data = &data[n as usize..];
+    }
+    Ok(())
+}
+/// An ioctl whose argument is an int passed by pointer (`TIOCPKT`,
+/// `TIOCSPTLCK`).
+pub fn ioctl_set_int(
+    fd: std::os::fd::BorrowedFd<'_>,
+    req: libc::Ioctl,
+    value: i32,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let v: libc::c_int = value;
+    // SAFETY: the request reads one int from the pointer, a live local.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), req, &v as *const libc::c_int) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Sets a terminal's line settings and window size through `fd` (on a pty
+/// master they are its slave's).
+pub fn set_term_state(
+    fd: std::os::fd::BorrowedFd<'_>,
+    termios: &libc::termios,
+    winsize: &libc::winsize,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: TCSETS reads one struct termios from the pointer, a live
+    // reference.
+    if unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TCSETS,
+            termios as *const libc::termios,
+        )
+    } < 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: TIOCSWINSZ reads one struct winsize from the pointer, a live
+    // reference.
+    if unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TIOCSWINSZ,
+            winsize as *const libc::winsize,
+        )
+    } < 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Opens the slave of pty master `fd` (`TIOCGPTPEER`), without making it a
+/// controlling terminal and without a path lookup.
+pub fn open_pty_peer(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let flags = libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC;
+    // SAFETY: TIOCGPTPEER takes its flags by value and returns a new fd.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGPTPEER, flags) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the ioctl returned a new fd that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(r) })
 }
 
 /// `SIOCUNIXFILE`: an `O_PATH` fd of the file a UNIX socket is bound to.

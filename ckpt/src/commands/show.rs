@@ -65,6 +65,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
                     "path": v.path,
                     "file_offset": v.file_offset,
                     "saved_bytes": v.pages.iter().map(|r| r.len()).sum::<u64>(),
+                    "inherited": v.inherited,
                 })
             })
             .collect();
@@ -185,13 +186,18 @@ fn render_text(v: &Value) -> String {
         for m in p["vmas"].as_array().into_iter().flatten() {
             let _ = writeln!(
                 s,
-                "    {}-{} {} {:<11} saved {:>10}  {}",
+                "    {}-{} {} {:<11} saved {:>10}  {}{}",
                 m["start"].as_str().unwrap_or(""),
                 m["end"].as_str().unwrap_or(""),
                 m["prot"].as_str().unwrap_or(""),
                 m["kind"].as_str().unwrap_or(""),
                 m["saved_bytes"],
-                m["path"].as_str().unwrap_or("")
+                m["path"].as_str().unwrap_or(""),
+                if m["inherited"] == true {
+                    " (rest shared with the parent since fork)"
+                } else {
+                    ""
+                }
             );
         }
         let _ = writeln!(s, "  fds:");
@@ -264,6 +270,8 @@ fn describe(f: &File) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
+        Some(Kind::Pty(p)) => describe_pty(p),
+        Some(Kind::Inet(i)) => describe_inet(i),
         Some(Kind::Unix(u)) => describe_unix(u),
         None => String::new(),
     }
@@ -304,6 +312,76 @@ fn describe_unix(u: &ckpt_image::fd::unix::UnixSocketFile) -> String {
     }
     let bytes: u64 = u.queue.iter().map(|&l| u64::from(l)).sum();
     s + &format!(" queued {} messages {bytes} bytes", u.queue.len())
+}
+
+/// One end of a pty pair in one line.
+fn describe_pty(p: &ckpt_image::fd::pty::PtyFile) -> String {
+    use ckpt_image::fd::pty::PtySide;
+    if p.side == PtySide::Slave as i32 {
+        return format!(
+            "pty slave /dev/pts/{} of master file {}",
+            p.index, p.master_file_id
+        );
+    }
+    let line = p.line.clone().unwrap_or_default();
+    format!(
+        "pty master of /dev/pts/{} ({}x{}{}{})",
+        p.index,
+        line.cols,
+        line.rows,
+        if line.packet_mode {
+            ", packet mode"
+        } else {
+            ""
+        },
+        if line.locked { ", locked" } else { "" }
+    )
+}
+
+/// A TCP or UDP socket in one line: transport, family, state, addresses,
+/// and for an established connection its queued bytes and where its
+/// other end is.
+fn describe_inet(i: &ckpt_image::fd::inet::InetFile) -> String {
+    use ckpt_image::fd::inet::{InetFamily, InetProtocol, InetState};
+    let proto = match InetProtocol::try_from(i.protocol) {
+        Ok(InetProtocol::Tcp) => "tcp",
+        Ok(InetProtocol::Udp) => "udp",
+        _ => "?",
+    };
+    let family = match InetFamily::try_from(i.family) {
+        Ok(InetFamily::Ipv4) => "4",
+        Ok(InetFamily::Ipv6) => "6",
+        _ => "?",
+    };
+    let state = match InetState::try_from(i.state) {
+        Ok(InetState::Listen) => format!("listen backlog {}", i.backlog),
+        Ok(InetState::Connected) if i.tcp.is_some() => "established".into(),
+        Ok(InetState::Connected) => "connected".into(),
+        Ok(InetState::Closed) if i.local.is_some() => "bound".into(),
+        Ok(InetState::Closed) => "unbound".into(),
+        _ => "?".into(),
+    };
+    let mut s = format!("{proto}{family} {state}");
+    if let Some(l) = &i.local {
+        s.push_str(&format!(" {l}"));
+    }
+    if let Some(p) = &i.peer {
+        s.push_str(&format!(" -> {p}"));
+    }
+    if let Some(t) = &i.tcp {
+        s.push_str(&format!(
+            " send queue {} ({} unsent) receive queue {} peer {}",
+            t.send_len,
+            t.unsent_len,
+            t.recv_len,
+            if t.peer_file_id == 0 {
+                "outside the tree".to_string()
+            } else {
+                format!("file {}", t.peer_file_id)
+            }
+        ));
+    }
+    s
 }
 
 /// A timerfd in one line: clock, how it is armed, pending expirations.

@@ -11,8 +11,10 @@ mod epoll;
 mod eventfd;
 mod external;
 mod fifo;
+pub(crate) mod inet;
 mod lock;
 mod pipe;
+mod pty;
 mod reg;
 mod signalfd;
 mod timerfd;
@@ -44,6 +46,8 @@ static KINDS: &[&dyn FileDumper] = &[
     &signalfd::Signalfd,
     &fifo::Fifo,
     &epoll::Epoll,
+    &pty::Pty,
+    &inet::Inet,
     &unix::Unix,
 ];
 
@@ -52,7 +56,11 @@ static KINDS: &[&dyn FileDumper] = &[
 pub static REFUSED: &[(&str, &str)] = &[
     (
         "other sockets",
-        "sockets of other families than UNIX (inet, netlink, packet, ...), named by family",
+        "sockets of families other than UNIX and IPv4/IPv6 (netlink, packet, ...), named by family; raw, ping and UDP-Lite sockets",
+    ),
+    (
+        "TCP in other states",
+        "half-closed or opening TCP connections (FIN_WAIT*, CLOSE_WAIT, SYN_SENT, ...), listening sockets with connections not accepted yet, connections to a peer outside the tree without --tcp-established",
     ),
     (
         "unix socket to outside the tree",
@@ -196,10 +204,11 @@ impl FdParams {
 /// belongs to, in the words a user knows.
 fn socket_family(proto: &str) -> String {
     match proto {
-        "TCP" | "UDP" | "UDP-Lite" | "RAW" | "PING" | "MPTCP" | "SCTP" => "inet".into(),
-        "TCPv6" | "UDPv6" | "UDPLITEv6" | "RAWv6" | "PINGv6" | "MPTCPv6" | "SCTPv6" => {
-            "inet6".into()
-        }
+        "TCP" | "UDP" | "MPTCP" | "SCTP" => "inet".into(),
+        "TCPv6" | "UDPv6" | "MPTCPv6" | "SCTPv6" => "inet6".into(),
+        "RAW" | "RAWv6" => "raw inet".into(),
+        "PING" | "PINGv6" => "ping".into(),
+        "UDP-Lite" | "UDPLITEv6" => "UDP-Lite".into(),
         other => other.to_lowercase(),
     }
 }

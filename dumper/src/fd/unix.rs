@@ -66,10 +66,11 @@ impl FileDumper for Unix {
         let sock = sys::take_fd(p.pid, p.fd).map_err(|e| os_err(p, "pidfd_getfd", e))?;
         let fd = sock.as_fd();
         let opt = |name: &str, opt: i32| -> Result<i32> {
-            sys::getsockopt::<i32>(fd, libc::SOL_SOCKET, opt).map_err(|e| os_err(p, name, e))
+            sys::getsockopt_int(fd, libc::SOL_SOCKET, opt).map_err(|e| os_err(p, name, e))
         };
         let timeout = |name: &str, opt: i32| -> Result<u64> {
-            let tv = sys::getsockopt::<Timeval>(fd, libc::SOL_SOCKET, opt)
+            let tv = sys::getsockopt_raw::<Timeval>(fd, libc::SOL_SOCKET, opt)
+                .map(|(tv, _)| tv)
                 .map_err(|e| os_err(p, name, e))?;
             Ok(tv.micros())
         };
@@ -404,11 +405,12 @@ struct Queue {
 /// Copies the messages queued for `fd` to read, walking them with
 /// `SO_PEEK_OFF` and putting the process's own peek offset back after.
 fn peek_queue(p: &FdParams, fd: BorrowedFd<'_>, sock_type: i32) -> Result<Queue> {
-    let old = sys::getsockopt::<i32>(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF)
+    let old = sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF)
         .map_err(|e| os_err(p, "SO_PEEK_OFF", e))?;
-    sys::setsockopt_int(fd, libc::SO_PEEK_OFF, 0).map_err(|e| os_err(p, "SO_PEEK_OFF", e))?;
+    sys::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, 0)
+        .map_err(|e| os_err(p, "SO_PEEK_OFF", e))?;
     let walked = walk(p, fd, sock_type == libc::SOCK_STREAM);
-    let put_back = sys::setsockopt_int(fd, libc::SO_PEEK_OFF, old)
+    let put_back = sys::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, old)
         .map_err(|e| os_err(p, "SO_PEEK_OFF (put back)", e));
     let (lengths, data) = walked?;
     put_back?;
@@ -485,7 +487,7 @@ fn walk(p: &FdParams, fd: BorrowedFd<'_>, stream: bool) -> Result<(Vec<u32>, Vec
             // A datagram larger than the buffer: the peek offset moved by
             // what was copied; step back and peek it whole.
             let at = i32::try_from(data.len()).map_err(|_| too_large(p))?;
-            sys::setsockopt_int(fd, libc::SO_PEEK_OFF, at)
+            sys::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, at)
                 .map_err(|e| os_err(p, "SO_PEEK_OFF", e))?;
             buf.resize(len, 0);
             continue;

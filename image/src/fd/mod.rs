@@ -23,7 +23,9 @@ pub mod epoll;
 pub mod eventfd;
 pub mod external;
 pub mod fifo;
+pub mod inet;
 pub mod pipe;
+pub mod pty;
 pub mod reg;
 pub mod signalfd;
 pub mod timerfd;
@@ -46,6 +48,8 @@ impl File {
             Some(file::Kind::Signalfd(_)) => "signalfd",
             Some(file::Kind::Fifo(_)) => "fifo",
             Some(file::Kind::Epoll(_)) => "epoll",
+            Some(file::Kind::Pty(_)) => "pty",
+            Some(file::Kind::Inet(_)) => "inet",
             Some(file::Kind::Unix(_)) => "unix",
             None => "unknown",
         }

@@ -15,7 +15,9 @@ mod eventfd;
 mod external;
 mod fifo;
 pub mod identity;
+mod inet;
 mod pipe;
+mod pty;
 mod reg;
 mod signalfd;
 mod timerfd;
@@ -79,6 +81,8 @@ fn install_file(
         Some(Kind::Signalfd(image)) => install(&signalfd::Signalfd, cx, r, file, image, fd, pass),
         Some(Kind::Fifo(image)) => install(&fifo::Fifo, cx, r, file, image, fd, pass),
         Some(Kind::Epoll(image)) => install(&epoll::Epoll, cx, r, file, image, fd, pass),
+        Some(Kind::Pty(image)) => install(&pty::Pty, cx, r, file, image, fd, pass),
+        Some(Kind::Inet(image)) => install(&inet::Inet, cx, r, file, image, fd, pass),
         Some(Kind::Unix(image)) if image.connect_to_file_id != 0 => {
             install(&unix::UnixConnect, cx, r, file, image, fd, pass)
         }

@@ -190,7 +190,7 @@ fn refill_by_name(
     r.close(sender)?;
     connected?;
     let here = here.map_err(|e| RestoreError::os(pid, "pidfd_getfd (socket)", e))?;
-    sys::setsockopt(here.as_fd(), libc::SO_SNDBUFFORCE, REFILL_SNDBUF)
+    set_opt(here.as_fd(), libc::SO_SNDBUFFORCE, REFILL_SNDBUF)
         .map_err(|e| RestoreError::os(pid, "SO_SNDBUFFORCE (refill)", e))?;
     refill(cx, pid, here.as_fd(), file_id, image, false, fd)
 }
@@ -323,7 +323,7 @@ fn through_listener(
     let (mine, theirs) = (take(first)?, take(second)?);
     r.close(second)?;
     for s in [&mine, &theirs] {
-        sys::setsockopt(s.as_fd(), libc::SO_SNDBUFFORCE, REFILL_SNDBUF)
+        set_opt(s.as_fd(), libc::SO_SNDBUFFORCE, REFILL_SNDBUF)
             .map_err(|e| RestoreError::os(pid, "SO_SNDBUFFORCE (refill)", e))?;
     }
     Ok((first, mine, theirs))
@@ -375,7 +375,7 @@ fn socketpair(r: &Remote<'_>, sock_type: u64) -> Result<(i32, OwnedFd, OwnedFd)>
     let (mine, theirs) = (take(a)?, take(b)?);
     r.close(b)?;
     for s in [&mine, &theirs] {
-        sys::setsockopt(s.as_fd(), libc::SO_SNDBUFFORCE, REFILL_SNDBUF)
+        set_opt(s.as_fd(), libc::SO_SNDBUFFORCE, REFILL_SNDBUF)
             .map_err(|e| RestoreError::os(pid, "SO_SNDBUFFORCE (refill)", e))?;
     }
     Ok((a, mine, theirs))
@@ -643,20 +643,18 @@ fn configure(pid: i32, s: BorrowedFd<'_>, image: &UnixSocketFile) -> Result<()> 
     // getsockopt reported the doubled value the kernel keeps; setting
     // doubles again.
     if image.sndbuf > 0 {
-        sys::setsockopt(s, libc::SO_SNDBUFFORCE, (image.sndbuf / 2) as i32)
+        set_opt(s, libc::SO_SNDBUFFORCE, (image.sndbuf / 2) as i32)
             .map_err(err("SO_SNDBUFFORCE"))?;
     }
     if image.rcvbuf > 0 {
-        sys::setsockopt(s, libc::SO_RCVBUFFORCE, (image.rcvbuf / 2) as i32)
+        set_opt(s, libc::SO_RCVBUFFORCE, (image.rcvbuf / 2) as i32)
             .map_err(err("SO_RCVBUFFORCE"))?;
     }
-    sys::setsockopt(s, libc::SO_SNDTIMEO, timeval(image.sndtimeo_us))
-        .map_err(err("SO_SNDTIMEO"))?;
-    sys::setsockopt(s, libc::SO_RCVTIMEO, timeval(image.rcvtimeo_us))
-        .map_err(err("SO_RCVTIMEO"))?;
-    sys::setsockopt(s, libc::SO_PASSCRED, i32::from(image.passcred)).map_err(err("SO_PASSCRED"))?;
+    set_opt(s, libc::SO_SNDTIMEO, timeval(image.sndtimeo_us)).map_err(err("SO_SNDTIMEO"))?;
+    set_opt(s, libc::SO_RCVTIMEO, timeval(image.rcvtimeo_us)).map_err(err("SO_RCVTIMEO"))?;
+    set_opt(s, libc::SO_PASSCRED, i32::from(image.passcred)).map_err(err("SO_PASSCRED"))?;
     if image.peek_off != PEEK_OFF_DISABLED {
-        sys::setsockopt(s, libc::SO_PEEK_OFF, image.peek_off).map_err(err("SO_PEEK_OFF"))?;
+        set_opt(s, libc::SO_PEEK_OFF, image.peek_off).map_err(err("SO_PEEK_OFF"))?;
     }
     let how = match (
         image.shutdown & RCV_SHUTDOWN != 0,
@@ -671,6 +669,11 @@ fn configure(pid: i32, s: BorrowedFd<'_>, image: &UnixSocketFile) -> Result<()> 
         shutdown(s.as_raw_fd(), how).map_err(|e| err("shutdown")(e.into()))?;
     }
     Ok(())
+}
+
+/// `setsockopt(s, SOL_SOCKET, opt)` with one value (an int or a timeval).
+fn set_opt<T: Copy>(s: BorrowedFd<'_>, opt: i32, v: T) -> std::io::Result<()> {
+    sys::setsockopt_raw(s, libc::SOL_SOCKET, opt, &[v])
 }
 
 fn timeval(us: u64) -> libc::timeval {
