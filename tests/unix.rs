@@ -109,6 +109,21 @@ fn out_of_band_data_is_refused_and_left_in_place() {
     v.assert_unharmed_and_passes("after a refused dump");
 }
 
+/// sock_diag answers for ckpt's own network namespace only: sockets of
+/// another are refused by name, and keep working.
+#[test]
+fn sockets_in_another_network_namespace_are_refused() {
+    let env = TestEnv::new("unix-netns");
+    let mut v = Victim::spawn(&env, "unix", &["netns"]);
+    v.wait_ready();
+    let err = dump_expect_error(&env, &v);
+    assert!(
+        err.contains(&format!("pid {}", v.pid)) && err.contains("in another network namespace"),
+        "{err}"
+    );
+    v.assert_unharmed_and_passes("after a refused dump");
+}
+
 /// A socket whose peer is outside the tree is refused naming the
 /// `--external` key; the pair still works afterwards.
 #[test]

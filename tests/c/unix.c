@@ -38,12 +38,15 @@
  * `unix WORKDIR oob`: a stream pair with "abc", an out-of-band "X" and
  * "def" queued; the dump must be refused, and after go the reader still
  * gets "abc", the urgent byte, then "def".
+ * `unix WORKDIR netns`: a socket pair made in a network namespace of its
+ * own (unshare, as root); the dump must be refused, the pair still works.
  * `unix WORKDIR listen`: only a listener at WORKDIR/srv.sock; after go it
  * still has its name and serves a new connection.
  */
 #include "victim.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <stddef.h>
 #include <sys/un.h>
 #include <sys/socket.h>
@@ -374,6 +377,18 @@ static void oob(void)
 	victim_finish();
 }
 
+static void netns(void)
+{
+	int sv[2];
+	if (unshare(CLONE_NEWNET) || socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+		die("unshare/socketpair");
+
+	victim_ready_and_wait(NULL);
+
+	CHECK(write(sv[0], "ns", 2) == 2 && read_stream(sv[1], "ns", 2), "pair in the namespace broken");
+	victim_finish();
+}
+
 static void listen_only(void)
 {
 	victim_path(srv_path, sizeof(srv_path), "srv.sock");
@@ -401,6 +416,8 @@ int main(int argc, char **argv)
 		pendingdata();
 	if (argc > 2 && strcmp(argv[2], "oob") == 0)
 		oob();
+	if (argc > 2 && strcmp(argv[2], "netns") == 0)
+		netns();
 	if (argc > 2 && strcmp(argv[2], "listen") == 0)
 		listen_only();
 	if (socketpair(AF_UNIX, SOCK_STREAM, 0, st) || socketpair(AF_UNIX, SOCK_DGRAM, 0, dg) ||
