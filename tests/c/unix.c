@@ -59,6 +59,7 @@
 #define ABS_FD 50
 #define SOCK_MODE 0640
 #define BACKLOG 7
+#define OTHER_GID 4242
 #define SNDBUF_SET 300000
 #define RCVBUF_SET 123456
 #define PEEK_OFF_SET 2
@@ -442,6 +443,12 @@ int main(int argc, char **argv)
 	int srv = listener(SOCK_STREAM, srv_path, 0);
 	if (chmod(srv_path, SOCK_MODE))
 		die("chmod");
+	/* As root, a group other than its own: restore gives it back. */
+	if (geteuid() == 0 && chown(srv_path, 0, OTHER_GID))
+		die("chown");
+	struct stat srv_st;
+	if (stat(srv_path, &srv_st))
+		die("stat");
 	int acc_client = connect_to(SOCK_STREAM, srv_path, 0);
 	int acc = accept4(srv, NULL, NULL, 0);
 	if (acc < 0)
@@ -583,8 +590,9 @@ int main(int argc, char **argv)
 	struct stat sst;
 	CHECK(named(srv, srv_path, 0), "listener lost its name");
 	CHECK(stat(srv_path, &sst) == 0 && S_ISSOCK(sst.st_mode) && (sst.st_mode & 07777) == SOCK_MODE &&
-		      sst.st_uid == geteuid(),
-	      "socket file %s: mode %o uid %d", srv_path, sst.st_mode, (int)sst.st_uid);
+		      sst.st_uid == geteuid() && sst.st_gid == srv_st.st_gid,
+	      "socket file %s: mode %o uid %d gid %d, want gid %d", srv_path, sst.st_mode, (int)sst.st_uid,
+	      (int)sst.st_gid, (int)srv_st.st_gid);
 	CHECK(sock_int(srv, SO_ACCEPTCONN) == 1, "no longer listening");
 	int conn = accept_wait(srv);
 	CHECK(conn >= 0, "the pending connection is gone: %s", strerror(errno));

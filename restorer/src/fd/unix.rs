@@ -12,7 +12,7 @@
 //! Other sockets are made with `socket` inside their process, bound to
 //! their name (a path under the rules of [`bind`]: the process's own
 //! rights, a parent not reached through a link, only a stale socket of
-//! the same user replaced), listening with their backlog, a bound
+//! the same user replaced, the recorded owner and mode set last), listening with their backlog, a bound
 //! datagram socket refilled from a socket connected to its name
 //! ([`refill_by_name`]). Connections not yet accepted and datagram
 //! sockets connected one way connect again by name in the last pass
@@ -21,9 +21,8 @@
 //! Not restored: the credentials of queued messages (they are the
 //! restorer's, for a receiver with SO_PASSCRED), SO_PEERCRED (the process
 //! that made the pair), the names of an accepted connection's ends when
-//! the process making it does not hold its listener ([`through_listener`]), the
-//! senders' addresses of a bound datagram socket's queue, and the owner
-//! of a socket file when it was not the process's fsuid/fsgid.
+//! the process making it does not hold its listener ([`through_listener`]),
+//! and the senders' addresses of a bound datagram socket's queue.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -473,8 +472,10 @@ fn bind_in(
     }
     let here =
         sys::take_fd(pid, s).map_err(|e| RestoreError::os(pid, "pidfd_getfd (socket)", e))?;
-    let made = sys::unix_bound_file(here.as_fd())
-        .and_then(|f| f.metadata())
+    let made_file = sys::unix_bound_file(here.as_fd())
+        .map_err(|e| err(format!("cannot find the socket file bind made: {e}")))?;
+    let made = made_file
+        .metadata()
         .map_err(|e| err(format!("cannot find the socket file bind made: {e}")))?;
     let named = std::fs::symlink_metadata(format!("/proc/{pid}/fd/{dir}/{name}"));
     if !named.is_ok_and(|m| (m.dev(), m.ino()) == (made.dev(), made.ino())) {
@@ -485,20 +486,19 @@ fn bind_in(
     let Some(bound) = &image.bound else {
         return Ok(());
     };
-    let n = r.put_path(0, name)?;
-    r.call(
-        "fchmodat (socket file)",
-        libc::SYS_fchmodat,
-        [
-            dir as u64,
-            n,
-            u64::from(bound.mode & PERMISSION_BITS),
-            0,
-            0,
-            0,
-        ],
+    // Owner, then mode, on exactly the file bind made (its O_PATH fd,
+    // never the name): the recorded ones, as for files ckpt creates.
+    let exact = format!("/proc/self/fd/{}", made_file.as_raw_fd());
+    if (made.uid(), made.gid()) != (bound.uid, bound.gid) {
+        std::os::unix::fs::chown(&exact, Some(bound.uid), Some(bound.gid))
+            .map_err(|e| err(format!("cannot give the socket file its owner: {e}")))?;
+    }
+    std::fs::set_permissions(
+        &exact,
+        std::os::unix::fs::PermissionsExt::from_mode(bound.mode & PERMISSION_BITS),
     )
     .map_err(|e| err(format!("cannot set the socket file's mode: {e}")))?;
+    let n = r.put_path(0, name)?;
     if bound.unlinked {
         r.call(
             "unlinkat (socket file unlinked at dump time)",
