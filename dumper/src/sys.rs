@@ -695,3 +695,49 @@ pub fn pty_packet_mode(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<bool>
 pub fn pty_locked(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<bool> {
     ioctl_int(fd, libc::TIOCGPTLCK).map(|v| v != 0)
 }
+
+/// What one `MSG_PEEK` of a UNIX socket saw.
+pub struct Peeked {
+    /// The message's (datagram) or the copied (stream) length.
+    pub len: usize,
+    /// The kernel had ancillary data that did not fit the control buffer.
+    pub ctrunc: bool,
+}
+
+/// Peeks at the next message of `fd` (`MSG_PEEK | MSG_DONTWAIT`, plus
+/// `MSG_TRUNC` for `whole`) into `buf`, with a control buffer of exactly
+/// `control_len` bytes (at most 64). Room for credentials only, so file
+/// descriptors in flight are never installed into ckpt (whose close could
+/// block on a user's FUSE file): the kernel reports them as `MSG_CTRUNC`.
+pub fn peek_message(
+    fd: std::os::fd::BorrowedFd<'_>,
+    buf: &mut [u8],
+    whole: bool,
+    control_len: usize,
+) -> std::io::Result<Peeked> {
+    let mut control = [0u64; 8];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain old data; all zeroes is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = control_len.min(std::mem::size_of_val(&control));
+    let mut flags = libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC;
+    if whole {
+        flags |= libc::MSG_TRUNC;
+    }
+    // SAFETY: every pointer in `msg` is to a live local or to `buf`, with
+    // their true lengths; the kernel writes within them.
+    let n = unsafe { libc::recvmsg(std::os::fd::AsRawFd::as_raw_fd(&fd), &mut msg, flags) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(Peeked {
+        len: n as usize,
+        ctrunc: msg.msg_flags & libc::MSG_CTRUNC != 0,
+    })
+}

@@ -27,7 +27,7 @@ use std::os::unix::fs::MetadataExt;
 
 use ckpt_image::fd::file::Kind;
 use ckpt_image::fd::unix::{MAX_QUEUE_BYTES, MAX_QUEUE_MESSAGES, UnixBoundFile, UnixSocketFile};
-use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+use nix::sys::socket::MsgFlags;
 
 use super::{Blobs, FdParams, FileDumper, Holder, TreeFiles};
 use crate::error::{DumpError, Result};
@@ -41,9 +41,15 @@ pub struct Unix;
 /// `UNIX-STREAM`).
 const UNIX_PROTOCOL: &str = "UNIX";
 
-/// Largest number of fds one message can carry (SCM_MAX_FD), for the
-/// control buffer of a peek: fds it installs must all be seen to be closed.
-const SCM_MAX_FD: usize = 253;
+/// `sizeof(struct cmsghdr)`: a control buffer of this size holds no
+/// ancillary data at all.
+const CMSGHDR_LEN: usize = std::mem::size_of::<libc::cmsghdr>();
+
+/// `CMSG_SPACE(sizeof(struct ucred))`: room for SCM_CREDENTIALS only.
+const CREDS_SPACE: usize = CMSGHDR_LEN + std::mem::size_of::<libc::ucred>().next_multiple_of(8);
+
+/// SO_PASSPIDFD (Linux 6.5+; not in every libc): a pidfd with each message.
+const SO_PASSPIDFD: i32 = 76;
 
 /// First buffer for one peeked message; grown to a message's length.
 const PEEK_CHUNK: usize = 64 << 10;
@@ -444,40 +450,38 @@ fn peek_queue(p: &FdParams, fd: BorrowedFd<'_>, sock_type: i32) -> Result<Queue>
     })
 }
 
+/// Why a peek's ancillary data did not fit: fds in flight, unless the
+/// socket also asks for data ckpt does not read.
+fn in_flight(fd: BorrowedFd<'_>) -> String {
+    let on = |opt| sys::getsockopt_int(fd, libc::SOL_SOCKET, opt).is_ok_and(|v| v != 0);
+    if on(SO_PASSPIDFD) || on(libc::SO_PASSSEC) {
+        "unix socket with SO_PASSPIDFD or SO_PASSSEC and messages queued (ancillary data ckpt does not read)".into()
+    } else {
+        "unix socket has file descriptors in flight (SCM_RIGHTS)".into()
+    }
+}
+
 /// The peeks themselves: one message at a time for datagrams and
 /// seqpackets, what comes for a stream.
 fn walk(p: &FdParams, fd: BorrowedFd<'_>, stream: bool) -> Result<(Vec<u32>, Vec<u8>)> {
-    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
     let mut lengths = Vec::new();
     let mut data = Vec::new();
     let mut buf = vec![0u8; PEEK_CHUNK];
+    // Room for the credentials SO_PASSCRED attaches and nothing more: fds
+    // in flight then show as MSG_CTRUNC instead of landing in ckpt.
+    let passcred = sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PASSCRED)
+        .map_err(|e| os_err(p, "SO_PASSCRED", e))?
+        != 0;
+    let control_len = if passcred { CREDS_SPACE } else { CMSGHDR_LEN };
     loop {
-        let mut flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC;
-        if !stream {
-            flags |= MsgFlags::MSG_TRUNC;
-        }
-        let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; SCM_MAX_FD], libc::ucred);
-        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-        let msg = match recvmsg::<()>(raw, &mut iov, Some(&mut cmsg), flags) {
+        let peeked = match sys::peek_message(fd, &mut buf, !stream, control_len) {
             Ok(m) => m,
-            Err(nix::errno::Errno::EAGAIN) => break,
-            Err(e) => return Err(os_err(p, "recvmsg(MSG_PEEK)", e.into())),
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => break,
+            Err(e) => return Err(os_err(p, "recvmsg(MSG_PEEK)", e)),
         };
-        let len = msg.bytes;
-        let mut in_flight = msg.flags.contains(MsgFlags::MSG_CTRUNC);
-        if let Ok(cmsgs) = msg.cmsgs() {
-            for c in cmsgs {
-                if let ControlMessageOwned::ScmRights(fds) = c {
-                    in_flight = true;
-                    for f in fds {
-                        // Installed into ckpt by the peek: never keep them.
-                        let _ = nix::unistd::close(f);
-                    }
-                }
-            }
-        }
-        if in_flight {
-            return Err(p.unsupported("unix socket has file descriptors in flight (SCM_RIGHTS)"));
+        let len = peeked.len;
+        if peeked.ctrunc {
+            return Err(p.unsupported(&in_flight(fd)));
         }
         if stream && len == 0 {
             // End of stream: the peer shut down its sending side.
