@@ -31,6 +31,7 @@ mod procfile;
 mod sys;
 pub mod task;
 mod thread;
+mod timer;
 mod tree;
 
 use std::path::PathBuf;
@@ -423,11 +424,11 @@ fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
     let started = Instant::now();
     let leader = &p.tasks[0];
     log::debug!("pid {pid}: thread {pid} (leader)");
-    let misc = task::run_parasite(leader)?;
+    let misc = task::run_parasite(leader, true)?;
     let mut core = task::collect(leader, &misc)?;
     for t in &p.tasks[1..] {
         log::debug!("pid {pid}: thread {}", t.pid());
-        let tm = task::run_parasite(t)?;
+        let tm = task::run_parasite(t, false)?;
         core.threads.push(task::collect_thread(t, pid, &tm)?);
     }
     let mut vmas = mm::collect_vmas(pid)?;
@@ -670,6 +671,19 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<(DumpReport,
         w.write_raw(LOG_NAME, &log())?;
     }
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::BeforeCommit);
+    // A process killed while frozen may still have been read in full, but
+    // its job is broken: no checkpoint of it becomes the valid one.
+    if let Some(p) = frozen
+        .procs
+        .iter()
+        .filter(|p| p.zombie_status.is_none())
+        .find(|p| !tree::is_alive(p.pid))
+    {
+        return Err(DumpError::Exited {
+            pid: p.pid,
+            detail: "killed while frozen, before the checkpoint was committed".into(),
+        });
+    }
     let commit_started = Instant::now();
     let committed = w.commit(manifest, opts.key)?;
     stats.phases.commit_ms = Some(ms_since(commit_started));

@@ -33,6 +33,7 @@ mod pid;
 mod sys;
 mod task;
 mod thread;
+mod timer;
 mod tree;
 
 use std::path::PathBuf;
@@ -735,10 +736,14 @@ fn rebuild_process(
     for th in &threads {
         log::debug!("pid {pid}: thread {}", th.pid());
     }
+    // After the threads: a timer may signal one of them.
+    timer::create(&r, &core.posix_timers)?;
     task::restore_creds(&r, core)?;
     for th in &threads {
         task::restore_creds(&ckpt_parasite::remote::Remote { t: th, base }, core)?;
     }
+    timer::arm(&r, &core.posix_timers)?;
+    thread::finish(&threads, core)?;
 
     // Last syscall: unmap the scratch area, stopping at its exit because
     // the instruction after it is gone; then the process's own registers.
@@ -746,13 +751,15 @@ fn rebuild_process(
         &task::regs_from_image(core.regs.as_ref().expect("validated")),
         false,
     );
-    t.set_sigmask(core.sigmask)?;
     let ret = t.syscall_stop_at_exit(
         r.base,
         libc::SYS_munmap,
         [r.base, ckpt_parasite::remote::SCRATCH_LEN, 0, 0, 0, 0],
     )?;
     ckpt_parasite::check_ret(pid, "munmap (scratch)", ret)?;
+    // Only now: a signal that became pending meanwhile (a timer firing)
+    // must not stop the munmap; it is delivered once the process runs.
+    t.set_sigmask(core.sigmask)?;
     t.set_regs(&regs)?;
     t.set_xstate(&core.xstate)?;
     for th in threads {

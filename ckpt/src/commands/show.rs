@@ -83,6 +83,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
                     "flags": file.map(|x| format!("{:#o}", x.flags)),
                     "cloexec": f.cloexec,
                     "pos": file.map(|x| x.pos),
+                    "locks": table.locks.iter().filter(|l| l.fd == f.fd).map(|l| l.describe()).collect::<Vec<_>>(),
                 })
             })
             .collect();
@@ -99,6 +100,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
             "pages_file_bytes": if mm.compressed { mm.chunks.iter().map(|c| c.file_len).sum::<u64>() } else { mm.pages_bytes },
             "sigactions": core.sigactions.len(),
             "pending_signals": core.pending.len(),
+            "posix_timers": core.posix_timers.iter().map(|t| t.describe()).collect::<Vec<_>>(),
             "vmas": vmas,
             "fds": fds,
         }));
@@ -182,6 +184,9 @@ fn render_text(v: &Value) -> String {
             p["sigactions"],
             p["pending_signals"]
         );
+        for t in p["posix_timers"].as_array().into_iter().flatten() {
+            let _ = writeln!(s, "  POSIX {}", t.as_str().unwrap_or(""));
+        }
         let _ = writeln!(s, "  VMAs:");
         for m in p["vmas"].as_array().into_iter().flatten() {
             let _ = writeln!(
@@ -202,9 +207,20 @@ fn render_text(v: &Value) -> String {
         }
         let _ = writeln!(s, "  fds:");
         for f in p["fds"].as_array().into_iter().flatten() {
+            let locks: Vec<&str> = f["locks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            let locks = if locks.is_empty() {
+                String::new()
+            } else {
+                format!("  (locks {})", locks.join(", "))
+            };
             let _ = writeln!(
                 s,
-                "    {:>3} file {:<4} {:<8} flags {} pos {}{}  {}",
+                "    {:>3} file {:<4} {:<8} flags {} pos {}{}  {}{locks}",
                 f["fd"],
                 f["file_id"],
                 f["kind"].as_str().unwrap_or(""),
@@ -272,6 +288,15 @@ fn describe(f: &File) -> String {
         ),
         Some(Kind::Pty(p)) => describe_pty(p),
         Some(Kind::Inet(i)) => describe_inet(i),
+        Some(Kind::Inotify(i)) => format!(
+            "inotify watches {}",
+            i.watches
+                .iter()
+                .map(|w| format!("wd {} mask {:#x} {}", w.wd, w.mask, w.path))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Some(Kind::Pidfd(p)) => format!("pidfd of pid {}", p.pid),
         Some(Kind::Unix(u)) => describe_unix(u),
         None => String::new(),
     }

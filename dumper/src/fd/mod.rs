@@ -12,7 +12,9 @@ mod eventfd;
 mod external;
 mod fifo;
 pub(crate) mod inet;
+mod inotify;
 mod lock;
+mod pidfd;
 mod pipe;
 mod pty;
 mod reg;
@@ -48,6 +50,8 @@ static KINDS: &[&dyn FileDumper] = &[
     &epoll::Epoll,
     &pty::Pty,
     &inet::Inet,
+    &inotify::Inotify,
+    &pidfd::Pidfd,
     &unix::Unix,
 ];
 
@@ -82,15 +86,15 @@ pub static REFUSED: &[(&str, &str)] = &[
         "pipe to outside the tree",
         "a pipe whose other end no process of the tree holds, unless only fds 0-2 hold it (rebound to restore's stdio) or it is declared with --external",
     ),
-    ("inotify", "inotify and fanotify instances"),
+    ("fanotify", "fanotify instances"),
     ("memfd", "memfd files"),
     (
         "other devices",
         "character and block devices other than the ones above",
     ),
     (
-        "file lock",
-        "POSIX, OFD, flock locks and leases (the process is refused)",
+        "file lease",
+        "leases (F_SETLEASE) and delegations, mandatory locks of old kernels, and locks on files not reopened by path (the process is refused)",
     ),
 ];
 
@@ -310,13 +314,12 @@ pub fn collect_tree(
         blobs: Blobs::default(),
     };
     let mut seen: HashMap<Inode, Vec<Holder>> = HashMap::new();
+    let mut seen_locks = lock::SeenLocks::default();
     for &pid in pids {
         let mut table = FdTable::default();
+        seen_locks.next_process();
         for fd in procfile::numbered_entries(pid, "fd")? {
             let p = params(pid, fd, externals)?;
-            if blockers.absorb(lock::refuse_locks(&p))?.is_none() {
-                continue;
-            }
             let inode = Inode {
                 dev: p.meta.dev(),
                 ino: p.meta.ino(),
@@ -350,6 +353,10 @@ pub fn collect_tree(
                     id
                 }
             };
+            let file = out.file(file_id);
+            if let Some(locks) = blockers.absorb(lock::locks_of(&p, file, &mut seen_locks))? {
+                table.locks.extend(locks);
+            }
             seen.entry(inode)
                 .or_default()
                 .push(Holder { pid, fd, file_id });

@@ -24,6 +24,9 @@ pub mod eventfd;
 pub mod external;
 pub mod fifo;
 pub mod inet;
+pub mod inotify;
+pub mod lock;
+pub mod pidfd;
 pub mod pipe;
 pub mod pty;
 pub mod reg;
@@ -50,6 +53,8 @@ impl File {
             Some(file::Kind::Epoll(_)) => "epoll",
             Some(file::Kind::Pty(_)) => "pty",
             Some(file::Kind::Inet(_)) => "inet",
+            Some(file::Kind::Inotify(_)) => "inotify",
+            Some(file::Kind::Pidfd(_)) => "pidfd",
             Some(file::Kind::Unix(_)) => "unix",
             None => "unknown",
         }
