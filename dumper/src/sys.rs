@@ -334,6 +334,114 @@ pub fn setsockopt_int(
     }
 }
 
+/// The `sun_path` bytes of a UNIX socket's own address (`getsockname`):
+/// empty when unbound, a leading NUL for an abstract name.
+pub fn unix_sockname(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Vec<u8>> {
+    // SAFETY: sockaddr_un is plain old data; all zeroes is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `addr`.
+    let r = unsafe {
+        libc::getsockname(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            (&mut addr as *mut libc::sockaddr_un).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(sun_path(&addr, len))
+}
+
+/// The protocol name sockfs gives a socket (`system.sockprotoname`:
+/// `UNIX`, `UNIX-STREAM`, `NETLINK`, `TCP`, ...), through its `/proc` link.
+pub fn socket_protocol(link: &std::path::Path) -> std::io::Result<String> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(link.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let mut buf = [0u8; 64];
+    // SAFETY: both names are NUL-terminated and the kernel writes at most
+    // buf.len() bytes into buf.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            c"system.sockprotoname".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let name = &buf[..n as usize];
+    let name = name.split(|&c| c == 0).next().unwrap_or_default();
+    Ok(String::from_utf8_lossy(name).into_owned())
+}
+
+/// The `sun_path` bytes of the address a UNIX socket is connected to
+/// (`getpeername`), or `None` if it is not connected.
+pub fn unix_peername(fd: std::os::fd::BorrowedFd<'_>) -> Option<Vec<u8>> {
+    // SAFETY: sockaddr_un is plain old data; all zeroes is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `addr`.
+    let r = unsafe {
+        libc::getpeername(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            (&mut addr as *mut libc::sockaddr_un).cast(),
+            &mut len,
+        )
+    };
+    (r == 0).then(|| sun_path(&addr, len))
+}
+
+/// The significant bytes of `addr`'s `sun_path` given the length the
+/// kernel reported: a path without its NUL, an abstract name whole.
+fn sun_path(addr: &libc::sockaddr_un, len: libc::socklen_t) -> Vec<u8> {
+    let family = std::mem::size_of::<libc::sa_family_t>();
+    let n = (len as usize)
+        .saturating_sub(family)
+        .min(addr.sun_path.len());
+    let mut path: Vec<u8> = addr.sun_path[..n].iter().map(|&c| c as u8).collect();
+    // A path name may be reported with its terminating NUL; an abstract
+    // name's bytes are all significant.
+    if path.first() != Some(&0)
+        && let Some(end) = path.iter().position(|&c| c == 0)
+    {
+        path.truncate(end);
+    }
+    path
+}
+
+/// `SIOCUNIXFILE`: an `O_PATH` fd of the file a UNIX socket is bound to
+/// (even if unlinked since).
+const SIOCUNIXFILE: libc::c_ulong = 0x89E0;
+
+/// The file a path-bound UNIX socket made, opened `O_PATH`.
+pub fn unix_bound_file(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: SIOCUNIXFILE takes no argument and returns a new fd.
+    let r = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&fd), SIOCUNIXFILE, 0) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the ioctl returned a new fd nobody else owns.
+    Ok(unsafe { std::fs::File::from_raw_fd(r) })
+}
+
+/// `SIOCINQ` of a socket: for a UNIX stream or seqpacket socket, the bytes
+/// of every message queued for it (out-of-band byte included).
+pub fn socket_inq(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<u64> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCINQ writes one int into a live local.
+    let r = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::FIONREAD, &mut n) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n.max(0) as u64)
+    }
+}
 /// An `ioctl` returning an int through its argument (SIOCINQ, SIOCOUTQ).
 pub fn ioctl_int(fd: std::os::fd::BorrowedFd<'_>, req: libc::c_ulong) -> std::io::Result<i32> {
     use std::os::fd::AsRawFd;
@@ -648,4 +756,50 @@ pub fn open_by_handle(
 pub fn queued_bytes(pid: i32, fd: i32) -> std::io::Result<u32> {
     let copy = take_fd(pid, fd)?;
     readable_bytes(std::os::fd::AsFd::as_fd(&copy)).map(|n| n as u32)
+}
+
+/// What one `MSG_PEEK` of a UNIX socket saw.
+pub struct Peeked {
+    /// The message's (datagram) or the copied (stream) length.
+    pub len: usize,
+    /// The kernel had ancillary data that did not fit the control buffer.
+    pub ctrunc: bool,
+}
+
+/// Peeks at the next message of `fd` (`MSG_PEEK | MSG_DONTWAIT`, plus
+/// `MSG_TRUNC` for `whole`) into `buf`, with a control buffer of exactly
+/// `control_len` bytes (at most 64). Room for credentials only, so file
+/// descriptors in flight are never installed into ckpt (whose close could
+/// block on a user's FUSE file): the kernel reports them as `MSG_CTRUNC`.
+pub fn peek_message(
+    fd: std::os::fd::BorrowedFd<'_>,
+    buf: &mut [u8],
+    whole: bool,
+    control_len: usize,
+) -> std::io::Result<Peeked> {
+    let mut control = [0u64; 8];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain old data; all zeroes is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = control_len.min(std::mem::size_of_val(&control));
+    let mut flags = libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC;
+    if whole {
+        flags |= libc::MSG_TRUNC;
+    }
+    // SAFETY: every pointer in `msg` is to a live local or to `buf`, with
+    // their true lengths; the kernel writes within them.
+    let n = unsafe { libc::recvmsg(std::os::fd::AsRawFd::as_raw_fd(&fd), &mut msg, flags) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(Peeked {
+        len: n as usize,
+        ctrunc: msg.msg_flags & libc::MSG_CTRUNC != 0,
+    })
 }

@@ -12,6 +12,7 @@
 //! DIR/fds-PID.img      header + FdTable: fd number -> open file id
 //! DIR/files.img        header + Files: every open file description, once
 //! DIR/ghost-ID.img     raw contents of open-but-unlinked file ID
+//! DIR/unix-ID.img      messages queued for UNIX socket (open file) ID
 //! DIR/pipe-ID.img      raw data buffered in pipe ID
 //! DIR/pages-PID.img    raw page data, 4 KiB aligned, no header, so restore can
 //!                      read it straight into place
@@ -94,6 +95,11 @@ pub fn ghost_name(file_id: u64) -> String {
 /// File name of the data buffered in pipe `pipe_id`.
 pub fn pipe_data_name(pipe_id: u64) -> String {
     format!("pipe-{pipe_id}.img")
+}
+
+/// File name of the messages queued for UNIX socket `file_id` to read.
+pub fn unix_queue_name(file_id: u64) -> String {
+    format!("unix-{file_id}.img")
 }
 
 /// File name of the data buffered in the FIFO on device `dev`, inode

@@ -397,3 +397,18 @@ pub fn open_pty_peer(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<std::os
     // SAFETY: the ioctl returned a new fd that nothing else owns.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(r) })
 }
+
+/// `SIOCUNIXFILE`: an `O_PATH` fd of the file a UNIX socket is bound to.
+const SIOCUNIXFILE: libc::c_ulong = 0x89E0;
+
+/// The file a path-bound UNIX socket made, opened `O_PATH`.
+pub fn unix_bound_file(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: SIOCUNIXFILE takes no argument and returns a new fd.
+    let r = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&fd), SIOCUNIXFILE, 0) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the ioctl returned a new fd nobody else owns.
+    Ok(unsafe { std::fs::File::from_raw_fd(r) })
+}

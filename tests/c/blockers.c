@@ -1,6 +1,6 @@
 /*
  * Victim holding three kinds of things ckpt cannot save yet, in two
- * processes: the root a UNIX socket pair (two fds) and a hugetlb memfd, its child
+ * processes: the root two netlink sockets and a hugetlb memfd, its child
  * a fanotify instance. A dump must list all four fds at once and leave
  * both running; after go the
  * child exits and the root checks its objects still work.
@@ -9,6 +9,7 @@
 
 #include <sys/fanotify.h>
 #include <sys/mman.h>
+#include <linux/netlink.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 
@@ -17,8 +18,10 @@ int main(int argc, char **argv)
 	int sv[2];
 
 	victim_init(argc, argv);
-	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv))
-		die("socketpair");
+	sv[0] = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+	sv[1] = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_ROUTE);
+	if (sv[0] < 0 || sv[1] < 0)
+		die("netlink socket");
 	int mfd = memfd_create("ckpt-blocker", MFD_CLOEXEC | MFD_HUGETLB);
 	if (mfd < 0)
 		die("memfd_create");
@@ -45,8 +48,10 @@ int main(int argc, char **argv)
 	int st;
 	CHECK(waitpid(child, &st, 0) == child, "waitpid: %s", strerror(errno));
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child failed: status %#x", st);
-	char c = 'x';
-	CHECK(write(sv[0], &c, 1) == 1 && read(sv[1], &c, 1) == 1, "socket pair broken");
+	int type = 0;
+	socklen_t len = sizeof(type);
+	CHECK(getsockopt(sv[1], SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_DGRAM,
+	      "netlink socket broken");
 	CHECK(fcntl(mfd, F_GETFD) == FD_CLOEXEC, "memfd broken");
 	victim_finish();
 }

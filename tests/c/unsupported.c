@@ -1,5 +1,5 @@
 /*
- * Victim holding an fd ckpt cannot dump (a UNIX stream socket on fd 42) next
+ * Victim holding an fd ckpt cannot dump (a netlink socket on fd 42) next
  * to ordinary memory.  A dump attempt must fail without disturbing it: after
  * go it checks its memory, its full /proc/self/maps, the socket, that no
  * signal was left pending and that nobody traces it.
@@ -7,6 +7,7 @@
 #include "victim.h"
 
 #include <signal.h>
+#include <linux/netlink.h>
 #include <sys/socket.h>
 
 #define SOCK_FD 42
@@ -25,7 +26,7 @@ int main(int argc, char **argv)
 	char *tracer;
 
 	victim_init(argc, argv);
-	s = socket(AF_UNIX, SOCK_STREAM, 0);
+	s = socket(AF_NETLINK, SOCK_RAW, NETLINK_ROUTE);
 	if (s < 0 || dup2(s, SOCK_FD) != SOCK_FD)
 		die("socket");
 	close(s);
@@ -43,8 +44,8 @@ int main(int argc, char **argv)
 	read_small_file("/proc/self/maps", maps_after, sizeof(maps_after));
 	CHECK(strcmp(maps_before, maps_after) == 0,
 	      "/proc/self/maps changed (leftover parasite or lost mapping?)");
-	CHECK(getsockopt(SOCK_FD, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM,
-	      "fd %d is no longer a stream socket", SOCK_FD);
+	CHECK(getsockopt(SOCK_FD, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_RAW,
+	      "fd %d is no longer a raw netlink socket", SOCK_FD);
 	sigpending(&pending);
 	for (int sig = 1; sig < 65; sig++)
 		CHECK(!sigismember(&pending, sig), "signal %d left pending", sig);

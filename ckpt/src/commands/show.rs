@@ -335,8 +335,46 @@ fn describe(f: &File) -> String {
         ),
         Some(Kind::Pidfd(p)) => format!("pidfd of pid {}", p.pid),
         Some(Kind::Memfd(m)) => format!("memfd, shared memory object {}", m.shmem_id),
+        Some(Kind::Unix(u)) => describe_unix(u),
         None => String::new(),
     }
+}
+
+/// A UNIX socket in one line: type, inode, name, peer, shutdown, queue.
+fn describe_unix(u: &ckpt_image::fd::unix::UnixSocketFile) -> String {
+    let mut s = format!("unix {} socket:[{}]", u.type_name(), u.ino);
+    if !u.name.is_empty() {
+        s += &format!(" name {}", u.printable_name());
+    }
+    if u.bound.as_ref().is_some_and(|b| b.unlinked) {
+        s += " (unlinked)";
+    }
+    if u.listening {
+        s += &format!(" listening backlog {}", u.backlog);
+    }
+    if u.connect_to_file_id != 0 {
+        s += &format!(
+            " {} file {} {}",
+            if u.sock_type == libc::SOCK_DGRAM as u32 {
+                "sends to"
+            } else {
+                "pending on"
+            },
+            u.connect_to_file_id,
+            u.peer_name_printable()
+        );
+    }
+    if u.peer_closed {
+        s += " peer closed";
+    }
+    if u.peer_file_id != 0 {
+        s += &format!(" peer file {} socket:[{}]", u.peer_file_id, u.peer_ino);
+    }
+    if u.shutdown != 0 {
+        s += &format!(" shutdown {}", u.shutdown);
+    }
+    let bytes: u64 = u.queue.iter().map(|&l| u64::from(l)).sum();
+    s + &format!(" queued {} messages {bytes} bytes", u.queue.len())
 }
 
 /// One end of a pty pair in one line.

@@ -22,6 +22,7 @@ mod reg;
 mod signalfd;
 mod timerfd;
 mod tty;
+mod unix;
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
@@ -53,18 +54,35 @@ static KINDS: &[&dyn FileDumper] = &[
     &inotify::Inotify,
     &pidfd::Pidfd,
     &memfd::Memfd,
+    &unix::Unix,
 ];
 
 /// What ckpt refuses by name (an fd of these fails the dump, naming pid and
 /// fd): (name, why), for `ckpt check --kinds` and the README.
 pub static REFUSED: &[(&str, &str)] = &[
     (
-        "socket",
-        "sockets of families other than IPv4/IPv6; raw, ping and UDP-Lite sockets",
+        "other sockets",
+        "sockets of families other than UNIX and IPv4/IPv6 (netlink, packet, ...), named by family; raw, ping and UDP-Lite sockets",
     ),
     (
         "TCP in other states",
         "half-closed or opening TCP connections (FIN_WAIT*, CLOSE_WAIT, SYN_SENT, ...), listening sockets with connections not accepted yet, connections to a peer outside the tree without --tcp-established",
+    ),
+    (
+        "unix socket to outside the tree",
+        "a UNIX socket whose peer no process of the tree holds, unless declared with --external socket:[INO]",
+    ),
+    (
+        "unix data before accept",
+        "data a client sent on a UNIX connection its listener has not accepted (the kernel shows it only by accepting), or a pending connection from outside the tree",
+    ),
+    (
+        "unix datagram connected one way",
+        "a UNIX datagram socket connected one way to a socket without a name to connect to again, restored after it, or with datagrams queued for it; a bound datagram socket also connected both ways",
+    ),
+    (
+        "unix fds in flight",
+        "a UNIX socket with file descriptors queued in SCM_RIGHTS messages",
     ),
     (
         "pipe to outside the tree",
@@ -172,7 +190,10 @@ impl FdParams {
             libc::S_IFREG if self.link.starts_with("/memfd:") => "memfd".into(),
             libc::S_IFIFO if self.link.starts_with("pipe:") => "pipe".into(),
             libc::S_IFIFO => "named pipe (FIFO)".into(),
-            libc::S_IFSOCK => "socket".into(),
+            libc::S_IFSOCK => match sys::socket_protocol(&self.proc_path()) {
+                Ok(proto) => format!("{} socket", socket_family(&proto)),
+                Err(_) => "socket".into(),
+            },
             libc::S_IFBLK => "block device".into(),
             libc::S_IFCHR => {
                 let rdev = self.meta.rdev();
@@ -185,6 +206,19 @@ impl FdParams {
             }
             _ => format!("file type of {}", self.link),
         }
+    }
+}
+
+/// The family a socket's sockfs protocol name (`NETLINK`, `TCPv6`, ...)
+/// belongs to, in the words a user knows.
+fn socket_family(proto: &str) -> String {
+    match proto {
+        "TCP" | "UDP" | "MPTCP" | "SCTP" => "inet".into(),
+        "TCPv6" | "UDPv6" | "MPTCPv6" | "SCTPv6" => "inet6".into(),
+        "RAW" | "RAWv6" => "raw inet".into(),
+        "PING" | "PINGv6" => "ping".into(),
+        "UDP-Lite" | "UDPLITEv6" => "UDP-Lite".into(),
+        other => other.to_lowercase(),
     }
 }
 

@@ -34,6 +34,7 @@ pub mod reg;
 pub mod signalfd;
 pub mod timerfd;
 pub mod tty;
+pub mod unix;
 
 pub use crate::pb::{Fd, FdTable, File, Files, file};
 
@@ -56,6 +57,7 @@ impl File {
             Some(file::Kind::Inotify(_)) => "inotify",
             Some(file::Kind::Pidfd(_)) => "pidfd",
             Some(file::Kind::Memfd(_)) => "memfd",
+            Some(file::Kind::Unix(_)) => "unix",
             None => "unknown",
         }
     }

@@ -26,6 +26,7 @@ mod reg;
 mod signalfd;
 mod timerfd;
 mod tty;
+mod unix;
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
@@ -89,6 +90,10 @@ fn install_file(
         Some(Kind::Inotify(image)) => install(&inotify::Inotify, cx, r, file, image, fd, pass),
         Some(Kind::Pidfd(image)) => install(&pidfd::Pidfd, cx, r, file, image, fd, pass),
         Some(Kind::Memfd(image)) => install(&memfd::Memfd, cx, r, file, image, fd, pass),
+        Some(Kind::Unix(image)) if image.connect_to_file_id != 0 => {
+            install(&unix::UnixConnect, cx, r, file, image, fd, pass)
+        }
+        Some(Kind::Unix(image)) => install(&unix::Unix, cx, r, file, image, fd, pass),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
 }

@@ -1,0 +1,685 @@
+//! UNIX domain sockets. A connected pair is created with `socketpair`
+//! inside the process that holds the first end (with its filesystem
+//! identity, so the socket inodes are its user's); the restorer takes both
+//! ends with `pidfd_getfd`, sends each end's queued messages from the
+//! other end (one `send` per dumped message, so datagram and seqpacket
+//! boundaries come back), then sets sizes, timeouts, options and shutdown
+//! state. It keeps the second end until the process holding it takes it
+//! (`pidfd_getfd` run inside that process), as for pipes. A socket whose
+//! peer had closed is made the same way, its other end closed after
+//! sending its queue.
+//!
+//! Other sockets are made with `socket` inside their process, bound to
+//! their name (a path under the rules of [`bind`]: the process's own
+//! rights, a parent not reached through a link, only a stale socket of
+//! the same user replaced, the recorded owner and mode set last), listening with their backlog, a bound
+//! datagram socket refilled from a socket connected to its name
+//! ([`refill_by_name`]). Connections not yet accepted and datagram
+//! sockets connected one way connect again by name in the last pass
+//! ([`UnixConnect`]).
+//!
+//! Not restored: the credentials of queued messages (they are the
+//! restorer's, for a receiver with SO_PASSCRED), SO_PEERCRED (the process
+//! that made the pair), the names of an accepted connection's ends when
+//! the process making it does not hold its listener ([`through_listener`]),
+//! and the senders' addresses of a bound datagram socket's queue.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
+use ckpt_image::fd::File;
+use ckpt_image::fd::file::Kind;
+use ckpt_image::fd::unix::UnixSocketFile;
+use nix::sys::socket::{MsgFlags, Shutdown, send, shutdown};
+
+use super::{Context, FileRestorer, set_status_flags, take_from};
+use crate::error::{RestoreError, Result};
+use crate::sys;
+use ckpt_parasite::remote::Remote;
+
+/// UNIX sockets.
+pub struct Unix;
+
+/// Second ends of pairs made for an earlier fd, kept by the restorer until
+/// their process takes them, by file id.
+#[derive(Default)]
+struct Unclaimed(HashMap<u64, OwnedFd>);
+
+/// SO_PEEK_OFF when peeking is not by offset (the default).
+const PEEK_OFF_DISABLED: i32 = -1;
+
+/// The sender's buffer while the queues are refilled: queued messages are
+/// charged to the sender until read, and the dumped sender may have queued
+/// them under sizes set since. Its dumped size is set afterwards.
+const REFILL_SNDBUF: i32 = i32::MAX / 2;
+
+/// sk_shutdown bits (include/net/sock.h).
+const RCV_SHUTDOWN: u32 = 1;
+const SEND_SHUTDOWN: u32 = 2;
+
+impl FileRestorer for Unix {
+    type Image = UnixSocketFile;
+
+    fn open(
+        &self,
+        cx: &mut Context<'_>,
+        r: &Remote<'_>,
+        file: &File,
+        image: &UnixSocketFile,
+        fd: i32,
+    ) -> Result<i32> {
+        let pid = r.t.pid();
+        if let Some(mine) = cx.state::<Unclaimed>().0.remove(&file.id) {
+            let got = take_from(r, std::process::id() as i32, mine.as_raw_fd())?;
+            set_status_flags(r, got, file.flags)?;
+            return Ok(got);
+        }
+        let sock_type = checked_type(cx, image, fd)?;
+        let got = if image.peer_file_id != 0 {
+            pair(cx, r, file, image, sock_type, fd)?
+        } else if image.peer_closed {
+            orphan(cx, r, file, image, sock_type, fd)?
+        } else {
+            if !image.queue.is_empty()
+                && (image.sock_type != libc::SOCK_DGRAM as u32 || image.name.is_empty())
+            {
+                return Err(
+                    cx.invalid(fd, "unix socket with a queue but neither a peer nor a name")
+                );
+            }
+            let s = new_socket(r, sock_type, 0)?;
+            if !image.name.is_empty() {
+                bind(cx, r, s, image)?;
+            }
+            if image.listening {
+                r.call(
+                    "listen",
+                    libc::SYS_listen,
+                    [s as u64, u64::from(image.backlog), 0, 0, 0, 0],
+                )?;
+            }
+            let here = sys::take_fd(pid, s)
+                .map_err(|e| RestoreError::os(pid, "pidfd_getfd (socket)", e))?;
+            if !image.queue.is_empty() {
+                refill_by_name(cx, r, file.id, image, fd)?;
+            }
+            configure(pid, here.as_fd(), image)?;
+            s
+        };
+        set_status_flags(r, got, file.flags)?;
+        Ok(got)
+    }
+}
+
+/// A socket connected again by name in the last pass: a connection that
+/// was waiting to be accepted (to its listener), or a datagram socket
+/// connected one way (to the bound socket it sends to). What it connects
+/// to is restored before it (earlier in the tree, or in the first pass of
+/// its own process).
+pub struct UnixConnect;
+
+impl FileRestorer for UnixConnect {
+    type Image = UnixSocketFile;
+    const AFTER_OTHERS: bool = true;
+
+    fn open(
+        &self,
+        cx: &mut Context<'_>,
+        r: &Remote<'_>,
+        file: &File,
+        image: &UnixSocketFile,
+        fd: i32,
+    ) -> Result<i32> {
+        let pid = r.t.pid();
+        let sock_type = checked_type(cx, image, fd)?;
+        match cx
+            .files
+            .get(image.connect_to_file_id)
+            .and_then(|f| f.kind.as_ref())
+        {
+            Some(Kind::Unix(t))
+                if t.name == image.peer_name
+                    && (t.listening || t.sock_type == libc::SOCK_DGRAM as u32) => {}
+            _ => {
+                return Err(cx.invalid(
+                    fd,
+                    "unix socket connects to a file that is not a listener or datagram socket of its peer's name",
+                ));
+            }
+        }
+        // Never block on a full backlog; the dumped flags come after.
+        let s = new_socket(r, sock_type, libc::SOCK_NONBLOCK)?;
+        let addr = sockaddr(cx, fd, &image.peer_name)?;
+        let at = r.put(ADDR_SLOT, &addr)?;
+        r.call(
+            "connect (pending unix connection)",
+            libc::SYS_connect,
+            [s as u64, at, addr.len() as u64, 0, 0, 0],
+        )?;
+        let here =
+            sys::take_fd(pid, s).map_err(|e| RestoreError::os(pid, "pidfd_getfd (socket)", e))?;
+        configure(pid, here.as_fd(), image)?;
+        set_status_flags(r, s, file.flags)?;
+        Ok(s)
+    }
+}
+
+/// Sends the datagrams queued for a bound, unconnected socket back to it
+/// from a socket its process connects to its name (with its own rights);
+/// the restorer sends through a copy of that socket, which is closed
+/// after. Their senders' addresses are not kept.
+fn refill_by_name(
+    cx: &Context<'_>,
+    r: &Remote<'_>,
+    file_id: u64,
+    image: &UnixSocketFile,
+    fd: i32,
+) -> Result<()> {
+    let pid = r.t.pid();
+    let sender = new_socket(r, u64::from(image.sock_type), libc::SOCK_NONBLOCK)?;
+    let addr = sockaddr(cx, fd, &image.name)?;
+    let at = r.put(ADDR_SLOT, &addr)?;
+    let connected = r.call(
+        "connect (refilling a bound socket)",
+        libc::SYS_connect,
+        [sender as u64, at, addr.len() as u64, 0, 0, 0],
+    );
+    let here = sys::take_fd(pid, sender);
+    r.close(sender)?;
+    connected?;
+    let here = here.map_err(|e| RestoreError::os(pid, "pidfd_getfd (socket)", e))?;
+    set_opt(here.as_fd(), libc::SO_SNDBUFFORCE, REFILL_SNDBUF)
+        .map_err(|e| RestoreError::os(pid, "SO_SNDBUFFORCE (refill)", e))?;
+    refill(cx, pid, here.as_fd(), file_id, image, false, fd)
+}
+
+/// Argument slot of the scratch area for socket addresses (slot 0 holds
+/// paths for `open`).
+const ADDR_SLOT: u64 = 1;
+
+/// `socket(AF_UNIX, type | flags | SOCK_CLOEXEC)` inside the process.
+fn new_socket(r: &Remote<'_>, sock_type: u64, flags: i32) -> Result<i32> {
+    Ok(r.call(
+        "socket(AF_UNIX)",
+        libc::SYS_socket,
+        [
+            libc::AF_UNIX as u64,
+            sock_type | (libc::SOCK_CLOEXEC | flags) as u64,
+            0,
+            0,
+            0,
+            0,
+        ],
+    )? as i32)
+}
+
+/// Both ends of a connected pair: made with `socketpair` inside the process
+/// holding the first, the second kept by the restorer for its holder.
+fn pair(
+    cx: &mut Context<'_>,
+    r: &Remote<'_>,
+    file: &File,
+    image: &UnixSocketFile,
+    sock_type: u64,
+    fd: i32,
+) -> Result<i32> {
+    let pid = r.t.pid();
+    let peer = peer_of(cx, file, image, fd)?;
+    let (a, mine, theirs) = match accepted_via(cx, image, &peer) {
+        Some(via) => through_listener(cx, r, via, sock_type, fd)?,
+        None => socketpair(r, sock_type)?,
+    };
+    let stream = sock_type == libc::SOCK_STREAM as u64;
+    refill(cx, pid, theirs.as_fd(), file.id, image, stream, fd)?;
+    refill(cx, pid, mine.as_fd(), image.peer_file_id, &peer, stream, fd)?;
+    configure(pid, mine.as_fd(), image)?;
+    configure(pid, theirs.as_fd(), &peer)?;
+    cx.state::<Unclaimed>().0.insert(image.peer_file_id, theirs);
+    Ok(a)
+}
+
+/// The listener a connected pair was made through (one end accepted by
+/// it, the other connected to its name), when this process already holds
+/// it again and its name can still be connected to.
+struct Via {
+    /// The process's fd of the listener.
+    listener: i32,
+    /// Its name.
+    name: Vec<u8>,
+    /// The end being opened is the accepted one (else the client).
+    accepted_here: bool,
+}
+
+fn accepted_via(cx: &Context<'_>, image: &UnixSocketFile, peer: &UnixSocketFile) -> Option<Via> {
+    let (server, client, accepted_here) = if !image.name.is_empty() && image.name == peer.peer_name
+    {
+        (image, peer, true)
+    } else if !peer.name.is_empty() && peer.name == image.peer_name {
+        (peer, image, false)
+    } else {
+        return None;
+    };
+    if server.listening || client.listening {
+        return None;
+    }
+    cx.files.files.iter().find_map(|f| match &f.kind {
+        Some(Kind::Unix(l))
+            if l.listening
+                && l.name == server.name
+                && !l.bound.as_ref().is_some_and(|b| b.unlinked) =>
+        {
+            cx.fd_here(f.id, -1).map(|listener| Via {
+                listener,
+                name: l.name.clone(),
+                accepted_here,
+            })
+        }
+        _ => None,
+    })
+}
+
+/// A pair made the way it was first made: a client connects to the
+/// listener's name and the listener accepts it, inside the process, so
+/// getsockname and getpeername report the listener's name again. Returns
+/// what [`socketpair`] does, the end being opened first.
+fn through_listener(
+    cx: &Context<'_>,
+    r: &Remote<'_>,
+    via: Via,
+    sock_type: u64,
+    fd: i32,
+) -> Result<(i32, OwnedFd, OwnedFd)> {
+    let pid = r.t.pid();
+    // Never block; the dumped flags are set on each end when installed.
+    let client = new_socket(r, sock_type, libc::SOCK_NONBLOCK)?;
+    let addr = sockaddr(cx, fd, &via.name)?;
+    let at = r.put(ADDR_SLOT, &addr)?;
+    r.call(
+        "connect (accepted unix connection)",
+        libc::SYS_connect,
+        [client as u64, at, addr.len() as u64, 0, 0, 0],
+    )?;
+    let server = r.call(
+        "accept4 (accepted unix connection)",
+        libc::SYS_accept4,
+        [
+            via.listener as u64,
+            0,
+            0,
+            (libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK) as u64,
+            0,
+            0,
+        ],
+    )? as i32;
+    let (first, second) = if via.accepted_here {
+        (server, client)
+    } else {
+        (client, server)
+    };
+    let take =
+        |n| sys::take_fd(pid, n).map_err(|e| RestoreError::os(pid, "pidfd_getfd (accept)", e));
+    let (mine, theirs) = (take(first)?, take(second)?);
+    r.close(second)?;
+    for s in [&mine, &theirs] {
+        set_opt(s.as_fd(), libc::SO_SNDBUFFORCE, REFILL_SNDBUF)
+            .map_err(|e| RestoreError::os(pid, "SO_SNDBUFFORCE (refill)", e))?;
+    }
+    Ok((first, mine, theirs))
+}
+
+/// A socket whose peer had closed: made as a pair whose other end sends
+/// its queue and is closed, which leaves it as the kernel left it (for a
+/// stream, shut down both ways with its data still readable).
+fn orphan(
+    cx: &mut Context<'_>,
+    r: &Remote<'_>,
+    file: &File,
+    image: &UnixSocketFile,
+    sock_type: u64,
+    fd: i32,
+) -> Result<i32> {
+    let pid = r.t.pid();
+    let (a, mine, theirs) = socketpair(r, sock_type)?;
+    let stream = sock_type == libc::SOCK_STREAM as u64;
+    refill(cx, pid, theirs.as_fd(), file.id, image, stream, fd)?;
+    drop(theirs);
+    configure(pid, mine.as_fd(), image)?;
+    Ok(a)
+}
+
+/// `socketpair` inside the process: its fd of the first end, and the
+/// restorer's copies of both (the process's fd of the second is closed).
+fn socketpair(r: &Remote<'_>, sock_type: u64) -> Result<(i32, OwnedFd, OwnedFd)> {
+    let pid = r.t.pid();
+    let out = r.put(ADDR_SLOT, &[0u8; 8])?;
+    r.call(
+        "socketpair(AF_UNIX)",
+        libc::SYS_socketpair,
+        [
+            libc::AF_UNIX as u64,
+            sock_type | libc::SOCK_CLOEXEC as u64,
+            0,
+            out,
+            0,
+            0,
+        ],
+    )?;
+    let mut fds = [0u8; 8];
+    r.t.read_mem(out, &mut fds)?;
+    let a = i32::from_ne_bytes([fds[0], fds[1], fds[2], fds[3]]);
+    let b = i32::from_ne_bytes([fds[4], fds[5], fds[6], fds[7]]);
+    let take =
+        |n| sys::take_fd(pid, n).map_err(|e| RestoreError::os(pid, "pidfd_getfd (socketpair)", e));
+    let (mine, theirs) = (take(a)?, take(b)?);
+    r.close(b)?;
+    for s in [&mine, &theirs] {
+        set_opt(s.as_fd(), libc::SO_SNDBUFFORCE, REFILL_SNDBUF)
+            .map_err(|e| RestoreError::os(pid, "SO_SNDBUFFORCE (refill)", e))?;
+    }
+    Ok((a, mine, theirs))
+}
+
+/// `struct sockaddr_un` bytes for `name` (a path, or an abstract name with
+/// its leading NUL).
+fn sockaddr(cx: &Context<'_>, fd: i32, name: &[u8]) -> Result<Vec<u8>> {
+    // sun_path of struct sockaddr_un.
+    const SUN_PATH_LEN: usize = 108;
+    let abstract_name = name.first() == Some(&0);
+    if name.is_empty() || name.len() + usize::from(!abstract_name) > SUN_PATH_LEN {
+        return Err(cx.invalid(fd, "unix socket name empty or too long"));
+    }
+    let mut addr = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
+    addr.extend_from_slice(name);
+    if !abstract_name {
+        addr.push(0);
+    }
+    Ok(addr)
+}
+
+/// Binds socket `s` of the process to the dumped name: an abstract name as
+/// is; a path by the process itself, with its filesystem identity, inside
+/// its directory opened without following a symbolic link, replacing only
+/// a stale socket of the same user, then given the dumped mode (and
+/// unlinked again if it was).
+fn bind(cx: &Context<'_>, r: &Remote<'_>, s: i32, image: &UnixSocketFile) -> Result<()> {
+    let pid = r.t.pid();
+    if image.name.first() == Some(&0) {
+        let addr = sockaddr(cx, s, &image.name)?;
+        let at = r.put(ADDR_SLOT, &addr)?;
+        r.call(
+            "bind (abstract unix name)",
+            libc::SYS_bind,
+            [s as u64, at, addr.len() as u64, 0, 0, 0],
+        )?;
+        return Ok(());
+    }
+    let path = String::from_utf8(image.name.clone())
+        .map_err(|_| cx.invalid(s, "unix socket path is not UTF-8"))?;
+    let err = |what: String| RestoreError::File {
+        pid,
+        path: path.clone(),
+        what,
+    };
+    let p = std::path::Path::new(&path);
+    let (Some(parent), Some(name)) = (p.parent(), p.file_name().and_then(|n| n.to_str())) else {
+        return Err(err("cannot bind: not a path to a file".into()));
+    };
+    let dir = r
+        .open(
+            parent.to_str().unwrap_or("/"),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0,
+        )
+        .map_err(|e| err(format!("cannot open its directory to bind the socket: {e}")))?;
+    let result = bind_in(cx, r, s, dir, name, image, &err);
+    let _ = r.close(dir);
+    result
+}
+
+fn bind_in(
+    cx: &Context<'_>,
+    r: &Remote<'_>,
+    s: i32,
+    dir: i32,
+    name: &str,
+    image: &UnixSocketFile,
+    err: &dyn Fn(String) -> RestoreError,
+) -> Result<()> {
+    let pid = r.t.pid();
+    // Bound by its full path (getsockname reports what bind was given),
+    // and checked below to have landed in the directory opened without
+    // following a link; bind never follows one at the name itself.
+    let addr = sockaddr(cx, s, &image.name)?;
+    let try_bind = || -> std::result::Result<u64, ckpt_parasite::ParasiteError> {
+        let at = r.put(ADDR_SLOT, &addr)?;
+        r.call(
+            "bind (unix path)",
+            libc::SYS_bind,
+            [s as u64, at, addr.len() as u64, 0, 0, 0],
+        )
+    };
+    match try_bind() {
+        Ok(_) => {}
+        Err(ckpt_parasite::ParasiteError::RemoteSyscall {
+            errno: nix::errno::Errno::EADDRINUSE,
+            ..
+        }) => {
+            remove_stale(cx, r, dir, name, &addr, err)?;
+            try_bind().map_err(|e| err(format!("cannot bind: {e}")))?;
+        }
+        Err(e) => return Err(err(format!("cannot bind: {e}"))),
+    }
+    let here =
+        sys::take_fd(pid, s).map_err(|e| RestoreError::os(pid, "pidfd_getfd (socket)", e))?;
+    let made_file = sys::unix_bound_file(here.as_fd())
+        .map_err(|e| err(format!("cannot find the socket file bind made: {e}")))?;
+    let made = made_file
+        .metadata()
+        .map_err(|e| err(format!("cannot find the socket file bind made: {e}")))?;
+    let named = std::fs::symlink_metadata(format!("/proc/{pid}/fd/{dir}/{name}"));
+    if !named.is_ok_and(|m| (m.dev(), m.ino()) == (made.dev(), made.ino())) {
+        return Err(err(
+            "the socket file was not made in the directory ckpt opened (its path changed during the restore)".into(),
+        ));
+    }
+    let Some(bound) = &image.bound else {
+        return Ok(());
+    };
+    // Owner, then mode, on exactly the file bind made (its O_PATH fd,
+    // never the name): the recorded ones, as for files ckpt creates.
+    let exact = format!("/proc/self/fd/{}", made_file.as_raw_fd());
+    if (made.uid(), made.gid()) != (bound.uid, bound.gid) {
+        std::os::unix::fs::chown(&exact, Some(bound.uid), Some(bound.gid))
+            .map_err(|e| err(format!("cannot give the socket file its owner: {e}")))?;
+    }
+    std::fs::set_permissions(
+        &exact,
+        std::os::unix::fs::PermissionsExt::from_mode(bound.mode & PERMISSION_BITS),
+    )
+    .map_err(|e| err(format!("cannot set the socket file's mode: {e}")))?;
+    let n = r.put_path(0, name)?;
+    if bound.unlinked {
+        r.call(
+            "unlinkat (socket file unlinked at dump time)",
+            libc::SYS_unlinkat,
+            [dir as u64, n, 0, 0, 0, 0],
+        )?;
+    }
+    Ok(())
+}
+
+/// Removes the name in the way of a bind if, and only if, it is a socket
+/// file of the process's own filesystem user that nothing listens on any
+/// more (a connect is refused): the socket the dumped process left behind.
+fn remove_stale(
+    cx: &Context<'_>,
+    r: &Remote<'_>,
+    dir: i32,
+    name: &str,
+    addr: &[u8],
+    err: &dyn Fn(String) -> RestoreError,
+) -> Result<()> {
+    let pid = r.t.pid();
+    let there = std::fs::symlink_metadata(format!("/proc/{pid}/fd/{dir}/{name}"))
+        .map_err(|e| err(format!("cannot bind, and cannot stat what is there: {e}")))?;
+    let owner = cx.fs_uid().unwrap_or(0);
+    if !there.file_type().is_socket() || there.uid() != owner {
+        return Err(err(format!(
+            "cannot bind: the name exists and is not a socket file of uid {owner} (ckpt replaces only a stale socket of the process's user)"
+        )));
+    }
+    let probe = new_socket(r, u64::from(libc::SOCK_STREAM as u32), libc::SOCK_NONBLOCK)?;
+    let at = r.put(ADDR_SLOT, addr)?;
+    let tried = r.call(
+        "connect (stale socket probe)",
+        libc::SYS_connect,
+        [probe as u64, at, addr.len() as u64, 0, 0, 0],
+    );
+    r.close(probe)?;
+    match tried {
+        Err(ckpt_parasite::ParasiteError::RemoteSyscall {
+            errno: nix::errno::Errno::ECONNREFUSED,
+            ..
+        }) => {}
+        _ => {
+            return Err(err(
+                "cannot bind: a socket is still listening on that name".into()
+            ));
+        }
+    }
+    let n = r.put_path(0, name)?;
+    r.call(
+        "unlinkat (stale socket)",
+        libc::SYS_unlinkat,
+        [dir as u64, n, 0, 0, 0, 0],
+    )?;
+    Ok(())
+}
+
+/// Permission bits of a file mode.
+const PERMISSION_BITS: u32 = 0o7777;
+
+/// The socket type, if it is one ckpt makes.
+fn checked_type(cx: &Context<'_>, image: &UnixSocketFile, fd: i32) -> Result<u64> {
+    match image.sock_type as i32 {
+        libc::SOCK_STREAM | libc::SOCK_DGRAM | libc::SOCK_SEQPACKET => {
+            Ok(u64::from(image.sock_type))
+        }
+        other => Err(cx.invalid(fd, &format!("unix socket of unknown type {other}"))),
+    }
+}
+
+/// The peer's image: a unix socket of the same type whose peer is `file`.
+fn peer_of(
+    cx: &Context<'_>,
+    file: &File,
+    image: &UnixSocketFile,
+    fd: i32,
+) -> Result<UnixSocketFile> {
+    match cx
+        .files
+        .get(image.peer_file_id)
+        .and_then(|f| f.kind.as_ref())
+    {
+        Some(Kind::Unix(p)) if p.peer_file_id == file.id && p.sock_type == image.sock_type => {
+            Ok(p.clone())
+        }
+        _ => Err(cx.invalid(
+            fd,
+            &format!(
+                "unix socket's peer (file {}) is not a socket of its type connected back to it",
+                image.peer_file_id
+            ),
+        )),
+    }
+}
+
+/// Sends the messages dumped as queued for file `file_id` (`image`) from
+/// `sender`, the other end of its pair, one send per message.
+fn refill(
+    cx: &Context<'_>,
+    pid: i32,
+    sender: BorrowedFd<'_>,
+    file_id: u64,
+    image: &UnixSocketFile,
+    stream: bool,
+    fd: i32,
+) -> Result<()> {
+    if image.queue.is_empty() {
+        return Ok(());
+    }
+    let name = ckpt_image::unix_queue_name(file_id);
+    let data = cx.images.read_raw(&name)?;
+    let messages = image
+        .messages(&data)
+        .map_err(|e| cx.invalid(fd, &format!("{name}: {e}")))?;
+    for m in messages {
+        let mut rest = m;
+        loop {
+            let n = send(
+                sender.as_raw_fd(),
+                rest,
+                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+            )
+            .map_err(|e| {
+                RestoreError::os(pid, format!("unix socket: refilling {name}"), e.into())
+            })?;
+            rest = &rest[n..];
+            // A datagram goes whole or not at all; a stream may take part.
+            if rest.is_empty() || !stream {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sets the dumped options and shutdown state of one socket.
+fn configure(pid: i32, s: BorrowedFd<'_>, image: &UnixSocketFile) -> Result<()> {
+    let err = |what: &'static str| {
+        move |e: std::io::Error| RestoreError::os(pid, format!("unix socket: {what}"), e)
+    };
+    // getsockopt reported the doubled value the kernel keeps; setting
+    // doubles again.
+    if image.sndbuf > 0 {
+        set_opt(s, libc::SO_SNDBUFFORCE, (image.sndbuf / 2) as i32)
+            .map_err(err("SO_SNDBUFFORCE"))?;
+    }
+    if image.rcvbuf > 0 {
+        set_opt(s, libc::SO_RCVBUFFORCE, (image.rcvbuf / 2) as i32)
+            .map_err(err("SO_RCVBUFFORCE"))?;
+    }
+    set_opt(s, libc::SO_SNDTIMEO, timeval(image.sndtimeo_us)).map_err(err("SO_SNDTIMEO"))?;
+    set_opt(s, libc::SO_RCVTIMEO, timeval(image.rcvtimeo_us)).map_err(err("SO_RCVTIMEO"))?;
+    set_opt(s, libc::SO_PASSCRED, i32::from(image.passcred)).map_err(err("SO_PASSCRED"))?;
+    if image.peek_off != PEEK_OFF_DISABLED {
+        set_opt(s, libc::SO_PEEK_OFF, image.peek_off).map_err(err("SO_PEEK_OFF"))?;
+    }
+    let how = match (
+        image.shutdown & RCV_SHUTDOWN != 0,
+        image.shutdown & SEND_SHUTDOWN != 0,
+    ) {
+        (true, true) => Some(Shutdown::Both),
+        (true, false) => Some(Shutdown::Read),
+        (false, true) => Some(Shutdown::Write),
+        (false, false) => None,
+    };
+    if let Some(how) = how {
+        shutdown(s.as_raw_fd(), how).map_err(|e| err("shutdown")(e.into()))?;
+    }
+    Ok(())
+}
+
+/// `setsockopt(s, SOL_SOCKET, opt)` with one value (an int or a timeval).
+fn set_opt<T: Copy>(s: BorrowedFd<'_>, opt: i32, v: T) -> std::io::Result<()> {
+    sys::setsockopt_raw(s, libc::SOL_SOCKET, opt, &[v])
+}
+
+fn timeval(us: u64) -> libc::timeval {
+    const MICROS: u64 = 1_000_000;
+    libc::timeval {
+        tv_sec: i64::try_from(us / MICROS).unwrap_or(i64::MAX),
+        tv_usec: (us % MICROS) as i64,
+    }
+}

@@ -1,0 +1,643 @@
+/*
+ * UNIX socket victim. Before the dump the root builds, then forks (the
+ * child keeps the second end of each cross-process pair):
+ *   - STREAM pair, several writes queued each way (the child end has
+ *     SO_PEEK_OFF 2 set; the root end SO_PASSCRED, forced buffer sizes,
+ *     receive and send timeouts, and a dup at DUP_FD);
+ *   - DGRAM pair, messages of 1, 300 and 70000 bytes queued each way (the
+ *     root end O_NONBLOCK);
+ *   - SEQPACKET pair, messages of 5, 0x1000 and 100000 bytes each way;
+ *   - SHUT pair (stream): the root wrote "bye" and shut its sending side;
+ *   - LOCAL pair (stream, both ends in the root) with data both ways;
+ *   - LONE: a datagram socket neither bound nor connected.
+ *   - WIDOW (stream) and DWIDOW (datagram): one end of a pair whose other
+ *     end wrote a last message and closed;
+ *   - SRV: a stream listener bound to WORKDIR/srv.sock (mode 0640,
+ *     backlog 7) with one connection accepted (ACC, its client in the
+ *     child) and one pending (client in the child);
+ *   - ABS: a seqpacket listener on an abstract name with a pending
+ *     connection from the root itself (client at a lower fd than ABS);
+ *   - GONE: a listener bound to WORKDIR/gone.sock, then unlinked;
+ *   - BOUND: a datagram socket bound to WORKDIR/dgram.sock, with two
+ *     datagrams queued from DC, a datagram socket connected to it one way
+ *     (held by the child), which sends a third after go.
+ * After go each side reads back every queued byte and message boundary
+ * exactly, checks the attributes and the socket owner (its own fsuid),
+ * then the root and the child play ping-pong over every cross-process
+ * pair; the root reaps the child (exit 0 = all its checks passed).
+ *
+ * `unix WORKDIR inflight`: a stream pair whose queue holds a message with
+ * an fd (SCM_RIGHTS); the dump must be refused, and after go the message
+ * and its fd arrive intact.
+ * `unix WORKDIR outside`: a stream socket whose peer is held by an
+ * orphaned grandchild (outside the tree); the dump must be refused, and
+ * after go the pair still works both ways.
+ * `unix WORKDIR pendingdata`: a client sent data on a connection its
+ * listener has not accepted; the dump must be refused, and after go the
+ * listener accepts it and gets the data.
+ * `unix WORKDIR oob`: a stream pair with "abc", an out-of-band "X" and
+ * "def" queued; the dump must be refused, and after go the reader still
+ * gets "abc", the urgent byte, then "def".
+ * `unix WORKDIR netns`: a socket pair made in a network namespace of its
+ * own (unshare, as root); the dump must be refused, the pair still works.
+ * `unix WORKDIR listen`: only a listener at WORKDIR/srv.sock; after go it
+ * still has its name and serves a new connection.
+ */
+#include "victim.h"
+
+#include <poll.h>
+#include <sched.h>
+#include <stddef.h>
+#include <sys/un.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+
+#define DUP_FD 40
+#define PENDING_CLIENT_FD 45
+#define ABS_FD 50
+#define SOCK_MODE 0640
+#define BACKLOG 7
+#define OTHER_GID 4242
+#define SNDBUF_SET 300000
+#define RCVBUF_SET 123456
+#define PEEK_OFF_SET 2
+#define ROUNDS 3
+
+static const size_t dgram_sizes[] = { 1, 300, 70000 };
+static const size_t seq_sizes[] = { 5, 0x1000, 100000 };
+#define NMSG 3
+
+static const char root_stream[] = "root-to-child: first write|second write|third";
+static const char child_stream[] = "child-to-root: 1|22|333|4444";
+
+static unsigned char msgbuf[200000], expect[200000];
+
+/* Receive one message or stream chunk, waiting up to 5 s. */
+static ssize_t recv_wait(int fd, void *buf, size_t len, int flags)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	if (poll(&p, 1, 5000) != 1)
+		return -2;
+	return recv(fd, buf, len, flags | MSG_DONTWAIT);
+}
+
+/* Read exactly len stream bytes and compare them. */
+static int read_stream(int fd, const char *want, size_t len)
+{
+	size_t got = 0;
+	while (got < len) {
+		ssize_t n = recv_wait(fd, msgbuf + got, len - got, 0);
+		if (n <= 0)
+			return 0;
+		got += (size_t)n;
+	}
+	return memcmp(msgbuf, want, len) == 0;
+}
+
+/* Queued messages of sizes[] with pattern seed base+i: each must come back
+ * whole, in order, and nothing after. Returns a failure reason or NULL. */
+static const char *read_messages(int fd, const size_t *sizes, uint64_t base)
+{
+	for (int i = 0; i < NMSG; i++) {
+		ssize_t n = recv_wait(fd, msgbuf, sizeof(msgbuf), MSG_TRUNC);
+		if (n < 0)
+			return "message missing";
+		if ((size_t)n != sizes[i])
+			return "message boundary or size changed";
+		fill_pattern(expect, sizes[i], base + i);
+		if (memcmp(msgbuf, expect, sizes[i]) != 0)
+			return "message contents changed";
+	}
+	if (recv(fd, msgbuf, sizeof(msgbuf), MSG_DONTWAIT) >= 0)
+		return "extra message queued";
+	return NULL;
+}
+
+static void send_messages(int fd, const size_t *sizes, uint64_t base)
+{
+	for (int i = 0; i < NMSG; i++) {
+		fill_pattern(msgbuf, sizes[i], base + i);
+		if (send(fd, msgbuf, sizes[i], 0) != (ssize_t)sizes[i])
+			die("send message");
+	}
+}
+
+static int owned_by_me(int fd)
+{
+	struct stat st;
+	return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_uid == geteuid();
+}
+
+static int sock_int(int fd, int opt)
+{
+	int v = -12345;
+	socklen_t len = sizeof(v);
+	if (getsockopt(fd, SOL_SOCKET, opt, &v, &len) != 0)
+		return -12345;
+	return v;
+}
+
+static long timeo_us(int fd, int opt)
+{
+	struct timeval tv = { 0, 0 };
+	socklen_t len = sizeof(tv);
+	if (getsockopt(fd, SOL_SOCKET, opt, &tv, &len) != 0)
+		return -1;
+	return tv.tv_sec * 1000000L + tv.tv_usec;
+}
+
+/* Ping-pong: one side sends "ping N", the other answers "pong N". */
+static int ping(int fd, int round)
+{
+	char m[32], r[32], want[32];
+	int n = snprintf(m, sizeof(m), "ping %d", round);
+	snprintf(want, sizeof(want), "pong %d", round);
+	if (send(fd, m, (size_t)n, MSG_NOSIGNAL) != n)
+		return 0;
+	ssize_t got = recv_wait(fd, r, sizeof(r), 0);
+	return got == (ssize_t)strlen(want) && memcmp(r, want, (size_t)got) == 0;
+}
+
+static int pong(int fd, int round)
+{
+	char m[32], want[32];
+	int n = snprintf(want, sizeof(want), "ping %d", round);
+	ssize_t got = recv_wait(fd, m, sizeof(m), 0);
+	if (got != n || memcmp(m, want, (size_t)n) != 0)
+		return 0;
+	n = snprintf(m, sizeof(m), "pong %d", round);
+	return send(fd, m, (size_t)n, MSG_NOSIGNAL) == n;
+}
+
+static char srv_path[PATH_MAX], gone_path[PATH_MAX], dgram_path[PATH_MAX];
+static char abs_name[64];
+
+static socklen_t unix_addr(struct sockaddr_un *a, const char *path, int abstract)
+{
+	memset(a, 0, sizeof(*a));
+	a->sun_family = AF_UNIX;
+	if (abstract) {
+		size_t n = strlen(path);
+		memcpy(a->sun_path + 1, path, n);
+		return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+	}
+	snprintf(a->sun_path, sizeof(a->sun_path), "%s", path);
+	return sizeof(*a);
+}
+
+static int listener(int type, const char *path, int abstract)
+{
+	struct sockaddr_un a;
+	socklen_t len = unix_addr(&a, path, abstract);
+	int s = socket(AF_UNIX, type, 0);
+	if (s < 0 || bind(s, (struct sockaddr *)&a, len) || listen(s, BACKLOG))
+		die("listener");
+	return s;
+}
+
+static int connect_to(int type, const char *path, int abstract)
+{
+	struct sockaddr_un a;
+	socklen_t len = unix_addr(&a, path, abstract);
+	int s = socket(AF_UNIX, type, 0);
+	if (s < 0 || connect(s, (struct sockaddr *)&a, len))
+		die("connect");
+	return s;
+}
+
+/* getsockname is the path (or abstract name) it was bound to. */
+static int named(int fd, const char *path, int abstract)
+{
+	struct sockaddr_un want, got;
+	socklen_t wlen = unix_addr(&want, path, abstract), glen = sizeof(got);
+	memset(&got, 0, sizeof(got));
+	if (getsockname(fd, (struct sockaddr *)&got, &glen))
+		return 0;
+	if (abstract)
+		return glen == wlen && memcmp(&got, &want, wlen) == 0;
+	return strcmp(got.sun_path, want.sun_path) == 0;
+}
+
+static int accept_wait(int l)
+{
+	struct pollfd p = { .fd = l, .events = POLLIN };
+	if (poll(&p, 1, 5000) != 1)
+		return -1;
+	return accept4(l, NULL, NULL, SOCK_CLOEXEC);
+}
+
+static void child(int st, int dg, int sq, int sh, int pend, int acc_client, int dc)
+{
+	while (!victim_file_exists("go")) {
+		victim_tick();
+		if (victim_timespec_passed(&victim_deadline))
+			_exit(90);
+	}
+	if (!owned_by_me(st) || !owned_by_me(dg))
+		_exit(91);
+	if (sock_int(st, SO_PEEK_OFF) != PEEK_OFF_SET)
+		_exit(92);
+	if (sock_int(st, SO_TYPE) != SOCK_STREAM || sock_int(sq, SO_TYPE) != SOCK_SEQPACKET)
+		_exit(93);
+	if (!read_stream(st, root_stream, sizeof(root_stream)))
+		_exit(94);
+	if (read_messages(dg, dgram_sizes, 100))
+		_exit(95);
+	if (read_messages(sq, seq_sizes, 300))
+		_exit(96);
+	/* The root shut its sending side after "bye": then end of file. */
+	if (!read_stream(sh, "bye", 3) || recv_wait(sh, msgbuf, 1, 0) != 0)
+		_exit(97);
+	for (int i = 0; i < ROUNDS; i++)
+		if (!pong(st, i) || !pong(dg, i) || !pong(sq, i))
+			_exit(98);
+	/* The pending connection, accepted by the root after the restore. */
+	if (send(pend, "pending-hello", 13, MSG_NOSIGNAL) != 13 || !read_stream(pend, "pending-welcome", 15))
+		_exit(100);
+	struct sockaddr_un peer;
+	socklen_t plen = sizeof(peer);
+	/* Connected through the listener again: its name is the peer's. */
+	if (getpeername(acc_client, (struct sockaddr *)&peer, &plen) || strcmp(peer.sun_path, srv_path) != 0)
+		_exit(104);
+	for (int i = 0; i < ROUNDS; i++)
+		if (!pong(acc_client, i))
+			_exit(101);
+	plen = sizeof(peer);
+	if (getpeername(dc, (struct sockaddr *)&peer, &plen) || strcmp(peer.sun_path, dgram_path) != 0)
+		_exit(102);
+	if (send(dc, "dc-after", 8, 0) != 8)
+		_exit(103);
+	/* The child may still write to the root: only the root's side is shut. */
+	if (send(sh, "late", 4, MSG_NOSIGNAL) != 4)
+		_exit(99);
+	_exit(0);
+}
+
+static void inflight(void)
+{
+	int sv[2], pp[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) || pipe(pp))
+		die("socketpair/pipe");
+	if (write(pp[1], "through the pipe", 16) != 16)
+		die("write pipe");
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = { .iov_base = "fd!", .iov_len = 3 };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+			    .msg_controllen = sizeof(cbuf) };
+	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &pp[0], sizeof(int));
+	if (sendmsg(sv[0], &m, 0) != 3)
+		die("sendmsg SCM_RIGHTS");
+	close(pp[0]);
+
+	victim_ready_and_wait(NULL);
+
+	char data[4] = { 0 };
+	iov.iov_base = data;
+	iov.iov_len = sizeof(data);
+	m.msg_controllen = sizeof(cbuf);
+	CHECK(recvmsg(sv[1], &m, MSG_DONTWAIT) == 3 && memcmp(data, "fd!", 3) == 0,
+	      "message with the fd lost");
+	c = CMSG_FIRSTHDR(&m);
+	int got = -1;
+	if (c && c->cmsg_type == SCM_RIGHTS)
+		memcpy(&got, CMSG_DATA(c), sizeof(int));
+	CHECK(got >= 0 && read(got, msgbuf, 16) == 16 && memcmp(msgbuf, "through the pipe", 16) == 0,
+	      "the fd in flight was lost or changed");
+	victim_finish();
+}
+
+static void outside(void)
+{
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+		die("socketpair");
+	pid_t kid = fork();
+	if (kid < 0)
+		die("fork");
+	if (kid == 0) {
+		/* The grandchild is reparented away: outside the dumped tree. */
+		if (fork() == 0) {
+			close(sv[0]);
+			alarm(VICTIM_LIFETIME_SEC);
+			/* Block until the first ping (after go), then answer. */
+			if (recv(sv[1], msgbuf, 1, MSG_PEEK) != 1)
+				_exit(1);
+			for (int i = 0; i < ROUNDS; i++)
+				if (!pong(sv[1], i))
+					_exit(1);
+			_exit(0);
+		}
+		_exit(0);
+	}
+	close(sv[1]);
+	int status;
+	if (waitpid(kid, &status, 0) != kid)
+		die("waitpid");
+
+	victim_ready_and_wait(NULL);
+
+	for (int i = 0; i < ROUNDS; i++)
+		CHECK(ping(sv[0], i), "ping-pong with the outside peer %d", i);
+	victim_finish();
+}
+
+static void pendingdata(void)
+{
+	victim_path(srv_path, sizeof(srv_path), "srv.sock");
+	int srv = listener(SOCK_STREAM, srv_path, 0);
+	int c = connect_to(SOCK_STREAM, srv_path, 0);
+	if (write(c, "early", 5) != 5)
+		die("write");
+
+	victim_ready_and_wait(NULL);
+
+	int conn = accept_wait(srv);
+	CHECK(conn >= 0 && read_stream(conn, "early", 5), "the data sent before accept was lost");
+	victim_finish();
+}
+
+static void oob(void)
+{
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) || send(sv[0], "abc", 3, 0) != 3 ||
+	    send(sv[0], "X", 1, MSG_OOB) != 1 || send(sv[0], "def", 3, 0) != 3)
+		die("out-of-band setup");
+
+	victim_ready_and_wait(NULL);
+
+	char c = 0;
+	CHECK(read_stream(sv[1], "abc", 3), "bytes before the mark");
+	CHECK(recv(sv[1], &c, 1, MSG_OOB | MSG_DONTWAIT) == 1 && c == 'X', "the urgent byte");
+	CHECK(read_stream(sv[1], "def", 3), "bytes after the mark");
+	victim_finish();
+}
+
+static void netns(void)
+{
+	int sv[2];
+	if (unshare(CLONE_NEWNET) || socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+		die("unshare/socketpair");
+
+	victim_ready_and_wait(NULL);
+
+	CHECK(write(sv[0], "ns", 2) == 2 && read_stream(sv[1], "ns", 2), "pair in the namespace broken");
+	victim_finish();
+}
+
+static void listen_only(void)
+{
+	victim_path(srv_path, sizeof(srv_path), "srv.sock");
+	int srv = listener(SOCK_STREAM, srv_path, 0);
+
+	victim_ready_and_wait(NULL);
+
+	CHECK(named(srv, srv_path, 0), "listener lost its name");
+	int c = connect_to(SOCK_STREAM, srv_path, 0);
+	int conn = accept_wait(srv);
+	CHECK(conn >= 0 && write(c, "hi", 2) == 2 && read_stream(conn, "hi", 2), "new connection");
+	victim_finish();
+}
+
+int main(int argc, char **argv)
+{
+	int st[2], dg[2], sq[2], sh[2], lo[2];
+
+	victim_init(argc, argv);
+	if (argc > 2 && strcmp(argv[2], "inflight") == 0)
+		inflight();
+	if (argc > 2 && strcmp(argv[2], "outside") == 0)
+		outside();
+	if (argc > 2 && strcmp(argv[2], "pendingdata") == 0)
+		pendingdata();
+	if (argc > 2 && strcmp(argv[2], "oob") == 0)
+		oob();
+	if (argc > 2 && strcmp(argv[2], "netns") == 0)
+		netns();
+	if (argc > 2 && strcmp(argv[2], "listen") == 0)
+		listen_only();
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, st) || socketpair(AF_UNIX, SOCK_DGRAM, 0, dg) ||
+	    socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sq) || socketpair(AF_UNIX, SOCK_STREAM, 0, sh) ||
+	    socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, lo))
+		die("socketpair");
+	int lone = socket(AF_UNIX, SOCK_DGRAM, 0);
+	if (lone < 0)
+		die("socket");
+	int widow[2], dwidow[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, widow) || socketpair(AF_UNIX, SOCK_DGRAM, 0, dwidow) ||
+	    write(widow[1], "last words", 10) != 10 || write(dwidow[1], "dgram-last", 10) != 10)
+		die("widows");
+	close(widow[1]);
+	close(dwidow[1]);
+
+	/* Listeners, pending and accepted connections, bound names. */
+	victim_path(srv_path, sizeof(srv_path), "srv.sock");
+	victim_path(gone_path, sizeof(gone_path), "gone.sock");
+	victim_path(dgram_path, sizeof(dgram_path), "dgram.sock");
+	snprintf(abs_name, sizeof(abs_name), "ckpt-unix-test-%d", (int)getpid());
+	int srv = listener(SOCK_STREAM, srv_path, 0);
+	if (chmod(srv_path, SOCK_MODE))
+		die("chmod");
+	/* As root, a group other than its own: restore gives it back. */
+	if (geteuid() == 0 && chown(srv_path, 0, OTHER_GID))
+		die("chown");
+	struct stat srv_st;
+	if (stat(srv_path, &srv_st))
+		die("stat");
+	int acc_client = connect_to(SOCK_STREAM, srv_path, 0);
+	int acc = accept4(srv, NULL, NULL, 0);
+	if (acc < 0)
+		die("accept");
+	int pend = connect_to(SOCK_STREAM, srv_path, 0);
+	int abs_l = listener(SOCK_SEQPACKET, abs_name, 1);
+	if (dup2(abs_l, ABS_FD) != ABS_FD)
+		die("dup2 abs");
+	close(abs_l);
+	int pc = connect_to(SOCK_SEQPACKET, abs_name, 1);
+	if (dup2(pc, PENDING_CLIENT_FD) != PENDING_CLIENT_FD)
+		die("dup2 pending client");
+	close(pc);
+	int gone = listener(SOCK_STREAM, gone_path, 0);
+	if (unlink(gone_path))
+		die("unlink");
+	struct sockaddr_un ba;
+	socklen_t blen = unix_addr(&ba, dgram_path, 0);
+	int bound = socket(AF_UNIX, SOCK_DGRAM, 0);
+	if (bound < 0 || bind(bound, (struct sockaddr *)&ba, blen))
+		die("bind dgram");
+	int dc = connect_to(SOCK_DGRAM, dgram_path, 0);
+	if (send(dc, "dc-1", 4, 0) != 4 || send(dc, "dc-two", 6, 0) != 6)
+		die("send to the bound socket");
+
+	/* Queued both ways, in several writes. */
+	const char *p = root_stream;
+	for (int i = 0; i < 3; i++) {
+		size_t part = i < 2 ? sizeof(root_stream) / 3 : sizeof(root_stream) - 2 * (sizeof(root_stream) / 3);
+		if (write(st[0], p, part) != (ssize_t)part)
+			die("write stream");
+		p += part;
+	}
+	if (write(st[1], child_stream, 10) != 10 ||
+	    write(st[1], child_stream + 10, sizeof(child_stream) - 10) != (ssize_t)(sizeof(child_stream) - 10))
+		die("write stream back");
+	send_messages(dg[0], dgram_sizes, 100);
+	send_messages(dg[1], dgram_sizes, 200);
+	send_messages(sq[0], seq_sizes, 300);
+	send_messages(sq[1], seq_sizes, 400);
+	if (write(sh[0], "bye", 3) != 3 || shutdown(sh[0], SHUT_WR))
+		die("shutdown");
+	if (write(lo[0], "left", 4) != 4 || write(lo[1], "right!", 6) != 6)
+		die("write local pair");
+
+	/* Attributes. */
+	int one = 1, v;
+	struct timeval rcv = { 2, 500000 }, snd = { 1, 250000 };
+	if (setsockopt(st[0], SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)) ||
+	    (v = SNDBUF_SET, setsockopt(st[0], SOL_SOCKET, SO_SNDBUF, &v, sizeof(v))) ||
+	    (v = RCVBUF_SET, setsockopt(st[0], SOL_SOCKET, SO_RCVBUF, &v, sizeof(v))) ||
+	    setsockopt(st[0], SOL_SOCKET, SO_RCVTIMEO, &rcv, sizeof(rcv)) ||
+	    setsockopt(st[0], SOL_SOCKET, SO_SNDTIMEO, &snd, sizeof(snd)) ||
+	    (v = PEEK_OFF_SET, setsockopt(st[1], SOL_SOCKET, SO_PEEK_OFF, &v, sizeof(v))))
+		die("setsockopt");
+	int sndbuf = sock_int(st[0], SO_SNDBUF), rcvbuf = sock_int(st[0], SO_RCVBUF);
+	/* Kept in jiffies: read back rounded up to the tick. */
+	long rcvtimeo = timeo_us(st[0], SO_RCVTIMEO), sndtimeo = timeo_us(st[0], SO_SNDTIMEO);
+	if (rcvtimeo < 2500000 || sndtimeo < 1250000)
+		die("timeouts not set");
+	if (fcntl(dg[0], F_SETFL, O_NONBLOCK) || dup2(st[0], DUP_FD) != DUP_FD)
+		die("fcntl/dup2");
+
+	pid_t kid = fork();
+	if (kid < 0)
+		die("fork");
+	if (kid == 0) {
+		close(st[0]);
+		close(DUP_FD);
+		close(dg[0]);
+		close(sq[0]);
+		close(sh[0]);
+		close(lo[0]);
+		close(lo[1]);
+		close(lone);
+		close(widow[0]);
+		close(dwidow[0]);
+		close(srv);
+		close(acc);
+		close(ABS_FD);
+		close(PENDING_CLIENT_FD);
+		close(gone);
+		close(bound);
+		child(st[1], dg[1], sq[1], sh[1], pend, acc_client, dc);
+	}
+	close(dc);
+	close(pend);
+	close(acc_client);
+	close(st[1]);
+	close(dg[1]);
+	close(sq[1]);
+	close(sh[1]);
+
+	victim_ready_and_wait(NULL);
+
+	const char *why;
+	CHECK(owned_by_me(st[0]) && owned_by_me(lo[0]) && owned_by_me(lone),
+	      "sockets not owned by the process's user");
+	CHECK(sock_int(lone, SO_TYPE) == SOCK_DGRAM, "lone socket lost its type");
+	CHECK(sock_int(st[0], SO_PASSCRED) == 1, "SO_PASSCRED lost");
+	CHECK(sock_int(st[0], SO_SNDBUF) == sndbuf, "SO_SNDBUF %d, want %d", sock_int(st[0], SO_SNDBUF), sndbuf);
+	CHECK(sock_int(st[0], SO_RCVBUF) == rcvbuf, "SO_RCVBUF %d, want %d", sock_int(st[0], SO_RCVBUF), rcvbuf);
+	CHECK(timeo_us(st[0], SO_RCVTIMEO) == rcvtimeo, "SO_RCVTIMEO %ld, want %ld",
+	      timeo_us(st[0], SO_RCVTIMEO), rcvtimeo);
+	CHECK(timeo_us(st[0], SO_SNDTIMEO) == sndtimeo, "SO_SNDTIMEO %ld, want %ld",
+	      timeo_us(st[0], SO_SNDTIMEO), sndtimeo);
+	CHECK(sock_int(st[0], SO_PEEK_OFF) == -1, "SO_PEEK_OFF of the root end changed: %d",
+	      sock_int(st[0], SO_PEEK_OFF));
+	CHECK(fcntl(dg[0], F_GETFL) & O_NONBLOCK, "O_NONBLOCK lost");
+	CHECK(!(fcntl(st[0], F_GETFL) & O_NONBLOCK), "O_NONBLOCK gained");
+	CHECK(fcntl(lo[0], F_GETFD) == FD_CLOEXEC && fcntl(st[0], F_GETFD) == 0, "FD_CLOEXEC changed");
+
+	/* The dup shares the description: reading through it drains st[0]. */
+	CHECK(read_stream(DUP_FD, child_stream, sizeof(child_stream)), "stream bytes from the child changed");
+	CHECK(recv(st[0], msgbuf, 1, MSG_DONTWAIT) < 0 && errno == EAGAIN, "extra stream bytes");
+	why = read_messages(dg[0], dgram_sizes, 200);
+	CHECK(!why, "dgram: %s", why);
+	why = read_messages(sq[0], seq_sizes, 400);
+	CHECK(!why, "seqpacket: %s", why);
+	CHECK(read_stream(lo[0], "right!", 6) && read_stream(lo[1], "left", 4), "local pair data changed");
+	CHECK(write(lo[1], "again", 5) == 5 && read_stream(lo[0], "again", 5), "local pair broken");
+	CHECK(send(sh[0], "x", 1, MSG_NOSIGNAL) < 0 && errno == EPIPE, "shut side can still send");
+
+	for (int i = 0; i < ROUNDS; i++) {
+		CHECK(ping(st[0], i), "stream ping-pong %d", i);
+		CHECK(ping(dg[0], i), "dgram ping-pong %d", i);
+		CHECK(ping(sq[0], i), "seqpacket ping-pong %d", i);
+	}
+	/* Peers that closed: the last data, then end of file / refusal. */
+	CHECK(read_stream(widow[0], "last words", 10) && recv(widow[0], msgbuf, 1, MSG_DONTWAIT) == 0,
+	      "stream whose peer closed: data or end of file");
+	CHECK(send(widow[0], "x", 1, MSG_NOSIGNAL) < 0 && errno == EPIPE, "stream whose peer closed: send");
+	CHECK(recv(dwidow[0], msgbuf, sizeof(msgbuf), MSG_DONTWAIT) == 10 && memcmp(msgbuf, "dgram-last", 10) == 0,
+	      "datagram whose peer closed: data");
+	CHECK(send(dwidow[0], "x", 1, MSG_DONTWAIT) < 0 && errno == ECONNREFUSED,
+	      "datagram whose peer closed: send %s", strerror(errno));
+
+	/* The listener on a path: name, socket file, the pending connection. */
+	struct stat sst;
+	CHECK(named(srv, srv_path, 0), "listener lost its name");
+	CHECK(stat(srv_path, &sst) == 0 && S_ISSOCK(sst.st_mode) && (sst.st_mode & 07777) == SOCK_MODE &&
+		      sst.st_uid == geteuid() && sst.st_gid == srv_st.st_gid,
+	      "socket file %s: mode %o uid %d gid %d, want gid %d", srv_path, sst.st_mode, (int)sst.st_uid,
+	      (int)sst.st_gid, (int)srv_st.st_gid);
+	CHECK(sock_int(srv, SO_ACCEPTCONN) == 1, "no longer listening");
+	int conn = accept_wait(srv);
+	CHECK(conn >= 0, "the pending connection is gone: %s", strerror(errno));
+	if (conn >= 0) {
+		CHECK(read_stream(conn, "pending-hello", 13), "pending connection's data");
+		CHECK(send(conn, "pending-welcome", 15, MSG_NOSIGNAL) == 15, "reply on the pending connection");
+	}
+	CHECK(named(acc, srv_path, 0), "the accepted connection lost the listener's name");
+	for (int i = 0; i < ROUNDS; i++)
+		CHECK(ping(acc, i), "accepted connection ping-pong %d", i);
+	/* A new client is served too. */
+	int fresh = connect_to(SOCK_STREAM, srv_path, 0);
+	int fc = accept_wait(srv);
+	CHECK(fc >= 0 && write(fresh, "new", 3) == 3 && read_stream(fc, "new", 3), "new connection");
+
+	/* The abstract seqpacket listener and its pending client (same process). */
+	CHECK(named(ABS_FD, abs_name, 1), "abstract listener lost its name");
+	int aconn = accept_wait(ABS_FD);
+	CHECK(aconn >= 0, "abstract pending connection gone");
+	if (aconn >= 0) {
+		CHECK(send(PENDING_CLIENT_FD, "seq", 3, 0) == 3 && recv_wait(aconn, msgbuf, sizeof(msgbuf), 0) == 3,
+		      "abstract connection broken");
+		CHECK(sock_int(aconn, SO_TYPE) == SOCK_SEQPACKET, "abstract connection type");
+	}
+
+	/* Bound, then unlinked: still named, still no file. */
+	CHECK(named(gone, gone_path, 0), "unlinked listener lost its name");
+	CHECK(access(gone_path, F_OK) != 0 && errno == ENOENT, "unlinked socket file came back");
+	CHECK(sock_int(gone, SO_ACCEPTCONN) == 1, "unlinked listener not listening");
+
+	/* The bound datagram socket receives at its path. */
+	CHECK(named(bound, dgram_path, 0), "datagram socket lost its name");
+	CHECK(recv_wait(bound, msgbuf, sizeof(msgbuf), 0) == 4 && memcmp(msgbuf, "dc-1", 4) == 0 &&
+		      recv_wait(bound, msgbuf, sizeof(msgbuf), 0) == 6 && memcmp(msgbuf, "dc-two", 6) == 0,
+	      "datagrams queued for the bound socket changed");
+	CHECK(recv_wait(bound, msgbuf, sizeof(msgbuf), 0) == 8 && memcmp(msgbuf, "dc-after", 8) == 0,
+	      "the one-way client's datagram after the restore");
+	int to = socket(AF_UNIX, SOCK_DGRAM, 0);
+	CHECK(sendto(to, "to-bound", 8, 0, (struct sockaddr *)&ba, blen) == 8 &&
+		      recv_wait(bound, msgbuf, sizeof(msgbuf), 0) == 8 && memcmp(msgbuf, "to-bound", 8) == 0,
+	      "datagram to the bound socket");
+
+	int status;
+	CHECK(waitpid(kid, &status, 0) == kid, "waitpid: %s", strerror(errno));
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child failed: status %#x", status);
+	CHECK(read_stream(sh[0], "late", 4), "the child's late write did not arrive");
+	victim_finish();
+}

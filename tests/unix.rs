@@ -1,0 +1,253 @@
+//! UNIX sockets come back connected to the same peers, with every byte and
+//! message boundary queued in both directions, shutdown state, options and
+//! flags; run as root and as an unprivileged user, whose sockets stay
+//! theirs (victim: tests/c/unix.c).
+
+mod common;
+
+use common::*;
+
+/// The fds the victim holds, per process: the root 4 cross-process ends, a
+/// dup, 2 local ends, a lone socket, 2 whose peer closed, 3 listeners, an accepted connection,
+/// a pending client and a bound datagram socket; the child 4 ends, a
+/// pending client, an accepted connection's client and a datagram socket
+/// connected one way.
+const ROOT_FDS: usize = 16;
+const CHILD_FDS: usize = 7;
+/// Open files: 5 pairs, 2 pending clients, a connection and its client,
+/// 3 listeners, the lone, the bound and the one-way datagram sockets, 2
+/// sockets whose peer closed.
+const FILES: usize = 22;
+
+fn cycle(env: &TestEnv, mut v: Victim) {
+    v.wait_ready();
+    let out = dump(env, &v, &["--kill"]);
+    assert!(out.stderr.contains("2 processes"), "{}", out.stderr);
+    v.reap_killed(std::time::Duration::from_secs(10));
+
+    let json = show_json(env);
+    let fds = fds_of_kind(&json, "unix");
+    assert_eq!(fds.len(), ROOT_FDS + CHILD_FDS, "unix fds: {json}");
+    // The dup shares its description.
+    assert_eq!(file_ids(&fds).len(), FILES, "unix open files: {json}");
+    let objects: Vec<&str> = fds.iter().filter_map(|f| f["object"].as_str()).collect();
+    for what in [
+        "unix stream",
+        "unix dgram",
+        "unix seqpacket",
+        "queued 3 messages",
+        "shutdown 2",
+        "shutdown 1",
+        "listening",
+        "pending on file",
+        "name @ckpt-unix-test-",
+        "unlinked",
+        "sends to file",
+        "peer closed",
+        "queued 2 messages 10 bytes",
+    ] {
+        assert!(
+            objects.iter().any(|o| o.contains(what)),
+            "no `{what}` in {objects:?}"
+        );
+    }
+    let files = json["files"].as_array().expect("files");
+    assert!(
+        files
+            .iter()
+            .any(|f| f["name"].as_str().is_some_and(|n| n.starts_with("unix-"))),
+        "no unix-ID.img queue image: {json}"
+    );
+
+    restore_and_check(env, &v);
+}
+
+#[test]
+fn socket_pairs_keep_queues_boundaries_and_options() {
+    let env = TestEnv::new("unix");
+    let v = Victim::spawn(&env, "unix", &[]);
+    cycle(&env, v);
+}
+
+#[test]
+fn an_unprivileged_users_sockets_stay_theirs() {
+    let env = TestEnv::new("unix-user");
+    let v = Victim::spawn_as(&env, "unix", &[], test_user());
+    cycle(&env, v);
+}
+
+/// A message carrying an fd (SCM_RIGHTS) is refused by name, and the
+/// victim later receives it and its fd intact (the peek took nothing).
+#[test]
+fn fds_in_flight_are_refused_and_left_in_place() {
+    let env = TestEnv::new("unix-inflight");
+    let mut v = Victim::spawn(&env, "unix", &["inflight"]);
+    v.wait_ready();
+    let err = dump_expect_error(&env, &v);
+    assert!(
+        err.contains(&format!("pid {}", v.pid))
+            && err.contains("unix socket has file descriptors in flight (SCM_RIGHTS)"),
+        "{err}"
+    );
+    assert!(!env.img.exists(), "failed dump left {}", env.img.display());
+    v.assert_unharmed_and_passes("after a refused dump");
+}
+
+/// An out-of-band byte would be peeked inline and come back inline:
+/// refused by name, and the reader later finds it where it was.
+#[test]
+fn out_of_band_data_is_refused_and_left_in_place() {
+    let env = TestEnv::new("unix-oob");
+    let mut v = Victim::spawn(&env, "unix", &["oob"]);
+    v.wait_ready();
+    let err = dump_expect_error(&env, &v);
+    assert!(
+        err.contains(&format!("pid {}", v.pid))
+            && err.contains("out-of-band data queued (MSG_OOB)"),
+        "{err}"
+    );
+    v.assert_unharmed_and_passes("after a refused dump");
+}
+
+/// sock_diag answers for ckpt's own network namespace only: sockets of
+/// another are refused by name, and keep working.
+#[test]
+fn sockets_in_another_network_namespace_are_refused() {
+    let env = TestEnv::new("unix-netns");
+    let mut v = Victim::spawn(&env, "unix", &["netns"]);
+    v.wait_ready();
+    let err = dump_expect_error(&env, &v);
+    assert!(
+        err.contains(&format!("pid {}", v.pid)) && err.contains("in another network namespace"),
+        "{err}"
+    );
+    v.assert_unharmed_and_passes("after a refused dump");
+}
+
+/// A socket whose peer is outside the tree is refused naming the
+/// `--external` key; the pair still works afterwards.
+#[test]
+fn a_peer_outside_the_tree_is_refused() {
+    let env = TestEnv::new("unix-outside");
+    let mut v = Victim::spawn(&env, "unix", &["outside"]);
+    v.wait_ready();
+    let err = dump_expect_error(&env, &v);
+    assert!(
+        err.contains(&format!("pid {}", v.pid))
+            && err.contains("outside the dumped tree")
+            && err.contains("--external socket:["),
+        "{err}"
+    );
+    v.assert_unharmed_and_passes("after a refused dump");
+}
+
+/// A non-blocking socket pair for a launcher: (its end as a `File` the
+/// test reads, the end the job gets as stdout).
+fn launcher_socket() -> (std::fs::File, std::os::fd::OwnedFd) {
+    let (mine, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+    mine.set_nonblocking(true).expect("O_NONBLOCK");
+    (
+        std::fs::File::from(std::os::fd::OwnedFd::from(mine)),
+        theirs.into(),
+    )
+}
+
+/// A socket to a daemon outside the tree (here the test, as the job's
+/// stdout) is refused naming its key, saved when declared with
+/// `--external socket:[INO]`, and handed over at restore with
+/// `--inherit-fd fd[N]:socket:[INO]`: the job writes on into the new one.
+#[test]
+fn an_outside_socket_declared_external_is_handed_over() {
+    let env = TestEnv::new("unix-external");
+    let (mut r1, w1) = launcher_socket();
+    let mut v = Victim::spawn_with(
+        &env,
+        "ticker",
+        &[],
+        std::process::Stdio::null(),
+        std::process::Stdio::from(w1),
+        std::process::Stdio::null(),
+    );
+    v.wait_ready();
+    let key = std::fs::read_link(format!("/proc/{}/fd/1", v.pid))
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(key.starts_with("socket:["), "{key}");
+    let err = dump_expect_error(&env, &v);
+    assert!(err.contains("fd 1") && err.contains(&key), "{err}");
+
+    dump(&env, &v, &["--kill", "--external", &key]);
+    v.reap_killed(std::time::Duration::from_secs(10));
+    let before = read_ticks(&mut r1, std::time::Duration::from_millis(100));
+    let last = *before.last().expect("ticks before the dump");
+
+    let (mut r2, w2) = launcher_socket();
+    let status = env
+        .ckpt_command()
+        .args([
+            "restore",
+            "--detach",
+            "--dir",
+            path_str(&env.img),
+            "--inherit-fd",
+        ])
+        .arg(format!("fd[1]:{key}"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(w2))
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("run restore");
+    assert!(status.success(), "restore with --inherit-fd failed");
+    assert_ticks_carry_on(&mut r2, last, &v);
+}
+
+/// Data a client sent on a connection not yet accepted sits on a socket
+/// no fd reaches, and reading it would accept the connection: refused by
+/// name; after go the listener accepts it with its data.
+#[test]
+fn data_on_a_connection_not_yet_accepted_is_refused() {
+    let env = TestEnv::new("unix-pendingdata");
+    let mut v = Victim::spawn(&env, "unix", &["pendingdata"]);
+    v.wait_ready();
+    let err = dump_expect_error(&env, &v);
+    assert!(
+        err.contains(&format!("pid {}", v.pid)) && err.contains("not yet accepted"),
+        "{err}"
+    );
+    v.assert_unharmed_and_passes("after a refused dump");
+}
+
+/// Restore binds a socket path only in place of a stale socket of the
+/// process's user: a regular file of the user's at the name fails the
+/// restore naming the path and stays as it was; once it is gone the
+/// restore goes through.
+#[test]
+fn a_bound_path_never_replaces_a_users_file() {
+    let env = TestEnv::new("unix-occupied");
+    let mut v = Victim::spawn(&env, "unix", &["listen"]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+
+    let path = v.path("srv.sock");
+    std::fs::remove_file(&path).expect("remove the stale socket");
+    std::fs::write(&path, "the user's data").expect("write a file in its place");
+    let out = ckpt(
+        &env,
+        &["restore", "--dir", path_str(&env.img)],
+        FAIL_TIMEOUT,
+    );
+    let err = out.assert_error();
+    assert!(
+        err.contains(path_str(&path)) && err.contains("not a socket file"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&path).expect("the file is still there"),
+        "the user's data"
+    );
+    assert!(!pid_exists(v.pid), "a half-restored process survived");
+
+    std::fs::remove_file(&path).expect("remove the file");
+    restore_and_check(&env, &v);
+}
