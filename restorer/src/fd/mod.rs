@@ -513,7 +513,10 @@ pub fn set_status_flags(r: &Remote<'_>, fd: i32, flags: u32) -> Result<()> {
 /// The open(2) flags to reopen a dumped description with: its access mode
 /// and status flags, never creating or truncating anything.
 pub fn reopen_flags(file: &File) -> i32 {
-    (file.flags as i32 & !(libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL)) | libc::O_CLOEXEC
+    // O_NOFOLLOW only acted when the file was opened (f_flags keeps it):
+    // carried over, it would refuse the reopen through a /proc magic link.
+    let open_time_only = libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL | libc::O_NOFOLLOW;
+    (file.flags as i32 & !open_time_only) | libc::O_CLOEXEC
 }
 
 /// Sets or clears FD_CLOEXEC on `fd`.
