@@ -127,6 +127,7 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
         pages: Vec::new(),
         shmem_id: 0,
         shmem_owner: None,
+        sysv_shmid: 0,
     };
     let kind = match e.path.as_str() {
         "[vdso]" => VmaKind::Vdso,
@@ -155,7 +156,15 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
             VmaKind::SharedAnon
         }
         path if path.starts_with("[anon:") => VmaKind::Anon,
-        path if path.starts_with("/SYSV") => return Err(unsupported("SysV shared memory".into())),
+        path if path.starts_with("/SYSV") && !has("ht") => {
+            // The inode of a SysV segment's file is its shmid.
+            vma.sysv_shmid = e.inode as i32;
+            vma.file_offset = e.offset;
+            VmaKind::SysvShm
+        }
+        path if path.starts_with("/SYSV") => {
+            return Err(unsupported("SysV shared memory with huge pages".into()));
+        }
         path if path.starts_with("/memfd:") => return Err(unsupported("memfd".into())),
         path if path.ends_with(" (deleted)") => {
             return Err(unsupported(format!("mapping of deleted file {path}")));

@@ -36,6 +36,8 @@ pub enum ImageKind {
     FdTable,
     /// `files.img`.
     Files,
+    /// `ipc.img`.
+    Ipc,
 }
 
 impl ImageKind {
@@ -47,6 +49,7 @@ impl ImageKind {
             ImageKind::Mm => b"CKPTMMAP",
             ImageKind::FdTable => b"CKPTFDTB",
             ImageKind::Files => b"CKPTFILE",
+            ImageKind::Ipc => b"CKPTSIPC",
         }
     }
 
@@ -58,6 +61,7 @@ impl ImageKind {
             ImageKind::Mm => "mm",
             ImageKind::FdTable => "fd table",
             ImageKind::Files => "files",
+            ImageKind::Ipc => "ipc",
         }
     }
 }

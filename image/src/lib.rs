@@ -13,6 +13,8 @@
 //! DIR/files.img        header + Files: every open file description, once
 //! DIR/ghost-ID.img     raw contents of open-but-unlinked file ID
 //! DIR/pipe-ID.img      raw data buffered in pipe ID
+//! DIR/ipc.img         header + Ipc: the SysV IPC objects of the job (when it has any)
+//! DIR/ipc-shm-ID.img  raw contents of SysV shared memory segment ID (its saved pages)
 //! DIR/pages-PID.img    raw page data, 4 KiB aligned, no header, so restore can
 //!                      read it straight into place
 //! ```
@@ -46,6 +48,7 @@ pub mod dir;
 pub mod error;
 pub mod fd;
 pub mod header;
+pub mod ipc;
 pub mod manifest;
 pub mod mm;
 mod pb;
@@ -98,6 +101,15 @@ pub fn pipe_data_name(pipe_id: u64) -> String {
 /// `ino` (one file per FIFO, whichever descriptions of it the tree holds).
 pub fn fifo_data_name(dev: u64, ino: u64) -> String {
     format!("fifo-{dev}-{ino}.img")
+}
+
+/// File name of the SysV IPC image (present only when the job has IPC
+/// objects).
+pub const IPC_NAME: &str = "ipc.img";
+
+/// File name of the saved pages of SysV shared memory segment `shmid`.
+pub fn shm_data_name(shmid: i32) -> String {
+    format!("ipc-shm-{shmid}.img")
 }
 
 /// File name of the manifest.

@@ -186,6 +186,7 @@ mod tests {
             (VmaKind::Vvar, 5),
             (VmaKind::VvarVclock, 6),
             (VmaKind::Vsyscall, 7),
+            (VmaKind::SysvShm, 16),
         ] {
             assert_eq!(rust as i32, number);
             assert!(

@@ -220,6 +220,10 @@ pub fn map_vmas(r: &Remote<'_>, mm: &Mm, checks: &mut FileChecks) -> Result<()> 
                 }
                 fd = i64::from(opened);
             }
+            VmaKind::SysvShm => {
+                crate::ipc::attach(r, v)?;
+                continue;
+            }
             _ => unreachable!("special kinds skipped above"),
         }
         if v.flags & vma_flags::GROWSDOWN != 0 {

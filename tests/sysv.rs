@@ -1,0 +1,229 @@
+//! SysV IPC (victim: tests/c/sysv.c): a keyed shared memory segment shared
+//! by a parent and its child, a segment marked for removal but attached, a
+//! semaphore set and a message queue come back with their ids, contents,
+//! values and messages; the segment is saved once and restored as one
+//! copy in the segment, none in the processes' private memory. A key
+//! already in use at restore fails in one line, leaving nothing behind.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+
+const MIB: u64 = 1 << 20;
+/// The shared segment of the main test.
+const BIG_MIB: u64 = 256;
+
+/// The ids the victim published: shmid, semid, msqid, the removed
+/// segment's shmid and the child's pid.
+struct Ids {
+    shm: i32,
+    sem: i32,
+    msg: i32,
+    removed_shm: i32,
+    child: i32,
+}
+
+fn read_ids(v: &Victim) -> Ids {
+    let text = fs::read_to_string(v.path("ids")).expect("victim wrote its ids");
+    let n: Vec<i32> = text
+        .split_whitespace()
+        .map(|w| w.parse().expect("a number"))
+        .collect();
+    Ids {
+        shm: n[0],
+        sem: n[1],
+        msg: n[2],
+        removed_shm: n[3],
+        child: n[4],
+    }
+}
+
+/// A key no other run of this test uses at the same time.
+fn unique_key(salt: u32) -> u32 {
+    0x5c00_0000 | ((std::process::id() & 0xffff) << 8) | salt
+}
+
+/// Removes every object of `key` (and the ids given) when dropped, so a
+/// failing test leaves no IPC object behind.
+struct IpcCleanup {
+    key: u32,
+    ids: Vec<(&'static str, i32)>,
+}
+
+impl Drop for IpcCleanup {
+    fn drop(&mut self) {
+        let key = format!("{:#x}", self.key);
+        for flag in ["-M", "-S", "-Q"] {
+            let _ = std::process::Command::new("ipcrm")
+                .args([flag, &key])
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+        for (flag, id) in &self.ids {
+            let _ = std::process::Command::new("ipcrm")
+                .args([*flag, &id.to_string()])
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// The row of `/proc/sysvipc/NAME` with id `id` (second column), as
+/// column name -> value.
+fn sysvipc_row(name: &str, id: i32) -> Option<Vec<(String, String)>> {
+    let text = fs::read_to_string(format!("/proc/sysvipc/{name}")).expect("read /proc/sysvipc");
+    let mut lines = text.lines();
+    let header: Vec<String> = lines
+        .next()?
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    lines
+        .map(|l| l.split_whitespace().map(String::from).collect::<Vec<_>>())
+        .find(|row| row.get(1).and_then(|s| s.parse::<i32>().ok()) == Some(id))
+        .map(|row| header.into_iter().zip(row).collect())
+}
+
+fn column(row: &[(String, String)], name: &str) -> u64 {
+    row.iter()
+        .find(|(h, _)| h == name)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {row:?}"))
+}
+
+/// Private memory of a process (anonymous pages: what a copy of the
+/// segment in the process would show as), from smaps_rollup, in bytes.
+fn private_bytes(pid: i32) -> u64 {
+    let text = fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).expect("smaps_rollup");
+    text.lines()
+        .filter_map(|l| l.strip_prefix("Anonymous:"))
+        .map(|v| v.trim().trim_end_matches(" kB").parse::<u64>().unwrap_or(0) * 1024)
+        .sum()
+}
+
+fn meminfo_shmem() -> u64 {
+    let text = fs::read_to_string("/proc/meminfo").expect("meminfo");
+    text.lines()
+        .find_map(|l| l.strip_prefix("Shmem:"))
+        .map(|v| v.trim().trim_end_matches(" kB").parse::<u64>().unwrap_or(0) * 1024)
+        .expect("Shmem in meminfo")
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    fs::read_dir(dir)
+        .expect("image dir")
+        .map(|e| e.expect("entry").metadata().expect("metadata").len())
+        .sum()
+}
+
+#[test]
+fn sysv_objects_come_back_with_ids_contents_and_one_copy() {
+    let env = TestEnv::new("sysv");
+    let key = unique_key(1);
+    let mut cleanup = IpcCleanup {
+        key,
+        ids: Vec::new(),
+    };
+    let mut v = Victim::spawn_as(
+        &env,
+        "sysv",
+        &[&format!("{key:x}"), &BIG_MIB.to_string()],
+        test_user(),
+    );
+    v.wait_ready();
+    let ids = read_ids(&v);
+    cleanup.ids.push(("-m", ids.removed_shm));
+
+    dump_kill_reap(&env, &mut v);
+    // One copy of the segment, however many processes attach it.
+    let seg_image = fs::metadata(env.img.join(format!("ipc-shm-{}.img", ids.shm)))
+        .expect("the segment's image")
+        .len();
+    assert_eq!(seg_image, BIG_MIB * MIB, "every page of the segment was written");
+    let total = dir_bytes(&env.img);
+    assert!(
+        total < BIG_MIB * MIB * 3 / 2,
+        "images hold {total} bytes: more than one copy of the segment"
+    );
+    let show = show_json(&env);
+    let ipc = &show["ipc"];
+    assert_eq!(ipc["shm"][0]["id"], ids.shm, "{ipc}");
+    assert_eq!(ipc["shm"][0]["key"], key as i32, "{ipc}");
+    assert_eq!(ipc["shm"][1]["id"], ids.removed_shm, "{ipc}");
+    assert_eq!(ipc["shm"][1]["removed"], true, "{ipc}");
+    assert_eq!(ipc["sem"][0]["id"], ids.sem, "{ipc}");
+    assert_eq!(ipc["sem"][0]["values"], serde_json::json!([5, 0, 1234]), "{ipc}");
+    assert_eq!(ipc["msg"][0]["id"], ids.msg, "{ipc}");
+    assert_eq!(ipc["msg"][0]["messages"], 4, "{ipc}");
+    // --kill ends the job, its IPC objects included (they are saved).
+    assert!(sysvipc_row("shm", ids.shm).is_none(), "segment left after --kill");
+    assert!(sysvipc_row("sem", ids.sem).is_none(), "semaphores left after --kill");
+    assert!(sysvipc_row("msg", ids.msg).is_none(), "queue left after --kill");
+
+    let shmem_before = meminfo_shmem();
+    let mut restore = spawn_restore(&env, &[]);
+    wait_restored_and_running(&v, &mut restore);
+    let shmem_after = meminfo_shmem();
+    let private: u64 = [v.pid, ids.child].iter().map(|p| private_bytes(*p)).sum();
+    assert!(
+        private < 32 * MIB,
+        "the restored processes hold {private} bytes of private memory: the segment was copied into them"
+    );
+    let row = sysvipc_row("shm", ids.shm).expect("segment restored");
+    let rss = column(&row, "rss");
+    assert_eq!(rss, BIG_MIB * MIB, "the segment holds its pages once");
+    assert_eq!(column(&row, "nattch"), 2, "both processes attach the segment");
+    let grown = shmem_after.saturating_sub(shmem_before);
+    assert!(
+        grown < BIG_MIB * MIB * 3 / 2,
+        "Shmem grew by {grown} bytes: more than one copy of the segment"
+    );
+    v.go();
+    finish_restore(&v, restore);
+}
+
+#[test]
+fn key_in_use_at_restore_fails_in_one_line_leaving_nothing() {
+    let env = TestEnv::new("sysv-collision");
+    let key = unique_key(2);
+    let mut cleanup = IpcCleanup {
+        key,
+        ids: Vec::new(),
+    };
+    let mut v = Victim::spawn_as(&env, "sysv", &[&format!("{key:x}"), "4"], test_user());
+    v.wait_ready();
+    let ids = read_ids(&v);
+    cleanup.ids.push(("-m", ids.removed_shm));
+    dump_kill_reap(&env, &mut v);
+
+    // Someone else's segment with the job's key appears meanwhile.
+    // SAFETY: integers only.
+    let other = unsafe { libc::shmget(key as i32, 4096, libc::IPC_CREAT | libc::IPC_EXCL | 0o600) };
+    assert!(other >= 0, "shmget: {}", std::io::Error::last_os_error());
+    cleanup.ids.push(("-m", other));
+
+    let out = ckpt(
+        &env,
+        &["restore", "--dir", path_str(&env.img)],
+        FAIL_TIMEOUT,
+    );
+    let err = out.assert_error();
+    assert!(
+        err.contains(&format!("SysV shared memory segment id {} (key {key:#x})", ids.shm))
+            && err.contains(&format!("id {other}")),
+        "the error names the object and the holder: {err}"
+    );
+    assert_eq!(
+        out.stderr.lines().filter(|l| l.starts_with("ckpt: error:")).count(),
+        1,
+        "{}",
+        out.stderr
+    );
+    assert!(!pid_exists(v.pid) && !pid_exists(ids.child), "no process is left behind");
+    assert!(sysvipc_row("sem", ids.sem).is_none(), "no semaphore set was created");
+    assert!(sysvipc_row("msg", ids.msg).is_none(), "no queue was created");
+}
