@@ -9,7 +9,6 @@ mod common;
 
 use std::fs;
 use std::path::Path;
-use std::time::Duration;
 
 use common::*;
 

@@ -60,8 +60,12 @@ struct ProcTable {
 impl ProcTable {
     fn read(root: i32, name: &str) -> Result<Self> {
         let path = format!("/proc/sysvipc/{name}");
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| procfile::proc_err(root, path.clone().into(), e))?;
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            // A kernel without SysV IPC has no objects to save.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(procfile::proc_err(root, path.into(), e)),
+        };
         let mut lines = text.lines();
         let header = lines
             .next()

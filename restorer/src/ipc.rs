@@ -290,18 +290,37 @@ fn create_with_id(
     let os = |op: &str, e: std::io::Error| refuse(kind, p, format!("{op}: {e}"));
     std::fs::write(knob, p.id.to_string()).map_err(|e| os(&format!("write {knob}"), e))?;
     let got = get();
-    // Whatever happened, the next object anyone creates gets a normal id.
-    let reset = std::fs::write(knob, "-1");
-    let id = got.map_err(|e| match e.raw_os_error() {
-        Some(libc::EEXIST) => refuse(kind, p, "its key was taken here meanwhile"),
-        _ => os("create", e),
+    // The kernel clears the knob when it allocates an id (and refuses -1
+    // from us); a create that failed before that leaves it set, and the
+    // next object anyone creates would get the id: a throwaway private
+    // object takes it instead.
+    let id = got.map_err(|e| {
+        if std::fs::read_to_string(knob).is_ok_and(|v| v.trim() != "-1") {
+            consume_next_id(kind);
+        }
+        match e.raw_os_error() {
+            Some(libc::EEXIST) => refuse(kind, p, "its key was taken here meanwhile"),
+            _ => os("create", e),
+        }
     })?;
     created.objects.push((kind, id));
-    reset.map_err(|e| os(&format!("reset {knob}"), e))?;
     if id != p.id {
         return Err(refuse(kind, p, format!("created with id {id} instead (id taken meanwhile)")));
     }
     Ok(id)
+}
+
+/// Creates and removes a private object of `kind`, which takes the id the
+/// next-id knob holds.
+fn consume_next_id(kind: IpcKind) {
+    let id = match kind {
+        IpcKind::Shm => sys::shm_create(libc::IPC_PRIVATE, PAGE_SIZE),
+        IpcKind::Sem => sys::sem_create(libc::IPC_PRIVATE, 1),
+        IpcKind::Msg => sys::msg_create(libc::IPC_PRIVATE),
+    };
+    if let Ok(id) = id {
+        let _ = sys::ipc_rmid(kind, id);
+    }
 }
 
 fn owner(p: &IpcPerm) -> IpcOwner {
