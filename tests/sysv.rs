@@ -76,11 +76,7 @@ impl Drop for IpcCleanup {
 fn sysvipc_row(name: &str, id: i32) -> Option<Vec<(String, String)>> {
     let text = fs::read_to_string(format!("/proc/sysvipc/{name}")).expect("read /proc/sysvipc");
     let mut lines = text.lines();
-    let header: Vec<String> = lines
-        .next()?
-        .split_whitespace()
-        .map(String::from)
-        .collect();
+    let header: Vec<String> = lines.next()?.split_whitespace().map(String::from).collect();
     lines
         .map(|l| l.split_whitespace().map(String::from).collect::<Vec<_>>())
         .find(|row| row.get(1).and_then(|s| s.parse::<i32>().ok()) == Some(id))
@@ -142,7 +138,11 @@ fn sysv_objects_come_back_with_ids_contents_and_one_copy() {
     let seg_image = fs::metadata(env.img.join(format!("ipc-shm-{}.img", ids.shm)))
         .expect("the segment's image")
         .len();
-    assert_eq!(seg_image, BIG_MIB * MIB, "every page of the segment was written");
+    assert_eq!(
+        seg_image,
+        BIG_MIB * MIB,
+        "every page of the segment was written"
+    );
     let total = dir_bytes(&env.img);
     assert!(
         total < BIG_MIB * MIB * 3 / 2,
@@ -155,13 +155,26 @@ fn sysv_objects_come_back_with_ids_contents_and_one_copy() {
     assert_eq!(ipc["shm"][1]["id"], ids.removed_shm, "{ipc}");
     assert_eq!(ipc["shm"][1]["removed"], true, "{ipc}");
     assert_eq!(ipc["sem"][0]["id"], ids.sem, "{ipc}");
-    assert_eq!(ipc["sem"][0]["values"], serde_json::json!([5, 0, 1234]), "{ipc}");
+    assert_eq!(
+        ipc["sem"][0]["values"],
+        serde_json::json!([5, 0, 1234]),
+        "{ipc}"
+    );
     assert_eq!(ipc["msg"][0]["id"], ids.msg, "{ipc}");
     assert_eq!(ipc["msg"][0]["messages"], 4, "{ipc}");
     // --kill ends the job, its IPC objects included (they are saved).
-    assert!(sysvipc_row("shm", ids.shm).is_none(), "segment left after --kill");
-    assert!(sysvipc_row("sem", ids.sem).is_none(), "semaphores left after --kill");
-    assert!(sysvipc_row("msg", ids.msg).is_none(), "queue left after --kill");
+    assert!(
+        sysvipc_row("shm", ids.shm).is_none(),
+        "segment left after --kill"
+    );
+    assert!(
+        sysvipc_row("sem", ids.sem).is_none(),
+        "semaphores left after --kill"
+    );
+    assert!(
+        sysvipc_row("msg", ids.msg).is_none(),
+        "queue left after --kill"
+    );
 
     let shmem_before = meminfo_shmem();
     let mut restore = spawn_restore(&env, &[]);
@@ -175,7 +188,11 @@ fn sysv_objects_come_back_with_ids_contents_and_one_copy() {
     let row = sysvipc_row("shm", ids.shm).expect("segment restored");
     let rss = column(&row, "rss");
     assert_eq!(rss, BIG_MIB * MIB, "the segment holds its pages once");
-    assert_eq!(column(&row, "nattch"), 2, "both processes attach the segment");
+    assert_eq!(
+        column(&row, "nattch"),
+        2,
+        "both processes attach the segment"
+    );
     let grown = shmem_after.saturating_sub(shmem_before);
     assert!(
         grown < BIG_MIB * MIB * 3 / 2,
@@ -212,17 +229,31 @@ fn key_in_use_at_restore_fails_in_one_line_leaving_nothing() {
     );
     let err = out.assert_error();
     assert!(
-        err.contains(&format!("SysV shared memory segment id {} (key {key:#x})", ids.shm))
-            && err.contains(&format!("id {other}")),
+        err.contains(&format!(
+            "SysV shared memory segment id {} (key {key:#x})",
+            ids.shm
+        )) && err.contains(&format!("id {other}")),
         "the error names the object and the holder: {err}"
     );
     assert_eq!(
-        out.stderr.lines().filter(|l| l.starts_with("ckpt: error:")).count(),
+        out.stderr
+            .lines()
+            .filter(|l| l.starts_with("ckpt: error:"))
+            .count(),
         1,
         "{}",
         out.stderr
     );
-    assert!(!pid_exists(v.pid) && !pid_exists(ids.child), "no process is left behind");
-    assert!(sysvipc_row("sem", ids.sem).is_none(), "no semaphore set was created");
-    assert!(sysvipc_row("msg", ids.msg).is_none(), "no queue was created");
+    assert!(
+        !pid_exists(v.pid) && !pid_exists(ids.child),
+        "no process is left behind"
+    );
+    assert!(
+        sysvipc_row("sem", ids.sem).is_none(),
+        "no semaphore set was created"
+    );
+    assert!(
+        sysvipc_row("msg", ids.msg).is_none(),
+        "no queue was created"
+    );
 }

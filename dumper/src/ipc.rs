@@ -86,11 +86,7 @@ impl ProcTable {
             path: "/proc/sysvipc".into(),
             what: format!("no number in column {name}"),
         };
-        let i = self
-            .header
-            .iter()
-            .position(|h| h == name)
-            .ok_or_else(bad)?;
+        let i = self.header.iter().position(|h| h == name).ok_or_else(bad)?;
         let s = row.get(i).ok_or_else(bad)?;
         if name == "perms" {
             i64::from_str_radix(s, 8).map_err(|_| bad())
@@ -135,13 +131,25 @@ pub fn collect(tree: &Tree<'_>) -> Result<Ipc> {
     collect_msg(tree, &mut ipc, &mut refused)?;
     refused.into_result()?;
     for s in &ipc.shm {
-        log::debug!("ipc: {} ({} bytes)", describe(IpcKind::Shm, perm(&s.perm)), s.size);
+        log::debug!(
+            "ipc: {} ({} bytes)",
+            describe(IpcKind::Shm, perm(&s.perm)),
+            s.size
+        );
     }
     for s in &ipc.sem {
-        log::debug!("ipc: {} ({} semaphores)", describe(IpcKind::Sem, perm(&s.perm)), s.values.len());
+        log::debug!(
+            "ipc: {} ({} semaphores)",
+            describe(IpcKind::Sem, perm(&s.perm)),
+            s.values.len()
+        );
     }
     for q in &ipc.msg {
-        log::debug!("ipc: {} ({} messages)", describe(IpcKind::Msg, perm(&q.perm)), q.messages.len());
+        log::debug!(
+            "ipc: {} ({} messages)",
+            describe(IpcKind::Msg, perm(&q.perm)),
+            q.messages.len()
+        );
     }
     Ok(ipc)
 }
@@ -350,8 +358,8 @@ fn collect_msg(
 /// A limit of `/proc/sys/kernel`.
 fn kernel_limit(root: i32, name: &str) -> Result<u64> {
     let path = format!("/proc/sys/kernel/{name}");
-    let text =
-        std::fs::read_to_string(&path).map_err(|e| procfile::proc_err(root, path.clone().into(), e))?;
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| procfile::proc_err(root, path.clone().into(), e))?;
     text.trim().parse().map_err(|_| DumpError::Parse {
         pid: root,
         path,
@@ -426,9 +434,21 @@ pub fn remove(root: i32, ipc: &Ipc) {
             .unwrap_or_default()
     };
     let objects = [
-        (IpcKind::Shm, live("shm", "shmid"), ipc.shm.iter().map(|s| perm(&s.perm)).collect::<Vec<_>>()),
-        (IpcKind::Sem, live("sem", "semid"), ipc.sem.iter().map(|s| perm(&s.perm)).collect()),
-        (IpcKind::Msg, live("msg", "msqid"), ipc.msg.iter().map(|s| perm(&s.perm)).collect()),
+        (
+            IpcKind::Shm,
+            live("shm", "shmid"),
+            ipc.shm.iter().map(|s| perm(&s.perm)).collect::<Vec<_>>(),
+        ),
+        (
+            IpcKind::Sem,
+            live("sem", "semid"),
+            ipc.sem.iter().map(|s| perm(&s.perm)).collect(),
+        ),
+        (
+            IpcKind::Msg,
+            live("msg", "msqid"),
+            ipc.msg.iter().map(|s| perm(&s.perm)).collect(),
+        ),
     ];
     for (kind, live, saved) in objects {
         for p in saved {

@@ -334,7 +334,11 @@ pub fn msg_qbytes(msqid: i32) -> std::io::Result<u64> {
 /// The message at `index` of queue `msqid`, copied without receiving it
 /// (`msgrcv(MSG_COPY | IPC_NOWAIT)`), as (mtype, text); `None` past the
 /// end. `max_text` bounds the text (msgmax).
-pub fn msg_copy(msqid: i32, index: usize, max_text: usize) -> std::io::Result<Option<(i64, Vec<u8>)>> {
+pub fn msg_copy(
+    msqid: i32,
+    index: usize,
+    max_text: usize,
+) -> std::io::Result<Option<(i64, Vec<u8>)>> {
     let mut buf = vec![0u8; std::mem::size_of::<libc::c_long>() + max_text];
     // SAFETY: `buf` holds a long mtype and max_text bytes of text, as
     // msgrcv writes at most.

@@ -73,13 +73,34 @@ pub fn load(images: &ImageDir, owners: &Owners, vmas: &[(i32, &[Vma])]) -> Resul
         p.ok_or_else(|| invalid("an object without key, id and owner".into()))
     };
     let kinds = [
-        (IpcKind::Shm, ipc.shm.iter().map(|s| perm(&s.perm)).collect::<Result<Vec<_>>>()?),
-        (IpcKind::Sem, ipc.sem.iter().map(|s| perm(&s.perm)).collect::<Result<Vec<_>>>()?),
-        (IpcKind::Msg, ipc.msg.iter().map(|s| perm(&s.perm)).collect::<Result<Vec<_>>>()?),
+        (
+            IpcKind::Shm,
+            ipc.shm
+                .iter()
+                .map(|s| perm(&s.perm))
+                .collect::<Result<Vec<_>>>()?,
+        ),
+        (
+            IpcKind::Sem,
+            ipc.sem
+                .iter()
+                .map(|s| perm(&s.perm))
+                .collect::<Result<Vec<_>>>()?,
+        ),
+        (
+            IpcKind::Msg,
+            ipc.msg
+                .iter()
+                .map(|s| perm(&s.perm))
+                .collect::<Result<Vec<_>>>()?,
+        ),
     ];
     for (kind, perms) in &kinds {
         for (i, p) in perms.iter().enumerate() {
-            if perms[..i].iter().any(|q| q.id == p.id || (p.key != 0 && q.key == p.key)) {
+            if perms[..i]
+                .iter()
+                .any(|q| q.id == p.id || (p.key != 0 && q.key == p.key))
+            {
                 return Err(invalid(format!("{} listed twice", describe(*kind, p))));
             }
             if p.id < 0 || p.mode & !MODE_BITS != 0 {
@@ -112,11 +133,17 @@ pub fn load(images: &ImageDir, owners: &Owners, vmas: &[(i32, &[Vma])]) -> Resul
                 return Err(refuse(
                     IpcKind::Sem,
                     &p,
-                    format!("{} semaphores; this kernel allows 1 to {semmsl}", s.values.len()),
+                    format!(
+                        "{} semaphores; this kernel allows 1 to {semmsl}",
+                        s.values.len()
+                    ),
                 ));
             }
             if s.values.iter().any(|v| *v > SEM_VALUE_MAX) {
-                return Err(invalid(format!("{}: value above {SEM_VALUE_MAX}", describe(IpcKind::Sem, &p))));
+                return Err(invalid(format!(
+                    "{}: value above {SEM_VALUE_MAX}",
+                    describe(IpcKind::Sem, &p)
+                )));
             }
         }
     }
@@ -130,7 +157,10 @@ pub fn load(images: &ImageDir, owners: &Owners, vmas: &[(i32, &[Vma])]) -> Resul
                 return Err(refuse(
                     IpcKind::Msg,
                     &p,
-                    format!("limit {} bytes above this kernel's msgmnb {msgmnb}", q.qbytes),
+                    format!(
+                        "limit {} bytes above this kernel's msgmnb {msgmnb}",
+                        q.qbytes
+                    ),
                 ));
             }
             let mut total = 0u64;
@@ -139,24 +169,37 @@ pub fn load(images: &ImageDir, owners: &Owners, vmas: &[(i32, &[Vma])]) -> Resul
                     return Err(refuse(
                         IpcKind::Msg,
                         &p,
-                        format!("a message of type {} and {} bytes (msgmax {msgmax})", m.mtype, m.text.len()),
+                        format!(
+                            "a message of type {} and {} bytes (msgmax {msgmax})",
+                            m.mtype,
+                            m.text.len()
+                        ),
                     ));
                 }
                 total += m.text.len() as u64;
             }
             if total > q.qbytes {
-                return Err(invalid(format!("{}: more bytes queued than its limit", describe(IpcKind::Msg, &p))));
+                return Err(invalid(format!(
+                    "{}: more bytes queued than its limit",
+                    describe(IpcKind::Msg, &p)
+                )));
             }
         }
     }
     for (pid, vmas) in vmas {
-        for v in vmas.iter().filter(|v| v.kind == ckpt_image::mm::VmaKind::SysvShm as i32) {
+        for v in vmas
+            .iter()
+            .filter(|v| v.kind == ckpt_image::mm::VmaKind::SysvShm as i32)
+        {
             let seg = ipc.shm.iter().find(|s| s.id() == v.sysv_shmid);
             if seg.is_none_or(|s| s.mapped_len() != v.len() || v.file_offset != 0) {
                 return Err(crate::mm::invalid(
                     *pid,
                     v,
-                    &format!("attach of SysV segment {} that ipc.img does not hold whole", v.sysv_shmid),
+                    &format!(
+                        "attach of SysV segment {} that ipc.img does not hold whole",
+                        v.sysv_shmid
+                    ),
                 ));
             }
         }
@@ -172,7 +215,10 @@ fn check_segment(images: &ImageDir, s: &ShmSegment, shmmax: u64) -> Result<()> {
         return Err(refuse(
             IpcKind::Shm,
             &p,
-            format!("{} bytes; this kernel allows 1 to {shmmax} (shmmax)", s.size),
+            format!(
+                "{} bytes; this kernel allows 1 to {shmmax} (shmmax)",
+                s.size
+            ),
         ));
     }
     let name = ckpt_image::shm_data_name(p.id);
@@ -184,8 +230,14 @@ fn check_segment(images: &ImageDir, s: &ShmSegment, shmmax: u64) -> Result<()> {
     };
     let mut end = 0u64;
     for r in &s.pages {
-        let len = r.nr_pages.checked_mul(PAGE_SIZE).ok_or_else(|| bad("run too long"))?;
-        if r.offset % PAGE_SIZE != 0 || r.offset < end || r.offset.saturating_add(len) > s.mapped_len() {
+        let len = r
+            .nr_pages
+            .checked_mul(PAGE_SIZE)
+            .ok_or_else(|| bad("run too long"))?;
+        if r.offset % PAGE_SIZE != 0
+            || r.offset < end
+            || r.offset.saturating_add(len) > s.mapped_len()
+        {
             return Err(bad("saved pages out of order or outside the segment"));
         }
         end = r.offset + len;
@@ -199,17 +251,25 @@ fn check_segment(images: &ImageDir, s: &ShmSegment, shmmax: u64) -> Result<()> {
 /// A number of `/proc/sys/kernel/NAME` (the first, for `sem`).
 fn kernel_limit(name: &str) -> Result<u64> {
     let path = format!("/proc/sys/kernel/{name}");
-    let text = std::fs::read_to_string(&path).map_err(|e| RestoreError::os(0, format!("read {path}"), e))?;
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| RestoreError::os(0, format!("read {path}"), e))?;
     text.split_whitespace()
         .next()
         .and_then(|n| n.parse().ok())
-        .ok_or_else(|| RestoreError::os(0, format!("read {path}"), std::io::Error::other("not a number")))
+        .ok_or_else(|| {
+            RestoreError::os(
+                0,
+                format!("read {path}"),
+                std::io::Error::other("not a number"),
+            )
+        })
 }
 
 /// Ids and keys in use in this IPC namespace, from `/proc/sysvipc/NAME`.
 fn in_use(name: &str) -> Result<Vec<(i32, i32)>> {
     let path = format!("/proc/sysvipc/{name}");
-    let text = std::fs::read_to_string(&path).map_err(|e| RestoreError::os(0, format!("read {path}"), e))?;
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| RestoreError::os(0, format!("read {path}"), e))?;
     Ok(text
         .lines()
         .skip(1)
@@ -225,9 +285,24 @@ fn in_use(name: &str) -> Result<Vec<(i32, i32)>> {
 /// Every object must get its id and key back: none may be in use here.
 pub fn check_free(ipc: &Ipc) -> Result<()> {
     let kinds = [
-        (IpcKind::Shm, "shm", ipc.shm.iter().filter_map(|s| s.perm).collect::<Vec<_>>(), "-m"),
-        (IpcKind::Sem, "sem", ipc.sem.iter().filter_map(|s| s.perm).collect(), "-s"),
-        (IpcKind::Msg, "msg", ipc.msg.iter().filter_map(|s| s.perm).collect(), "-q"),
+        (
+            IpcKind::Shm,
+            "shm",
+            ipc.shm.iter().filter_map(|s| s.perm).collect::<Vec<_>>(),
+            "-m",
+        ),
+        (
+            IpcKind::Sem,
+            "sem",
+            ipc.sem.iter().filter_map(|s| s.perm).collect(),
+            "-s",
+        ),
+        (
+            IpcKind::Msg,
+            "msg",
+            ipc.msg.iter().filter_map(|s| s.perm).collect(),
+            "-q",
+        ),
     ];
     for (kind, name, perms, flag) in kinds {
         if perms.is_empty() {
@@ -235,7 +310,10 @@ pub fn check_free(ipc: &Ipc) -> Result<()> {
         }
         let used = in_use(name)?;
         for p in perms {
-            if let Some((id, key)) = used.iter().find(|(id, key)| *id == p.id || (p.key != 0 && *key == p.key)) {
+            if let Some((id, key)) = used
+                .iter()
+                .find(|(id, key)| *id == p.id || (p.key != 0 && *key == p.key))
+            {
                 return Err(refuse(
                     kind,
                     &p,
@@ -305,7 +383,11 @@ fn create_with_id(
     })?;
     created.objects.push((kind, id));
     if id != p.id {
-        return Err(refuse(kind, p, format!("created with id {id} instead (id taken meanwhile)")));
+        return Err(refuse(
+            kind,
+            p,
+            format!("created with id {id} instead (id taken meanwhile)"),
+        ));
     }
     Ok(id)
 }
@@ -340,10 +422,18 @@ pub fn create(images: &ImageDir, ipc: &Ipc) -> Result<Created> {
     };
     for s in &ipc.shm {
         let p = s.perm.expect("checked by load");
-        let id = create_with_id(IpcKind::Shm, &p, &mut created, || sys::shm_create(p.key, s.size))?;
+        let id = create_with_id(IpcKind::Shm, &p, &mut created, || {
+            sys::shm_create(p.key, s.size)
+        })?;
         fill_segment_as_leader(images, s)?;
-        sys::shm_set(id, owner(&p)).map_err(|e| refuse(IpcKind::Shm, &p, format!("IPC_SET: {e}")))?;
-        log::info!("ipc: created {} ({} bytes, {} saved)", describe(IpcKind::Shm, &p), s.size, s.saved_bytes());
+        sys::shm_set(id, owner(&p))
+            .map_err(|e| refuse(IpcKind::Shm, &p, format!("IPC_SET: {e}")))?;
+        log::info!(
+            "ipc: created {} ({} bytes, {} saved)",
+            describe(IpcKind::Shm, &p),
+            s.size,
+            s.saved_bytes()
+        );
     }
     for s in &ipc.sem {
         let p = s.perm.expect("checked by load");
@@ -351,21 +441,40 @@ pub fn create(images: &ImageDir, ipc: &Ipc) -> Result<Created> {
             sys::sem_create(p.key, s.values.len() as i32)
         })?;
         let values: Vec<u16> = s.values.iter().map(|v| *v as u16).collect();
-        sys::sem_setall(id, &values).map_err(|e| refuse(IpcKind::Sem, &p, format!("SETALL: {e}")))?;
-        sys::sem_set(id, owner(&p)).map_err(|e| refuse(IpcKind::Sem, &p, format!("IPC_SET: {e}")))?;
-        log::info!("ipc: created {} ({} semaphores)", describe(IpcKind::Sem, &p), s.values.len());
+        sys::sem_setall(id, &values)
+            .map_err(|e| refuse(IpcKind::Sem, &p, format!("SETALL: {e}")))?;
+        sys::sem_set(id, owner(&p))
+            .map_err(|e| refuse(IpcKind::Sem, &p, format!("IPC_SET: {e}")))?;
+        log::info!(
+            "ipc: created {} ({} semaphores)",
+            describe(IpcKind::Sem, &p),
+            s.values.len()
+        );
     }
     for q in &ipc.msg {
         let p = q.perm.expect("checked by load");
         let id = create_with_id(IpcKind::Msg, &p, &mut created, || sys::msg_create(p.key))?;
         // The limit first, so the messages fit; the mode last.
-        sys::msg_set(id, IpcOwner { mode: 0o600, ..owner(&p) }, q.qbytes)
-            .map_err(|e| refuse(IpcKind::Msg, &p, format!("IPC_SET: {e}")))?;
+        sys::msg_set(
+            id,
+            IpcOwner {
+                mode: 0o600,
+                ..owner(&p)
+            },
+            q.qbytes,
+        )
+        .map_err(|e| refuse(IpcKind::Msg, &p, format!("IPC_SET: {e}")))?;
         for m in &q.messages {
-            sys::msg_send(id, m.mtype, &m.text).map_err(|e| refuse(IpcKind::Msg, &p, format!("msgsnd: {e}")))?;
+            sys::msg_send(id, m.mtype, &m.text)
+                .map_err(|e| refuse(IpcKind::Msg, &p, format!("msgsnd: {e}")))?;
         }
-        sys::msg_set(id, owner(&p), q.qbytes).map_err(|e| refuse(IpcKind::Msg, &p, format!("IPC_SET: {e}")))?;
-        log::info!("ipc: created {} ({} messages)", describe(IpcKind::Msg, &p), q.messages.len());
+        sys::msg_set(id, owner(&p), q.qbytes)
+            .map_err(|e| refuse(IpcKind::Msg, &p, format!("IPC_SET: {e}")))?;
+        log::info!(
+            "ipc: created {} ({} messages)",
+            describe(IpcKind::Msg, &p),
+            q.messages.len()
+        );
     }
     Ok(created)
 }
@@ -395,7 +504,9 @@ fn fill_segment_as_leader(images: &ImageDir, s: &ShmSegment) -> Result<()> {
         let len = (r.nr_pages * PAGE_SIZE) as usize;
         let at = r.offset as usize;
         file.read_exact_at(&mut bytes[at..at + len], file_offset)
-            .map_err(|e| RestoreError::from(ImageError::io(images.path().join(&name), "read", e)))?;
+            .map_err(|e| {
+                RestoreError::from(ImageError::io(images.path().join(&name), "read", e))
+            })?;
         file_offset += len as u64;
     }
     Ok(())
@@ -406,7 +517,8 @@ fn fill_segment_as_leader(images: &ImageDir, s: &ShmSegment) -> Result<()> {
 pub fn remove_marked(ipc: &Ipc) -> Result<()> {
     for s in ipc.shm.iter().filter(|s| s.removed) {
         let p = s.perm.expect("checked by load");
-        sys::ipc_rmid(IpcKind::Shm, p.id).map_err(|e| refuse(IpcKind::Shm, &p, format!("IPC_RMID: {e}")))?;
+        sys::ipc_rmid(IpcKind::Shm, p.id)
+            .map_err(|e| refuse(IpcKind::Shm, &p, format!("IPC_RMID: {e}")))?;
     }
     Ok(())
 }
@@ -425,12 +537,24 @@ pub fn attach(r: &Remote<'_>, v: &Vma) -> Result<()> {
         flags |= SHM_EXEC;
         got_prot |= prot::EXEC;
     }
-    let at = r.call("shmat", libc::SYS_shmat, [v.sysv_shmid as u64, v.start, flags, 0, 0, 0])?;
+    let at = r.call(
+        "shmat",
+        libc::SYS_shmat,
+        [v.sysv_shmid as u64, v.start, flags, 0, 0, 0],
+    )?;
     if at != v.start {
-        return Err(crate::mm::invalid(r.t.pid(), v, "SysV segment attached at a different address"));
+        return Err(crate::mm::invalid(
+            r.t.pid(),
+            v,
+            "SysV segment attached at a different address",
+        ));
     }
     if got_prot != v.prot {
-        r.call("mprotect (shm)", libc::SYS_mprotect, [v.start, v.len(), v.prot as u64, 0, 0, 0])?;
+        r.call(
+            "mprotect (shm)",
+            libc::SYS_mprotect,
+            [v.start, v.len(), v.prot as u64, 0, 0, 0],
+        )?;
     }
     Ok(())
 }

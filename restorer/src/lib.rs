@@ -271,7 +271,11 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
         })
         .collect();
     let owners = ipc::Owners {
-        uids: m.processes.iter().flat_map(|e| e.uids.iter().copied()).collect(),
+        uids: m
+            .processes
+            .iter()
+            .flat_map(|e| e.uids.iter().copied())
+            .collect(),
         gids: m
             .processes
             .iter()

@@ -123,16 +123,20 @@ fn check(r: libc::c_long) -> std::io::Result<libc::c_long> {
 /// root (the restorer) can use until its owner and mode are set.
 pub fn shm_create(key: i32, size: u64) -> std::io::Result<i32> {
     // SAFETY: integers only.
-    check(unsafe { libc::shmget(key, size as usize, libc::IPC_CREAT | libc::IPC_EXCL | 0o600) }
-        as libc::c_long)
+    check(
+        unsafe { libc::shmget(key, size as usize, libc::IPC_CREAT | libc::IPC_EXCL | 0o600) }
+            as libc::c_long,
+    )
     .map(|r| r as i32)
 }
 
 /// `semget(key, nsems, IPC_CREAT | IPC_EXCL | 0600)`.
 pub fn sem_create(key: i32, nsems: i32) -> std::io::Result<i32> {
     // SAFETY: integers only.
-    check(unsafe { libc::semget(key, nsems, libc::IPC_CREAT | libc::IPC_EXCL | 0o600) }
-        as libc::c_long)
+    check(
+        unsafe { libc::semget(key, nsems, libc::IPC_CREAT | libc::IPC_EXCL | 0o600) }
+            as libc::c_long,
+    )
     .map(|r| r as i32)
 }
 
@@ -171,16 +175,17 @@ pub fn shm_set(id: i32, o: IpcOwner) -> std::io::Result<()> {
 pub fn sem_set(id: i32, o: IpcOwner) -> std::io::Result<()> {
     // SAFETY: an all-zero semid_ds is valid; IPC_STAT fills it.
     let mut ds: libc::semid_ds = unsafe { std::mem::zeroed() };
-    // SAFETY: `ds` is a live semid_ds, written by IPC_STAT and read by IPC_SET.
-    check(unsafe { libc::semctl(id, 0, libc::IPC_STAT, &mut ds as *mut libc::semid_ds) }
-        as libc::c_long)?;
+    let dsp = &mut ds as *mut libc::semid_ds;
+    // SAFETY: `dsp` points at a live semid_ds, written by IPC_STAT.
+    let r = unsafe { libc::semctl(id, 0, libc::IPC_STAT, dsp) };
+    check(r as libc::c_long)?;
     ds.sem_perm.uid = o.uid;
     ds.sem_perm.gid = o.gid;
     ds.sem_perm.mode = o.mode as _;
-    // SAFETY: as above.
-    check(unsafe { libc::semctl(id, 0, libc::IPC_SET, &mut ds as *mut libc::semid_ds) }
-        as libc::c_long)
-    .map(drop)
+    let dsp = &mut ds as *mut libc::semid_ds;
+    // SAFETY: as above; IPC_SET only reads it.
+    let r = unsafe { libc::semctl(id, 0, libc::IPC_SET, dsp) };
+    check(r as libc::c_long).map(drop)
 }
 
 /// `semctl(SETALL)`.
@@ -212,8 +217,10 @@ pub fn msg_send(id: i32, mtype: i64, text: &[u8]) -> std::io::Result<()> {
     buf.extend_from_slice(text);
     // SAFETY: `buf` is a long mtype followed by text.len() bytes, which
     // msgsnd only reads.
-    check(unsafe { libc::msgsnd(id, buf.as_ptr().cast(), text.len(), libc::IPC_NOWAIT) }
-        as libc::c_long)
+    check(
+        unsafe { libc::msgsnd(id, buf.as_ptr().cast(), text.len(), libc::IPC_NOWAIT) }
+            as libc::c_long,
+    )
     .map(drop)
 }
 
