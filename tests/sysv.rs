@@ -150,10 +150,17 @@ fn sysv_objects_come_back_with_ids_contents_and_one_copy() {
     );
     let show = show_json(&env);
     let ipc = &show["ipc"];
-    assert_eq!(ipc["shm"][0]["id"], ids.shm, "{ipc}");
-    assert_eq!(ipc["shm"][0]["key"], key as i32, "{ipc}");
-    assert_eq!(ipc["shm"][1]["id"], ids.removed_shm, "{ipc}");
-    assert_eq!(ipc["shm"][1]["removed"], true, "{ipc}");
+    let segment = |id: i32| {
+        ipc["shm"]
+            .as_array()
+            .and_then(|a| a.iter().find(|s| s["id"] == id))
+            .unwrap_or_else(|| panic!("segment {id} in {ipc}"))
+    };
+    assert_eq!(ipc["shm"].as_array().map(Vec::len), Some(2), "{ipc}");
+    assert_eq!(segment(ids.shm)["key"], key as i32, "{ipc}");
+    assert_eq!(segment(ids.shm)["removed"], false, "{ipc}");
+    assert_eq!(segment(ids.removed_shm)["removed"], true, "{ipc}");
+    assert_eq!(segment(ids.removed_shm)["key"], 0, "{ipc}");
     assert_eq!(ipc["sem"][0]["id"], ids.sem, "{ipc}");
     assert_eq!(
         ipc["sem"][0]["values"],
@@ -256,4 +263,36 @@ fn key_in_use_at_restore_fails_in_one_line_leaving_nothing() {
         sysvipc_row("msg", ids.msg).is_none(),
         "no queue was created"
     );
+}
+
+#[test]
+fn segment_of_another_user_is_refused_at_dump() {
+    let env = TestEnv::new("sysv-foreign");
+    let key = unique_key(3);
+    // Root's segment, open to everyone: the job may use it, but a restore
+    // must not create a root-owned object from the job's image.
+    // SAFETY: integers only.
+    let foreign = unsafe { libc::shmget(libc::IPC_PRIVATE, 4096, libc::IPC_CREAT | 0o666) };
+    assert!(foreign >= 0, "shmget: {}", std::io::Error::last_os_error());
+    let mut cleanup = IpcCleanup {
+        key,
+        ids: vec![("-m", foreign)],
+    };
+    let mut v = Victim::spawn_as(
+        &env,
+        "sysv",
+        &[&format!("{key:x}"), "4", &foreign.to_string()],
+        test_user(),
+    );
+    v.wait_ready();
+    cleanup.ids.push(("-m", read_ids(&v).removed_shm));
+    let err = dump_expect_error(&env, &v);
+    assert!(
+        err.contains(&format!(
+            "SysV shared memory segment id {foreign} (key 0x0) owned by uid 0 gid 0, not a user and group of the tree"
+        )),
+        "{err}"
+    );
+    assert!(!env.img.exists(), "failed dump left {}", env.img.display());
+    v.assert_unharmed_and_passes("after the refused dump");
 }

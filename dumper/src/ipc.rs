@@ -3,11 +3,18 @@
 //!
 //! Which objects belong to the job:
 //! - a segment attached by any VMA of the tree (`VmaKind::SysvShm`);
-//! - a semaphore set or message queue whose creator (`cuid`) is a uid of
-//!   one of the tree's processes (real, effective, saved or fs). SysV
-//!   objects outlive their processes and are not tied to one, so the
-//!   creator is the only link the kernel keeps; a job running as root
-//!   therefore takes every root-created set and queue of the namespace.
+//! - a semaphore set one of whose semaphores a process of the tree
+//!   operated on last (`sempid`, `semctl(GETPID)`: set by `semop`,
+//!   `SETVAL` and `SETALL`);
+//! - a message queue a process of the tree sent to or received from last
+//!   (`lspid`, `lrpid` of `/proc/sysvipc/msg`).
+//!
+//! SysV objects outlive their processes and belong to none; these pids are
+//! the only links the kernel keeps between an object and a process. The
+//! creator's uid is not enough: two jobs of one user (or everything root
+//! ever created) would take each other's objects, and `--kill` would then
+//! remove them. A set or queue created by one of the tree's users that no
+//! process of the tree touched last is left out, with a line in the log.
 //!
 //! Only objects of ckpt's own IPC namespace can be seen (`/proc/sysvipc`
 //! shows the reader's namespace): a process in another IPC namespace is
@@ -49,6 +56,12 @@ pub struct Tree<'a> {
     pub uids: Vec<u32>,
     /// Every gid of the tree's processes, supplementary groups included.
     pub gids: Vec<u32>,
+}
+
+impl Tree<'_> {
+    fn has_pid(&self, pid: i32) -> bool {
+        pid > 0 && self.procs.iter().any(|(p, _)| *p == pid)
+    }
 }
 
 /// One `/proc/sysvipc/*` table: column names and rows.
@@ -264,7 +277,24 @@ fn collect_sem(
     let table = ProcTable::read(tree.root, "sem")?;
     for row in &table.rows {
         let p = table.perm(tree.root, row, "semid")?;
-        if !tree.uids.contains(&p.cuid) {
+        let nsems = table.get(tree.root, row, "nsems")? as usize;
+        let os = |e| DumpError::Proc {
+            pid: tree.root,
+            path: format!("semctl of {}", describe(IpcKind::Sem, &p)).into(),
+            source: e,
+        };
+        let sempids = (0..nsems as i32)
+            .map(|n| sys::sem_getpid(p.id, n))
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(os)?;
+        if !sempids.iter().any(|pid| tree.has_pid(*pid)) {
+            if tree.uids.contains(&p.cuid) {
+                log::info!(
+                    "ipc: {} of uid {} not saved: no process of the tree operated on it last",
+                    describe(IpcKind::Sem, &p),
+                    p.cuid
+                );
+            }
             continue;
         }
         if refused
@@ -273,17 +303,7 @@ fn collect_sem(
         {
             continue;
         }
-        let nsems = table.get(tree.root, row, "nsems")? as usize;
-        let os = |e| DumpError::Proc {
-            pid: tree.root,
-            path: format!("semctl of {}", describe(IpcKind::Sem, &p)).into(),
-            source: e,
-        };
         let values = sys::sem_getall(p.id, nsems).map_err(os)?;
-        let sempids = (0..nsems as i32)
-            .map(|n| sys::sem_getpid(p.id, n))
-            .collect::<std::io::Result<Vec<_>>>()
-            .map_err(os)?;
         ipc.sem.push(SemSet {
             values: values.into_iter().map(u32::from).collect(),
             sempids,
@@ -305,7 +325,18 @@ fn collect_msg(
     let mut max_text = None;
     for row in &table.rows {
         let p = table.perm(tree.root, row, "msqid")?;
-        if !tree.uids.contains(&p.cuid) {
+        let (lspid, lrpid) = (
+            table.get(tree.root, row, "lspid")? as i32,
+            table.get(tree.root, row, "lrpid")? as i32,
+        );
+        if !tree.has_pid(lspid) && !tree.has_pid(lrpid) {
+            if tree.uids.contains(&p.cuid) {
+                log::info!(
+                    "ipc: {} of uid {} not saved: no process of the tree used it last",
+                    describe(IpcKind::Msg, &p),
+                    p.cuid
+                );
+            }
             continue;
         }
         if refused
@@ -459,5 +490,62 @@ pub fn remove(root: i32, ipc: &Ipc) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A private segment of this test process, removed on drop.
+    struct Segment(i32);
+
+    impl Drop for Segment {
+        fn drop(&mut self) {
+            let _ = sys::ipc_rmid(IpcKind::Shm, self.0);
+        }
+    }
+
+    #[test]
+    fn attach_is_classified_and_only_written_pages_are_present() {
+        const PAGES: usize = 16;
+        let len = PAGES * PAGE_SIZE as usize;
+        // SAFETY: integers only.
+        let id = unsafe { libc::shmget(libc::IPC_PRIVATE, len, libc::IPC_CREAT | 0o600) };
+        assert!(id >= 0, "shmget: {}", std::io::Error::last_os_error());
+        let seg = Segment(id);
+        // SAFETY: a new attach placed by the kernel.
+        let at = unsafe { libc::shmat(seg.0, std::ptr::null(), 0) } as *mut u8;
+        assert_ne!(at as isize, -1);
+        for page in [1, 2, 9] {
+            // SAFETY: inside the attach made above.
+            unsafe { at.add(page * PAGE_SIZE as usize).write_volatile(page as u8) };
+        }
+        let vmas = crate::mm::collect_vmas(std::process::id() as i32).unwrap();
+        let v = vmas
+            .iter()
+            .find(|v| v.start == at as u64)
+            .expect("the attach is listed");
+        assert_eq!(v.kind, VmaKind::SysvShm as i32);
+        assert_eq!((v.sysv_shmid, v.file_offset, v.len()), (id, 0, len as u64));
+
+        let mine = sys::ShmAttach::new(id, len).unwrap();
+        let present = mine.present_pages().unwrap();
+        let want: Vec<bool> = (0..PAGES).map(|p| [1, 2, 9].contains(&p)).collect();
+        assert_eq!(present, want);
+        assert_eq!(mine.bytes()[9 * PAGE_SIZE as usize], 9);
+        drop(mine);
+
+        let table = ProcTable::read(0, "shm").unwrap();
+        let row = table
+            .rows
+            .iter()
+            .find(|r| table.get(0, r, "shmid").ok() == Some(i64::from(id)))
+            .expect("listed in /proc/sysvipc/shm");
+        let p = table.perm(0, row, "shmid").unwrap();
+        assert_eq!((p.key, p.mode & MODE_BITS), (0, 0o600));
+        assert_eq!(table.get(0, row, "size").unwrap(), len as i64);
+        // SAFETY: detaches the attach made above.
+        unsafe { libc::shmdt(at.cast()) };
     }
 }

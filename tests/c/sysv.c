@@ -1,13 +1,14 @@
 /*
- * SysV IPC across a checkpoint: a parent and its forked child share a keyed
- * segment (size in MiB from argv[3], filled with a pattern), an IPC_PRIVATE
+ * SysV IPC across a checkpoint (usage: sysv WORKDIR KEY MIB [SHMID]): a
+ * parent and its forked child share a keyed segment (size in MiB from
+ * argv[3], filled with a pattern), an IPC_PRIVATE
  * segment already marked for removal (IPC_RMID) but still attached, a
  * semaphore set of 3 and a message queue holding messages of several
  * types; all keyed with argv[2] (hex). Publishes "shmid semid msqid
  * rmid_shmid child_pid" in WORKDIR/ids. After go: same ids, same contents
  * (checksums), the child's write seen by the parent (one segment, not two
  * copies), the removed segment still marked, semaphore values, messages in
- * order.
+ * order. SHMID: also attach that (someone else's) segment.
  */
 #include "victim.h"
 
@@ -79,6 +80,10 @@ int main(int argc, char **argv)
 	shmdt((const void *)w);
 	if (shmctl(rmid, IPC_RMID, NULL) < 0)
 		die("IPC_RMID");
+
+	/* Optionally also attach someone else's segment (argv[4]). */
+	if (argc > 4 && shmat(atoi(argv[4]), NULL, 0) == (void *)-1)
+		die("shmat of the given segment");
 
 	int semid = semget(key, 3, IPC_CREAT | IPC_EXCL | 0640);
 	if (semid < 0)
