@@ -15,7 +15,7 @@
 use std::os::unix::fs::FileExt;
 
 use ckpt_image::ipc::{Ipc, IpcPerm, MODE_BITS, ShmSegment};
-use ckpt_image::mm::{Vma, prot};
+use ckpt_image::mm::{Vma, prot, vma_flags};
 use ckpt_image::{ImageDir, ImageError, ImageKind, PAGE_SIZE};
 use ckpt_parasite::remote::Remote;
 
@@ -555,6 +555,18 @@ pub fn attach(r: &Remote<'_>, v: &Vma) -> Result<()> {
             libc::SYS_mprotect,
             [v.start, v.len(), v.prot as u64, 0, 0, 0],
         )?;
+    }
+    for (flag, advice) in [
+        (vma_flags::DONTFORK, libc::MADV_DONTFORK),
+        (vma_flags::DONTDUMP, libc::MADV_DONTDUMP),
+    ] {
+        if v.flags & flag != 0 {
+            r.call(
+                "madvise (shm)",
+                libc::SYS_madvise,
+                [v.start, v.len(), advice as u64, 0, 0, 0],
+            )?;
+        }
     }
     Ok(())
 }

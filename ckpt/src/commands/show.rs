@@ -218,7 +218,10 @@ fn render_text(v: &Value) -> String {
                 m["prot"].as_str().unwrap_or(""),
                 m["kind"].as_str().unwrap_or(""),
                 m["saved_bytes"],
-                m["path"].as_str().unwrap_or("")
+                m["sysv_shmid"].as_i64().map_or_else(
+                    || m["path"].as_str().unwrap_or("").to_string(),
+                    |id| { format!("SysV shmid {id}") }
+                )
             );
         }
         let _ = writeln!(s, "  fds:");
