@@ -169,6 +169,27 @@ fn sysv_objects_come_back_with_ids_contents_and_one_copy() {
     );
     assert_eq!(ipc["msg"][0]["id"], ids.msg, "{ipc}");
     assert_eq!(ipc["msg"][0]["messages"], 4, "{ipc}");
+    let text = ckpt(&env, &["show", path_str(&env.img)], FAIL_TIMEOUT);
+    text.assert_success();
+    for line in [
+        format!(
+            "shared memory id {} key {key:#x} owner {}:{} mode 0o640: {} bytes, {} saved",
+            ids.shm,
+            test_user().uid,
+            test_user().gid,
+            BIG_MIB * MIB,
+            BIG_MIB * MIB
+        ),
+        format!("semaphores id {} key {key:#x}", ids.sem),
+        format!("SysV shmid {}", ids.shm),
+        "marked for removal".to_string(),
+    ] {
+        assert!(
+            text.stdout.contains(&line),
+            "ckpt show lacks {line:?}:\n{}",
+            text.stdout
+        );
+    }
     // --kill ends the job, its IPC objects included (they are saved).
     assert!(
         sysvipc_row("shm", ids.shm).is_none(),
@@ -295,4 +316,81 @@ fn segment_of_another_user_is_refused_at_dump() {
     );
     assert!(!env.img.exists(), "failed dump left {}", env.img.display());
     v.assert_unharmed_and_passes("after the refused dump");
+}
+
+/// Rewrites `ipc.img` as `ipc` and reseals the manifest, as only the site
+/// can: what a sealed image may still not do is the restorer's to check.
+fn reseal_ipc(env: &TestEnv, ipc: &ckpt_image::ipc::Ipc) {
+    use ckpt_image::{ImageKind, header};
+    let bytes = header::encode(ImageKind::Ipc, ipc);
+    fs::write(env.img.join("ipc.img"), &bytes).unwrap();
+    let mpath = env.img.join("manifest.img");
+    let mut m: ckpt_image::manifest::Manifest =
+        header::decode(ImageKind::Manifest, &mpath, &fs::read(&mpath).unwrap()).unwrap();
+    let d = m.files.iter_mut().find(|d| d.name == "ipc.img").unwrap();
+    let sums = ckpt_image::digest::of_bytes(&bytes);
+    d.size = bytes.len() as u64;
+    d.crc32c = sums.crc32c;
+    d.sha256 = sums.sha256.to_vec();
+    let manifest = header::encode(ImageKind::Manifest, &m);
+    fs::write(&mpath, &manifest).unwrap();
+    let key = ckpt_image::ImageKey::load(&env.image_key()).unwrap();
+    fs::write(env.img.join("manifest.mac"), key.seal(&manifest)).unwrap();
+}
+
+#[test]
+fn sealed_image_cannot_create_objects_beyond_the_user_or_the_limits() {
+    use ckpt_image::ImageKind;
+    let env = TestEnv::new("sysv-crafted");
+    let key = unique_key(4);
+    let mut cleanup = IpcCleanup {
+        key,
+        ids: Vec::new(),
+    };
+    let mut v = Victim::spawn_as(&env, "sysv", &[&format!("{key:x}"), "4"], test_user());
+    v.wait_ready();
+    let ids = read_ids(&v);
+    cleanup.ids.push(("-m", ids.removed_shm));
+    dump_kill_reap(&env, &mut v);
+    let path = env.img.join("ipc.img");
+    let original: ckpt_image::ipc::Ipc =
+        ckpt_image::header::decode(ImageKind::Ipc, &path, &fs::read(&path).unwrap()).unwrap();
+
+    let refused = |ipc: &ckpt_image::ipc::Ipc, needle: &str| {
+        reseal_ipc(&env, ipc);
+        let out = ckpt(
+            &env,
+            &["restore", "--dir", path_str(&env.img)],
+            FAIL_TIMEOUT,
+        );
+        let err = out.assert_error();
+        assert!(
+            err.contains(needle),
+            "error should contain {needle:?}: {err}"
+        );
+        assert!(
+            !pid_exists(v.pid),
+            "a process is left after the refused restore"
+        );
+        for (name, id) in [("shm", ids.shm), ("sem", ids.sem), ("msg", ids.msg)] {
+            assert!(
+                sysvipc_row(name, id).is_none(),
+                "{name} {id} created by a refused restore"
+            );
+        }
+    };
+    // A root-owned segment from a job of the test user.
+    let mut root_owned = original.clone();
+    for s in &mut root_owned.shm {
+        s.perm.as_mut().unwrap().uid = 0;
+    }
+    refused(&root_owned, "owned by uid 0");
+    // More semaphores than the kernel allows in a set.
+    let mut huge = original.clone();
+    huge.sem[0].values = vec![1; 1 << 20];
+    refused(&huge, "semaphores; this kernel allows");
+    // Saved pages that do not match the segment's image.
+    let mut shrunk = original;
+    shrunk.shm[0].pages[0].nr_pages -= 1;
+    refused(&shrunk, "size is not that of the saved pages");
 }
