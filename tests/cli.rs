@@ -145,7 +145,7 @@ fn every_blocker_of_the_tree_is_reported_at_once() {
         "four blockers and a summary: {}",
         out.stderr
     );
-    for what in ["socket", "memfd", "inotify"] {
+    for what in ["socket", "memfd", "fanotify"] {
         assert!(
             lines
                 .iter()

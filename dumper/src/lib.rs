@@ -24,6 +24,7 @@ pub mod error;
 
 pub mod fd;
 pub mod features;
+mod inherit;
 mod ipc;
 pub mod mm;
 pub mod pages;
@@ -31,6 +32,7 @@ mod procfile;
 mod sys;
 pub mod task;
 mod thread;
+mod timer;
 mod tree;
 
 use std::path::PathBuf;
@@ -63,6 +65,17 @@ pub struct DumpOptions<'a> {
     pub write: WriteOptions<'a>,
     /// What to do with the process afterwards.
     pub final_state: FinalState,
+    /// What the drain saves of interconnect state.
+    pub drain: DrainOptions,
+}
+
+/// Options of [`Frozen::drain`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DrainOptions {
+    /// Established TCP connections to a peer outside the tree are saved
+    /// too (`ckpt dump --tcp-established`); without it they are refused.
+    /// Connections with both ends in the tree are always saved.
+    pub tcp_established: bool,
 }
 
 /// Options of [`Frozen::write`].
@@ -178,7 +191,7 @@ pub struct DumpReport {
 /// [`Written::resume`] or [`Written::kill`] in one call.
 pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
     let mut frozen = freeze(opts.pid)?;
-    frozen.drain()?;
+    frozen.drain(&opts.drain)?;
     let written = frozen.write(&opts.write)?;
     match opts.final_state {
         FinalState::LeaveRunning => written.resume(),
@@ -211,6 +224,7 @@ pub fn freeze(root: i32) -> Result<Frozen> {
         frozen_at,
         freeze_ms,
         blockers,
+        tcp: None,
     })
 }
 
@@ -225,6 +239,8 @@ pub struct Frozen {
     /// What freezing found that cannot be saved (reported with the rest
     /// by [`Frozen::write`]).
     blockers: Blockers,
+    /// Established TCP connections in repair mode, once drained.
+    tcp: Option<fd::inet::TcpRepair>,
 }
 
 impl Frozen {
@@ -234,16 +250,36 @@ impl Frozen {
     }
 
     /// Drains interconnect state while the whole job is frozen (the place a
-    /// coordinator calls between every node's FREEZE and DUMP). Nothing
-    /// needs draining yet: TCP and InfiniBand state join here.
-    pub fn drain(&mut self) -> Result<()> {
+    /// coordinator calls between every node's FREEZE and DUMP): established
+    /// TCP connections go into repair mode (their queues hold still and
+    /// can be read without consuming them) until the tree is thawed, which
+    /// switches it off again, or killed, which closes them silently.
+    /// InfiniBand state will join here. [`Frozen::write`] drains with the
+    /// default options if this was not called.
+    pub fn drain(&mut self, opts: &DrainOptions) -> Result<()> {
+        if let Some(mut old) = self.tcp.take() {
+            old.release();
+        }
+        let live: Vec<i32> = self
+            .procs
+            .iter()
+            .filter(|p| p.zombie_status.is_none())
+            .map(|p| p.pid)
+            .collect();
+        let policy = fd::inet::TcpPolicy {
+            established: opts.tcp_established,
+        };
+        self.tcp = Some(fd::inet::TcpRepair::start(&live, policy)?);
         Ok(())
     }
 
     /// Collects everything and writes the checkpoint (fsynced, manifest
     /// last, renamed into place). The tree stays frozen; on error it is
     /// thawed unharmed and no directory is left.
-    pub fn write(self, opts: &WriteOptions<'_>) -> Result<Written> {
+    pub fn write(mut self, opts: &WriteOptions<'_>) -> Result<Written> {
+        if self.tcp.is_none() {
+            self.drain(&DrainOptions::default())?;
+        }
         let (report, committed, ipc) = write_images(&self, opts).map_err(|e| self.explain(e))?;
         Ok(Written {
             frozen: self,
@@ -289,6 +325,10 @@ impl Frozen {
     /// Detaches every task, children first so no parent runs while a child
     /// is still stopped.
     fn thaw(&mut self) -> Result<()> {
+        // Connections go on where they were before the tree does.
+        if let Some(mut tcp) = self.tcp.take() {
+            tcp.release();
+        }
         let mut first_err = None;
         for p in std::mem::take(&mut self.procs).into_iter().rev() {
             for t in p.tasks {
@@ -351,6 +391,10 @@ impl Written {
         }
         self.frozen.procs.clear();
         ipc::remove(self.report.pid, &self.ipc);
+        // Closed in repair mode: nothing reaches the peers.
+        if let Some(mut tcp) = self.frozen.tcp.take() {
+            tcp.abandon();
+        }
         let r = self.finish();
         log::info!(
             "kill: {} processes killed, frozen {:.3} ms",
@@ -385,11 +429,11 @@ fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
     let started = Instant::now();
     let leader = &p.tasks[0];
     log::debug!("pid {pid}: thread {pid} (leader)");
-    let misc = task::run_parasite(leader)?;
+    let misc = task::run_parasite(leader, true)?;
     let mut core = task::collect(leader, &misc)?;
     for t in &p.tasks[1..] {
         log::debug!("pid {pid}: thread {}", t.pid());
-        let tm = task::run_parasite(t)?;
+        let tm = task::run_parasite(t, false)?;
         core.threads.push(task::collect_thread(t, pid, &tm)?);
     }
     let mut vmas = mm::collect_vmas(pid)?;
@@ -464,6 +508,24 @@ fn write_images(
                 .collect::<Vec<_>>(),
         ))?
         .unwrap_or_default();
+    let mut relaid = relaid;
+    let (changed, shared) = inherit::share_with_parents(
+        &mut procs
+            .iter_mut()
+            .map(|c| inherit::ProcessVmas {
+                pid: c.pid,
+                ppid: c.ppid,
+                vmas: &mut c.vmas,
+            })
+            .collect::<Vec<_>>(),
+    )?;
+    relaid.extend(changed);
+    if shared.bytes > 0 {
+        log::info!(
+            "collect: {} bytes of private memory still shared with a parent since fork, saved once",
+            shared.bytes
+        );
+    }
     for c in procs.iter_mut().filter(|c| relaid.contains(&c.pid)) {
         c.pages_bytes = mm::reassign_offsets(&mut c.vmas);
     }
@@ -631,6 +693,19 @@ fn write_images(
         w.write_raw(LOG_NAME, &log())?;
     }
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::BeforeCommit);
+    // A process killed while frozen may still have been read in full, but
+    // its job is broken: no checkpoint of it becomes the valid one.
+    if let Some(p) = frozen
+        .procs
+        .iter()
+        .filter(|p| p.zombie_status.is_none())
+        .find(|p| !tree::is_alive(p.pid))
+    {
+        return Err(DumpError::Exited {
+            pid: p.pid,
+            detail: "killed while frozen, before the checkpoint was committed".into(),
+        });
+    }
     let commit_started = Instant::now();
     let committed = w.commit(manifest, opts.key)?;
     stats.phases.commit_ms = Some(ms_since(commit_started));

@@ -128,6 +128,8 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
         shmem_id: 0,
         shmem_owner: None,
         sysv_shmid: 0,
+        inherited: false,
+        dropped: Vec::new(),
     };
     let kind = match e.path.as_str() {
         "[vdso]" => VmaKind::Vdso,

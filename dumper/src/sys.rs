@@ -248,6 +248,397 @@ pub fn fork_sleeper() -> nix::Result<nix::unistd::Pid> {
     }
 }
 
+/// `pidfd_open(pid)` + `pidfd_getfd(fd)`: ckpt's own copy of fd `fd` of
+/// `pid` (the same open file description, so a socket's options and
+/// repair mode are the process's).
+pub fn take_fd(pid: i32, fd: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: integer arguments only.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if pidfd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: integer arguments only.
+    let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) };
+    let err = std::io::Error::last_os_error();
+    close(pidfd);
+    if got < 0 {
+        return Err(err);
+    }
+    // SAFETY: pidfd_getfd returned a new fd that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(got as i32) })
+}
+
+/// `getsockopt` of a plain-old-data value `T` (an int, `struct tcp_info`).
+/// Returns the value and how many bytes the kernel filled (older kernels
+/// fill less of a growing struct).
+pub fn getsockopt_raw<T: Copy + Default>(
+    fd: std::os::fd::BorrowedFd<'_>,
+    level: i32,
+    opt: i32,
+) -> std::io::Result<(T, usize)> {
+    use std::os::fd::AsRawFd;
+    let mut v = T::default();
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into the live local `v`,
+    // whose type is plain old data (every bit pattern valid).
+    let r = unsafe { libc::getsockopt(fd.as_raw_fd(), level, opt, (&raw mut v).cast(), &mut len) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((v, len as usize))
+}
+
+/// `getsockopt` of an int option.
+pub fn getsockopt_int(
+    fd: std::os::fd::BorrowedFd<'_>,
+    level: i32,
+    opt: i32,
+) -> std::io::Result<i32> {
+    getsockopt_raw::<libc::c_int>(fd, level, opt).map(|(v, _)| v)
+}
+
+/// `setsockopt` of an int option.
+pub fn setsockopt_int(
+    fd: std::os::fd::BorrowedFd<'_>,
+    level: i32,
+    opt: i32,
+    val: i32,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the kernel reads one int from the live local `val`.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            opt,
+            (&raw const val).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// An `ioctl` returning an int through its argument (SIOCINQ, SIOCOUTQ).
+pub fn ioctl_int(fd: std::os::fd::BorrowedFd<'_>, req: libc::c_ulong) -> std::io::Result<i32> {
+    use std::os::fd::AsRawFd;
+    let mut v: libc::c_int = 0;
+    // SAFETY: these requests write one int into the live local `v`.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), req, &mut v) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(v)
+    }
+}
+
+/// `recv(MSG_PEEK | MSG_DONTWAIT)` of up to `len` bytes: copies a queue
+/// without consuming it.
+pub fn recv_peek(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> std::io::Result<Vec<u8>> {
+    use std::os::fd::AsRawFd;
+    let mut buf = vec![0u8; len];
+    // SAFETY: the kernel writes at most `len` bytes into `buf`, which holds
+    // `len` bytes.
+    let r = unsafe {
+        libc::recv(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            len,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(r as usize);
+    Ok(buf)
+}
+
+/// Which end of a socket [`sock_addr`] asks for.
+#[derive(Clone, Copy)]
+pub enum SockEnd {
+    /// `getsockname`.
+    Local,
+    /// `getpeername`.
+    Peer,
+}
+
+/// `getsockname` / `getpeername` of an inet socket; `None` when not
+/// connected (ENOTCONN) or for a non-inet address.
+pub fn sock_addr(
+    fd: std::os::fd::BorrowedFd<'_>,
+    end: SockEnd,
+) -> std::io::Result<Option<std::net::SocketAddr>> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: sockaddr_storage is plain old data.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let p = (&raw mut ss).cast::<libc::sockaddr>();
+    // SAFETY: the kernel writes at most `len` bytes into the live local `ss`.
+    let r = unsafe {
+        match end {
+            SockEnd::Local => libc::getsockname(fd.as_raw_fd(), p, &mut len),
+            SockEnd::Peer => libc::getpeername(fd.as_raw_fd(), p, &mut len),
+        }
+    };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::ENOTCONN) {
+            Ok(None)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(match i32::from(ss.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let a = unsafe { *(&raw const ss).cast::<libc::sockaddr_in>() };
+            Some(std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
+                std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                u16::from_be(a.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let a = unsafe { *(&raw const ss).cast::<libc::sockaddr_in6>() };
+            Some(std::net::SocketAddr::V6(std::net::SocketAddrV6::new(
+                std::net::Ipv6Addr::from(a.sin6_addr.s6_addr),
+                u16::from_be(a.sin6_port),
+                0,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    })
+}
+
+/// The start of the kernel's `struct tcp_info` (uapi linux/tcp.h), up to
+/// the fields ckpt reads.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct TcpInfo {
+    /// `TCP_ESTABLISHED`, `TCP_LISTEN`, ...
+    pub state: u8,
+    pub ca_state: u8,
+    pub retransmits: u8,
+    pub probes: u8,
+    pub backoff: u8,
+    /// `TCPI_OPT_*` bits.
+    pub options: u8,
+    /// Send window scale in the low nibble, receive in the high one.
+    pub wscale: u8,
+    pub flags: u8,
+    pub rto: u32,
+    pub ato: u32,
+    pub snd_mss: u32,
+    pub rcv_mss: u32,
+    /// Listening sockets: connections waiting in the accept queue.
+    pub unacked: u32,
+    /// Listening sockets: the backlog.
+    pub sacked: u32,
+}
+
+/// The kernel's `struct tcp_repair_window`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct TcpRepairWindow {
+    pub snd_wl1: u32,
+    pub snd_wnd: u32,
+    pub max_window: u32,
+    pub rcv_wnd: u32,
+    pub rcv_wup: u32,
+}
+
+/// Forks the guard of sockets in TCP repair mode: a process that holds
+/// its own copies of `socks` (fd, SO_REUSEADDR to put back) and waits on
+/// the read end of a pipe whose write end is returned. A byte means the
+/// dumper has dealt with them itself (the guard exits, closing its copies
+/// as they are); end of file means the dumper died: the guard switches
+/// repair off and puts SO_REUSEADDR back, so the tree's connections go on.
+/// Returns the guard's pid and the write end.
+pub fn fork_repair_guard(
+    socks: &[(std::os::fd::RawFd, bool)],
+) -> std::io::Result<(i32, std::os::fd::OwnedFd)> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 writes two fds into the live local array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 returned two new fds that nothing else owns.
+    let (rx, tx) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: the child runs only async-signal-safe system calls (close,
+    // read, setsockopt, _exit) on data prepared before the fork, and never
+    // returns, so no lock or allocator state of other threads matters.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: see above; every pointer is to live data of this process.
+        unsafe {
+            libc::close(tx.as_raw_fd());
+            let mut b = 0u8;
+            let n = loop {
+                let n = libc::read(rx.as_raw_fd(), (&raw mut b).cast(), 1);
+                if n >= 0 || *libc::__errno_location() != libc::EINTR {
+                    break n;
+                }
+            };
+            if n <= 0 {
+                for &(fd, reuse) in socks {
+                    let off: libc::c_int = TCP_REPAIR_OFF_NO_WP;
+                    let reuse = libc::c_int::from(reuse);
+                    let len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+                    libc::setsockopt(
+                        fd,
+                        libc::IPPROTO_TCP,
+                        libc::TCP_REPAIR,
+                        (&raw const off).cast(),
+                        len,
+                    );
+                    libc::setsockopt(
+                        fd,
+                        libc::SOL_SOCKET,
+                        libc::SO_REUSEADDR,
+                        (&raw const reuse).cast(),
+                        len,
+                    );
+                }
+            }
+            libc::_exit(0);
+        }
+    }
+    drop(rx);
+    Ok((pid, tx))
+}
+
+/// `TCP_REPAIR_OFF_NO_WP`: repair off without a window probe.
+pub const TCP_REPAIR_OFF_NO_WP: libc::c_int = -1;
+
+/// Tells the guard of [`fork_repair_guard`] the dumper dealt with its
+/// sockets, and reaps it.
+pub fn dismiss_repair_guard(pid: i32, tx: std::os::fd::OwnedFd) {
+    use std::os::fd::AsRawFd;
+    let b = 1u8;
+    // SAFETY: writes one byte from a live local.
+    unsafe { libc::write(tx.as_raw_fd(), (&raw const b).cast(), 1) };
+    drop(tx);
+    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+}
+
+/// A terminal's line settings and window size, read through `fd` (on a pty
+/// master they are the slave's: the kernel applies termios ioctls of a
+/// master to its peer).
+pub struct TermState {
+    /// `TCGETS`.
+    pub termios: libc::termios,
+    /// `TIOCGWINSZ`.
+    pub winsize: libc::winsize,
+}
+
+/// `TCGETS` and `TIOCGWINSZ` of a terminal fd.
+pub fn term_state(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<TermState> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: all-zero is a valid value of these plain C structs.
+    let mut st: TermState = unsafe { std::mem::zeroed() };
+    // SAFETY: TCGETS writes one struct termios to the pointer, a live
+    // local of that type.
+    if unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TCGETS,
+            &mut st.termios as *mut libc::termios,
+        )
+    } < 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: TIOCGWINSZ writes one struct winsize to the pointer, a live
+    // local of that type.
+    if unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TIOCGWINSZ,
+            &mut st.winsize as *mut libc::winsize,
+        )
+    } < 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+/// Bytes waiting to be read from a terminal or pipe fd (`FIONREAD`).
+pub fn readable_bytes(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<i32> {
+    ioctl_int(fd, libc::FIONREAD)
+}
+
+/// Packet mode of a pty master (`TIOCGPKT`).
+pub fn pty_packet_mode(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<bool> {
+    ioctl_int(fd, libc::TIOCGPKT).map(|v| v != 0)
+}
+
+/// Whether a pty master's slave is locked (`TIOCGPTLCK`).
+pub fn pty_locked(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<bool> {
+    ioctl_int(fd, libc::TIOCGPTLCK).map(|v| v != 0)
+}
+/// Largest file handle the kernel hands out (`MAX_HANDLE_SZ`).
+const MAX_HANDLE_SZ: usize = 128;
+
+/// `struct file_handle` with room for the largest handle.
+#[repr(C)]
+struct FileHandle {
+    handle_bytes: u32,
+    handle_type: i32,
+    f_handle: [u8; MAX_HANDLE_SZ],
+}
+
+/// `open_by_handle_at(mount_fd, handle, O_PATH)`: the inode a file handle
+/// names, on the filesystem of `mount_fd` (needs CAP_DAC_READ_SEARCH).
+pub fn open_by_handle(
+    mount_fd: &impl std::os::fd::AsRawFd,
+    handle_type: i32,
+    bytes: &[u8],
+) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    if bytes.len() > MAX_HANDLE_SZ {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let mut h = FileHandle {
+        handle_bytes: bytes.len() as u32,
+        handle_type,
+        f_handle: [0; MAX_HANDLE_SZ],
+    };
+    h.f_handle[..bytes.len()].copy_from_slice(bytes);
+    // SAFETY: the handle is a live local struct of the kernel's layout with
+    // handle_bytes no larger than its buffer; the kernel only reads it.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            mount_fd.as_raw_fd(),
+            &mut h as *mut FileHandle,
+            libc::O_PATH | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd to us, and nothing else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Bytes waiting to be read in fd `fd` of `pid` (`FIONREAD` on a copy taken
+/// with `pidfd_getfd`, which reads nothing).
+pub fn queued_bytes(pid: i32, fd: i32) -> std::io::Result<u32> {
+    let copy = take_fd(pid, fd)?;
+    readable_bytes(std::os::fd::AsFd::as_fd(&copy)).map(|n| n as u32)
+}
+
 /// `msgrcv` flag: copy the message at an index instead of receiving it
 /// (needs CONFIG_CHECKPOINT_RESTORE).
 const MSG_COPY: libc::c_int = 0o40000;

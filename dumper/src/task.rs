@@ -54,14 +54,23 @@ pub struct TaskMisc {
     pub sigmask: u64,
     /// What the blob collected.
     pub misc: Box<MiscState>,
+    /// The process's POSIX timers (asked in the leader only).
+    pub posix_timers: Vec<ckpt_image::timer::PosixTimer>,
 }
 
-/// Runs the parasite's collection command and cures the task.
-pub fn run_parasite(t: &Tracee) -> Result<TaskMisc> {
+/// Runs the parasite's collection command and cures the task; in the
+/// leader (`leader`), also asks for the process's POSIX timers.
+pub fn run_parasite(t: &Tracee, leader: bool) -> Result<TaskMisc> {
     let inf: Infection<'_> = t.infect()?;
     let args = inf.call(ckpt_parasite::proto::CMD_DUMP_MISC)?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::ParasiteLoaded);
+    let posix_timers = if leader {
+        crate::timer::collect(&inf, t.pid())?
+    } else {
+        Vec::new()
+    };
     let out = TaskMisc {
+        posix_timers,
         regs: *inf.saved_regs(),
         xstate: inf.saved_xstate().to_vec(),
         sigmask: inf.saved_sigmask(),
@@ -140,6 +149,7 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
         pgid: stat[procfile::stat_index(5)] as i32,
         sid: stat[procfile::stat_index(6)] as i32,
         threads: Vec::new(),
+        posix_timers: tm.posix_timers.clone(),
     })
 }
 

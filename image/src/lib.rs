@@ -55,6 +55,7 @@ mod pb;
 pub mod seal;
 mod sys;
 pub mod task;
+pub mod timer;
 
 pub use dir::{Committed, ImageDir, ImageWriter, PagesWriter};
 pub use error::ImageError;

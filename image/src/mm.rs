@@ -5,7 +5,9 @@
 //! them their Rust path, the helpers, and the bit constants the schema's
 //! integer fields carry.
 
-pub use crate::pb::{FileId, Mm, PageChunk, PageRange, ShmemOwner, VdsoInfo, Vma, VmaKind};
+pub use crate::pb::{
+    FileId, Mm, PageChunk, PageRange, PageSpan, ShmemOwner, VdsoInfo, Vma, VmaKind,
+};
 
 impl VmaKind {
     /// True for mappings the kernel provides and the restorer moves rather

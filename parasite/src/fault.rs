@@ -92,5 +92,20 @@ pub fn kill_target(point: FaultPoint, pid: i32) {
             nix::unistd::Pid::from_raw(pid),
             nix::sys::signal::Signal::SIGKILL,
         );
+        // The kill has landed once the task is a zombie (or gone); a test
+        // of "killed during the dump" must not race the kernel's exit path.
+        for _ in 0..KILL_SETTLE_POLLS {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next());
+            if matches!(state, None | Some('Z' | 'X')) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 }
+
+/// How long (in 10 ms polls) [`kill_target`] waits for the kill to land.
+const KILL_SETTLE_POLLS: u32 = 300;

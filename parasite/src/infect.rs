@@ -151,6 +151,20 @@ impl Infection<'_> {
         })
     }
 
+    /// The task the parasite runs in.
+    pub fn tracee(&self) -> &Tracee {
+        self.tracee
+    }
+
+    /// Where a syscall run with [`Infection::syscall`] may write its output
+    /// (the argument block, free between commands): address and size.
+    pub fn syscall_buffer(&self) -> (u64, usize) {
+        (
+            self.base + BLOB.args_offset as u64,
+            std::mem::size_of::<proto::Args>(),
+        )
+    }
+
     /// Runs one syscall inside the task and checks its result.
     pub fn syscall(&self, name: &'static str, nr: i64, args: [u64; 6]) -> Result<u64> {
         let t = self.tracee;

@@ -25,6 +25,7 @@
 pub mod error;
 
 mod fd;
+mod inherit;
 mod ipc;
 mod mm;
 mod pages;
@@ -33,6 +34,7 @@ mod pid;
 mod sys;
 mod task;
 mod thread;
+mod timer;
 mod tree;
 
 use std::path::PathBuf;
@@ -258,6 +260,10 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
         .filter(|e| e.zombie_status.is_none())
         .map(|e| load(&images, &files, e))
         .collect::<Result<Vec<_>>>()?;
+    for p in &procs {
+        let parent = procs.iter().find(|q| q.pid == p.ppid).map(|q| &q.mm);
+        inherit::check(p.pid, &p.mm, parent)?;
+    }
     let zombies: Vec<Zombie> = m
         .processes
         .iter()
@@ -462,46 +468,52 @@ fn build_tree(
         &procs[0].core,
         true,
     )?;
-    let mut tracees = vec![root];
-    for p in &procs[1..] {
-        let parent = procs
-            .iter()
-            .position(|q| q.pid == p.ppid)
-            .expect("checked by check_tree");
-        let child = tree::fork_child(
-            &ckpt_parasite::remote::Remote {
-                t: &tracees[parent],
-                base,
-            },
-            p.pid,
-        )?;
-        task::restore_session(
-            &ckpt_parasite::remote::Remote { t: &child, base },
-            &p.core,
-            false,
-        )?;
-        tracees.push(child);
-    }
-    for z in zombies {
-        let parent = procs
-            .iter()
-            .position(|q| q.pid == z.ppid)
-            .expect("checked by check_tree");
-        let child = tree::fork_child(
-            &ckpt_parasite::remote::Remote {
-                t: &tracees[parent],
-                base,
-            },
-            z.pid,
-        )?;
-        let r = ckpt_parasite::remote::Remote { t: &child, base };
-        log::debug!("pid {}: zombie (status {:#x})", z.pid, z.status);
-        task::set_name(&r, &z.comm)?;
-        tree::make_zombie(&r, z.status)?;
-    }
-    for ((t, p), pg) in tracees.iter().zip(procs).zip(pages) {
+    // Tree order: a parent's memory is back before its children are forked
+    // from it, so private pages they still shared at the dump are shared
+    // again (one copy, as after the original fork). Everything else is
+    // restored afterwards, in tree order.
+    let mut slots: Vec<Option<Tracee>> = procs.iter().map(|_| None).collect();
+    slots[0] = Some(root);
+    for (i, p) in procs.iter().enumerate() {
+        let t = slots[i]
+            .as_ref()
+            .expect("parents come before their children");
         let started = Instant::now();
-        rebuild_process(t, base, p, pg, fds, opts)?;
+        rebuild_memory(t, base, p, &pages[i], fds, opts)?;
+        log::debug!(
+            "pid {}: memory rebuilt ({:.3} ms)",
+            p.pid,
+            ms_since(started)
+        );
+        let r = ckpt_parasite::remote::Remote { t, base };
+        let mut forked = Vec::new();
+        for (j, c) in procs.iter().enumerate().filter(|(_, c)| c.ppid == p.pid) {
+            let child = tree::fork_child(&r, c.pid)?;
+            task::restore_session(
+                &ckpt_parasite::remote::Remote { t: &child, base },
+                &c.core,
+                false,
+            )?;
+            forked.push((j, child));
+        }
+        for z in zombies.iter().filter(|z| z.ppid == p.pid) {
+            let child = tree::fork_child(&r, z.pid)?;
+            let zr = ckpt_parasite::remote::Remote { t: &child, base };
+            log::debug!("pid {}: zombie (status {:#x})", z.pid, z.status);
+            task::set_name(&zr, &z.comm)?;
+            tree::make_zombie(&zr, z.status)?;
+        }
+        for (j, child) in forked {
+            slots[j] = Some(child);
+        }
+    }
+    let tracees: Vec<Tracee> = slots
+        .into_iter()
+        .map(|t| t.expect("check_tree: every process has a parent in the tree"))
+        .collect();
+    for (t, p) in tracees.iter().zip(procs) {
+        let started = Instant::now();
+        rebuild_process(t, base, p, fds, opts)?;
         log::info!(
             "rebuild pid {} ({}): {} threads, {} VMAs, {} bytes of pages, {} fds ({:.3} ms)",
             p.pid,
@@ -670,7 +682,9 @@ fn spawn(pid: i32, opts: &RestoreOptions<'_>) -> Result<ChildGuard> {
     }
 }
 
-fn rebuild_process(
+/// The address space of one process: everything before it forks its
+/// children.
+fn rebuild_memory(
     t: &Tracee,
     base: u64,
     p: &ProcessImages,
@@ -706,21 +720,40 @@ fn rebuild_process(
     mm::clear_and_move_specials(&r, &child_maps, &p.mm)?;
     for v in &p.mm.vmas {
         log::debug!(
-            "pid {pid}: VMA {:#x}-{:#x} prot {:#x} {}",
+            "pid {pid}: VMA {:#x}-{:#x} prot {:#x} {}{}",
             v.start,
             v.end,
             v.prot,
-            if v.path.is_empty() { "-" } else { &v.path }
+            if v.path.is_empty() { "-" } else { &v.path },
+            if v.inherited { " (inherited)" } else { "" }
         );
     }
     mm::map_vmas(&r, &p.mm, fds.checks())?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::MidRebuild);
     mm::map_shared_links(&r, &p.mm)?;
+    inherit::drop_pages(&r, &p.mm)?;
     pages::fill_pages(&r, &p.mm, pages, opts.progress)?;
     mm::fix_protections(&r, &p.mm)?;
     let mm_fields = core.mm.as_ref().expect("validated");
     mm::set_mm_fields(&r, mm_fields, &core.exe)?;
+    Ok(())
+}
 
+/// Everything after the address space: files, signals, threads,
+/// credentials, and the registers last.
+fn rebuild_process(
+    t: &Tracee,
+    base: u64,
+    p: &ProcessImages,
+    fds: &mut fd::Context<'_>,
+    opts: &RestoreOptions<'_>,
+) -> Result<()> {
+    let pid = t.pid();
+    let core = &p.core;
+    let r = ckpt_parasite::remote::Remote { t, base };
+
+    // After the children are forked: a limit the parent had (RLIMIT_AS,
+    // RLIMIT_NPROC) must not stop them from being rebuilt.
     task::restore_rlimits(pid, core, opts.notice)?;
     for f in &p.fds.fds {
         let kind = fds
@@ -739,10 +772,14 @@ fn rebuild_process(
     for th in &threads {
         log::debug!("pid {pid}: thread {}", th.pid());
     }
+    // After the threads: a timer may signal one of them.
+    timer::create(&r, &core.posix_timers)?;
     task::restore_creds(&r, core)?;
     for th in &threads {
         task::restore_creds(&ckpt_parasite::remote::Remote { t: th, base }, core)?;
     }
+    timer::arm(&r, &core.posix_timers)?;
+    thread::finish(&threads, core)?;
 
     // Last syscall: unmap the scratch area, stopping at its exit because
     // the instruction after it is gone; then the process's own registers.
@@ -750,13 +787,15 @@ fn rebuild_process(
         &task::regs_from_image(core.regs.as_ref().expect("validated")),
         false,
     );
-    t.set_sigmask(core.sigmask)?;
     let ret = t.syscall_stop_at_exit(
         r.base,
         libc::SYS_munmap,
         [r.base, ckpt_parasite::remote::SCRATCH_LEN, 0, 0, 0, 0],
     )?;
     ckpt_parasite::check_ret(pid, "munmap (scratch)", ret)?;
+    // Only now: a signal that became pending meanwhile (a timer firing)
+    // must not stop the munmap; it is delivered once the process runs.
+    t.set_sigmask(core.sigmask)?;
     t.set_regs(&regs)?;
     t.set_xstate(&core.xstate)?;
     for th in threads {

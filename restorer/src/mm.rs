@@ -6,6 +6,7 @@
 
 use ckpt_image::mm::{Mm, VdsoInfo, Vma, VmaKind, prot, vma_flags};
 use ckpt_image::task::MmFields;
+use std::os::unix::fs::MetadataExt;
 
 use crate::error::{FileUse, RestoreError, Result};
 use crate::fd::identity::{Contents, Expected, FileChecks, Inode};
@@ -113,11 +114,7 @@ pub fn clear_and_move_specials(r: &Remote<'_>, child: &[MapLine], mm: &Mm) -> Re
         if special_kind(&m.path).is_some() || (m.start, m.end) == scratch {
             continue;
         }
-        r.call(
-            "munmap (inherited)",
-            libc::SYS_munmap,
-            [m.start, m.end - m.start, 0, 0, 0, 0],
-        )?;
+        crate::inherit::unmap_except_inherited(r, mm, m.start, m.end)?;
     }
     // Two moves each, through free space, so a destination never lands on
     // a special mapping that has not moved yet.
@@ -184,7 +181,7 @@ pub fn map_vmas(r: &Remote<'_>, mm: &Mm, checks: &mut FileChecks) -> Result<()> 
     let pid = r.t.pid();
     for v in &mm.vmas {
         let kind = VmaKind::try_from(v.kind).map_err(|_| invalid(pid, v, "unknown kind"))?;
-        if kind.is_special() || v.shmem_owner.is_some() {
+        if kind.is_special() || v.shmem_owner.is_some() || v.inherited {
             continue;
         }
         let mut flags = libc::MAP_FIXED;
@@ -312,6 +309,16 @@ pub fn set_mm_fields(r: &Remote<'_>, f: &MmFields, exe: &str) -> Result<()> {
     const PR_SET_MM_MAP: u64 = 14;
     let auxv = r.put(1, &f.auxv)?;
     let exe_fd = r.open(exe, libc::O_RDONLY | libc::O_CLOEXEC, 0)?;
+    // A process forked from a restored parent already has this executable
+    // (the kernel refuses to replace an exe file that is still mapped, even
+    // by itself): then the exe is left as it is.
+    let same_exe = {
+        let pid = r.t.pid();
+        let now = std::fs::metadata(format!("/proc/{pid}/exe"));
+        let wanted = std::fs::metadata(format!("/proc/{pid}/fd/{exe_fd}"));
+        matches!((now, wanted), (Ok(a), Ok(b)) if (a.dev(), a.ino()) == (b.dev(), b.ino()))
+    };
+    let exe_arg = if same_exe { u32::MAX } else { exe_fd as u32 };
     // struct prctl_mm_map: 11 addresses, auxv pointer, auxv_size and exe_fd (u32 each).
     let words = [
         f.start_code,
@@ -326,7 +333,7 @@ pub fn set_mm_fields(r: &Remote<'_>, f: &MmFields, exe: &str) -> Result<()> {
         f.env_start,
         f.env_end,
         auxv,
-        (f.auxv.len() as u64) | ((exe_fd as u64) << 32),
+        (f.auxv.len() as u64) | (u64::from(exe_arg) << 32),
     ];
     let map = r.put_u64s(2, &words)?;
     let res = r.call(

@@ -111,7 +111,232 @@ pub fn map_readonly(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
     unsafe { memmap2::Mmap::map(file) }
 }
 
-fn check(r: libc::c_long) -> std::io::Result<libc::c_long> {
+/// `pidfd_open(pid)` + `pidfd_getfd(fd)` run by the restorer: its own copy
+/// of fd `fd` of process `pid` (the same open file description).
+pub fn take_fd(pid: i32, fd: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: integer arguments only.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if pidfd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: integer arguments only.
+    let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: pidfd is ours and closed once.
+    unsafe { libc::close(pidfd as i32) };
+    if got < 0 {
+        return Err(err);
+    }
+    // SAFETY: pidfd_getfd returned a new fd that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(got as i32) })
+}
+
+fn check(r: libc::c_int) -> std::io::Result<()> {
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// `setsockopt` of a plain-old-data value (an int, an array of
+/// `struct tcp_repair_opt`, `struct tcp_repair_window`).
+pub fn setsockopt_raw<T: Copy>(
+    fd: std::os::fd::BorrowedFd<'_>,
+    level: i32,
+    opt: i32,
+    val: &[T],
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the kernel reads at most the given length from the live
+    // slice `val`.
+    check(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            opt,
+            val.as_ptr().cast(),
+            std::mem::size_of_val(val) as libc::socklen_t,
+        )
+    })
+}
+
+/// `setsockopt` of an int option.
+pub fn setsockopt_int(
+    fd: std::os::fd::BorrowedFd<'_>,
+    level: i32,
+    opt: i32,
+    val: i32,
+) -> std::io::Result<()> {
+    setsockopt_raw(fd, level, opt, &[val as libc::c_int])
+}
+
+/// A socket address in the kernel's layout.
+struct RawAddr {
+    storage: libc::sockaddr_storage,
+    len: libc::socklen_t,
+}
+
+fn raw_addr(a: &std::net::SocketAddr) -> RawAddr {
+    // SAFETY: sockaddr_storage is plain old data.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match a {
+        std::net::SocketAddr::V4(v4) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*v4.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for
+            // sockaddr_in.
+            unsafe { *(&raw mut storage).cast::<libc::sockaddr_in>() = sin };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        std::net::SocketAddr::V6(v6) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: v6.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
+                sin6_scope_id: v6.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for
+            // sockaddr_in6.
+            unsafe { *(&raw mut storage).cast::<libc::sockaddr_in6>() = sin6 };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    RawAddr {
+        storage,
+        len: len as libc::socklen_t,
+    }
+}
+
+/// `bind(2)`.
+pub fn bind(fd: std::os::fd::BorrowedFd<'_>, a: &std::net::SocketAddr) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let raw = raw_addr(a);
+    // SAFETY: the kernel reads `len` bytes of the live local address.
+    check(unsafe { libc::bind(fd.as_raw_fd(), (&raw const raw.storage).cast(), raw.len) })
+}
+
+/// `connect(2)`.
+pub fn connect(fd: std::os::fd::BorrowedFd<'_>, a: &std::net::SocketAddr) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let raw = raw_addr(a);
+    // SAFETY: the kernel reads `len` bytes of the live local address.
+    check(unsafe { libc::connect(fd.as_raw_fd(), (&raw const raw.storage).cast(), raw.len) })
+}
+
+/// `listen(2)`.
+pub fn listen(fd: std::os::fd::BorrowedFd<'_>, backlog: i32) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: integer arguments only.
+    check(unsafe { libc::listen(fd.as_raw_fd(), backlog) })
+}
+
+/// Sends all of `data` without blocking (`MSG_DONTWAIT`: the socket's
+/// description is the process's, whose blocking mode ckpt leaves alone).
+pub fn send_all(fd: std::os::fd::BorrowedFd<'_>, mut data: &[u8]) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    while !data.is_empty() {
+        // SAFETY: the kernel reads at most `data.len()` bytes of `data`.
+        let n = unsafe {
+            libc::send(
+                fd.as_raw_fd(),
+                data.as_ptr().cast(),
+                data.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::WriteZero));
+        }
+        data = &data[n as usize..];
+    }
+    Ok(())
+}
+/// An ioctl whose argument is an int passed by pointer (`TIOCPKT`,
+/// `TIOCSPTLCK`).
+pub fn ioctl_set_int(
+    fd: std::os::fd::BorrowedFd<'_>,
+    req: libc::Ioctl,
+    value: i32,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let v: libc::c_int = value;
+    // SAFETY: the request reads one int from the pointer, a live local.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), req, &v as *const libc::c_int) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Sets a terminal's line settings and window size through `fd` (on a pty
+/// master they are its slave's).
+pub fn set_term_state(
+    fd: std::os::fd::BorrowedFd<'_>,
+    termios: &libc::termios,
+    winsize: &libc::winsize,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: TCSETS reads one struct termios from the pointer, a live
+    // reference.
+    if unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TCSETS,
+            termios as *const libc::termios,
+        )
+    } < 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: TIOCSWINSZ reads one struct winsize from the pointer, a live
+    // reference.
+    if unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TIOCSWINSZ,
+            winsize as *const libc::winsize,
+        )
+    } < 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Opens the slave of pty master `fd` (`TIOCGPTPEER`), without making it a
+/// controlling terminal and without a path lookup.
+pub fn open_pty_peer(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let flags = libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC;
+    // SAFETY: TIOCGPTPEER takes its flags by value and returns a new fd.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGPTPEER, flags) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the ioctl returned a new fd that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(r) })
+}
+
+fn check_ret(r: libc::c_long) -> std::io::Result<libc::c_long> {
     if r < 0 {
         Err(std::io::Error::last_os_error())
     } else {
@@ -123,7 +348,7 @@ fn check(r: libc::c_long) -> std::io::Result<libc::c_long> {
 /// root (the restorer) can use until its owner and mode are set.
 pub fn shm_create(key: i32, size: u64) -> std::io::Result<i32> {
     // SAFETY: integers only.
-    check(
+    check_ret(
         unsafe { libc::shmget(key, size as usize, libc::IPC_CREAT | libc::IPC_EXCL | 0o600) }
             as libc::c_long,
     )
@@ -133,7 +358,7 @@ pub fn shm_create(key: i32, size: u64) -> std::io::Result<i32> {
 /// `semget(key, nsems, IPC_CREAT | IPC_EXCL | 0600)`.
 pub fn sem_create(key: i32, nsems: i32) -> std::io::Result<i32> {
     // SAFETY: integers only.
-    check(
+    check_ret(
         unsafe { libc::semget(key, nsems, libc::IPC_CREAT | libc::IPC_EXCL | 0o600) }
             as libc::c_long,
     )
@@ -143,8 +368,10 @@ pub fn sem_create(key: i32, nsems: i32) -> std::io::Result<i32> {
 /// `msgget(key, IPC_CREAT | IPC_EXCL | 0600)`.
 pub fn msg_create(key: i32) -> std::io::Result<i32> {
     // SAFETY: integers only.
-    check(unsafe { libc::msgget(key, libc::IPC_CREAT | libc::IPC_EXCL | 0o600) } as libc::c_long)
-        .map(|r| r as i32)
+    check_ret(
+        unsafe { libc::msgget(key, libc::IPC_CREAT | libc::IPC_EXCL | 0o600) } as libc::c_long,
+    )
+    .map(|r| r as i32)
 }
 
 /// Owner, group and permission bits of an object (`IPC_SET`).
@@ -163,12 +390,12 @@ pub fn shm_set(id: i32, o: IpcOwner) -> std::io::Result<()> {
     // SAFETY: an all-zero shmid_ds is valid; IPC_STAT fills it.
     let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
     // SAFETY: `ds` is a live shmid_ds, written by IPC_STAT and read by IPC_SET.
-    check(unsafe { libc::shmctl(id, libc::IPC_STAT, &mut ds) } as libc::c_long)?;
+    check_ret(unsafe { libc::shmctl(id, libc::IPC_STAT, &mut ds) } as libc::c_long)?;
     ds.shm_perm.uid = o.uid;
     ds.shm_perm.gid = o.gid;
     ds.shm_perm.mode = o.mode as _;
     // SAFETY: as above.
-    check(unsafe { libc::shmctl(id, libc::IPC_SET, &mut ds) } as libc::c_long).map(drop)
+    check_ret(unsafe { libc::shmctl(id, libc::IPC_SET, &mut ds) } as libc::c_long).map(drop)
 }
 
 /// `semctl(IPC_SET)`.
@@ -178,21 +405,22 @@ pub fn sem_set(id: i32, o: IpcOwner) -> std::io::Result<()> {
     let dsp = &mut ds as *mut libc::semid_ds;
     // SAFETY: `dsp` points at a live semid_ds, written by IPC_STAT.
     let r = unsafe { libc::semctl(id, 0, libc::IPC_STAT, dsp) };
-    check(r as libc::c_long)?;
+    check_ret(r as libc::c_long)?;
     ds.sem_perm.uid = o.uid;
     ds.sem_perm.gid = o.gid;
     ds.sem_perm.mode = o.mode as _;
     let dsp = &mut ds as *mut libc::semid_ds;
     // SAFETY: as above; IPC_SET only reads it.
     let r = unsafe { libc::semctl(id, 0, libc::IPC_SET, dsp) };
-    check(r as libc::c_long).map(drop)
+    check_ret(r as libc::c_long).map(drop)
 }
 
 /// `semctl(SETALL)`.
 pub fn sem_setall(id: i32, values: &[u16]) -> std::io::Result<()> {
     // SAFETY: SETALL reads nsems unsigned shorts; `values` has that many
     // (checked by the caller against the set it created).
-    check(unsafe { libc::semctl(id, 0, libc::SETALL, values.as_ptr()) } as libc::c_long).map(drop)
+    check_ret(unsafe { libc::semctl(id, 0, libc::SETALL, values.as_ptr()) } as libc::c_long)
+        .map(drop)
 }
 
 /// `msgctl(IPC_SET)` with the queue's byte limit too.
@@ -200,13 +428,13 @@ pub fn msg_set(id: i32, o: IpcOwner, qbytes: u64) -> std::io::Result<()> {
     // SAFETY: an all-zero msqid_ds is valid; IPC_STAT fills it.
     let mut ds: libc::msqid_ds = unsafe { std::mem::zeroed() };
     // SAFETY: `ds` is a live msqid_ds, written by IPC_STAT and read by IPC_SET.
-    check(unsafe { libc::msgctl(id, libc::IPC_STAT, &mut ds) } as libc::c_long)?;
+    check_ret(unsafe { libc::msgctl(id, libc::IPC_STAT, &mut ds) } as libc::c_long)?;
     ds.msg_perm.uid = o.uid;
     ds.msg_perm.gid = o.gid;
     ds.msg_perm.mode = o.mode as _;
     ds.msg_qbytes = qbytes as _;
     // SAFETY: as above.
-    check(unsafe { libc::msgctl(id, libc::IPC_SET, &mut ds) } as libc::c_long).map(drop)
+    check_ret(unsafe { libc::msgctl(id, libc::IPC_SET, &mut ds) } as libc::c_long).map(drop)
 }
 
 /// `msgsnd(IPC_NOWAIT)` of one message.
@@ -217,7 +445,7 @@ pub fn msg_send(id: i32, mtype: i64, text: &[u8]) -> std::io::Result<()> {
     buf.extend_from_slice(text);
     // SAFETY: `buf` is a long mtype followed by text.len() bytes, which
     // msgsnd only reads.
-    check(
+    check_ret(
         unsafe { libc::msgsnd(id, buf.as_ptr().cast(), text.len(), libc::IPC_NOWAIT) }
             as libc::c_long,
     )
@@ -245,7 +473,7 @@ pub fn ipc_rmid(kind: IpcKind, id: i32) -> std::io::Result<()> {
             IpcKind::Msg => libc::msgctl(id, libc::IPC_RMID, std::ptr::null_mut()),
         }
     };
-    check(r as libc::c_long).map(drop)
+    check_ret(r as libc::c_long).map(drop)
 }
 
 /// A read-write attach of a segment in the restorer, detached on drop.

@@ -24,7 +24,8 @@ const THREAD_FLAGS: u64 = (libc::CLONE_VM
 pub const CLONE_ARGS_SIZE: u64 = 80;
 
 /// Creates every thread of `core.threads` inside the leader behind `r` and
-/// sets its state; returns them stopped, ready to be detached.
+/// sets its state, all signals still blocked; returns them stopped, to be
+/// completed by [`finish`].
 pub fn spawn(r: &Remote<'_>, core: &Core) -> Result<Vec<Tracee>> {
     if core.threads.is_empty() {
         return Ok(Vec::new());
@@ -58,6 +59,19 @@ pub fn spawn(r: &Remote<'_>, core: &Core) -> Result<Vec<Tracee>> {
         )?;
         task::set_name(&tr, &tc.comm)?;
         task::queue_pending(&tr, tgid, &tc.pending)?;
+        out.push(t);
+    }
+    Ok(out)
+}
+
+/// Gives each thread from [`spawn`] its own blocked mask, registers and
+/// xstate, once no remote syscall will run in it any more (its
+/// credentials are set after `spawn`): with its mask in place a pending
+/// signal (queued from the image, or a timer that fired) would stop a
+/// remote syscall, and every remote syscall clobbers the registers.
+pub fn finish(threads: &[Tracee], core: &Core) -> Result<()> {
+    let tgid = core.pid;
+    for (t, tc) in threads.iter().zip(&core.threads) {
         let regs = tc.regs.as_ref().ok_or_else(|| {
             RestoreError::Image(ckpt_image::ImageError::Invalid {
                 path: ckpt_image::core_name(tgid).into(),
@@ -70,7 +84,6 @@ pub fn spawn(r: &Remote<'_>, core: &Core) -> Result<Vec<Tracee>> {
             false,
         ))?;
         t.set_xstate(&tc.xstate)?;
-        out.push(t);
     }
-    Ok(out)
+    Ok(())
 }

@@ -1,13 +1,13 @@
 /*
  * Victim holding three kinds of things ckpt cannot save yet, in two
  * processes: the root a UNIX socket pair (two fds) and a memfd, its child
- * an inotify instance. A dump must list all four fds at once and leave
+ * a fanotify instance. A dump must list all four fds at once and leave
  * both running; after go the
  * child exits and the root checks its objects still work.
  */
 #include "victim.h"
 
-#include <sys/inotify.h>
+#include <sys/fanotify.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -26,11 +26,11 @@ int main(int argc, char **argv)
 	if (child < 0)
 		die("fork");
 	if (child == 0) {
-		/* Only the inotify instance in the child: the lists stay exact. */
+		/* Only the fanotify instance in the child: the lists stay exact. */
 		close(sv[0]);
 		close(sv[1]);
 		close(mfd);
-		int in = inotify_init1(IN_CLOEXEC);
+		int in = fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC, O_RDONLY);
 		if (in < 0)
 			_exit(70);
 		while (!victim_file_exists("go")) {

@@ -12,8 +12,7 @@
  *           have and put the offset at its end).
  *   tty7    fd 7: a pty slave (the master is closed). With ARG "null",
  *           after go fd 7 must be /dev/null.
- *   posix | ofd | flock
- *           fd 5: WORKDIR/db read-write holding a write lock of that kind.
+ *   lease   fd 5: WORKDIR/db read-only holding a read lease (F_SETLEASE).
  */
 #include "victim.h"
 
@@ -133,22 +132,19 @@ static void check_tty_is_null(void)
 	      minor(st.st_rdev));
 }
 
-static void setup_lock(const char *kind)
+static void setup_lease(void)
 {
 	char p[PATH_MAX];
-	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+	int fd;
 
 	victim_path(p, sizeof(p), "db");
-	at(open(p, O_RDWR | O_CREAT, 0600), FD_LOCK);
-	if (strcmp(kind, "posix") == 0) {
-		if (fcntl(FD_LOCK, F_SETLK, &fl))
-			die("F_SETLK");
-	} else if (strcmp(kind, "ofd") == 0) {
-		if (fcntl(FD_LOCK, F_OFD_SETLK, &fl))
-			die("F_OFD_SETLK");
-	} else if (flock(FD_LOCK, LOCK_EX)) {
-		die("flock");
-	}
+	fd = open(p, O_RDWR | O_CREAT, 0600);
+	if (fd < 0)
+		die("create db");
+	close(fd);
+	at(open(p, O_RDONLY), FD_LOCK);
+	if (fcntl(FD_LOCK, F_SETLEASE, F_RDLCK))
+		die("F_SETLEASE");
 }
 
 int main(int argc, char **argv)
@@ -165,9 +161,8 @@ int main(int argc, char **argv)
 		setup_log();
 	else if (strcmp(mode, "tty7") == 0)
 		setup_tty();
-	else if (strcmp(mode, "posix") == 0 || strcmp(mode, "ofd") == 0 ||
-		 strcmp(mode, "flock") == 0)
-		setup_lock(mode);
+	else if (strcmp(mode, "lease") == 0)
+		setup_lease();
 	else
 		die("unknown mode");
 

@@ -48,6 +48,12 @@ pub struct DumpArgs {
     /// with `--inherit-fd fd[N]:KEY`.
     #[arg(long = "external", value_name = "KEY")]
     externals: Vec<String>,
+    /// Also save established TCP connections to peers outside the tree
+    /// (CRIU's option): they are frozen in repair mode, and after
+    /// `--kill` the peer sees nothing until the restored process continues
+    /// the stream. Connections with both ends in the tree are always saved.
+    #[arg(long)]
+    tcp_established: bool,
 }
 
 /// Runs `ckpt dump`.
@@ -117,7 +123,9 @@ fn phases(
 ) -> anyhow::Result<DumpReport> {
     scripts.run(Phase::PreDump, Some(a.pid))?;
     let mut frozen = ckpt_dumper::freeze(a.pid)?;
-    frozen.drain()?;
+    frozen.drain(&ckpt_dumper::DrainOptions {
+        tcp_established: a.tcp_established,
+    })?;
     let written = frozen.write(write)?;
     if let Err(e) = scripts.run(Phase::PostDump, Some(a.pid)) {
         // A vetoed dump leaves no checkpoint, like any failed one; dropping

@@ -66,6 +66,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
                     "file_offset": v.file_offset,
                     "saved_bytes": v.pages.iter().map(|r| r.len()).sum::<u64>(),
                     "sysv_shmid": (v.kind == VmaKind::SysvShm as i32).then_some(v.sysv_shmid),
+                    "inherited": v.inherited,
                 })
             })
             .collect();
@@ -83,6 +84,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
                     "flags": file.map(|x| format!("{:#o}", x.flags)),
                     "cloexec": f.cloexec,
                     "pos": file.map(|x| x.pos),
+                    "locks": table.locks.iter().filter(|l| l.fd == f.fd).map(|l| l.describe()).collect::<Vec<_>>(),
                 })
             })
             .collect();
@@ -99,6 +101,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
             "pages_file_bytes": if mm.compressed { mm.chunks.iter().map(|c| c.file_len).sum::<u64>() } else { mm.pages_bytes },
             "sigactions": core.sigactions.len(),
             "pending_signals": core.pending.len(),
+            "posix_timers": core.posix_timers.iter().map(|t| t.describe()).collect::<Vec<_>>(),
             "vmas": vmas,
             "fds": fds,
         }));
@@ -208,11 +211,14 @@ fn render_text(v: &Value) -> String {
             p["sigactions"],
             p["pending_signals"]
         );
+        for t in p["posix_timers"].as_array().into_iter().flatten() {
+            let _ = writeln!(s, "  POSIX {}", t.as_str().unwrap_or(""));
+        }
         let _ = writeln!(s, "  VMAs:");
         for m in p["vmas"].as_array().into_iter().flatten() {
             let _ = writeln!(
                 s,
-                "    {}-{} {} {:<11} saved {:>10}  {}",
+                "    {}-{} {} {:<11} saved {:>10}  {}{}",
                 m["start"].as_str().unwrap_or(""),
                 m["end"].as_str().unwrap_or(""),
                 m["prot"].as_str().unwrap_or(""),
@@ -220,15 +226,31 @@ fn render_text(v: &Value) -> String {
                 m["saved_bytes"],
                 m["sysv_shmid"].as_i64().map_or_else(
                     || m["path"].as_str().unwrap_or("").to_string(),
-                    |id| { format!("SysV shmid {id}") }
-                )
+                    |id| format!("SysV shmid {id}")
+                ),
+                if m["inherited"] == true {
+                    " (rest shared with the parent since fork)"
+                } else {
+                    ""
+                }
             );
         }
         let _ = writeln!(s, "  fds:");
         for f in p["fds"].as_array().into_iter().flatten() {
+            let locks: Vec<&str> = f["locks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            let locks = if locks.is_empty() {
+                String::new()
+            } else {
+                format!("  (locks {})", locks.join(", "))
+            };
             let _ = writeln!(
                 s,
-                "    {:>3} file {:<4} {:<8} flags {} pos {}{}  {}",
+                "    {:>3} file {:<4} {:<8} flags {} pos {}{}  {}{locks}",
                 f["fd"],
                 f["file_id"],
                 f["kind"].as_str().unwrap_or(""),
@@ -336,8 +358,89 @@ fn describe(f: &File) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
+        Some(Kind::Pty(p)) => describe_pty(p),
+        Some(Kind::Inet(i)) => describe_inet(i),
+        Some(Kind::Inotify(i)) => format!(
+            "inotify watches {}",
+            i.watches
+                .iter()
+                .map(|w| format!("wd {} mask {:#x} {}", w.wd, w.mask, w.path))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Some(Kind::Pidfd(p)) => format!("pidfd of pid {}", p.pid),
         None => String::new(),
     }
+}
+
+/// One end of a pty pair in one line.
+fn describe_pty(p: &ckpt_image::fd::pty::PtyFile) -> String {
+    use ckpt_image::fd::pty::PtySide;
+    if p.side == PtySide::Slave as i32 {
+        return format!(
+            "pty slave /dev/pts/{} of master file {}",
+            p.index, p.master_file_id
+        );
+    }
+    let line = p.line.clone().unwrap_or_default();
+    format!(
+        "pty master of /dev/pts/{} ({}x{}{}{})",
+        p.index,
+        line.cols,
+        line.rows,
+        if line.packet_mode {
+            ", packet mode"
+        } else {
+            ""
+        },
+        if line.locked { ", locked" } else { "" }
+    )
+}
+
+/// A TCP or UDP socket in one line: transport, family, state, addresses,
+/// and for an established connection its queued bytes and where its
+/// other end is.
+fn describe_inet(i: &ckpt_image::fd::inet::InetFile) -> String {
+    use ckpt_image::fd::inet::{InetFamily, InetProtocol, InetState};
+    let proto = match InetProtocol::try_from(i.protocol) {
+        Ok(InetProtocol::Tcp) => "tcp",
+        Ok(InetProtocol::Udp) => "udp",
+        _ => "?",
+    };
+    let family = match InetFamily::try_from(i.family) {
+        Ok(InetFamily::Ipv4) => "4",
+        Ok(InetFamily::Ipv6) => "6",
+        _ => "?",
+    };
+    let state = match InetState::try_from(i.state) {
+        Ok(InetState::Listen) => format!("listen backlog {}", i.backlog),
+        Ok(InetState::Connected) if i.tcp.is_some() => "established".into(),
+        Ok(InetState::Connected) => "connected".into(),
+        Ok(InetState::Closed) if i.local.is_some() => "bound".into(),
+        Ok(InetState::Closed) => "unbound".into(),
+        _ => "?".into(),
+    };
+    let mut s = format!("{proto}{family} {state}");
+    if let Some(l) = &i.local {
+        s.push_str(&format!(" {l}"));
+    }
+    if let Some(p) = &i.peer {
+        s.push_str(&format!(" -> {p}"));
+    }
+    if let Some(t) = &i.tcp {
+        s.push_str(&format!(
+            " send queue {} ({} unsent) receive queue {} peer {}",
+            t.send_len,
+            t.unsent_len,
+            t.recv_len,
+            if t.peer_file_id == 0 {
+                "outside the tree".to_string()
+            } else {
+                format!("file {}", t.peer_file_id)
+            }
+        ));
+    }
+    s
 }
 
 /// A timerfd in one line: clock, how it is armed, pending expirations.

@@ -11,8 +11,12 @@ mod epoll;
 mod eventfd;
 mod external;
 mod fifo;
+pub(crate) mod inet;
+mod inotify;
 mod lock;
+mod pidfd;
 mod pipe;
+mod pty;
 mod reg;
 mod signalfd;
 mod timerfd;
@@ -43,25 +47,36 @@ static KINDS: &[&dyn FileDumper] = &[
     &signalfd::Signalfd,
     &fifo::Fifo,
     &epoll::Epoll,
+    &pty::Pty,
+    &inet::Inet,
+    &inotify::Inotify,
+    &pidfd::Pidfd,
 ];
 
 /// What ckpt refuses by name (an fd of these fails the dump, naming pid and
 /// fd): (name, why), for `ckpt check --kinds` and the README.
 pub static REFUSED: &[(&str, &str)] = &[
-    ("socket", "sockets of any family"),
+    (
+        "socket",
+        "sockets of families other than IPv4/IPv6; raw, ping and UDP-Lite sockets",
+    ),
+    (
+        "TCP in other states",
+        "half-closed or opening TCP connections (FIN_WAIT*, CLOSE_WAIT, SYN_SENT, ...), listening sockets with connections not accepted yet, connections to a peer outside the tree without --tcp-established",
+    ),
     (
         "pipe to outside the tree",
         "a pipe whose other end no process of the tree holds, unless only fds 0-2 hold it (rebound to restore's stdio) or it is declared with --external",
     ),
-    ("inotify", "inotify and fanotify instances"),
+    ("fanotify", "fanotify instances"),
     ("memfd", "memfd files"),
     (
         "other devices",
         "character and block devices other than the ones above",
     ),
     (
-        "file lock",
-        "POSIX, OFD, flock locks and leases (the process is refused)",
+        "file lease",
+        "leases (F_SETLEASE) and delegations, mandatory locks of old kernels, and locks on files not reopened by path (the process is refused)",
     ),
 ];
 
@@ -265,13 +280,12 @@ pub fn collect_tree(
         blobs: Blobs::default(),
     };
     let mut seen: HashMap<Inode, Vec<Holder>> = HashMap::new();
+    let mut seen_locks = lock::SeenLocks::default();
     for &pid in pids {
         let mut table = FdTable::default();
+        seen_locks.next_process();
         for fd in procfile::numbered_entries(pid, "fd")? {
             let p = params(pid, fd, externals)?;
-            if blockers.absorb(lock::refuse_locks(&p))?.is_none() {
-                continue;
-            }
             let inode = Inode {
                 dev: p.meta.dev(),
                 ino: p.meta.ino(),
@@ -305,6 +319,10 @@ pub fn collect_tree(
                     id
                 }
             };
+            let file = out.file(file_id);
+            if let Some(locks) = blockers.absorb(lock::locks_of(&p, file, &mut seen_locks))? {
+                table.locks.extend(locks);
+            }
             seen.entry(inode)
                 .or_default()
                 .push(Holder { pid, fd, file_id });

@@ -23,7 +23,12 @@ pub mod epoll;
 pub mod eventfd;
 pub mod external;
 pub mod fifo;
+pub mod inet;
+pub mod inotify;
+pub mod lock;
+pub mod pidfd;
 pub mod pipe;
+pub mod pty;
 pub mod reg;
 pub mod signalfd;
 pub mod timerfd;
@@ -45,6 +50,10 @@ impl File {
             Some(file::Kind::Signalfd(_)) => "signalfd",
             Some(file::Kind::Fifo(_)) => "fifo",
             Some(file::Kind::Epoll(_)) => "epoll",
+            Some(file::Kind::Pty(_)) => "pty",
+            Some(file::Kind::Inet(_)) => "inet",
+            Some(file::Kind::Inotify(_)) => "inotify",
+            Some(file::Kind::Pidfd(_)) => "pidfd",
             None => "unknown",
         }
     }

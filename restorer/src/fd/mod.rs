@@ -15,7 +15,12 @@ mod eventfd;
 mod external;
 mod fifo;
 pub mod identity;
+mod inet;
+mod inotify;
+mod lock;
+mod pidfd;
 mod pipe;
+mod pty;
 mod reg;
 mod signalfd;
 mod timerfd;
@@ -78,6 +83,10 @@ fn install_file(
         Some(Kind::Signalfd(image)) => install(&signalfd::Signalfd, cx, r, file, image, fd, pass),
         Some(Kind::Fifo(image)) => install(&fifo::Fifo, cx, r, file, image, fd, pass),
         Some(Kind::Epoll(image)) => install(&epoll::Epoll, cx, r, file, image, fd, pass),
+        Some(Kind::Pty(image)) => install(&pty::Pty, cx, r, file, image, fd, pass),
+        Some(Kind::Inet(image)) => install(&inet::Inet, cx, r, file, image, fd, pass),
+        Some(Kind::Inotify(image)) => install(&inotify::Inotify, cx, r, file, image, fd, pass),
+        Some(Kind::Pidfd(image)) => install(&pidfd::Pidfd, cx, r, file, image, fd, pass),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
 }
@@ -358,6 +367,15 @@ pub fn validate(images: &ImageDir, pid: i32, table: &FdTable, files: &Files) -> 
             )));
         }
     }
+    for l in &table.locks {
+        if !table.fds.iter().any(|f| f.fd == l.fd) {
+            return Err(invalid(format!("lock on fd {}, not in the table", l.fd)));
+        }
+        let in_range = i64::try_from(l.start).is_ok() && i64::try_from(l.len).is_ok();
+        if l.class() == ckpt_image::fd::lock::LockClass::Unspecified || !in_range {
+            return Err(invalid(format!("fd {}: bad lock {}", l.fd, l.describe())));
+        }
+    }
     Ok(())
 }
 
@@ -395,6 +413,8 @@ pub fn restore(
             r.close(fd)?;
         }
     }
+    // Last: closing any fd of a file releases the process's POSIX locks on it.
+    lock::retake(r, &table.locks)?;
     Ok(())
 }
 

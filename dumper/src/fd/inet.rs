@@ -1,0 +1,635 @@
+//! TCP and UDP sockets over IPv4 and IPv6.
+//!
+//! A socket is recognised by its `/proc/PID/fd/N` link (`socket:[INO]`);
+//! ckpt takes its own copy with `pidfd_getfd` (the same open file
+//! description, so the same socket) and asks it with getsockopt:
+//! SO_DOMAIN/SO_TYPE/SO_PROTOCOL, getsockname/getpeername for the
+//! addresses and TCP_INFO for the state, the listen backlog and the
+//! negotiated options. (sock_diag would tell the same per socket; this
+//! way needs no netlink dump and no matching of inodes.)
+//!
+//! Established TCP connections are saved through TCP_REPAIR: [`TcpRepair`]
+//! switches repair mode on while the tree is frozen ([`crate::Frozen::drain`])
+//! so the queues hold still and can be read without consuming them, and
+//! off again when the tree is thawed; when the tree is killed the sockets
+//! are closed in repair mode, which sends nothing to the peer.
+//!
+//! UDP datagrams queued at dump time are not saved (as in CRIU: UDP may
+//! lose datagrams, and putting them back would need their senders'
+//! addresses): the dump logs how many bytes it drops.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+
+use ckpt_image::fd::file::Kind;
+use ckpt_image::fd::inet::{
+    InetAddr, InetFamily, InetFile, InetOptions, InetProtocol, InetState, TcpConnection,
+    tcp_data_name,
+};
+
+use super::{Blobs, FdParams, FileDumper, TreeFiles};
+use crate::error::{DumpError, Result};
+use crate::procfile;
+use crate::sys::{self, SockEnd, TcpInfo, TcpRepairWindow};
+
+/// `socket:[INO]` of an IPv4 or IPv6 socket.
+pub struct Inet;
+
+/// Kernel TCP states (include/net/tcp_states.h), as TCP_INFO reports them.
+mod tcp_state {
+    pub const ESTABLISHED: u8 = 1;
+    pub const CLOSE: u8 = 7;
+    pub const LISTEN: u8 = 10;
+
+    /// The state's name, for refusals.
+    pub fn name(s: u8) -> &'static str {
+        match s {
+            1 => "ESTABLISHED",
+            2 => "SYN_SENT",
+            3 => "SYN_RECV",
+            4 => "FIN_WAIT1",
+            5 => "FIN_WAIT2",
+            6 => "TIME_WAIT",
+            7 => "CLOSE",
+            8 => "CLOSE_WAIT",
+            9 => "LAST_ACK",
+            10 => "LISTEN",
+            11 => "CLOSING",
+            _ => "unknown",
+        }
+    }
+}
+
+/// `TCP_REPAIR` values.
+const TCP_REPAIR_ON: i32 = 1;
+/// Repair off without the window probe the plain `TCP_REPAIR_OFF` sends:
+/// the connection just goes on.
+const TCP_REPAIR_OFF_NO_WP: i32 = sys::TCP_REPAIR_OFF_NO_WP;
+/// `TCP_REPAIR_QUEUE` values.
+const TCP_NO_QUEUE: i32 = 0;
+const TCP_RECV_QUEUE: i32 = 1;
+const TCP_SEND_QUEUE: i32 = 2;
+/// `TCPI_OPT_*` bits of `tcp_info.options`.
+const TCPI_OPT_TIMESTAMPS: u8 = 1;
+const TCPI_OPT_SACK: u8 = 2;
+const TCPI_OPT_WSCALE: u8 = 4;
+/// `SIOCINQ` / `SIOCOUTQ` (FIONREAD / TIOCOUTQ for sockets).
+const SIOCINQ: libc::c_ulong = libc::FIONREAD;
+const SIOCOUTQ: libc::c_ulong = libc::TIOCOUTQ;
+/// `CAP_NET_BIND_SERVICE`, a bit of `CapEff`.
+const CAP_NET_BIND_SERVICE: u32 = 10;
+
+/// What getsockopt says a socket is.
+struct Identity {
+    family: InetFamily,
+    protocol: InetProtocol,
+}
+
+/// The family and transport of the socket behind `sock`; `Ok(None)` for a
+/// socket of another family, `Err` with a refusal for an inet socket ckpt
+/// cannot save (raw, SCTP, ...).
+fn identify(
+    sock: BorrowedFd<'_>,
+) -> std::io::Result<Option<std::result::Result<Identity, String>>> {
+    let domain = sys::getsockopt_int(sock, libc::SOL_SOCKET, libc::SO_DOMAIN)?;
+    let family = match domain {
+        libc::AF_INET => InetFamily::Ipv4,
+        libc::AF_INET6 => InetFamily::Ipv6,
+        _ => return Ok(None),
+    };
+    let ty = sys::getsockopt_int(sock, libc::SOL_SOCKET, libc::SO_TYPE)?;
+    let proto = sys::getsockopt_int(sock, libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
+    let fam = family_name(family);
+    Ok(Some(match (ty, proto) {
+        (libc::SOCK_STREAM, libc::IPPROTO_TCP) => Ok(Identity {
+            family,
+            protocol: InetProtocol::Tcp,
+        }),
+        (libc::SOCK_DGRAM, libc::IPPROTO_UDP) => Ok(Identity {
+            family,
+            protocol: InetProtocol::Udp,
+        }),
+        (libc::SOCK_RAW, p) => Err(format!("raw {fam} socket (protocol {p})")),
+        (libc::SOCK_DGRAM, libc::IPPROTO_ICMP | libc::IPPROTO_ICMPV6) => {
+            Err(format!("{fam} ping (ICMP) socket"))
+        }
+        (libc::SOCK_DGRAM, libc::IPPROTO_UDPLITE) => Err(format!("{fam} UDP-Lite socket")),
+        (_, p) => Err(format!("{fam} socket of type {ty}, protocol {p}")),
+    }))
+}
+
+fn family_name(f: InetFamily) -> &'static str {
+    match f {
+        InetFamily::Ipv6 => "IPv6",
+        _ => "IPv4",
+    }
+}
+
+fn tcp_info(sock: BorrowedFd<'_>) -> std::io::Result<TcpInfo> {
+    sys::getsockopt_raw::<TcpInfo>(sock, libc::IPPROTO_TCP, libc::TCP_INFO).map(|(v, _)| v)
+}
+
+fn flag(sock: BorrowedFd<'_>, level: i32, opt: i32) -> std::io::Result<bool> {
+    sys::getsockopt_int(sock, level, opt).map(|v| v != 0)
+}
+
+fn uint(sock: BorrowedFd<'_>, level: i32, opt: i32) -> std::io::Result<u32> {
+    sys::getsockopt_int(sock, level, opt).map(|v| v.max(0) as u32)
+}
+
+impl FileDumper for Inet {
+    fn name(&self) -> &'static str {
+        "inet"
+    }
+
+    fn description(&self) -> &'static str {
+        "TCP and UDP sockets (IPv4, IPv6): bound, connected, listening, established TCP with its queues (TCP_REPAIR)"
+    }
+
+    fn claims(&self, p: &FdParams) -> bool {
+        if p.meta.mode() & libc::S_IFMT != libc::S_IFSOCK {
+            return false;
+        }
+        // A socket ckpt cannot even copy is left to the generic refusal.
+        sys::take_fd(p.pid, p.fd)
+            .and_then(|s| identify(s.as_fd()))
+            .is_ok_and(|id| id.is_some())
+    }
+
+    fn collect(&self, p: &FdParams, file_id: u64, blobs: &mut Blobs) -> Result<Kind> {
+        let os = |what: &str, e: std::io::Error| DumpError::Proc {
+            pid: p.pid,
+            path: format!("fd {}: {what}", p.fd).into(),
+            source: e,
+        };
+        let copy = sys::take_fd(p.pid, p.fd).map_err(|e| os("pidfd_getfd", e))?;
+        let sock = copy.as_fd();
+        let id = match identify(sock).map_err(|e| os("getsockopt", e))? {
+            Some(Ok(id)) => id,
+            Some(Err(what)) => return Err(p.unsupported(&what)),
+            None => return Err(p.unsupported("socket of a family other than IPv4/IPv6")),
+        };
+        let local = sys::sock_addr(sock, SockEnd::Local).map_err(|e| os("getsockname", e))?;
+        let peer = sys::sock_addr(sock, SockEnd::Peer).map_err(|e| os("getpeername", e))?;
+        let options = read_options(sock, &id).map_err(|e| os("getsockopt", e))?;
+        let mut image = InetFile {
+            family: id.family as i32,
+            protocol: id.protocol as i32,
+            state: InetState::Closed as i32,
+            local: local
+                .filter(|a| a.port() != 0)
+                .as_ref()
+                .map(InetAddr::from_socket_addr),
+            peer: peer.as_ref().map(InetAddr::from_socket_addr),
+            options: Some(options),
+            backlog: 0,
+            tcp: None,
+            may_bind_privileged: may_bind_privileged(p.pid)?,
+        };
+        let name = |a: &Option<SocketAddr>| a.map_or("-".to_string(), |a| a.to_string());
+        match id.protocol {
+            InetProtocol::Udp => {
+                if peer.is_some() {
+                    image.state = InetState::Connected as i32;
+                }
+                let queued = sys::ioctl_int(sock, SIOCINQ).map_err(|e| os("SIOCINQ", e))?;
+                if queued > 0 {
+                    log::warn!(
+                        "pid {} fd {}: UDP socket {}: dropping the queued datagrams (the first one has {queued} bytes); UDP may lose datagrams",
+                        p.pid,
+                        p.fd,
+                        name(&local)
+                    );
+                }
+            }
+            _ => {
+                let info = tcp_info(sock).map_err(|e| os("TCP_INFO", e))?;
+                match info.state {
+                    tcp_state::CLOSE => {}
+                    tcp_state::LISTEN => {
+                        if info.unacked > 0 {
+                            return Err(p.unsupported(&format!(
+                                "listening TCP socket {} with {} connection(s) not accepted yet",
+                                name(&local),
+                                info.unacked
+                            )));
+                        }
+                        image.state = InetState::Listen as i32;
+                        image.backlog = info.sacked;
+                    }
+                    tcp_state::ESTABLISHED => {
+                        let (conn, data) = read_connection(p, sock, &info, &local, &peer)?;
+                        if !data.is_empty() {
+                            blobs.add(tcp_data_name(file_id), data);
+                        }
+                        image.state = InetState::Connected as i32;
+                        image.tcp = Some(conn);
+                    }
+                    other => {
+                        return Err(p.unsupported(&format!(
+                            "TCP socket {} -> {} in state {} (only listening and established connections are supported)",
+                            name(&local),
+                            name(&peer),
+                            tcp_state::name(other)
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(Kind::Inet(image))
+    }
+
+    fn link_tree(&self, tree: &mut TreeFiles) -> Result<()> {
+        // An established connection's other end is the tree's connection
+        // with the same two addresses swapped.
+        let ends: HashMap<(String, String), u64> = tree
+            .files
+            .files
+            .iter()
+            .filter_map(|f| match &f.kind {
+                Some(Kind::Inet(i)) if i.tcp.is_some() => Some((
+                    (i.local.as_ref()?.to_string(), i.peer.as_ref()?.to_string()),
+                    f.id,
+                )),
+                _ => None,
+            })
+            .collect();
+        for f in &mut tree.files.files {
+            if let Some(Kind::Inet(i)) = &mut f.kind
+                && let (Some(l), Some(r)) = (&i.local, &i.peer)
+                && let Some(tcp) = &mut i.tcp
+            {
+                tcp.peer_file_id = ends
+                    .get(&(r.to_string(), l.to_string()))
+                    .copied()
+                    .unwrap_or(0);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn read_options(sock: BorrowedFd<'_>, id: &Identity) -> std::io::Result<InetOptions> {
+    let sol = libc::SOL_SOCKET;
+    let mut o = InetOptions {
+        reuseaddr: flag(sock, sol, libc::SO_REUSEADDR)?,
+        reuseport: flag(sock, sol, libc::SO_REUSEPORT)?,
+        broadcast: flag(sock, sol, libc::SO_BROADCAST)?,
+        keepalive: flag(sock, sol, libc::SO_KEEPALIVE)?,
+        sndbuf: uint(sock, sol, libc::SO_SNDBUF)?,
+        rcvbuf: uint(sock, sol, libc::SO_RCVBUF)?,
+        ..InetOptions::default()
+    };
+    if id.family == InetFamily::Ipv6 {
+        o.v6only = flag(sock, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY)?;
+        o.tos = uint(sock, libc::IPPROTO_IPV6, libc::IPV6_TCLASS)?;
+    } else {
+        o.tos = uint(sock, libc::IPPROTO_IP, libc::IP_TOS)?;
+    }
+    if id.protocol == InetProtocol::Tcp {
+        let tcp = libc::IPPROTO_TCP;
+        o.nodelay = flag(sock, tcp, libc::TCP_NODELAY)?;
+        o.keepidle = uint(sock, tcp, libc::TCP_KEEPIDLE)?;
+        o.keepintvl = uint(sock, tcp, libc::TCP_KEEPINTVL)?;
+        o.keepcnt = uint(sock, tcp, libc::TCP_KEEPCNT)?;
+    }
+    Ok(o)
+}
+
+/// Reads an established connection in repair mode (switched on by
+/// [`TcpRepair::start`]): sequence numbers, both queues (peeked, not
+/// consumed), window, timestamp and negotiated options. Returns the
+/// record and the queues' bytes (send queue, then receive queue).
+fn read_connection(
+    p: &FdParams,
+    sock: BorrowedFd<'_>,
+    info: &TcpInfo,
+    local: &Option<SocketAddr>,
+    peer: &Option<SocketAddr>,
+) -> Result<(TcpConnection, Vec<u8>)> {
+    let os = |what: &str, e: std::io::Error| DumpError::Proc {
+        pid: p.pid,
+        path: format!("fd {}: {what}", p.fd).into(),
+        source: e,
+    };
+    let tcp = libc::IPPROTO_TCP;
+    let name = |a: &Option<SocketAddr>| a.map_or("-".to_string(), |a| a.to_string());
+    // Only a socket in repair mode lets its queue be chosen; the drain put
+    // every connection in repair mode except those to a peer outside the
+    // tree without --tcp-established.
+    match sys::setsockopt_int(sock, tcp, libc::TCP_REPAIR_QUEUE, TCP_SEND_QUEUE) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            return Err(p.unsupported(&format!(
+                "TCP connection {} -> {} to a peer outside the tree (dump with --tcp-established to save it)",
+                name(local),
+                name(peer)
+            )));
+        }
+        Err(e) => return Err(os("TCP_REPAIR_QUEUE", e)),
+    }
+    let seq = |what| sys::getsockopt_int(sock, tcp, libc::TCP_QUEUE_SEQ).map_err(|e| os(what, e));
+    let len = |req, what| {
+        sys::ioctl_int(sock, req)
+            .map(|v| v.max(0) as u32)
+            .map_err(|e| os(what, e))
+    };
+    let send_seq = seq("TCP_QUEUE_SEQ (send)")? as u32;
+    let send_len = len(SIOCOUTQ, "SIOCOUTQ")?;
+    let unsent_len = len(libc::SIOCOUTQNSD, "SIOCOUTQNSD")?;
+    let mut data = peek_all(sock, send_len as usize).map_err(|e| os("peek send queue", e))?;
+    sys::setsockopt_int(sock, tcp, libc::TCP_REPAIR_QUEUE, TCP_RECV_QUEUE)
+        .map_err(|e| os("TCP_REPAIR_QUEUE", e))?;
+    let recv_seq = seq("TCP_QUEUE_SEQ (receive)")? as u32;
+    let recv_len = len(SIOCINQ, "SIOCINQ")?;
+    data.extend(peek_all(sock, recv_len as usize).map_err(|e| os("peek receive queue", e))?);
+    sys::setsockopt_int(sock, tcp, libc::TCP_REPAIR_QUEUE, TCP_NO_QUEUE)
+        .map_err(|e| os("TCP_REPAIR_QUEUE", e))?;
+    let (window, _) = sys::getsockopt_raw::<TcpRepairWindow>(sock, tcp, libc::TCP_REPAIR_WINDOW)
+        .map_err(|e| os("TCP_REPAIR_WINDOW", e))?;
+    let conn = TcpConnection {
+        send_seq,
+        recv_seq,
+        send_len,
+        unsent_len,
+        recv_len,
+        mss: uint(sock, tcp, libc::TCP_MAXSEG).map_err(|e| os("TCP_MAXSEG", e))?,
+        wscale_ok: info.options & TCPI_OPT_WSCALE != 0,
+        snd_wscale: u32::from(info.wscale & 0xf),
+        rcv_wscale: u32::from(info.wscale >> 4),
+        sack_ok: info.options & TCPI_OPT_SACK != 0,
+        timestamps_ok: info.options & TCPI_OPT_TIMESTAMPS != 0,
+        timestamp: sys::getsockopt_int(sock, tcp, libc::TCP_TIMESTAMP)
+            .map_err(|e| os("TCP_TIMESTAMP", e))? as u32,
+        snd_wl1: window.snd_wl1,
+        snd_wnd: window.snd_wnd,
+        max_window: window.max_window,
+        rcv_wnd: window.rcv_wnd,
+        rcv_wup: window.rcv_wup,
+        peer_file_id: 0,
+    };
+    log::debug!(
+        "pid {} fd {}: TCP {} -> {}: {send_len} bytes to send ({unsent_len} unsent), {recv_len} received",
+        p.pid,
+        p.fd,
+        name(local),
+        name(peer)
+    );
+    Ok((conn, data))
+}
+
+/// Exactly `len` bytes of the queue chosen with TCP_REPAIR_QUEUE.
+fn peek_all(sock: BorrowedFd<'_>, len: usize) -> std::io::Result<Vec<u8>> {
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let got = sys::recv_peek(sock, len)?;
+    if got.len() != len {
+        return Err(std::io::Error::other(format!(
+            "peeked {} of {len} queued bytes",
+            got.len()
+        )));
+    }
+    Ok(got)
+}
+
+/// The process has CAP_NET_BIND_SERVICE in its effective set.
+fn may_bind_privileged(pid: i32) -> Result<bool> {
+    let status = procfile::read(pid, "status")?;
+    let eff = procfile::status_field(&status, "CapEff")
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .ok_or_else(|| DumpError::Parse {
+            pid,
+            path: format!("/proc/{pid}/status"),
+            what: "no CapEff".into(),
+        })?;
+    Ok(eff & (1 << CAP_NET_BIND_SERVICE) != 0)
+}
+
+/// What [`crate::Frozen::drain`] does with TCP connections.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TcpPolicy {
+    /// Save connections to peers outside the tree too (`ckpt dump
+    /// --tcp-established`); those with both ends in the tree are always
+    /// saved.
+    pub established: bool,
+}
+
+/// One connection ckpt switched to repair mode, through its own copy.
+struct Repaired {
+    pid: i32,
+    fd: i32,
+    sock: OwnedFd,
+    /// SO_REUSEADDR before repair mode, which overrides it (and switching
+    /// repair off clears it).
+    reuseaddr: bool,
+}
+
+/// Established TCP connections of a frozen tree held in repair mode. Dropping
+/// it switches repair off again, so a thawed tree's connections go on; a
+/// guard process does the same if the dumper dies (see
+/// [`sys::fork_repair_guard`]).
+#[derive(Default)]
+pub struct TcpRepair {
+    socks: Vec<Repaired>,
+    guard: Option<Guard>,
+}
+
+/// The guard process and the pipe that keeps it waiting.
+struct Guard {
+    pid: i32,
+    tx: OwnedFd,
+}
+
+/// An established connection found in the tree.
+struct Found {
+    pid: i32,
+    fd: i32,
+    sock: OwnedFd,
+    local: SocketAddr,
+    peer: SocketAddr,
+}
+
+impl TcpRepair {
+    /// Switches every established TCP connection of the processes `pids`
+    /// to repair mode whose peer is in the tree, or any peer with
+    /// `policy.established`. Those left out are refused when collected.
+    pub fn start(pids: &[i32], policy: TcpPolicy) -> Result<TcpRepair> {
+        let mut found: Vec<Found> = Vec::new();
+        let mut seen: HashSet<u64> = HashSet::new();
+        for &pid in pids {
+            for fd in procfile::numbered_entries(pid, "fd")? {
+                let Ok(link) = procfile::readlink(pid, &format!("fd/{fd}")) else {
+                    continue;
+                };
+                let Some(ino) = link
+                    .strip_prefix("socket:[")
+                    .and_then(|s| s.strip_suffix(']'))
+                    .and_then(|s| s.parse::<u64>().ok())
+                else {
+                    continue;
+                };
+                if !seen.insert(ino) {
+                    continue;
+                }
+                // Whatever cannot be read here is refused, with its reason,
+                // when the fd is collected.
+                let Ok(sock) = sys::take_fd(pid, fd) else {
+                    continue;
+                };
+                let tcp = matches!(
+                    identify(sock.as_fd()),
+                    Ok(Some(Ok(Identity {
+                        protocol: InetProtocol::Tcp,
+                        ..
+                    })))
+                );
+                if !tcp || !tcp_info(sock.as_fd()).is_ok_and(|i| i.state == tcp_state::ESTABLISHED)
+                {
+                    continue;
+                }
+                let addr = |end| sys::sock_addr(sock.as_fd(), end).ok().flatten();
+                let (Some(local), Some(peer)) = (addr(SockEnd::Local), addr(SockEnd::Peer)) else {
+                    continue;
+                };
+                found.push(Found {
+                    pid,
+                    fd,
+                    sock,
+                    local,
+                    peer,
+                });
+            }
+        }
+        let ends: HashSet<(SocketAddr, SocketAddr)> =
+            found.iter().map(|f| (f.local, f.peer)).collect();
+        let mut repair = TcpRepair::default();
+        for f in found {
+            let inside = ends.contains(&(f.peer, f.local));
+            if !inside && !policy.established {
+                log::debug!(
+                    "pid {} fd {}: TCP {} -> {}: peer outside the tree, not saved without --tcp-established",
+                    f.pid,
+                    f.fd,
+                    f.local,
+                    f.peer
+                );
+                continue;
+            }
+            let reuseaddr =
+                flag(f.sock.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR).map_err(|e| {
+                    DumpError::Proc {
+                        pid: f.pid,
+                        path: format!("fd {}: SO_REUSEADDR", f.fd).into(),
+                        source: e,
+                    }
+                })?;
+            log::debug!(
+                "pid {} fd {}: TCP {} -> {}: saved ({})",
+                f.pid,
+                f.fd,
+                f.local,
+                f.peer,
+                if inside {
+                    "peer in the tree"
+                } else {
+                    "peer outside, --tcp-established"
+                }
+            );
+            repair.socks.push(Repaired {
+                pid: f.pid,
+                fd: f.fd,
+                sock: f.sock,
+                reuseaddr,
+            });
+        }
+        if repair.socks.is_empty() {
+            return Ok(repair);
+        }
+        // The guard first, so no moment passes with a socket in repair
+        // mode that nothing would switch back if the dumper died.
+        let socks: Vec<(std::os::fd::RawFd, bool)> = repair
+            .socks
+            .iter()
+            .map(|r| (std::os::fd::AsRawFd::as_raw_fd(&r.sock), r.reuseaddr))
+            .collect();
+        let (pid, tx) = sys::fork_repair_guard(&socks).map_err(|e| DumpError::Proc {
+            pid: std::process::id() as i32,
+            path: "fork (TCP repair guard)".into(),
+            source: e,
+        })?;
+        repair.guard = Some(Guard { pid, tx });
+        // On error `repair` drops: every socket leaves repair mode (one
+        // never switched on just gets its SO_REUSEADDR set again).
+        for r in &repair.socks {
+            sys::setsockopt_int(
+                r.sock.as_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_REPAIR,
+                TCP_REPAIR_ON,
+            )
+            .map_err(|e| DumpError::Proc {
+                pid: r.pid,
+                path: format!("fd {}: TCP_REPAIR (needs CAP_NET_ADMIN)", r.fd).into(),
+                source: e,
+            })?;
+            log::debug!("pid {} fd {}: TCP connection in repair mode", r.pid, r.fd);
+        }
+        log::info!(
+            "drain: {} TCP connections in repair mode (guard pid {pid})",
+            repair.socks.len()
+        );
+        Ok(repair)
+    }
+
+    /// Switches repair mode off again (the tree goes on).
+    pub fn release(&mut self) {
+        self.release_own();
+        self.dismiss_guard();
+    }
+
+    fn dismiss_guard(&mut self) {
+        if let Some(g) = self.guard.take() {
+            sys::dismiss_repair_guard(g.pid, g.tx);
+        }
+    }
+
+    fn release_own(&mut self) {
+        for r in self.socks.drain(..) {
+            let s = r.sock.as_fd();
+            let off =
+                sys::setsockopt_int(s, libc::IPPROTO_TCP, libc::TCP_REPAIR, TCP_REPAIR_OFF_NO_WP)
+                    .and_then(|()| {
+                        sys::setsockopt_int(
+                            s,
+                            libc::SOL_SOCKET,
+                            libc::SO_REUSEADDR,
+                            i32::from(r.reuseaddr),
+                        )
+                    });
+            if let Err(e) = off {
+                log::warn!(
+                    "pid {} fd {}: cannot switch TCP repair mode off: {e}",
+                    r.pid,
+                    r.fd
+                );
+            }
+        }
+    }
+
+    /// Closes ckpt's copies still in repair mode (the tree was killed): a
+    /// socket closed in repair mode sends neither FIN nor RST, so the peer
+    /// never learns the connection went away and a restore can continue it.
+    pub fn abandon(&mut self) {
+        self.socks.clear();
+        self.dismiss_guard();
+    }
+}
+
+impl Drop for TcpRepair {
+    fn drop(&mut self) {
+        self.release();
+    }
+}

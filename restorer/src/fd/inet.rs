@@ -1,0 +1,578 @@
+//! TCP and UDP sockets over IPv4 and IPv6.
+//!
+//! The socket is created inside the process (so it belongs to the
+//! process's filesystem identity, as its own `socket(2)` made it), and the
+//! restorer sets it up through its own copy (`pidfd_getfd`, the same
+//! socket): options, bind, listen or connect, in the restorer's network
+//! namespace, which is the dumped one on the same node.
+//!
+//! An established connection is rebuilt in repair mode (TCP_REPAIR,
+//! CAP_NET_ADMIN, which only the restorer has): sequence numbers of both
+//! queues, bind and connect (no SYN is sent), negotiated options,
+//! timestamp, the bytes of both queues and the window. Repair mode is
+//! switched off once the connection's other end is rebuilt too when the
+//! tree holds it (so neither end talks to a socket that does not exist
+//! yet), at once when the peer is outside; the bytes that had never been
+//! sent are then sent normally. The restored process never holds a socket
+//! in repair mode.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use ckpt_image::fd::File;
+use ckpt_image::fd::file::Kind;
+use ckpt_image::fd::inet::{
+    InetFamily, InetFile, InetOptions, InetProtocol, InetState, TcpConnection, tcp_data_name,
+};
+
+use super::{Context, FileRestorer, set_status_flags};
+use crate::error::{RestoreError, Result};
+use crate::sys;
+use ckpt_parasite::remote::Remote;
+
+/// TCP and UDP sockets.
+pub struct Inet;
+
+/// `TCP_REPAIR` values.
+const TCP_REPAIR_ON: i32 = 1;
+const TCP_REPAIR_OFF: i32 = 0;
+/// `TCP_REPAIR_QUEUE` values.
+const TCP_RECV_QUEUE: i32 = 1;
+const TCP_SEND_QUEUE: i32 = 2;
+/// TCP option kinds of `TCP_REPAIR_OPTIONS`.
+const TCPOPT_MSS: u32 = 2;
+const TCPOPT_WINDOW: u32 = 3;
+const TCPOPT_SACK_PERM: u32 = 4;
+const TCPOPT_TIMESTAMP: u32 = 8;
+/// The largest window shift TCP allows (RFC 7323).
+const TCP_MAX_WSCALE: u32 = 14;
+/// Below this port binding needs CAP_NET_BIND_SERVICE, unless the sysctl
+/// says otherwise.
+const UNPRIVILEGED_PORT_START: &str = "/proc/sys/net/ipv4/ip_unprivileged_port_start";
+const DEFAULT_UNPRIVILEGED_PORT_START: u16 = 1024;
+
+/// The kernel's `struct tcp_repair_opt`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct TcpRepairOpt {
+    code: u32,
+    val: u32,
+}
+
+/// The kernel's `struct tcp_repair_window`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct TcpRepairWindow {
+    snd_wl1: u32,
+    snd_wnd: u32,
+    max_window: u32,
+    rcv_wnd: u32,
+    rcv_wup: u32,
+}
+
+/// A connection rebuilt in repair mode, waiting for its other end.
+struct Held {
+    pid: i32,
+    fd: i32,
+    sock: OwnedFd,
+    reuseaddr: bool,
+    /// SO_SNDBUF as dumped.
+    sndbuf: u32,
+    unsent: Vec<u8>,
+}
+
+/// Per byte put back into a queue, room for the kernel's per-buffer
+/// overhead: a rebuilt queue is cut into other buffers than the original
+/// (no larger segments than the restored MSS allows), so while it is
+/// refilled its socket buffer is made this much larger than the data, and
+/// set back to the dumped size afterwards (which only stops new data
+/// until the queue drains, as it would have).
+const REFILL_OVERHEAD: u32 = 8;
+/// Room for a refill besides the bytes themselves.
+const REFILL_SLACK: u32 = 1 << 20;
+
+/// Sets SO_SNDBUFFORCE or SO_RCVBUFFORCE so that what getsockopt reports
+/// is `reported` (the kernel doubles the value set).
+fn force_buffer(sock: BorrowedFd<'_>, opt: i32, reported: u32) -> std::io::Result<()> {
+    sys::setsockopt_int(
+        sock,
+        libc::SOL_SOCKET,
+        opt,
+        i32::try_from(reported / 2).unwrap_or(i32::MAX),
+    )
+}
+
+/// A buffer size with room to refill `bytes`.
+fn refill_room(dumped: u32, bytes: usize) -> u32 {
+    let need = u32::try_from(bytes)
+        .unwrap_or(u32::MAX)
+        .saturating_mul(REFILL_OVERHEAD)
+        .saturating_add(REFILL_SLACK);
+    dumped.max(need)
+}
+
+/// Connections waiting for their other end, by file id.
+#[derive(Default)]
+struct Waiting(HashMap<u64, Held>);
+
+/// Dropped with the restore context, before any restored process runs:
+/// whatever still waits (an image whose other end no fd holds) leaves
+/// repair mode here, so no process ever gets a socket in repair mode.
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        for h in self.0.values() {
+            log::warn!(
+                "pid {} fd {}: the other end of this TCP connection was never restored; repair mode switched off",
+                h.pid,
+                h.fd
+            );
+            let _ = sys::setsockopt_int(
+                h.sock.as_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_REPAIR,
+                TCP_REPAIR_OFF,
+            );
+        }
+    }
+}
+
+impl FileRestorer for Inet {
+    type Image = InetFile;
+
+    fn open(
+        &self,
+        cx: &mut Context<'_>,
+        r: &Remote<'_>,
+        file: &File,
+        image: &InetFile,
+        fd: i32,
+    ) -> Result<i32> {
+        let pid = cx.pid();
+        let plan = Plan::of(cx, file, image, fd)?;
+        let domain = match plan.family {
+            InetFamily::Ipv6 => libc::AF_INET6,
+            _ => libc::AF_INET,
+        };
+        let ty = match plan.protocol {
+            InetProtocol::Tcp => libc::SOCK_STREAM,
+            _ => libc::SOCK_DGRAM,
+        };
+        let got = r.call(
+            "socket",
+            libc::SYS_socket,
+            [domain as u64, (ty | libc::SOCK_CLOEXEC) as u64, 0, 0, 0, 0],
+        )? as i32;
+        let copy = sys::take_fd(pid, got)
+            .map_err(|e| RestoreError::os(pid, format!("fd {fd}: pidfd_getfd"), e))?;
+        let sock = copy.as_fd();
+        let os = |what: &str| {
+            let what = what.to_string();
+            move |e: std::io::Error| RestoreError::os(pid, format!("fd {fd}: {what}"), e)
+        };
+        let options = plan.options;
+        set_options(sock, &plan, &options).map_err(os("setsockopt"))?;
+        match (&plan.tcp, plan.state) {
+            (Some(conn), _) => {
+                restore_connection(cx, sock, &plan, conn, file.id, fd)?;
+                let held = Held {
+                    pid,
+                    fd,
+                    sock: copy,
+                    reuseaddr: options.reuseaddr,
+                    sndbuf: options.sndbuf,
+                    unsent: plan.unsent,
+                };
+                finish_or_wait(cx, held, file.id, conn.peer_file_id)?;
+            }
+            (None, state) => {
+                if let Some(local) = plan.local {
+                    sys::bind(sock, &local).map_err(os(&format!("bind {local}")))?;
+                }
+                match state {
+                    InetState::Listen => {
+                        let backlog = i32::try_from(image.backlog).unwrap_or(i32::MAX);
+                        sys::listen(sock, backlog).map_err(os("listen"))?;
+                    }
+                    InetState::Connected => {
+                        let peer = plan.peer.expect("checked by Plan::of");
+                        sys::connect(sock, &peer).map_err(os(&format!("connect {peer}")))?;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        set_status_flags(r, got, file.flags)?;
+        Ok(got)
+    }
+}
+
+/// A socket's image, checked.
+struct Plan {
+    family: InetFamily,
+    protocol: InetProtocol,
+    state: InetState,
+    local: Option<SocketAddr>,
+    peer: Option<SocketAddr>,
+    tcp: Option<TcpConnection>,
+    /// Socket options as dumped.
+    options: InetOptions,
+    /// An established connection's queues: what was sent and not
+    /// acknowledged, what was never sent, what was received and not read.
+    sent: Vec<u8>,
+    unsent: Vec<u8>,
+    received: Vec<u8>,
+}
+
+impl Plan {
+    fn of(cx: &Context<'_>, file: &File, image: &InetFile, fd: i32) -> Result<Plan> {
+        let bad = |what: &str| cx.invalid(fd, &format!("inet socket: {what}"));
+        let family = InetFamily::try_from(image.family)
+            .ok()
+            .filter(|f| *f != InetFamily::Unspecified)
+            .ok_or_else(|| bad("unknown family"))?;
+        let protocol = InetProtocol::try_from(image.protocol)
+            .ok()
+            .filter(|p| *p != InetProtocol::Unspecified)
+            .ok_or_else(|| bad("unknown protocol"))?;
+        let state = InetState::try_from(image.state)
+            .ok()
+            .filter(|s| *s != InetState::Unspecified)
+            .ok_or_else(|| bad("unknown state"))?;
+        let addr = |a: &Option<ckpt_image::fd::inet::InetAddr>| -> Result<Option<SocketAddr>> {
+            a.as_ref()
+                .map(|a| a.to_socket_addr().ok_or_else(|| bad("malformed address")))
+                .transpose()
+        };
+        let local = addr(&image.local)?;
+        let peer = addr(&image.peer)?;
+        for a in local.iter().chain(peer.iter()) {
+            let v6 = matches!(a, SocketAddr::V6(_));
+            if v6 != (family == InetFamily::Ipv6) {
+                return Err(bad("address of the other family"));
+            }
+        }
+        let mut plan = Plan {
+            family,
+            protocol,
+            state,
+            local,
+            peer,
+            tcp: None,
+            options: image.options.unwrap_or_default(),
+            sent: Vec::new(),
+            unsent: Vec::new(),
+            received: Vec::new(),
+        };
+        match (protocol, state) {
+            (InetProtocol::Udp, InetState::Listen) => return Err(bad("listening UDP socket")),
+            (_, InetState::Connected) if peer.is_none() => {
+                return Err(bad("connected without a peer address"));
+            }
+            (InetProtocol::Tcp, InetState::Connected) => {
+                let conn = image
+                    .tcp
+                    .ok_or_else(|| bad("established TCP without its connection state"))?;
+                if local.is_none() {
+                    return Err(bad("established TCP without a local address"));
+                }
+                plan.load_queues(cx, file, &conn, fd)?;
+                check_peer(cx, file, &conn, fd)?;
+                plan.tcp = Some(conn);
+            }
+            (InetProtocol::Tcp, InetState::Listen) if local.is_none() => {
+                return Err(bad("listening without a local address"));
+            }
+            _ => {}
+        }
+        if plan.tcp.is_none()
+            && let Some(local) = local
+        {
+            check_privileged_port(cx.pid(), fd, &local, image.may_bind_privileged)?;
+        }
+        Ok(plan)
+    }
+
+    /// Reads the connection's queued bytes, bounded by the image's lengths.
+    fn load_queues(
+        &mut self,
+        cx: &Context<'_>,
+        file: &File,
+        conn: &TcpConnection,
+        fd: i32,
+    ) -> Result<()> {
+        let name = tcp_data_name(file.id);
+        let want = conn
+            .data_len()
+            .ok_or_else(|| cx.invalid(fd, "inet socket: queue lengths out of bounds"))?;
+        let data = if want == 0 {
+            Vec::new()
+        } else {
+            cx.images.read_raw(&name)?
+        };
+        if data.len() as u64 != want {
+            return Err(cx.invalid(
+                fd,
+                &format!("{name} holds {} bytes, the connection {want}", data.len()),
+            ));
+        }
+        let send = conn.send_len as usize;
+        let sent = send - conn.unsent_len as usize;
+        self.sent = data[..sent].to_vec();
+        self.unsent = data[sent..send].to_vec();
+        self.received = data[send..].to_vec();
+        Ok(())
+    }
+}
+
+/// A connection's other end, when the tree holds it, must be an
+/// established connection naming this one back (so both are rebuilt and
+/// the first waits for the second).
+fn check_peer(cx: &Context<'_>, file: &File, conn: &TcpConnection, fd: i32) -> Result<()> {
+    if conn.peer_file_id == 0 {
+        return Ok(());
+    }
+    let back = match cx
+        .files
+        .get(conn.peer_file_id)
+        .and_then(|f| f.kind.as_ref())
+    {
+        Some(Kind::Inet(i)) => i.tcp.as_ref().map(|t| t.peer_file_id),
+        _ => None,
+    };
+    if back != Some(file.id) || conn.peer_file_id == file.id {
+        return Err(cx.invalid(
+            fd,
+            &format!(
+                "inet socket: peer file {} is not the other end of this connection",
+                conn.peer_file_id
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A port below `ip_unprivileged_port_start` is only given back to a
+/// process that could have bound it itself (the restorer binds as root).
+fn check_privileged_port(pid: i32, fd: i32, local: &SocketAddr, allowed: bool) -> Result<()> {
+    let start = std::fs::read_to_string(UNPRIVILEGED_PORT_START)
+        .ok()
+        .and_then(|s| s.trim().parse::<u16>().ok())
+        .unwrap_or(DEFAULT_UNPRIVILEGED_PORT_START);
+    let port = local.port();
+    if port != 0 && port < start && !allowed {
+        return Err(RestoreError::File {
+            pid,
+            path: format!("fd {fd}"),
+            what: format!(
+                "socket bound to {local}: port {port} needs CAP_NET_BIND_SERVICE, which the process did not have at dump time"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Options that must be in place before bind (address reuse, v6only) and
+/// the rest that getsockopt reported.
+fn set_options(sock: BorrowedFd<'_>, plan: &Plan, o: &InetOptions) -> std::io::Result<()> {
+    let sol = libc::SOL_SOCKET;
+    let set = |level, opt, v: bool| sys::setsockopt_int(sock, level, opt, i32::from(v));
+    set(sol, libc::SO_REUSEADDR, o.reuseaddr)?;
+    set(sol, libc::SO_REUSEPORT, o.reuseport)?;
+    set(sol, libc::SO_BROADCAST, o.broadcast)?;
+    set(sol, libc::SO_KEEPALIVE, o.keepalive)?;
+    // getsockopt reports twice what was set; the FORCE variants take what
+    // the dump saw even above the sysctl limits (it is what the socket
+    // had, no more).
+    for (opt, val) in [
+        (libc::SO_SNDBUFFORCE, o.sndbuf),
+        (libc::SO_RCVBUFFORCE, o.rcvbuf),
+    ] {
+        if val > 0 {
+            force_buffer(sock, opt, val)?;
+        }
+    }
+    if plan.family == InetFamily::Ipv6 {
+        set(libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, o.v6only)?;
+        if o.tos != 0 {
+            sys::setsockopt_int(sock, libc::IPPROTO_IPV6, libc::IPV6_TCLASS, o.tos as i32)?;
+        }
+    } else if o.tos != 0 {
+        sys::setsockopt_int(sock, libc::IPPROTO_IP, libc::IP_TOS, o.tos as i32)?;
+    }
+    if plan.protocol == InetProtocol::Tcp {
+        let tcp = libc::IPPROTO_TCP;
+        set(tcp, libc::TCP_NODELAY, o.nodelay)?;
+        for (opt, val) in [
+            (libc::TCP_KEEPIDLE, o.keepidle),
+            (libc::TCP_KEEPINTVL, o.keepintvl),
+            (libc::TCP_KEEPCNT, o.keepcnt),
+        ] {
+            if val > 0 {
+                sys::setsockopt_int(sock, tcp, opt, i32::try_from(val).unwrap_or(i32::MAX))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Rebuilds an established connection in repair mode, up to (not
+/// including) switching repair off and sending what was never sent.
+fn restore_connection(
+    cx: &Context<'_>,
+    sock: BorrowedFd<'_>,
+    plan: &Plan,
+    conn: &TcpConnection,
+    file_id: u64,
+    fd: i32,
+) -> Result<()> {
+    let pid = cx.pid();
+    let os = |what: &str| {
+        let what = what.to_string();
+        move |e: std::io::Error| RestoreError::os(pid, format!("fd {fd}: TCP repair: {what}"), e)
+    };
+    let tcp = libc::IPPROTO_TCP;
+    let (local, peer) = (
+        plan.local.expect("checked by Plan::of"),
+        plan.peer.expect("checked by Plan::of"),
+    );
+    sys::setsockopt_int(sock, tcp, libc::TCP_REPAIR, TCP_REPAIR_ON).map_err(os("TCP_REPAIR"))?;
+    // Each queue starts where its first saved byte was; writing the bytes
+    // back moves it to where it was at dump time.
+    let start_of = |seq: u32, len: u32| seq.wrapping_sub(len);
+    for (queue, seq) in [
+        (TCP_SEND_QUEUE, start_of(conn.send_seq, conn.send_len)),
+        (TCP_RECV_QUEUE, start_of(conn.recv_seq, conn.recv_len)),
+    ] {
+        sys::setsockopt_int(sock, tcp, libc::TCP_REPAIR_QUEUE, queue)
+            .map_err(os("TCP_REPAIR_QUEUE"))?;
+        sys::setsockopt_int(sock, tcp, libc::TCP_QUEUE_SEQ, seq as i32)
+            .map_err(os("TCP_QUEUE_SEQ"))?;
+    }
+    sys::bind(sock, &local).map_err(os(&format!("bind {local}")))?;
+    sys::connect(sock, &peer).map_err(os(&format!("connect {peer}")))?;
+    let mut opts = vec![TcpRepairOpt {
+        code: TCPOPT_MSS,
+        val: conn.mss,
+    }];
+    if conn.wscale_ok {
+        if conn.snd_wscale > TCP_MAX_WSCALE || conn.rcv_wscale > TCP_MAX_WSCALE {
+            return Err(cx.invalid(fd, "inet socket: window scale out of bounds"));
+        }
+        opts.push(TcpRepairOpt {
+            code: TCPOPT_WINDOW,
+            val: conn.snd_wscale | (conn.rcv_wscale << 16),
+        });
+    }
+    if conn.sack_ok {
+        opts.push(TcpRepairOpt {
+            code: TCPOPT_SACK_PERM,
+            val: 0,
+        });
+    }
+    if conn.timestamps_ok {
+        opts.push(TcpRepairOpt {
+            code: TCPOPT_TIMESTAMP,
+            val: 0,
+        });
+    }
+    sys::setsockopt_raw(sock, tcp, libc::TCP_REPAIR_OPTIONS, &opts)
+        .map_err(os("TCP_REPAIR_OPTIONS"))?;
+    if conn.timestamps_ok {
+        sys::setsockopt_int(sock, tcp, libc::TCP_TIMESTAMP, conn.timestamp as i32)
+            .map_err(os("TCP_TIMESTAMP"))?;
+    }
+    let options = plan.options;
+    force_buffer(
+        sock,
+        libc::SO_SNDBUFFORCE,
+        refill_room(options.sndbuf, plan.sent.len()),
+    )
+    .map_err(os("SO_SNDBUFFORCE"))?;
+    force_buffer(
+        sock,
+        libc::SO_RCVBUFFORCE,
+        refill_room(options.rcvbuf, plan.received.len()),
+    )
+    .map_err(os("SO_RCVBUFFORCE"))?;
+    // Sent but not acknowledged: queued as sent (repair mode transmits
+    // nothing; the retransmission timer resends it if the peer lacks it).
+    sys::setsockopt_int(sock, tcp, libc::TCP_REPAIR_QUEUE, TCP_SEND_QUEUE)
+        .map_err(os("TCP_REPAIR_QUEUE"))?;
+    sys::send_all(sock, &plan.sent).map_err(os("refill send queue"))?;
+    sys::setsockopt_int(sock, tcp, libc::TCP_REPAIR_QUEUE, TCP_RECV_QUEUE)
+        .map_err(os("TCP_REPAIR_QUEUE"))?;
+    sys::send_all(sock, &plan.received).map_err(os("refill receive queue"))?;
+    let window = TcpRepairWindow {
+        snd_wl1: conn.snd_wl1,
+        snd_wnd: conn.snd_wnd,
+        max_window: conn.max_window,
+        rcv_wnd: conn.rcv_wnd,
+        rcv_wup: conn.rcv_wup,
+    };
+    sys::setsockopt_raw(sock, tcp, libc::TCP_REPAIR_WINDOW, &[window])
+        .map_err(os("TCP_REPAIR_WINDOW"))?;
+    // The receive buffer goes back to its size now; the send buffer once
+    // the bytes never sent are queued too.
+    force_buffer(sock, libc::SO_RCVBUFFORCE, options.rcvbuf.max(1))
+        .map_err(os("SO_RCVBUFFORCE"))?;
+    log::debug!(
+        "pid {pid} fd {fd}: TCP {local} -> {peer} rebuilt (open file {file_id}): {} bytes sent, {} unsent, {} received",
+        plan.sent.len(),
+        plan.unsent.len(),
+        plan.received.len()
+    );
+    Ok(())
+}
+
+/// Switches repair off once both ends of an in-tree connection are
+/// rebuilt (or at once for a peer outside).
+fn finish_or_wait(cx: &mut Context<'_>, held: Held, file_id: u64, peer_file_id: u64) -> Result<()> {
+    if peer_file_id == 0 {
+        return finish(&[held]);
+    }
+    match cx.state::<Waiting>().0.remove(&peer_file_id) {
+        Some(other) => finish(&[other, held]),
+        None => {
+            cx.state::<Waiting>().0.insert(file_id, held);
+            Ok(())
+        }
+    }
+}
+
+/// Repair off on every end first (with a window probe, so the peer learns
+/// our window), the process's address reuse back (repair mode overrides
+/// it); then the bytes that had never been sent go out like any write.
+fn finish(ends: &[Held]) -> Result<()> {
+    let os = |h: &Held, what: &str| {
+        let (pid, fd, what) = (h.pid, h.fd, what.to_string());
+        move |e: std::io::Error| RestoreError::os(pid, format!("fd {fd}: TCP repair: {what}"), e)
+    };
+    for h in ends {
+        let s = h.sock.as_fd();
+        sys::setsockopt_int(s, libc::IPPROTO_TCP, libc::TCP_REPAIR, TCP_REPAIR_OFF)
+            .map_err(os(h, "TCP_REPAIR off"))?;
+        sys::setsockopt_int(
+            s,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            i32::from(h.reuseaddr),
+        )
+        .map_err(os(h, "SO_REUSEADDR"))?;
+    }
+    for h in ends {
+        let s = h.sock.as_fd();
+        force_buffer(
+            s,
+            libc::SO_SNDBUFFORCE,
+            refill_room(h.sndbuf, h.unsent.len()),
+        )
+        .map_err(os(h, "SO_SNDBUFFORCE"))?;
+        sys::send_all(s, &h.unsent).map_err(os(
+            h,
+            &format!("send the {} bytes never sent", h.unsent.len()),
+        ))?;
+        force_buffer(s, libc::SO_SNDBUFFORCE, h.sndbuf.max(1)).map_err(os(h, "SO_SNDBUFFORCE"))?;
+    }
+    Ok(())
+}

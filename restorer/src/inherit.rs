@@ -1,0 +1,115 @@
+//! Private memory still shared copy-on-write since fork, restore side.
+//!
+//! A VMA the dumper marked `inherited` is the parent's private anonymous
+//! mapping at the same address, whose pages the child had not written.
+//! The tree builder forks a child only after its parent's memory is back
+//! (`lib.rs`, `build_tree`), so the child starts with that mapping and its
+//! pages shared with the parent, exactly as after the original fork. Here
+//! the child keeps those mappings while everything else it inherited is
+//! unmapped, drops the pages it never had, and then gets its own pages
+//! written over the shared ones (each write copies one page, as in the
+//! original process).
+
+use ckpt_image::PAGE_SIZE;
+use ckpt_image::mm::{Mm, Vma, VmaKind, vma_flags};
+use ckpt_parasite::remote::Remote;
+
+use crate::error::Result;
+use crate::mm::invalid;
+
+/// Checks a process's inherited VMAs against its parent's image before any
+/// process is created: each must be a private anonymous mapping the parent
+/// has at the same place with the same protection and passes on over fork,
+/// and its dropped pages must lie inside it, in order.
+pub fn check(pid: i32, mm: &Mm, parent: Option<&Mm>) -> Result<()> {
+    for v in mm.vmas.iter().filter(|v| v.inherited) {
+        if v.kind != VmaKind::Anon as i32 || v.shmem_owner.is_some() {
+            return Err(invalid(
+                pid,
+                v,
+                "only private anonymous memory is inherited",
+            ));
+        }
+        let from_parent = parent.is_some_and(|p| {
+            p.vmas.iter().any(|pv| {
+                pv.kind == VmaKind::Anon as i32
+                    && (pv.start, pv.end, pv.prot) == (v.start, v.end, v.prot)
+                    && pv.flags & vma_flags::DONTFORK == 0
+            })
+        });
+        if !from_parent {
+            return Err(invalid(
+                pid,
+                v,
+                "marked inherited, but the parent has no such mapping to pass on",
+            ));
+        }
+        let mut next = v.start;
+        for s in &v.dropped {
+            let end = s
+                .nr_pages
+                .checked_mul(PAGE_SIZE)
+                .and_then(|len| s.addr.checked_add(len));
+            match end {
+                Some(end) if s.addr % PAGE_SIZE == 0 && s.addr >= next && end <= v.end => {
+                    next = end
+                }
+                _ => {
+                    return Err(invalid(
+                        pid,
+                        v,
+                        "dropped pages outside the mapping or unordered",
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The address ranges a freshly forked process keeps from its parent.
+pub fn kept(mm: &Mm) -> impl Iterator<Item = &Vma> {
+    mm.vmas.iter().filter(|v| v.inherited)
+}
+
+/// Unmaps what the process inherited in `start..end`, except the parts of
+/// inherited VMAs.
+pub fn unmap_except_inherited(r: &Remote<'_>, mm: &Mm, start: u64, end: u64) -> Result<()> {
+    let mut at = start;
+    let mut keep: Vec<(u64, u64)> = kept(mm)
+        .filter(|v| v.start < end && v.end > start)
+        .map(|v| (v.start.max(start), v.end.min(end)))
+        .collect();
+    keep.sort_unstable();
+    for (ks, ke) in keep.into_iter().chain(std::iter::once((end, end))) {
+        if ks > at {
+            r.call(
+                "munmap (inherited)",
+                libc::SYS_munmap,
+                [at, ks - at, 0, 0, 0, 0],
+            )?;
+        }
+        at = at.max(ke);
+    }
+    Ok(())
+}
+
+/// Drops the pages of inherited VMAs the process did not have: private
+/// anonymous pages read as zeros again after `MADV_DONTNEED`.
+pub fn drop_pages(r: &Remote<'_>, mm: &Mm) -> Result<()> {
+    for s in kept(mm).flat_map(|v| v.dropped.iter()) {
+        r.call(
+            "madvise (drop inherited pages)",
+            libc::SYS_madvise,
+            [
+                s.addr,
+                s.nr_pages * PAGE_SIZE,
+                libc::MADV_DONTNEED as u64,
+                0,
+                0,
+                0,
+            ],
+        )?;
+    }
+    Ok(())
+}

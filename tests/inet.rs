@@ -1,0 +1,361 @@
+//! TCP and UDP sockets (IPv4, IPv6) come back bound, listening, connected,
+//! and established TCP connections with every queued byte, through
+//! TCP_REPAIR (victim: tests/c/inet.c).
+
+mod common;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Bytes each side sends on each connection (`TOTAL` in inet.c).
+const TOTAL: u64 = 1 << 20;
+/// The victim's small receive buffer (`SMALL_RCVBUF` in inet.c).
+const SMALL_RCVBUF: libc::c_int = 4096;
+/// Bytes the test queues towards the victim before the dump (under its
+/// small receive buffer).
+const OUTSIDE_QUEUED: u64 = 2000;
+const PUMP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Byte `n` of the stream in direction `dir` (`stream_byte` in inet.c).
+fn stream_byte(dir: u64, n: u64) -> u8 {
+    let mut x = n
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(dir.wrapping_mul(0xD1B5_4A32_D192_ED03));
+    x ^= x >> 29;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 32;
+    (x >> 56) as u8
+}
+
+/// One end of the stream the test itself holds (direction 0 out, 1 in).
+struct OutsideEnd {
+    s: TcpStream,
+    sent: u64,
+    rcvd: u64,
+}
+
+impl OutsideEnd {
+    /// Writes until the queues are full; returns false once done or blocked.
+    fn send_some(&mut self) -> bool {
+        if self.sent == TOTAL {
+            return false;
+        }
+        let n = (TOTAL - self.sent).min(65536) as usize;
+        let buf: Vec<u8> = (0..n as u64)
+            .map(|i| stream_byte(0, self.sent + i))
+            .collect();
+        match self.s.write(&buf) {
+            Ok(w) => {
+                self.sent += w as u64;
+                if self.sent == TOTAL {
+                    self.s.shutdown(Shutdown::Write).expect("shutdown");
+                }
+                w > 0
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => false,
+            Err(e) => panic!("send to the victim: {e}"),
+        }
+    }
+
+    /// Reads what is there, checking every byte against its offset;
+    /// returns Some(true) at the end of the stream.
+    fn recv_some(&mut self) -> Option<bool> {
+        let mut buf = vec![0u8; 65536];
+        match self.s.read(&mut buf) {
+            Ok(0) => Some(true),
+            Ok(r) => {
+                for (i, b) in buf[..r].iter().enumerate() {
+                    let at = self.rcvd + i as u64;
+                    assert_eq!(
+                        *b,
+                        stream_byte(1, at),
+                        "byte {at} from the victim: lost or repeated data"
+                    );
+                }
+                self.rcvd += r as u64;
+                Some(false)
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => None,
+            Err(e) => panic!("recv from the victim after {} bytes: {e}", self.rcvd),
+        }
+    }
+
+    /// Runs both streams to their end.
+    fn pump(&mut self) {
+        let deadline = Instant::now() + PUMP_TIMEOUT;
+        let mut eof = false;
+        while !(eof && self.sent == TOTAL) {
+            assert!(
+                Instant::now() < deadline,
+                "stream stuck: sent {}, received {}",
+                self.sent,
+                self.rcvd
+            );
+            let wrote = self.send_some();
+            let read = match self.recv_some() {
+                Some(true) => {
+                    eof = true;
+                    false
+                }
+                Some(false) => true,
+                None => false,
+            };
+            if !wrote && !read {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        assert_eq!(self.rcvd, TOTAL, "the victim's stream ended early");
+    }
+}
+
+/// The test's listening socket, with the victim's small receive buffer
+/// (inherited by the accepted end) so the queues fill on both sides.
+fn outside_listener() -> TcpListener {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let v = SMALL_RCVBUF;
+    // SAFETY: the kernel reads one int from the live local `v`.
+    let r = unsafe {
+        libc::setsockopt(
+            l.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&raw const v).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "SO_RCVBUF");
+    l
+}
+
+fn inet_objects(env: &TestEnv) -> Vec<String> {
+    let json = show_json(env);
+    fds_of_kind(&json, "inet")
+        .iter()
+        .map(|f| f["object"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[test]
+fn tcp_connections_in_the_tree_survive_with_their_queues() {
+    let env = TestEnv::new("inet-tcp");
+    let mut v = Victim::spawn(&env, "inet", &["tcp"]);
+    v.wait_ready();
+    let out = dump(&env, &v, &["--kill"]);
+    assert!(out.stderr.contains("2 processes"), "{}", out.stderr);
+    v.reap_killed(Duration::from_secs(10));
+
+    let objects = inet_objects(&env);
+    let established: Vec<&String> = objects
+        .iter()
+        .filter(|o| o.contains("established"))
+        .collect();
+    // Server and client each hold one v4 and one v6 end.
+    assert_eq!(established.len(), 4, "{objects:?}");
+    for o in &established {
+        assert!(
+            !o.contains("receive queue 0 ") && o.contains("peer file"),
+            "every end has unread bytes and its other end in the tree: {o}"
+        );
+    }
+    // The listening sockets, shared by server and client over fork: two
+    // fds each, one open file each.
+    let listeners = fds_of_kind(&show_json(&env), "inet")
+        .into_iter()
+        .filter(|f| f["object"].as_str().unwrap_or_default().contains("listen"))
+        .collect::<Vec<_>>();
+    assert!(
+        established.iter().any(|o| o.starts_with("tcp6"))
+            && listeners.len() == 4
+            && file_ids(&listeners).len() == 2,
+        "{objects:?}"
+    );
+
+    restore_and_check(&env, &v);
+}
+
+#[test]
+fn dump_without_kill_leaves_connections_working() {
+    let env = TestEnv::new("inet-leave");
+    let mut v = Victim::spawn(&env, "inet", &["tcp"]);
+    v.wait_ready();
+    dump(&env, &v, &[]);
+    // Repair mode was switched off: every byte still flows, and the
+    // sockets keep their options.
+    v.assert_unharmed_and_passes("after a dump without --kill");
+}
+
+#[test]
+fn udp_sockets_survive_as_their_user_and_queued_datagrams_are_dropped() {
+    let env = TestEnv::new("inet-udp");
+    let mut v = Victim::spawn_as(&env, "inet", &["udp"], test_user());
+    v.wait_ready();
+    dump(&env, &v, &["--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+
+    let objects = inet_objects(&env);
+    assert_eq!(
+        objects
+            .iter()
+            .filter(|o| o.starts_with("udp4 connected 127.0.0.1:")
+                || o.starts_with("udp6 connected [::1]:"))
+            .count(),
+        4,
+        "{objects:?}"
+    );
+    let log = read_to_string_lossy(&env.img.join("dump.log"));
+    assert!(
+        log.contains("dropping the queued datagrams"),
+        "the dump logs the datagram it drops:\n{log}"
+    );
+
+    restore_and_check(&env, &v);
+    assert_eq!(read_to_string_lossy(&v.path("udp-queued")), "dropped");
+}
+
+#[test]
+fn connection_to_outside_needs_tcp_established_and_then_goes_on() {
+    let env = TestEnv::new("inet-outside");
+    let listener = outside_listener();
+    let port = listener
+        .local_addr()
+        .expect("local_addr")
+        .port()
+        .to_string();
+    let mut v = Victim::spawn(&env, "inet", &["outside", &port]);
+    let (stream, _) = listener.accept().expect("accept");
+    stream.set_nonblocking(true).expect("nonblocking");
+    let mut end = OutsideEnd {
+        s: stream,
+        sent: 0,
+        rcvd: 0,
+    };
+    // Bytes the victim has not read yet, within its receive window: a peer
+    // with bytes it cannot send would probe the window while the victim is
+    // down, and be answered with a reset (ckpt has no network lock).
+    let queued: Vec<u8> = (0..OUTSIDE_QUEUED).map(|i| stream_byte(0, i)).collect();
+    end.s
+        .write_all(&queued)
+        .expect("queue bytes for the victim");
+    end.sent = OUTSIDE_QUEUED;
+    v.wait_ready();
+
+    // Refused by name, one line, and the victim runs on untouched.
+    let out = dump_outcome(&env, &v, &[]);
+    out.assert_error();
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("--tcp-established"))
+        .unwrap_or_else(|| panic!("no line names --tcp-established:\n{}", out.stderr));
+    let victim_addr = format!("127.0.0.1:{port}");
+    assert!(
+        line.contains(&format!("pid {}", v.pid))
+            && line.contains("fd ")
+            && line.contains(&victim_addr),
+        "the refusal names pid, fd and addresses: {line}"
+    );
+    assert!(
+        v.ping(Duration::from_secs(10)),
+        "victim stopped: {}",
+        v.diag()
+    );
+    assert!(!env.img.exists(), "a refused dump leaves no checkpoint");
+
+    dump(&env, &v, &["--tcp-established", "--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+    let objects = inet_objects(&env);
+    assert!(
+        objects.len() == 1 && objects[0].contains("peer outside the tree"),
+        "{objects:?}"
+    );
+
+    // Nothing may reach the victim's port before its socket is back (no
+    // network lock: the kernel would answer with a reset).
+    let mut restore = spawn_restore(&env, &[]);
+    wait_restored_and_running(&v, &mut restore);
+    v.go();
+    // The test's end never saw a FIN or RST: the stream just goes on.
+    end.pump();
+    finish_restore(&v, restore);
+}
+
+#[test]
+fn privileged_port_is_not_given_back_without_cap_net_bind_service() {
+    let env = TestEnv::new("inet-privport");
+    let mut v = Victim::spawn(&env, "inet", &["privport"]);
+    v.wait_ready();
+    let port = read_to_string_lossy(&v.path("port"));
+    dump(&env, &v, &["--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+    // The restorer binds as root; the process could not have.
+    let out = spawn_restore(&env, &[]).wait(Duration::from_secs(30));
+    let line = out.assert_error();
+    assert!(
+        line.contains(&format!("pid {}", v.pid))
+            && line.contains(&format!("127.0.0.1:{port}"))
+            && line.contains("CAP_NET_BIND_SERVICE"),
+        "{line}"
+    );
+    assert!(!pid_exists(v.pid), "nothing of the refused restore runs");
+}
+
+#[test]
+fn unaccepted_and_half_closed_connections_are_refused_by_name() {
+    let env = TestEnv::new("inet-refused");
+    let mut v = Victim::spawn(&env, "inet", &["refused"]);
+    v.wait_ready();
+    let out = dump_outcome(&env, &v, &[]);
+    out.assert_error();
+    for what in [
+        "with 1 connection(s) not accepted yet",
+        "in state FIN_WAIT2",
+        "in state CLOSE_WAIT",
+    ] {
+        assert!(
+            out.stderr
+                .lines()
+                .any(|l| l.contains(&format!("pid {}", v.pid)) && l.contains(what)),
+            "no line for {what}:\n{}",
+            out.stderr
+        );
+    }
+    v.assert_unharmed_and_passes("after a refused dump");
+}
+
+#[test]
+fn tcp_connections_of_an_unprivileged_user_survive() {
+    let env = TestEnv::new("inet-tcp-user");
+    let mut v = Victim::spawn_as(&env, "inet", &["tcp"], test_user());
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    restore_and_check(&env, &v);
+}
+
+/// A dumper killed while the connections are in repair mode: its guard
+/// switches repair off, and the tree's streams complete.
+#[test]
+fn dumper_killed_in_repair_mode_leaves_connections_working() {
+    let env = TestEnv::new("inet-dumper-killed");
+    let mut v = Victim::spawn(&env, "inet", &["tcp"]);
+    v.wait_ready();
+    let out = env
+        .ckpt_command()
+        .args([
+            "dump",
+            "--tree",
+            &v.pid.to_string(),
+            "--dir",
+            path_str(&env.img),
+            "--kill",
+        ])
+        .env("CKPT_FAULT", "before-commit")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run ckpt");
+    assert!(!out.status.success(), "the dumper was to die");
+    v.assert_unharmed_and_passes("after the dumper died in repair mode");
+}

@@ -1,0 +1,79 @@
+//! inotify instances come back with every watch at its wd, with its mask,
+//! on the same directory and file: events arrive with the right wd and
+//! names, nothing stray is queued, numbering goes on; fanotify is refused
+//! by name (victim: tests/c/inotify.c).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+#[test]
+fn watches_keep_their_wds_and_deliver_events() {
+    let env = TestEnv::new("inotify");
+    let mut v = Victim::spawn_as(&env, "inotify", &[], test_user());
+    v.wait_ready();
+    dump(&env, &v, &["--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+
+    let json = show_json(&env);
+    let fds = fds_of_kind(&json, "inotify");
+    assert_eq!(fds.len(), 1, "{json}");
+    let object = fds[0]["object"].as_str().expect("object");
+    let dir = v.path("dir");
+    let file = v.path("file");
+    for w in [
+        format!("wd 2 mask 0x300 {}", dir.display()),
+        format!("wd 3 mask 0xa {}", file.display()),
+    ] {
+        assert!(object.contains(&w), "{w:?} missing: {object}");
+    }
+    assert!(!object.contains("wd 1 "), "removed watch saved: {object}");
+
+    restore_and_check(&env, &v);
+}
+
+#[test]
+fn fanotify_is_refused_by_name() {
+    let env = TestEnv::new("fanotify");
+    let mut v = Victim::spawn(&env, "inotify", &["fanotify"]);
+    v.wait_ready();
+    let line = dump_expect_error(&env, &v);
+    for w in [&v.pid.to_string(), "fd 11", "fanotify"] {
+        assert!(line.contains(w), "error should name {w:?}: {line}");
+    }
+    v.assert_unharmed_and_passes("after a dump refused for fanotify");
+}
+
+#[test]
+fn watch_on_a_deleted_file_is_refused_by_name() {
+    let env = TestEnv::new("inotify-deleted");
+    let mut v = Victim::spawn(&env, "inotify", &["deleted"]);
+    v.wait_ready();
+    let line = dump_expect_error(&env, &v);
+    for w in [&v.pid.to_string(), "fd 10", "inotify watch wd 4"] {
+        assert!(line.contains(w), "error should name {w:?}: {line}");
+    }
+    v.assert_unharmed_and_passes("after a dump refused for a deleted watched file");
+}
+
+/// Events queued and not read cannot be queued again: the dump says how
+/// many bytes are dropped, and the restored instance starts empty.
+#[test]
+fn queued_events_are_dropped_with_a_warning() {
+    let env = TestEnv::new("inotify-queued");
+    let mut v = Victim::spawn(&env, "inotify", &["queued"]);
+    v.wait_ready();
+    let out = dump(&env, &v, &["--kill"]);
+    assert!(
+        out.stderr.contains(&format!(
+            "pid {}: fd 10: 32 bytes of inotify events not read yet are dropped",
+            v.pid
+        )),
+        "{}",
+        out.stderr
+    );
+    v.reap_killed(Duration::from_secs(10));
+    restore_and_check(&env, &v);
+}
