@@ -24,6 +24,9 @@ struct Ids {
     msg: i32,
     removed_shm: i32,
     child: i32,
+    /// The removed segment is SHM_LOCKed too (where RLIMIT_MEMLOCK let the
+    /// victim).
+    locked: bool,
 }
 
 fn read_ids(v: &Victim) -> Ids {
@@ -38,6 +41,7 @@ fn read_ids(v: &Victim) -> Ids {
         msg: n[2],
         removed_shm: n[3],
         child: n[4],
+        locked: n[5] != 0,
     }
 }
 
@@ -161,6 +165,8 @@ fn sysv_objects_come_back_with_ids_contents_and_one_copy() {
     assert_eq!(segment(ids.shm)["removed"], false, "{ipc}");
     assert_eq!(segment(ids.removed_shm)["removed"], true, "{ipc}");
     assert_eq!(segment(ids.removed_shm)["key"], 0, "{ipc}");
+    assert_eq!(segment(ids.removed_shm)["locked"], ids.locked, "{ipc}");
+    assert_eq!(segment(ids.shm)["locked"], false, "{ipc}");
     assert_eq!(ipc["sem"][0]["id"], ids.sem, "{ipc}");
     assert_eq!(
         ipc["sem"][0]["values"],

@@ -43,6 +43,8 @@ use crate::sys::{self, IpcKind};
 /// `shm_perm.mode` bit: IPC_RMID was called, the segment goes with its
 /// last detach.
 const SHM_DEST: u32 = 0o1000;
+/// `shm_perm.mode` bit: SHM_LOCK was applied.
+const SHM_LOCKED: u32 = 0o2000;
 /// Bytes copied per write from a segment to its image.
 const COPY_CHUNK: usize = 4 << 20;
 
@@ -230,6 +232,7 @@ fn collect_shm(
         let seg = ShmSegment {
             size,
             removed: p.mode & SHM_DEST != 0,
+            locked: p.mode & SHM_LOCKED != 0,
             pages: Vec::new(),
             perm: Some(IpcPerm {
                 mode: p.mode & MODE_BITS,

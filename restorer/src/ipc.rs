@@ -426,6 +426,9 @@ pub fn create(images: &ImageDir, ipc: &Ipc) -> Result<Created> {
             sys::shm_create(p.key, s.size)
         })?;
         fill_segment_as_leader(images, s)?;
+        if s.locked {
+            sys::shm_lock(id).map_err(|e| refuse(IpcKind::Shm, &p, format!("SHM_LOCK: {e}")))?;
+        }
         sys::shm_set(id, owner(&p))
             .map_err(|e| refuse(IpcKind::Shm, &p, format!("IPC_SET: {e}")))?;
         log::info!(

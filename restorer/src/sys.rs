@@ -507,3 +507,10 @@ impl Drop for ShmAttach {
         unsafe { libc::shmdt(self.addr) };
     }
 }
+
+/// `shmctl(SHM_LOCK)`: keep the segment's pages in memory.
+pub fn shm_lock(id: i32) -> std::io::Result<()> {
+    // SAFETY: SHM_LOCK takes no argument memory (a null buffer is allowed).
+    let r = unsafe { libc::shmctl(id, libc::SHM_LOCK, std::ptr::null_mut()) };
+    check_ret(r as libc::c_long).map(drop)
+}

@@ -5,7 +5,8 @@
  * segment already marked for removal (IPC_RMID) but still attached, a
  * semaphore set of 3 and a message queue holding messages of several
  * types; all keyed with argv[2] (hex). Publishes "shmid semid msqid
- * rmid_shmid child_pid" in WORKDIR/ids. After go: same ids, same contents
+ * rmid_shmid child_pid locked" in WORKDIR/ids (locked: the removed
+ * segment is also SHM_LOCKed, where RLIMIT_MEMLOCK allows). After go: same ids, same contents
  * (checksums), the child's write seen by the parent (one segment, not two
  * copies), the removed segment still marked, semaphore values, messages in
  * order. SHMID: also attach that (someone else's) segment.
@@ -78,6 +79,8 @@ int main(int argc, char **argv)
 	if (rseg == (void *)-1)
 		die("shmat private read-only");
 	shmdt((const void *)w);
+	/* Locked in memory too, where RLIMIT_MEMLOCK allows. */
+	int locked = shmctl(rmid, SHM_LOCK, NULL) == 0;
 	if (shmctl(rmid, IPC_RMID, NULL) < 0)
 		die("IPC_RMID");
 
@@ -120,7 +123,7 @@ int main(int argc, char **argv)
 		_exit(0);
 	}
 	char ids[128];
-	snprintf(ids, sizeof(ids), "%d %d %d %d %d", shmid, semid, msqid, rmid, (int)child);
+	snprintf(ids, sizeof(ids), "%d %d %d %d %d %d", shmid, semid, msqid, rmid, (int)child, locked);
 	victim_write_file("ids", ids);
 	victim_ready_and_wait(NULL);
 
@@ -138,6 +141,7 @@ int main(int argc, char **argv)
 	CHECK(shmctl(rmid, IPC_STAT, &ds) == 0, "IPC_STAT removed: %s", strerror(errno));
 	CHECK(ds.shm_perm.mode & SHM_DEST, "removed segment is no longer marked for removal");
 	CHECK(ds.shm_segsz == RMID_LEN, "removed segment size %zu", (size_t)ds.shm_segsz);
+	CHECK(!locked || (ds.shm_perm.mode & SHM_LOCKED), "removed segment is no longer locked");
 
 	unsigned short vals[3];
 	arg.array = vals;

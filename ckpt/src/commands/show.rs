@@ -141,7 +141,7 @@ fn ipc_summary(dir: &ImageDir) -> Result<Value, ImageError> {
         base
     };
     Ok(json!({
-        "shm": ipc.shm.iter().map(|s| with(perm(&s.perm), json!({"size": s.size, "removed": s.removed, "saved_bytes": s.saved_bytes()}))).collect::<Vec<_>>(),
+        "shm": ipc.shm.iter().map(|s| with(perm(&s.perm), json!({"size": s.size, "removed": s.removed, "locked": s.locked, "saved_bytes": s.saved_bytes()}))).collect::<Vec<_>>(),
         "sem": ipc.sem.iter().map(|s| with(perm(&s.perm), json!({"values": s.values}))).collect::<Vec<_>>(),
         "msg": ipc.msg.iter().map(|q| with(perm(&q.perm), json!({"qbytes": q.qbytes, "messages": q.messages.len(), "bytes": q.messages.iter().map(|m| m.text.len()).sum::<usize>()}))).collect::<Vec<_>>(),
     }))
@@ -283,10 +283,15 @@ fn render_text(v: &Value) -> String {
     for o in objects("shm") {
         let _ = writeln!(
             s,
-            "  shared memory {}: {} bytes, {} saved{}",
+            "  shared memory {}: {} bytes, {} saved{}{}",
             head(&o),
             o["size"],
             o["saved_bytes"],
+            if o["locked"].as_bool() == Some(true) {
+                ", locked in memory"
+            } else {
+                ""
+            },
             if o["removed"].as_bool() == Some(true) {
                 ", marked for removal"
             } else {
