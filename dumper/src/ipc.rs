@@ -66,6 +66,20 @@ impl Tree<'_> {
     }
 }
 
+/// One attach of a segment by a process of the tree.
+struct Attach<'a> {
+    shmid: i32,
+    pid: i32,
+    vma: &'a Vma,
+}
+
+/// An object's id and key as listed in `/proc/sysvipc/*`.
+#[derive(PartialEq, Eq)]
+struct Listed {
+    id: i32,
+    key: i32,
+}
+
 /// One `/proc/sysvipc/*` table: column names and rows.
 struct ProcTable {
     header: Vec<String>,
@@ -213,10 +227,14 @@ fn collect_shm(
     refused: &mut crate::blockers::Blockers,
 ) -> Result<()> {
     // Every attach of the tree, by segment id.
-    let mut attached: Vec<(i32, i32, &Vma)> = Vec::new();
+    let mut attached: Vec<Attach<'_>> = Vec::new();
     for (pid, vmas) in &tree.procs {
         for v in vmas.iter().filter(|v| v.kind == VmaKind::SysvShm as i32) {
-            attached.push((v.sysv_shmid, *pid, v));
+            attached.push(Attach {
+                shmid: v.sysv_shmid,
+                pid: *pid,
+                vma: v,
+            });
         }
     }
     if attached.is_empty() {
@@ -225,7 +243,7 @@ fn collect_shm(
     let table = ProcTable::read(tree.root, "shm")?;
     for row in &table.rows {
         let p = table.perm(tree.root, row, "shmid")?;
-        let Some(&(_, pid, _)) = attached.iter().find(|(id, _, _)| *id == p.id) else {
+        let Some(pid) = attached.iter().find(|a| a.shmid == p.id).map(|a| a.pid) else {
             continue;
         };
         let size = table.get(tree.root, row, "size")? as u64;
@@ -240,13 +258,14 @@ fn collect_shm(
             }),
         };
         refused.absorb(check_owner(tree, pid, IpcKind::Shm, &p))?;
-        for (_, apid, v) in attached.iter().filter(|(id, _, _)| *id == p.id) {
+        for a in attached.iter().filter(|a| a.shmid == p.id) {
+            let v = a.vma;
             // An attach always maps the whole segment from offset 0; a
             // part of one (munmap or mprotect of a range) cannot be
             // recreated with shmat alone.
             if v.file_offset != 0 || v.len() != seg.mapped_len() {
                 refused.absorb::<()>(Err(DumpError::Unsupported {
-                    pid: *apid,
+                    pid: a.pid,
                     what: format!(
                         "mapping {:#x}-{:#x}: part of {} (munmap or mprotect of a range of an attach)",
                         v.start,
@@ -258,7 +277,12 @@ fn collect_shm(
         }
         ipc.shm.push(seg);
     }
-    for (id, pid, v) in &attached {
+    for Attach {
+        shmid: id,
+        pid,
+        vma: v,
+    } in &attached
+    {
         if !ipc.shm.iter().any(|s| s.id() == *id) {
             refused.absorb::<()>(Err(DumpError::Unsupported {
                 pid: *pid,
@@ -374,8 +398,11 @@ fn collect_msg(
                     os(e)
                 }
             })?;
-            let Some((mtype, text)) = copied else { break };
-            messages.push(QueuedMessage { mtype, text });
+            let Some(m) = copied else { break };
+            messages.push(QueuedMessage {
+                mtype: m.mtype,
+                text: m.text,
+            });
         }
         ipc.msg.push(MsgQueue {
             qbytes,
@@ -452,16 +479,16 @@ pub fn write(root: i32, w: &mut ImageWriter, ipc: &mut Ipc) -> Result<u64> {
 /// checkpoint, and left behind they would collide with its restore. An
 /// object whose id now has another key is left alone.
 pub fn remove(root: i32, ipc: &Ipc) {
-    let live = |name, col| -> Vec<(i32, i32)> {
+    let live = |name, col| -> Vec<Listed> {
         ProcTable::read(root, name)
             .map(|t| {
                 t.rows
                     .iter()
                     .filter_map(|r| {
-                        Some((
-                            t.get(root, r, col).ok()? as i32,
-                            t.get(root, r, "key").ok()? as i32,
-                        ))
+                        Some(Listed {
+                            id: t.get(root, r, col).ok()? as i32,
+                            key: t.get(root, r, "key").ok()? as i32,
+                        })
                     })
                     .collect()
             })
@@ -486,7 +513,10 @@ pub fn remove(root: i32, ipc: &Ipc) {
     ];
     for (kind, live, saved) in objects {
         for p in saved {
-            if live.contains(&(p.id, p.key)) {
+            if live.contains(&Listed {
+                id: p.id,
+                key: p.key,
+            }) {
                 match sys::ipc_rmid(kind, p.id) {
                     Ok(()) => log::info!("kill: removed {}", describe(kind, p)),
                     Err(e) => log::warn!("kill: cannot remove {}: {e}", describe(kind, p)),

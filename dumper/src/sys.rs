@@ -722,14 +722,22 @@ pub fn msg_qbytes(msqid: i32) -> std::io::Result<u64> {
     Ok(ds.msg_qbytes as u64)
 }
 
+/// A message copied out of a queue.
+pub struct CopiedMessage {
+    /// Its type.
+    pub mtype: i64,
+    /// Its text.
+    pub text: Vec<u8>,
+}
+
 /// The message at `index` of queue `msqid`, copied without receiving it
-/// (`msgrcv(MSG_COPY | IPC_NOWAIT)`), as (mtype, text); `None` past the
-/// end. `max_text` bounds the text (msgmax).
+/// (`msgrcv(MSG_COPY | IPC_NOWAIT)`); `None` past the end. `max_text`
+/// bounds the text (msgmax).
 pub fn msg_copy(
     msqid: i32,
     index: usize,
     max_text: usize,
-) -> std::io::Result<Option<(i64, Vec<u8>)>> {
+) -> std::io::Result<Option<CopiedMessage>> {
     let mut buf = vec![0u8; std::mem::size_of::<libc::c_long>() + max_text];
     // SAFETY: `buf` holds a long mtype and max_text bytes of text, as
     // msgrcv writes at most.
@@ -752,7 +760,10 @@ pub fn msg_copy(
     }
     let long = std::mem::size_of::<libc::c_long>();
     let mtype = i64::from_ne_bytes(buf[..long].try_into().expect("8 bytes"));
-    Ok(Some((mtype, buf[long..long + r as usize].to_vec())))
+    Ok(Some(CopiedMessage {
+        mtype,
+        text: buf[long..long + r as usize].to_vec(),
+    }))
 }
 
 /// Which SysV IPC object kind an `IPC_RMID` is for.

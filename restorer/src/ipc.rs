@@ -265,8 +265,14 @@ fn kernel_limit(name: &str) -> Result<u64> {
         })
 }
 
+/// An object of this IPC namespace.
+struct InUse {
+    id: i32,
+    key: i32,
+}
+
 /// Ids and keys in use in this IPC namespace, from `/proc/sysvipc/NAME`.
-fn in_use(name: &str) -> Result<Vec<(i32, i32)>> {
+fn in_use(name: &str) -> Result<Vec<InUse>> {
     let path = format!("/proc/sysvipc/{name}");
     let text = std::fs::read_to_string(&path)
         .map_err(|e| RestoreError::os(0, format!("read {path}"), e))?;
@@ -277,7 +283,7 @@ fn in_use(name: &str) -> Result<Vec<(i32, i32)>> {
             let mut f = l.split_whitespace();
             let key = f.next()?.parse().ok()?;
             let id = f.next()?.parse().ok()?;
-            Some((id, key))
+            Some(InUse { id, key })
         })
         .collect())
 }
@@ -310,9 +316,9 @@ pub fn check_free(ipc: &Ipc) -> Result<()> {
         }
         let used = in_use(name)?;
         for p in perms {
-            if let Some((id, key)) = used
+            if let Some(InUse { id, key }) = used
                 .iter()
-                .find(|(id, key)| *id == p.id || (p.key != 0 && *key == p.key))
+                .find(|u| u.id == p.id || (p.key != 0 && u.key == p.key))
             {
                 return Err(refuse(
                     kind,
@@ -328,10 +334,16 @@ pub fn check_free(ipc: &Ipc) -> Result<()> {
     Ok(())
 }
 
+/// One object this restore created.
+struct CreatedObject {
+    kind: IpcKind,
+    id: i32,
+}
+
 /// The objects this restore created; removed on drop unless disarmed.
 #[derive(Default)]
 pub struct Created {
-    objects: Vec<(IpcKind, i32)>,
+    objects: Vec<CreatedObject>,
     armed: bool,
 }
 
@@ -345,8 +357,8 @@ impl Created {
 impl Drop for Created {
     fn drop(&mut self) {
         if self.armed {
-            for (kind, id) in self.objects.drain(..).rev() {
-                let _ = sys::ipc_rmid(kind, id);
+            for o in self.objects.drain(..).rev() {
+                let _ = sys::ipc_rmid(o.kind, o.id);
             }
         }
     }
@@ -381,7 +393,7 @@ fn create_with_id(
             _ => os("create", e),
         }
     })?;
-    created.objects.push((kind, id));
+    created.objects.push(CreatedObject { kind, id });
     if id != p.id {
         return Err(refuse(
             kind,
@@ -461,7 +473,7 @@ pub fn create(images: &ImageDir, ipc: &Ipc) -> Result<Created> {
         sys::msg_set(
             id,
             IpcOwner {
-                mode: 0o600,
+                mode: sys::NEW_OBJECT_MODE as u32,
                 ..owner(&p)
             },
             q.qbytes,

@@ -344,24 +344,34 @@ fn check_ret(r: libc::c_long) -> std::io::Result<libc::c_long> {
     }
 }
 
+/// Mode of a SysV object while the restorer creates and fills it: only
+/// root (the restorer) may use it until its owner and mode are set.
+pub const NEW_OBJECT_MODE: i32 = 0o600;
+
 /// `shmget(key, size, IPC_CREAT | IPC_EXCL | 0600)`: a new segment only
 /// root (the restorer) can use until its owner and mode are set.
 pub fn shm_create(key: i32, size: u64) -> std::io::Result<i32> {
     // SAFETY: integers only.
-    check_ret(
-        unsafe { libc::shmget(key, size as usize, libc::IPC_CREAT | libc::IPC_EXCL | 0o600) }
-            as libc::c_long,
-    )
+    check_ret(unsafe {
+        libc::shmget(
+            key,
+            size as usize,
+            libc::IPC_CREAT | libc::IPC_EXCL | NEW_OBJECT_MODE,
+        )
+    } as libc::c_long)
     .map(|r| r as i32)
 }
 
 /// `semget(key, nsems, IPC_CREAT | IPC_EXCL | 0600)`.
 pub fn sem_create(key: i32, nsems: i32) -> std::io::Result<i32> {
     // SAFETY: integers only.
-    check_ret(
-        unsafe { libc::semget(key, nsems, libc::IPC_CREAT | libc::IPC_EXCL | 0o600) }
-            as libc::c_long,
-    )
+    check_ret(unsafe {
+        libc::semget(
+            key,
+            nsems,
+            libc::IPC_CREAT | libc::IPC_EXCL | NEW_OBJECT_MODE,
+        )
+    } as libc::c_long)
     .map(|r| r as i32)
 }
 
@@ -369,7 +379,8 @@ pub fn sem_create(key: i32, nsems: i32) -> std::io::Result<i32> {
 pub fn msg_create(key: i32) -> std::io::Result<i32> {
     // SAFETY: integers only.
     check_ret(
-        unsafe { libc::msgget(key, libc::IPC_CREAT | libc::IPC_EXCL | 0o600) } as libc::c_long,
+        unsafe { libc::msgget(key, libc::IPC_CREAT | libc::IPC_EXCL | NEW_OBJECT_MODE) }
+            as libc::c_long,
     )
     .map(|r| r as i32)
 }
