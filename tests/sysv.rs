@@ -50,8 +50,8 @@ fn unique_key(salt: u32) -> u32 {
     0x5c00_0000 | ((std::process::id() & 0xffff) << 8) | salt
 }
 
-/// Removes every object of `key` (and the ids given) when dropped, so a
-/// failing test leaves no IPC object behind.
+/// Removes every object of `key` (none for 0) and the ids given when
+/// dropped, so a failing test leaves no IPC object behind.
 struct IpcCleanup {
     key: u32,
     ids: Vec<(&'static str, i32)>,
@@ -60,9 +60,14 @@ struct IpcCleanup {
 impl Drop for IpcCleanup {
     fn drop(&mut self) {
         let key = format!("{:#x}", self.key);
-        for flag in ["-M", "-S", "-Q"] {
+        let by_key: &[&str] = if self.key == 0 {
+            &[]
+        } else {
+            &["-M", "-S", "-Q"]
+        };
+        for flag in by_key {
             let _ = std::process::Command::new("ipcrm")
-                .args([flag, &key])
+                .args([*flag, &key])
                 .stderr(std::process::Stdio::null())
                 .status();
         }
@@ -137,7 +142,36 @@ fn sysv_objects_come_back_with_ids_contents_and_one_copy() {
     let ids = read_ids(&v);
     cleanup.ids.push(("-m", ids.removed_shm));
 
+    // A set and a queue of the same user that no process of the tree uses
+    // (another job's): not saved, and not removed by --kill.
+    let ipcmk = |args: &[&str]| -> i32 {
+        use std::os::unix::process::CommandExt;
+        let out = std::process::Command::new("ipcmk")
+            .args(args)
+            .uid(test_user().uid)
+            .gid(test_user().gid)
+            .output()
+            .expect("run ipcmk");
+        assert!(out.status.success(), "ipcmk {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout)
+            .rsplit(' ')
+            .next()
+            .and_then(|id| id.trim().parse().ok())
+            .unwrap_or_else(|| panic!("ipcmk {args:?} said {out:?}"))
+    };
+    let other_sem = ipcmk(&["-S", "1"]);
+    let other_msg = ipcmk(&["-Q"]);
+    let other = IpcCleanup {
+        key: 0,
+        ids: vec![("-s", other_sem), ("-q", other_msg)],
+    };
+
     dump_kill_reap(&env, &mut v);
+    assert!(
+        sysvipc_row("sem", other_sem).is_some() && sysvipc_row("msg", other_msg).is_some(),
+        "--kill removed objects that were not the job's"
+    );
+    drop(other);
     // One copy of the segment, however many processes attach it.
     let seg_image = fs::metadata(env.img.join(format!("ipc-shm-{}.img", ids.shm)))
         .expect("the segment's image")
@@ -175,6 +209,8 @@ fn sysv_objects_come_back_with_ids_contents_and_one_copy() {
     );
     assert_eq!(ipc["msg"][0]["id"], ids.msg, "{ipc}");
     assert_eq!(ipc["msg"][0]["messages"], 4, "{ipc}");
+    assert_eq!(ipc["sem"].as_array().map(Vec::len), Some(1), "{ipc}");
+    assert_eq!(ipc["msg"].as_array().map(Vec::len), Some(1), "{ipc}");
     let text = ckpt(&env, &["show", path_str(&env.img)], FAIL_TIMEOUT);
     text.assert_success();
     for line in [
