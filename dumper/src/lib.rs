@@ -29,6 +29,7 @@ mod ipc;
 pub mod mm;
 pub mod pages;
 mod procfile;
+mod shmem;
 mod sys;
 pub mod task;
 mod thread;
@@ -446,8 +447,8 @@ fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
         if matches!(
             kind,
             Ok(ckpt_image::mm::VmaKind::Anon
-                | ckpt_image::mm::VmaKind::SharedAnon
-                | ckpt_image::mm::VmaKind::FilePrivate)
+                | ckpt_image::mm::VmaKind::FilePrivate
+                | ckpt_image::mm::VmaKind::ShmemPrivate)
         ) {
             untouched_bytes += (v.end - v.start).saturating_sub(saved);
         }
@@ -500,16 +501,12 @@ fn write_images(
             procs.push(c);
         }
     }
-    let relaid = blockers
-        .absorb(mm::link_shared_memory(
-            &mut procs
-                .iter_mut()
-                .map(|c| (c.pid, &mut c.vmas))
-                .collect::<Vec<_>>(),
-        ))?
-        .unwrap_or_default();
-    let mut relaid = relaid;
-    let (changed, shared) = inherit::share_with_parents(
+    // Each shared memory object once, whoever maps it.
+    let mut objects = shmem::Objects::default();
+    for c in procs.iter_mut() {
+        blockers.absorb(objects.link_vmas(c.pid, &mut c.vmas))?;
+    }
+    let (relaid, shared) = inherit::share_with_parents(
         &mut procs
             .iter_mut()
             .map(|c| inherit::ProcessVmas {
@@ -519,7 +516,6 @@ fn write_images(
             })
             .collect::<Vec<_>>(),
     )?;
-    relaid.extend(changed);
     if shared.bytes > 0 {
         log::info!(
             "collect: {} bytes of private memory still shared with a parent since fork, saved once",
@@ -538,6 +534,8 @@ fn write_images(
         opts.externals,
         &mut blockers,
     )?;
+    let mut files = files;
+    blockers.absorb(objects.link_files(&mut files))?;
     let fds: usize = files.tables.iter().map(|(_, t)| t.fds.len()).sum();
     log::info!(
         "collect fds: {fds} fds, {} open files ({:.3} ms)",
@@ -636,6 +634,13 @@ fn write_images(
         w.write_meta(&ckpt_image::fds_name(*pid), ImageKind::FdTable, table)?;
     }
     w.write_meta(ckpt_image::FILES_NAME, ImageKind::Files, &files.files)?;
+    let shmem_started = Instant::now();
+    let shmem_bytes = objects.data_bytes();
+    objects.write(&mut w)?;
+    log::info!(
+        "write shared memory: {shmem_bytes} bytes ({:.3} ms)",
+        ms_since(shmem_started)
+    );
     for b in files.blobs.iter() {
         w.write_raw(&b.name, &b.data)?;
     }

@@ -5,7 +5,7 @@ use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 
 use ckpt_image::PAGE_SIZE;
-use ckpt_image::mm::{FileId, PageRange, ShmemOwner, VdsoInfo, Vma, VmaKind, prot, vma_flags};
+use ckpt_image::mm::{FileId, PageRange, VdsoInfo, Vma, VmaKind, prot, vma_flags};
 use ckpt_image::task::MmFields;
 use ckpt_parasite::Tracee;
 
@@ -19,6 +19,13 @@ const PM_PRESENT: u64 = 1 << 63;
 const PM_SWAPPED: u64 = 1 << 62;
 /// pagemap: page is a file page or shared anonymous (not a private anon page).
 const PM_FILE: u64 = 1 << 61;
+
+/// How `/proc/PID/maps` names a memfd's mapping (`/memfd:NAME (deleted)`).
+pub const MEMFD_PREFIX: &str = "/memfd:";
+/// How it marks a mapping of a file unlinked since.
+pub const DELETED_SUFFIX: &str = " (deleted)";
+/// The ring of an aio context (io_setup(2)), which only the kernel creates.
+const AIO_RING: &str = "/[aio] (deleted)";
 
 /// One line of smaps with the details the dumper needs.
 #[derive(Debug, Clone)]
@@ -153,10 +160,13 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
             VmaKind::Anon
         }
         "/dev/zero (deleted)" if shared => {
-            vma.shmem_id = e.inode;
             vma.file_offset = e.offset;
-            VmaKind::SharedAnon
+            VmaKind::Shmem
         }
+        // A private mapping of /dev/zero is anonymous memory the kernel
+        // names after the device (reading the device to hash it would
+        // never end); it comes back as plain anonymous memory.
+        "/dev/zero" if !shared => VmaKind::Anon,
         path if path.starts_with("[anon:") => VmaKind::Anon,
         path if path.starts_with("/SYSV") && !has("ht") => {
             // The inode of a SysV segment's file is its shmid.
@@ -167,9 +177,19 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
         path if path.starts_with("/SYSV") => {
             return Err(unsupported("SysV shared memory with huge pages".into()));
         }
-        path if path.starts_with("/memfd:") => return Err(unsupported("memfd".into())),
-        path if path.ends_with(" (deleted)") => {
-            return Err(unsupported(format!("mapping of deleted file {path}")));
+        AIO_RING => return Err(unsupported("aio ring of io_setup".into())),
+        path if path.starts_with(MEMFD_PREFIX) || path.ends_with(DELETED_SUFFIX) => {
+            if has("ht") {
+                return Err(unsupported(format!("hugetlb memory {path}")));
+            }
+            // The object (its id and data) is collected by `shmem`.
+            vma.path = path.to_string();
+            vma.file_offset = e.offset;
+            if shared {
+                VmaKind::Shmem
+            } else {
+                VmaKind::ShmemPrivate
+            }
         }
         path if path.starts_with('[') => {
             return Err(unsupported(format!("special mapping {path}")));
@@ -178,7 +198,11 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
             vma.path = path.to_string();
             vma.file_offset = e.offset;
             vma.file = Some(file_id(pid, e, !shared)?);
-            if shared {
+            if shared && on_tmpfs(pid, e)? {
+                // It lives only in RAM: saved once as a shared memory
+                // object (`shmem`), recreated if gone at restore.
+                VmaKind::Shmem
+            } else if shared {
                 if has("mw") {
                     vma.flags |= vma_flags::MAYWRITE;
                 }
@@ -188,6 +212,9 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
             }
         }
     };
+    if shared && has("mw") && kind == VmaKind::Shmem {
+        vma.flags |= vma_flags::MAYWRITE;
+    }
     if !kind.is_special() && (has("io") || has("pf")) {
         return Err(unsupported(format!("device memory {}", e.path)));
     }
@@ -244,6 +271,17 @@ fn file_id(pid: i32, e: &SmapsEntry, private: bool) -> Result<FileId> {
 
 const NANOS_PER_SEC: i64 = 1_000_000_000;
 
+/// statfs(2) `f_type` of tmpfs.
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// The file mapped by `e` lives on a tmpfs (only in RAM).
+fn on_tmpfs(pid: i32, e: &SmapsEntry) -> Result<bool> {
+    let link = procfile::path(pid, &format!("map_files/{:x}-{:x}", e.start, e.end));
+    let fs =
+        nix::sys::statfs::statfs(&link).map_err(|s| procfile::proc_err(pid, link, s.into()))?;
+    Ok(fs.filesystem_type().0 as i64 == TMPFS_MAGIC)
+}
+
 /// What makes a cached content hash still valid: the same inode, unchanged
 /// since (a write moves ctime, which no one but root can set back).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -296,12 +334,12 @@ fn keep(kind: VmaKind, cats: u64) -> bool {
     match kind {
         // A page that is only the shared zero page reads back as zeros
         // without being saved.
-        VmaKind::Anon | VmaKind::SharedAnon => {
-            cats & (PRESENT | SWAPPED) != 0 && cats & PFNZERO == 0
-        }
+        VmaKind::Anon => cats & (PRESENT | SWAPPED) != 0 && cats & PFNZERO == 0,
         // Only pages the process wrote (private anonymous copies); clean
-        // pages come back from the file.
-        VmaKind::FilePrivate => cats & SWAPPED != 0 || (cats & PRESENT != 0 && cats & FILE == 0),
+        // pages come back from the file or object.
+        VmaKind::FilePrivate | VmaKind::ShmemPrivate => {
+            cats & SWAPPED != 0 || (cats & PRESENT != 0 && cats & FILE == 0)
+        }
         _ => false,
     }
 }
@@ -360,41 +398,6 @@ fn read_runs(pid: i32, pagemap: &File, vma: &Vma, kind: VmaKind) -> Result<Vec<(
     Ok(runs)
 }
 
-/// Runs of a shared anonymous VMA that hold data, from SEEK_DATA/SEEK_HOLE
-/// on the object itself: pages another process touched are not in this
-/// process's page tables, but they are in the object.
-fn shmem_runs(pid: i32, vma: &Vma) -> Result<Vec<(u64, u64)>> {
-    use std::os::fd::AsRawFd;
-    let link = procfile::path(pid, &format!("map_files/{:x}-{:x}", vma.start, vma.end));
-    let f = File::open(&link).map_err(|e| procfile::proc_err(pid, link.clone(), e))?;
-    let (lo, hi) = (vma.file_offset, vma.file_offset + vma.len());
-    let mut runs = Vec::new();
-    let mut off = lo;
-    while off < hi {
-        let Some(data) = sys::seek(f.as_raw_fd(), off, libc::SEEK_DATA)
-            .map_err(|e| procfile::proc_err(pid, link.clone(), e))?
-        else {
-            break;
-        };
-        if data >= hi {
-            break;
-        }
-        let hole = sys::seek(f.as_raw_fd(), data, libc::SEEK_HOLE)
-            .map_err(|e| procfile::proc_err(pid, link.clone(), e))?
-            .unwrap_or(hi)
-            .min(hi);
-        let start = data & !(PAGE_SIZE - 1);
-        let end = hole.next_multiple_of(PAGE_SIZE).min(hi);
-        push_run(
-            &mut runs,
-            vma.start + (start - lo),
-            (end - start) / PAGE_SIZE,
-        );
-        off = end;
-    }
-    Ok(runs)
-}
-
 fn push_run(runs: &mut Vec<(u64, u64)>, addr: u64, pages: u64) {
     match runs.last_mut() {
         Some((a, n)) if *a + *n * PAGE_SIZE == addr => *n += pages,
@@ -411,15 +414,14 @@ pub fn plan_pages(pid: i32, vmas: &mut [Vma]) -> Result<u64> {
     let mut offset = 0u64;
     for vma in vmas.iter_mut() {
         let kind = VmaKind::try_from(vma.kind).unwrap_or(VmaKind::Anon);
+        // A shared object's data is saved once, with the object (`shmem`).
         if !matches!(
             kind,
-            VmaKind::Anon | VmaKind::SharedAnon | VmaKind::FilePrivate
+            VmaKind::Anon | VmaKind::FilePrivate | VmaKind::ShmemPrivate
         ) {
             continue;
         }
-        let runs = if kind == VmaKind::SharedAnon {
-            shmem_runs(pid, vma)?
-        } else if use_scan {
+        let runs = if use_scan {
             match scan_runs(&pagemap, vma, kind) {
                 Ok(runs) => runs,
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) => {
@@ -444,8 +446,8 @@ pub fn plan_pages(pid: i32, vmas: &mut [Vma]) -> Result<u64> {
 }
 
 /// Lays the saved page ranges out again, back to back, after some were
-/// dropped (pages of a shared object saved with another VMA). Returns the
-/// new total.
+/// dropped (private pages still shared with a parent since fork, saved
+/// with the parent). Returns the new total.
 pub fn reassign_offsets(vmas: &mut [Vma]) -> u64 {
     let mut offset = 0;
     for r in vmas.iter_mut().flat_map(|v| v.pages.iter_mut()) {
@@ -492,50 +494,6 @@ pub fn mm_fields(pid: i32, f: &[u64], brk: u64) -> Result<MmFields> {
     })
 }
 
-/// Links every VMA that maps a shared anonymous object already seen (in
-/// this or an earlier process, tree order) to that first VMA, which alone
-/// keeps the object's pages. Returns the processes whose page layout changed.
-pub fn link_shared_memory(procs: &mut [(i32, &mut Vec<Vma>)]) -> Result<Vec<i32>> {
-    let mut owners: Vec<(u64, ShmemOwner, u64)> = Vec::new();
-    let mut changed = Vec::new();
-    for (pid, vmas) in procs.iter_mut() {
-        for v in vmas
-            .iter_mut()
-            .filter(|v| v.kind == VmaKind::SharedAnon as i32)
-        {
-            match owners.iter().find(|(id, _, _)| *id == v.shmem_id) {
-                Some((_, owner, offset)) => {
-                    // The fork case: the same whole object at the same offset.
-                    if owner.end - owner.start != v.len() || *offset != v.file_offset {
-                        return Err(DumpError::Unsupported {
-                            pid: *pid,
-                            what: format!(
-                                "mapping {:#x}-{:#x}: a different part of shared anonymous memory also mapped by pid {}",
-                                v.start, v.end, owner.pid
-                            ),
-                        });
-                    }
-                    v.shmem_owner = Some(*owner);
-                    v.pages.clear();
-                    if !changed.contains(pid) {
-                        changed.push(*pid);
-                    }
-                }
-                None => owners.push((
-                    v.shmem_id,
-                    ShmemOwner {
-                        pid: *pid,
-                        start: v.start,
-                        end: v.end,
-                    },
-                    v.file_offset,
-                )),
-            }
-        }
-    }
-    Ok(changed)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -554,7 +512,7 @@ mod tests {
         assert!(e[2].vm_flags.contains(&"gd".to_string()));
         let v = classify(1, &e[2]).unwrap();
         assert_eq!(v.flags & vma_flags::GROWSDOWN, vma_flags::GROWSDOWN);
-        assert_eq!(classify(1, &e[1]).unwrap().kind, VmaKind::SharedAnon as i32);
+        assert_eq!(classify(1, &e[1]).unwrap().kind, VmaKind::Shmem as i32);
     }
 
     #[test]

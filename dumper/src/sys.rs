@@ -78,6 +78,17 @@ pub fn seek(fd: i32, off: u64, whence: i32) -> std::io::Result<Option<u64>> {
     }
 }
 
+/// The seals of memfd `fd` (F_GET_SEALS).
+pub fn memfd_seals(fd: i32) -> std::io::Result<u32> {
+    // SAFETY: F_GET_SEALS takes no argument and only reads the file.
+    let r = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r as u32)
+    }
+}
+
 fn ret(r: libc::c_long) -> Result<libc::c_long, i32> {
     if r < 0 {
         Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))

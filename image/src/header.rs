@@ -15,7 +15,7 @@ use std::path::Path;
 use crate::error::ImageError;
 
 /// Version of the on-disk format; independent of the tool's version.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 /// Length of [`encode`]'s header.
 pub const HEADER_LEN: usize = 32;
@@ -36,6 +36,8 @@ pub enum ImageKind {
     FdTable,
     /// `files.img`.
     Files,
+    /// `shmem.img`.
+    Shmem,
     /// `ipc.img`.
     Ipc,
 }
@@ -49,6 +51,7 @@ impl ImageKind {
             ImageKind::Mm => b"CKPTMMAP",
             ImageKind::FdTable => b"CKPTFDTB",
             ImageKind::Files => b"CKPTFILE",
+            ImageKind::Shmem => b"CKPTSHMM",
             ImageKind::Ipc => b"CKPTSIPC",
         }
     }
@@ -61,6 +64,7 @@ impl ImageKind {
             ImageKind::Mm => "mm",
             ImageKind::FdTable => "fd table",
             ImageKind::Files => "files",
+            ImageKind::Shmem => "shmem",
             ImageKind::Ipc => "ipc",
         }
     }

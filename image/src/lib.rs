@@ -53,6 +53,7 @@ pub mod manifest;
 pub mod mm;
 mod pb;
 pub mod seal;
+pub mod shmem;
 mod sys;
 pub mod task;
 pub mod timer;
@@ -102,6 +103,15 @@ pub fn pipe_data_name(pipe_id: u64) -> String {
 /// `ino` (one file per FIFO, whichever descriptions of it the tree holds).
 pub fn fifo_data_name(dev: u64, ino: u64) -> String {
     format!("fifo-{dev}-{ino}.img")
+}
+
+/// File name of the image listing every shared memory object (written
+/// only when the tree maps one).
+pub const SHMEM_NAME: &str = "shmem.img";
+
+/// File name of the contents of shared memory object `id`.
+pub fn shmem_data_name(id: u64) -> String {
+    format!("shmem-{id}.img")
 }
 
 /// File name of the SysV IPC image (present only when the job has IPC

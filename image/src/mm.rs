@@ -18,6 +18,11 @@ impl VmaKind {
             VmaKind::Vdso | VmaKind::Vvar | VmaKind::VvarVclock | VmaKind::Vsyscall
         )
     }
+
+    /// True for mappings of a shared memory object of `shmem.img`.
+    pub fn maps_shmem(self) -> bool {
+        matches!(self, VmaKind::Shmem | VmaKind::ShmemPrivate)
+    }
 }
 
 /// Protection bits as in mmap(2).
@@ -41,7 +46,8 @@ pub mod vma_flags {
     pub const HEAP: u32 = 2;
     /// The VMA is the main `[stack]`.
     pub const STACK: u32 = 4;
-    /// A shared file mapping that may be made writable (opened O_RDWR).
+    /// A shared mapping (of a file or shared memory object) that may be made
+    /// writable (mapped from an fd opened O_RDWR).
     pub const MAYWRITE: u32 = 8;
     /// `MADV_DONTFORK` was applied.
     pub const DONTFORK: u32 = 16;

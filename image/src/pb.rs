@@ -181,11 +181,12 @@ mod tests {
             (VmaKind::Anon, 0),
             (VmaKind::FilePrivate, 1),
             (VmaKind::FileShared, 2),
-            (VmaKind::SharedAnon, 3),
+            (VmaKind::Shmem, 3),
             (VmaKind::Vdso, 4),
             (VmaKind::Vvar, 5),
             (VmaKind::VvarVclock, 6),
             (VmaKind::Vsyscall, 7),
+            (VmaKind::ShmemPrivate, 9),
             (VmaKind::SysvShm, 16),
         ] {
             assert_eq!(rust as i32, number);

@@ -24,6 +24,7 @@ use ckpt_image::fd::{FdTable, Files};
 use ckpt_image::header::{self, HEADER_LEN};
 use ckpt_image::manifest::Manifest;
 use ckpt_image::mm::Mm;
+use ckpt_image::shmem::ShmemObjects;
 use ckpt_image::task::Core;
 use ckpt_image::{ImageDir, ImageKey, ImageKind, ImageWriter};
 
@@ -111,6 +112,7 @@ fn load_corpus() -> (Vec<Seed>, Vec<u8>) {
         ("mm-compressed.bin", ImageKind::Mm),
         ("fds.bin", ImageKind::FdTable),
         ("files.bin", ImageKind::Files),
+        ("shmem.bin", ImageKind::Shmem),
     ]
     .into_iter()
     .map(|(name, kind)| Seed {
@@ -315,6 +317,11 @@ fn through_the_directory(rng: &mut Rng, seed_dir: &Path, work: &Path) {
             let _ = images.read_meta::<Core>(&d.name, ImageKind::Core);
             let _ = images.read_meta::<FdTable>(&d.name, ImageKind::FdTable);
             let _ = images.read_meta::<Files>(&d.name, ImageKind::Files);
+            if let Ok(objects) = images.read_meta::<ShmemObjects>(&d.name, ImageKind::Shmem) {
+                for o in &objects.objects {
+                    let _ = o.check_runs(d.size);
+                }
+            }
             let _ = images.read_meta::<ckpt_image::ipc::Ipc>(&d.name, ImageKind::Ipc);
             if let Ok(mm) = images.read_meta::<Mm>(&d.name, ImageKind::Mm) {
                 let _ = mm.page_copies(d.size);
@@ -354,6 +361,7 @@ fn image_readers_survive_mutated_images() {
             ImageKind::Mm => header::decode::<Mm>(s.kind, p, &s.bytes).is_ok(),
             ImageKind::FdTable => header::decode::<FdTable>(s.kind, p, &s.bytes).is_ok(),
             ImageKind::Files => header::decode::<Files>(s.kind, p, &s.bytes).is_ok(),
+            ImageKind::Shmem => header::decode::<ShmemObjects>(s.kind, p, &s.bytes).is_ok(),
             ImageKind::Ipc => header::decode::<ckpt_image::ipc::Ipc>(s.kind, p, &s.bytes).is_ok(),
         };
         assert!(decodes, "seed {} does not decode", s.name);

@@ -30,6 +30,7 @@ mod ipc;
 mod mm;
 mod pages;
 mod pid;
+mod shmem;
 
 mod sys;
 mod task;
@@ -42,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use ckpt_image::fd::{FdTable, Files};
 use ckpt_image::manifest::ProcessEntry;
-use ckpt_image::mm::Mm;
+use ckpt_image::mm::{Mm, VmaKind};
 use ckpt_image::task::Core;
 use ckpt_image::{ImageDir, ImageError, ImageKey, ImageKind};
 use ckpt_parasite::Tracee;
@@ -260,6 +261,29 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
         .filter(|e| e.zombie_status.is_none())
         .map(|e| load(&images, &files, e))
         .collect::<Result<Vec<_>>>()?;
+    let objects = shmem::load(&images)?;
+    for p in &procs {
+        for v in
+            p.mm.vmas
+                .iter()
+                .filter(|v| VmaKind::try_from(v.kind).is_ok_and(VmaKind::maps_shmem))
+        {
+            objects.check_vma(&images, p.pid, v)?;
+        }
+    }
+    for f in &files.files {
+        if let Some(ckpt_image::fd::file::Kind::Memfd(m)) = &f.kind
+            && !objects.has(m.shmem_id)
+        {
+            return Err(RestoreError::Image(ImageError::Invalid {
+                path: images.path().join(ckpt_image::FILES_NAME),
+                what: format!(
+                    "memfd file {}: no shared memory object {}",
+                    f.id, m.shmem_id
+                ),
+            }));
+        }
+    }
     for p in &procs {
         let parent = procs.iter().find(|q| q.pid == p.ppid).map(|q| &q.mm);
         inherit::check(p.pid, &p.mm, parent)?;
@@ -346,6 +370,7 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
     let created = ipc::create(&images, &sysv)?;
     let child = spawn(root, opts)?;
     let mut fds = fd::Context::new(&images, &files, &opts.files);
+    *fds.state::<shmem::Objects>() = objects;
     match build_tree(&procs, &zombies, &pages, &mut fds, opts)
         .and_then(|built| ipc::remove_marked(&sysv).map(|()| built))
     {
@@ -525,6 +550,7 @@ fn build_tree(
             ms_since(started)
         );
     }
+    fds.state::<shmem::Objects>().seal_all()?;
     Ok((tracees, session))
 }
 
@@ -728,12 +754,22 @@ fn rebuild_memory(
             if v.inherited { " (inherited)" } else { "" }
         );
     }
-    mm::map_vmas(&r, &p.mm, fds.checks())?;
+    // The objects live in the context's state, next to the checks both use.
+    let images = fds.images;
+    let mut objects = std::mem::take(fds.state::<shmem::Objects>());
+    let mapped = mm::map_vmas(
+        &r,
+        &p.mm,
+        fds.checks(),
+        images,
+        &mut objects,
+        core.creds.as_ref(),
+    );
+    *fds.state::<shmem::Objects>() = objects;
+    mapped?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::MidRebuild);
-    mm::map_shared_links(&r, &p.mm)?;
     inherit::drop_pages(&r, &p.mm)?;
     pages::fill_pages(&r, &p.mm, pages, opts.progress)?;
-    mm::fix_protections(&r, &p.mm)?;
     let mm_fields = core.mm.as_ref().expect("validated");
     mm::set_mm_fields(&r, mm_fields, &core.exe)?;
     Ok(())

@@ -4,12 +4,16 @@
 //! (the saved pages are copied in by `pages`), and set the kernel's mm
 //! fields.
 
-use ckpt_image::mm::{Mm, VdsoInfo, Vma, VmaKind, prot, vma_flags};
+use ckpt_image::mm::{Mm, VdsoInfo, Vma, VmaKind, vma_flags};
 use ckpt_image::task::MmFields;
 use std::os::unix::fs::MetadataExt;
 
 use crate::error::{FileUse, RestoreError, Result};
 use crate::fd::identity::{Contents, Expected, FileChecks, Inode};
+use crate::fd::take_from;
+use crate::shmem;
+use ckpt_image::ImageDir;
+use ckpt_image::task::Creds;
 use ckpt_parasite::remote::{Remote, SCRATCH_LEN};
 
 /// One line of the child's own `/proc/PID/maps`.
@@ -174,24 +178,44 @@ fn mremap(r: &Remote<'_>, from: u64, len: u64, to: u64) -> Result<()> {
     Ok(())
 }
 
-/// Creates every non-special VMA. Shared anonymous areas are created
-/// writable so pages can be copied in; [`fix_protections`] finishes them.
-/// Each mapped file is checked to be the one the process had (`checks`).
-pub fn map_vmas(r: &Remote<'_>, mm: &Mm, checks: &mut FileChecks) -> Result<()> {
+/// Creates every non-special VMA. Each mapped file is checked to be the one
+/// the process had (`checks`); a shared memory object is mapped from the
+/// restorer's one copy of it (`objects`), at the VMA's offset in it.
+pub fn map_vmas(
+    r: &Remote<'_>,
+    mm: &Mm,
+    checks: &mut FileChecks,
+    images: &ImageDir,
+    objects: &mut shmem::Objects,
+    creds: Option<&Creds>,
+) -> Result<()> {
     let pid = r.t.pid();
     for v in &mm.vmas {
         let kind = VmaKind::try_from(v.kind).map_err(|_| invalid(pid, v, "unknown kind"))?;
-        if kind.is_special() || v.shmem_owner.is_some() || v.inherited {
+        if kind.is_special() || v.inherited {
             continue;
         }
         let mut flags = libc::MAP_FIXED;
-        let mut p = v.prot as i32;
+        let p = v.prot as i32;
         let mut fd: i64 = -1;
         match kind {
             VmaKind::Anon => flags |= libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            VmaKind::SharedAnon => {
-                flags |= libc::MAP_SHARED | libc::MAP_ANONYMOUS;
-                p |= libc::PROT_READ | libc::PROT_WRITE;
+            VmaKind::Shmem | VmaKind::ShmemPrivate => {
+                let shared = kind == VmaKind::Shmem;
+                let writable = shared && v.flags & vma_flags::MAYWRITE != 0;
+                let at = shmem::AtPath {
+                    r,
+                    creds,
+                    file: v.file.as_ref(),
+                    checks: &mut *checks,
+                };
+                let mine = objects.fd(images, v.shmem_id, writable, Some(at))?;
+                fd = i64::from(take_from(r, std::process::id() as i32, mine)?);
+                flags |= if shared {
+                    libc::MAP_SHARED
+                } else {
+                    libc::MAP_PRIVATE
+                };
             }
             VmaKind::FilePrivate | VmaKind::FileShared => {
                 let shared = kind == VmaKind::FileShared;
@@ -255,48 +279,6 @@ pub fn map_vmas(r: &Remote<'_>, mm: &Mm, checks: &mut FileChecks) -> Result<()> 
                     [v.start, v.len(), advice as u64, 0, 0, 0],
                 )?;
             }
-        }
-    }
-    Ok(())
-}
-
-/// Maps the VMAs that share an object with an earlier VMA (of this or an
-/// already restored process) from that VMA's `/proc/PID/map_files` entry,
-/// so both map one object. Runs after [`map_vmas`], when every owner exists.
-pub fn map_shared_links(r: &Remote<'_>, mm: &Mm) -> Result<()> {
-    for v in &mm.vmas {
-        let Some(o) = v.shmem_owner else { continue };
-        let path = format!("/proc/{}/map_files/{:x}-{:x}", o.pid, o.start, o.end);
-        let fd = r.open(&path, libc::O_RDWR | libc::O_CLOEXEC, 0)?;
-        let got = r.call(
-            "mmap (shared)",
-            libc::SYS_mmap,
-            [
-                v.start,
-                v.len(),
-                v.prot as u64,
-                (libc::MAP_SHARED | libc::MAP_FIXED) as u64,
-                fd as u64,
-                0,
-            ],
-        );
-        r.close(fd)?;
-        if got? != v.start {
-            return Err(invalid(r.t.pid(), v, "mapped at a different address"));
-        }
-    }
-    Ok(())
-}
-
-/// Gives shared anonymous areas their final protection.
-pub fn fix_protections(r: &Remote<'_>, mm: &Mm) -> Result<()> {
-    for v in &mm.vmas {
-        if v.kind == VmaKind::SharedAnon as i32 && v.prot & prot::WRITE == 0 {
-            r.call(
-                "mprotect",
-                libc::SYS_mprotect,
-                [v.start, v.len(), v.prot as u64, 0, 0, 0],
-            )?;
         }
     }
     Ok(())

@@ -111,6 +111,68 @@ pub fn map_readonly(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
     unsafe { memmap2::Mmap::map(file) }
 }
 
+/// A new shared anonymous object of `size` bytes (what `MAP_SHARED |
+/// MAP_ANONYMOUS` creates), held as an fd: mapped here once, opened
+/// through `/proc/self/map_files`, unmapped.
+pub fn shared_anon(size: u64) -> std::io::Result<std::fs::File> {
+    let len = usize::try_from(size).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: a fresh mapping at an address the kernel chooses; nothing of
+    // ours is there, and it is unmapped below without being touched.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    let start = p as u64;
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!(
+            "/proc/self/map_files/{:x}-{:x}",
+            start,
+            start + size.next_multiple_of(ckpt_image::PAGE_SIZE)
+        ));
+    // SAFETY: unmapping exactly the mapping made above, which no reference
+    // points into.
+    unsafe { libc::munmap(p, len) };
+    opened
+}
+
+/// A new memfd named `name` (close-on-exec, sealable: the dumped seals,
+/// F_SEAL_SEAL included for a memfd made without MFD_ALLOW_SEALING, are
+/// added at the end).
+pub fn memfd(name: &str) -> std::io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    let c = std::ffi::CString::new(name)
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: `c` is a NUL-terminated string that outlives the call.
+    let fd = unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just created and is owned by nothing else.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
+/// Adds `seals` to memfd `fd` (F_ADD_SEALS).
+pub fn add_seals(fd: i32, seals: u32) -> std::io::Result<()> {
+    // SAFETY: F_ADD_SEALS takes an int and changes only the file's seals.
+    let r = unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals as libc::c_int) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 /// `pidfd_open(pid)` + `pidfd_getfd(fd)` run by the restorer: its own copy
 /// of fd `fd` of process `pid` (the same open file description).
 pub fn take_fd(pid: i32, fd: i32) -> std::io::Result<std::os::fd::OwnedFd> {

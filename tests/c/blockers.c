@@ -1,6 +1,6 @@
 /*
  * Victim holding three kinds of things ckpt cannot save yet, in two
- * processes: the root a UNIX socket pair (two fds) and a memfd, its child
+ * processes: the root a UNIX socket pair (two fds) and a hugetlb memfd, its child
  * a fanotify instance. A dump must list all four fds at once and leave
  * both running; after go the
  * child exits and the root checks its objects still work.
@@ -19,7 +19,7 @@ int main(int argc, char **argv)
 	victim_init(argc, argv);
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv))
 		die("socketpair");
-	int mfd = memfd_create("ckpt-blocker", MFD_CLOEXEC);
+	int mfd = memfd_create("ckpt-blocker", MFD_CLOEXEC | MFD_HUGETLB);
 	if (mfd < 0)
 		die("memfd_create");
 	pid_t child = fork();
@@ -47,6 +47,6 @@ int main(int argc, char **argv)
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child failed: status %#x", st);
 	char c = 'x';
 	CHECK(write(sv[0], &c, 1) == 1 && read(sv[1], &c, 1) == 1, "socket pair broken");
-	CHECK(write(mfd, "m", 1) == 1, "memfd broken");
+	CHECK(fcntl(mfd, F_GETFD) == FD_CLOEXEC, "memfd broken");
 	victim_finish();
 }

@@ -524,6 +524,33 @@ impl Victim {
         }
     }
 
+    /// Starts a real program nobody here wrote, `program args...`, in its
+    /// own session with stdin `/dev/null`, stdout and stderr to files in the
+    /// work dir and inherited fds closed. It speaks no victim protocol: its
+    /// arguments name the work dir if it reports there.
+    pub fn spawn_program(env: &TestEnv, program: &Path, args: &[&str]) -> Victim {
+        let stdout = File::create(env.work.join("stdout")).expect("create stdout file");
+        let stderr = File::create(env.work.join("stderr")).expect("create stderr file");
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .current_dir(&env.work)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr);
+        cloexec_inherited_fds(&mut cmd, true);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", program.display()));
+        Victim {
+            pid: child.id() as i32,
+            bin: program.to_path_buf(),
+            work: env.work.clone(),
+            name: program.display().to_string(),
+            incarnation: None,
+            child: Some(child),
+        }
+    }
+
     pub fn path(&self, file: &str) -> PathBuf {
         self.work.join(file)
     }

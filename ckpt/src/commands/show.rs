@@ -8,6 +8,7 @@ use anyhow::Context;
 use ckpt_image::fd::file::Kind;
 use ckpt_image::fd::{FdTable, File, Files};
 use ckpt_image::mm::{Mm, VmaKind};
+use ckpt_image::shmem::{ShmemKind, ShmemObjects};
 use ckpt_image::task::Core;
 use ckpt_image::{ImageDir, ImageError, ImageKind};
 use serde_json::{Value, json};
@@ -64,6 +65,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
                     "kind": kind,
                     "path": v.path,
                     "file_offset": v.file_offset,
+                    "shmem_id": VmaKind::try_from(v.kind).is_ok_and(VmaKind::maps_shmem).then_some(v.shmem_id),
                     "saved_bytes": v.pages.iter().map(|r| r.len()).sum::<u64>(),
                     "sysv_shmid": (v.kind == VmaKind::SysvShm as i32).then_some(v.sysv_shmid),
                     "inherited": v.inherited,
@@ -106,6 +108,28 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
             "fds": fds,
         }));
     }
+    // Shared memory objects, each once, whoever maps them.
+    let shmem: Vec<Value> = if m.files.iter().any(|f| f.name == ckpt_image::SHMEM_NAME) {
+        let objects: ShmemObjects = dir.read_meta(ckpt_image::SHMEM_NAME, ImageKind::Shmem)?;
+        objects
+            .objects
+            .iter()
+            .map(|o| {
+                let kind =
+                    ShmemKind::try_from(o.kind).map_or("unknown".into(), |k| format!("{k:?}"));
+                json!({
+                    "id": o.id,
+                    "kind": kind,
+                    "name": o.name,
+                    "size": o.size,
+                    "seals": o.seals,
+                    "data_bytes": o.data.iter().map(|r| r.len).sum::<u64>(),
+                })
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     Ok(json!({
         "dir": dir.path().display().to_string(),
         "format_version": ckpt_image::FORMAT_VERSION,
@@ -118,6 +142,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
         "root_pid": m.root_pid,
         "files": m.files.iter().map(|f| json!({"name": f.name, "size": f.size, "crc32c": format!("{:08x}", f.crc32c), "sha256": hex(&f.sha256)})).collect::<Vec<_>>(),
         "processes": procs,
+        "shmem": shmem,
         "ipc": ipc_summary(dir)?,
     }))
 }
@@ -189,6 +214,18 @@ fn render_text(v: &Value) -> String {
         v["files"].as_array().map_or(0, Vec::len),
         total
     );
+    for o in v["shmem"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            s,
+            "shared memory object {} {} {:?}: {} bytes, {} of data saved, seals {:#x}",
+            o["id"],
+            o["kind"].as_str().unwrap_or(""),
+            o["name"].as_str().unwrap_or(""),
+            o["size"],
+            o["data_bytes"],
+            o["seals"].as_u64().unwrap_or(0)
+        );
+    }
     for p in v["processes"].as_array().into_iter().flatten() {
         let _ = writeln!(
             s,
@@ -374,6 +411,7 @@ fn describe(f: &File) -> String {
                 .join(", ")
         ),
         Some(Kind::Pidfd(p)) => format!("pidfd of pid {}", p.pid),
+        Some(Kind::Memfd(m)) => format!("memfd, shared memory object {}", m.shmem_id),
         None => String::new(),
     }
 }

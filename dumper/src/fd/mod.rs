@@ -14,6 +14,7 @@ mod fifo;
 pub(crate) mod inet;
 mod inotify;
 mod lock;
+mod memfd;
 mod pidfd;
 mod pipe;
 mod pty;
@@ -51,6 +52,7 @@ static KINDS: &[&dyn FileDumper] = &[
     &inet::Inet,
     &inotify::Inotify,
     &pidfd::Pidfd,
+    &memfd::Memfd,
 ];
 
 /// What ckpt refuses by name (an fd of these fails the dump, naming pid and
@@ -69,7 +71,10 @@ pub static REFUSED: &[(&str, &str)] = &[
         "a pipe whose other end no process of the tree holds, unless only fds 0-2 hold it (rebound to restore's stdio) or it is declared with --external",
     ),
     ("fanotify", "fanotify instances"),
-    ("memfd", "memfd files"),
+    (
+        "hugetlb memfd",
+        "memfds made with MFD_HUGETLB (fds and mappings)",
+    ),
     (
         "other devices",
         "character and block devices other than the ones above",

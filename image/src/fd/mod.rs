@@ -26,6 +26,7 @@ pub mod fifo;
 pub mod inet;
 pub mod inotify;
 pub mod lock;
+pub mod memfd;
 pub mod pidfd;
 pub mod pipe;
 pub mod pty;
@@ -54,6 +55,7 @@ impl File {
             Some(file::Kind::Inet(_)) => "inet",
             Some(file::Kind::Inotify(_)) => "inotify",
             Some(file::Kind::Pidfd(_)) => "pidfd",
+            Some(file::Kind::Memfd(_)) => "memfd",
             None => "unknown",
         }
     }

@@ -7,8 +7,8 @@
 //! one line in [`install_file`]; the twin on the dump side is
 //! `dumper/src/fd/KIND.rs`, the image message `image/src/fd/KIND.rs`.
 
-mod create;
-mod creds;
+pub(crate) mod create;
+pub(crate) mod creds;
 mod dev;
 mod epoll;
 mod eventfd;
@@ -18,6 +18,7 @@ pub mod identity;
 mod inet;
 mod inotify;
 mod lock;
+mod memfd;
 mod pidfd;
 mod pipe;
 mod pty;
@@ -87,6 +88,7 @@ fn install_file(
         Some(Kind::Inet(image)) => install(&inet::Inet, cx, r, file, image, fd, pass),
         Some(Kind::Inotify(image)) => install(&inotify::Inotify, cx, r, file, image, fd, pass),
         Some(Kind::Pidfd(image)) => install(&pidfd::Pidfd, cx, r, file, image, fd, pass),
+        Some(Kind::Memfd(image)) => install(&memfd::Memfd, cx, r, file, image, fd, pass),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
 }

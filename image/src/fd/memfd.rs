@@ -1,0 +1,6 @@
+//! memfds (memfd_create(2)) held by fds; their contents are shared memory
+//! objects (`crate::shmem`).
+//!
+//! The message is defined in `image/proto/fd_memfd.proto`.
+
+pub use crate::pb::MemfdFile;

@@ -1,0 +1,103 @@
+//! Real programs nobody here wrote, dumped mid-computation, killed and
+//! restored: they must finish with the right result, every piece of work
+//! done exactly once (each program checks that itself and writes
+//! `result`: "PASS ..." or "FAIL why").
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+
+/// Long enough for a slow machine to reach the first progress mark.
+const PROGRESS_TIMEOUT: Duration = Duration::from_secs(60);
+/// Long enough for the rest of the job after restore.
+const FINISH_TIMEOUT: Duration = Duration::from_secs(120);
+
+const PYTHON: &str = "/usr/bin/python3";
+
+fn script(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/py")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn progress(v: &Victim) -> u64 {
+    fs::read_to_string(v.path("progress"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits for the job to be at least `from` units in (and not done), dumps
+/// it with `--kill`, restores it and waits for it to finish: returns the
+/// progress at the dump and the result line.
+fn checkpoint_mid_job(env: &TestEnv, v: &mut Victim, from: u64, total: u64) -> (u64, String) {
+    assert!(
+        wait_until(PROGRESS_TIMEOUT, || progress(v) >= from),
+        "job did not get going: progress {}\n{}",
+        progress(v),
+        v.diag()
+    );
+    dump_kill_reap(env, v);
+    let at_dump = progress(v);
+    assert!(
+        at_dump < total,
+        "the job had already finished when it was dumped ({at_dump} of {total})"
+    );
+    let restore = spawn_restore(env, &[]);
+    let out = restore.wait_with(FINISH_TIMEOUT, || v.diag());
+    let result = fs::read_to_string(v.path("result")).unwrap_or_default();
+    assert_eq!(
+        out.code(),
+        0,
+        "the restored job should finish with exit code 0; got {}\nresult: {result}\nrestore stderr:\n{}\n{}",
+        out.status,
+        out.stderr,
+        v.diag()
+    );
+    (at_dump, result)
+}
+
+/// A Python `multiprocessing.Pool` of 4 workers over 800 tasks, with a
+/// `Queue` feeding a reporter thread: pipes, POSIX semaphores (deleted
+/// files in /dev/shm, mapped shared), threads, a forked tree.
+#[test]
+fn python_multiprocessing_pool_finishes_after_restore() {
+    let env = TestEnv::new("python-pool");
+    let work = env.work.display().to_string();
+    let mut v = Victim::spawn_program(&env, Path::new(PYTHON), &[&script("pool.py"), &work]);
+    let (at_dump, result) = checkpoint_mid_job(&env, &mut v, 100, 800);
+    assert!(
+        result.starts_with("PASS"),
+        "pool job after a restore at {at_dump} of 800 tasks: {result}"
+    );
+}
+
+/// `redis-server` with a client connected over TCP inside the same tree:
+/// a 1 MiB value, a counter INCRed 3000 times and a list appended to over
+/// one connection that lives through the checkpoint.
+#[test]
+fn redis_server_and_its_tcp_client_finish_after_restore() {
+    let env = TestEnv::new("redis");
+    let work = env.work.display().to_string();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("pick a free port")
+        .port()
+        .to_string();
+    let mut v = Victim::spawn_program(
+        &env,
+        Path::new(PYTHON),
+        &[&script("redis_job.py"), &work, &port],
+    );
+    let (at_dump, result) = checkpoint_mid_job(&env, &mut v, 300, 3000);
+    assert!(
+        result.starts_with("PASS") && result.ends_with(" 3000"),
+        "redis job after a restore at {at_dump} of 3000 rounds: {result}"
+    );
+}
