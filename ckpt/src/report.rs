@@ -186,6 +186,7 @@ impl ErrorReport {
             }
             RestoreError::Os { pid, .. } => self.set(ErrorKind::Internal, Some(*pid)),
             RestoreError::Parasite(p) => self.classify_parasite(p),
+            RestoreError::Ipc { .. } => self.set(ErrorKind::Conflict, None),
         }
     }
 

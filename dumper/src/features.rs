@@ -126,6 +126,18 @@ pub fn probe() -> Vec<Feature> {
             )
         }),
     );
+    add(
+        "SysV IPC ids",
+        false,
+        if ["shm", "sem", "msg"]
+            .iter()
+            .all(|k| std::path::Path::new(&format!("/proc/sys/kernel/{k}_next_id")).exists())
+        {
+            Ok("shm/sem/msg_next_id present: SysV objects come back with their ids".into())
+        } else {
+            Err("no /proc/sys/kernel/*_next_id: SysV IPC objects cannot be restored".into())
+        },
+    );
     out
 }
 

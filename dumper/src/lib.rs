@@ -25,6 +25,7 @@ pub mod error;
 pub mod fd;
 pub mod features;
 mod inherit;
+mod ipc;
 pub mod mm;
 pub mod pages;
 mod procfile;
@@ -280,11 +281,12 @@ impl Frozen {
         if self.tcp.is_none() {
             self.drain(&DrainOptions::default())?;
         }
-        let (report, committed) = write_images(&self, opts).map_err(|e| self.explain(e))?;
+        let (report, committed, ipc) = write_images(&self, opts).map_err(|e| self.explain(e))?;
         Ok(Written {
             frozen: self,
             report,
             committed,
+            ipc,
             key: opts.key.clone(),
         })
     }
@@ -353,6 +355,8 @@ pub struct Written {
     report: DumpReport,
     committed: Committed,
     key: ImageKey,
+    /// The SysV IPC objects saved, removed by [`Written::kill`].
+    ipc: ckpt_image::ipc::Ipc,
 }
 
 impl Written {
@@ -387,6 +391,7 @@ impl Written {
             );
         }
         self.frozen.procs.clear();
+        ipc::remove(self.report.pid, &self.ipc);
         // Closed in repair mode: nothing reaches the peers.
         if let Some(mut tcp) = self.frozen.tcp.take() {
             tcp.abandon();
@@ -476,7 +481,10 @@ fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
 
 /// Collect, then write: nothing is written before everything is known to
 /// be supported.
-fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<(DumpReport, Committed)> {
+fn write_images(
+    frozen: &Frozen,
+    opts: &WriteOptions<'_>,
+) -> Result<(DumpReport, Committed, ckpt_image::ipc::Ipc)> {
     let root = frozen.root;
     let live: Vec<&tree::FrozenProcess> = frozen
         .procs
@@ -517,6 +525,9 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<(DumpReport,
     for c in procs.iter_mut().filter(|c| relaid.contains(&c.pid)) {
         c.pages_bytes = mm::reassign_offsets(&mut c.vmas);
     }
+    let mut ipc = blockers
+        .absorb(collect_ipc(root, &procs))?
+        .unwrap_or_default();
     let fds_started = Instant::now();
     let files = fd::collect_tree(
         &procs.iter().map(|c| c.pid).collect::<Vec<_>>(),
@@ -633,6 +644,17 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<(DumpReport,
     for b in files.blobs.iter() {
         w.write_raw(&b.name, &b.data)?;
     }
+    if !ipc.is_empty() {
+        let ipc_started = Instant::now();
+        let bytes = ipc::write(root, &mut w, &mut ipc)?;
+        log::info!(
+            "write ipc: {} segments ({bytes} bytes), {} semaphore sets, {} message queues ({:.3} ms)",
+            ipc.shm.len(),
+            ipc.sem.len(),
+            ipc.msg.len(),
+            ms_since(ipc_started)
+        );
+    }
     // Zombies come last: their parents are all listed by then.
     for z in frozen.procs.iter().filter(|p| p.zombie_status.is_some()) {
         let owner = owner(z.pid)?;
@@ -699,7 +721,25 @@ fn write_images(frozen: &Frozen, opts: &WriteOptions<'_>) -> Result<(DumpReport,
     );
     report.dir = committed.path().into();
     report.stats = stats;
-    Ok((report, committed))
+    Ok((report, committed, ipc))
+}
+
+/// The SysV IPC objects of the tree (see `ipc.rs` for which).
+fn collect_ipc(root: i32, procs: &[Collected]) -> Result<ckpt_image::ipc::Ipc> {
+    let mut uids = Vec::new();
+    let mut gids = Vec::new();
+    for c in procs {
+        let o = owner(c.pid)?;
+        uids.extend(o.uids);
+        gids.extend(o.gids);
+        gids.extend(c.core.creds.iter().flat_map(|cr| cr.groups.iter().copied()));
+    }
+    ipc::collect(&ipc::Tree {
+        root,
+        procs: procs.iter().map(|c| (c.pid, &c.vmas[..])).collect(),
+        uids,
+        gids,
+    })
 }
 
 /// Whose a process is: its ids as the kernel reports them in

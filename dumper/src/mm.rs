@@ -134,6 +134,7 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
         pages: Vec::new(),
         shmem_id: 0,
         shmem_owner: None,
+        sysv_shmid: 0,
         inherited: false,
         dropped: Vec::new(),
     };
@@ -167,7 +168,15 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
         // never end); it comes back as plain anonymous memory.
         "/dev/zero" if !shared => VmaKind::Anon,
         path if path.starts_with("[anon:") => VmaKind::Anon,
-        path if path.starts_with("/SYSV") => return Err(unsupported("SysV shared memory".into())),
+        path if path.starts_with("/SYSV") && !has("ht") => {
+            // The inode of a SysV segment's file is its shmid.
+            vma.sysv_shmid = e.inode as i32;
+            vma.file_offset = e.offset;
+            VmaKind::SysvShm
+        }
+        path if path.starts_with("/SYSV") => {
+            return Err(unsupported("SysV shared memory with huge pages".into()));
+        }
         AIO_RING => return Err(unsupported("aio ring of io_setup".into())),
         path if path.starts_with(MEMFD_PREFIX) || path.ends_with(DELETED_SUFFIX) => {
             if has("ht") {

@@ -38,6 +38,8 @@ pub enum ImageKind {
     Files,
     /// `shmem.img`.
     Shmem,
+    /// `ipc.img`.
+    Ipc,
 }
 
 impl ImageKind {
@@ -50,6 +52,7 @@ impl ImageKind {
             ImageKind::FdTable => b"CKPTFDTB",
             ImageKind::Files => b"CKPTFILE",
             ImageKind::Shmem => b"CKPTSHMM",
+            ImageKind::Ipc => b"CKPTSIPC",
         }
     }
 
@@ -62,6 +65,7 @@ impl ImageKind {
             ImageKind::FdTable => "fd table",
             ImageKind::Files => "files",
             ImageKind::Shmem => "shmem",
+            ImageKind::Ipc => "ipc",
         }
     }
 }

@@ -14,6 +14,8 @@
 //! DIR/ghost-ID.img     raw contents of open-but-unlinked file ID
 //! DIR/unix-ID.img      messages queued for UNIX socket (open file) ID
 //! DIR/pipe-ID.img      raw data buffered in pipe ID
+//! DIR/ipc.img         header + Ipc: the SysV IPC objects of the job (when it has any)
+//! DIR/ipc-shm-ID.img  raw contents of SysV shared memory segment ID (its saved pages)
 //! DIR/pages-PID.img    raw page data, 4 KiB aligned, no header, so restore can
 //!                      read it straight into place
 //! ```
@@ -47,6 +49,7 @@ pub mod dir;
 pub mod error;
 pub mod fd;
 pub mod header;
+pub mod ipc;
 pub mod manifest;
 pub mod mm;
 mod pb;
@@ -115,6 +118,15 @@ pub const SHMEM_NAME: &str = "shmem.img";
 /// File name of the contents of shared memory object `id`.
 pub fn shmem_data_name(id: u64) -> String {
     format!("shmem-{id}.img")
+}
+
+/// File name of the SysV IPC image (present only when the job has IPC
+/// objects).
+pub const IPC_NAME: &str = "ipc.img";
+
+/// File name of the saved pages of SysV shared memory segment `shmid`.
+pub fn shm_data_name(shmid: i32) -> String {
+    format!("ipc-shm-{shmid}.img")
 }
 
 /// File name of the manifest.

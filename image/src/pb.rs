@@ -187,6 +187,7 @@ mod tests {
             (VmaKind::VvarVclock, 6),
             (VmaKind::Vsyscall, 7),
             (VmaKind::ShmemPrivate, 9),
+            (VmaKind::SysvShm, 16),
         ] {
             assert_eq!(rust as i32, number);
             assert!(

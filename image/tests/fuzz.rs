@@ -217,12 +217,13 @@ fn crc32c_of(data: &[u8]) -> u32 {
     !crc
 }
 
-const KINDS: [ImageKind; 5] = [
+const KINDS: [ImageKind; 6] = [
     ImageKind::Manifest,
     ImageKind::Core,
     ImageKind::Mm,
     ImageKind::FdTable,
     ImageKind::Files,
+    ImageKind::Ipc,
 ];
 
 /// Every decoder on `bytes`, and the page layout check on any `Mm`.
@@ -233,6 +234,11 @@ fn decode_everything(bytes: &[u8], pages_len: u64, rng: &mut Rng) {
         let _ = header::decode::<Core>(kind, p, bytes);
         let _ = header::decode::<FdTable>(kind, p, bytes);
         let _ = header::decode::<Files>(kind, p, bytes);
+        if let Ok(ipc) = header::decode::<ckpt_image::ipc::Ipc>(kind, p, bytes) {
+            for s in &ipc.shm {
+                let _ = (s.saved_bytes(), s.mapped_len());
+            }
+        }
         if let Ok(mm) = header::decode::<Mm>(kind, p, bytes) {
             for len in [pages_len, rng.next(), 0, u64::MAX] {
                 let _ = mm.page_copies(len);
@@ -316,6 +322,7 @@ fn through_the_directory(rng: &mut Rng, seed_dir: &Path, work: &Path) {
                     let _ = o.check_runs(d.size);
                 }
             }
+            let _ = images.read_meta::<ckpt_image::ipc::Ipc>(&d.name, ImageKind::Ipc);
             if let Ok(mm) = images.read_meta::<Mm>(&d.name, ImageKind::Mm) {
                 let _ = mm.page_copies(d.size);
             }
@@ -355,6 +362,7 @@ fn image_readers_survive_mutated_images() {
             ImageKind::FdTable => header::decode::<FdTable>(s.kind, p, &s.bytes).is_ok(),
             ImageKind::Files => header::decode::<Files>(s.kind, p, &s.bytes).is_ok(),
             ImageKind::Shmem => header::decode::<ShmemObjects>(s.kind, p, &s.bytes).is_ok(),
+            ImageKind::Ipc => header::decode::<ckpt_image::ipc::Ipc>(s.kind, p, &s.bytes).is_ok(),
         };
         assert!(decodes, "seed {} does not decode", s.name);
     }

@@ -83,6 +83,14 @@ pub enum RestoreError {
     /// Rebuilding the process from inside failed.
     #[error(transparent)]
     Parasite(#[from] ParasiteError),
+    /// A SysV IPC object cannot be recreated here.
+    #[error("{object}: {what}")]
+    Ipc {
+        /// The object, as `SysV semaphore set id 3 (key 0x1234)`.
+        object: String,
+        /// Why.
+        what: String,
+    },
 }
 
 /// Where a process used a file: which fd, or which mapping.

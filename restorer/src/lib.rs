@@ -26,6 +26,7 @@ pub mod error;
 
 mod fd;
 mod inherit;
+mod ipc;
 mod mm;
 mod pages;
 mod pid;
@@ -194,6 +195,8 @@ pub struct Stopped {
     child: ChildGuard,
     rebound: Vec<Rebound>,
     stats: RestoreStats,
+    /// The SysV IPC objects created for the tree, removed if it never runs.
+    ipc: ipc::Created,
 }
 
 impl Stopped {
@@ -216,6 +219,7 @@ impl Stopped {
             t.detach()?;
         }
         self.child.disarm();
+        self.ipc.disarm();
         let mut stats = self.stats;
         stats.phases.resume_ms = ms_since(started);
         log::info!(
@@ -296,6 +300,31 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
             })
         })
         .collect();
+    let owners = ipc::Owners {
+        uids: m
+            .processes
+            .iter()
+            .flat_map(|e| e.uids.iter().copied())
+            .collect(),
+        gids: m
+            .processes
+            .iter()
+            .flat_map(|e| e.gids.iter().copied())
+            .chain(
+                procs
+                    .iter()
+                    .flat_map(|p| p.core.creds.iter().flat_map(|c| c.groups.iter().copied())),
+            )
+            .collect(),
+    };
+    let sysv = ipc::load(
+        &images,
+        &owners,
+        &procs
+            .iter()
+            .map(|p| (p.pid, &p.mm.vmas[..]))
+            .collect::<Vec<_>>(),
+    )?;
     let pages = procs
         .iter()
         .map(|p| {
@@ -335,10 +364,16 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
             pid::wait_free(tc.tid, opts.pid_wait, opts.notice)?;
         }
     }
+    // IPC objects before any process: a collision fails the restore with
+    // nothing created, and the processes attach what is already there.
+    ipc::check_free(&sysv)?;
+    let created = ipc::create(&images, &sysv)?;
     let child = spawn(root, opts)?;
     let mut fds = fd::Context::new(&images, &files, &opts.files);
     *fds.state::<shmem::Objects>() = objects;
-    match build_tree(&procs, &zombies, &pages, &mut fds, opts) {
+    match build_tree(&procs, &zombies, &pages, &mut fds, opts)
+        .and_then(|built| ipc::remove_marked(&sysv).map(|()| built))
+    {
         Ok((tracees, session)) => {
             stats.phases.rebuild_ms = ms_since(rebuild_started);
             log::info!(
@@ -375,6 +410,7 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
                 child,
                 rebound,
                 stats,
+                ipc: created,
             })
         }
         Err(e) => {

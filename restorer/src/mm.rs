@@ -241,6 +241,10 @@ pub fn map_vmas(
                 }
                 fd = i64::from(opened);
             }
+            VmaKind::SysvShm => {
+                crate::ipc::attach(r, v)?;
+                continue;
+            }
             _ => unreachable!("special kinds skipped above"),
         }
         if v.flags & vma_flags::GROWSDOWN != 0 {

@@ -412,3 +412,193 @@ pub fn unix_bound_file(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<std::
     // SAFETY: the ioctl returned a new fd nobody else owns.
     Ok(unsafe { std::fs::File::from_raw_fd(r) })
 }
+
+fn check_ret(r: libc::c_long) -> std::io::Result<libc::c_long> {
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// Mode of a SysV object while the restorer creates and fills it: only
+/// root (the restorer) may use it until its owner and mode are set.
+pub const NEW_OBJECT_MODE: i32 = 0o600;
+
+/// `shmget(key, size, IPC_CREAT | IPC_EXCL | 0600)`: a new segment only
+/// root (the restorer) can use until its owner and mode are set.
+pub fn shm_create(key: i32, size: u64) -> std::io::Result<i32> {
+    // SAFETY: integers only.
+    check_ret(unsafe {
+        libc::shmget(
+            key,
+            size as usize,
+            libc::IPC_CREAT | libc::IPC_EXCL | NEW_OBJECT_MODE,
+        )
+    } as libc::c_long)
+    .map(|r| r as i32)
+}
+
+/// `semget(key, nsems, IPC_CREAT | IPC_EXCL | 0600)`.
+pub fn sem_create(key: i32, nsems: i32) -> std::io::Result<i32> {
+    // SAFETY: integers only.
+    check_ret(unsafe {
+        libc::semget(
+            key,
+            nsems,
+            libc::IPC_CREAT | libc::IPC_EXCL | NEW_OBJECT_MODE,
+        )
+    } as libc::c_long)
+    .map(|r| r as i32)
+}
+
+/// `msgget(key, IPC_CREAT | IPC_EXCL | 0600)`.
+pub fn msg_create(key: i32) -> std::io::Result<i32> {
+    // SAFETY: integers only.
+    check_ret(
+        unsafe { libc::msgget(key, libc::IPC_CREAT | libc::IPC_EXCL | NEW_OBJECT_MODE) }
+            as libc::c_long,
+    )
+    .map(|r| r as i32)
+}
+
+/// Owner, group and permission bits of an object (`IPC_SET`).
+#[derive(Debug, Clone, Copy)]
+pub struct IpcOwner {
+    /// Owner uid.
+    pub uid: u32,
+    /// Owner gid.
+    pub gid: u32,
+    /// Permission bits.
+    pub mode: u32,
+}
+
+/// `shmctl(IPC_SET)`.
+pub fn shm_set(id: i32, o: IpcOwner) -> std::io::Result<()> {
+    // SAFETY: an all-zero shmid_ds is valid; IPC_STAT fills it.
+    let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
+    // SAFETY: `ds` is a live shmid_ds, written by IPC_STAT and read by IPC_SET.
+    check_ret(unsafe { libc::shmctl(id, libc::IPC_STAT, &mut ds) } as libc::c_long)?;
+    ds.shm_perm.uid = o.uid;
+    ds.shm_perm.gid = o.gid;
+    ds.shm_perm.mode = o.mode as _;
+    // SAFETY: as above.
+    check_ret(unsafe { libc::shmctl(id, libc::IPC_SET, &mut ds) } as libc::c_long).map(drop)
+}
+
+/// `semctl(IPC_SET)`.
+pub fn sem_set(id: i32, o: IpcOwner) -> std::io::Result<()> {
+    // SAFETY: an all-zero semid_ds is valid; IPC_STAT fills it.
+    let mut ds: libc::semid_ds = unsafe { std::mem::zeroed() };
+    let dsp = &mut ds as *mut libc::semid_ds;
+    // SAFETY: `dsp` points at a live semid_ds, written by IPC_STAT.
+    let r = unsafe { libc::semctl(id, 0, libc::IPC_STAT, dsp) };
+    check_ret(r as libc::c_long)?;
+    ds.sem_perm.uid = o.uid;
+    ds.sem_perm.gid = o.gid;
+    ds.sem_perm.mode = o.mode as _;
+    let dsp = &mut ds as *mut libc::semid_ds;
+    // SAFETY: as above; IPC_SET only reads it.
+    let r = unsafe { libc::semctl(id, 0, libc::IPC_SET, dsp) };
+    check_ret(r as libc::c_long).map(drop)
+}
+
+/// `semctl(SETALL)`.
+pub fn sem_setall(id: i32, values: &[u16]) -> std::io::Result<()> {
+    // SAFETY: SETALL reads nsems unsigned shorts; `values` has that many
+    // (checked by the caller against the set it created).
+    check_ret(unsafe { libc::semctl(id, 0, libc::SETALL, values.as_ptr()) } as libc::c_long)
+        .map(drop)
+}
+
+/// `msgctl(IPC_SET)` with the queue's byte limit too.
+pub fn msg_set(id: i32, o: IpcOwner, qbytes: u64) -> std::io::Result<()> {
+    // SAFETY: an all-zero msqid_ds is valid; IPC_STAT fills it.
+    let mut ds: libc::msqid_ds = unsafe { std::mem::zeroed() };
+    // SAFETY: `ds` is a live msqid_ds, written by IPC_STAT and read by IPC_SET.
+    check_ret(unsafe { libc::msgctl(id, libc::IPC_STAT, &mut ds) } as libc::c_long)?;
+    ds.msg_perm.uid = o.uid;
+    ds.msg_perm.gid = o.gid;
+    ds.msg_perm.mode = o.mode as _;
+    ds.msg_qbytes = qbytes as _;
+    // SAFETY: as above.
+    check_ret(unsafe { libc::msgctl(id, libc::IPC_SET, &mut ds) } as libc::c_long).map(drop)
+}
+
+/// `msgsnd(IPC_NOWAIT)` of one message.
+pub fn msg_send(id: i32, mtype: i64, text: &[u8]) -> std::io::Result<()> {
+    let long = std::mem::size_of::<libc::c_long>();
+    let mut buf = Vec::with_capacity(long + text.len());
+    buf.extend_from_slice(&mtype.to_ne_bytes());
+    buf.extend_from_slice(text);
+    // SAFETY: `buf` is a long mtype followed by text.len() bytes, which
+    // msgsnd only reads.
+    check_ret(
+        unsafe { libc::msgsnd(id, buf.as_ptr().cast(), text.len(), libc::IPC_NOWAIT) }
+            as libc::c_long,
+    )
+    .map(drop)
+}
+
+/// Which SysV IPC object kind an id is of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpcKind {
+    /// Shared memory segment.
+    Shm,
+    /// Semaphore set.
+    Sem,
+    /// Message queue.
+    Msg,
+}
+
+/// Removes SysV object `id` (`IPC_RMID`).
+pub fn ipc_rmid(kind: IpcKind, id: i32) -> std::io::Result<()> {
+    // SAFETY: IPC_RMID takes no argument memory (a null buffer is allowed).
+    let r = unsafe {
+        match kind {
+            IpcKind::Shm => libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()),
+            IpcKind::Sem => libc::semctl(id, 0, libc::IPC_RMID),
+            IpcKind::Msg => libc::msgctl(id, libc::IPC_RMID, std::ptr::null_mut()),
+        }
+    };
+    check_ret(r as libc::c_long).map(drop)
+}
+
+/// A read-write attach of a segment in the restorer, detached on drop.
+pub struct ShmAttach {
+    addr: *mut libc::c_void,
+    len: usize,
+}
+
+impl ShmAttach {
+    /// Attaches segment `shmid` (`len` bytes, whole pages) read-write.
+    pub fn new(shmid: i32, len: usize) -> std::io::Result<Self> {
+        // SAFETY: a new mapping placed by the kernel; nothing of ours moves.
+        let addr = unsafe { libc::shmat(shmid, std::ptr::null(), 0) };
+        if addr as isize == -1 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Self { addr, len })
+    }
+
+    /// The segment's bytes, to fill.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: the attach maps `len` writable bytes until drop; only
+        // the restorer's own segment, which no process uses yet.
+        unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len) }
+    }
+}
+
+impl Drop for ShmAttach {
+    fn drop(&mut self) {
+        // SAFETY: detaches our own attach; borrows of it ended before drop.
+        unsafe { libc::shmdt(self.addr) };
+    }
+}
+
+/// `shmctl(SHM_LOCK)`: keep the segment's pages in memory.
+pub fn shm_lock(id: i32) -> std::io::Result<()> {
+    // SAFETY: SHM_LOCK takes no argument memory (a null buffer is allowed).
+    let r = unsafe { libc::shmctl(id, libc::SHM_LOCK, std::ptr::null_mut()) };
+    check_ret(r as libc::c_long).map(drop)
+}

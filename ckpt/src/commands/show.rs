@@ -67,6 +67,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
                     "file_offset": v.file_offset,
                     "shmem_id": VmaKind::try_from(v.kind).is_ok_and(VmaKind::maps_shmem).then_some(v.shmem_id),
                     "saved_bytes": v.pages.iter().map(|r| r.len()).sum::<u64>(),
+                    "sysv_shmid": (v.kind == VmaKind::SysvShm as i32).then_some(v.sysv_shmid),
                     "inherited": v.inherited,
                 })
             })
@@ -142,6 +143,32 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
         "files": m.files.iter().map(|f| json!({"name": f.name, "size": f.size, "crc32c": format!("{:08x}", f.crc32c), "sha256": hex(&f.sha256)})).collect::<Vec<_>>(),
         "processes": procs,
         "shmem": shmem,
+        "ipc": ipc_summary(dir)?,
+    }))
+}
+
+/// The SysV IPC objects of the job (`ipc.img`, absent when it has none).
+fn ipc_summary(dir: &ImageDir) -> Result<Value, ImageError> {
+    use ckpt_image::ipc::{Ipc, IpcPerm};
+    let ipc: Ipc = match dir.digest(ckpt_image::IPC_NAME) {
+        Ok(_) => dir.read_meta(ckpt_image::IPC_NAME, ImageKind::Ipc)?,
+        Err(ImageError::NotListed { .. }) => Ipc::default(),
+        Err(e) => return Err(e),
+    };
+    let perm = |p: &Option<IpcPerm>| {
+        let p = p.unwrap_or_default();
+        json!({"id": p.id, "key": p.key, "uid": p.uid, "gid": p.gid, "cuid": p.cuid, "cgid": p.cgid, "mode": format!("{:#o}", p.mode)})
+    };
+    let with = |mut base: Value, extra: Value| {
+        if let (Some(b), Some(e)) = (base.as_object_mut(), extra.as_object()) {
+            b.extend(e.clone());
+        }
+        base
+    };
+    Ok(json!({
+        "shm": ipc.shm.iter().map(|s| with(perm(&s.perm), json!({"size": s.size, "removed": s.removed, "locked": s.locked, "saved_bytes": s.saved_bytes()}))).collect::<Vec<_>>(),
+        "sem": ipc.sem.iter().map(|s| with(perm(&s.perm), json!({"values": s.values}))).collect::<Vec<_>>(),
+        "msg": ipc.msg.iter().map(|q| with(perm(&q.perm), json!({"qbytes": q.qbytes, "messages": q.messages.len(), "bytes": q.messages.iter().map(|m| m.text.len()).sum::<usize>()}))).collect::<Vec<_>>(),
     }))
 }
 
@@ -234,7 +261,10 @@ fn render_text(v: &Value) -> String {
                 m["prot"].as_str().unwrap_or(""),
                 m["kind"].as_str().unwrap_or(""),
                 m["saved_bytes"],
-                m["path"].as_str().unwrap_or(""),
+                m["sysv_shmid"].as_i64().map_or_else(
+                    || m["path"].as_str().unwrap_or("").to_string(),
+                    |id| format!("SysV shmid {id}")
+                ),
                 if m["inherited"] == true {
                     " (rest shared with the parent since fork)"
                 } else {
@@ -271,6 +301,53 @@ fn render_text(v: &Value) -> String {
                 f["object"].as_str().unwrap_or("")
             );
         }
+    }
+    let ipc = &v["ipc"];
+    let objects = |k: &str| ipc[k].as_array().cloned().unwrap_or_default();
+    if ["shm", "sem", "msg"].iter().any(|k| !objects(k).is_empty()) {
+        let _ = writeln!(s, "\nSysV IPC:");
+    }
+    let head = |o: &Value| {
+        format!(
+            "id {} key {:#x} owner {}:{} mode {}",
+            o["id"],
+            o["key"].as_i64().unwrap_or(0) as u32,
+            o["uid"],
+            o["gid"],
+            o["mode"].as_str().unwrap_or("")
+        )
+    };
+    for o in objects("shm") {
+        let _ = writeln!(
+            s,
+            "  shared memory {}: {} bytes, {} saved{}{}",
+            head(&o),
+            o["size"],
+            o["saved_bytes"],
+            if o["locked"].as_bool() == Some(true) {
+                ", locked in memory"
+            } else {
+                ""
+            },
+            if o["removed"].as_bool() == Some(true) {
+                ", marked for removal"
+            } else {
+                ""
+            }
+        );
+    }
+    for o in objects("sem") {
+        let _ = writeln!(s, "  semaphores {}: values {}", head(&o), o["values"]);
+    }
+    for o in objects("msg") {
+        let _ = writeln!(
+            s,
+            "  message queue {}: {} messages, {} bytes (limit {})",
+            head(&o),
+            o["messages"],
+            o["bytes"],
+            o["qbytes"]
+        );
     }
     s
 }
