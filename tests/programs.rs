@@ -101,3 +101,54 @@ fn redis_server_and_its_tcp_client_finish_after_restore() {
         "redis job after a restore at {at_dump} of 3000 rounds: {result}"
     );
 }
+
+/// Rounds of the MPI job: about 10 s on this machine.
+const MPI_ROUNDS: u64 = 3000;
+
+/// `mpirun` with 4 ranks of tests/c/mpi_job.c on this node, with the byte
+/// transfer layer `btl` (Open MPI's `--mca btl`).
+fn mpi_job(test: &str, btl: &str) {
+    let env = TestEnv::new(test);
+    let bin = mpi_victim_bin("mpi_job");
+    let work = env.work.display().to_string();
+    let rounds = MPI_ROUNDS.to_string();
+    let mpirun = Path::new("/usr/bin/mpirun");
+    let mut v = Victim::spawn_program(
+        &env,
+        mpirun,
+        &[
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            "4",
+            "--mca",
+            "btl",
+            btl,
+            bin.to_str().expect("utf-8 path"),
+            &work,
+            &rounds,
+        ],
+    );
+    let (at_dump, result) = checkpoint_mid_job(&env, &mut v, 300, MPI_ROUNDS);
+    assert!(
+        result.starts_with("PASS"),
+        "MPI job ({btl}) after a restore at round {at_dump} of {MPI_ROUNDS}: {result}"
+    );
+}
+
+/// Open MPI, 4 ranks on one node talking through shared memory (the
+/// `vader` transport: files in /dev/shm mapped by every rank), with
+/// `mpirun` and its ranks talking over TCP and UNIX sockets, the ranks'
+/// output through pseudo-terminals `mpirun` holds.
+#[test]
+fn open_mpi_shared_memory_job_finishes_after_restore() {
+    mpi_job("mpi-vader", "self,vader");
+}
+
+/// The same job with every message between ranks over TCP connections
+/// (each rank listening, connected to every other), restored through TCP
+/// repair mode.
+#[test]
+fn open_mpi_tcp_job_finishes_after_restore() {
+    mpi_job("mpi-tcp", "self,tcp");
+}

@@ -72,6 +72,15 @@ static COMPILE_LOCK: Mutex<()> = Mutex::new(());
 /// the test process's temp dirs because `ckpt restore` needs the executable
 /// the image refers to.
 pub fn victim_bin(name: &str) -> PathBuf {
+    compile_victim(name, "gcc")
+}
+
+/// [`victim_bin`] for an MPI program, built with Open MPI's `mpicc`.
+pub fn mpi_victim_bin(name: &str) -> PathBuf {
+    compile_victim(name, "mpicc")
+}
+
+fn compile_victim(name: &str, compiler: &str) -> PathBuf {
     let _guard = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let src = c_dir().join(format!("{name}.c"));
     let header = c_dir().join("victim.h");
@@ -82,6 +91,7 @@ pub fn victim_bin(name: &str) -> PathBuf {
     src_text.hash(&mut h);
     header_text.hash(&mut h);
     CFLAGS.hash(&mut h);
+    compiler.hash(&mut h);
     let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ckpt-victims");
     fs::create_dir_all(&out_dir).expect("create victim bin dir");
     let out = out_dir.join(format!("{name}-{:016x}", h.finish()));
@@ -93,7 +103,7 @@ pub fn victim_bin(name: &str) -> PathBuf {
         std::process::id(),
         std::thread::current().id()
     ));
-    let res = Command::new("gcc")
+    let res = Command::new(compiler)
         .args(CFLAGS)
         .arg("-o")
         .arg(&tmp)
@@ -101,10 +111,10 @@ pub fn victim_bin(name: &str) -> PathBuf {
         .args(["-lm", "-pthread"])
         .stdin(Stdio::null())
         .output()
-        .expect("run gcc");
+        .unwrap_or_else(|e| panic!("run {compiler}: {e}"));
     assert!(
         res.status.success(),
-        "gcc failed for {}:\n{}",
+        "{compiler} failed for {}:\n{}",
         src.display(),
         String::from_utf8_lossy(&res.stderr)
     );

@@ -16,6 +16,8 @@
 //! sent are then sent normally. The restored process never holds a socket
 //! in repair mode.
 
+mod timewait;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -112,6 +114,27 @@ fn refill_room(dumped: u32, bytes: usize) -> u32 {
     dumped.max(need)
 }
 
+/// Address reuse of rebuilt connections, put back only once every socket
+/// of the tree is in place: a listener rebuilt after connections on its
+/// port (Open MPI's accepted connections live in other processes) binds
+/// only while those still allow reuse.
+#[derive(Default)]
+struct DeferredReuse(Vec<(OwnedFd, bool)>);
+
+/// Dropped with the restore context, before any restored process runs.
+impl Drop for DeferredReuse {
+    fn drop(&mut self) {
+        for (sock, reuseaddr) in &self.0 {
+            let _ = sys::setsockopt_int(
+                sock.as_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_REUSEADDR,
+                i32::from(*reuseaddr),
+            );
+        }
+    }
+}
+
 /// Connections waiting for their other end, by file id.
 #[derive(Default)]
 struct Waiting(HashMap<u64, Held>);
@@ -187,10 +210,49 @@ impl FileRestorer for Inet {
             }
             (None, state) => {
                 if let Some(local) = plan.local {
-                    sys::bind(sock, &local).map_err(os(&format!("bind {local}")))?;
+                    // Connections on this port may be rebuilt already,
+                    // holding it with address reuse on until the end
+                    // (`DeferredReuse`); the socket's own setting comes
+                    // back once it is bound and listening.
+                    let reuse = |on: bool| {
+                        sys::setsockopt_int(
+                            sock,
+                            libc::SOL_SOCKET,
+                            libc::SO_REUSEADDR,
+                            i32::from(on),
+                        )
+                    };
+                    reuse(true).map_err(os("SO_REUSEADDR"))?;
+                    let backlog = i32::try_from(image.backlog).unwrap_or(i32::MAX);
+                    // A listen refused after its bind went through
+                    // leaves the socket bound: bind only once.
+                    let bound = std::cell::Cell::new(false);
+                    let take_port = || {
+                        if !bound.get() {
+                            sys::bind(sock, &local)?;
+                            bound.set(true);
+                        }
+                        if state == InetState::Listen {
+                            sys::listen(sock, backlog)?;
+                        }
+                        Ok::<(), std::io::Error>(())
+                    };
+                    match take_port() {
+                        Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => {
+                            let dual = plan.family == InetFamily::Ipv6 && !options.v6only;
+                            let cleared = timewait::clear(local, dual)
+                                .map_err(os(&format!("clear TIME_WAIT sockets on {local}")))?;
+                            log::info!(
+                                "pid {pid} fd {fd}: {cleared} TIME_WAIT sockets on {local} removed for the restored socket"
+                            );
+                            take_port().map_err(os(&format!("bind {local}")))?;
+                        }
+                        other => other.map_err(os(&format!("bind {local}")))?,
+                    }
+                    reuse(options.reuseaddr).map_err(os("SO_REUSEADDR"))?;
                 }
                 match state {
-                    InetState::Listen => {
+                    InetState::Listen if plan.local.is_none() => {
                         let backlog = i32::try_from(image.backlog).unwrap_or(i32::MAX);
                         sys::listen(sock, backlog).map_err(os("listen"))?;
                     }
@@ -529,10 +591,10 @@ fn restore_connection(
 /// rebuilt (or at once for a peer outside).
 fn finish_or_wait(cx: &mut Context<'_>, held: Held, file_id: u64, peer_file_id: u64) -> Result<()> {
     if peer_file_id == 0 {
-        return finish(&[held]);
+        return finish(cx, vec![held]);
     }
     match cx.state::<Waiting>().0.remove(&peer_file_id) {
-        Some(other) => finish(&[other, held]),
+        Some(other) => finish(cx, vec![other, held]),
         None => {
             cx.state::<Waiting>().0.insert(file_id, held);
             Ok(())
@@ -541,26 +603,23 @@ fn finish_or_wait(cx: &mut Context<'_>, held: Held, file_id: u64, peer_file_id: 
 }
 
 /// Repair off on every end first (with a window probe, so the peer learns
-/// our window), the process's address reuse back (repair mode overrides
-/// it); then the bytes that had never been sent go out like any write.
-fn finish(ends: &[Held]) -> Result<()> {
+/// our window); then the bytes that had never been sent go out like any
+/// write. The process's address reuse (repair mode overrides it) comes
+/// back when the whole tree is rebuilt (`DeferredReuse`).
+fn finish(cx: &mut Context<'_>, ends: Vec<Held>) -> Result<()> {
     let os = |h: &Held, what: &str| {
         let (pid, fd, what) = (h.pid, h.fd, what.to_string());
         move |e: std::io::Error| RestoreError::os(pid, format!("fd {fd}: TCP repair: {what}"), e)
     };
-    for h in ends {
+    for h in &ends {
         let s = h.sock.as_fd();
         sys::setsockopt_int(s, libc::IPPROTO_TCP, libc::TCP_REPAIR, TCP_REPAIR_OFF)
             .map_err(os(h, "TCP_REPAIR off"))?;
-        sys::setsockopt_int(
-            s,
-            libc::SOL_SOCKET,
-            libc::SO_REUSEADDR,
-            i32::from(h.reuseaddr),
-        )
-        .map_err(os(h, "SO_REUSEADDR"))?;
+        // Repair mode forced reuse; until the end it stays allowed.
+        sys::setsockopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)
+            .map_err(os(h, "SO_REUSEADDR"))?;
     }
-    for h in ends {
+    for h in &ends {
         let s = h.sock.as_fd();
         force_buffer(
             s,
@@ -574,5 +633,7 @@ fn finish(ends: &[Held]) -> Result<()> {
         ))?;
         force_buffer(s, libc::SO_SNDBUFFORCE, h.sndbuf.max(1)).map_err(os(h, "SO_SNDBUFFORCE"))?;
     }
+    let deferred = &mut cx.state::<DeferredReuse>().0;
+    deferred.extend(ends.into_iter().map(|h| (h.sock, h.reuseaddr)));
     Ok(())
 }
