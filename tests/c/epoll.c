@@ -7,10 +7,13 @@
  *   - EVENTFD: an eventfd with counter 5;
  *   - EDGE: a pipe read end holding data, EPOLLET, edge not yet consumed;
  *   - MOVED: a pipe read end registered as fd Q, then dup'ed to fd 40 and
- *     Q closed: the registration refers to the file, not the number.
+ *     Q closed: the registration refers to the file, not the number;
+ *   - SOCKET: a UNIX stream socket with a byte queued (level-triggered);
+ *   - TIMER: a timerfd that has expired once, not read.
  * Then it forks: the child shares E.
- * After go: the first epoll_wait reports exactly PIPE, EVENTFD, EDGE with
- * their data; the second only PIPE and EVENTFD (the edge is consumed);
+ * After go: the first epoll_wait reports exactly PIPE, EVENTFD, SOCKET,
+ * TIMER and EDGE with their data; the second all of them but EDGE (the
+ * edge is consumed);
  * writing to ARMED reports it once; writing to MOVED's pipe reports MOVED;
  * FIRED stays silent; a new write re-arms EDGE. Then the child removes
  * PIPE from the shared E (EPOLL_CTL_DEL) and exits; the parent's E no
@@ -20,6 +23,8 @@
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <sys/wait.h>
 
 #define MOVED_FD 40
@@ -33,7 +38,12 @@ enum target {
 	EVENTFD = 1 << 3,
 	EDGE = 1 << 4,
 	MOVED = 1 << 5,
+	SOCKET = 1 << 6,
+	TIMER = 1 << 7,
 };
+
+/* The level-triggered targets that stay ready until read. */
+#define LEVEL (PIPE | EVENTFD | SOCKET | TIMER)
 
 /* Data values far from small integers, so a lost or truncated one shows. */
 #define DATA(t) (0xda7a000000000000ULL | ((uint64_t)(t) << 16) | 0xbeef)
@@ -120,6 +130,20 @@ int main(int argc, char **argv)
 	if (dup2(moved[0], MOVED_FD) != MOVED_FD)
 		die("dup2");
 	close(moved[0]);
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+		die("socketpair");
+	put(sv[1]);
+	add(ep, sv[0], EPOLLIN, SOCKET);
+	int tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+	struct itimerspec once = { .it_value = { .tv_nsec = 1 } };
+	if (tfd < 0 || timerfd_settime(tfd, 0, &once, NULL) != 0)
+		die("timerfd");
+	add(ep, tfd, EPOLLIN, TIMER);
+	while (!(ready(ep) & TIMER))
+		victim_tick();
+	/* Waiting for the timer consumed the edge of EDGE: make a new one. */
+	put(edge[1]);
 
 	pid_t kid = fork();
 	if (kid < 0)
@@ -130,13 +154,12 @@ int main(int argc, char **argv)
 	victim_ready_and_wait(NULL);
 
 	unsigned got = ready(ep);
-	CHECK(got == (PIPE | EVENTFD | EDGE), "first wait: targets %#x, want %#x", got,
-	      PIPE | EVENTFD | EDGE);
+	CHECK(got == (LEVEL | EDGE), "first wait: targets %#x, want %#x", got, LEVEL | EDGE);
 	got = ready(ep);
-	CHECK(got == (PIPE | EVENTFD), "second wait: targets %#x, want %#x", got, PIPE | EVENTFD);
+	CHECK(got == LEVEL, "second wait: targets %#x, want %#x", got, LEVEL);
 	put(armed[1]);
 	got = ready(ep);
-	CHECK(got == (PIPE | EVENTFD | ARMED), "ARMED not reported once written: %#x", got);
+	CHECK(got == (LEVEL | ARMED), "ARMED not reported once written: %#x", got);
 	got = ready(ep);
 	CHECK(!(got & ARMED), "ONESHOT target ARMED reported twice: %#x", got);
 	put(moved[1]);
@@ -147,6 +170,14 @@ int main(int argc, char **argv)
 	put(edge[1]);
 	got = ready(ep);
 	CHECK(got & EDGE, "EPOLLET target not reported on a new write: %#x", got);
+
+	char c = 0;
+	uint64_t expirations = 0;
+	CHECK(read(sv[0], &c, 1) == 1 && c == 'x', "socket byte lost");
+	CHECK(read(tfd, &expirations, 8) == 8 && expirations == 1, "timer expirations: %llu",
+	      (unsigned long long)expirations);
+	got = ready(ep);
+	CHECK(!(got & (SOCKET | TIMER)), "SOCKET or TIMER still ready once read: %#x", got);
 
 	victim_write_file("child-go", "");
 	int st;
