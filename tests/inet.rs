@@ -359,3 +359,77 @@ fn dumper_killed_in_repair_mode_leaves_connections_working() {
     assert!(!out.status.success(), "the dumper was to die");
     v.assert_unharmed_and_passes("after the dumper died in repair mode");
 }
+
+/// Leaves a TIME_WAIT socket whose local end is 127.0.0.1:`port` (no
+/// SO_REUSEADDR): a connection from that port, closed from that side
+/// first.
+fn time_wait_on(port: u16) {
+    let peer = TcpListener::bind("127.0.0.1:0").expect("listen");
+    let to = peer.local_addr().expect("local addr");
+    let addr = |port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_be_bytes([127, 0, 0, 1]).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: plain socket calls on a fresh fd with pointers to live locals
+    // of the size passed.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket");
+        let me = addr(port);
+        assert_eq!(
+            libc::bind(fd, (&raw const me).cast(), len),
+            0,
+            "bind 127.0.0.1:{port}: {}",
+            std::io::Error::last_os_error()
+        );
+        let them = addr(to.port());
+        assert_eq!(
+            libc::connect(fd, (&raw const them).cast(), len),
+            0,
+            "connect"
+        );
+        let (accepted, _) = peer.accept().expect("accept");
+        libc::close(fd);
+        // The peer sees the FIN, then closes too: the side that closed
+        // first is left in TIME_WAIT.
+        let mut rest = Vec::new();
+        let _ = (&accepted).read_to_end(&mut rest);
+    }
+    let ss = std::process::Command::new("ss")
+        .args(["-tan", "state", "time-wait"])
+        .output()
+        .expect("run ss");
+    assert!(
+        String::from_utf8_lossy(&ss.stdout).contains(&format!("127.0.0.1:{port} ")),
+        "no TIME_WAIT on 127.0.0.1:{port}: {}",
+        String::from_utf8_lossy(&ss.stdout)
+    );
+}
+
+/// A listener's port taken meanwhile by the TIME_WAIT remains of a
+/// connection that ended (here one the test makes from that port) comes
+/// back: those remains are removed, the restored listener has its port.
+#[test]
+fn listener_comes_back_past_time_wait_on_its_port() {
+    let env = TestEnv::new("inet-timewait");
+    let mut v = Victim::spawn(&env, "inet", &["tcp"]);
+    v.wait_ready();
+    dump(&env, &v, &["--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+    let listener = inet_objects(&env)
+        .into_iter()
+        .find(|o| o.starts_with("tcp4 listen"))
+        .expect("a v4 listener in the image");
+    let port: u16 = listener
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("port of {listener}"));
+    time_wait_on(port);
+    restore_and_check(&env, &v);
+}
