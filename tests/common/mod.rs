@@ -1149,3 +1149,88 @@ pub fn spawn_with_outside_pipe(env: &TestEnv) -> (Victim, std::os::fd::OwnedFd) 
     v.wait_ready();
     (v, w)
 }
+
+// ---------------------------------------------------------------------------
+// Nodes on one machine: network namespaces on a bridge
+// ---------------------------------------------------------------------------
+
+/// "Nodes" of a distributed job on this machine: one network namespace
+/// each, joined by a bridge in the host namespace, each with its own
+/// address (10.X.Y.n/24; the host side is .254). Removed on drop.
+pub struct NetNodes {
+    /// Namespace names, node 1 first.
+    pub names: Vec<String>,
+    /// Their addresses, in the same order.
+    pub addrs: Vec<String>,
+    /// The host's address on the bridge (where a coordinator listens).
+    pub host_addr: String,
+    bridge: String,
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run ip: {e}"));
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl NetNodes {
+    /// Creates `n` nodes for the test named `tag` (unique per test process).
+    pub fn new(tag: &str, n: usize) -> NetNodes {
+        let id = std::process::id();
+        let net = format!("10.{}.{}", 100 + (id >> 8) % 100, id % 256);
+        let short = format!("{:x}", id % 0xfffff);
+        let bridge = format!("ckb{short}{}", &tag[..tag.len().min(3)]);
+        let mut nodes = NetNodes {
+            names: Vec::new(),
+            addrs: Vec::new(),
+            host_addr: format!("{net}.254"),
+            bridge: bridge.clone(),
+        };
+        ip(&["link", "add", &bridge, "type", "bridge"]);
+        ip(&["addr", "add", &format!("{}/24", nodes.host_addr), "dev", &bridge]);
+        ip(&["link", "set", &bridge, "up"]);
+        for i in 1..=n {
+            let name = format!("ckpt-{tag}-{short}-n{i}");
+            let (outer, inner) = (format!("ckv{short}{i}"), format!("ckp{short}{i}"));
+            let addr = format!("{net}.{i}");
+            ip(&["netns", "add", &name]);
+            nodes.names.push(name.clone());
+            ip(&["link", "add", &outer, "type", "veth", "peer", "name", &inner]);
+            ip(&["link", "set", &outer, "master", &bridge, "up"]);
+            ip(&["link", "set", &inner, "netns", &name]);
+            ip(&["-n", &name, "addr", "add", &format!("{addr}/24"), "dev", &inner]);
+            ip(&["-n", &name, "link", "set", &inner, "up"]);
+            ip(&["-n", &name, "link", "set", "lo", "up"]);
+            nodes.addrs.push(addr);
+        }
+        nodes
+    }
+
+    /// `ip netns exec NODE` in front of `args`: run on node `i` (0-based).
+    pub fn on(&self, i: usize, args: &[&str]) -> Vec<String> {
+        let mut v: Vec<String> = ["netns", "exec", &self.names[i]]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        v.extend(args.iter().map(|s| s.to_string()));
+        v
+    }
+}
+
+impl Drop for NetNodes {
+    fn drop(&mut self) {
+        for name in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", name]).status();
+        }
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .status();
+    }
+}
