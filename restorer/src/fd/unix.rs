@@ -148,14 +148,13 @@ impl FileRestorer for UnixConnect {
             }
         }
         // Never block on a full backlog; the dumped flags come after.
-        let s = new_socket(r, sock_type, libc::SOCK_NONBLOCK)?;
-        let addr = sockaddr(cx, fd, &image.peer_name)?;
-        call_with_addr(
+        let s = connected_socket(
+            cx,
             r,
+            sock_type,
+            fd,
+            &image.peer_name,
             "connect (pending unix connection)",
-            libc::SYS_connect,
-            s,
-            &addr,
         )?;
         let here = take_socket(pid, s)?;
         configure(pid, here.as_fd(), image)?;
@@ -209,6 +208,22 @@ fn call_with_addr(
 ) -> std::result::Result<u64, ckpt_parasite::ParasiteError> {
     let at = r.put(ADDR_SLOT, addr)?;
     r.call(what, nr, [s as u64, at, addr.len() as u64, 0, 0, 0])
+}
+
+/// A new non-blocking socket of the process, connected to `name`; `what`
+/// names the connect in errors.
+fn connected_socket(
+    cx: &Context<'_>,
+    r: &Remote<'_>,
+    sock_type: u64,
+    fd: i32,
+    name: &[u8],
+    what: &'static str,
+) -> Result<i32> {
+    let s = new_socket(r, sock_type, libc::SOCK_NONBLOCK)?;
+    let addr = sockaddr(cx, fd, name)?;
+    call_with_addr(r, what, libc::SYS_connect, s, &addr)?;
+    Ok(s)
 }
 
 /// The restorer's copy of the process's socket `s`.
@@ -336,14 +351,13 @@ fn through_listener(
     fd: i32,
 ) -> Result<(i32, OwnedFd, OwnedFd)> {
     // Never block; the dumped flags are set on each end when installed.
-    let client = new_socket(r, sock_type, libc::SOCK_NONBLOCK)?;
-    let addr = sockaddr(cx, fd, &via.name)?;
-    call_with_addr(
+    let client = connected_socket(
+        cx,
         r,
+        sock_type,
+        fd,
+        &via.name,
         "connect (accepted unix connection)",
-        libc::SYS_connect,
-        client,
-        &addr,
     )?;
     let server = r.call(
         "accept4 (accepted unix connection)",
