@@ -56,11 +56,7 @@ fn missing_process_and_missing_checkpoint_are_classified() {
     assert_eq!(e["kind"], "target_gone");
     assert_eq!(e["pid"].as_i64().map(|p| p.to_string()), Some(pid));
 
-    let out = ckpt(
-        &env,
-        &["restore", "--dir", path_str(&env.img)],
-        FAIL_TIMEOUT,
-    );
+    let out = restore_outcome(&env);
     assert_eq!(out.code(), IMAGE_INVALID, "{}", out.stderr);
     let line = out.assert_error();
     assert_eq!(

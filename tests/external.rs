@@ -14,34 +14,17 @@ use common::*;
 fn outside_pipe_is_external_and_handed_over_at_restore() {
     let env = TestEnv::new("external");
     let (mut r1, w1) = launcher_pipe();
-    let mut v = Victim::spawn_with(
-        &env,
-        "ticker",
-        &[],
-        std::process::Stdio::null(),
-        std::process::Stdio::from(w1),
-        std::process::Stdio::null(),
-    );
-    v.wait_ready();
-    let key = std::fs::read_link(format!("/proc/{}/fd/1", v.pid))
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
+    let mut v = spawn_ticker(&env, std::process::Stdio::from(w1));
+    let key = stdout_key(&v);
     assert!(key.starts_with("pipe:["), "{key}");
 
     let out = dump(&env, &v, &["--kill", "--external", &key]);
     assert!(out.stderr.contains("1 processes"), "{}", out.stderr);
     v.reap_killed(Duration::from_secs(10));
-    let before = read_ticks(&mut r1, Duration::from_millis(100));
-    let last = *before.last().expect("ticks before the dump");
+    let last = last_tick_before_dump(&mut r1);
 
     // No fd named for it: a clear error naming the option.
-    let out = ckpt(
-        &env,
-        &["restore", "--dir", path_str(&env.img)],
-        FAIL_TIMEOUT,
-    );
-    let err = out.assert_error();
+    let err = restore_expect_error(&env);
     assert!(
         err.contains(&format!("--inherit-fd fd[N]:{key}")),
         "error should name the option: {err}"
@@ -49,21 +32,6 @@ fn outside_pipe_is_external_and_handed_over_at_restore() {
 
     // Hand over a new pipe as restore's fd 1.
     let (mut r2, w2) = launcher_pipe();
-    let status = env
-        .ckpt_command()
-        .args([
-            "restore",
-            "--detach",
-            "--dir",
-            path_str(&env.img),
-            "--inherit-fd",
-        ])
-        .arg(format!("fd[1]:{key}"))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::from(w2))
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("run restore");
-    assert!(status.success(), "restore with --inherit-fd failed");
+    restore_inheriting_stdout(&env, &key, w2);
     assert_ticks_carry_on(&mut r2, last, &v);
 }

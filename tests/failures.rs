@@ -96,12 +96,7 @@ fn dump_into_existing_dir_is_refused() {
 #[test]
 fn restore_from_missing_dir_fails() {
     let env = TestEnv::new("missing-dir");
-    let out = ckpt(
-        &env,
-        &["restore", "--dir", path_str(&env.img)],
-        FAIL_TIMEOUT,
-    );
-    let err = out.assert_error();
+    let err = restore_expect_error(&env);
     assert!(
         err.contains(path_str(&env.img)) || err.contains("manifest.img"),
         "error should name the missing dir or its manifest.img: {err}"
@@ -337,17 +332,7 @@ fn target_killed_mid_dump_is_named() {
     let env = TestEnv::new("target-killed");
     let mut v = Victim::spawn(&env, "counter", &[]);
     v.wait_ready();
-    let out = env
-        .ckpt_command()
-        .args([
-            "dump",
-            "--tree",
-            &v.pid.to_string(),
-            "--dir",
-            path_str(&env.img),
-        ])
-        .env("CKPT_FAULT", "kill-target-during-pages")
-        .stdin(std::process::Stdio::null())
+    let out = faulty_dump_command(&env, &v, "kill-target-during-pages", &[])
         .output()
         .expect("run ckpt");
     let err = String::from_utf8_lossy(&out.stderr);

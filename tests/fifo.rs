@@ -47,12 +47,7 @@ fn fifo_between_parent_and_child_keeps_its_data() {
     let fifo = v.path("fifo");
     let moved = v.path("fifo.moved");
     std::fs::rename(&fifo, &moved).unwrap();
-    let out = ckpt(
-        &env,
-        &["restore", "--dir", path_str(&env.img)],
-        FAIL_TIMEOUT,
-    );
-    let err = out.assert_error();
+    let err = restore_expect_error(&env);
     assert!(
         err.contains("FIFO is gone") && err.contains("fifo"),
         "error should say the FIFO is gone: {err}"
@@ -88,15 +83,7 @@ fn fifo_with_reader_outside_keeps_its_data() {
         .write(true)
         .open(&fifo)
         .expect("open FIFO writer");
-    let mut v = Victim::spawn_with(
-        &env,
-        "ticker",
-        &[],
-        std::process::Stdio::null(),
-        std::process::Stdio::from(writer),
-        std::process::Stdio::null(),
-    );
-    v.wait_ready();
+    let mut v = spawn_ticker(&env, std::process::Stdio::from(writer));
     let out = dump(&env, &v, &["--kill"]);
     assert!(out.stderr.contains("1 processes"), "{}", out.stderr);
     v.reap_killed(Duration::from_secs(10));

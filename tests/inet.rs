@@ -342,18 +342,7 @@ fn dumper_killed_in_repair_mode_leaves_connections_working() {
     let env = TestEnv::new("inet-dumper-killed");
     let mut v = Victim::spawn(&env, "inet", &["tcp"]);
     v.wait_ready();
-    let out = env
-        .ckpt_command()
-        .args([
-            "dump",
-            "--tree",
-            &v.pid.to_string(),
-            "--dir",
-            path_str(&env.img),
-            "--kill",
-        ])
-        .env("CKPT_FAULT", "before-commit")
-        .stdin(std::process::Stdio::null())
+    let out = faulty_dump_command(&env, &v, "before-commit", &["--kill"])
         .output()
         .expect("run ckpt");
     assert!(!out.status.success(), "the dumper was to die");

@@ -16,17 +16,7 @@ fn dumper_killed_at(point: &str) {
     let env = TestEnv::new(&format!("killed-{point}"));
     let mut v = Victim::spawn(&env, "counter", &[]);
     v.wait_ready();
-    let status = env
-        .ckpt_command()
-        .args([
-            "dump",
-            "--tree",
-            &v.pid.to_string(),
-            "--dir",
-            path_str(&env.img),
-        ])
-        .env("CKPT_FAULT", point)
-        .stdin(Stdio::null())
+    let status = faulty_dump_command(&env, &v, point, &[])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()

@@ -57,21 +57,12 @@ fn pipe_to_outside_the_tree_is_refused() {
 fn stdio_pipe_to_launcher_is_rebound_to_restore() {
     let env = TestEnv::new("pipe-stdio");
     let (mut r1, w1) = launcher_pipe();
-    let mut v = Victim::spawn_with(
-        &env,
-        "ticker",
-        &[],
-        std::process::Stdio::null(),
-        std::process::Stdio::from(w1),
-        std::process::Stdio::null(),
-    );
-    v.wait_ready();
+    let mut v = spawn_ticker(&env, std::process::Stdio::from(w1));
     dump(&env, &v, &["--kill"]);
     v.reap_killed(Duration::from_secs(10));
     // What the job wrote before the dump is still in the old pipe, the old
     // launcher's to read; none of it is in the checkpoint.
-    let before = read_ticks(&mut r1, Duration::from_millis(100));
-    let last = *before.last().expect("ticks before the dump");
+    let last = last_tick_before_dump(&mut r1);
     let saved = std::fs::read_dir(&env.img)
         .expect("read image dir")
         .filter_map(|e| e.ok())

@@ -80,6 +80,31 @@ impl Drop for IpcCleanup {
     }
 }
 
+/// A small job of the test user (the sysv victim with a 4 MiB segment of
+/// key `key`), dumped with --kill and reaped.
+struct DumpedJob {
+    /// Declared first, so dropped first: the processes go before their
+    /// objects are removed.
+    v: Victim,
+    ids: Ids,
+    /// Removes the job's objects, and its segment marked for removal, when
+    /// the test ends.
+    cleanup: IpcCleanup,
+}
+
+fn dump_small_job(env: &TestEnv, key: u32) -> DumpedJob {
+    let mut cleanup = IpcCleanup {
+        key,
+        ids: Vec::new(),
+    };
+    let mut v = Victim::spawn_as(env, "sysv", &[&format!("{key:x}"), "4"], test_user());
+    v.wait_ready();
+    let ids = read_ids(&v);
+    cleanup.ids.push(("-m", ids.removed_shm));
+    dump_kill_reap(env, &mut v);
+    DumpedJob { v, ids, cleanup }
+}
+
 /// The row of `/proc/sysvipc/NAME` with id `id` (second column), as
 /// column name -> value.
 fn sysvipc_row(name: &str, id: i32) -> Option<Vec<(String, String)>> {
@@ -276,32 +301,20 @@ fn sysv_objects_come_back_with_ids_contents_and_one_copy() {
 fn key_in_use_at_restore_fails_in_one_line_leaving_nothing() {
     let env = TestEnv::new("sysv-collision");
     let key = unique_key(2);
-    let mut cleanup = IpcCleanup {
-        key,
-        ids: Vec::new(),
-    };
-    let mut v = Victim::spawn_as(&env, "sysv", &[&format!("{key:x}"), "4"], test_user());
-    v.wait_ready();
-    let ids = read_ids(&v);
-    cleanup.ids.push(("-m", ids.removed_shm));
-    dump_kill_reap(&env, &mut v);
+    let mut job = dump_small_job(&env, key);
 
     // Someone else's segment with the job's key appears meanwhile.
     // SAFETY: integers only.
     let other = unsafe { libc::shmget(key as i32, 4096, libc::IPC_CREAT | libc::IPC_EXCL | 0o600) };
     assert!(other >= 0, "shmget: {}", std::io::Error::last_os_error());
-    cleanup.ids.push(("-m", other));
+    job.cleanup.ids.push(("-m", other));
 
-    let out = ckpt(
-        &env,
-        &["restore", "--dir", path_str(&env.img)],
-        FAIL_TIMEOUT,
-    );
+    let out = restore_outcome(&env);
     let err = out.assert_error();
     assert!(
         err.contains(&format!(
             "SysV shared memory segment id {} (key {key:#x})",
-            ids.shm
+            job.ids.shm
         )) && err.contains(&format!("id {other}")),
         "the error names the object and the holder: {err}"
     );
@@ -315,15 +328,15 @@ fn key_in_use_at_restore_fails_in_one_line_leaving_nothing() {
         out.stderr
     );
     assert!(
-        !pid_exists(v.pid) && !pid_exists(ids.child),
+        !pid_exists(job.v.pid) && !pid_exists(job.ids.child),
         "no process is left behind"
     );
     assert!(
-        sysvipc_row("sem", ids.sem).is_none(),
+        sysvipc_row("sem", job.ids.sem).is_none(),
         "no semaphore set was created"
     );
     assert!(
-        sysvipc_row("msg", ids.msg).is_none(),
+        sysvipc_row("msg", job.ids.msg).is_none(),
         "no queue was created"
     );
 }
@@ -385,36 +398,27 @@ fn sealed_image_cannot_create_objects_beyond_the_user_or_the_limits() {
     use ckpt_image::ImageKind;
     let env = TestEnv::new("sysv-crafted");
     let key = unique_key(4);
-    let mut cleanup = IpcCleanup {
-        key,
-        ids: Vec::new(),
-    };
-    let mut v = Victim::spawn_as(&env, "sysv", &[&format!("{key:x}"), "4"], test_user());
-    v.wait_ready();
-    let ids = read_ids(&v);
-    cleanup.ids.push(("-m", ids.removed_shm));
-    dump_kill_reap(&env, &mut v);
+    let job = dump_small_job(&env, key);
     let path = env.img.join("ipc.img");
     let original: ckpt_image::ipc::Ipc =
         ckpt_image::header::decode(ImageKind::Ipc, &path, &fs::read(&path).unwrap()).unwrap();
 
     let refused = |ipc: &ckpt_image::ipc::Ipc, needle: &str| {
         reseal_ipc(&env, ipc);
-        let out = ckpt(
-            &env,
-            &["restore", "--dir", path_str(&env.img)],
-            FAIL_TIMEOUT,
-        );
-        let err = out.assert_error();
+        let err = restore_expect_error(&env);
         assert!(
             err.contains(needle),
             "error should contain {needle:?}: {err}"
         );
         assert!(
-            !pid_exists(v.pid),
+            !pid_exists(job.v.pid),
             "a process is left after the refused restore"
         );
-        for (name, id) in [("shm", ids.shm), ("sem", ids.sem), ("msg", ids.msg)] {
+        for (name, id) in [
+            ("shm", job.ids.shm),
+            ("sem", job.ids.sem),
+            ("msg", job.ids.msg),
+        ] {
             assert!(
                 sysvipc_row(name, id).is_none(),
                 "{name} {id} created by a refused restore"

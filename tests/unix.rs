@@ -160,45 +160,18 @@ fn launcher_socket() -> (std::fs::File, std::os::fd::OwnedFd) {
 fn an_outside_socket_declared_external_is_handed_over() {
     let env = TestEnv::new("unix-external");
     let (mut r1, w1) = launcher_socket();
-    let mut v = Victim::spawn_with(
-        &env,
-        "ticker",
-        &[],
-        std::process::Stdio::null(),
-        std::process::Stdio::from(w1),
-        std::process::Stdio::null(),
-    );
-    v.wait_ready();
-    let key = std::fs::read_link(format!("/proc/{}/fd/1", v.pid))
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
+    let mut v = spawn_ticker(&env, std::process::Stdio::from(w1));
+    let key = stdout_key(&v);
     assert!(key.starts_with("socket:["), "{key}");
     let err = dump_expect_error(&env, &v);
     assert!(err.contains("fd 1") && err.contains(&key), "{err}");
 
     dump(&env, &v, &["--kill", "--external", &key]);
     v.reap_killed(std::time::Duration::from_secs(10));
-    let before = read_ticks(&mut r1, std::time::Duration::from_millis(100));
-    let last = *before.last().expect("ticks before the dump");
+    let last = last_tick_before_dump(&mut r1);
 
     let (mut r2, w2) = launcher_socket();
-    let status = env
-        .ckpt_command()
-        .args([
-            "restore",
-            "--detach",
-            "--dir",
-            path_str(&env.img),
-            "--inherit-fd",
-        ])
-        .arg(format!("fd[1]:{key}"))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::from(w2))
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("run restore");
-    assert!(status.success(), "restore with --inherit-fd failed");
+    restore_inheriting_stdout(&env, &key, w2);
     assert_ticks_carry_on(&mut r2, last, &v);
 }
 
@@ -232,12 +205,7 @@ fn a_bound_path_never_replaces_a_users_file() {
     let path = v.path("srv.sock");
     std::fs::remove_file(&path).expect("remove the stale socket");
     std::fs::write(&path, "the user's data").expect("write a file in its place");
-    let out = ckpt(
-        &env,
-        &["restore", "--dir", path_str(&env.img)],
-        FAIL_TIMEOUT,
-    );
-    let err = out.assert_error();
+    let err = restore_expect_error(&env);
     assert!(
         err.contains(path_str(&path)) && err.contains("not a socket file"),
         "{err}"

@@ -931,6 +931,7 @@ pub fn msg_copy(
     }))
 }
 
+// Twin in restorer/src/sys.rs (IpcKind, ipc_rmid): kept apart because the dumper and restorer share no syscall crate.
 /// Which SysV IPC object kind an `IPC_RMID` is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IpcKind {

@@ -540,6 +540,7 @@ pub fn msg_send(id: i32, mtype: i64, text: &[u8]) -> std::io::Result<()> {
     .map(drop)
 }
 
+// Twin in dumper/src/sys.rs (IpcKind, ipc_rmid): kept apart because the dumper and restorer share no syscall crate.
 /// Which SysV IPC object kind an id is of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IpcKind {

@@ -36,11 +36,7 @@ int main(int argc, char **argv)
 		int in = fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC, O_RDONLY);
 		if (in < 0)
 			_exit(70);
-		while (!victim_file_exists("go")) {
-			victim_tick();
-			if (victim_timespec_passed(&victim_deadline))
-				_exit(71);
-		}
+		victim_child_wait_go(71);
 		_exit(0);
 	}
 	victim_ready_and_wait(NULL);

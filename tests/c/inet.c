@@ -215,29 +215,35 @@ static int same_addr(int fd, const struct sockaddr_storage *want, int peer)
 	return r == 0 && memcmp(&got, want, len) == 0;
 }
 
+/* The loopback address of `family` with port 0 (any free port) in *ss;
+ * returns its length. */
+static socklen_t loopback_any_port(int family, struct sockaddr_storage *ss)
+{
+	memset(ss, 0, sizeof(*ss));
+	if (family == AF_INET6) {
+		struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+		a->sin6_family = AF_INET6;
+		a->sin6_addr = in6addr_loopback;
+		return sizeof(*a);
+	}
+	struct sockaddr_in *a = (struct sockaddr_in *)ss;
+	a->sin_family = AF_INET;
+	a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	return sizeof(*a);
+}
+
 static int listener(int family)
 {
 	struct sockaddr_storage ss;
-	socklen_t len;
 	int fd = socket(family, SOCK_STREAM, 0);
 
 	if (fd < 0)
 		die("socket");
 	set_int(fd, SOL_SOCKET, SO_REUSEADDR, 1, "SO_REUSEADDR");
 	set_int(fd, SOL_SOCKET, SO_RCVBUF, SMALL_RCVBUF, "SO_RCVBUF");
-	memset(&ss, 0, sizeof(ss));
-	if (family == AF_INET6) {
-		struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+	if (family == AF_INET6)
 		set_int(fd, IPPROTO_IPV6, IPV6_V6ONLY, 1, "IPV6_V6ONLY");
-		a->sin6_family = AF_INET6;
-		a->sin6_addr = in6addr_loopback;
-		len = sizeof(*a);
-	} else {
-		struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-		a->sin_family = AF_INET;
-		a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-		len = sizeof(*a);
-	}
+	socklen_t len = loopback_any_port(family, &ss);
 	if (bind(fd, (struct sockaddr *)&ss, len) != 0)
 		die("bind");
 	if (listen(fd, 8) != 0)
@@ -374,28 +380,19 @@ struct udp_sock {
 static int udp_bound(int family)
 {
 	struct sockaddr_storage ss;
-	socklen_t len;
 	int fd = socket(family, SOCK_DGRAM, 0);
 
 	if (fd < 0)
 		die("socket");
-	memset(&ss, 0, sizeof(ss));
 	if (family == AF_INET6) {
-		struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
 		set_int(fd, IPPROTO_IPV6, IPV6_V6ONLY, 1, "IPV6_V6ONLY");
 		set_int(fd, SOL_SOCKET, SO_REUSEPORT, 1, "SO_REUSEPORT");
-		a->sin6_family = AF_INET6;
-		a->sin6_addr = in6addr_loopback;
-		len = sizeof(*a);
 	} else {
-		struct sockaddr_in *a = (struct sockaddr_in *)&ss;
 		set_int(fd, SOL_SOCKET, SO_REUSEADDR, 1, "SO_REUSEADDR");
 		set_int(fd, SOL_SOCKET, SO_BROADCAST, 1, "SO_BROADCAST");
-		a->sin_family = AF_INET;
-		a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-		len = sizeof(*a);
 	}
 	set_int(fd, SOL_SOCKET, SO_RCVBUF, 65536, "SO_RCVBUF");
+	socklen_t len = loopback_any_port(family, &ss);
 	if (bind(fd, (struct sockaddr *)&ss, len) != 0)
 		die("bind");
 	return fd;

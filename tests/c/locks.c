@@ -36,17 +36,6 @@
 
 static pid_t me;
 
-static void at(int fd, int want)
-{
-	if (fd < 0)
-		die("open");
-	if (fd != want) {
-		if (dup2(fd, want) != want)
-			die("dup2");
-		close(fd);
-	}
-}
-
 static int open_work(const char *name)
 {
 	char p[PATH_MAX];
@@ -107,9 +96,9 @@ int main(int argc, char **argv)
 {
 	victim_init(argc, argv);
 	me = getpid();
-	at(open_work("flocked"), FD_FLOCK);
-	at(open_work("ranged"), FD_POSIX);
-	at(open_work("shared"), FD_OFD);
+	victim_fd_at(open_work("flocked"), FD_FLOCK);
+	victim_fd_at(open_work("ranged"), FD_POSIX);
+	victim_fd_at(open_work("shared"), FD_OFD);
 	if (flock(FD_FLOCK, LOCK_EX))
 		die("flock");
 	if (range_lock(FD_POSIX, F_SETLK, F_WRLCK, POSIX_START, POSIX_LEN))

@@ -32,23 +32,12 @@
 static const char ghost_bytes[] = "ghost contents\n";
 static const char line1[] = "line1\n";
 
-static void at(int fd, int want)
-{
-	if (fd < 0)
-		die("open");
-	if (fd != want) {
-		if (dup2(fd, want) != want)
-			die("dup2");
-		close(fd);
-	}
-}
-
 static void setup_ghost(void)
 {
 	char p[PATH_MAX];
 
 	victim_path(p, sizeof(p), "suid-ghost");
-	at(open(p, O_RDWR | O_CREAT | O_EXCL, 0600), FD_GHOST);
+	victim_fd_at(open(p, O_RDWR | O_CREAT | O_EXCL, 0600), FD_GHOST);
 	victim_write_all(FD_GHOST, ghost_bytes, sizeof(ghost_bytes) - 1);
 	if (fchmod(FD_GHOST, GHOST_MODE))
 		die("fchmod");
@@ -77,7 +66,7 @@ static void setup_data(void)
 	char p[PATH_MAX];
 
 	victim_path(p, sizeof(p), "data.txt");
-	at(open(p, O_RDWR | O_CREAT | O_TRUNC, 0600), FD_DATA);
+	victim_fd_at(open(p, O_RDWR | O_CREAT | O_TRUNC, 0600), FD_DATA);
 	victim_write_all(FD_DATA, "0123456789\n", 11);
 	if (lseek(FD_DATA, DATA_OFFSET, SEEK_SET) != DATA_OFFSET)
 		die("lseek");
@@ -93,7 +82,7 @@ static void setup_log(void)
 	char p[PATH_MAX];
 
 	victim_path(p, sizeof(p), "log.txt");
-	at(open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644), FD_LOG);
+	victim_fd_at(open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644), FD_LOG);
 	victim_write_all(FD_LOG, line1, sizeof(line1) - 1);
 }
 
@@ -118,7 +107,7 @@ static void setup_tty(void)
 	name = ptsname(master);
 	if (!name)
 		die("ptsname");
-	at(open(name, O_RDWR | O_NOCTTY), FD_TTY);
+	victim_fd_at(open(name, O_RDWR | O_NOCTTY), FD_TTY);
 	close(master);
 }
 
@@ -142,7 +131,7 @@ static void setup_lease(void)
 	if (fd < 0)
 		die("create db");
 	close(fd);
-	at(open(p, O_RDONLY), FD_LOCK);
+	victim_fd_at(open(p, O_RDONLY), FD_LOCK);
 	if (fcntl(FD_LOCK, F_SETLEASE, F_RDLCK))
 		die("F_SETLEASE");
 }

@@ -55,6 +55,27 @@ static void add_shared(const char *what, void *p, size_t len, size_t off)
 	shared[nshared++] = (struct view){ what, p, len, off };
 }
 
+/*
+ * Maps the first four pages of `fd` private, as `priv`, and writes pattern
+ * `seed` into its page `cow_page` (a private COW page); `expect_priv` is
+ * `contents` (zeros if NULL) with that page. Dies with `what` if it cannot
+ * map.
+ */
+static void map_private(int fd, const char *what, const unsigned char *contents,
+			size_t cow_page, uint64_t seed)
+{
+	priv_len = 4 * PG;
+	priv = mmap(NULL, priv_len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+	if (priv == MAP_FAILED)
+		die(what);
+	if (contents)
+		memcpy(expect_priv, contents, priv_len);
+	else
+		memset(expect_priv, 0, priv_len);
+	fill_pattern(expect_priv + cow_page * PG, PG, seed);
+	fill_pattern((void *)(priv + cow_page * PG), PG, seed);
+}
+
 /* The shared word at object offset `off`, through view v (if it covers it). */
 static volatile unsigned long *word(struct view *v, size_t off)
 {
@@ -77,13 +98,7 @@ static void setup_memfd(int keep_fd)
 		die("F_ADD_SEALS");
 	add_shared("memfd whole", mmap(NULL, 9 * PG, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), 9 * PG, 0);
 	add_shared("memfd at page 4", mmap(NULL, 2 * PG, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 4 * PG), 2 * PG, 4 * PG);
-	priv_len = 4 * PG;
-	priv = mmap(NULL, priv_len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-	if (priv == MAP_FAILED)
-		die("mmap private");
-	memcpy(expect_priv, object, priv_len);
-	fill_pattern(expect_priv + PG, PG, 99);
-	fill_pattern((void *)(priv + PG), PG, 99); /* a private (COW) page */
+	map_private(fd, "mmap private", object, 1, 99);
 	if (keep_fd) {
 		if (lseek(fd, 1234, SEEK_SET) != 1234)
 			die("lseek");
@@ -108,13 +123,7 @@ static void setup_deleted(int keep_fd)
 	if (fd < 0 || write(fd, object, object_len) != (ssize_t)object_len)
 		die("deleted.bin");
 	add_shared("deleted shared", mmap(NULL, 4 * PG, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 4 * PG), 4 * PG, 4 * PG);
-	priv_len = 4 * PG;
-	priv = mmap(NULL, priv_len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-	if (priv == MAP_FAILED)
-		die("mmap private");
-	memcpy(expect_priv, object, priv_len);
-	fill_pattern(expect_priv + 3 * PG, PG, 98);
-	fill_pattern((void *)(priv + 3 * PG), PG, 98);
+	map_private(fd, "mmap private", object, 3, 98);
 	unlink(path);
 	if (!keep_fd)
 		close(fd);
@@ -157,13 +166,7 @@ static void setup_anon(int devzero, int partial)
 		add_shared("shared", m, object_len, 0);
 	}
 	if (devzero) {
-		priv_len = 4 * PG;
-		priv = mmap(NULL, priv_len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-		if (priv == MAP_FAILED)
-			die("mmap private /dev/zero");
-		memset(expect_priv, 0, priv_len);
-		fill_pattern(expect_priv + 2 * PG, PG, 97);
-		fill_pattern((void *)(priv + 2 * PG), PG, 97);
+		map_private(fd, "mmap private /dev/zero", NULL, 2, 97);
 		close(fd);
 	}
 }
@@ -246,11 +249,7 @@ int main(int argc, char **argv)
 	if (child < 0)
 		die("fork");
 	if (child == 0) {
-		while (!victim_file_exists("go")) {
-			victim_tick();
-			if (victim_timespec_passed(&victim_deadline))
-				_exit(70);
-		}
+		victim_child_wait_go(70);
 		if (!wait_token(parent_off(), PARENT_TOKEN))
 			_exit(71);
 		*word(&shared[nshared - 1], child_off()) = CHILD_TOKEN;

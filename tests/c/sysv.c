@@ -110,11 +110,7 @@ int main(int argc, char **argv)
 	if (child < 0)
 		die("fork");
 	if (child == 0) {
-		while (!victim_file_exists("go")) {
-			victim_tick();
-			if (victim_timespec_passed(&victim_deadline))
-				_exit(70);
-		}
+		victim_child_wait_go(70);
 		if (hash_bytes(seg + 4096, len - 4096, 1) != seg_hash)
 			_exit(71);
 		if (hash_bytes(rseg, RMID_LEN, 1) != rmid_hash)

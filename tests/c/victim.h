@@ -212,6 +212,35 @@ static inline void victim_signal_ready(const char *ready_content)
 	victim_write_file("ready", ready_content ? ready_content : "ready");
 }
 
+/*
+ * In a forked child whose parent answers the pings: wait until the test
+ * writes go, exiting with `timeout_code` past the victim's deadline (the
+ * parent's check of the child's status reports it).
+ */
+static inline void victim_child_wait_go(int timeout_code)
+{
+	while (!victim_file_exists("go")) {
+		victim_tick();
+		if (victim_timespec_passed(&victim_deadline))
+			_exit(timeout_code);
+	}
+}
+
+/*
+ * Puts the fd `fd` just opened (dying if the open failed) at number
+ * `want`, so a test can name the victim's fds.
+ */
+static inline void victim_fd_at(int fd, int want)
+{
+	if (fd < 0)
+		die("open");
+	if (fd != want) {
+		if (dup2(fd, want) != want)
+			die("dup2");
+		close(fd);
+	}
+}
+
 static inline void victim_ready_and_wait(const char *ready_content)
 {
 	victim_signal_ready(ready_content);

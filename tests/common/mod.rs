@@ -977,10 +977,39 @@ pub fn dump_kill_reap(env: &TestEnv, v: &mut Victim) {
     v.reap_killed(Duration::from_secs(10));
 }
 
+/// `ckpt dump --tree PID --dir IMG <extra>` with fault point `point` armed
+/// (`CKPT_FAULT`, see parasite/src/fault.rs) and stdin from /dev/null, not
+/// yet run: the caller chooses how to collect its outcome, since such a
+/// dump is meant to die or fail.
+pub fn faulty_dump_command(env: &TestEnv, v: &Victim, point: &str, extra: &[&str]) -> Command {
+    let mut cmd = env.ckpt_command();
+    cmd.args([
+        "dump",
+        "--tree",
+        &v.pid.to_string(),
+        "--dir",
+        path_str(&env.img),
+    ])
+    .args(extra)
+    .env("CKPT_FAULT", point)
+    .stdin(Stdio::null());
+    cmd
+}
+
 pub fn spawn_restore(env: &TestEnv, extra: &[&str]) -> CkptCmd {
     let mut args = vec!["restore", "--dir", path_str(&env.img)];
     args.extend_from_slice(extra);
     CkptCmd::spawn(env, &args)
+}
+
+/// `ckpt restore --dir IMG` with no options, whatever its outcome.
+pub fn restore_outcome(env: &TestEnv) -> CkptOutput {
+    ckpt(env, &["restore", "--dir", path_str(&env.img)], FAIL_TIMEOUT)
+}
+
+/// `ckpt restore --dir IMG`, which must fail; returns its error line.
+pub fn restore_expect_error(env: &TestEnv) -> String {
+    restore_outcome(env).assert_error()
 }
 
 /// Waits (bounded) until the restored victim's own code answers a ping.
@@ -1112,6 +1141,53 @@ pub fn launcher_pipe() -> (File, std::os::fd::OwnedFd) {
     )
     .expect("O_NONBLOCK");
     (File::from(r), w)
+}
+
+/// The ticker victim (tests/c/ticker.c), ready, with `stdout` (a
+/// launcher's pipe, socket or FIFO) as its stdout and /dev/null as its
+/// stdin and stderr.
+pub fn spawn_ticker(env: &TestEnv, stdout: Stdio) -> Victim {
+    let mut v = Victim::spawn_with(env, "ticker", &[], Stdio::null(), stdout, Stdio::null());
+    v.wait_ready();
+    v
+}
+
+/// What the victim's stdout is, as /proc names it (`pipe:[INO]`,
+/// `socket:[INO]`): the key `--external` and `--inherit-fd` take.
+pub fn stdout_key(v: &Victim) -> String {
+    fs::read_link(format!("/proc/{}/fd/1", v.pid))
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The last tick a ticker wrote into its old launcher's `r` before it was
+/// dumped (and killed); there must be one.
+pub fn last_tick_before_dump(r: &mut File) -> u64 {
+    let before = read_ticks(r, Duration::from_millis(100));
+    *before.last().expect("ticks before the dump")
+}
+
+/// `ckpt restore --detach --inherit-fd fd[1]:KEY` with `stdout` (a new
+/// launcher's end) as its fd 1, standing in for the external `key`; the
+/// restore must succeed.
+pub fn restore_inheriting_stdout(env: &TestEnv, key: &str, stdout: std::os::fd::OwnedFd) {
+    let status = env
+        .ckpt_command()
+        .args([
+            "restore",
+            "--detach",
+            "--dir",
+            path_str(&env.img),
+            "--inherit-fd",
+        ])
+        .arg(format!("fd[1]:{key}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(stdout))
+        .stderr(Stdio::null())
+        .status()
+        .expect("run restore");
+    assert!(status.success(), "restore with --inherit-fd failed");
 }
 
 /// After a restore under a new launcher reading `r`: the ticker's lines

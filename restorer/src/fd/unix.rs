@@ -99,8 +99,7 @@ impl FileRestorer for Unix {
                     [s as u64, u64::from(image.backlog), 0, 0, 0, 0],
                 )?;
             }
-            let here = sys::take_fd(pid, s)
-                .map_err(|e| RestoreError::os(pid, "pidfd_getfd (socket)", e))?;
+            let here = take_socket(pid, s)?;
             if !image.queue.is_empty() {
                 refill_by_name(cx, r, file.id, image, fd)?;
             }
@@ -149,16 +148,15 @@ impl FileRestorer for UnixConnect {
             }
         }
         // Never block on a full backlog; the dumped flags come after.
-        let s = new_socket(r, sock_type, libc::SOCK_NONBLOCK)?;
-        let addr = sockaddr(cx, fd, &image.peer_name)?;
-        let at = r.put(ADDR_SLOT, &addr)?;
-        r.call(
+        let s = connected_socket(
+            cx,
+            r,
+            sock_type,
+            fd,
+            &image.peer_name,
             "connect (pending unix connection)",
-            libc::SYS_connect,
-            [s as u64, at, addr.len() as u64, 0, 0, 0],
         )?;
-        let here =
-            sys::take_fd(pid, s).map_err(|e| RestoreError::os(pid, "pidfd_getfd (socket)", e))?;
+        let here = take_socket(pid, s)?;
         configure(pid, here.as_fd(), image)?;
         set_status_flags(r, s, file.flags)?;
         Ok(s)
@@ -185,18 +183,80 @@ fn refill_by_name(
         libc::SYS_connect,
         [sender as u64, at, addr.len() as u64, 0, 0, 0],
     );
-    let here = sys::take_fd(pid, sender);
+    // Taken before the close, checked after it: the process's copy is
+    // closed whatever connect and pidfd_getfd did.
+    let here = take_socket(pid, sender);
     r.close(sender)?;
     connected?;
-    let here = here.map_err(|e| RestoreError::os(pid, "pidfd_getfd (socket)", e))?;
-    set_opt(here.as_fd(), libc::SO_SNDBUFFORCE, REFILL_SNDBUF)
-        .map_err(|e| RestoreError::os(pid, "SO_SNDBUFFORCE (refill)", e))?;
+    let here = here?;
+    force_refill_sndbuf(pid, here.as_fd())?;
     refill(cx, pid, here.as_fd(), file_id, image, false, fd)
 }
 
 /// Argument slot of the scratch area for socket addresses (slot 0 holds
 /// paths for `open`).
 const ADDR_SLOT: u64 = 1;
+
+/// Runs syscall `nr(s, addr, len)` (`bind` or `connect`) inside the
+/// process, with `addr` put in the scratch area's [`ADDR_SLOT`].
+fn call_with_addr(
+    r: &Remote<'_>,
+    what: &'static str,
+    nr: i64,
+    s: i32,
+    addr: &[u8],
+) -> std::result::Result<u64, ckpt_parasite::ParasiteError> {
+    let at = r.put(ADDR_SLOT, addr)?;
+    r.call(what, nr, [s as u64, at, addr.len() as u64, 0, 0, 0])
+}
+
+/// A new non-blocking socket of the process, connected to `name`; `what`
+/// names the connect in errors.
+fn connected_socket(
+    cx: &Context<'_>,
+    r: &Remote<'_>,
+    sock_type: u64,
+    fd: i32,
+    name: &[u8],
+    what: &'static str,
+) -> Result<i32> {
+    let s = new_socket(r, sock_type, libc::SOCK_NONBLOCK)?;
+    let addr = sockaddr(cx, fd, name)?;
+    call_with_addr(r, what, libc::SYS_connect, s, &addr)?;
+    Ok(s)
+}
+
+/// The restorer's copy of the process's socket `s`.
+fn take_socket(pid: i32, s: i32) -> Result<OwnedFd> {
+    sys::take_fd(pid, s).map_err(|e| RestoreError::os(pid, "pidfd_getfd (socket)", e))
+}
+
+/// Sets the [`REFILL_SNDBUF`] sender's buffer on `s` before its queue is
+/// refilled.
+fn force_refill_sndbuf(pid: i32, s: BorrowedFd<'_>) -> Result<()> {
+    set_opt(s, libc::SO_SNDBUFFORCE, REFILL_SNDBUF)
+        .map_err(|e| RestoreError::os(pid, "SO_SNDBUFFORCE (refill)", e))
+}
+
+/// The restorer's copies of the two ends `first` and `second` of a pair
+/// made inside the process, ready to be refilled; the process's fd of
+/// `second` is closed (its holder takes it later). `what` names the
+/// pidfd_getfd in errors.
+fn take_pair(
+    r: &Remote<'_>,
+    first: i32,
+    second: i32,
+    what: &'static str,
+) -> Result<(OwnedFd, OwnedFd)> {
+    let pid = r.t.pid();
+    let take = |n| sys::take_fd(pid, n).map_err(|e| RestoreError::os(pid, what, e));
+    let (mine, theirs) = (take(first)?, take(second)?);
+    r.close(second)?;
+    for s in [&mine, &theirs] {
+        force_refill_sndbuf(pid, s.as_fd())?;
+    }
+    Ok((mine, theirs))
+}
 
 /// `socket(AF_UNIX, type | flags | SOCK_CLOEXEC)` inside the process.
 fn new_socket(r: &Remote<'_>, sock_type: u64, flags: i32) -> Result<i32> {
@@ -290,15 +350,14 @@ fn through_listener(
     sock_type: u64,
     fd: i32,
 ) -> Result<(i32, OwnedFd, OwnedFd)> {
-    let pid = r.t.pid();
     // Never block; the dumped flags are set on each end when installed.
-    let client = new_socket(r, sock_type, libc::SOCK_NONBLOCK)?;
-    let addr = sockaddr(cx, fd, &via.name)?;
-    let at = r.put(ADDR_SLOT, &addr)?;
-    r.call(
+    let client = connected_socket(
+        cx,
+        r,
+        sock_type,
+        fd,
+        &via.name,
         "connect (accepted unix connection)",
-        libc::SYS_connect,
-        [client as u64, at, addr.len() as u64, 0, 0, 0],
     )?;
     let server = r.call(
         "accept4 (accepted unix connection)",
@@ -317,14 +376,7 @@ fn through_listener(
     } else {
         (client, server)
     };
-    let take =
-        |n| sys::take_fd(pid, n).map_err(|e| RestoreError::os(pid, "pidfd_getfd (accept)", e));
-    let (mine, theirs) = (take(first)?, take(second)?);
-    r.close(second)?;
-    for s in [&mine, &theirs] {
-        set_opt(s.as_fd(), libc::SO_SNDBUFFORCE, REFILL_SNDBUF)
-            .map_err(|e| RestoreError::os(pid, "SO_SNDBUFFORCE (refill)", e))?;
-    }
+    let (mine, theirs) = take_pair(r, first, second, "pidfd_getfd (accept)")?;
     Ok((first, mine, theirs))
 }
 
@@ -351,7 +403,6 @@ fn orphan(
 /// `socketpair` inside the process: its fd of the first end, and the
 /// restorer's copies of both (the process's fd of the second is closed).
 fn socketpair(r: &Remote<'_>, sock_type: u64) -> Result<(i32, OwnedFd, OwnedFd)> {
-    let pid = r.t.pid();
     let out = r.put(ADDR_SLOT, &[0u8; 8])?;
     r.call(
         "socketpair(AF_UNIX)",
@@ -369,14 +420,7 @@ fn socketpair(r: &Remote<'_>, sock_type: u64) -> Result<(i32, OwnedFd, OwnedFd)>
     r.t.read_mem(out, &mut fds)?;
     let a = i32::from_ne_bytes([fds[0], fds[1], fds[2], fds[3]]);
     let b = i32::from_ne_bytes([fds[4], fds[5], fds[6], fds[7]]);
-    let take =
-        |n| sys::take_fd(pid, n).map_err(|e| RestoreError::os(pid, "pidfd_getfd (socketpair)", e));
-    let (mine, theirs) = (take(a)?, take(b)?);
-    r.close(b)?;
-    for s in [&mine, &theirs] {
-        set_opt(s.as_fd(), libc::SO_SNDBUFFORCE, REFILL_SNDBUF)
-            .map_err(|e| RestoreError::os(pid, "SO_SNDBUFFORCE (refill)", e))?;
-    }
+    let (mine, theirs) = take_pair(r, a, b, "pidfd_getfd (socketpair)")?;
     Ok((a, mine, theirs))
 }
 
@@ -406,12 +450,7 @@ fn bind(cx: &Context<'_>, r: &Remote<'_>, s: i32, image: &UnixSocketFile) -> Res
     let pid = r.t.pid();
     if image.name.first() == Some(&0) {
         let addr = sockaddr(cx, s, &image.name)?;
-        let at = r.put(ADDR_SLOT, &addr)?;
-        r.call(
-            "bind (abstract unix name)",
-            libc::SYS_bind,
-            [s as u64, at, addr.len() as u64, 0, 0, 0],
-        )?;
+        call_with_addr(r, "bind (abstract unix name)", libc::SYS_bind, s, &addr)?;
         return Ok(());
     }
     let path = String::from_utf8(image.name.clone())
@@ -451,14 +490,7 @@ fn bind_in(
     // and checked below to have landed in the directory opened without
     // following a link; bind never follows one at the name itself.
     let addr = sockaddr(cx, s, &image.name)?;
-    let try_bind = || -> std::result::Result<u64, ckpt_parasite::ParasiteError> {
-        let at = r.put(ADDR_SLOT, &addr)?;
-        r.call(
-            "bind (unix path)",
-            libc::SYS_bind,
-            [s as u64, at, addr.len() as u64, 0, 0, 0],
-        )
-    };
+    let try_bind = || call_with_addr(r, "bind (unix path)", libc::SYS_bind, s, &addr);
     match try_bind() {
         Ok(_) => {}
         Err(ckpt_parasite::ParasiteError::RemoteSyscall {
@@ -470,8 +502,7 @@ fn bind_in(
         }
         Err(e) => return Err(err(format!("cannot bind: {e}"))),
     }
-    let here =
-        sys::take_fd(pid, s).map_err(|e| RestoreError::os(pid, "pidfd_getfd (socket)", e))?;
+    let here = take_socket(pid, s)?;
     let made_file = sys::unix_bound_file(here.as_fd())
         .map_err(|e| err(format!("cannot find the socket file bind made: {e}")))?;
     let made = made_file

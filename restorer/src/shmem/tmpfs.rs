@@ -31,6 +31,15 @@ use crate::fd::identity::{Contents, Expected, Inode, PERMISSION_BITS};
 /// Bytes compared at a time.
 const CHUNK: usize = 1 << 20;
 
+/// Builds errors about the file at `path`, restored for process `pid`.
+fn file_error(pid: i32, path: &str) -> impl Fn(String) -> RestoreError + '_ {
+    move |what| RestoreError::File {
+        pid,
+        path: path.to_owned(),
+        what,
+    }
+}
+
 /// The restorer's fds of tmpfs file `o`, found or recreated at its path.
 pub(super) fn open_or_create(
     images: &ImageDir,
@@ -39,11 +48,7 @@ pub(super) fn open_or_create(
 ) -> Result<Made> {
     let r = at.r;
     let pid = r.t.pid();
-    let err = |what: String| RestoreError::File {
-        pid,
-        path: o.name.clone(),
-        what,
-    };
+    let err = file_error(pid, &o.name);
     let fs = FsIdentity::of(at.creds)
         .ok_or_else(|| err("no filesystem identity to open it with".into()))?;
     let dumped = at
@@ -70,11 +75,7 @@ fn find_or_create(
 ) -> Result<File> {
     let r = at.r;
     let pid = r.t.pid();
-    let err = |what: String| RestoreError::File {
-        pid,
-        path: o.name.clone(),
-        what,
-    };
+    let err = file_error(pid, &o.name);
     let flags = libc::O_NOFOLLOW | libc::O_CLOEXEC;
     // Read-write if the user may write it, else read-only: the restorer
     // never writes a file for a user who could not.
