@@ -41,6 +41,9 @@ enum Command {
     Dump(commands::dump::DumpArgs),
     /// Restore a process from a checkpoint directory.
     Restore(commands::restore::RestoreArgs),
+    /// Run a command in a new PID namespace, under ckpt's init, so it can
+    /// be restored where its pids are taken.
+    Run(commands::run::RunArgs),
     /// Summarize a checkpoint directory.
     Show(commands::show::ShowArgs),
     /// Report which kernel features ckpt needs are present.
@@ -84,6 +87,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Dump(a) => commands::dump::run(a),
         Command::Restore(a) => commands::restore::run(a),
+        Command::Run(a) => commands::run::run(a),
         Command::Show(a) => commands::show::run(a),
         Command::Check(a) => commands::check::run(a),
         Command::Coord(a) => commands::coord::run(*a).map(|()| ExitCode::SUCCESS),

@@ -30,6 +30,7 @@ mod ipc;
 mod mm;
 mod pages;
 mod pid;
+pub mod run;
 mod shmem;
 
 mod sys;

@@ -5,6 +5,7 @@ pub mod coord;
 pub mod docs;
 pub mod dump;
 pub mod restore;
+pub mod run;
 pub mod show;
 
 /// A byte progress bar on stderr when it is a terminal; none otherwise, so

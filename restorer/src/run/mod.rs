@@ -1,0 +1,122 @@
+//! `ckpt run --pidns`: a command started in a PID namespace of its own, so
+//! a later restore can give every process of it the same pids again in a
+//! fresh namespace, whatever pids the host has taken meanwhile.
+//!
+//! Two processes: the launcher (`ckpt run`, in the caller's namespaces)
+//! and ckpt's init, PID 1 of the new namespace, which starts the command
+//! as PID 2. The init is tiny and dumpable like any job process: one
+//! thread, fds 0-2 only, a new session and a mount namespace of its own
+//! whose /proc is the new PID namespace's (so `ps` inside shows the
+//! namespace). It reaps orphans, passes on [`FORWARDED`] signals to the
+//! command and exits with the command's status; the launcher passes the
+//! same signals on to the init and exits with the init's status.
+//!
+//! The dump of such a job is `ckpt dump --tree <host pid of the init>`.
+
+mod sys;
+
+use std::ffi::OsString;
+use std::io;
+use std::path::Path;
+use std::process::{Child, Command};
+
+use nix::errno::Errno;
+use nix::sys::wait::{WaitStatus, waitpid};
+
+/// The signals the launcher and the init pass on (to the init and to the
+/// command): what a user, a shell or a batch system sends to ask a job to
+/// stop, hang up or act.
+pub const FORWARDED: [libc::c_int; 5] = [
+    libc::SIGTERM,
+    libc::SIGINT,
+    libc::SIGHUP,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+];
+
+/// Exit status a shell reports for a process killed by signal n: 128 + n.
+const SIGNALED_STATUS_BASE: i32 = 128;
+
+/// Starts `program args` (ckpt itself in its init role) as PID 1 of a new
+/// PID namespace, in a new mount namespace with that namespace's /proc and
+/// a new session, with fds above 2 closed, and passes [`FORWARDED`]
+/// signals this process receives on to it. Returns the init, whose `id()`
+/// is its pid on the host.
+pub fn spawn_init(program: &Path, args: &[OsString]) -> io::Result<Child> {
+    sys::unshare_pid_namespace()?;
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    // SAFETY: the hook runs between fork and exec and makes raw syscalls
+    // only (unshare, mount, setsid, close_range): no allocation, no locks.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(
+            &mut cmd,
+            sys::enter_private_proc_and_session,
+        );
+    }
+    let child = cmd.spawn()?;
+    sys::forward_signals(&FORWARDED, child.id() as i32)?;
+    Ok(child)
+}
+
+/// A wait status as a shell reports it: the exit code, or 128 + the
+/// signal that killed the process.
+pub fn exit_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| SIGNALED_STATUS_BASE + s))
+        .unwrap_or(SIGNALED_STATUS_BASE)
+}
+
+/// The init loop (PID 1 of the namespace): starts `command` (its first
+/// element is the program), reaps every process that ends in the
+/// namespace, and returns the command's exit code (128 + signal if a
+/// signal killed it) once it ends. The caller exits with it, which ends
+/// the namespace.
+pub fn init(command: &[OsString]) -> io::Result<i32> {
+    let Some((program, args)) = command.split_first() else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "no command to run",
+        ));
+    };
+    // Whatever the launcher's caller leaked to it is not the job's.
+    sys::close_fds_above_stdio()?;
+    // A signal between the spawn and knowing the command's pid would be
+    // lost: hold them until the handler knows where to send them.
+    sys::mask_signals(&FORWARDED, true)?;
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    // SAFETY: the hook runs between fork and exec and only calls
+    // pthread_sigmask, which is async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            // The command must not inherit the hold.
+            sys::mask_signals(&FORWARDED, false)
+        });
+    }
+    let child = cmd.spawn();
+    let child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            sys::mask_signals(&FORWARDED, false)?;
+            return Err(e);
+        }
+    };
+    let pid = child.id() as i32;
+    sys::forward_signals(&FORWARDED, pid)?;
+    sys::mask_signals(&FORWARDED, false)?;
+    // The command is reaped below through waitpid(-1), with the orphans.
+    drop(child);
+    loop {
+        match waitpid(None, None) {
+            Ok(WaitStatus::Exited(p, code)) if p.as_raw() == pid => return Ok(code),
+            Ok(WaitStatus::Signaled(p, sig, _)) if p.as_raw() == pid => {
+                return Ok(SIGNALED_STATUS_BASE + sig as i32);
+            }
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
