@@ -278,53 +278,6 @@ fn dump_of_kernel_thread_is_refused_by_name() {
     assert!(!env.img.exists(), "failed dump left {}", env.img.display());
 }
 
-/// A process in a nested PID namespace (here PID 1 of its own) cannot get
-/// its pids back in ckpt's namespace: refused by name, left running.
-#[test]
-fn dump_of_process_in_nested_pid_namespace_is_refused() {
-    let env = TestEnv::new("pidns");
-    let mut child = std::process::Command::new("unshare")
-        .args(["--pid", "--fork", "--kill-child", "sleep", "60"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("spawn unshare");
-    // The sleep is unshare's child, PID 1 of the new namespace.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let inner = loop {
-        let kids = fs::read_to_string(format!("/proc/{}/task/{}/children", child.id(), child.id()))
-            .unwrap_or_default();
-        if let Some(k) = kids.split_whitespace().next() {
-            break k.to_string();
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "unshare started no child"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let err = ckpt(
-        &env,
-        &["dump", "--tree", &inner, "--dir", path_str(&env.img)],
-        FAIL_TIMEOUT,
-    )
-    .assert_error();
-    let still_there = fs::read_to_string(format!("/proc/{inner}/comm")).unwrap_or_default();
-    let _ = child.kill();
-    let _ = child.wait();
-    assert!(
-        err.contains(&format!("pid {inner}")) && err.contains("PID namespace"),
-        "error should name pid {inner} and the PID namespace: {err}"
-    );
-    assert_eq!(
-        still_there.trim(),
-        "sleep",
-        "the refused process should still run"
-    );
-    assert!(!env.img.exists(), "failed dump left {}", env.img.display());
-}
-
 /// A target killed by someone else while it is frozen: the dump fails
 /// naming its death (not a short read), and leaves no image dir.
 #[test]

@@ -28,6 +28,7 @@ mod inherit;
 mod ipc;
 pub mod mm;
 pub mod pages;
+mod pidns;
 mod procfile;
 mod shmem;
 mod sys;
@@ -211,7 +212,16 @@ pub fn freeze(root: i32) -> Result<Frozen> {
     let frozen_at = Instant::now();
     let mut blockers = Blockers::default();
     log::info!("freeze: pid {root} and its descendants");
-    let procs = tree::freeze(root, precheck, seize_error, &mut blockers)?;
+    let ns = pidns::of_root(root)?;
+    if let pidns::TreeNs::RootInit { .. } = ns {
+        log::info!("freeze: pid {root} is PID 1 of its own PID namespace: saving that namespace's pids");
+    }
+    let procs = tree::freeze(
+        root,
+        |pid| precheck(pid, ns),
+        seize_error,
+        &mut blockers,
+    )?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::AfterSeize);
     let freeze_ms = ms_since(frozen_at);
     log::info!(
@@ -221,6 +231,7 @@ pub fn freeze(root: i32) -> Result<Frozen> {
     );
     Ok(Frozen {
         root,
+        ns,
         procs,
         frozen_at,
         freeze_ms,
@@ -232,6 +243,8 @@ pub fn freeze(root: i32) -> Result<Frozen> {
 /// A frozen process tree (phase 1 of a dump).
 pub struct Frozen {
     root: i32,
+    /// The PID namespace the tree fills.
+    ns: pidns::TreeNs,
     /// Tree order: parents before children.
     procs: Vec<tree::FrozenProcess>,
     frozen_at: Instant,
@@ -536,6 +549,18 @@ fn write_images(
     )?;
     let mut files = files;
     blockers.absorb(objects.link_files(&mut files))?;
+    // From here on the image speaks the tree namespace's pids; the host's
+    // stay in `procs`, `frozen` and `live` for reading the processes.
+    let pids = match frozen.ns {
+        pidns::TreeNs::Ckpt => None,
+        pidns::TreeNs::RootInit { .. } => {
+            let map = pidns::PidMap::read(&frozen.procs)?;
+            blockers.absorb(translate_pids(&map, &mut procs, &mut files, &mut ipc))?;
+            Some(map)
+        }
+    };
+    let saved = |host: i32| SavedPids(pids.as_ref()).pid(host);
+    let saved_ppid = |host: i32| SavedPids(pids.as_ref()).ppid(host);
     let fds: usize = files.tables.iter().map(|(_, t)| t.fds.len()).sum();
     log::info!(
         "collect fds: {fds} fds, {} open files ({:.3} ms)",
@@ -580,7 +605,7 @@ fn write_images(
     for (c, p) in procs.into_iter().zip(&live) {
         let pages_started = Instant::now();
         let on_disk_before = w.written_bytes();
-        let pw = w.pages(&ckpt_image::pages_name(c.pid))?;
+        let pw = w.pages(&ckpt_image::pages_name(saved(c.pid)))?;
         let base = written;
         let progress = |done: u64| {
             ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::DuringPages);
@@ -617,12 +642,16 @@ fn write_images(
             compressed: opts.compress,
             chunks,
         };
-        w.write_meta(&ckpt_image::mm_name(c.pid), ImageKind::Mm, &mm)?;
-        w.write_meta(&ckpt_image::core_name(c.pid), ImageKind::Core, &c.core)?;
+        w.write_meta(&ckpt_image::mm_name(saved(c.pid)), ImageKind::Mm, &mm)?;
+        w.write_meta(
+            &ckpt_image::core_name(saved(c.pid)),
+            ImageKind::Core,
+            &c.core,
+        )?;
         let owner = owner(c.pid)?;
         entries.push(ProcessEntry {
-            pid: c.pid,
-            ppid: c.ppid,
+            pid: saved(c.pid),
+            ppid: saved_ppid(c.ppid),
             comm: c.core.comm.clone(),
             zombie_status: None,
             uids: owner.uids,
@@ -659,8 +688,8 @@ fn write_images(
     for z in frozen.procs.iter().filter(|p| p.zombie_status.is_some()) {
         let owner = owner(z.pid)?;
         entries.push(ProcessEntry {
-            pid: z.pid,
-            ppid: z.ppid,
+            pid: saved(z.pid),
+            ppid: saved_ppid(z.ppid),
             comm: procfile::read(z.pid, "comm")
                 .map(|c| c.trim_end().to_string())
                 .unwrap_or_default(),
@@ -669,7 +698,13 @@ fn write_images(
             gids: owner.gids,
         });
     }
-    let manifest = manifest(root, entries, &cores[0])?;
+    let mut manifest = manifest(root, entries, &cores[0])?;
+    if pids.is_some() {
+        manifest.root_pid = saved(root);
+        manifest.pid_namespace = Some(ckpt_image::manifest::PidNamespace {
+            root_host_pid: root,
+        });
+    }
     stats.vmas = report.vmas;
     stats.disk_bytes = w.written_bytes();
     stats.phases.pages_ms = ms(pages_time);
@@ -722,6 +757,62 @@ fn write_images(
     report.dir = committed.path().into();
     report.stats = stats;
     Ok((report, committed, ipc))
+}
+
+/// The pids an image records for host pids: the same in ckpt's namespace,
+/// the tree namespace's with a [`pidns::PidMap`].
+struct SavedPids<'a>(Option<&'a pidns::PidMap>);
+
+impl SavedPids<'_> {
+    /// A process of the tree.
+    fn pid(&self, host: i32) -> i32 {
+        self.0.map_or(host, |m| m.get(host).unwrap_or(host))
+    }
+
+    /// A parent: the root's is outside its namespace, where getppid()
+    /// says 0.
+    fn ppid(&self, host: i32) -> i32 {
+        self.0.map_or(host, |m| m.get(host).unwrap_or(0))
+    }
+}
+
+/// Rewrites every pid the collected state holds into the tree namespace's
+/// (see [`pidns`]): a pid outside the namespace cannot be restored in it.
+fn translate_pids(
+    map: &pidns::PidMap,
+    procs: &mut [Collected],
+    files: &mut fd::TreeFiles,
+    ipc: &mut ckpt_image::ipc::Ipc,
+) -> Result<()> {
+    for c in procs.iter_mut() {
+        let pid = c.pid;
+        let core = &mut c.core;
+        core.pid = map.of_tree(pid, core.pid, "pid")?;
+        core.pgid = map.of_tree(pid, core.pgid, "process group")?;
+        core.sid = map.of_tree(pid, core.sid, "session")?;
+        for t in core.threads.iter_mut() {
+            t.tid = map.of_tree(pid, t.tid, "thread")?;
+        }
+        for t in core.posix_timers.iter_mut().filter(|t| t.target != 0) {
+            t.target = map.of_tree(pid, t.target, "timer target")?;
+        }
+    }
+    for (pid, _) in files.tables.iter_mut() {
+        *pid = map.of_tree(*pid, *pid, "pid")?;
+    }
+    for f in files.files.files.iter_mut() {
+        if let Some(ckpt_image::fd::file::Kind::Pidfd(p)) = &mut f.kind {
+            p.pid = map.of_tree(p.pid, p.pid, "pidfd target")?;
+        }
+    }
+    // Informational (the kernel rewrites them on every operation): a pid
+    // outside the namespace reads as 0 there, as the kernel shows it.
+    for s in ipc.sem.iter_mut() {
+        for p in s.sempids.iter_mut() {
+            *p = map.get(*p).unwrap_or(0);
+        }
+    }
+    Ok(())
 }
 
 /// The SysV IPC objects of the tree (see `ipc.rs` for which).
@@ -781,7 +872,7 @@ const DEATH_SETTLE_POLLS: u32 = 50;
 const PF_KTHREAD: u64 = 0x0020_0000;
 
 /// Refuses what this version cannot dump, before touching the process.
-fn precheck(pid: i32) -> Result<()> {
+fn precheck(pid: i32, ns: pidns::TreeNs) -> Result<()> {
     if pid <= 0 {
         return Err(DumpError::NoProcess { pid });
     }
@@ -804,20 +895,7 @@ fn precheck(pid: i32) -> Result<()> {
             what: "kernel thread".into(),
         });
     }
-    // NSpid lists the pid in every PID namespace from ckpt's down; more than
-    // one means the process lives in a nested namespace, whose pids a
-    // restore into ckpt's namespace could not give back.
-    if let Some(nspid) = procfile::status_field(&status, "NSpid")
-        && nspid.split_whitespace().count() > 1
-    {
-        return Err(DumpError::Unsupported {
-            pid,
-            what: format!(
-                "process in a nested PID namespace (NSpid {}); PID namespaces",
-                nspid.split_whitespace().collect::<Vec<_>>().join(" ")
-            ),
-        });
-    }
+    pidns::check_member(pid, &status, ns)?;
     if let Some(state) = procfile::status_field(&status, "State")
         && (state.starts_with('Z') || state.starts_with('X'))
     {
@@ -890,5 +968,6 @@ fn manifest(
         processes,
         files: Vec::new(),
         hostname: uts.nodename().to_string_lossy().into_owned(),
+        pid_namespace: None,
     })
 }

@@ -572,6 +572,14 @@ fn check_compatible(images: &ImageDir) -> Result<()> {
         dir: images.path().into(),
         what,
     };
+    // Its pids are a namespace's own: restoring them needs a fresh PID
+    // namespace, which this version does not create yet.
+    if let Some(ns) = &m.pid_namespace {
+        return Err(incompatible(format!(
+            "a PID namespace (its root was PID 1 there, host pid {}, ckpt run --pidns): restoring into a new PID namespace is not supported yet",
+            ns.root_host_pid
+        )));
+    }
     if m.arch != std::env::consts::ARCH {
         return Err(incompatible(format!(
             "dumped on {}, this is {}",

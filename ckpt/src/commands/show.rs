@@ -98,6 +98,9 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
             "comm": core.comm,
             "exe": core.exe,
             "cwd": core.cwd,
+            "sid": core.sid,
+            "pgid": core.pgid,
+            "threads": core.threads.iter().map(|t| t.tid).collect::<Vec<_>>(),
             "pages_bytes": mm.pages_bytes,
             "pages_compressed": mm.compressed,
             "pages_file_bytes": if mm.compressed { mm.chunks.iter().map(|c| c.file_len).sum::<u64>() } else { mm.pages_bytes },
@@ -140,6 +143,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
         "created_unix": m.created_unix,
         "cpu": m.cpu.as_ref().map(|c| json!({"vendor": c.vendor, "xcr0": format!("{:#x}", c.xcr0), "xsave_size": c.xsave_size})),
         "root_pid": m.root_pid,
+        "pid_namespace": m.pid_namespace.map(|n| json!({"root_host_pid": n.root_host_pid})),
         "files": m.files.iter().map(|f| json!({"name": f.name, "size": f.size, "crc32c": format!("{:08x}", f.crc32c), "sha256": hex(&f.sha256)})).collect::<Vec<_>>(),
         "processes": procs,
         "shmem": shmem,
@@ -204,6 +208,12 @@ fn render_text(v: &Value) -> String {
         v["hostname"].as_str().unwrap_or("")
     );
     let _ = writeln!(s, "kernel {}", v["kernel"].as_str().unwrap_or(""));
+    if let Some(host) = v["pid_namespace"]["root_host_pid"].as_i64() {
+        let _ = writeln!(
+            s,
+            "pid namespace: pids are the tree's own namespace's (root was host pid {host})"
+        );
+    }
     let total: u64 = v["files"]
         .as_array()
         .map(|f| f.iter().filter_map(|x| x["size"].as_u64()).sum())
