@@ -48,8 +48,8 @@ impl NsJob {
         let mut i = 0;
         while i < out.len() {
             let p = out[i];
-            let kids = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children"))
-                .unwrap_or_default();
+            let kids =
+                std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
             out.extend(kids.split_whitespace().map(|k| k.parse::<i32>().unwrap()));
             i += 1;
         }
@@ -127,9 +127,18 @@ fn dump_of_namespace_init_records_namespace_pids() {
     }
 
     job.v.go();
-    assert_eq!(job.v.wait_result(RESULT_TIMEOUT), "PASS", "{}", job.v.diag());
+    assert_eq!(
+        job.v.wait_result(RESULT_TIMEOUT),
+        "PASS",
+        "{}",
+        job.v.diag()
+    );
     let status = job.v.wait_original_exit(RESULT_TIMEOUT);
-    assert_eq!(status.code(), Some(0), "ckpt run exits with the command's status");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "ckpt run exits with the command's status"
+    );
 }
 
 /// Restoring such an image needs a fresh PID namespace, which this version
@@ -170,7 +179,12 @@ fn dump_of_non_init_in_nested_namespace_is_refused() {
     );
     assert!(!env.img.exists(), "failed dump left {}", env.img.display());
     job.v.go();
-    assert_eq!(job.v.wait_result(RESULT_TIMEOUT), "PASS", "{}", job.v.diag());
+    assert_eq!(
+        job.v.wait_result(RESULT_TIMEOUT),
+        "PASS",
+        "{}",
+        job.v.diag()
+    );
 }
 
 /// A tree spanning a second namespace below the root's (here `unshare

@@ -214,14 +214,11 @@ pub fn freeze(root: i32) -> Result<Frozen> {
     log::info!("freeze: pid {root} and its descendants");
     let ns = pidns::of_root(root)?;
     if let pidns::TreeNs::RootInit { .. } = ns {
-        log::info!("freeze: pid {root} is PID 1 of its own PID namespace: saving that namespace's pids");
+        log::info!(
+            "freeze: pid {root} is PID 1 of its own PID namespace: saving that namespace's pids"
+        );
     }
-    let procs = tree::freeze(
-        root,
-        |pid| precheck(pid, ns),
-        seize_error,
-        &mut blockers,
-    )?;
+    let procs = tree::freeze(root, |pid| precheck(pid, ns), seize_error, &mut blockers)?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::AfterSeize);
     let freeze_ms = ms_since(frozen_at);
     log::info!(

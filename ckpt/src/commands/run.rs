@@ -41,9 +41,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(code as u8));
     }
     if !a.pidns {
-        anyhow::bail!(
-            "ckpt run needs --pidns (running in a new PID namespace is its only mode)"
-        );
+        anyhow::bail!("ckpt run needs --pidns (running in a new PID namespace is its only mode)");
     }
     let me = std::env::current_exe().context("finding the ckpt executable")?;
     let mut args: Vec<OsString> = vec!["run".into(), "--pidns-init".into(), "--".into()];

@@ -49,10 +49,7 @@ pub fn spawn_init(program: &Path, args: &[OsString]) -> io::Result<Child> {
     // SAFETY: the hook runs between fork and exec and makes raw syscalls
     // only (unshare, mount, setsid, close_range): no allocation, no locks.
     unsafe {
-        std::os::unix::process::CommandExt::pre_exec(
-            &mut cmd,
-            sys::enter_private_proc_and_session,
-        );
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, sys::enter_private_proc_and_session);
     }
     let child = cmd.spawn()?;
     sys::forward_signals(&FORWARDED, child.id() as i32)?;
