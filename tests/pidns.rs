@@ -141,25 +141,140 @@ fn dump_of_namespace_init_records_namespace_pids() {
     );
 }
 
-/// Restoring such an image needs a fresh PID namespace, which this version
-/// does not create: refused by name, after a dump that killed the job.
+/// The pid of host process `host` in its own PID namespace (last NSpid).
+fn inner_pid(host: i32) -> i32 {
+    status_field(host, "NSpid")
+        .and_then(|v| v.split_whitespace().last()?.parse().ok())
+        .unwrap_or_else(|| panic!("no NSpid for pid {host}"))
+}
+
+/// Host pids of `host` and its descendants, parents first.
+fn host_tree_of(host: i32) -> Vec<i32> {
+    let mut out = vec![host];
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i];
+        let kids =
+            std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
+        out.extend(kids.split_whitespace().map(|k| k.parse::<i32>().unwrap()));
+        i += 1;
+    }
+    out
+}
+
+/// The host pid of the init a `ckpt restore` runs (its only child), once
+/// the restore reported it running with its `processes`.
+fn restored_init(restore: &CkptCmd, processes: usize) -> i32 {
+    let reported = || {
+        restore.stderr_now().lines().find_map(|l| {
+            l.strip_prefix("ckpt: restored pid ")?
+                .trim()
+                .parse::<i32>()
+                .ok()
+        })
+    };
+    assert!(
+        wait_until(RESULT_TIMEOUT, || reported().is_some()),
+        "restore {} reported no restored pid:\n{}",
+        restore.pid(),
+        restore.stderr_now()
+    );
+    let init = reported().unwrap();
+    let tree = host_tree_of(restore.pid());
+    assert_eq!(
+        tree.get(1),
+        Some(&init),
+        "the reported pid is the restore's child, the init"
+    );
+    assert_eq!(tree.len(), processes + 1, "restored tree {tree:?}");
+    init
+}
+
+/// The same image restored twice at once: each copy is a fresh PID
+/// namespace with the same pids inside (impossible in one namespace), a
+/// private /proc, and each passes the victim's checks from inside
+/// (getpid, getppid, session, group, thread id, pidfd).
 #[test]
-fn restore_of_namespace_image_is_refused_by_name() {
+fn namespace_restored_twice_at_once_with_the_same_pids() {
     let env = TestEnv::new("pidns-restore");
     let mut job = NsJob::start(&env, &victim_bin("pidns"), &[path_str(&env.work)]);
-    job.v.wait_ready();
-    let host = job.host_tree();
+    let [r, a, c, t] = ready_pids(&job.v.wait_ready());
     dump_tree(&env, job.init, &["--kill"]).assert_success();
     let status = job.v.wait_original_exit(RESULT_TIMEOUT);
     assert_eq!(status.code(), Some(128 + 9), "the init was killed");
+    let inside = vec![1, r, a, c];
+
+    let mut first = spawn_restore(&env, &[]);
+    wait_restored_and_running(&job.v, &mut first);
+    let init1 = restored_init(&first, 4);
+    let second = spawn_restore(&env, &[]);
+    let init2 = restored_init(&second, 4);
+    let tree1 = host_tree_of(init1);
+    let tree2 = host_tree_of(init2);
+    for tree in [&tree1, &tree2] {
+        let pids: Vec<i32> = tree.iter().map(|h| inner_pid(*h)).collect();
+        assert_eq!(pids, inside, "namespace pids of host pids {tree:?}");
+        assert_eq!(inner_pid(tree[1]), r);
+    }
     assert!(
-        wait_until(RESULT_TIMEOUT, || host.iter().all(|h| !pid_exists(*h))),
-        "the namespace's processes are gone"
+        tree1.iter().all(|h| !tree2.contains(h)),
+        "two copies, two sets of host pids: {tree1:?} {tree2:?}"
     );
-    let err = restore_expect_error(&env);
-    assert!(
-        err.contains("PID namespace") && err.contains("not supported yet"),
-        "restore should refuse the PID namespace by name: {err}"
+    let thread = format!("/proc/{}/task", tree2[1]);
+    let tids: Vec<i32> = std::fs::read_dir(&thread)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().parse().unwrap())
+        .filter(|tid| *tid != tree2[1])
+        .map(inner_pid)
+        .collect();
+    assert_eq!(tids, vec![t], "the thread's id inside");
+    // Each copy's /proc is its namespace's.
+    let proc_of = |init: i32| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(format!("/proc/{init}/root/proc"))
+            .unwrap()
+            .filter_map(|e| {
+                let n = e.unwrap().file_name().to_string_lossy().into_owned();
+                n.parse::<i32>().is_ok().then_some(n)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    for init in [init1, init2] {
+        assert_eq!(proc_of(init), ["1", "2", "3", "4"].map(String::from));
+    }
+
+    // The copies share the work dir: the second sees another one in its
+    // private mount namespace, so each reports on its own.
+    let other = env.root.join("work2");
+    std::fs::create_dir(&other).unwrap();
+    let mnt = format!("--mount=/proc/{init2}/ns/mnt");
+    let bind = std::process::Command::new("nsenter")
+        .args([
+            &mnt,
+            "mount",
+            "--bind",
+            path_str(&other),
+            path_str(&env.work),
+        ])
+        .status()
+        .expect("run nsenter");
+    assert!(bind.success(), "bind mount in the second copy: {bind}");
+
+    job.v.go();
+    finish_restore(&job.v, first);
+    write_atomic(&other.join("go"), "go");
+    let out = second.wait_with(RESULT_TIMEOUT, || job.v.diag());
+    assert_eq!(out.code(), 0, "second copy: {}", out.stderr);
+    assert_eq!(
+        read_to_string_lossy(&other.join("result")),
+        "PASS",
+        "second copy's checks"
+    );
+    assert_eq!(
+        Some(read_to_string_lossy(&other.join("incarnation.final"))),
+        job.v.incarnation,
+        "the second copy is the dumped process, restored"
     );
 }
 

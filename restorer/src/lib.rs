@@ -353,11 +353,17 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
     );
     let rebuild_started = Instant::now();
 
+    // Pids of a PID namespace's own come back in a fresh namespace, where
+    // every one is free.
+    let new_ns = m.pid_namespace.is_some();
+    if new_ns {
+        log::info!("rebuild: the tree's pids are a PID namespace's own: restoring into a new one");
+    }
     // Every pid and thread id must be free (they share the pid space).
-    for z in &zombies {
+    for z in zombies.iter().filter(|_| !new_ns) {
         pid::wait_free(z.pid, opts.pid_wait, opts.notice)?;
     }
-    for p in &procs {
+    for p in procs.iter().filter(|_| !new_ns) {
         if p.pid != root {
             pid::wait_free(p.pid, opts.pid_wait, opts.notice)?;
         }
@@ -369,10 +375,20 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
     // nothing created, and the processes attach what is already there.
     ipc::check_free(&sysv)?;
     let created = ipc::create(&images, &sysv)?;
-    let child = spawn(root, opts)?;
+    let _pidfd = if new_ns {
+        Some(RestorerPidfd::new(&procs)?)
+    } else {
+        None
+    };
+    let child = if new_ns {
+        spawn_in_new_pidns(root)?
+    } else {
+        spawn(root, opts)?
+    };
+    let host_root = child.pid;
     let mut fds = fd::Context::new(&images, &files, &opts.files);
     *fds.state::<shmem::Objects>() = objects;
-    match build_tree(&procs, &zombies, &pages, &mut fds, opts)
+    match build_tree(host_root, &procs, &zombies, &pages, &mut fds, opts)
         .and_then(|built| ipc::remove_marked(&sysv).map(|()| built))
     {
         Ok((tracees, session)) => {
@@ -406,7 +422,7 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
                 }
             }
             Ok(Stopped {
-                root,
+                root: host_root,
                 tracees,
                 child,
                 rebound,
@@ -416,7 +432,9 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
         }
         Err(e) => {
             // Kill while still stopped: a half-built process must never run.
-            for p in procs.iter().rev() {
+            // In a new namespace the image's pids are not the host's: the
+            // child guard kills its init, which ends every process in it.
+            for p in procs.iter().rev().filter(|_| !new_ns) {
                 let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
             }
             Err(e)
@@ -459,6 +477,7 @@ fn check_tree(
 /// Creates every process of the tree (each forked by its restored parent,
 /// so parenthood, sessions and groups come out right), then rebuilds each.
 fn build_tree(
+    host_root: i32,
     procs: &[ProcessImages],
     zombies: &[Zombie],
     pages: &[memmap2::Mmap],
@@ -466,7 +485,7 @@ fn build_tree(
     opts: &RestoreOptions<'_>,
 ) -> Result<(Vec<Tracee>, task::SessionOrigin)> {
     let images = fds.images;
-    let root = Tracee::adopt_stopped_child(procs[0].pid)?;
+    let root = Tracee::adopt_stopped_child(host_root)?;
     // Nothing may be delivered until the very end; children inherit this.
     root.set_sigmask(!0)?;
     let child_maps = mm::read_maps(root.pid())?;
@@ -572,14 +591,6 @@ fn check_compatible(images: &ImageDir) -> Result<()> {
         dir: images.path().into(),
         what,
     };
-    // Its pids are a namespace's own: restoring them needs a fresh PID
-    // namespace, which this version does not create yet.
-    if let Some(ns) = &m.pid_namespace {
-        return Err(incompatible(format!(
-            "a PID namespace (its root was PID 1 there, host pid {}, ckpt run --pidns): restoring into a new PID namespace is not supported yet",
-            ns.root_host_pid
-        )));
-    }
     if m.arch != std::env::consts::ARCH {
         return Err(incompatible(format!(
             "dumped on {}, this is {}",
@@ -678,6 +689,61 @@ impl Drop for ChildGuard {
             let _ = kill(p, Signal::SIGKILL);
             let _ = waitpid(p, Some(WaitPidFlag::__WALL));
         }
+    }
+}
+
+/// The restorer's pidfd, inherited by the processes of a tree restored into
+/// a new PID namespace (see [`fd::RESTORER_PIDFD`]), while it lives.
+struct RestorerPidfd {
+    _fd: std::os::fd::OwnedFd,
+}
+
+impl RestorerPidfd {
+    /// Above every fd number of the tree, so no fd restored replaces it
+    /// before the last process has taken what it needs.
+    fn new(procs: &[ProcessImages]) -> Result<RestorerPidfd> {
+        use std::os::fd::AsRawFd;
+        let above = procs
+            .iter()
+            .flat_map(|p| p.fds.fds.iter().map(|f| f.fd))
+            .max()
+            .map_or(0, |m| m.saturating_add(1));
+        let fd = sys::own_pidfd_at_least(above)
+            .map_err(|e| RestoreError::os(std::process::id() as i32, "pidfd of the restorer", e))?;
+        fd::RESTORER_PIDFD.store(fd.as_raw_fd(), std::sync::atomic::Ordering::Relaxed);
+        Ok(RestorerPidfd { _fd: fd })
+    }
+}
+
+impl Drop for RestorerPidfd {
+    fn drop(&mut self) {
+        fd::RESTORER_PIDFD.store(fd::NO_PIDFD, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Creates the root as PID 1 of a new PID namespace (`root` is its pid in
+/// the image, which must be 1), stopped and traced by us.
+fn spawn_in_new_pidns(root: i32) -> Result<ChildGuard> {
+    const NS_INIT_PID: i32 = 1;
+    if root != NS_INIT_PID {
+        return Err(RestoreError::Host {
+            pid: root,
+            what: "the image's PID namespace root is not pid 1".into(),
+        });
+    }
+    let got = sys::fork_stopped_in_new_pidns()
+        .map_err(|e| RestoreError::os(root, "clone3 with CLONE_NEWPID", e))?;
+    let guard = ChildGuard {
+        pid: got,
+        armed: true.into(),
+    };
+    match waitpid(Pid::from_raw(got), Some(WaitPidFlag::__WALL)) {
+        Ok(WaitStatus::Stopped(_, Signal::SIGSTOP)) => Ok(guard),
+        other => Err(RestoreError::os(
+            root,
+            format!("new PID namespace's init did not stop as expected: {other:?}"),
+            std::io::Error::other("unexpected child state"),
+        )),
     }
 }
 

@@ -55,3 +55,19 @@ pub fn wait_free(pid: i32, wait: Duration, notice: &dyn Fn(&str)) -> Result<()> 
         }
     }
 }
+
+/// The pid host process (or thread) `host` has in its own PID namespace:
+/// the last NSpid entry of its status (itself in ckpt's namespace).
+pub fn inner(host: i32) -> Result<i32> {
+    let path = format!("/proc/{host}/status");
+    let status =
+        std::fs::read_to_string(&path).map_err(|e| RestoreError::os(host, "read status", e))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|v| v.split_whitespace().last()?.parse().ok())
+        .ok_or_else(|| RestoreError::Host {
+            pid: host,
+            what: format!("no NSpid in {path}"),
+        })
+}

@@ -603,3 +603,123 @@ pub fn shm_lock(id: i32) -> std::io::Result<()> {
     let r = unsafe { libc::shmctl(id, libc::SHM_LOCK, std::ptr::null_mut()) };
     check_ret(r as libc::c_long).map(drop)
 }
+
+/// Creates a child as PID 1 of a new PID namespace, in a new mount
+/// namespace (a slave of ours) whose /proc is that PID namespace's, traced and stopped
+/// (SIGSTOP) by this process before it runs any code of ours. It cannot
+/// stop itself as [`fork_stopped_with_pid`]'s child does: a namespace's init
+/// ignores the signals it sends itself, SIGSTOP included, so once its /proc
+/// is mounted it says so through a pipe and waits in a loop of raw
+/// syscalls for `PTRACE_ATTACH` from here (a signal from the parent
+/// namespace reaches it).
+pub fn fork_stopped_in_new_pidns() -> std::io::Result<i32> {
+    let mut ready = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 writes two fds into the array it is given.
+    check(unsafe { libc::pipe2(ready.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    let [ready_r, ready_w] = ready;
+    let args = CloneArgs {
+        flags: (libc::CLONE_NEWPID | libc::CLONE_NEWNS) as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        ..Default::default()
+    };
+    // SAFETY: as in fork_stopped_with_pid: a fork-like clone3 whose child
+    // runs raw syscalls only.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    match r {
+        0 => {
+            // SAFETY: in the child: raw syscalls on static strings only;
+            // _exit if /proc cannot be made the namespace's, and otherwise
+            // yield until the parent attaches and takes over.
+            unsafe {
+                let private = libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_SLAVE,
+                    std::ptr::null(),
+                );
+                let proc = libc::mount(
+                    c"proc".as_ptr(),
+                    c"/proc".as_ptr(),
+                    c"proc".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    std::ptr::null(),
+                );
+                if private < 0 || proc < 0 {
+                    libc::_exit(126);
+                }
+                libc::close(ready_r);
+                let byte = 1u8;
+                libc::write(ready_w, (&byte as *const u8).cast(), 1);
+                libc::close(ready_w);
+                loop {
+                    libc::syscall(libc::SYS_sched_yield);
+                }
+            }
+        }
+        r if r < 0 => {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: our own fds, closed once.
+            unsafe {
+                libc::close(ready_r);
+                libc::close(ready_w);
+            }
+            Err(e)
+        }
+        r => {
+            let pid = r as i32;
+            let mut byte = 0u8;
+            // SAFETY: our own fds; read writes at most one byte into `byte`.
+            // EOF (the child died before mounting /proc) leaves it 0.
+            let got = unsafe {
+                libc::close(ready_w);
+                let n = libc::read(ready_r, (&mut byte as *mut u8).cast(), 1);
+                libc::close(ready_r);
+                n
+            };
+            // SAFETY: integer arguments only.
+            if got != 1 || unsafe { libc::ptrace(libc::PTRACE_ATTACH, pid, 0, 0) } < 0 {
+                let e = if got != 1 {
+                    std::io::Error::other("the new namespace's init could not mount its /proc")
+                } else {
+                    std::io::Error::last_os_error()
+                };
+                // SAFETY: integer arguments only; our own child.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, std::ptr::null_mut(), 0);
+                }
+                return Err(e);
+            }
+            Ok(pid)
+        }
+    }
+}
+
+/// A pidfd of this process at an fd number of at least `min`, which the
+/// processes it forks inherit (`pidfd_getfd` from inside a new PID
+/// namespace, where this process has no pid).
+pub fn own_pidfd_at_least(min: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: integer arguments only.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
+    if pidfd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pidfd is ours; F_DUPFD makes a new fd nothing else owns.
+    let moved = unsafe { libc::fcntl(pidfd as i32, libc::F_DUPFD, min) };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: pidfd is ours and closed once.
+    unsafe { libc::close(pidfd as i32) };
+    if moved < 0 {
+        return Err(err);
+    }
+    // SAFETY: a new fd that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(moved) })
+}

@@ -284,7 +284,9 @@ pub fn restore_creds(r: &Remote<'_>, core: &Core) -> Result<()> {
 /// `r` runs in (queuing to oneself is allowed for any si_code). The mask is
 /// still all-blocked here, so nothing is delivered before the process runs.
 pub fn queue_pending(r: &Remote<'_>, tgid: i32, pending: &[PendingSignal]) -> Result<()> {
-    let tid = r.t.pid() as u64;
+    // The syscalls run inside the process: its own namespace's ids.
+    let tid = crate::pid::inner(r.t.pid())? as u64;
+    let tgid_inside = crate::pid::inner(tgid)?;
     for p in pending {
         if p.siginfo.len() != ckpt_parasite::SIGINFO_SIZE {
             return Err(RestoreError::Image(ckpt_image::ImageError::Invalid {
@@ -298,13 +300,13 @@ pub fn queue_pending(r: &Remote<'_>, tgid: i32, pending: &[PendingSignal]) -> Re
             r.call(
                 "rt_sigqueueinfo",
                 libc::SYS_rt_sigqueueinfo,
-                [tgid as u64, signo, info, 0, 0, 0],
+                [tgid_inside as u64, signo, info, 0, 0, 0],
             )?;
         } else {
             r.call(
                 "rt_tgsigqueueinfo",
                 libc::SYS_rt_tgsigqueueinfo,
-                [tgid as u64, tid, signo, info, 0, 0],
+                [tgid_inside as u64, tid, signo, info, 0, 0],
             )?;
         }
     }

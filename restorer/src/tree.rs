@@ -18,7 +18,8 @@ pub fn fork_child(r: &Remote<'_>, pid: i32) -> Result<Tracee> {
     // tls, set_tid, set_tid_size: a plain fork with the given pid.
     let args = r.put_u64s(0, &[0, 0, 0, 0, libc::SIGCHLD as u64, 0, 0, 0, set_tid, 1])?;
     let child = r.t.clone_at(r.base, args, CLONE_ARGS_SIZE)?;
-    if child.pid() != pid {
+    // In a new PID namespace the host pid differs; set_tid set the inner one.
+    if crate::pid::inner(child.pid())? != pid {
         return Err(RestoreError::Host {
             pid,
             what: format!("child came back as pid {}", child.pid()),

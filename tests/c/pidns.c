@@ -3,7 +3,8 @@
  * the namespace, under ckpt's init). It forks A, A forks C, and the root
  * starts a thread; all check from inside the pids they see: their own
  * (getpid, gettid), their parent's, their session and group (the init's,
- * 1), and the root holds a pidfd of A. Ready content: "R A C T" (the
+ * 1), and the root holds a pidfd of A and the read end of a pipe A wrote
+ * into (its bytes in flight across the dump). Ready content: "R A C T" (the
  * namespace pids of root, A, C and the thread). After go each checks the
  * same numbers again, children exit and are reaped through the links.
  */
@@ -16,6 +17,8 @@
 /* What `ckpt run --pidns` gives its command. */
 #define INIT_PID 1
 #define CMD_PID 2
+
+static const char pipe_msg[] = "through the namespace";
 
 static pid_t thread_tid;
 static volatile int thread_failed = -1;
@@ -59,14 +62,14 @@ static void *thread_main(void *arg)
 int main(int argc, char **argv)
 {
 	pid_t root = getpid(), a, c = 0;
-	int cpipe[2];
+	int cpipe[2], data[2];
 	char ready[128];
 	pthread_t th;
 
 	victim_init(argc, argv);
 	if (root != CMD_PID || getppid() != INIT_PID)
 		die("not the command of ckpt run --pidns (pid/ppid not 2/1)");
-	if (pipe2(cpipe, O_CLOEXEC) != 0)
+	if (pipe2(cpipe, O_CLOEXEC) != 0 || pipe2(data, O_CLOEXEC) != 0)
 		die("pipe");
 	a = fork();
 	if (a < 0)
@@ -74,6 +77,9 @@ int main(int argc, char **argv)
 	if (a == 0) {
 		pid_t me = getpid();
 		close(cpipe[0]);
+		close(data[0]);
+		/* A keeps the write end: both ends stay in the tree. */
+		victim_write_all(data[1], pipe_msg, sizeof(pipe_msg));
 		c = fork();
 		if (c == 0) {
 			close(cpipe[1]);
@@ -84,6 +90,7 @@ int main(int argc, char **argv)
 		child('A', root, c);
 	}
 	close(cpipe[1]);
+	close(data[1]);
 	if (read(cpipe[0], &c, sizeof(c)) != sizeof(c))
 		die("read C's pid");
 	close(cpipe[0]);
@@ -98,6 +105,10 @@ int main(int argc, char **argv)
 	victim_ready_and_wait(ready);
 
 	check_ids('R', root, INIT_PID);
+	char got[sizeof(pipe_msg) + 1] = {0};
+	CHECK(read(data[0], got, sizeof(got)) == (ssize_t)sizeof(pipe_msg) &&
+		      memcmp(got, pipe_msg, sizeof(pipe_msg)) == 0,
+	      "pipe from A: got \"%s\"", got);
 	CHECK(pthread_join(th, NULL) == 0, "pthread_join");
 	CHECK(thread_failed == 0, "thread: gettid changed (was %d)", thread_tid);
 	/* The pidfd still names A: waitid through it reaps A. */

@@ -485,6 +485,18 @@ fn install<K: FileRestorer>(
 /// (pidfd_open + pidfd_getfd, run inside it): the same open file
 /// description, offset included.
 pub fn take_from(r: &Remote<'_>, owner: i32, fd: i32) -> Result<i32> {
+    let inherited = RESTORER_PIDFD.load(std::sync::atomic::Ordering::Relaxed);
+    if owner == std::process::id() as i32 && inherited != NO_PIDFD {
+        // The restorer has no pid in the tree's new PID namespace: its
+        // pidfd, inherited over the forks, names it.
+        return Ok(r.call(
+            "pidfd_getfd",
+            libc::SYS_pidfd_getfd,
+            [inherited as u64, fd as u64, 0, 0, 0, 0],
+        )? as i32);
+    }
+    // The call runs inside the process: the owner's pid as it sees it.
+    let owner = crate::pid::inner(owner)?;
     let pidfd = r.call(
         "pidfd_open",
         libc::SYS_pidfd_open,
@@ -498,6 +510,16 @@ pub fn take_from(r: &Remote<'_>, owner: i32, fd: i32) -> Result<i32> {
     r.close(pidfd)?;
     Ok(got? as i32)
 }
+
+/// No inherited pidfd of the restorer ([`RESTORER_PIDFD`]).
+pub const NO_PIDFD: i32 = -1;
+
+/// While a tree is restored into a new PID namespace: the fd number at
+/// which its processes inherited a pidfd of the restorer (closed with the
+/// other inherited fds by [`restore`]), else [`NO_PIDFD`]. One restore
+/// into a new namespace at a time per restoring process.
+pub static RESTORER_PIDFD: std::sync::atomic::AtomicI32 =
+    std::sync::atomic::AtomicI32::new(NO_PIDFD);
 
 /// Sets the file status flags (`F_SETFL`) of `fd`: they belong to the
 /// description, so a description made by ckpt gets the dumped ones.

@@ -25,7 +25,8 @@ pub fn unshare_pid_namespace() -> io::Result<()> {
 }
 
 /// In a freshly forked child, before exec: a new mount namespace whose
-/// mounts no longer propagate to the host, with a /proc of the child's PID
+/// mounts do not propagate back to the host (a slave: the host's still
+/// arrive), with a /proc of the child's PID
 /// namespace on /proc; a new session; every fd above 2 closed. Only raw
 /// syscalls, no allocation (it runs between fork and exec).
 pub fn enter_private_proc_and_session() -> io::Result<()> {
@@ -38,7 +39,7 @@ pub fn enter_private_proc_and_session() -> io::Result<()> {
             std::ptr::null(),
             c"/".as_ptr(),
             std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
+            libc::MS_REC | libc::MS_SLAVE,
             std::ptr::null(),
         )
     })?;
