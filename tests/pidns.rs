@@ -115,6 +115,11 @@ fn dump_of_namespace_init_records_namespace_pids() {
     let pidfds = fds_of_kind(&show, "pidfd");
     assert_eq!(pidfds.len(), 1, "{pidfds:?}");
     assert_eq!(pidfds[0]["object"], format!("pidfd of pid {a}"));
+    assert_eq!(
+        fds_of_kind(&show, "pipe").len(),
+        3,
+        "the pipe from A to the root: its read end, the write end in A and C (inherited)"
+    );
     let names: Vec<String> = show["files"]
         .as_array()
         .unwrap()
