@@ -1,7 +1,8 @@
 //! PID namespaces: `ckpt run --pidns` starts a job as PID 2 of a namespace
-//! of its own under ckpt's init, and a dump of that init records the
-//! namespace's pids (victim: tests/c/pidns.c, which checks its pids from
-//! inside). What does not fit is refused by name.
+//! of its own under ckpt's init, a dump of that init records the
+//! namespace's pids, and a restore brings them back in a fresh namespace,
+//! twice at once from one image (victim: tests/c/pidns.c, which checks its
+//! pids from inside). What does not fit is refused by name.
 
 mod common;
 
@@ -42,18 +43,23 @@ impl NsJob {
         NsJob { v, init }
     }
 
-    /// The host pids of the init's descendants, parents first.
+    /// The host pids of the init and its descendants, parents first.
     fn host_tree(&self) -> Vec<i32> {
-        let mut out = vec![self.init];
-        let mut i = 0;
-        while i < out.len() {
-            let p = out[i];
-            let kids =
-                std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
-            out.extend(kids.split_whitespace().map(|k| k.parse::<i32>().unwrap()));
-            i += 1;
+        host_tree_of(self.init)
+    }
+}
+
+/// Host pids of restored namespace inits, killed (with their namespaces)
+/// when the test ends, passed or not: a restore command killed on a
+/// failure leaves its tree running otherwise.
+#[derive(Default)]
+struct Inits(Vec<i32>);
+
+impl Drop for Inits {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
         }
-        out
     }
 }
 
@@ -169,7 +175,7 @@ fn host_tree_of(host: i32) -> Vec<i32> {
 
 /// The host pid of the init a `ckpt restore` runs (its only child), once
 /// the restore reported it running with its `processes`.
-fn restored_init(restore: &CkptCmd, processes: usize) -> i32 {
+fn restored_init(restore: &CkptCmd, processes: usize, inits: &mut Inits) -> i32 {
     let reported = || {
         restore.stderr_now().lines().find_map(|l| {
             l.strip_prefix("ckpt: restored pid ")?
@@ -185,6 +191,7 @@ fn restored_init(restore: &CkptCmd, processes: usize) -> i32 {
         restore.stderr_now()
     );
     let init = reported().unwrap();
+    inits.0.push(init);
     let tree = host_tree_of(restore.pid());
     assert_eq!(
         tree.get(1),
@@ -209,11 +216,12 @@ fn namespace_restored_twice_at_once_with_the_same_pids() {
     assert_eq!(status.code(), Some(128 + 9), "the init was killed");
     let inside = vec![1, r, a, c];
 
+    let mut inits = Inits::default();
     let mut first = spawn_restore(&env, &[]);
     wait_restored_and_running(&job.v, &mut first);
-    let init1 = restored_init(&first, 4);
+    let init1 = restored_init(&first, 4, &mut inits);
     let second = spawn_restore(&env, &[]);
-    let init2 = restored_init(&second, 4);
+    let init2 = restored_init(&second, 4, &mut inits);
     let tree1 = host_tree_of(init1);
     let tree2 = host_tree_of(init2);
     for tree in [&tree1, &tree2] {
