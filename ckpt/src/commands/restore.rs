@@ -197,7 +197,7 @@ fn rebound_notice(r: &Rebound) -> String {
 
 /// Writes `pid` to `path` atomically (a temporary file renamed over it), so
 /// a reader never sees a partial pid, and never through a symlink.
-fn write_pidfile(path: &std::path::Path, pid: i32) -> anyhow::Result<()> {
+pub(crate) fn write_pidfile(path: &std::path::Path, pid: i32) -> anyhow::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));

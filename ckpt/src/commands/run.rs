@@ -50,9 +50,8 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
         .context("starting the init of a new PID namespace")?;
     log::info!("run: pid namespace init is host pid {}", init.id());
     if let Some(path) = &a.pidfile {
-        let written = std::fs::write(path, format!("{}\n", init.id()))
-            .with_context(|| format!("writing {}", path.display()));
-        if let Err(e) = written {
+        // Atomically and never through a symbolic link, as restore's.
+        if let Err(e) = super::restore::write_pidfile(path, init.id() as i32) {
             let _ = init.kill();
             let _ = init.wait();
             return Err(e);
