@@ -339,3 +339,64 @@ fn dump_of_tree_spanning_namespaces_is_refused() {
     assert!(!env.img.exists(), "failed dump left {}", env.img.display());
     assert!(pid_exists(sleep), "the job runs on");
 }
+
+/// `ckpt run`'s init reaps what is orphaned in its namespace, and a signal
+/// to `ckpt run` reaches the command, whose exit status `ckpt run` exits
+/// with.
+#[test]
+fn run_reaps_orphans_and_forwards_signals() {
+    let env = TestEnv::new("pidns-run");
+    // The subshell's sleep is orphaned at once and ends after 1 s: the
+    // init must reap it. The command answers SIGTERM with status 7.
+    let script = "(sleep 1 &); trap 'exit 7' TERM; touch ready; \
+                  while :; do sleep 0.05; done";
+    let mut job = NsJob::start(
+        &env,
+        std::path::Path::new("/bin/sh"),
+        &["-c", &format!("cd {} && {script}", path_str(&env.work))],
+    );
+    assert!(
+        wait_for_file(&env.work.join("ready"), READY_TIMEOUT),
+        "{}",
+        job.v.diag()
+    );
+    // The orphan's subshell is gone by ready: the orphan is the init's
+    // child next to the command.
+    let init_children = |init: i32| -> Vec<i32> {
+        std::fs::read_to_string(format!("/proc/{init}/task/{init}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(|k| k.parse().unwrap())
+            .collect()
+    };
+    let mut orphan = None;
+    assert!(
+        wait_until(READY_TIMEOUT, || {
+            orphan = init_children(job.init)
+                .into_iter()
+                .find(|p| inner_pid(*p) != 2);
+            orphan.is_some()
+        }),
+        "no orphan under the init: {:?}",
+        job.host_tree()
+    );
+    let orphan = orphan.unwrap();
+    // A zombie would still be listed in /proc: reaped means gone.
+    assert!(
+        wait_until(RESULT_TIMEOUT, || !pid_exists(orphan)),
+        "orphan {orphan} not reaped (state {:?})",
+        proc_state(orphan)
+    );
+    assert_eq!(
+        inner_pid(init_children(job.init)[0]),
+        2,
+        "the command is still PID 2"
+    );
+    job.v.send(Signal::SIGTERM);
+    let status = job.v.wait_original_exit(RESULT_TIMEOUT);
+    assert_eq!(
+        status.code(),
+        Some(7),
+        "ckpt run exits with the command's status"
+    );
+}
