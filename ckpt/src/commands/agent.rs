@@ -10,9 +10,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use ckpt_coord::Secret;
 use ckpt_coord::client::{Agent, AgentOptions, ClientError, Directive, Step};
 use ckpt_coord::protocol::{Intent, Phase, PhaseInfo};
-use ckpt_coord::Secret;
 
 /// Where the root coordinator keeps the job secret unless told otherwise
 /// (`ckpt coord --state-dir`'s default).
@@ -81,10 +81,7 @@ impl Session {
             .clone()
             .unwrap_or_else(|| Path::new(DEFAULT_STATE_DIR).join(format!("{job}.secret")));
         let secret = Secret::load_client(&path).with_context(|| {
-            format!(
-                "node {node}: reading job {job}'s secret {}",
-                path.display()
-            )
+            format!("node {node}: reading job {job}'s secret {}", path.display())
         })?;
         let opts = AgentOptions::new(addr, job, secret, &node).intent(intent);
         let agent = Agent::connect_with(&opts)
@@ -128,10 +125,8 @@ impl Session {
                 self.epoch = Some(s.epoch);
                 let got = s.phase;
                 let want: Vec<String> = phases.iter().map(Phase::to_string).collect();
-                let e = anyhow::anyhow!(
-                    "coordinator started {got}, expected {}",
-                    want.join(" or ")
-                );
+                let e =
+                    anyhow::anyhow!("coordinator started {got}, expected {}", want.join(" or "));
                 // A coordinator out of step with us cannot be followed: make
                 // it abort the epoch for everyone.
                 self.fail(&e);

@@ -271,8 +271,8 @@ fn coordinated_phases(
 /// What the coordinator records of this node's images: their directory and
 /// the crc32c of their manifest.
 fn dump_info(dir: &std::path::Path) -> anyhow::Result<PhaseInfo> {
-    let image_dir = std::path::absolute(dir)
-        .with_context(|| format!("{}: absolute path", dir.display()))?;
+    let image_dir =
+        std::path::absolute(dir).with_context(|| format!("{}: absolute path", dir.display()))?;
     let manifest = image_dir.join(ckpt_image::MANIFEST_NAME);
     let bytes =
         std::fs::read(&manifest).with_context(|| format!("reading {}", manifest.display()))?;
