@@ -424,3 +424,48 @@ fn wrong_secret_is_refused() {
     assert!(coord.status(&a.env).contains("registered     0/2"));
     va.assert_unharmed_and_passes("refused agent's tree");
 }
+
+/// A restart in which one node lacks its part of the committed epoch: that
+/// node refuses, the round aborts, and the other node's tree never runs
+/// (rebuilt and held stopped when the abort comes, then killed).
+#[test]
+fn restart_without_a_nodes_images_aborts_and_kills_the_rebuilt_tree() {
+    let a = Node::new("coord-restart-abort", "a");
+    let b = Node::new("coord-restart-abort", "b");
+    let coord = Coord::start(&a.env);
+    let mut va = Victim::spawn(&a.env, "counter", &[]);
+    let mut vb = Victim::spawn(&b.env, "counter", &[]);
+    va.wait_ready();
+    vb.wait_ready();
+    let da = a.dump(&coord, &va, &["--kill"], &[]);
+    let db = b.dump(&coord, &vb, &["--kill"], &[]);
+    da.wait_with(ROUND_TIMEOUT, || va.diag()).assert_success();
+    db.wait_with(ROUND_TIMEOUT, || vb.diag()).assert_success();
+    va.reap_killed(Duration::from_secs(10));
+    vb.reap_killed(Duration::from_secs(10));
+
+    // Node b lost its images.
+    fs::remove_dir_all(b.epoch_dir(1)).expect("remove b's images");
+    va.clear_protocol_files();
+    let ra = a.restore(&coord);
+    let rb = b.restore(&coord);
+    let ob = rb.wait(ROUND_TIMEOUT);
+    let oa = ra.wait(ROUND_TIMEOUT);
+    let eb = assert_aborted(
+        &ob,
+        2,
+        "b",
+        "epoch 1 (the last committed) is not on this node",
+    );
+    assert!(eb.contains(path_str(&b.epoch_dir(1))), "{eb}");
+    assert_aborted(&oa, 2, "b", "RESTORE");
+    assert!(
+        wait_until(Duration::from_secs(5), || victim_gone(
+            va.pid, &va.bin, &va.work
+        )),
+        "node a's rebuilt tree (pid {}) survived the abort",
+        va.pid
+    );
+    assert!(va.result().is_none(), "node a's tree ran: {}", va.diag());
+    assert!(coord.status(&a.env).contains("last committed epoch 1"));
+}
