@@ -469,3 +469,58 @@ fn restart_without_a_nodes_images_aborts_and_kills_the_rebuilt_tree() {
     assert!(va.result().is_none(), "node a's tree ran: {}", va.diag());
     assert!(coord.status(&a.env).contains("last committed epoch 1"));
 }
+
+/// `ckpt coord trigger --kill` stops every tree after the commit, even
+/// agents without `--kill` (either side may end the job once its checkpoint
+/// is the valid one).
+#[test]
+fn trigger_kill_ends_every_tree_after_the_commit() {
+    let a = Node::new("coord-trigger-kill", "a");
+    let b = Node::new("coord-trigger-kill", "b");
+    let coord = Coord::start(&a.env);
+    let mut va = Victim::spawn(&a.env, "counter", &[]);
+    let mut vb = Victim::spawn(&b.env, "counter", &[]);
+    va.wait_ready();
+    vb.wait_ready();
+
+    // The trigger waits for both nodes; it is pending before they come.
+    let trigger = CkptCmd::spawn(
+        &a.env,
+        &[
+            "coord",
+            "trigger",
+            "--connect",
+            &coord.addr,
+            "--job",
+            JOB,
+            "--secret-file",
+            path_str(&coord.secret),
+            "--kill",
+        ],
+    );
+    let coord_log = coord.cmd.as_ref().expect("coordinator runs");
+    assert!(
+        wait_until(READY_TIMEOUT, || coord_log
+            .stderr_now()
+            .contains("trigger Checkpoint { then: Kill }")),
+        "the coordinator never saw the trigger: {}",
+        coord_log.stderr_now()
+    );
+    let da = a.dump(&coord, &va, &[], &[]);
+    let db = b.dump(&coord, &vb, &[], &[]);
+    let oa = da.wait_with(ROUND_TIMEOUT, || va.diag());
+    db.wait_with(ROUND_TIMEOUT, || vb.diag()).assert_success();
+    oa.assert_success();
+    assert!(
+        oa.stderr.contains("epoch 1 committed, killed"),
+        "{}",
+        oa.stderr
+    );
+    let t = trigger.wait(ROUND_TIMEOUT);
+    t.assert_success();
+    assert!(t.stdout.contains("epoch 1 committed"), "{}", t.stdout);
+    va.reap_killed(Duration::from_secs(10));
+    vb.reap_killed(Duration::from_secs(10));
+    assert_images(&a.epoch_dir(1), va.pid);
+    assert_images(&b.epoch_dir(1), vb.pid);
+}

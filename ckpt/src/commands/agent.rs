@@ -137,11 +137,16 @@ impl Session {
                 phase,
                 node,
                 reason,
-            } => Err(anyhow::anyhow!(
-                "node {}: epoch {epoch} aborted in {phase}: node {node} failed: {reason}",
-                self.node
-            )),
+            } => Err(self.aborted(epoch, phase, &node, &reason)),
         }
+    }
+
+    /// The epoch was aborted because `node` failed (possibly this one).
+    fn aborted(&self, epoch: u64, phase: Phase, node: &str, reason: &str) -> anyhow::Error {
+        anyhow::anyhow!(
+            "node {}: epoch {epoch} aborted in {phase}: node {node} failed: {reason}",
+            self.node
+        )
     }
 
     /// An error of the coordinator link (lost, refused, aborted) with where
@@ -153,10 +158,7 @@ impl Session {
                 phase,
                 node,
                 reason,
-            } => anyhow::anyhow!(
-                "node {}: epoch {epoch} aborted in {phase}: node {node} failed: {reason}",
-                self.node
-            ),
+            } => self.aborted(epoch, phase, &node, &reason),
             // The client's own errors already name this node.
             e => match self.epoch {
                 Some(ep) => anyhow::Error::new(e).context(format!("epoch {ep}: {}", self.phase)),
