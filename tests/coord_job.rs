@@ -302,12 +302,13 @@ fn undumpable_tree_aborts_the_epoch_everywhere() {
     vb.assert_unharmed_and_passes("node b's epoch 1 tree");
 }
 
-/// An agent SIGKILLed while it holds its tree frozen (FREEZE): the epoch
-/// aborts, the other node thaws its tree, both trees run on.
-#[test]
-fn agent_killed_in_freeze_aborts_the_epoch() {
-    let a = Node::new("coord-agent-killed", "a");
-    let b = Node::new("coord-agent-killed", "b");
+/// Agent a is SIGKILLed at the fault point `point` (paused there) while it
+/// holds its tree frozen in `phase`: the epoch aborts naming it, node b
+/// thaws its tree, both trees run on, no node has `epoch-1`.
+fn agent_killed_at(point: &str, phase: &str) {
+    let test = format!("coord-agent-killed-{phase}");
+    let a = Node::new(&test, "a");
+    let b = Node::new(&test, "b");
     let coord = Coord::start(&a.env);
     let mut va = Victim::spawn(&a.env, "counter", &[]);
     let mut vb = Victim::spawn(&b.env, "counter", &[]);
@@ -316,15 +317,16 @@ fn agent_killed_in_freeze_aborts_the_epoch() {
 
     let gate = a.env.root.join("gate");
     let reached = a.env.root.join("gate.reached");
+    let pause = format!("pause:{point}");
     let fault = [
-        ("CKPT_FAULT", Path::new("pause:after-seize")),
+        ("CKPT_FAULT", Path::new(&pause)),
         ("CKPT_FAULT_GATE", gate.as_path()),
     ];
     let mut da = a.dump(&coord, &va, &["--kill"], &fault);
     let db = b.dump(&coord, &vb, &["--kill"], &[]);
     assert!(
         wait_for_file(&reached, ROUND_TIMEOUT),
-        "agent a never froze its tree: {}",
+        "agent a never reached {point}: {}",
         da.stderr_now()
     );
     assert_eq!(tracer_pid(va.pid), Some(da.pid()), "a's tree is frozen");
@@ -334,9 +336,12 @@ fn agent_killed_in_freeze_aborts_the_epoch() {
     )
     .expect("kill agent a");
     let ob = db.wait_with(ROUND_TIMEOUT, || vb.diag());
-    assert_aborted(&ob, 1, "a", "FREEZE");
+    let eb = assert_aborted(&ob, 1, "a", phase);
+    assert!(eb.contains(&format!("aborted in {phase}")), "{eb}");
     let _ = da.try_status();
 
+    // A killed agent cleans nothing up: at most the engine's temporary
+    // directory is left, never `epoch-1` itself.
     a.assert_no_epoch(1, "agent a killed");
     b.assert_no_epoch(1, "agent a killed");
     assert!(
@@ -345,6 +350,16 @@ fn agent_killed_in_freeze_aborts_the_epoch() {
     );
     assert_thawed_and_passes(&mut va, "node a's tree, its agent killed");
     assert_thawed_and_passes(&mut vb, "node b's tree");
+}
+
+#[test]
+fn agent_killed_in_freeze_aborts_the_epoch() {
+    agent_killed_at("after-seize", "FREEZE");
+}
+
+#[test]
+fn agent_killed_in_dump_aborts_the_epoch() {
+    agent_killed_at("before-commit", "DUMP");
 }
 
 /// The coordinator SIGKILLed while the nodes are in DUMP: both agents exit
