@@ -24,7 +24,10 @@ fn read_file(env: &TestEnv, name: &str) -> String {
 }
 
 fn progress(env: &TestEnv) -> u64 {
-    read_file(env, "progress-server").trim().parse().unwrap_or(0)
+    read_file(env, "progress-server")
+        .trim()
+        .parse()
+        .unwrap_or(0)
 }
 
 #[test]
@@ -47,7 +50,17 @@ fn tcp_job_across_two_nodes_survives_a_coordinated_checkpoint() {
     let state_s = state.display().to_string();
     let mut coord = CkptCmd::spawn(
         &env,
-        &["coord", "--listen", &coord_addr, "--job", JOB, "--expect", "2", "--state-dir", &state_s],
+        &[
+            "coord",
+            "--listen",
+            &coord_addr,
+            "--job",
+            JOB,
+            "--expect",
+            "2",
+            "--state-dir",
+            &state_s,
+        ],
     );
     let secret = state.join(format!("{JOB}.secret"));
     assert!(
@@ -65,7 +78,10 @@ fn tcp_job_across_two_nodes_survives_a_coordinated_checkpoint() {
         &server_args.iter().map(String::as_str).collect::<Vec<_>>(),
     );
     assert!(
-        wait_until(Duration::from_secs(10), || env.work.join("listening-server").exists()),
+        wait_until(Duration::from_secs(10), || env
+            .work
+            .join("listening-server")
+            .exists()),
         "server did not listen"
     );
     let client_args = nodes.on(1, &[bin, "client", &work, &nodes.addrs[0], port, &rounds]);
@@ -82,16 +98,31 @@ fn tcp_job_across_two_nodes_survives_a_coordinated_checkpoint() {
 
     // Coordinated dump, one agent per node, inside its node.
     let agent = |i: usize, verb: &str, pid: Option<i32>| {
-        let dir = env.root.join(format!("node{}", i + 1)).display().to_string();
+        let dir = env
+            .root
+            .join(format!("node{}", i + 1))
+            .display()
+            .to_string();
         let node = format!("n{}", i + 1);
         let mut args: Vec<String> = vec![verb.into()];
         if let Some(pid) = pid {
-            args.extend(["--tree".into(), pid.to_string(), "--kill".into()]);
+            // The peer is on the other node: outside this node's tree.
+            args.extend(
+                ["--tree", &pid.to_string(), "--kill", "--tcp-established"].map(String::from),
+            );
         }
         args.extend(
             [
-                "--dir", &dir, "--coord", &coord_addr, "--job", JOB, "--node", &node,
-                "--secret-file", &secret_s,
+                "--dir",
+                &dir,
+                "--coord",
+                &coord_addr,
+                "--job",
+                JOB,
+                "--node",
+                &node,
+                "--secret-file",
+                &secret_s,
             ]
             .map(String::from),
         );
@@ -111,7 +142,10 @@ fn tcp_job_across_two_nodes_survives_a_coordinated_checkpoint() {
     client.reap_killed(Duration::from_secs(10));
     assert!(at_dump < ROUNDS, "the exchange had ended before the dump");
     assert!(
-        state.join(JOB).join("epoch-1.json").exists() || state.join("epoch-1.json").exists(),
+        state
+            .join(JOB)
+            .join(format!("epoch-{:016}.json", 1))
+            .exists(),
         "epoch 1 committed by the coordinator: {:?}",
         fs::read_dir(&state).map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
     );
@@ -120,8 +154,10 @@ fn tcp_job_across_two_nodes_survives_a_coordinated_checkpoint() {
     let r1 = agent(0, "restore", None);
     let r2 = agent(1, "restore", None);
     let (o1, o2) = (r1.wait(WAIT), r2.wait(WAIT));
-    let (server_result, client_result) =
-        (read_file(&env, "result-server"), read_file(&env, "result-client"));
+    let (server_result, client_result) = (
+        read_file(&env, "result-server"),
+        read_file(&env, "result-client"),
+    );
     assert!(
         o1.code() == 0 && o2.code() == 0,
         "restored job: server exit {} ({server_result}), client exit {} ({client_result})\n{}\n{}",

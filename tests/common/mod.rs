@@ -1292,7 +1292,13 @@ impl NetNodes {
             bridge: bridge.clone(),
         };
         ip(&["link", "add", &bridge, "type", "bridge"]);
-        ip(&["addr", "add", &format!("{}/24", nodes.host_addr), "dev", &bridge]);
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/24", nodes.host_addr),
+            "dev",
+            &bridge,
+        ]);
         ip(&["link", "set", &bridge, "up"]);
         for i in 1..=n {
             let name = format!("ckpt-{tag}-{short}-n{i}");
@@ -1300,10 +1306,20 @@ impl NetNodes {
             let addr = format!("{net}.{i}");
             ip(&["netns", "add", &name]);
             nodes.names.push(name.clone());
-            ip(&["link", "add", &outer, "type", "veth", "peer", "name", &inner]);
+            ip(&[
+                "link", "add", &outer, "type", "veth", "peer", "name", &inner,
+            ]);
             ip(&["link", "set", &outer, "master", &bridge, "up"]);
             ip(&["link", "set", &inner, "netns", &name]);
-            ip(&["-n", &name, "addr", "add", &format!("{addr}/24"), "dev", &inner]);
+            ip(&[
+                "-n",
+                &name,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                &inner,
+            ]);
             ip(&["-n", &name, "link", "set", &inner, "up"]);
             ip(&["-n", &name, "link", "set", "lo", "up"]);
             nodes.addrs.push(addr);
