@@ -90,6 +90,10 @@ pub struct ErrorReport {
     pub message: String,
     /// For a dump refused for several reasons: each of them.
     pub blockers: Vec<ckpt_dumper::Blocker>,
+    /// What the failing step was part of (the contexts around the dump
+    /// error, e.g. `node a: epoch 3: DUMP` of a coordinated dump), named in
+    /// the summary of a refused dump.
+    pub scope: Option<String>,
 }
 
 impl ErrorReport {
@@ -103,12 +107,16 @@ impl ErrorReport {
             path: None,
             message,
             blockers: Vec::new(),
+            scope: None,
         };
+        let mut outer = Vec::new();
         for cause in e.chain() {
             if let Some(d) = cause.downcast_ref::<DumpError>() {
                 r.classify_dump(d);
+                r.scope = (!outer.is_empty()).then(|| outer.join(": "));
                 break;
             }
+            outer.push(cause.to_string());
             if let Some(re) = cause.downcast_ref::<RestoreError>() {
                 r.classify_restore(re);
                 break;
@@ -135,6 +143,7 @@ impl ErrorReport {
             path: None,
             message,
             blockers: Vec::new(),
+            scope: None,
         }
     }
 
@@ -290,8 +299,12 @@ impl ErrorReport {
             let mut pids: Vec<i32> = self.blockers.iter().map(|b| b.pid).collect();
             pids.sort_unstable();
             pids.dedup();
+            let scope = self
+                .scope
+                .as_ref()
+                .map_or(String::new(), |s| format!("{s}: "));
             eprintln!(
-                "ckpt: error: dump refused: {} things cannot be saved, in {} process{}; the tree keeps running",
+                "ckpt: error: {scope}dump refused: {} things cannot be saved, in {} process{}; the tree keeps running",
                 self.blockers.len(),
                 pids.len(),
                 if pids.len() == 1 { "" } else { "es" }

@@ -191,10 +191,9 @@ pub enum Role {
 pub enum Intent {
     /// Wait for a `Trigger` from a control client.
     Standby,
-    /// Checkpoint as soon as every node is here, then resume (meant for a future
-    /// `ckpt dump --coord`, which does not exist yet).
+    /// Checkpoint as soon as every node is here, then resume (`ckpt dump --coord`).
     Checkpoint,
-    /// Restart as soon as every node is here (meant for a future `ckpt restore --coord`).
+    /// Restart as soon as every node is here (`ckpt restore --coord`).
     Restart,
 }
 

@@ -198,6 +198,9 @@ pub struct Stopped {
     stats: RestoreStats,
     /// The SysV IPC objects created for the tree, removed if it never runs.
     ipc: ipc::Created,
+    /// TCP connections to peers outside the tree, in repair mode until the
+    /// tree resumes (closed silently if it never does).
+    tcp: fd::OutsidePeers,
 }
 
 impl Stopped {
@@ -214,6 +217,13 @@ impl Stopped {
     /// Lets the tree run.
     pub fn resume(mut self) -> Result<Restored> {
         let started = Instant::now();
+        // Every peer's end exists by now (in a coordinated restart, on
+        // every node): connections may talk again.
+        let tcp = std::mem::take(&mut self.tcp);
+        if !tcp.is_empty() {
+            log::info!("resume: {} TCP connections leave repair mode", tcp.len());
+        }
+        tcp.release()?;
         // Children first, so no parent runs while a child is held.
         while let Some(t) = self.tracees.pop() {
             log::debug!("resume pid {}", t.pid());
@@ -428,6 +438,7 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
                 rebound,
                 stats,
                 ipc: created,
+                tcp: fds.take_state::<fd::OutsidePeers>(),
             })
         }
         Err(e) => {

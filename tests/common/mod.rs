@@ -844,11 +844,33 @@ impl CkptCmd {
     /// Like [`CkptCmd::spawn`] with extra environment variables (fault
     /// injection).
     pub fn spawn_with_env(env: &TestEnv, args: &[&str], vars: &[(&str, &Path)]) -> CkptCmd {
+        CkptCmd::spawn_in(env, None, args, vars)
+    }
+
+    /// Like [`CkptCmd::spawn`], run inside network namespace `netns` (`ip
+    /// netns exec`): a node of a [`NetNodes`] job.
+    pub fn spawn_in_netns(env: &TestEnv, netns: &str, args: &[&str]) -> CkptCmd {
+        CkptCmd::spawn_in(env, Some(netns), args, &[])
+    }
+
+    fn spawn_in(
+        env: &TestEnv,
+        netns: Option<&str>,
+        args: &[&str],
+        vars: &[(&str, &Path)],
+    ) -> CkptCmd {
         let n = env.cmd_counter.fetch_add(1, Ordering::SeqCst);
         let verb = args.first().copied().unwrap_or("none");
         let out_path = env.root.join(format!("ckpt-{n}-{verb}.stdout"));
         let err_path = env.root.join(format!("ckpt-{n}-{verb}.stderr"));
-        let mut cmd = Command::new(CKPT);
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, CKPT]);
+                c
+            }
+            None => Command::new(CKPT),
+        };
         cmd.args(args)
             .env("CKPT_IMAGE_KEY", env.image_key())
             .envs(vars.iter().map(|(k, v)| (*k, *v)))

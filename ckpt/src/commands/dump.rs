@@ -4,8 +4,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use ckpt_coord::protocol::{Intent, Phase as CoordPhase, PhaseInfo};
 use ckpt_dumper::{DumpReport, WriteOptions};
 
+use super::agent::{CoordOpts, Session, epoch_dir};
 use crate::scripts::{ActionScripts, Phase};
 
 /// Arguments of `ckpt dump`.
@@ -14,13 +16,15 @@ pub struct DumpArgs {
     /// The process to checkpoint, with all its threads and descendants.
     #[arg(long = "tree", short = 't', value_name = "PID")]
     pid: i32,
-    /// Checkpoint directory to create; must not exist.
+    /// Checkpoint directory to create; must not exist. With --coord, this
+    /// node's checkpoint root: epoch E is written to DIR/epoch-E.
     #[arg(long, short = 'D', value_name = "DIR")]
     dir: PathBuf,
     /// Leave the process running after the dump (the default).
     #[arg(long, conflicts_with = "kill")]
     leave_running: bool,
-    /// Kill the process once the images are complete and synced.
+    /// Kill the process once the images are complete and synced (with
+    /// --coord: once the epoch is committed, whatever the round says).
     #[arg(long)]
     kill: bool,
     /// Store page data LZ4-compressed (smaller images; restore decompresses).
@@ -54,6 +58,9 @@ pub struct DumpArgs {
     /// the stream. Connections with both ends in the tree are always saved.
     #[arg(long)]
     tcp_established: bool,
+    /// Coordinated checkpoint of a multi-node job.
+    #[command(flatten)]
+    coord: CoordOpts,
 }
 
 /// Runs `ckpt dump`.
@@ -69,6 +76,15 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
     // the same steps with barriers between them).
     let key =
         ckpt_image::ImageKey::load_or_create(&ckpt_image::seal::key_path(a.image_key.as_deref()))?;
+    if a.coord.enabled() {
+        let report = coordinated(&a, &key, &progress);
+        if let Some(b) = &bar {
+            b.finish_and_clear();
+        }
+        let (epoch, report, killed) = report?;
+        print_report(&a, &report, killed, Some(epoch));
+        return Ok(ExitCode::SUCCESS);
+    }
     let write = WriteOptions {
         dir: a.dir.clone(),
         progress: Some(&progress),
@@ -84,6 +100,12 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
         b.finish_and_clear();
     }
     let report = report?;
+    print_report(&a, &report, a.kill, None);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints what was dumped (and, coordinated, the committed epoch).
+fn print_report(a: &DumpArgs, report: &DumpReport, killed: bool, epoch: Option<u64>) {
     if a.json {
         println!(
             "{}",
@@ -95,13 +117,14 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
                 "pages_bytes": report.pages_bytes,
                 "fds": report.fds,
                 "frozen_ms": report.frozen_ms,
-                "killed": a.kill,
+                "killed": killed,
+                "epoch": epoch,
                 "stats": report.stats,
             })
         );
     } else {
         eprintln!(
-            "dumped pid {} ({} processes) to {}: {} VMAs, {} bytes of pages, {} fds, frozen {} ms{}",
+            "dumped pid {} ({} processes) to {}: {} VMAs, {} bytes of pages, {} fds, frozen {} ms{}{}",
             report.pid,
             report.processes,
             report.dir.display(),
@@ -109,10 +132,10 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
             report.pages_bytes,
             report.fds,
             report.frozen_ms,
-            if a.kill { ", killed" } else { "" }
+            epoch.map_or_else(String::new, |e| format!(", epoch {e} committed")),
+            if killed { ", killed" } else { "" }
         );
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// The engine's phases with the action scripts between them.
@@ -143,5 +166,118 @@ fn phases(
         written.kill()?
     } else {
         written.resume()?
+    })
+}
+
+/// `ckpt dump --coord`: this node's agent. Each engine phase runs when the
+/// coordinator starts it, and this node reports back; the tree stays frozen
+/// from FREEZE until the epoch is committed or aborted. Returns the epoch,
+/// the report and whether the tree was killed.
+///
+/// After COMMIT the tree is killed if this command has `--kill` or the
+/// round ends in KILL (`ckpt coord trigger --kill`), else resumed: either
+/// side can ask to stop the job, and both only once the checkpoint is the
+/// job's valid one.
+fn coordinated(
+    a: &DumpArgs,
+    key: &ckpt_image::ImageKey,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> anyhow::Result<(u64, DumpReport, bool)> {
+    let mut s = Session::connect(&a.coord, Intent::Checkpoint)?;
+    let step = s.wait(CoordPhase::Freeze)?;
+    let dir = epoch_dir(&a.dir, step.epoch);
+    // Epoch numbers are never reused, so this is someone else's directory:
+    // refuse it, and never remove it.
+    let foreign = dir.symlink_metadata().is_ok();
+    let mut committed = false;
+    let r = if foreign {
+        s.local(Err(anyhow::anyhow!(
+            "{} already exists: not this epoch's, refused",
+            dir.display()
+        )))
+    } else {
+        coordinated_phases(a, key, progress, &mut s, &dir, &mut committed)
+    };
+    // Any `Frozen`/`Written` is dropped by now: the tree is thawed as it
+    // was. An epoch that did not commit leaves no images behind.
+    if r.is_err()
+        && !committed
+        && !foreign
+        && let Err(e) = std::fs::remove_dir_all(&dir)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        log::warn!(
+            "{}: cannot remove the aborted epoch's {}: {e}",
+            s.at(),
+            dir.display()
+        );
+    }
+    r.map(|(report, killed)| (step.epoch, report, killed))
+}
+
+/// The phases of [`coordinated`] from FREEZE on; sets `committed` once the
+/// coordinator made the epoch the valid checkpoint.
+fn coordinated_phases(
+    a: &DumpArgs,
+    key: &ckpt_image::ImageKey,
+    progress: &(dyn Fn(u64, u64) + Sync),
+    s: &mut Session,
+    dir: &std::path::Path,
+    committed: &mut bool,
+) -> anyhow::Result<(DumpReport, bool)> {
+    let scripts = ActionScripts::new(a.action_scripts.clone(), dir);
+    s.local(scripts.run(Phase::PreDump, Some(a.pid)))?;
+    let mut frozen = s.local(ckpt_dumper::freeze(a.pid))?;
+    s.done(PhaseInfo::None)?;
+
+    s.wait(CoordPhase::Drain)?;
+    // Only TCP for now; InfiniBand queue pairs will be drained here too.
+    s.local(frozen.drain(&ckpt_dumper::DrainOptions {
+        tcp_established: a.tcp_established,
+    }))?;
+    s.done(PhaseInfo::None)?;
+
+    s.wait(CoordPhase::Dump)?;
+    s.local(
+        std::fs::create_dir_all(&a.dir)
+            .with_context(|| format!("creating the checkpoint root {}", a.dir.display())),
+    )?;
+    let write = WriteOptions {
+        dir: dir.to_path_buf(),
+        progress: Some(progress),
+        compress: a.compress,
+        key,
+        log: Some(&crate::logger::captured),
+        externals: &a.externals,
+    };
+    let written = s.local(frozen.write(&write))?;
+    s.local(scripts.run(Phase::PostDump, Some(a.pid)))?;
+    let info = s.local(dump_info(dir))?;
+    s.done(info)?;
+
+    s.wait(CoordPhase::Commit)?;
+    *committed = true;
+    let end = s.wait_any(&[CoordPhase::Resume, CoordPhase::Kill])?;
+    let kill = a.kill || end.phase == CoordPhase::Kill;
+    let report = if kill {
+        s.local(written.kill())?
+    } else {
+        s.local(written.resume())?
+    };
+    s.done(PhaseInfo::None)?;
+    Ok((report, kill))
+}
+
+/// What the coordinator records of this node's images: their directory and
+/// the crc32c of their manifest.
+fn dump_info(dir: &std::path::Path) -> anyhow::Result<PhaseInfo> {
+    let image_dir =
+        std::path::absolute(dir).with_context(|| format!("{}: absolute path", dir.display()))?;
+    let manifest = image_dir.join(ckpt_image::MANIFEST_NAME);
+    let bytes =
+        std::fs::read(&manifest).with_context(|| format!("reading {}", manifest.display()))?;
+    Ok(PhaseInfo::Dump {
+        image_dir: image_dir.display().to_string(),
+        manifest_crc32c: ckpt_image::digest::of_bytes(&bytes).crc32c,
     })
 }

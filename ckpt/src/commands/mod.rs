@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod agent;
 pub mod check;
 pub mod coord;
 pub mod docs;

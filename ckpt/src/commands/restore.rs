@@ -5,16 +5,19 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
+use ckpt_coord::protocol::{Intent, Phase as CoordPhase, PhaseInfo};
 use ckpt_restorer::{FilePolicy, InheritFd, Rebound, RestoreOptions};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
 
+use super::agent::{CoordOpts, Session, epoch_dir};
 use crate::scripts::{ActionScripts, Phase};
 
 /// Arguments of `ckpt restore`.
 #[derive(clap::Args, Debug)]
 pub struct RestoreArgs {
-    /// Checkpoint directory.
+    /// Checkpoint directory. With --coord, this node's checkpoint root:
+    /// the job's last committed epoch E is restored from DIR/epoch-E.
     #[arg(long, short = 'D', value_name = "DIR")]
     dir: PathBuf,
     /// Exit as soon as the process runs instead of waiting for it (refused
@@ -61,6 +64,9 @@ pub struct RestoreArgs {
     /// symbolic link). The checkpoint directory is input and stays as it is.
     #[arg(long = "stats-file", value_name = "PATH")]
     stats_file: Option<PathBuf>,
+    /// Coordinated restart of a multi-node job.
+    #[command(flatten)]
+    coord: CoordOpts,
 }
 
 /// Runs `ckpt restore`: exits 0 once the process runs with `--detach`,
@@ -92,7 +98,7 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
     };
     let key = ckpt_image::ImageKey::load(&ckpt_image::seal::key_path(a.image_key.as_deref()))
         .with_context(|| format!("restore from {} failed", a.dir.display()))?;
-    let opts = RestoreOptions {
+    let mut opts = RestoreOptions {
         dir: a.dir.clone(),
         key: &key,
         pid_wait: Duration::from_secs(a.pid_wait),
@@ -107,9 +113,13 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
                 .collect::<anyhow::Result<_>>()?,
         },
     };
-    let scripts = ActionScripts::new(a.action_scripts.clone(), &a.dir);
-    let r = phases(&a, &opts, &scripts, bar.as_ref())
-        .with_context(|| format!("restore from {} failed", a.dir.display()))?;
+    let r = if a.coord.enabled() {
+        coordinated(&a, &mut opts, bar.as_ref())?
+    } else {
+        let scripts = ActionScripts::new(a.action_scripts.clone(), &a.dir);
+        phases(&a, &opts, &scripts, bar.as_ref())
+            .with_context(|| format!("restore from {} failed", a.dir.display()))?
+    };
     if let Some(path) = &a.pidfile {
         write_pidfile(path, r.pid)?;
     }
@@ -170,6 +180,66 @@ fn phases(
     scripts.run(Phase::PostRestore, root)?;
     scripts.run(Phase::PreResume, root)?;
     Ok(stopped.resume()?)
+}
+
+/// `ckpt restore --coord`: this node's agent in a restart round. Rebuilds
+/// its part of the job's last committed epoch at RESTORE and holds it
+/// stopped until every node has published and subscribed; an abort (or a
+/// lost coordinator) drops the stopped tree, which kills it.
+fn coordinated(
+    a: &RestoreArgs,
+    opts: &mut RestoreOptions<'_>,
+    bar: Option<&indicatif::ProgressBar>,
+) -> anyhow::Result<ckpt_restorer::Restored> {
+    let mut s = Session::connect(&a.coord, Intent::Restart)?;
+    let step = s.wait(CoordPhase::Restore)?;
+    let dir = s.local(match step.last_committed {
+        None => Err(anyhow::anyhow!(
+            "the job has no committed checkpoint to restore"
+        )),
+        Some(e) => {
+            let dir = epoch_dir(&a.dir, e);
+            if dir.is_dir() {
+                Ok(dir)
+            } else {
+                Err(anyhow::anyhow!(
+                    "{}: epoch {e} (the last committed) is not on this node, refused",
+                    dir.display()
+                ))
+            }
+        }
+    })?;
+    opts.dir = dir.clone();
+    let scripts = ActionScripts::new(a.action_scripts.clone(), &dir);
+    s.local(scripts.run(Phase::PreRestore, None))?;
+    let stopped = ckpt_restorer::rebuild(opts);
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let stopped = s.local(stopped)?;
+    if !a.shell_job {
+        for r in stopped.rebound() {
+            eprintln!("ckpt: {}", rebound_notice(r));
+        }
+    }
+    let root = stopped.pids().first().copied();
+    s.local(scripts.run(Phase::PostRestore, root))?;
+    s.done(PhaseInfo::None)?;
+
+    s.wait(CoordPhase::Publish)?;
+    // Nothing to exchange yet: a restored tree keeps its pids and its
+    // addresses. New addresses (a rank's listener on another host, an
+    // InfiniBand queue pair number) will be published here with `put`.
+    s.done(PhaseInfo::None)?;
+    s.wait(CoordPhase::Subscribe)?;
+    // ... and the peers' fetched here with `get`, before anything runs.
+    s.done(PhaseInfo::None)?;
+
+    s.wait(CoordPhase::Resume)?;
+    s.local(scripts.run(Phase::PreResume, root))?;
+    let restored = s.local(stopped.resume())?;
+    s.done(PhaseInfo::None)?;
+    Ok(restored)
 }
 
 /// What was bound to this command instead of restored, in one line.

@@ -591,7 +591,8 @@ fn restore_connection(
 /// rebuilt (or at once for a peer outside).
 fn finish_or_wait(cx: &mut Context<'_>, held: Held, file_id: u64, peer_file_id: u64) -> Result<()> {
     if peer_file_id == 0 {
-        return finish(cx, vec![held]);
+        cx.state::<OutsidePeers>().0.push(held);
+        return Ok(());
     }
     match cx.state::<Waiting>().0.remove(&peer_file_id) {
         Some(other) => finish(cx, vec![other, held]),
@@ -602,16 +603,66 @@ fn finish_or_wait(cx: &mut Context<'_>, held: Held, file_id: u64, peer_file_id: 
     }
 }
 
-/// Repair off on every end first (with a window probe, so the peer learns
-/// our window); then the bytes that had never been sent go out like any
-/// write. The process's address reuse (repair mode overrides it) comes
-/// back when the whole tree is rebuilt (`DeferredReuse`).
+/// Connections to peers outside the tree, rebuilt and still in repair
+/// mode until the restored tree is let go (`Stopped::resume`): the peer
+/// may be a process of another node of the job whose own end is being
+/// rebuilt meanwhile, and a segment reaching a node where that end does
+/// not exist yet would be answered with a reset. Dropped unreleased (the
+/// restore failed, the tree is killed), they close in repair mode: the
+/// peer sees nothing.
+#[derive(Default)]
+pub struct OutsidePeers(Vec<Held>);
+
+impl OutsidePeers {
+    /// Switches repair off on each (the tree is about to run; in a
+    /// coordinated restart every node has rebuilt its part), with the
+    /// process's address reuse back, and sends what had never been sent.
+    pub fn release(self) -> Result<()> {
+        switch_off(&self.0)?;
+        for h in &self.0 {
+            sys::setsockopt_int(
+                h.sock.as_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_REUSEADDR,
+                i32::from(h.reuseaddr),
+            )
+            .map_err(|e| {
+                RestoreError::os(h.pid, format!("fd {}: TCP repair: SO_REUSEADDR", h.fd), e)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// How many connections wait.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// None wait.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Both ends of an in-tree connection are rebuilt: repair off, and the
+/// process's address reuse (repair mode overrides it) back when the whole
+/// tree is rebuilt (`DeferredReuse`).
 fn finish(cx: &mut Context<'_>, ends: Vec<Held>) -> Result<()> {
+    switch_off(&ends)?;
+    let deferred = &mut cx.state::<DeferredReuse>().0;
+    deferred.extend(ends.into_iter().map(|h| (h.sock, h.reuseaddr)));
+    Ok(())
+}
+
+/// Repair off on every end first (with a window probe, so the peer learns
+/// our window), address reuse allowed for now; then the bytes that had
+/// never been sent go out like any write.
+fn switch_off(ends: &[Held]) -> Result<()> {
     let os = |h: &Held, what: &str| {
         let (pid, fd, what) = (h.pid, h.fd, what.to_string());
         move |e: std::io::Error| RestoreError::os(pid, format!("fd {fd}: TCP repair: {what}"), e)
     };
-    for h in &ends {
+    for h in ends {
         let s = h.sock.as_fd();
         sys::setsockopt_int(s, libc::IPPROTO_TCP, libc::TCP_REPAIR, TCP_REPAIR_OFF)
             .map_err(os(h, "TCP_REPAIR off"))?;
@@ -619,7 +670,7 @@ fn finish(cx: &mut Context<'_>, ends: Vec<Held>) -> Result<()> {
         sys::setsockopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)
             .map_err(os(h, "SO_REUSEADDR"))?;
     }
-    for h in &ends {
+    for h in ends {
         let s = h.sock.as_fd();
         force_buffer(
             s,
@@ -633,7 +684,5 @@ fn finish(cx: &mut Context<'_>, ends: Vec<Held>) -> Result<()> {
         ))?;
         force_buffer(s, libc::SO_SNDBUFFORCE, h.sndbuf.max(1)).map_err(os(h, "SO_SNDBUFFORCE"))?;
     }
-    let deferred = &mut cx.state::<DeferredReuse>().0;
-    deferred.extend(ends.into_iter().map(|h| (h.sock, h.reuseaddr)));
     Ok(())
 }

@@ -16,6 +16,7 @@ mod external;
 mod fifo;
 pub mod identity;
 mod inet;
+pub use inet::OutsidePeers;
 mod inotify;
 mod lock;
 mod memfd;
@@ -285,6 +286,15 @@ impl<'a> Context<'a> {
             .allow_changed
             .iter()
             .any(|p| p.as_os_str() == path)
+    }
+
+    /// Takes a kind's state out of the context, for what must outlive the
+    /// rebuild (connections held in repair mode until the tree resumes).
+    pub fn take_state<T: Default + 'static>(&mut self) -> T {
+        self.states
+            .remove(&TypeId::of::<T>())
+            .and_then(|b| b.downcast::<T>().ok())
+            .map_or_else(T::default, |b| *b)
     }
 
     /// A kind's own state (created empty at first use, dropped when the
