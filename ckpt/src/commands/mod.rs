@@ -6,6 +6,7 @@ pub mod docs;
 pub mod dump;
 pub mod restore;
 pub mod show;
+pub mod slurm;
 
 /// A byte progress bar on stderr when it is a terminal; none otherwise, so
 /// scripts and logs stay quiet.
