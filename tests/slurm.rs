@@ -1,0 +1,269 @@
+//! `ckpt slurm` under a real Slurm (a one-node lab on localhost, brought up
+//! by scripts/slurm/lab-up.sh): a batch job whose application checks its
+//! memory at every step is checkpointed on the time-limit warning,
+//! requeued, restored when Slurm starts it again, and completes; its output
+//! file shows one unbroken run (victim: tests/c/slurm_steps.c).
+//!
+//! Takes about 3 minutes: Slurm's warning comes on a 30 s timer, and a
+//! requeued job waits the lab's credential lifetime (30 s) before it runs.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Steps of the application, one per [`STEP_MS`].
+const STEPS: u64 = 120;
+const STEP_MS: u64 = 1000;
+/// Time limit and warning lead. Slurm sends the warning once the time left
+/// is at most lead + 30 s, checked every 30 s: here 70-100 s into a run.
+/// The application (120 s) is still running then, and what is left of it
+/// after the restore (at most about 50 s) ends before the restarted run's
+/// own warning (at 70 s at the earliest), so one checkpoint is the norm.
+const TIME_LIMIT: &str = "2:30";
+const WARN_LEAD_SECS: u32 = 50;
+/// First run, requeue delay, scheduling and second run, with slack.
+const JOB_TIMEOUT: Duration = Duration::from_secs(600);
+/// How often the job's state is asked for.
+const JOB_POLL: Duration = Duration::from_secs(2);
+/// Words of the victim's buffer (4 MiB of u64).
+const WORDS: u64 = 4 * 1024 * 1024 / 8;
+
+fn lab_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/slurm")
+}
+
+fn slurm_conf() -> PathBuf {
+    let lab = std::env::var_os("CKPT_SLURM_LAB")
+        .map_or_else(|| PathBuf::from("/var/tmp/ckpt-slurm-lab"), PathBuf::from);
+    lab.join("slurm.conf")
+}
+
+/// Whether Slurm is installed; if not, tries apt-get once. `Err` says why
+/// it cannot be had.
+fn slurm_installed() -> Result<(), String> {
+    let have =
+        || Path::new("/usr/sbin/slurmctld").exists() && Path::new("/usr/bin/sbatch").exists();
+    if have() {
+        return Ok(());
+    }
+    let out = Command::new("apt-get")
+        .args(["install", "-y", "-qq", "slurm-wlm", "munge"])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .output()
+        .map_err(|e| format!("Slurm is not installed and apt-get cannot run: {e}"))?;
+    if !out.status.success() || !have() {
+        return Err(format!(
+            "Slurm is not installed and `apt-get install slurm-wlm munge` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
+fn slurm(cmd: &str) -> Command {
+    let mut c = Command::new(cmd);
+    c.env("SLURM_CONF", slurm_conf());
+    c
+}
+
+/// The victim's word `i` at step `s` (tests/c/slurm_steps.c `mix`).
+fn mix(i: u64, s: u64) -> u64 {
+    let mut z = i
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(s.wrapping_mul(0xbf58_476d_1ce4_e5b9))
+        .wrapping_add(1);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The sum the victim prints after step `s`.
+fn step_sum(s: u64) -> String {
+    let sum = (0..WORDS).fold(0u64, |acc, i| acc.wrapping_add(mix(i, s)));
+    format!("{sum:016x}")
+}
+
+/// `Key=Value` of `scontrol show job -o`.
+fn field<'a>(record: &'a str, key: &str) -> Option<&'a str> {
+    record
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+}
+
+fn diagnose(env: &TestEnv, job: &str, output: &Path) -> String {
+    let record = slurm("scontrol")
+        .args(["show", "job", "-o", job])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let ctld = slurm_conf().with_file_name("log/slurmctld.log");
+    let log = read_to_string_lossy(&ctld);
+    let tail: Vec<&str> = log.lines().rev().take(30).collect();
+    let listing = std::fs::read_dir(env.root.join("ckpt"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default();
+    format!(
+        "job record: {record}\ncheckpoint dir: {listing}\n--- job output ---\n{}\n--- slurmctld.log (last 30 lines, newest first) ---\n{}",
+        read_to_string_lossy(output),
+        tail.join("\n")
+    )
+}
+
+#[test]
+fn job_is_checkpointed_requeued_and_restored_with_its_memory_and_output() {
+    if let Err(why) = slurm_installed() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let up = Command::new(lab_dir().join("lab-up.sh"))
+        .output()
+        .expect("run scripts/slurm/lab-up.sh");
+    assert!(
+        up.status.success(),
+        "scripts/slurm/lab-up.sh could not bring up the Slurm lab ({}):\n{}{}",
+        up.status,
+        String::from_utf8_lossy(&up.stdout),
+        String::from_utf8_lossy(&up.stderr)
+    );
+
+    let env = TestEnv::new("slurm");
+    let victim = victim_bin("slurm_steps");
+    let script = env.root.join("job.sh");
+    let output = env.root.join("job.out");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\nexport CKPT_IMAGE_KEY={key}\nexec {ckpt} slurm --dir {dir} -- {victim} {STEPS} {STEP_MS}\n",
+            key = env.image_key().display(),
+            ckpt = CKPT,
+            dir = env.root.join("ckpt").display(),
+            victim = victim.display(),
+        ),
+    )
+    .expect("write batch script");
+    let started = Instant::now();
+    let sub = slurm("sbatch")
+        .arg("--parsable")
+        .arg("--requeue")
+        .arg("--open-mode=append")
+        .arg(format!("--signal=B:USR1@{WARN_LEAD_SECS}"))
+        .arg(format!("--time={TIME_LIMIT}"))
+        .arg("--job-name=ckpt-slurm-test")
+        .arg("--output")
+        .arg(&output)
+        .arg(&script)
+        .output()
+        .expect("run sbatch");
+    assert!(
+        sub.status.success(),
+        "sbatch failed: {}",
+        String::from_utf8_lossy(&sub.stderr)
+    );
+    let job = String::from_utf8_lossy(&sub.stdout).trim().to_string();
+
+    // Until the job record says it ended (REQUEUED/PENDING/RUNNING between).
+    let mut last;
+    let ended = loop {
+        let out = slurm("scontrol")
+            .args(["show", "job", "-o", &job])
+            .output()
+            .expect("run scontrol");
+        last = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !matches!(
+            field(&last, "JobState"),
+            Some("PENDING" | "RUNNING" | "REQUEUED" | "CONFIGURING" | "COMPLETING") | None
+        ) {
+            break true;
+        }
+        if started.elapsed() > JOB_TIMEOUT {
+            break false;
+        }
+        std::thread::sleep(JOB_POLL);
+    };
+    if !ended {
+        let _ = slurm("scancel").arg(&job).status();
+        panic!(
+            "job {job} did not end within {JOB_TIMEOUT:?}\n{}",
+            diagnose(&env, &job, &output)
+        );
+    }
+    eprintln!(
+        "job {job} ended after {:.0} s: {}",
+        started.elapsed().as_secs_f64(),
+        field(&last, "JobState").unwrap_or("?")
+    );
+    let diag = || diagnose(&env, &job, &output);
+    assert_eq!(field(&last, "JobState"), Some("COMPLETED"), "{}", diag());
+    assert_eq!(field(&last, "ExitCode"), Some("0:0"), "{}", diag());
+    let restarts: u32 = field(&last, "Restarts")
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
+    assert!(restarts >= 1, "job was never requeued\n{}", diag());
+
+    // One unbroken run in the one output file: every step once, in order,
+    // each with the sum of its memory, a restore somewhere in the middle.
+    let text = read_to_string_lossy(&output);
+    let lines: Vec<&str> = text.lines().collect();
+    let steps: Vec<(usize, u64, &str)> = lines
+        .iter()
+        .enumerate()
+        .filter_map(|(at, l)| {
+            let rest = l.strip_prefix("step ")?;
+            let (n, sum) = rest.split_once(" sum ")?;
+            let (n, _) = n.split_once('/')?;
+            Some((at, n.parse().ok()?, sum))
+        })
+        .collect();
+    let numbers: Vec<u64> = steps.iter().map(|s| s.1).collect();
+    assert_eq!(
+        numbers,
+        (1..=STEPS).collect::<Vec<_>>(),
+        "steps not one unbroken sequence 1..{STEPS}\n{}",
+        diag()
+    );
+    for (_, n, sum) in &steps {
+        assert_eq!(*sum, step_sum(*n), "step {n}: wrong memory sum\n{}", diag());
+    }
+    let done = format!("done {STEPS} sum {}", step_sum(STEPS));
+    assert!(
+        lines.iter().any(|l| *l == done),
+        "no `{done}` line\n{}",
+        diag()
+    );
+    assert!(!text.contains("BAD step"), "{}", diag());
+    let committed = lines
+        .iter()
+        .position(|l| l.starts_with("ckpt slurm: pid ") && l.contains("checkpointed into"))
+        .unwrap_or_else(|| panic!("no checkpoint line\n{}", diag()));
+    let restored = lines
+        .iter()
+        .position(|l| l.contains(": restored pid "))
+        .unwrap_or_else(|| panic!("no restore line\n{}", diag()));
+    assert!(
+        steps[0].0 < committed && committed < restored && restored < steps[steps.len() - 1].0,
+        "the checkpoint and restore are not between the first and the last step\n{}",
+        diag()
+    );
+    // The committed checkpoint is still there; older ones pruned to --keep.
+    let latest = std::fs::read_to_string(env.root.join("ckpt/LATEST")).expect("read LATEST");
+    assert!(
+        env.root.join("ckpt").join(latest.trim()).is_dir(),
+        "LATEST names {latest:?}, which is missing"
+    );
+
+    if String::from_utf8_lossy(&up.stdout)
+        .trim_end()
+        .ends_with("started")
+    {
+        let _ = Command::new(lab_dir().join("lab-down.sh")).status();
+    }
+}
