@@ -10,7 +10,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -266,4 +266,257 @@ fn job_is_checkpointed_requeued_and_restored_with_its_memory_and_output() {
     {
         let _ = Command::new(lab_dir().join("lab-down.sh")).status();
     }
+}
+
+/// Steps of the application in the tests without Slurm, one per
+/// [`FAST_STEP_MS`].
+const FAST_STEPS: u64 = 40;
+const FAST_STEP_MS: u64 = 100;
+/// Job id the tests without Slurm pretend to run as.
+const FAKE_JOB: &str = "4242";
+const WRAPPER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `ckpt slurm` as a batch script would run it, without Slurm: the job's
+/// environment is set by hand and `scontrol` is a script that logs its
+/// arguments. stdout is the job's output file (opened for append, as
+/// `--open-mode=append` does), stderr goes to `wrapper.err`.
+struct FakeJob {
+    env: TestEnv,
+    out: PathBuf,
+    dir: PathBuf,
+    bin: PathBuf,
+    victim: PathBuf,
+}
+
+impl FakeJob {
+    fn new(test: &str) -> FakeJob {
+        let env = TestEnv::new(test);
+        let bin = env.root.join("bin");
+        std::fs::create_dir(&bin).expect("create fake bin dir");
+        let scontrol = bin.join("scontrol");
+        std::fs::write(
+            &scontrol,
+            format!(
+                "#!/bin/sh\necho \"$@\" >> {}\n",
+                env.root.join("scontrol.log").display()
+            ),
+        )
+        .expect("write fake scontrol");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&scontrol, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod fake scontrol");
+        FakeJob {
+            out: env.root.join("job.out"),
+            dir: env.root.join("ckpt"),
+            victim: victim_bin("slurm_steps"),
+            bin,
+            env,
+        }
+    }
+
+    /// Starts the wrapper as run `restart` of the job; `app` replaces the
+    /// default application (the victim) if given.
+    fn start(
+        &self,
+        restart: u32,
+        extra: &[&str],
+        app: Option<&[&str]>,
+        stdin: std::process::Stdio,
+    ) -> std::process::Child {
+        let open = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.out)
+                .expect("open job output")
+        };
+        let err = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.env.root.join("wrapper.err"))
+            .expect("open wrapper stderr");
+        let path = format!(
+            "{}:{}",
+            self.bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let victim = self.victim.to_string_lossy().into_owned();
+        let steps = FAST_STEPS.to_string();
+        let period = FAST_STEP_MS.to_string();
+        let default_app = [victim.as_str(), steps.as_str(), period.as_str()];
+        let mut cmd = self.env.ckpt_command();
+        cmd.arg("slurm")
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(extra)
+            .arg("--")
+            .args(app.unwrap_or(&default_app))
+            .env("PATH", path)
+            .env("SLURM_JOB_ID", FAKE_JOB)
+            .env_remove("SLURM_RESTART_COUNT")
+            .env_remove("SLURM_SUBMIT_DIR")
+            .stdin(stdin)
+            .stdout(open())
+            .stderr(err);
+        if restart > 0 {
+            cmd.env("SLURM_RESTART_COUNT", restart.to_string());
+        }
+        cmd.spawn().expect("start ckpt slurm")
+    }
+
+    fn output(&self) -> String {
+        read_to_string_lossy(&self.out)
+    }
+
+    fn diag(&self) -> String {
+        format!(
+            "--- job output ---\n{}\n--- wrapper stderr ---\n{}\n--- scontrol.log ---\n{}",
+            self.output(),
+            read_to_string_lossy(&self.env.root.join("wrapper.err")),
+            read_to_string_lossy(&self.env.root.join("scontrol.log"))
+        )
+    }
+
+    /// Waits until the output shows step `n`, then sends the warning.
+    fn warn_after_step(&self, child: &std::process::Child, n: u64) {
+        let line = format!("step {n}/");
+        assert!(
+            wait_until(WRAPPER_TIMEOUT, || self.output().contains(&line)),
+            "no step {n}\n{}",
+            self.diag()
+        );
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1).expect("send SIGUSR1");
+    }
+
+    fn wait(&self, mut child: std::process::Child) -> i32 {
+        let ok = wait_until(WRAPPER_TIMEOUT, || {
+            child.try_wait().ok().flatten().is_some()
+        });
+        if !ok {
+            let _ = child.kill();
+            panic!("ckpt slurm did not end\n{}", self.diag());
+        }
+        child.wait().expect("wait").code().unwrap_or(-1)
+    }
+
+    fn latest(&self) -> String {
+        std::fs::read_to_string(self.dir.join("LATEST"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    }
+
+    /// The step numbers in the output, in order; each step's sum checked.
+    fn steps(&self) -> Vec<u64> {
+        let text = self.output();
+        let mut v = Vec::new();
+        for l in text.lines() {
+            let Some((n, sum)) = l.strip_prefix("step ").and_then(|r| r.split_once(" sum ")) else {
+                continue;
+            };
+            let n: u64 = n
+                .split('/')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .expect("step number");
+            assert_eq!(
+                sum,
+                step_sum(n),
+                "step {n}: wrong memory sum\n{}",
+                self.diag()
+            );
+            v.push(n);
+        }
+        v
+    }
+}
+
+#[test]
+fn wrapper_checkpoints_twice_prunes_and_restores_without_slurm() {
+    let job = FakeJob::new("slurm-fake");
+    // First run: checkpoint, "requeue".
+    let run = job.start(0, &["--keep", "1"], None, Stdio::null());
+    job.warn_after_step(&run, 5);
+    assert_eq!(job.wait(run), 0, "{}", job.diag());
+    assert_eq!(job.latest(), "ckpt-1", "{}", job.diag());
+    assert_eq!(
+        read_to_string_lossy(&job.env.root.join("scontrol.log")).trim(),
+        format!("requeue {FAKE_JOB}")
+    );
+    // Second run: restored, checkpointed again; --keep 1 removes ckpt-1.
+    let run = job.start(1, &["--keep", "1"], None, Stdio::null());
+    job.warn_after_step(&run, 15);
+    assert_eq!(job.wait(run), 0, "{}", job.diag());
+    assert_eq!(job.latest(), "ckpt-2", "{}", job.diag());
+    assert!(
+        !job.dir.join("ckpt-1").exists(),
+        "ckpt-1 not pruned\n{}",
+        job.diag()
+    );
+    // Third run: restored from ckpt-2, runs to the end.
+    let run = job.start(2, &["--keep", "1"], None, Stdio::null());
+    assert_eq!(job.wait(run), 0, "{}", job.diag());
+    assert_eq!(
+        job.steps(),
+        (1..=FAST_STEPS).collect::<Vec<_>>(),
+        "steps not one unbroken sequence\n{}",
+        job.diag()
+    );
+    let done = format!("done {FAST_STEPS} sum {}", step_sum(FAST_STEPS));
+    assert!(job.output().lines().any(|l| l == done), "{}", job.diag());
+    let err = read_to_string_lossy(&job.env.root.join("wrapper.err"));
+    assert_eq!(err.matches("restored pid").count(), 2, "{}", job.diag());
+}
+
+#[test]
+fn failed_checkpoint_leaves_the_app_running_and_nothing_committed() {
+    let job = FakeJob::new("slurm-fail");
+    // The application holds a pipe to outside its tree as fd 5, which a
+    // dump refuses.
+    let victim = job.victim.to_string_lossy().into_owned();
+    let steps = FAST_STEPS.to_string();
+    let period = FAST_STEP_MS.to_string();
+    let script = format!("exec 5<&0; exec {victim} {steps} {period}");
+    let app = ["/bin/sh", "-c", script.as_str()];
+    // stdin is a pipe from this test, so fd 5 is one to outside the tree.
+    let mut run = job.start(0, &[], Some(&app), Stdio::piped());
+    let _writer = run.stdin.take();
+    job.warn_after_step(&run, 5);
+    let code = job.wait(run);
+    assert_eq!(
+        code,
+        0,
+        "the application did not run to its end\n{}",
+        job.diag()
+    );
+    assert_eq!(
+        job.steps(),
+        (1..=FAST_STEPS).collect::<Vec<_>>(),
+        "{}",
+        job.diag()
+    );
+    let err = read_to_string_lossy(&job.env.root.join("wrapper.err"));
+    let failed: Vec<&str> = err.lines().filter(|l| l.contains("failed")).collect();
+    assert_eq!(
+        failed.len(),
+        1,
+        "not one line about the failure\n{}",
+        job.diag()
+    );
+    assert!(
+        failed[0].contains("keeps running") && failed[0].contains("fd 5"),
+        "{}",
+        job.diag()
+    );
+    assert_eq!(
+        job.latest(),
+        "",
+        "a failed dump was committed\n{}",
+        job.diag()
+    );
+    assert!(
+        !job.env.root.join("scontrol.log").exists(),
+        "requeued after a failed dump\n{}",
+        job.diag()
+    );
 }

@@ -156,12 +156,16 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Starts the application in its own process group (so Slurm's signals to
-/// the batch script's group reach only the wrapper), stdio inherited.
+/// the batch script's group reach only the wrapper) with the job's stdio
+/// and no other fd: whatever the batch environment leaked to the wrapper
+/// would only make the tree undumpable (a pipe to outside, a daemon's
+/// socket).
 fn start(a: &SlurmArgs) -> anyhow::Result<App> {
     let (prog, args) = a.app.split_first().context("no application given")?;
-    let child = Command::new(prog)
-        .args(args)
-        .process_group(0)
+    let mut cmd = Command::new(prog);
+    cmd.args(args).process_group(0);
+    crate::scripts::close_inherited_fds(&mut cmd);
+    let child = cmd
         .spawn()
         .with_context(|| format!("cannot start {}", prog.to_string_lossy()))?;
     let pid = i32::try_from(child.id()).context("child pid out of range")?;
@@ -231,12 +235,12 @@ fn supervise(
             match checkpoint(a, dir, app) {
                 Ok(name) => return requeue(job, dir, &name),
                 Err(e) => eprintln!(
-                    "ckpt slurm: checkpoint of pid {} failed, the application keeps running and {} stays the committed checkpoint: {e:#}",
+                    "ckpt slurm: checkpoint of pid {} failed, the application keeps running ({}): {e:#}",
                     app.pid,
-                    committed(dir)
-                        .ok()
-                        .flatten()
-                        .map_or_else(|| "none".to_string(), |n| dir.join(n).display().to_string())
+                    committed(dir).ok().flatten().map_or_else(
+                        || "no checkpoint committed".to_string(),
+                        |n| format!("{} stays committed", dir.join(n).display())
+                    )
                 ),
             }
         } else if sig == Signal::SIGTERM {
