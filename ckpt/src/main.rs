@@ -50,6 +50,8 @@ enum Command {
     Check(commands::check::CheckArgs),
     /// Run a multi-node checkpoint coordinator, or trigger/query one.
     Coord(Box<commands::coord::CoordArgs>),
+    /// Run a Slurm job's application: checkpoint and requeue on the warning signal, restore on restart.
+    Slurm(commands::slurm::SlurmArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(commands::docs::CompletionsArgs),
     /// Write man pages for ckpt and every subcommand into a directory.
@@ -91,6 +93,7 @@ fn main() -> ExitCode {
         Command::Show(a) => commands::show::run(a),
         Command::Check(a) => commands::check::run(a),
         Command::Coord(a) => commands::coord::run(*a).map(|()| ExitCode::SUCCESS),
+        Command::Slurm(a) => commands::slurm::run(a),
         Command::Completions(a) => commands::docs::completions(a, Cli::command()),
         Command::Man(a) => commands::docs::man(a, Cli::command()),
     };

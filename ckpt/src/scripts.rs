@@ -190,11 +190,11 @@ fn wait_bounded(mut child: Child) -> Result<ExitStatus, Failure> {
     }
 }
 
-/// A script gets stdin, stdout and stderr only: fds ckpt itself inherited
-/// without close-on-exec (from its caller, or `--inherit-fd` fds meant for
-/// the restored tree) must not reach it.
+/// A script (or `ckpt slurm`'s application) gets stdin, stdout and stderr
+/// only: fds ckpt itself inherited without close-on-exec (from its caller,
+/// or `--inherit-fd` fds meant for the restored tree) must not reach it.
 #[allow(unsafe_code)]
-fn close_inherited_fds(cmd: &mut Command) {
+pub(crate) fn close_inherited_fds(cmd: &mut Command) {
     let hook = || -> std::io::Result<()> {
         // SAFETY: close_range takes no pointers and only changes fd flags
         // of this (forked child) process.

@@ -8,6 +8,7 @@ pub mod dump;
 pub mod restore;
 pub mod run;
 pub mod show;
+pub mod slurm;
 
 /// A byte progress bar on stderr when it is a terminal; none otherwise, so
 /// scripts and logs stay quiet.

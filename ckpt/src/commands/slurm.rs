@@ -1,0 +1,432 @@
+//! `ckpt slurm`: the job wrapper a Slurm batch script `exec`s.
+//!
+//! First start: run the application and wait for it. On the warning signal
+//! (`sbatch --signal=B:USR1@T`): dump the application's tree with `--kill`
+//! into `DIR/ckpt-N`, commit it (`DIR/LATEST` replaced atomically), prune
+//! old checkpoints, `scontrol requeue` the job and exit 0. When the requeued
+//! job comes back (same job id, `SLURM_RESTART_COUNT` > 0) and `DIR` holds a
+//! committed checkpoint, restore it in the foreground instead and supervise
+//! it the same way.
+//!
+//! Signals are taken synchronously (blocked, then `sigwait`): Slurm sends
+//! SIGCONT right after the warning signal, and the warning may come at any
+//! time, even while a restore is still running; both simply stay pending
+//! until the supervising loop takes them.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use ckpt_restorer::{FilePolicy, RestoreOptions};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{Pid, getpgid, getpgrp};
+
+/// Name of the file naming the committed checkpoint, relative to `DIR`.
+const LATEST: &str = "LATEST";
+/// Prefix of a checkpoint directory's name, followed by its number.
+const CKPT_PREFIX: &str = "ckpt-";
+/// How long a restore waits for a zombie that still holds a dumped pid.
+const PID_WAIT: Duration = Duration::from_secs(30);
+/// The fds whose regular files the job's new run reopens (its output file).
+const STDIO: [i32; 3] = [0, 1, 2];
+
+/// Arguments of `ckpt slurm`.
+#[derive(clap::Args, Debug)]
+pub struct SlurmArgs {
+    /// Checkpoint directory (created 0700 if missing; default:
+    /// $SLURM_SUBMIT_DIR/ckpt-slurm-$SLURM_JOB_ID). It must be reachable
+    /// from the node the requeued job runs on.
+    #[arg(long, short = 'D', value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// How many committed checkpoints to keep (the newest).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    keep: u32,
+    /// The warning signal that asks for a checkpoint (as in `sbatch
+    /// --signal=B:SIG@T`).
+    #[arg(long, default_value = "USR1", value_parser = parse_signal, value_name = "SIG")]
+    signal: Signal,
+    /// The site's image key file (default: $CKPT_IMAGE_KEY, else
+    /// /var/lib/ckpt/image.key).
+    #[arg(long, value_name = "PATH")]
+    image_key: Option<PathBuf>,
+    /// The application and its arguments.
+    #[arg(last = true, required = true, value_name = "APP")]
+    app: Vec<OsString>,
+}
+
+/// `USR1`, `SIGUSR1` or a number; never a signal the wrapper needs for
+/// itself or that cannot be caught.
+fn parse_signal(s: &str) -> Result<Signal, String> {
+    let sig = match s.parse::<i32>() {
+        Ok(n) => Signal::try_from(n).map_err(|_| format!("{s}: not a signal number"))?,
+        Err(_) => {
+            let name = s.to_ascii_uppercase();
+            let full = if name.starts_with("SIG") {
+                name
+            } else {
+                format!("SIG{name}")
+            };
+            Signal::from_str(&full).map_err(|_| format!("{s}: not a signal name"))?
+        }
+    };
+    match sig {
+        Signal::SIGKILL | Signal::SIGSTOP | Signal::SIGCONT | Signal::SIGCHLD => Err(format!(
+            "{s}: cannot be the checkpoint signal (uncatchable, or sent by Slurm or the kernel for other reasons)"
+        )),
+        _ => Ok(sig),
+    }
+}
+
+/// The job as Slurm describes it in the batch environment.
+struct Job {
+    id: String,
+    restart_count: u32,
+}
+
+impl Job {
+    fn from_env() -> anyhow::Result<Job> {
+        let id = std::env::var("SLURM_JOB_ID")
+            .ok()
+            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .context("SLURM_JOB_ID is not set to a job id: run ckpt slurm from a Slurm batch script (exec ckpt slurm -- APP)")?;
+        let restart_count = match std::env::var("SLURM_RESTART_COUNT") {
+            Ok(s) if !s.is_empty() => s
+                .parse()
+                .with_context(|| format!("SLURM_RESTART_COUNT={s}: not a number"))?,
+            _ => 0,
+        };
+        Ok(Job { id, restart_count })
+    }
+}
+
+/// The application the wrapper supervises.
+struct App {
+    pid: Pid,
+}
+
+/// Runs `ckpt slurm`: exits with the application's status (128+signal if
+/// killed), or 0 once it is checkpointed and the job requeued.
+pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
+    // First, before anything can start a thread or a child: from here on the
+    // signals wait in the pending set until the loop takes them.
+    let mut signals = SigSet::empty();
+    for s in [a.signal, Signal::SIGCONT, Signal::SIGTERM, Signal::SIGCHLD] {
+        signals.add(s);
+    }
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&signals), None).context("block signals")?;
+
+    let job = Job::from_env()?;
+    let dir = match &a.dir {
+        Some(d) => d.clone(),
+        None => {
+            let submit = std::env::var_os("SLURM_SUBMIT_DIR")
+                .context("no --dir given and SLURM_SUBMIT_DIR is not set")?;
+            Path::new(&submit).join(format!("ckpt-slurm-{}", job.id))
+        }
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .with_context(|| format!("{}: cannot create checkpoint directory", dir.display()))?;
+
+    let committed = committed(&dir)?;
+    let app = match committed {
+        Some(ckpt) if job.restart_count > 0 => restore(&a, &job, &dir.join(&ckpt))?,
+        _ => {
+            if job.restart_count > 0 {
+                eprintln!(
+                    "ckpt slurm: job {} restart {} but no committed checkpoint in {}: starting the application afresh",
+                    job.id,
+                    job.restart_count,
+                    dir.display()
+                );
+            }
+            start(&a)?
+        }
+    };
+    supervise(&a, &job, &dir, &app, &signals)
+}
+
+/// Starts the application in its own process group (so Slurm's signals to
+/// the batch script's group reach only the wrapper) with the job's stdio
+/// and no other fd: whatever the batch environment leaked to the wrapper
+/// would only make the tree undumpable (a pipe to outside, a daemon's
+/// socket).
+fn start(a: &SlurmArgs) -> anyhow::Result<App> {
+    let (prog, args) = a.app.split_first().context("no application given")?;
+    let mut cmd = Command::new(prog);
+    cmd.args(args).process_group(0);
+    crate::scripts::close_inherited_fds(&mut cmd);
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start {}", prog.to_string_lossy()))?;
+    let pid = i32::try_from(child.id()).context("child pid out of range")?;
+    Ok(App {
+        pid: Pid::from_raw(pid),
+    })
+}
+
+/// Restores `ckpt` as a child of this process. The job's output file is the
+/// same path as at the dump but has grown (or was truncated) since: stdio
+/// fds on regular files are accepted as changed and reopened at their end,
+/// so the output continues where the new run writes.
+fn restore(a: &SlurmArgs, job: &Job, ckpt: &Path) -> anyhow::Result<App> {
+    let key = ckpt_image::ImageKey::load(&ckpt_image::seal::key_path(a.image_key.as_deref()))
+        .with_context(|| format!("restore from {} failed", ckpt.display()))?;
+    let notice = |msg: &str| eprintln!("ckpt slurm: {msg}");
+    let opts = RestoreOptions {
+        dir: ckpt.to_path_buf(),
+        key: &key,
+        pid_wait: PID_WAIT,
+        notice: &notice,
+        progress: None,
+        files: FilePolicy {
+            inherit_fds: Vec::new(),
+            allow_changed: stdio_files(),
+        },
+    };
+    let r = ckpt_restorer::restore(&opts)
+        .with_context(|| format!("restore from {} failed", ckpt.display()))?;
+    eprintln!(
+        "ckpt slurm: job {} restart {}: restored pid {} from {}",
+        job.id,
+        job.restart_count,
+        r.pid,
+        ckpt.display()
+    );
+    Ok(App {
+        pid: Pid::from_raw(r.pid),
+    })
+}
+
+/// The regular files this process has as fds 0-2, as /proc names them.
+fn stdio_files() -> Vec<PathBuf> {
+    STDIO
+        .iter()
+        .filter_map(|fd| std::fs::read_link(format!("/proc/self/fd/{fd}")).ok())
+        .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()))
+        .collect()
+}
+
+/// Waits for the application to end or for a signal.
+fn supervise(
+    a: &SlurmArgs,
+    job: &Job,
+    dir: &Path,
+    app: &App,
+    signals: &SigSet,
+) -> anyhow::Result<ExitCode> {
+    loop {
+        // A child may have ended before SIGCHLD was blocked or between two
+        // waits: look first, then wait for the next signal.
+        if let Some(code) = reap(app)? {
+            return Ok(code);
+        }
+        let sig = signals.wait().context("sigwait")?;
+        if sig == a.signal {
+            match checkpoint(a, dir, app) {
+                Ok(name) => return requeue(job, dir, &name),
+                Err(e) => eprintln!(
+                    "ckpt slurm: checkpoint of pid {} failed, the application keeps running ({}): {e:#}",
+                    app.pid,
+                    committed(dir).ok().flatten().map_or_else(
+                        || "no checkpoint committed".to_string(),
+                        |n| format!("{} stays committed", dir.join(n).display())
+                    )
+                ),
+            }
+        } else if sig == Signal::SIGTERM {
+            // Slurm's end (time limit without a warning, scancel): the
+            // application gets it as it would without the wrapper.
+            forward(app, sig);
+        }
+        // SIGCONT (sent with every warning) and SIGCHLD: nothing to do
+        // beyond the look at the top of the loop.
+    }
+}
+
+/// The application's exit status, if it has ended.
+fn reap(app: &App) -> anyhow::Result<Option<ExitCode>> {
+    match waitpid(app.pid, Some(WaitPidFlag::WNOHANG)) {
+        Ok(WaitStatus::Exited(_, code)) => Ok(Some(ExitCode::from(code as u8))),
+        Ok(WaitStatus::Signaled(_, sig, _)) => Ok(Some(ExitCode::from(128 + sig as u8))),
+        Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(None),
+        Err(e) => Err(e).context(format!("waiting for pid {}", app.pid)),
+    }
+}
+
+/// Sends `sig` to the application's process group (or only to it if it
+/// shares ours).
+fn forward(app: &App, sig: Signal) {
+    let target = match getpgid(Some(app.pid)) {
+        Ok(pg) if pg != getpgrp() => Pid::from_raw(-pg.as_raw()),
+        _ => app.pid,
+    };
+    let _ = kill(target, sig);
+}
+
+/// Dumps the application's tree with `--kill` into the next `ckpt-N` and
+/// commits it; returns its name. On failure nothing is committed and the
+/// partial directory is removed.
+fn checkpoint(a: &SlurmArgs, dir: &Path, app: &App) -> anyhow::Result<String> {
+    let name = format!("{CKPT_PREFIX}{}", next_number(dir)?);
+    let target = dir.join(&name);
+    let exe = std::env::current_exe().context("cannot find the ckpt executable")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("dump")
+        .arg("--tree")
+        .arg(app.pid.to_string())
+        .arg("--dir")
+        .arg(&target)
+        .arg("--kill");
+    if let Some(k) = &a.image_key {
+        cmd.arg("--image-key").arg(k);
+    }
+    // Its own process group: a SIGTERM from Slurm during the dump goes to
+    // the wrapper, which lets the dump finish within KillWait.
+    let out = cmd
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .context("cannot run ckpt dump")?;
+    if !out.status.success() {
+        let _ = std::fs::remove_dir_all(&target);
+        let text = String::from_utf8_lossy(&out.stderr);
+        let last = text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
+        bail!("ckpt dump: {}: {last}", out.status);
+    }
+    commit(dir, &name)?;
+    prune(dir, a.keep);
+    eprintln!(
+        "ckpt slurm: pid {} checkpointed into {} and committed",
+        app.pid,
+        target.display()
+    );
+    Ok(name)
+}
+
+/// Requeues the job once its checkpoint is committed.
+fn requeue(job: &Job, dir: &Path, name: &str) -> anyhow::Result<ExitCode> {
+    let out = Command::new("scontrol")
+        .arg("requeue")
+        .arg(&job.id)
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run scontrol requeue")?;
+    if !out.status.success() {
+        bail!(
+            "{} is committed but `scontrol requeue {}` failed ({}): {}; restore it with ckpt restore -D {}",
+            dir.join(name).display(),
+            job.id,
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim(),
+            dir.join(name).display()
+        );
+    }
+    eprintln!("ckpt slurm: job {} requeued", job.id);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The number of a `ckpt-N` directory name.
+fn number_of(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix(CKPT_PREFIX)?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The checkpoint numbers present in `dir`, committed or not.
+fn numbers(dir: &Path) -> anyhow::Result<Vec<u64>> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(dir).with_context(|| format!("{}: read", dir.display()))? {
+        let e = e.with_context(|| format!("{}: read", dir.display()))?;
+        if let Some(n) = e.file_name().to_str().and_then(number_of) {
+            v.push(n);
+        }
+    }
+    v.sort_unstable();
+    Ok(v)
+}
+
+fn next_number(dir: &Path) -> anyhow::Result<u64> {
+    Ok(numbers(dir)?.last().map_or(1, |n| n + 1))
+}
+
+/// The committed checkpoint's name, if `LATEST` names an existing one.
+fn committed(dir: &Path) -> anyhow::Result<Option<String>> {
+    let path = dir.join(LATEST);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("{}: read", path.display())),
+    };
+    let name = text.trim();
+    if number_of(name).is_none() {
+        bail!(
+            "{}: names {name:?}, not a checkpoint directory {CKPT_PREFIX}N",
+            path.display()
+        );
+    }
+    if !dir.join(name).is_dir() {
+        bail!(
+            "{}: names {name}, which is not a directory in {}",
+            path.display(),
+            dir.display()
+        );
+    }
+    Ok(Some(name.to_string()))
+}
+
+/// Makes `name` the committed checkpoint: `LATEST` is written aside, synced
+/// and renamed over the old one, so a crash leaves either the old or the
+/// new checkpoint committed, never none.
+fn commit(dir: &Path, name: &str) -> anyhow::Result<()> {
+    let tmp = dir.join(format!("{LATEST}.tmp"));
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .with_context(|| format!("{}: create", tmp.display()))?;
+    writeln!(f, "{name}").with_context(|| format!("{}: write", tmp.display()))?;
+    f.sync_all()
+        .with_context(|| format!("{}: sync", tmp.display()))?;
+    std::fs::rename(&tmp, dir.join(LATEST))
+        .with_context(|| format!("{}: rename to {LATEST}", tmp.display()))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("{}: sync", dir.display()))?;
+    Ok(())
+}
+
+/// Removes all but the newest `keep` checkpoints (never the committed one).
+fn prune(dir: &Path, keep: u32) {
+    let Ok(all) = numbers(dir) else { return };
+    let current = committed(dir).ok().flatten();
+    let keep = usize::try_from(keep).unwrap_or(usize::MAX);
+    for n in all.iter().rev().skip(keep) {
+        let name = format!("{CKPT_PREFIX}{n}");
+        if current.as_deref() == Some(name.as_str()) {
+            continue;
+        }
+        if let Err(e) = std::fs::remove_dir_all(dir.join(&name)) {
+            eprintln!(
+                "ckpt slurm: {}: cannot remove old checkpoint: {e}",
+                dir.join(&name).display()
+            );
+        }
+    }
+}

@@ -1,0 +1,69 @@
+#!/bin/bash
+# Brings up a one-node Slurm on localhost for ckpt's tests: munged,
+# slurmctld and slurmd, started by hand (no systemd needed). Run as root.
+# Idempotent: daemons already running are left alone.
+#
+# State, logs and the generated slurm.conf live in $CKPT_SLURM_LAB
+# (default /var/tmp/ckpt-slurm-lab). Clients need
+#   export SLURM_CONF=$CKPT_SLURM_LAB/slurm.conf
+# Prints "started" as its last line if it started slurmctld, "up" if the lab
+# was already running.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+LAB=${CKPT_SLURM_LAB:-/var/tmp/ckpt-slurm-lab}
+export SLURM_CONF=$LAB/slurm.conf
+
+for bin in munged slurmctld slurmd sinfo scontrol; do
+	command -v "$bin" >/dev/null || PATH=$PATH:/usr/sbin:/sbin
+	command -v "$bin" >/dev/null || { echo "lab-up: $bin not found (apt-get install slurm-wlm munge)" >&2; exit 2; }
+done
+[ "$(id -u)" = 0 ] || { echo "lab-up: must run as root" >&2; exit 2; }
+
+alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# munge: one per host, shared with anything else using it.
+if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
+	if [ ! -s /etc/munge/munge.key ]; then
+		install -d -o munge -g munge -m 0700 /etc/munge
+		dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
+		chown munge:munge /etc/munge/munge.key
+		chmod 0400 /etc/munge/munge.key
+	fi
+	install -d -o munge -g munge -m 0755 /run/munge
+	runuser -u munge -- munged
+	install -d "$LAB/run"
+	touch "$LAB/run/munged.ours"
+	for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
+fi
+
+install -d -m 0755 "$LAB" "$LAB/run" "$LAB/ctld" "$LAB/d" "$LAB/log"
+HOST=$(hostname -s)
+# The node line as slurmd detects this machine (CPUs, sockets, memory).
+NODE=$(slurmd -C | head -n 1)
+case "$NODE" in NodeName=*) ;; *) echo "lab-up: slurmd -C printed: $NODE" >&2; exit 1 ;; esac
+sed -e "s|@HOST@|$HOST|g" -e "s|@LAB@|$LAB|g" -e "s|@NODE@|$NODE|g" \
+	"$HERE/slurm.conf.in" >"$LAB/slurm.conf.new"
+mv "$LAB/slurm.conf.new" "$LAB/slurm.conf"
+
+state=up
+if ! alive "$LAB/run/slurmctld.pid"; then
+	slurmctld -f "$SLURM_CONF"
+	state=started
+fi
+alive "$LAB/run/slurmd.pid" || slurmd -f "$SLURM_CONF"
+
+# Wait for the node to register; a node left down by an earlier run is
+# resumed.
+for _ in $(seq 60); do
+	st=$(sinfo -h -N -o %t 2>/dev/null | head -n 1 || true)
+	case "$st" in
+	idle | alloc | mix) break ;;
+	down* | drain* | drng*) scontrol update nodename="$HOST" state=resume 2>/dev/null || true ;;
+	esac
+	sleep 0.5
+done
+case "$st" in
+idle | alloc | mix) ;;
+*) echo "lab-up: node $HOST not up (state '$st'); see $LAB/log/" >&2; exit 1 ;;
+esac
+echo "$state"

@@ -1,0 +1,524 @@
+//! `ckpt slurm` under a real Slurm (a one-node lab on localhost, brought up
+//! by scripts/slurm/lab-up.sh): a batch job whose application checks its
+//! memory at every step is checkpointed on the time-limit warning,
+//! requeued, restored when Slurm starts it again, and completes; its output
+//! file shows one unbroken run (victim: tests/c/slurm_steps.c).
+//!
+//! Takes about 3 minutes: Slurm's warning comes on a 30 s timer, and a
+//! requeued job waits the lab's credential lifetime (30 s) before it runs.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Steps of the application, one per [`STEP_MS`].
+const STEPS: u64 = 130;
+const STEP_MS: u64 = 1000;
+/// Time limit and warning lead. Slurm looks at time limits every 30 s, so
+/// the warning comes somewhere from 30 s before to 30 s after "lead
+/// seconds before the limit" (here: 60-120 s into a run; both ends were
+/// seen on this machine). The application (130 s) is always still running
+/// then. A restored run with more than 60 s of work left may be
+/// checkpointed again, which the test accepts (every run must continue
+/// the same sequence).
+const TIME_LIMIT: &str = "2:30";
+const WARN_LEAD_SECS: u32 = 60;
+/// First run, requeue delay, scheduling and second run, with slack.
+const JOB_TIMEOUT: Duration = Duration::from_secs(600);
+/// How often the job's state is asked for.
+const JOB_POLL: Duration = Duration::from_secs(2);
+/// Words of the victim's buffer (4 MiB of u64).
+const WORDS: u64 = 4 * 1024 * 1024 / 8;
+
+fn lab_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/slurm")
+}
+
+fn slurm_conf() -> PathBuf {
+    let lab = std::env::var_os("CKPT_SLURM_LAB")
+        .map_or_else(|| PathBuf::from("/var/tmp/ckpt-slurm-lab"), PathBuf::from);
+    lab.join("slurm.conf")
+}
+
+/// Whether Slurm is installed; if not, tries apt-get once. `Err` says why
+/// it cannot be had.
+fn slurm_installed() -> Result<(), String> {
+    let have =
+        || Path::new("/usr/sbin/slurmctld").exists() && Path::new("/usr/bin/sbatch").exists();
+    if have() {
+        return Ok(());
+    }
+    let out = Command::new("apt-get")
+        .args(["install", "-y", "-qq", "slurm-wlm", "munge"])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .output()
+        .map_err(|e| format!("Slurm is not installed and apt-get cannot run: {e}"))?;
+    if !out.status.success() || !have() {
+        return Err(format!(
+            "Slurm is not installed and `apt-get install slurm-wlm munge` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
+fn slurm(cmd: &str) -> Command {
+    let mut c = Command::new(cmd);
+    c.env("SLURM_CONF", slurm_conf());
+    c
+}
+
+/// The victim's word `i` at step `s` (tests/c/slurm_steps.c `mix`).
+fn mix(i: u64, s: u64) -> u64 {
+    let mut z = i
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(s.wrapping_mul(0xbf58_476d_1ce4_e5b9))
+        .wrapping_add(1);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The sum the victim prints after step `s`.
+fn step_sum(s: u64) -> String {
+    let sum = (0..WORDS).fold(0u64, |acc, i| acc.wrapping_add(mix(i, s)));
+    format!("{sum:016x}")
+}
+
+/// `Key=Value` of `scontrol show job -o`.
+fn field<'a>(record: &'a str, key: &str) -> Option<&'a str> {
+    record
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+}
+
+fn diagnose(env: &TestEnv, job: &str, output: &Path) -> String {
+    let record = slurm("scontrol")
+        .args(["show", "job", "-o", job])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let ctld = slurm_conf().with_file_name("log/slurmctld.log");
+    let log = read_to_string_lossy(&ctld);
+    let tail: Vec<&str> = log.lines().rev().take(30).collect();
+    let listing = std::fs::read_dir(env.root.join("ckpt"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default();
+    format!(
+        "job record: {record}\ncheckpoint dir: {listing}\n--- job output ---\n{}\n--- slurmctld.log (last 30 lines, newest first) ---\n{}",
+        read_to_string_lossy(output),
+        tail.join("\n")
+    )
+}
+
+#[test]
+fn job_is_checkpointed_requeued_and_restored_with_its_memory_and_output() {
+    if let Err(why) = slurm_installed() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let up = Command::new(lab_dir().join("lab-up.sh"))
+        .output()
+        .expect("run scripts/slurm/lab-up.sh");
+    assert!(
+        up.status.success(),
+        "scripts/slurm/lab-up.sh could not bring up the Slurm lab ({}):\n{}{}",
+        up.status,
+        String::from_utf8_lossy(&up.stdout),
+        String::from_utf8_lossy(&up.stderr)
+    );
+
+    let env = TestEnv::new("slurm");
+    let victim = victim_bin("slurm_steps");
+    let script = env.root.join("job.sh");
+    let output = env.root.join("job.out");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\nexport CKPT_IMAGE_KEY={key}\nexec {ckpt} slurm --dir {dir} -- {victim} {STEPS} {STEP_MS}\n",
+            key = env.image_key().display(),
+            ckpt = CKPT,
+            dir = env.root.join("ckpt").display(),
+            victim = victim.display(),
+        ),
+    )
+    .expect("write batch script");
+    let started = Instant::now();
+    let sub = slurm("sbatch")
+        .arg("--parsable")
+        .arg("--requeue")
+        .arg("--open-mode=append")
+        .arg(format!("--signal=B:USR1@{WARN_LEAD_SECS}"))
+        .arg(format!("--time={TIME_LIMIT}"))
+        .arg("--job-name=ckpt-slurm-test")
+        .arg("--output")
+        .arg(&output)
+        .arg(&script)
+        .output()
+        .expect("run sbatch");
+    assert!(
+        sub.status.success(),
+        "sbatch failed: {}",
+        String::from_utf8_lossy(&sub.stderr)
+    );
+    let job = String::from_utf8_lossy(&sub.stdout).trim().to_string();
+
+    // Until the job record says it ended (REQUEUED/PENDING/RUNNING between).
+    let mut last;
+    let ended = loop {
+        let out = slurm("scontrol")
+            .args(["show", "job", "-o", &job])
+            .output()
+            .expect("run scontrol");
+        last = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !matches!(
+            field(&last, "JobState"),
+            Some("PENDING" | "RUNNING" | "REQUEUED" | "CONFIGURING" | "COMPLETING") | None
+        ) {
+            break true;
+        }
+        if started.elapsed() > JOB_TIMEOUT {
+            break false;
+        }
+        std::thread::sleep(JOB_POLL);
+    };
+    if !ended {
+        let _ = slurm("scancel").arg(&job).status();
+        panic!(
+            "job {job} did not end within {JOB_TIMEOUT:?}\n{}",
+            diagnose(&env, &job, &output)
+        );
+    }
+    eprintln!(
+        "job {job} ended after {:.0} s: {}",
+        started.elapsed().as_secs_f64(),
+        field(&last, "JobState").unwrap_or("?")
+    );
+    let diag = || diagnose(&env, &job, &output);
+    assert_eq!(field(&last, "JobState"), Some("COMPLETED"), "{}", diag());
+    assert_eq!(field(&last, "ExitCode"), Some("0:0"), "{}", diag());
+    let restarts: u32 = field(&last, "Restarts")
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
+    assert!(restarts >= 1, "job was never requeued\n{}", diag());
+
+    // One unbroken run in the one output file: every step once, in order,
+    // each with the sum of its memory, a restore somewhere in the middle.
+    let text = read_to_string_lossy(&output);
+    let lines: Vec<&str> = text.lines().collect();
+    let steps: Vec<(usize, u64, &str)> = lines
+        .iter()
+        .enumerate()
+        .filter_map(|(at, l)| {
+            let rest = l.strip_prefix("step ")?;
+            let (n, sum) = rest.split_once(" sum ")?;
+            let (n, _) = n.split_once('/')?;
+            Some((at, n.parse().ok()?, sum))
+        })
+        .collect();
+    let numbers: Vec<u64> = steps.iter().map(|s| s.1).collect();
+    assert_eq!(
+        numbers,
+        (1..=STEPS).collect::<Vec<_>>(),
+        "steps not one unbroken sequence 1..{STEPS}\n{}",
+        diag()
+    );
+    for (_, n, sum) in &steps {
+        assert_eq!(*sum, step_sum(*n), "step {n}: wrong memory sum\n{}", diag());
+    }
+    let done = format!("done {STEPS} sum {}", step_sum(STEPS));
+    assert!(
+        lines.iter().any(|l| *l == done),
+        "no `{done}` line\n{}",
+        diag()
+    );
+    assert!(!text.contains("BAD step"), "{}", diag());
+    let committed = lines
+        .iter()
+        .position(|l| l.starts_with("ckpt slurm: pid ") && l.contains("checkpointed into"))
+        .unwrap_or_else(|| panic!("no checkpoint line\n{}", diag()));
+    let restored = lines
+        .iter()
+        .position(|l| l.contains(": restored pid "))
+        .unwrap_or_else(|| panic!("no restore line\n{}", diag()));
+    assert!(
+        steps[0].0 < committed && committed < restored && restored < steps[steps.len() - 1].0,
+        "the checkpoint and restore are not between the first and the last step\n{}",
+        diag()
+    );
+    // The committed checkpoint is still there; older ones pruned to --keep.
+    let latest = std::fs::read_to_string(env.root.join("ckpt/LATEST")).expect("read LATEST");
+    assert!(
+        env.root.join("ckpt").join(latest.trim()).is_dir(),
+        "LATEST names {latest:?}, which is missing"
+    );
+
+    if String::from_utf8_lossy(&up.stdout)
+        .trim_end()
+        .ends_with("started")
+    {
+        let _ = Command::new(lab_dir().join("lab-down.sh")).status();
+    }
+}
+
+/// Steps of the application in the tests without Slurm, one per
+/// [`FAST_STEP_MS`].
+const FAST_STEPS: u64 = 40;
+const FAST_STEP_MS: u64 = 100;
+/// Job id the tests without Slurm pretend to run as.
+const FAKE_JOB: &str = "4242";
+const WRAPPER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `ckpt slurm` as a batch script would run it, without Slurm: the job's
+/// environment is set by hand and `scontrol` is a script that logs its
+/// arguments. stdout is the job's output file (opened for append, as
+/// `--open-mode=append` does), stderr goes to `wrapper.err`.
+struct FakeJob {
+    env: TestEnv,
+    out: PathBuf,
+    dir: PathBuf,
+    bin: PathBuf,
+    victim: PathBuf,
+}
+
+impl FakeJob {
+    fn new(test: &str) -> FakeJob {
+        let env = TestEnv::new(test);
+        let bin = env.root.join("bin");
+        std::fs::create_dir(&bin).expect("create fake bin dir");
+        let scontrol = bin.join("scontrol");
+        std::fs::write(
+            &scontrol,
+            format!(
+                "#!/bin/sh\necho \"$@\" >> {}\n",
+                env.root.join("scontrol.log").display()
+            ),
+        )
+        .expect("write fake scontrol");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&scontrol, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod fake scontrol");
+        FakeJob {
+            out: env.root.join("job.out"),
+            dir: env.root.join("ckpt"),
+            victim: victim_bin("slurm_steps"),
+            bin,
+            env,
+        }
+    }
+
+    /// Starts the wrapper as run `restart` of the job; `app` replaces the
+    /// default application (the victim) if given.
+    fn start(
+        &self,
+        restart: u32,
+        extra: &[&str],
+        app: Option<&[&str]>,
+        stdin: std::process::Stdio,
+    ) -> std::process::Child {
+        let open = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.out)
+                .expect("open job output")
+        };
+        let err = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.env.root.join("wrapper.err"))
+            .expect("open wrapper stderr");
+        let path = format!(
+            "{}:{}",
+            self.bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let victim = self.victim.to_string_lossy().into_owned();
+        let steps = FAST_STEPS.to_string();
+        let period = FAST_STEP_MS.to_string();
+        let default_app = [victim.as_str(), steps.as_str(), period.as_str()];
+        let mut cmd = self.env.ckpt_command();
+        cmd.arg("slurm")
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(extra)
+            .arg("--")
+            .args(app.unwrap_or(&default_app))
+            .env("PATH", path)
+            .env("SLURM_JOB_ID", FAKE_JOB)
+            .env_remove("SLURM_RESTART_COUNT")
+            .env_remove("SLURM_SUBMIT_DIR")
+            .stdin(stdin)
+            .stdout(open())
+            .stderr(err);
+        if restart > 0 {
+            cmd.env("SLURM_RESTART_COUNT", restart.to_string());
+        }
+        cmd.spawn().expect("start ckpt slurm")
+    }
+
+    fn output(&self) -> String {
+        read_to_string_lossy(&self.out)
+    }
+
+    fn diag(&self) -> String {
+        format!(
+            "--- job output ---\n{}\n--- wrapper stderr ---\n{}\n--- scontrol.log ---\n{}",
+            self.output(),
+            read_to_string_lossy(&self.env.root.join("wrapper.err")),
+            read_to_string_lossy(&self.env.root.join("scontrol.log"))
+        )
+    }
+
+    /// Waits until the output shows step `n`, then sends the warning.
+    fn warn_after_step(&self, child: &std::process::Child, n: u64) {
+        let line = format!("step {n}/");
+        assert!(
+            wait_until(WRAPPER_TIMEOUT, || self.output().contains(&line)),
+            "no step {n}\n{}",
+            self.diag()
+        );
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1).expect("send SIGUSR1");
+    }
+
+    fn wait(&self, mut child: std::process::Child) -> i32 {
+        let ok = wait_until(WRAPPER_TIMEOUT, || {
+            child.try_wait().ok().flatten().is_some()
+        });
+        if !ok {
+            let _ = child.kill();
+            panic!("ckpt slurm did not end\n{}", self.diag());
+        }
+        child.wait().expect("wait").code().unwrap_or(-1)
+    }
+
+    fn latest(&self) -> String {
+        std::fs::read_to_string(self.dir.join("LATEST"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    }
+
+    /// The step numbers in the output, in order; each step's sum checked.
+    fn steps(&self) -> Vec<u64> {
+        let text = self.output();
+        let mut v = Vec::new();
+        for l in text.lines() {
+            let Some((n, sum)) = l.strip_prefix("step ").and_then(|r| r.split_once(" sum ")) else {
+                continue;
+            };
+            let n: u64 = n
+                .split('/')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .expect("step number");
+            assert_eq!(
+                sum,
+                step_sum(n),
+                "step {n}: wrong memory sum\n{}",
+                self.diag()
+            );
+            v.push(n);
+        }
+        v
+    }
+}
+
+#[test]
+fn wrapper_checkpoints_twice_prunes_and_restores_without_slurm() {
+    let job = FakeJob::new("slurm-fake");
+    // First run: checkpoint, "requeue".
+    let run = job.start(0, &["--keep", "1"], None, Stdio::null());
+    job.warn_after_step(&run, 5);
+    assert_eq!(job.wait(run), 0, "{}", job.diag());
+    assert_eq!(job.latest(), "ckpt-1", "{}", job.diag());
+    assert_eq!(
+        read_to_string_lossy(&job.env.root.join("scontrol.log")).trim(),
+        format!("requeue {FAKE_JOB}")
+    );
+    // Second run: restored, checkpointed again; --keep 1 removes ckpt-1.
+    let run = job.start(1, &["--keep", "1"], None, Stdio::null());
+    job.warn_after_step(&run, 15);
+    assert_eq!(job.wait(run), 0, "{}", job.diag());
+    assert_eq!(job.latest(), "ckpt-2", "{}", job.diag());
+    assert!(
+        !job.dir.join("ckpt-1").exists(),
+        "ckpt-1 not pruned\n{}",
+        job.diag()
+    );
+    // Third run: restored from ckpt-2, runs to the end.
+    let run = job.start(2, &["--keep", "1"], None, Stdio::null());
+    assert_eq!(job.wait(run), 0, "{}", job.diag());
+    assert_eq!(
+        job.steps(),
+        (1..=FAST_STEPS).collect::<Vec<_>>(),
+        "steps not one unbroken sequence\n{}",
+        job.diag()
+    );
+    let done = format!("done {FAST_STEPS} sum {}", step_sum(FAST_STEPS));
+    assert!(job.output().lines().any(|l| l == done), "{}", job.diag());
+    let err = read_to_string_lossy(&job.env.root.join("wrapper.err"));
+    assert_eq!(err.matches("restored pid").count(), 2, "{}", job.diag());
+}
+
+#[test]
+fn failed_checkpoint_leaves_the_app_running_and_nothing_committed() {
+    let job = FakeJob::new("slurm-fail");
+    // The application holds a pipe to outside its tree as fd 5, which a
+    // dump refuses.
+    let victim = job.victim.to_string_lossy().into_owned();
+    let steps = FAST_STEPS.to_string();
+    let period = FAST_STEP_MS.to_string();
+    let script = format!("exec 5<&0; exec {victim} {steps} {period}");
+    let app = ["/bin/sh", "-c", script.as_str()];
+    // stdin is a pipe from this test, so fd 5 is one to outside the tree.
+    let mut run = job.start(0, &[], Some(&app), Stdio::piped());
+    let _writer = run.stdin.take();
+    job.warn_after_step(&run, 5);
+    let code = job.wait(run);
+    assert_eq!(
+        code,
+        0,
+        "the application did not run to its end\n{}",
+        job.diag()
+    );
+    assert_eq!(
+        job.steps(),
+        (1..=FAST_STEPS).collect::<Vec<_>>(),
+        "{}",
+        job.diag()
+    );
+    let err = read_to_string_lossy(&job.env.root.join("wrapper.err"));
+    let failed: Vec<&str> = err.lines().filter(|l| l.contains("failed")).collect();
+    assert_eq!(
+        failed.len(),
+        1,
+        "not one line about the failure\n{}",
+        job.diag()
+    );
+    assert!(
+        failed[0].contains("keeps running") && failed[0].contains("fd 5"),
+        "{}",
+        job.diag()
+    );
+    assert_eq!(
+        job.latest(),
+        "",
+        "a failed dump was committed\n{}",
+        job.diag()
+    );
+    assert!(
+        !job.env.root.join("scontrol.log").exists(),
+        "requeued after a failed dump\n{}",
+        job.diag()
+    );
+}
