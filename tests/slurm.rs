@@ -445,6 +445,20 @@ fn wrapper_checkpoints_twice_prunes_and_restores_without_slurm() {
         read_to_string_lossy(&job.env.root.join("scontrol.log")).trim(),
         format!("requeue {FAKE_JOB}")
     );
+    // The application ran in a PID namespace of its own, so a restart on
+    // a node where its pids are taken still gets them back.
+    let ckpt1 = job.dir.join("ckpt-1");
+    let show = ckpt(
+        &job.env,
+        &["show", path_str(&ckpt1), "--json"],
+        Duration::from_secs(30),
+    );
+    show.assert_success();
+    assert!(
+        show.stdout.contains("\"pid_namespace\":{"),
+        "the checkpoint is of a PID namespace: {}",
+        show.stdout
+    );
     // Second run: restored, checkpointed again; --keep 1 removes ckpt-1.
     let run = job.start(1, &["--keep", "1"], None, Stdio::null());
     job.warn_after_step(&run, 15);

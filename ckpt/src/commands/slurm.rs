@@ -1,6 +1,8 @@
 //! `ckpt slurm`: the job wrapper a Slurm batch script `exec`s.
 //!
-//! First start: run the application and wait for it. On the warning signal
+//! First start: run the application (under `ckpt run --pidns`, so its
+//! checkpoints restore into a PID namespace of their own wherever the
+//! host's pids are taken) and wait for it. On the warning signal
 //! (`sbatch --signal=B:USR1@T`): dump the application's tree with `--kill`
 //! into `DIR/ckpt-N`, commit it (`DIR/LATEST` replaced atomically), prune
 //! old checkpoints, `scontrol requeue` the job and exit 0. When the requeued
@@ -108,8 +110,16 @@ impl Job {
 
 /// The application the wrapper supervises.
 struct App {
+    /// The wrapper's child it waits for: `ckpt run` on the first run, the
+    /// restored init after a restart.
     pid: Pid,
+    /// The root of the tree a checkpoint saves: the init of the
+    /// application's PID namespace.
+    tree: Pid,
 }
+
+/// How long the wrapper waits for `ckpt run` to start the namespace's init.
+const INIT_START: Duration = Duration::from_secs(10);
 
 /// Runs `ckpt slurm`: exits with the application's status (128+signal if
 /// killed), or 0 once it is checkpointed and the job requeued.
@@ -155,23 +165,46 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
     supervise(&a, &job, &dir, &app, &signals)
 }
 
-/// Starts the application in its own process group (so Slurm's signals to
-/// the batch script's group reach only the wrapper) with the job's stdio
-/// and no other fd: whatever the batch environment leaked to the wrapper
-/// would only make the tree undumpable (a pipe to outside, a daemon's
-/// socket).
+/// Starts the application under `ckpt run --pidns` (PID 2 of a PID
+/// namespace of its own, so a restart on any node gets its pids back even
+/// where the host's are taken), in its own process group (so Slurm's
+/// signals to the batch script's group reach only the wrapper) with the
+/// job's stdio and no other fd: whatever the batch environment leaked to
+/// the wrapper would only make the tree undumpable (a pipe to outside, a
+/// daemon's socket).
 fn start(a: &SlurmArgs) -> anyhow::Result<App> {
-    let (prog, args) = a.app.split_first().context("no application given")?;
-    let mut cmd = Command::new(prog);
-    cmd.args(args).process_group(0);
+    let (prog, _) = a.app.split_first().context("no application given")?;
+    let exe = std::env::current_exe().context("cannot find the ckpt executable")?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["run", "--pidns", "--"])
+        .args(&a.app)
+        .process_group(0);
     crate::scripts::close_inherited_fds(&mut cmd);
     let child = cmd
         .spawn()
         .with_context(|| format!("cannot start {}", prog.to_string_lossy()))?;
     let pid = i32::try_from(child.id()).context("child pid out of range")?;
+    let tree = namespace_init(pid)?;
     Ok(App {
         pid: Pid::from_raw(pid),
+        tree,
     })
+}
+
+/// The init `ckpt run` (pid `run`) started: its only child.
+fn namespace_init(run: i32) -> anyhow::Result<Pid> {
+    let children = format!("/proc/{run}/task/{run}/children");
+    let deadline = std::time::Instant::now() + INIT_START;
+    loop {
+        let text = std::fs::read_to_string(&children).unwrap_or_default();
+        if let Some(init) = text.split_whitespace().next().and_then(|p| p.parse().ok()) {
+            return Ok(Pid::from_raw(init));
+        }
+        if std::time::Instant::now() > deadline {
+            bail!("ckpt run (pid {run}) started no PID namespace init within {INIT_START:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Restores `ckpt` as a child of this process. The job's output file is the
@@ -204,6 +237,7 @@ fn restore(a: &SlurmArgs, job: &Job, ckpt: &Path) -> anyhow::Result<App> {
     );
     Ok(App {
         pid: Pid::from_raw(r.pid),
+        tree: Pid::from_raw(r.pid),
     })
 }
 
@@ -236,7 +270,7 @@ fn supervise(
                 Ok(name) => return requeue(job, dir, &name),
                 Err(e) => eprintln!(
                     "ckpt slurm: checkpoint of pid {} failed, the application keeps running ({}): {e:#}",
-                    app.pid,
+                    app.tree,
                     committed(dir).ok().flatten().map_or_else(
                         || "no checkpoint committed".to_string(),
                         |n| format!("{} stays committed", dir.join(n).display())
@@ -283,7 +317,7 @@ fn checkpoint(a: &SlurmArgs, dir: &Path, app: &App) -> anyhow::Result<String> {
     let mut cmd = Command::new(exe);
     cmd.arg("dump")
         .arg("--tree")
-        .arg(app.pid.to_string())
+        .arg(app.tree.to_string())
         .arg("--dir")
         .arg(&target)
         .arg("--kill");
@@ -309,7 +343,7 @@ fn checkpoint(a: &SlurmArgs, dir: &Path, app: &App) -> anyhow::Result<String> {
     prune(dir, a.keep);
     eprintln!(
         "ckpt slurm: pid {} checkpointed into {} and committed",
-        app.pid,
+        app.tree,
         target.display()
     );
     Ok(name)
