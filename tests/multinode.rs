@@ -41,34 +41,7 @@ fn tcp_job_across_two_nodes_survives_a_coordinated_checkpoint() {
     let port = "47123";
 
     // The coordinator, reachable from both nodes on the bridge.
-    let coord_port = std::net::TcpListener::bind("0.0.0.0:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
-    let coord_addr = format!("{}:{coord_port}", nodes.host_addr);
-    let state = env.root.join("coord");
-    let state_s = state.display().to_string();
-    let mut coord = CkptCmd::spawn(
-        &env,
-        &[
-            "coord",
-            "--listen",
-            &coord_addr,
-            "--job",
-            JOB,
-            "--expect",
-            "2",
-            "--state-dir",
-            &state_s,
-        ],
-    );
-    let secret = state.join(format!("{JOB}.secret"));
-    assert!(
-        wait_until(Duration::from_secs(10), || secret.exists()),
-        "coordinator did not start: {}",
-        coord.stderr_now()
-    );
-    let secret_s = secret.display().to_string();
+    let mut coord = Coordinated::start(&env, &nodes, JOB);
 
     let ip = Path::new("/usr/sbin/ip");
     let server_args = nodes.on(0, &[bin, "server", &work, &nodes.addrs[0], port, &rounds]);
@@ -97,63 +70,15 @@ fn tcp_job_across_two_nodes_survives_a_coordinated_checkpoint() {
     );
 
     // Coordinated dump, one agent per node, inside its node.
-    let agent = |i: usize, verb: &str, pid: Option<i32>| {
-        let dir = env
-            .root
-            .join(format!("node{}", i + 1))
-            .display()
-            .to_string();
-        let node = format!("n{}", i + 1);
-        let mut args: Vec<String> = vec![verb.into()];
-        if let Some(pid) = pid {
-            // The peer is on the other node: outside this node's tree.
-            args.extend(
-                ["--tree", &pid.to_string(), "--kill", "--tcp-established"].map(String::from),
-            );
-        }
-        args.extend(
-            [
-                "--dir",
-                &dir,
-                "--coord",
-                &coord_addr,
-                "--job",
-                JOB,
-                "--node",
-                &node,
-                "--secret-file",
-                &secret_s,
-            ]
-            .map(String::from),
-        );
-        CkptCmd::spawn_in_netns(
-            &env,
-            &nodes.names[i],
-            &args.iter().map(String::as_str).collect::<Vec<_>>(),
-        )
-    };
-    let d1 = agent(0, "dump", Some(server.pid));
-    let d2 = agent(1, "dump", Some(client.pid));
-    let (o1, o2) = (d1.wait(WAIT), d2.wait(WAIT));
-    o1.assert_success();
-    o2.assert_success();
+    coord.dump_and_kill(&[server.pid, client.pid], WAIT);
     let at_dump = progress(&env);
     server.reap_killed(Duration::from_secs(10));
     client.reap_killed(Duration::from_secs(10));
     assert!(at_dump < ROUNDS, "the exchange had ended before the dump");
-    assert!(
-        state
-            .join(JOB)
-            .join(format!("epoch-{:016}.json", 1))
-            .exists(),
-        "epoch 1 committed by the coordinator: {:?}",
-        fs::read_dir(&state).map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
-    );
 
     // Coordinated restart: each node restores its part inside its node.
-    let r1 = agent(0, "restore", None);
-    let r2 = agent(1, "restore", None);
-    let (o1, o2) = (r1.wait(WAIT), r2.wait(WAIT));
+    let outs = coord.restore(WAIT);
+    let (o1, o2) = (&outs[0], &outs[1]);
     let (server_result, client_result) = (
         read_file(&env, "result-server"),
         read_file(&env, "result-client"),
@@ -170,5 +95,4 @@ fn tcp_job_across_two_nodes_survives_a_coordinated_checkpoint() {
         server_result.starts_with("PASS") && server_result == client_result,
         "both sides agree on the whole exchange: server {server_result}, client {client_result}"
     );
-    let _ = coord.try_status();
 }

@@ -1340,11 +1340,186 @@ impl NetNodes {
 
 impl Drop for NetNodes {
     fn drop(&mut self) {
+        for i in 0..self.names.len() {
+            // Whatever a failed test left running in its nodes (daemons
+            // such as Open MPI's orted are no test's child).
+            for pid in self.pids(i) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
         for name in &self.names {
             let _ = Command::new("ip").args(["netns", "del", name]).status();
         }
         let _ = Command::new("ip")
             .args(["link", "del", &self.bridge])
             .status();
+    }
+}
+
+impl NetNodes {
+    /// The pid (in the host's pid namespace) of the process named `comm`
+    /// inside node `i`'s network namespace, if there is exactly one.
+    pub fn pid_of(&self, i: usize, comm: &str) -> Option<i32> {
+        let found: Vec<i32> = self
+            .pids(i)
+            .into_iter()
+            .filter(|&p| {
+                fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == comm)
+            })
+            .collect();
+        match found[..] {
+            [pid] => Some(pid),
+            _ => None,
+        }
+    }
+}
+
+impl NetNodes {
+    /// Every process in node `i`'s network namespace.
+    pub fn pids(&self, i: usize) -> Vec<i32> {
+        Command::new("ip")
+            .args(["netns", "pids", &self.names[i]])
+            .output()
+            .map(|out| {
+                String::from_utf8_lossy(&out.stdout)
+                    .split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// A coordinated checkpoint of a job spread over [`NetNodes`]: a
+/// coordinator (`ckpt coord`) on the bridge, reachable from every node,
+/// and one agent per node (`ckpt dump --coord` / `ckpt restore --coord`)
+/// run inside that node, as a site would run them through its launcher.
+pub struct Coordinated<'a> {
+    env: &'a TestEnv,
+    nodes: &'a NetNodes,
+    job: String,
+    addr: String,
+    state: PathBuf,
+    secret: String,
+    coord: CkptCmd,
+}
+
+impl<'a> Coordinated<'a> {
+    /// Starts the coordinator of job `job` expecting one agent per node.
+    pub fn start(env: &'a TestEnv, nodes: &'a NetNodes, job: &str) -> Coordinated<'a> {
+        let port = std::net::TcpListener::bind("0.0.0.0:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let addr = format!("{}:{port}", nodes.host_addr);
+        let state = env.root.join("coord");
+        let expect = nodes.names.len().to_string();
+        let coord = CkptCmd::spawn(
+            env,
+            &[
+                "coord",
+                "--listen",
+                &addr,
+                "--job",
+                job,
+                "--expect",
+                &expect,
+                "--state-dir",
+                path_str(&state),
+            ],
+        );
+        let secret = state.join(format!("{job}.secret"));
+        assert!(
+            wait_until(Duration::from_secs(10), || secret.exists()),
+            "coordinator did not start: {}",
+            coord.stderr_now()
+        );
+        Coordinated {
+            env,
+            nodes,
+            job: job.to_string(),
+            addr,
+            state,
+            secret: path_str(&secret).to_string(),
+            coord,
+        }
+    }
+
+    /// Runs the agent of node `i` inside the node: a dump of the tree at
+    /// `dump_root` (killed once the checkpoint is committed), or a restore
+    /// of the node's images when `dump_root` is `None`.
+    fn agent(&self, i: usize, dump_root: Option<i32>) -> CkptCmd {
+        let dir = self.env.root.join(format!("node{}", i + 1));
+        let node = format!("n{}", i + 1);
+        let mut args: Vec<String> = Vec::new();
+        match dump_root {
+            // The peers are on other nodes: outside this node's tree.
+            Some(pid) => args.extend(
+                [
+                    "dump",
+                    "--tree",
+                    &pid.to_string(),
+                    "--kill",
+                    "--tcp-established",
+                ]
+                .map(String::from),
+            ),
+            None => args.push("restore".into()),
+        }
+        args.extend(
+            [
+                "--dir",
+                path_str(&dir),
+                "--coord",
+                &self.addr,
+                "--job",
+                &self.job,
+                "--node",
+                &node,
+                "--secret-file",
+                &self.secret,
+            ]
+            .map(String::from),
+        );
+        CkptCmd::spawn_in_netns(
+            self.env,
+            &self.nodes.names[i],
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
+    }
+
+    /// Checkpoints the tree rooted at `roots[i]` on node `i`, every node at
+    /// once, kills the job once the coordinator has committed the epoch,
+    /// and asserts both succeeded.
+    pub fn dump_and_kill(&self, roots: &[i32], timeout: Duration) {
+        let agents: Vec<CkptCmd> = roots
+            .iter()
+            .enumerate()
+            .map(|(i, &pid)| self.agent(i, Some(pid)))
+            .collect();
+        for out in agents.into_iter().map(|a| a.wait(timeout)) {
+            out.assert_success();
+        }
+        let epoch = self
+            .state
+            .join(&self.job)
+            .join(format!("epoch-{:016}.json", 1));
+        assert!(
+            epoch.exists(),
+            "epoch 1 committed by the coordinator: {:?}",
+            fs::read_dir(&self.state).map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        );
+    }
+
+    /// Restores every node's part at once, inside its node, and returns
+    /// each agent's outcome (its exit code is its tree root's) when the
+    /// restored job has finished.
+    pub fn restore(&mut self, timeout: Duration) -> Vec<CkptOutput> {
+        let agents: Vec<CkptCmd> = (0..self.nodes.names.len())
+            .map(|i| self.agent(i, None))
+            .collect();
+        let outs = agents.into_iter().map(|a| a.wait(timeout)).collect();
+        let _ = self.coord.try_status();
+        outs
     }
 }
