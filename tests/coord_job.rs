@@ -195,15 +195,21 @@ fn assert_thawed_and_passes(v: &mut Victim, context: &str) {
 }
 
 /// Two nodes dump with --kill as one epoch, then restart together from it.
+/// A counting victim on each of two nodes, both ready.
+fn counters(a: &Node, b: &Node) -> (Victim, Victim) {
+    let mut va = Victim::spawn(&a.env, "counter", &[]);
+    let mut vb = Victim::spawn(&b.env, "counter", &[]);
+    va.wait_ready();
+    vb.wait_ready();
+    (va, vb)
+}
+
 #[test]
 fn two_nodes_checkpoint_kill_and_restart() {
     let a = Node::new("coord-cycle", "a");
     let b = Node::new("coord-cycle", "b");
     let coord = Coord::start(&a.env);
-    let mut va = Victim::spawn(&a.env, "counter", &[]);
-    let mut vb = Victim::spawn(&b.env, "counter", &[]);
-    va.wait_ready();
-    vb.wait_ready();
+    let (mut va, mut vb) = counters(&a, &b);
 
     let da = a.dump(&coord, &va, &["--kill"], &[]);
     let db = b.dump(&coord, &vb, &["--kill"], &[]);
@@ -261,10 +267,7 @@ fn undumpable_tree_aborts_the_epoch_everywhere() {
     let a = Node::new("coord-abort", "a");
     let b = Node::new("coord-abort", "b");
     let coord = Coord::start(&a.env);
-    let mut va = Victim::spawn(&a.env, "counter", &[]);
-    let mut vb = Victim::spawn(&b.env, "counter", &[]);
-    va.wait_ready();
-    vb.wait_ready();
+    let (mut va, mut vb) = counters(&a, &b);
 
     // Epoch 1: both trees dumped and left running.
     let da = a.dump(&coord, &va, &[], &[]);
@@ -310,10 +313,7 @@ fn agent_killed_at(point: &str, phase: &str) {
     let a = Node::new(&test, "a");
     let b = Node::new(&test, "b");
     let coord = Coord::start(&a.env);
-    let mut va = Victim::spawn(&a.env, "counter", &[]);
-    let mut vb = Victim::spawn(&b.env, "counter", &[]);
-    va.wait_ready();
-    vb.wait_ready();
+    let (mut va, mut vb) = counters(&a, &b);
 
     let gate = a.env.root.join("gate");
     let reached = a.env.root.join("gate.reached");
@@ -369,10 +369,7 @@ fn coordinator_killed_mid_epoch() {
     let a = Node::new("coord-lost", "a");
     let b = Node::new("coord-lost", "b");
     let mut coord = Coord::start(&a.env);
-    let mut va = Victim::spawn(&a.env, "counter", &[]);
-    let mut vb = Victim::spawn(&b.env, "counter", &[]);
-    va.wait_ready();
-    vb.wait_ready();
+    let (mut va, mut vb) = counters(&a, &b);
 
     let gate = a.env.root.join("gate");
     let reached = a.env.root.join("gate.reached");
@@ -448,10 +445,7 @@ fn restart_without_a_nodes_images_aborts_and_kills_the_rebuilt_tree() {
     let a = Node::new("coord-restart-abort", "a");
     let b = Node::new("coord-restart-abort", "b");
     let coord = Coord::start(&a.env);
-    let mut va = Victim::spawn(&a.env, "counter", &[]);
-    let mut vb = Victim::spawn(&b.env, "counter", &[]);
-    va.wait_ready();
-    vb.wait_ready();
+    let (mut va, mut vb) = counters(&a, &b);
     let da = a.dump(&coord, &va, &["--kill"], &[]);
     let db = b.dump(&coord, &vb, &["--kill"], &[]);
     da.wait_with(ROUND_TIMEOUT, || va.diag()).assert_success();
@@ -493,10 +487,7 @@ fn trigger_kill_ends_every_tree_after_the_commit() {
     let a = Node::new("coord-trigger-kill", "a");
     let b = Node::new("coord-trigger-kill", "b");
     let coord = Coord::start(&a.env);
-    let mut va = Victim::spawn(&a.env, "counter", &[]);
-    let mut vb = Victim::spawn(&b.env, "counter", &[]);
-    va.wait_ready();
-    vb.wait_ready();
+    let (mut va, mut vb) = counters(&a, &b);
 
     // The trigger waits for both nodes; it is pending before they come.
     let trigger = CkptCmd::spawn(

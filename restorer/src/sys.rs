@@ -16,6 +16,26 @@ struct CloneArgs {
     set_tid_size: u64,
 }
 
+/// `clone3(args)` without CLONE_VM or a stack: fork semantics, the child
+/// gets a copy-on-write copy of this process's memory. Returns 0 in the
+/// child, the child's pid (or -1 with errno) in the parent.
+///
+/// # Safety
+/// The child is a copy of a possibly multi-threaded process with only the
+/// calling thread: it must run async-signal-safe code only (raw syscalls,
+/// then `_exit` or exec).
+unsafe fn fork_like_clone3(args: &CloneArgs) -> libc::c_long {
+    // SAFETY: `args` is a valid clone_args that outlives the call and the
+    // size passed is its size; the caller keeps the child to raw syscalls.
+    unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    }
+}
+
 /// Creates a child with pid `pid` (fork semantics: a copy of this process).
 /// In the child it calls `PTRACE_TRACEME` and stops itself with SIGSTOP, so
 /// the parent holds it before it runs any code of its own; it never returns
@@ -28,16 +48,8 @@ pub fn fork_stopped_with_pid(pid: i32) -> std::io::Result<i32> {
         set_tid_size: 1,
         ..Default::default()
     };
-    // SAFETY: args is a valid clone_args that outlives the call; with no
-    // CLONE_VM and no stack the child gets a copy-on-write copy of our
-    // memory, like fork(), and runs only async-signal-safe raw syscalls.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &args as *const CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
-    };
+    // SAFETY: the child runs only the async-signal-safe raw syscalls below.
+    let r = unsafe { fork_like_clone3(&args) };
     match r {
         0 => {
             // SAFETY: in the child: raw syscalls only; _exit if the parent
@@ -622,15 +634,8 @@ pub fn fork_stopped_in_new_pidns() -> std::io::Result<i32> {
         exit_signal: libc::SIGCHLD as u64,
         ..Default::default()
     };
-    // SAFETY: as in fork_stopped_with_pid: a fork-like clone3 whose child
-    // runs raw syscalls only.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &args as *const CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
-    };
+    // SAFETY: the child runs only the raw syscalls below.
+    let r = unsafe { fork_like_clone3(&args) };
     match r {
         0 => {
             // SAFETY: in the child: raw syscalls on static strings only;
