@@ -128,4 +128,14 @@ impl RestoreError {
             source,
         }
     }
+
+    /// The file behind fd `fd` of `pid` is not the one the process had.
+    pub fn fd_changed(pid: i32, fd: i32, path: impl Into<String>, what: String) -> Self {
+        RestoreError::Changed {
+            pid,
+            at: FileUse::Fd(fd),
+            path: path.into(),
+            what,
+        }
+    }
 }

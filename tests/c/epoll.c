@@ -180,9 +180,7 @@ int main(int argc, char **argv)
 	CHECK(!(got & (SOCKET | TIMER)), "SOCKET or TIMER still ready once read: %#x", got);
 
 	victim_write_file("child-go", "");
-	int st;
-	CHECK(waitpid(kid, &st, 0) == kid, "waitpid: %s", strerror(errno));
-	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child failed: status %#x", st);
+	victim_check_child(kid, "child");
 	got = ready(ep);
 	CHECK(!(got & PIPE) && (got & EVENTFD),
 	      "child's EPOLL_CTL_DEL not seen: epoll not shared across fork (%#x)", got);

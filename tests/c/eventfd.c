@@ -18,17 +18,6 @@
 #define BIG (1ULL << 40)
 #define DUP_FD 20
 
-static int is_eventfd(int fd)
-{
-	char link[64], path[64];
-	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-	ssize_t n = readlink(path, link, sizeof(link) - 1);
-	if (n < 0)
-		return 0;
-	link[n] = 0;
-	return strcmp(link, "anon_inode:[eventfd]") == 0;
-}
-
 static void child(int s)
 {
 	eventfd_t v = 0;
@@ -67,11 +56,9 @@ int main(int argc, char **argv)
 
 	victim_ready_and_wait(NULL);
 
-	int st;
-	CHECK(waitpid(kid, &st, 0) == kid, "waitpid: %s", strerror(errno));
-	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child failed: status %#x", st);
+	victim_check_child(kid, "child");
 
-	CHECK(is_eventfd(a) && is_eventfd(DUP_FD) && is_eventfd(s), "not eventfds any more");
+	CHECK(victim_fd_is_anon(a, "eventfd") && victim_fd_is_anon(DUP_FD, "eventfd") && victim_fd_is_anon(s, "eventfd"), "not eventfds any more");
 	CHECK(fcntl(a, F_GETFD) == FD_CLOEXEC, "fd %d lost FD_CLOEXEC", a);
 	CHECK(fcntl(DUP_FD, F_GETFD) == 0, "fd %d gained FD_CLOEXEC", DUP_FD);
 	CHECK(fcntl(a, F_GETFL) & O_NONBLOCK, "A lost O_NONBLOCK");

@@ -22,26 +22,6 @@
 #define S_MASK_LINE "sigmask:\t0000000000000200\n"
 #define T_MASK_LINE "sigmask:\t0000000000000800\n"
 
-static int is_signalfd(int fd)
-{
-	char link[64], path[64];
-	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-	ssize_t n = readlink(path, link, sizeof(link) - 1);
-	if (n < 0)
-		return 0;
-	link[n] = 0;
-	return strcmp(link, "anon_inode:[signalfd]") == 0;
-}
-
-static int fdinfo_has(int fd, const char *line)
-{
-	char path[64], buf[1024];
-	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
-	if (read_small_file(path, buf, sizeof(buf)) == (size_t)-1)
-		return 0;
-	return strstr(buf, line) != NULL;
-}
-
 static int signalfd_of(int sig, int flags)
 {
 	sigset_t m;
@@ -60,7 +40,7 @@ static void child(int s)
 		if (victim_timespec_passed(&victim_deadline))
 			_exit(90);
 	}
-	_exit(is_signalfd(s) && fdinfo_has(s, S_MASK_LINE) ? 0 : 91);
+	_exit(victim_fd_is_anon(s, "signalfd") && victim_fdinfo_has(s, S_MASK_LINE) ? 0 : 91);
 }
 
 int main(int argc, char **argv)
@@ -84,18 +64,16 @@ int main(int argc, char **argv)
 
 	victim_ready_and_wait(NULL);
 
-	int st;
-	CHECK(waitpid(kid, &st, 0) == kid, "waitpid: %s", strerror(errno));
-	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child failed: status %#x", st);
+	victim_check_child(kid, "child");
 
-	CHECK(is_signalfd(s) && is_signalfd(DUP_FD) && is_signalfd(t), "not signalfds any more");
+	CHECK(victim_fd_is_anon(s, "signalfd") && victim_fd_is_anon(DUP_FD, "signalfd") && victim_fd_is_anon(t, "signalfd"), "not signalfds any more");
 	CHECK(fcntl(s, F_GETFD) == FD_CLOEXEC, "fd %d lost FD_CLOEXEC", s);
 	CHECK(fcntl(DUP_FD, F_GETFD) == 0, "fd %d gained FD_CLOEXEC", DUP_FD);
 	CHECK(fcntl(s, F_GETFL) & O_NONBLOCK, "S lost O_NONBLOCK");
 	CHECK(!(fcntl(t, F_GETFL) & O_NONBLOCK), "T gained O_NONBLOCK");
-	CHECK(fdinfo_has(s, S_MASK_LINE), "S's mask is not SIGUSR1 only");
-	CHECK(fdinfo_has(DUP_FD, S_MASK_LINE), "S's dup's mask is not SIGUSR1 only");
-	CHECK(fdinfo_has(t, T_MASK_LINE), "T's mask is not SIGUSR2 only");
+	CHECK(victim_fdinfo_has(s, S_MASK_LINE), "S's mask is not SIGUSR1 only");
+	CHECK(victim_fdinfo_has(DUP_FD, S_MASK_LINE), "S's dup's mask is not SIGUSR1 only");
+	CHECK(victim_fdinfo_has(t, T_MASK_LINE), "T's mask is not SIGUSR2 only");
 
 	struct pollfd p = { DUP_FD, POLLIN, 0 };
 	int n;

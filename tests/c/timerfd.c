@@ -59,26 +59,6 @@ static void arm(int fd, int flags, int64_t value_ns, int64_t interval_ns)
 		die("timerfd_settime");
 }
 
-static int is_timerfd(int fd)
-{
-	char link[64], path[64];
-	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-	ssize_t n = readlink(path, link, sizeof(link) - 1);
-	if (n < 0)
-		return 0;
-	link[n] = 0;
-	return strcmp(link, "anon_inode:[timerfd]") == 0;
-}
-
-static int fdinfo_has(int fd, const char *line)
-{
-	char path[64], buf[1024];
-	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
-	if (read_small_file(path, buf, sizeof(buf)) == (size_t)-1)
-		return 0;
-	return strstr(buf, line) != NULL;
-}
-
 /* Waits up to timeout_ns for fd to expire; returns its ticks (0: timeout). */
 static uint64_t wait_fire(int fd, int64_t timeout_ns)
 {
@@ -137,7 +117,7 @@ int main(int argc, char **argv)
 	if (x < 0)
 		die("timerfd X");
 	arm(x, 0, EXPIRED_NS, 0);
-	while (!fdinfo_has(x, "ticks: 1"))
+	while (!victim_fdinfo_has(x, "ticks: 1"))
 		victim_tick();
 
 	pid_t kid = fork();
@@ -168,18 +148,18 @@ int main(int argc, char **argv)
 	CHECK(read(x, &ticks, sizeof(ticks)) < 0 && errno == EAGAIN,
 	      "X still has ticks after the child read it: not shared across fork");
 
-	CHECK(is_timerfd(p) && is_timerfd(DUP_FD) && is_timerfd(o) && is_timerfd(r) &&
-		      is_timerfd(x),
+	CHECK(victim_fd_is_anon(p, "timerfd") && victim_fd_is_anon(DUP_FD, "timerfd") && victim_fd_is_anon(o, "timerfd") && victim_fd_is_anon(r, "timerfd") &&
+		      victim_fd_is_anon(x, "timerfd"),
 	      "not timerfds any more");
 	CHECK(fcntl(p, F_GETFD) == FD_CLOEXEC, "fd %d lost FD_CLOEXEC", p);
 	CHECK(fcntl(DUP_FD, F_GETFD) == 0, "fd %d gained FD_CLOEXEC", DUP_FD);
 	CHECK(fcntl(p, F_GETFL) & O_NONBLOCK, "P lost O_NONBLOCK");
 	CHECK(!(fcntl(o, F_GETFL) & O_NONBLOCK), "O gained O_NONBLOCK");
-	CHECK(fdinfo_has(p, "clockid: 1\n"), "P is not on CLOCK_MONOTONIC");
-	CHECK(fdinfo_has(o, "clockid: 7\n"), "O is not on CLOCK_BOOTTIME");
-	CHECK(fdinfo_has(r, "clockid: 0\n"), "R is not on CLOCK_REALTIME");
-	CHECK(fdinfo_has(r, "settime flags: 03\n"), "R lost ABSTIME|CANCEL_ON_SET");
-	CHECK(fdinfo_has(p, "settime flags: 00\n"), "P is not relative any more");
+	CHECK(victim_fdinfo_has(p, "clockid: 1\n"), "P is not on CLOCK_MONOTONIC");
+	CHECK(victim_fdinfo_has(o, "clockid: 7\n"), "O is not on CLOCK_BOOTTIME");
+	CHECK(victim_fdinfo_has(r, "clockid: 0\n"), "R is not on CLOCK_REALTIME");
+	CHECK(victim_fdinfo_has(r, "settime flags: 03\n"), "R lost ABSTIME|CANCEL_ON_SET");
+	CHECK(victim_fdinfo_has(p, "settime flags: 00\n"), "P is not relative any more");
 
 	CHECK(timerfd_gettime(o, &cur) == 0, "gettime O: %s", strerror(errno));
 	CHECK(ns_of(cur.it_value) > 0 && ns_of(cur.it_value) <= ONESHOT_NS,

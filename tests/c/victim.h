@@ -28,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 #include <sys/random.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* A victim that never gets its go file (harness crashed) must not live forever. */
@@ -304,6 +305,40 @@ static inline size_t read_small_file(const char *path, char *buf, size_t cap)
 	close(fd);
 	buf[len] = '\0';
 	return len;
+}
+
+/* Whether fd is an anonymous-inode file of that kind ("eventfd", ...). */
+static inline int victim_fd_is_anon(int fd, const char *kind)
+{
+	char link[64], path[64], want[64];
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	snprintf(want, sizeof(want), "anon_inode:[%s]", kind);
+	ssize_t n = readlink(path, link, sizeof(link) - 1);
+	if (n < 0)
+		return 0;
+	link[n] = 0;
+	return strcmp(link, want) == 0;
+}
+
+/* Whether /proc/self/fdinfo/FD contains `line`. */
+static inline int victim_fdinfo_has(int fd, const char *line)
+{
+	char path[64], buf[1024];
+
+	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
+	if (read_small_file(path, buf, sizeof(buf)) == (size_t)-1)
+		return 0;
+	return strstr(buf, line) != NULL;
+}
+
+/* Reaps child `pid` and checks it exited 0 (`who` names it in the failure). */
+static inline void victim_check_child(pid_t pid, const char *who)
+{
+	int st;
+
+	CHECK(waitpid(pid, &st, 0) == pid, "waitpid %s: %s", who, strerror(errno));
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s failed: status %#x", who, st);
 }
 
 #endif

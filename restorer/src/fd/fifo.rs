@@ -30,7 +30,7 @@ use nix::fcntl::{FcntlArg, fcntl};
 
 use super::identity::{Contents, Expected, Inode, PERMISSION_BITS};
 use super::{Context, FileRestorer, set_status_flags};
-use crate::error::{FileUse, RestoreError, Result};
+use crate::error::{RestoreError, Result};
 
 /// FIFOs (named pipes).
 pub struct Fifo;
@@ -54,12 +54,7 @@ impl FileRestorer for Fifo {
         fd: i32,
     ) -> Result<i32> {
         let pid = cx.pid();
-        let changed = |what: String| RestoreError::Changed {
-            pid,
-            at: FileUse::Fd(fd),
-            path: image.path.clone(),
-            what,
-        };
+        let changed = |what: String| RestoreError::fd_changed(pid, fd, &image.path, what);
         let dumped_access = file.flags as i32 & ACCESS_MODE;
         // Neither open blocks: O_RDWR is a reader and a writer at once, and
         // a non-blocking read open never waits for a writer.

@@ -13,7 +13,7 @@ use ckpt_image::fd::inotify::{self, InotifyFile, InotifyWatch};
 use ckpt_parasite::remote::Remote;
 
 use super::{Context, FileRestorer, set_status_flags};
-use crate::error::{FileUse, RestoreError, Result};
+use crate::error::{RestoreError, Result};
 
 /// inotify instances.
 pub struct Inotify;
@@ -77,12 +77,7 @@ fn add_at_wd(
     earlier: &[InotifyWatch],
 ) -> Result<u64> {
     let pid = r.t.pid();
-    let changed = |what: String| RestoreError::Changed {
-        pid,
-        at: FileUse::Fd(fd),
-        path: w.path.clone(),
-        what,
-    };
+    let changed = |what: String| RestoreError::fd_changed(pid, fd, &w.path, what);
     let path = r.put_path(PATH_SLOT, &w.path)?;
     let mut removed = 0;
     loop {
@@ -166,16 +161,16 @@ fn check_rebuilt(
             .iter()
             .map(|l| format!("wd {} mask {:#x} ino {}", l.wd, l.mask, l.ino))
             .collect();
-        return Err(RestoreError::Changed {
+        return Err(RestoreError::fd_changed(
             pid,
-            at: FileUse::Fd(fd),
-            path: "inotify".into(),
-            what: format!(
+            fd,
+            "inotify",
+            format!(
                 "watches rebuilt as [{}], dumped [{}]",
                 got.join(", "),
                 want.join(", ")
             ),
-        });
+        ));
     }
     Ok(())
 }

@@ -12,7 +12,7 @@ use ckpt_image::fd::lock::{FileLock, LockClass};
 use ckpt_parasite::error::ParasiteError;
 use ckpt_parasite::remote::Remote;
 
-use crate::error::{FileUse, RestoreError, Result};
+use crate::error::{RestoreError, Result};
 
 /// `struct flock` on x86-64: l_type (i16), l_whence (i16), padding,
 /// l_start (i64), l_len (i64), l_pid (i32), padding.
@@ -118,12 +118,7 @@ fn explain(r: &Remote<'_>, lock: &FileLock, e: ParasiteError) -> RestoreError {
     } else {
         format!("cannot re-take {}: {e}", lock.describe())
     };
-    RestoreError::Changed {
-        pid,
-        at: FileUse::Fd(lock.fd),
-        path,
-        what,
-    }
+    RestoreError::fd_changed(pid, lock.fd, path, what)
 }
 
 /// The pid holding a lock that conflicts with `lock` (fcntl locks only;

@@ -15,7 +15,7 @@ use nix::errno::Errno;
 use super::create::{self, Ownership};
 use super::identity::{Contents, Expected, Inode};
 use super::{Context, FileRestorer, reopen_flags, take_from};
-use crate::error::{FileUse, RestoreError, Result};
+use crate::error::{RestoreError, Result};
 
 /// Regular files and directories.
 pub struct Reg;
@@ -60,12 +60,7 @@ fn reopen(
     fd: i32,
 ) -> Result<i32> {
     let pid = cx.pid();
-    let changed = |what: String| RestoreError::Changed {
-        pid,
-        at: FileUse::Fd(fd),
-        path: image.path.clone(),
-        what,
-    };
+    let changed = |what: String| RestoreError::fd_changed(pid, fd, &image.path, what);
     // /proc resolved every symbolic link of the dumped path, so a link in
     // the last component now was put there since.
     let mut flags = reopen_flags(file) | libc::O_NOFOLLOW;
