@@ -50,6 +50,9 @@ enum Command {
     Check(commands::check::CheckArgs),
     /// Run a multi-node checkpoint coordinator, or trigger/query one.
     Coord(Box<commands::coord::CoordArgs>),
+    /// One command for a whole multi-node job: run its parts, checkpoint,
+    /// restore, list its epochs.
+    Job(Box<commands::job::JobArgs>),
     /// Run a Slurm job's application: checkpoint and requeue on the warning signal, restore on restart.
     Slurm(commands::slurm::SlurmArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
@@ -79,7 +82,8 @@ fn main() -> ExitCode {
         verbose: cli.verbose,
         file: cli.log_file.as_deref(),
         // A dump keeps its whole log next to its images (dump.log).
-        capture: matches!(cli.command, Command::Dump(_)),
+        capture: matches!(cli.command, Command::Dump(_))
+            || matches!(&cli.command, Command::Job(j) if j.captures_log()),
     };
     if let Err(e) = logger::init(log) {
         let mut r = report::ErrorReport::usage(format!("{e:#}"));
@@ -93,6 +97,7 @@ fn main() -> ExitCode {
         Command::Show(a) => commands::show::run(a),
         Command::Check(a) => commands::check::run(a),
         Command::Coord(a) => commands::coord::run(*a).map(|()| ExitCode::SUCCESS),
+        Command::Job(a) => commands::job::run(*a),
         Command::Slurm(a) => commands::slurm::run(a),
         Command::Completions(a) => commands::docs::completions(a, Cli::command()),
         Command::Man(a) => commands::docs::man(a, Cli::command()),
