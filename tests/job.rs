@@ -110,7 +110,11 @@ fn node_of(jobdir: &Path, part: &str) -> String {
 }
 
 fn job_json(env: &TestEnv, verb: &str, jobdir: &Path) -> serde_json::Value {
-    let out = ckpt(env, &["job", verb, "--dir", path_str(jobdir), "--json"], WAIT);
+    let out = ckpt(
+        env,
+        &["job", verb, "--dir", path_str(jobdir), "--json"],
+        WAIT,
+    );
     out.assert_success();
     serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{verb} --json: {e}: {out:?}"))
 }
@@ -252,7 +256,9 @@ fn tcp_job_on_two_nodes_is_dumped_killed_listed_and_restored() {
 
     let d = dump_json(
         &env,
-        &["--dir", jd, "--kill", "--launch", "netns", "--listen", &listen],
+        &[
+            "--dir", jd, "--kill", "--launch", "netns", "--listen", &listen,
+        ],
     );
     assert_eq!(d["epoch"], 1, "{d}");
     assert_eq!(d["killed"], true, "{d}");
@@ -271,14 +277,7 @@ fn tcp_job_on_two_nodes_is_dumped_killed_listed_and_restored() {
     let restore = CkptCmd::spawn(
         &env,
         &[
-            "job",
-            "restore",
-            "--dir",
-            jd,
-            "--launch",
-            "netns",
-            "--listen",
-            &listen,
+            "job", "restore", "--dir", jd, "--launch", "netns", "--listen", &listen,
         ],
     );
     let old = (server.pid, client.pid);
@@ -291,7 +290,11 @@ fn tcp_job_on_two_nodes_is_dumped_killed_listed_and_restored() {
         "the parts' new roots were not recorded: {}",
         restore.stderr_now()
     );
-    inits.0.extend(["server", "client"].iter().filter_map(|p| root_pid(&jobdir, p)));
+    inits.0.extend(
+        ["server", "client"]
+            .iter()
+            .filter_map(|p| root_pid(&jobdir, p)),
+    );
     let out = restore.wait(WAIT);
     let (sr, cr) = (
         read_to_string_lossy(&env.work.join("result-server")),
@@ -315,7 +318,9 @@ fn retention_keeps_the_newest_epochs() {
     let jd = path_str(&jobdir);
     let a = Part::start(&jobdir, "a", "n1", "counter");
     let b = Part::start(&jobdir, "b", "n2", "counter");
-    let dump = ["--dir", jd, "--keep", "2", "--launch", "exec", "--via", VIA_LOCAL];
+    let dump = [
+        "--dir", jd, "--keep", "2", "--launch", "exec", "--via", VIA_LOCAL,
+    ];
     let mut pruned = Vec::new();
     for epoch in 1..=3u64 {
         let d = dump_json(&main, &dump);
@@ -453,7 +458,9 @@ fn srun_launch_dumps_and_restores_parts_on_swapped_nodes() {
         CkptCmd::spawn_with_env(&main, args, &v)
     };
     let out = run(
-        &["job", "dump", "--dir", jd, "--kill", "--launch", "srun", "--json"],
+        &[
+            "job", "dump", "--dir", jd, "--kill", "--launch", "srun", "--json",
+        ],
         "fake1,fake2",
     )
     .wait(WAIT);
@@ -469,19 +476,28 @@ fn srun_launch_dumps_and_restores_parts_on_swapped_nodes() {
             && first.ends_with(" --slurm"),
         "one srun step of one agent per node: {first}"
     );
-    assert_eq!(listed(&main, &jobdir), vec![committed(1, true, &["a", "b"])]);
+    assert_eq!(
+        listed(&main, &jobdir),
+        vec![committed(1, true, &["a", "b"])]
+    );
 
     // The new allocation lists the nodes the other way round: part a
     // (SLURM_NODEID 0) comes back on fake2, part b on fake1.
-    let restore = run(&["job", "restore", "--dir", jd, "--launch", "srun"], "fake2,fake1");
+    let restore = run(
+        &["job", "restore", "--dir", jd, "--launch", "srun"],
+        "fake2,fake1",
+    );
     let old = (a.v.pid, b.v.pid);
     assert!(
-        wait_until(WAIT, || ["a", "b"].iter().all(|p| root_pid(&jobdir, p)
-            .is_some_and(|r| r != old.0 && r != old.1 && pid_exists(r)))),
+        wait_until(WAIT, || ["a", "b"].iter().all(
+            |p| root_pid(&jobdir, p).is_some_and(|r| r != old.0 && r != old.1 && pid_exists(r))
+        )),
         "the parts' new roots were not recorded: {}",
         restore.stderr_now()
     );
-    inits.0.extend(["a", "b"].iter().filter_map(|p| root_pid(&jobdir, p)));
+    inits
+        .0
+        .extend(["a", "b"].iter().filter_map(|p| root_pid(&jobdir, p)));
     assert_eq!(node_of(&jobdir, "a"), "fake2");
     assert_eq!(node_of(&jobdir, "b"), "fake1");
     for p in [&a, &b] {
@@ -502,4 +518,111 @@ fn srun_launch_dumps_and_restores_parts_on_swapped_nodes() {
         "restore step: {second}"
     );
     drop(inits);
+}
+
+#[test]
+fn restore_of_an_older_epoch_detached() {
+    let main = TestEnv::new("job-epoch");
+    let jobdir = main.root.join("job");
+    let jd = path_str(&jobdir);
+    // A victim holding no file whose size an older epoch would miss.
+    let mut a = Part::start(&jobdir, "a", "n1", "eventfd");
+    let mut b = Part::start(&jobdir, "b", "n2", "eventfd");
+    let launch = ["--launch", "exec", "--via", VIA_LOCAL];
+    let mut dump = vec!["--dir", jd];
+    dump.extend_from_slice(&launch);
+    assert_eq!(dump_json(&main, &dump)["epoch"], 1);
+    dump.push("--kill");
+    assert_eq!(dump_json(&main, &dump)["epoch"], 2);
+    a.assert_killed();
+    b.assert_killed();
+
+    // Without part a's images of epoch 2, only epoch 1 can be restored.
+    fs::remove_dir_all(jobdir.join("parts/a/epoch-2")).unwrap();
+    let mut all = vec![
+        "job", "restore", "--dir", jd, "--epoch", "1", "--detach", "--json",
+    ];
+    all.extend_from_slice(&launch);
+    let out = ckpt(&main, &all, WAIT);
+    let mut inits = Inits::default();
+    inits
+        .0
+        .extend(["a", "b"].iter().filter_map(|p| root_pid(&jobdir, p)));
+    out.assert_success();
+    let r: serde_json::Value = serde_json::from_str(&out.stdout).expect("restore --json");
+    assert_eq!(r["epoch"], 1, "{r}");
+    assert_eq!(r["detached"], true, "{r}");
+    // Restoring epoch 1 leaves the job's records as they were.
+    assert_eq!(
+        listed(&main, &jobdir),
+        vec![committed(1, false, &["a", "b"]), committed(2, true, &["b"])]
+    );
+    let leftovers: Vec<_> = fs::read_dir(jobdir.join("coord"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n != "job")
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    for p in [&a, &b] {
+        p.assert_runs_and_passes("restored from epoch 1");
+    }
+    drop(inits);
+}
+
+#[test]
+fn job_files_are_checked_before_anything_is_dumped() {
+    let main = TestEnv::new("job-files");
+    let jobdir = main.root.join("job");
+    let jd = path_str(&jobdir);
+    let a = Part::start(&jobdir, "a", "n1", "counter");
+    let dump = [
+        "job", "dump", "--dir", jd, "--launch", "exec", "--via", VIA_LOCAL,
+    ];
+    let pidfile = jobdir.join("parts/a/root.pid");
+
+    // A root.pid naming a process that is not a ckpt init: refused, and
+    // that process is left alone.
+    let mut other = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .expect("sleep");
+    fs::write(&pidfile, format!("{}\n", other.id())).unwrap();
+    let out = ckpt(&main, &dump, WAIT);
+    out.assert_error();
+    assert!(
+        out.stderr.contains(&format!(
+            "part a: pid {} from {} is not a running ckpt init",
+            other.id(),
+            pidfile.display()
+        )),
+        "{}",
+        out.stderr
+    );
+    assert_running_untouched(other.id() as i32, "a process a root.pid named");
+    let _ = other.kill();
+    let _ = other.wait();
+
+    // A root.pid that is a symbolic link is not followed.
+    fs::remove_file(&pidfile).unwrap();
+    std::os::unix::fs::symlink("/proc/self/stat", &pidfile).unwrap();
+    let out = ckpt(&main, &dump, WAIT);
+    out.assert_error();
+    assert!(
+        out.stderr.contains("root.pid: cannot open") || out.stderr.contains("symbolic link"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(epoch_dirs(&jobdir, "a"), Vec::<String>::new());
+
+    // A job directory others may write to is refused.
+    fs::set_permissions(&jobdir, fs::Permissions::from_mode(0o777)).unwrap();
+    let out = ckpt(&main, &["job", "list", "--dir", jd], WAIT);
+    assert!(
+        out.assert_error().contains("writable by group or others"),
+        "{}",
+        out.stderr
+    );
+    fs::set_permissions(&jobdir, fs::Permissions::from_mode(0o700)).unwrap();
+    a.assert_runs_and_passes("part a after the refused dumps");
 }

@@ -258,12 +258,15 @@ fn netns_name() -> Option<String> {
     if init.is_some_and(|i| (i.dev(), i.ino()) == (me.dev(), me.ino())) {
         return None;
     }
-    std::fs::read_dir("/run/netns").ok()?.flatten().find_map(|e| {
-        let m = std::fs::metadata(e.path()).ok()?;
-        ((m.dev(), m.ino()) == (me.dev(), me.ino()))
-            .then(|| e.file_name().into_string().ok())
-            .flatten()
-    })
+    std::fs::read_dir("/run/netns")
+        .ok()?
+        .flatten()
+        .find_map(|e| {
+            let m = std::fs::metadata(e.path()).ok()?;
+            ((m.dev(), m.ino()) == (me.dev(), me.ino()))
+                .then(|| e.file_name().into_string().ok())
+                .flatten()
+        })
 }
 
 /// This node's name: $SLURMD_NODENAME, else the named network namespace,
@@ -421,7 +424,11 @@ impl Round {
                 Err(e) => return Err(e).context("the job's coordinator"),
             }
             let before = agents.iter().filter(|a| a.exit.is_some()).count();
-            let after = agents.iter_mut().map(|a| a.poll()).filter(|&exited| exited).count();
+            let after = agents
+                .iter_mut()
+                .map(|a| a.poll())
+                .filter(|&exited| exited)
+                .count();
             if after > before && !probing {
                 self.link.send(&Message::StatusQuery(StatusQuery {}))?;
                 probing = true;
@@ -492,16 +499,17 @@ fn placements(dir: &JobDir, o: &LaunchOpts, fixed: bool) -> anyhow::Result<Vec<P
         .into_iter()
         .enumerate()
         .map(|(i, p)| {
-            let node = match o.nodes.get(i) {
-                Some(n) => {
-                    check_name("node", n)?;
-                    Some(n.clone())
-                }
-                None if o.launch == super::job_launch::LaunchKind::Srun && !fixed => None,
-                None => Some(p.node.clone().with_context(|| {
-                    format!("part {}: no node recorded: give --nodes", p.name)
-                })?),
-            };
+            let node =
+                match o.nodes.get(i) {
+                    Some(n) => {
+                        check_name("node", n)?;
+                        Some(n.clone())
+                    }
+                    None if o.launch == super::job_launch::LaunchKind::Srun && !fixed => None,
+                    None => Some(p.node.clone().with_context(|| {
+                        format!("part {}: no node recorded: give --nodes", p.name)
+                    })?),
+                };
             Ok(Placement { part: p.name, node })
         })
         .collect()
@@ -534,13 +542,7 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
             AfterCommit::Resume
         },
     };
-    let mut round = Round::start(
-        &dir,
-        &a.coord,
-        &dir.coord_state_dir(),
-        placed.len(),
-        kind,
-    )?;
+    let mut round = Round::start(&dir, &a.coord, &dir.coord_state_dir(), placed.len(), kind)?;
     let mut argv = os(&["job", "agent", "dump"]);
     argv.extend(agent_common(&dir, &round.agent_addr, &a.coord));
     if a.compress {
@@ -558,7 +560,10 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
         Outcome::Committed => (true, None),
         Outcome::CommittedWithErrors { node, reason } => (
             false,
-            Some(format!("{} then failed: {reason}", part_label(&placed, node))),
+            Some(format!(
+                "{} then failed: {reason}",
+                part_label(&placed, node)
+            )),
         ),
         Outcome::Aborted {
             phase,
@@ -805,7 +810,8 @@ fn status(a: ListArgs, with_parts: bool) -> anyhow::Result<ExitCode> {
                 "part {:<16} node {:<16} root {:<8} {state}",
                 p.name,
                 p.node.as_deref().unwrap_or("?"),
-                p.root_pid.map_or_else(|| "?".to_string(), |r| r.to_string())
+                p.root_pid
+                    .map_or_else(|| "?".to_string(), |r| r.to_string())
             );
         }
         match last {
@@ -813,7 +819,10 @@ fn status(a: ListArgs, with_parts: bool) -> anyhow::Result<ExitCode> {
             None => println!("last committed epoch none"),
         }
     }
-    println!("{:>8}  {:<9}  {:<24}  {:>12}  parts", "epoch", "state", "committed (UTC)", "bytes");
+    println!(
+        "{:>8}  {:<9}  {:<24}  {:>12}  parts",
+        "epoch", "state", "committed (UTC)", "bytes"
+    );
     for e in &epochs {
         println!(
             "{:>8}  {:<9}  {:<24}  {:>12}  {}{}",
@@ -822,7 +831,11 @@ fn status(a: ListArgs, with_parts: bool) -> anyhow::Result<ExitCode> {
             e.committed_unix_ms.map_or_else(|| "-".to_string(), utc),
             e.bytes,
             e.parts.join(","),
-            if e.last_committed { "  <- last committed" } else { "" }
+            if e.last_committed {
+                "  <- last committed"
+            } else {
+                ""
+            }
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -889,7 +902,7 @@ fn resolve(c: &AgentCommon, by_node: bool) -> anyhow::Result<Resolved> {
                 .with_context(|| format!("SLURM_NODEID={i}, but the job has {n} parts"))?
         }
     };
-    check_name("part", &part)?;
+    dir.ensure_part(&part)?;
     Ok(Resolved { dir, part, node })
 }
 
@@ -897,7 +910,9 @@ fn resolve(c: &AgentCommon, by_node: bool) -> anyhow::Result<Resolved> {
 /// agent's name at the coordinator (unique in the job, wherever it runs).
 fn coord_args(r: &Resolved, c: &AgentCommon) -> Vec<OsString> {
     let mut v = vec!["--dir".into(), r.dir.part_dir(&r.part).into_os_string()];
-    v.extend(os(&["--coord", &c.coord, "--job", JOB_ID, "--node", &r.part]));
+    v.extend(os(&[
+        "--coord", &c.coord, "--job", JOB_ID, "--node", &r.part,
+    ]));
     v.push("--secret-file".into());
     v.push(r.dir.secret_path().into_os_string());
     if let Some(k) = &c.image_key {

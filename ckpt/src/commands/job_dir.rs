@@ -311,9 +311,10 @@ impl JobDir {
         self.root.join("parts").join(part)
     }
 
-    /// Creates (or checks) a part's directory.
+    /// Creates (or checks: ours, not a symbolic link) a part's directory.
     pub fn ensure_part(&self, part: &str) -> anyhow::Result<PathBuf> {
         check_name("part", part)?;
+        ensure_dir(&self.root.join("parts"))?;
         let dir = self.part_dir(part);
         ensure_dir(&dir)?;
         Ok(dir)
@@ -550,13 +551,11 @@ impl JobDir {
             .open(&path)
             .with_context(|| format!("{}: cannot open", path.display()))?;
         check_ours(&path, &f.metadata()?, false)?;
-        nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(
-            |(_, e)| {
-                anyhow::anyhow!(
-                    "{}: {e}: another `ckpt job dump` or `ckpt job restore` runs on this job",
-                    path.display()
-                )
-            },
-        )
+        nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
+            anyhow::anyhow!(
+                "{}: {e}: another `ckpt job dump` or `ckpt job restore` runs on this job",
+                path.display()
+            )
+        })
     }
 }

@@ -122,7 +122,10 @@ pub fn launch(
             let mut out = Vec::new();
             for p in placements {
                 let Some(node) = &p.node else {
-                    bail!("part {}: no node to run its agent on (give --nodes)", p.part);
+                    bail!(
+                        "part {}: no node to run its agent on (give --nodes)",
+                        p.part
+                    );
                 };
                 let mut cmd = match o.launch {
                     LaunchKind::Netns => {
@@ -170,7 +173,10 @@ fn srun(me: &PathBuf, agent: &[OsString], placements: &[Placement]) -> anyhow::R
         format!("--ntasks={k}"),
         "--ntasks-per-node=1".to_string(),
     ]);
-    let nodes: Vec<&str> = placements.iter().filter_map(|p| p.node.as_deref()).collect();
+    let nodes: Vec<&str> = placements
+        .iter()
+        .filter_map(|p| p.node.as_deref())
+        .collect();
     if !nodes.is_empty() {
         let mut distinct = nodes.clone();
         distinct.sort_unstable();
