@@ -207,6 +207,15 @@ struct AgentCommon {
     /// Started by srun: find the part from SLURM_NODEID / SLURMD_NODENAME.
     #[arg(long)]
     slurm: bool,
+    /// With --slurm: the step's nodes in part order (`--nodes`): the part
+    /// is the one at this node's place (else at SLURM_NODEID).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        requires = "slurm",
+        value_name = "N1,N2,..."
+    )]
+    slurm_nodes: Vec<String>,
     /// The image key file.
     #[arg(long, value_name = "PATH")]
     image_key: Option<PathBuf>,
@@ -889,10 +898,19 @@ fn resolve(c: &AgentCommon, by_node: bool) -> anyhow::Result<Resolved> {
             .map(|p| p.name)
             .with_context(|| format!("node {node}: no part of the job runs here"))?,
         None => {
-            let id = std::env::var("SLURM_NODEID").context("--slurm: SLURM_NODEID is not set")?;
-            let i: usize = id
-                .parse()
-                .with_context(|| format!("SLURM_NODEID={id}: not a number"))?;
+            let i = match c.slurm_nodes.iter().position(|n| *n == node) {
+                Some(i) => i,
+                None if !c.slurm_nodes.is_empty() => bail!(
+                    "node {node} is not one of the step's nodes {}",
+                    c.slurm_nodes.join(",")
+                ),
+                None => {
+                    let id = std::env::var("SLURM_NODEID")
+                        .context("--slurm: SLURM_NODEID is not set")?;
+                    id.parse()
+                        .with_context(|| format!("SLURM_NODEID={id}: not a number"))?
+                }
+            };
             let parts = dir.parts()?;
             let n = parts.len();
             parts
@@ -956,4 +974,16 @@ fn agent_restore(a: AgentRestoreArgs) -> anyhow::Result<ExitCode> {
         argv.push("--detach".into());
     }
     super::restore::run(parse_as(&argv)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_dates() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00");
+        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00");
+        assert_eq!(utc(1_795_000_000_123), "2026-11-18 11:06:40");
+    }
 }

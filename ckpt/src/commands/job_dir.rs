@@ -559,3 +559,105 @@ impl JobDir {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_epoch_directories() {
+        for ok in ["a", "node-01", "n1.cluster", "rank_3"] {
+            assert!(check_name("part", ok).is_ok(), "{ok}");
+        }
+        let long = "x".repeat(MAX_NAME + 1);
+        for bad in ["", ".", "..", ".hidden", "a/b", "a b", long.as_str()] {
+            assert!(check_name("part", bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(epoch_of("epoch-12"), Some(12));
+        for not in ["epoch-", "epoch-3.tmp.77", "epoch--1", "epoch-1a", "ckpt-1"] {
+            assert_eq!(epoch_of(not), None, "{not}");
+        }
+    }
+
+    fn commit(dir: &JobDir, epoch: u64, parts: &[&str]) {
+        for p in parts {
+            let images = dir.ensure_part(p).unwrap().join(format!("epoch-{epoch}"));
+            fs::create_dir(&images).unwrap();
+            fs::write(images.join("manifest.img"), b"12345").unwrap();
+        }
+        let m = GlobalManifest {
+            job: JOB_ID.into(),
+            epoch,
+            committed_unix_ms: epoch * 1000,
+            nodes: Vec::new(),
+        };
+        dir.store().unwrap().commit(&m).unwrap();
+    }
+
+    #[test]
+    fn prune_keeps_the_newest_and_drops_unfinished_only_when_over() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = JobDir::create_or_open(&t.path().join("job")).unwrap();
+        for e in 1..=3 {
+            commit(&dir, e, &["a", "b"]);
+        }
+        // Epoch 4 aborted (a left images behind), epoch 5 still running.
+        fs::create_dir(dir.part_dir("a").join("epoch-4")).unwrap();
+        dir.store()
+            .unwrap()
+            .record_abort(4, ckpt_coord::Phase::Dump, "b", "no")
+            .unwrap();
+        fs::create_dir(dir.part_dir("b").join("epoch-5")).unwrap();
+        let states: Vec<(u64, EpochState, bool)> = dir
+            .epochs()
+            .unwrap()
+            .iter()
+            .map(|e| (e.epoch, e.state, e.last_committed))
+            .collect();
+        assert_eq!(
+            states,
+            vec![
+                (1, EpochState::Committed, false),
+                (2, EpochState::Committed, false),
+                (3, EpochState::Committed, true),
+                (4, EpochState::Aborted, false),
+                (5, EpochState::Partial, false),
+            ]
+        );
+        assert_eq!(dir.prune(2, 4).unwrap(), vec![1, 4]);
+        let left: Vec<(u64, Vec<String>)> = dir
+            .epochs()
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.epoch, e.parts))
+            .collect();
+        let ab = vec!["a".to_string(), "b".to_string()];
+        assert_eq!(
+            left,
+            vec![
+                (2, ab.clone()),
+                (3, ab),
+                (4, vec![]),
+                (5, vec!["b".to_string()])
+            ]
+        );
+        assert!(dir.store().unwrap().load(1).is_none());
+        // keep 0 still keeps the last committed.
+        assert_eq!(dir.prune(0, 5).unwrap(), vec![2, 5]);
+        assert_eq!(
+            dir.epochs().unwrap().first().map(|e| (e.epoch, e.bytes)),
+            Some((3, 10))
+        );
+    }
+
+    #[test]
+    fn a_second_lock_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = JobDir::create_or_open(&t.path().join("job")).unwrap();
+        let held = dir.lock().unwrap();
+        let e = dir.lock().unwrap_err().to_string();
+        assert!(e.contains("another `ckpt job dump`"), "{e}");
+        drop(held);
+        dir.lock().unwrap();
+    }
+}

@@ -43,7 +43,7 @@ pub struct LaunchOpts {
     #[arg(long, value_delimiter = ',', value_name = "N1,N2,...")]
     pub nodes: Vec<String>,
     /// With `--launch exec`: the command that runs a program on `{host}`,
-    /// e.g. `pdsh-exec -w {host}` (split on spaces, no shell).
+    /// e.g. `srun --overlap --nodes=1 --ntasks=1 --nodelist={host}` (split on spaces, no shell).
     #[arg(long, value_name = "CMD")]
     pub via: Option<String>,
 }
@@ -190,6 +190,11 @@ fn srun(me: &PathBuf, agent: &[OsString], placements: &[Placement]) -> anyhow::R
         cmd.arg(format!("--nodelist={}", nodes.join(",")));
     }
     cmd.arg(me).args(agent).arg("--slurm");
+    if !nodes.is_empty() {
+        // Slurm numbers the step's nodes in its own order: the agents find
+        // their part by their node's place in ours.
+        cmd.arg(format!("--slurm-nodes={}", nodes.join(",")));
+    }
     spawn(cmd, format!("srun step of {k} agents"))
 }
 
