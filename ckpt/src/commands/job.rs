@@ -16,6 +16,7 @@
 
 use std::ffi::OsString;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -38,6 +39,8 @@ const POLL: Duration = Duration::from_millis(100);
 const CONTROL_NAME: &str = "ckpt-job";
 /// How long the control client tries to reach the in-process coordinator.
 const CONTROL_CONNECT: Duration = Duration::from_secs(10);
+/// Mode of the scratch state directory of `restore --epoch`.
+const PIN_DIR_MODE: u32 = 0o700;
 
 /// Arguments of `ckpt job`.
 #[derive(clap::Args, Debug)]
@@ -661,7 +664,9 @@ impl EpochPin {
             .coord_state_dir()
             .join(format!(".restore-{epoch}.{}", std::process::id()));
         let pin = EpochPin { dir };
-        std::fs::create_dir(&pin.dir)
+        std::fs::DirBuilder::new()
+            .mode(PIN_DIR_MODE)
+            .create(&pin.dir)
             .with_context(|| format!("{}: cannot create", pin.dir.display()))?;
         ckpt_coord::EpochStore::open(&pin.dir, JOB_ID)?.commit(&m)?;
         Ok(pin)

@@ -265,6 +265,7 @@ impl JobDir {
         let dir = JobDir { root };
         ensure_dir(&dir.root.join("parts"))?;
         ensure_dir(&dir.coord_state_dir())?;
+        dir.store()?;
         // The secret: load_or_create makes it O_EXCL 0600, and refuses an
         // existing one others can read.
         Secret::load_or_create(&dir.secret_path())
