@@ -543,6 +543,8 @@ fn restore_of_an_older_epoch_detached() {
         "job", "restore", "--dir", jd, "--epoch", "1", "--detach", "--json",
     ];
     all.extend_from_slice(&launch);
+    // ... and on each other's node.
+    all.extend_from_slice(&["--nodes", "n2,n1"]);
     let out = ckpt(&main, &all, WAIT);
     let mut inits = Inits::default();
     inits
@@ -552,6 +554,10 @@ fn restore_of_an_older_epoch_detached() {
     let r: serde_json::Value = serde_json::from_str(&out.stdout).expect("restore --json");
     assert_eq!(r["epoch"], 1, "{r}");
     assert_eq!(r["detached"], true, "{r}");
+    assert_eq!(
+        (node_of(&jobdir, "a"), node_of(&jobdir, "b")),
+        ("n2".to_string(), "n1".to_string())
+    );
     // Restoring epoch 1 leaves the job's records as they were.
     assert_eq!(
         listed(&main, &jobdir),
@@ -596,6 +602,13 @@ fn job_files_are_checked_before_anything_is_dumped() {
             other.id(),
             pidfile.display()
         )),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.trim_end().ends_with(
+            "ckpt: error: job dump: the round did not start: part a on node n1 exited with 1 (its error is above)"
+        ),
         "{}",
         out.stderr
     );

@@ -416,7 +416,7 @@ impl Round {
     /// Waits for the round's outcome while watching the agents: if one
     /// exits before the round could start, the others are stopped and the
     /// error names the parts that failed.
-    fn wait(&mut self, agents: &mut [Launched]) -> anyhow::Result<RoundOver> {
+    fn wait(&mut self, what: &str, agents: &mut [Launched]) -> anyhow::Result<RoundOver> {
         let mut probing = false;
         loop {
             match self.link.recv(Some(POLL), "the round to end") {
@@ -428,12 +428,12 @@ impl Round {
                         for a in agents.iter_mut() {
                             a.stop();
                         }
-                        bail!("the round did not start: {}", failures(agents));
+                        bail!("{what}: the round did not start: {}", failures(agents));
                     }
                 }
                 Ok(m) => log::debug!("job: ignoring {m:?}"),
                 Err(ClientError::Timeout { .. }) => {}
-                Err(e) => return Err(e).context("the job's coordinator"),
+                Err(e) => return Err(e).with_context(|| format!("{what}: the job's coordinator")),
             }
             let before = agents.iter().filter(|a| a.exit.is_some()).count();
             let after = agents
@@ -529,7 +529,12 @@ fn placements(dir: &JobDir, o: &LaunchOpts, fixed: bool) -> anyhow::Result<Vec<P
 
 /// The agent's arguments shared by dump and restore (before the part).
 fn agent_common(dir: &JobDir, addr: &str, c: &CoordOpts) -> Vec<OsString> {
-    let mut v = os(&["--dir"]);
+    // The agents log as this command does.
+    let mut v = if crate::logger::verbose_on_stderr() {
+        os(&["-v", "--dir"])
+    } else {
+        os(&["--dir"])
+    };
     v.push(dir.path().into());
     v.extend(os(&["--coord", addr]));
     if let Some(k) = &c.image_key {
@@ -561,7 +566,7 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
         argv.push("--compress".into());
     }
     let mut agents = launch(&a.launch, &argv, &placed)?;
-    let over = round.wait(&mut agents);
+    let over = round.wait("job dump", &mut agents);
     for ag in agents.iter_mut() {
         ag.wait()?;
     }
@@ -619,9 +624,9 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
             format!(", pruned epoch {}", v.join(","))
         };
         eprintln!(
-            "ckpt: job epoch {} committed ({} parts{}){pruned_text}",
+            "ckpt: job epoch {} committed ({}{}){pruned_text}",
             over.epoch,
-            placed.len(),
+            parts_text(placed.len()),
             if a.kill { ", killed" } else { "" }
         );
         if let Some(n) = &note {
@@ -633,6 +638,15 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// "1 part", "3 parts".
+fn parts_text(n: usize) -> String {
+    if n == 1 {
+        "1 part".to_string()
+    } else {
+        format!("{n} parts")
+    }
 }
 
 /// The last committed epoch for messages ("3", or "none").
@@ -706,7 +720,7 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
     let mut round = Round::start(&dir, &a.coord, &state, placed.len(), RoundKind::Restart)?;
     let argv = restore_agent_argv(&dir, &round.agent_addr, &a);
     let mut agents = launch(&a.launch, &argv, &placed)?;
-    let over = round.wait(&mut agents);
+    let over = round.wait("job restore", &mut agents);
     let over = match over {
         Ok(o) => o,
         Err(e) => {
@@ -736,9 +750,9 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
     }
     if !a.json {
         eprintln!(
-            "ckpt: job restored from epoch {} ({} parts)",
+            "ckpt: job restored from epoch {} ({})",
             restored_from.map_or_else(|| "?".to_string(), |e| e.to_string()),
-            placed.len()
+            parts_text(placed.len())
         );
     }
     // Each agent exits with its tree's code (at once with --detach).
