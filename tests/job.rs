@@ -169,6 +169,13 @@ fn epoch_dirs(jobdir: &Path, part: &str) -> Vec<String> {
     v
 }
 
+/// What JOBDIR/last-committed says.
+fn last_committed(jobdir: &Path) -> String {
+    read_to_string_lossy(&jobdir.join("last-committed"))
+        .trim()
+        .to_string()
+}
+
 fn record(jobdir: &Path, epoch: u64) -> PathBuf {
     jobdir
         .join("coord/job")
@@ -268,6 +275,13 @@ fn tcp_job_on_two_nodes_is_dumped_killed_listed_and_restored() {
         assert_eq!(status.code(), Some(KILLED), "{}", v.diag());
     }
     assert!(at_dump < ROUNDS, "the exchange had ended before the dump");
+    for i in 0..2 {
+        assert!(
+            wait_until(Duration::from_secs(10), || nodes.pids(i).is_empty()),
+            "node {i} still runs {:?} after the dump with --kill",
+            nodes.pids(i)
+        );
+    }
     assert_eq!(
         listed(&env, &jobdir),
         vec![committed(1, true, &["client", "server"])]
@@ -340,6 +354,7 @@ fn retention_keeps_the_newest_epochs() {
         assert_eq!(epoch_dirs(&jobdir, p), ["epoch-2", "epoch-3"], "part {p}");
     }
     assert!(!record(&jobdir, 1).exists(), "epoch 1's record pruned");
+    assert_eq!(last_committed(&jobdir), "3");
     assert!(record(&jobdir, 2).exists() && record(&jobdir, 3).exists());
     assert_eq!(
         listed(&main, &jobdir),
@@ -385,6 +400,7 @@ fn an_unsupported_part_aborts_the_epoch_and_harms_nothing() {
     for p in ["a", "b"] {
         assert_eq!(epoch_dirs(&jobdir, p), ["epoch-1"], "part {p}");
     }
+    assert_eq!(last_committed(&jobdir), "1");
     assert_eq!(
         listed(&main, &jobdir),
         vec![
@@ -638,4 +654,40 @@ fn job_files_are_checked_before_anything_is_dumped() {
     );
     fs::set_permissions(&jobdir, fs::Permissions::from_mode(0o700)).unwrap();
     a.assert_runs_and_passes("part a after the refused dumps");
+}
+
+#[test]
+fn agents_that_never_register_are_given_up_on() {
+    let main = TestEnv::new("job-late");
+    let jobdir = main.root.join("job");
+    let jd = path_str(&jobdir);
+    let a = Part::start(&jobdir, "a", "n1", "counter");
+    // A launcher that never runs the agent (a node that is down, a step
+    // waiting for resources).
+    let stuck = main.root.join("stuck-launcher");
+    fs::write(&stuck, "#!/bin/sh\nexec sleep 60\n").unwrap();
+    fs::set_permissions(&stuck, fs::Permissions::from_mode(0o755)).unwrap();
+    let via = format!("{} {{host}}", stuck.display());
+    let out = ckpt(
+        &main,
+        &[
+            "job",
+            "dump",
+            "--dir",
+            jd,
+            "--launch",
+            "exec",
+            "--via",
+            &via,
+            "--register-timeout",
+            "1",
+        ],
+        WAIT,
+    );
+    assert_eq!(
+        out.assert_error(),
+        "ckpt: error: job dump: the round did not start: 0 of 1 agents registered within 1 s (--register-timeout)"
+    );
+    assert!(listed(&main, &jobdir).is_empty());
+    a.assert_runs_and_passes("part a after the launch failed");
 }

@@ -19,7 +19,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use ckpt_coord::client::{AgentOptions, ClientError, Link};
@@ -115,6 +115,10 @@ struct CoordOpts {
     /// Seconds every part has to finish each phase before the round aborts.
     #[arg(long, default_value_t = 60.0, value_name = "SECS")]
     phase_deadline: f64,
+    /// Seconds the agents have to start and register (a launcher waiting
+    /// for resources, a node that is down) before the command gives up.
+    #[arg(long, default_value_t = 120.0, value_name = "SECS")]
+    register_timeout: f64,
     /// The site's image key file (default: $CKPT_IMAGE_KEY, else
     /// /var/lib/ckpt/image.key).
     #[arg(long, value_name = "PATH")]
@@ -413,22 +417,43 @@ impl Round {
         })
     }
 
-    /// Waits for the round's outcome while watching the agents: if one
-    /// exits before the round could start, the others are stopped and the
-    /// error names the parts that failed.
-    fn wait(&mut self, what: &str, agents: &mut [Launched]) -> anyhow::Result<RoundOver> {
+    /// Waits for the round's outcome while watching the agents. The round
+    /// starts once every agent registered; if instead an agent exits, or
+    /// `register` passes first, the remaining agents (which hold nothing
+    /// yet) are stopped and the error says which parts failed or how many
+    /// registered. Once the round runs, the coordinator's phase deadline
+    /// and disconnect detection decide.
+    fn wait(
+        &mut self,
+        what: &str,
+        agents: &mut [Launched],
+        register: Duration,
+    ) -> anyhow::Result<RoundOver> {
+        let deadline = Instant::now() + register;
+        // A status query is in flight; its answer says whether a round runs.
         let mut probing = false;
+        let mut started = false;
         loop {
             match self.link.recv(Some(POLL), "the round to end") {
                 Ok(Message::RoundOver(r)) => return Ok(r),
                 Ok(Message::Status(s)) if probing => {
                     probing = false;
-                    if s.running.is_none() {
+                    started = s.running.is_some();
+                    let exited = agents.iter().any(|a| a.exit.is_some());
+                    if !started && (exited || Instant::now() >= deadline) {
                         // No round runs and none ended: it never started.
                         for a in agents.iter_mut() {
                             a.stop();
                         }
-                        bail!("{what}: the round did not start: {}", failures(agents));
+                        if exited {
+                            bail!("{what}: the round did not start: {}", failures(agents));
+                        }
+                        bail!(
+                            "{what}: the round did not start: {} of {} agents registered within {} s (--register-timeout)",
+                            s.registered,
+                            s.expect,
+                            register.as_secs_f64()
+                        );
                     }
                 }
                 Ok(m) => log::debug!("job: ignoring {m:?}"),
@@ -441,12 +466,21 @@ impl Round {
                 .map(|a| a.poll())
                 .filter(|&exited| exited)
                 .count();
-            if after > before && !probing {
+            let late = !started && Instant::now() >= deadline;
+            if (after > before || late) && !probing {
                 self.link.send(&Message::StatusQuery(StatusQuery {}))?;
                 probing = true;
             }
         }
     }
+}
+
+/// `--register-timeout` as a duration.
+fn register_timeout(o: &CoordOpts) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(o.register_timeout)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .with_context(|| format!("--register-timeout {}: not a duration", o.register_timeout))
 }
 
 /// The host name agents on other nodes reach this one by.
@@ -549,6 +583,7 @@ fn agent_common(dir: &JobDir, addr: &str, c: &CoordOpts) -> Vec<OsString> {
 // ---------------------------------------------------------------------------
 
 fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
+    let register = register_timeout(&a.coord)?;
     let dir = JobDir::create_or_open(&a.dir)?;
     let _lock = dir.lock()?;
     let placed = placements(&dir, &a.launch, true)?;
@@ -566,7 +601,7 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
         argv.push("--compress".into());
     }
     let mut agents = launch(&a.launch, &argv, &placed)?;
-    let over = round.wait("job dump", &mut agents);
+    let over = round.wait("job dump", &mut agents, register);
     for ag in agents.iter_mut() {
         ag.wait()?;
     }
@@ -600,6 +635,7 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
         Outcome::Restarted => bail!("job dump: the coordinator ran a restart round"),
     };
     let pruned = pruned?;
+    dir.mark_last_committed(over.epoch)?;
     let parts: Vec<serde_json::Value> = placed
         .iter()
         .map(|p| serde_json::json!({ "part": p.part, "node": p.node }))
@@ -704,6 +740,7 @@ fn restore_agent_argv(dir: &JobDir, addr: &str, a: &RestoreArgs) -> Vec<OsString
 }
 
 fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
+    let register = register_timeout(&a.coord)?;
     let dir = JobDir::create_or_open(&a.dir)?;
     let _lock = dir.lock()?;
     let placed = placements(&dir, &a.launch, false)?;
@@ -720,7 +757,7 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
     let mut round = Round::start(&dir, &a.coord, &state, placed.len(), RoundKind::Restart)?;
     let argv = restore_agent_argv(&dir, &round.agent_addr, &a);
     let mut agents = launch(&a.launch, &argv, &placed)?;
-    let over = round.wait("job restore", &mut agents);
+    let over = round.wait("job restore", &mut agents, register);
     let over = match over {
         Ok(o) => o,
         Err(e) => {

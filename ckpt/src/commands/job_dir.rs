@@ -6,6 +6,7 @@
 //! JOBDIR/secret                 job secret (0600), created by the first `ckpt job` command
 //! JOBDIR/lock                   held by a running `ckpt job dump|restore`
 //! JOBDIR/coord/job/             epoch records (epoch-<016>.json, .aborted.json, next-epoch)
+//! JOBDIR/last-committed         the last committed epoch's number, for scripts
 //! JOBDIR/parts/PART/root.pid    host pid of the part's `ckpt run --pidns` init, on its node
 //! JOBDIR/parts/PART/node        the node the part runs on now
 //! JOBDIR/parts/PART/epoch-E/    the part's images of epoch E
@@ -30,6 +31,8 @@ use ckpt_coord::{EpochStore, GlobalManifest, Secret};
 pub const JOB_ID: &str = "job";
 /// The part's tree root pid file.
 const ROOT_PID: &str = "root.pid";
+/// The file naming the last committed epoch.
+const LAST_COMMITTED: &str = "last-committed";
 /// The part's node file.
 const NODE: &str = "node";
 /// Longest part or node name.
@@ -298,6 +301,12 @@ impl JobDir {
     /// The coordinator's state directory (its records are in `JOB_ID/`).
     pub fn coord_state_dir(&self) -> PathBuf {
         self.root.join("coord")
+    }
+
+    /// Marks `epoch` as the last committed one for scripts (`ckpt job`
+    /// itself goes by the coordinator's records, which this follows).
+    pub fn mark_last_committed(&self, epoch: u64) -> anyhow::Result<()> {
+        write_atomic(&self.root.join(LAST_COMMITTED), &epoch.to_string())
     }
 
     /// The epoch records.
