@@ -392,3 +392,31 @@ fn dumped_form(p: &std::path::Path) -> anyhow::Result<PathBuf> {
         std::path::absolute(p).with_context(|| format!("--allow-changed {}", p.display()))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_pairs_parse_and_bad_ones_name_the_problem() {
+        let p = parse_address_pair("10.0.0.1=10.0.0.2").unwrap();
+        assert_eq!(
+            (p.old.to_string(), p.new.to_string()),
+            ("10.0.0.1".into(), "10.0.0.2".into())
+        );
+        assert!(parse_address_pair("::1=fe80::1").is_ok());
+        for (bad, says) in [
+            ("10.0.0.1", "expected OLD=NEW"),
+            ("10.0.0.1=host", "host is not an IP address"),
+            ("10.0.0.1=::1", "one family"),
+        ] {
+            let e = parse_address_pair(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        let twice = [
+            parse_address_pair("10.0.0.1=10.0.0.2").unwrap(),
+            parse_address_pair("10.0.0.1=10.0.0.3").unwrap(),
+        ];
+        assert!(address_map(&twice).is_err());
+    }
+}
