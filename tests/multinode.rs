@@ -32,20 +32,76 @@ fn progress(env: &TestEnv) -> u64 {
         .unwrap_or(0)
 }
 
+/// How a part of the job is started on its node.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// As a plain process: its pid is the tree to dump.
+    Plain,
+    /// Under `ckpt run --pidns` (a PID namespace of its own, as a site
+    /// runs a job that may restart anywhere): the namespace's init is the
+    /// tree to dump.
+    PidNs,
+}
+
+/// A part of the job: what the test started, and the root of the tree a
+/// checkpoint saves.
+struct Part {
+    started: Victim,
+    root: i32,
+}
+
+fn start_part(env: &TestEnv, nodes: &NetNodes, node: usize, how: Start, args: &[&str]) -> Part {
+    let bin = victim_bin("netpeer");
+    let mut cmd: Vec<&str> = Vec::new();
+    let pidfile = env.root.join(format!("part{node}.pid"));
+    if how == Start::PidNs {
+        cmd.extend([
+            CKPT,
+            "run",
+            "--pidns",
+            "--pidfile",
+            path_str(&pidfile),
+            "--",
+        ]);
+    }
+    cmd.push(path_str(&bin));
+    cmd.extend(args);
+    let argv = nodes.on(node, &cmd);
+    let started = Victim::spawn_program(
+        env,
+        Path::new("/usr/sbin/ip"),
+        &argv.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let root = match how {
+        // `ip netns exec` execs the program: the victim's pid is its own.
+        Start::Plain => started.pid,
+        Start::PidNs => {
+            assert!(
+                wait_for_file(&pidfile, Duration::from_secs(10)),
+                "ckpt run did not start: {}",
+                started.diag()
+            );
+            fs::read_to_string(&pidfile)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .expect("pid of the namespace's init")
+        }
+    };
+    Part { started, root }
+}
+
 /// The server (node 1) and client (node 2) of a paced exchange, well
 /// under way.
-fn start_exchange(env: &TestEnv, nodes: &NetNodes) -> (Victim, Victim) {
-    let bin = victim_bin("netpeer");
-    let bin = bin.to_str().expect("utf-8 path");
+fn start_exchange(env: &TestEnv, nodes: &NetNodes, how: Start) -> (Part, Part) {
     let work = env.work.display().to_string();
     let rounds = ROUNDS.to_string();
     let port = PORT.to_string();
-    let ip = Path::new("/usr/sbin/ip");
-    let server_args = nodes.on(0, &[bin, "server", &work, &nodes.addrs[0], &port, &rounds]);
-    let server = Victim::spawn_program(
+    let server = start_part(
         env,
-        ip,
-        &server_args.iter().map(String::as_str).collect::<Vec<_>>(),
+        nodes,
+        0,
+        how,
+        &["server", &work, &nodes.addrs[0], &port, &rounds],
     );
     assert!(
         wait_until(Duration::from_secs(10), || env
@@ -54,11 +110,12 @@ fn start_exchange(env: &TestEnv, nodes: &NetNodes) -> (Victim, Victim) {
             .exists()),
         "server did not listen"
     );
-    let client_args = nodes.on(1, &[bin, "client", &work, &nodes.addrs[0], &port, &rounds]);
-    let client = Victim::spawn_program(
+    let client = start_part(
         env,
-        ip,
-        &client_args.iter().map(String::as_str).collect::<Vec<_>>(),
+        nodes,
+        1,
+        how,
+        &["client", &work, &nodes.addrs[0], &port, &rounds],
     );
     assert!(
         wait_until(WAIT, || progress(env) >= 500),
@@ -69,12 +126,22 @@ fn start_exchange(env: &TestEnv, nodes: &NetNodes) -> (Victim, Victim) {
 }
 
 /// Coordinated dump of both parts with --kill, mid-exchange.
-fn dump_and_kill(env: &TestEnv, coord: &Coordinated<'_>, server: Victim, client: Victim) {
-    coord.dump_and_kill(&[server.pid, client.pid], WAIT);
+fn dump_and_kill(env: &TestEnv, coord: &Coordinated<'_>, parts: [Part; 2]) {
+    coord.dump_and_kill(&[parts[0].root, parts[1].root], WAIT);
     let at_dump = progress(env);
-    let (mut server, mut client) = (server, client);
-    server.reap_killed(Duration::from_secs(10));
-    client.reap_killed(Duration::from_secs(10));
+    for mut p in parts {
+        if p.root == p.started.pid {
+            p.started.reap_killed(Duration::from_secs(10));
+        } else {
+            // `ckpt run` ends with its killed init.
+            assert!(
+                wait_until(Duration::from_secs(10), || !pid_exists(p.started.pid)
+                    || proc_state(p.started.pid) == Some('Z')),
+                "ckpt run of pid {} did not end with its tree",
+                p.root
+            );
+        }
+    }
     assert!(at_dump < ROUNDS, "the exchange had ended before the dump");
 }
 
@@ -105,9 +172,9 @@ fn tcp_job_across_two_nodes_survives_a_coordinated_checkpoint() {
     let nodes = NetNodes::new("mn", 2);
     // The coordinator, reachable from both nodes on the bridge.
     let mut coord = Coordinated::start(&env, &nodes, JOB);
-    let (server, client) = start_exchange(&env, &nodes);
+    let (server, client) = start_exchange(&env, &nodes, Start::Plain);
     // Coordinated dump, one agent per node, inside its node.
-    dump_and_kill(&env, &coord, server, client);
+    dump_and_kill(&env, &coord, [server, client]);
     // Coordinated restart: each node restores its part inside its node.
     let outs = coord.restore(WAIT);
     assert_completed(&env, &outs);
@@ -120,7 +187,8 @@ fn tcp_job_across_two_nodes_survives_a_coordinated_checkpoint() {
 
 /// The parts change nodes at the restart: the server's part (dumped on
 /// node 1, listening and connected on node 1's address) is restored on
-/// node 2 and the client's on node 1. The agents exchange where each part
+/// node 2 and the client's on node 1. Each part runs in a PID namespace of
+/// its own (`ckpt run --pidns`), as a job that may restart anywhere does. The agents exchange where each part
 /// was and where it is now, and every socket comes back on its node's new
 /// address with its connection state: the exchange goes on between the
 /// swapped nodes and completes.
@@ -129,8 +197,8 @@ fn tcp_job_restarts_with_the_nodes_parts_swapped() {
     let env = TestEnv::new("multinode-swap");
     let nodes = NetNodes::new("ms", 2);
     let mut coord = Coordinated::start(&env, &nodes, JOB);
-    let (server, client) = start_exchange(&env, &nodes);
-    dump_and_kill(&env, &coord, server, client);
+    let (server, client) = start_exchange(&env, &nodes, Start::PidNs);
+    dump_and_kill(&env, &coord, [server, client]);
     let outs = coord.restore_on(&[1, 0], WAIT);
     assert_completed(&env, &outs);
     // The server ran on node 2 after the restart (only node 2's address
