@@ -13,8 +13,12 @@ use std::time::Duration;
 use common::*;
 
 fn dumper_killed_at(point: &str) {
+    dumper_killed_in(point, "counter");
+}
+
+fn dumper_killed_in(point: &str, victim: &str) {
     let env = TestEnv::new(&format!("killed-{point}"));
-    let mut v = Victim::spawn(&env, "counter", &[]);
+    let mut v = Victim::spawn(&env, victim, &[]);
     v.wait_ready();
     let status = faulty_dump_command(&env, &v, point, &[])
         .stdout(Stdio::null())
@@ -61,6 +65,14 @@ fn dumper_killed_right_after_seize() {
 #[test]
 fn dumper_killed_with_parasite_loaded() {
     dumper_killed_at("parasite-loaded");
+}
+
+/// A worker thread is inside the parasite area, with its own rescue frame,
+/// while the leader waits parked on its own registers: both go home
+/// (tests/c/threads.c checks each worker's registers, mask, TLS and name).
+#[test]
+fn dumper_killed_with_a_thread_in_the_parasite() {
+    dumper_killed_in("thread-in-parasite", "threads");
 }
 
 #[test]

@@ -439,13 +439,10 @@ fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
     let pid = p.pid;
     let started = Instant::now();
     let leader = &p.tasks[0];
-    log::debug!("pid {pid}: thread {pid} (leader)");
-    let misc = task::run_parasite(leader, true)?;
+    let (misc, threads) = task::run_parasite(leader, &p.tasks[1..])?;
     let mut core = task::collect(leader, &misc)?;
-    for t in &p.tasks[1..] {
-        log::debug!("pid {pid}: thread {}", t.pid());
-        let tm = task::run_parasite(t, false)?;
-        core.threads.push(task::collect_thread(t, pid, &tm)?);
+    for (t, state) in p.tasks[1..].iter().zip(threads) {
+        core.threads.push(task::collect_thread(t, pid, state)?);
     }
     let mut vmas = mm::collect_vmas(pid)?;
     let vdso = mm::vdso_info(leader, &vmas)?;

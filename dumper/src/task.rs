@@ -6,7 +6,7 @@ use ckpt_image::task::{
     ThreadCore,
 };
 use ckpt_parasite::proto::MiscState;
-use ckpt_parasite::{Infection, Regs, Tracee};
+use ckpt_parasite::{Infection, Regs, ThreadState, Tracee};
 
 use crate::error::{DumpError, Result};
 use crate::procfile;
@@ -58,17 +58,14 @@ pub struct TaskMisc {
     pub posix_timers: Vec<ckpt_image::timer::PosixTimer>,
 }
 
-/// Runs the parasite's collection command and cures the task; in the
-/// leader (`leader`), also asks for the process's POSIX timers.
-pub fn run_parasite(t: &Tracee, leader: bool) -> Result<TaskMisc> {
-    let inf: Infection<'_> = t.infect()?;
+/// Runs the parasite's collection command in the process's leader (and
+/// asks for its POSIX timers), collects every other thread through the
+/// same infection ([`Infection::thread_state`]), and cures the leader.
+pub fn run_parasite(leader: &Tracee, threads: &[Tracee]) -> Result<(TaskMisc, Vec<ThreadState>)> {
+    let inf: Infection<'_> = leader.infect()?;
     let args = inf.call(ckpt_parasite::proto::CMD_DUMP_MISC)?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::ParasiteLoaded);
-    let posix_timers = if leader {
-        crate::timer::collect(&inf, t.pid())?
-    } else {
-        Vec::new()
-    };
+    let posix_timers = crate::timer::collect(&inf, leader.pid())?;
     let out = TaskMisc {
         posix_timers,
         regs: *inf.saved_regs(),
@@ -76,8 +73,15 @@ pub fn run_parasite(t: &Tracee, leader: bool) -> Result<TaskMisc> {
         sigmask: inf.saved_sigmask(),
         misc: Box::new(args.misc),
     };
+    let threads = threads
+        .iter()
+        .map(|t| {
+            log::trace!("pid {}: thread {}", leader.pid(), t.pid());
+            inf.thread_state(t)
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
     inf.cure()?;
-    Ok(out)
+    Ok((out, threads))
 }
 
 /// Builds the core image of a frozen task.
@@ -154,19 +158,29 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
 }
 
 /// Builds the image of a thread other than the leader.
-pub fn collect_thread(t: &Tracee, pid: i32, tm: &TaskMisc) -> Result<ThreadCore> {
+pub fn collect_thread(t: &Tracee, pid: i32, ts: ThreadState) -> Result<ThreadCore> {
     let tid = t.pid();
     Ok(ThreadCore {
         tid,
         comm: procfile::read(pid, &format!("task/{tid}/comm"))?
             .trim_end_matches('\n')
             .to_string(),
-        regs: Some(gp_regs(&tm.regs)),
-        xstate: tm.xstate.clone(),
-        sigmask: tm.sigmask,
+        regs: Some(gp_regs(&ts.regs)),
+        sigmask: ts.sigmask,
         pending: pending_signals(t, false)?,
-        altstack: altstack(&tm.misc),
-        tid_address: tid_address(&tm.misc),
+        altstack: (ts.altstack_ret == 0 && ts.altstack.flags & libc::SS_DISABLE == 0).then_some(
+            AltStack {
+                sp: ts.altstack.sp,
+                flags: ts.altstack.flags,
+                size: ts.altstack.size,
+            },
+        ),
+        tid_address: if ts.tid_address_ret == 0 {
+            ts.tid_address
+        } else {
+            0
+        },
+        xstate: ts.xstate,
         robust_list: robust_list(t)?,
         rseq: rseq(t)?,
     })

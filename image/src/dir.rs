@@ -520,7 +520,7 @@ impl PagesWriter {
             crc = if size == 0 {
                 c.crc
             } else {
-                crc32c::crc32c_combine(crc, c.crc, c.len as usize)
+                digest::crc32c_combine(crc, c.crc, c.len)
             };
             size += c.len;
         }

@@ -220,9 +220,18 @@ impl Mm {
                 });
             }
         }
+        // Sorted by start, so each check is a binary search: a process may
+        // have some 65,000 VMAs, each with its own ranges.
+        let mut spans: Vec<(u64, u64)> = self.vmas.iter().map(|v| (v.start, v.end)).collect();
+        spans.sort_unstable();
         let inside = |addr: u64, len: u64| {
-            addr.checked_add(len)
-                .is_some_and(|end| self.vmas.iter().any(|v| addr >= v.start && end <= v.end))
+            let Some(end) = addr.checked_add(len) else {
+                return false;
+            };
+            // The VMA starting last at or before `addr` (VMAs of a valid
+            // image do not overlap, so it is the only candidate).
+            let i = spans.partition_point(|&(start, _)| start <= addr);
+            i > 0 && end <= spans[i - 1].1
         };
         let in_file = |addr: u64, file_offset: u64, len: u64| {
             if file_offset

@@ -21,6 +21,9 @@ pub enum FaultPoint {
     AfterSeize,
     /// Dump: with the parasite loaded, after its collection command.
     ParasiteLoaded,
+    /// Dump: a thread other than the leader is inside the parasite area
+    /// (stopped at the exit of a syscall it ran there).
+    ThreadInParasite,
     /// Dump: while page data is being copied.
     DuringPages,
     /// Restore: the address space of the first process is half rebuilt.
@@ -40,6 +43,7 @@ impl FaultPoint {
         match self {
             FaultPoint::AfterSeize => "after-seize",
             FaultPoint::ParasiteLoaded => "parasite-loaded",
+            FaultPoint::ThreadInParasite => "thread-in-parasite",
             FaultPoint::DuringPages => "during-pages",
             FaultPoint::MidRebuild => "restore-mid-rebuild",
             FaultPoint::KillTargetDuringPages => "kill-target-during-pages",

@@ -44,6 +44,42 @@ pub struct Infection<'t> {
     base: u64,
     len: u64,
     cured: bool,
+    /// The task's alternate signal stack, read once the rescue path was
+    /// armed (the leader's final rescue frame is rebuilt from it).
+    altstack: std::cell::Cell<AltStack>,
+    /// Whose state the rescue frame holds now.
+    frame_owner: std::cell::Cell<FrameOwner>,
+}
+
+/// Which task the single rescue frame of the area belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FrameOwner {
+    /// The infected task itself, which may be inside the area.
+    Infected,
+    /// Another thread of the process, inside the area for a
+    /// [`Infection::thread_state`]; the infected task is parked on its own
+    /// registers meanwhile.
+    Thread,
+}
+
+/// What one other thread of an infected process was collected with
+/// [`Infection::thread_state`].
+#[derive(Debug, Clone)]
+pub struct ThreadState {
+    /// Its registers.
+    pub regs: Regs,
+    /// Its XSAVE area.
+    pub xstate: Vec<u8>,
+    /// Its blocked signal mask.
+    pub sigmask: u64,
+    /// `sigaltstack(NULL, &old)` and its return value.
+    pub altstack: proto::StackT,
+    /// Return value of `sigaltstack`.
+    pub altstack_ret: i64,
+    /// `prctl(PR_GET_TID_ADDRESS)`: its `clear_child_tid`.
+    pub tid_address: u64,
+    /// Return value of the `prctl`.
+    pub tid_address_ret: i64,
 }
 
 impl Tracee {
@@ -70,6 +106,12 @@ impl Tracee {
             base,
             len,
             cured: false,
+            altstack: std::cell::Cell::new(AltStack {
+                sp: 0,
+                flags: libc::SS_DISABLE,
+                size: 0,
+            }),
+            frame_owner: std::cell::Cell::new(FrameOwner::Infected),
         };
         // From here on, dropping `inf` cures the task.
         inf.arm_rescue()?;
@@ -125,29 +167,159 @@ impl Infection<'_> {
     /// known (asked through the armed rescue path) the final frame replaces it.
     fn arm_rescue(&self) -> Result<()> {
         let t = self.tracee;
-        let regs = restart_regs(&self.saved_regs, true);
-        let at = self.frame_addr();
-        let write_frame = |alt: AltStack| {
-            let f = sigframe::build(at, &regs, &self.saved_xstate, self.saved_mask, alt);
-            t.write_mem(at, &f)
+        self.write_rescue_frame(
+            &self.saved_regs,
+            &self.saved_xstate,
+            self.saved_mask,
+            self.altstack.get(),
+        )?;
+        let alt = self.query_altstack(t)?.0;
+        let alt = AltStack {
+            sp: alt.sp,
+            flags: alt.flags & !libc::SS_ONSTACK,
+            size: alt.size,
         };
-        write_frame(AltStack {
-            sp: 0,
-            flags: libc::SS_DISABLE,
-            size: 0,
-        })?;
+        self.altstack.set(alt);
+        self.write_rescue_frame(&self.saved_regs, &self.saved_xstate, self.saved_mask, alt)
+    }
+
+    /// Writes the one rescue frame of the area for a task whose own state
+    /// is `regs`/`xstate`/`mask`, and points the rescue path at it.
+    fn write_rescue_frame(
+        &self,
+        regs: &Regs,
+        xstate: &[u8],
+        mask: u64,
+        alt: AltStack,
+    ) -> Result<()> {
+        let t = self.tracee;
+        let at = self.frame_addr();
+        let f = sigframe::build(at, &restart_regs(regs, true), xstate, mask, alt);
+        t.write_mem(at, &f)?;
         let sp = at + sigframe::RESCUE_SP_OFFSET;
-        t.write_mem(self.base + BLOB.rescue_sp as u64, &sp.to_le_bytes())?;
+        t.write_mem(self.base + BLOB.rescue_sp as u64, &sp.to_le_bytes())
+    }
+
+    /// `sigaltstack(NULL, &old)` run by `task` (the infected task or
+    /// another thread of its process) at the area's trampoline: the
+    /// alternate stack and the syscall's return value.
+    fn query_altstack(&self, task: &Tracee) -> Result<(AltStack, i64)> {
         // The args block doubles as the output buffer of this one syscall.
         let buf = self.base + BLOB.args_offset as u64;
-        self.syscall("sigaltstack", libc::SYS_sigaltstack, [0, buf, 0, 0, 0, 0])?;
+        let ret = task.syscall_stop_at_exit(
+            self.base + BLOB.trampoline as u64,
+            libc::SYS_sigaltstack,
+            [0, buf, 0, 0, 0, 0],
+        )?;
+        crate::tracee::check_ret(task.pid(), "sigaltstack", ret)?;
         let mut ss = [0u8; 24];
-        t.read_mem(buf, &mut ss)?;
+        self.tracee.read_mem(buf, &mut ss)?;
         let word = |i: usize| u64::from_le_bytes(ss[i..i + 8].try_into().expect("8 bytes"));
-        write_frame(AltStack {
-            sp: word(0),
-            flags: (word(8) as u32 as i32) & !libc::SS_ONSTACK,
-            size: word(16),
+        Ok((
+            AltStack {
+                sp: word(0),
+                flags: word(8) as u32 as i32,
+                size: word(16),
+            },
+            ret,
+        ))
+    }
+
+    /// Puts the infected task back on its own state (registers, xstate,
+    /// mask) while the area stays mapped, so that another thread may use
+    /// the area's rescue frame. Undone by [`Infection::unpark`].
+    fn park(&self) -> Result<()> {
+        let t = self.tracee;
+        // Parking starts from a syscall-exit stop.
+        t.syscall_stop_at_exit(self.base + BLOB.trampoline as u64, libc::SYS_getpid, [0; 6])?;
+        t.park_with(&self.saved_regs)?;
+        t.set_xstate(&self.saved_xstate)?;
+        t.set_sigmask(self.saved_mask)?;
+        self.frame_owner.set(FrameOwner::Thread);
+        Ok(())
+    }
+
+    /// Makes the area the infected task's again: its rescue frame, every
+    /// signal blocked.
+    fn unpark(&self) -> Result<()> {
+        if self.frame_owner.get() == FrameOwner::Infected {
+            return Ok(());
+        }
+        self.tracee.set_sigmask(!0)?;
+        self.write_rescue_frame(
+            &self.saved_regs,
+            &self.saved_xstate,
+            self.saved_mask,
+            self.altstack.get(),
+        )?;
+        self.frame_owner.set(FrameOwner::Infected);
+        Ok(())
+    }
+
+    /// Collects another thread of the infected process through the area
+    /// already mapped: its registers, xstate and mask, and the two values
+    /// only the thread itself can ask the kernel for (its alternate signal
+    /// stack and its `clear_child_tid`), each one syscall run by the thread
+    /// at the area's trampoline. Mapping the whole parasite into every
+    /// thread instead costs a maps scan, an mmap, a blob copy and dozens
+    /// of ptrace stops per thread.
+    ///
+    /// While the thread is in the area, the rescue frame is the thread's
+    /// own (a dumper killed then leaves the thread exactly as it was) and
+    /// the infected task waits parked on its own registers. The thread
+    /// gets its registers, xstate and mask back before this returns, even
+    /// on error.
+    pub fn thread_state(&self, thread: &Tracee) -> Result<ThreadState> {
+        if self.frame_owner.get() == FrameOwner::Infected {
+            self.park()?;
+        }
+        let regs = thread.regs()?;
+        let xstate = thread.xstate()?;
+        let sigmask = thread.sigmask()?;
+        thread.set_sigmask(!0)?;
+        let asked = (|| {
+            let disabled = AltStack {
+                sp: 0,
+                flags: libc::SS_DISABLE,
+                size: 0,
+            };
+            self.write_rescue_frame(&regs, &xstate, sigmask, disabled)?;
+            let (alt, altstack_ret) = self.query_altstack(thread)?;
+            crate::fault::inject(crate::fault::FaultPoint::ThreadInParasite);
+            let own = AltStack {
+                sp: alt.sp,
+                flags: alt.flags & !libc::SS_ONSTACK,
+                size: alt.size,
+            };
+            self.write_rescue_frame(&regs, &xstate, sigmask, own)?;
+            let buf = self.base + BLOB.args_offset as u64;
+            let tid_address_ret = thread.syscall_stop_at_exit(
+                self.base + BLOB.trampoline as u64,
+                libc::SYS_prctl,
+                [libc::PR_GET_TID_ADDRESS as u64, buf, 0, 0, 0, 0],
+            )?;
+            let mut word = [0u8; 8];
+            self.tracee.read_mem(buf, &mut word)?;
+            Ok::<_, ParasiteError>((alt, altstack_ret, u64::from_le_bytes(word), tid_address_ret))
+        })();
+        // Whatever happened, the thread gets its own state back, exactly.
+        thread.park_with(&regs)?;
+        thread.set_xstate(&xstate)?;
+        thread.set_sigmask(sigmask)?;
+        let (alt, altstack_ret, tid_address, tid_address_ret) = asked?;
+        Ok(ThreadState {
+            regs,
+            xstate,
+            sigmask,
+            altstack: proto::StackT {
+                sp: alt.sp,
+                flags: alt.flags,
+                _pad: 0,
+                size: alt.size,
+            },
+            altstack_ret,
+            tid_address,
+            tid_address_ret,
         })
     }
 
@@ -167,6 +339,7 @@ impl Infection<'_> {
 
     /// Runs one syscall inside the task and checks its result.
     pub fn syscall(&self, name: &'static str, nr: i64, args: [u64; 6]) -> Result<u64> {
+        self.unpark()?;
         let t = self.tracee;
         let ret = t.syscall_stop_at_exit(self.base + BLOB.trampoline as u64, nr, args)?;
         crate::tracee::check_ret(t.pid(), name, ret)
@@ -174,6 +347,7 @@ impl Infection<'_> {
 
     /// Runs blob command `cmd` and returns the argument block it filled.
     pub fn call(&self, cmd: u32) -> Result<Box<proto::Args>> {
+        self.unpark()?;
         let t = self.tracee;
         let args_addr = self.base + BLOB.args_offset as u64;
         let mut block = vec![0u8; std::mem::size_of::<proto::Args>()];

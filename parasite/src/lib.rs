@@ -22,6 +22,6 @@ mod sys;
 pub mod tracee;
 
 pub use error::{ParasiteError, Result};
-pub use infect::{Infection, restart_regs};
+pub use infect::{Infection, ThreadState, restart_regs};
 pub use sys::{RseqConfig, SIGINFO_SIZE, cpu_vendor, xcr0, xsave_size};
 pub use tracee::{Regs, SYSCALL_INT3, Tracee, check_ret, tracer_of};

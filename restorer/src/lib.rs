@@ -39,7 +39,9 @@ mod thread;
 mod timer;
 mod tree;
 
-use std::path::PathBuf;
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ckpt_image::fd::{FdTable, Files};
@@ -53,7 +55,7 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 pub use error::{FileUse, RestoreError, Result};
-pub use fd::{FilePolicy, InheritFd};
+pub use fd::{AddressConflict, AddressMap, FilePolicy, InheritFd};
 
 /// Options of one restore.
 pub struct RestoreOptions<'a> {
@@ -252,6 +254,16 @@ impl Drop for Stopped {
             let _ = kill(Pid::from_raw(t.pid()), Signal::SIGKILL);
         }
     }
+}
+
+/// The addresses the checkpoint at `dir` was reachable at on its node:
+/// the inet sockets' bound addresses, without loopback and link-local
+/// ones. A restart on another node maps them to that node's address
+/// ([`FilePolicy::addresses`]).
+pub fn node_addresses(dir: &Path, key: &ImageKey) -> Result<BTreeSet<IpAddr>> {
+    let images = ImageDir::open(dir, key)?;
+    let files: Files = images.read_meta(ckpt_image::FILES_NAME, ImageKind::Files)?;
+    Ok(fd::node_addresses(&files))
 }
 
 /// Reads and verifies the whole checkpoint, then creates every process of

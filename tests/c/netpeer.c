@@ -8,7 +8,9 @@
  * byte fails the check. The rounds are paced (1 ms apart) so a checkpoint
  * lands mid-exchange, with bytes in flight both ways. Each side writes
  * WORKDIR/progress-ROLE now and then and, at the end, WORKDIR/result-ROLE:
- * "PASS <digest>" or "FAIL why"; it exits 0 on PASS.
+ * "PASS <digest>" or "FAIL why"; it exits 0 on PASS. Before that it writes
+ * WORKDIR/endpoints-ROLE, "LOCAL PEER" as the connection's addresses are at
+ * the end (they change when a restart moves the processes to other nodes).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -147,6 +149,17 @@ int main(int argc, char **argv)
 		}
 		nanosleep(&pace, NULL);
 	}
+	struct sockaddr_in local, peer;
+	socklen_t ll = sizeof local, pl = sizeof peer;
+	char lbuf[INET_ADDRSTRLEN], pbuf[INET_ADDRSTRLEN], ends[128];
+	if (getsockname(fd, (struct sockaddr *)&local, &ll) != 0 ||
+	    getpeername(fd, (struct sockaddr *)&peer, &pl) != 0)
+		fail("getsockname/getpeername");
+	inet_ntop(AF_INET, &local.sin_addr, lbuf, sizeof lbuf);
+	inet_ntop(AF_INET, &peer.sin_addr, pbuf, sizeof pbuf);
+	snprintf(ends, sizeof ends, "%s:%u %s:%u", lbuf, ntohs(local.sin_port), pbuf,
+		 ntohs(peer.sin_port));
+	write_file("endpoints", ends);
 	char buf[64];
 	snprintf(buf, sizeof buf, "PASS %016llx", (unsigned long long)digest);
 	write_file("result", buf);

@@ -1281,9 +1281,13 @@ fn ip(args: &[&str]) {
 impl NetNodes {
     /// Creates `n` nodes for the test named `tag` (unique per test process).
     pub fn new(tag: &str, n: usize) -> NetNodes {
+        // Unique per test process and per instance within it: several
+        // tests of one binary run at once, each with its own nodes.
+        static INSTANCES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let k = INSTANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 3;
         let id = std::process::id();
-        let net = format!("10.{}.{}", 100 + (id >> 8) % 100, id % 256);
-        let short = format!("{:x}", id % 0xfffff);
+        let net = format!("10.{}.{}", 100 + ((id >> 8) % 50) * 3 + k, id % 256);
+        let short = format!("{:x}{k}", id % 0xfffff);
         let bridge = format!("ckb{short}{}", &tag[..tag.len().min(3)]);
         let mut nodes = NetNodes {
             names: Vec::new(),
@@ -1445,12 +1449,14 @@ impl<'a> Coordinated<'a> {
         }
     }
 
-    /// Runs the agent of node `i` inside the node: a dump of the tree at
+    /// Runs the agent of part `part` (its checkpoint root `node<part+1>`,
+    /// node name `n<part+1>`) inside node `on`: a dump of the tree at
     /// `dump_root` (killed once the checkpoint is committed), or a restore
-    /// of the node's images when `dump_root` is `None`.
-    fn agent(&self, i: usize, dump_root: Option<i32>) -> CkptCmd {
-        let dir = self.env.root.join(format!("node{}", i + 1));
-        let node = format!("n{}", i + 1);
+    /// of the part's images when `dump_root` is `None`, with `extra`
+    /// arguments.
+    fn agent(&self, part: usize, on: usize, dump_root: Option<i32>, extra: &[String]) -> CkptCmd {
+        let dir = self.env.root.join(format!("node{}", part + 1));
+        let node = format!("n{}", part + 1);
         let mut args: Vec<String> = Vec::new();
         match dump_root {
             // The peers are on other nodes: outside this node's tree.
@@ -1481,9 +1487,10 @@ impl<'a> Coordinated<'a> {
             ]
             .map(String::from),
         );
+        args.extend(extra.iter().cloned());
         CkptCmd::spawn_in_netns(
             self.env,
-            &self.nodes.names[i],
+            &self.nodes.names[on],
             &args.iter().map(String::as_str).collect::<Vec<_>>(),
         )
     }
@@ -1495,7 +1502,7 @@ impl<'a> Coordinated<'a> {
         let agents: Vec<CkptCmd> = roots
             .iter()
             .enumerate()
-            .map(|(i, &pid)| self.agent(i, Some(pid)))
+            .map(|(i, &pid)| self.agent(i, i, Some(pid), &[]))
             .collect();
         for out in agents.into_iter().map(|a| a.wait(timeout)) {
             out.assert_success();
@@ -1515,8 +1522,20 @@ impl<'a> Coordinated<'a> {
     /// each agent's outcome (its exit code is its tree root's) when the
     /// restored job has finished.
     pub fn restore(&mut self, timeout: Duration) -> Vec<CkptOutput> {
-        let agents: Vec<CkptCmd> = (0..self.nodes.names.len())
-            .map(|i| self.agent(i, None))
+        let home: Vec<usize> = (0..self.nodes.names.len()).collect();
+        self.restore_on(&home, timeout)
+    }
+
+    /// Restores part `i` inside node `placement[i]` (parts may move or
+    /// swap nodes; the agents exchange addresses so connections follow),
+    /// every part at once, and returns each part's agent outcome.
+    pub fn restore_on(&mut self, placement: &[usize], timeout: Duration) -> Vec<CkptOutput> {
+        let peers: Vec<String> = (1..=placement.len()).map(|i| format!("n{i}")).collect();
+        let extra = ["--peers".to_string(), peers.join(",")];
+        let agents: Vec<CkptCmd> = placement
+            .iter()
+            .enumerate()
+            .map(|(part, &on)| self.agent(part, on, None, &extra))
             .collect();
         let outs = agents.into_iter().map(|a| a.wait(timeout)).collect();
         let _ = self.coord.try_status();

@@ -7,12 +7,16 @@
 //! coordinator has started one) and the phase, so a failed job's log says at
 //! once where it broke.
 
+use std::collections::BTreeSet;
+use std::net::{IpAddr, ToSocketAddrs, UdpSocket};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::Context;
 use ckpt_coord::Secret;
 use ckpt_coord::client::{Agent, AgentOptions, ClientError, Directive, Step};
 use ckpt_coord::protocol::{Intent, Phase, PhaseInfo};
+use ckpt_restorer::AddressMap;
 
 /// Where the root coordinator keeps the job secret unless told otherwise
 /// (`ckpt coord --state-dir`'s default).
@@ -200,5 +204,146 @@ impl Session {
         if let Err(le) = self.agent.report_failed(phase, &reason) {
             log::warn!("{}: cannot report the failure: {le}", self.at());
         }
+    }
+}
+
+/// Key under which node NODE publishes where its addresses moved.
+fn addresses_key(node: &str) -> String {
+    format!("ckpt.addresses.{node}")
+}
+
+/// One line of the address exchange: the addresses a node's part was
+/// reachable at when it was dumped, and the address of the node that
+/// restores it now. As text, `OLD[,OLD...]>NEW`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeMove {
+    /// The dumped part's addresses (those of the new address's family).
+    pub from: BTreeSet<IpAddr>,
+    /// The restoring node's address.
+    pub to: IpAddr,
+}
+
+/// The most addresses one node may publish (a value is bounded like
+/// everything read from another party).
+const MAX_NODE_ADDRESSES: usize = 64;
+
+impl NodeMove {
+    fn encode(&self) -> String {
+        let from: Vec<String> = self.from.iter().map(IpAddr::to_string).collect();
+        format!("{}>{}", from.join(","), self.to)
+    }
+
+    fn decode(s: &str) -> Option<NodeMove> {
+        let (from, to) = s.split_once('>')?;
+        let from: BTreeSet<IpAddr> = if from.is_empty() {
+            BTreeSet::new()
+        } else {
+            from.split(',')
+                .map(|a| a.parse().ok())
+                .collect::<Option<_>>()?
+        };
+        (from.len() <= MAX_NODE_ADDRESSES).then_some(())?;
+        Some(NodeMove {
+            from,
+            to: to.parse().ok()?,
+        })
+    }
+
+    /// Adds this node's pairs to `map`.
+    fn add_to(&self, map: &mut AddressMap) -> Result<(), ckpt_restorer::AddressConflict> {
+        self.from
+            .iter()
+            .try_for_each(|&old| map.insert(old, self.to))
+    }
+}
+
+/// The address this node reaches `coordinator` from: the node's address
+/// in the job's network (a connected UDP socket sends nothing; the kernel
+/// only picks the route and the source address).
+pub fn route_source(coordinator: &str) -> anyhow::Result<IpAddr> {
+    let target = coordinator
+        .to_socket_addrs()
+        .with_context(|| format!("resolving coordinator address {coordinator}"))?
+        .next()
+        .with_context(|| format!("coordinator address {coordinator}: no address"))?;
+    let any: IpAddr = if target.is_ipv4() {
+        std::net::Ipv4Addr::UNSPECIFIED.into()
+    } else {
+        std::net::Ipv6Addr::UNSPECIFIED.into()
+    };
+    let sock = UdpSocket::bind((any, 0)).context("a socket to find this node's address")?;
+    sock.connect(target)
+        .with_context(|| format!("no route to coordinator {target}"))?;
+    Ok(sock.local_addr().context("this node's address")?.ip())
+}
+
+impl Session {
+    /// The restart's address exchange, at the start of RESTORE (connections
+    /// are rebuilt with their final addresses, so the map must be known
+    /// before anything is rebuilt): publishes where this node's part was
+    /// reachable and where it is now, fetches the same from every other
+    /// node in `peers`, and returns the job's whole map. Every node of the
+    /// job publishes before it waits, so no get waits on a node that is
+    /// itself waiting.
+    pub fn exchange_addresses(
+        &mut self,
+        own: &NodeMove,
+        peers: &[String],
+        timeout: Duration,
+    ) -> anyhow::Result<AddressMap> {
+        let mut map = AddressMap::new();
+        own.add_to(&mut map)
+            .with_context(|| format!("{}: this node's addresses", self.at()))?;
+        let put = self
+            .agent
+            .put(&addresses_key(&self.node), own.encode().as_bytes());
+        put.map_err(|e| self.lost(e))?;
+        log::info!("{}: published addresses {}", self.at(), own.encode());
+        let others: Vec<&String> = peers.iter().filter(|p| **p != self.node).collect();
+        let keys: Vec<String> = others.iter().map(|p| addresses_key(p)).collect();
+        let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let got = self.agent.get_many(&key_refs, timeout);
+        let values = got.map_err(|e| self.lost(e))?;
+        for (peer, value) in others.iter().zip(values) {
+            let text = String::from_utf8_lossy(&value);
+            let m = NodeMove::decode(&text).with_context(|| {
+                format!(
+                    "{}: node {peer} published malformed addresses {text:?}",
+                    self.at()
+                )
+            })?;
+            m.add_to(&mut map)
+                .with_context(|| format!("{}: addresses of node {peer}", self.at()))?;
+        }
+        Ok(map)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_moves_round_trip_and_bad_ones_are_refused() {
+        let m = NodeMove {
+            from: ["10.0.0.1".parse().unwrap(), "10.0.1.1".parse().unwrap()].into(),
+            to: "10.0.0.2".parse().unwrap(),
+        };
+        assert_eq!(NodeMove::decode(&m.encode()), Some(m));
+        let none = NodeMove {
+            from: BTreeSet::new(),
+            to: "::1".parse().unwrap(),
+        };
+        assert_eq!(NodeMove::decode(&none.encode()), Some(none));
+        for bad in ["", "10.0.0.1", "x>10.0.0.1", "10.0.0.1>", "10.0.0.1>y"] {
+            assert_eq!(NodeMove::decode(bad), None, "{bad}");
+        }
+        let many: Vec<String> = (0..=MAX_NODE_ADDRESSES)
+            .map(|i| format!("10.0.{}.{}", i / 250, i % 250))
+            .collect();
+        assert_eq!(
+            NodeMove::decode(&format!("{}>10.0.0.1", many.join(","))),
+            None
+        );
     }
 }

@@ -1,16 +1,17 @@
 //! `ckpt restore`.
 
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
 use ckpt_coord::protocol::{Intent, Phase as CoordPhase, PhaseInfo};
-use ckpt_restorer::{FilePolicy, InheritFd, Rebound, RestoreOptions};
+use ckpt_restorer::{AddressMap, FilePolicy, InheritFd, Rebound, RestoreOptions};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
 
-use super::agent::{CoordOpts, Session, epoch_dir};
+use super::agent::{CoordOpts, NodeMove, Session, epoch_dir, route_source};
 use crate::scripts::{ActionScripts, Phase};
 
 /// Arguments of `ckpt restore`.
@@ -64,9 +65,60 @@ pub struct RestoreArgs {
     /// symbolic link). The checkpoint directory is input and stays as it is.
     #[arg(long = "stats-file", value_name = "PATH")]
     stats_file: Option<PathBuf>,
+    /// The processes' address OLD is now NEW (repeatable): inet sockets
+    /// bound or connected to OLD come back on NEW, ports and connection
+    /// state kept, for a part restored where its addresses changed.
+    #[arg(long = "map-address", value_name = "OLD=NEW", value_parser = parse_address_pair)]
+    map_address: Vec<AddressPair>,
+    /// Every node of the job, this one included (with --coord): exchange
+    /// addresses with them before the rebuild, so a part restored on a
+    /// node with another address comes back on it and its peers'
+    /// connections follow (this node's address is the one it reaches the
+    /// coordinator from).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "NODE,...",
+        requires = "addr"
+    )]
+    peers: Vec<String>,
     /// Coordinated restart of a multi-node job.
     #[command(flatten)]
     coord: CoordOpts,
+}
+
+/// `--map-address OLD=NEW`.
+#[derive(Debug, Clone, Copy)]
+struct AddressPair {
+    old: IpAddr,
+    new: IpAddr,
+}
+
+fn parse_address_pair(s: &str) -> Result<AddressPair, String> {
+    let (old, new) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s}: expected OLD=NEW (two IP addresses)"))?;
+    let ip = |a: &str| {
+        a.parse::<IpAddr>()
+            .map_err(|_| format!("{s}: {a} is not an IP address"))
+    };
+    let pair = AddressPair {
+        old: ip(old)?,
+        new: ip(new)?,
+    };
+    if pair.old.is_ipv4() != pair.new.is_ipv4() {
+        return Err(format!("{s}: both addresses must be of one family"));
+    }
+    Ok(pair)
+}
+
+/// The `--map-address` pairs as a map.
+fn address_map(pairs: &[AddressPair]) -> anyhow::Result<AddressMap> {
+    let mut map = AddressMap::new();
+    for p in pairs {
+        map.insert(p.old, p.new).context("--map-address")?;
+    }
+    Ok(map)
 }
 
 /// Runs `ckpt restore`: exits 0 once the process runs with `--detach`,
@@ -111,6 +163,7 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
                 .iter()
                 .map(|p| dumped_form(p))
                 .collect::<anyhow::Result<_>>()?,
+            addresses: address_map(&a.map_address)?,
         },
     };
     let r = if a.coord.enabled() {
@@ -210,6 +263,14 @@ fn coordinated(
         }
     })?;
     opts.dir = dir.clone();
+    if !a.peers.is_empty() {
+        let own = s.local(this_node_move(a, opts.key, &dir))?;
+        let moved = s.exchange_addresses(&own, &a.peers, step.deadline)?;
+        s.local(opts.files.addresses.merge(&moved))?;
+        for (old, new) in moved.iter().filter(|(o, n)| o != n) {
+            log::info!("{}: address {old} is now {new}", s.at());
+        }
+    }
     let scripts = ActionScripts::new(a.action_scripts.clone(), &dir);
     s.local(scripts.run(Phase::PreRestore, None))?;
     let stopped = ckpt_restorer::rebuild(opts);
@@ -240,6 +301,25 @@ fn coordinated(
     let restored = s.local(stopped.resume())?;
     s.done(PhaseInfo::None)?;
     Ok(restored)
+}
+
+/// Where this node's part was reachable when dumped (the checkpoint's
+/// bound addresses of the family the coordinator is reached with) and
+/// this node's address now.
+fn this_node_move(
+    a: &RestoreArgs,
+    key: &ckpt_image::ImageKey,
+    dir: &std::path::Path,
+) -> anyhow::Result<NodeMove> {
+    let coordinator = a.coord.addr.as_deref().context("--peers needs --coord")?;
+    let to = route_source(coordinator)?;
+    let dumped = ckpt_restorer::node_addresses(dir, key)
+        .with_context(|| format!("{}: reading its addresses", dir.display()))?;
+    let from = dumped
+        .into_iter()
+        .filter(|ip| ip.is_ipv4() == to.is_ipv4())
+        .collect();
+    Ok(NodeMove { from, to })
 }
 
 /// What was bound to this command instead of restored, in one line.
@@ -311,4 +391,32 @@ fn dumped_form(p: &std::path::Path) -> anyhow::Result<PathBuf> {
     std::fs::canonicalize(p).or_else(|_| {
         std::path::absolute(p).with_context(|| format!("--allow-changed {}", p.display()))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_pairs_parse_and_bad_ones_name_the_problem() {
+        let p = parse_address_pair("10.0.0.1=10.0.0.2").unwrap();
+        assert_eq!(
+            (p.old.to_string(), p.new.to_string()),
+            ("10.0.0.1".into(), "10.0.0.2".into())
+        );
+        assert!(parse_address_pair("::1=fe80::1").is_ok());
+        for (bad, says) in [
+            ("10.0.0.1", "expected OLD=NEW"),
+            ("10.0.0.1=host", "host is not an IP address"),
+            ("10.0.0.1=::1", "one family"),
+        ] {
+            let e = parse_address_pair(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        let twice = [
+            parse_address_pair("10.0.0.1=10.0.0.2").unwrap(),
+            parse_address_pair("10.0.0.1=10.0.0.3").unwrap(),
+        ];
+        assert!(address_map(&twice).is_err());
+    }
 }

@@ -224,6 +224,7 @@ fn restore(a: &SlurmArgs, job: &Job, ckpt: &Path) -> anyhow::Result<App> {
         files: FilePolicy {
             inherit_fds: Vec::new(),
             allow_changed: stdio_files(),
+            ..FilePolicy::default()
         },
     };
     let r = ckpt_restorer::restore(&opts)

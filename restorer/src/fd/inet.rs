@@ -16,7 +16,10 @@
 //! sent are then sent normally. The restored process never holds a socket
 //! in repair mode.
 
+mod moved;
 mod timewait;
+
+pub use moved::{AddressConflict, AddressMap, node_addresses};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -306,8 +309,11 @@ impl Plan {
                 .map(|a| a.to_socket_addr().ok_or_else(|| bad("malformed address")))
                 .transpose()
         };
-        let local = addr(&image.local)?;
-        let peer = addr(&image.peer)?;
+        // A part restored where its addresses changed comes back on the
+        // new ones (the map is the operator's or the job's, see `moved`).
+        let moved = &cx.policy.addresses;
+        let local = addr(&image.local)?.map(|a| moved.apply(a));
+        let peer = addr(&image.peer)?.map(|a| moved.apply(a));
         for a in local.iter().chain(peer.iter()) {
             let v6 = matches!(a, SocketAddr::V6(_));
             if v6 != (family == InetFamily::Ipv6) {

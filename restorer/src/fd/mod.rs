@@ -16,7 +16,7 @@ mod external;
 mod fifo;
 pub mod identity;
 mod inet;
-pub use inet::OutsidePeers;
+pub use inet::{AddressConflict, AddressMap, OutsidePeers, node_addresses};
 mod inotify;
 mod lock;
 mod memfd;
@@ -122,6 +122,10 @@ pub struct FilePolicy {
     /// append-only log continues. Owner, mode, type and (on the dumping
     /// host) inode must still match.
     pub allow_changed: Vec<PathBuf>,
+    /// Where the processes' network addresses moved since the dump
+    /// (`ckpt restore --map-address`, or a coordinated restart's address
+    /// exchange): inet sockets come back on the new addresses.
+    pub addresses: AddressMap,
 }
 
 /// A restorer fd the user hands to the restored processes
