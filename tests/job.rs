@@ -202,7 +202,7 @@ fn progress(env: &TestEnv) -> u64 {
 }
 
 #[test]
-fn tcp_job_on_two_nodes_is_dumped_killed_listed_and_restored() {
+fn tcp_job_on_two_nodes_is_dumped_killed_listed_and_restored_swapped() {
     let env = TestEnv::new("job-tcp");
     let nodes = NetNodes::new("job", 2);
     let jobdir = env.root.join("job");
@@ -287,11 +287,16 @@ fn tcp_job_on_two_nodes_is_dumped_killed_listed_and_restored() {
         vec![committed(1, true, &["client", "server"])]
     );
 
-    // Restart in the foreground: it ends when both parts' trees exit.
+    // Restart in the foreground, the parts swapped between the nodes
+    // (parts in name order: the client on node 1, the server on node 2;
+    // the agents exchange addresses so the connection follows): it ends
+    // when both parts' trees exit.
+    let swapped = format!("{},{}", nodes.names[0], nodes.names[1]);
     let restore = CkptCmd::spawn(
         &env,
         &[
-            "job", "restore", "--dir", jd, "--launch", "netns", "--listen", &listen,
+            "job", "restore", "--dir", jd, "--launch", "netns", "--listen", &listen, "--nodes",
+            &swapped,
         ],
     );
     let old = (server.pid, client.pid);
@@ -322,7 +327,9 @@ fn tcp_job_on_two_nodes_is_dumped_killed_listed_and_restored() {
     let s = job_json(&env, "status", &jobdir);
     assert_eq!(s["last_committed"], 1, "{s}");
     assert_eq!(s["parts"][0]["part"], "client", "{s}");
-    assert_eq!(s["parts"][0]["node"], nodes.names[1].as_str(), "{s}");
+    assert_eq!(s["parts"][0]["node"], nodes.names[0].as_str(), "{s}");
+    assert_eq!(s["parts"][1]["part"], "server", "{s}");
+    assert_eq!(s["parts"][1]["node"], nodes.names[1].as_str(), "{s}");
 }
 
 #[test]

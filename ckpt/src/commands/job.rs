@@ -1024,6 +1024,10 @@ fn agent_restore(a: AgentRestoreArgs) -> anyhow::Result<ExitCode> {
     r.dir.set_node(&r.part, &r.node)?;
     let mut argv = os(&["restore"]);
     argv.extend(coord_args(&r, &a.common));
+    // Every part's agent publishes where its part was and is now, so
+    // parts restored on other nodes keep their connections.
+    let parts: Vec<String> = r.dir.parts()?.into_iter().map(|p| p.name).collect();
+    argv.extend(os(&["--peers", &parts.join(",")]));
     argv.push("--pidfile".into());
     argv.push(r.dir.root_pid_path(&r.part).into_os_string());
     if a.detach {
