@@ -264,6 +264,15 @@ impl JobDir {
     pub fn create_or_open(root: &Path) -> anyhow::Result<JobDir> {
         let root = std::path::absolute(root)
             .with_context(|| format!("job directory {}", root.display()))?;
+        if let Some(parent) = root.parent()
+            && !parent.is_dir()
+        {
+            bail!(
+                "job directory {}: its parent {} is not a directory",
+                root.display(),
+                parent.display()
+            );
+        }
         ensure_dir(&root)?;
         let dir = JobDir { root };
         ensure_dir(&dir.root.join("parts"))?;
