@@ -560,8 +560,28 @@ fn restore_of_an_older_epoch_detached() {
     a.assert_killed();
     b.assert_killed();
 
-    // Without part a's images of epoch 2, only epoch 1 can be restored.
+    // Without part a's images of epoch 2, the last committed epoch cannot
+    // be restored: the restart aborts naming the part, and nothing runs.
     fs::remove_dir_all(jobdir.join("parts/a/epoch-2")).unwrap();
+    let mut all = vec!["job", "restore", "--dir", jd];
+    all.extend_from_slice(&launch);
+    let out = ckpt(&main, &all, WAIT);
+    out.assert_error();
+    let err = out.stderr.lines().last().unwrap_or_default();
+    assert!(
+        err.starts_with(
+            "ckpt: error: job restore: epoch 2: aborted in RESTORE: part a (node n1): "
+        ) && err.contains("is not on this node")
+            && err.ends_with("; no part runs"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        ["a", "b"]
+            .iter()
+            .all(|p| root_pid(&jobdir, p).is_none_or(|r| !pid_exists(r))),
+        "a part runs after an aborted restart"
+    );
     let mut all = vec![
         "job", "restore", "--dir", jd, "--epoch", "1", "--detach", "--json",
     ];

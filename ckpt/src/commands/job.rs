@@ -748,12 +748,19 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
     let state = pin
         .as_ref()
         .map_or_else(|| dir.coord_state_dir(), |p| p.dir.clone());
-    if pin.is_none() && dir.store()?.last_committed()?.is_none() {
-        bail!(
-            "{}: the job has no committed epoch to restore",
-            dir.path().display()
-        );
-    }
+    let epoch = match a.epoch {
+        Some(e) => e,
+        None => dir
+            .store()?
+            .last_committed()?
+            .map(|m| m.epoch)
+            .with_context(|| {
+                format!(
+                    "{}: the job has no committed epoch to restore",
+                    dir.path().display()
+                )
+            })?,
+    };
     let mut round = Round::start(&dir, &a.coord, &state, placed.len(), RoundKind::Restart)?;
     let argv = restore_agent_argv(&dir, &round.agent_addr, &a);
     let mut agents = launch(&a.launch, &argv, &placed)?;
@@ -767,10 +774,6 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
             return Err(e);
         }
     };
-    let restored_from = pin
-        .as_ref()
-        .and(a.epoch)
-        .or_else(|| dir.store().ok()?.last_committed().ok()?.map(|m| m.epoch));
     if let Outcome::Aborted {
         phase,
         node,
@@ -781,14 +784,13 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
             ag.wait()?;
         }
         bail!(
-            "job restore: aborted in {phase}: {}: {reason}",
+            "job restore: epoch {epoch}: aborted in {phase}: {}: {reason}; no part runs",
             part_label(&placed, node)
         );
     }
     if !a.json {
         eprintln!(
-            "ckpt: job restored from epoch {} ({})",
-            restored_from.map_or_else(|| "?".to_string(), |e| e.to_string()),
+            "ckpt: job restored from epoch {epoch} ({})",
             parts_text(placed.len())
         );
     }
@@ -804,7 +806,7 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
         println!(
             "{}",
             serde_json::json!({
-                "epoch": restored_from,
+                "epoch": epoch,
                 "parts": placed.iter().map(|p| serde_json::json!({"part": p.part, "node": p.node})).collect::<Vec<_>>(),
                 "detached": a.detach,
                 "exits": codes,

@@ -39,6 +39,11 @@ const NODE: &str = "node";
 const MAX_NAME: usize = 64;
 /// Longest root.pid or node file read back.
 const MAX_SMALL_FILE: u64 = 256;
+/// Longest abort note read back (its reason is one error line).
+const MAX_NOTE: u64 = 64 * 1024;
+/// The phases a restart round has and a checkpoint round does not (a
+/// checkpoint is committed before its RESUME).
+const RESTART_PHASES: [&str; 4] = ["RESTORE", "PUBLISH", "SUBSCRIBE", "RESUME"];
 /// Prefix of an epoch's image directory (see `agent::epoch_dir`).
 const EPOCH_PREFIX: &str = "epoch-";
 /// Permission bits that let someone else change what we trust.
@@ -219,6 +224,22 @@ fn epoch_of(name: &str) -> Option<u64> {
         return None;
     }
     digits.parse().ok()
+}
+
+/// Whether the abort note at `path` is of a restart round: aborted in one
+/// of the phases only a restart has (the coordinator writes the phase).
+fn is_restart_note(path: &Path) -> bool {
+    let Ok(f) = File::open(path) else {
+        return false;
+    };
+    let mut text = String::new();
+    if f.take(MAX_NOTE).read_to_string(&mut text).is_err() {
+        return false;
+    }
+    let phase = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v.get("phase")?.as_str().map(str::to_string));
+    phase.is_some_and(|p| RESTART_PHASES.contains(&p.as_str()))
 }
 
 /// Bytes of the regular files under `path` (symbolic links not followed).
@@ -436,15 +457,27 @@ impl JobDir {
         Ok(out)
     }
 
-    /// Epochs with an abort record.
-    fn aborted(&self) -> anyhow::Result<Vec<u64>> {
+    /// The coordinator's abort notes: (round, whether it was a restart).
+    fn abort_notes(&self) -> anyhow::Result<Vec<(u64, bool)>> {
         let store = self.store()?;
         Ok(fs::read_dir(store.dir())?
             .flatten()
             .filter_map(|e| {
                 let name = e.file_name().into_string().ok()?;
-                epoch_of(name.strip_suffix(".aborted.json")?)
+                let round = epoch_of(name.strip_suffix(".aborted.json")?)?;
+                Some((round, is_restart_note(&e.path())))
             })
+            .collect())
+    }
+
+    /// Checkpoint epochs with an abort record (restart rounds, which take
+    /// their numbers from the same counter, are no epochs of images).
+    fn aborted(&self) -> anyhow::Result<Vec<u64>> {
+        Ok(self
+            .abort_notes()?
+            .into_iter()
+            .filter(|&(_, restart)| !restart)
+            .map(|(epoch, _)| epoch)
             .collect())
     }
 
@@ -547,7 +580,7 @@ impl JobDir {
             }
         }
         // Abort notes older than everything kept have nothing left to explain.
-        for epoch in self.aborted()? {
+        for (epoch, _) in self.abort_notes()? {
             if epoch < oldest_kept {
                 let note = store.dir().join(format!("epoch-{epoch:016}.aborted.json"));
                 let _ = fs::remove_file(note);
@@ -627,6 +660,11 @@ mod tests {
             .record_abort(4, ckpt_coord::Phase::Dump, "b", "no")
             .unwrap();
         fs::create_dir(dir.part_dir("b").join("epoch-5")).unwrap();
+        // Restart round 6 aborted: no epoch of images, not listed.
+        dir.store()
+            .unwrap()
+            .record_abort(6, ckpt_coord::Phase::Restore, "a", "no images")
+            .unwrap();
         let states: Vec<(u64, EpochState, bool)> = dir
             .epochs()
             .unwrap()
