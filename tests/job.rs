@@ -83,14 +83,18 @@ impl Part {
     }
 }
 
-/// Kills restored part inits (nobody's child here) when the test ends.
+/// Kills restored part inits (nobody's child here) when the test ends,
+/// if they still run: only a pid that is still a ckpt process, never an
+/// unrelated process that reused the number.
 #[derive(Default)]
 struct Inits(Vec<i32>);
 
 impl Drop for Inits {
     fn drop(&mut self) {
-        for pid in &self.0 {
-            let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+        for &pid in &self.0 {
+            if exe_of(pid).is_some_and(|e| e == Path::new(CKPT)) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
         }
     }
 }
