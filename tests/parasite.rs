@@ -129,3 +129,76 @@ fn seize_of_missing_pid_fails_cleanly() {
     let e = Tracee::seize(4_194_000).err().expect("must fail");
     assert!(e.to_string().contains("4194000"), "{e}");
 }
+
+/// Start of the task's first executable mapping (where a scratch area is
+/// bootstrapped from).
+fn first_code(pid: i32) -> u64 {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    maps.lines()
+        .find(|l| l.split_whitespace().nth(1).is_some_and(|p| p.contains('x')))
+        .and_then(|l| u64::from_str_radix(l.split('-').next()?, 16).ok())
+        .unwrap()
+}
+
+#[test]
+fn batched_remote_syscalls_run_in_order_and_stop_at_the_first_failure() {
+    use ckpt_parasite::batch::Call;
+    use ckpt_parasite::remote::Remote;
+
+    let child = Command::new("sleep")
+        .arg("1000")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let child = Victim(child);
+    let pid = child.0.id() as i32;
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Tracee::seize(pid).unwrap();
+    // Far from where a small PIE and its libraries live.
+    let r = Remote::map(&t, first_code(pid), 0x1000_0000_0000).unwrap();
+
+    // More calls than one table holds: every result, in order.
+    let getpid = Call {
+        name: "getpid",
+        nr: libc::SYS_getpid,
+        args: [0; 6],
+    };
+    let many = vec![getpid; 500];
+    let got = r.call_many(&many).unwrap();
+    assert_eq!(got.len(), 500);
+    assert!(got.iter().all(|&p| p == pid as u64), "{got:?}");
+
+    // A failure stops the batch: it is named, and what follows never runs.
+    let probe: u64 = 0x2000_0000_0000;
+    let after_failure = Call {
+        name: "mmap",
+        nr: libc::SYS_mmap,
+        args: [
+            probe,
+            4096,
+            libc::PROT_READ as u64,
+            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64,
+            u64::MAX,
+            0,
+        ],
+    };
+    let failing = Call {
+        name: "close(-1)",
+        nr: libc::SYS_close,
+        args: [u64::MAX, 0, 0, 0, 0, 0],
+    };
+    let e = r
+        .call_many(&[getpid, failing, after_failure])
+        .expect_err("close(-1) fails");
+    assert!(e.to_string().contains("close(-1)"), "{e}");
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(
+        !maps.contains(&format!("{probe:x}-")),
+        "a call after the failed one ran:\n{maps}"
+    );
+    // The same mapping alone does run (the probe above was a fair one).
+    assert_eq!(r.call_many(&[after_failure]).unwrap(), vec![probe]);
+    drop(child);
+}

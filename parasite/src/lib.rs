@@ -11,6 +11,7 @@
 
 #![warn(missing_docs)]
 
+pub mod batch;
 pub mod blob;
 pub mod error;
 pub mod fault;

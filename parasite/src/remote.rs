@@ -5,6 +5,7 @@
 //! every step of rebuilding a process, and unmaps it last. A child forked
 //! from a task with the area inherits it at the same address.
 
+use crate::batch;
 use crate::error::{ParasiteError, Result};
 use crate::tracee::{SYSCALL_INT3, Tracee};
 
@@ -12,6 +13,14 @@ use crate::tracee::{SYSCALL_INT3, Tracee};
 pub const SCRATCH_LEN: u64 = 4 * PAGE;
 const PAGE: u64 = 4096;
 const DATA_OFFSET: u64 = PAGE;
+/// Where the batch loop ([`crate::batch`]) sits in the code page, after
+/// the `syscall; int3` trampoline.
+const BATCH_OFFSET: u64 = 16;
+/// The argument slots a batch's table uses (slot 0 stays for paths).
+const BATCH_FIRST_SLOT: u64 = 1;
+/// Entries of one batch run: the table fills the slots from
+/// [`BATCH_FIRST_SLOT`] on.
+const BATCH_ENTRIES: usize = ((SLOTS - BATCH_FIRST_SLOT) * PAGE / batch::ENTRY_LEN) as usize;
 /// Argument slots, one page each, after the code page.
 const SLOTS: u64 = SCRATCH_LEN / PAGE - 1;
 
@@ -35,12 +44,65 @@ impl<'t> Remote<'t> {
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
         )?;
         t.write_mem(base, &SYSCALL_INT3)?;
+        t.write_mem(base + BATCH_OFFSET, batch::loop_code())?;
         Ok(Remote { t, base })
     }
 
     /// Runs a syscall and checks its result.
     pub fn call(&self, name: &'static str, nr: i64, args: [u64; 6]) -> Result<u64> {
         self.t.syscall_ok(self.base, name, nr, args)
+    }
+
+    /// Runs `calls` in order, a table of them per stop; stops at the first
+    /// that fails (an error naming it) and returns every result otherwise.
+    /// Uses the argument slots from 1 on: nothing put there before
+    /// survives.
+    pub fn call_many(&self, calls: &[batch::Call]) -> Result<Vec<u64>> {
+        let pid = self.t.pid();
+        let code_len = batch::loop_code().len() as u64;
+        let table_at = self.base + DATA_OFFSET + BATCH_FIRST_SLOT * PAGE;
+        let mut results = Vec::with_capacity(calls.len());
+        for chunk in calls.chunks(BATCH_ENTRIES) {
+            let table = batch::table(chunk);
+            self.t.write_mem(table_at, &table)?;
+            let mut r = self.t.regs()?;
+            r.rip = self.base + BATCH_OFFSET;
+            r.rdi = table_at;
+            r.rsi = chunk.len() as u64;
+            r.orig_rax = u64::MAX;
+            self.t.set_regs(&r)?;
+            self.t
+                .run_until_trap("running a batch of remote syscalls")?;
+            let after = self.t.regs()?;
+            let trap = self.base + BATCH_OFFSET + code_len;
+            if after.rip != trap {
+                return Err(ParasiteError::UnexpectedStop {
+                    pid,
+                    what: "running a batch of remote syscalls",
+                    status: format!("trap at {:#x}, expected {trap:#x}", after.rip),
+                });
+            }
+            let mut done = table;
+            self.t.read_mem(table_at, &mut done)?;
+            let left = after.r13 as usize;
+            let ran = chunk.len() - left.min(chunk.len());
+            let result = |i: usize| {
+                let at = i * batch::ENTRY_LEN as usize + batch::RESULT_OFFSET as usize;
+                u64::from_le_bytes(done[at..at + 8].try_into().expect("8 bytes"))
+            };
+            results.extend((0..ran).map(result));
+            if left != 0 {
+                let failed = &chunk[ran];
+                let ret = result(ran) as i64;
+                crate::tracee::check_ret(pid, failed.name, ret)?;
+                return Err(ParasiteError::UnexpectedStop {
+                    pid,
+                    what: "running a batch of remote syscalls",
+                    status: format!("stopped at {} with result {ret}", failed.name),
+                });
+            }
+        }
+        Ok(results)
     }
 
     /// Copies `bytes` into argument slot `slot` (each slot is one page) and

@@ -14,6 +14,7 @@ use crate::fd::take_from;
 use crate::shmem;
 use ckpt_image::ImageDir;
 use ckpt_image::task::Creds;
+use ckpt_parasite::batch;
 use ckpt_parasite::remote::{Remote, SCRATCH_LEN};
 
 /// One line of the child's own `/proc/PID/maps`.
@@ -190,6 +191,10 @@ pub fn map_vmas(
     creds: Option<&Creds>,
 ) -> Result<()> {
     let pid = r.t.pid();
+    // Anonymous VMAs (most of a large map) are mapped in batches, many
+    // syscalls per stop; a VMA with a file flushes the batch first, so
+    // every mapping is still made in the image's order.
+    let mut batch = AnonBatch::default();
     for v in &mm.vmas {
         let kind = VmaKind::try_from(v.kind).map_err(|_| invalid(pid, v, "unknown kind"))?;
         if kind.is_special() || v.inherited {
@@ -197,9 +202,15 @@ pub fn map_vmas(
         }
         let mut flags = libc::MAP_FIXED;
         let p = v.prot as i32;
-        let mut fd: i64 = -1;
-        match kind {
-            VmaKind::Anon => flags |= libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+        if kind == VmaKind::Anon {
+            batch.push(
+                v,
+                map_flags(v, flags | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS),
+            );
+            continue;
+        }
+        batch.flush(r)?;
+        let fd: i64 = match kind {
             VmaKind::Shmem | VmaKind::ShmemPrivate => {
                 let shared = kind == VmaKind::Shmem;
                 let writable = shared && v.flags & vma_flags::MAYWRITE != 0;
@@ -210,12 +221,12 @@ pub fn map_vmas(
                     checks: &mut *checks,
                 };
                 let mine = objects.fd(images, v.shmem_id, writable, Some(at))?;
-                fd = i64::from(take_from(r, std::process::id() as i32, mine)?);
                 flags |= if shared {
                     libc::MAP_SHARED
                 } else {
                     libc::MAP_PRIVATE
                 };
+                i64::from(take_from(r, std::process::id() as i32, mine)?)
             }
             VmaKind::FilePrivate | VmaKind::FileShared => {
                 let shared = kind == VmaKind::FileShared;
@@ -239,17 +250,15 @@ pub fn map_vmas(
                     r.close(opened)?;
                     return Err(e);
                 }
-                fd = i64::from(opened);
+                i64::from(opened)
             }
             VmaKind::SysvShm => {
                 crate::ipc::attach(r, v)?;
                 continue;
             }
-            _ => unreachable!("special kinds skipped above"),
-        }
-        if v.flags & vma_flags::GROWSDOWN != 0 {
-            flags |= libc::MAP_GROWSDOWN;
-        }
+            _ => unreachable!("special kinds skipped and anonymous ones batched above"),
+        };
+        let flags = map_flags(v, flags);
         let got = r.call(
             "mmap",
             libc::SYS_mmap,
@@ -268,20 +277,77 @@ pub fn map_vmas(
         if got? != v.start {
             return Err(invalid(pid, v, "mapped at a different address"));
         }
-        for (flag, advice) in [
-            (vma_flags::DONTFORK, libc::MADV_DONTFORK),
-            (vma_flags::DONTDUMP, libc::MADV_DONTDUMP),
-        ] {
-            if v.flags & flag != 0 {
-                r.call(
-                    "madvise",
-                    libc::SYS_madvise,
-                    [v.start, v.len(), advice as u64, 0, 0, 0],
-                )?;
-            }
+        for call in advice(v) {
+            r.call(call.name, call.nr, call.args)?;
         }
     }
-    Ok(())
+    batch.flush(r)
+}
+
+/// `flags` plus what the VMA's own flags ask of `mmap`.
+fn map_flags(v: &Vma, flags: i32) -> i32 {
+    if v.flags & vma_flags::GROWSDOWN != 0 {
+        flags | libc::MAP_GROWSDOWN
+    } else {
+        flags
+    }
+}
+
+/// The `madvise` calls that give `v` its advice flags back.
+fn advice(v: &Vma) -> impl Iterator<Item = batch::Call> + '_ {
+    [
+        (vma_flags::DONTFORK, libc::MADV_DONTFORK),
+        (vma_flags::DONTDUMP, libc::MADV_DONTDUMP),
+    ]
+    .into_iter()
+    .filter(move |(flag, _)| v.flags & flag != 0)
+    .map(move |(_, advice)| batch::Call {
+        name: "madvise",
+        nr: libc::SYS_madvise,
+        args: [v.start, v.len(), advice as u64, 0, 0, 0],
+    })
+}
+
+/// Anonymous mappings waiting to be made in one batch of remote syscalls.
+#[derive(Default)]
+struct AnonBatch<'v> {
+    calls: Vec<batch::Call>,
+    /// Index in `calls` of each VMA's `mmap`, to check where it landed.
+    maps: Vec<(usize, &'v Vma)>,
+}
+
+impl<'v> AnonBatch<'v> {
+    fn push(&mut self, v: &'v Vma, flags: i32) {
+        self.maps.push((self.calls.len(), v));
+        self.calls.push(batch::Call {
+            name: "mmap",
+            nr: libc::SYS_mmap,
+            args: [
+                v.start,
+                v.len(),
+                u64::from(v.prot),
+                flags as u64,
+                u64::MAX,
+                0,
+            ],
+        });
+        self.calls.extend(advice(v));
+    }
+
+    fn flush(&mut self, r: &Remote<'_>) -> Result<()> {
+        if self.calls.is_empty() {
+            return Ok(());
+        }
+        let got = r.call_many(&self.calls)?;
+        for &(i, v) in &self.maps {
+            if got[i] != v.start {
+                return Err(invalid(r.t.pid(), v, "mapped at a different address"));
+            }
+        }
+        self.calls.clear();
+        self.maps.clear();
+        Ok(())
+    }
 }
 
 /// Sets start_code…env_end, brk, auxv and /proc/PID/exe with one
