@@ -182,3 +182,15 @@ fn memory_maps_identical_from_outside() {
     );
     finish_restore(&v, restore);
 }
+
+/// Adjacent anonymous VMAs with the same protection that the kernel keeps
+/// apart (each has its own anon_vma) come back apart, with their contents
+/// (tests/c/adjacent.c checks its maps entries and bytes from inside).
+#[test]
+fn adjacent_anonymous_vmas_are_not_merged() {
+    let env = TestEnv::new("memory-adjacent");
+    let mut v = Victim::spawn(&env, "adjacent", &[]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    restore_and_check(&env, &v);
+}

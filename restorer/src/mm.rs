@@ -195,7 +195,8 @@ pub fn map_vmas(
     // syscalls per stop; a VMA with a file flushes the batch first, so
     // every mapping is still made in the image's order.
     let mut batch = AnonBatch::default();
-    for v in &mm.vmas {
+    let apart = Apart::plan(r, mm)?;
+    for (i, v) in mm.vmas.iter().enumerate() {
         let kind = VmaKind::try_from(v.kind).map_err(|_| invalid(pid, v, "unknown kind"))?;
         if kind.is_special() || v.inherited {
             continue;
@@ -203,10 +204,11 @@ pub fn map_vmas(
         let mut flags = libc::MAP_FIXED;
         let p = v.prot as i32;
         if kind == VmaKind::Anon {
-            batch.push(
-                v,
-                map_flags(v, flags | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS),
-            );
+            let flags = map_flags(v, flags | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
+            match apart.how(mm, i) {
+                Placement::Plain => batch.push(v, flags),
+                Placement::OwnAnonVma { through } => batch.push_apart(v, flags, through),
+            }
             continue;
         }
         batch.flush(r)?;
@@ -308,6 +310,94 @@ fn advice(v: &Vma) -> impl Iterator<Item = batch::Call> + '_ {
     })
 }
 
+/// Flags of an anonymous VMA that the restore gives it and that decide,
+/// with the protection, whether the kernel merges two neighbours.
+const MERGE_FLAGS: u32 = vma_flags::GROWSDOWN | vma_flags::DONTFORK | vma_flags::DONTDUMP;
+
+/// Whether `a` and `b` (in this order) would become one VMA if both were
+/// simply mapped: adjacent anonymous private memory with the same
+/// protection and flags. The dumped process had them apart because each
+/// had its own anon_vma (memory written before it was moved next to the
+/// other, or inherited from a parent).
+fn would_merge(a: &Vma, b: &Vma) -> bool {
+    let anon = |v: &Vma| v.kind == VmaKind::Anon as i32;
+    anon(a)
+        && anon(b)
+        && a.end == b.start
+        && a.prot == b.prot
+        && a.flags & MERGE_FLAGS == b.flags & MERGE_FLAGS
+        && a.flags & vma_flags::GROWSDOWN == 0
+}
+
+/// How an anonymous VMA is mapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    /// Where it belongs, in one `mmap`.
+    Plain,
+    /// With an anon_vma of its own (its first page written, so the kernel
+    /// never merges it with a neighbour it was apart from), made at
+    /// `through` and moved into place with `mremap` when a neighbour is
+    /// already there (a moved VMA keeps its anon_vma; a new one next to a
+    /// neighbour would be merged at once).
+    OwnAnonVma { through: Option<u64> },
+}
+
+/// Where VMAs that must stay apart from their neighbours are made.
+struct Apart {
+    /// A free range as large as the largest such VMA, if any needs it.
+    window: Option<u64>,
+}
+
+impl Apart {
+    fn plan(r: &Remote<'_>, mm: &Mm) -> Result<Apart> {
+        let needs = (0..mm.vmas.len())
+            .filter(|&i| {
+                matches!(
+                    Apart::placement(mm, i, None),
+                    Placement::OwnAnonVma { through: Some(_) }
+                )
+            })
+            .map(|i| mm.vmas[i].len())
+            .max();
+        let Some(len) = needs else {
+            return Ok(Apart { window: None });
+        };
+        let mut busy: Vec<(u64, u64)> = mm.vmas.iter().map(|v| (v.start, v.end)).collect();
+        busy.push((r.base, r.base + SCRATCH_LEN));
+        let window = find_gap(&busy, len).ok_or_else(|| RestoreError::Host {
+            pid: r.t.pid(),
+            what: "no free address range to make adjacent anonymous mappings apart".into(),
+        })?;
+        Ok(Apart {
+            window: Some(window),
+        })
+    }
+
+    fn how(&self, mm: &Mm, i: usize) -> Placement {
+        Apart::placement(mm, i, self.window)
+    }
+
+    /// VMA `i` needs an anon_vma of its own when a neighbour would merge
+    /// with it; it goes through `window` when that neighbour already exists
+    /// as it is mapped (the one before, mapped first in address order, or
+    /// an inherited one after).
+    fn placement(mm: &Mm, i: usize, window: Option<u64>) -> Placement {
+        let v = &mm.vmas[i];
+        let prev = i
+            .checked_sub(1)
+            .map(|j| &mm.vmas[j])
+            .filter(|p| would_merge(p, v));
+        let next = mm.vmas.get(i + 1).filter(|n| would_merge(v, n));
+        if prev.is_none() && next.is_none() {
+            return Placement::Plain;
+        }
+        let neighbour_there = prev.is_some() || next.is_some_and(|n| n.inherited);
+        Placement::OwnAnonVma {
+            through: neighbour_there.then_some(window.unwrap_or_default()),
+        }
+    }
+}
+
 /// Anonymous mappings waiting to be made in one batch of remote syscalls.
 #[derive(Default)]
 struct AnonBatch<'v> {
@@ -334,13 +424,63 @@ impl<'v> AnonBatch<'v> {
         self.calls.extend(advice(v));
     }
 
+    /// Maps `v` with an anon_vma of its own ([`Placement::OwnAnonVma`]):
+    /// read-write at `through` (or in place), its first page written (and
+    /// dropped again unless the image has it, so only the anon_vma stays),
+    /// moved into place, then given its protection and advice.
+    fn push_apart(&mut self, v: &'v Vma, flags: i32, through: Option<u64>) {
+        let at = through.unwrap_or(v.start);
+        let rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+        let page = ckpt_image::PAGE_SIZE;
+        self.maps.push((self.calls.len(), v));
+        let mut call = |name, nr, args| self.calls.push(batch::Call { name, nr, args });
+        call(
+            "mmap",
+            libc::SYS_mmap,
+            [at, v.len(), rw, flags as u64, u64::MAX, 0],
+        );
+        call(
+            "madvise(MADV_POPULATE_WRITE)",
+            libc::SYS_madvise,
+            [at, page, libc::MADV_POPULATE_WRITE as u64, 0, 0, 0],
+        );
+        let saved = v
+            .pages
+            .iter()
+            .any(|p| p.addr <= v.start && v.start < p.addr.saturating_add(p.len()));
+        if !saved {
+            call(
+                "madvise(MADV_DONTNEED)",
+                libc::SYS_madvise,
+                [at, page, libc::MADV_DONTNEED as u64, 0, 0, 0],
+            );
+        }
+        if at != v.start {
+            let moving = (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64;
+            call(
+                "mremap",
+                libc::SYS_mremap,
+                [at, v.len(), v.len(), moving, v.start, 0],
+            );
+        }
+        if u64::from(v.prot) != rw {
+            call(
+                "mprotect",
+                libc::SYS_mprotect,
+                [v.start, v.len(), u64::from(v.prot), 0, 0, 0],
+            );
+        }
+        self.calls.extend(advice(v));
+    }
+
     fn flush(&mut self, r: &Remote<'_>) -> Result<()> {
         if self.calls.is_empty() {
             return Ok(());
         }
         let got = r.call_many(&self.calls)?;
         for &(i, v) in &self.maps {
-            if got[i] != v.start {
+            // Where this VMA's mmap asked for (its place, or the window).
+            if got[i] != self.calls[i].args[0] {
                 return Err(invalid(r.t.pid(), v, "mapped at a different address"));
             }
         }
