@@ -418,10 +418,18 @@ fn remove(path: &Path) -> std::io::Result<()> {
     }
 }
 
-/// Whether a process `pid` exists here (a dumper of the job on this node
-/// would still be running; on another node it cannot be, the job ended).
+/// Whether process `pid` runs here (a dumper of the job on this node would
+/// still be running; on another node it cannot be, the job ended). A
+/// zombie does not run: a dumper killed with its job may not be reaped yet
+/// when the Epilog comes.
 fn pid_alive(pid: u32) -> bool {
-    i32::try_from(pid).is_ok_and(|p| p > 0 && Path::new("/proc").join(p.to_string()).exists())
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    !matches!(state, None | Some('Z' | 'X'))
 }
 
 #[cfg(test)]
