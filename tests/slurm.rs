@@ -371,7 +371,10 @@ fn wrapper_checkpoints_twice_prunes_and_restores_without_slurm() {
     // the fake has none), then requeued it, once.
     let calls = read_to_string_lossy(&job.env.root.join("scontrol.log"));
     assert_eq!(
-        calls.lines().filter(|l| l.starts_with("requeue")).collect::<Vec<_>>(),
+        calls
+            .lines()
+            .filter(|l| l.starts_with("requeue"))
+            .collect::<Vec<_>>(),
         [format!("requeue {FAKE_JOB}")],
         "{}",
         job.diag()

@@ -118,7 +118,10 @@ fn epilog_verifies_the_committed_checkpoint_and_removes_only_partial_ones() {
     );
     for (name, why) in [
         ("ckpt-3", "uncommitted checkpoint"),
-        (&format!("ckpt-4.tmp.{dead}"), "a dumper's temporary directory"),
+        (
+            &format!("ckpt-4.tmp.{dead}"),
+            "a dumper's temporary directory",
+        ),
         ("LATEST.tmp", "an unfinished commit of LATEST"),
         ("ckpt-9.time", "timing record of a checkpoint that is gone"),
     ] {
@@ -129,7 +132,10 @@ fn epilog_verifies_the_committed_checkpoint_and_removes_only_partial_ones() {
         );
         assert!(!dir.join(name).exists(), "{name} not removed");
     }
-    assert!(about("ATTEMPT")[0].contains("never committed"), "{lines:#?}");
+    assert!(
+        about("ATTEMPT")[0].contains("never committed"),
+        "{lines:#?}"
+    );
     for kept in [
         "ckpt-1",
         "ckpt-2",
@@ -319,7 +325,10 @@ fn budget_is_measured_recorded_and_warned_against_the_grace_time() {
         .unwrap_or_else(|| panic!("no took_ms in {timing:?}"));
     assert!(took > 0 && took < 60_000, "{timing}");
     assert!(timing.contains("lead_s 0\n"), "{timing}");
-    assert!(!job.dir.join("ATTEMPT").exists(), "ATTEMPT left after a commit");
+    assert!(
+        !job.dir.join("ATTEMPT").exists(),
+        "ATTEMPT left after a commit"
+    );
     // Registered for the site's hooks: signal and absolute directory.
     let calls = read_to_string_lossy(&job.env.root.join("scontrol.log"));
     assert!(
@@ -343,15 +352,18 @@ fn budget_is_measured_recorded_and_warned_against_the_grace_time() {
     );
     let lines = job.err_lines_since(since);
     assert!(
-        lines.iter().any(|l| l.starts_with("ckpt slurm: the last checkpoint")
-            && l.contains("never committed")),
+        lines
+            .iter()
+            .any(|l| l.starts_with("ckpt slurm: the last checkpoint")
+                && l.contains("never committed")),
         "{}",
         job.diag()
     );
     assert!(
-        lines.iter().any(|l| l
-            .starts_with("ckpt slurm: the last checkpoint (ckpt-1) took ")
-            && l.contains("more than the 0 s lead (that of the last checkpoint)")),
+        lines.iter().any(
+            |l| l.starts_with("ckpt slurm: the last checkpoint (ckpt-1) took ")
+                && l.contains("more than the 0 s lead (that of the last checkpoint)")
+        ),
         "{}",
         job.diag()
     );
@@ -510,7 +522,13 @@ impl LabJob {
     }
 
     /// Waits until `f` holds of the output, or panics.
-    fn wait_output(&self, site: &SiteConf, what: &str, timeout: Duration, f: impl Fn(&str) -> bool) {
+    fn wait_output(
+        &self,
+        site: &SiteConf,
+        what: &str,
+        timeout: Duration,
+        f: impl Fn(&str) -> bool,
+    ) {
         let start = Instant::now();
         while !f(&self.output()) {
             if start.elapsed() > timeout {
@@ -707,9 +725,12 @@ fn dump_that_does_not_fit_is_killed_and_the_previous_checkpoint_restored() {
 
     // First checkpoint: asked for by the site's trigger, fast (the gate is
     // open), committed; then every dump is held at its commit.
-    job.wait_output(&site, "checkpoint by the trigger", Duration::from_secs(90), |o| {
-        o.contains("checkpointed into")
-    });
+    job.wait_output(
+        &site,
+        "checkpoint by the trigger",
+        Duration::from_secs(90),
+        |o| o.contains("checkpointed into"),
+    );
     std::fs::remove_file(&gate).unwrap();
     let _ = std::fs::remove_file(&reached);
     site.disarm(&env);
@@ -727,7 +748,10 @@ fn dump_that_does_not_fit_is_killed_and_the_previous_checkpoint_restored() {
     );
     let first = job.output();
     assert!(first.contains("ckpt-1 and committed"), "{}", diag());
-    let at_ckpt = steps(&first).last().map(|s| s.1).expect("steps before the checkpoint");
+    let at_ckpt = steps(&first)
+        .last()
+        .map(|s| s.1)
+        .expect("steps before the checkpoint");
 
     // Restored; preempted while it runs: the dump is held past GraceTime
     // (2 s) and KillWait, and Slurm kills the job.
@@ -743,7 +767,12 @@ fn dump_that_does_not_fit_is_killed_and_the_previous_checkpoint_restored() {
         "{}",
         diag()
     );
-    assert_eq!(field(&record(&high), "JobState"), Some("COMPLETED"), "{}", diag());
+    assert_eq!(
+        field(&record(&high), "JobState"),
+        Some("COMPLETED"),
+        "{}",
+        diag()
+    );
     assert!(
         reached.exists(),
         "the second dump never reached its commit\n{}",
@@ -762,7 +791,8 @@ fn dump_that_does_not_fit_is_killed_and_the_previous_checkpoint_restored() {
     );
     // The Epilog removed what the killed dump left; nothing of it remains.
     assert!(
-        site.log().contains("removed, a dumper's temporary directory"),
+        site.log()
+            .contains("removed, a dumper's temporary directory"),
         "{}",
         diag()
     );
@@ -789,7 +819,8 @@ fn dump_that_does_not_fit_is_killed_and_the_previous_checkpoint_restored() {
     assert!(
         lines[..restores[1]]
             .iter()
-            .any(|l| l.starts_with("ckpt slurm: the last checkpoint") && l.contains("never committed")),
+            .any(|l| l.starts_with("ckpt slurm: the last checkpoint")
+                && l.contains("never committed")),
         "no warning that the dump did not fit\n{}",
         diag()
     );

@@ -335,12 +335,12 @@ fn supervise(
                 Err(e) => {
                     attempt.abandon(dir);
                     eprintln!(
-                    "ckpt slurm: checkpoint of pid {} failed, the application keeps running ({}): {e:#}",
-                    app.tree,
-                    committed(dir).ok().flatten().map_or_else(
-                        || "no checkpoint committed".to_string(),
-                        |n| format!("{} stays committed", dir.join(n).display())
-                    )
+                        "ckpt slurm: checkpoint of pid {} failed, the application keeps running ({}): {e:#}",
+                        app.tree,
+                        committed(dir).ok().flatten().map_or_else(
+                            || "no checkpoint committed".to_string(),
+                            |n| format!("{} stays committed", dir.join(n).display())
+                        )
                     );
                 }
             }

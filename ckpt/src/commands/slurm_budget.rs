@@ -60,9 +60,7 @@ impl std::fmt::Display for Lead {
         write!(f, "{} s lead (", self.time.as_secs())?;
         match &self.source {
             LeadSource::Flag => write!(f, "--lead")?,
-            LeadSource::GraceTime { partition } => {
-                write!(f, "GraceTime of partition {partition}")?
-            }
+            LeadSource::GraceTime { partition } => write!(f, "GraceTime of partition {partition}")?,
             LeadSource::TimeLeft => write!(f, "time left to the job's limit at the signal")?,
             LeadSource::Recorded => write!(f, "that of the last checkpoint")?,
         }
@@ -297,7 +295,10 @@ pub fn check_at_start(dir: &Path, committed: Option<&str>, flag: Option<Duration
                 time,
                 source: LeadSource::Recorded,
             });
-            [grace, recorded].into_iter().flatten().min_by_key(|l| l.time)
+            [grace, recorded]
+                .into_iter()
+                .flatten()
+                .min_by_key(|l| l.time)
         }
     };
     if let Some(l) = lead
@@ -317,7 +318,10 @@ mod tests {
     #[test]
     fn slurm_durations() {
         assert_eq!(parse_duration("00:05:00"), Some(Duration::from_secs(300)));
-        assert_eq!(parse_duration("1-00:00:02"), Some(Duration::from_secs(86_402)));
+        assert_eq!(
+            parse_duration("1-00:00:02"),
+            Some(Duration::from_secs(86_402))
+        );
         assert_eq!(parse_duration("4:33"), Some(Duration::from_secs(273)));
         assert_eq!(parse_duration("UNLIMITED"), None);
         assert_eq!(parse_duration("1:2:3:4"), None);

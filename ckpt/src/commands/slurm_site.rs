@@ -124,7 +124,8 @@ impl FromStr for Registration {
         let (sig, dir) = rest
             .split_once(':')
             .with_context(|| format!("comment {s:?} is not {REGISTRATION_PREFIX}SIG:DIR"))?;
-        let signal = wrapper::parse_signal(sig).map_err(|e| anyhow::anyhow!("comment {s:?}: {e}"))?;
+        let signal =
+            wrapper::parse_signal(sig).map_err(|e| anyhow::anyhow!("comment {s:?}: {e}"))?;
         let dir = PathBuf::from(dir);
         if !dir.is_absolute() {
             bail!("comment {s:?}: the directory is not an absolute path");
@@ -347,10 +348,9 @@ pub fn epilog(a: EpilogArgs) -> anyhow::Result<ExitCode> {
         None => say(&format!("{}: nothing committed", dir.display())),
         Some(name) => {
             let path = dir.join(name);
-            let key = ckpt_image::ImageKey::load(&ckpt_image::seal::key_path(
-                a.image_key.as_deref(),
-            ))
-            .context("cannot load the image key to verify the committed checkpoint")?;
+            let key =
+                ckpt_image::ImageKey::load(&ckpt_image::seal::key_path(a.image_key.as_deref()))
+                    .context("cannot load the image key to verify the committed checkpoint")?;
             match ckpt_image::ImageDir::open(&path, &key) {
                 Ok(d) => say(&format!(
                     "{}: committed checkpoint verified (seal and checksums of {} files)",
@@ -455,7 +455,11 @@ mod tests {
         assert!(Registration::from_str("ckpt-slurm:USR1:rel").is_err());
         assert!(Registration::from_str("ckpt-slurm:KILL:/d").is_err());
         assert!(Registration::from_str("ckpt-slurm:/d").is_err());
-        assert!(JobRecord::parse("JobId=1\n   Comment=mine\n").registration().is_none());
+        assert!(
+            JobRecord::parse("JobId=1\n   Comment=mine\n")
+                .registration()
+                .is_none()
+        );
     }
 
     #[test]
@@ -465,7 +469,14 @@ mod tests {
         assert_eq!(classify("ckpt-3.time"), Entry::Timing(3));
         assert_eq!(classify("LATEST.tmp"), Entry::LatestTmp);
         assert_eq!(classify("ATTEMPT"), Entry::Attempt);
-        for other in ["LATEST", "ckpt-", "ckpt-x", "notes.txt", "ckpt-3.tmp.", "x.tmp.4"] {
+        for other in [
+            "LATEST",
+            "ckpt-",
+            "ckpt-x",
+            "notes.txt",
+            "ckpt-3.tmp.",
+            "x.tmp.4",
+        ] {
             assert_eq!(classify(other), Entry::Other, "{other}");
         }
     }
