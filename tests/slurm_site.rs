@@ -719,7 +719,9 @@ fn dump_that_does_not_fit_is_killed_and_the_previous_checkpoint_restored() {
     let gate = env.root.join("gate");
     let reached = env.root.join("gate.reached");
     std::fs::write(&gate, "").unwrap();
-    const STEPS: u64 = 60;
+    // Enough that the first run is still going when the trigger fires
+    // (20-45 s in) and the restored one when the high job comes.
+    const STEPS: u64 = 75;
     let job = LabJob::submit(&env, "tiny", "2", STEPS, Some(&gate));
     let diag = || job.diag(&site);
 

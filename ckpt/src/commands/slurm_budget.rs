@@ -19,10 +19,10 @@ use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::ATTEMPT;
-use super::site::{JobRecord, scontrol};
+use super::site::{CLIENT_TIMEOUT, JobRecord, scontrol, wait_bounded};
 
 /// Suffix of a checkpoint's timing record: `ckpt-N.time`.
 pub const TIMING_SUFFIX: &str = ".time";
@@ -135,7 +135,7 @@ pub fn warn(msg: &str) {
 /// A checkpoint in progress: marks `DIR/ATTEMPT` and asks Slurm, while the
 /// dump runs, what lead it has.
 pub struct Attempt {
-    began: std::time::Instant,
+    began: Instant,
     flag: Option<Duration>,
     query: Option<Child>,
 }
@@ -143,7 +143,7 @@ pub struct Attempt {
 impl Attempt {
     /// Called the moment the signal is taken.
     pub fn begin(dir: &Path, job: &str, flag: Option<Duration>) -> Attempt {
-        let began = std::time::Instant::now();
+        let began = Instant::now();
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
@@ -182,7 +182,10 @@ impl Attempt {
                 time,
                 source: LeadSource::Flag,
             }),
-            None => self.query.and_then(lead_from_query),
+            None => {
+                let deadline = self.began + CLIENT_TIMEOUT;
+                self.query.and_then(|q| lead_from_query(q, deadline))
+            }
         };
         let timing = Timing {
             took,
@@ -205,8 +208,8 @@ impl Attempt {
 }
 
 /// The lead the job record (asked at the signal) gives.
-fn lead_from_query(child: Child) -> Option<Lead> {
-    let out = child.wait_with_output().ok()?;
+fn lead_from_query(child: Child, deadline: Instant) -> Option<Lead> {
+    let out = wait_bounded(child, deadline).ok()?;
     let record = JobRecord::parse(&String::from_utf8_lossy(&out.stdout));
     if record.preempted() {
         let partition = record.get("Partition")?.to_string();

@@ -16,8 +16,9 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{Child, Command, ExitCode, Output, Stdio};
 use std::str::FromStr;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use nix::sys::signal::Signal;
@@ -134,14 +135,24 @@ impl FromStr for Registration {
     }
 }
 
-/// Runs `scontrol ARGS` and returns its stdout; a non-zero exit is an
-/// error carrying its stderr.
+/// The longest a Slurm client may take: the wrapper must not hang on a
+/// controller that does not answer (before a requeue, or at a start).
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a client that has not ended is looked at.
+const CLIENT_POLL: Duration = Duration::from_millis(10);
+
+/// Runs `scontrol ARGS` (at most [`CLIENT_TIMEOUT`]) and returns its
+/// stdout; a non-zero exit is an error carrying its stderr.
 pub fn scontrol(args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new("scontrol")
+    let child = Command::new("scontrol")
         .args(args)
         .stdin(Stdio::null())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .with_context(|| format!("cannot run scontrol {}", args.join(" ")))?;
+    let out = wait_bounded(child, Instant::now() + CLIENT_TIMEOUT)
+        .with_context(|| format!("scontrol {}", args.join(" ")))?;
     if !out.status.success() {
         bail!(
             "scontrol {} failed ({}): {}",
@@ -151,6 +162,22 @@ pub fn scontrol(args: &[&str]) -> anyhow::Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Waits for a client (its output is a few lines, which fit in the pipe)
+/// until `deadline`, then kills it.
+pub fn wait_bounded(mut child: Child, deadline: Instant) -> anyhow::Result<Output> {
+    loop {
+        if child.try_wait().context("wait")?.is_some() {
+            return child.wait_with_output().context("read its output");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("no answer within {CLIENT_TIMEOUT:?}");
+        }
+        std::thread::sleep(CLIENT_POLL);
+    }
 }
 
 /// Records the wrapper's signal and directory in its job's comment, unless
