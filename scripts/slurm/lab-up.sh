@@ -7,7 +7,12 @@
 # (default /var/tmp/ckpt-slurm-lab). Clients need
 #   export SLURM_CONF=$CKPT_SLURM_LAB/slurm.conf
 # Prints "started" as its last line if it started slurmctld, "up" if the lab
-# was already running.
+# was already running (restarted, and "started", if slurm.conf.in changed
+# since: slurmctld takes a new PrologSlurmctld only when it starts).
+#
+# The site hooks (PrologSlurmctld, its strigger program, Epilog) are wrappers in $LAB/hooks
+# around this directory's scripts (trigger.sh included); they read $LAB/site.conf (see
+# site.conf.example), which tests write, and do nothing without it.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 LAB=${CKPT_SLURM_LAB:-/var/tmp/ckpt-slurm-lab}
@@ -36,15 +41,30 @@ if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
 	for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
 fi
 
-install -d -m 0755 "$LAB" "$LAB/run" "$LAB/ctld" "$LAB/d" "$LAB/log"
+install -d -m 0755 "$LAB" "$LAB/run" "$LAB/ctld" "$LAB/d" "$LAB/log" "$LAB/hooks"
+for hook in prolog-slurmctld trigger epilog; do
+	cat >"$LAB/hooks/$hook.new" <<-EOF
+		#!/bin/sh
+		export CKPT_SLURM_SITE=$LAB/site.conf SLURM_CONF=$SLURM_CONF
+		export CKPT_TRIGGER_PROGRAM=$LAB/hooks/trigger
+		exec $HERE/$hook.sh "\$@"
+	EOF
+	chmod 0755 "$LAB/hooks/$hook.new"
+	mv "$LAB/hooks/$hook.new" "$LAB/hooks/$hook"
+done
 HOST=$(hostname -s)
 # The node line as slurmd detects this machine (CPUs, sockets, memory).
 NODE=$(slurmd -C | head -n 1)
 case "$NODE" in NodeName=*) ;; *) echo "lab-up: slurmd -C printed: $NODE" >&2; exit 1 ;; esac
 sed -e "s|@HOST@|$HOST|g" -e "s|@LAB@|$LAB|g" -e "s|@NODE@|$NODE|g" \
 	"$HERE/slurm.conf.in" >"$LAB/slurm.conf.new"
+changed=yes
+cmp -s "$LAB/slurm.conf.new" "$LAB/slurm.conf" && changed=no
 mv "$LAB/slurm.conf.new" "$LAB/slurm.conf"
 
+if [ "$changed" = yes ] && alive "$LAB/run/slurmctld.pid"; then
+	"$HERE/lab-down.sh"
+fi
 state=up
 if ! alive "$LAB/run/slurmctld.pid"; then
 	slurmctld -f "$SLURM_CONF"

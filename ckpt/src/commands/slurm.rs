@@ -10,6 +10,11 @@
 //! committed checkpoint, restore it in the foreground instead and supervise
 //! it the same way.
 //!
+//! Every checkpoint is timed against the lead Slurm gives it
+//! ([`budget`]), and the job registers its signal and directory in its
+//! comment for the site's hooks ([`site`]: `ckpt slurm trigger` for a
+//! controller-side `strigger`, `ckpt slurm epilog` for the node Epilog).
+//!
 //! Signals are taken synchronously (blocked, then `sigwait`): Slurm sends
 //! SIGCONT right after the warning signal, and the warning may come at any
 //! time, even while a restore is still running; both simply stay pending
@@ -30,8 +35,15 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, getpgid, getpgrp};
 
+#[path = "slurm_budget.rs"]
+mod budget;
+#[path = "slurm_site.rs"]
+mod site;
+
 /// Name of the file naming the committed checkpoint, relative to `DIR`.
 const LATEST: &str = "LATEST";
+/// Name of the file that marks a checkpoint in progress, relative to `DIR`.
+const ATTEMPT: &str = "ATTEMPT";
 /// Prefix of a checkpoint directory's name, followed by its number.
 const CKPT_PREFIX: &str = "ckpt-";
 /// How long a restore waits for a zombie that still holds a dumped pid.
@@ -41,7 +53,11 @@ const STDIO: [i32; 3] = [0, 1, 2];
 
 /// Arguments of `ckpt slurm`.
 #[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct SlurmArgs {
+    /// A site hook instead of the job wrapper.
+    #[command(subcommand)]
+    hook: Option<Hook>,
     /// Checkpoint directory (created 0700 if missing; default:
     /// $SLURM_SUBMIT_DIR/ckpt-slurm-$SLURM_JOB_ID). It must be reachable
     /// from the node the requeued job runs on.
@@ -58,9 +74,26 @@ pub struct SlurmArgs {
     /// /var/lib/ckpt/image.key).
     #[arg(long, value_name = "PATH")]
     image_key: Option<PathBuf>,
+    /// Seconds Slurm gives a checkpoint before it kills the job (default:
+    /// asked at each signal: the partition's GraceTime when the job is
+    /// preempted, else the time left to its limit). A checkpoint that takes
+    /// longer, from the signal to its commit, is reported in one line.
+    #[arg(long, value_name = "SECS")]
+    lead: Option<u64>,
     /// The application and its arguments.
     #[arg(last = true, required = true, value_name = "APP")]
     app: Vec<OsString>,
+}
+
+/// The site's hooks around the wrapper (see README "Running under Slurm").
+#[derive(clap::Subcommand, Debug)]
+enum Hook {
+    /// strigger program (controller host): ask a running ckpt slurm job to
+    /// checkpoint now, by sending its signal to its batch step.
+    Trigger(site::TriggerArgs),
+    /// Node Epilog: verify the job's committed checkpoint and remove what a
+    /// killed dump left; one line per action.
+    Epilog(site::EpilogArgs),
 }
 
 /// `USR1`, `SIGUSR1` or a number; never a signal the wrapper needs for
@@ -124,6 +157,11 @@ const INIT_START: Duration = Duration::from_secs(10);
 /// Runs `ckpt slurm`: exits with the application's status (128+signal if
 /// killed), or 0 once it is checkpointed and the job requeued.
 pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
+    match a.hook {
+        Some(Hook::Trigger(t)) => return site::trigger(t),
+        Some(Hook::Epilog(e)) => return site::epilog(e),
+        None => {}
+    }
     // First, before anything can start a thread or a child: from here on the
     // signals wait in the pending set until the loop takes them.
     let mut signals = SigSet::empty();
@@ -147,7 +185,18 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
         .create(&dir)
         .with_context(|| format!("{}: cannot create checkpoint directory", dir.display()))?;
 
+    let dir = std::path::absolute(&dir)
+        .with_context(|| format!("{}: cannot make it absolute", dir.display()))?;
+    site::register(
+        &job.id,
+        &site::Registration {
+            signal: a.signal,
+            dir: dir.clone(),
+        },
+    );
+
     let committed = committed(&dir)?;
+    budget::check_at_start(&dir, committed.as_deref(), a.lead.map(Duration::from_secs));
     let app = match committed {
         Some(ckpt) if job.restart_count > 0 => restore(&a, &job, &dir.join(&ckpt))?,
         _ => {
@@ -267,16 +316,34 @@ fn supervise(
         }
         let sig = signals.wait().context("sigwait")?;
         if sig == a.signal {
+            let attempt = budget::Attempt::begin(dir, &job.id, a.lead.map(Duration::from_secs));
             match checkpoint(a, dir, app) {
-                Ok(name) => return requeue(job, dir, &name),
-                Err(e) => eprintln!(
-                    "ckpt slurm: checkpoint of pid {} failed, the application keeps running ({}): {e:#}",
-                    app.tree,
-                    committed(dir).ok().flatten().map_or_else(
-                        || "no checkpoint committed".to_string(),
-                        |n| format!("{} stays committed", dir.join(n).display())
-                    )
-                ),
+                Ok(name) => {
+                    let (took, lead) = attempt.committed(dir, &name);
+                    prune(dir, a.keep);
+                    eprintln!(
+                        "ckpt slurm: pid {} checkpointed into {} and committed {:.1} s after the signal{}",
+                        app.tree,
+                        dir.join(&name).display(),
+                        took.as_secs_f64(),
+                        lead.map_or_else(String::new, |l| {
+                            let fit = if took > l.time { "over" } else { "within" };
+                            format!(", {fit} its {l}")
+                        })
+                    );
+                    return requeue(job, dir, &name);
+                }
+                Err(e) => {
+                    attempt.abandon(dir);
+                    eprintln!(
+                        "ckpt slurm: checkpoint of pid {} failed, the application keeps running ({}): {e:#}",
+                        app.tree,
+                        committed(dir).ok().flatten().map_or_else(
+                            || "no checkpoint committed".to_string(),
+                            |n| format!("{} stays committed", dir.join(n).display())
+                        )
+                    );
+                }
             }
         } else if sig == Signal::SIGTERM {
             // Slurm's end (time limit without a warning, scancel): the
@@ -309,7 +376,7 @@ fn forward(app: &App, sig: Signal) {
 }
 
 /// Dumps the application's tree with `--kill` into the next `ckpt-N` and
-/// commits it; returns its name. On failure nothing is committed and the
+/// commits it; returns its name (pruning and reporting are the caller's). On failure nothing is committed and the
 /// partial directory is removed.
 fn checkpoint(a: &SlurmArgs, dir: &Path, app: &App) -> anyhow::Result<String> {
     let name = format!("{CKPT_PREFIX}{}", next_number(dir)?);
@@ -341,12 +408,6 @@ fn checkpoint(a: &SlurmArgs, dir: &Path, app: &App) -> anyhow::Result<String> {
         bail!("ckpt dump: {}: {last}", out.status);
     }
     commit(dir, &name)?;
-    prune(dir, a.keep);
-    eprintln!(
-        "ckpt slurm: pid {} checkpointed into {} and committed",
-        app.tree,
-        target.display()
-    );
     Ok(name)
 }
 
@@ -463,5 +524,6 @@ fn prune(dir: &Path, keep: u32) {
                 dir.join(&name).display()
             );
         }
+        let _ = std::fs::remove_file(dir.join(format!("{name}{}", budget::TIMING_SUFFIX)));
     }
 }

@@ -1,0 +1,102 @@
+//! Helpers shared by the tests under a real Slurm (tests/slurm.rs,
+//! tests/slurm_site.rs): the lab on localhost (scripts/slurm/lab-up.sh),
+//! its clients, job records, and the arithmetic of the victim
+//! tests/c/slurm_steps.c. Included with `#[path]`, not a test of its own.
+
+// Each test binary uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Words of the victim's buffer (4 MiB of u64).
+pub const WORDS: u64 = 4 * 1024 * 1024 / 8;
+
+pub fn lab_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/slurm")
+}
+
+/// The lab's state directory ($CKPT_SLURM_LAB, as lab-up.sh uses it).
+pub fn lab_state() -> PathBuf {
+    std::env::var_os("CKPT_SLURM_LAB")
+        .map_or_else(|| PathBuf::from("/var/tmp/ckpt-slurm-lab"), PathBuf::from)
+}
+
+pub fn slurm_conf() -> PathBuf {
+    lab_state().join("slurm.conf")
+}
+
+/// Whether Slurm is installed; if not, tries apt-get once. `Err` says why
+/// it cannot be had.
+pub fn slurm_installed() -> Result<(), String> {
+    let have =
+        || Path::new("/usr/sbin/slurmctld").exists() && Path::new("/usr/bin/sbatch").exists();
+    if have() {
+        return Ok(());
+    }
+    let out = Command::new("apt-get")
+        .args(["install", "-y", "-qq", "slurm-wlm", "munge"])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .output()
+        .map_err(|e| format!("Slurm is not installed and apt-get cannot run: {e}"))?;
+    if !out.status.success() || !have() {
+        return Err(format!(
+            "Slurm is not installed and `apt-get install slurm-wlm munge` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
+/// Brings the lab up; returns whether this call started it (then the
+/// caller brings it down when done).
+pub fn lab_up() -> bool {
+    let up = Command::new(lab_dir().join("lab-up.sh"))
+        .output()
+        .expect("run scripts/slurm/lab-up.sh");
+    assert!(
+        up.status.success(),
+        "scripts/slurm/lab-up.sh could not bring up the Slurm lab ({}):\n{}{}",
+        up.status,
+        String::from_utf8_lossy(&up.stdout),
+        String::from_utf8_lossy(&up.stderr)
+    );
+    String::from_utf8_lossy(&up.stdout)
+        .trim_end()
+        .ends_with("started")
+}
+
+pub fn lab_down() {
+    let _ = Command::new(lab_dir().join("lab-down.sh")).status();
+}
+
+/// A Slurm client command talking to the lab.
+pub fn slurm(cmd: &str) -> Command {
+    let mut c = Command::new(cmd);
+    c.env("SLURM_CONF", slurm_conf());
+    c
+}
+
+/// The victim's word `i` at step `s` (tests/c/slurm_steps.c `mix`).
+pub fn mix(i: u64, s: u64) -> u64 {
+    let mut z = i
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(s.wrapping_mul(0xbf58_476d_1ce4_e5b9))
+        .wrapping_add(1);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The sum the victim prints after step `s`.
+pub fn step_sum(s: u64) -> String {
+    let sum = (0..WORDS).fold(0u64, |acc, i| acc.wrapping_add(mix(i, s)));
+    format!("{sum:016x}")
+}
+
+/// `Key=Value` of `scontrol show job -o`.
+pub fn field<'a>(record: &'a str, key: &str) -> Option<&'a str> {
+    record
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+}
