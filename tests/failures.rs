@@ -150,6 +150,22 @@ fn restore_from_truncated_pages_fails() {
     assert_restore_fails_cleanly(&env, &v, &name);
 }
 
+/// One byte of page data changed, size kept: the page data is verified as
+/// it is copied into the stopped process, and the mismatch kills the tree
+/// before it runs.
+#[test]
+fn restore_from_pages_with_a_flipped_byte_fails() {
+    let env = TestEnv::new("flipped-pages");
+    let v = dumped_counter(&env);
+    let name = format!("pages-{}.img", v.pid);
+    let pages = env.img.join(&name);
+    let mut bytes = fs::read(&pages).expect("read pages image");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    fs::write(&pages, &bytes).expect("write pages image");
+    assert_restore_fails_cleanly(&env, &v, &name);
+}
+
 #[test]
 fn restore_from_tampered_manifest_fails() {
     let env = TestEnv::new("tampered-manifest");

@@ -394,13 +394,17 @@ impl Written {
         ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::BeforeKill);
         // Dropping `self` on error resumes the tree.
         self.committed.verify(&self.key)?;
-        for p in &self.frozen.procs {
+        let pids: Vec<i32> = self.frozen.procs.iter().map(|p| p.pid).collect();
+        for &pid in &pids {
             let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(p.pid),
+                nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,
             );
         }
         self.frozen.procs.clear();
+        // "Killed" means dead: a restore run right after must find the pids
+        // released or held by zombies, not by processes still exiting.
+        wait_dead(&pids, KILL_SETTLE);
         ipc::remove(self.report.pid, &self.ipc);
         // Closed in repair mode: nothing reaches the peers.
         if let Some(mut tcp) = self.frozen.tcp.take() {
@@ -420,6 +424,31 @@ impl Written {
         r.frozen_ms = self.frozen.frozen_at.elapsed().as_millis() as u64;
         r.stats.frozen_ms = ms_since(self.frozen.frozen_at);
         r
+    }
+}
+
+/// How long `--kill` waits for the killed processes to finish exiting.
+const KILL_SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Waits (bounded) until none of `pids` is a live process any more: each
+/// gone or a zombie. A process that does not die in time is logged, not an
+/// error: the checkpoint is committed and the kill was sent.
+fn wait_dead(pids: &[i32], limit: std::time::Duration) {
+    let until = Instant::now() + limit;
+    let alive = |pid: i32| {
+        procfile::read(pid, "status").is_ok_and(|status| {
+            procfile::status_field(&status, "State")
+                .is_some_and(|s| !s.starts_with('Z') && !s.starts_with('X'))
+        })
+    };
+    for &pid in pids {
+        while alive(pid) {
+            if Instant::now() >= until {
+                log::warn!("kill: pid {pid} is still exiting after {limit:?}");
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 }
 

@@ -556,6 +556,16 @@ pub struct ImageDir {
     path: PathBuf,
     dir: OwnedFd,
     manifest: Manifest,
+    /// Page data files whose checksums are still to be verified, as their
+    /// bytes are used ([`ImageDir::open_deferring_pages`]).
+    unverified: std::sync::Mutex<std::collections::BTreeSet<String>>,
+}
+
+/// Whether `name` is a process's page data (`pages-PID.img`).
+fn is_pages_name(name: &str) -> bool {
+    name.strip_prefix("pages-")
+        .and_then(|rest| rest.strip_suffix(".img"))
+        .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
 }
 
 impl ImageDir {
@@ -563,6 +573,20 @@ impl ImageDir {
     /// manifest and verifies the size, CRC32C and SHA-256 of every file it
     /// lists.
     pub fn open(dir: &Path, key: &ImageKey) -> Result<Self, ImageError> {
+        Self::open_verifying(dir, key, false)
+    }
+
+    /// Like [`ImageDir::open`], but the page data files are verified later,
+    /// as their bytes are used ([`ImageDir::verify_bytes`]), so a restore
+    /// reads them once instead of twice and hashes them while it copies.
+    /// Everything else is verified now. The caller must verify every one
+    /// before anything restored runs: [`ImageDir::verify_remaining`] does
+    /// the rest.
+    pub fn open_deferring_pages(dir: &Path, key: &ImageKey) -> Result<Self, ImageError> {
+        Self::open_verifying(dir, key, true)
+    }
+
+    fn open_verifying(dir: &Path, key: &ImageKey, defer_pages: bool) -> Result<Self, ImageError> {
         let fd = sys::open_dir_path(dir).map_err(|e| match e.raw_os_error() {
             Some(libc::ENOTDIR) => ImageError::Invalid {
                 path: dir.into(),
@@ -601,13 +625,59 @@ impl ImageDir {
             path: dir.into(),
             dir: fd,
             manifest,
+            unverified: Default::default(),
         };
         this.check_listing()?;
+        let mut deferred = std::collections::BTreeSet::new();
         for d in &this.manifest.files {
+            if defer_pages && is_pages_name(&d.name) {
+                deferred.insert(d.name.clone());
+                continue;
+            }
             this.verify(d)?;
             log::debug!("verified {}: {} bytes", d.name, d.size);
         }
+        *this.unverified.lock().unwrap_or_else(|p| p.into_inner()) = deferred;
         Ok(this)
+    }
+
+    /// Verifies `bytes` as the contents of listed file `name` (size,
+    /// CRC32C and SHA-256, blocks hashed in parallel): the bytes a restore
+    /// is using, so what was checked is what is used.
+    pub fn verify_bytes(&self, name: &str, bytes: &[u8]) -> Result<(), ImageError> {
+        let d = self.digest(name)?;
+        let path = self.path.join(name);
+        if bytes.len() as u64 != d.size {
+            return Err(ImageError::Size {
+                path,
+                found: bytes.len() as u64,
+                expected: d.size,
+            });
+        }
+        let sums = digest::of_bytes(bytes);
+        if sums.crc32c != d.crc32c || sums.sha256[..] != d.sha256[..] {
+            return Err(ImageError::Checksum { path });
+        }
+        self.unverified
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+        log::debug!("verified {name} as used: {} bytes", d.size);
+        Ok(())
+    }
+
+    /// Verifies, from their files, the deferred files no one verified as
+    /// used ([`ImageDir::open_deferring_pages`]).
+    pub fn verify_remaining(&self) -> Result<(), ImageError> {
+        let left: Vec<String> =
+            std::mem::take(&mut *self.unverified.lock().unwrap_or_else(|p| p.into_inner()))
+                .into_iter()
+                .collect();
+        for name in left {
+            let d = self.digest(&name)?;
+            self.verify(d)?;
+        }
+        Ok(())
     }
 
     /// The directory.

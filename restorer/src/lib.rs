@@ -271,7 +271,9 @@ pub fn node_addresses(dir: &Path, key: &ImageKey) -> Result<BTreeSet<IpAddr>> {
 pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
     let read_started = Instant::now();
     log::info!("read: {}", opts.dir.display());
-    let images = ImageDir::open(&opts.dir, opts.key)?;
+    // Page data is verified as it is copied into place (`pages`), before
+    // anything runs; everything else now.
+    let images = ImageDir::open_deferring_pages(&opts.dir, opts.key)?;
     check_compatible(&images)?;
     let m = images.manifest();
     let root = m.root_pid;
@@ -412,7 +414,12 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
     *fds.state::<shmem::Objects>() = objects;
     match build_tree(host_root, &procs, &zombies, &pages, &mut fds, opts)
         .and_then(|built| ipc::remove_marked(&sysv).map(|()| built))
-    {
+        .and_then(|built| {
+            images
+                .verify_remaining()
+                .map(|()| built)
+                .map_err(Into::into)
+        }) {
         Ok((tracees, session)) => {
             stats.phases.rebuild_ms = ms_since(rebuild_started);
             log::info!(
@@ -867,7 +874,8 @@ fn rebuild_memory(
     mapped?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::MidRebuild);
     inherit::drop_pages(&r, &p.mm)?;
-    pages::fill_pages(&r, &p.mm, pages, opts.progress)?;
+    let name = ckpt_image::pages_name(p.pid);
+    pages::fill_pages(&r, &p.mm, images, &name, pages, opts.progress)?;
     let mm_fields = core.mm.as_ref().expect("validated");
     mm::set_mm_fields(&r, mm_fields, &core.exe)?;
     Ok(())

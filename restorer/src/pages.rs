@@ -4,6 +4,7 @@
 //! VMA, inside the file, blocks of bounded size, no overflow), so nothing
 //! here allocates or indexes by an unchecked length.
 
+use ckpt_image::ImageDir;
 use ckpt_image::mm::{Mm, PageCopy, PageEncoding};
 use ckpt_parasite::remote::Remote;
 
@@ -20,8 +21,32 @@ pub fn plan(pid: i32, mm: &Mm, file_len: u64) -> Result<Vec<PageCopy>> {
     })
 }
 
-/// Copies saved pages from the (verified, mapped) pages file into place.
+/// Copies saved pages from the mapped pages file into place while the
+/// same bytes are verified against the sealed manifest on the other cores
+/// (one read of the file, hashing beside copying); a mismatch fails the
+/// restore before anything runs, the copied pages with it.
 pub fn fill_pages(
+    r: &Remote<'_>,
+    mm: &Mm,
+    images: &ImageDir,
+    name: &str,
+    pages: &[u8],
+    progress: Option<&dyn Fn(u64, u64)>,
+) -> Result<()> {
+    // The copy stays on this thread (the tracer's); the hashing runs on
+    // the pool's threads meanwhile.
+    std::thread::scope(|s| {
+        let verifying = s.spawn(|| images.verify_bytes(name, pages));
+        let copied = copy_pages(r, mm, pages, progress);
+        let verified = verifying
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        verified?;
+        copied
+    })
+}
+
+fn copy_pages(
     r: &Remote<'_>,
     mm: &Mm,
     pages: &[u8],
