@@ -79,11 +79,18 @@ fn serve_root(args: &[String]) {
     let dir = arg(args, "--state-dir").unwrap();
     let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, expect, secret());
     cfg.state_dir = Some(dir.into());
+    // BENCH_LOG=root: only the root's log (its phase lines carry timestamps).
     cfg.log_stderr = std::env::var("BENCH_LOG").is_ok();
     cfg.phase_deadline = Duration::from_secs(120);
     cfg.name = "root".into();
     // Every simulated agent connects from 127.0.0.1: one source by design, not a flood.
     cfg.limits.max_pending_per_source = cfg.limits.max_pending;
+    // In tree mode the root holds one connection per sub-coordinator, not one per node:
+    // size the unauthenticated cap for the connections it really holds, or 32,768
+    // expected nodes over a 20,000 descriptor limit squeeze it to the minimum and the
+    // sub-coordinators' own connects get shed.
+    let conns: u64 = arg(args, "--conns").map_or(u64::from(expect), |c| c.parse().unwrap());
+    cfg.limits.fd_limit = Some(raise_nofile() + u64::from(expect) - conns.min(u64::from(expect)));
     let h = ckpt_coord::spawn(cfg).unwrap();
     println!("ADDR {}", h.local_addr());
     let _ = h.join();
@@ -100,7 +107,7 @@ fn serve_subs(args: &[String]) {
         cfg.parent = Some(parent.clone());
         cfg.name = format!("sub{i}");
         cfg.limits.max_pending_per_source = cfg.limits.max_pending;
-        cfg.log_stderr = std::env::var("BENCH_LOG").is_ok();
+        cfg.log_stderr = std::env::var("BENCH_LOG").is_ok_and(|v| v != "root");
         let h = ckpt_coord::spawn(cfg).unwrap();
         println!("ADDR {i} {}", h.local_addr());
         hs.push(h);
@@ -422,7 +429,18 @@ struct Proc {
 
 fn spawn_child(args: &[String], secret_hex: &str) -> Proc {
     let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new(exe)
+    let mut cmd = Command::new(exe);
+    // SAFETY: the hook only calls prctl, which is async-signal-safe; it makes the child
+    // die with the orchestrator, so a failed run leaves no coordinators or agents behind.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
         .args(args)
         .env(auth::SECRET_ENV, secret_hex)
         .stdout(Stdio::piped())
@@ -483,6 +501,8 @@ fn run_case(mode: &str, n: usize, subs: usize, procs: usize, spread_ms: u64) -> 
             n.to_string(),
             "--state-dir".into(),
             dir.display().to_string(),
+            "--conns".into(),
+            if mode == "tree" { subs } else { n }.to_string(),
         ],
         &hex,
     );
