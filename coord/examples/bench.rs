@@ -142,6 +142,7 @@ fn agents(args: &[String]) {
     let count: usize = arg(args, "--count").unwrap().parse().unwrap();
     let total: usize = arg(args, "--total").unwrap().parse().unwrap();
     let victim_epoch: u64 = arg(args, "--victim-epoch").unwrap().parse().unwrap();
+    let drain_separately = args.iter().any(|a| a == "--drain-separately");
     let secret = secret();
     // Staggered start (the "staggered sleep" of "System-level Scalable Checkpoint-Restart
     // for Petascale Computing", Cao et al.): all agents at once overflow the listen queue,
@@ -299,6 +300,14 @@ fn agents(args: &[String]) {
                             .unwrap()
                         };
                         match p.phase {
+                            // A simulated agent has no interconnect state: it acknowledges
+                            // DRAIN together with FREEZE (protocol version 2), unless told
+                            // to run the four-barrier round.
+                            Phase::Freeze if !drain_separately => {
+                                arrive(&mut s.out, Phase::Freeze, Vec::new());
+                                arrive(&mut s.out, Phase::Drain, Vec::new());
+                            }
+                            Phase::Drain if !drain_separately => {}
                             Phase::Commit => {
                                 commit_max = commit_max.max(wall_us());
                                 commits += 1;
@@ -484,7 +493,14 @@ struct Row {
     bytes_per_agent: f64,
 }
 
-fn run_case(mode: &str, n: usize, subs: usize, procs: usize, spread_ms: u64) -> Row {
+fn run_case(
+    mode: &str,
+    n: usize,
+    subs: usize,
+    procs: usize,
+    spread_ms: u64,
+    drain_separately: bool,
+) -> Row {
     let secret = Secret::generate().unwrap();
     let hex = secret.to_hex();
     let dir = std::env::temp_dir().join(format!(
@@ -578,7 +594,10 @@ fn run_case(mode: &str, n: usize, subs: usize, procs: usize, spread_ms: u64) -> 
                 "3".into(),
                 "--spread-ms".into(),
                 spread_ms.to_string(),
-            ],
+            ]
+            .into_iter()
+            .chain(drain_separately.then(|| "--drain-separately".to_string()))
+            .collect::<Vec<_>>(),
             &hex,
         ));
         first += count;
@@ -701,6 +720,8 @@ fn orchestrate(args: &[String]) {
     let subs: usize = arg(args, "--subs").map_or(64, |s| s.parse().unwrap());
     let procs: usize = arg(args, "--procs").map_or(4, |s| s.parse().unwrap());
     let spread_ms: u64 = arg(args, "--spread-ms").map_or(0, |s| s.parse().unwrap());
+    // Agents report DRAIN in its own barrier instead of ahead with FREEZE.
+    let drain_separately = args.iter().any(|a| a == "--drain-separately");
     let modes: Vec<&str> = match mode.as_str() {
         "both" => vec!["flat", "tree"],
         m => vec![if m == "tree" { "tree" } else { "flat" }],
@@ -727,7 +748,7 @@ fn orchestrate(args: &[String]) {
     );
     for m in modes {
         for &n in &sizes {
-            let r = run_case(m, n, subs.min(n), procs, spread_ms);
+            let r = run_case(m, n, subs.min(n), procs, spread_ms, drain_separately);
             println!(
                 "{:<14} {:>7} {:>9.3} {:>8.3} {:>8.3} {:>9.3} {:>8.3} {:>9.2} {:>9.2} {:>10.2} {:>10.2} {:>10.2} {:>8.0}",
                 r.mode,

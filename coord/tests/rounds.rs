@@ -513,8 +513,8 @@ fn wrong_secret_is_refused_and_logged() {
     // A client that skips the server check still gets refused by the coordinator.
     let mut raw = TcpStream::connect(c.local_addr()).unwrap();
     let hello = ckpt_coord::protocol::Message::Hello(ckpt_coord::protocol::Hello {
-        min_version: 1,
-        max_version: 1,
+        min_version: ckpt_coord::protocol::VERSION_MIN,
+        max_version: ckpt_coord::protocol::VERSION_MAX,
         job: JOB.into(),
         node: "intruder".into(),
         role: ckpt_coord::protocol::Role::Control,
@@ -577,7 +577,7 @@ fn garbage_on_the_socket_closes_only_that_connection() {
         // Valid magic and version, absurd length.
         [
             &b"CKCO"[..],
-            &1u16.to_le_bytes(),
+            &ckpt_coord::protocol::VERSION_MAX.to_le_bytes(),
             &1u16.to_le_bytes(),
             &u32::MAX.to_le_bytes(),
         ]
@@ -585,7 +585,7 @@ fn garbage_on_the_socket_closes_only_that_connection() {
         // Valid header, payload that is not a Hello.
         [
             &b"CKCO"[..],
-            &1u16.to_le_bytes(),
+            &ckpt_coord::protocol::VERSION_MAX.to_le_bytes(),
             &1u16.to_le_bytes(),
             &4u32.to_le_bytes(),
             &[0xff; 4],
