@@ -48,7 +48,7 @@ cleanup() {
 		pkill -KILL -P "$p" 2>/dev/null
 		kill -KILL "$p" 2>/dev/null
 	done
-	rm -rf "$base"
+	[ -n "${KEEP:-}" ] || rm -rf "$base"
 }
 trap cleanup EXIT INT TERM
 
@@ -87,7 +87,7 @@ EOF
 cc -O2 -o "$base/hog" "$base/hog.c"
 
 now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f\n", b - a }'; }
 json_num() { sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p" "$2"; }
 median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
@@ -95,6 +95,7 @@ median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 for i in $(seq 1 "$nodes"); do
 	setsid "$base/hog" "$procs" "$mib" </dev/null >/dev/null 2>&1 &
 	pids+=("$!")
+	disown "$!"
 done
 want_kb=$(( mib * 1024 ))
 for p in "${pids[@]}"; do
@@ -168,7 +169,8 @@ for r in $(seq 1 "$runs"); do
 	since "$t0" >>"$base/coord"
 	for i in $(seq 1 "$nodes"); do json_num frozen_ms "$base/c$i.json" >>"$base/frozen-coord"; done
 	epoch=$(json_num epoch "$base/c1.json")
-	[ -s "$base/state/$job/epoch-$epoch.json" ] || { echo "$0: epoch $epoch has no commit record" >&2; exit 1; }
+	record=$base/state/$job/$(printf 'epoch-%016d.json' "$epoch")
+	[ -s "$record" ] || { echo "$0: epoch $epoch has no commit record" >&2; exit 1; }
 	rm -rf "$base"/node-*
 	alive
 done

@@ -33,10 +33,10 @@
 //!        |--------------------------------------->|   ... all N nodes registered + a trigger
 //!        |  PhaseCmd{E, Freeze}                    |
 //!        |<---------------------------------------|
-//!        |  Arrive{E, Freeze} | Fail{E, Freeze}   |
-//!        |--------------------------------------->|
-//!        |  PhaseCmd{E, Drain} ... Dump ...        |
-//!        |<======================================>|
+//!        |  Arrive{E, Freeze} | Fail{E, Freeze}   |   (+ Arrive{E, Drain} in the same write
+//!        |--------------------------------------->|    from a node with nothing to drain)
+//!        |  PhaseCmd{E, Drain} ... Dump ...        |   (Drain and Dump in one write once
+//!        |<======================================>|    every node acknowledged Drain ahead)
 //!        |  PhaseCmd{E, Commit}  (no reply: the coordinator has durably committed E)
 //!        |  PhaseCmd{E, Resume | Kill}             |
 //!        |<---------------------------------------|

@@ -374,7 +374,10 @@ fn root_holds_drain_acknowledged_ahead() {
         vec![Phase::Dump]
     );
     let a = h.all_arrive(1, Phase::Dump);
-    assert!(a.iter().any(|a| matches!(a, Action::Commit { epoch: 1, .. })));
+    assert!(
+        a.iter()
+            .any(|a| matches!(a, Action::Commit { epoch: 1, .. }))
+    );
 }
 
 #[test]
@@ -385,7 +388,8 @@ fn a_node_cannot_arrive_ahead_twice() {
     h.arrive(cs[0], 1, Phase::Drain, PhaseInfo::None);
     let a = h.arrive(cs[0], 1, Phase::Drain, PhaseInfo::None);
     assert!(
-        a.iter().any(|a| matches!(a, Action::Expel { conn, .. } if *conn == cs[0])),
+        a.iter()
+            .any(|a| matches!(a, Action::Expel { conn, .. } if *conn == cs[0])),
         "{a:?}"
     );
 }
