@@ -79,11 +79,18 @@ fn serve_root(args: &[String]) {
     let dir = arg(args, "--state-dir").unwrap();
     let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, expect, secret());
     cfg.state_dir = Some(dir.into());
+    // BENCH_LOG=root: only the root's log (its phase lines carry timestamps).
     cfg.log_stderr = std::env::var("BENCH_LOG").is_ok();
     cfg.phase_deadline = Duration::from_secs(120);
     cfg.name = "root".into();
     // Every simulated agent connects from 127.0.0.1: one source by design, not a flood.
     cfg.limits.max_pending_per_source = cfg.limits.max_pending;
+    // In tree mode the root holds one connection per sub-coordinator, not one per node:
+    // size the unauthenticated cap for the connections it really holds, or 32,768
+    // expected nodes over a 20,000 descriptor limit squeeze it to the minimum and the
+    // sub-coordinators' own connects get shed.
+    let conns: u64 = arg(args, "--conns").map_or(u64::from(expect), |c| c.parse().unwrap());
+    cfg.limits.fd_limit = Some(raise_nofile() + u64::from(expect) - conns.min(u64::from(expect)));
     let h = ckpt_coord::spawn(cfg).unwrap();
     println!("ADDR {}", h.local_addr());
     let _ = h.join();
@@ -100,7 +107,7 @@ fn serve_subs(args: &[String]) {
         cfg.parent = Some(parent.clone());
         cfg.name = format!("sub{i}");
         cfg.limits.max_pending_per_source = cfg.limits.max_pending;
-        cfg.log_stderr = std::env::var("BENCH_LOG").is_ok();
+        cfg.log_stderr = std::env::var("BENCH_LOG").is_ok_and(|v| v != "root");
         let h = ckpt_coord::spawn(cfg).unwrap();
         println!("ADDR {i} {}", h.local_addr());
         hs.push(h);
@@ -135,6 +142,7 @@ fn agents(args: &[String]) {
     let count: usize = arg(args, "--count").unwrap().parse().unwrap();
     let total: usize = arg(args, "--total").unwrap().parse().unwrap();
     let victim_epoch: u64 = arg(args, "--victim-epoch").unwrap().parse().unwrap();
+    let drain_separately = args.iter().any(|a| a == "--drain-separately");
     let secret = secret();
     // Staggered start (the "staggered sleep" of "System-level Scalable Checkpoint-Restart
     // for Petascale Computing", Cao et al.): all agents at once overflow the listen queue,
@@ -292,6 +300,14 @@ fn agents(args: &[String]) {
                             .unwrap()
                         };
                         match p.phase {
+                            // A simulated agent has no interconnect state: it acknowledges
+                            // DRAIN together with FREEZE (protocol version 2), unless told
+                            // to run the four-barrier round.
+                            Phase::Freeze if !drain_separately => {
+                                arrive(&mut s.out, Phase::Freeze, Vec::new());
+                                arrive(&mut s.out, Phase::Drain, Vec::new());
+                            }
+                            Phase::Drain if !drain_separately => {}
                             Phase::Commit => {
                                 commit_max = commit_max.max(wall_us());
                                 commits += 1;
@@ -422,7 +438,18 @@ struct Proc {
 
 fn spawn_child(args: &[String], secret_hex: &str) -> Proc {
     let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new(exe)
+    let mut cmd = Command::new(exe);
+    // SAFETY: the hook only calls prctl, which is async-signal-safe; it makes the child
+    // die with the orchestrator, so a failed run leaves no coordinators or agents behind.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
         .args(args)
         .env(auth::SECRET_ENV, secret_hex)
         .stdout(Stdio::piped())
@@ -466,7 +493,14 @@ struct Row {
     bytes_per_agent: f64,
 }
 
-fn run_case(mode: &str, n: usize, subs: usize, procs: usize, spread_ms: u64) -> Row {
+fn run_case(
+    mode: &str,
+    n: usize,
+    subs: usize,
+    procs: usize,
+    spread_ms: u64,
+    drain_separately: bool,
+) -> Row {
     let secret = Secret::generate().unwrap();
     let hex = secret.to_hex();
     let dir = std::env::temp_dir().join(format!(
@@ -483,6 +517,8 @@ fn run_case(mode: &str, n: usize, subs: usize, procs: usize, spread_ms: u64) -> 
             n.to_string(),
             "--state-dir".into(),
             dir.display().to_string(),
+            "--conns".into(),
+            if mode == "tree" { subs } else { n }.to_string(),
         ],
         &hex,
     );
@@ -558,7 +594,10 @@ fn run_case(mode: &str, n: usize, subs: usize, procs: usize, spread_ms: u64) -> 
                 "3".into(),
                 "--spread-ms".into(),
                 spread_ms.to_string(),
-            ],
+            ]
+            .into_iter()
+            .chain(drain_separately.then(|| "--drain-separately".to_string()))
+            .collect::<Vec<_>>(),
             &hex,
         ));
         first += count;
@@ -681,6 +720,8 @@ fn orchestrate(args: &[String]) {
     let subs: usize = arg(args, "--subs").map_or(64, |s| s.parse().unwrap());
     let procs: usize = arg(args, "--procs").map_or(4, |s| s.parse().unwrap());
     let spread_ms: u64 = arg(args, "--spread-ms").map_or(0, |s| s.parse().unwrap());
+    // Agents report DRAIN in its own barrier instead of ahead with FREEZE.
+    let drain_separately = args.iter().any(|a| a == "--drain-separately");
     let modes: Vec<&str> = match mode.as_str() {
         "both" => vec!["flat", "tree"],
         m => vec![if m == "tree" { "tree" } else { "flat" }],
@@ -707,7 +748,7 @@ fn orchestrate(args: &[String]) {
     );
     for m in modes {
         for &n in &sizes {
-            let r = run_case(m, n, subs.min(n), procs, spread_ms);
+            let r = run_case(m, n, subs.min(n), procs, spread_ms, drain_separately);
             println!(
                 "{:<14} {:>7} {:>9.3} {:>8.3} {:>8.3} {:>9.3} {:>8.3} {:>9.2} {:>9.2} {:>10.2} {:>10.2} {:>10.2} {:>8.0}",
                 r.mode,

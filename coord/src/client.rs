@@ -538,6 +538,11 @@ impl Link {
         self.stream.write_all(&bytes).map_err(|e| self.io(e))
     }
 
+    /// Sends messages already framed (several in one write).
+    pub fn send_encoded(&mut self, bytes: &[u8]) -> Result<(), ClientError> {
+        self.stream.write_all(bytes).map_err(|e| self.io(e))
+    }
+
     /// Receives one message, waiting at most `timeout` (forever if `None`).
     pub fn recv(&mut self, timeout: Option<Duration>, what: &str) -> Result<Message, ClientError> {
         let deadline = timeout.map(|t| Instant::now() + t);
@@ -619,6 +624,8 @@ pub struct Agent {
     queued: VecDeque<Directive>,
     values: HashMap<String, Option<Vec<u8>>>,
     current: Option<Step>,
+    /// A phase of this epoch already acknowledged ahead ([`Agent::report_done_ahead`]).
+    done_ahead: Option<(u64, Phase)>,
 }
 
 impl Agent {
@@ -639,6 +646,7 @@ impl Agent {
             queued: VecDeque::new(),
             values: HashMap::new(),
             current: None,
+            done_ahead: None,
         })
     }
 
@@ -812,18 +820,65 @@ impl Agent {
 
     /// Reports this node finished `phase`, with its result.
     pub fn report_done(&mut self, phase: Phase, info: PhaseInfo) -> Result<(), ClientError> {
-        let node = self.link.node.clone();
+        let epoch = self.epoch();
+        if self.done_ahead == Some((epoch, phase)) {
+            // Already acknowledged with the phase before it.
+            return Ok(());
+        }
+        let arrive = self.arrival(epoch, phase, info);
+        self.link.send(&arrive)
+    }
+
+    /// Reports `phase` done and, in the same write, the phase after it (`ahead`), in
+    /// which this node has nothing to do: DRAIN for a node without interconnect state to
+    /// drain ([`Phase::may_arrive_ahead`]). The coordinator holds that arrival until
+    /// `ahead` starts; when every node did this it sends `ahead`'s command and the next
+    /// one together, saving a barrier round trip. The agent still waits for `ahead` with
+    /// [`Agent::wait_phase`]; its [`Agent::report_done`] is then a no-op.
+    pub fn report_done_ahead(
+        &mut self,
+        phase: Phase,
+        info: PhaseInfo,
+        ahead: Phase,
+    ) -> Result<(), ClientError> {
+        if !ahead.may_arrive_ahead() {
+            return Err(ClientError::Unexpected {
+                node: self.link.node.clone(),
+                during: "reporting a phase ahead",
+                got: format!("{ahead} may not be acknowledged ahead"),
+            });
+        }
+        let epoch = self.epoch();
+        let mut bytes = Vec::new();
+        for m in [
+            self.arrival(epoch, phase, info),
+            self.arrival(epoch, ahead, PhaseInfo::None),
+        ] {
+            m.encode_into(&mut bytes)
+                .map_err(|source| ClientError::Protocol {
+                    node: self.link.node.clone(),
+                    addr: self.link.addr,
+                    source,
+                })?;
+        }
+        self.done_ahead = Some((epoch, ahead));
+        self.link.send_encoded(&bytes)
+    }
+
+    fn arrival(&self, epoch: u64, phase: Phase, info: PhaseInfo) -> Message {
         let reports = match info {
             PhaseInfo::None => Vec::new(),
-            info => vec![NodeReport { node, info }],
+            info => vec![NodeReport {
+                node: self.link.node.clone(),
+                info,
+            }],
         };
-        let epoch = self.epoch();
-        self.link.send(&Message::Arrive(Arrive {
+        Message::Arrive(Arrive {
             epoch,
             phase,
             count: 1,
             reports,
-        }))
+        })
     }
 
     /// Reports this node failed `phase`; the coordinator aborts the epoch.

@@ -268,12 +268,19 @@ impl Engine {
         let Some(r) = st.round.as_mut() else {
             return;
         };
-        if a.epoch != r.epoch() || a.phase != r.phase() {
+        let ahead = a.epoch == r.epoch() && r.ahead_phase() == Some(a.phase);
+        if a.epoch != r.epoch() || (a.phase != r.phase() && !ahead) {
             // A late arrival for a round or phase that is over: harmless.
             return;
         }
-        match r.arrive(conn, a.count, a.reports, own_reports) {
+        let counted = if ahead {
+            r.arrive_ahead(conn, a.count, a.reports, own_reports)
+        } else {
+            r.arrive(conn, a.count, a.reports, own_reports)
+        };
+        match counted {
             Ok(Barrier::Open) => {}
+            Ok(Barrier::Complete) if ahead => self.policy.ahead_complete(st, now),
             Ok(Barrier::Complete) => self.policy.barrier_complete(st, now),
             Err(BogusArrival {
                 claimed,

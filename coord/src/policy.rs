@@ -29,6 +29,11 @@ pub(crate) trait Policy: std::fmt::Debug + Send {
     /// Every node of the round arrived at the current phase.
     fn barrier_complete(&mut self, st: &mut State, now: Instant);
 
+    /// Every node has arrived ahead at the next phase (see [`crate::protocol::Phase::may_arrive_ahead`]).
+    /// The root has nothing to do until that phase starts (it then completes at once); a
+    /// relay sends the aggregate up now, in the same write as the current phase's.
+    fn ahead_complete(&mut self, _st: &mut State, _now: Instant) {}
+
     /// A node reported failure (already pinned on a node the sender stands for).
     fn failed(&mut self, st: &mut State, fail: Fail);
 

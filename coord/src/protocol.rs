@@ -33,10 +33,10 @@
 //!        |--------------------------------------->|   ... all N nodes registered + a trigger
 //!        |  PhaseCmd{E, Freeze}                    |
 //!        |<---------------------------------------|
-//!        |  Arrive{E, Freeze} | Fail{E, Freeze}   |
-//!        |--------------------------------------->|
-//!        |  PhaseCmd{E, Drain} ... Dump ...        |
-//!        |<======================================>|
+//!        |  Arrive{E, Freeze} | Fail{E, Freeze}   |   (+ Arrive{E, Drain} in the same write
+//!        |--------------------------------------->|    from a node with nothing to drain)
+//!        |  PhaseCmd{E, Drain} ... Dump ...        |   (Drain and Dump in one write once
+//!        |<======================================>|    every node acknowledged Drain ahead)
 //!        |  PhaseCmd{E, Commit}  (no reply: the coordinator has durably committed E)
 //!        |  PhaseCmd{E, Resume | Kill}             |
 //!        |<---------------------------------------|
@@ -54,10 +54,12 @@ use serde::{Deserialize, Serialize};
 
 /// First four bytes of every frame; rejects stray connections early.
 pub const MAGIC: [u8; 4] = *b"CKCO";
-/// Oldest protocol version this build speaks.
-pub const VERSION_MIN: u16 = 1;
+/// Oldest protocol version this build speaks. Version 2 added arrivals ahead of the
+/// phase ([`Phase::may_arrive_ahead`]): a version 1 coordinator would drop them and wait
+/// for an arrival that never comes, so the two do not mix.
+pub const VERSION_MIN: u16 = 2;
 /// Newest protocol version this build speaks.
-pub const VERSION_MAX: u16 = 1;
+pub const VERSION_MAX: u16 = 2;
 /// Size of the fixed frame header.
 pub const HEADER_LEN: usize = 12;
 /// Largest accepted payload. Aggregated key/value batches from a sub-coordinator are the
@@ -221,6 +223,16 @@ pub enum Phase {
     Publish = 8,
     /// Restart: every node fetched what it needs.
     Subscribe = 9,
+}
+
+impl Phase {
+    /// True for a phase a node may acknowledge ahead, together with the phase before it,
+    /// because it has nothing to do in it: DRAIN, for a node without interconnect state.
+    /// The coordinator holds such an arrival until the phase starts. No other phase
+    /// qualifies: DUMP reports images, and RESUME or KILL must wait for COMMIT.
+    pub fn may_arrive_ahead(self) -> bool {
+        self == Phase::Drain
+    }
 }
 
 impl std::fmt::Display for Phase {
@@ -911,7 +923,7 @@ mod tests {
     fn oversized_header_rejected_before_payload() {
         let mut h = Vec::new();
         h.extend_from_slice(&MAGIC);
-        h.extend_from_slice(&1u16.to_le_bytes());
+        h.extend_from_slice(&VERSION_MAX.to_le_bytes());
         h.extend_from_slice(&(MsgType::Put as u16).to_le_bytes());
         h.extend_from_slice(&u32::MAX.to_le_bytes());
         let mut r = FrameReader::new();
@@ -975,7 +987,7 @@ mod tests {
                 let n = (rng.next() % 64) as usize;
                 let mut b = Vec::with_capacity(HEADER_LEN + n);
                 b.extend_from_slice(&MAGIC);
-                b.extend_from_slice(&1u16.to_le_bytes());
+                b.extend_from_slice(&VERSION_MAX.to_le_bytes());
                 let t = types[(rng.next() as usize) % types.len()];
                 b.extend_from_slice(&t.to_le_bytes());
                 b.extend_from_slice(&(n as u32).to_le_bytes());

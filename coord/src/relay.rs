@@ -28,7 +28,7 @@ use crate::policy::{Departure, Policy};
 use crate::protocol::{
     Abort, Arrive, Fail, Get, Leave, Message, NodeReport, Phase, PhaseCmd, Put, RoundKind, Values,
 };
-use crate::round::{PhaseDeadline, Round};
+use crate::round::{Barrier, PhaseDeadline, Round};
 use crate::state::{State, deadline_reason};
 
 /// A relay's deadline fires this fraction of the parent's deadline early...
@@ -56,6 +56,9 @@ pub(crate) struct Relay {
     requested: HashSet<String>,
     /// The current phase's arrival (or failure) has gone up: nothing more to report.
     sent_up: bool,
+    /// The next phase's aggregate arrival went up ahead (every agent acknowledged it
+    /// together with the current one).
+    ahead_sent_up: bool,
 }
 
 impl Relay {
@@ -70,6 +73,7 @@ impl Relay {
             pending_get_deadline: None,
             requested: HashSet::new(),
             sent_up: false,
+            ahead_sent_up: false,
         }
     }
 
@@ -131,11 +135,45 @@ impl Relay {
         if was_committed {
             round.set_committed();
         }
-        // COMMIT needs no reply, so there is nothing to send up for it.
-        self.sent_up = p.phase == Phase::Commit;
+        if let Some(previous) = st.round.as_mut() {
+            round.adopt_ahead(previous);
+        }
+        // COMMIT needs no reply, so there is nothing to send up for it; nor for a phase
+        // whose arrival already went up ahead.
+        self.sent_up = p.phase == Phase::Commit || (self.ahead_sent_up && same_epoch);
+        self.ahead_sent_up = false;
+        let complete = round.barrier() == Barrier::Complete;
         let to = round.members();
         st.round = Some(round);
         st.broadcast(to, Message::PhaseCmd(p));
+        // Every agent acknowledged this phase ahead, after the aggregate for the previous
+        // one had gone up.
+        if complete && !self.sent_up {
+            self.barrier_complete(st, now);
+        }
+    }
+
+    /// Sends up the aggregate arrival at the next phase once every agent sent it ahead
+    /// and the current phase's has gone up: both leave in the same write.
+    fn send_ahead(&mut self, st: &mut State) {
+        if !self.sent_up || self.ahead_sent_up {
+            return;
+        }
+        let Some(r) = st.round.as_mut() else {
+            return;
+        };
+        let (Some(phase), Barrier::Complete) = (r.ahead_phase(), r.ahead_complete()) else {
+            return;
+        };
+        let (count, reports) = r.take_ahead();
+        let up = Arrive {
+            epoch: r.epoch(),
+            phase,
+            count,
+            reports,
+        };
+        self.ahead_sent_up = true;
+        self.send_up(st, Message::Arrive(up));
     }
 
     /// An abort from the parent: fan it out and forget the round.
@@ -209,6 +247,11 @@ impl Policy for Relay {
             st.round = None;
         }
         self.send_up(st, Message::Arrive(up));
+        self.send_ahead(st);
+    }
+
+    fn ahead_complete(&mut self, st: &mut State, _now: Instant) {
+        self.send_ahead(st);
     }
 
     fn failed(&mut self, st: &mut State, fail: Fail) {

@@ -16,7 +16,7 @@ use crate::protocol::{
     Abort, AfterCommit, Fail, Intent, Message, NodeReport, Outcome, Phase, PhaseInfo, RoundKind,
     RoundOver,
 };
-use crate::round::{PhaseDeadline, Round};
+use crate::round::{Barrier, PhaseDeadline, Round};
 use crate::state::{State, deadline_culprits, deadline_reason};
 use crate::store::NodeManifest;
 
@@ -140,8 +140,14 @@ impl Root {
         match r.next_phase(now + st.cfg.phase_deadline) {
             Some(phase) => {
                 let epoch = r.epoch();
+                let done_ahead = r.barrier() == Barrier::Complete;
                 log!(st, "epoch {epoch}: {phase}");
                 st.broadcast_phase();
+                // Every node acknowledged this phase ahead: the next command follows in
+                // the same write.
+                if done_ahead {
+                    self.barrier_complete(st, now);
+                }
             }
             None => {
                 let outcome = match r.kind() {

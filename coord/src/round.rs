@@ -81,7 +81,18 @@ pub(crate) struct Round {
     per_conn: BTreeMap<ConnId, u32>,
     members: BTreeMap<ConnId, u32>,
     reports: Vec<NodeReport>,
+    /// Arrivals for the next phase, sent ahead ([`Phase::may_arrive_ahead`]); they count
+    /// once that phase starts.
+    ahead: Ahead,
     committed: bool,
+}
+
+/// Arrivals held for the phase after the current one.
+#[derive(Debug, Default)]
+struct Ahead {
+    arrived: u32,
+    per_conn: BTreeMap<ConnId, u32>,
+    reports: Vec<NodeReport>,
 }
 
 impl Round {
@@ -108,6 +119,7 @@ impl Round {
             per_conn: BTreeMap::new(),
             members,
             reports: Vec::new(),
+            ahead: Ahead::default(),
             committed: phase == Phase::Commit,
         }
     }
@@ -215,6 +227,79 @@ impl Round {
         })
     }
 
+    /// The phase after the current one, if nodes may arrive at it ahead.
+    pub(crate) fn ahead_phase(&self) -> Option<Phase> {
+        let next = *self.kind.phases().get(self.phase_index + 1)?;
+        next.may_arrive_ahead().then_some(next)
+    }
+
+    /// Holds an arrival of `count` nodes from `conn` for the next phase (the caller checked
+    /// [`Round::ahead_phase`]); same bounds as [`Round::arrive`]. `Complete` once every
+    /// node of the round has arrived ahead.
+    pub(crate) fn arrive_ahead(
+        &mut self,
+        conn: ConnId,
+        count: u32,
+        reports: Vec<NodeReport>,
+        own_reports: bool,
+    ) -> Result<Barrier, BogusArrival> {
+        let allowed = self.members.get(&conn).copied().unwrap_or(0);
+        let already = self.ahead.per_conn.get(&conn).copied().unwrap_or(0);
+        if already.saturating_add(count) > allowed || !own_reports {
+            return Err(BogusArrival {
+                claimed: count,
+                allowed,
+                already,
+            });
+        }
+        self.ahead.arrived += count;
+        *self.ahead.per_conn.entry(conn).or_default() += count;
+        self.ahead.reports.extend(reports);
+        Ok(self.ahead_complete())
+    }
+
+    /// Whether every node has arrived ahead at the next phase.
+    pub(crate) fn ahead_complete(&self) -> Barrier {
+        if self.ahead.arrived >= self.need {
+            Barrier::Complete
+        } else {
+            Barrier::Open
+        }
+    }
+
+    /// Nodes that arrived ahead at the next phase, and their reports (handed out).
+    pub(crate) fn take_ahead(&mut self) -> (u32, Vec<NodeReport>) {
+        (self.ahead.arrived, std::mem::take(&mut self.ahead.reports))
+    }
+
+    /// Whether every node has arrived at the current phase (also when they all did
+    /// ahead, before it started).
+    pub(crate) fn barrier(&self) -> Barrier {
+        if self.arrived >= self.need {
+            Barrier::Complete
+        } else {
+            Barrier::Open
+        }
+    }
+
+    /// A relay's new mirror of the round takes over the arrivals its previous mirror
+    /// held ahead for this phase, for connections that are still members (at most the
+    /// nodes each stands for).
+    pub(crate) fn adopt_ahead(&mut self, previous: &mut Round) {
+        if previous.epoch != self.epoch || previous.ahead_phase() != Some(self.phase) {
+            return;
+        }
+        let ahead = std::mem::take(&mut previous.ahead);
+        for (conn, count) in ahead.per_conn {
+            if let Some(stands_for) = self.members.get(&conn) {
+                let count = count.min(*stands_for);
+                self.arrived += count;
+                self.per_conn.insert(conn, count);
+            }
+        }
+        self.reports = ahead.reports;
+    }
+
     /// Nodes that arrived at the current phase.
     pub(crate) fn arrived(&self) -> u32 {
         self.arrived
@@ -246,9 +331,11 @@ impl Round {
         self.phase_index += 1;
         let phase = *phases.get(self.phase_index)?;
         self.phase = phase;
-        self.arrived = 0;
-        self.per_conn.clear();
-        self.reports.clear();
+        // What arrived ahead counts now (empty unless the phase may be acknowledged ahead).
+        let ahead = std::mem::take(&mut self.ahead);
+        self.arrived = ahead.arrived;
+        self.per_conn = ahead.per_conn;
+        self.reports = ahead.reports;
         self.deadline = deadline;
         if phase == Phase::Commit {
             self.committed = true;

@@ -65,6 +65,8 @@ struct Sim {
     intent: Intent,
     /// The behaviour applies only in this epoch.
     bad_epoch: u64,
+    /// Acknowledge DRAIN ahead, together with FREEZE (nothing to drain).
+    drain_ahead: bool,
 }
 
 fn key(node: &str, i: usize) -> String {
@@ -157,6 +159,9 @@ fn agent(addr: SocketAddr, sim: Sim) -> JoinHandle<Vec<Ev>> {
                         Err(e) => Err(e),
                     }
                 }
+                Phase::Freeze if sim.drain_ahead => {
+                    a.report_done_ahead(Phase::Freeze, PhaseInfo::None, Phase::Drain)
+                }
                 Phase::Dump => a.report_done(
                     Phase::Dump,
                     PhaseInfo::Dump {
@@ -217,6 +222,34 @@ fn spawn_agents(
                     rounds,
                     intent: Intent::Standby,
                     bad_epoch: 2,
+                    drain_ahead: false,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Agents that acknowledge DRAIN ahead with FREEZE where `ahead(i)` says so.
+fn spawn_agents_ahead(
+    addrs: &[SocketAddr],
+    nodes: &[String],
+    rounds: usize,
+    ahead: impl Fn(usize) -> bool,
+) -> Vec<JoinHandle<Vec<Ev>>> {
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            agent(
+                addrs[i % addrs.len()],
+                Sim {
+                    node: n.clone(),
+                    peers: nodes.to_vec(),
+                    behavior: Behavior::Normal,
+                    rounds,
+                    intent: Intent::Standby,
+                    bad_epoch: 0,
+                    drain_ahead: ahead(i),
                 },
             )
         })
@@ -300,6 +333,7 @@ fn round_starts_when_every_agent_asks_for_it() {
                     rounds: 1,
                     intent: Intent::Checkpoint,
                     bad_epoch: 0,
+                    drain_ahead: false,
                 },
             )
         })
@@ -344,6 +378,73 @@ fn two_level_tree_checkpoint_and_restart() {
         .unwrap()
         .unwrap();
     assert_eq!((m.epoch, m.nodes.len()), (3, 9));
+}
+
+#[test]
+fn drain_acknowledged_ahead_flat_and_through_a_tree() {
+    // Flat, every agent ahead: DRAIN and DUMP reach them in one write; each still sees
+    // every phase, in order, and the record lists every node's images.
+    let dir = tempfile::tempdir().unwrap();
+    let c = root(4, dir.path(), LONG, None);
+    let nodes = names("f", 4);
+    let hs = spawn_agents_ahead(&[c.local_addr()], &nodes, 2, |_| true);
+    let mut ctl = control(c.local_addr());
+    for _ in 0..2 {
+        assert_eq!(
+            ctl.trigger(CKPT, Some(LONG)).unwrap().outcome,
+            Outcome::Committed
+        );
+    }
+    let mut want = expected_checkpoint(1);
+    want.extend(expected_checkpoint(2));
+    for evs in join_all(hs) {
+        assert_eq!(evs, want);
+    }
+    let m = EpochStore::open(dir.path(), JOB)
+        .unwrap()
+        .last_committed()
+        .unwrap()
+        .unwrap();
+    assert_eq!((m.epoch, m.nodes.len()), (2, 4));
+    assert!(m.nodes.iter().all(|n| n.image_dir.ends_with("/2")));
+
+    // A tree where one relay's agents all go ahead and the other's are mixed: the DRAIN
+    // barrier still waits for the agents that drain in DRAIN, then a restart round.
+    let dir = tempfile::tempdir().unwrap();
+    let c = root(6, dir.path(), LONG, None);
+    let subs: Vec<CoordHandle> = (0..2)
+        .map(|i| sub(c.local_addr(), &format!("sub{i}"), 3))
+        .collect();
+    let addrs: Vec<SocketAddr> = subs.iter().map(|s| s.local_addr()).collect();
+    let nodes = names("m", 6);
+    // Agent i goes to relay i % 2: relay 0 has agents 0, 2, 4 (all ahead), relay 1 has
+    // 1, 3, 5 (only 1 ahead).
+    let hs = spawn_agents_ahead(&addrs, &nodes, 3, |i| i % 2 == 0 || i == 1);
+    let mut ctl = control(c.local_addr());
+    assert_eq!(
+        ctl.trigger(CKPT, Some(LONG)).unwrap().outcome,
+        Outcome::Committed
+    );
+    assert_eq!(
+        ctl.trigger(RoundKind::Restart, Some(LONG)).unwrap().outcome,
+        Outcome::Restarted
+    );
+    assert_eq!(
+        ctl.trigger(CKPT, Some(LONG)).unwrap().outcome,
+        Outcome::Committed
+    );
+    let mut want = expected_checkpoint(1);
+    want.extend(expected_restart(2));
+    want.extend(expected_checkpoint(3));
+    for evs in join_all(hs) {
+        assert_eq!(evs, want);
+    }
+    let m = EpochStore::open(dir.path(), JOB)
+        .unwrap()
+        .last_committed()
+        .unwrap()
+        .unwrap();
+    assert_eq!((m.epoch, m.nodes.len()), (3, 6));
 }
 
 /// Runs one committed round, then one round with a misbehaving agent; checks that every
@@ -513,8 +614,8 @@ fn wrong_secret_is_refused_and_logged() {
     // A client that skips the server check still gets refused by the coordinator.
     let mut raw = TcpStream::connect(c.local_addr()).unwrap();
     let hello = ckpt_coord::protocol::Message::Hello(ckpt_coord::protocol::Hello {
-        min_version: 1,
-        max_version: 1,
+        min_version: ckpt_coord::protocol::VERSION_MIN,
+        max_version: ckpt_coord::protocol::VERSION_MAX,
         job: JOB.into(),
         node: "intruder".into(),
         role: ckpt_coord::protocol::Role::Control,
@@ -577,7 +678,7 @@ fn garbage_on_the_socket_closes_only_that_connection() {
         // Valid magic and version, absurd length.
         [
             &b"CKCO"[..],
-            &1u16.to_le_bytes(),
+            &ckpt_coord::protocol::VERSION_MAX.to_le_bytes(),
             &1u16.to_le_bytes(),
             &u32::MAX.to_le_bytes(),
         ]
@@ -585,7 +686,7 @@ fn garbage_on_the_socket_closes_only_that_connection() {
         // Valid header, payload that is not a Hello.
         [
             &b"CKCO"[..],
-            &1u16.to_le_bytes(),
+            &ckpt_coord::protocol::VERSION_MAX.to_le_bytes(),
             &1u16.to_le_bytes(),
             &4u32.to_le_bytes(),
             &[0xff; 4],
@@ -672,6 +773,7 @@ fn sub_coordinator_killed_mid_round_aborts_everyone() {
             rounds: 1,
             intent: Intent::Standby,
             bad_epoch: 1,
+            drain_ahead: false,
         },
     );
     let addr = c.local_addr();

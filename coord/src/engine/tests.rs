@@ -354,6 +354,90 @@ fn checkpoint_round_through_all_phases() {
 }
 
 #[test]
+fn root_holds_drain_acknowledged_ahead() {
+    let mut h = root_in_freeze(3);
+    let cs = h.agent_conns();
+    // Two nodes acknowledge DRAIN ahead with FREEZE: held, nothing starts.
+    for c in &cs[..2] {
+        assert!(phases(&h.arrive(*c, 1, Phase::Freeze, PhaseInfo::None)).is_empty());
+        assert!(phases(&h.arrive(*c, 1, Phase::Drain, PhaseInfo::None)).is_empty());
+    }
+    // Only DRAIN may be acknowledged ahead: DUMP ahead is stale and ignored.
+    assert!(h.arrive(cs[2], 1, Phase::Dump, PhaseInfo::None).is_empty());
+    // The last FREEZE starts DRAIN, which then waits for that node alone.
+    assert_eq!(
+        phases(&h.arrive(cs[2], 1, Phase::Freeze, PhaseInfo::None)),
+        vec![Phase::Drain]
+    );
+    assert_eq!(
+        phases(&h.arrive(cs[2], 1, Phase::Drain, PhaseInfo::None)),
+        vec![Phase::Dump]
+    );
+    let a = h.all_arrive(1, Phase::Dump);
+    assert!(
+        a.iter()
+            .any(|a| matches!(a, Action::Commit { epoch: 1, .. }))
+    );
+}
+
+#[test]
+fn a_node_cannot_arrive_ahead_twice() {
+    let mut h = root_in_freeze(2);
+    let cs = h.agent_conns();
+    h.arrive(cs[0], 1, Phase::Freeze, PhaseInfo::None);
+    h.arrive(cs[0], 1, Phase::Drain, PhaseInfo::None);
+    let a = h.arrive(cs[0], 1, Phase::Drain, PhaseInfo::None);
+    assert!(
+        a.iter()
+            .any(|a| matches!(a, Action::Expel { conn, .. } if *conn == cs[0])),
+        "{a:?}"
+    );
+}
+
+#[test]
+fn relay_sends_drain_acknowledged_ahead_with_freeze() {
+    let mut h = relay_with(2);
+    parent_phase(&mut h, 1, Phase::Freeze, CKPT);
+    let cs = h.agent_conns();
+    let mut up = Vec::new();
+    for c in &cs {
+        up.extend(sent_up(&h.arrive(*c, 1, Phase::Freeze, PhaseInfo::None)));
+        up.extend(sent_up(&h.arrive(*c, 1, Phase::Drain, PhaseInfo::None)));
+    }
+    // One aggregate per phase, FREEZE first, both set off by the last agent's write.
+    let got: Vec<(Phase, u32)> = up
+        .iter()
+        .map(|m| match m {
+            Message::Arrive(a) => (a.phase, a.count),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(got, vec![(Phase::Freeze, 2), (Phase::Drain, 2)]);
+    // The parent's DRAIN is fanned out; nothing more goes up for it.
+    let a = parent_phase(&mut h, 1, Phase::Drain, CKPT);
+    assert_eq!(phases(&a), vec![Phase::Drain]);
+    assert!(sent_up(&a).is_empty());
+    assert!(sent_up(&h.feed(Event::Tick)).is_empty());
+    parent_phase(&mut h, 1, Phase::Dump, CKPT);
+    let up = sent_up(&h.all_arrive(1, Phase::Dump));
+    assert!(matches!(&up[..], [Message::Arrive(a)] if (a.phase, a.count) == (Phase::Dump, 2)));
+}
+
+#[test]
+fn relay_with_some_agents_ahead_reports_drain_when_the_rest_arrive() {
+    let mut h = relay_with(2);
+    parent_phase(&mut h, 1, Phase::Freeze, CKPT);
+    let cs = h.agent_conns();
+    h.arrive(cs[0], 1, Phase::Freeze, PhaseInfo::None);
+    assert!(sent_up(&h.arrive(cs[0], 1, Phase::Drain, PhaseInfo::None)).is_empty());
+    let up = sent_up(&h.arrive(cs[1], 1, Phase::Freeze, PhaseInfo::None));
+    assert!(matches!(&up[..], [Message::Arrive(a)] if a.phase == Phase::Freeze));
+    parent_phase(&mut h, 1, Phase::Drain, CKPT);
+    let up = sent_up(&h.arrive(cs[1], 1, Phase::Drain, PhaseInfo::None));
+    assert!(matches!(&up[..], [Message::Arrive(a)] if (a.phase, a.count) == (Phase::Drain, 2)));
+}
+
+#[test]
 fn round_starts_when_every_agent_asks_for_it() {
     let mut h = Harness::root(2, Some(4));
     let a = h.join(FIRST_AGENT, Role::Agent, "a", Intent::Checkpoint);
