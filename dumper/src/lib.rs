@@ -468,6 +468,10 @@ fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
     let pid = p.pid;
     let started = Instant::now();
     let leader = &p.tasks[0];
+    log::debug!("pid {pid}: thread {pid} (leader)");
+    for t in &p.tasks[1..] {
+        log::debug!("pid {pid}: thread {}", t.pid());
+    }
     let (misc, threads) = task::run_parasite(leader, &p.tasks[1..])?;
     let mut core = task::collect(leader, &misc)?;
     for (t, state) in p.tasks[1..].iter().zip(threads) {

@@ -75,10 +75,7 @@ pub fn run_parasite(leader: &Tracee, threads: &[Tracee]) -> Result<(TaskMisc, Ve
     };
     let threads = threads
         .iter()
-        .map(|t| {
-            log::trace!("pid {}: thread {}", leader.pid(), t.pid());
-            inf.thread_state(t)
-        })
+        .map(|t| inf.thread_state(t))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     inf.cure()?;
     Ok((out, threads))

@@ -68,7 +68,7 @@ pub struct RestoreOptions<'a> {
     /// Receives one-line notices (waiting for a pid, capped limits).
     pub notice: &'a dyn Fn(&str),
     /// Called with (bytes of page data copied, total) while pages are copied.
-    pub progress: Option<&'a dyn Fn(u64, u64)>,
+    pub progress: Option<&'a (dyn Fn(u64, u64) + Sync)>,
     /// Which of the restorer's fds may reach the processes, and which files
     /// may have changed since the dump.
     pub files: FilePolicy,

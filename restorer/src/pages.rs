@@ -4,9 +4,12 @@
 //! VMA, inside the file, blocks of bounded size, no overflow), so nothing
 //! here allocates or indexes by an unchecked length.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use ckpt_image::ImageDir;
 use ckpt_image::mm::{Mm, PageCopy, PageEncoding};
 use ckpt_parasite::remote::Remote;
+use rayon::prelude::*;
 
 use crate::error::{RestoreError, Result};
 
@@ -31,7 +34,7 @@ pub fn fill_pages(
     images: &ImageDir,
     name: &str,
     pages: &[u8],
-    progress: Option<&dyn Fn(u64, u64)>,
+    progress: Option<&(dyn Fn(u64, u64) + Sync)>,
 ) -> Result<()> {
     // The copy stays on this thread (the tracer's); the hashing runs on
     // the pool's threads meanwhile.
@@ -50,7 +53,7 @@ fn copy_pages(
     r: &Remote<'_>,
     mm: &Mm,
     pages: &[u8],
-    progress: Option<&dyn Fn(u64, u64)>,
+    progress: Option<&(dyn Fn(u64, u64) + Sync)>,
 ) -> Result<()> {
     let pid = r.t.pid();
     let bad = |c: &PageCopy, what: String| {
@@ -62,33 +65,61 @@ fn copy_pages(
             ),
         })
     };
-    let mut buf = Vec::new();
-    let mut done = 0u64;
-    for c in plan(pid, mm, pages.len() as u64)? {
+    let done = AtomicU64::new(0);
+    let pieces = pieces(plan(pid, mm, pages.len() as u64)?);
+    pieces.par_iter().try_for_each_init(Vec::new, |buf, c| {
         // In range by `plan`; `get` keeps that a checked fact here too.
         let stored = usize::try_from(c.file_offset)
             .ok()
             .zip(usize::try_from(c.file_len).ok())
             .and_then(|(off, len)| pages.get(off..off.checked_add(len)?))
-            .ok_or_else(|| bad(&c, "outside the pages file".into()))?;
+            .ok_or_else(|| bad(c, "outside the pages file".into()))?;
         let data = match c.encoding {
             PageEncoding::Raw => stored,
             PageEncoding::Lz4 => {
                 // raw_len is at most MAX_BLOCK_RAW_LEN (checked by `plan`).
                 buf.resize(c.raw_len as usize, 0);
-                let n = lz4_flex::block::decompress_into(stored, &mut buf)
-                    .map_err(|e| bad(&c, format!("cannot decompress: {e}")))?;
+                let n = lz4_flex::block::decompress_into(stored, buf)
+                    .map_err(|e| bad(c, format!("cannot decompress: {e}")))?;
                 if n as u64 != c.raw_len {
-                    return Err(bad(&c, "decompressed to the wrong length".into()));
+                    return Err(bad(c, "decompressed to the wrong length".into()));
                 }
                 &buf[..]
             }
         };
         r.t.write_mem_fast(c.addr, data)?;
-        done = done.saturating_add(c.raw_len);
+        let now = done.fetch_add(c.raw_len, Ordering::Relaxed) + c.raw_len;
         if let Some(p) = progress {
-            p(done, mm.pages_bytes);
+            p(now, mm.pages_bytes);
+        }
+        Ok(())
+    })
+}
+
+/// Largest piece of raw page data one thread copies at once: a large
+/// range is spread over every core (LZ4 blocks are bounded already).
+const PIECE_BYTES: u64 = 4 << 20;
+
+/// `copies` with raw ones cut into [`PIECE_BYTES`] pieces.
+fn pieces(copies: Vec<PageCopy>) -> Vec<PageCopy> {
+    let mut out = Vec::with_capacity(copies.len());
+    for c in copies {
+        if c.encoding != PageEncoding::Raw || c.raw_len <= PIECE_BYTES {
+            out.push(c);
+            continue;
+        }
+        let mut at = 0;
+        while at < c.raw_len {
+            let len = PIECE_BYTES.min(c.raw_len - at);
+            out.push(PageCopy {
+                addr: c.addr + at,
+                file_offset: c.file_offset + at,
+                file_len: len,
+                raw_len: len,
+                encoding: PageEncoding::Raw,
+            });
+            at += len;
         }
     }
-    Ok(())
+    out
 }
