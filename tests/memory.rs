@@ -14,6 +14,21 @@ fn memory_restored_after_dump_kill() {
     standard_cycle("memory-kill", "memory", &[]);
 }
 
+/// The same with raw page data (`--compress=none`; images on a disk are
+/// LZ4-compressed by default).
+#[test]
+fn memory_restored_from_raw_images() {
+    let env = TestEnv::new("memory-raw");
+    let mut v = Victim::spawn(&env, "memory", &[]);
+    v.wait_ready();
+    dump(&env, &v, &["--kill", "--compress=none"]);
+    v.reap_killed(std::time::Duration::from_secs(10));
+    let show = ckpt(&env, &["show", "--json", path_str(&env.img)], FAIL_TIMEOUT);
+    let j: serde_json::Value = serde_json::from_str(&show.assert_success().stdout).unwrap();
+    assert_eq!(j["processes"][0]["pages_compressed"], false, "{j}");
+    restore_and_check(&env, &v);
+}
+
 /// The same with LZ4-compressed page data: smaller than the memory it
 /// holds, and restored byte for byte.
 #[test]
