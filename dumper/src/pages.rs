@@ -63,8 +63,10 @@ pub fn copy_pages(
 const WINDOW_CHUNKS: usize = 32;
 
 /// Like [`copy_pages`], but every chunk becomes one LZ4 block (stored raw
-/// when it does not shrink), appended to `out` in address order. Returns the
-/// block list for the mm image.
+/// when it does not shrink), appended to `out` in address order. Windows of
+/// chunks are compressed in parallel while a writer thread appends the
+/// previous window, so compressing and writing overlap. Returns the block
+/// list for the mm image.
 pub fn copy_pages_compressed(
     t: &Tracee,
     vmas: &[Vma],
@@ -73,43 +75,82 @@ pub fn copy_pages_compressed(
 ) -> Result<Vec<PageChunk>> {
     let all = chunks(vmas);
     let mut blocks = Vec::with_capacity(all.len());
-    let mut file_offset = 0u64;
-    let mut done = 0u64;
-    for window in all.chunks(WINDOW_CHUNKS) {
-        let packed: Vec<(PageRange, bool, Vec<u8>)> = window
-            .par_iter()
-            .map_init(
-                || vec![0u8; CHUNK_BYTES as usize],
-                |buf, c| -> Result<(PageRange, bool, Vec<u8>)> {
-                    let raw = &mut buf[..c.len() as usize];
-                    t.read_mem(c.addr, raw).map_err(DumpError::from)?;
-                    let mut z = vec![0u8; lz4_flex::block::get_maximum_output_size(raw.len())];
-                    // The bound above makes the output large enough, so this cannot fail.
-                    let n = lz4_flex::block::compress_into(raw, &mut z).unwrap_or(usize::MAX);
-                    if n < raw.len() {
-                        z.truncate(n);
-                        Ok((*c, false, z))
-                    } else {
-                        Ok((*c, true, raw.to_vec()))
-                    }
-                },
-            )
-            .collect::<Result<_>>()?;
-        for (c, stored_raw, data) in packed {
-            out.write_at(file_offset, &data)?;
-            blocks.push(PageChunk {
-                addr: c.addr,
-                raw_len: c.len(),
-                file_offset,
-                file_len: data.len() as u64,
-                stored_raw,
-            });
-            file_offset += data.len() as u64;
-            done += c.len();
-            progress(done);
-        }
-    }
+    std::thread::scope(|s| -> Result<()> {
+        // One window in flight: memory stays bounded by two windows.
+        let (to_writer, from_compressor) = std::sync::mpsc::sync_channel::<Vec<Packed>>(1);
+        let writer = s.spawn(move || -> Result<()> {
+            let mut done = 0u64;
+            for window in from_compressor {
+                for p in window {
+                    out.write_at(p.file_offset, &p.data)?;
+                    done += p.range.len();
+                    progress(done);
+                }
+            }
+            Ok(())
+        });
+        let mut file_offset = 0u64;
+        let compressed = (|| -> Result<()> {
+            for window in all.chunks(WINDOW_CHUNKS) {
+                let mut packed: Vec<Packed> = window
+                    .par_iter()
+                    .map_init(|| vec![0u8; CHUNK_BYTES as usize], |buf, c| pack(t, c, buf))
+                    .collect::<Result<_>>()?;
+                for p in &mut packed {
+                    p.file_offset = file_offset;
+                    blocks.push(PageChunk {
+                        addr: p.range.addr,
+                        raw_len: p.range.len(),
+                        file_offset,
+                        file_len: p.data.len() as u64,
+                        stored_raw: p.stored_raw,
+                    });
+                    file_offset += p.data.len() as u64;
+                }
+                if to_writer.send(packed).is_err() {
+                    // The writer stopped on an error, reported below.
+                    break;
+                }
+            }
+            Ok(())
+        })();
+        drop(to_writer);
+        let written = writer
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        compressed.and(written)
+    })?;
     Ok(blocks)
+}
+
+/// One chunk as it goes into the pages file.
+struct Packed {
+    range: PageRange,
+    stored_raw: bool,
+    data: Vec<u8>,
+    /// Where it goes (set in address order once its window is packed).
+    file_offset: u64,
+}
+
+/// Reads chunk `c` and compresses it (kept raw when LZ4 does not shrink it).
+fn pack(t: &Tracee, c: &PageRange, buf: &mut [u8]) -> Result<Packed> {
+    let raw = &mut buf[..c.len() as usize];
+    t.read_mem(c.addr, raw).map_err(DumpError::from)?;
+    let mut z = vec![0u8; lz4_flex::block::get_maximum_output_size(raw.len())];
+    // The bound above makes the output large enough, so this cannot fail.
+    let n = lz4_flex::block::compress_into(raw, &mut z).unwrap_or(usize::MAX);
+    let (stored_raw, data) = if n < raw.len() {
+        z.truncate(n);
+        (false, z)
+    } else {
+        (true, raw.to_vec())
+    };
+    Ok(Packed {
+        range: *c,
+        stored_raw,
+        data,
+        file_offset: 0,
+    })
 }
 
 #[cfg(test)]

@@ -490,6 +490,11 @@ impl PagesWriter {
         self.file
             .write_all_at(data, offset)
             .map_err(|e| ImageError::io(&self.path, "write", e))?;
+        // Only a hint to start the disk now: the fsync in `finish` is what
+        // makes the data durable and reports any error.
+        if let Err(e) = sys::start_writeback(self.file.as_fd(), offset, data.len() as u64) {
+            log::debug!("{}: early writeback not started: {e}", self.path.display());
+        }
         let crc = crc32c::crc32c(data);
         self.chunks
             .lock()

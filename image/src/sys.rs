@@ -182,6 +182,26 @@ pub fn sync(fd: BorrowedFd<'_>) -> io::Result<()> {
     nix::unistd::fsync(fd).map_err(io_err)
 }
 
+/// Starts writing back `len` bytes of `fd` at `offset` without waiting for
+/// them (`sync_file_range(SYNC_FILE_RANGE_WRITE)`): the disk works while
+/// more data is produced, and the final fsync only waits for what is left.
+#[allow(unsafe_code)]
+pub fn start_writeback(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    };
+    // SAFETY: a plain syscall on a file descriptor borrowed for the call;
+    // no memory is passed.
+    let r =
+        unsafe { libc::sync_file_range(fd.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// How a rename into place went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RenameOutcome {
