@@ -55,8 +55,8 @@ impl Drop for Victim {
     }
 }
 
-#[test]
-fn infect_and_cure_leaves_no_trace() {
+/// A `sleep 1000` child, settled in its sleep.
+fn sleeper() -> Victim {
     let child = Command::new("sleep")
         .arg("1000")
         .stdin(Stdio::null())
@@ -64,9 +64,14 @@ fn infect_and_cure_leaves_no_trace() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let child = Victim(child);
-    let pid = child.0.id() as i32;
     std::thread::sleep(Duration::from_millis(200));
+    Victim(child)
+}
+
+#[test]
+fn infect_and_cure_leaves_no_trace() {
+    let child = sleeper();
+    let pid = child.0.id() as i32;
 
     let t = Tracee::seize(pid).unwrap();
     let regs = t.regs().unwrap();
@@ -145,16 +150,8 @@ fn batched_remote_syscalls_run_in_order_and_stop_at_the_first_failure() {
     use ckpt_parasite::batch::Call;
     use ckpt_parasite::remote::Remote;
 
-    let child = Command::new("sleep")
-        .arg("1000")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let child = Victim(child);
+    let child = sleeper();
     let pid = child.0.id() as i32;
-    std::thread::sleep(Duration::from_millis(100));
     let t = Tracee::seize(pid).unwrap();
     // Far from where a small PIE and its libraries live.
     let r = Remote::map(&t, first_code(pid), 0x1000_0000_0000).unwrap();

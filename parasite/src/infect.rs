@@ -167,20 +167,21 @@ impl Infection<'_> {
     /// known (asked through the armed rescue path) the final frame replaces it.
     fn arm_rescue(&self) -> Result<()> {
         let t = self.tracee;
+        self.write_own_rescue_frame()?;
+        let alt = as_restored(self.query_altstack(t)?.0);
+        self.altstack.set(alt);
+        self.write_own_rescue_frame()
+    }
+
+    /// The infected task's own rescue frame (its saved state and the
+    /// alternate stack known so far).
+    fn write_own_rescue_frame(&self) -> Result<()> {
         self.write_rescue_frame(
             &self.saved_regs,
             &self.saved_xstate,
             self.saved_mask,
             self.altstack.get(),
-        )?;
-        let alt = self.query_altstack(t)?.0;
-        let alt = AltStack {
-            sp: alt.sp,
-            flags: alt.flags & !libc::SS_ONSTACK,
-            size: alt.size,
-        };
-        self.altstack.set(alt);
-        self.write_rescue_frame(&self.saved_regs, &self.saved_xstate, self.saved_mask, alt)
+        )
     }
 
     /// Writes the one rescue frame of the area for a task whose own state
@@ -246,12 +247,7 @@ impl Infection<'_> {
             return Ok(());
         }
         self.tracee.set_sigmask(!0)?;
-        self.write_rescue_frame(
-            &self.saved_regs,
-            &self.saved_xstate,
-            self.saved_mask,
-            self.altstack.get(),
-        )?;
+        self.write_own_rescue_frame()?;
         self.frame_owner.set(FrameOwner::Infected);
         Ok(())
     }
@@ -286,12 +282,7 @@ impl Infection<'_> {
             self.write_rescue_frame(&regs, &xstate, sigmask, disabled)?;
             let (alt, altstack_ret) = self.query_altstack(thread)?;
             crate::fault::inject(crate::fault::FaultPoint::ThreadInParasite);
-            let own = AltStack {
-                sp: alt.sp,
-                flags: alt.flags & !libc::SS_ONSTACK,
-                size: alt.size,
-            };
-            self.write_rescue_frame(&regs, &xstate, sigmask, own)?;
+            self.write_rescue_frame(&regs, &xstate, sigmask, as_restored(alt))?;
             let buf = self.base + BLOB.args_offset as u64;
             let tid_address_ret = thread.syscall_stop_at_exit(
                 self.base + BLOB.trampoline as u64,
@@ -406,6 +397,15 @@ impl Drop for Infection<'_> {
         if !self.cured {
             let _ = self.do_cure();
         }
+    }
+}
+
+/// The alternate stack as a rescue frame gives it back: `SS_ONSTACK` is the
+/// kernel's report of where the task runs, not a setting.
+fn as_restored(alt: AltStack) -> AltStack {
+    AltStack {
+        flags: alt.flags & !libc::SS_ONSTACK,
+        ..alt
     }
 }
 
