@@ -52,5 +52,5 @@ pub use admit::ConnLimits;
 pub use auth::Secret;
 pub use client::{Agent, AgentOptions, ClientError, Control, Directive, PhaseBackend, Step};
 pub use protocol::{AfterCommit, Intent, Phase, PhaseInfo, RoundKind};
-pub use server::{CoordConfig, CoordHandle, FaultPoint, ServerError, spawn};
+pub use server::{CoordConfig, CoordHandle, FaultPoint, ServerError, Stopper, spawn};
 pub use store::{EpochStore, GlobalManifest};

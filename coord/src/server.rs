@@ -525,6 +525,15 @@ impl CoordHandle {
         self.thread.as_ref().is_none_or(|t| t.is_finished())
     }
 
+    /// A handle that stops the loop from another thread (a signal handler thread), as
+    /// [`CoordHandle::kill`] does; [`CoordHandle::join`] then returns.
+    pub fn stopper(&self) -> Stopper {
+        Stopper {
+            stop: self.stop.clone(),
+            waker: self.waker.clone(),
+        }
+    }
+
     /// Stops the loop at once, dropping every socket without a word to anyone, as a
     /// killed process would.
     pub fn kill(mut self) -> Result<(), ServerError> {
@@ -555,6 +564,22 @@ impl Drop for CoordHandle {
         self.stop.store(true, Ordering::SeqCst);
         let _ = self.waker.wake();
         let _ = self.join_inner();
+    }
+}
+
+/// Stops a coordinator's loop from another thread (see [`CoordHandle::stopper`]).
+#[derive(Debug, Clone)]
+pub struct Stopper {
+    stop: Arc<AtomicBool>,
+    waker: Arc<Waker>,
+}
+
+impl Stopper {
+    /// Makes the loop return at its next iteration; its sockets and its Unix socket file
+    /// go with it.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.waker.wake();
     }
 }
 
