@@ -364,6 +364,10 @@ struct Conn {
     out: Vec<u8>,
     out_pos: usize,
     dirty: bool,
+    /// Registered for writability too: a write found the socket full. Only then, since a
+    /// Unix socket signals "writable" each time the peer reads (a wake-up per message
+    /// for nothing; TCP only signals after a full buffer).
+    write_armed: bool,
     state: ConnState,
 }
 
@@ -377,6 +381,7 @@ impl Conn {
             out: Vec::new(),
             out_pos: 0,
             dirty: false,
+            write_armed: false,
             state: ConnState::Hello,
         }
     }
@@ -978,7 +983,7 @@ impl Server {
             .register(
                 &mut stream,
                 UPSTREAM,
-                Interest::READABLE | Interest::WRITABLE,
+                Interest::READABLE,
             )
             .map_err(poll_err)?;
         self.serial += 1;
@@ -1121,7 +1126,7 @@ impl Server {
         if let Err(e) = self.poll.registry().register(
             &mut stream,
             Token(token),
-            Interest::READABLE | Interest::WRITABLE,
+            Interest::READABLE,
         ) {
             self.noise(
                 Noise::AcceptFailed,
@@ -1292,7 +1297,17 @@ impl Server {
     fn flush_conn(&mut self, token: usize) {
         let mut err = None;
         let mut sent = 0u64;
-        let Some(conn) = self.slot(token) else {
+        // Fields borrowed apart: the connection and the poll registry at once.
+        let registry = self.poll.registry();
+        let conn = if token == UPSTREAM.0 {
+            self.upstream.as_mut()
+        } else {
+            token
+                .checked_sub(FIRST_CONN)
+                .and_then(|i| self.conns.get_mut(i))
+                .and_then(|c| c.as_mut())
+        };
+        let Some(conn) = conn else {
             return;
         };
         let id = conn.id;
@@ -1315,9 +1330,24 @@ impl Server {
                 }
             }
         }
-        if conn.out_pos == conn.out.len() {
+        let drained = conn.out_pos == conn.out.len();
+        if drained {
             conn.out.clear();
             conn.out_pos = 0;
+        }
+        // Ask for writability only while output waits for room (see `write_armed`);
+        // re-registering re-checks readiness, so no edge is lost.
+        if err.is_none() && drained == conn.write_armed {
+            let interest = if drained {
+                Interest::READABLE
+            } else {
+                Interest::READABLE | Interest::WRITABLE
+            };
+            match registry.reregister(&mut conn.stream, Token(token), interest)
+            {
+                Ok(()) => conn.write_armed = !drained,
+                Err(e) => err = Some(format!("cannot wait for the socket to drain: {e}")),
+            }
         }
         self.traffic.bytes_out += sent;
         if let Some(e) = err {

@@ -1104,3 +1104,79 @@ fn checkpoint_then_kill() {
         assert_eq!(evs, want);
     }
 }
+
+/// Runs one agent through a checkpoint round and a restart round; in PUBLISH it puts
+/// `put` (key, value) pairs, in SUBSCRIBE it fetches `get` keys and returns their values.
+fn big_value_agent(
+    addr: String,
+    node: &'static str,
+    put: Vec<(String, Vec<u8>)>,
+    get: Vec<String>,
+) -> JoinHandle<Result<Vec<Vec<u8>>, String>> {
+    std::thread::spawn(move || {
+        let e = |e: ClientError| e.to_string();
+        let mut a = Agent::connect(&addr, JOB, secret(), node).map_err(e)?;
+        for p in [Phase::Freeze, Phase::Drain, Phase::Dump] {
+            a.wait_phase(p).map_err(e)?;
+            let info = match p {
+                Phase::Dump => PhaseInfo::Dump {
+                    image_dir: format!("/ckpt/{node}"),
+                    manifest_crc32c: 1,
+                },
+                _ => PhaseInfo::None,
+            };
+            a.report_done(p, info).map_err(e)?;
+        }
+        a.wait_phase(Phase::Commit).map_err(e)?;
+        a.wait_phase(Phase::Resume).map_err(e)?;
+        a.report_done(Phase::Resume, PhaseInfo::None).map_err(e)?;
+        a.wait_phase(Phase::Restore).map_err(e)?;
+        a.report_done(Phase::Restore, PhaseInfo::None).map_err(e)?;
+        a.wait_phase(Phase::Publish).map_err(e)?;
+        // In several messages, each well under the frame limit.
+        for chunk in put.chunks(16) {
+            a.put_many(chunk.to_vec()).map_err(e)?;
+        }
+        a.report_done(Phase::Publish, PhaseInfo::None).map_err(e)?;
+        a.wait_phase(Phase::Subscribe).map_err(e)?;
+        let keys: Vec<&str> = get.iter().map(String::as_str).collect();
+        let got = a.get_many(&keys, LONG).map_err(e)?;
+        a.report_done(Phase::Subscribe, PhaseInfo::None).map_err(e)?;
+        a.wait_phase(Phase::Resume).map_err(e)?;
+        a.report_done(Phase::Resume, PhaseInfo::None).map_err(e)?;
+        Ok(got)
+    })
+}
+
+#[test]
+fn answers_larger_than_the_socket_buffer_arrive_whole_over_unix_and_tcp() {
+    // 4 MiB of values to one agent: far more than a socket buffer holds, so the
+    // coordinator's writes hit a full socket and it must wait for room (it only asks for
+    // writability then) and carry on, over both transports.
+    const KEYS: usize = 64;
+    const VALUE_LEN: usize = 64 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("coord.sock");
+    let c = root_unix(2, dir.path(), LONG, &sock);
+    let pairs: Vec<(String, Vec<u8>)> = (0..KEYS)
+        .map(|i| {
+            let v = (0..VALUE_LEN).map(|j| (i * 31 + j * 7) as u8).collect();
+            (format!("big/{i}"), v)
+        })
+        .collect();
+    let keys: Vec<String> = pairs.iter().map(|(k, _)| k.clone()).collect();
+    let via_unix = big_value_agent(unix_addr(&sock), "bu", pairs.clone(), keys.clone());
+    let via_tcp = big_value_agent(c.local_addr().to_string(), "bt", Vec::new(), keys);
+    let mut ctl = control(c.local_addr());
+    assert_eq!(
+        ctl.trigger(CKPT, Some(LONG)).unwrap().outcome,
+        Outcome::Committed
+    );
+    assert_eq!(
+        ctl.trigger(RoundKind::Restart, Some(LONG)).unwrap().outcome,
+        Outcome::Restarted
+    );
+    let want: Vec<Vec<u8>> = pairs.into_iter().map(|(_, v)| v).collect();
+    assert!(via_unix.join().unwrap().unwrap() == want, "values over unix");
+    assert!(via_tcp.join().unwrap().unwrap() == want, "values over tcp");
+}
