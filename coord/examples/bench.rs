@@ -18,13 +18,13 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ckpt_coord::auth;
-use ckpt_coord::{Endpoint, Secret};
 use ckpt_coord::client::Control;
 use ckpt_coord::protocol::{
     AfterCommit, Arrive, Auth, FrameReader, Get, Hello, Intent, Message, NodeReport, Outcome,
     Phase, PhaseInfo, Put, Role, RoundKind, VERSION_MAX, VERSION_MIN,
 };
 use ckpt_coord::server::CoordConfig;
+use ckpt_coord::{Endpoint, Secret};
 use mio::net::{TcpStream, UnixStream};
 use mio::{Events, Interest, Poll, Registry, Token};
 

@@ -364,11 +364,7 @@ impl Write for Stream {
 /// Connects with exponential backoff and jitter: thousands of simultaneous connects fail
 /// without it ("System-level Scalable Checkpoint-Restart for Petascale Computing", Cao,
 /// Arya, Garg, Matott, Panda, Subramoni, Vienne, Cooperman).
-fn connect_backoff(
-    node: &str,
-    addr: &Endpoint,
-    timeout: Duration,
-) -> Result<Stream, ClientError> {
+fn connect_backoff(node: &str, addr: &Endpoint, timeout: Duration) -> Result<Stream, ClientError> {
     let start = Instant::now();
     let mut delay = BACKOFF_FIRST;
     let mut attempts = 0;
@@ -450,10 +446,10 @@ impl Link {
     pub fn open(opts: &AgentOptions) -> Result<Link, ClientError> {
         let node = opts.node.clone();
         let addr = Endpoint::resolve(&opts.addr).map_err(|source| ClientError::Resolve {
-                node: node.clone(),
-                addr: opts.addr.clone(),
-                source,
-            })?;
+            node: node.clone(),
+            addr: opts.addr.clone(),
+            source,
+        })?;
         let start = Instant::now();
         let mut delay = BACKOFF_FIRST;
         loop {

@@ -35,8 +35,8 @@ use crate::protocol::{
     Challenge, FrameReader, Hello, Intent, Message, Phase, Refused, Role, Status, VERSION_MAX,
     VERSION_MIN,
 };
-use crate::state::EngineConfig;
 use crate::socket_file::SocketFile;
+use crate::state::EngineConfig;
 use crate::store::{EpochStore, GlobalManifest, NodeManifest, StoreError};
 use crate::sys::{self, ReserveFd};
 use crate::throttle::{LogThrottle, Noise};
@@ -972,19 +972,15 @@ impl Server {
                 (Stream::Tcp(TcpStream::from_std(s)), PeerAddr::Tcp(addr))
             }
             client::Stream::Unix(s) => {
-                let addr = unix_peer(&s)
-                    .ok_or_else(|| poll_err(std::io::Error::last_os_error()))?;
+                let addr =
+                    unix_peer(&s).ok_or_else(|| poll_err(std::io::Error::last_os_error()))?;
                 s.set_nonblocking(true).map_err(poll_err)?;
                 (Stream::Unix(UnixStream::from_std(s)), addr)
             }
         };
         self.poll
             .registry()
-            .register(
-                &mut stream,
-                UPSTREAM,
-                Interest::READABLE,
-            )
+            .register(&mut stream, UPSTREAM, Interest::READABLE)
             .map_err(poll_err)?;
         self.serial += 1;
         let id = ConnId {
@@ -1123,11 +1119,11 @@ impl Server {
             let _ = s.set_nodelay(true);
         }
         let token = self.alloc_token();
-        if let Err(e) = self.poll.registry().register(
-            &mut stream,
-            Token(token),
-            Interest::READABLE,
-        ) {
+        if let Err(e) = self
+            .poll
+            .registry()
+            .register(&mut stream, Token(token), Interest::READABLE)
+        {
             self.noise(
                 Noise::AcceptFailed,
                 format!("cannot register connection from {addr}: {e}"),
@@ -1343,8 +1339,7 @@ impl Server {
             } else {
                 Interest::READABLE | Interest::WRITABLE
             };
-            match registry.reregister(&mut conn.stream, Token(token), interest)
-            {
+            match registry.reregister(&mut conn.stream, Token(token), interest) {
                 Ok(()) => conn.write_armed = !drained,
                 Err(e) => err = Some(format!("cannot wait for the socket to drain: {e}")),
             }

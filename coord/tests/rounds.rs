@@ -505,7 +505,14 @@ fn abort_case_over(
         (0..2).map(|i| sock(&format!("sub{i}.sock"))).collect();
     let subs: Vec<CoordHandle> = if tree {
         (0..2)
-            .map(|i| sub_on(c.local_addr(), &format!("sub{i}"), 2, sub_socks[i].as_deref()))
+            .map(|i| {
+                sub_on(
+                    c.local_addr(),
+                    &format!("sub{i}"),
+                    2,
+                    sub_socks[i].as_deref(),
+                )
+            })
             .collect()
     } else {
         Vec::new()
@@ -661,7 +668,12 @@ fn unix_wrong_secret_is_refused_and_a_live_socket_is_not_replaced() {
     let sock = dir.path().join("coord.sock");
     let c = root_unix(1, dir.path(), LONG, &sock);
     let addr = unix_addr(&sock);
-    let bad = Agent::connect(&addr, JOB, Secret::from_bytes(b"not the secret"), "intruder");
+    let bad = Agent::connect(
+        &addr,
+        JOB,
+        Secret::from_bytes(b"not the secret"),
+        "intruder",
+    );
     assert!(
         matches!(bad, Err(ClientError::ServerAuth { .. })),
         "wrong secret over the socket: {bad:?}"
@@ -1141,7 +1153,8 @@ fn big_value_agent(
         a.wait_phase(Phase::Subscribe).map_err(e)?;
         let keys: Vec<&str> = get.iter().map(String::as_str).collect();
         let got = a.get_many(&keys, LONG).map_err(e)?;
-        a.report_done(Phase::Subscribe, PhaseInfo::None).map_err(e)?;
+        a.report_done(Phase::Subscribe, PhaseInfo::None)
+            .map_err(e)?;
         a.wait_phase(Phase::Resume).map_err(e)?;
         a.report_done(Phase::Resume, PhaseInfo::None).map_err(e)?;
         Ok(got)
@@ -1177,6 +1190,9 @@ fn answers_larger_than_the_socket_buffer_arrive_whole_over_unix_and_tcp() {
         Outcome::Restarted
     );
     let want: Vec<Vec<u8>> = pairs.into_iter().map(|(_, v)| v).collect();
-    assert!(via_unix.join().unwrap().unwrap() == want, "values over unix");
+    assert!(
+        via_unix.join().unwrap().unwrap() == want,
+        "values over unix"
+    );
     assert!(via_tcp.join().unwrap().unwrap() == want, "values over tcp");
 }

@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use ckpt_coord::{Endpoint, Secret};
 use ckpt_coord::client::{Agent, AgentOptions, ClientError, Directive, Step};
 use ckpt_coord::protocol::{Intent, Phase, PhaseInfo};
+use ckpt_coord::{Endpoint, Secret};
 use ckpt_restorer::AddressMap;
 
 /// Where the root coordinator keeps the job secret unless told otherwise

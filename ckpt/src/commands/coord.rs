@@ -163,9 +163,10 @@ fn run_until_signal(cfg: CoordConfig, job: &str) -> anyhow::Result<()> {
     }
     // Blocked before the coordinator's thread starts, so it inherits the mask and the
     // signals wait for `sigwait` below.
-    signals.thread_block().context("blocking SIGTERM/SIGINT/SIGHUP")?;
-    let handle =
-        ckpt_coord::spawn(cfg).with_context(|| format!("coordinator for job {job}"))?;
+    signals
+        .thread_block()
+        .context("blocking SIGTERM/SIGINT/SIGHUP")?;
+    let handle = ckpt_coord::spawn(cfg).with_context(|| format!("coordinator for job {job}"))?;
     let stopper = handle.stopper();
     std::thread::Builder::new()
         .name("coord-signals".into())
