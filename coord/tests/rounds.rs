@@ -38,7 +38,7 @@ fn sub(parent: SocketAddr, name: &str, expect: u32) -> CoordHandle {
 }
 
 /// A sub-coordinator, also listening on the Unix socket `unix` if given.
-fn sub_on(parent: SocketAddr, name: &str, expect: u32, unix: Option<&Path>) -> CoordHandle {
+fn sub_on(parent: impl ToString, name: &str, expect: u32, unix: Option<&Path>) -> CoordHandle {
     let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, expect, secret());
     cfg.parent = Some(parent.to_string());
     cfg.name = name.into();
@@ -604,14 +604,17 @@ fn unix_agents_flat_checkpoint_then_restart() {
 #[test]
 fn unix_agents_through_a_tree() {
     let dir = tempfile::tempdir().unwrap();
-    let c = root(6, dir.path(), LONG, None);
+    let root_sock = dir.path().join("root.sock");
+    let c = root_unix(6, dir.path(), LONG, &root_sock);
     let socks: Vec<_> = (0..2)
         .map(|i| dir.path().join(format!("sub{i}.sock")))
         .collect();
+    // Relay 0 is on the root's node and reaches it over the root's socket too.
+    let parents = [unix_addr(&root_sock), c.local_addr().to_string()];
     let _subs: Vec<CoordHandle> = socks
         .iter()
         .enumerate()
-        .map(|(i, p)| sub_on(c.local_addr(), &format!("sub{i}"), 3, Some(p)))
+        .map(|(i, p)| sub_on(&parents[i], &format!("sub{i}"), 3, Some(p)))
         .collect();
     let addrs: Vec<String> = socks.iter().map(|p| unix_addr(p)).collect();
     let nodes = names("v", 6);
