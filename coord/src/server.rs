@@ -10,6 +10,10 @@
 //! epoch, commit) with the store's result before anything else. With a parent address the
 //! same loop also holds the link to the parent and the engine runs the relay policy
 //! (`relay.rs`) instead of the root's (`root.rs`).
+//!
+//! Besides its TCP listener it may listen on a Unix stream socket (`--listen-unix`, the
+//! file made by [`crate::socket_file`]) for agents on its own node; a connection is
+//! either kind ([`Stream`]) and is otherwise treated the same, caps and all.
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
