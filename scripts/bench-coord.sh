@@ -1,8 +1,10 @@
 #!/bin/sh
 # Coordinator benchmark (not part of the test suite): simulated agents multiplexed in a
 # few processes against one coordinator (flat) and through 64 sub-coordinators (tree).
-# Prints one table row per (mode, agent count). Extra arguments go to the bench, e.g.
-#   scripts/bench-coord.sh --agents 16384 --mode tree --subs 64 --procs 4
+# Prints one table row per (mode, agent count). In tree mode the agents reach their
+# sub-coordinator over its Unix socket; `--agent-hop tcp` uses loopback TCP instead.
+# Extra arguments go to the bench, e.g.
+#   scripts/bench-coord.sh --agents 16384 --mode tree --subs 64 --procs 4 [--agent-hop tcp]
 set -eu
 cd "$(dirname "$0")/.."
 if [ "$#" -eq 0 ]; then

@@ -35,6 +35,23 @@ struct Coord {
 
 impl Coord {
     fn start(env: &TestEnv) -> Coord {
+        Coord::start_with(env, None)
+    }
+
+    /// A coordinator that also listens on the Unix socket `sock`; agents and
+    /// control clients reach it there (`unix:PATH`).
+    fn start_unix(env: &TestEnv, sock: &Path) -> Coord {
+        let mut c = Coord::start_with(env, Some(sock));
+        c.addr = format!("unix:{}", sock.display());
+        assert!(
+            wait_for_file(sock, READY_TIMEOUT),
+            "coordinator did not create its socket: {}",
+            c.cmd.as_ref().map(|c| c.stderr_now()).unwrap_or_default()
+        );
+        c
+    }
+
+    fn start_with(env: &TestEnv, sock: Option<&Path>) -> Coord {
         // A port nobody listens on now; the coordinator binds it at once.
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -42,20 +59,21 @@ impl Coord {
             .port();
         let addr = format!("127.0.0.1:{port}");
         let state = env.root.join("coord-state");
-        let cmd = CkptCmd::spawn(
-            env,
-            &[
-                "coord",
-                "--listen",
-                &addr,
-                "--job",
-                JOB,
-                "--expect",
-                "2",
-                "--state-dir",
-                path_str(&state),
-            ],
-        );
+        let mut args = vec![
+            "coord",
+            "--listen",
+            &addr,
+            "--job",
+            JOB,
+            "--expect",
+            "2",
+            "--state-dir",
+            path_str(&state),
+        ];
+        if let Some(sock) = sock {
+            args.extend(["--listen-unix", path_str(sock)]);
+        }
+        let cmd = CkptCmd::spawn(env, &args);
         let secret = state.join(format!("{JOB}.secret"));
         assert!(
             wait_for_file(&secret, READY_TIMEOUT),
@@ -257,6 +275,68 @@ fn two_nodes_checkpoint_kill_and_restart() {
     vb.go();
     finish_restore(&va, ra);
     finish_restore(&vb, rb);
+}
+
+/// Two agents reach the coordinator over its Unix socket (`ckpt coord
+/// --listen-unix`, `ckpt dump --coord unix:PATH`): one committed epoch
+/// naming both nodes, status over the socket, the socket private to root,
+/// and removed when the coordinator is stopped.
+#[test]
+fn two_nodes_checkpoint_over_the_unix_socket() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let a = Node::new("coord-unix", "a");
+    let b = Node::new("coord-unix", "b");
+    let run = a.env.root.join("run");
+    fs::create_dir(&run).expect("socket dir");
+    fs::set_permissions(&run, fs::Permissions::from_mode(0o700)).expect("chmod socket dir");
+    let sock = run.join("coord.sock");
+    let mut coord = Coord::start_unix(&a.env, &sock);
+    let meta = fs::symlink_metadata(&sock).expect("socket file");
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let (mut va, mut vb) = counters(&a, &b);
+
+    let da = a.dump(&coord, &va, &[], &[]);
+    let db = b.dump(&coord, &vb, &[], &[]);
+    let oa = da.wait_with(ROUND_TIMEOUT, || va.diag());
+    let ob = db.wait_with(ROUND_TIMEOUT, || vb.diag());
+    oa.assert_success();
+    ob.assert_success();
+    let rec = coord.record(1).expect("epoch 1 committed");
+    let mut names: Vec<&str> = rec.nodes.iter().map(|n| n.node.as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["a", "b"], "{rec:?}");
+    for (n, v) in [(&a, &va), (&b, &vb)] {
+        let dir = n.epoch_dir(1);
+        assert_images(&dir, v.pid);
+        let entry = rec.nodes.iter().find(|e| e.node == n.name).expect("entry");
+        let manifest = fs::read(dir.join("manifest.img")).expect("manifest.img");
+        assert_eq!(
+            entry.manifest_crc32c,
+            ckpt_image::digest::of_bytes(&manifest).crc32c
+        );
+    }
+    assert!(coord.status(&a.env).contains("last committed epoch 1"));
+    assert_thawed_and_passes(&mut va, "after the dump over the socket");
+    assert_thawed_and_passes(&mut vb, "after the dump over the socket");
+
+    // SIGTERM: the coordinator stops and removes its socket file.
+    let mut cmd = coord.cmd.take().expect("coordinator");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(cmd.pid()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM the coordinator");
+    assert!(
+        wait_until(Duration::from_secs(10), || cmd.try_status().is_some()),
+        "coordinator did not stop on SIGTERM: {}",
+        cmd.stderr_now()
+    );
+    assert!(
+        fs::symlink_metadata(&sock).is_err(),
+        "socket file left behind: {}",
+        cmd.stderr_now()
+    );
 }
 
 /// A tree that cannot be dumped aborts the epoch on every node: the other

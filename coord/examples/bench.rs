@@ -3,6 +3,10 @@
 //!
 //! `cargo run --release -p ckpt-coord --example bench -- --agents 1024,4096,16384 --mode both`
 //!
+//! In tree mode the agents reach their sub-coordinator over its Unix socket
+//! (`--listen-unix`), as agents on a relay's node would; `--agent-hop tcp` makes them use
+//! loopback TCP instead, for comparison.
+//!
 //! The same binary re-executes itself for its children (`serve-root`, `serve-subs`,
 //! `agents`), so the coordinator's CPU time can be read from `/proc/<pid>/stat`.
 
@@ -13,7 +17,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ckpt_coord::Secret;
 use ckpt_coord::auth;
 use ckpt_coord::client::Control;
 use ckpt_coord::protocol::{
@@ -21,8 +24,9 @@ use ckpt_coord::protocol::{
     Phase, PhaseInfo, Put, Role, RoundKind, VERSION_MAX, VERSION_MIN,
 };
 use ckpt_coord::server::CoordConfig;
-use mio::net::TcpStream;
-use mio::{Events, Interest, Poll, Token};
+use ckpt_coord::{Endpoint, Secret};
+use mio::net::{TcpStream, UnixStream};
+use mio::{Events, Interest, Poll, Registry, Token};
 
 const JOB: &str = "bench";
 
@@ -101,6 +105,8 @@ fn serve_subs(args: &[String]) {
     let count: usize = arg(args, "--count").unwrap().parse().unwrap();
     let first: usize = arg(args, "--first").unwrap().parse().unwrap();
     let each: u32 = arg(args, "--expect-each").unwrap().parse().unwrap();
+    // With a socket directory, agents reach each sub-coordinator over its Unix socket.
+    let unix_dir = arg(args, "--unix-dir").map(std::path::PathBuf::from);
     let mut hs = Vec::new();
     for i in first..first + count {
         let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, each, secret());
@@ -108,8 +114,12 @@ fn serve_subs(args: &[String]) {
         cfg.name = format!("sub{i}");
         cfg.limits.max_pending_per_source = cfg.limits.max_pending;
         cfg.log_stderr = std::env::var("BENCH_LOG").is_ok_and(|v| v != "root");
+        cfg.listen_unix = unix_dir.as_ref().map(|d| d.join(format!("sub{i}.sock")));
         let h = ckpt_coord::spawn(cfg).unwrap();
-        println!("ADDR {i} {}", h.local_addr());
+        match &unix_dir {
+            Some(d) => println!("ADDR {i} unix:{}", d.join(format!("sub{i}.sock")).display()),
+            None => println!("ADDR {i} {}", h.local_addr()),
+        }
         hs.push(h);
     }
     for h in hs {
@@ -117,11 +127,70 @@ fn serve_subs(args: &[String]) {
     }
 }
 
+/// A simulated agent's socket.
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn connect(addr: &Endpoint) -> std::io::Result<Stream> {
+        match addr {
+            Endpoint::Tcp(a) => TcpStream::connect(*a).map(Stream::Tcp),
+            Endpoint::Unix(p) => UnixStream::connect(p).map(Stream::Unix),
+        }
+    }
+
+    /// Whether a non-blocking connect went through.
+    fn connected(&self) -> bool {
+        match self {
+            Stream::Tcp(s) => s.take_error().ok().flatten().is_none() && s.peer_addr().is_ok(),
+            Stream::Unix(s) => s.take_error().ok().flatten().is_none() && s.peer_addr().is_ok(),
+        }
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn register(&mut self, r: &Registry, t: Token) -> std::io::Result<()> {
+        let i = Interest::READABLE | Interest::WRITABLE;
+        match self {
+            Stream::Tcp(s) => r.register(s, t, i),
+            Stream::Unix(s) => r.register(s, t, i),
+        }
+    }
+
+    fn reregister(&mut self, r: &Registry, t: Token, i: Interest) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => r.reregister(s, t, i),
+            Stream::Unix(s) => r.reregister(s, t, i),
+        }
+    }
+
+    fn deregister(&mut self, r: &Registry) {
+        let _ = match self {
+            Stream::Tcp(s) => r.deregister(s),
+            Stream::Unix(s) => r.deregister(s),
+        };
+    }
+}
+
 /// One simulated agent, driven by the process's poll loop.
 struct Sim {
     idx: usize,
-    addr: SocketAddr,
-    stream: Option<TcpStream>,
+    addr: Endpoint,
+    stream: Option<Stream>,
     reader: FrameReader,
     out: Vec<u8>,
     nonce: [u8; 32],
@@ -130,13 +199,17 @@ struct Sim {
     attempts: u32,
     retry_at: Option<Instant>,
     connected: bool,
+    /// Registered for writability: connecting, or output waiting for room. Otherwise
+    /// not, as the coordinator does: a Unix socket signals "writable" each time the peer
+    /// reads.
+    write_armed: bool,
 }
 
 fn agents(args: &[String]) {
-    let addrs: Vec<SocketAddr> = arg(args, "--addrs")
+    let addrs: Vec<Endpoint> = arg(args, "--addrs")
         .unwrap()
         .split(',')
-        .map(|a| a.parse().unwrap())
+        .map(|a| Endpoint::resolve(a).unwrap())
         .collect();
     let first: usize = arg(args, "--first").unwrap().parse().unwrap();
     let count: usize = arg(args, "--count").unwrap().parse().unwrap();
@@ -155,7 +228,7 @@ fn agents(args: &[String]) {
             let idx = first + k;
             // Agents are spread over the coordinators in contiguous blocks, so each
             // sub-coordinator gets exactly its expected number.
-            let addr = addrs[idx * addrs.len() / total];
+            let addr = addrs[idx * addrs.len() / total].clone();
             Sim {
                 idx,
                 addr,
@@ -168,6 +241,7 @@ fn agents(args: &[String]) {
                 attempts: 0,
                 retry_at: Some(start + spread.mul_f64(jitter01())),
                 connected: false,
+                write_armed: true,
             }
         })
         .collect();
@@ -192,12 +266,11 @@ fn agents(args: &[String]) {
                 s.retry_at = None;
                 retries -= 1;
                 s.attempts += 1;
-                match TcpStream::connect(s.addr) {
+                match Stream::connect(&s.addr) {
                     Ok(mut st) => {
-                        poll.registry()
-                            .register(&mut st, Token(k), Interest::READABLE | Interest::WRITABLE)
-                            .unwrap();
+                        st.register(poll.registry(), Token(k)).unwrap();
                         s.stream = Some(st);
+                        s.write_armed = true;
                     }
                     Err(_) => {
                         s.retry_at = Some(now + backoff(s.attempts));
@@ -215,19 +288,18 @@ fn agents(args: &[String]) {
                 continue;
             };
             if !s.connected && ev.is_writable() {
-                if ev.is_error()
-                    || st.take_error().ok().flatten().is_some()
-                    || st.peer_addr().is_err()
-                {
+                if ev.is_error() || !st.connected() {
                     // Refused or reset while the coordinator was swamped: back off, retry.
-                    let _ = poll.registry().deregister(st);
+                    st.deregister(poll.registry());
                     s.stream = None;
                     s.retry_at = Some(Instant::now() + backoff(s.attempts));
                     retries += 1;
                     continue;
                 }
                 s.connected = true;
-                let _ = st.set_nodelay(true);
+                if let Stream::Tcp(t) = st {
+                    let _ = t.set_nodelay(true);
+                }
                 s.nonce = auth::nonce().unwrap();
                 Message::Hello(Hello {
                     min_version: VERSION_MIN,
@@ -376,7 +448,7 @@ fn agents(args: &[String]) {
             }
             if die {
                 println!("DEATH {}", wall_us());
-                let _ = poll.registry().deregister(st);
+                st.deregister(poll.registry());
                 s.stream = None;
                 alive -= 1;
                 closed += 1;
@@ -391,8 +463,17 @@ fn agents(args: &[String]) {
                     Err(_) => eof = true,
                 }
             }
+            if !eof && s.out.is_empty() == s.write_armed {
+                let i = if s.out.is_empty() {
+                    Interest::READABLE
+                } else {
+                    Interest::READABLE | Interest::WRITABLE
+                };
+                st.reregister(poll.registry(), Token(k), i).unwrap();
+                s.write_armed = !s.out.is_empty();
+            }
             if eof {
-                let _ = poll.registry().deregister(st);
+                st.deregister(poll.registry());
                 s.stream = None;
                 closed += 1;
             }
@@ -493,6 +574,15 @@ struct Row {
     bytes_per_agent: f64,
 }
 
+/// How the simulated agents reach their coordinator in tree mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hop {
+    /// The sub-coordinator's Unix socket (the default).
+    Unix,
+    /// Loopback TCP, for comparison.
+    Tcp,
+}
+
 fn run_case(
     mode: &str,
     n: usize,
@@ -500,6 +590,7 @@ fn run_case(
     procs: usize,
     spread_ms: u64,
     drain_separately: bool,
+    hop: Hop,
 ) -> Row {
     let secret = Secret::generate().unwrap();
     let hex = secret.to_hex();
@@ -533,9 +624,9 @@ fn run_case(
     let root_pid = root.child.id();
     children.push(root);
     let mut sub_pids = Vec::new();
-    let addrs: Vec<SocketAddr> = if mode == "tree" {
+    let addrs: Vec<String> = if mode == "tree" {
         let per_proc = subs.div_ceil(procs);
-        let mut found: HashMap<usize, SocketAddr> = HashMap::new();
+        let mut found: HashMap<usize, String> = HashMap::new();
         let mut first = 0;
         while first < subs {
             let count = per_proc.min(subs - first);
@@ -550,28 +641,32 @@ fn run_case(
                     first.to_string(),
                     "--expect-each".into(),
                     (n / subs).to_string(),
-                ],
+                ]
+                .into_iter()
+                .chain(
+                    (hop == Hop::Unix)
+                        .then(|| ["--unix-dir".to_string(), dir.display().to_string()])
+                        .into_iter()
+                        .flatten(),
+                )
+                .collect::<Vec<_>>(),
                 &hex,
             );
             for _ in 0..count {
                 let l = p.lines.recv_timeout(Duration::from_secs(60)).unwrap();
                 let mut it = l.split_whitespace().skip(1);
                 let i: usize = it.next().unwrap().parse().unwrap();
-                found.insert(i, it.next().unwrap().parse().unwrap());
+                found.insert(i, it.next().unwrap().to_string());
             }
             sub_pids.push(p.child.id());
             children.push(p);
             first += count;
         }
-        (0..subs).map(|i| found[&i]).collect()
+        (0..subs).map(|i| found[&i].clone()).collect()
     } else {
-        vec![root_addr]
+        vec![root_addr.to_string()]
     };
-    let addr_list = addrs
-        .iter()
-        .map(|a| a.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
+    let addr_list = addrs.join(",");
     let mut ctl = Control::connect(&root_addr.to_string(), JOB, secret.clone(), "bench").unwrap();
     let t0 = Instant::now();
     let per = n.div_ceil(procs);
@@ -691,7 +786,11 @@ fn run_case(
     let _ = std::fs::remove_dir_all(&dir);
     Row {
         mode: if mode == "tree" {
-            format!("tree {subs}x{}", n / subs)
+            let hop = match hop {
+                Hop::Unix => "unix",
+                Hop::Tcp => "tcp",
+            };
+            format!("tree {subs}x{} {hop}", n / subs)
         } else {
             "flat".into()
         },
@@ -722,6 +821,13 @@ fn orchestrate(args: &[String]) {
     let spread_ms: u64 = arg(args, "--spread-ms").map_or(0, |s| s.parse().unwrap());
     // Agents report DRAIN in its own barrier instead of ahead with FREEZE.
     let drain_separately = args.iter().any(|a| a == "--drain-separately");
+    // Tree mode: agents reach their sub-coordinator over its Unix socket unless
+    // `--agent-hop tcp`.
+    let hop = match arg(args, "--agent-hop").as_deref() {
+        None | Some("unix") => Hop::Unix,
+        Some("tcp") => Hop::Tcp,
+        Some(other) => panic!("--agent-hop {other}: expected unix or tcp"),
+    };
     let modes: Vec<&str> = match mode.as_str() {
         "both" => vec!["flat", "tree"],
         m => vec![if m == "tree" { "tree" } else { "flat" }],
@@ -731,7 +837,7 @@ fn orchestrate(args: &[String]) {
         raise_nofile()
     );
     println!(
-        "{:<14} {:>7} {:>9} {:>8} {:>8} {:>9} {:>8} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8}",
+        "{:<19} {:>7} {:>9} {:>8} {:>8} {:>9} {:>8} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8}",
         "mode",
         "agents",
         "register",
@@ -748,9 +854,9 @@ fn orchestrate(args: &[String]) {
     );
     for m in modes {
         for &n in &sizes {
-            let r = run_case(m, n, subs.min(n), procs, spread_ms, drain_separately);
+            let r = run_case(m, n, subs.min(n), procs, spread_ms, drain_separately, hop);
             println!(
-                "{:<14} {:>7} {:>9.3} {:>8.3} {:>8.3} {:>9.3} {:>8.3} {:>9.2} {:>9.2} {:>10.2} {:>10.2} {:>10.2} {:>8.0}",
+                "{:<19} {:>7} {:>9.3} {:>8.3} {:>8.3} {:>9.3} {:>8.3} {:>9.2} {:>9.2} {:>10.2} {:>10.2} {:>10.2} {:>8.0}",
                 r.mode,
                 r.agents,
                 r.register,

@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::time::Instant;
 
+use crate::addr::PeerAddr;
 use crate::kv::ConnId;
 
 /// Default cap on unauthenticated connections from one source. A node runs one agent
@@ -51,10 +52,36 @@ impl Default for ConnLimits {
 
 /// Where a connection comes from, for the per-source cap. IPv6 hosts usually own a whole
 /// /64, so that is one source; IPv4-mapped IPv6 addresses count as their IPv4 address.
+/// Peers on the Unix socket count by user: all of one uid's connections are one source,
+/// as all of one host's are over TCP (they get no more room than a TCP host).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum Source {
     V4(u32),
     V6Prefix(u64),
+    LocalUser(u32),
+}
+
+impl From<PeerAddr> for Source {
+    fn from(a: PeerAddr) -> Source {
+        match a {
+            PeerAddr::Tcp(a) => Source::from(a.ip()),
+            PeerAddr::Unix { uid, .. } => Source::LocalUser(uid),
+        }
+    }
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::V4(a) => write!(f, "{}", std::net::Ipv4Addr::from_bits(*a)),
+            Source::V6Prefix(p) => write!(
+                f,
+                "{}/64",
+                std::net::Ipv6Addr::from_bits(u128::from(*p) << 64)
+            ),
+            Source::LocalUser(uid) => write!(f, "local uid {uid}"),
+        }
+    }
 }
 
 impl From<IpAddr> for Source {

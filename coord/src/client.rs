@@ -30,9 +30,11 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+use crate::addr::Endpoint;
 use crate::auth::{self, AuthError, Secret};
 use crate::protocol::{
     Arrive, Auth, Fail, FrameReader, Get, Hello, Intent, Message, NodeReport, Phase, PhaseInfo,
@@ -63,7 +65,7 @@ pub enum ClientError {
         /// Our node name.
         node: String,
         /// Coordinator.
-        addr: SocketAddr,
+        addr: Endpoint,
         /// Attempts made.
         attempts: u32,
         /// Last error.
@@ -76,7 +78,7 @@ pub enum ClientError {
         /// Our node name.
         node: String,
         /// Coordinator.
-        addr: SocketAddr,
+        addr: Endpoint,
         /// Cause.
         #[source]
         source: std::io::Error,
@@ -87,7 +89,7 @@ pub enum ClientError {
         /// Our node name.
         node: String,
         /// Coordinator.
-        addr: SocketAddr,
+        addr: Endpoint,
     },
     /// The coordinator sent something undecodable.
     #[error("node {node}: bad message from coordinator {addr}: {source}")]
@@ -95,7 +97,7 @@ pub enum ClientError {
         /// Our node name.
         node: String,
         /// Coordinator.
-        addr: SocketAddr,
+        addr: Endpoint,
         /// Cause.
         #[source]
         source: ProtocolError,
@@ -126,7 +128,7 @@ pub enum ClientError {
         /// Our node name.
         node: String,
         /// Coordinator.
-        addr: SocketAddr,
+        addr: Endpoint,
         /// Its reason.
         reason: String,
     },
@@ -136,7 +138,7 @@ pub enum ClientError {
         /// Our node name.
         node: String,
         /// Peer.
-        addr: SocketAddr,
+        addr: Endpoint,
         /// Job.
         job: String,
     },
@@ -148,7 +150,7 @@ pub enum ClientError {
         /// Our node name.
         node: String,
         /// Coordinator.
-        addr: SocketAddr,
+        addr: Endpoint,
         /// Version it chose.
         version: u16,
     },
@@ -210,7 +212,8 @@ pub enum ClientError {
 /// Connection settings for an agent, a sub-coordinator's upstream link or a control client.
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
-    /// Coordinator address (`host:port`).
+    /// Coordinator address: `host:port`, or `unix:PATH` for a coordinator's Unix socket on
+    /// this node.
     pub addr: String,
     /// Job id.
     pub job: String,
@@ -308,14 +311,60 @@ fn backoff_sleep(delay: Duration, start: Instant, timeout: Duration) -> Duration
     (delay * 2).min(BACKOFF_MAX)
 }
 
+/// A connection to a coordinator: TCP, or its Unix socket on this node. An enum, not a
+/// trait object: the socket is only ever one of the two.
+#[derive(Debug)]
+pub enum Stream {
+    /// TCP (`TCP_NODELAY` set).
+    Tcp(TcpStream),
+    /// Unix stream socket.
+    Unix(UnixStream),
+}
+
+impl Stream {
+    /// Connects once, waiting at most `timeout` (TCP; a Unix connect does not wait).
+    fn connect(addr: &Endpoint, timeout: Duration) -> std::io::Result<Stream> {
+        match addr {
+            Endpoint::Tcp(a) => TcpStream::connect_timeout(a, timeout).map(Stream::Tcp),
+            Endpoint::Unix(p) => UnixStream::connect(p).map(Stream::Unix),
+        }
+    }
+
+    /// Sets the timeout of blocking reads (`None`: wait forever).
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(t),
+            Stream::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Connects with exponential backoff and jitter: thousands of simultaneous connects fail
 /// without it ("System-level Scalable Checkpoint-Restart for Petascale Computing", Cao,
 /// Arya, Garg, Matott, Panda, Subramoni, Vienne, Cooperman).
-fn connect_backoff(
-    node: &str,
-    addr: SocketAddr,
-    timeout: Duration,
-) -> Result<TcpStream, ClientError> {
+fn connect_backoff(node: &str, addr: &Endpoint, timeout: Duration) -> Result<Stream, ClientError> {
     let start = Instant::now();
     let mut delay = BACKOFF_FIRST;
     let mut attempts = 0;
@@ -324,13 +373,13 @@ fn connect_backoff(
         let left = timeout
             .saturating_sub(start.elapsed())
             .max(Duration::from_millis(1));
-        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
+        match Stream::connect(addr, left.min(Duration::from_secs(5))) {
             Ok(s) => return Ok(s),
             Err(e) => {
                 if start.elapsed() >= timeout {
                     return Err(ClientError::Connect {
                         node: node.to_string(),
-                        addr,
+                        addr: addr.clone(),
                         attempts,
                         source: e,
                     });
@@ -376,10 +425,10 @@ impl From<ClientError> for Handshake {
 
 /// A framed, authenticated, blocking connection to a coordinator.
 pub struct Link {
-    stream: TcpStream,
+    stream: Stream,
     reader: FrameReader,
     node: String,
-    addr: SocketAddr,
+    addr: Endpoint,
     last_committed: Option<u64>,
 }
 
@@ -396,32 +445,27 @@ impl Link {
     /// Connects (with backoff), sets TCP_NODELAY and runs the mutual handshake.
     pub fn open(opts: &AgentOptions) -> Result<Link, ClientError> {
         let node = opts.node.clone();
-        let addr = opts
-            .addr
-            .to_socket_addrs()
-            .and_then(|mut a| {
-                a.next()
-                    .ok_or_else(|| std::io::Error::new(ErrorKind::NotFound, "no address"))
-            })
-            .map_err(|source| ClientError::Resolve {
-                node: node.clone(),
-                addr: opts.addr.clone(),
-                source,
-            })?;
+        let addr = Endpoint::resolve(&opts.addr).map_err(|source| ClientError::Resolve {
+            node: node.clone(),
+            addr: opts.addr.clone(),
+            source,
+        })?;
         let start = Instant::now();
         let mut delay = BACKOFF_FIRST;
         loop {
             let left = opts.connect_timeout.saturating_sub(start.elapsed());
-            let stream = connect_backoff(&node, addr, left)?;
+            let stream = connect_backoff(&node, &addr, left)?;
             let mut link = Link {
                 stream,
                 reader: FrameReader::new(),
                 node: node.clone(),
-                addr,
+                addr: addr.clone(),
                 last_committed: None,
             };
             // Barrier messages are tiny and latency-bound: never let Nagle hold them back.
-            link.stream.set_nodelay(true).map_err(|e| link.io(e))?;
+            if let Stream::Tcp(s) = &link.stream {
+                s.set_nodelay(true).map_err(|e| link.io(e))?;
+            }
             match link.handshake(opts) {
                 Ok(()) => return Ok(link),
                 // Closed before the coordinator said anything: it shed the connection
@@ -438,7 +482,7 @@ impl Link {
     fn io(&self, source: std::io::Error) -> ClientError {
         ClientError::Io {
             node: self.node.clone(),
-            addr: self.addr,
+            addr: self.addr.clone(),
             source,
         }
     }
@@ -468,7 +512,7 @@ impl Link {
         if !(VERSION_MIN..=VERSION_MAX).contains(&ch.version) {
             return Err(ClientError::Version {
                 node: self.node.clone(),
-                addr: self.addr,
+                addr: self.addr.clone(),
                 version: ch.version,
             }
             .into());
@@ -489,7 +533,7 @@ impl Link {
             let _ = self.send(&Message::Auth(Auth { proof }));
             return Err(ClientError::ServerAuth {
                 node: self.node.clone(),
-                addr: self.addr,
+                addr: self.addr.clone(),
                 job: opts.job.clone(),
             }
             .into());
@@ -515,7 +559,7 @@ impl Link {
     fn refused(&self, reason: String) -> ClientError {
         ClientError::Refused {
             node: self.node.clone(),
-            addr: self.addr,
+            addr: self.addr.clone(),
             reason,
         }
     }
@@ -532,7 +576,7 @@ impl Link {
     pub fn send(&mut self, m: &Message) -> Result<(), ClientError> {
         let bytes = m.encode().map_err(|source| ClientError::Protocol {
             node: self.node.clone(),
-            addr: self.addr,
+            addr: self.addr.clone(),
             source,
         })?;
         self.stream.write_all(&bytes).map_err(|e| self.io(e))
@@ -554,7 +598,7 @@ impl Link {
                 Err(source) => {
                     return Err(ClientError::Protocol {
                         node: self.node.clone(),
-                        addr: self.addr,
+                        addr: self.addr.clone(),
                         source,
                     });
                 }
@@ -578,7 +622,7 @@ impl Link {
                 Ok(0) => {
                     return Err(ClientError::CoordinatorLost {
                         node: self.node.clone(),
-                        addr: self.addr,
+                        addr: self.addr.clone(),
                     });
                 }
                 Ok(n) => self.reader.push(&buf[..n]),
@@ -587,7 +631,7 @@ impl Link {
                 Err(e) if e.kind() == ErrorKind::ConnectionReset => {
                     return Err(ClientError::CoordinatorLost {
                         node: self.node.clone(),
-                        addr: self.addr,
+                        addr: self.addr.clone(),
                     });
                 }
                 Err(e) => return Err(self.io(e)),
@@ -596,7 +640,7 @@ impl Link {
     }
 
     /// Hands the socket over (a sub-coordinator moves it into its poll loop).
-    pub fn into_parts(self) -> (TcpStream, FrameReader, Option<u64>) {
+    pub fn into_parts(self) -> (Stream, FrameReader, Option<u64>) {
         (self.stream, self.reader, self.last_committed)
     }
 }
@@ -857,7 +901,7 @@ impl Agent {
             m.encode_into(&mut bytes)
                 .map_err(|source| ClientError::Protocol {
                     node: self.link.node.clone(),
-                    addr: self.link.addr,
+                    addr: self.link.addr.clone(),
                     source,
                 })?;
         }

@@ -11,10 +11,10 @@
 //! stop one peer from speaking for others. Where they differ the engine asks its
 //! [`Policy`]: [`Root`] or [`Relay`].
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::action::Action;
+use crate::addr::PeerAddr;
 use crate::kv::ConnId;
 use crate::policy::{Departure, Policy};
 use crate::protocol::{
@@ -36,7 +36,7 @@ pub(crate) enum Event {
         /// Its connection.
         conn: ConnId,
         /// Its address, for logs and abort reasons.
-        addr: SocketAddr,
+        addr: PeerAddr,
         /// Agent, relay or control client.
         role: Role,
         /// Node name (agents) or peer name.
@@ -157,7 +157,7 @@ impl Engine {
         self.st.take_actions()
     }
 
-    fn joined(&mut self, conn: ConnId, addr: SocketAddr, role: Role, name: String, intent: Intent) {
+    fn joined(&mut self, conn: ConnId, addr: PeerAddr, role: Role, name: String, intent: Intent) {
         let st = &mut self.st;
         let mut nodes = Vec::new();
         if role == Role::Agent {
@@ -287,10 +287,13 @@ impl Engine {
                 allowed,
                 already,
             }) => {
-                let addr = st.peers.get(&conn).map(|p| p.addr);
+                let addr = st
+                    .peers
+                    .get(&conn)
+                    .map_or_else(|| "a peer".to_string(), |p| p.addr.to_string());
                 log!(
                     st,
-                    "closing {addr:?}: arrival for {claimed} nodes in {} (it stands for {allowed}, {already} arrived) or for foreign nodes",
+                    "closing {addr}: arrival for {claimed} nodes in {} (it stands for {allowed}, {already} arrived) or for foreign nodes",
                     a.phase
                 );
                 self.expel(conn, "protocol violation: bogus arrival");

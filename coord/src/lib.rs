@@ -27,6 +27,7 @@ macro_rules! log {
 }
 
 mod action;
+pub mod addr;
 mod admit;
 pub mod auth;
 pub mod client;
@@ -40,14 +41,16 @@ mod relay;
 mod root;
 mod round;
 pub mod server;
+mod socket_file;
 mod state;
 pub mod store;
 mod sys;
 mod throttle;
 
+pub use addr::{Endpoint, PeerAddr};
 pub use admit::ConnLimits;
 pub use auth::Secret;
 pub use client::{Agent, AgentOptions, ClientError, Control, Directive, PhaseBackend, Step};
 pub use protocol::{AfterCommit, Intent, Phase, PhaseInfo, RoundKind};
-pub use server::{CoordConfig, CoordHandle, FaultPoint, ServerError, spawn};
+pub use server::{CoordConfig, CoordHandle, FaultPoint, ServerError, Stopper, spawn};
 pub use store::{EpochStore, GlobalManifest};

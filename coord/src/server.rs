@@ -10,29 +10,36 @@
 //! epoch, commit) with the store's result before anything else. With a parent address the
 //! same loop also holds the link to the parent and the engine runs the relay policy
 //! (`relay.rs`) instead of the root's (`root.rs`).
+//!
+//! Besides its TCP listener it may listen on a Unix stream socket (`--listen-unix`, the
+//! file made by [`crate::socket_file`]) for agents on its own node; a connection is
+//! either kind ([`Stream`]) and is otherwise treated the same, caps and all.
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use mio::net::{TcpListener, TcpStream};
-use mio::{Events, Interest, Poll, Token, Waker};
+use mio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
 
 use crate::action::{Action, Snapshot};
+use crate::addr::PeerAddr;
 use crate::admit::{Admission, Cap, ConnLimits, Source, Verdict};
 use crate::auth::{self, Secret};
-use crate::client::{AgentOptions, ClientError, Link};
+use crate::client::{self, AgentOptions, ClientError, Link};
 use crate::engine::{Engine, Event};
 use crate::kv::ConnId;
 use crate::protocol::{
     Challenge, FrameReader, Hello, Intent, Message, Phase, Refused, Role, Status, VERSION_MAX,
     VERSION_MIN,
 };
+use crate::socket_file::SocketFile;
 use crate::state::EngineConfig;
 use crate::store::{EpochStore, GlobalManifest, NodeManifest, StoreError};
 use crate::sys::{self, ReserveFd};
@@ -42,7 +49,9 @@ const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
 /// The link to the parent coordinator.
 const UPSTREAM: Token = Token(2);
-const FIRST_CONN: usize = 3;
+/// The Unix socket listener (`--listen-unix`).
+const UNIX_LISTENER: Token = Token(3);
+const FIRST_CONN: usize = 4;
 /// Unauthenticated peers may not make us buffer more than this.
 const PREAUTH_LIMIT: usize = 4096;
 /// Log lines kept in memory for [`CoordHandle::log_lines`].
@@ -100,6 +109,10 @@ pub enum FaultPoint {
 pub struct CoordConfig {
     /// Listen address (port 0 picks one).
     pub listen: SocketAddr,
+    /// Also listen on a Unix stream socket at this path, for agents on this node (see
+    /// `docs/coord.md`, "Security": created mode 0600 in a directory only we can write,
+    /// removed on exit).
+    pub listen_unix: Option<PathBuf>,
     /// Job id served.
     pub job: String,
     /// Name used in logs and, for a sub-coordinator, upstream.
@@ -130,6 +143,7 @@ impl CoordConfig {
     pub fn new(listen: SocketAddr, job: &str, expect: u32, secret: Secret) -> CoordConfig {
         CoordConfig {
             listen,
+            listen_unix: None,
             job: job.to_string(),
             name: "coord".to_string(),
             expect,
@@ -157,6 +171,19 @@ pub enum ServerError {
         job: String,
         /// Address.
         addr: SocketAddr,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Cannot create or listen on the Unix socket.
+    #[error("coordinator {name} for job {job}: cannot listen on unix:{}: {source}", path.display())]
+    BindUnix {
+        /// Coordinator name.
+        name: String,
+        /// Job.
+        job: String,
+        /// Socket path.
+        path: PathBuf,
         /// Cause.
         #[source]
         source: std::io::Error,
@@ -237,19 +264,119 @@ enum ConnState {
     Closing,
 }
 
+/// One connection's socket: TCP, or a Unix stream socket from a local agent. An enum, not
+/// a trait object: every read and write in the hot loop goes through it.
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn shutdown_write(&self) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
+            Stream::Unix(s) => s.shutdown(std::net::Shutdown::Write),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl mio::event::Source for Stream {
+    fn register(
+        &mut self,
+        registry: &Registry,
+        token: Token,
+        interests: Interest,
+    ) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.register(registry, token, interests),
+            Stream::Unix(s) => s.register(registry, token, interests),
+        }
+    }
+
+    fn reregister(
+        &mut self,
+        registry: &Registry,
+        token: Token,
+        interests: Interest,
+    ) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.reregister(registry, token, interests),
+            Stream::Unix(s) => s.reregister(registry, token, interests),
+        }
+    }
+
+    fn deregister(&mut self, registry: &Registry) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.deregister(registry),
+            Stream::Unix(s) => s.deregister(registry),
+        }
+    }
+}
+
+/// Which listening socket a connection arrives on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ListenerKind {
+    Tcp,
+    Unix,
+}
+
+/// How a batch of accepts on one listener ended.
+enum AcceptEnd {
+    /// Nothing more queued.
+    Drained,
+    /// The batch is full; more may be queued.
+    More,
+    /// Out of descriptors or failing: leave the listeners alone for a while.
+    Paused,
+}
+
+/// The credentials of a Unix peer as its address; `None` if the kernel cannot say (the
+/// connection is then dropped).
+fn unix_peer(s: &impl AsRawFd) -> Option<PeerAddr> {
+    sys::peer_cred(s.as_raw_fd())
+        .ok()
+        .map(|(pid, uid)| PeerAddr::Unix { pid, uid })
+}
+
 struct Conn {
     id: ConnId,
-    stream: TcpStream,
-    addr: SocketAddr,
+    stream: Stream,
+    addr: PeerAddr,
     reader: FrameReader,
     out: Vec<u8>,
     out_pos: usize,
     dirty: bool,
+    /// Registered for writability too: a write found the socket full. Only then, since a
+    /// Unix socket signals "writable" each time the peer reads (a wake-up per message
+    /// for nothing; TCP only signals after a full buffer).
+    write_armed: bool,
     state: ConnState,
 }
 
 impl Conn {
-    fn new(id: ConnId, stream: TcpStream, addr: SocketAddr, reader: FrameReader) -> Conn {
+    fn new(id: ConnId, stream: Stream, addr: PeerAddr, reader: FrameReader) -> Conn {
         Conn {
             id,
             stream,
@@ -258,6 +385,7 @@ impl Conn {
             out: Vec::new(),
             out_pos: 0,
             dirty: false,
+            write_armed: false,
             state: ConnState::Hello,
         }
     }
@@ -294,6 +422,8 @@ struct Server {
     cfg: CoordConfig,
     poll: Poll,
     listener: TcpListener,
+    /// The Unix socket listener and its file (removed when the server is dropped).
+    unix: Option<(UnixListener, SocketFile)>,
     stop: Arc<AtomicBool>,
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
@@ -404,6 +534,15 @@ impl CoordHandle {
         self.thread.as_ref().is_none_or(|t| t.is_finished())
     }
 
+    /// A handle that stops the loop from another thread (a signal handler thread), as
+    /// [`CoordHandle::kill`] does; [`CoordHandle::join`] then returns.
+    pub fn stopper(&self) -> Stopper {
+        Stopper {
+            stop: self.stop.clone(),
+            waker: self.waker.clone(),
+        }
+    }
+
     /// Stops the loop at once, dropping every socket without a word to anyone, as a
     /// killed process would.
     pub fn kill(mut self) -> Result<(), ServerError> {
@@ -434,6 +573,22 @@ impl Drop for CoordHandle {
         self.stop.store(true, Ordering::SeqCst);
         let _ = self.waker.wake();
         let _ = self.join_inner();
+    }
+}
+
+/// Stops a coordinator's loop from another thread (see [`CoordHandle::stopper`]).
+#[derive(Debug, Clone)]
+pub struct Stopper {
+    stop: Arc<AtomicBool>,
+    waker: Arc<Waker>,
+}
+
+impl Stopper {
+    /// Makes the loop return at its next iteration; its sockets and its Unix socket file
+    /// go with it.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.waker.wake();
     }
 }
 
@@ -498,6 +653,24 @@ impl Server {
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)
             .map_err(poll_err)?;
+        let unix = match &cfg.listen_unix {
+            Some(path) => {
+                let (l, file) = SocketFile::bind(path, LISTEN_BACKLOG).map_err(|source| {
+                    ServerError::BindUnix {
+                        name: cfg.name.clone(),
+                        job: cfg.job.clone(),
+                        path: path.clone(),
+                        source,
+                    }
+                })?;
+                let mut l = UnixListener::from_std(l);
+                poll.registry()
+                    .register(&mut l, UNIX_LISTENER, Interest::READABLE)
+                    .map_err(poll_err)?;
+                Some((l, file))
+            }
+            None => None,
+        };
         let engine_cfg = EngineConfig {
             name: cfg.name.clone(),
             job: cfg.job.clone(),
@@ -532,6 +705,7 @@ impl Server {
             cfg,
             poll,
             listener,
+            unix,
             stop: Arc::new(AtomicBool::new(false)),
             conns: Vec::new(),
             free: Vec::new(),
@@ -576,9 +750,14 @@ impl Server {
         }
         log!(
             self,
-            "job {}: listening on {:?}, expecting {} nodes{}; last committed epoch {:?}",
+            "job {}: listening on {:?}{}, expecting {} nodes{}; last committed epoch {:?}",
             self.cfg.job,
             self.listener.local_addr().ok(),
+            self.cfg
+                .listen_unix
+                .as_ref()
+                .map(|p| format!(" and unix:{}", p.display()))
+                .unwrap_or_default(),
             self.cfg.expect,
             self.cfg
                 .parent
@@ -605,7 +784,7 @@ impl Server {
             }
             for ev in events.iter() {
                 match ev.token() {
-                    LISTENER => self.accept_batch(Instant::now()),
+                    LISTENER | UNIX_LISTENER => self.accept_batch(Instant::now()),
                     WAKER => {}
                     Token(t) => {
                         if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
@@ -790,16 +969,22 @@ impl Server {
             name: self.cfg.name.clone(),
             source,
         };
-        let addr = stream.peer_addr().map_err(poll_err)?;
-        stream.set_nonblocking(true).map_err(poll_err)?;
-        let mut stream = TcpStream::from_std(stream);
+        let (mut stream, addr) = match stream {
+            client::Stream::Tcp(s) => {
+                let addr = s.peer_addr().map_err(poll_err)?;
+                s.set_nonblocking(true).map_err(poll_err)?;
+                (Stream::Tcp(TcpStream::from_std(s)), PeerAddr::Tcp(addr))
+            }
+            client::Stream::Unix(s) => {
+                let addr =
+                    unix_peer(&s).ok_or_else(|| poll_err(std::io::Error::last_os_error()))?;
+                s.set_nonblocking(true).map_err(poll_err)?;
+                (Stream::Unix(UnixStream::from_std(s)), addr)
+            }
+        };
         self.poll
             .registry()
-            .register(
-                &mut stream,
-                UPSTREAM,
-                Interest::READABLE | Interest::WRITABLE,
-            )
+            .register(&mut stream, UPSTREAM, Interest::READABLE)
             .map_err(poll_err)?;
         self.serial += 1;
         let id = ConnId {
@@ -832,8 +1017,9 @@ impl Server {
         self.slot(id.token).filter(|c| c.id == id)
     }
 
-    /// Takes up to [`ACCEPT_BATCH`] connections off the listen queue, admitting each,
-    /// evicting an older unauthenticated one for it, or closing it at once.
+    /// Takes up to [`ACCEPT_BATCH`] connections off each listen queue (TCP, then the
+    /// Unix socket), admitting each, evicting an older unauthenticated one for it, or
+    /// closing it at once.
     fn accept_batch(&mut self, now: Instant) {
         if self.accept_paused_until.is_some_and(|t| now < t) {
             self.accept_more = true;
@@ -842,41 +1028,76 @@ impl Server {
         self.accept_paused_until = None;
         self.accept_more = false;
         self.accept_batch += 1;
+        for which in [ListenerKind::Tcp, ListenerKind::Unix] {
+            match self.accept_some(which, now) {
+                AcceptEnd::Drained => {}
+                AcceptEnd::More => self.accept_more = true,
+                AcceptEnd::Paused => {
+                    self.accept_more = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// One connection off `which`'s queue.
+    fn accept_one(&mut self, which: ListenerKind) -> std::io::Result<(Stream, PeerAddr)> {
+        match which {
+            ListenerKind::Tcp => self
+                .listener
+                .accept()
+                .map(|(s, a)| (Stream::Tcp(s), PeerAddr::Tcp(a))),
+            ListenerKind::Unix => {
+                let Some((l, _)) = &self.unix else {
+                    return Err(ErrorKind::WouldBlock.into());
+                };
+                let (s, _) = l.accept()?;
+                // Without credentials the peer cannot be counted against a source: treat
+                // it like a peer that gave up while queued.
+                let addr = unix_peer(&s).ok_or(ErrorKind::ConnectionAborted)?;
+                Ok((Stream::Unix(s), addr))
+            }
+        }
+    }
+
+    fn accept_some(&mut self, which: ListenerKind, now: Instant) -> AcceptEnd {
         let mut taken = 0;
         while taken < ACCEPT_BATCH {
-            match self.listener.accept() {
+            match self.accept_one(which) {
                 Ok((stream, addr)) => {
                     taken += 1;
                     self.admit(stream, addr, now);
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return AcceptEnd::Drained,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 // The peer gave up while queued: nothing to do.
                 Err(e) if e.kind() == ErrorKind::ConnectionAborted => taken += 1,
                 Err(e) if sys::is_fd_exhaustion(&e) => {
                     taken += 1;
-                    match self.make_room(&e) {
+                    match self.make_room(which, &e) {
                         Room::Made => {}
-                        Room::QueueEmpty => return,
+                        Room::QueueEmpty => return AcceptEnd::Drained,
                         Room::Stuck => {
                             self.accept_paused_until = Some(now + FD_EXHAUSTED_PAUSE);
-                            break;
+                            return AcceptEnd::Paused;
                         }
                     }
                 }
                 Err(e) => {
                     self.noise(Noise::AcceptFailed, format!("accept failed: {e}"));
                     self.accept_paused_until = Some(now + FD_EXHAUSTED_PAUSE);
-                    break;
+                    return AcceptEnd::Paused;
                 }
             }
         }
-        self.accept_more = true;
+        AcceptEnd::More
     }
 
-    /// A connection just accepted: through the caps first, before any buffer exists.
-    fn admit(&mut self, mut stream: TcpStream, addr: SocketAddr, now: Instant) {
-        let source = Source::from(addr.ip());
+    /// A connection just accepted: through the caps first, before any buffer exists. A
+    /// Unix peer goes through the same caps as a TCP one (all peers of one uid are one
+    /// source).
+    fn admit(&mut self, mut stream: Stream, addr: PeerAddr, now: Instant) {
+        let source = Source::from(addr);
         match self.admission.check(source, self.accept_batch) {
             Verdict::Admit => {}
             Verdict::Evict { victim, cap } => {
@@ -898,13 +1119,15 @@ impl Server {
                 return;
             }
         }
-        let _ = stream.set_nodelay(true);
+        if let Stream::Tcp(s) = &stream {
+            let _ = s.set_nodelay(true);
+        }
         let token = self.alloc_token();
-        if let Err(e) = self.poll.registry().register(
-            &mut stream,
-            Token(token),
-            Interest::READABLE | Interest::WRITABLE,
-        ) {
+        if let Err(e) = self
+            .poll
+            .registry()
+            .register(&mut stream, Token(token), Interest::READABLE)
+        {
             self.noise(
                 Noise::AcceptFailed,
                 format!("cannot register connection from {addr}: {e}"),
@@ -921,12 +1144,12 @@ impl Server {
         self.admission.insert(id, source, now, self.accept_batch);
     }
 
-    fn cap_reason(&self, cap: Cap, addr: SocketAddr) -> String {
+    fn cap_reason(&self, cap: Cap, addr: PeerAddr) -> String {
         let (per_source, total) = self.admission.caps();
         match cap {
             Cap::Source => format!(
                 "too many unauthenticated connections from {} (cap {per_source})",
-                addr.ip()
+                Source::from(addr)
             ),
             Cap::Total => format!("too many unauthenticated connections (cap {total})"),
         }
@@ -938,7 +1161,7 @@ impl Server {
     /// reserve descriptor to take the next queued connection and close it, so the queue
     /// drains and clients hear at once instead of hanging. False when neither is
     /// possible.
-    fn make_room(&mut self, e: &std::io::Error) -> Room {
+    fn make_room(&mut self, which: ListenerKind, e: &std::io::Error) -> Room {
         if let Some(victim) = self.admission.evictable(self.accept_batch) {
             self.traffic.refused += 1;
             self.admission.remove(victim);
@@ -964,7 +1187,7 @@ impl Server {
             // The reserve is back: the next failure can spend it.
             return Room::Made;
         }
-        let shed = self.listener.accept();
+        let shed = self.accept_one(which);
         let reopened = self.reserve.reacquire();
         match shed {
             Ok((stream, addr)) => {
@@ -1074,7 +1297,17 @@ impl Server {
     fn flush_conn(&mut self, token: usize) {
         let mut err = None;
         let mut sent = 0u64;
-        let Some(conn) = self.slot(token) else {
+        // Fields borrowed apart: the connection and the poll registry at once.
+        let registry = self.poll.registry();
+        let conn = if token == UPSTREAM.0 {
+            self.upstream.as_mut()
+        } else {
+            token
+                .checked_sub(FIRST_CONN)
+                .and_then(|i| self.conns.get_mut(i))
+                .and_then(|c| c.as_mut())
+        };
+        let Some(conn) = conn else {
             return;
         };
         let id = conn.id;
@@ -1097,9 +1330,23 @@ impl Server {
                 }
             }
         }
-        if conn.out_pos == conn.out.len() {
+        let drained = conn.out_pos == conn.out.len();
+        if drained {
             conn.out.clear();
             conn.out_pos = 0;
+        }
+        // Ask for writability only while output waits for room (see `write_armed`);
+        // re-registering re-checks readiness, so no edge is lost.
+        if err.is_none() && drained == conn.write_armed {
+            let interest = if drained {
+                Interest::READABLE
+            } else {
+                Interest::READABLE | Interest::WRITABLE
+            };
+            match registry.reregister(&mut conn.stream, Token(token), interest) {
+                Ok(()) => conn.write_armed = !drained,
+                Err(e) => err = Some(format!("cannot wait for the socket to drain: {e}")),
+            }
         }
         self.traffic.bytes_out += sent;
         if let Some(e) = err {
@@ -1167,7 +1414,7 @@ impl Server {
         );
         self.flush_conn(id.token);
         if let Some(conn) = self.conn(id) {
-            let _ = conn.stream.shutdown(std::net::Shutdown::Write);
+            let _ = conn.stream.shutdown_write();
             conn.state = ConnState::Closing;
             self.closing.push_back(Timer {
                 at: Instant::now() + REFUSE_LINGER,
@@ -1296,7 +1543,7 @@ impl Server {
         }
     }
 
-    fn on_hello(&mut self, id: ConnId, addr: SocketAddr, h: Hello) {
+    fn on_hello(&mut self, id: ConnId, addr: PeerAddr, h: Hello) {
         if h.job != self.cfg.job {
             self.noise(
                 Noise::Refused,
@@ -1348,7 +1595,7 @@ impl Server {
         }
     }
 
-    fn on_auth(&mut self, id: ConnId, addr: SocketAddr, proof: [u8; 32]) {
+    fn on_auth(&mut self, id: ConnId, addr: PeerAddr, proof: [u8; 32]) {
         let Some(conn) = self.conn(id) else {
             return;
         };

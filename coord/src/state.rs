@@ -5,10 +5,10 @@
 //! on this; it knows nothing about either.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::action::{Action, RunningPhase, Snapshot};
+use crate::addr::PeerAddr;
 use crate::kv::{ConnId, KvStore};
 use crate::protocol::{Intent, Message, Role, Values};
 use crate::round::{LateConn, Round};
@@ -34,7 +34,7 @@ pub(crate) struct Peer {
     /// Its name from the handshake.
     pub(crate) name: String,
     /// Its address, for logs and abort reasons.
-    pub(crate) addr: SocketAddr,
+    pub(crate) addr: PeerAddr,
     /// Nodes it stands for (an agent: itself; a relay: its registered agents).
     pub(crate) nodes: Vec<String>,
 }

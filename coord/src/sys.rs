@@ -1,7 +1,8 @@
 //! The few raw system calls the coordinator makes, and the file-descriptor reserve.
 //!
-//! Everything here is about one resource: the process's file descriptors, of which a
-//! hostile network can make the coordinator run out (every TCP connection costs one).
+//! Most of it is about one resource: the process's file descriptors, of which a hostile
+//! network can make the coordinator run out (every TCP connection costs one); the rest
+//! names the peer of a Unix socket connection and the owner its socket file must have.
 #![allow(unsafe_code)]
 
 use std::fs::File;
@@ -34,6 +35,40 @@ pub(crate) fn is_fd_exhaustion(e: &io::Error) -> bool {
         e.raw_os_error(),
         Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
     )
+}
+
+/// The process's effective user id: the owner a Unix socket file and its directory must
+/// have.
+pub(crate) fn euid() -> u32 {
+    // SAFETY: geteuid takes no arguments, cannot fail and touches no memory of ours.
+    unsafe { libc::geteuid() }
+}
+
+/// The credentials the kernel recorded for the peer of a connected Unix socket when it
+/// connected (`SO_PEERCRED`): its pid and uid. The peer cannot forge them.
+pub(crate) fn peer_cred(fd: std::os::fd::RawFd) -> io::Result<(i32, u32)> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a valid, writable `ucred` of `len` bytes for the duration of the
+    // call, which writes at most `len` bytes to it and updates `len`; `fd` is borrowed
+    // from a live socket by the caller.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((cred.pid, cred.uid))
 }
 
 /// One descriptor held in reserve, so that when `accept` fails for want of descriptors the

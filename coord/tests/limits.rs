@@ -6,6 +6,7 @@
 
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::thread::JoinHandle;
@@ -64,7 +65,7 @@ fn flood(to: SocketAddr, source: [u8; 4], n: usize) -> Vec<TcpStream> {
 
 /// How many of `conns` the coordinator has closed (EOF or reset), polling until at least
 /// `want` are or `within` has passed.
-fn closed_by_server(conns: &mut [TcpStream], want: usize, within: Duration) -> usize {
+fn closed_by_server(conns: &mut [impl Read], want: usize, within: Duration) -> usize {
     let mut closed = vec![false; conns.len()];
     let deadline = Instant::now() + within;
     loop {
@@ -89,9 +90,10 @@ fn closed_by_server(conns: &mut [TcpStream], want: usize, within: Duration) -> u
 }
 
 /// One agent through a checkpoint round.
-fn agent(addr: SocketAddr, node: String) -> JoinHandle<Result<u64, String>> {
+fn agent(addr: impl ToString, node: String) -> JoinHandle<Result<u64, String>> {
+    let addr = addr.to_string();
     std::thread::spawn(move || {
-        let opts = AgentOptions::new(&addr.to_string(), JOB, secret(), &node)
+        let opts = AgentOptions::new(&addr, JOB, secret(), &node)
             .intent(Intent::Standby)
             .connect_timeout(LONG);
         let mut a = Agent::connect_with(&opts).map_err(|e| e.to_string())?;
@@ -118,14 +120,15 @@ fn agent(addr: SocketAddr, node: String) -> JoinHandle<Result<u64, String>> {
     })
 }
 
-fn control(addr: SocketAddr) -> Control {
+fn control(addr: impl ToString) -> Control {
     Control::connect(&addr.to_string(), JOB, secret(), "ops").unwrap()
 }
 
 /// Status answered and a full round of `n` agents committed, all within bounded time.
-fn job_still_works(addr: SocketAddr, n: usize) {
+fn job_still_works(addr: impl ToString, n: usize) {
+    let addr = addr.to_string();
     let t = Instant::now();
-    let mut ctl = control(addr);
+    let mut ctl = control(&addr);
     let st = ctl.status().unwrap();
     assert!(
         t.elapsed() < LONG,
@@ -133,7 +136,7 @@ fn job_still_works(addr: SocketAddr, n: usize) {
         t.elapsed()
     );
     assert_eq!(st.registered, 0);
-    let hs: Vec<_> = (0..n).map(|i| agent(addr, format!("n{i}"))).collect();
+    let hs: Vec<_> = (0..n).map(|i| agent(&addr, format!("n{i}"))).collect();
     let over = ctl.trigger(CKPT, Some(LONG)).unwrap();
     assert_eq!(over.outcome, Outcome::Committed);
     for h in hs {
@@ -219,6 +222,38 @@ fn flood_from_many_sources_hits_the_total_cap_and_the_job_goes_on() {
         "{flood_lines} log lines for 200 closed connections:\n{}",
         c.log_lines().join("\n")
     );
+}
+
+#[test]
+fn unix_socket_peers_get_the_same_caps_and_timeouts() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("coord.sock");
+    let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, 2, secret());
+    cfg.state_dir = Some(dir.path().to_path_buf());
+    cfg.log_stderr = false;
+    cfg.limits = ConnLimits {
+        max_pending_per_source: 20,
+        max_pending: 100,
+        fd_limit: None,
+    };
+    cfg.handshake_timeout = Duration::from_secs(2);
+    cfg.listen_unix = Some(sock.clone());
+    let c = ckpt_coord::spawn(cfg).unwrap();
+    // 60 silent local connections of one user: one source, capped at 20 like a TCP host.
+    let mut conns: Vec<UnixStream> = (0..60)
+        .map(|_| {
+            let s = UnixStream::connect(&sock).unwrap();
+            s.set_nonblocking(true).unwrap();
+            s
+        })
+        .collect();
+    assert_eq!(closed_by_server(&mut conns, 40, LONG), 40);
+    assert_eq!(closed_by_server(&mut conns, 61, Duration::ZERO), 40);
+    // The job goes on over the same socket (each genuine connection evicts an old one).
+    job_still_works(format!("unix:{}", sock.display()), 2);
+    wait_for_summary(&c, "local uid");
+    // The rest never authenticated: the handshake timer closes them.
+    assert_eq!(closed_by_server(&mut conns, 60, LONG), 60);
 }
 
 #[test]

@@ -34,11 +34,33 @@ fn root(expect: u32, dir: &Path, deadline: Duration, fault: Option<FaultPoint>) 
 }
 
 fn sub(parent: SocketAddr, name: &str, expect: u32) -> CoordHandle {
+    sub_on(parent, name, expect, None)
+}
+
+/// A sub-coordinator, also listening on the Unix socket `unix` if given.
+fn sub_on(parent: impl ToString, name: &str, expect: u32, unix: Option<&Path>) -> CoordHandle {
     let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, expect, secret());
     cfg.parent = Some(parent.to_string());
     cfg.name = name.into();
     cfg.log_stderr = false;
+    cfg.listen_unix = unix.map(Path::to_path_buf);
     ckpt_coord::spawn(cfg).unwrap()
+}
+
+/// A root coordinator that also listens on the Unix socket `unix`.
+fn root_unix(expect: u32, dir: &Path, deadline: Duration, unix: &Path) -> CoordHandle {
+    let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, expect, secret());
+    cfg.state_dir = Some(dir.to_path_buf());
+    cfg.phase_deadline = deadline;
+    cfg.log_stderr = false;
+    cfg.name = "root".into();
+    cfg.listen_unix = Some(unix.to_path_buf());
+    ckpt_coord::spawn(cfg).unwrap()
+}
+
+/// The client address of a Unix socket.
+fn unix_addr(path: &Path) -> String {
+    format!("unix:{}", path.display())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -78,10 +100,10 @@ fn value(node: &str, i: usize) -> Vec<u8> {
 }
 
 /// One simulated agent: follows directives, publishes 16 keys, fetches every peer's 16.
-fn agent(addr: SocketAddr, sim: Sim) -> JoinHandle<Vec<Ev>> {
+fn agent(addr: impl ToString, sim: Sim) -> JoinHandle<Vec<Ev>> {
+    let addr = addr.to_string();
     std::thread::spawn(move || {
-        let opts =
-            AgentOptions::new(&addr.to_string(), JOB, secret(), &sim.node).intent(sim.intent);
+        let opts = AgentOptions::new(&addr, JOB, secret(), &sim.node).intent(sim.intent);
         let mut a = match Agent::connect_with(&opts) {
             Ok(a) => a,
             Err(e) => return vec![Ev::Error(e.to_string())],
@@ -199,7 +221,7 @@ fn names(prefix: &str, n: usize) -> Vec<String> {
 }
 
 fn spawn_agents(
-    addrs: &[SocketAddr],
+    addrs: &[impl ToString],
     nodes: &[String],
     rounds: usize,
     special: &[(usize, Behavior)],
@@ -214,7 +236,7 @@ fn spawn_agents(
                 .map(|(_, b)| *b)
                 .unwrap_or(Behavior::Normal);
             agent(
-                addrs[i % addrs.len()],
+                addrs[i % addrs.len()].to_string(),
                 Sim {
                     node: n.clone(),
                     peers: nodes.to_vec(),
@@ -231,7 +253,7 @@ fn spawn_agents(
 
 /// Agents that acknowledge DRAIN ahead with FREEZE where `ahead(i)` says so.
 fn spawn_agents_ahead(
-    addrs: &[SocketAddr],
+    addrs: &[impl ToString],
     nodes: &[String],
     rounds: usize,
     ahead: impl Fn(usize) -> bool,
@@ -241,7 +263,7 @@ fn spawn_agents_ahead(
         .enumerate()
         .map(|(i, n)| {
             agent(
-                addrs[i % addrs.len()],
+                addrs[i % addrs.len()].to_string(),
                 Sim {
                     node: n.clone(),
                     peers: nodes.to_vec(),
@@ -256,7 +278,7 @@ fn spawn_agents_ahead(
         .collect()
 }
 
-fn control(addr: SocketAddr) -> Control {
+fn control(addr: impl ToString) -> Control {
     Control::connect(&addr.to_string(), JOB, secret(), "test-control").unwrap()
 }
 
@@ -460,19 +482,46 @@ fn abort_case_kind(
     deadline: Duration,
     expect_reason: &str,
 ) {
+    abort_case_over(tree, false, kind2, culprit, deadline, expect_reason)
+}
+
+/// [`abort_case_kind`], the agents connecting over Unix sockets if `unix`.
+fn abort_case_over(
+    tree: bool,
+    unix: bool,
+    kind2: RoundKind,
+    culprit: Behavior,
+    deadline: Duration,
+    expect_reason: &str,
+) {
     let dir = tempfile::tempdir().unwrap();
-    let c = root(4, dir.path(), deadline, None);
+    let sock = |name: &str| unix.then(|| dir.path().join(name));
+    let root_sock = sock("root.sock");
+    let c = match &root_sock {
+        Some(p) => root_unix(4, dir.path(), deadline, p),
+        None => root(4, dir.path(), deadline, None),
+    };
+    let sub_socks: Vec<Option<std::path::PathBuf>> =
+        (0..2).map(|i| sock(&format!("sub{i}.sock"))).collect();
     let subs: Vec<CoordHandle> = if tree {
         (0..2)
-            .map(|i| sub(c.local_addr(), &format!("sub{i}"), 2))
+            .map(|i| {
+                sub_on(
+                    c.local_addr(),
+                    &format!("sub{i}"),
+                    2,
+                    sub_socks[i].as_deref(),
+                )
+            })
             .collect()
     } else {
         Vec::new()
     };
-    let addrs: Vec<SocketAddr> = if tree {
-        subs.iter().map(|s| s.local_addr()).collect()
-    } else {
-        vec![c.local_addr()]
+    let addrs: Vec<String> = match (tree, unix) {
+        (true, true) => sub_socks.iter().flatten().map(|p| unix_addr(p)).collect(),
+        (true, false) => subs.iter().map(|s| s.local_addr().to_string()).collect(),
+        (false, true) => root_sock.iter().map(|p| unix_addr(p)).collect(),
+        (false, false) => vec![c.local_addr().to_string()],
     };
     let nodes = names("x", 4);
     // Agent 3 behaves in round 1 and misbehaves in round 2: run it separately.
@@ -508,6 +557,182 @@ fn abort_case_kind(
     assert_eq!(store.last_committed().unwrap().unwrap().epoch, 1);
     assert!(store.load(2).is_none());
     assert!(started.elapsed() < LONG);
+}
+
+#[test]
+fn unix_agents_flat_checkpoint_then_restart() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("coord.sock");
+    let c = root_unix(5, dir.path(), LONG, &sock);
+    let m = std::fs::symlink_metadata(&sock).unwrap();
+    assert!(m.file_type().is_socket());
+    assert_eq!(m.mode() & 0o777, 0o600, "only our user may connect");
+    let nodes = names("u", 5);
+    // Four agents over the socket, one over TCP: the transports mix in one job.
+    let addrs = [unix_addr(&sock)];
+    let mut hs = spawn_agents(&addrs, &nodes[..4], 2, &[]);
+    hs.extend(spawn_agents(&[c.local_addr()], &nodes[4..], 2, &[]));
+    let mut ctl = control(unix_addr(&sock));
+    let r1 = ctl.trigger(CKPT, Some(LONG)).unwrap();
+    assert_eq!((r1.epoch, r1.outcome), (1, Outcome::Committed));
+    let r2 = ctl.trigger(RoundKind::Restart, Some(LONG)).unwrap();
+    assert_eq!((r2.epoch, r2.outcome), (2, Outcome::Restarted));
+    let mut want = expected_checkpoint(1);
+    want.extend(expected_restart(2));
+    let all = join_all(hs);
+    assert_eq!(all.len(), 5);
+    for evs in all {
+        assert_eq!(evs, want);
+    }
+    let m = EpochStore::open(dir.path(), JOB)
+        .unwrap()
+        .last_committed()
+        .unwrap()
+        .unwrap();
+    assert_eq!((m.epoch, m.nodes.len()), (1, 5));
+    assert_eq!(m.nodes[2].image_dir, "/ckpt/u02/1");
+    assert_eq!(ctl.status().unwrap().last_committed, Some(1));
+    drop(ctl);
+    c.kill().unwrap();
+    assert!(
+        std::fs::symlink_metadata(&sock).is_err(),
+        "the socket file is removed on exit"
+    );
+}
+
+#[test]
+fn unix_agents_through_a_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let root_sock = dir.path().join("root.sock");
+    let c = root_unix(6, dir.path(), LONG, &root_sock);
+    let socks: Vec<_> = (0..2)
+        .map(|i| dir.path().join(format!("sub{i}.sock")))
+        .collect();
+    // Relay 0 is on the root's node and reaches it over the root's socket too.
+    let parents = [unix_addr(&root_sock), c.local_addr().to_string()];
+    let _subs: Vec<CoordHandle> = socks
+        .iter()
+        .enumerate()
+        .map(|(i, p)| sub_on(&parents[i], &format!("sub{i}"), 3, Some(p)))
+        .collect();
+    let addrs: Vec<String> = socks.iter().map(|p| unix_addr(p)).collect();
+    let nodes = names("v", 6);
+    let hs = spawn_agents_ahead(&addrs, &nodes, 3, |i| i != 1);
+    let mut ctl = control(c.local_addr());
+    for kind in [CKPT, RoundKind::Restart, CKPT] {
+        let r = ctl.trigger(kind, Some(LONG)).unwrap();
+        assert!(
+            matches!(r.outcome, Outcome::Committed | Outcome::Restarted),
+            "{r:?}"
+        );
+    }
+    let mut want = expected_checkpoint(1);
+    want.extend(expected_restart(2));
+    want.extend(expected_checkpoint(3));
+    for evs in join_all(hs) {
+        assert_eq!(evs, want);
+    }
+    let m = EpochStore::open(dir.path(), JOB)
+        .unwrap()
+        .last_committed()
+        .unwrap()
+        .unwrap();
+    assert_eq!((m.epoch, m.nodes.len()), (3, 6));
+}
+
+#[test]
+fn unix_abort_when_agent_reports_failure() {
+    abort_case_over(
+        false,
+        true,
+        CKPT,
+        Behavior::FailIn(Phase::Dump),
+        LONG,
+        "simulated failure",
+    );
+}
+
+#[test]
+fn unix_tree_abort_when_agent_dies_during_freeze() {
+    abort_case_over(
+        true,
+        true,
+        CKPT,
+        Behavior::DieIn(Phase::Freeze),
+        LONG,
+        "disconnected",
+    );
+}
+
+#[test]
+fn unix_wrong_secret_is_refused_and_a_live_socket_is_not_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("coord.sock");
+    let c = root_unix(1, dir.path(), LONG, &sock);
+    let addr = unix_addr(&sock);
+    let bad = Agent::connect(
+        &addr,
+        JOB,
+        Secret::from_bytes(b"not the secret"),
+        "intruder",
+    );
+    assert!(
+        matches!(bad, Err(ClientError::ServerAuth { .. })),
+        "wrong secret over the socket: {bad:?}"
+    );
+    // A client that skips the server check is refused by the coordinator.
+    let mut raw = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    let hello = ckpt_coord::protocol::Message::Hello(ckpt_coord::protocol::Hello {
+        min_version: ckpt_coord::protocol::VERSION_MIN,
+        max_version: ckpt_coord::protocol::VERSION_MAX,
+        job: JOB.into(),
+        node: "intruder".into(),
+        role: ckpt_coord::protocol::Role::Agent,
+        intent: Intent::Standby,
+        expect: 1,
+        client_nonce: [0; 32],
+    });
+    raw.write_all(&hello.encode().unwrap()).unwrap();
+    let auth = ckpt_coord::protocol::Message::Auth(ckpt_coord::protocol::Auth { proof: [9; 32] });
+    raw.write_all(&auth.encode().unwrap()).unwrap();
+    raw.set_read_timeout(Some(LONG)).unwrap();
+    let mut buf = Vec::new();
+    let _ = raw.read_to_end(&mut buf);
+    let mut r = ckpt_coord::protocol::FrameReader::new();
+    r.push(&buf);
+    let mut refused = None;
+    while let Ok(Some(m)) = r.next_message() {
+        if let ckpt_coord::protocol::Message::Refused(x) = m {
+            refused = Some(x.reason);
+        }
+    }
+    assert_eq!(refused.as_deref(), Some("authentication failed"));
+    let mut ctl = control(&addr);
+    let st = ctl.status().unwrap();
+    assert_eq!(st.registered, 0, "nobody got in");
+    assert!(st.refused >= 2, "both refusals counted: {st:?}");
+    assert!(
+        c.log_lines()
+            .iter()
+            .any(|l| l.contains("unix peer pid") && l.contains("authentication failed")),
+        "the refusal names the local peer: {:?}",
+        c.log_lines()
+    );
+    // A second coordinator on the same path is refused while this one runs.
+    let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, 1, secret());
+    cfg.state_dir = Some(dir.path().to_path_buf());
+    cfg.log_stderr = false;
+    cfg.listen_unix = Some(sock.clone());
+    let err = ckpt_coord::spawn(cfg).unwrap_err().to_string();
+    assert!(err.contains("in use"), "{err}");
+    // The real agent still gets in.
+    let hs = spawn_agents(&[addr.as_str()], &names("w", 1), 1, &[]);
+    assert_eq!(
+        ctl.trigger(CKPT, Some(LONG)).unwrap().outcome,
+        Outcome::Committed
+    );
+    assert_eq!(join_all(hs), vec![expected_checkpoint(1)]);
 }
 
 #[test]
@@ -893,4 +1118,84 @@ fn checkpoint_then_kill() {
     for evs in join_all(hs) {
         assert_eq!(evs, want);
     }
+}
+
+/// Runs one agent through a checkpoint round and a restart round; in PUBLISH it puts
+/// `put` (key, value) pairs, in SUBSCRIBE it fetches `get` keys and returns their values.
+fn big_value_agent(
+    addr: String,
+    node: &'static str,
+    put: Vec<(String, Vec<u8>)>,
+    get: Vec<String>,
+) -> JoinHandle<Result<Vec<Vec<u8>>, String>> {
+    std::thread::spawn(move || {
+        let e = |e: ClientError| e.to_string();
+        let mut a = Agent::connect(&addr, JOB, secret(), node).map_err(e)?;
+        for p in [Phase::Freeze, Phase::Drain, Phase::Dump] {
+            a.wait_phase(p).map_err(e)?;
+            let info = match p {
+                Phase::Dump => PhaseInfo::Dump {
+                    image_dir: format!("/ckpt/{node}"),
+                    manifest_crc32c: 1,
+                },
+                _ => PhaseInfo::None,
+            };
+            a.report_done(p, info).map_err(e)?;
+        }
+        a.wait_phase(Phase::Commit).map_err(e)?;
+        a.wait_phase(Phase::Resume).map_err(e)?;
+        a.report_done(Phase::Resume, PhaseInfo::None).map_err(e)?;
+        a.wait_phase(Phase::Restore).map_err(e)?;
+        a.report_done(Phase::Restore, PhaseInfo::None).map_err(e)?;
+        a.wait_phase(Phase::Publish).map_err(e)?;
+        // In several messages, each well under the frame limit.
+        for chunk in put.chunks(16) {
+            a.put_many(chunk.to_vec()).map_err(e)?;
+        }
+        a.report_done(Phase::Publish, PhaseInfo::None).map_err(e)?;
+        a.wait_phase(Phase::Subscribe).map_err(e)?;
+        let keys: Vec<&str> = get.iter().map(String::as_str).collect();
+        let got = a.get_many(&keys, LONG).map_err(e)?;
+        a.report_done(Phase::Subscribe, PhaseInfo::None)
+            .map_err(e)?;
+        a.wait_phase(Phase::Resume).map_err(e)?;
+        a.report_done(Phase::Resume, PhaseInfo::None).map_err(e)?;
+        Ok(got)
+    })
+}
+
+#[test]
+fn answers_larger_than_the_socket_buffer_arrive_whole_over_unix_and_tcp() {
+    // 4 MiB of values to one agent: far more than a socket buffer holds, so the
+    // coordinator's writes hit a full socket and it must wait for room (it only asks for
+    // writability then) and carry on, over both transports.
+    const KEYS: usize = 64;
+    const VALUE_LEN: usize = 64 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("coord.sock");
+    let c = root_unix(2, dir.path(), LONG, &sock);
+    let pairs: Vec<(String, Vec<u8>)> = (0..KEYS)
+        .map(|i| {
+            let v = (0..VALUE_LEN).map(|j| (i * 31 + j * 7) as u8).collect();
+            (format!("big/{i}"), v)
+        })
+        .collect();
+    let keys: Vec<String> = pairs.iter().map(|(k, _)| k.clone()).collect();
+    let via_unix = big_value_agent(unix_addr(&sock), "bu", pairs.clone(), keys.clone());
+    let via_tcp = big_value_agent(c.local_addr().to_string(), "bt", Vec::new(), keys);
+    let mut ctl = control(c.local_addr());
+    assert_eq!(
+        ctl.trigger(CKPT, Some(LONG)).unwrap().outcome,
+        Outcome::Committed
+    );
+    assert_eq!(
+        ctl.trigger(RoundKind::Restart, Some(LONG)).unwrap().outcome,
+        Outcome::Restarted
+    );
+    let want: Vec<Vec<u8>> = pairs.into_iter().map(|(_, v)| v).collect();
+    assert!(
+        via_unix.join().unwrap().unwrap() == want,
+        "values over unix"
+    );
+    assert!(via_tcp.join().unwrap().unwrap() == want, "values over tcp");
 }

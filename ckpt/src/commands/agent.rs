@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use ckpt_coord::Secret;
 use ckpt_coord::client::{Agent, AgentOptions, ClientError, Directive, Step};
 use ckpt_coord::protocol::{Intent, Phase, PhaseInfo};
+use ckpt_coord::{Endpoint, Secret};
 use ckpt_restorer::AddressMap;
 
 /// Where the root coordinator keeps the job secret unless told otherwise
@@ -26,7 +26,9 @@ const DEFAULT_STATE_DIR: &str = "/var/lib/ckpt/coord";
 #[derive(clap::Args, Debug, Clone)]
 pub struct CoordOpts {
     /// Take part in a coordinated checkpoint (dump) or restart (restore) of
-    /// a multi-node job as this node's agent of the `ckpt coord` at ADDR.
+    /// a multi-node job as this node's agent of the `ckpt coord` at ADDR
+    /// (`host:port`, or `unix:PATH` for its `--listen-unix` socket on this
+    /// node).
     #[arg(long = "coord", value_name = "ADDR", requires = "job")]
     pub addr: Option<String>,
     /// Job id, as given to `ckpt coord --job` (with --coord).
@@ -261,6 +263,11 @@ impl NodeMove {
 /// in the job's network (a connected UDP socket sends nothing; the kernel
 /// only picks the route and the source address).
 pub fn route_source(coordinator: &str) -> anyhow::Result<IpAddr> {
+    if Endpoint::is_unix(coordinator) {
+        anyhow::bail!(
+            "--peers needs a TCP coordinator address (host:port) to find this node's address from, not the Unix socket {coordinator}"
+        );
+    }
     let target = coordinator
         .to_socket_addrs()
         .with_context(|| format!("resolving coordinator address {coordinator}"))?

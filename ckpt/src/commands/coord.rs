@@ -3,6 +3,7 @@
 //! ```text
 //! ckpt coord --listen 0.0.0.0:7420 --job J --expect 64 [--state-dir D] [--phase-deadline 60]
 //! ckpt coord --listen 0.0.0.0:7421 --job J --expect 16 --parent head:7420     # sub-coordinator
+//!            [--listen-unix /run/ckpt/J.sock]       # local agents: --coord unix:/run/ckpt/J.sock
 //! ckpt coord trigger --connect head:7420 --job J [--restart | --kill]
 //! ckpt coord status  --connect head:7420 --job J
 //! ```
@@ -26,6 +27,12 @@ pub struct CoordArgs {
     /// Address to listen on, e.g. 0.0.0.0:7420.
     #[arg(long)]
     pub listen: Option<String>,
+    /// Also listen on a Unix stream socket at PATH for the agents on this node
+    /// (`--coord unix:PATH`): cheaper than loopback TCP. Created mode 0600 (only
+    /// root connects) in a directory that must be ours and not writable by
+    /// others; a stale socket of ours there is replaced; removed on exit.
+    #[arg(long, value_name = "PATH", requires = "listen")]
+    pub listen_unix: Option<PathBuf>,
     /// Job id; agents and control clients must name the same job.
     #[arg(long, default_value = "default")]
     pub job: String,
@@ -62,7 +69,7 @@ pub enum CoordAction {
 /// Arguments shared by the client actions.
 #[derive(clap::Args, Debug)]
 pub struct ClientArgs {
-    /// Coordinator address.
+    /// Coordinator address: host:port, or unix:PATH for its --listen-unix socket.
     #[arg(long)]
     pub connect: String,
     /// Job id.
@@ -135,10 +142,44 @@ pub fn run(args: CoordArgs) -> anyhow::Result<()> {
     };
     let mut cfg = CoordConfig::new(listen, &args.job, args.expect, secret);
     cfg.parent = args.parent.clone();
+    cfg.listen_unix = args.listen_unix.clone();
     cfg.state_dir = args.parent.is_none().then(|| args.state_dir.clone());
     cfg.phase_deadline = Duration::from_secs_f64(args.phase_deadline);
     cfg.name = args.name.clone().unwrap_or_else(host_name);
+    if cfg.listen_unix.is_some() {
+        return run_until_signal(cfg, &args.job);
+    }
     ckpt_coord::server::run(cfg).with_context(|| format!("coordinator for job {}", args.job))
+}
+
+/// Runs the coordinator until it fails or SIGTERM, SIGINT or SIGHUP arrives, then stops
+/// it so that it removes its Unix socket file (a signal's default action would leave the
+/// file behind; the next start would replace it, but nothing should be left to guess).
+fn run_until_signal(cfg: CoordConfig, job: &str) -> anyhow::Result<()> {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut signals = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        signals.add(s);
+    }
+    // Blocked before the coordinator's thread starts, so it inherits the mask and the
+    // signals wait for `sigwait` below.
+    signals
+        .thread_block()
+        .context("blocking SIGTERM/SIGINT/SIGHUP")?;
+    let handle = ckpt_coord::spawn(cfg).with_context(|| format!("coordinator for job {job}"))?;
+    let stopper = handle.stopper();
+    std::thread::Builder::new()
+        .name("coord-signals".into())
+        .spawn(move || {
+            if let Ok(sig) = signals.wait() {
+                log::info!("coordinator: {sig}: stopping");
+                stopper.stop();
+            }
+        })
+        .context("starting the signal thread")?;
+    handle
+        .join()
+        .with_context(|| format!("coordinator for job {job}"))
 }
 
 /// `ckpt coord trigger`: starts a round and reports how it ended; fails if it aborted.

@@ -85,7 +85,7 @@ impl Harness {
     fn join(&mut self, n: usize, role: Role, name: &str, intent: Intent) -> Vec<Action> {
         self.feed(Event::Joined {
             conn: conn(n),
-            addr: addr(n),
+            addr: addr(n).into(),
             role,
             name: name.to_string(),
             intent,
