@@ -166,6 +166,11 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
             addresses: address_map(&a.map_address)?,
         },
     };
+    if let Some(addr) = a.coord.addr.as_deref().filter(|_| !a.peers.is_empty()) {
+        // Before joining the round: this node's address comes from its
+        // route to the coordinator, which a Unix socket does not have.
+        route_source(addr)?;
+    }
     let r = if a.coord.enabled() {
         coordinated(&a, &mut opts, bar.as_ref())?
     } else {
