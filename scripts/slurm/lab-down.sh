@@ -2,8 +2,17 @@
 # Stops the lab of lab-up.sh by its pid files (never by process name):
 # slurmd first (it retries "epilog complete" while the controller is gone),
 # then slurmctld, then munged if lab-up.sh started it.
+# `lab-down.sh --nodes 2` stops the two-node lab ($CKPT_SLURM_LAB2).
 set -uo pipefail
-LAB=${CKPT_SLURM_LAB:-/var/tmp/ckpt-slurm-lab}
+case "${1:-}" in
+--nodes) NODES=${2:-} ;;
+--nodes=*) NODES=${1#--nodes=} ;;
+*) NODES=1 ;;
+esac
+case "$NODES" in
+2) LAB=${CKPT_SLURM_LAB2:-/var/tmp/ckpt-slurm-lab2} ;;
+*) LAB=${CKPT_SLURM_LAB:-/var/tmp/ckpt-slurm-lab} ;;
+esac
 stop() {
 	[ -s "$1" ] || return 0
 	local pid
@@ -16,7 +25,9 @@ stop() {
 	echo "lab-down: pid $pid ($1) still running after 30 s" >&2
 	return 1
 }
-stop "$LAB/run/slurmd.pid"
+for pidfile in "$LAB"/run/slurmd.pid "$LAB"/run/slurmd-*.pid; do
+	[ -e "$pidfile" ] && stop "$pidfile"
+done
 stop "$LAB/run/slurmctld.pid"
 if [ -e "$LAB/run/munged.ours" ]; then
 	stop /run/munge/munged.pid
