@@ -1,5 +1,6 @@
 //! Helpers shared by the tests under a real Slurm (tests/slurm.rs,
-//! tests/slurm_site.rs): the lab on localhost (scripts/slurm/lab-up.sh),
+//! tests/slurm_site.rs, tests/slurm_nodes.rs): the labs on localhost
+//! (scripts/slurm/lab-up.sh, one node or `--nodes 2`),
 //! its clients, job records, and the arithmetic of the victim
 //! tests/c/slurm_steps.c. Included with `#[path]`, not a test of its own.
 
@@ -68,6 +69,44 @@ pub fn lab_up() -> bool {
 
 pub fn lab_down() {
     let _ = Command::new(lab_dir().join("lab-down.sh")).status();
+}
+
+/// The two-node lab's state directory ($CKPT_SLURM_LAB2, as `lab-up.sh
+/// --nodes 2` uses it).
+pub fn lab2_state() -> PathBuf {
+    std::env::var_os("CKPT_SLURM_LAB2")
+        .map_or_else(|| PathBuf::from("/var/tmp/ckpt-slurm-lab2"), PathBuf::from)
+}
+
+/// Brings the two-node lab up; returns whether this call started it.
+pub fn lab2_up() -> bool {
+    let up = Command::new(lab_dir().join("lab-up.sh"))
+        .args(["--nodes", "2"])
+        .output()
+        .expect("run scripts/slurm/lab-up.sh --nodes 2");
+    assert!(
+        up.status.success(),
+        "scripts/slurm/lab-up.sh --nodes 2 could not bring up the two-node Slurm lab ({}):\n{}{}",
+        up.status,
+        String::from_utf8_lossy(&up.stdout),
+        String::from_utf8_lossy(&up.stderr)
+    );
+    String::from_utf8_lossy(&up.stdout)
+        .trim_end()
+        .ends_with("started")
+}
+
+pub fn lab2_down() {
+    let _ = Command::new(lab_dir().join("lab-down.sh"))
+        .args(["--nodes", "2"])
+        .status();
+}
+
+/// A Slurm client command talking to the two-node lab.
+pub fn slurm2(cmd: &str) -> Command {
+    let mut c = Command::new(cmd);
+    c.env("SLURM_CONF", lab2_state().join("slurm.conf"));
+    c
 }
 
 /// A Slurm client command talking to the lab.
