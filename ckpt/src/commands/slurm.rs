@@ -66,7 +66,8 @@ pub struct SlurmArgs {
     hook: Option<Hook>,
     /// Checkpoint directory (created 0700 if missing; default:
     /// $SLURM_SUBMIT_DIR/ckpt-slurm-$SLURM_JOB_ID). It must be reachable
-    /// from the node the requeued job runs on.
+    /// from the node the requeued job runs on (from every node for a job
+    /// of several nodes, whose parts' job directory is DIR/job).
     #[arg(long, short = 'D', value_name = "DIR")]
     dir: Option<PathBuf>,
     /// How many committed checkpoints to keep (the newest).
@@ -86,7 +87,8 @@ pub struct SlurmArgs {
     /// longer, from the signal to its commit, is reported in one line.
     #[arg(long, value_name = "SECS")]
     lead: Option<u64>,
-    /// The application and its arguments.
+    /// The application and its arguments (run once per node in an
+    /// allocation of several nodes).
     #[arg(last = true, required = true, value_name = "APP")]
     app: Vec<OsString>,
 }
