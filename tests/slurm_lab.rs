@@ -139,3 +139,33 @@ pub fn field<'a>(record: &'a str, key: &str) -> Option<&'a str> {
         .split_whitespace()
         .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
 }
+
+/// A fake `srun` for the tests without Slurm: logs its arguments to
+/// $FAKE_SRUN_LOG, then runs the step's tasks here, one per node of
+/// `--nodelist` (else of $FAKE_SRUN_NODES, the allocation), with
+/// SLURM_NODEID, SLURM_PROCID and SLURMD_NODENAME set; exits with the
+/// worst task's code.
+pub const FAKE_SRUN: &str = r#"#!/bin/sh
+echo "$@" >> "$FAKE_SRUN_LOG"
+k=1; nodelist=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --nodes=*) k=${1#--nodes=} ;;
+    --nodelist=*) nodelist=${1#--nodelist=} ;;
+    --*) ;;
+    *) break ;;
+  esac
+  shift
+done
+[ -n "$nodelist" ] || nodelist=$FAKE_SRUN_NODES
+i=0; pids=
+for node in $(echo "$nodelist" | tr , ' '); do
+  [ $i -lt $k ] || break
+  SLURM_NODEID=$i SLURM_PROCID=$i SLURMD_NODENAME=$node "$@" &
+  pids="$pids $!"
+  i=$((i + 1))
+done
+rc=0
+for p in $pids; do wait $p || rc=$?; done
+exit $rc
+"#;

@@ -9,11 +9,17 @@
 //!
 //! Takes 2-4 minutes: Slurm's warning comes on a 30 s timer, and a
 //! requeued job waits the lab's credential lifetime (30 s) before it runs.
+//!
+//! Without Slurm (a fake `srun` and `scontrol`, seconds): a part that
+//! cannot be dumped makes the checkpoint fail in one line naming the part,
+//! its node and the reason, and both parts run on unharmed, nothing
+//! committed or requeued.
 
 mod common;
 #[path = "slurm_lab.rs"]
 mod slurm_lab;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -271,4 +277,147 @@ fn job_of_two_nodes_exchanging_over_tcp_is_checkpointed_requeued_and_restored() 
     if started_lab {
         lab2_down();
     }
+}
+
+/// Job id the test without Slurm pretends to run as.
+const FAKE_JOB: &str = "4243";
+const FAKE_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[test]
+fn refused_part_fails_the_checkpoint_in_one_line_and_every_part_runs_on() {
+    let env = TestEnv::new("slurm-nodes-refused");
+    let bin = env.root.join("bin");
+    std::fs::create_dir(&bin).expect("create fake bin dir");
+    let srun_log = env.root.join("srun.log");
+    let scontrol_log = env.root.join("scontrol.log");
+    for (name, text) in [
+        ("srun", FAKE_SRUN.to_string()),
+        (
+            "scontrol",
+            format!("#!/bin/sh\necho \"$@\" >> {}\n", scontrol_log.display()),
+        ),
+    ] {
+        let path = bin.join(name);
+        std::fs::write(&path, text).expect("write fake Slurm client");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod fake Slurm client");
+    }
+    // Node 0 runs an ordinary victim, node 1 one holding a netlink socket.
+    let works = [env.root.join("work-0"), env.root.join("work-1")];
+    for w in &works {
+        std::fs::create_dir(w).expect("create part work dir");
+    }
+    let role = env.root.join("role.sh");
+    std::fs::write(
+        &role,
+        format!(
+            "#!/bin/sh\n\
+             case \"$SLURM_NODEID\" in\n\
+             0) exec {counter} {w0} ;;\n\
+             1) exec {unsupported} {w1} ;;\n\
+             esac\n\
+             exit 2\n",
+            counter = victim_bin("counter").display(),
+            unsupported = victim_bin("unsupported").display(),
+            w0 = works[0].display(),
+            w1 = works[1].display(),
+        ),
+    )
+    .expect("write role script");
+    let err_path = env.root.join("wrapper.err");
+    let err = std::fs::File::create(&err_path).expect("create wrapper stderr");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut wrapper = env
+        .ckpt_command()
+        .arg("slurm")
+        .arg("--dir")
+        .arg(env.root.join("ckpt"))
+        .arg("--")
+        .arg("/bin/sh")
+        .arg(&role)
+        .env("PATH", path)
+        .env("SLURM_JOB_ID", FAKE_JOB)
+        .env("SLURM_JOB_NUM_NODES", "2")
+        .env("FAKE_SRUN_NODES", "fake1,fake2")
+        .env("FAKE_SRUN_LOG", &srun_log)
+        .env_remove("SLURM_RESTART_COUNT")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(err)
+        .spawn()
+        .expect("start ckpt slurm");
+    let diag = || {
+        format!(
+            "--- wrapper stderr ---\n{}\n--- srun.log ---\n{}\n--- scontrol.log ---\n{}",
+            read_to_string_lossy(&err_path),
+            read_to_string_lossy(&srun_log),
+            read_to_string_lossy(&scontrol_log)
+        )
+    };
+    assert!(
+        wait_until(FAKE_TIMEOUT, || works
+            .iter()
+            .all(|w| w.join("ready").exists())),
+        "the parts did not start\n{}",
+        diag()
+    );
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(wrapper.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1).expect("send SIGUSR1");
+    assert!(
+        wait_until(FAKE_TIMEOUT, || read_to_string_lossy(&err_path)
+            .contains("ckpt slurm: checkpoint of")),
+        "no line about the checkpoint\n{}",
+        diag()
+    );
+    let text = read_to_string_lossy(&err_path);
+    let failed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("ckpt slurm: checkpoint of"))
+        .collect();
+    assert_eq!(failed.len(), 1, "{}", diag());
+    assert!(
+        failed[0].starts_with(
+            "ckpt slurm: checkpoint of the job's 2 parts failed, the application keeps running (no checkpoint committed): "
+        ) && failed[0].contains("part fake2 (node fake2)")
+            && failed[0].contains("netlink socket not supported"),
+        "one line naming the part, its node and the reason\n{}",
+        diag()
+    );
+    assert!(
+        !read_to_string_lossy(&scontrol_log).contains("requeue"),
+        "requeued after a failed checkpoint\n{}",
+        diag()
+    );
+    // Both parts run on unharmed and pass their own checks; the wrapper
+    // ends with them.
+    for w in &works {
+        std::fs::write(w.join("go"), "").expect("write go");
+    }
+    assert!(
+        wait_until(FAKE_TIMEOUT, || works
+            .iter()
+            .all(|w| w.join("result").exists())),
+        "the parts did not report\n{}",
+        diag()
+    );
+    for w in &works {
+        assert_eq!(
+            read_to_string_lossy(&w.join("result")),
+            "PASS",
+            "{}\n{}",
+            w.display(),
+            diag()
+        );
+    }
+    let ended = wait_until(FAKE_TIMEOUT, || wrapper.try_wait().ok().flatten().is_some());
+    if !ended {
+        let _ = wrapper.kill();
+        panic!("ckpt slurm did not end with its parts\n{}", diag());
+    }
+    let status = wrapper.wait().expect("wait for ckpt slurm");
+    assert_eq!(status.code(), Some(0), "{}", diag());
 }

@@ -303,6 +303,7 @@ fn start(a: &SlurmArgs) -> anyhow::Result<App> {
         .args(&a.app)
         .process_group(0);
     crate::scripts::close_inherited_fds(&mut cmd);
+    unblock_signals_in_child(&mut cmd);
     let child = cmd
         .spawn()
         .with_context(|| format!("cannot start {}", prog.to_string_lossy()))?;
@@ -312,6 +313,24 @@ fn start(a: &SlurmArgs) -> anyhow::Result<App> {
         pid: Pid::from_raw(pid),
         target: Target::Tree(tree),
     })
+}
+
+/// Makes `cmd`'s process start with no signal blocked: the wrapper's
+/// blocked signals (they wait for its `sigwait`) are not its children's
+/// business, and a child with SIGCHLD blocked may never see its own
+/// children end (a shell's `wait`), nor the application its SIGTERM.
+#[allow(unsafe_code)]
+pub(super) fn unblock_signals_in_child(cmd: &mut Command) {
+    let hook = || -> std::io::Result<()> {
+        sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
+            .map_err(std::io::Error::from)
+    };
+    // SAFETY: the hook runs in the forked child before exec and only calls
+    // sigemptyset and sigprocmask, which are async-signal-safe and neither
+    // allocate nor take locks.
+    unsafe {
+        cmd.pre_exec(hook);
+    }
 }
 
 /// The init `ckpt run` (pid `run`) started: its only child.
@@ -482,6 +501,7 @@ fn checkpoint_tree(a: &SlurmArgs, dir: &Path, tree: Pid) -> anyhow::Result<Strin
     if let Some(k) = &a.image_key {
         cmd.arg("--image-key").arg(k);
     }
+    unblock_signals_in_child(&mut cmd);
     // Its own process group: a SIGTERM from Slurm during the dump goes to
     // the wrapper, which lets the dump finish within KillWait.
     let out = cmd

@@ -22,7 +22,7 @@ use anyhow::{Context, bail};
 use nix::unistd::Pid;
 
 use super::super::job_dir::JobDir;
-use super::{SlurmArgs, budget};
+use super::{SlurmArgs, budget, unblock_signals_in_child};
 
 /// The allocation's node count, as Slurm gives it to the batch script.
 const NUM_NODES_VAR: &str = "SLURM_JOB_NUM_NODES";
@@ -108,6 +108,7 @@ impl Parts {
             .process_group(0)
             .stdin(Stdio::null());
         crate::scripts::close_inherited_fds(&mut cmd);
+        unblock_signals_in_child(&mut cmd);
         Ok(cmd)
     }
 
@@ -129,6 +130,7 @@ impl Parts {
         .process_group(0)
         .stdin(Stdio::null());
         crate::scripts::close_inherited_fds(&mut cmd);
+        unblock_signals_in_child(&mut cmd);
         let child = cmd
             .spawn()
             .context("cannot start the job's parts with srun")?;
@@ -166,16 +168,24 @@ impl Parts {
             .stderr(Stdio::piped())
             .output()
             .context("cannot run ckpt job dump")?;
-        let text = String::from_utf8_lossy(&out.stderr);
+        let parsed = serde_json::from_slice::<serde_json::Value>(&out.stdout);
         if !out.status.success() {
-            // The agents' errors come before the round's outcome: all of
-            // it goes to the job's output, the outcome into the error.
+            // The agents' errors go to the job's output; the round's
+            // outcome (with --json, on stdout) into the error.
+            let text = String::from_utf8_lossy(&out.stderr);
             eprint!("{text}");
-            let last = text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
-            bail!("ckpt job dump: {}: {last}", out.status);
+            let outcome = parsed
+                .ok()
+                .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+                .or_else(|| {
+                    text.lines()
+                        .rfind(|l| !l.trim().is_empty())
+                        .map(str::to_string)
+                })
+                .unwrap_or_default();
+            bail!("ckpt job dump: {}: {outcome}", out.status);
         }
-        let v: serde_json::Value =
-            serde_json::from_slice(&out.stdout).context("ckpt job dump --json printed no JSON")?;
+        let v = parsed.context("ckpt job dump --json printed no JSON")?;
         let Some(epoch) = v["epoch"].as_u64() else {
             bail!("ckpt job dump --json printed no epoch: {v}");
         };
