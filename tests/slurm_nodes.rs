@@ -279,6 +279,35 @@ fn job_of_two_nodes_exchanging_over_tcp_is_checkpointed_requeued_and_restored() 
     }
 }
 
+/// Ends what the test without Slurm started if it fails midway: the
+/// wrapper (our child) and the parts' PID-namespace inits (only pids that
+/// are still ckpt processes), which takes their trees with them.
+struct Cleanup {
+    wrapper: std::process::Child,
+    jobdir: std::path::PathBuf,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if self.wrapper.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        for part in ["fake1", "fake2"] {
+            let root = read_to_string_lossy(&self.jobdir.join("parts").join(part).join("root.pid"));
+            if let Ok(pid) = root.trim().parse::<i32>()
+                && exe_of(pid).is_some_and(|e| e == Path::new(CKPT))
+            {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        let _ = self.wrapper.kill();
+        let _ = self.wrapper.wait();
+    }
+}
+
 /// Job id the test without Slurm pretends to run as.
 const FAKE_JOB: &str = "4243";
 const FAKE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -331,7 +360,7 @@ fn refused_part_fails_the_checkpoint_in_one_line_and_every_part_runs_on() {
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let mut wrapper = env
+    let wrapper = env
         .ckpt_command()
         .arg("slurm")
         .arg("--dir")
@@ -350,6 +379,10 @@ fn refused_part_fails_the_checkpoint_in_one_line_and_every_part_runs_on() {
         .stderr(err)
         .spawn()
         .expect("start ckpt slurm");
+    let mut run = Cleanup {
+        wrapper,
+        jobdir: env.root.join("ckpt/job"),
+    };
     let diag = || {
         format!(
             "--- wrapper stderr ---\n{}\n--- srun.log ---\n{}\n--- scontrol.log ---\n{}",
@@ -365,7 +398,7 @@ fn refused_part_fails_the_checkpoint_in_one_line_and_every_part_runs_on() {
         "the parts did not start\n{}",
         diag()
     );
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(wrapper.id()).expect("pid"));
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(run.wrapper.id()).expect("pid"));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1).expect("send SIGUSR1");
     assert!(
         wait_until(FAKE_TIMEOUT, || read_to_string_lossy(&err_path)
@@ -413,11 +446,10 @@ fn refused_part_fails_the_checkpoint_in_one_line_and_every_part_runs_on() {
             diag()
         );
     }
-    let ended = wait_until(FAKE_TIMEOUT, || wrapper.try_wait().ok().flatten().is_some());
-    if !ended {
-        let _ = wrapper.kill();
-        panic!("ckpt slurm did not end with its parts\n{}", diag());
-    }
-    let status = wrapper.wait().expect("wait for ckpt slurm");
+    let ended = wait_until(FAKE_TIMEOUT, || {
+        run.wrapper.try_wait().ok().flatten().is_some()
+    });
+    assert!(ended, "ckpt slurm did not end with its parts\n{}", diag());
+    let status = run.wrapper.wait().expect("wait for ckpt slurm");
     assert_eq!(status.code(), Some(0), "{}", diag());
 }
