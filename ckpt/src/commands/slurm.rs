@@ -303,7 +303,7 @@ fn start(a: &SlurmArgs) -> anyhow::Result<App> {
         .args(&a.app)
         .process_group(0);
     crate::scripts::close_inherited_fds(&mut cmd);
-    unblock_signals_in_child(&mut cmd);
+    child_signals(&mut cmd, ChildSignals::None);
     let child = cmd
         .spawn()
         .with_context(|| format!("cannot start {}", prog.to_string_lossy()))?;
@@ -315,19 +315,36 @@ fn start(a: &SlurmArgs) -> anyhow::Result<App> {
     })
 }
 
-/// Makes `cmd`'s process start with no signal blocked: the wrapper's
-/// blocked signals (they wait for its `sigwait`) are not its children's
-/// business, and a child with SIGCHLD blocked may never see its own
-/// children end (a shell's `wait`), nor the application its SIGTERM.
+/// What a child of the wrapper starts with blocked.
+#[derive(Clone, Copy)]
+pub(super) enum ChildSignals {
+    /// Nothing: the application (and what starts or restores it) gets
+    /// every signal as it would without the wrapper. The wrapper's own
+    /// blocked set (its signals wait for `sigwait`) is not its business,
+    /// and a child with SIGCHLD blocked may never see its own children end
+    /// (a shell's `wait`).
+    None,
+    /// The checkpoint signal and SIGTERM: a dump is not cut short by
+    /// another warning or by Slurm's SIGTERM at the end (proctrack signals
+    /// every process of the job), it finishes within KillWait or is
+    /// SIGKILLed, which the next start reports (`ATTEMPT`).
+    Dump(Signal),
+}
+
+/// Makes `cmd`'s process start with exactly `which` blocked.
 #[allow(unsafe_code)]
-pub(super) fn unblock_signals_in_child(cmd: &mut Command) {
-    let hook = || -> std::io::Result<()> {
-        sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
-            .map_err(std::io::Error::from)
+pub(super) fn child_signals(cmd: &mut Command, which: ChildSignals) {
+    let mut blocked = SigSet::empty();
+    if let ChildSignals::Dump(sig) = which {
+        blocked.add(sig);
+        blocked.add(Signal::SIGTERM);
+    }
+    let hook = move || -> std::io::Result<()> {
+        sigprocmask(SigmaskHow::SIG_SETMASK, Some(&blocked), None).map_err(std::io::Error::from)
     };
     // SAFETY: the hook runs in the forked child before exec and only calls
-    // sigemptyset and sigprocmask, which are async-signal-safe and neither
-    // allocate nor take locks.
+    // sigprocmask (the set was made before the fork), which is
+    // async-signal-safe and neither allocates nor takes locks.
     unsafe {
         cmd.pre_exec(hook);
     }
@@ -501,7 +518,7 @@ fn checkpoint_tree(a: &SlurmArgs, dir: &Path, tree: Pid) -> anyhow::Result<Strin
     if let Some(k) = &a.image_key {
         cmd.arg("--image-key").arg(k);
     }
-    unblock_signals_in_child(&mut cmd);
+    child_signals(&mut cmd, ChildSignals::Dump(a.signal));
     // Its own process group: a SIGTERM from Slurm during the dump goes to
     // the wrapper, which lets the dump finish within KillWait.
     let out = cmd

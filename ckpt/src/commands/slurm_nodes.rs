@@ -22,7 +22,7 @@ use anyhow::{Context, bail};
 use nix::unistd::Pid;
 
 use super::super::job_dir::JobDir;
-use super::{SlurmArgs, budget, unblock_signals_in_child};
+use super::{ChildSignals, SlurmArgs, budget, child_signals};
 
 /// The allocation's node count, as Slurm gives it to the batch script.
 const NUM_NODES_VAR: &str = "SLURM_JOB_NUM_NODES";
@@ -98,8 +98,8 @@ impl Parts {
 
     /// A `ckpt` child in a process group of its own with the job's stdio
     /// and no other fd (what the batch environment leaked would end up in
-    /// the parts).
-    fn ckpt(&self, args: &[&str]) -> anyhow::Result<Command> {
+    /// the parts), with `signals` blocked.
+    fn ckpt(&self, args: &[&str], signals: ChildSignals) -> anyhow::Result<Command> {
         let exe = std::env::current_exe().context("cannot find the ckpt executable")?;
         let mut cmd = Command::new(exe);
         cmd.args(args)
@@ -108,7 +108,7 @@ impl Parts {
             .process_group(0)
             .stdin(Stdio::null());
         crate::scripts::close_inherited_fds(&mut cmd);
-        unblock_signals_in_child(&mut cmd);
+        child_signals(&mut cmd, signals);
         Ok(cmd)
     }
 
@@ -130,7 +130,7 @@ impl Parts {
         .process_group(0)
         .stdin(Stdio::null());
         crate::scripts::close_inherited_fds(&mut cmd);
-        unblock_signals_in_child(&mut cmd);
+        child_signals(&mut cmd, ChildSignals::None);
         let child = cmd
             .spawn()
             .context("cannot start the job's parts with srun")?;
@@ -143,7 +143,7 @@ impl Parts {
     /// foreground: returns the pid of `ckpt job restore`, which exits with
     /// the worst part's status.
     pub fn restore(&self, a: &SlurmArgs) -> anyhow::Result<Pid> {
-        let mut cmd = self.ckpt(&["job", "restore", "--launch", "srun"])?;
+        let mut cmd = self.ckpt(&["job", "restore", "--launch", "srun"], ChildSignals::None)?;
         if let Some(k) = &a.image_key {
             cmd.arg("--image-key").arg(k);
         }
@@ -157,9 +157,12 @@ impl Parts {
     /// epoch and prunes to `--keep`. Returns the epoch's name.
     pub fn checkpoint(&self, a: &SlurmArgs, dir: &Path) -> anyhow::Result<String> {
         let keep = a.keep.to_string();
-        let mut cmd = self.ckpt(&[
-            "job", "dump", "--launch", "srun", "--kill", "--json", "--keep", &keep,
-        ])?;
+        let mut cmd = self.ckpt(
+            &[
+                "job", "dump", "--launch", "srun", "--kill", "--json", "--keep", &keep,
+            ],
+            ChildSignals::Dump(a.signal),
+        )?;
         if let Some(k) = &a.image_key {
             cmd.arg("--image-key").arg(k);
         }
