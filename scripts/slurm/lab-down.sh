@@ -1,7 +1,8 @@
 #!/bin/bash
 # Stops the lab of lab-up.sh by its pid files (never by process name):
 # slurmd first (it retries "epilog complete" while the controller is gone),
-# then slurmctld, then munged if lab-up.sh started it.
+# then slurmctld, then munged if lab-up.sh started it for this lab and the
+# other lab does not run (it then takes munged over).
 # `lab-down.sh --nodes 2` stops the two-node lab ($CKPT_SLURM_LAB2).
 set -uo pipefail
 case "${1:-}" in
@@ -9,9 +10,11 @@ case "${1:-}" in
 --nodes=*) NODES=${1#--nodes=} ;;
 *) NODES=1 ;;
 esac
+LAB1=${CKPT_SLURM_LAB:-/var/tmp/ckpt-slurm-lab}
+LAB2=${CKPT_SLURM_LAB2:-/var/tmp/ckpt-slurm-lab2}
 case "$NODES" in
-2) LAB=${CKPT_SLURM_LAB2:-/var/tmp/ckpt-slurm-lab2} ;;
-*) LAB=${CKPT_SLURM_LAB:-/var/tmp/ckpt-slurm-lab} ;;
+2) LAB=$LAB2 OTHER=$LAB1 ;;
+*) LAB=$LAB1 OTHER=$LAB2 ;;
 esac
 stop() {
 	[ -s "$1" ] || return 0
@@ -30,6 +33,10 @@ for pidfile in "$LAB"/run/slurmd.pid "$LAB"/run/slurmd-*.pid; do
 done
 stop "$LAB/run/slurmctld.pid"
 if [ -e "$LAB/run/munged.ours" ]; then
-	stop /run/munge/munged.pid
-	rm -f "$LAB/run/munged.ours"
+	if [ -s "$OTHER/run/slurmctld.pid" ] && kill -0 "$(cat "$OTHER/run/slurmctld.pid")" 2>/dev/null; then
+		mv "$LAB/run/munged.ours" "$OTHER/run/munged.ours"
+	else
+		stop /run/munge/munged.pid
+		rm -f "$LAB/run/munged.ours"
+	fi
 fi
