@@ -1,5 +1,6 @@
 //! Helpers shared by the tests under a real Slurm (tests/slurm.rs,
-//! tests/slurm_site.rs): the lab on localhost (scripts/slurm/lab-up.sh),
+//! tests/slurm_site.rs, tests/slurm_nodes.rs): the labs on localhost
+//! (scripts/slurm/lab-up.sh, one node or `--nodes 2`),
 //! its clients, job records, and the arithmetic of the victim
 //! tests/c/slurm_steps.c. Included with `#[path]`, not a test of its own.
 
@@ -70,6 +71,44 @@ pub fn lab_down() {
     let _ = Command::new(lab_dir().join("lab-down.sh")).status();
 }
 
+/// The two-node lab's state directory ($CKPT_SLURM_LAB2, as `lab-up.sh
+/// --nodes 2` uses it).
+pub fn lab2_state() -> PathBuf {
+    std::env::var_os("CKPT_SLURM_LAB2")
+        .map_or_else(|| PathBuf::from("/var/tmp/ckpt-slurm-lab2"), PathBuf::from)
+}
+
+/// Brings the two-node lab up; returns whether this call started it.
+pub fn lab2_up() -> bool {
+    let up = Command::new(lab_dir().join("lab-up.sh"))
+        .args(["--nodes", "2"])
+        .output()
+        .expect("run scripts/slurm/lab-up.sh --nodes 2");
+    assert!(
+        up.status.success(),
+        "scripts/slurm/lab-up.sh --nodes 2 could not bring up the two-node Slurm lab ({}):\n{}{}",
+        up.status,
+        String::from_utf8_lossy(&up.stdout),
+        String::from_utf8_lossy(&up.stderr)
+    );
+    String::from_utf8_lossy(&up.stdout)
+        .trim_end()
+        .ends_with("started")
+}
+
+pub fn lab2_down() {
+    let _ = Command::new(lab_dir().join("lab-down.sh"))
+        .args(["--nodes", "2"])
+        .status();
+}
+
+/// A Slurm client command talking to the two-node lab.
+pub fn slurm2(cmd: &str) -> Command {
+    let mut c = Command::new(cmd);
+    c.env("SLURM_CONF", lab2_state().join("slurm.conf"));
+    c
+}
+
 /// A Slurm client command talking to the lab.
 pub fn slurm(cmd: &str) -> Command {
     let mut c = Command::new(cmd);
@@ -100,3 +139,33 @@ pub fn field<'a>(record: &'a str, key: &str) -> Option<&'a str> {
         .split_whitespace()
         .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
 }
+
+/// A fake `srun` for the tests without Slurm: logs its arguments to
+/// $FAKE_SRUN_LOG, then runs the step's tasks here, one per node of
+/// `--nodelist` (else of $FAKE_SRUN_NODES, the allocation), with
+/// SLURM_NODEID, SLURM_PROCID and SLURMD_NODENAME set; exits with the
+/// worst task's code.
+pub const FAKE_SRUN: &str = r#"#!/bin/sh
+echo "$@" >> "$FAKE_SRUN_LOG"
+k=1; nodelist=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --nodes=*) k=${1#--nodes=} ;;
+    --nodelist=*) nodelist=${1#--nodelist=} ;;
+    --*) ;;
+    *) break ;;
+  esac
+  shift
+done
+[ -n "$nodelist" ] || nodelist=$FAKE_SRUN_NODES
+i=0; pids=
+for node in $(echo "$nodelist" | tr , ' '); do
+  [ $i -lt $k ] || break
+  SLURM_NODEID=$i SLURM_PROCID=$i SLURMD_NODENAME=$node "$@" &
+  pids="$pids $!"
+  i=$((i + 1))
+done
+rc=0
+for p in $pids; do wait $p || rc=$?; done
+exit $rc
+"#;

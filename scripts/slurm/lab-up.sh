@@ -6,6 +6,11 @@
 # State, logs and the generated slurm.conf live in $CKPT_SLURM_LAB
 # (default /var/tmp/ckpt-slurm-lab). Clients need
 #   export SLURM_CONF=$CKPT_SLURM_LAB/slurm.conf
+#
+# `lab-up.sh --nodes 2`: the two-node lab instead (slurm.conf.2node.in):
+# nodes n1 and n2, two slurmds of this host, in $CKPT_SLURM_LAB2 (default
+# /var/tmp/ckpt-slurm-lab2), with its own cluster name and ports, so it
+# runs beside the one-node lab. It has no site hooks.
 # Prints "started" as its last line if it started slurmctld, "up" if the lab
 # was already running (restarted, and "started", if slurm.conf.in changed
 # since: slurmctld takes a new PrologSlurmctld only when it starts).
@@ -15,7 +20,18 @@
 # site.conf.example), which tests write, and do nothing without it.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-LAB=${CKPT_SLURM_LAB:-/var/tmp/ckpt-slurm-lab}
+NODES=1
+case "${1:-}" in
+'') ;;
+--nodes) NODES=${2:-} ;;
+--nodes=*) NODES=${1#--nodes=} ;;
+*) echo "usage: lab-up.sh [--nodes 1|2]" >&2; exit 2 ;;
+esac
+case "$NODES" in
+1) LAB=${CKPT_SLURM_LAB:-/var/tmp/ckpt-slurm-lab} TEMPLATE=slurm.conf.in NODE_NAMES=$(hostname -s) ;;
+2) LAB=${CKPT_SLURM_LAB2:-/var/tmp/ckpt-slurm-lab2} TEMPLATE=slurm.conf.2node.in NODE_NAMES="n1 n2" ;;
+*) echo "lab-up: --nodes $NODES: the lab has 1 or 2 nodes" >&2; exit 2 ;;
+esac
 export SLURM_CONF=$LAB/slurm.conf
 
 for bin in munged slurmctld slurmd sinfo scontrol; do
@@ -53,37 +69,54 @@ for hook in prolog-slurmctld trigger epilog; do
 	mv "$LAB/hooks/$hook.new" "$LAB/hooks/$hook"
 done
 HOST=$(hostname -s)
-# The node line as slurmd detects this machine (CPUs, sockets, memory).
+# The node line as slurmd detects this machine (CPUs, sockets, memory);
+# each fake node of the two-node lab has the same hardware (@HW@).
 NODE=$(slurmd -C | head -n 1)
 case "$NODE" in NodeName=*) ;; *) echo "lab-up: slurmd -C printed: $NODE" >&2; exit 1 ;; esac
-sed -e "s|@HOST@|$HOST|g" -e "s|@LAB@|$LAB|g" -e "s|@NODE@|$NODE|g" \
-	"$HERE/slurm.conf.in" >"$LAB/slurm.conf.new"
+HW=${NODE#NodeName=* }
+sed -e "s|@HOST@|$HOST|g" -e "s|@LAB@|$LAB|g" -e "s|@NODE@|$NODE|g" -e "s|@HW@|$HW|g" \
+	"$HERE/$TEMPLATE" >"$LAB/slurm.conf.new"
 changed=yes
 cmp -s "$LAB/slurm.conf.new" "$LAB/slurm.conf" && changed=no
 mv "$LAB/slurm.conf.new" "$LAB/slurm.conf"
 
 if [ "$changed" = yes ] && alive "$LAB/run/slurmctld.pid"; then
-	"$HERE/lab-down.sh"
+	"$HERE/lab-down.sh" --nodes "$NODES"
 fi
 state=up
 if ! alive "$LAB/run/slurmctld.pid"; then
 	slurmctld -f "$SLURM_CONF"
 	state=started
 fi
-alive "$LAB/run/slurmd.pid" || slurmd -f "$SLURM_CONF"
+if [ "$NODES" = 1 ]; then
+	alive "$LAB/run/slurmd.pid" || slurmd -f "$SLURM_CONF"
+else
+	for n in $NODE_NAMES; do
+		install -d -m 1777 "$LAB/tmp-$n"
+		alive "$LAB/run/slurmd-$n.pid" || slurmd -f "$SLURM_CONF" -N "$n"
+	done
+fi
 
-# Wait for the node to register; a node left down by an earlier run is
+# Wait for every node to register; a node left down by an earlier run is
 # resumed.
-for _ in $(seq 60); do
-	st=$(sinfo -h -N -o %t 2>/dev/null | head -n 1 || true)
+st=
+node_up() {
+	st=$(sinfo -h -N -n "$1" -o %t 2>/dev/null | head -n 1 || true)
 	case "$st" in
-	idle | alloc | mix) break ;;
-	down* | drain* | drng*) scontrol update nodename="$HOST" state=resume 2>/dev/null || true ;;
+	idle | alloc | mix) return 0 ;;
+	down* | drain* | drng*) scontrol update nodename="$1" state=resume 2>/dev/null || true ;;
 	esac
-	sleep 0.5
+	return 1
+}
+for n in $NODE_NAMES; do
+	up=no
+	for _ in $(seq 60); do
+		node_up "$n" && { up=yes; break; }
+		sleep 0.5
+	done
+	if [ "$up" = no ]; then
+		echo "lab-up: node $n not up (state '$st'); see $LAB/log/" >&2
+		exit 1
+	fi
 done
-case "$st" in
-idle | alloc | mix) ;;
-*) echo "lab-up: node $HOST not up (state '$st'); see $LAB/log/" >&2; exit 1 ;;
-esac
 echo "$state"

@@ -742,7 +742,7 @@ fn restore_agent_argv(dir: &JobDir, addr: &str, a: &RestoreArgs) -> Vec<OsString
 fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
     let register = register_timeout(&a.coord)?;
     let dir = JobDir::create_or_open(&a.dir)?;
-    let _lock = dir.lock()?;
+    let lock = dir.lock()?;
     let placed = placements(&dir, &a.launch, false)?;
     let pin = a.epoch.map(|e| EpochPin::new(&dir, e)).transpose()?;
     let state = pin
@@ -788,6 +788,11 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
             part_label(&placed, node)
         );
     }
+    // The round is over and every part runs: while this waits for them,
+    // the job may be checkpointed (`ckpt job dump`, e.g. by `ckpt slurm`
+    // at its warning signal), which takes the lock and the records.
+    drop(round);
+    drop(lock);
     if !a.json {
         eprintln!(
             "ckpt: job restored from epoch {epoch} ({})",

@@ -10,6 +10,10 @@
 //! committed checkpoint, restore it in the foreground instead and supervise
 //! it the same way.
 //!
+//! In an allocation of several nodes the application runs once per node
+//! instead, as the parts of a `ckpt job` in `DIR/job`, checkpointed and
+//! restored as a whole ([`nodes`]).
+//!
 //! Every checkpoint is timed against the lead Slurm gives it
 //! ([`budget`]), and the job registers its signal and directory in its
 //! comment for the site's hooks ([`site`]: `ckpt slurm trigger` for a
@@ -37,6 +41,8 @@ use nix::unistd::{Pid, getpgid, getpgrp};
 
 #[path = "slurm_budget.rs"]
 mod budget;
+#[path = "slurm_nodes.rs"]
+mod nodes;
 #[path = "slurm_site.rs"]
 mod site;
 
@@ -60,7 +66,8 @@ pub struct SlurmArgs {
     hook: Option<Hook>,
     /// Checkpoint directory (created 0700 if missing; default:
     /// $SLURM_SUBMIT_DIR/ckpt-slurm-$SLURM_JOB_ID). It must be reachable
-    /// from the node the requeued job runs on.
+    /// from the node the requeued job runs on (from every node for a job
+    /// of several nodes, whose parts' job directory is DIR/job).
     #[arg(long, short = 'D', value_name = "DIR")]
     dir: Option<PathBuf>,
     /// How many committed checkpoints to keep (the newest).
@@ -80,7 +87,8 @@ pub struct SlurmArgs {
     /// longer, from the signal to its commit, is reported in one line.
     #[arg(long, value_name = "SECS")]
     lead: Option<u64>,
-    /// The application and its arguments.
+    /// The application and its arguments (run once per node in an
+    /// allocation of several nodes).
     #[arg(last = true, required = true, value_name = "APP")]
     app: Vec<OsString>,
 }
@@ -144,11 +152,46 @@ impl Job {
 /// The application the wrapper supervises.
 struct App {
     /// The wrapper's child it waits for: `ckpt run` on the first run, the
-    /// restored init after a restart.
+    /// restored init after a restart; for a job of several nodes the srun
+    /// step of its parts, or `ckpt job restore`.
     pid: Pid,
-    /// The root of the tree a checkpoint saves: the init of the
-    /// application's PID namespace.
-    tree: Pid,
+    /// What a checkpoint saves.
+    target: Target,
+}
+
+/// What a checkpoint saves.
+enum Target {
+    /// The tree of the init of the application's PID namespace.
+    Tree(Pid),
+    /// Every part of a job spanning several nodes.
+    Parts(nodes::Parts),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Tree(pid) => write!(f, "pid {pid}"),
+            Target::Parts(p) => p.fmt(f),
+        }
+    }
+}
+
+impl Target {
+    /// Where the committed checkpoint `name` is, for messages.
+    fn place(&self, dir: &Path, name: &str) -> String {
+        match self {
+            Target::Tree(_) => dir.join(name).display().to_string(),
+            Target::Parts(p) => p.place(name),
+        }
+    }
+
+    /// How a user restores the committed checkpoint `name` by hand.
+    fn restore_hint(&self, dir: &Path, name: &str) -> String {
+        match self {
+            Target::Tree(_) => format!("ckpt restore -D {}", dir.join(name).display()),
+            Target::Parts(p) => p.restore_hint(),
+        }
+    }
 }
 
 /// How long the wrapper waits for `ckpt run` to start the namespace's init.
@@ -195,20 +238,51 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
         },
     );
 
-    let committed = committed(&dir)?;
+    let node_count = nodes::allocation_nodes()?;
+    let parts = match node_count {
+        1 => None,
+        n => Some(nodes::Parts::open(&dir, n)?),
+    };
+    let committed = match &parts {
+        None => committed(&dir)?,
+        Some(p) => p.committed()?,
+    };
     budget::check_at_start(&dir, committed.as_deref(), a.lead.map(Duration::from_secs));
-    let app = match committed {
-        Some(ckpt) if job.restart_count > 0 => restore(&a, &job, &dir.join(&ckpt))?,
-        _ => {
-            if job.restart_count > 0 {
-                eprintln!(
-                    "ckpt slurm: job {} restart {} but no committed checkpoint in {}: starting the application afresh",
-                    job.id,
-                    job.restart_count,
-                    dir.display()
-                );
+    if committed.is_none() && job.restart_count > 0 {
+        eprintln!(
+            "ckpt slurm: job {} restart {} but no committed checkpoint in {}: starting the application afresh",
+            job.id,
+            job.restart_count,
+            dir.display()
+        );
+    }
+    let restart = committed.filter(|_| job.restart_count > 0);
+    let app = match (parts, restart) {
+        (None, Some(ckpt)) => restore(&a, &job, &dir.join(&ckpt))?,
+        (None, None) => start(&a)?,
+        (Some(p), Some(epoch)) => {
+            let since = std::time::SystemTime::now();
+            let pid = p.restore(&a)?;
+            eprintln!(
+                "ckpt slurm: job {} restart {}: restoring {p} from {}",
+                job.id,
+                job.restart_count,
+                p.place(&epoch)
+            );
+            p.wait_running(since, pid);
+            App {
+                pid,
+                target: Target::Parts(p),
             }
-            start(&a)?
+        }
+        (Some(p), None) => {
+            let since = std::time::SystemTime::now();
+            let pid = p.start(&a.app)?;
+            p.wait_running(since, pid);
+            App {
+                pid,
+                target: Target::Parts(p),
+            }
         }
     };
     supervise(&a, &job, &dir, &app, &signals)
@@ -229,6 +303,7 @@ fn start(a: &SlurmArgs) -> anyhow::Result<App> {
         .args(&a.app)
         .process_group(0);
     crate::scripts::close_inherited_fds(&mut cmd);
+    child_signals(&mut cmd, ChildSignals::None);
     let child = cmd
         .spawn()
         .with_context(|| format!("cannot start {}", prog.to_string_lossy()))?;
@@ -236,8 +311,43 @@ fn start(a: &SlurmArgs) -> anyhow::Result<App> {
     let tree = namespace_init(pid)?;
     Ok(App {
         pid: Pid::from_raw(pid),
-        tree,
+        target: Target::Tree(tree),
     })
+}
+
+/// What a child of the wrapper starts with blocked.
+#[derive(Clone, Copy)]
+pub(super) enum ChildSignals {
+    /// Nothing: the application (and what starts or restores it) gets
+    /// every signal as it would without the wrapper. The wrapper's own
+    /// blocked set (its signals wait for `sigwait`) is not its business,
+    /// and a child with SIGCHLD blocked may never see its own children end
+    /// (a shell's `wait`).
+    None,
+    /// The checkpoint signal and SIGTERM: a dump is not cut short by
+    /// another warning or by Slurm's SIGTERM at the end (proctrack signals
+    /// every process of the job), it finishes within KillWait or is
+    /// SIGKILLed, which the next start reports (`ATTEMPT`).
+    Dump(Signal),
+}
+
+/// Makes `cmd`'s process start with exactly `which` blocked.
+#[allow(unsafe_code)]
+pub(super) fn child_signals(cmd: &mut Command, which: ChildSignals) {
+    let mut blocked = SigSet::empty();
+    if let ChildSignals::Dump(sig) = which {
+        blocked.add(sig);
+        blocked.add(Signal::SIGTERM);
+    }
+    let hook = move || -> std::io::Result<()> {
+        sigprocmask(SigmaskHow::SIG_SETMASK, Some(&blocked), None).map_err(std::io::Error::from)
+    };
+    // SAFETY: the hook runs in the forked child before exec and only calls
+    // sigprocmask (the set was made before the fork), which is
+    // async-signal-safe and neither allocates nor takes locks.
+    unsafe {
+        cmd.pre_exec(hook);
+    }
 }
 
 /// The init `ckpt run` (pid `run`) started: its only child.
@@ -287,7 +397,7 @@ fn restore(a: &SlurmArgs, job: &Job, ckpt: &Path) -> anyhow::Result<App> {
     );
     Ok(App {
         pid: Pid::from_raw(r.pid),
-        tree: Pid::from_raw(r.pid),
+        target: Target::Tree(Pid::from_raw(r.pid)),
     })
 }
 
@@ -320,27 +430,34 @@ fn supervise(
             match checkpoint(a, dir, app) {
                 Ok(name) => {
                     let (took, lead) = attempt.committed(dir, &name);
-                    prune(dir, a.keep);
+                    if let Target::Tree(_) = app.target {
+                        // `ckpt job dump` prunes a job's epochs itself.
+                        prune(dir, a.keep);
+                    }
                     eprintln!(
-                        "ckpt slurm: pid {} checkpointed into {} and committed {:.1} s after the signal{}",
-                        app.tree,
-                        dir.join(&name).display(),
+                        "ckpt slurm: {} checkpointed into {} and committed {:.1} s after the signal{}",
+                        app.target,
+                        app.target.place(dir, &name),
                         took.as_secs_f64(),
                         lead.map_or_else(String::new, |l| {
                             let fit = if took > l.time { "over" } else { "within" };
                             format!(", {fit} its {l}")
                         })
                     );
-                    return requeue(job, dir, &name);
+                    return requeue(job, &app.target, dir, &name);
                 }
                 Err(e) => {
                     attempt.abandon(dir);
+                    let last = match &app.target {
+                        Target::Tree(_) => committed(dir),
+                        Target::Parts(p) => p.committed(),
+                    };
                     eprintln!(
-                        "ckpt slurm: checkpoint of pid {} failed, the application keeps running ({}): {e:#}",
-                        app.tree,
-                        committed(dir).ok().flatten().map_or_else(
+                        "ckpt slurm: checkpoint of {} failed, the application keeps running ({}): {e:#}",
+                        app.target,
+                        last.ok().flatten().map_or_else(
                             || "no checkpoint committed".to_string(),
-                            |n| format!("{} stays committed", dir.join(n).display())
+                            |n| format!("{} stays committed", app.target.place(dir, &n))
                         )
                     );
                 }
@@ -375,23 +492,33 @@ fn forward(app: &App, sig: Signal) {
     let _ = kill(target, sig);
 }
 
-/// Dumps the application's tree with `--kill` into the next `ckpt-N` and
-/// commits it; returns its name (pruning and reporting are the caller's). On failure nothing is committed and the
-/// partial directory is removed.
+/// Checkpoints the application with `--kill` and commits the checkpoint;
+/// returns its name. On failure nothing is committed.
 fn checkpoint(a: &SlurmArgs, dir: &Path, app: &App) -> anyhow::Result<String> {
+    match &app.target {
+        Target::Tree(tree) => checkpoint_tree(a, dir, *tree),
+        Target::Parts(p) => p.checkpoint(a, dir),
+    }
+}
+
+/// Dumps the application's tree with `--kill` into the next `ckpt-N` and
+/// commits it; returns its name (pruning and reporting are the caller's).
+/// On failure nothing is committed and the partial directory is removed.
+fn checkpoint_tree(a: &SlurmArgs, dir: &Path, tree: Pid) -> anyhow::Result<String> {
     let name = format!("{CKPT_PREFIX}{}", next_number(dir)?);
     let target = dir.join(&name);
     let exe = std::env::current_exe().context("cannot find the ckpt executable")?;
     let mut cmd = Command::new(exe);
     cmd.arg("dump")
         .arg("--tree")
-        .arg(app.tree.to_string())
+        .arg(tree.to_string())
         .arg("--dir")
         .arg(&target)
         .arg("--kill");
     if let Some(k) = &a.image_key {
         cmd.arg("--image-key").arg(k);
     }
+    child_signals(&mut cmd, ChildSignals::Dump(a.signal));
     // Its own process group: a SIGTERM from Slurm during the dump goes to
     // the wrapper, which lets the dump finish within KillWait.
     let out = cmd
@@ -412,7 +539,7 @@ fn checkpoint(a: &SlurmArgs, dir: &Path, app: &App) -> anyhow::Result<String> {
 }
 
 /// Requeues the job once its checkpoint is committed.
-fn requeue(job: &Job, dir: &Path, name: &str) -> anyhow::Result<ExitCode> {
+fn requeue(job: &Job, target: &Target, dir: &Path, name: &str) -> anyhow::Result<ExitCode> {
     let out = Command::new("scontrol")
         .arg("requeue")
         .arg(&job.id)
@@ -421,12 +548,12 @@ fn requeue(job: &Job, dir: &Path, name: &str) -> anyhow::Result<ExitCode> {
         .context("cannot run scontrol requeue")?;
     if !out.status.success() {
         bail!(
-            "{} is committed but `scontrol requeue {}` failed ({}): {}; restore it with ckpt restore -D {}",
-            dir.join(name).display(),
+            "{} is committed but `scontrol requeue {}` failed ({}): {}; restore it with {}",
+            target.place(dir, name),
             job.id,
             out.status,
             String::from_utf8_lossy(&out.stderr).trim(),
-            dir.join(name).display()
+            target.restore_hint(dir, name)
         );
     }
     eprintln!("ckpt slurm: job {} requeued", job.id);

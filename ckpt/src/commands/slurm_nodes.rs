@@ -1,0 +1,302 @@
+//! `ckpt slurm` for a job spanning several nodes: in an allocation of more
+//! than one node (`SLURM_JOB_NUM_NODES` > 1) the application runs once per
+//! node, as the parts of a `ckpt job` whose job directory is `DIR/job`.
+//!
+//! First start: one `srun --overlap` step with one task per node runs
+//! `ckpt job run --dir DIR/job -- APP` (each part named after its node; the
+//! application tells its role from SLURM_NODEID / SLURM_PROCID as any SPMD
+//! program does). A checkpoint is `ckpt job dump --launch srun --kill`,
+//! which commits an epoch of every part and prunes to `--keep`; a restart
+//! is `ckpt job restore --launch srun`, part i on node i of the new
+//! allocation, supervised as the first run was. Both are child `ckpt job`
+//! commands in process groups of their own, so Slurm's signals to the
+//! batch script's group reach only the wrapper.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, bail};
+use nix::unistd::Pid;
+
+use super::super::job_dir::JobDir;
+use super::{ChildSignals, SlurmArgs, budget, child_signals};
+
+/// The allocation's node count, as Slurm gives it to the batch script.
+const NUM_NODES_VAR: &str = "SLURM_JOB_NUM_NODES";
+/// The job directory of the parts, relative to `DIR`.
+const JOB_SUBDIR: &str = "job";
+/// Prefix of an epoch's name in `DIR`'s records (its timing file).
+const EPOCH_PREFIX: &str = "epoch-";
+/// `srun`, looked up on PATH.
+const SRUN: &str = "srun";
+/// How long a start or restart may take until every part runs (srun's
+/// step creation on every node, a restore's whole round).
+const PARTS_START: Duration = Duration::from_secs(120);
+/// How often the parts' records are looked at meanwhile.
+const PARTS_POLL: Duration = Duration::from_millis(100);
+/// File times come from the kernel's coarse clock, which may be a tick
+/// behind the time read before the parts started.
+const CLOCK_SLACK: Duration = Duration::from_secs(1);
+
+/// How many nodes the job has (1 when Slurm does not say).
+pub fn allocation_nodes() -> anyhow::Result<u32> {
+    match std::env::var(NUM_NODES_VAR) {
+        Ok(s) if !s.is_empty() => s
+            .parse()
+            .ok()
+            .filter(|&n| n >= 1)
+            .with_context(|| format!("{NUM_NODES_VAR}={s}: not a node count")),
+        _ => Ok(1),
+    }
+}
+
+/// The name `DIR`'s records give epoch `e`.
+fn epoch_name(e: u64) -> String {
+    format!("{EPOCH_PREFIX}{e}")
+}
+
+/// The epoch a record name stands for.
+fn epoch_of(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix(EPOCH_PREFIX)?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The parts of a job spanning several nodes.
+pub struct Parts {
+    /// `DIR/job`.
+    jobdir: PathBuf,
+    /// One part per node.
+    nodes: u32,
+}
+
+impl std::fmt::Display for Parts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the job's {} parts", self.nodes)
+    }
+}
+
+impl Parts {
+    /// Creates (or opens) `DIR/job` here, before any part starts, so the
+    /// parts on all nodes find it with its secret.
+    pub fn open(dir: &Path, nodes: u32) -> anyhow::Result<Parts> {
+        let jobdir = dir.join(JOB_SUBDIR);
+        JobDir::create_or_open(&jobdir)?;
+        Ok(Parts { jobdir, nodes })
+    }
+
+    /// The last committed epoch's name (`epoch-E`), if any.
+    pub fn committed(&self) -> anyhow::Result<Option<String>> {
+        let dir = JobDir::open(&self.jobdir)?;
+        Ok(dir.store()?.last_committed()?.map(|m| epoch_name(m.epoch)))
+    }
+
+    /// A `ckpt` child in a process group of its own with the job's stdio
+    /// and no other fd (what the batch environment leaked would end up in
+    /// the parts), with `signals` blocked.
+    fn ckpt(&self, args: &[&str], signals: ChildSignals) -> anyhow::Result<Command> {
+        let exe = std::env::current_exe().context("cannot find the ckpt executable")?;
+        let mut cmd = Command::new(exe);
+        cmd.args(args)
+            .arg("--dir")
+            .arg(&self.jobdir)
+            .process_group(0)
+            .stdin(Stdio::null());
+        crate::scripts::close_inherited_fds(&mut cmd);
+        child_signals(&mut cmd, signals);
+        Ok(cmd)
+    }
+
+    /// Starts one part per node: returns the pid of the srun step.
+    pub fn start(&self, app: &[OsString]) -> anyhow::Result<Pid> {
+        let exe = std::env::current_exe().context("cannot find the ckpt executable")?;
+        let mut cmd = Command::new(SRUN);
+        cmd.args([
+            "--overlap".to_string(),
+            format!("--nodes={}", self.nodes),
+            format!("--ntasks={}", self.nodes),
+            "--ntasks-per-node=1".to_string(),
+        ])
+        .arg(exe)
+        .args(["job", "run", "--dir"])
+        .arg(&self.jobdir)
+        .arg("--")
+        .args(app)
+        .process_group(0)
+        .stdin(Stdio::null());
+        crate::scripts::close_inherited_fds(&mut cmd);
+        child_signals(&mut cmd, ChildSignals::None);
+        let child = cmd
+            .spawn()
+            .context("cannot start the job's parts with srun")?;
+        Ok(Pid::from_raw(
+            i32::try_from(child.id()).context("child pid out of range")?,
+        ))
+    }
+
+    /// Restarts every part from the last committed epoch in the
+    /// foreground: returns the pid of `ckpt job restore`, which exits with
+    /// the worst part's status.
+    pub fn restore(&self, a: &SlurmArgs) -> anyhow::Result<Pid> {
+        let mut cmd = self.ckpt(&["job", "restore", "--launch", "srun"], ChildSignals::None)?;
+        if let Some(k) = &a.image_key {
+            cmd.arg("--image-key").arg(k);
+        }
+        let child = cmd.spawn().context("cannot run ckpt job restore")?;
+        Ok(Pid::from_raw(
+            i32::try_from(child.id()).context("child pid out of range")?,
+        ))
+    }
+
+    /// Checkpoints every part with `--kill`; `ckpt job dump` commits the
+    /// epoch and prunes to `--keep`. Returns the epoch's name.
+    pub fn checkpoint(&self, a: &SlurmArgs, dir: &Path) -> anyhow::Result<String> {
+        let keep = a.keep.to_string();
+        let mut cmd = self.ckpt(
+            &[
+                "job", "dump", "--launch", "srun", "--kill", "--json", "--keep", &keep,
+            ],
+            ChildSignals::Dump(a.signal),
+        )?;
+        if let Some(k) = &a.image_key {
+            cmd.arg("--image-key").arg(k);
+        }
+        let out = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output()
+            .context("cannot run ckpt job dump")?;
+        let parsed = serde_json::from_slice::<serde_json::Value>(&out.stdout);
+        if !out.status.success() {
+            // The agents' errors go to the job's output; the round's
+            // outcome (with --json, on stdout) into the error.
+            let text = String::from_utf8_lossy(&out.stderr);
+            eprint!("{text}");
+            let outcome = parsed
+                .ok()
+                .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+                .or_else(|| {
+                    text.lines()
+                        .rfind(|l| !l.trim().is_empty())
+                        .map(str::to_string)
+                })
+                .unwrap_or_default();
+            bail!("ckpt job dump: {}: {outcome}", out.status);
+        }
+        let v = parsed.context("ckpt job dump --json printed no JSON")?;
+        let Some(epoch) = v["epoch"].as_u64() else {
+            bail!("ckpt job dump --json printed no epoch: {v}");
+        };
+        self.prune_timings(dir);
+        Ok(epoch_name(epoch))
+    }
+
+    /// Waits until every part runs (its root recorded since `since`, by
+    /// `ckpt job run` or a restore's agent) and no round holds the job
+    /// directory, so a warning signal that came early (Slurm's may come at
+    /// once) finds a job it can checkpoint. Returns early if `child` (the
+    /// srun step or `ckpt job restore`) ended, leaving it for the caller
+    /// to reap; after [`PARTS_START`] it warns and returns.
+    pub fn wait_running(&self, since: SystemTime, child: Pid) {
+        let deadline = Instant::now() + PARTS_START;
+        let since = since.checked_sub(CLOCK_SLACK).unwrap_or(since);
+        let Ok(dir) = JobDir::open(&self.jobdir) else {
+            return;
+        };
+        loop {
+            if ended(child) {
+                return;
+            }
+            let running = dir.parts().map_or(0, |parts| {
+                parts
+                    .iter()
+                    .filter(|p| {
+                        std::fs::metadata(dir.root_pid_path(&p.name))
+                            .and_then(|m| m.modified())
+                            .is_ok_and(|t| t >= since)
+                    })
+                    .count()
+            });
+            // Taking the lock (and dropping it at once) tells that the
+            // restore's round is over.
+            if u32::try_from(running).is_ok_and(|r| r >= self.nodes) && dir.lock().is_ok() {
+                return;
+            }
+            if Instant::now() >= deadline {
+                budget::warn(&format!(
+                    "{running} of {} parts recorded as running after {} s; a checkpoint before they all run fails",
+                    self.nodes,
+                    PARTS_START.as_secs()
+                ));
+                return;
+            }
+            std::thread::sleep(PARTS_POLL);
+        }
+    }
+
+    /// How the committed epoch is restored by hand.
+    pub fn restore_hint(&self) -> String {
+        format!(
+            "ckpt job restore --dir {} --launch srun",
+            self.jobdir.display()
+        )
+    }
+
+    /// Where the committed epoch is, for messages.
+    pub fn place(&self, name: &str) -> String {
+        format!("{} {name}", self.jobdir.display())
+    }
+
+    /// Removes the timing records of epochs `ckpt job dump` pruned.
+    fn prune_timings(&self, dir: &Path) {
+        let Ok(job) = JobDir::open(&self.jobdir) else {
+            return;
+        };
+        let Ok(epochs) = job.epochs() else { return };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some(epoch) = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(budget::TIMING_SUFFIX))
+                .and_then(epoch_of)
+            else {
+                continue;
+            };
+            if !epochs.iter().any(|i| i.epoch == epoch) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// Whether our child `pid` has ended (a zombie waiting to be reaped).
+fn ended(pid: Pid) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        // The state follows the command name, which ends with the last ')'.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_none_or(|state| state == "Z")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epoch_names() {
+        assert_eq!(epoch_name(7), "epoch-7");
+        assert_eq!(epoch_of("epoch-7"), Some(7));
+        for bad in ["epoch-", "epoch-x", "ckpt-7", "epoch--1"] {
+            assert_eq!(epoch_of(bad), None, "{bad}");
+        }
+    }
+}
