@@ -58,6 +58,41 @@ fn root_unix(expect: u32, dir: &Path, deadline: Duration, unix: &Path) -> CoordH
     ckpt_coord::spawn(cfg).unwrap()
 }
 
+/// Sends, over `raw`, the Hello of a client in `role` expecting `expect` nodes and then
+/// a forged proof, as a client that skips checking the coordinator would; reads until
+/// the coordinator hangs up (the caller sets a read timeout) and returns the reason of
+/// its last refusal, if it sent one.
+fn forged_auth_refusal(
+    raw: &mut (impl Read + Write),
+    role: ckpt_coord::protocol::Role,
+    expect: u32,
+) -> Option<String> {
+    let hello = ckpt_coord::protocol::Message::Hello(ckpt_coord::protocol::Hello {
+        min_version: ckpt_coord::protocol::VERSION_MIN,
+        max_version: ckpt_coord::protocol::VERSION_MAX,
+        job: JOB.into(),
+        node: "intruder".into(),
+        role,
+        intent: Intent::Standby,
+        expect,
+        client_nonce: [0; 32],
+    });
+    raw.write_all(&hello.encode().unwrap()).unwrap();
+    let auth = ckpt_coord::protocol::Message::Auth(ckpt_coord::protocol::Auth { proof: [9; 32] });
+    raw.write_all(&auth.encode().unwrap()).unwrap();
+    let mut buf = Vec::new();
+    let _ = raw.read_to_end(&mut buf);
+    let mut r = ckpt_coord::protocol::FrameReader::new();
+    r.push(&buf);
+    let mut refused = None;
+    while let Ok(Some(m)) = r.next_message() {
+        if let ckpt_coord::protocol::Message::Refused(x) = m {
+            refused = Some(x.reason);
+        }
+    }
+    refused
+}
+
 /// The client address of a Unix socket.
 fn unix_addr(path: &Path) -> String {
     format!("unix:{}", path.display())
@@ -638,30 +673,8 @@ fn unix_wrong_secret_is_refused_and_a_live_socket_is_not_replaced() {
     );
     // A client that skips the server check is refused by the coordinator.
     let mut raw = std::os::unix::net::UnixStream::connect(&sock).unwrap();
-    let hello = ckpt_coord::protocol::Message::Hello(ckpt_coord::protocol::Hello {
-        min_version: ckpt_coord::protocol::VERSION_MIN,
-        max_version: ckpt_coord::protocol::VERSION_MAX,
-        job: JOB.into(),
-        node: "intruder".into(),
-        role: ckpt_coord::protocol::Role::Agent,
-        intent: Intent::Standby,
-        expect: 1,
-        client_nonce: [0; 32],
-    });
-    raw.write_all(&hello.encode().unwrap()).unwrap();
-    let auth = ckpt_coord::protocol::Message::Auth(ckpt_coord::protocol::Auth { proof: [9; 32] });
-    raw.write_all(&auth.encode().unwrap()).unwrap();
     raw.set_read_timeout(Some(LONG)).unwrap();
-    let mut buf = Vec::new();
-    let _ = raw.read_to_end(&mut buf);
-    let mut r = ckpt_coord::protocol::FrameReader::new();
-    r.push(&buf);
-    let mut refused = None;
-    while let Ok(Some(m)) = r.next_message() {
-        if let ckpt_coord::protocol::Message::Refused(x) = m {
-            refused = Some(x.reason);
-        }
-    }
+    let refused = forged_auth_refusal(&mut raw, ckpt_coord::protocol::Role::Agent, 1);
     assert_eq!(refused.as_deref(), Some("authentication failed"));
     let mut ctl = control(&addr);
     let st = ctl.status().unwrap();
@@ -793,29 +806,9 @@ fn wrong_secret_is_refused_and_logged() {
     );
     // A client that skips the server check still gets refused by the coordinator.
     let mut raw = TcpStream::connect(c.local_addr()).unwrap();
-    let hello = ckpt_coord::protocol::Message::Hello(ckpt_coord::protocol::Hello {
-        min_version: ckpt_coord::protocol::VERSION_MIN,
-        max_version: ckpt_coord::protocol::VERSION_MAX,
-        job: JOB.into(),
-        node: "intruder".into(),
-        role: ckpt_coord::protocol::Role::Control,
-        intent: Intent::Standby,
-        expect: 0,
-        client_nonce: [0; 32],
-    });
-    raw.write_all(&hello.encode().unwrap()).unwrap();
-    let auth = ckpt_coord::protocol::Message::Auth(ckpt_coord::protocol::Auth { proof: [9; 32] });
-    raw.write_all(&auth.encode().unwrap()).unwrap();
     raw.set_read_timeout(Some(LONG)).unwrap();
-    let mut buf = Vec::new();
-    let _ = raw.read_to_end(&mut buf);
-    let mut r = ckpt_coord::protocol::FrameReader::new();
-    r.push(&buf);
-    let mut saw_refused = false;
-    while let Ok(Some(m)) = r.next_message() {
-        saw_refused |= matches!(m, ckpt_coord::protocol::Message::Refused(_));
-    }
-    assert!(saw_refused);
+    let refused = forged_auth_refusal(&mut raw, ckpt_coord::protocol::Role::Control, 0);
+    assert!(refused.is_some());
     // Wrong job.
     let other = Agent::connect(&addr, "otherjob", secret(), "n");
     assert!(other.is_err());
