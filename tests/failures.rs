@@ -6,6 +6,7 @@
 mod common;
 
 use std::fs::{self, OpenOptions};
+use std::path::Path;
 use std::time::Duration;
 
 use common::*;
@@ -137,17 +138,32 @@ fn assert_restore_fails_cleanly(env: &TestEnv, v: &Victim, file: &str) {
 
 #[test]
 fn restore_from_truncated_pages_fails() {
-    let env = TestEnv::new("truncated-pages");
+    restore_from_damaged_pages_fails("truncated-pages", |pages| {
+        let len = fs::metadata(pages).expect("pages image").len();
+        OpenOptions::new()
+            .write(true)
+            .open(pages)
+            .and_then(|f| f.set_len(len / 2))
+            .expect("truncate pages image");
+    });
+}
+
+/// Dumps the counter victim, lets `damage` spoil its page data image, and checks that
+/// restore refuses it cleanly, naming that image.
+fn restore_from_damaged_pages_fails(test: &str, damage: impl FnOnce(&Path)) {
+    let env = TestEnv::new(test);
     let v = dumped_counter(&env);
     let name = format!("pages-{}.img", v.pid);
-    let pages = env.img.join(&name);
-    let len = fs::metadata(&pages).expect("pages image").len();
-    OpenOptions::new()
-        .write(true)
-        .open(&pages)
-        .and_then(|f| f.set_len(len / 2))
-        .expect("truncate pages image");
+    damage(&env.img.join(&name));
     assert_restore_fails_cleanly(&env, &v, &name);
+}
+
+/// Flips the bits `mask` of the byte in the middle of `path`, keeping its size.
+fn flip_middle_byte(path: &Path, mask: u8) {
+    let mut bytes = fs::read(path).expect("read image");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= mask;
+    fs::write(path, &bytes).expect("write image");
 }
 
 /// One byte of page data changed, size kept: the page data is verified as
@@ -155,26 +171,14 @@ fn restore_from_truncated_pages_fails() {
 /// before it runs.
 #[test]
 fn restore_from_pages_with_a_flipped_byte_fails() {
-    let env = TestEnv::new("flipped-pages");
-    let v = dumped_counter(&env);
-    let name = format!("pages-{}.img", v.pid);
-    let pages = env.img.join(&name);
-    let mut bytes = fs::read(&pages).expect("read pages image");
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x01;
-    fs::write(&pages, &bytes).expect("write pages image");
-    assert_restore_fails_cleanly(&env, &v, &name);
+    restore_from_damaged_pages_fails("flipped-pages", |pages| flip_middle_byte(pages, 0x01));
 }
 
 #[test]
 fn restore_from_tampered_manifest_fails() {
     let env = TestEnv::new("tampered-manifest");
     let v = dumped_counter(&env);
-    let manifest = env.img.join("manifest.img");
-    let mut bytes = fs::read(&manifest).expect("read manifest");
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0xff;
-    fs::write(&manifest, &bytes).expect("write manifest");
+    flip_middle_byte(&env.img.join("manifest.img"), 0xff);
     assert_restore_fails_cleanly(&env, &v, "manifest.img");
 }
 

@@ -18,34 +18,36 @@ fn memory_restored_after_dump_kill() {
 /// LZ4-compressed by default).
 #[test]
 fn memory_restored_from_raw_images() {
-    let env = TestEnv::new("memory-raw");
-    let mut v = Victim::spawn(&env, "memory", &[]);
-    v.wait_ready();
-    dump(&env, &v, &["--kill", "--compress=none"]);
-    v.reap_killed(std::time::Duration::from_secs(10));
-    let show = ckpt(&env, &["show", "--json", path_str(&env.img)], FAIL_TIMEOUT);
-    let j: serde_json::Value = serde_json::from_str(&show.assert_success().stdout).unwrap();
-    assert_eq!(j["processes"][0]["pages_compressed"], false, "{j}");
-    restore_and_check(&env, &v);
+    cycle_with_page_data("memory-raw", "--compress=none", |p| {
+        assert_eq!(p["pages_compressed"], false, "{p}");
+    });
 }
 
 /// The same with LZ4-compressed page data: smaller than the memory it
 /// holds, and restored byte for byte.
 #[test]
 fn memory_restored_from_compressed_images() {
-    let env = TestEnv::new("memory-compressed");
+    cycle_with_page_data("memory-compressed", "--compress", |p| {
+        assert_eq!(p["pages_compressed"], true, "{p}");
+        assert!(
+            p["pages_file_bytes"].as_u64() < p["pages_bytes"].as_u64(),
+            "compressed pages are not smaller: {p}"
+        );
+    });
+}
+
+/// Dumps the memory victim with `--kill` and `compress` (the page data option under
+/// test), has `check` look at `ckpt show`'s entry for the process, then restores it and
+/// lets the victim check its memory from inside.
+fn cycle_with_page_data(test: &str, compress: &str, check: impl FnOnce(&serde_json::Value)) {
+    let env = TestEnv::new(test);
     let mut v = Victim::spawn(&env, "memory", &[]);
     v.wait_ready();
-    dump(&env, &v, &["--kill", "--compress"]);
+    dump(&env, &v, &["--kill", compress]);
     v.reap_killed(std::time::Duration::from_secs(10));
     let show = ckpt(&env, &["show", "--json", path_str(&env.img)], FAIL_TIMEOUT);
     let j: serde_json::Value = serde_json::from_str(&show.assert_success().stdout).unwrap();
-    let p = &j["processes"][0];
-    assert_eq!(p["pages_compressed"], true, "{p}");
-    assert!(
-        p["pages_file_bytes"].as_u64() < p["pages_bytes"].as_u64(),
-        "compressed pages are not smaller: {p}"
-    );
+    check(&j["processes"][0]);
     restore_and_check(&env, &v);
 }
 
@@ -203,9 +205,5 @@ fn memory_maps_identical_from_outside() {
 /// (tests/c/adjacent.c checks its maps entries and bytes from inside).
 #[test]
 fn adjacent_anonymous_vmas_are_not_merged() {
-    let env = TestEnv::new("memory-adjacent");
-    let mut v = Victim::spawn(&env, "adjacent", &[]);
-    v.wait_ready();
-    dump_kill_reap(&env, &mut v);
-    restore_and_check(&env, &v);
+    standard_cycle("memory-adjacent", "adjacent", &[]);
 }

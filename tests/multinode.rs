@@ -166,15 +166,23 @@ fn assert_completed(env: &TestEnv, outs: &[CkptOutput]) {
     );
 }
 
+/// The exchange job on `nodes`, its parts started `how`, checkpointed by a coordinated
+/// dump that kills it: where every restart test begins. Returns the coordinator, which
+/// runs the restart.
+fn dumped_exchange<'a>(env: &'a TestEnv, nodes: &'a NetNodes, how: Start) -> Coordinated<'a> {
+    // The coordinator, reachable from both nodes on the bridge.
+    let coord = Coordinated::start(env, nodes, JOB);
+    let (server, client) = start_exchange(env, nodes, how);
+    // Coordinated dump, one agent per node, inside its node.
+    dump_and_kill(env, &coord, [server, client]);
+    coord
+}
+
 #[test]
 fn tcp_job_across_two_nodes_survives_a_coordinated_checkpoint() {
     let env = TestEnv::new("multinode");
     let nodes = NetNodes::new("mn", 2);
-    // The coordinator, reachable from both nodes on the bridge.
-    let mut coord = Coordinated::start(&env, &nodes, JOB);
-    let (server, client) = start_exchange(&env, &nodes, Start::Plain);
-    // Coordinated dump, one agent per node, inside its node.
-    dump_and_kill(&env, &coord, [server, client]);
+    let mut coord = dumped_exchange(&env, &nodes, Start::Plain);
     // Coordinated restart: each node restores its part inside its node.
     let outs = coord.restore(WAIT);
     assert_completed(&env, &outs);
@@ -196,9 +204,7 @@ fn tcp_job_across_two_nodes_survives_a_coordinated_checkpoint() {
 fn tcp_job_restarts_with_the_nodes_parts_swapped() {
     let env = TestEnv::new("multinode-swap");
     let nodes = NetNodes::new("ms", 2);
-    let mut coord = Coordinated::start(&env, &nodes, JOB);
-    let (server, client) = start_exchange(&env, &nodes, Start::PidNs);
-    dump_and_kill(&env, &coord, [server, client]);
+    let mut coord = dumped_exchange(&env, &nodes, Start::PidNs);
     let outs = coord.restore_on(&[1, 0], WAIT);
     assert_completed(&env, &outs);
     // The server ran on node 2 after the restart (only node 2's address

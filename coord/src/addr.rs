@@ -6,12 +6,47 @@
 //! changes with the transport: the same handshake, secret, caps and eviction rules apply.
 
 use std::fmt;
-use std::io;
+use std::io::{self, Read, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 
 /// The prefix that makes an address a Unix socket path (`unix:/run/ckpt/J.sock`).
 pub const UNIX_PREFIX: &str = "unix:";
+
+/// A connected stream socket over either transport. Generic over the two socket types so
+/// the blocking client (`std::net`) and the coordinator's event loop (`mio::net`) share
+/// one byte path; an enum, not a trait object, because every read and write in the
+/// coordinator's hot loop goes through it.
+#[derive(Debug)]
+pub enum Stream<T, U> {
+    /// TCP.
+    Tcp(T),
+    /// Unix stream socket.
+    Unix(U),
+}
+
+impl<T: Read, U: Read> Read for Stream<T, U> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl<T: Write, U: Write> Write for Stream<T, U> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        // Sockets buffer nothing on our side: a written byte is already the kernel's.
+        Ok(())
+    }
+}
 
 /// Where a coordinator listens, as a client reaches it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -311,15 +311,9 @@ fn backoff_sleep(delay: Duration, start: Instant, timeout: Duration) -> Duration
     (delay * 2).min(BACKOFF_MAX)
 }
 
-/// A connection to a coordinator: TCP, or its Unix socket on this node. An enum, not a
-/// trait object: the socket is only ever one of the two.
-#[derive(Debug)]
-pub enum Stream {
-    /// TCP (`TCP_NODELAY` set).
-    Tcp(TcpStream),
-    /// Unix stream socket.
-    Unix(UnixStream),
-}
+/// A connection to a coordinator: TCP (`TCP_NODELAY` set), or its Unix socket on this
+/// node.
+pub type Stream = crate::addr::Stream<TcpStream, UnixStream>;
 
 impl Stream {
     /// Connects once, waiting at most `timeout` (TCP; a Unix connect does not wait).
@@ -336,28 +330,6 @@ impl Stream {
             Stream::Tcp(s) => s.set_read_timeout(t),
             Stream::Unix(s) => s.set_read_timeout(t),
         }
-    }
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.read(buf),
-            Stream::Unix(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.write(buf),
-            Stream::Unix(s) => s.write(buf),
-        }
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 

@@ -76,23 +76,64 @@ pub(crate) struct Round {
     phase: Phase,
     deadline_wire: PhaseDeadline,
     deadline: Instant,
-    arrived: u32,
     need: u32,
-    per_conn: BTreeMap<ConnId, u32>,
     members: BTreeMap<ConnId, u32>,
-    reports: Vec<NodeReport>,
+    /// Arrivals at the current phase.
+    current: Arrivals,
     /// Arrivals for the next phase, sent ahead ([`Phase::may_arrive_ahead`]); they count
     /// once that phase starts.
-    ahead: Ahead,
+    ahead: Arrivals,
     committed: bool,
 }
 
-/// Arrivals held for the phase after the current one.
+/// The arrivals at one phase: the current one, or the next one for those sent ahead. One
+/// type for both so both are bounded by the same rules.
 #[derive(Debug, Default)]
-struct Ahead {
+struct Arrivals {
     arrived: u32,
     per_conn: BTreeMap<ConnId, u32>,
     reports: Vec<NodeReport>,
+}
+
+impl Arrivals {
+    /// Nodes of `conn` that have arrived.
+    fn of(&self, conn: ConnId) -> u32 {
+        self.per_conn.get(&conn).copied().unwrap_or(0)
+    }
+
+    /// Counts an arrival of `count` nodes from `conn`, which stands for `allowed` nodes.
+    fn add(
+        &mut self,
+        conn: ConnId,
+        count: u32,
+        reports: Vec<NodeReport>,
+        allowed: u32,
+        own_reports: bool,
+    ) -> Result<(), BogusArrival> {
+        // Arrivals are bounded by the nodes the peer stands for, and reports must name
+        // them: one peer must not be able to complete a barrier for others.
+        let already = self.of(conn);
+        if already.saturating_add(count) > allowed || !own_reports {
+            return Err(BogusArrival {
+                claimed: count,
+                allowed,
+                already,
+            });
+        }
+        self.arrived += count;
+        *self.per_conn.entry(conn).or_default() += count;
+        self.reports.extend(reports);
+        Ok(())
+    }
+
+    /// `Complete` once `need` nodes have arrived.
+    fn barrier(&self, need: u32) -> Barrier {
+        if self.arrived >= need {
+            Barrier::Complete
+        } else {
+            Barrier::Open
+        }
+    }
 }
 
 impl Round {
@@ -114,12 +155,10 @@ impl Round {
             phase,
             deadline_wire,
             deadline,
-            arrived: 0,
             need,
-            per_conn: BTreeMap::new(),
             members,
-            reports: Vec::new(),
-            ahead: Ahead::default(),
+            current: Arrivals::default(),
+            ahead: Arrivals::default(),
             committed: phase == Phase::Commit,
         }
     }
@@ -182,8 +221,7 @@ impl Round {
     /// The peer has fully arrived in the round's last phase: leaving now is a normal exit.
     pub(crate) fn finished_by(&self, conn: ConnId) -> bool {
         self.in_last_phase()
-            && self.per_conn.get(&conn).copied().unwrap_or(0)
-                >= self.members.get(&conn).copied().unwrap_or(1)
+            && self.current.of(conn) >= self.members.get(&conn).copied().unwrap_or(1)
     }
 
     /// The phase command every member is sent for the current phase.
@@ -206,25 +244,15 @@ impl Round {
         reports: Vec<NodeReport>,
         own_reports: bool,
     ) -> Result<Barrier, BogusArrival> {
-        // Arrivals are bounded by the nodes the peer stands for, and reports must name
-        // them: one peer must not be able to complete a barrier for others.
-        let allowed = self.members.get(&conn).copied().unwrap_or(0);
-        let already = self.per_conn.get(&conn).copied().unwrap_or(0);
-        if already.saturating_add(count) > allowed || !own_reports {
-            return Err(BogusArrival {
-                claimed: count,
-                allowed,
-                already,
-            });
-        }
-        self.arrived += count;
-        *self.per_conn.entry(conn).or_default() += count;
-        self.reports.extend(reports);
-        Ok(if self.arrived >= self.need {
-            Barrier::Complete
-        } else {
-            Barrier::Open
-        })
+        let allowed = self.stands_for(conn);
+        self.current
+            .add(conn, count, reports, allowed, own_reports)?;
+        Ok(self.barrier())
+    }
+
+    /// Nodes `conn` stands for in this round (none if it is not a member).
+    fn stands_for(&self, conn: ConnId) -> u32 {
+        self.members.get(&conn).copied().unwrap_or(0)
     }
 
     /// The phase after the current one, if nodes may arrive at it ahead.
@@ -243,28 +271,14 @@ impl Round {
         reports: Vec<NodeReport>,
         own_reports: bool,
     ) -> Result<Barrier, BogusArrival> {
-        let allowed = self.members.get(&conn).copied().unwrap_or(0);
-        let already = self.ahead.per_conn.get(&conn).copied().unwrap_or(0);
-        if already.saturating_add(count) > allowed || !own_reports {
-            return Err(BogusArrival {
-                claimed: count,
-                allowed,
-                already,
-            });
-        }
-        self.ahead.arrived += count;
-        *self.ahead.per_conn.entry(conn).or_default() += count;
-        self.ahead.reports.extend(reports);
+        let allowed = self.stands_for(conn);
+        self.ahead.add(conn, count, reports, allowed, own_reports)?;
         Ok(self.ahead_complete())
     }
 
     /// Whether every node has arrived ahead at the next phase.
     pub(crate) fn ahead_complete(&self) -> Barrier {
-        if self.ahead.arrived >= self.need {
-            Barrier::Complete
-        } else {
-            Barrier::Open
-        }
+        self.ahead.barrier(self.need)
     }
 
     /// Nodes that arrived ahead at the next phase, and their reports (handed out).
@@ -275,11 +289,7 @@ impl Round {
     /// Whether every node has arrived at the current phase (also when they all did
     /// ahead, before it started).
     pub(crate) fn barrier(&self) -> Barrier {
-        if self.arrived >= self.need {
-            Barrier::Complete
-        } else {
-            Barrier::Open
-        }
+        self.current.barrier(self.need)
     }
 
     /// A relay's new mirror of the round takes over the arrivals its previous mirror
@@ -293,21 +303,21 @@ impl Round {
         for (conn, count) in ahead.per_conn {
             if let Some(stands_for) = self.members.get(&conn) {
                 let count = count.min(*stands_for);
-                self.arrived += count;
-                self.per_conn.insert(conn, count);
+                self.current.arrived += count;
+                self.current.per_conn.insert(conn, count);
             }
         }
-        self.reports = ahead.reports;
+        self.current.reports = ahead.reports;
     }
 
     /// Nodes that arrived at the current phase.
     pub(crate) fn arrived(&self) -> u32 {
-        self.arrived
+        self.current.arrived
     }
 
     /// Hands out the reports gathered in the current phase.
     pub(crate) fn take_reports(&mut self) -> Vec<NodeReport> {
-        std::mem::take(&mut self.reports)
+        std::mem::take(&mut self.current.reports)
     }
 
     /// Members that have not fully arrived: connection and how many of its nodes are late.
@@ -315,7 +325,7 @@ impl Round {
         self.members
             .iter()
             .filter_map(|(conn, stands_for)| {
-                let got = self.per_conn.get(conn).copied().unwrap_or(0);
+                let got = self.current.of(*conn);
                 (got < *stands_for).then(|| LateConn {
                     conn: *conn,
                     late: stands_for - got,
@@ -332,10 +342,7 @@ impl Round {
         let phase = *phases.get(self.phase_index)?;
         self.phase = phase;
         // What arrived ahead counts now (empty unless the phase may be acknowledged ahead).
-        let ahead = std::mem::take(&mut self.ahead);
-        self.arrived = ahead.arrived;
-        self.per_conn = ahead.per_conn;
-        self.reports = ahead.reports;
+        self.current = std::mem::take(&mut self.ahead);
         self.deadline = deadline;
         if phase == Phase::Commit {
             self.committed = true;

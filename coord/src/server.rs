@@ -264,12 +264,8 @@ enum ConnState {
     Closing,
 }
 
-/// One connection's socket: TCP, or a Unix stream socket from a local agent. An enum, not
-/// a trait object: every read and write in the hot loop goes through it.
-enum Stream {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-}
+/// One connection's socket: TCP, or a Unix stream socket from a local agent.
+type Stream = crate::addr::Stream<TcpStream, UnixStream>;
 
 impl Stream {
     fn shutdown_write(&self) -> std::io::Result<()> {
@@ -278,27 +274,14 @@ impl Stream {
             Stream::Unix(s) => s.shutdown(std::net::Shutdown::Write),
         }
     }
-}
 
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+    /// The socket as mio registers it. A trait object here only: registering is rare,
+    /// reads and writes (the hot path) still go through the enum.
+    fn socket(&mut self) -> &mut dyn mio::event::Source {
         match self {
-            Stream::Tcp(s) => s.read(buf),
-            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => s,
+            Stream::Unix(s) => s,
         }
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.write(buf),
-            Stream::Unix(s) => s.write(buf),
-        }
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 
@@ -309,10 +292,7 @@ impl mio::event::Source for Stream {
         token: Token,
         interests: Interest,
     ) -> std::io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.register(registry, token, interests),
-            Stream::Unix(s) => s.register(registry, token, interests),
-        }
+        self.socket().register(registry, token, interests)
     }
 
     fn reregister(
@@ -321,17 +301,11 @@ impl mio::event::Source for Stream {
         token: Token,
         interests: Interest,
     ) -> std::io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.reregister(registry, token, interests),
-            Stream::Unix(s) => s.reregister(registry, token, interests),
-        }
+        self.socket().reregister(registry, token, interests)
     }
 
     fn deregister(&mut self, registry: &Registry) -> std::io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.deregister(registry),
-            Stream::Unix(s) => s.deregister(registry),
-        }
+        self.socket().deregister(registry)
     }
 }
 

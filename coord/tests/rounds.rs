@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use ckpt_coord::client::{Agent, AgentOptions, ClientError, Control, Directive};
 use ckpt_coord::protocol::{AfterCommit, Intent, Outcome, Phase, PhaseInfo, RoundKind};
 use ckpt_coord::server::{CoordConfig, CoordHandle, FaultPoint};
-use ckpt_coord::{EpochStore, Secret};
+use ckpt_coord::{EpochStore, GlobalManifest, Secret};
 
 const JOB: &str = "job7";
 const CKPT: RoundKind = RoundKind::Checkpoint {
@@ -56,6 +56,41 @@ fn root_unix(expect: u32, dir: &Path, deadline: Duration, unix: &Path) -> CoordH
     cfg.name = "root".into();
     cfg.listen_unix = Some(unix.to_path_buf());
     ckpt_coord::spawn(cfg).unwrap()
+}
+
+/// Sends, over `raw`, the Hello of a client in `role` expecting `expect` nodes and then
+/// a forged proof, as a client that skips checking the coordinator would; reads until
+/// the coordinator hangs up (the caller sets a read timeout) and returns the reason of
+/// its last refusal, if it sent one.
+fn forged_auth_refusal(
+    raw: &mut (impl Read + Write),
+    role: ckpt_coord::protocol::Role,
+    expect: u32,
+) -> Option<String> {
+    let hello = ckpt_coord::protocol::Message::Hello(ckpt_coord::protocol::Hello {
+        min_version: ckpt_coord::protocol::VERSION_MIN,
+        max_version: ckpt_coord::protocol::VERSION_MAX,
+        job: JOB.into(),
+        node: "intruder".into(),
+        role,
+        intent: Intent::Standby,
+        expect,
+        client_nonce: [0; 32],
+    });
+    raw.write_all(&hello.encode().unwrap()).unwrap();
+    let auth = ckpt_coord::protocol::Message::Auth(ckpt_coord::protocol::Auth { proof: [9; 32] });
+    raw.write_all(&auth.encode().unwrap()).unwrap();
+    let mut buf = Vec::new();
+    let _ = raw.read_to_end(&mut buf);
+    let mut r = ckpt_coord::protocol::FrameReader::new();
+    r.push(&buf);
+    let mut refused = None;
+    while let Ok(Some(m)) = r.next_message() {
+        if let ckpt_coord::protocol::Message::Refused(x) = m {
+            refused = Some(x.reason);
+        }
+    }
+    refused
 }
 
 /// The client address of a Unix socket.
@@ -311,6 +346,58 @@ fn join_all(hs: Vec<JoinHandle<Vec<Ev>>>) -> Vec<Vec<Ev>> {
     hs.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
+/// The record of the last committed epoch in the state directory `dir`; there must be one.
+fn last_record(dir: &Path) -> GlobalManifest {
+    EpochStore::open(dir, JOB)
+        .unwrap()
+        .last_committed()
+        .unwrap()
+        .unwrap()
+}
+
+/// Triggers a checkpoint (epoch 1) and a restart (epoch 2) through `ctl`, checks both
+/// outcomes and that every agent in `hs` saw exactly those two rounds; returns how many
+/// agents finished, so a caller can check none went missing.
+fn checkpoint_then_restart(ctl: &mut Control, hs: Vec<JoinHandle<Vec<Ev>>>) -> usize {
+    let r1 = ctl.trigger(CKPT, Some(LONG)).unwrap();
+    assert_eq!((r1.epoch, r1.outcome), (1, Outcome::Committed));
+    let r2 = ctl.trigger(RoundKind::Restart, Some(LONG)).unwrap();
+    assert_eq!((r2.epoch, r2.outcome), (2, Outcome::Restarted));
+    let mut want = expected_checkpoint(1);
+    want.extend(expected_restart(2));
+    let all = join_all(hs);
+    for evs in &all {
+        assert_eq!(*evs, want);
+    }
+    all.len()
+}
+
+/// Triggers a checkpoint, a restart and another checkpoint through `ctl`, and checks
+/// each outcome, that every agent in `hs` saw exactly those three rounds, and that the
+/// record of epoch 3 names all `nodes` nodes: the full cycle a job goes through.
+fn checkpoint_restart_checkpoint(
+    ctl: &mut Control,
+    hs: Vec<JoinHandle<Vec<Ev>>>,
+    dir: &Path,
+    nodes: usize,
+) {
+    for (kind, outcome) in [
+        (CKPT, Outcome::Committed),
+        (RoundKind::Restart, Outcome::Restarted),
+        (CKPT, Outcome::Committed),
+    ] {
+        assert_eq!(ctl.trigger(kind, Some(LONG)).unwrap().outcome, outcome);
+    }
+    let mut want = expected_checkpoint(1);
+    want.extend(expected_restart(2));
+    want.extend(expected_checkpoint(3));
+    for evs in join_all(hs) {
+        assert_eq!(evs, want);
+    }
+    let m = last_record(dir);
+    assert_eq!((m.epoch, m.nodes.len()), (3, nodes));
+}
+
 #[test]
 fn flat_checkpoint_then_restart_rounds() {
     let dir = tempfile::tempdir().unwrap();
@@ -318,20 +405,8 @@ fn flat_checkpoint_then_restart_rounds() {
     let nodes = names("n", 6);
     let hs = spawn_agents(&[c.local_addr()], &nodes, 2, &[]);
     let mut ctl = control(c.local_addr());
-    let r1 = ctl.trigger(CKPT, Some(LONG)).unwrap();
-    assert_eq!((r1.epoch, r1.outcome), (1, Outcome::Committed));
-    let r2 = ctl.trigger(RoundKind::Restart, Some(LONG)).unwrap();
-    assert_eq!((r2.epoch, r2.outcome), (2, Outcome::Restarted));
-    let mut want = expected_checkpoint(1);
-    want.extend(expected_restart(2));
-    for evs in join_all(hs) {
-        assert_eq!(evs, want);
-    }
-    let m = EpochStore::open(dir.path(), JOB)
-        .unwrap()
-        .last_committed()
-        .unwrap()
-        .unwrap();
+    checkpoint_then_restart(&mut ctl, hs);
+    let m = last_record(dir.path());
     assert_eq!(m.epoch, 1);
     assert_eq!(m.nodes.len(), 6);
     assert_eq!(m.nodes[3].image_dir, "/ckpt/n03/1");
@@ -375,31 +450,7 @@ fn two_level_tree_checkpoint_and_restart() {
     let addrs: Vec<SocketAddr> = subs.iter().map(|s| s.local_addr()).collect();
     let nodes = names("t", 9);
     let hs = spawn_agents(&addrs, &nodes, 3, &[]);
-    let mut ctl = control(c.local_addr());
-    assert_eq!(
-        ctl.trigger(CKPT, Some(LONG)).unwrap().outcome,
-        Outcome::Committed
-    );
-    assert_eq!(
-        ctl.trigger(RoundKind::Restart, Some(LONG)).unwrap().outcome,
-        Outcome::Restarted
-    );
-    assert_eq!(
-        ctl.trigger(CKPT, Some(LONG)).unwrap().outcome,
-        Outcome::Committed
-    );
-    let mut want = expected_checkpoint(1);
-    want.extend(expected_restart(2));
-    want.extend(expected_checkpoint(3));
-    for evs in join_all(hs) {
-        assert_eq!(evs, want);
-    }
-    let m = EpochStore::open(dir.path(), JOB)
-        .unwrap()
-        .last_committed()
-        .unwrap()
-        .unwrap();
-    assert_eq!((m.epoch, m.nodes.len()), (3, 9));
+    checkpoint_restart_checkpoint(&mut control(c.local_addr()), hs, dir.path(), 9);
 }
 
 #[test]
@@ -422,11 +473,7 @@ fn drain_acknowledged_ahead_flat_and_through_a_tree() {
     for evs in join_all(hs) {
         assert_eq!(evs, want);
     }
-    let m = EpochStore::open(dir.path(), JOB)
-        .unwrap()
-        .last_committed()
-        .unwrap()
-        .unwrap();
+    let m = last_record(dir.path());
     assert_eq!((m.epoch, m.nodes.len()), (2, 4));
     assert!(m.nodes.iter().all(|n| n.image_dir.ends_with("/2")));
 
@@ -442,31 +489,7 @@ fn drain_acknowledged_ahead_flat_and_through_a_tree() {
     // Agent i goes to relay i % 2: relay 0 has agents 0, 2, 4 (all ahead), relay 1 has
     // 1, 3, 5 (only 1 ahead).
     let hs = spawn_agents_ahead(&addrs, &nodes, 3, |i| i % 2 == 0 || i == 1);
-    let mut ctl = control(c.local_addr());
-    assert_eq!(
-        ctl.trigger(CKPT, Some(LONG)).unwrap().outcome,
-        Outcome::Committed
-    );
-    assert_eq!(
-        ctl.trigger(RoundKind::Restart, Some(LONG)).unwrap().outcome,
-        Outcome::Restarted
-    );
-    assert_eq!(
-        ctl.trigger(CKPT, Some(LONG)).unwrap().outcome,
-        Outcome::Committed
-    );
-    let mut want = expected_checkpoint(1);
-    want.extend(expected_restart(2));
-    want.extend(expected_checkpoint(3));
-    for evs in join_all(hs) {
-        assert_eq!(evs, want);
-    }
-    let m = EpochStore::open(dir.path(), JOB)
-        .unwrap()
-        .last_committed()
-        .unwrap()
-        .unwrap();
-    assert_eq!((m.epoch, m.nodes.len()), (3, 6));
+    checkpoint_restart_checkpoint(&mut control(c.local_addr()), hs, dir.path(), 6);
 }
 
 /// Runs one committed round, then one round with a misbehaving agent; checks that every
@@ -574,22 +597,8 @@ fn unix_agents_flat_checkpoint_then_restart() {
     let mut hs = spawn_agents(&addrs, &nodes[..4], 2, &[]);
     hs.extend(spawn_agents(&[c.local_addr()], &nodes[4..], 2, &[]));
     let mut ctl = control(unix_addr(&sock));
-    let r1 = ctl.trigger(CKPT, Some(LONG)).unwrap();
-    assert_eq!((r1.epoch, r1.outcome), (1, Outcome::Committed));
-    let r2 = ctl.trigger(RoundKind::Restart, Some(LONG)).unwrap();
-    assert_eq!((r2.epoch, r2.outcome), (2, Outcome::Restarted));
-    let mut want = expected_checkpoint(1);
-    want.extend(expected_restart(2));
-    let all = join_all(hs);
-    assert_eq!(all.len(), 5);
-    for evs in all {
-        assert_eq!(evs, want);
-    }
-    let m = EpochStore::open(dir.path(), JOB)
-        .unwrap()
-        .last_committed()
-        .unwrap()
-        .unwrap();
+    assert_eq!(checkpoint_then_restart(&mut ctl, hs), 5);
+    let m = last_record(dir.path());
     assert_eq!((m.epoch, m.nodes.len()), (1, 5));
     assert_eq!(m.nodes[2].image_dir, "/ckpt/u02/1");
     assert_eq!(ctl.status().unwrap().last_committed, Some(1));
@@ -619,26 +628,7 @@ fn unix_agents_through_a_tree() {
     let addrs: Vec<String> = socks.iter().map(|p| unix_addr(p)).collect();
     let nodes = names("v", 6);
     let hs = spawn_agents_ahead(&addrs, &nodes, 3, |i| i != 1);
-    let mut ctl = control(c.local_addr());
-    for kind in [CKPT, RoundKind::Restart, CKPT] {
-        let r = ctl.trigger(kind, Some(LONG)).unwrap();
-        assert!(
-            matches!(r.outcome, Outcome::Committed | Outcome::Restarted),
-            "{r:?}"
-        );
-    }
-    let mut want = expected_checkpoint(1);
-    want.extend(expected_restart(2));
-    want.extend(expected_checkpoint(3));
-    for evs in join_all(hs) {
-        assert_eq!(evs, want);
-    }
-    let m = EpochStore::open(dir.path(), JOB)
-        .unwrap()
-        .last_committed()
-        .unwrap()
-        .unwrap();
-    assert_eq!((m.epoch, m.nodes.len()), (3, 6));
+    checkpoint_restart_checkpoint(&mut control(c.local_addr()), hs, dir.path(), 6);
 }
 
 #[test]
@@ -683,30 +673,8 @@ fn unix_wrong_secret_is_refused_and_a_live_socket_is_not_replaced() {
     );
     // A client that skips the server check is refused by the coordinator.
     let mut raw = std::os::unix::net::UnixStream::connect(&sock).unwrap();
-    let hello = ckpt_coord::protocol::Message::Hello(ckpt_coord::protocol::Hello {
-        min_version: ckpt_coord::protocol::VERSION_MIN,
-        max_version: ckpt_coord::protocol::VERSION_MAX,
-        job: JOB.into(),
-        node: "intruder".into(),
-        role: ckpt_coord::protocol::Role::Agent,
-        intent: Intent::Standby,
-        expect: 1,
-        client_nonce: [0; 32],
-    });
-    raw.write_all(&hello.encode().unwrap()).unwrap();
-    let auth = ckpt_coord::protocol::Message::Auth(ckpt_coord::protocol::Auth { proof: [9; 32] });
-    raw.write_all(&auth.encode().unwrap()).unwrap();
     raw.set_read_timeout(Some(LONG)).unwrap();
-    let mut buf = Vec::new();
-    let _ = raw.read_to_end(&mut buf);
-    let mut r = ckpt_coord::protocol::FrameReader::new();
-    r.push(&buf);
-    let mut refused = None;
-    while let Ok(Some(m)) = r.next_message() {
-        if let ckpt_coord::protocol::Message::Refused(x) = m {
-            refused = Some(x.reason);
-        }
-    }
+    let refused = forged_auth_refusal(&mut raw, ckpt_coord::protocol::Role::Agent, 1);
     assert_eq!(refused.as_deref(), Some("authentication failed"));
     let mut ctl = control(&addr);
     let st = ctl.status().unwrap();
@@ -838,29 +806,9 @@ fn wrong_secret_is_refused_and_logged() {
     );
     // A client that skips the server check still gets refused by the coordinator.
     let mut raw = TcpStream::connect(c.local_addr()).unwrap();
-    let hello = ckpt_coord::protocol::Message::Hello(ckpt_coord::protocol::Hello {
-        min_version: ckpt_coord::protocol::VERSION_MIN,
-        max_version: ckpt_coord::protocol::VERSION_MAX,
-        job: JOB.into(),
-        node: "intruder".into(),
-        role: ckpt_coord::protocol::Role::Control,
-        intent: Intent::Standby,
-        expect: 0,
-        client_nonce: [0; 32],
-    });
-    raw.write_all(&hello.encode().unwrap()).unwrap();
-    let auth = ckpt_coord::protocol::Message::Auth(ckpt_coord::protocol::Auth { proof: [9; 32] });
-    raw.write_all(&auth.encode().unwrap()).unwrap();
     raw.set_read_timeout(Some(LONG)).unwrap();
-    let mut buf = Vec::new();
-    let _ = raw.read_to_end(&mut buf);
-    let mut r = ckpt_coord::protocol::FrameReader::new();
-    r.push(&buf);
-    let mut saw_refused = false;
-    while let Ok(Some(m)) = r.next_message() {
-        saw_refused |= matches!(m, ckpt_coord::protocol::Message::Refused(_));
-    }
-    assert!(saw_refused);
+    let refused = forged_auth_refusal(&mut raw, ckpt_coord::protocol::Role::Control, 0);
+    assert!(refused.is_some());
     // Wrong job.
     let other = Agent::connect(&addr, "otherjob", secret(), "n");
     assert!(other.is_err());

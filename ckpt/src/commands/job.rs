@@ -125,6 +125,20 @@ struct CoordOpts {
     image_key: Option<PathBuf>,
 }
 
+/// What `ckpt job dump` and `ckpt job restore` both take, after their own options (so
+/// `--help` lists them in the same place): how the result is printed and how the round
+/// is coordinated and launched.
+#[derive(clap::Args, Debug)]
+struct RoundOpts {
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    coord: CoordOpts,
+    #[command(flatten)]
+    launch: LaunchOpts,
+}
+
 /// Arguments of `ckpt job dump`.
 #[derive(clap::Args, Debug)]
 struct DumpArgs {
@@ -140,13 +154,8 @@ struct DumpArgs {
     /// Store page data LZ4-compressed.
     #[arg(long)]
     compress: bool,
-    /// Print the result as JSON.
-    #[arg(long)]
-    json: bool,
     #[command(flatten)]
-    coord: CoordOpts,
-    #[command(flatten)]
-    launch: LaunchOpts,
+    common: RoundOpts,
 }
 
 /// Arguments of `ckpt job restore`.
@@ -161,13 +170,8 @@ struct RestoreArgs {
     /// Return once every part runs instead of waiting for them.
     #[arg(long, short = 'd')]
     detach: bool,
-    /// Print the result as JSON.
-    #[arg(long)]
-    json: bool,
     #[command(flatten)]
-    coord: CoordOpts,
-    #[command(flatten)]
-    launch: LaunchOpts,
+    common: RoundOpts,
 }
 
 /// Arguments of `ckpt job status` and `ckpt job list`.
@@ -583,10 +587,10 @@ fn agent_common(dir: &JobDir, addr: &str, c: &CoordOpts) -> Vec<OsString> {
 // ---------------------------------------------------------------------------
 
 fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
-    let register = register_timeout(&a.coord)?;
+    let register = register_timeout(&a.common.coord)?;
     let dir = JobDir::create_or_open(&a.dir)?;
     let _lock = dir.lock()?;
-    let placed = placements(&dir, &a.launch, true)?;
+    let placed = placements(&dir, &a.common.launch, true)?;
     let kind = RoundKind::Checkpoint {
         then: if a.kill {
             AfterCommit::Kill
@@ -594,13 +598,19 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
             AfterCommit::Resume
         },
     };
-    let mut round = Round::start(&dir, &a.coord, &dir.coord_state_dir(), placed.len(), kind)?;
+    let mut round = Round::start(
+        &dir,
+        &a.common.coord,
+        &dir.coord_state_dir(),
+        placed.len(),
+        kind,
+    )?;
     let mut argv = os(&["job", "agent", "dump"]);
-    argv.extend(agent_common(&dir, &round.agent_addr, &a.coord));
+    argv.extend(agent_common(&dir, &round.agent_addr, &a.common.coord));
     if a.compress {
         argv.push("--compress".into());
     }
-    let mut agents = launch(&a.launch, &argv, &placed)?;
+    let mut agents = launch(&a.common.launch, &argv, &placed)?;
     let over = round.wait("job dump", &mut agents, register);
     for ag in agents.iter_mut() {
         ag.wait()?;
@@ -640,7 +650,7 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|p| serde_json::json!({ "part": p.part, "node": p.node }))
         .collect();
-    if a.json {
+    if a.common.json {
         println!(
             "{}",
             serde_json::json!({
@@ -732,7 +742,7 @@ impl Drop for EpochPin {
 /// The `ckpt job agent restore` argv, built here only.
 fn restore_agent_argv(dir: &JobDir, addr: &str, a: &RestoreArgs) -> Vec<OsString> {
     let mut argv = os(&["job", "agent", "restore"]);
-    argv.extend(agent_common(dir, addr, &a.coord));
+    argv.extend(agent_common(dir, addr, &a.common.coord));
     if a.detach {
         argv.push("--detach".into());
     }
@@ -740,10 +750,10 @@ fn restore_agent_argv(dir: &JobDir, addr: &str, a: &RestoreArgs) -> Vec<OsString
 }
 
 fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
-    let register = register_timeout(&a.coord)?;
+    let register = register_timeout(&a.common.coord)?;
     let dir = JobDir::create_or_open(&a.dir)?;
     let lock = dir.lock()?;
-    let placed = placements(&dir, &a.launch, false)?;
+    let placed = placements(&dir, &a.common.launch, false)?;
     let pin = a.epoch.map(|e| EpochPin::new(&dir, e)).transpose()?;
     let state = pin
         .as_ref()
@@ -761,9 +771,15 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
                 )
             })?,
     };
-    let mut round = Round::start(&dir, &a.coord, &state, placed.len(), RoundKind::Restart)?;
+    let mut round = Round::start(
+        &dir,
+        &a.common.coord,
+        &state,
+        placed.len(),
+        RoundKind::Restart,
+    )?;
     let argv = restore_agent_argv(&dir, &round.agent_addr, &a);
-    let mut agents = launch(&a.launch, &argv, &placed)?;
+    let mut agents = launch(&a.common.launch, &argv, &placed)?;
     let over = round.wait("job restore", &mut agents, register);
     let over = match over {
         Ok(o) => o,
@@ -793,7 +809,7 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
     // at its warning signal), which takes the lock and the records.
     drop(round);
     drop(lock);
-    if !a.json {
+    if !a.common.json {
         eprintln!(
             "ckpt: job restored from epoch {epoch} ({})",
             parts_text(placed.len())
@@ -807,7 +823,7 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
         codes.push(serde_json::json!({ "agent": ag.label, "exit": code }));
         worst = worst.max(code);
     }
-    if a.json {
+    if a.common.json {
         println!(
             "{}",
             serde_json::json!({
