@@ -76,6 +76,41 @@ struct TcpRepairWindow {
     rcv_wup: u32,
 }
 
+/// Whether sequence number `a` comes after `b` (modulo 2^32, as TCP
+/// compares them).
+fn seq_after(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) > 0
+}
+
+/// The dumped window, made consistent with the dumped receive sequence
+/// (`recv_seq` is rcv_nxt once the receive queue is refilled). The dumper
+/// reads the queue and the window with separate calls; a segment still in
+/// flight on loopback between them (the peer is frozen, the kernel is not)
+/// can leave a window that starts past the queue, which the kernel refuses
+/// (EINVAL). rcv_wup never exceeds rcv_nxt, and snd_wl1 lies within the
+/// receive window: clamped there, the connection resumes and TCP settles
+/// the rest with its next ACK.
+fn consistent_window(conn: &TcpConnection) -> TcpRepairWindow {
+    let rcv_nxt = conn.recv_seq;
+    let rcv_wup = if seq_after(conn.rcv_wup, rcv_nxt) {
+        rcv_nxt
+    } else {
+        conn.rcv_wup
+    };
+    let snd_wl1 = if seq_after(conn.snd_wl1, rcv_nxt.wrapping_add(conn.rcv_wnd)) {
+        rcv_nxt
+    } else {
+        conn.snd_wl1
+    };
+    TcpRepairWindow {
+        snd_wl1,
+        snd_wnd: conn.snd_wnd,
+        max_window: conn.max_window,
+        rcv_wnd: conn.rcv_wnd,
+        rcv_wup,
+    }
+}
+
 /// A connection rebuilt in repair mode, waiting for its other end.
 struct Held {
     pid: i32,
@@ -571,13 +606,7 @@ fn restore_connection(
     sys::setsockopt_int(sock, tcp, libc::TCP_REPAIR_QUEUE, TCP_RECV_QUEUE)
         .map_err(os("TCP_REPAIR_QUEUE"))?;
     sys::send_all(sock, &plan.received).map_err(os("refill receive queue"))?;
-    let window = TcpRepairWindow {
-        snd_wl1: conn.snd_wl1,
-        snd_wnd: conn.snd_wnd,
-        max_window: conn.max_window,
-        rcv_wnd: conn.rcv_wnd,
-        rcv_wup: conn.rcv_wup,
-    };
+    let window = consistent_window(conn);
     sys::setsockopt_raw(sock, tcp, libc::TCP_REPAIR_WINDOW, &[window])
         .map_err(os("TCP_REPAIR_WINDOW"))?;
     // The receive buffer goes back to its size now; the send buffer once
@@ -691,4 +720,41 @@ fn switch_off(ends: &[Held]) -> Result<()> {
         force_buffer(s, libc::SO_SNDBUFFORCE, h.sndbuf.max(1)).map_err(os(h, "SO_SNDBUFFORCE"))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_past_the_receive_queue_is_clamped_to_it() {
+        let conn = TcpConnection {
+            recv_seq: 1000,
+            rcv_wup: 1500,
+            rcv_wnd: 100,
+            snd_wl1: 5000,
+            ..Default::default()
+        };
+        let w = consistent_window(&conn);
+        assert_eq!((w.rcv_wup, w.snd_wl1), (1000, 1000));
+        let fine = TcpConnection {
+            recv_seq: 1000,
+            rcv_wup: 900,
+            rcv_wnd: 100,
+            snd_wl1: 1050,
+            ..Default::default()
+        };
+        let w = consistent_window(&fine);
+        assert_eq!((w.rcv_wup, w.snd_wl1), (900, 1050));
+        // Across the wrap of the sequence space.
+        let wrapped = TcpConnection {
+            recv_seq: 10,
+            rcv_wup: u32::MAX - 5,
+            rcv_wnd: 100,
+            snd_wl1: u32::MAX,
+            ..Default::default()
+        };
+        let w = consistent_window(&wrapped);
+        assert_eq!((w.rcv_wup, w.snd_wl1), (u32::MAX - 5, u32::MAX));
+    }
 }
