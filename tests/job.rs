@@ -10,6 +10,8 @@
 //! Slurm variables set (`--launch srun`).
 
 mod common;
+#[path = "slurm_lab.rs"]
+mod slurm_lab;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -19,6 +21,7 @@ use std::time::Duration;
 use common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use slurm_lab::FAKE_SRUN;
 
 const WAIT: Duration = Duration::from_secs(60);
 const IP: &str = "/usr/sbin/ip";
@@ -422,35 +425,6 @@ fn an_unsupported_part_aborts_the_epoch_and_harms_nothing() {
     a.assert_runs_and_passes("part a after the abort");
     b.assert_runs_and_passes("part b after the abort");
 }
-
-/// A fake `srun` on PATH: logs its arguments, then runs the step's tasks
-/// here, one per node of `--nodelist` (else of $FAKE_SRUN_NODES, the
-/// allocation), with SLURM_NODEID, SLURM_PROCID and SLURMD_NODENAME set;
-/// exits with the worst task's code.
-const FAKE_SRUN: &str = r#"#!/bin/sh
-echo "$@" >> "$FAKE_SRUN_LOG"
-k=1; nodelist=
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --nodes=*) k=${1#--nodes=} ;;
-    --nodelist=*) nodelist=${1#--nodelist=} ;;
-    --*) ;;
-    *) break ;;
-  esac
-  shift
-done
-[ -n "$nodelist" ] || nodelist=$FAKE_SRUN_NODES
-i=0; pids=
-for node in $(echo "$nodelist" | tr , ' '); do
-  [ $i -lt $k ] || break
-  SLURM_NODEID=$i SLURM_PROCID=$i SLURMD_NODENAME=$node "$@" &
-  pids="$pids $!"
-  i=$((i + 1))
-done
-rc=0
-for p in $pids; do wait $p || rc=$?; done
-exit $rc
-"#;
 
 #[test]
 fn srun_launch_dumps_and_restores_parts_on_swapped_nodes() {

@@ -35,14 +35,6 @@ const JOB_TIMEOUT: Duration = Duration::from_secs(600);
 /// How often the job's state is asked for.
 const JOB_POLL: Duration = Duration::from_secs(2);
 fn diagnose(env: &TestEnv, job: &str, output: &Path) -> String {
-    let record = slurm("scontrol")
-        .args(["show", "job", "-o", job])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    let ctld = slurm_conf().with_file_name("log/slurmctld.log");
-    let log = read_to_string_lossy(&ctld);
-    let tail: Vec<&str> = log.lines().rev().take(30).collect();
     let listing = std::fs::read_dir(env.root.join("ckpt"))
         .map(|d| {
             d.filter_map(|e| e.ok())
@@ -52,19 +44,18 @@ fn diagnose(env: &TestEnv, job: &str, output: &Path) -> String {
         })
         .unwrap_or_default();
     format!(
-        "job record: {record}\ncheckpoint dir: {listing}\n--- job output ---\n{}\n--- slurmctld.log (last 30 lines, newest first) ---\n{}",
+        "job record: {}\ncheckpoint dir: {listing}\n--- job output ---\n{}\n--- slurmctld.log (last 30 lines, newest first) ---\n{}",
+        Lab::One.record(job),
         read_to_string_lossy(output),
-        tail.join("\n")
+        Lab::One.ctld_log_tail(30)
     )
 }
 
 #[test]
 fn job_is_checkpointed_requeued_and_restored_with_its_memory_and_output() {
-    if let Err(why) = slurm_installed() {
-        eprintln!("SKIPPED: {why}");
+    let Some(started_lab) = Lab::One.take() else {
         return;
-    }
-    let started_lab = lab_up();
+    };
 
     let env = TestEnv::new("slurm");
     let victim = victim_bin("slurm_steps");
@@ -82,24 +73,16 @@ fn job_is_checkpointed_requeued_and_restored_with_its_memory_and_output() {
     )
     .expect("write batch script");
     let started = Instant::now();
-    let sub = slurm("sbatch")
-        .arg("--parsable")
-        .arg("--requeue")
-        .arg("--open-mode=append")
-        .arg(format!("--signal=B:USR1@{WARN_LEAD_SECS}"))
-        .arg(format!("--time={TIME_LIMIT}"))
-        .arg("--job-name=ckpt-slurm-test")
-        .arg("--output")
-        .arg(&output)
-        .arg(&script)
-        .output()
-        .expect("run sbatch");
-    assert!(
-        sub.status.success(),
-        "sbatch failed: {}",
-        String::from_utf8_lossy(&sub.stderr)
-    );
-    let job = String::from_utf8_lossy(&sub.stdout).trim().to_string();
+    let job = Lab::One.sbatch(&[
+        "--requeue",
+        "--open-mode=append",
+        &format!("--signal=B:USR1@{WARN_LEAD_SECS}"),
+        &format!("--time={TIME_LIMIT}"),
+        "--job-name=ckpt-slurm-test",
+        "--output",
+        path_str(&output),
+        path_str(&script),
+    ]);
 
     // Until the job record says it ended (REQUEUED/PENDING/RUNNING between).
     let mut last;
@@ -192,7 +175,7 @@ fn job_is_checkpointed_requeued_and_restored_with_its_memory_and_output() {
     );
 
     if started_lab {
-        lab_down();
+        Lab::One.down();
     }
 }
 
@@ -336,26 +319,10 @@ impl FakeJob {
 
     /// The step numbers in the output, in order; each step's sum checked.
     fn steps(&self) -> Vec<u64> {
-        let text = self.output();
-        let mut v = Vec::new();
-        for l in text.lines() {
-            let Some((n, sum)) = l.strip_prefix("step ").and_then(|r| r.split_once(" sum ")) else {
-                continue;
-            };
-            let n: u64 = n
-                .split('/')
-                .next()
-                .and_then(|n| n.parse().ok())
-                .expect("step number");
-            assert_eq!(
-                sum,
-                step_sum(n),
-                "step {n}: wrong memory sum\n{}",
-                self.diag()
-            );
-            v.push(n);
-        }
-        v
+        slurm_lab::steps(&self.output(), &|| self.diag())
+            .into_iter()
+            .map(|(_, n)| n)
+            .collect()
     }
 }
 

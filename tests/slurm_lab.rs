@@ -23,10 +23,6 @@ pub fn lab_state() -> PathBuf {
         .map_or_else(|| PathBuf::from("/var/tmp/ckpt-slurm-lab"), PathBuf::from)
 }
 
-pub fn slurm_conf() -> PathBuf {
-    lab_state().join("slurm.conf")
-}
-
 /// Whether Slurm is installed; if not, tries apt-get once. `Err` says why
 /// it cannot be had.
 pub fn slurm_installed() -> Result<(), String> {
@@ -49,26 +45,110 @@ pub fn slurm_installed() -> Result<(), String> {
     Ok(())
 }
 
-/// Brings the lab up; returns whether this call started it (then the
-/// caller brings it down when done).
-pub fn lab_up() -> bool {
-    let up = Command::new(lab_dir().join("lab-up.sh"))
-        .output()
-        .expect("run scripts/slurm/lab-up.sh");
-    assert!(
-        up.status.success(),
-        "scripts/slurm/lab-up.sh could not bring up the Slurm lab ({}):\n{}{}",
-        up.status,
-        String::from_utf8_lossy(&up.stdout),
-        String::from_utf8_lossy(&up.stderr)
-    );
-    String::from_utf8_lossy(&up.stdout)
-        .trim_end()
-        .ends_with("started")
+/// One of the labs on localhost: `scripts/slurm/lab-up.sh` (one node) or
+/// `lab-up.sh --nodes 2` (two fake nodes), each its own cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lab {
+    /// One node ($CKPT_SLURM_LAB).
+    One,
+    /// Two fake nodes on this host ($CKPT_SLURM_LAB2).
+    Two,
 }
 
-pub fn lab_down() {
-    let _ = Command::new(lab_dir().join("lab-down.sh")).status();
+impl Lab {
+    /// Its state directory, as lab-up.sh uses it.
+    pub fn state(self) -> PathBuf {
+        match self {
+            Lab::One => lab_state(),
+            Lab::Two => lab2_state(),
+        }
+    }
+
+    /// lab-up.sh's and lab-down.sh's arguments for it.
+    fn script_args(self) -> &'static [&'static str] {
+        match self {
+            Lab::One => &[],
+            Lab::Two => &["--nodes", "2"],
+        }
+    }
+
+    /// For a test under a real Slurm: `None` (the test skips, saying why)
+    /// when Slurm cannot be installed, else the lab brought up and whether
+    /// this call started it.
+    pub fn take(self) -> Option<bool> {
+        if let Err(why) = slurm_installed() {
+            eprintln!("SKIPPED: {why}");
+            return None;
+        }
+        Some(self.up())
+    }
+
+    /// Brings it up; returns whether this call started it (then the
+    /// caller brings it down when done).
+    pub fn up(self) -> bool {
+        let up = Command::new(lab_dir().join("lab-up.sh"))
+            .args(self.script_args())
+            .output()
+            .expect("run scripts/slurm/lab-up.sh");
+        assert!(
+            up.status.success(),
+            "scripts/slurm/lab-up.sh {} could not bring up the Slurm lab ({}):\n{}{}",
+            self.script_args().join(" "),
+            up.status,
+            String::from_utf8_lossy(&up.stdout),
+            String::from_utf8_lossy(&up.stderr)
+        );
+        String::from_utf8_lossy(&up.stdout)
+            .trim_end()
+            .ends_with("started")
+    }
+
+    /// Brings it down.
+    pub fn down(self) {
+        let _ = Command::new(lab_dir().join("lab-down.sh"))
+            .args(self.script_args())
+            .status();
+    }
+
+    /// A Slurm client command talking to it.
+    pub fn client(self, cmd: &str) -> Command {
+        let mut c = Command::new(cmd);
+        c.env("SLURM_CONF", self.state().join("slurm.conf"));
+        c
+    }
+
+    /// `sbatch --parsable ARGS`: the job id.
+    pub fn sbatch(self, args: &[&str]) -> String {
+        let out = self
+            .client("sbatch")
+            .arg("--parsable")
+            .args(args)
+            .output()
+            .expect("run sbatch");
+        assert!(
+            out.status.success(),
+            "sbatch failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// `scontrol show job -o JOB` (empty if Slurm cannot tell).
+    pub fn record(self, job: &str) -> String {
+        self.client("scontrol")
+            .args(["show", "job", "-o", job])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// The last `lines` lines of slurmctld's log, newest first.
+    pub fn ctld_log_tail(self, lines: usize) -> String {
+        let log =
+            std::fs::read_to_string(self.state().join("log/slurmctld.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(lines).collect();
+        tail.join("\n")
+    }
 }
 
 /// The two-node lab's state directory ($CKPT_SLURM_LAB2, as `lab-up.sh
@@ -78,42 +158,34 @@ pub fn lab2_state() -> PathBuf {
         .map_or_else(|| PathBuf::from("/var/tmp/ckpt-slurm-lab2"), PathBuf::from)
 }
 
-/// Brings the two-node lab up; returns whether this call started it.
-pub fn lab2_up() -> bool {
-    let up = Command::new(lab_dir().join("lab-up.sh"))
-        .args(["--nodes", "2"])
-        .output()
-        .expect("run scripts/slurm/lab-up.sh --nodes 2");
-    assert!(
-        up.status.success(),
-        "scripts/slurm/lab-up.sh --nodes 2 could not bring up the two-node Slurm lab ({}):\n{}{}",
-        up.status,
-        String::from_utf8_lossy(&up.stdout),
-        String::from_utf8_lossy(&up.stderr)
-    );
-    String::from_utf8_lossy(&up.stdout)
-        .trim_end()
-        .ends_with("started")
-}
-
-pub fn lab2_down() {
-    let _ = Command::new(lab_dir().join("lab-down.sh"))
-        .args(["--nodes", "2"])
-        .status();
-}
-
-/// A Slurm client command talking to the two-node lab.
-pub fn slurm2(cmd: &str) -> Command {
-    let mut c = Command::new(cmd);
-    c.env("SLURM_CONF", lab2_state().join("slurm.conf"));
-    c
-}
-
-/// A Slurm client command talking to the lab.
+/// A Slurm client command talking to the one-node lab.
 pub fn slurm(cmd: &str) -> Command {
-    let mut c = Command::new(cmd);
-    c.env("SLURM_CONF", slurm_conf());
-    c
+    Lab::One.client(cmd)
+}
+
+/// The `step N[/M] sum S` lines of tests/c/slurm_steps.c's output, in
+/// order: each line's index and step number, every sum checked against
+/// the memory the step must have (`context` goes into a failure).
+pub fn steps(text: &str, context: &dyn Fn() -> String) -> Vec<(usize, u64)> {
+    let mut v = Vec::new();
+    for (at, l) in text.lines().enumerate() {
+        let Some((n, sum)) = l.strip_prefix("step ").and_then(|r| r.split_once(" sum ")) else {
+            continue;
+        };
+        let n: u64 = n
+            .split('/')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect("step number");
+        assert_eq!(
+            sum,
+            step_sum(n),
+            "step {n}: wrong memory sum\n{}",
+            context()
+        );
+        v.push((at, n));
+    }
+    v
 }
 
 /// The victim's word `i` at step `s` (tests/c/slurm_steps.c `mix`).

@@ -78,13 +78,6 @@ fn progress(work: &Path) -> u64 {
 }
 
 fn diagnose(env: &TestEnv, job: &str, output: &Path) -> String {
-    let record = slurm2("scontrol")
-        .args(["show", "job", "-o", job])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    let log = read_to_string_lossy(&lab2_state().join("log/slurmctld.log"));
-    let tail: Vec<&str> = log.lines().rev().take(30).collect();
     let results: Vec<String> = ["server", "client"]
         .iter()
         .map(|r| {
@@ -96,20 +89,19 @@ fn diagnose(env: &TestEnv, job: &str, output: &Path) -> String {
         })
         .collect();
     format!(
-        "job record: {record}\n{}\n--- job output ---\n{}\n--- slurmctld.log (last 30 lines, newest first) ---\n{}",
+        "job record: {}\n{}\n--- job output ---\n{}\n--- slurmctld.log (last 30 lines, newest first) ---\n{}",
+        Lab::Two.record(job),
         results.join("\n"),
         read_to_string_lossy(output),
-        tail.join("\n")
+        Lab::Two.ctld_log_tail(30)
     )
 }
 
 #[test]
 fn job_of_two_nodes_exchanging_over_tcp_is_checkpointed_requeued_and_restored() {
-    if let Err(why) = slurm_installed() {
-        eprintln!("SKIPPED: {why}");
+    let Some(started_lab) = Lab::Two.take() else {
         return;
-    }
-    let started_lab = lab2_up();
+    };
 
     let env = TestEnv::new("slurm-nodes");
     let netpeer = victim_bin("netpeer");
@@ -146,25 +138,18 @@ fn job_of_two_nodes_exchanging_over_tcp_is_checkpointed_requeued_and_restored() 
     let expected = std::thread::spawn(|| expected_digest(ROUNDS));
 
     let started = Instant::now();
-    let sub = slurm2("sbatch")
-        .arg("--parsable")
-        .args(["--nodes=2", "--ntasks-per-node=1"])
-        .arg("--requeue")
-        .arg("--open-mode=append")
-        .arg(format!("--signal=B:USR1@{WARN_LEAD_SECS}"))
-        .arg(format!("--time={TIME_LIMIT}"))
-        .arg("--job-name=ckpt-slurm-nodes")
-        .arg("--output")
-        .arg(&output)
-        .arg(&script)
-        .output()
-        .expect("run sbatch");
-    assert!(
-        sub.status.success(),
-        "sbatch failed: {}",
-        String::from_utf8_lossy(&sub.stderr)
-    );
-    let job = String::from_utf8_lossy(&sub.stdout).trim().to_string();
+    let job = Lab::Two.sbatch(&[
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--requeue",
+        "--open-mode=append",
+        &format!("--signal=B:USR1@{WARN_LEAD_SECS}"),
+        &format!("--time={TIME_LIMIT}"),
+        "--job-name=ckpt-slurm-nodes",
+        "--output",
+        path_str(&output),
+        path_str(&script),
+    ]);
     let diag = || diagnose(&env, &job, &output);
 
     // Until the job record says it ended; the exchange's progress when
@@ -172,7 +157,8 @@ fn job_of_two_nodes_exchanging_over_tcp_is_checkpointed_requeued_and_restored() 
     let mut at_requeue = None;
     let mut last;
     let ended = loop {
-        let out = slurm2("scontrol")
+        let out = Lab::Two
+            .client("scontrol")
             .args(["show", "job", "-o", &job])
             .output()
             .expect("run scontrol");
@@ -198,7 +184,7 @@ fn job_of_two_nodes_exchanging_over_tcp_is_checkpointed_requeued_and_restored() 
         std::thread::sleep(JOB_POLL);
     };
     if !ended {
-        let _ = slurm2("scancel").arg(&job).status();
+        let _ = Lab::Two.client("scancel").arg(&job).status();
         panic!("job {job} did not end within {JOB_TIMEOUT:?}\n{}", diag());
     }
     eprintln!(
@@ -275,7 +261,7 @@ fn job_of_two_nodes_exchanging_over_tcp_is_checkpointed_requeued_and_restored() 
     }
 
     if started_lab {
-        lab2_down();
+        Lab::Two.down();
     }
 }
 

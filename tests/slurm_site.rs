@@ -478,7 +478,7 @@ impl LabJob {
         // --signal: the warning on preemption too
         // (preempt_send_user_signal); its time-limit warning (31 s before
         // the limit at the latest) never comes before the job is done.
-        let id = sbatch(&[
+        let id = Lab::One.sbatch(&[
             "--requeue",
             "--open-mode=append",
             "--signal=B:USR1@1",
@@ -498,7 +498,7 @@ impl LabJob {
     }
 
     fn record(&self) -> String {
-        record(&self.id)
+        Lab::One.record(&self.id)
     }
 
     fn diag(&self, site: &SiteConf) -> String {
@@ -563,31 +563,9 @@ impl LabJob {
     }
 }
 
-fn sbatch(args: &[&str]) -> String {
-    let out = slurm("sbatch")
-        .arg("--parsable")
-        .args(args)
-        .output()
-        .expect("run sbatch");
-    assert!(
-        out.status.success(),
-        "sbatch failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-fn record(job: &str) -> String {
-    slurm("scontrol")
-        .args(["show", "job", "-o", job])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default()
-}
-
 /// A job in `high` that needs the whole node, so it preempts what runs.
 fn preempt(env: &TestEnv) -> String {
-    sbatch(&[
+    Lab::One.sbatch(&[
         "--partition",
         "high",
         "--ntasks=2",
@@ -603,31 +581,14 @@ fn preempt(env: &TestEnv) -> String {
 /// The step numbers of the output in order, each step's sum checked, and
 /// the index of the line each came from.
 fn steps(text: &str) -> Vec<(usize, u64)> {
-    let mut v = Vec::new();
-    for (at, l) in text.lines().enumerate() {
-        let Some((n, sum)) = l.strip_prefix("step ").and_then(|r| r.split_once(" sum ")) else {
-            continue;
-        };
-        let n: u64 = n
-            .split('/')
-            .next()
-            .and_then(|n| n.parse().ok())
-            .expect("step number");
-        assert_eq!(sum, step_sum(n), "step {n}: wrong memory sum\n{text}");
-        v.push((at, n));
-    }
-    v
+    slurm_lab::steps(text, &|| text.to_string())
 }
 
 /// Takes the lab for one scenario: Slurm installed (else `None`: skip),
 /// the lab up, nothing else in it.
 fn take_lab() -> Option<(std::sync::MutexGuard<'static, ()>, bool)> {
-    if let Err(why) = slurm_installed() {
-        eprintln!("SKIPPED: {why}");
-        return None;
-    }
     let guard = LAB.lock().unwrap_or_else(|e| e.into_inner());
-    Some((guard, lab_up()))
+    Some((guard, Lab::One.take()?))
 }
 
 #[test]
@@ -653,7 +614,7 @@ fn preempted_job_is_checkpointed_within_grace_time_and_restored_after_the_high_j
         diag()
     );
     assert_eq!(
-        field(&record(&high), "JobState"),
+        field(&Lab::One.record(&high), "JobState"),
         Some("COMPLETED"),
         "the high job\n{}",
         diag()
@@ -704,7 +665,7 @@ fn preempted_job_is_checkpointed_within_grace_time_and_restored_after_the_high_j
     );
     assert!(site.log().contains(&verified), "{}", diag());
     if started {
-        lab_down();
+        Lab::One.down();
     }
 }
 
@@ -770,7 +731,7 @@ fn dump_that_does_not_fit_is_killed_and_the_previous_checkpoint_restored() {
         diag()
     );
     assert_eq!(
-        field(&record(&high), "JobState"),
+        field(&Lab::One.record(&high), "JobState"),
         Some("COMPLETED"),
         "{}",
         diag()
@@ -854,6 +815,6 @@ fn dump_that_does_not_fit_is_killed_and_the_previous_checkpoint_restored() {
     );
     drop(site);
     if started {
-        lab_down();
+        Lab::One.down();
     }
 }
