@@ -330,6 +330,12 @@ fn read_connection(
         }
         Err(e) => return Err(os("TCP_REPAIR_QUEUE", e)),
     }
+    // The window first: rcv_nxt only grows, so a segment still in flight
+    // on loopback (the peer is frozen, the kernel is not) can only move the
+    // receive sequence read below past the window read here, never the
+    // other way round, and the kernel accepts the pair on restore.
+    let (window, _) = sys::getsockopt_raw::<TcpRepairWindow>(sock, tcp, libc::TCP_REPAIR_WINDOW)
+        .map_err(|e| os("TCP_REPAIR_WINDOW", e))?;
     let seq = |what| sys::getsockopt_int(sock, tcp, libc::TCP_QUEUE_SEQ).map_err(|e| os(what, e));
     let len = |req, what| {
         sys::ioctl_int(sock, req)
@@ -347,8 +353,6 @@ fn read_connection(
     data.extend(peek_all(sock, recv_len as usize).map_err(|e| os("peek receive queue", e))?);
     sys::setsockopt_int(sock, tcp, libc::TCP_REPAIR_QUEUE, TCP_NO_QUEUE)
         .map_err(|e| os("TCP_REPAIR_QUEUE", e))?;
-    let (window, _) = sys::getsockopt_raw::<TcpRepairWindow>(sock, tcp, libc::TCP_REPAIR_WINDOW)
-        .map_err(|e| os("TCP_REPAIR_WINDOW", e))?;
     let conn = TcpConnection {
         send_seq,
         recv_seq,
