@@ -566,6 +566,14 @@ pub struct ImageDir {
     unverified: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
+/// The manifest's checksums of a file against those of its bytes.
+fn check_sums(d: &FileDigest, sums: digest::Sums, path: PathBuf) -> Result<(), ImageError> {
+    if sums.crc32c != d.crc32c || sums.sha256[..] != d.sha256[..] {
+        return Err(ImageError::Checksum { path });
+    }
+    Ok(())
+}
+
 /// Whether `name` is a process's page data (`pages-PID.img`).
 fn is_pages_name(name: &str) -> bool {
     name.strip_prefix("pages-")
@@ -659,10 +667,7 @@ impl ImageDir {
                 expected: d.size,
             });
         }
-        let sums = digest::of_bytes(bytes);
-        if sums.crc32c != d.crc32c || sums.sha256[..] != d.sha256[..] {
-            return Err(ImageError::Checksum { path });
-        }
+        check_sums(d, digest::of_bytes(bytes), path)?;
         self.unverified
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -725,10 +730,7 @@ impl ImageDir {
         let path = self.path.join(name);
         let (f, st) = self.open_listed(d, &path)?;
         let bytes = read_exact_len(f, &path, st.st_size as u64)?;
-        let sums = digest::of_bytes(&bytes);
-        if sums.crc32c != d.crc32c || sums.sha256[..] != d.sha256[..] {
-            return Err(ImageError::Checksum { path });
-        }
+        check_sums(d, digest::of_bytes(&bytes), path)?;
         Ok(bytes)
     }
 
@@ -791,11 +793,7 @@ impl ImageDir {
     fn verify(&self, d: &FileDigest) -> Result<(), ImageError> {
         let path = self.path.join(&d.name);
         let (f, _) = self.open_listed(d, &path)?;
-        let sums = digest::of_file(&f, d.size, &path)?;
-        if sums.crc32c != d.crc32c || sums.sha256[..] != d.sha256[..] {
-            return Err(ImageError::Checksum { path });
-        }
-        Ok(())
+        check_sums(d, digest::of_file(&f, d.size, &path)?, path)
     }
 }
 

@@ -261,7 +261,9 @@ impl Drop for Stopped {
 /// ones. A restart on another node maps them to that node's address
 /// ([`FilePolicy::addresses`]).
 pub fn node_addresses(dir: &Path, key: &ImageKey) -> Result<BTreeSet<IpAddr>> {
-    let images = ImageDir::open(dir, key)?;
+    // Only the open files are read: the page data is verified once, by the
+    // restore that uses it, not hashed here a first time.
+    let images = ImageDir::open_deferring_pages(dir, key)?;
     let files: Files = images.read_meta(ckpt_image::FILES_NAME, ImageKind::Files)?;
     Ok(fd::node_addresses(&files))
 }
