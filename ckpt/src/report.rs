@@ -243,7 +243,8 @@ impl ErrorReport {
             | ParasiteError::Mem { pid, .. }
             | ParasiteError::RemoteSyscall { pid, .. }
             | ParasiteError::Command { pid, .. }
-            | ParasiteError::Layout { pid, .. } => *pid,
+            | ParasiteError::Layout { pid, .. }
+            | ParasiteError::Userfault { pid, .. } => *pid,
             ParasiteError::RemoteOpen { pid, path, .. } => {
                 self.path = Some(path.clone());
                 *pid

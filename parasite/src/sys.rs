@@ -293,6 +293,7 @@ const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1;
 pub const UFFD_MSG_LEN: usize = 32;
 /// `UFFD_EVENT_*`.
 pub const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
+pub const UFFD_EVENT_FORK: u8 = 0x13;
 pub const UFFD_EVENT_REMAP: u8 = 0x14;
 pub const UFFD_EVENT_REMOVE: u8 = 0x15;
 pub const UFFD_EVENT_UNMAP: u8 = 0x16;
@@ -331,6 +332,14 @@ struct UffdioWriteprotect {
     mode: u64,
 }
 
+/// `struct uffdio_zeropage`.
+#[repr(C)]
+struct UffdioZeropage {
+    range: UffdioRange,
+    mode: u64,
+    zeropage: i64,
+}
+
 /// `struct uffdio_copy`.
 #[repr(C)]
 struct UffdioCopy {
@@ -346,6 +355,7 @@ nix::ioctl_readwrite!(uffdio_register_ioctl, 0xaa, 0x00, UffdioRegister);
 nix::ioctl_read!(uffdio_unregister_ioctl, 0xaa, 0x01, UffdioRange);
 nix::ioctl_read!(uffdio_wake_ioctl, 0xaa, 0x02, UffdioRange);
 nix::ioctl_readwrite!(uffdio_copy_ioctl, 0xaa, 0x03, UffdioCopy);
+nix::ioctl_readwrite!(uffdio_zeropage_ioctl, 0xaa, 0x04, UffdioZeropage);
 nix::ioctl_readwrite!(uffdio_writeprotect_ioctl, 0xaa, 0x06, UffdioWriteprotect);
 
 /// `UFFDIO_API` asking for `features`.
@@ -437,6 +447,68 @@ pub fn uffd_copy(fd: std::os::fd::BorrowedFd<'_>, dst: u64, data: &[u8]) -> Resu
         }
     }
     Ok(())
+}
+
+/// What one `UFFDIO_COPY` or `UFFDIO_ZEROPAGE` call did: the kernel stops
+/// at the first page it cannot fill and says how far it got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FillStep {
+    /// Bytes filled from the start of the range.
+    pub filled: u64,
+    /// Why it stopped short (`None`: the whole range is filled).
+    pub stopped: Option<Errno>,
+}
+
+/// Reads the outcome of one fill ioctl: `ret` its result, `progress` the
+/// struct's `copy`/`zeropage` field (bytes done, or a negative errno).
+fn fill_step(ret: Result<libc::c_int, Errno>, progress: i64, len: u64) -> FillStep {
+    match ret {
+        Ok(_) => FillStep {
+            filled: len,
+            stopped: None,
+        },
+        // A partial fill reports its length and EAGAIN; the page after it
+        // is the one that stopped it, and the next call says why.
+        Err(Errno::EAGAIN) if progress > 0 => FillStep {
+            filled: (progress as u64).min(len),
+            stopped: Some(Errno::EAGAIN),
+        },
+        Err(e) => FillStep {
+            filled: 0,
+            stopped: Some(e),
+        },
+    }
+}
+
+/// One `UFFDIO_COPY` of `data` to `dst` (waking the threads waiting there),
+/// reporting how far it got instead of retrying.
+pub fn uffd_copy_step(fd: std::os::fd::BorrowedFd<'_>, dst: u64, data: &[u8]) -> FillStep {
+    use std::os::fd::AsRawFd;
+    let mut c = UffdioCopy {
+        dst,
+        src: data.as_ptr() as u64,
+        len: data.len() as u64,
+        mode: 0,
+        copy: 0,
+    };
+    // SAFETY: the kernel reads `len` bytes from `src`, which lie inside the
+    // live slice `data`, and writes only into the other process.
+    let ret = unsafe { uffdio_copy_ioctl(fd.as_raw_fd(), &mut c) };
+    fill_step(ret, c.copy, data.len() as u64)
+}
+
+/// One `UFFDIO_ZEROPAGE` of `[start, start+len)` (waking).
+pub fn uffd_zeropage_step(fd: std::os::fd::BorrowedFd<'_>, start: u64, len: u64) -> FillStep {
+    use std::os::fd::AsRawFd;
+    let mut z = UffdioZeropage {
+        range: UffdioRange { start, len },
+        mode: 0,
+        zeropage: 0,
+    };
+    // SAFETY: the kernel reads and writes exactly this live struct; the
+    // range is the other process's memory, never dereferenced here.
+    let ret = unsafe { uffdio_zeropage_ioctl(fd.as_raw_fd(), &mut z) };
+    fill_step(ret, z.zeropage, len)
 }
 
 /// Reads whole `struct uffd_msg`s; returns how many.

@@ -243,6 +243,9 @@ pub struct Features(pub u64);
 impl Features {
     /// Write-protect faults are reported as such.
     pub const PAGEFAULT_FLAG_WP: Features = Features(1 << 0);
+    /// A `fork` of the process is reported with a new userfaultfd for the
+    /// child (whose registered ranges stay registered there).
+    pub const EVENT_FORK: Features = Features(1 << 1);
     /// An `mremap` of a registered range is reported (and the range stays
     /// registered at its new place).
     pub const EVENT_REMAP: Features = Features(1 << 2);
@@ -308,7 +311,14 @@ pub enum Event {
         /// Length.
         len: u64,
     },
-    /// Anything else (fork events are never asked for).
+    /// The process forked: `ufd` is a new userfaultfd for the child, just
+    /// installed in the reader's fd table (take it with
+    /// [`Userfault::from_fork`]).
+    Fork {
+        /// The new fd's number in this process.
+        ufd: i32,
+    },
+    /// Anything else.
     Other {
         /// The raw event code.
         code: u8,
@@ -374,6 +384,45 @@ impl Userfault {
         }
     }
 
+    /// One `UFFDIO_COPY` of `data` to `dst` (waking the threads waiting
+    /// there) that reports where and why it stopped instead of retrying:
+    /// the caller decides what a present page or a changing map means.
+    pub fn copy_step(&self, dst: u64, data: &[u8]) -> Result<Fill> {
+        self.step(sys::uffd_copy_step(self.fd.as_fd(), dst, data), "UFFDIO_COPY")
+    }
+
+    /// One `UFFDIO_ZEROPAGE` of `[start, start+len)`, as [`Self::copy_step`].
+    pub fn zeropage_step(&self, start: u64, len: u64) -> Result<Fill> {
+        self.step(
+            sys::uffd_zeropage_step(self.fd.as_fd(), start, len),
+            "UFFDIO_ZEROPAGE",
+        )
+    }
+
+    fn step(&self, s: sys::FillStep, what: &'static str) -> Result<Fill> {
+        let stop = match s.stopped {
+            None => None,
+            Some(Errno::EEXIST) => Some(Stop::Present),
+            Some(Errno::EAGAIN) => Some(Stop::Changing),
+            Some(Errno::ENOENT) => Some(Stop::Unmapped),
+            Some(Errno::ESRCH) => Some(Stop::Exited),
+            Some(e) => return Err(self.err(what)(e)),
+        };
+        Ok(Fill {
+            filled: s.filled,
+            stop,
+        })
+    }
+
+    /// Takes the child's userfaultfd a [`Event::Fork`] carried (`ufd`,
+    /// never taken before); `parent` names the forking process in messages.
+    pub fn from_fork(ufd: i32, parent: i32) -> Userfault {
+        // SAFETY: the kernel installed `ufd` in this process's table while
+        // the event was read; nothing else knows or owns it.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(ufd) };
+        Userfault { pid: parent, fd }
+    }
+
     /// Wakes threads waiting on `[start, start+len)`.
     pub fn wake(&self, start: u64, len: u64) -> Result<()> {
         sys::uffd_wake(self.fd.as_fd(), start, len).map_err(self.err("UFFDIO_WAKE"))
@@ -422,6 +471,29 @@ pub enum Filled {
     Already,
 }
 
+/// What one [`Userfault::copy_step`] or [`Userfault::zeropage_step`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fill {
+    /// Bytes filled from the start of the range.
+    pub filled: u64,
+    /// Why it stopped before the end (`None`: the whole range is filled).
+    pub stop: Option<Stop>,
+}
+
+/// Why a fill stopped short, at the page just after what it filled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// That page is present already.
+    Present,
+    /// The address space is changing (an event is waiting to be read), or
+    /// the kernel stopped for its own reasons: read events, then retry.
+    Changing,
+    /// The range is no longer mapped or registered.
+    Unmapped,
+    /// The address space is gone (the process exited or called exec).
+    Exited,
+}
+
 fn decode(m: &[u8; sys::UFFD_MSG_LEN]) -> Event {
     let word = |at: usize| {
         let mut b = [0u8; 8];
@@ -438,6 +510,9 @@ fn decode(m: &[u8; sys::UFFD_MSG_LEN]) -> Event {
                 write_protect: flags & sys::UFFD_PAGEFAULT_FLAG_WP != 0,
             }
         }
+        sys::UFFD_EVENT_FORK => Event::Fork {
+            ufd: i32::from_le_bytes([m[8], m[9], m[10], m[11]]),
+        },
         sys::UFFD_EVENT_REMOVE => Event::Remove {
             start: word(8),
             end: word(16),

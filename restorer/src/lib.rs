@@ -27,6 +27,7 @@ pub mod error;
 mod fd;
 mod inherit;
 mod ipc;
+pub mod lazy;
 mod mm;
 mod pages;
 mod pid;
@@ -42,6 +43,7 @@ mod tree;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ckpt_image::fd::{FdTable, Files};
@@ -72,15 +74,22 @@ pub struct RestoreOptions<'a> {
     /// Which of the restorer's fds may reach the processes, and which files
     /// may have changed since the dump.
     pub files: FilePolicy,
+    /// Serve private anonymous memory on demand ([`lazy`]): the tree runs
+    /// before its pages are all back.
+    pub lazy: bool,
 }
 
 /// A restored, running process tree (its root is a child of the caller).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub struct Restored {
     /// The root's pid (the original one).
     pub pid: i32,
     /// The figures of the restore.
     pub stats: RestoreStats,
+    /// With [`RestoreOptions::lazy`]: the page server, filling the rest in
+    /// the background. Wait for it or detach it; dropping it stops the
+    /// service, and the pages not yet filled would read as zeros.
+    pub lazy: Option<lazy::PageServer>,
 }
 
 /// How long each phase of a restore took, in milliseconds.
@@ -109,6 +118,8 @@ pub struct RestoreStats {
     pub fds: usize,
     /// Bytes of page data restored.
     pub pages_bytes: u64,
+    /// How the pages were served, for a lazy restore.
+    pub lazy: Option<lazy::LazyStats>,
 }
 
 /// Milliseconds since `t`, to the microsecond.
@@ -203,6 +214,10 @@ pub struct Stopped {
     /// TCP connections to peers outside the tree, in repair mode until the
     /// tree resumes (closed silently if it never does).
     tcp: fd::OutsidePeers,
+    /// The page server of a lazy restore.
+    lazy: Option<lazy::PageServer>,
+    /// When the restore began (time-to-running counts from it).
+    started: Instant,
 }
 
 impl Stopped {
@@ -235,6 +250,14 @@ impl Stopped {
         self.ipc.disarm();
         let mut stats = self.stats;
         stats.phases.resume_ms = ms_since(started);
+        let lazy = self.lazy.take();
+        if let Some(server) = &lazy {
+            server.fill();
+            stats.lazy = Some(lazy::LazyStats {
+                running_ms: ms_since(self.started),
+                ..Default::default()
+            });
+        }
         log::info!(
             "resume: {} processes running ({:.3} ms)",
             stats.processes,
@@ -243,6 +266,7 @@ impl Stopped {
         Ok(Restored {
             pid: self.root,
             stats,
+            lazy,
         })
     }
 }
@@ -357,11 +381,17 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
         .map(|p| {
             let name = ckpt_image::pages_name(p.pid);
             let f = images.open_pages(&name)?;
-            sys::map_readonly(&f).map_err(|e| {
+            sys::map_readonly(&f).map(Arc::new).map_err(|e| {
                 RestoreError::from(ImageError::io(images.path().join(&name), "mmap", e))
             })
         })
         .collect::<Result<Vec<_>>>()?;
+    // A process whose memory its children inherit at fork must be whole
+    // before they are forked: only the others are served lazily.
+    let lazy: Vec<bool> = procs
+        .iter()
+        .map(|p| opts.lazy && !m.processes.iter().any(|e| e.ppid == p.pid))
+        .collect();
     let mut stats = RestoreStats {
         processes: m.processes.len(),
         threads: procs.iter().map(|p| 1 + p.core.threads.len()).sum(),
@@ -414,7 +444,37 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
     let host_root = child.pid;
     let mut fds = fd::Context::new(&images, &files, &opts.files);
     *fds.state::<shmem::Objects>() = objects;
-    match build_tree(host_root, &procs, &zombies, &pages, &mut fds, opts)
+    let mut server = if lazy.contains(&true) {
+        Some(lazy::PageServer::start(read_started)?)
+    } else {
+        None
+    };
+    // Lazily served pages are not copied now, so their files are verified
+    // beside the rebuild, whole, before anything runs.
+    let verify_lazy = || -> Result<()> {
+        for (i, p) in procs.iter().enumerate().filter(|(i, _)| lazy[*i]) {
+            images.verify_bytes(&ckpt_image::pages_name(p.pid), &pages[i])?;
+        }
+        Ok(())
+    };
+    let built = std::thread::scope(|sc| {
+        let verifying = sc.spawn(verify_lazy);
+        let built = build_tree(
+            host_root,
+            &procs,
+            &zombies,
+            &pages,
+            &lazy,
+            server.as_mut(),
+            &mut fds,
+            opts,
+        );
+        let verified = verifying
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        built.and_then(|b| verified.map(|()| b))
+    });
+    match built
         .and_then(|built| ipc::remove_marked(&sysv).map(|()| built))
         .and_then(|built| {
             images
@@ -460,6 +520,8 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
                 stats,
                 ipc: created,
                 tcp: fds.take_state::<fd::OutsidePeers>(),
+                lazy: server,
+                started: read_started,
             })
         }
         Err(e) => {
@@ -508,11 +570,14 @@ fn check_tree(
 
 /// Creates every process of the tree (each forked by its restored parent,
 /// so parenthood, sessions and groups come out right), then rebuilds each.
+#[allow(clippy::too_many_arguments)]
 fn build_tree(
     host_root: i32,
     procs: &[ProcessImages],
     zombies: &[Zombie],
-    pages: &[memmap2::Mmap],
+    pages: &[Arc<memmap2::Mmap>],
+    lazy: &[bool],
+    mut server: Option<&mut lazy::PageServer>,
     fds: &mut fd::Context<'_>,
     opts: &RestoreOptions<'_>,
 ) -> Result<(Vec<Tracee>, task::SessionOrigin)> {
@@ -556,7 +621,8 @@ fn build_tree(
             .as_ref()
             .expect("parents come before their children");
         let started = Instant::now();
-        rebuild_memory(t, base, p, &pages[i], fds, opts)?;
+        let served = server.as_deref_mut().filter(|_| lazy[i]);
+        rebuild_memory(t, base, p, &pages[i], served, fds, opts)?;
         log::debug!(
             "pid {}: memory rebuilt ({:.3} ms)",
             p.pid,
@@ -821,7 +887,8 @@ fn rebuild_memory(
     t: &Tracee,
     base: u64,
     p: &ProcessImages,
-    pages: &[u8],
+    pages: &Arc<memmap2::Mmap>,
+    server: Option<&mut lazy::PageServer>,
     fds: &mut fd::Context<'_>,
     opts: &RestoreOptions<'_>,
 ) -> Result<()> {
@@ -877,7 +944,22 @@ fn rebuild_memory(
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::MidRebuild);
     inherit::drop_pages(&r, &p.mm)?;
     let name = ckpt_image::pages_name(p.pid);
-    pages::fill_pages(&r, &p.mm, images, &name, pages, opts.progress)?;
+    match server {
+        None => pages::fill_pages(&r, &p.mm, images, &name, pages, opts.progress)?,
+        Some(server) => {
+            let mut split = lazy::split(&p.mm, pages::plan(pid, &p.mm, pages.len() as u64)?);
+            log::debug!(
+                "pid {pid}: {} pieces copied now, {} served on demand in {} VMAs",
+                split.eager.len(),
+                split.lazy.len(),
+                split.ranges.len()
+            );
+            let eager = std::mem::take(&mut split.eager);
+            pages::copy_listed(&r, eager, pages, p.mm.pages_bytes, opts.progress)?;
+            let path = images.path().join(&name).display().to_string();
+            server.add(lazy::prepare(&r, path, Arc::clone(pages), split)?);
+        }
+    }
     let mm_fields = core.mm.as_ref().expect("validated");
     mm::set_mm_fields(&r, mm_fields, &core.exe)?;
     Ok(())

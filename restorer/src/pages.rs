@@ -55,6 +55,19 @@ fn copy_pages(
     pages: &[u8],
     progress: Option<&(dyn Fn(u64, u64) + Sync)>,
 ) -> Result<()> {
+    let copies = plan(r.t.pid(), mm, pages.len() as u64)?;
+    copy_listed(r, copies, pages, mm.pages_bytes, progress)
+}
+
+/// Copies `copies` (checked by [`plan`]) from `pages` into place, without
+/// verifying `pages` (the caller does); `total` is for `progress`.
+pub fn copy_listed(
+    r: &Remote<'_>,
+    copies: Vec<PageCopy>,
+    pages: &[u8],
+    total: u64,
+    progress: Option<&(dyn Fn(u64, u64) + Sync)>,
+) -> Result<()> {
     let pid = r.t.pid();
     let bad = |c: &PageCopy, what: String| {
         RestoreError::Image(ckpt_image::ImageError::Invalid {
@@ -66,7 +79,7 @@ fn copy_pages(
         })
     };
     let done = AtomicU64::new(0);
-    let pieces = pieces(plan(pid, mm, pages.len() as u64)?);
+    let pieces = pieces(copies);
     pieces.par_iter().try_for_each_init(Vec::new, |buf, c| {
         // In range by `plan`; `get` keeps that a checked fact here too.
         let stored = usize::try_from(c.file_offset)
@@ -90,7 +103,7 @@ fn copy_pages(
         r.t.write_mem_fast(c.addr, data)?;
         let now = done.fetch_add(c.raw_len, Ordering::Relaxed) + c.raw_len;
         if let Some(p) = progress {
-            p(now, mm.pages_bytes);
+            p(now, total);
         }
         Ok(())
     })

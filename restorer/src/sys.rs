@@ -728,3 +728,81 @@ pub fn own_pidfd_at_least(min: i32) -> std::io::Result<std::os::fd::OwnedFd> {
     // SAFETY: a new fd that nothing else owns.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(moved) })
 }
+
+/// `pidfd_open(pid)`: readable once the process has exited.
+pub fn pidfd_open(pid: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: integer arguments only.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pidfd_open returned a new fd that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Which side of [`daemonize`] the caller is on.
+pub enum Forked {
+    /// The calling process, which goes on as before.
+    Parent,
+    /// The daemon: a new session, stdio on /dev/null, only `keep` of the
+    /// other fds left open.
+    Daemon,
+}
+
+/// Forks a daemon: the child leaves the session and terminal, points its
+/// stdio at /dev/null, closes every fd but `keep`, and ignores the signals
+/// a terminal or a casual `kill` sends (only SIGKILL ends it early).
+///
+/// The caller must hold no lock another thread could be holding (the
+/// child has only the calling thread).
+pub fn daemonize(keep: &[std::os::fd::RawFd]) -> std::io::Result<Forked> {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: the caller holds no lock; the child goes on with the calling
+    // thread only, as documented above.
+    match unsafe { libc::fork() } {
+        -1 => return Err(std::io::Error::last_os_error()),
+        0 => {}
+        _ => return Ok(Forked::Parent),
+    }
+    // SAFETY: plain syscalls on integer arguments and a constant path.
+    unsafe {
+        libc::setsid();
+        for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGTERM, libc::SIGPIPE] {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            for fd in 0..=2 {
+                libc::dup2(null, fd);
+            }
+            if null > 2 {
+                libc::close(null);
+            }
+        }
+    }
+    let open: Vec<i32> = std::fs::read_dir("/proc/self/fd")?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    for fd in open.into_iter().filter(|fd| *fd > 2 && !keep.contains(fd)) {
+        // SAFETY: closing an fd of ours that nothing here uses any more
+        // (the directory's own fd is closed already, so this may fail).
+        unsafe { libc::close(fd) };
+    }
+    Ok(Forked::Daemon)
+}
+
+/// One line to the system log (the detached page server has no terminal).
+pub fn syslog(err: bool, msg: &str) {
+    let Ok(msg) = std::ffi::CString::new(msg.replace('\0', " ")) else {
+        return;
+    };
+    let level = if err { libc::LOG_ERR } else { libc::LOG_INFO };
+    // SAFETY: constant format and ident strings, `msg` a live C string.
+    unsafe {
+        libc::openlog(c"ckpt-lazy".as_ptr(), libc::LOG_PID, libc::LOG_DAEMON);
+        libc::syslog(level, c"%s".as_ptr(), msg.as_ptr());
+    }
+}

@@ -31,6 +31,13 @@ pub struct RestoreArgs {
     /// Print the restored pid as JSON.
     #[arg(long)]
     json: bool,
+    /// Let the processes run at once and bring their private memory back
+    /// on demand (userfaultfd), the rest filled in the background until
+    /// every page is resident. Without --detach, ckpt serves the pages
+    /// while it waits; with it, a page server daemon does (its outcome goes
+    /// to the system log).
+    #[arg(long)]
+    lazy: bool,
     /// Write the restored root's pid to this file once it runs (for
     /// scripts and schedulers).
     #[arg(long, value_name = "PATH")]
@@ -165,13 +172,14 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
                 .collect::<anyhow::Result<_>>()?,
             addresses: address_map(&a.map_address)?,
         },
+        lazy: a.lazy,
     };
     if let Some(addr) = a.coord.addr.as_deref().filter(|_| !a.peers.is_empty()) {
         // Before joining the round: this node's address comes from its
         // route to the coordinator, which a Unix socket does not have.
         route_source(addr)?;
     }
-    let r = if a.coord.enabled() {
+    let mut r = if a.coord.enabled() {
         coordinated(&a, &mut opts, bar.as_ref())?
     } else {
         let scripts = ActionScripts::new(a.action_scripts.clone(), &a.dir);
@@ -180,6 +188,9 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
     };
     if let Some(path) = &a.pidfile {
         write_pidfile(path, r.pid)?;
+    }
+    if let Some(server) = r.lazy.take() {
+        r.stats.lazy = Some(serve_lazily(&a, r.pid, server)?);
     }
     if let Some(path) = &a.stats_file {
         write_stats(path, &r.stats)?;
@@ -211,6 +222,45 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
             Err(e) => return Err(e).context(format!("waiting for pid {}", r.pid)),
         }
     }
+}
+
+/// The page service of `ckpt restore --lazy`: in this process until every
+/// page is resident, or handed to a daemon with `--detach`. Reports
+/// time-to-running and time-to-resident on stderr.
+fn serve_lazily(
+    a: &RestoreArgs,
+    pid: i32,
+    server: ckpt_restorer::lazy::PageServer,
+) -> anyhow::Result<ckpt_restorer::lazy::LazyStats> {
+    let what = format!("restore of pid {pid} from {}", a.dir.display());
+    if a.detach {
+        let s = server
+            .detach(&what)
+            .with_context(|| format!("{what}: page server"))?;
+        eprintln!(
+            "ckpt: pid {pid}: running after {:.1} ms; a page server fills the rest (outcome in the system log)",
+            s.running_ms
+        );
+        return Ok(s);
+    }
+    let s = server
+        .wait()
+        .with_context(|| format!("{what}: page server failed, the processes were killed"))?;
+    let mib = |b: u64| b as f64 / f64::from(1 << 20);
+    match s.resident_ms {
+        Some(ms) => eprintln!(
+            "ckpt: pid {pid}: running after {:.1} ms, all pages resident after {ms:.1} ms ({} faults, {:.1} MiB by fault, {:.1} MiB in the background)",
+            s.running_ms,
+            s.faults,
+            mib(s.fault_bytes),
+            mib(s.background_bytes)
+        ),
+        None => eprintln!(
+            "ckpt: pid {pid}: running after {:.1} ms; the processes ended before all pages were resident",
+            s.running_ms
+        ),
+    }
+    Ok(s)
 }
 
 /// The engine's phases (a coordinated restart publishes and subscribes

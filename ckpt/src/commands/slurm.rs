@@ -385,6 +385,7 @@ fn restore(a: &SlurmArgs, job: &Job, ckpt: &Path) -> anyhow::Result<App> {
             allow_changed: stdio_files(),
             ..FilePolicy::default()
         },
+        lazy: false,
     };
     let r = ckpt_restorer::restore(&opts)
         .with_context(|| format!("restore from {} failed", ckpt.display()))?;
