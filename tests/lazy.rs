@@ -1,0 +1,159 @@
+//! `ckpt restore --lazy`: the process runs at once and its private memory
+//! comes back on demand through userfaultfd while a page server fills the
+//! rest; drops, unmaps, remaps, writes, forks and threads during the fill
+//! all see the right memory (victim: tests/c/lazy.c).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+/// The `--json` line of a restore.
+fn restore_json(out: &CkptOutput) -> serde_json::Value {
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON on stdout:\n{}", out.stdout));
+    serde_json::from_str(line).expect("restore --json prints one JSON value")
+}
+
+fn pages_file(env: &TestEnv, pid: i32) -> std::path::PathBuf {
+    env.img.join(format!("pages-{pid}.img"))
+}
+
+#[test]
+fn a_large_patterned_block_is_served_on_demand_and_survives_drops_remaps_forks_and_writes() {
+    let env = TestEnv::new("lazy-big");
+    let mut v = Victim::spawn(&env, "lazy", &["256", "4"]);
+    v.wait_ready();
+    dump(&env, &v, &["--kill", "--compress=lz4"]);
+    v.reap_killed(Duration::from_secs(10));
+
+    let restore = spawn_restore(&env, &["--lazy", "--json"]);
+    v.go();
+    let out = finish_restore(&v, restore);
+    let json = restore_json(&out);
+    let lazy = &json["stats"]["lazy"];
+    eprintln!("lazy restore: {lazy}\n{}", out.stderr);
+    let running = lazy["running_ms"].as_f64().expect("running_ms");
+    let resident = lazy["resident_ms"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("every page became resident: {json}"));
+    assert!(
+        running < resident,
+        "the process ran before its memory was all back: {json}"
+    );
+    let lazy_bytes = lazy["lazy_bytes"].as_u64().unwrap();
+    assert!(
+        lazy_bytes >= 240 << 20,
+        "the block's pages were served lazily: {json}"
+    );
+    let served = ["fault_bytes", "background_bytes", "dropped_bytes"]
+        .iter()
+        .map(|k| lazy[k].as_u64().unwrap())
+        .sum::<u64>();
+    assert!(
+        served >= lazy_bytes,
+        "every lazy byte was filled or dropped: {json}"
+    );
+    assert!(
+        lazy["faults"].as_u64().unwrap() > 0,
+        "the process faulted pages in: {json}"
+    );
+    // The victim acts on the top of its block within a poll of go; the
+    // background fill, in address order, reaches it last.
+    assert!(
+        lazy["dropped_bytes"].as_u64().unwrap() >= 8 << 20,
+        "madvise and munmap dropped pending data: {json}"
+    );
+    assert_eq!(
+        lazy["forks"].as_u64(),
+        Some(1),
+        "the fork came while pages were pending: {json}"
+    );
+    assert!(
+        out.stderr.contains("all pages resident after"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// Another user's process, raw page data, more threads faulting at once,
+/// and the page server left behind as a daemon by `--detach`.
+#[test]
+fn non_root_threads_fault_concurrently_under_a_detached_server() {
+    let env = TestEnv::new("lazy-user");
+    let user = test_user();
+    env.give_work_to(user);
+    let mut v = Victim::spawn_as(&env, "lazy", &["64", "8"], user);
+    v.wait_ready();
+    dump(&env, &v, &["--kill", "--compress=none"]);
+    v.reap_killed(Duration::from_secs(10));
+
+    let out = ckpt(
+        &env,
+        &[
+            "restore",
+            "--dir",
+            path_str(&env.img),
+            "--lazy",
+            "--detach",
+            "--json",
+        ],
+        Duration::from_secs(30),
+    );
+    out.assert_success();
+    let json = restore_json(&out);
+    assert!(
+        json["stats"]["lazy"]["running_ms"].as_f64().is_some(),
+        "{json}"
+    );
+    assert!(out.stderr.contains("a page server fills the rest"), "{}", out.stderr);
+    assert_eq!(
+        status_field(v.pid, "Uid")
+            .unwrap_or_default()
+            .split_whitespace()
+            .next(),
+        Some(user.uid.to_string().as_str()),
+        "the restored process keeps its user"
+    );
+    v.go();
+    assert_eq!(v.wait_result(Duration::from_secs(30)), "PASS", "{}", v.diag());
+    v.assert_pass();
+}
+
+/// A pages file changed after the dump: the lazy restore refuses before
+/// the process runs, naming the file.
+#[test]
+fn a_corrupt_pages_file_is_refused_before_anything_runs() {
+    let env = TestEnv::new("lazy-corrupt");
+    let mut v = Victim::spawn(&env, "lazy", &["32", "1"]);
+    v.wait_ready();
+    dump(&env, &v, &["--kill", "--compress=none"]);
+    v.reap_killed(Duration::from_secs(10));
+    let pages = pages_file(&env, v.pid);
+    let mut data = std::fs::read(&pages).unwrap();
+    let middle = data.len() / 2;
+    data[middle] ^= 0x5a;
+    // In place: same owner, mode and size.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&pages)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, &data))
+        .unwrap();
+
+    let out = ckpt(
+        &env,
+        &["restore", "--dir", path_str(&env.img), "--lazy"],
+        Duration::from_secs(30),
+    );
+    let err = out.assert_error();
+    assert!(
+        err.contains(&format!("pages-{}.img", v.pid)),
+        "the error names the pages file: {err}"
+    );
+    assert!(!pid_exists(v.pid), "nothing of the process runs");
+    assert!(v.result().is_none(), "the victim never ran: {}", v.diag());
+}
