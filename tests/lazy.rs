@@ -157,3 +157,38 @@ fn a_corrupt_pages_file_is_refused_before_anything_runs() {
     assert!(!pid_exists(v.pid), "nothing of the process runs");
     assert!(v.result().is_none(), "the victim never ran: {}", v.diag());
 }
+
+/// Without a working userfaultfd (here /dev/userfaultfd is /dev/null in
+/// the restore's mount namespace), `--lazy` refuses in one line and the
+/// process never runs; the checkpoint still restores eagerly.
+#[test]
+fn without_a_userfaultfd_lazy_restore_refuses_by_name() {
+    let env = TestEnv::new("lazy-nouffd");
+    let mut v = Victim::spawn(&env, "lazy", &["32", "1"]);
+    v.wait_ready();
+    dump(&env, &v, &["--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+
+    let out = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount --bind /dev/null /dev/userfaultfd && exec "$0" "$@""#)
+        .arg(env!("CARGO_BIN_EXE_ckpt"))
+        .args(["restore", "--dir", path_str(&env.img), "--lazy"])
+        .env("CKPT_IMAGE_KEY", env.image_key())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run unshare");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let err = stderr
+        .lines()
+        .find(|l| l.starts_with("ckpt: error:"))
+        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    eprintln!("{err}");
+    assert!(
+        err.contains("--lazy needs a userfaultfd") && err.contains(&format!("pid {}", v.pid)),
+        "{err}"
+    );
+    assert!(!pid_exists(v.pid), "nothing of the process runs");
+    restore_and_check(&env, &v);
+}

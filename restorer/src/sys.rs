@@ -783,6 +783,9 @@ pub fn daemonize(keep: &[std::os::fd::RawFd]) -> std::io::Result<Forked> {
             }
         }
     }
+    // The OOM killer must not pick the server: the pages it has not filled
+    // yet would read as zeros in the processes it serves.
+    let _ = std::fs::write("/proc/self/oom_score_adj", "-1000");
     let open: Vec<i32> = std::fs::read_dir("/proc/self/fd")?
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect();
