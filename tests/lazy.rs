@@ -110,7 +110,11 @@ fn non_root_threads_fault_concurrently_under_a_detached_server() {
         json["stats"]["lazy"]["running_ms"].as_f64().is_some(),
         "{json}"
     );
-    assert!(out.stderr.contains("a page server fills the rest"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("a page server fills the rest"),
+        "{}",
+        out.stderr
+    );
     assert_eq!(
         status_field(v.pid, "Uid")
             .unwrap_or_default()
@@ -120,7 +124,12 @@ fn non_root_threads_fault_concurrently_under_a_detached_server() {
         "the restored process keeps its user"
     );
     v.go();
-    assert_eq!(v.wait_result(Duration::from_secs(30)), "PASS", "{}", v.diag());
+    assert_eq!(
+        v.wait_result(Duration::from_secs(30)),
+        "PASS",
+        "{}",
+        v.diag()
+    );
     v.assert_pass();
 }
 
@@ -191,4 +200,27 @@ fn without_a_userfaultfd_lazy_restore_refuses_by_name() {
     );
     assert!(!pid_exists(v.pid), "nothing of the process runs");
     restore_and_check(&env, &v);
+}
+
+/// Every kind of mapping of the memory victim (read-only and inaccessible
+/// anonymous memory, private file pages, shared memory, sparse regions),
+/// and a process tree whose children inherit private pages: the parts that
+/// stay eager and the lazily served ones come back byte for byte.
+#[test]
+fn every_mapping_kind_and_a_tree_come_back_under_lazy() {
+    for (name, compress) in [("memory", "--compress=lz4"), ("tree", "--compress=none")] {
+        let env = TestEnv::new(&format!("lazy-{name}"));
+        let mut v = Victim::spawn(&env, name, &[]);
+        v.wait_ready();
+        dump(&env, &v, &["--kill", compress]);
+        v.reap_killed(Duration::from_secs(10));
+        let restore = spawn_restore(&env, &["--lazy"]);
+        v.go();
+        let out = finish_restore(&v, restore);
+        assert!(
+            out.stderr.contains("running after"),
+            "{name}: {}",
+            out.stderr
+        );
+    }
 }

@@ -388,7 +388,10 @@ impl Userfault {
     /// there) that reports where and why it stopped instead of retrying:
     /// the caller decides what a present page or a changing map means.
     pub fn copy_step(&self, dst: u64, data: &[u8]) -> Result<Fill> {
-        self.step(sys::uffd_copy_step(self.fd.as_fd(), dst, data), "UFFDIO_COPY")
+        self.step(
+            sys::uffd_copy_step(self.fd.as_fd(), dst, data),
+            "UFFDIO_COPY",
+        )
     }
 
     /// One `UFFDIO_ZEROPAGE` of `[start, start+len)`, as [`Self::copy_step`].
@@ -562,6 +565,9 @@ mod tests {
                 len: 0x2000
             }
         );
+        m[0] = sys::UFFD_EVENT_FORK;
+        m[8..12].copy_from_slice(&7i32.to_le_bytes());
+        assert_eq!(decode(&m), Event::Fork { ufd: 7 });
     }
 
     /// A userfaultfd of this very process, write-protecting one page: the

@@ -509,7 +509,8 @@ impl Server {
                 while let Ok(m) = c.rx.try_recv() {
                     match m {
                         Msg::Add(space) => {
-                            self.stats.lazy_bytes += space.pending.values().map(|t| t.len).sum::<u64>();
+                            self.stats.lazy_bytes +=
+                                space.pending.values().map(|t| t.len).sum::<u64>();
                             self.spaces.push(*space);
                         }
                         Msg::Fill(at) => {
@@ -795,8 +796,10 @@ fn piece_data<'a>(
             let id = source as *const Source as usize;
             let hit = matches!(cache, Some((s, p, _)) if *s == id && *p == piece);
             if !hit {
-                // raw_len is at most MAX_BLOCK_RAW_LEN (checked by `plan`).
-                let mut buf = vec![0u8; c.raw_len as usize];
+                // raw_len is at most MAX_BLOCK_RAW_LEN (checked by `plan`);
+                // the last block's buffer is reused.
+                let mut buf = cache.take().map(|(_, _, b)| b).unwrap_or_default();
+                buf.resize(c.raw_len as usize, 0);
                 let n = lz4_flex::block::decompress_into(stored, &mut buf)
                     .map_err(|e| bad(format!("cannot decompress: {e}")))?;
                 if n as u64 != c.raw_len {

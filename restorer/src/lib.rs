@@ -956,8 +956,11 @@ fn rebuild_memory(
             );
             let eager = std::mem::take(&mut split.eager);
             pages::copy_listed(&r, eager, pages, p.mm.pages_bytes, opts.progress)?;
-            let path = images.path().join(&name).display().to_string();
-            server.add(lazy::prepare(&r, path, Arc::clone(pages), split)?);
+            // Nothing to serve: no userfaultfd either.
+            if !split.lazy.is_empty() {
+                let path = images.path().join(&name).display().to_string();
+                server.add(lazy::prepare(&r, path, Arc::clone(pages), split)?);
+            }
         }
     }
     let mm_fields = core.mm.as_ref().expect("validated");
