@@ -427,6 +427,10 @@ impl PageServer {
                 Ok(stats)
             }
             sys::Forked::Daemon => {
+                // The logger's lock may have been held by another thread at
+                // the fork, and its file is closed: the daemon logs to
+                // syslog only.
+                log::set_max_level(log::LevelFilter::Off);
                 let code = match s.run(None) {
                     Ok(_) => {
                         sys::syslog(false, &s.summary(what));
