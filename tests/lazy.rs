@@ -92,6 +92,7 @@ fn non_root_threads_fault_concurrently_under_a_detached_server() {
     dump(&env, &v, &["--kill", "--compress=none"]);
     v.reap_killed(Duration::from_secs(10));
 
+    let stats = env.root.join("stats.json");
     let out = ckpt(
         &env,
         &[
@@ -101,6 +102,8 @@ fn non_root_threads_fault_concurrently_under_a_detached_server() {
             "--lazy",
             "--detach",
             "--json",
+            "--stats-file",
+            path_str(&stats),
         ],
         Duration::from_secs(30),
     );
@@ -109,6 +112,12 @@ fn non_root_threads_fault_concurrently_under_a_detached_server() {
     assert!(
         json["stats"]["lazy"]["running_ms"].as_f64().is_some(),
         "{json}"
+    );
+    assert!(
+        json["stats"]["lazy"]["lazy_bytes"]
+            .as_u64()
+            .is_some_and(|b| b >= 48 << 20),
+        "the block's raw pages are left to the server: {json}"
     );
     assert!(
         out.stderr.contains("a page server fills the rest"),
@@ -131,6 +140,19 @@ fn non_root_threads_fault_concurrently_under_a_detached_server() {
         v.diag()
     );
     v.assert_pass();
+    // The daemon rewrites the stats file when it is done: the pages it
+    // served are counted there.
+    let served = || -> Option<u64> {
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&stats).ok()?).ok()?;
+        let lazy = &json["lazy"];
+        Some(lazy["fault_bytes"].as_u64()? + lazy["background_bytes"].as_u64()?)
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || served().is_some_and(|b| b > 0)),
+        "the page server daemon reported its work: {}",
+        std::fs::read_to_string(&stats).unwrap_or_default()
+    );
 }
 
 /// A pages file changed after the dump: the lazy restore refuses before

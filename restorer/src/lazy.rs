@@ -93,15 +93,34 @@ pub(crate) fn split(mm: &Mm, copies: Vec<PageCopy>) -> Split {
         ranges: Vec::new(),
     };
     for c in copies {
-        match vma_of(c.addr) {
-            Some(v) if c.addr != v.start => {
-                if out.ranges.last() != Some(&(v.start, v.end)) {
-                    out.ranges.push((v.start, v.end));
-                }
-                cut_into_pieces(c, &mut out.lazy);
+        let Some(v) = vma_of(c.addr) else {
+            out.eager.push(c);
+            continue;
+        };
+        let c = if c.addr != v.start {
+            c
+        } else if c.encoding == PageEncoding::Raw && c.raw_len > PAGE_SIZE {
+            // Raw data is cut after the first page.
+            out.eager.push(PageCopy {
+                file_len: PAGE_SIZE,
+                raw_len: PAGE_SIZE,
+                ..c
+            });
+            PageCopy {
+                addr: c.addr + PAGE_SIZE,
+                file_offset: c.file_offset + PAGE_SIZE,
+                file_len: c.raw_len - PAGE_SIZE,
+                raw_len: c.raw_len - PAGE_SIZE,
+                ..c
             }
-            _ => out.eager.push(c),
+        } else {
+            out.eager.push(c);
+            continue;
+        };
+        if out.ranges.last() != Some(&(v.start, v.end)) {
+            out.ranges.push((v.start, v.end));
         }
+        cut_into_pieces(c, &mut out.lazy);
     }
     out.ranges.sort_unstable();
     out.ranges.dedup();
@@ -408,8 +427,9 @@ impl PageServer {
 
     /// Leaves the service to a daemon (a new session, stdio on /dev/null,
     /// its outcome in the system log) and returns at once. `what` names the
-    /// restore in the log.
-    pub fn detach(mut self, what: &str) -> Result<LazyStats> {
+    /// restore in the log; the daemon calls `done` with the final figures
+    /// before it exits.
+    pub fn detach(mut self, what: &str, done: &dyn Fn(&LazyStats)) -> Result<LazyStats> {
         self.send(Msg::HandOver);
         let mut s = self.join()?;
         let stats = s.stats;
@@ -434,6 +454,7 @@ impl PageServer {
                 let code = match s.run(None) {
                     Ok(_) => {
                         sys::syslog(false, &s.summary(what));
+                        done(&s.stats);
                         0
                     }
                     Err(e) => {
@@ -504,6 +525,12 @@ impl Server {
             self.filling = true;
         }
         loop {
+            if self.filling && self.spaces.is_empty() {
+                if !self.cut_short {
+                    self.stats.resident_ms = Some(ms_between(self.started, Instant::now()));
+                }
+                return Ok(End::Done);
+            }
             let busy = self.filling && self.spaces.iter().any(|s| !s.pending.is_empty())
                 || self.spaces.iter().any(|s| !s.deferred.is_empty());
             let (wake, ready) = self.poll(ctl, busy)?;
@@ -543,12 +570,6 @@ impl Server {
                 self.background_step()?;
             }
             self.retire();
-            if self.filling && self.spaces.is_empty() {
-                if !self.cut_short {
-                    self.stats.resident_ms = Some(ms_between(self.started, Instant::now()));
-                }
-                return Ok(End::Done);
-            }
         }
     }
 
@@ -882,5 +903,11 @@ mod tests {
         assert_eq!(s.ranges, vec![(0x10000, 0x20000)]);
         assert_eq!(s.lazy, vec![copy(0x11000, 0x2000)]);
         assert_eq!(s.eager.len(), 3);
+        // A raw range from a VMA's start: its first page only is eager.
+        let s = split(&mm, vec![copy(0x10000, 0x3000)]);
+        assert_eq!(s.eager, vec![copy(0x10000, 0x1000)]);
+        let mut rest = copy(0x11000, 0x2000);
+        rest.file_offset = 0x1000;
+        assert_eq!(s.lazy, vec![rest]);
     }
 }

@@ -190,9 +190,12 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
         write_pidfile(path, r.pid)?;
     }
     if let Some(server) = r.lazy.take() {
-        r.stats.lazy = Some(serve_lazily(&a, r.pid, server)?);
+        r.stats.lazy = Some(serve_lazily(&a, r.pid, r.stats, server)?);
     }
-    if let Some(path) = &a.stats_file {
+    // A detached page server wrote them already, and rewrites them when
+    // it is done.
+    let written = a.lazy && a.detach;
+    if let Some(path) = a.stats_file.as_ref().filter(|_| !written) {
         write_stats(path, &r.stats)?;
     }
     if a.json {
@@ -226,16 +229,31 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
 
 /// The page service of `ckpt restore --lazy`: in this process until every
 /// page is resident, or handed to a daemon with `--detach`. Reports
-/// time-to-running and time-to-resident on stderr.
+/// time-to-running and time-to-resident on stderr. A detached server
+/// writes `--stats-file` before it leaves and again once it is done.
 fn serve_lazily(
     a: &RestoreArgs,
     pid: i32,
+    stats: ckpt_restorer::RestoreStats,
     server: ckpt_restorer::lazy::PageServer,
 ) -> anyhow::Result<ckpt_restorer::lazy::LazyStats> {
     let what = format!("restore of pid {pid} from {}", a.dir.display());
     if a.detach {
+        if let Some(path) = &a.stats_file {
+            write_stats(path, &stats)?;
+        }
+        let done = |lazy: &ckpt_restorer::lazy::LazyStats| {
+            if let Some(path) = &a.stats_file {
+                let mut all = stats;
+                all.lazy = Some(*lazy);
+                // Nowhere to report a failure but the system log.
+                if let Err(e) = write_stats(path, &all) {
+                    log::warn!("{what}: {e:#}");
+                }
+            }
+        };
         let s = server
-            .detach(&what)
+            .detach(&what, &done)
             .with_context(|| format!("{what}: page server"))?;
         eprintln!(
             "ckpt: pid {pid}: running after {:.1} ms; a page server fills the rest (outcome in the system log)",
