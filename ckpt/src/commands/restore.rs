@@ -256,10 +256,18 @@ fn serve_lazily(
             .detach(&what, &done)
             .with_context(|| format!("{what}: page server"))?;
         eprintln!(
-            "ckpt: pid {pid}: running after {:.1} ms; a page server fills the rest (outcome in the system log)",
-            s.running_ms
+            "ckpt: pid {pid}: running after {:.1} ms; a page server fills the rest (outcome in the system log{})",
+            s.running_ms,
+            if a.stats_file.is_some() {
+                " and the stats file"
+            } else {
+                ""
+            }
         );
         return Ok(s);
+    }
+    if let Some(running) = stats.lazy.map(|l| l.running_ms) {
+        eprintln!("ckpt: pid {pid}: running after {running:.1} ms; serving its pages");
     }
     let s = server
         .wait()
@@ -267,16 +275,12 @@ fn serve_lazily(
     let mib = |b: u64| b as f64 / f64::from(1 << 20);
     match s.resident_ms {
         Some(ms) => eprintln!(
-            "ckpt: pid {pid}: running after {:.1} ms, all pages resident after {ms:.1} ms ({} faults, {:.1} MiB by fault, {:.1} MiB in the background)",
-            s.running_ms,
+            "ckpt: pid {pid}: all pages resident after {ms:.1} ms ({} faults, {:.1} MiB by fault, {:.1} MiB in the background)",
             s.faults,
             mib(s.fault_bytes),
             mib(s.background_bytes)
         ),
-        None => eprintln!(
-            "ckpt: pid {pid}: running after {:.1} ms; the processes ended before all pages were resident",
-            s.running_ms
-        ),
+        None => eprintln!("ckpt: pid {pid}: the processes ended before all pages were resident"),
     }
     Ok(s)
 }
