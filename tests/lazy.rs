@@ -246,3 +246,33 @@ fn every_mapping_kind_and_a_tree_come_back_under_lazy() {
         );
     }
 }
+
+/// The process is killed while its pages are still being filled: the
+/// server notices (pidfd), stops, and `ckpt restore` ends with the
+/// process's status instead of waiting for a fill that cannot end.
+#[test]
+fn a_process_killed_during_the_fill_ends_the_service() {
+    let env = TestEnv::new("lazy-killed");
+    let mut v = Victim::spawn(&env, "lazy", &["128", "1"]);
+    v.wait_ready();
+    dump(&env, &v, &["--kill", "--compress=lz4"]);
+    v.reap_killed(Duration::from_secs(10));
+
+    let mut restore = spawn_restore(&env, &["--lazy", "--json"]);
+    wait_restored_and_running(&v, &mut restore);
+    v.send(nix::sys::signal::Signal::SIGKILL);
+    let out = restore.wait_with(Duration::from_secs(20), || v.diag());
+    eprintln!("{}", out.stderr);
+    assert_eq!(out.code(), 128 + 9, "{}", out.stderr);
+    let json = restore_json(&out);
+    assert!(
+        json["stats"]["lazy"]["running_ms"].as_f64().is_some(),
+        "{json}"
+    );
+    assert!(
+        out.stderr.contains("all pages resident after")
+            || out.stderr.contains("ended before all pages were resident"),
+        "{}",
+        out.stderr
+    );
+}
