@@ -6,6 +6,7 @@ use ckpt_image::task::{
     ThreadCore,
 };
 use ckpt_parasite::proto::MiscState;
+use ckpt_parasite::uffd::Userfault;
 use ckpt_parasite::{Infection, Regs, ThreadState, Tracee};
 
 use crate::error::{DumpError, Result};
@@ -61,7 +62,11 @@ pub struct TaskMisc {
 /// Runs the parasite's collection command in the process's leader (and
 /// asks for its POSIX timers), collects every other thread through the
 /// same infection ([`Infection::thread_state`]), and cures the leader.
-pub fn run_parasite(leader: &Tracee, threads: &[Tracee]) -> Result<(TaskMisc, Vec<ThreadState>)> {
+pub fn run_parasite(
+    leader: &Tracee,
+    threads: &[Tracee],
+    want_uffd: bool,
+) -> Result<(TaskMisc, Vec<ThreadState>, Option<Userfault>)> {
     let inf: Infection<'_> = leader.infect()?;
     let args = inf.call(ckpt_parasite::proto::CMD_DUMP_MISC)?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::ParasiteLoaded);
@@ -77,8 +82,14 @@ pub fn run_parasite(leader: &Tracee, threads: &[Tracee]) -> Result<(TaskMisc, Ve
         .iter()
         .map(|t| inf.thread_state(t))
         .collect::<std::result::Result<Vec<_>, _>>()?;
+    // Made inside the process, held by ckpt (a background dump's guard).
+    let uffd = if want_uffd {
+        Some(ckpt_parasite::uffd::create_in(&inf)?)
+    } else {
+        None
+    };
     inf.cure()?;
-    Ok((out, threads))
+    Ok((out, threads, uffd))
 }
 
 /// Builds the core image of a frozen task.

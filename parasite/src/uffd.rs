@@ -358,9 +358,12 @@ impl Userfault {
 
     /// Sets (`protect`) or clears write protection on `[start, start+len)`;
     /// clearing wakes the threads waiting there.
-    pub fn write_protect(&self, start: u64, len: u64, protect: bool) -> Result<()> {
-        sys::uffd_writeprotect(self.fd.as_fd(), start, len, protect)
-            .map_err(self.err("UFFDIO_WRITEPROTECT"))
+    pub fn write_protect(&self, start: u64, len: u64, protect: bool) -> Result<Applied> {
+        match sys::uffd_writeprotect(self.fd.as_fd(), start, len, protect) {
+            Ok(()) => Ok(Applied::Done),
+            Err(Errno::EAGAIN) => Ok(Applied::Busy),
+            Err(e) => Err(self.err("UFFDIO_WRITEPROTECT")(e)),
+        }
     }
 
     /// Fills the missing pages at `dst` with `data` and wakes the threads
@@ -370,6 +373,7 @@ impl Userfault {
         match sys::uffd_copy(self.fd.as_fd(), dst, data) {
             Ok(()) => Ok(Filled::Now),
             Err(Errno::EEXIST) => Ok(Filled::Already),
+            Err(Errno::EAGAIN) => Ok(Filled::Busy),
             Err(e) => Err(self.err("UFFDIO_COPY")(e)),
         }
     }
@@ -420,6 +424,19 @@ pub enum Filled {
     Now,
     /// They were present already.
     Already,
+    /// Nothing: the process is changing its address space and waits until
+    /// its event is read (`EAGAIN`). Read the pending events, then retry.
+    Busy,
+}
+
+/// What [`Userfault::write_protect`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// Protection set or cleared.
+    Done,
+    /// Nothing: the process is changing its address space and waits until
+    /// its event is read (`EAGAIN`). Read the pending events, then retry.
+    Busy,
 }
 
 fn decode(m: &[u8; sys::UFFD_MSG_LEN]) -> Event {
@@ -517,7 +534,10 @@ mod tests {
         unsafe { std::ptr::write_volatile(at as *mut u8, 1) };
         u.register(at as u64, page as u64, RegisterMode::WriteProtect)
             .unwrap();
-        u.write_protect(at as u64, page as u64, true).unwrap();
+        assert_eq!(
+            u.write_protect(at as u64, page as u64, true).unwrap(),
+            Applied::Done
+        );
         assert!(!u.wait(0).unwrap(), "no fault yet");
         let writer = std::thread::spawn(move || {
             // SAFETY: as above; the write blocks until unprotected.
@@ -535,7 +555,10 @@ mod tests {
         );
         // SAFETY: reading our own live page.
         assert_eq!(unsafe { std::ptr::read_volatile(at as *const u8) }, 1);
-        u.write_protect(at as u64, page as u64, false).unwrap();
+        assert_eq!(
+            u.write_protect(at as u64, page as u64, false).unwrap(),
+            Applied::Done
+        );
         writer.join().unwrap();
         // SAFETY: as above.
         assert_eq!(unsafe { std::ptr::read_volatile(at as *const u8) }, 2);

@@ -33,6 +33,14 @@ pub struct DumpArgs {
     #[arg(long, value_enum, value_name = "MODE", default_value_t = Compression::Auto,
           num_args = 0..=1, require_equals = true, default_missing_value = "lz4")]
     compress: Compression,
+    /// Freeze the tree only to save registers, files and shared memory and
+    /// to write-protect private memory, then let it run while that memory is
+    /// saved: the image is still the memory of the freeze instant (a write
+    /// to a page not saved yet waits until ckpt has read it). Fails, leaving
+    /// the job unharmed, if the job unmaps memory before it is saved.
+    /// Post-dump action scripts run with the tree running.
+    #[arg(long, conflicts_with = "kill")]
+    background: bool,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -80,6 +88,10 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
     let key =
         ckpt_image::ImageKey::load_or_create(&ckpt_image::seal::key_path(a.image_key.as_deref()))?;
     if a.coord.enabled() {
+        anyhow::ensure!(
+            !a.background,
+            "--background does not go with --coord: every node's tree stays frozen until the epoch is committed"
+        );
         let report = coordinated(&a, &key, &progress);
         if let Some(b) = &bar {
             b.finish_and_clear();
@@ -95,6 +107,7 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
         key: &key,
         log: Some(&crate::logger::captured),
         externals: &a.externals,
+        background: a.background,
     };
     let scripts = ActionScripts::new(a.action_scripts.clone(), &a.dir);
     let report =
@@ -252,6 +265,8 @@ fn coordinated_phases(
         key,
         log: Some(&crate::logger::captured),
         externals: &a.externals,
+        // Every node's tree stays frozen until the epoch is committed.
+        background: false,
     };
     let written = s.local(frozen.write(&write))?;
     s.local(scripts.run(Phase::PostDump, Some(a.pid)))?;
