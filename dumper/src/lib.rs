@@ -30,6 +30,7 @@ mod ipc;
 pub mod mm;
 pub mod pages;
 mod pidns;
+mod predump;
 mod procfile;
 mod shmem;
 mod sys;
@@ -50,6 +51,7 @@ use nix::errno::Errno;
 
 pub use background::BackgroundStats;
 pub use error::{Blocker, DumpError, Result};
+pub use predump::Previous;
 
 /// What happens to the target once its images are complete and synced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -104,6 +106,9 @@ pub struct WriteOptions<'a> {
     /// memory write-protected, and the image is still the memory of the
     /// freeze instant. [`Written::kill`] is refused after it.
     pub background: bool,
+    /// A pre-dump to take unchanged pages from (`--prev`), opened before
+    /// the freeze.
+    pub prev: Option<&'a Previous>,
 }
 
 /// Name of the dump's log in the checkpoint directory.
@@ -162,6 +167,10 @@ pub struct DumpStats {
     /// With `--background`: what was saved while the tree ran.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub background: Option<BackgroundStats>,
+    /// With `--prev`: bytes of pages taken from the pre-dump (unchanged
+    /// since), the rest of `pages_planned_bytes` was read from the tree.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reused_bytes: Option<u64>,
 }
 
 /// Milliseconds since `t`, as a fraction (short phases take well under one).
@@ -313,6 +322,18 @@ impl Frozen {
             ipc,
             key: opts.key.clone(),
         })
+    }
+
+    /// A pre-dump (`--pre-dump`): leaves write tracking in every process,
+    /// lets the tree run again at once, and saves its private memory while
+    /// it runs (with [`WriteOptions::prev`], only what changed since that
+    /// pre-dump is read from the tree). Not restorable: a later dump with
+    /// `--prev` uses it. On error the tree is thawed unharmed.
+    pub fn pre_dump(mut self, opts: &WriteOptions<'_>) -> Result<DumpReport> {
+        let written = write_pre_dump(&mut self, opts);
+        let mut report = written.map_err(|e| self.explain(e))?;
+        report.frozen_ms = self.thawed_after.unwrap_or_default().as_millis() as u64;
+        Ok(report)
     }
 
     /// A process that died while frozen makes whatever touched it next fail
@@ -488,11 +509,54 @@ struct Collected {
     untouched_bytes: u64,
     /// Its memory, readable after a thaw.
     mem: pages::Memory,
-    /// With `--background`: the userfaultfd guarding its memory.
+    /// With `--background`: the userfaultfd guarding its memory; with
+    /// `--pre-dump`: the one tracking its writes.
     uffd: Option<ckpt_parasite::uffd::Userfault>,
+    /// With `--pre-dump`: how its writes are tracked from now on.
+    tracking: Option<ckpt_image::mm::WriteTracking>,
+    /// With `--prev`: what it wrote since the pre-dump.
+    written: Option<predump::Written>,
 }
 
-fn collect_process(p: &tree::FrozenProcess, background: bool) -> Result<Collected> {
+/// What a dump does with userfaultfds in the processes.
+#[derive(Clone, Copy)]
+enum Userfaults<'a> {
+    /// Nothing.
+    Untouched,
+    /// A background dump's write guard, held by ckpt only.
+    Background,
+    /// A pre-dump: track writes from now on, with the userfaultfd an
+    /// earlier pre-dump left (when still there) or a new one kept in the
+    /// process.
+    Track(&'a WriteOptions<'a>),
+    /// A dump after a pre-dump: read what was written, and end the
+    /// tracking (the process's userfaultfd is closed).
+    Untrack(&'a WriteOptions<'a>),
+}
+
+impl Userfaults<'_> {
+    fn of<'a>(opts: &'a WriteOptions<'a>) -> Userfaults<'a> {
+        if opts.background {
+            Userfaults::Background
+        } else if opts.prev.is_some() {
+            Userfaults::Untrack(opts)
+        } else {
+            Userfaults::Untouched
+        }
+    }
+
+    /// The earlier pre-dump's tracking of `pid`.
+    fn before(&self, pid: i32) -> Option<&ckpt_image::mm::WriteTracking> {
+        match self {
+            Userfaults::Track(o) | Userfaults::Untrack(o) => {
+                o.prev?.process(pid)?.tracking.as_ref()
+            }
+            _ => None,
+        }
+    }
+}
+
+fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Collected> {
     let pid = p.pid;
     let started = Instant::now();
     let leader = &p.tasks[0];
@@ -500,7 +564,40 @@ fn collect_process(p: &tree::FrozenProcess, background: bool) -> Result<Collecte
     for t in &p.tasks[1..] {
         log::debug!("pid {pid}: thread {}", t.pid());
     }
-    let (misc, threads, uffd) = task::run_parasite(leader, &p.tasks[1..], background)?;
+    let before = mode.before(pid);
+    let mut uffd = None;
+    // The tracking fd kept in the process, and whether it is new.
+    let mut kept: Option<(i32, bool)> = None;
+    let mut with_parasite = |inf: &ckpt_parasite::Infection<'_>| -> Result<()> {
+        use ckpt_parasite::uffd;
+        match mode {
+            Userfaults::Untouched => {}
+            Userfaults::Background => uffd = Some(uffd::create_in(inf)?),
+            Userfaults::Track(_) => match before.map(|t| predump::adopt(pid, t)).transpose()? {
+                Some(Some(u)) => {
+                    kept = before.map(|t| (t.fd, false));
+                    uffd = Some(u);
+                }
+                _ => {
+                    let (u, fd) = uffd::create_kept_in(inf, predump::kept_fd_floor(pid))?;
+                    kept = Some((fd, true));
+                    uffd = Some(u);
+                }
+            },
+            Userfaults::Untrack(_) => {
+                if let Some(t) = before
+                    && let Some(u) = predump::adopt(pid, t)?
+                {
+                    // ckpt's copy keeps the tracking alive until the scan;
+                    // the process's goes now, before its fds are read.
+                    inf.syscall("close", libc::SYS_close, [t.fd as u64, 0, 0, 0, 0, 0])?;
+                    uffd = Some(u);
+                }
+            }
+        }
+        Ok(())
+    };
+    let (misc, threads) = task::run_parasite(leader, &p.tasks[1..], &mut with_parasite)?;
     let mut core = task::collect(leader, &misc)?;
     for (t, state) in p.tasks[1..].iter().zip(threads) {
         core.threads.push(task::collect_thread(t, pid, state)?);
@@ -508,6 +605,22 @@ fn collect_process(p: &tree::FrozenProcess, background: bool) -> Result<Collecte
     let mut vmas = mm::collect_vmas(pid)?;
     let vdso = mm::vdso_info(leader, &vmas)?;
     let pages_bytes = mm::plan_pages(pid, &mut vmas)?;
+    // Only through a tracking userfaultfd that is still the pre-dump's.
+    let written = match (mode, &uffd) {
+        (Userfaults::Track(_) | Userfaults::Untrack(_), Some(_)) if before.is_some() => {
+            Some(predump::written_since(pid, &vmas)?)
+        }
+        _ => None,
+    };
+    let mut tracking = None;
+    if let (Userfaults::Track(_), Some(u), Some((fd, new))) = (mode, &uffd, kept) {
+        predump::arm(u, new, &vmas)?;
+        tracking = Some(ckpt_image::mm::WriteTracking {
+            fd,
+            inode: u.inode()?,
+            start_time: predump::start_time(pid)?,
+        });
+    }
     let mut untouched_bytes = 0;
     for v in &vmas {
         let kind = ckpt_image::mm::VmaKind::try_from(v.kind);
@@ -546,6 +659,8 @@ fn collect_process(p: &tree::FrozenProcess, background: bool) -> Result<Collecte
         untouched_bytes,
         mem: pages::Memory::of(leader)?,
         uffd,
+        tracking,
+        written,
     })
 }
 
@@ -568,7 +683,7 @@ fn write_images(
     let mut procs = Vec::new();
     let collect_started = Instant::now();
     for p in &live {
-        if let Some(c) = blockers.absorb(collect_process(p, opts.background))? {
+        if let Some(c) = blockers.absorb(collect_process(p, Userfaults::of(opts)))? {
             procs.push(c);
         }
     }
@@ -721,6 +836,7 @@ fn write_images(
             pages_bytes: c.pages_bytes,
             compressed: opts.compress,
             chunks: blocks,
+            tracking: c.tracking,
         };
         w.write_meta(&ckpt_image::mm_name(saved(c.pid)), ImageKind::Mm, &mm)?;
         w.write_meta(
@@ -802,6 +918,101 @@ fn write_images(
     Ok((report, committed, ipc))
 }
 
+/// The pre-dump: tracking armed and every process's pages planned while
+/// frozen, then the pages saved with the tree running.
+fn write_pre_dump(frozen: &mut Frozen, opts: &WriteOptions<'_>) -> Result<DumpReport> {
+    if !matches!(frozen.ns, pidns::TreeNs::Ckpt) {
+        return Err(DumpError::Unsupported {
+            pid: frozen.root,
+            what: "a pre-dump of a tree in its own PID namespace".into(),
+        });
+    }
+    let collect_started = Instant::now();
+    let mut procs = Vec::new();
+    for p in frozen.procs.iter().filter(|p| p.zombie_status.is_none()) {
+        procs.push(collect_process(p, Userfaults::Track(opts))?);
+    }
+    let mut owners = Vec::with_capacity(procs.len());
+    for c in &procs {
+        owners.push(owner(c.pid)?);
+    }
+    let total: u64 = procs.iter().map(|c| c.pages_bytes).sum();
+    let mut stats = DumpStats {
+        phases: PhaseTimes {
+            freeze_ms: frozen.freeze_ms,
+            collect_ms: ms_since(collect_started),
+            ..PhaseTimes::default()
+        },
+        processes: procs.len(),
+        pages_planned_bytes: total,
+        ..DumpStats::default()
+    };
+    // Everything the pre-dump needs frozen is done: writes are tracked.
+    frozen.thaw()?;
+    frozen.thawed_after = Some(frozen.frozen_at.elapsed());
+    log::info!(
+        "pre-dump: tracking armed, tree running again after {:.3} ms frozen",
+        ms(frozen.thawed_after.unwrap_or_default())
+    );
+    let mut w = ImageWriter::create(&opts.dir)?;
+    let pages_started = Instant::now();
+    let saved = |pid: i32| pid;
+    let blocks = frozen_pages(&mut w, &procs, opts, total, &mut stats, &saved)?;
+    stats.phases.pages_ms = ms_since(pages_started);
+    let mut entries = Vec::new();
+    let mut cores = Vec::new();
+    let mut vmas = 0;
+    for ((c, blocks), owner) in procs.into_iter().zip(blocks).zip(owners) {
+        vmas += c.vmas.len();
+        let mm = Mm {
+            vmas: c.vmas,
+            vdso: c.vdso,
+            pages_bytes: c.pages_bytes,
+            compressed: opts.compress,
+            chunks: blocks,
+            tracking: c.tracking,
+        };
+        w.write_meta(&ckpt_image::mm_name(c.pid), ImageKind::Mm, &mm)?;
+        entries.push(ProcessEntry {
+            pid: c.pid,
+            ppid: c.ppid,
+            comm: c.core.comm.clone(),
+            zombie_status: None,
+            uids: owner.uids,
+            gids: owner.gids,
+        });
+        cores.push(c.core);
+    }
+    let mut manifest = manifest(frozen.root, entries, &cores[0])?;
+    manifest.pre_dump = true;
+    stats.vmas = vmas;
+    stats.disk_bytes = w.written_bytes();
+    stats.frozen_ms = ms(frozen.thawed_after.unwrap_or_default());
+    let json = serde_json::to_vec_pretty(&stats).map_err(|e| {
+        DumpError::Image(ckpt_image::ImageError::io(
+            w.tmp_dir().join(STATS_NAME),
+            "encode",
+            e.into(),
+        ))
+    })?;
+    w.write_raw(STATS_NAME, &json)?;
+    if let Some(log) = opts.log {
+        w.write_raw(LOG_NAME, &log())?;
+    }
+    let committed = w.commit(manifest, opts.key)?;
+    log::info!("pre-dump: committed {}", committed.path().display());
+    Ok(DumpReport {
+        pid: frozen.root,
+        processes: stats.processes,
+        dir: committed.path().into(),
+        vmas,
+        pages_bytes: total,
+        fds: 0,
+        frozen_ms: 0,
+        stats,
+    })
+}
+
 /// Progress of the page copy for the caller, with the fault points tests
 /// use to kill ckpt (or `pid`) in the middle of it.
 fn page_progress<'a>(
@@ -839,7 +1050,22 @@ fn frozen_pages(
         let on_disk_before = w.written_bytes();
         let pw = w.pages(&ckpt_image::pages_name(saved(c.pid)))?;
         let progress = page_progress(opts, written, total, c.pid);
-        let blocks = if opts.compress {
+        let before = opts
+            .prev
+            .and_then(|prev| Some((prev, prev.process(c.pid)?)));
+        let blocks = if let (Some((prev, before)), Some(since)) = (before, &c.written) {
+            let sink = pages::Sink::new(&pw, opts.compress);
+            let r = predump::copy_pages(&c.mem, &c.vmas, prev, before, since, &sink, &progress)?;
+            log::info!(
+                "pid {}: {} bytes of pages taken from {}, {} read from the process",
+                c.pid,
+                r.reused,
+                prev.path().display(),
+                r.fresh
+            );
+            *stats.reused_bytes.get_or_insert(0) += r.reused;
+            sink.into_blocks()
+        } else if opts.compress {
             pages::copy_pages_compressed(&c.mem, &c.vmas, &pw, &progress)?
         } else {
             pages::copy_pages(&c.mem, &c.vmas, &pw, &progress)?;
@@ -1148,5 +1374,6 @@ fn manifest(
         files: Vec::new(),
         hostname: uts.nodename().to_string_lossy().into_owned(),
         pid_namespace: None,
+        pre_dump: false,
     })
 }

@@ -254,13 +254,29 @@ impl<'w> Sink<'w> {
         }
     }
 
+    /// Whether chunks become LZ4 blocks.
+    pub fn compressed(&self) -> bool {
+        matches!(self, Sink::Lz4 { .. })
+    }
+
     /// Saves chunk `c`, whose bytes are `raw`.
     pub fn put(&self, c: &PageRange, raw: &[u8]) -> Result<()> {
         match self {
             Sink::Raw(out) => out.write_at(c.offset, raw).map_err(DumpError::from),
-            Sink::Lz4 { out, appended } => {
+            Sink::Lz4 { .. } => {
                 let block = compress(raw);
-                let len = block.data.len() as u64;
+                self.put_stored(c, &block.data, block.stored_raw)
+            }
+        }
+    }
+
+    /// Saves chunk `c` from bytes a previous dump stored for it: raw pages,
+    /// or one LZ4 block (`raw` when it was stored uncompressed).
+    pub fn put_stored(&self, c: &PageRange, stored: &[u8], raw: bool) -> Result<()> {
+        match self {
+            Sink::Raw(out) => out.write_at(c.offset, stored).map_err(DumpError::from),
+            Sink::Lz4 { out, appended } => {
+                let len = stored.len() as u64;
                 let file_offset = {
                     let mut a = appended.lock().unwrap_or_else(|p| p.into_inner());
                     let at = a.next;
@@ -270,12 +286,11 @@ impl<'w> Sink<'w> {
                         raw_len: c.len(),
                         file_offset: at,
                         file_len: len,
-                        stored_raw: block.stored_raw,
+                        stored_raw: raw,
                     });
                     at
                 };
-                out.write_at(file_offset, &block.data)
-                    .map_err(DumpError::from)
+                out.write_at(file_offset, stored).map_err(DumpError::from)
             }
         }
     }

@@ -6,7 +6,6 @@ use ckpt_image::task::{
     ThreadCore,
 };
 use ckpt_parasite::proto::MiscState;
-use ckpt_parasite::uffd::Userfault;
 use ckpt_parasite::{Infection, Regs, ThreadState, Tracee};
 
 use crate::error::{DumpError, Result};
@@ -61,12 +60,13 @@ pub struct TaskMisc {
 
 /// Runs the parasite's collection command in the process's leader (and
 /// asks for its POSIX timers), collects every other thread through the
-/// same infection ([`Infection::thread_state`]), and cures the leader.
+/// same infection ([`Infection::thread_state`]), runs `with_parasite`
+/// (what else a dump needs done inside the process), and cures the leader.
 pub fn run_parasite(
     leader: &Tracee,
     threads: &[Tracee],
-    want_uffd: bool,
-) -> Result<(TaskMisc, Vec<ThreadState>, Option<Userfault>)> {
+    with_parasite: &mut dyn FnMut(&Infection<'_>) -> Result<()>,
+) -> Result<(TaskMisc, Vec<ThreadState>)> {
     let inf: Infection<'_> = leader.infect()?;
     let args = inf.call(ckpt_parasite::proto::CMD_DUMP_MISC)?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::ParasiteLoaded);
@@ -82,14 +82,9 @@ pub fn run_parasite(
         .iter()
         .map(|t| inf.thread_state(t))
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    // Made inside the process, held by ckpt (a background dump's guard).
-    let uffd = if want_uffd {
-        Some(ckpt_parasite::uffd::create_in(&inf)?)
-    } else {
-        None
-    };
+    with_parasite(&inf)?;
     inf.cure()?;
-    Ok((out, threads, uffd))
+    Ok((out, threads))
 }
 
 /// Builds the core image of a frozen task.

@@ -125,22 +125,51 @@ pub fn create_in(calls: &impl RemoteCalls) -> Result<Userfault> {
     Ok(Userfault { pid, fd })
 }
 
-fn remote_close(calls: &impl RemoteCalls, fd: i32) -> Result<()> {
-    calls
-        .remote_syscall("close", libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0])
-        .map(|_| ())
+/// Like [`create_in`], but the task keeps its copy too, moved to the
+/// lowest free fd at or above `min_fd` (out of the way of the fds a program
+/// expects to get), so the userfaultfd outlives ckpt. Returns ckpt's copy
+/// and the task's fd.
+pub fn create_kept_in(calls: &impl RemoteCalls, min_fd: i32) -> Result<(Userfault, i32)> {
+    let uffd = create_in(calls)?;
+    // Hand the task a copy of ckpt's: it lands at the lowest free fd,
+    // which is then moved up.
+    let low = put_fd(calls, uffd.fd.as_fd())?;
+    let high = calls.remote_syscall(
+        "fcntl F_DUPFD_CLOEXEC",
+        libc::SYS_fcntl,
+        [
+            low as u64,
+            libc::F_DUPFD_CLOEXEC as u64,
+            min_fd as u64,
+            0,
+            0,
+            0,
+        ],
+    );
+    remote_close(calls, low)?;
+    Ok((uffd, high? as i32))
 }
 
-/// Hands `dev` to the task over a socket pair made inside it, and has the
-/// task make its userfaultfd from it. Returns the task's fd number.
-fn through_device(calls: &impl RemoteCalls, dev: &OwnedFd) -> Result<i32> {
+/// Takes over the userfaultfd the task holds at `fd` (left there).
+pub fn adopt(pid: i32, fd: i32) -> Result<Userfault> {
+    let fd = sys::take_fd(pid, fd).map_err(|errno| ParasiteError::Userfault {
+        pid,
+        what: "pidfd_getfd",
+        errno,
+    })?;
+    Ok(Userfault { pid, fd })
+}
+
+/// Gives the task a copy of ckpt's `fd` (over a socket pair made inside
+/// it); returns its number there.
+fn put_fd(calls: &impl RemoteCalls, fd: BorrowedFd<'_>) -> Result<i32> {
     let t = calls.tracee();
     let pid = t.pid();
     let (buf, len) = calls.scratch();
     if (len as u64) < slot::END {
         return Err(ParasiteError::Layout {
             pid,
-            what: "no room to hand over /dev/userfaultfd".into(),
+            what: "no room to hand over an fd".into(),
         });
     }
     let pair_flags = (libc::SOCK_DGRAM | libc::SOCK_CLOEXEC) as u64;
@@ -161,9 +190,9 @@ fn through_device(calls: &impl RemoteCalls, dev: &OwnedFd) -> Result<i32> {
             what: "pidfd_getfd (socket)",
             errno,
         })?;
-        sys::send_fd(sender.as_fd(), dev.as_fd()).map_err(|errno| ParasiteError::Userfault {
+        sys::send_fd(sender.as_fd(), fd).map_err(|errno| ParasiteError::Userfault {
             pid,
-            what: "sendmsg /dev/userfaultfd",
+            what: "sendmsg",
             errno,
         })?;
         receive_fd(calls, buf, ends[0])
@@ -171,7 +200,19 @@ fn through_device(calls: &impl RemoteCalls, dev: &OwnedFd) -> Result<i32> {
     for end in ends {
         remote_close(calls, end)?;
     }
-    let device_fd = received?;
+    received
+}
+
+fn remote_close(calls: &impl RemoteCalls, fd: i32) -> Result<()> {
+    calls
+        .remote_syscall("close", libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0])
+        .map(|_| ())
+}
+
+/// Hands `dev` to the task and has the task make its userfaultfd from it.
+/// Returns the task's fd number.
+fn through_device(calls: &impl RemoteCalls, dev: &OwnedFd) -> Result<i32> {
+    let device_fd = put_fd(calls, dev.as_fd())?;
     let made = calls.remote_syscall(
         "ioctl USERFAULTFD_IOC_NEW",
         libc::SYS_ioctl,
@@ -408,6 +449,13 @@ impl Userfault {
     /// The fd itself (to poll it with others).
     pub fn as_raw_fd(&self) -> i32 {
         self.fd.as_raw_fd()
+    }
+
+    /// Its inode number (each userfaultfd has its own).
+    pub fn inode(&self) -> Result<u64> {
+        nix::sys::stat::fstat(self.fd.as_fd())
+            .map(|st| st.st_ino)
+            .map_err(self.err("fstat"))
     }
 }
 
