@@ -424,8 +424,9 @@ pub fn uffd_writeprotect(
     unsafe { uffdio_writeprotect_ioctl(fd.as_raw_fd(), &mut w) }.map(|_| ())
 }
 
-/// `UFFDIO_COPY` of `data` to `dst` (waking), retried while the kernel
-/// copies part of it.
+/// `UFFDIO_COPY` of `data` to `dst` (waking), continued while the kernel
+/// copies part of it. `EAGAIN` with nothing copied means the address space
+/// is changing: the caller must read the pending events first.
 pub fn uffd_copy(fd: std::os::fd::BorrowedFd<'_>, dst: u64, data: &[u8]) -> Result<(), Errno> {
     use std::os::fd::AsRawFd;
     let mut done = 0usize;
@@ -442,7 +443,6 @@ pub fn uffd_copy(fd: std::os::fd::BorrowedFd<'_>, dst: u64, data: &[u8]) -> Resu
         match unsafe { uffdio_copy_ioctl(fd.as_raw_fd(), &mut c) } {
             Ok(_) => return Ok(()),
             Err(Errno::EAGAIN) if c.copy > 0 => done += c.copy as usize,
-            Err(Errno::EAGAIN) => std::thread::yield_now(),
             Err(e) => return Err(e),
         }
     }

@@ -125,22 +125,51 @@ pub fn create_in(calls: &impl RemoteCalls) -> Result<Userfault> {
     Ok(Userfault { pid, fd })
 }
 
-fn remote_close(calls: &impl RemoteCalls, fd: i32) -> Result<()> {
-    calls
-        .remote_syscall("close", libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0])
-        .map(|_| ())
+/// Like [`create_in`], but the task keeps its copy too, moved to the
+/// lowest free fd at or above `min_fd` (out of the way of the fds a program
+/// expects to get), so the userfaultfd outlives ckpt. Returns ckpt's copy
+/// and the task's fd.
+pub fn create_kept_in(calls: &impl RemoteCalls, min_fd: i32) -> Result<(Userfault, i32)> {
+    let uffd = create_in(calls)?;
+    // Hand the task a copy of ckpt's: it lands at the lowest free fd,
+    // which is then moved up.
+    let low = put_fd(calls, uffd.fd.as_fd())?;
+    let high = calls.remote_syscall(
+        "fcntl F_DUPFD_CLOEXEC",
+        libc::SYS_fcntl,
+        [
+            low as u64,
+            libc::F_DUPFD_CLOEXEC as u64,
+            min_fd as u64,
+            0,
+            0,
+            0,
+        ],
+    );
+    remote_close(calls, low)?;
+    Ok((uffd, high? as i32))
 }
 
-/// Hands `dev` to the task over a socket pair made inside it, and has the
-/// task make its userfaultfd from it. Returns the task's fd number.
-fn through_device(calls: &impl RemoteCalls, dev: &OwnedFd) -> Result<i32> {
+/// Takes over the userfaultfd the task holds at `fd` (left there).
+pub fn adopt(pid: i32, fd: i32) -> Result<Userfault> {
+    let fd = sys::take_fd(pid, fd).map_err(|errno| ParasiteError::Userfault {
+        pid,
+        what: "pidfd_getfd",
+        errno,
+    })?;
+    Ok(Userfault { pid, fd })
+}
+
+/// Gives the task a copy of ckpt's `fd` (over a socket pair made inside
+/// it); returns its number there.
+fn put_fd(calls: &impl RemoteCalls, fd: BorrowedFd<'_>) -> Result<i32> {
     let t = calls.tracee();
     let pid = t.pid();
     let (buf, len) = calls.scratch();
     if (len as u64) < slot::END {
         return Err(ParasiteError::Layout {
             pid,
-            what: "no room to hand over /dev/userfaultfd".into(),
+            what: "no room to hand over an fd".into(),
         });
     }
     let pair_flags = (libc::SOCK_DGRAM | libc::SOCK_CLOEXEC) as u64;
@@ -161,9 +190,9 @@ fn through_device(calls: &impl RemoteCalls, dev: &OwnedFd) -> Result<i32> {
             what: "pidfd_getfd (socket)",
             errno,
         })?;
-        sys::send_fd(sender.as_fd(), dev.as_fd()).map_err(|errno| ParasiteError::Userfault {
+        sys::send_fd(sender.as_fd(), fd).map_err(|errno| ParasiteError::Userfault {
             pid,
-            what: "sendmsg /dev/userfaultfd",
+            what: "sendmsg",
             errno,
         })?;
         receive_fd(calls, buf, ends[0])
@@ -171,7 +200,19 @@ fn through_device(calls: &impl RemoteCalls, dev: &OwnedFd) -> Result<i32> {
     for end in ends {
         remote_close(calls, end)?;
     }
-    let device_fd = received?;
+    received
+}
+
+fn remote_close(calls: &impl RemoteCalls, fd: i32) -> Result<()> {
+    calls
+        .remote_syscall("close", libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0])
+        .map(|_| ())
+}
+
+/// Hands `dev` to the task and has the task make its userfaultfd from it.
+/// Returns the task's fd number.
+fn through_device(calls: &impl RemoteCalls, dev: &OwnedFd) -> Result<i32> {
+    let device_fd = put_fd(calls, dev.as_fd())?;
     let made = calls.remote_syscall(
         "ioctl USERFAULTFD_IOC_NEW",
         libc::SYS_ioctl,
@@ -368,9 +409,12 @@ impl Userfault {
 
     /// Sets (`protect`) or clears write protection on `[start, start+len)`;
     /// clearing wakes the threads waiting there.
-    pub fn write_protect(&self, start: u64, len: u64, protect: bool) -> Result<()> {
-        sys::uffd_writeprotect(self.fd.as_fd(), start, len, protect)
-            .map_err(self.err("UFFDIO_WRITEPROTECT"))
+    pub fn write_protect(&self, start: u64, len: u64, protect: bool) -> Result<Applied> {
+        match sys::uffd_writeprotect(self.fd.as_fd(), start, len, protect) {
+            Ok(()) => Ok(Applied::Done),
+            Err(Errno::EAGAIN) => Ok(Applied::Busy),
+            Err(e) => Err(self.err("UFFDIO_WRITEPROTECT")(e)),
+        }
     }
 
     /// Fills the missing pages at `dst` with `data` and wakes the threads
@@ -380,6 +424,7 @@ impl Userfault {
         match sys::uffd_copy(self.fd.as_fd(), dst, data) {
             Ok(()) => Ok(Filled::Now),
             Err(Errno::EEXIST) => Ok(Filled::Already),
+            Err(Errno::EAGAIN) => Ok(Filled::Busy),
             Err(e) => Err(self.err("UFFDIO_COPY")(e)),
         }
     }
@@ -457,6 +502,13 @@ impl Userfault {
     pub fn as_raw_fd(&self) -> i32 {
         self.fd.as_raw_fd()
     }
+
+    /// Its inode number (each userfaultfd has its own).
+    pub fn inode(&self) -> Result<u64> {
+        nix::sys::stat::fstat(self.fd.as_fd())
+            .map(|st| st.st_ino)
+            .map_err(self.err("fstat"))
+    }
 }
 
 impl AsFd for Userfault {
@@ -472,6 +524,19 @@ pub enum Filled {
     Now,
     /// They were present already.
     Already,
+    /// Nothing: the process is changing its address space and waits until
+    /// its event is read (`EAGAIN`). Read the pending events, then retry.
+    Busy,
+}
+
+/// What [`Userfault::write_protect`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// Protection set or cleared.
+    Done,
+    /// Nothing: the process is changing its address space and waits until
+    /// its event is read (`EAGAIN`). Read the pending events, then retry.
+    Busy,
 }
 
 /// What one [`Userfault::copy_step`] or [`Userfault::zeropage_step`] did.
@@ -598,7 +663,10 @@ mod tests {
         unsafe { std::ptr::write_volatile(at as *mut u8, 1) };
         u.register(at as u64, page as u64, RegisterMode::WriteProtect)
             .unwrap();
-        u.write_protect(at as u64, page as u64, true).unwrap();
+        assert_eq!(
+            u.write_protect(at as u64, page as u64, true).unwrap(),
+            Applied::Done
+        );
         assert!(!u.wait(0).unwrap(), "no fault yet");
         let writer = std::thread::spawn(move || {
             // SAFETY: as above; the write blocks until unprotected.
@@ -616,7 +684,10 @@ mod tests {
         );
         // SAFETY: reading our own live page.
         assert_eq!(unsafe { std::ptr::read_volatile(at as *const u8) }, 1);
-        u.write_protect(at as u64, page as u64, false).unwrap();
+        assert_eq!(
+            u.write_protect(at as u64, page as u64, false).unwrap(),
+            Applied::Done
+        );
         writer.join().unwrap();
         // SAFETY: as above.
         assert_eq!(unsafe { std::ptr::read_volatile(at as *const u8) }, 2);
