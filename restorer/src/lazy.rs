@@ -332,7 +332,24 @@ struct Server {
     stats: LazyStats,
     /// A process ended before all of its pages were resident.
     cut_short: bool,
+    /// A fill met a changing address space whose event is not queued yet
+    /// (a fork or mremap under way): wait a little instead of spinning.
+    stalled: bool,
 }
+
+/// How long the server's poll may wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// Not at all: there is filling to do.
+    No,
+    /// [`STALL_WAIT_MS`]: an address space is changing.
+    Briefly,
+    /// Until something happens.
+    Idle,
+}
+
+/// The wait while an address space is changing, in milliseconds.
+const STALL_WAIT_MS: u8 = 1;
 
 /// Why [`Server::run`] returned.
 enum End {
@@ -381,6 +398,7 @@ impl PageServer {
                     next: 0,
                     stats: LazyStats::default(),
                     cut_short: false,
+                    stalled: false,
                 };
                 s.run(Some(&ctl)).map(|_| s)
             })
@@ -533,7 +551,14 @@ impl Server {
             }
             let busy = self.filling && self.spaces.iter().any(|s| !s.pending.is_empty())
                 || self.spaces.iter().any(|s| !s.deferred.is_empty());
-            let (wake, ready) = self.poll(ctl, busy)?;
+            let wait = if std::mem::take(&mut self.stalled) {
+                Wait::Briefly
+            } else if busy {
+                Wait::No
+            } else {
+                Wait::Idle
+            };
+            let (wake, ready) = self.poll(ctl, wait)?;
             if wake && let Some(c) = ctl {
                 let mut buf = [0u8; 64];
                 while matches!(nix::unistd::read(&c.wake, &mut buf), Ok(n) if n > 0) {}
@@ -575,7 +600,7 @@ impl Server {
 
     /// Waits for something to do; returns whether the control pipe woke
     /// it and, per space, (its userfaultfd is readable, it exited).
-    fn poll(&self, ctl: Option<&Control>, busy: bool) -> Result<(bool, Vec<(bool, bool)>)> {
+    fn poll(&self, ctl: Option<&Control>, wait: Wait) -> Result<(bool, Vec<(bool, bool)>)> {
         let mut fds = Vec::with_capacity(1 + 2 * self.spaces.len());
         if let Some(c) = ctl {
             fds.push(PollFd::new(c.wake.as_fd(), PollFlags::POLLIN));
@@ -586,10 +611,10 @@ impl Server {
                 fds.push(PollFd::new(e.as_fd(), PollFlags::POLLIN));
             }
         }
-        let timeout = if busy {
-            PollTimeout::ZERO
-        } else {
-            PollTimeout::NONE
+        let timeout = match wait {
+            Wait::No => PollTimeout::ZERO,
+            Wait::Briefly => PollTimeout::from(STALL_WAIT_MS),
+            Wait::Idle => PollTimeout::NONE,
         };
         match poll(&mut fds, timeout) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
@@ -717,7 +742,10 @@ impl Server {
             // Filled meanwhile (another thread's fault on the same page):
             // the waiters only need waking.
             Some(Stop::Present) => s.uffd.wake(addr, PAGE_SIZE)?,
-            Some(Stop::Changing) => s.deferred.push(addr),
+            Some(Stop::Changing) => {
+                s.deferred.push(addr);
+                self.stalled = true;
+            }
             Some(Stop::Unmapped) => {}
             Some(Stop::Exited) => s.gone = true,
         }
@@ -769,6 +797,7 @@ impl Server {
                     done = (done + PAGE_SIZE).min(t.len);
                 }
                 Some(Stop::Changing) => {
+                    self.stalled = true;
                     s.pending.insert(
                         k + done,
                         Target {
