@@ -155,38 +155,73 @@ fn non_root_threads_fault_concurrently_under_a_detached_server() {
     );
 }
 
-/// A pages file changed after the dump: the lazy restore refuses before
-/// the process runs, naming the file.
+/// Flips one byte of the pages file in place (same owner, mode and size).
+fn corrupt(pages: &std::path::Path, at: usize) {
+    let mut data = std::fs::read(pages).unwrap();
+    data[at] ^= 0x5a;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(pages)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, &data))
+        .unwrap();
+}
+
+/// A pages file changed after the dump. Each 4 MiB block is checked
+/// against its sealed SHA-256 before anything of it reaches the process:
+/// a bad block among what is copied before the process runs refuses the
+/// restore; a bad block among what is served later kills the process
+/// before the server copies from it. Either way the error names the file
+/// and the victim never gets to check (let alone use) a bad page.
 #[test]
-fn a_corrupt_pages_file_is_refused_before_anything_runs() {
+fn a_corrupt_pages_file_never_reaches_the_process() {
     let env = TestEnv::new("lazy-corrupt");
     let mut v = Victim::spawn(&env, "lazy", &["32", "1"]);
     v.wait_ready();
     dump(&env, &v, &["--kill", "--compress=none"]);
     v.reap_killed(Duration::from_secs(10));
     let pages = pages_file(&env, v.pid);
-    let mut data = std::fs::read(&pages).unwrap();
-    let middle = data.len() / 2;
-    data[middle] ^= 0x5a;
-    // In place: same owner, mode and size.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&pages)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, &data))
-        .unwrap();
+    let len = std::fs::metadata(&pages).unwrap().len() as usize;
+    let names_file = |err: &str| err.contains(&format!("pages-{}.img", v.pid));
 
+    // The first block holds the program's own written data pages (a file
+    // mapping, copied before the process runs).
+    corrupt(&pages, 0);
     let out = ckpt(
         &env,
         &["restore", "--dir", path_str(&env.img), "--lazy"],
         Duration::from_secs(30),
     );
     let err = out.assert_error();
-    assert!(
-        err.contains(&format!("pages-{}.img", v.pid)),
-        "the error names the pages file: {err}"
-    );
+    eprintln!("{err}");
+    assert!(names_file(&err), "the error names the pages file: {err}");
     assert!(!pid_exists(v.pid), "nothing of the process runs");
-    assert!(v.result().is_none(), "the victim never ran: {}", v.diag());
+    corrupt(&pages, 0);
+
+    // The middle lies in the block of 32 MiB, served lazily: the process
+    // runs (without go it only waits), the background fill meets the bad
+    // block, and the process is killed before anything of it is copied.
+    corrupt(&pages, len / 2);
+    let out = ckpt(
+        &env,
+        &["restore", "--dir", path_str(&env.img), "--lazy"],
+        Duration::from_secs(30),
+    );
+    let err = out.assert_error();
+    eprintln!("{err}");
+    assert!(names_file(&err), "the error names the pages file: {err}");
+    assert!(
+        err.contains("checksum mismatch") && err.contains("killed"),
+        "{err}"
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || !pid_exists(v.pid)),
+        "the process was killed"
+    );
+    assert!(
+        v.result().is_none(),
+        "the victim never checked: {}",
+        v.diag()
+    );
 }
 
 /// Without a working userfaultfd (here /dev/userfaultfd is /dev/null in

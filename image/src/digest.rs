@@ -105,6 +105,16 @@ fn block_sums(data: &[u8]) -> BlockSums {
     }
 }
 
+/// The SHA-256 of one block (what [`block_hashes_of`] lists).
+pub fn block_sha256(data: &[u8]) -> [u8; 32] {
+    Sha256::digest(data).into()
+}
+
+/// The file's SHA-256 from its blocks' SHA-256s, concatenated.
+pub fn sha256_of_block_list(list: &[u8]) -> [u8; 32] {
+    Sha256::digest(list).into()
+}
+
 fn combine(blocks: &[BlockSums]) -> Sums {
     let mut crc = 0u32;
     let mut sha = Sha256::new();
@@ -131,6 +141,15 @@ pub fn of_bytes(data: &[u8]) -> Sums {
 /// The checksums of the first `size` bytes of `file`, read block by block
 /// in parallel; a file shorter than `size` is an error naming `path`.
 pub fn of_file(file: &File, size: u64, path: &Path) -> Result<Sums, ImageError> {
+    of_file_with_blocks(file, size, path).map(|(sums, _)| sums)
+}
+
+/// [`of_file`], with the blocks' SHA-256s concatenated (in order).
+pub fn of_file_with_blocks(
+    file: &File,
+    size: u64,
+    path: &Path,
+) -> Result<(Sums, Vec<u8>), ImageError> {
     let count = size.div_ceil(BLOCK);
     let blocks = (0..count)
         .into_par_iter()
@@ -154,7 +173,8 @@ pub fn of_file(file: &File, size: u64, path: &Path) -> Result<Sums, ImageError> 
             },
         )
         .collect::<Result<Vec<_>, ImageError>>()?;
-    Ok(combine(&blocks))
+    let list = blocks.iter().flat_map(|b| b.sha256).collect();
+    Ok((combine(&blocks), list))
 }
 
 #[cfg(test)]

@@ -152,6 +152,7 @@ impl ImageWriter {
             size: bytes.len() as u64,
             crc32c: sums.crc32c,
             sha256: sums.sha256.to_vec(),
+            block_sha256: Vec::new(),
         });
         log::debug!("wrote {name}: {} bytes", bytes.len());
         Ok(())
@@ -532,7 +533,7 @@ impl PagesWriter {
         // The CRC was combined from the chunks as they were written; the
         // SHA-256 needs the blocks, read back from the page cache in
         // parallel.
-        let sums = digest::of_file(&self.file, size, &self.path)?;
+        let (sums, blocks) = digest::of_file_with_blocks(&self.file, size, &self.path)?;
         debug_assert_eq!(sums.crc32c, crc);
         let on_disk = self
             .file
@@ -551,7 +552,61 @@ impl PagesWriter {
             size,
             crc32c: crc,
             sha256: sums.sha256.to_vec(),
+            block_sha256: blocks,
         })
+    }
+}
+
+/// The sealed SHA-256s of a page data file's blocks: each block is checked
+/// as it is first used ([`ImageDir::block_checks`]).
+#[derive(Debug, Clone)]
+pub struct BlockChecks {
+    path: PathBuf,
+    size: u64,
+    /// One SHA-256 per [`digest::BLOCK`] bytes.
+    hashes: Vec<u8>,
+}
+
+/// Length of one SHA-256.
+const SHA256_LEN_BYTES: usize = 32;
+
+impl BlockChecks {
+    /// The file (for messages).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// How many blocks the file has.
+    pub fn count(&self) -> usize {
+        self.hashes.len() / SHA256_LEN_BYTES
+    }
+
+    /// The blocks `[offset, offset+len)` of the file lies in.
+    pub fn blocks_of(&self, offset: u64, len: u64) -> std::ops::Range<usize> {
+        let first = (offset / digest::BLOCK) as usize;
+        let end = offset.saturating_add(len).div_ceil(digest::BLOCK) as usize;
+        first..end.min(self.count()).max(first)
+    }
+
+    /// Checks block `i` of `file` (the whole file's bytes, of the recorded
+    /// size) against its sealed SHA-256.
+    pub fn check(&self, file: &[u8], i: usize) -> Result<(), ImageError> {
+        let start = (i as u64).saturating_mul(digest::BLOCK);
+        let end = start.saturating_add(digest::BLOCK).min(self.size);
+        let want = self
+            .hashes
+            .get(i * SHA256_LEN_BYTES..(i + 1) * SHA256_LEN_BYTES);
+        let got = usize::try_from(start)
+            .ok()
+            .zip(usize::try_from(end).ok())
+            .filter(|_| file.len() as u64 == self.size)
+            .and_then(|(s, e)| file.get(s..e));
+        match (want, got) {
+            (Some(want), Some(data)) if digest::block_sha256(data)[..] == want[..] => Ok(()),
+            _ => Err(ImageError::Checksum {
+                path: self.path.clone(),
+            }),
+        }
     }
 }
 
@@ -674,6 +729,37 @@ impl ImageDir {
             .remove(name);
         log::debug!("verified {name} as used: {} bytes", d.size);
         Ok(())
+    }
+
+    /// The sealed per-block SHA-256s of deferred page data file `name`,
+    /// when the manifest has them: their list is checked against the
+    /// file's SHA-256 here, and the caller takes over checking each block
+    /// before it uses it ([`BlockChecks::check`]); the file is no longer
+    /// verified whole. `None` for images without the list.
+    pub fn block_checks(&self, name: &str) -> Result<Option<BlockChecks>, ImageError> {
+        let d = self.digest(name)?;
+        if d.block_sha256.is_empty() {
+            return Ok(None);
+        }
+        let path = self.path.join(name);
+        let blocks = d.size.div_ceil(digest::BLOCK);
+        if d.block_sha256.len() as u64 != blocks.saturating_mul(SHA256_LEN_BYTES as u64)
+            || digest::sha256_of_block_list(&d.block_sha256)[..] != d.sha256[..]
+        {
+            return Err(ImageError::Invalid {
+                path: self.path.join(MANIFEST_NAME),
+                what: format!("the block checksums of {name} do not add up to its SHA-256"),
+            });
+        }
+        self.unverified
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+        Ok(Some(BlockChecks {
+            path,
+            size: d.size,
+            hashes: d.block_sha256.clone(),
+        }))
     }
 
     /// Verifies, from their files, the deferred files no one verified as

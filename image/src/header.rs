@@ -149,6 +149,7 @@ mod tests {
             size: 8192,
             crc32c: 7,
             sha256: vec![1; 32],
+            block_sha256: Vec::new(),
         }
     }
 

@@ -61,7 +61,7 @@ mod sys;
 pub mod task;
 pub mod timer;
 
-pub use dir::{Committed, ImageDir, ImageWriter, PagesWriter};
+pub use dir::{BlockChecks, Committed, ImageDir, ImageWriter, PagesWriter};
 pub use error::ImageError;
 pub use header::{FORMAT_VERSION, ImageKind};
 pub use seal::{ImageKey, KeyError};

@@ -32,6 +32,7 @@
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -155,6 +156,7 @@ pub(crate) fn prepare(
     name: String,
     pages: Arc<memmap2::Mmap>,
     split: Split,
+    blocks: Option<Blocks>,
 ) -> Result<Space> {
     let pid = r.t.pid();
     let refuse = |e: ckpt_parasite::ParasiteError| RestoreError::Host {
@@ -191,6 +193,7 @@ pub(crate) fn prepare(
             name,
             pages,
             pieces: split.lazy,
+            blocks,
         }),
         pending,
         deferred: Vec::new(),
@@ -206,6 +209,37 @@ struct Source {
     pages: Arc<memmap2::Mmap>,
     /// Checked pieces; [`Target::piece`] indexes them.
     pieces: Vec<PageCopy>,
+    /// The sealed SHA-256 of every block of the pages file, each checked
+    /// before anything of it is served (`None`: the file was verified
+    /// whole before the tree ran).
+    blocks: Option<Blocks>,
+}
+
+/// A pages file's block checksums and which blocks passed.
+pub(crate) struct Blocks {
+    checks: ckpt_image::BlockChecks,
+    verified: Vec<AtomicBool>,
+}
+
+impl Blocks {
+    /// Nothing verified yet.
+    pub(crate) fn new(checks: ckpt_image::BlockChecks) -> Blocks {
+        let verified = (0..checks.count())
+            .map(|_| AtomicBool::new(false))
+            .collect();
+        Blocks { checks, verified }
+    }
+
+    /// Checks every block `[offset, offset+len)` of `file` lies in, once.
+    pub(crate) fn check(&self, file: &[u8], offset: u64, len: u64) -> Result<()> {
+        for b in self.checks.blocks_of(offset, len) {
+            if !self.verified[b].load(Ordering::Relaxed) {
+                self.checks.check(file, b)?;
+                self.verified[b].store(true, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Part of a piece still to be filled.
@@ -400,7 +434,13 @@ impl PageServer {
                     cut_short: false,
                     stalled: false,
                 };
-                s.run(Some(&ctl)).map(|_| s)
+                let ran = s.run(Some(&ctl));
+                if ran.is_err() {
+                    // Before the userfaultfds close, which would let the
+                    // processes go on with zero pages.
+                    kill_all(&s.spaces.iter().map(|sp| sp.pid).collect::<Vec<_>>());
+                }
+                ran.map(|_| s)
             })
             .map_err(|e| RestoreError::os(std::process::id() as i32, "page server thread", e))?;
         Ok(PageServer {
@@ -829,6 +869,9 @@ fn piece_data<'a>(
     piece: usize,
 ) -> Result<&'a [u8]> {
     let c = &source.pieces[piece];
+    if let Some(b) = &source.blocks {
+        b.check(&source.pages, c.file_offset, c.file_len)?;
+    }
     let bad = |what: String| {
         RestoreError::Image(ckpt_image::ImageError::Invalid {
             path: source.name.clone().into(),

@@ -451,9 +451,26 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
     };
     // Lazily served pages are not copied now, so their files are verified
     // beside the rebuild, whole, before anything runs.
+    // Lazily served pages are checked block by block as they are served
+    // when the manifest lists the blocks' checksums; otherwise (older
+    // images) their files are verified beside the rebuild, whole, before
+    // anything runs.
+    let blocks = procs
+        .iter()
+        .zip(&lazy)
+        .map(|(p, &l)| {
+            if l {
+                images.block_checks(&ckpt_image::pages_name(p.pid))
+            } else {
+                Ok(None)
+            }
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
     let verify_lazy = || -> Result<()> {
-        for (i, p) in procs.iter().enumerate().filter(|(i, _)| lazy[*i]) {
-            images.verify_bytes(&ckpt_image::pages_name(p.pid), &pages[i])?;
+        for (i, p) in procs.iter().enumerate() {
+            if lazy[i] && blocks[i].is_none() {
+                images.verify_bytes(&ckpt_image::pages_name(p.pid), &pages[i])?;
+            }
         }
         Ok(())
     };
@@ -465,6 +482,7 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
             &zombies,
             &pages,
             &lazy,
+            &blocks,
             server.as_mut(),
             &mut fds,
             opts,
@@ -577,6 +595,7 @@ fn build_tree(
     zombies: &[Zombie],
     pages: &[Arc<memmap2::Mmap>],
     lazy: &[bool],
+    blocks: &[Option<ckpt_image::BlockChecks>],
     mut server: Option<&mut lazy::PageServer>,
     fds: &mut fd::Context<'_>,
     opts: &RestoreOptions<'_>,
@@ -621,7 +640,10 @@ fn build_tree(
             .as_ref()
             .expect("parents come before their children");
         let started = Instant::now();
-        let served = server.as_deref_mut().filter(|_| lazy[i]);
+        let served = server
+            .as_deref_mut()
+            .filter(|_| lazy[i])
+            .map(|s| (s, blocks[i].clone()));
         rebuild_memory(t, base, p, &pages[i], served, fds, opts)?;
         log::debug!(
             "pid {}: memory rebuilt ({:.3} ms)",
@@ -893,7 +915,7 @@ fn rebuild_memory(
     base: u64,
     p: &ProcessImages,
     pages: &Arc<memmap2::Mmap>,
-    server: Option<&mut lazy::PageServer>,
+    server: Option<(&mut lazy::PageServer, Option<ckpt_image::BlockChecks>)>,
     fds: &mut fd::Context<'_>,
     opts: &RestoreOptions<'_>,
 ) -> Result<()> {
@@ -951,7 +973,7 @@ fn rebuild_memory(
     let name = ckpt_image::pages_name(p.pid);
     match server {
         None => pages::fill_pages(&r, &p.mm, images, &name, pages, opts.progress)?,
-        Some(server) => {
+        Some((server, checks)) => {
             let mut split = lazy::split(&p.mm, pages::plan(pid, &p.mm, pages.len() as u64)?);
             log::debug!(
                 "pid {pid}: {} pieces copied now, {} served on demand in {} VMAs",
@@ -960,11 +982,18 @@ fn rebuild_memory(
                 split.ranges.len()
             );
             let eager = std::mem::take(&mut split.eager);
+            // What is copied now is checked now, block by block.
+            let blocks = checks.map(lazy::Blocks::new);
+            if let Some(b) = &blocks {
+                for c in &eager {
+                    b.check(pages, c.file_offset, c.file_len)?;
+                }
+            }
             pages::copy_listed(&r, eager, pages, p.mm.pages_bytes, opts.progress)?;
             // Nothing to serve: no userfaultfd either.
             if !split.lazy.is_empty() {
                 let path = images.path().join(&name).display().to_string();
-                server.add(lazy::prepare(&r, path, Arc::clone(pages), split)?);
+                server.add(lazy::prepare(&r, path, Arc::clone(pages), split, blocks)?);
             }
         }
     }
