@@ -950,6 +950,52 @@ mod tests {
         );
     }
 
+    /// A pages file of two blocks and a bit: each block checks against the
+    /// sealed list on its own, a changed byte fails only its block, and a
+    /// list that does not add up to the file's SHA-256 is refused.
+    #[test]
+    fn page_data_blocks_check_one_by_one() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("ck");
+        let mut w = ImageWriter::create(&dir).unwrap();
+        let p = w.pages("pages-7.img").unwrap();
+        let block = digest::BLOCK as usize;
+        let mut data: Vec<u8> = (0..2 * block + 4096).map(|i| (i % 251) as u8).collect();
+        p.write_at(0, &data).unwrap();
+        w.finish_pages(p).unwrap();
+        w.commit(Manifest::default(), &key()).unwrap();
+
+        let d = ImageDir::open_deferring_pages(&dir, &key()).unwrap();
+        let checks = d.block_checks("pages-7.img").unwrap().expect("listed");
+        assert_eq!(checks.count(), 3);
+        assert_eq!(checks.blocks_of(block as u64 - 1, 2), 0..2);
+        for i in 0..3 {
+            checks.check(&data, i).unwrap();
+        }
+        data[block + 5] ^= 1;
+        assert!(checks.check(&data, 0).is_ok());
+        assert!(matches!(
+            checks.check(&data, 1),
+            Err(ImageError::Checksum { .. })
+        ));
+        assert!(checks.check(&data[..block], 0).is_err(), "wrong size");
+        // Nothing is left to verify whole: the blocks are the caller's.
+        d.verify_remaining().unwrap();
+
+        let mut d = d;
+        let listed = d
+            .manifest
+            .files
+            .iter_mut()
+            .find(|f| f.name == "pages-7.img")
+            .unwrap();
+        listed.block_sha256[0] ^= 1;
+        assert!(matches!(
+            d.block_checks("pages-7.img"),
+            Err(ImageError::Invalid { .. })
+        ));
+    }
+
     #[test]
     fn dropped_writer_leaves_nothing_and_non_empty_dir_is_refused() {
         let t = tempfile::tempdir().unwrap();
