@@ -23,9 +23,11 @@
 //!   service.
 //!
 //! Which pages may reach a process: only pieces [`crate::pages::plan`]
-//! validated, from a pages file whose SHA-256 was checked against the
-//! sealed manifest before the tree was resumed (the restore fails and
-//! kills the tree otherwise). If the server dies before the end, the kernel
+//! validated, from 4 MiB blocks of the pages file each checked against
+//! its SHA-256 in the sealed manifest before the first copy from it
+//! ([`Blocks`]; a bad block kills the processes served and fails the
+//! restore). Images without block checksums have the file verified whole
+//! before the tree runs. If the server dies before the end, the kernel
 //! lets the waiting threads retry without the userfaultfd: the pages not
 //! yet filled read as zeros (see docs/architecture.md).
 
