@@ -827,12 +827,22 @@ impl Server {
         let s = &mut self.spaces[i];
         let mut done = 0u64;
         let mut filled = 0u64;
+        // A range that no longer lies in one VMA (the process split it with
+        // mprotect) or lost part of it is copied page by page.
+        let mut page_by_page = false;
         while done < t.len {
-            let f = s.uffd.copy_step(k + done, &bytes[done as usize..])?;
+            let rest = &bytes[done as usize..];
+            let step = if page_by_page {
+                &rest[..rest.len().min(PAGE_SIZE as usize)]
+            } else {
+                rest
+            };
+            let f = s.uffd.copy_step(k + done, step)?;
             done += f.filled;
             filled += f.filled;
             match f.stop {
-                None => break,
+                None if done >= t.len => break,
+                None => {}
                 Some(Stop::Present) => {
                     // Made present by the process's own doing (a page moved
                     // in, a fork's copy): that content is newer than ours.
@@ -850,8 +860,10 @@ impl Server {
                     );
                     break;
                 }
-                // Unmapped before its event was read: the event drops it.
-                Some(Stop::Unmapped) => break,
+                Some(Stop::Unmapped) if !page_by_page => page_by_page = true,
+                // That page is unmapped (its event, still unread, drops the
+                // range): the next one may not be.
+                Some(Stop::Unmapped) => done = (done + PAGE_SIZE).min(t.len),
                 Some(Stop::Exited) => {
                     s.gone = true;
                     s.pending.insert(k + done, t);

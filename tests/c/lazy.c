@@ -13,6 +13,8 @@
  *   UNMAP  munmap, then mapped afresh: must read as zeros, never image data;
  *   WRITE  the first word of every page overwritten: must survive the fill;
  *   REMAP  mremap'ed onto the reservation: its data must follow it.
+ * and below them two pages in the middle of a piece of page data are made
+ * read-only (the VMA split in three): their data must still arrive.
  * Then a forked child checks all of the memory, while THREADS threads
  * (default 4) check their slices of it concurrently, then the parent checks
  * the top regions. Every word is compared with what it must hold.
@@ -53,6 +55,9 @@ static size_t drop_off(void) { return big_len - 4 * REGION; }
 static size_t unmap_off(void) { return big_len - 3 * REGION; }
 static size_t write_off(void) { return big_len - 2 * REGION; }
 static size_t remap_off(void) { return big_len - REGION; }
+/* Inside the region below the special ones, away from any 1 MiB boundary. */
+static size_t protect_off(void) { return big_len - 5 * REGION + MIB + 3 * PG; }
+#define PROTECT_LEN (2 * PG)
 
 /* What word `i` of the block (by its original index) must hold now. */
 static uint64_t expected(size_t i)
@@ -151,6 +156,8 @@ int main(int argc, char **argv)
 	if (mremap(big + remap_off(), REGION, REGION, MREMAP_MAYMOVE | MREMAP_FIXED,
 		   reserve) != reserve)
 		fail("mremap: %s", strerror(errno));
+	if (mprotect(big + protect_off(), PROTECT_LEN, PROT_READ) != 0)
+		fail("mprotect: %s", strerror(errno));
 
 	pid_t child = fork();
 	if (child < 0)
