@@ -48,6 +48,23 @@ fn incremental_cycle(test: &str, compress: &str) {
         v.ping(Duration::from_secs(10)),
         "the tree runs after a pre-dump"
     );
+    // Its tracking is a userfaultfd at the recorded fd of the running victim.
+    let show = ckpt(
+        &env,
+        &["show", path_str(&first), "--json"],
+        Duration::from_secs(30),
+    );
+    show.assert_success();
+    let shown: serde_json::Value = serde_json::from_str(show.stdout.trim()).unwrap();
+    assert_eq!(shown["pre_dump"], true, "{shown}");
+    let fd = shown["processes"][0]["tracking"]["fd"].as_i64().unwrap();
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{}/fd/{fd}", v.pid))
+            .unwrap()
+            .display()
+            .to_string(),
+        "anon_inode:[userfaultfd]"
+    );
     // A second pre-dump on top of the first: nothing big changed.
     let report = pre_dump(&env, &v, &second, &[compress, "--prev", path_str(&first)]);
     let reused = report["stats"]["reused_bytes"].as_u64().unwrap_or(0);

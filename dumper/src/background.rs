@@ -55,40 +55,68 @@ pub struct Split {
 /// registration the kernel refuses is saved frozen instead.
 pub fn arm(uffd: &Userfault, vmas: &[Vma]) -> Result<Split> {
     uffd.enable(features())?;
+    let with_pages = || vmas.iter().filter(|v| !v.pages.is_empty());
+    let registered: Vec<bool> = with_pages()
+        .map(|v| {
+            VmaKind::try_from(v.kind) == Ok(VmaKind::Anon)
+                && uffd
+                    .register(v.start, v.end - v.start, RegisterMode::WriteProtect)
+                    .inspect_err(|e| not_guarded(uffd, v, e))
+                    .is_ok()
+        })
+        .collect();
+    // Protecting walks every page table entry: the saved ranges in pieces
+    // on every core (the kernel takes the address space lock shared).
+    let pieces: Vec<(usize, u64, u64)> = with_pages()
+        .zip(&registered)
+        .enumerate()
+        .filter(|(_, (_, r))| **r)
+        .flat_map(|(i, (v, _))| {
+            v.pages.iter().flat_map(move |r| {
+                (0..r.len().div_ceil(PROTECT_PIECE)).map(move |k| {
+                    let at = r.addr + k * PROTECT_PIECE;
+                    (i, at, PROTECT_PIECE.min(r.addr + r.len() - at))
+                })
+            })
+        })
+        .collect();
+    let failed: Vec<usize> = pieces
+        .par_iter()
+        .filter_map(|&(i, at, len)| match uffd.write_protect(at, len, true) {
+            Ok(Applied::Done) => None,
+            // Nothing changes a frozen tree's memory, so not expected;
+            // the VMA is then simply saved frozen.
+            Ok(Applied::Busy) => Some(i),
+            Err(e) => {
+                log::debug!("pid {}: {at:#x}+{len:#x} not protected: {e}", uffd.pid());
+                Some(i)
+            }
+        })
+        .collect();
     let mut frozen = Vec::new();
     let mut guarded = Vec::new();
-    for v in vmas.iter().filter(|v| !v.pages.is_empty()) {
-        let anon = VmaKind::try_from(v.kind) == Ok(VmaKind::Anon);
-        let protected = anon && {
-            let len = v.end - v.start;
-            match uffd
-                .register(v.start, len, RegisterMode::WriteProtect)
-                .and_then(|()| uffd.write_protect(v.start, len, true))
-            {
-                Ok(Applied::Done) => true,
-                // Nothing changes a frozen tree's memory: not expected,
-                // but then simply saved frozen.
-                Ok(Applied::Busy) => {
-                    let _ = uffd.unregister(v.start, len);
-                    false
-                }
-                Err(e) => {
-                    log::debug!(
-                        "pid {}: VMA {:#x}-{:#x} saved frozen: {e}",
-                        uffd.pid(),
-                        v.start,
-                        v.end
-                    );
-                    // Whatever part got registered must not stay so.
-                    let _ = uffd.unregister(v.start, len);
-                    false
-                }
-            }
-        };
+    for (i, (v, registered)) in with_pages().zip(registered).enumerate() {
+        let protected = registered && !failed.contains(&i);
+        if registered && !protected {
+            // Unregistering also lifts what protection was set.
+            let _ = uffd.unregister(v.start, v.end - v.start);
+        }
         let into = if protected { &mut guarded } else { &mut frozen };
         into.extend(pages::split(&v.pages));
     }
     Ok(Split { frozen, guarded })
+}
+
+/// Bytes write-protected by one call while arming.
+const PROTECT_PIECE: u64 = 64 << 20;
+
+fn not_guarded(uffd: &Userfault, v: &Vma, e: &ckpt_parasite::ParasiteError) {
+    log::debug!(
+        "pid {}: VMA {:#x}-{:#x} saved frozen: {e}",
+        uffd.pid(),
+        v.start,
+        v.end
+    );
 }
 
 /// Saves `chunks` now (the tree is frozen).

@@ -879,18 +879,7 @@ fn write_images(
         stats.disk_bytes,
         stats.phases.metadata_ms
     );
-    let json = serde_json::to_vec_pretty(&stats).map_err(|e| {
-        DumpError::Image(ckpt_image::ImageError::io(
-            w.tmp_dir().join(STATS_NAME),
-            "encode",
-            e.into(),
-        ))
-    })?;
-    w.write_raw(STATS_NAME, &json)?;
-    if let Some(log) = opts.log {
-        log::info!("commit: writing {LOG_NAME}, the manifest and its seal");
-        w.write_raw(LOG_NAME, &log())?;
-    }
+    write_stats_and_log(&mut w, &stats, opts)?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::BeforeCommit);
     // A process killed while frozen may still have been read in full, but
     // its job is broken: no checkpoint of it becomes the valid one.
@@ -988,17 +977,7 @@ fn write_pre_dump(frozen: &mut Frozen, opts: &WriteOptions<'_>) -> Result<DumpRe
     stats.vmas = vmas;
     stats.disk_bytes = w.written_bytes();
     stats.frozen_ms = ms(frozen.thawed_after.unwrap_or_default());
-    let json = serde_json::to_vec_pretty(&stats).map_err(|e| {
-        DumpError::Image(ckpt_image::ImageError::io(
-            w.tmp_dir().join(STATS_NAME),
-            "encode",
-            e.into(),
-        ))
-    })?;
-    w.write_raw(STATS_NAME, &json)?;
-    if let Some(log) = opts.log {
-        w.write_raw(LOG_NAME, &log())?;
-    }
+    write_stats_and_log(&mut w, &stats, opts)?;
     let committed = w.commit(manifest, opts.key)?;
     log::info!("pre-dump: committed {}", committed.path().display());
     Ok(DumpReport {
@@ -1011,6 +990,28 @@ fn write_pre_dump(frozen: &mut Frozen, opts: &WriteOptions<'_>) -> Result<DumpRe
         frozen_ms: 0,
         stats,
     })
+}
+
+/// Writes `stats-dump.json` and the log so far, the last files before the
+/// manifest.
+fn write_stats_and_log(
+    w: &mut ImageWriter,
+    stats: &DumpStats,
+    opts: &WriteOptions<'_>,
+) -> Result<()> {
+    let json = serde_json::to_vec_pretty(stats).map_err(|e| {
+        DumpError::Image(ckpt_image::ImageError::io(
+            w.tmp_dir().join(STATS_NAME),
+            "encode",
+            e.into(),
+        ))
+    })?;
+    w.write_raw(STATS_NAME, &json)?;
+    if let Some(log) = opts.log {
+        log::info!("commit: writing {LOG_NAME}, the manifest and its seal");
+        w.write_raw(LOG_NAME, &log())?;
+    }
+    Ok(())
 }
 
 /// Progress of the page copy for the caller, with the fault points tests

@@ -50,6 +50,10 @@ pub struct ImageWriter {
     tmp: OwnedFd,
     tmp_id: Identity,
     digests: Vec<FileDigest>,
+    /// Files written whole but not fsynced yet: synced together, in
+    /// parallel, at the commit (one fsync each as they are written would
+    /// cost a journal commit per file: a tree's hundreds of small images).
+    unsynced: Vec<String>,
     committed: bool,
     /// `DIR` existed as an empty directory of ours, to be replaced.
     replace_empty: bool,
@@ -122,6 +126,7 @@ impl ImageWriter {
             tmp,
             tmp_id: Identity::of(&st),
             digests: Vec::new(),
+            unsynced: Vec::new(),
             committed: false,
             replace_empty,
         })
@@ -164,15 +169,32 @@ impl ImageWriter {
         self.digests.iter().map(|d| d.size).sum()
     }
 
-    /// Creates `name` in the temporary directory with `bytes`, synced.
-    fn write_file(&self, name: &str, bytes: &[u8]) -> Result<(), ImageError> {
+    /// Creates `name` in the temporary directory with `bytes`; it is
+    /// synced at the commit ([`ImageWriter::sync_written`]).
+    fn write_file(&mut self, name: &str, bytes: &[u8]) -> Result<(), ImageError> {
         let path = self.tmp_path.join(name);
         check_name(&self.tmp_path, name)?;
         let mut f = sys::create_file_at(self.tmp.as_fd(), OsStr::new(name), false)
             .map_err(|e| ImageError::io(&path, "create", e))?;
         f.write_all(bytes)
             .map_err(|e| ImageError::io(&path, "write", e))?;
-        f.sync_all().map_err(|e| ImageError::io(&path, "fsync", e))
+        // Only a hint: the disk may start now; the fsync is what counts.
+        let _ = sys::start_writeback(f.as_fd(), 0, bytes.len() as u64);
+        self.unsynced.push(name.into());
+        Ok(())
+    }
+
+    /// Fsyncs every file written whole so far, many at once (the file
+    /// system then commits its journal for several together).
+    fn sync_written(&mut self) -> Result<(), ImageError> {
+        use rayon::prelude::*;
+        let names = std::mem::take(&mut self.unsynced);
+        names.par_iter().try_for_each(|name| {
+            let path = self.tmp_path.join(name);
+            let f = open_regular(&self.tmp, name, &path)?;
+            f.0.sync_all()
+                .map_err(|e| ImageError::io(&path, "fsync", e))
+        })
     }
 
     /// Opens a page-data file that may be filled from many threads.
@@ -208,6 +230,7 @@ impl ImageWriter {
         let bytes = header::encode(ImageKind::Manifest, &manifest);
         self.write_file(MANIFEST_NAME, &bytes)?;
         self.write_file(SEAL_NAME, &key.seal(&bytes))?;
+        self.sync_written()?;
         sys::sync(self.tmp.as_fd())
             .map_err(|e| ImageError::io(&self.tmp_path, "fsync directory", e))?;
         // Whoever can write the parent can move our directory away and put

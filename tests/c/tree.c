@@ -78,14 +78,31 @@ int main(int argc, char **argv)
 	if (logfd < 0)
 		die("open tree.log");
 
+	/* A says when C exists: "ready" must find the whole tree. */
+	int forked[2];
+	char token;
+
+	if (pipe2(forked, O_CLOEXEC))
+		die("pipe2");
 	a = fork();
 	if (a == 0) {
 		pid_t me = getpid();
 		pid_t c = fork();
-		if (c == 0)
+		if (c == 0) {
+			close(forked[0]);
+			close(forked[1]);
 			child('C', me, 0);
+		}
+		close(forked[0]);
+		if (write(forked[1], "c", 1) != 1)
+			_exit(3);
+		close(forked[1]);
 		child('A', root, c);
 	}
+	close(forked[1]);
+	if (read(forked[0], &token, 1) != 1)
+		die("read (A forked C)");
+	close(forked[0]);
 	b = fork();
 	if (b == 0)
 		child('B', root, 0);

@@ -34,6 +34,15 @@ pub fn run(a: ShowArgs) -> anyhow::Result<ExitCode> {
     let key = ckpt_image::ImageKey::load(&ckpt_image::seal::key_path(a.image_key.as_deref()))
         .with_context(context)?;
     let dir = ckpt_image::ImageDir::open(&a.dir, &key).with_context(context)?;
+    if dir.manifest().pre_dump {
+        let v = summarize_pre_dump(&dir)?;
+        if a.json {
+            println!("{v}");
+        } else {
+            print!("{}", render_pre_dump(&v));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let v = summarize(&dir)?;
     if a.json {
         println!("{v}");
@@ -41,6 +50,55 @@ pub fn run(a: ShowArgs) -> anyhow::Result<ExitCode> {
         print!("{}", render_text(&v));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A pre-dump holds memory and write tracking only.
+fn summarize_pre_dump(dir: &ImageDir) -> Result<Value, ImageError> {
+    let m = dir.manifest();
+    let mut procs = Vec::new();
+    for p in &m.processes {
+        let mm: Mm = dir.read_meta(&ckpt_image::mm_name(p.pid), ImageKind::Mm)?;
+        procs.push(json!({
+            "pid": p.pid,
+            "comm": p.comm,
+            "vmas": mm.vmas.len(),
+            "pages_bytes": mm.pages_bytes,
+            "compressed": mm.compressed,
+            "tracking": mm.tracking.map(|t| json!({"fd": t.fd, "inode": t.inode})),
+        }));
+    }
+    Ok(json!({
+        "pre_dump": true,
+        "root_pid": m.root_pid,
+        "created_unix": m.created_unix,
+        "processes": procs,
+    }))
+}
+
+fn render_pre_dump(v: &Value) -> String {
+    let mut out = format!(
+        "pre-dump of pid {} (memory only; not restorable: give it to `ckpt dump --prev`)\n",
+        v["root_pid"]
+    );
+    for p in v["processes"].as_array().into_iter().flatten() {
+        out += &format!(
+            "  pid {} ({}): {} VMAs, {} bytes of pages{}, {}\n",
+            p["pid"],
+            p["comm"].as_str().unwrap_or(""),
+            p["vmas"],
+            p["pages_bytes"],
+            if p["compressed"] == true {
+                " (lz4)"
+            } else {
+                ""
+            },
+            match p["tracking"]["fd"].as_i64() {
+                Some(fd) => format!("writes tracked through its fd {fd}"),
+                None => "writes not tracked".into(),
+            }
+        );
+    }
+    out
 }
 
 /// Decodes every image of `dir` into one JSON value.
