@@ -35,7 +35,8 @@ pub struct RestoreArgs {
     /// on demand (userfaultfd), the rest filled in the background until
     /// every page is resident. Without --detach, ckpt serves the pages
     /// while it waits; with it, a page server daemon does (its outcome goes
-    /// to the system log).
+    /// to the system log and --stats-file). Killing that server before it
+    /// is done leaves the pages it had not filled as zeros.
     #[arg(long)]
     lazy: bool,
     /// Write the restored root's pid to this file once it runs (for
