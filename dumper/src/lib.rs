@@ -1046,9 +1046,11 @@ fn frozen_pages(
 ) -> Result<Vec<Vec<ckpt_image::mm::PageChunk>>> {
     let mut out = Vec::with_capacity(procs.len());
     let mut written = 0u64;
+    // Page files copied but not synced yet: synced (and read back for their
+    // checksums) a batch at a time, together.
+    let mut unsynced = Vec::new();
     for c in procs {
         let started = Instant::now();
-        let on_disk_before = w.written_bytes();
         let pw = w.pages(&ckpt_image::pages_name(saved(c.pid)))?;
         let progress = page_progress(opts, written, total, c.pid);
         let before = opts
@@ -1072,8 +1074,7 @@ fn frozen_pages(
             pages::copy_pages(&c.mem, &c.vmas, &pw, &progress)?;
             Vec::new()
         };
-        w.finish_pages(pw)?;
-        let on_disk = w.written_bytes() - on_disk_before;
+        let on_disk = pw.written();
         stats.pages_written_bytes += on_disk;
         log::info!(
             "write pages pid {}: {} bytes, {on_disk} on disk ({:.3} ms)",
@@ -1081,11 +1082,19 @@ fn frozen_pages(
             c.pages_bytes,
             ms_since(started)
         );
+        unsynced.push(pw);
+        if unsynced.len() >= SYNC_BATCH {
+            w.finish_pages_all(std::mem::take(&mut unsynced))?;
+        }
         written += c.pages_bytes;
         out.push(blocks);
     }
+    w.finish_pages_all(unsynced)?;
     Ok(out)
 }
+
+/// Page files synced together at most (each holds an fd until then).
+const SYNC_BATCH: usize = 64;
 
 /// `--background`: write-protects private anonymous memory, saves the rest
 /// of the pages, thaws the tree and saves the protected memory while it
@@ -1158,9 +1167,7 @@ fn background_pages(
     drop(running);
     stats.background = Some(bg);
     let blocks: Vec<_> = sinks.into_iter().map(pages::Sink::into_blocks).collect();
-    for pw in writers {
-        w.finish_pages(pw)?;
-    }
+    w.finish_pages_all(writers)?;
     stats.pages_written_bytes += w.written_bytes() - on_disk_before;
     Ok(blocks)
 }

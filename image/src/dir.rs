@@ -213,9 +213,21 @@ impl ImageWriter {
 
     /// Syncs a page file and records its checksums.
     pub fn finish_pages(&mut self, pages: PagesWriter) -> Result<(), ImageError> {
-        let digest = pages.finish()?;
-        log::debug!("wrote {}: {} bytes", digest.name, digest.size);
-        self.digests.push(digest);
+        self.finish_pages_all(vec![pages])
+    }
+
+    /// Syncs several page files at once (a tree's: their fsyncs and
+    /// checksum read-backs overlap) and records their checksums.
+    pub fn finish_pages_all(&mut self, pages: Vec<PagesWriter>) -> Result<(), ImageError> {
+        use rayon::prelude::*;
+        let digests = pages
+            .into_par_iter()
+            .map(PagesWriter::finish)
+            .collect::<Result<Vec<_>, _>>()?;
+        for digest in digests {
+            log::debug!("wrote {}: {} bytes", digest.name, digest.size);
+            self.digests.push(digest);
+        }
         Ok(())
     }
 
@@ -506,6 +518,16 @@ impl PagesWriter {
     /// Path of the file being written (for messages).
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Bytes written into it so far.
+    pub fn written(&self) -> u64 {
+        self.chunks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|c| c.len)
+            .sum()
     }
 
     /// Writes `data` at `offset`. Chunks must not overlap and must end up
