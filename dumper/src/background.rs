@@ -119,18 +119,6 @@ fn not_guarded(uffd: &Userfault, v: &Vma, e: &ckpt_parasite::ParasiteError) {
     );
 }
 
-/// Saves `chunks` now (the tree is frozen).
-pub fn save_frozen(mem: &Memory, chunks: &[PageRange], sink: &Sink<'_>) -> Result<()> {
-    chunks.par_iter().try_for_each_init(
-        || vec![0u8; CHUNK_BYTES as usize],
-        |buf, c| {
-            let b = &mut buf[..c.len() as usize];
-            mem.read(c.addr, b)?;
-            sink.put(c, b)
-        },
-    )
-}
-
 /// A chunk's progress.
 const PENDING: u8 = 0;
 /// Someone is reading it; its protection is lifted once read.

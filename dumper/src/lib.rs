@@ -536,10 +536,12 @@ enum Userfaults<'a> {
 
 impl Userfaults<'_> {
     fn of<'a>(opts: &'a WriteOptions<'a>) -> Userfaults<'a> {
-        if opts.background {
-            Userfaults::Background
-        } else if opts.prev.is_some() {
+        // With --prev, a background dump reads only what changed while
+        // frozen and needs no write protection.
+        if opts.prev.is_some() {
             Userfaults::Untrack(opts)
+        } else if opts.background {
+            Userfaults::Background
         } else {
             Userfaults::Untouched
         }
@@ -820,7 +822,9 @@ fn write_images(
     }
 
     let pages_started = Instant::now();
-    let saved_pages = if opts.background {
+    let saved_pages = if opts.background && opts.prev.is_some() {
+        thawing_incremental_pages(frozen, &mut w, &procs, opts, total, &mut stats, &saved)?
+    } else if opts.background {
         background_pages(frozen, &mut w, &mut procs, opts, total, &mut stats, &saved)?
     } else {
         frozen_pages(&mut w, &procs, opts, total, &mut stats, &saved)?
@@ -1058,7 +1062,8 @@ fn frozen_pages(
             .and_then(|prev| Some((prev, prev.process(c.pid)?)));
         let blocks = if let (Some((prev, before)), Some(since)) = (before, &c.written) {
             let sink = pages::Sink::new(&pw, opts.compress);
-            let r = predump::copy_pages(&c.mem, &c.vmas, prev, before, since, &sink, &progress)?;
+            let sources = predump::Sources::split(&c.vmas, prev, before, since, opts.compress);
+            let r = predump::copy_pages(&c.mem, &sources, &sink, &progress)?;
             log::info!(
                 "pid {}: {} bytes of pages taken from {}, {} read from the process",
                 c.pid,
@@ -1096,6 +1101,73 @@ fn frozen_pages(
 /// Page files synced together at most (each holds an fd until then).
 const SYNC_BATCH: usize = 64;
 
+/// `--background` with `--prev`: only the chunks written since the
+/// pre-dump are read while the tree is frozen; it then runs while the rest
+/// is copied from the pre-dump (that data no longer depends on the tree,
+/// so nothing needs write protection). Returns each process's LZ4 blocks.
+fn thawing_incremental_pages(
+    frozen: &mut Frozen,
+    w: &mut ImageWriter,
+    procs: &[Collected],
+    opts: &WriteOptions<'_>,
+    total: u64,
+    stats: &mut DumpStats,
+    saved: &dyn Fn(i32) -> i32,
+) -> Result<Vec<Vec<ckpt_image::mm::PageChunk>>> {
+    let on_disk_before = w.written_bytes();
+    let writers = procs
+        .iter()
+        .map(|c| w.pages(&ckpt_image::pages_name(saved(c.pid))))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let sinks: Vec<pages::Sink<'_>> = writers
+        .iter()
+        .map(|pw| pages::Sink::new(pw, opts.compress))
+        .collect();
+    let root = procs.first().map_or(0, |c| c.pid);
+    let mut sources = Vec::with_capacity(procs.len());
+    let mut fresh = 0;
+    for (c, sink) in procs.iter().zip(&sinks) {
+        let split = opts.prev.zip(c.written.as_ref()).and_then(|(prev, since)| {
+            let before = prev.process(c.pid)?;
+            Some(predump::Sources::split(
+                &c.vmas,
+                prev,
+                before,
+                since,
+                opts.compress,
+            ))
+        });
+        let chunks = match &split {
+            Some(s) => s.fresh.clone(),
+            None => pages::split(c.vmas.iter().flat_map(|v| v.pages.iter())),
+        };
+        let progress = page_progress(opts, fresh, total, c.pid);
+        pages::save_chunks(&c.mem, &chunks, sink, &progress)?;
+        fresh += chunks.iter().map(|r| r.len()).sum::<u64>();
+        sources.push(split);
+    }
+    frozen.thaw()?;
+    frozen.thawed_after = Some(frozen.frozen_at.elapsed());
+    log::info!(
+        "background: {fresh} bytes written since the pre-dump saved, tree running again after {:.3} ms frozen",
+        ms(frozen.thawed_after.unwrap_or_default())
+    );
+    let mut reused = 0;
+    for (split, sink) in sources.iter().zip(&sinks) {
+        if let Some(s) = split {
+            let progress = page_progress(opts, fresh + reused, total, root);
+            s.copy_reused(sink, &progress)?;
+            reused += s.reused_bytes();
+        }
+    }
+    log::info!("background: {reused} bytes taken from the pre-dump while running");
+    stats.reused_bytes = Some(reused);
+    let blocks: Vec<_> = sinks.into_iter().map(pages::Sink::into_blocks).collect();
+    w.finish_pages_all(writers)?;
+    stats.pages_written_bytes += w.written_bytes() - on_disk_before;
+    Ok(blocks)
+}
+
 /// `--background`: write-protects private anonymous memory, saves the rest
 /// of the pages, thaws the tree and saves the protected memory while it
 /// runs (see [`background`]). Returns each process's LZ4 block list.
@@ -1126,7 +1198,7 @@ fn background_pages(
             what: "a background dump without a userfaultfd".into(),
         })?;
         let split = background::arm(uffd, &c.vmas)?;
-        background::save_frozen(&c.mem, &split.frozen, sink)?;
+        pages::save_chunks(&c.mem, &split.frozen, sink, &|_| {})?;
         frozen_bytes += split.frozen.iter().map(|r| r.len()).sum::<u64>();
         guarded.push(split.guarded);
     }

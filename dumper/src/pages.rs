@@ -107,6 +107,27 @@ pub fn copy_pages(
     )
 }
 
+/// Saves `chunks` into `sink` on every core, in any order; `progress` gets
+/// the bytes saved so far.
+pub fn save_chunks(
+    mem: &Memory,
+    chunks: &[PageRange],
+    sink: &Sink<'_>,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<()> {
+    let done = AtomicU64::new(0);
+    chunks.par_iter().try_for_each_init(
+        || vec![0u8; CHUNK_BYTES as usize],
+        |buf, c| {
+            let b = &mut buf[..c.len() as usize];
+            mem.read(c.addr, b)?;
+            sink.put(c, b)?;
+            progress(done.fetch_add(c.len(), Ordering::Relaxed) + c.len());
+            Ok(())
+        },
+    )
+}
+
 /// Chunks compressed in parallel before being appended in order: bounds
 /// memory to a few chunks per thread while keeping every core busy.
 const WINDOW_CHUNKS: usize = 32;

@@ -30,7 +30,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ckpt_image::mm::{Mm, PageEncoding, Vma, VmaKind, WriteTracking};
+use ckpt_image::mm::{Mm, PageEncoding, PageRange, Vma, VmaKind, WriteTracking};
 use ckpt_image::{ImageDir, ImageError, ImageKey, ImageKind};
 use ckpt_parasite::uffd::{Applied, Features, RegisterMode, Userfault};
 use rayon::prelude::*;
@@ -293,52 +293,87 @@ pub struct Reuse {
     pub fresh: u64,
 }
 
+/// One process's chunks, split by where their data comes from.
+pub struct Sources<'p> {
+    /// Chunks read from the process.
+    pub fresh: Vec<PageRange>,
+    /// Chunks the pre-dump holds unchanged, and where.
+    reused: Vec<(PageRange, Stored)>,
+    prev: &'p Previous,
+    before: &'p PrevProcess,
+}
+
+impl<'p> Sources<'p> {
+    /// Splits the planned pages of `vmas`: a chunk comes from the pre-dump
+    /// when it holds exactly the same pages there, stored the same way
+    /// (`compressed`), and none of them was written since.
+    pub fn split(
+        vmas: &[Vma],
+        prev: &'p Previous,
+        before: &'p PrevProcess,
+        written: &Written,
+        compressed: bool,
+    ) -> Sources<'p> {
+        let mut fresh = Vec::new();
+        let mut reused = Vec::new();
+        for c in pages::split(vmas.iter().flat_map(|v| v.pages.iter())) {
+            let old = before.stored.get(&(c.addr, c.len())).filter(|s| {
+                before.compressed == compressed
+                    && s.file_len <= ckpt_image::mm::lz4_bound(CHUNK_BYTES)
+                    && !written.touches(c.addr, c.addr + c.len())
+            });
+            match old {
+                Some(s) => reused.push((c, *s)),
+                None => fresh.push(c),
+            }
+        }
+        Sources {
+            fresh,
+            reused,
+            prev,
+            before,
+        }
+    }
+
+    /// Bytes of pages taken from the pre-dump.
+    pub fn reused_bytes(&self) -> u64 {
+        self.reused.iter().map(|(c, _)| c.len()).sum()
+    }
+
+    /// Copies the reused chunks from the pre-dump's pages file into `sink`
+    /// (the process's state does not matter: it may run meanwhile).
+    pub fn copy_reused(&self, sink: &Sink<'_>, progress: &(dyn Fn(u64) + Sync)) -> Result<()> {
+        let file = self.prev.pages(self.before)?;
+        let path = || self.prev.path().join(&self.before.pages_name);
+        let done = AtomicU64::new(0);
+        self.reused.par_iter().try_for_each_init(
+            || vec![0u8; ckpt_image::mm::lz4_bound(CHUNK_BYTES) as usize],
+            |buf, (c, s)| -> Result<()> {
+                // In bounds: `split` keeps blocks of at most this size.
+                let b = &mut buf[..s.file_len as usize];
+                file.read_exact_at(b, s.file_offset)
+                    .map_err(|e| ImageError::io(path(), "read", e))?;
+                sink.put_stored(c, b, s.raw)?;
+                progress(done.fetch_add(c.len(), Ordering::Relaxed) + c.len());
+                Ok(())
+            },
+        )
+    }
+}
+
 /// Saves the planned pages of `vmas` into `sink`: chunks the pre-dump
 /// holds unchanged come from its pages file, the rest from `mem`.
 pub fn copy_pages(
     mem: &Memory,
-    vmas: &[Vma],
-    prev: &Previous,
-    before: &PrevProcess,
-    written: &Written,
+    sources: &Sources<'_>,
     sink: &Sink<'_>,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Reuse> {
-    let file = prev.pages(before)?;
-    let same_encoding = before.compressed == sink.compressed();
-    let chunks = pages::split(vmas.iter().flat_map(|v| v.pages.iter()));
-    let reused = AtomicU64::new(0);
-    let done = AtomicU64::new(0);
-    chunks.par_iter().try_for_each_init(
-        || vec![0u8; ckpt_image::mm::lz4_bound(CHUNK_BYTES) as usize],
-        |buf, c| -> Result<()> {
-            let end = c.addr + c.len();
-            let old = before
-                .stored
-                .get(&(c.addr, c.len()))
-                .filter(|_| same_encoding && !written.touches(c.addr, end));
-            match old {
-                Some(s) if s.file_len as usize <= buf.len() => {
-                    let b = &mut buf[..s.file_len as usize];
-                    file.read_exact_at(b, s.file_offset).map_err(|e| {
-                        ImageError::io(prev.path().join(&before.pages_name), "read", e)
-                    })?;
-                    sink.put_stored(c, b, s.raw)?;
-                    reused.fetch_add(c.len(), Ordering::Relaxed);
-                }
-                _ => {
-                    let b = &mut buf[..c.len() as usize];
-                    mem.read(c.addr, b)?;
-                    sink.put(c, b)?;
-                }
-            }
-            progress(done.fetch_add(c.len(), Ordering::Relaxed) + c.len());
-            Ok(())
-        },
-    )?;
-    let reused = reused.into_inner();
+    let fresh: u64 = sources.fresh.iter().map(|c| c.len()).sum();
+    pages::save_chunks(mem, &sources.fresh, sink, progress)?;
+    sources.copy_reused(sink, &|done| progress(fresh + done))?;
     Ok(Reuse {
-        reused,
-        fresh: done.into_inner() - reused,
+        reused: sources.reused_bytes(),
+        fresh,
     })
 }

@@ -49,8 +49,10 @@ pub struct DumpArgs {
     pre_dump: bool,
     /// A pre-dump of the same tree: pages unchanged since are taken from it
     /// (verified) instead of the tree. The new checkpoint holds all it needs;
-    /// DIR can be removed afterwards.
-    #[arg(long, value_name = "DIR", conflicts_with = "background")]
+    /// DIR can be removed afterwards. With --background, only the pages
+    /// written since are saved frozen, and the tree runs while the rest is
+    /// copied from DIR.
+    #[arg(long, value_name = "DIR")]
     prev: Option<PathBuf>,
     /// Print the result as JSON.
     #[arg(long)]
