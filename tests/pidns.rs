@@ -400,3 +400,43 @@ fn run_reaps_orphans_and_forwards_signals() {
         "ckpt run exits with the command's status"
     );
 }
+
+/// A real multi-process job in its own namespace (a Python
+/// `multiprocessing.Pool`) dumped with `--kill`: every process dies at once
+/// (ckpt collects the deaths it traces, so the init can finish reaping its
+/// namespace), and the restored job finishes.
+#[test]
+fn python_pool_in_a_namespace_is_killed_at_once_and_finishes_after_restore() {
+    let env = TestEnv::new("pidns-python");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/py/pool.py");
+    let mut job = NsJob::start(
+        &env,
+        std::path::Path::new("/usr/bin/python3"),
+        &[path_str(&script), path_str(&env.work)],
+    );
+    let progress = || {
+        std::fs::read_to_string(env.work.join("progress"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        wait_until(Duration::from_secs(60), || progress() >= 100),
+        "the pool did not get going: {}",
+        job.v.diag()
+    );
+    let out = dump_tree(&env, job.init, &["--kill"]);
+    out.assert_success();
+    assert!(
+        !out.stderr.contains("still exiting") && !out.stderr.contains("has not died"),
+        "the killed namespace lingered: {}",
+        out.stderr
+    );
+    let status = job.v.wait_original_exit(RESULT_TIMEOUT);
+    assert_eq!(status.code(), Some(128 + 9), "the init was killed");
+    let restore = spawn_restore(&env, &[]);
+    let out = restore.wait_with(Duration::from_secs(120), || job.v.diag());
+    assert_eq!(out.code(), 0, "restored pool: {}", out.stderr);
+    let result = std::fs::read_to_string(env.work.join("result")).unwrap_or_default();
+    assert!(result.starts_with("PASS"), "{result}");
+}

@@ -442,7 +442,19 @@ impl Written {
                 nix::sys::signal::Signal::SIGKILL,
             );
         }
-        self.frozen.procs.clear();
+        // Their deaths are ours to collect first, as their tracer: until
+        // then they stay zombies their parents cannot reap.
+        // Children before parents, threads before their leader: a parent
+        // (an init above all) finishes dying only after them.
+        let until = Instant::now() + KILL_SETTLE;
+        for p in std::mem::take(&mut self.frozen.procs).into_iter().rev() {
+            for t in p.tasks.into_iter().rev() {
+                let pid = t.pid();
+                if !t.reap_killed(until) {
+                    log::warn!("kill: task {pid} has not died after {KILL_SETTLE:?}");
+                }
+            }
+        }
         // "Killed" means dead: a restore run right after must find the pids
         // released or held by zombies, not by processes still exiting.
         wait_dead(&pids, KILL_SETTLE);

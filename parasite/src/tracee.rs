@@ -486,6 +486,29 @@ impl Tracee {
         }
     }
 
+    /// After the task was sent SIGKILL: collects its death as its tracer
+    /// (waiting at most until `until`), so its zombie goes to its real
+    /// parent at once. A traced zombie waits for its tracer; a PID
+    /// namespace's init cannot finish dying before every zombie of its
+    /// namespace is reaped. Returns whether the death was collected.
+    pub fn reap_killed(mut self, until: std::time::Instant) -> bool {
+        self.attached = false;
+        loop {
+            match waitpid(self.pid, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) | Err(_) => return true,
+                // An exit event stop on the way out: let it go on dying.
+                Ok(WaitStatus::PtraceEvent(..) | WaitStatus::Stopped(..)) => {
+                    let _ = ptrace::cont(self.pid, None);
+                }
+                Ok(_) => {}
+            }
+            if std::time::Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// Detaches; the task continues from its current registers.
     pub fn detach(mut self) -> Result<()> {
         self.attached = false;
