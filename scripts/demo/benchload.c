@@ -1,5 +1,5 @@
 /* Benchmark workloads for scripts/bench-dump.sh. Each sets up its memory,
- * prints "ready" on stdout, then sleeps; on SIGUSR1 (sent after a restore)
+ * prints "ready PID" on stdout, then sleeps; on SIGUSR1 (sent after a restore)
  * it checks its memory against the checksum taken at setup and prints
  * "verify ok" or "verify BAD" (one line per process).
  *
@@ -97,6 +97,12 @@ static int region_ok(const struct region *r)
 	return checksum((const uint64_t *)(c + r->untouched), (r->bytes - r->untouched) / 8) == r->sum;
 }
 
+static void say_ready(void)
+{
+	printf("ready %d\n", (int)getpid());
+	fflush(stdout);
+}
+
 static void say(const char *line)
 {
 	/* One write per line: the processes of a tree share stdout. */
@@ -170,7 +176,7 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(mode, "mem") && argc == 4) {
 		struct region r = setup_mem(strtoull(argv[2], NULL, 10), mixed_arg(argv[3]), getpid());
-		say("ready\n");
+		say_ready();
 		serve(&r, 1, NULL, 0);
 	}
 	if (!strcmp(mode, "tree") && argc == 5) {
@@ -203,7 +209,7 @@ int main(int argc, char **argv)
 			if (read(ready[0], &c, 1) != 1)
 				die("read");
 		close(ready[0]);
-		say("ready\n");
+		say_ready();
 		serve(&r, 1, kids, n - 1);
 	}
 	if (!strcmp(mode, "vmas") && argc == 3) {
@@ -218,7 +224,7 @@ int main(int argc, char **argv)
 				die("mprotect");
 		struct region r = { .p = (uint64_t *)p, .bytes = n * page };
 		r.sum = checksum(r.p, r.bytes / 8);
-		say("ready\n");
+		say_ready();
 		serve(&r, 1, NULL, 0);
 	}
 	usage();
