@@ -344,29 +344,29 @@ for st in ${storages//,/ }; do
 		$1 == "bytes" { wb[$2] = $3 }
 		function g(w, t, k) { return ((w, t, k) in m) ? m[w, t, k] : "" }
 		function f(x, fmt) { return x == "" ? "–" : sprintf(fmt, x) }
+		function mib(x) { return x == "" ? "–" : sprintf("%.0f", x / MIB) }
 		function ratio(a, b) { return (a == "" || b == "" || b == 0) ? "–" : sprintf("%.2f", a / b) }
-		function fail(w, t) { return g(w, t, "failed") == "" ? "" : " (" g(w, t, "failed") " failed)" }
+		function fail(w, t) { return g(w, t, "failed") == "" ? "" : " (" t " failed " g(w, t, "failed") "×)" }
 		END {
-			printf "| workload | MiB written | memcpy s | dd s | ckpt dump s | criu dump s | dump criu/ckpt | ckpt vs dd | frozen ms ckpt / criu |"
-			printf " ckpt restore s | criu restore s | restore criu/ckpt | image MiB ckpt / criu |"
+			printf "| workload | MiB | memcpy s | dd s | dump s ckpt / criu | criu/ckpt | ckpt vs dd |"
+			printf " frozen ms ckpt / criu | restore s ckpt / criu | criu/ckpt | image MiB ckpt / criu |"
 			if (bg) printf " ckpt --background dump s / frozen ms |"
-			printf "\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+			printf "\n|---|---|---|---|---|---|---|---|---|---|---|"
 			if (bg) printf "---|"
 			printf "\n"
 			n = split(wls, ws, ",")
 			for (i = 1; i <= n; i++) {
 				w = ws[i]
-				printf "| %s | %.0f | %s | %s | %s%s | %s%s | %s | %s | %s / %s | %s | %s | %s | %s / %s |", w,
+				printf "| %s | %.0f | %s | %s | %s / %s%s%s | %s | %s | %s / %s | %s / %s | %s | %s / %s |", w,
 					wb[w] / MIB, f(g(w, "memcpy", "copy_s"), "%.2f"), f(g(w, "dd", "write_s"), "%.2f"),
-					f(g(w, "ckpt", "dump_s"), "%.2f"), fail(w, "ckpt"),
-					f(g(w, "criu", "dump_s"), "%.2f"), fail(w, "criu"),
+					f(g(w, "ckpt", "dump_s"), "%.2f"), f(g(w, "criu", "dump_s"), "%.2f"),
+					fail(w, "ckpt"), fail(w, "criu"),
 					ratio(g(w, "criu", "dump_s"), g(w, "ckpt", "dump_s")),
 					ratio(g(w, "dd", "write_s"), g(w, "ckpt", "dump_s")),
 					f(g(w, "ckpt", "frozen_ms"), "%.0f"), f(g(w, "criu", "frozen_ms"), "%.0f"),
 					f(g(w, "ckpt", "restore_s"), "%.2f"), f(g(w, "criu", "restore_s"), "%.2f"),
 					ratio(g(w, "criu", "restore_s"), g(w, "ckpt", "restore_s")),
-					f(g(w, "ckpt", "image_bytes") / MIB, "%.0f"),
-					g(w, "criu", "image_bytes") == "" ? "–" : sprintf("%.0f", g(w, "criu", "image_bytes") / MIB)
+					mib(g(w, "ckpt", "image_bytes")), mib(g(w, "criu", "image_bytes"))
 				if (bg) printf " %s / %s%s |", f(g(w, "ckpt-bg", "dump_s"), "%.2f"),
 					f(g(w, "ckpt-bg", "frozen_ms"), "%.0f"), fail(w, "ckpt-bg")
 				printf "\n"
