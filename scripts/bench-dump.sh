@@ -120,7 +120,9 @@ else
 	log "no CRIU (set \$CRIU or run scripts/build-criu.sh): ckpt and baselines only"
 fi
 have_bg=0
-if "$CKPT" dump --help | grep -q -- '--background'; then have_bg=1; fi
+# (Not a pipe into grep -q: under pipefail, ckpt's SIGPIPE would read as "absent".)
+dump_help=$("$CKPT" dump --help 2>&1 || true)
+if [[ $dump_help == *--background* ]]; then have_bg=1; fi
 
 # --- storage --------------------------------------------------------------
 storage_dir() {
