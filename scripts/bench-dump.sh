@@ -6,6 +6,7 @@
 #
 #   scripts/bench-dump.sh [--quick] [--runs N] [--workloads a,b] [--storage disk,tmpfs]
 #                         [--disk-dir DIR] [--json FILE] [--no-criu]
+# Environment: CKPT (a ckpt binary; default: build this tree's), CRIU.
 #
 # Workloads (scripts/demo/benchload.c): mem1g-mixed mem1g-random mem4g-mixed
 # mem4g-random tree16x256m vmas20k ("mixed": 1/4 mapped but never written,
@@ -33,7 +34,7 @@ storages=disk,tmpfs
 disk_root=/var/tmp
 json_out=
 use_criu=1
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
 	case $1 in
 	--quick) runs=1 workloads=mem1g-mixed storages=disk ;;
@@ -92,9 +93,11 @@ for s in ${storages//,/ }; do
 done
 
 # --- binaries -------------------------------------------------------------
-log "building ckpt (release)"
-cargo build --release --quiet -p ckpt
-CKPT=${CKPT:-${CARGO_TARGET_DIR:-$repo/target}/release/ckpt}
+if [ -z "${CKPT:-}" ]; then
+	log "building ckpt (release)"
+	cargo build --release --quiet -p ckpt
+	CKPT=${CARGO_TARGET_DIR:-$repo/target}/release/ckpt
+fi
 base=$(mktemp -d "$disk_root/ckpt-bench.XXXXXX")
 tmpfs_dir=$base/tmpfs
 # The workload (or restored tree) alive now, a process group of its own.
