@@ -37,13 +37,36 @@ fn progress(v: &Victim) -> u64 {
 /// it with `--kill`, restores it and waits for it to finish: returns the
 /// progress at the dump and the result line.
 fn checkpoint_mid_job(env: &TestEnv, v: &mut Victim, from: u64, total: u64) -> (u64, String) {
+    checkpoint_mid_job_with(env, v, from, total, false)
+}
+
+/// [`checkpoint_mid_job`], the dump taken with `--background` (the job runs
+/// on while its memory is saved, and is killed once it is committed) when
+/// `background`.
+fn checkpoint_mid_job_with(
+    env: &TestEnv,
+    v: &mut Victim,
+    from: u64,
+    total: u64,
+    background: bool,
+) -> (u64, String) {
     assert!(
         wait_until(PROGRESS_TIMEOUT, || progress(v) >= from),
         "job did not get going: progress {}\n{}",
         progress(v),
         v.diag()
     );
-    dump_kill_reap(env, v);
+    if background {
+        dump(env, v, &["--background"]);
+        // The whole job (its own session): its pids must be free again.
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(v.pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        v.reap_killed(std::time::Duration::from_secs(10));
+    } else {
+        dump_kill_reap(env, v);
+    }
     let at_dump = progress(v);
     assert!(
         at_dump < total,
@@ -75,6 +98,21 @@ fn python_multiprocessing_pool_finishes_after_restore() {
     assert!(
         result.starts_with("PASS"),
         "pool job after a restore at {at_dump} of 800 tasks: {result}"
+    );
+}
+
+/// The same pool dumped with `--background`: five processes write to
+/// their memory, allocate and free while it is saved; the restored job
+/// starts from the freeze instant and finishes.
+#[test]
+fn python_pool_dumped_in_the_background_finishes_after_restore() {
+    let env = TestEnv::new("python-pool-bg");
+    let work = env.work.display().to_string();
+    let mut v = Victim::spawn_program(&env, Path::new(PYTHON), &[&script("pool.py"), &work]);
+    let (at_dump, result) = checkpoint_mid_job_with(&env, &mut v, 100, 800, true);
+    assert!(
+        result.starts_with("PASS"),
+        "pool job after a restore of a background dump at {at_dump} of 800 tasks: {result}"
     );
 }
 

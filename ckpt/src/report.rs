@@ -166,6 +166,9 @@ impl ErrorReport {
                 self.set(ErrorKind::Internal, Some(*pid));
                 self.path = Some(path.clone());
             }
+            // The job changed under a background dump: like a conflict
+            // with another user of the process, it may go through next time.
+            DumpError::BackgroundLost { pid, .. } => self.set(ErrorKind::Conflict, Some(*pid)),
             DumpError::Parasite(p) => self.classify_parasite(p),
             DumpError::Image(i) => self.classify_image(i),
         }
@@ -243,6 +246,7 @@ impl ErrorReport {
             | ParasiteError::Mem { pid, .. }
             | ParasiteError::RemoteSyscall { pid, .. }
             | ParasiteError::Command { pid, .. }
+            | ParasiteError::Userfault { pid, .. }
             | ParasiteError::Layout { pid, .. } => *pid,
             ParasiteError::RemoteOpen { pid, path, .. } => {
                 self.path = Some(path.clone());

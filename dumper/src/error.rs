@@ -67,6 +67,21 @@ pub enum DumpError {
         /// What was wrong.
         what: String,
     },
+    /// A background dump lost part of the freeze-time memory: the job gave
+    /// up a range before it was saved.
+    #[error(
+        "pid {pid}: memory {start:#x}-{end:#x} was {how} before the background dump saved it; dump again (without --background for a job that frees memory this much)"
+    )]
+    BackgroundLost {
+        /// The process.
+        pid: i32,
+        /// First byte lost.
+        start: u64,
+        /// One past the last.
+        end: u64,
+        /// What the job did.
+        how: &'static str,
+    },
     /// Controlling the process failed.
     #[error(transparent)]
     Parasite(#[from] ParasiteError),

@@ -19,6 +19,7 @@
 
 #![warn(missing_docs)]
 
+mod background;
 mod blockers;
 pub mod error;
 
@@ -29,6 +30,7 @@ mod ipc;
 pub mod mm;
 pub mod pages;
 mod pidns;
+mod predump;
 mod procfile;
 mod shmem;
 mod sys;
@@ -47,7 +49,9 @@ use ckpt_image::{Committed, ImageKey, ImageKind, ImageWriter};
 use ckpt_parasite::ParasiteError;
 use nix::errno::Errno;
 
+pub use background::BackgroundStats;
 pub use error::{Blocker, DumpError, Result};
+pub use predump::Previous;
 
 /// What happens to the target once its images are complete and synced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -97,6 +101,14 @@ pub struct WriteOptions<'a> {
     /// Keys of open files the user declared external (`--external`):
     /// `pipe:[INODE]`, `socket:[INODE]` or a path, as `/proc/PID/fd` shows.
     pub externals: &'a [String],
+    /// Let the tree run while its private memory is saved
+    /// (`--background`): the tree is thawed once the rest is saved and that
+    /// memory write-protected, and the image is still the memory of the
+    /// freeze instant. [`Written::kill`] is refused after it.
+    pub background: bool,
+    /// A pre-dump to take unchanged pages from (`--prev`), opened before
+    /// the freeze.
+    pub prev: Option<&'a Previous>,
 }
 
 /// Name of the dump's log in the checkpoint directory.
@@ -152,6 +164,13 @@ pub struct DumpStats {
     /// Planned page bytes per written page byte, with `--compress` only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compression_ratio: Option<f64>,
+    /// With `--background`: what was saved while the tree ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub background: Option<BackgroundStats>,
+    /// With `--prev`: bytes of pages taken from the pre-dump (unchanged
+    /// since), the rest of `pages_planned_bytes` was read from the tree.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reused_bytes: Option<u64>,
 }
 
 /// Milliseconds since `t`, as a fraction (short phases take well under one).
@@ -234,6 +253,7 @@ pub fn freeze(root: i32) -> Result<Frozen> {
         freeze_ms,
         blockers,
         tcp: None,
+        thawed_after: None,
     })
 }
 
@@ -252,6 +272,8 @@ pub struct Frozen {
     blockers: Blockers,
     /// Established TCP connections in repair mode, once drained.
     tcp: Option<fd::inet::TcpRepair>,
+    /// Set when a background dump thawed the tree: how long it was frozen.
+    thawed_after: Option<std::time::Duration>,
 }
 
 impl Frozen {
@@ -291,7 +313,8 @@ impl Frozen {
         if self.tcp.is_none() {
             self.drain(&DrainOptions::default())?;
         }
-        let (report, committed, ipc) = write_images(&self, opts).map_err(|e| self.explain(e))?;
+        let written = write_images(&mut self, opts);
+        let (report, committed, ipc) = written.map_err(|e| self.explain(e))?;
         Ok(Written {
             frozen: self,
             report,
@@ -299,6 +322,18 @@ impl Frozen {
             ipc,
             key: opts.key.clone(),
         })
+    }
+
+    /// A pre-dump (`--pre-dump`): leaves write tracking in every process,
+    /// lets the tree run again at once, and saves its private memory while
+    /// it runs (with [`WriteOptions::prev`], only what changed since that
+    /// pre-dump is read from the tree). Not restorable: a later dump with
+    /// `--prev` uses it. On error the tree is thawed unharmed.
+    pub fn pre_dump(mut self, opts: &WriteOptions<'_>) -> Result<DumpReport> {
+        let written = write_pre_dump(&mut self, opts);
+        let mut report = written.map_err(|e| self.explain(e))?;
+        report.frozen_ms = self.thawed_after.unwrap_or_default().as_millis() as u64;
+        Ok(report)
     }
 
     /// A process that died while frozen makes whatever touched it next fail
@@ -391,6 +426,12 @@ impl Written {
     /// the one written, complete and sealed (so nothing is lost). If it is
     /// not, the tree is resumed untouched and the error returned.
     pub fn kill(mut self) -> Result<DumpReport> {
+        if self.frozen.thawed_after.is_some() {
+            return Err(DumpError::Unsupported {
+                pid: self.report.pid,
+                what: "killing a tree after a background dump (it ran on meanwhile)".into(),
+            });
+        }
         ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::BeforeKill);
         // Dropping `self` on error resumes the tree.
         self.committed.verify(&self.key)?;
@@ -421,8 +462,12 @@ impl Written {
 
     fn finish(&mut self) -> DumpReport {
         let mut r = self.report.clone();
-        r.frozen_ms = self.frozen.frozen_at.elapsed().as_millis() as u64;
-        r.stats.frozen_ms = ms_since(self.frozen.frozen_at);
+        let frozen = self
+            .frozen
+            .thawed_after
+            .unwrap_or_else(|| self.frozen.frozen_at.elapsed());
+        r.frozen_ms = frozen.as_millis() as u64;
+        r.stats.frozen_ms = ms(frozen);
         r
     }
 }
@@ -462,9 +507,56 @@ struct Collected {
     pages_bytes: u64,
     /// Bytes of dumpable VMAs the plan leaves out.
     untouched_bytes: u64,
+    /// Its memory, readable after a thaw.
+    mem: pages::Memory,
+    /// With `--background`: the userfaultfd guarding its memory; with
+    /// `--pre-dump`: the one tracking its writes.
+    uffd: Option<ckpt_parasite::uffd::Userfault>,
+    /// With `--pre-dump`: how its writes are tracked from now on.
+    tracking: Option<ckpt_image::mm::WriteTracking>,
+    /// With `--prev`: what it wrote since the pre-dump.
+    written: Option<predump::Written>,
 }
 
-fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
+/// What a dump does with userfaultfds in the processes.
+#[derive(Clone, Copy)]
+enum Userfaults<'a> {
+    /// Nothing.
+    Untouched,
+    /// A background dump's write guard, held by ckpt only.
+    Background,
+    /// A pre-dump: track writes from now on, with the userfaultfd an
+    /// earlier pre-dump left (when still there) or a new one kept in the
+    /// process.
+    Track(&'a WriteOptions<'a>),
+    /// A dump after a pre-dump: read what was written, and end the
+    /// tracking (the process's userfaultfd is closed).
+    Untrack(&'a WriteOptions<'a>),
+}
+
+impl Userfaults<'_> {
+    fn of<'a>(opts: &'a WriteOptions<'a>) -> Userfaults<'a> {
+        if opts.background {
+            Userfaults::Background
+        } else if opts.prev.is_some() {
+            Userfaults::Untrack(opts)
+        } else {
+            Userfaults::Untouched
+        }
+    }
+
+    /// The earlier pre-dump's tracking of `pid`.
+    fn before(&self, pid: i32) -> Option<&ckpt_image::mm::WriteTracking> {
+        match self {
+            Userfaults::Track(o) | Userfaults::Untrack(o) => {
+                o.prev?.process(pid)?.tracking.as_ref()
+            }
+            _ => None,
+        }
+    }
+}
+
+fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Collected> {
     let pid = p.pid;
     let started = Instant::now();
     let leader = &p.tasks[0];
@@ -472,7 +564,40 @@ fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
     for t in &p.tasks[1..] {
         log::debug!("pid {pid}: thread {}", t.pid());
     }
-    let (misc, threads) = task::run_parasite(leader, &p.tasks[1..])?;
+    let before = mode.before(pid);
+    let mut uffd = None;
+    // The tracking fd kept in the process, and whether it is new.
+    let mut kept: Option<(i32, bool)> = None;
+    let mut with_parasite = |inf: &ckpt_parasite::Infection<'_>| -> Result<()> {
+        use ckpt_parasite::uffd;
+        match mode {
+            Userfaults::Untouched => {}
+            Userfaults::Background => uffd = Some(uffd::create_in(inf)?),
+            Userfaults::Track(_) => match before.map(|t| predump::adopt(pid, t)).transpose()? {
+                Some(Some(u)) => {
+                    kept = before.map(|t| (t.fd, false));
+                    uffd = Some(u);
+                }
+                _ => {
+                    let (u, fd) = uffd::create_kept_in(inf, predump::kept_fd_floor(pid))?;
+                    kept = Some((fd, true));
+                    uffd = Some(u);
+                }
+            },
+            Userfaults::Untrack(_) => {
+                if let Some(t) = before
+                    && let Some(u) = predump::adopt(pid, t)?
+                {
+                    // ckpt's copy keeps the tracking alive until the scan;
+                    // the process's goes now, before its fds are read.
+                    inf.syscall("close", libc::SYS_close, [t.fd as u64, 0, 0, 0, 0, 0])?;
+                    uffd = Some(u);
+                }
+            }
+        }
+        Ok(())
+    };
+    let (misc, threads) = task::run_parasite(leader, &p.tasks[1..], &mut with_parasite)?;
     let mut core = task::collect(leader, &misc)?;
     for (t, state) in p.tasks[1..].iter().zip(threads) {
         core.threads.push(task::collect_thread(t, pid, state)?);
@@ -480,6 +605,22 @@ fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
     let mut vmas = mm::collect_vmas(pid)?;
     let vdso = mm::vdso_info(leader, &vmas)?;
     let pages_bytes = mm::plan_pages(pid, &mut vmas)?;
+    // Only through a tracking userfaultfd that is still the pre-dump's.
+    let written = match (mode, &uffd) {
+        (Userfaults::Track(_) | Userfaults::Untrack(_), Some(_)) if before.is_some() => {
+            Some(predump::written_since(pid, &vmas)?)
+        }
+        _ => None,
+    };
+    let mut tracking = None;
+    if let (Userfaults::Track(_), Some(u), Some((fd, new))) = (mode, &uffd, kept) {
+        predump::arm(u, new, &vmas)?;
+        tracking = Some(ckpt_image::mm::WriteTracking {
+            fd,
+            inode: u.inode()?,
+            start_time: predump::start_time(pid)?,
+        });
+    }
     let mut untouched_bytes = 0;
     for v in &vmas {
         let kind = ckpt_image::mm::VmaKind::try_from(v.kind);
@@ -516,13 +657,17 @@ fn collect_process(p: &tree::FrozenProcess) -> Result<Collected> {
         vdso,
         pages_bytes,
         untouched_bytes,
+        mem: pages::Memory::of(leader)?,
+        uffd,
+        tracking,
+        written,
     })
 }
 
 /// Collect, then write: nothing is written before everything is known to
 /// be supported.
 fn write_images(
-    frozen: &Frozen,
+    frozen: &mut Frozen,
     opts: &WriteOptions<'_>,
 ) -> Result<(DumpReport, Committed, ckpt_image::ipc::Ipc)> {
     let root = frozen.root;
@@ -531,13 +676,14 @@ fn write_images(
         .iter()
         .filter(|p| p.zombie_status.is_none())
         .collect();
+    let threads = live.iter().map(|p| p.tasks.len()).sum();
     // Collect everything, gathering what cannot be saved instead of
     // stopping at the first: the user gets the whole list in one run.
     let mut blockers = Blockers::default();
     let mut procs = Vec::new();
     let collect_started = Instant::now();
     for p in &live {
-        if let Some(c) = blockers.absorb(collect_process(p))? {
+        if let Some(c) = blockers.absorb(collect_process(p, Userfaults::of(opts)))? {
             procs.push(c);
         }
     }
@@ -606,17 +752,15 @@ fn write_images(
             ..PhaseTimes::default()
         },
         processes: frozen.procs.len(),
-        threads: live.iter().map(|p| p.tasks.len()).sum(),
+        threads,
         fds,
         pages_planned_bytes: total,
         pages_untouched_bytes: procs.iter().map(|c| c.untouched_bytes).sum(),
         ..DumpStats::default()
     };
     let write_started = Instant::now();
-    let mut pages_time = std::time::Duration::ZERO;
     let mut w = ImageWriter::create(&opts.dir)?;
     log::info!("write: into {}", w.tmp_dir().display());
-    let mut written = 0u64;
     let mut report = DumpReport {
         pid: root,
         dir: opts.dir.clone(),
@@ -627,69 +771,12 @@ fn write_images(
         frozen_ms: 0,
         stats: DumpStats::default(),
     };
-    let mut entries = Vec::new();
-    let mut cores = Vec::new();
-    for (c, p) in procs.into_iter().zip(&live) {
-        let pages_started = Instant::now();
-        let on_disk_before = w.written_bytes();
-        let pw = w.pages(&ckpt_image::pages_name(saved(c.pid)))?;
-        let base = written;
-        let progress = |done: u64| {
-            ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::DuringPages);
-            ckpt_parasite::fault::kill_target(
-                ckpt_parasite::fault::FaultPoint::KillTargetDuringPages,
-                c.pid,
-            );
-            if let Some(p) = opts.progress {
-                p(base + done, total)
-            }
-        };
-        let chunks = if opts.compress {
-            pages::copy_pages_compressed(&p.tasks[0], &c.vmas, &pw, &progress)?
-        } else {
-            pages::copy_pages(&p.tasks[0], &c.vmas, &pw, &progress)?;
-            Vec::new()
-        };
-        w.finish_pages(pw)?;
-        let on_disk = w.written_bytes() - on_disk_before;
-        stats.pages_written_bytes += on_disk;
-        pages_time += pages_started.elapsed();
-        log::info!(
-            "write pages pid {}: {} bytes, {on_disk} on disk ({:.3} ms)",
-            c.pid,
-            c.pages_bytes,
-            ms_since(pages_started)
-        );
-        written += c.pages_bytes;
-        report.vmas += c.vmas.len();
-        let mm = Mm {
-            vmas: c.vmas,
-            vdso: c.vdso,
-            pages_bytes: c.pages_bytes,
-            compressed: opts.compress,
-            chunks,
-        };
-        w.write_meta(&ckpt_image::mm_name(saved(c.pid)), ImageKind::Mm, &mm)?;
-        w.write_meta(
-            &ckpt_image::core_name(saved(c.pid)),
-            ImageKind::Core,
-            &c.core,
-        )?;
-        let owner = owner(c.pid)?;
-        entries.push(ProcessEntry {
-            pid: saved(c.pid),
-            ppid: saved_ppid(c.ppid),
-            comm: c.core.comm.clone(),
-            zombie_status: None,
-            uids: owner.uids,
-            gids: owner.gids,
-        });
-        cores.push(c.core);
-    }
     for (pid, table) in &files.tables {
         w.write_meta(&ckpt_image::fds_name(*pid), ImageKind::FdTable, table)?;
     }
     w.write_meta(ckpt_image::FILES_NAME, ImageKind::Files, &files.files)?;
+    // Shared memory before private pages: a background dump reads it while
+    // the tree is still frozen.
     let shmem_started = Instant::now();
     let shmem_bytes = objects.data_bytes();
     objects.write(&mut w)?;
@@ -711,10 +798,12 @@ fn write_images(
             ms_since(ipc_started)
         );
     }
-    // Zombies come last: their parents are all listed by then.
+    // Zombies come last: their parents are all listed by then. Read now,
+    // while the tree is frozen.
+    let mut zombies = Vec::new();
     for z in frozen.procs.iter().filter(|p| p.zombie_status.is_some()) {
         let owner = owner(z.pid)?;
-        entries.push(ProcessEntry {
+        zombies.push(ProcessEntry {
             pid: saved(z.pid),
             ppid: saved_ppid(z.ppid),
             comm: procfile::read(z.pid, "comm")
@@ -725,6 +814,47 @@ fn write_images(
             gids: owner.gids,
         });
     }
+    let mut owners = Vec::with_capacity(procs.len());
+    for c in &procs {
+        owners.push(owner(c.pid)?);
+    }
+
+    let pages_started = Instant::now();
+    let saved_pages = if opts.background {
+        background_pages(frozen, &mut w, &mut procs, opts, total, &mut stats, &saved)?
+    } else {
+        frozen_pages(&mut w, &procs, opts, total, &mut stats, &saved)?
+    };
+    let pages_time = pages_started.elapsed();
+    let mut entries = Vec::new();
+    let mut cores = Vec::new();
+    for ((c, blocks), owner) in procs.into_iter().zip(saved_pages).zip(owners) {
+        report.vmas += c.vmas.len();
+        let mm = Mm {
+            vmas: c.vmas,
+            vdso: c.vdso,
+            pages_bytes: c.pages_bytes,
+            compressed: opts.compress,
+            chunks: blocks,
+            tracking: c.tracking,
+        };
+        w.write_meta(&ckpt_image::mm_name(saved(c.pid)), ImageKind::Mm, &mm)?;
+        w.write_meta(
+            &ckpt_image::core_name(saved(c.pid)),
+            ImageKind::Core,
+            &c.core,
+        )?;
+        entries.push(ProcessEntry {
+            pid: saved(c.pid),
+            ppid: saved_ppid(c.ppid),
+            comm: c.core.comm.clone(),
+            zombie_status: None,
+            uids: owner.uids,
+            gids: owner.gids,
+        });
+        cores.push(c.core);
+    }
+    entries.extend(zombies);
     let mut manifest = manifest(root, entries, &cores[0])?;
     if pids.is_some() {
         manifest.root_pid = saved(root);
@@ -741,7 +871,9 @@ fn write_images(
         (stats.pages_planned_bytes as f64 / stats.pages_written_bytes as f64 * 100.0).round()
             / 100.0
     });
-    stats.frozen_ms = ms_since(frozen.frozen_at);
+    stats.frozen_ms = ms(frozen
+        .thawed_after
+        .unwrap_or_else(|| frozen.frozen_at.elapsed()));
     log::info!(
         "metadata: {} bytes of images written ({:.3} ms)",
         stats.disk_bytes,
@@ -784,6 +916,252 @@ fn write_images(
     report.dir = committed.path().into();
     report.stats = stats;
     Ok((report, committed, ipc))
+}
+
+/// The pre-dump: tracking armed and every process's pages planned while
+/// frozen, then the pages saved with the tree running.
+fn write_pre_dump(frozen: &mut Frozen, opts: &WriteOptions<'_>) -> Result<DumpReport> {
+    if !matches!(frozen.ns, pidns::TreeNs::Ckpt) {
+        return Err(DumpError::Unsupported {
+            pid: frozen.root,
+            what: "a pre-dump of a tree in its own PID namespace".into(),
+        });
+    }
+    let collect_started = Instant::now();
+    let mut procs = Vec::new();
+    for p in frozen.procs.iter().filter(|p| p.zombie_status.is_none()) {
+        procs.push(collect_process(p, Userfaults::Track(opts))?);
+    }
+    let mut owners = Vec::with_capacity(procs.len());
+    for c in &procs {
+        owners.push(owner(c.pid)?);
+    }
+    let total: u64 = procs.iter().map(|c| c.pages_bytes).sum();
+    let mut stats = DumpStats {
+        phases: PhaseTimes {
+            freeze_ms: frozen.freeze_ms,
+            collect_ms: ms_since(collect_started),
+            ..PhaseTimes::default()
+        },
+        processes: procs.len(),
+        pages_planned_bytes: total,
+        ..DumpStats::default()
+    };
+    // Everything the pre-dump needs frozen is done: writes are tracked.
+    frozen.thaw()?;
+    frozen.thawed_after = Some(frozen.frozen_at.elapsed());
+    log::info!(
+        "pre-dump: tracking armed, tree running again after {:.3} ms frozen",
+        ms(frozen.thawed_after.unwrap_or_default())
+    );
+    let mut w = ImageWriter::create(&opts.dir)?;
+    let pages_started = Instant::now();
+    let saved = |pid: i32| pid;
+    let blocks = frozen_pages(&mut w, &procs, opts, total, &mut stats, &saved)?;
+    stats.phases.pages_ms = ms_since(pages_started);
+    let mut entries = Vec::new();
+    let mut cores = Vec::new();
+    let mut vmas = 0;
+    for ((c, blocks), owner) in procs.into_iter().zip(blocks).zip(owners) {
+        vmas += c.vmas.len();
+        let mm = Mm {
+            vmas: c.vmas,
+            vdso: c.vdso,
+            pages_bytes: c.pages_bytes,
+            compressed: opts.compress,
+            chunks: blocks,
+            tracking: c.tracking,
+        };
+        w.write_meta(&ckpt_image::mm_name(c.pid), ImageKind::Mm, &mm)?;
+        entries.push(ProcessEntry {
+            pid: c.pid,
+            ppid: c.ppid,
+            comm: c.core.comm.clone(),
+            zombie_status: None,
+            uids: owner.uids,
+            gids: owner.gids,
+        });
+        cores.push(c.core);
+    }
+    let mut manifest = manifest(frozen.root, entries, &cores[0])?;
+    manifest.pre_dump = true;
+    stats.vmas = vmas;
+    stats.disk_bytes = w.written_bytes();
+    stats.frozen_ms = ms(frozen.thawed_after.unwrap_or_default());
+    let json = serde_json::to_vec_pretty(&stats).map_err(|e| {
+        DumpError::Image(ckpt_image::ImageError::io(
+            w.tmp_dir().join(STATS_NAME),
+            "encode",
+            e.into(),
+        ))
+    })?;
+    w.write_raw(STATS_NAME, &json)?;
+    if let Some(log) = opts.log {
+        w.write_raw(LOG_NAME, &log())?;
+    }
+    let committed = w.commit(manifest, opts.key)?;
+    log::info!("pre-dump: committed {}", committed.path().display());
+    Ok(DumpReport {
+        pid: frozen.root,
+        processes: stats.processes,
+        dir: committed.path().into(),
+        vmas,
+        pages_bytes: total,
+        fds: 0,
+        frozen_ms: 0,
+        stats,
+    })
+}
+
+/// Progress of the page copy for the caller, with the fault points tests
+/// use to kill ckpt (or `pid`) in the middle of it.
+fn page_progress<'a>(
+    opts: &'a WriteOptions<'_>,
+    base: u64,
+    total: u64,
+    pid: i32,
+) -> impl Fn(u64) + Sync + 'a {
+    move |done: u64| {
+        ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::DuringPages);
+        ckpt_parasite::fault::kill_target(
+            ckpt_parasite::fault::FaultPoint::KillTargetDuringPages,
+            pid,
+        );
+        if let Some(p) = opts.progress {
+            p(base + done, total)
+        }
+    }
+}
+
+/// Saves every process's pages with the tree frozen, one process after the
+/// other. Returns each one's LZ4 block list (empty for raw pages).
+fn frozen_pages(
+    w: &mut ImageWriter,
+    procs: &[Collected],
+    opts: &WriteOptions<'_>,
+    total: u64,
+    stats: &mut DumpStats,
+    saved: &dyn Fn(i32) -> i32,
+) -> Result<Vec<Vec<ckpt_image::mm::PageChunk>>> {
+    let mut out = Vec::with_capacity(procs.len());
+    let mut written = 0u64;
+    for c in procs {
+        let started = Instant::now();
+        let on_disk_before = w.written_bytes();
+        let pw = w.pages(&ckpt_image::pages_name(saved(c.pid)))?;
+        let progress = page_progress(opts, written, total, c.pid);
+        let before = opts
+            .prev
+            .and_then(|prev| Some((prev, prev.process(c.pid)?)));
+        let blocks = if let (Some((prev, before)), Some(since)) = (before, &c.written) {
+            let sink = pages::Sink::new(&pw, opts.compress);
+            let r = predump::copy_pages(&c.mem, &c.vmas, prev, before, since, &sink, &progress)?;
+            log::info!(
+                "pid {}: {} bytes of pages taken from {}, {} read from the process",
+                c.pid,
+                r.reused,
+                prev.path().display(),
+                r.fresh
+            );
+            *stats.reused_bytes.get_or_insert(0) += r.reused;
+            sink.into_blocks()
+        } else if opts.compress {
+            pages::copy_pages_compressed(&c.mem, &c.vmas, &pw, &progress)?
+        } else {
+            pages::copy_pages(&c.mem, &c.vmas, &pw, &progress)?;
+            Vec::new()
+        };
+        w.finish_pages(pw)?;
+        let on_disk = w.written_bytes() - on_disk_before;
+        stats.pages_written_bytes += on_disk;
+        log::info!(
+            "write pages pid {}: {} bytes, {on_disk} on disk ({:.3} ms)",
+            c.pid,
+            c.pages_bytes,
+            ms_since(started)
+        );
+        written += c.pages_bytes;
+        out.push(blocks);
+    }
+    Ok(out)
+}
+
+/// `--background`: write-protects private anonymous memory, saves the rest
+/// of the pages, thaws the tree and saves the protected memory while it
+/// runs (see [`background`]). Returns each process's LZ4 block list.
+fn background_pages(
+    frozen: &mut Frozen,
+    w: &mut ImageWriter,
+    procs: &mut [Collected],
+    opts: &WriteOptions<'_>,
+    total: u64,
+    stats: &mut DumpStats,
+    saved: &dyn Fn(i32) -> i32,
+) -> Result<Vec<Vec<ckpt_image::mm::PageChunk>>> {
+    let on_disk_before = w.written_bytes();
+    let writers = procs
+        .iter()
+        .map(|c| w.pages(&ckpt_image::pages_name(saved(c.pid))))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let sinks: Vec<pages::Sink<'_>> = writers
+        .iter()
+        .map(|pw| pages::Sink::new(pw, opts.compress))
+        .collect();
+    let armed_started = Instant::now();
+    let mut guarded = Vec::with_capacity(procs.len());
+    let mut frozen_bytes = 0u64;
+    for (c, sink) in procs.iter().zip(&sinks) {
+        let uffd = c.uffd.as_ref().ok_or_else(|| DumpError::Unsupported {
+            pid: c.pid,
+            what: "a background dump without a userfaultfd".into(),
+        })?;
+        let split = background::arm(uffd, &c.vmas)?;
+        background::save_frozen(&c.mem, &split.frozen, sink)?;
+        frozen_bytes += split.frozen.iter().map(|r| r.len()).sum::<u64>();
+        guarded.push(split.guarded);
+    }
+    log::info!(
+        "background: memory write-protected, {frozen_bytes} bytes saved frozen ({:.3} ms)",
+        ms_since(armed_started)
+    );
+    // Nothing else needs the tree stopped: let it run.
+    frozen.thaw()?;
+    frozen.thawed_after = Some(frozen.frozen_at.elapsed());
+    log::info!(
+        "background: tree running again after {:.3} ms frozen",
+        ms(frozen.thawed_after.unwrap_or_default())
+    );
+    let root = procs.first().map_or(0, |c| c.pid);
+    let running: Vec<background::Guarded<'_>> = procs
+        .iter_mut()
+        .zip(&sinks)
+        .zip(guarded)
+        .filter_map(|((c, sink), chunks)| {
+            Some(background::Guarded {
+                uffd: c.uffd.take()?,
+                mem: &c.mem,
+                sink,
+                chunks,
+            })
+        })
+        .collect();
+    let progress = page_progress(opts, frozen_bytes, total, root);
+    let bg = background::run(&running, &progress)?;
+    log::info!(
+        "background: {} bytes saved while running, {} chunks first for a waiting writer ({:.3} ms)",
+        bg.bytes,
+        bg.faults,
+        bg.copy_ms
+    );
+    // Protection off everywhere before anything else can fail.
+    drop(running);
+    stats.background = Some(bg);
+    let blocks: Vec<_> = sinks.into_iter().map(pages::Sink::into_blocks).collect();
+    for pw in writers {
+        w.finish_pages(pw)?;
+    }
+    stats.pages_written_bytes += w.written_bytes() - on_disk_before;
+    Ok(blocks)
 }
 
 /// The pids an image records for host pids: the same in ckpt's namespace,
@@ -996,5 +1374,6 @@ fn manifest(
         files: Vec::new(),
         hostname: uts.nodename().to_string_lossy().into_owned(),
         pid_namespace: None,
+        pre_dump: false,
     })
 }

@@ -346,19 +346,40 @@ fn keep(kind: VmaKind, cats: u64) -> bool {
 
 /// Runs of pages to save in `vma`, as (address, pages), from PAGEMAP_SCAN:
 /// the kernel reports runs, so huge sparse reservations cost nothing.
+/// A large VMA is scanned in pieces of this size on every core: the kernel
+/// walks each page table entry, which dominates a big process's freeze.
+const SCAN_PIECE: u64 = 256 << 20;
+
 fn scan_runs(pagemap: &File, vma: &Vma, kind: VmaKind) -> std::io::Result<Vec<(u64, u64)>> {
     use page_is::*;
-    let mut regions = Vec::new();
-    sys::pagemap_scan(
-        pagemap,
-        vma.start,
-        vma.end,
-        PRESENT | SWAPPED,
-        PRESENT | SWAPPED | FILE | PFNZERO,
-        &mut regions,
-    )?;
+    use rayon::prelude::*;
+    let pieces: Vec<(u64, u64)> = (0..(vma.end - vma.start).div_ceil(SCAN_PIECE))
+        .map(|k| {
+            let start = vma.start + k * SCAN_PIECE;
+            (start, vma.end.min(start + SCAN_PIECE))
+        })
+        .collect();
+    let scanned = pieces
+        .par_iter()
+        .map(|&(start, end)| {
+            let mut regions = Vec::new();
+            sys::pagemap_scan(
+                pagemap,
+                start,
+                end,
+                PRESENT | SWAPPED,
+                PRESENT | SWAPPED | FILE | PFNZERO,
+                &mut regions,
+            )
+            .map(|()| regions)
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
     let mut runs: Vec<(u64, u64)> = Vec::new();
-    for r in regions.iter().filter(|r| keep(kind, r.categories)) {
+    for r in scanned
+        .iter()
+        .flatten()
+        .filter(|r| keep(kind, r.categories))
+    {
         push_run(&mut runs, r.start, (r.end - r.start) / PAGE_SIZE);
     }
     Ok(runs)

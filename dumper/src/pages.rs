@@ -6,24 +6,73 @@
 //! positional write at the chunk's precomputed offset. Memory use is bounded
 //! by chunk size × threads, whatever the process size.
 
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ckpt_image::PAGE_SIZE;
 use ckpt_image::PagesWriter;
 use ckpt_image::mm::{PageChunk, PageRange, Vma};
-use ckpt_parasite::Tracee;
+use ckpt_parasite::{ParasiteError, Tracee};
 use rayon::prelude::*;
 
 use crate::error::{DumpError, Result};
+
+/// A process's memory as ckpt reads it: `/proc/PID/mem`, opened while the
+/// process was traced, so it stays readable once the tree runs again (a
+/// background dump reads it then).
+pub struct Memory {
+    pid: i32,
+    file: File,
+}
+
+impl Memory {
+    /// The memory of traced task `t`.
+    pub fn of(t: &Tracee) -> Result<Memory> {
+        let file = t.mem().try_clone().map_err(|source| ParasiteError::Mem {
+            pid: t.pid(),
+            op: "reopen",
+            addr: 0,
+            len: 0,
+            source,
+        })?;
+        Ok(Memory { pid: t.pid(), file })
+    }
+
+    /// The process.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Reads `buf.len()` bytes at `addr` (any mapped page, even PROT_NONE).
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        self.file.read_exact_at(buf, addr).map_err(|source| {
+            ParasiteError::Mem {
+                pid: self.pid,
+                op: "read",
+                addr,
+                len: buf.len(),
+                source,
+            }
+            .into()
+        })
+    }
+}
 
 /// Largest unit of work: big enough for sequential I/O, small enough to
 /// spread a process over all cores.
 pub const CHUNK_BYTES: u64 = 1 << 20;
 
 fn chunks(vmas: &[Vma]) -> Vec<PageRange> {
+    split(vmas.iter().flat_map(|v| v.pages.iter()))
+}
+
+/// `ranges` cut into chunks of at most [`CHUNK_BYTES`], in order.
+pub fn split<'r>(ranges: impl IntoIterator<Item = &'r PageRange>) -> Vec<PageRange> {
     let per = CHUNK_BYTES / PAGE_SIZE;
     let mut out = Vec::new();
-    for r in vmas.iter().flat_map(|v| v.pages.iter()) {
+    for r in ranges {
         let mut done = 0;
         while done < r.nr_pages {
             let n = per.min(r.nr_pages - done);
@@ -40,7 +89,7 @@ fn chunks(vmas: &[Vma]) -> Vec<PageRange> {
 
 /// Copies every planned page range; `progress` is called with bytes done.
 pub fn copy_pages(
-    t: &Tracee,
+    t: &Memory,
     vmas: &[Vma],
     out: &PagesWriter,
     progress: &(dyn Fn(u64) + Sync),
@@ -50,7 +99,7 @@ pub fn copy_pages(
         || vec![0u8; CHUNK_BYTES as usize],
         |buf, c| -> Result<()> {
             let b = &mut buf[..c.len() as usize];
-            t.read_mem(c.addr, b).map_err(DumpError::from)?;
+            t.read(c.addr, b)?;
             out.write_at(c.offset, b)?;
             progress(done.fetch_add(c.len(), Ordering::Relaxed) + c.len());
             Ok(())
@@ -68,7 +117,7 @@ const WINDOW_CHUNKS: usize = 32;
 /// previous window, so compressing and writing overlap. Returns the block
 /// list for the mm image.
 pub fn copy_pages_compressed(
-    t: &Tracee,
+    t: &Memory,
     vmas: &[Vma],
     out: &PagesWriter,
     progress: &(dyn Fn(u64) + Sync),
@@ -133,24 +182,134 @@ struct Packed {
 }
 
 /// Reads chunk `c` and compresses it (kept raw when LZ4 does not shrink it).
-fn pack(t: &Tracee, c: &PageRange, buf: &mut [u8]) -> Result<Packed> {
+fn pack(t: &Memory, c: &PageRange, buf: &mut [u8]) -> Result<Packed> {
     let raw = &mut buf[..c.len() as usize];
-    t.read_mem(c.addr, raw).map_err(DumpError::from)?;
+    t.read(c.addr, raw)?;
+    let block = compress(raw);
+    Ok(Packed {
+        range: *c,
+        stored_raw: block.stored_raw,
+        data: block.data,
+        file_offset: 0,
+    })
+}
+
+/// One chunk's bytes as stored in a compressed pages file.
+struct Block {
+    stored_raw: bool,
+    data: Vec<u8>,
+}
+
+/// LZ4 of `raw`, or `raw` itself when LZ4 does not shrink it.
+fn compress(raw: &[u8]) -> Block {
     let mut z = vec![0u8; lz4_flex::block::get_maximum_output_size(raw.len())];
     // The bound above makes the output large enough, so this cannot fail.
     let n = lz4_flex::block::compress_into(raw, &mut z).unwrap_or(usize::MAX);
-    let (stored_raw, data) = if n < raw.len() {
+    if n < raw.len() {
         z.truncate(n);
-        (false, z)
+        Block {
+            stored_raw: false,
+            data: z,
+        }
     } else {
-        (true, raw.to_vec())
-    };
-    Ok(Packed {
-        range: *c,
-        stored_raw,
-        data,
-        file_offset: 0,
-    })
+        Block {
+            stored_raw: true,
+            data: raw.to_vec(),
+        }
+    }
+}
+
+/// Where chunks go when they are saved one by one in any order (a
+/// background dump saves them as the job writes to them): at their planned
+/// offsets, or as LZ4 blocks appended in the order they come.
+pub enum Sink<'w> {
+    /// Raw pages at the offsets the plan gave them.
+    Raw(&'w PagesWriter),
+    /// LZ4 blocks appended.
+    Lz4 {
+        /// The pages file.
+        out: &'w PagesWriter,
+        /// Where the next block goes, and every block so far.
+        appended: Mutex<Appended>,
+    },
+}
+
+/// The blocks a [`Sink::Lz4`] appended so far.
+#[derive(Default)]
+pub struct Appended {
+    next: u64,
+    blocks: Vec<PageChunk>,
+}
+
+impl<'w> Sink<'w> {
+    /// A sink writing into `out`, compressed or not.
+    pub fn new(out: &'w PagesWriter, compress: bool) -> Self {
+        if compress {
+            Sink::Lz4 {
+                out,
+                appended: Mutex::new(Appended::default()),
+            }
+        } else {
+            Sink::Raw(out)
+        }
+    }
+
+    /// Whether chunks become LZ4 blocks.
+    pub fn compressed(&self) -> bool {
+        matches!(self, Sink::Lz4 { .. })
+    }
+
+    /// Saves chunk `c`, whose bytes are `raw`.
+    pub fn put(&self, c: &PageRange, raw: &[u8]) -> Result<()> {
+        match self {
+            Sink::Raw(out) => out.write_at(c.offset, raw).map_err(DumpError::from),
+            Sink::Lz4 { .. } => {
+                let block = compress(raw);
+                self.put_stored(c, &block.data, block.stored_raw)
+            }
+        }
+    }
+
+    /// Saves chunk `c` from bytes a previous dump stored for it: raw pages,
+    /// or one LZ4 block (`raw` when it was stored uncompressed).
+    pub fn put_stored(&self, c: &PageRange, stored: &[u8], raw: bool) -> Result<()> {
+        match self {
+            Sink::Raw(out) => out.write_at(c.offset, stored).map_err(DumpError::from),
+            Sink::Lz4 { out, appended } => {
+                let len = stored.len() as u64;
+                let file_offset = {
+                    let mut a = appended.lock().unwrap_or_else(|p| p.into_inner());
+                    let at = a.next;
+                    a.next += len;
+                    a.blocks.push(PageChunk {
+                        addr: c.addr,
+                        raw_len: c.len(),
+                        file_offset: at,
+                        file_len: len,
+                        stored_raw: raw,
+                    });
+                    at
+                };
+                out.write_at(file_offset, stored).map_err(DumpError::from)
+            }
+        }
+    }
+
+    /// The block list for the mm image (empty for raw pages), in address
+    /// order.
+    pub fn into_blocks(self) -> Vec<PageChunk> {
+        match self {
+            Sink::Raw(_) => Vec::new(),
+            Sink::Lz4 { appended, .. } => {
+                let mut blocks = appended
+                    .into_inner()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .blocks;
+                blocks.sort_unstable_by_key(|b| b.addr);
+                blocks
+            }
+        }
+    }
 }
 
 #[cfg(test)]

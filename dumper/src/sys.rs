@@ -138,6 +138,9 @@ const PAGEMAP_SCAN: libc::c_ulong = 0xc060_6610;
 
 /// Page categories of `PAGEMAP_SCAN` (uapi linux/fs.h).
 pub mod page_is {
+    /// The page was written since it was write-protected through an
+    /// asynchronous userfaultfd (or never was).
+    pub const WRITTEN: u64 = 1 << 1;
     /// The page is file backed (or shared anonymous / shmem).
     pub const FILE: u64 = 1 << 2;
     /// The page is present in memory.
@@ -190,12 +193,29 @@ pub fn pagemap_scan(
     report: u64,
     out: &mut Vec<PageRegion>,
 ) -> std::io::Result<()> {
+    pagemap_scan_with(pagemap, start, end, anyof, report, 0, out)
+}
+
+/// `PAGEMAP_SCAN` flag: fail with `EPERM` on a VMA not write-protected
+/// through an asynchronous userfaultfd.
+pub const PM_SCAN_CHECK_WPASYNC: u64 = 1 << 1;
+
+/// [`pagemap_scan`] with `PM_SCAN_*` flags.
+pub fn pagemap_scan_with(
+    pagemap: &std::fs::File,
+    start: u64,
+    end: u64,
+    anyof: u64,
+    report: u64,
+    flags: u64,
+    out: &mut Vec<PageRegion>,
+) -> std::io::Result<()> {
     let mut regions = vec![PageRegion::default(); 512];
     let mut cur = start;
     while cur < end {
         let mut arg = PmScanArg {
             size: std::mem::size_of::<PmScanArg>() as u64,
-            flags: 0,
+            flags,
             start: cur,
             end,
             walk_end: 0,

@@ -60,8 +60,13 @@ pub struct TaskMisc {
 
 /// Runs the parasite's collection command in the process's leader (and
 /// asks for its POSIX timers), collects every other thread through the
-/// same infection ([`Infection::thread_state`]), and cures the leader.
-pub fn run_parasite(leader: &Tracee, threads: &[Tracee]) -> Result<(TaskMisc, Vec<ThreadState>)> {
+/// same infection ([`Infection::thread_state`]), runs `with_parasite`
+/// (what else a dump needs done inside the process), and cures the leader.
+pub fn run_parasite(
+    leader: &Tracee,
+    threads: &[Tracee],
+    with_parasite: &mut dyn FnMut(&Infection<'_>) -> Result<()>,
+) -> Result<(TaskMisc, Vec<ThreadState>)> {
     let inf: Infection<'_> = leader.infect()?;
     let args = inf.call(ckpt_parasite::proto::CMD_DUMP_MISC)?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::ParasiteLoaded);
@@ -77,6 +82,7 @@ pub fn run_parasite(leader: &Tracee, threads: &[Tracee]) -> Result<(TaskMisc, Ve
         .iter()
         .map(|t| inf.thread_state(t))
         .collect::<std::result::Result<Vec<_>, _>>()?;
+    with_parasite(&inf)?;
     inf.cure()?;
     Ok((out, threads))
 }

@@ -6,7 +6,7 @@
 //! integer fields carry.
 
 pub use crate::pb::{
-    FileId, Mm, PageChunk, PageRange, PageSpan, ShmemOwner, VdsoInfo, Vma, VmaKind,
+    FileId, Mm, PageChunk, PageRange, PageSpan, ShmemOwner, VdsoInfo, Vma, VmaKind, WriteTracking,
 };
 
 impl VmaKind {
@@ -200,7 +200,7 @@ pub enum PageLayoutError {
 }
 
 /// LZ4's worst case for `raw` bytes (lz4_flex's `get_maximum_output_size`).
-fn lz4_bound(raw: u64) -> u64 {
+pub fn lz4_bound(raw: u64) -> u64 {
     raw.saturating_add(raw / 255).saturating_add(16)
 }
 

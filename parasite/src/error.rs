@@ -87,6 +87,16 @@ pub enum ParasiteError {
         /// The errno it returned.
         errno: Errno,
     },
+    /// A userfaultfd of the task could not be made or used.
+    #[error("pid {pid}: userfaultfd: {what}: {errno}")]
+    Userfault {
+        /// The task.
+        pid: i32,
+        /// The step that failed.
+        what: &'static str,
+        /// The errno it returned.
+        errno: Errno,
+    },
     /// No place for the parasite in the task's address space.
     #[error("pid {pid}: {what}")]
     Layout {

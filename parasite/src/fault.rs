@@ -26,6 +26,9 @@ pub enum FaultPoint {
     ThreadInParasite,
     /// Dump: while page data is being copied.
     DuringPages,
+    /// Dump with `--background`: the tree runs again and its pages are
+    /// being saved, a chunk read and unprotected.
+    DuringBackground,
     /// Restore: the address space of the first process is half rebuilt.
     MidRebuild,
     /// Dump: the *target* is SIGKILLed while its pages are copied (by
@@ -45,6 +48,7 @@ impl FaultPoint {
             FaultPoint::ParasiteLoaded => "parasite-loaded",
             FaultPoint::ThreadInParasite => "thread-in-parasite",
             FaultPoint::DuringPages => "during-pages",
+            FaultPoint::DuringBackground => "during-background",
             FaultPoint::MidRebuild => "restore-mid-rebuild",
             FaultPoint::KillTargetDuringPages => "kill-target-during-pages",
             FaultPoint::BeforeCommit => "before-commit",

@@ -21,6 +21,7 @@ pub mod remote;
 mod sigframe;
 mod sys;
 pub mod tracee;
+pub mod uffd;
 
 pub use error::{ParasiteError, Result};
 pub use infect::{Infection, ThreadState, restart_regs};

@@ -105,6 +105,15 @@ impl<'t> Remote<'t> {
         Ok(results)
     }
 
+    /// The argument slots from 1 on as one buffer (what [`Remote::put`]
+    /// does not use for paths): address and length.
+    pub fn scratch_buffer(&self) -> (u64, usize) {
+        (
+            self.base + DATA_OFFSET + PAGE,
+            ((SLOTS - 1) * PAGE) as usize,
+        )
+    }
+
     /// Copies `bytes` into argument slot `slot` (each slot is one page) and
     /// returns its remote address.
     pub fn put(&self, slot: u64, bytes: &[u8]) -> Result<u64> {

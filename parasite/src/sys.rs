@@ -241,3 +241,222 @@ pub fn syscall_stop(pid: Pid) -> Result<SyscallStop, Errno> {
         _ => SyscallStop::None,
     })
 }
+
+/// `pidfd_open(pid)` + `pidfd_getfd(fd)`: ckpt's own copy of fd `fd` of
+/// `pid`.
+pub fn take_fd(pid: i32, fd: i32) -> Result<std::os::fd::OwnedFd, Errno> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: integer arguments only.
+    let pidfd = check(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
+    // SAFETY: pidfd_open returned a new fd that nothing else owns.
+    let pidfd = unsafe { std::os::fd::OwnedFd::from_raw_fd(pidfd as i32) };
+    use std::os::fd::AsRawFd;
+    // SAFETY: integer arguments only.
+    let got = check(unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) })?;
+    // SAFETY: pidfd_getfd returned a new fd that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(got as i32) })
+}
+
+/// Sends `fd` over the datagram socket `sock` (one byte of payload).
+pub fn send_fd(
+    sock: std::os::fd::BorrowedFd<'_>,
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> Result<(), Errno> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+    use std::os::fd::AsRawFd;
+    let byte = [0u8; 1];
+    let iov = [std::io::IoSlice::new(&byte)];
+    let fds = [fd.as_raw_fd()];
+    sendmsg::<()>(
+        sock.as_raw_fd(),
+        &iov,
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )
+    .map(|_| ())
+}
+
+/// `USERFAULTFD_IOC_NEW` on `/dev/userfaultfd`: `_IO(0xAA, 0)`.
+pub const USERFAULTFD_IOC_NEW: u64 = 0xaa00;
+/// `userfaultfd(2)` flag: only faults taken in user mode.
+#[cfg(test)]
+pub const UFFD_USER_MODE_ONLY: libc::c_int = 1;
+/// `UFFD_API`.
+const UFFD_API: u64 = 0xaa;
+/// `UFFDIO_REGISTER_MODE_*`.
+pub const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
+pub const UFFDIO_REGISTER_MODE_WP: u64 = 2;
+/// `UFFDIO_WRITEPROTECT_MODE_WP`.
+const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1;
+/// Size of `struct uffd_msg`.
+pub const UFFD_MSG_LEN: usize = 32;
+/// `UFFD_EVENT_*`.
+pub const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
+pub const UFFD_EVENT_REMAP: u8 = 0x14;
+pub const UFFD_EVENT_REMOVE: u8 = 0x15;
+pub const UFFD_EVENT_UNMAP: u8 = 0x16;
+/// `UFFD_PAGEFAULT_FLAG_*`.
+pub const UFFD_PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
+pub const UFFD_PAGEFAULT_FLAG_WP: u64 = 1 << 1;
+
+/// `struct uffdio_api`.
+#[repr(C)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+
+/// `struct uffdio_range`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct UffdioRange {
+    start: u64,
+    len: u64,
+}
+
+/// `struct uffdio_register`.
+#[repr(C)]
+struct UffdioRegister {
+    range: UffdioRange,
+    mode: u64,
+    ioctls: u64,
+}
+
+/// `struct uffdio_writeprotect`.
+#[repr(C)]
+struct UffdioWriteprotect {
+    range: UffdioRange,
+    mode: u64,
+}
+
+/// `struct uffdio_copy`.
+#[repr(C)]
+struct UffdioCopy {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    copy: i64,
+}
+
+nix::ioctl_readwrite!(uffdio_api_ioctl, 0xaa, 0x3f, UffdioApi);
+nix::ioctl_readwrite!(uffdio_register_ioctl, 0xaa, 0x00, UffdioRegister);
+nix::ioctl_read!(uffdio_unregister_ioctl, 0xaa, 0x01, UffdioRange);
+nix::ioctl_read!(uffdio_wake_ioctl, 0xaa, 0x02, UffdioRange);
+nix::ioctl_readwrite!(uffdio_copy_ioctl, 0xaa, 0x03, UffdioCopy);
+nix::ioctl_readwrite!(uffdio_writeprotect_ioctl, 0xaa, 0x06, UffdioWriteprotect);
+
+/// `UFFDIO_API` asking for `features`.
+pub fn uffd_api(fd: std::os::fd::BorrowedFd<'_>, features: u64) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    let mut a = UffdioApi {
+        api: UFFD_API,
+        features,
+        ioctls: 0,
+    };
+    // SAFETY: the kernel reads and writes exactly this live struct.
+    unsafe { uffdio_api_ioctl(fd.as_raw_fd(), &mut a) }.map(|_| ())
+}
+
+/// `UFFDIO_REGISTER`.
+pub fn uffd_register(
+    fd: std::os::fd::BorrowedFd<'_>,
+    start: u64,
+    len: u64,
+    mode: u64,
+) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    let mut r = UffdioRegister {
+        range: UffdioRange { start, len },
+        mode,
+        ioctls: 0,
+    };
+    // SAFETY: the kernel reads and writes exactly this live struct; the
+    // range is the other process's memory, never dereferenced here.
+    unsafe { uffdio_register_ioctl(fd.as_raw_fd(), &mut r) }.map(|_| ())
+}
+
+/// `UFFDIO_UNREGISTER`.
+pub fn uffd_unregister(fd: std::os::fd::BorrowedFd<'_>, start: u64, len: u64) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    let mut r = UffdioRange { start, len };
+    // SAFETY: the kernel reads exactly this live struct.
+    unsafe { uffdio_unregister_ioctl(fd.as_raw_fd(), &mut r) }.map(|_| ())
+}
+
+/// `UFFDIO_WAKE`.
+pub fn uffd_wake(fd: std::os::fd::BorrowedFd<'_>, start: u64, len: u64) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    let mut r = UffdioRange { start, len };
+    // SAFETY: the kernel reads exactly this live struct.
+    unsafe { uffdio_wake_ioctl(fd.as_raw_fd(), &mut r) }.map(|_| ())
+}
+
+/// `UFFDIO_WRITEPROTECT`, setting or clearing (and waking).
+pub fn uffd_writeprotect(
+    fd: std::os::fd::BorrowedFd<'_>,
+    start: u64,
+    len: u64,
+    protect: bool,
+) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    let mut w = UffdioWriteprotect {
+        range: UffdioRange { start, len },
+        mode: if protect {
+            UFFDIO_WRITEPROTECT_MODE_WP
+        } else {
+            0
+        },
+    };
+    // SAFETY: the kernel reads and writes exactly this live struct.
+    unsafe { uffdio_writeprotect_ioctl(fd.as_raw_fd(), &mut w) }.map(|_| ())
+}
+
+/// `UFFDIO_COPY` of `data` to `dst` (waking), continued while the kernel
+/// copies part of it. `EAGAIN` with nothing copied means the address space
+/// is changing: the caller must read the pending events first.
+pub fn uffd_copy(fd: std::os::fd::BorrowedFd<'_>, dst: u64, data: &[u8]) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    let mut done = 0usize;
+    while done < data.len() {
+        let mut c = UffdioCopy {
+            dst: dst + done as u64,
+            src: data[done..].as_ptr() as u64,
+            len: (data.len() - done) as u64,
+            mode: 0,
+            copy: 0,
+        };
+        // SAFETY: the kernel reads `len` bytes from `src`, which lie inside
+        // the live slice `data`, and writes only into the other process.
+        match unsafe { uffdio_copy_ioctl(fd.as_raw_fd(), &mut c) } {
+            Ok(_) => return Ok(()),
+            Err(Errno::EAGAIN) if c.copy > 0 => done += c.copy as usize,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Reads whole `struct uffd_msg`s; returns how many.
+pub fn read_msgs(
+    fd: std::os::fd::BorrowedFd<'_>,
+    buf: &mut [[u8; UFFD_MSG_LEN]],
+) -> Result<usize, Errno> {
+    let bytes = buf.as_flattened_mut();
+    let n = nix::unistd::read(fd, bytes)?;
+    Ok(n / UFFD_MSG_LEN)
+}
+
+/// Whether `fd` becomes readable within `timeout_ms`.
+pub fn poll_in(fd: std::os::fd::BorrowedFd<'_>, timeout_ms: i32) -> Result<bool, Errno> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    let timeout = PollTimeout::try_from(timeout_ms).unwrap_or(PollTimeout::MAX);
+    match poll(&mut fds, timeout) {
+        Ok(n) => Ok(n > 0),
+        Err(Errno::EINTR) => Ok(false),
+        Err(e) => Err(e),
+    }
+}

@@ -623,6 +623,11 @@ fn check_compatible(images: &ImageDir) -> Result<()> {
         dir: images.path().into(),
         what,
     };
+    if m.pre_dump {
+        return Err(incompatible(
+            "a pre-dump (memory only, taken while the tree ran): restore the dump made with --prev after it".into(),
+        ));
+    }
     if m.arch != std::env::consts::ARCH {
         return Err(incompatible(format!(
             "dumped on {}, this is {}",

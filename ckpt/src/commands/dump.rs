@@ -33,6 +33,25 @@ pub struct DumpArgs {
     #[arg(long, value_enum, value_name = "MODE", default_value_t = Compression::Auto,
           num_args = 0..=1, require_equals = true, default_missing_value = "lz4")]
     compress: Compression,
+    /// Freeze the tree only to save registers, files and shared memory and
+    /// to write-protect private memory, then let it run while that memory is
+    /// saved: the image is still the memory of the freeze instant (a write
+    /// to a page not saved yet waits until ckpt has read it). Fails, leaving
+    /// the job unharmed, if the job unmaps memory before it is saved.
+    /// Post-dump action scripts run with the tree running.
+    #[arg(long, conflicts_with = "kill")]
+    background: bool,
+    /// Save memory only, mostly while the tree runs, and leave write
+    /// tracking in every process: a later dump with `--prev DIR` then
+    /// reads only the pages written since (a short final freeze). Not
+    /// restorable by itself.
+    #[arg(long, conflicts_with_all = ["kill", "background"])]
+    pre_dump: bool,
+    /// A pre-dump of the same tree: pages unchanged since are taken from it
+    /// (verified) instead of the tree. The new checkpoint holds all it needs;
+    /// DIR can be removed afterwards.
+    #[arg(long, value_name = "DIR", conflicts_with = "background")]
+    prev: Option<PathBuf>,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -80,6 +99,14 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
     let key =
         ckpt_image::ImageKey::load_or_create(&ckpt_image::seal::key_path(a.image_key.as_deref()))?;
     if a.coord.enabled() {
+        anyhow::ensure!(
+            !a.pre_dump && a.prev.is_none(),
+            "--pre-dump and --prev do not go with --coord yet"
+        );
+        anyhow::ensure!(
+            !a.background,
+            "--background does not go with --coord: every node's tree stays frozen until the epoch is committed"
+        );
         let report = coordinated(&a, &key, &progress);
         if let Some(b) = &bar {
             b.finish_and_clear();
@@ -88,6 +115,13 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
         print_report(&a, &report, killed, Some(epoch));
         return Ok(ExitCode::SUCCESS);
     }
+    // Verified before anything is frozen.
+    let prev = a
+        .prev
+        .as_deref()
+        .map(|dir| ckpt_dumper::Previous::open(dir, &key))
+        .transpose()
+        .with_context(|| format!("dump of pid {} failed", a.pid))?;
     let write = WriteOptions {
         dir: a.dir.clone(),
         progress: Some(&progress),
@@ -95,6 +129,8 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
         key: &key,
         log: Some(&crate::logger::captured),
         externals: &a.externals,
+        background: a.background,
+        prev: prev.as_ref(),
     };
     let scripts = ActionScripts::new(a.action_scripts.clone(), &a.dir);
     let report =
@@ -149,6 +185,11 @@ fn phases(
 ) -> anyhow::Result<DumpReport> {
     scripts.run(Phase::PreDump, Some(a.pid))?;
     let mut frozen = ckpt_dumper::freeze(a.pid)?;
+    if a.pre_dump {
+        let report = frozen.pre_dump(write)?;
+        scripts.run(Phase::PostDump, Some(a.pid))?;
+        return Ok(report);
+    }
     frozen.drain(&ckpt_dumper::DrainOptions {
         tcp_established: a.tcp_established,
     })?;
@@ -252,6 +293,9 @@ fn coordinated_phases(
         key,
         log: Some(&crate::logger::captured),
         externals: &a.externals,
+        // Every node's tree stays frozen until the epoch is committed.
+        background: false,
+        prev: None,
     };
     let written = s.local(frozen.write(&write))?;
     s.local(scripts.run(Phase::PostDump, Some(a.pid)))?;
