@@ -204,10 +204,13 @@ run_ckpt() {
 	start_workload "$w" || { record "$st" "$w" "$tool" failed 1; return; }
 	log "$st $w $tool: dump of pid $wl_pid"
 	t0=$(now)
-	# shellcheck disable=SC2086
-	if ! "$CKPT" dump --tree "$wl_pid" --dir "$d" --kill --json $opt >"$base/ckpt.json" 2>"$base/ckpt.err"; then
+	# --background leaves the tree running (it does not go with --kill):
+	# killed here, after the timed part.
+	local end=--kill
+	[ -n "$opt" ] && end=$opt
+	if ! "$CKPT" dump --tree "$wl_pid" --dir "$d" "$end" --json >"$base/ckpt.json" 2>"$base/ckpt.err"; then
 		err=$(tail -1 "$base/ckpt.err")
-		log "FAILED: $CKPT dump --tree $wl_pid --dir $d --kill --json $opt: $err"
+		log "FAILED: $CKPT dump --tree $wl_pid --dir $d $end --json: $err"
 		record "$st" "$w" "$tool" failed 1
 		kill -9 -- "-$wl_pid" 2>/dev/null || true
 		wait_gone "$wl_pid" || true
@@ -215,6 +218,7 @@ run_ckpt() {
 		return
 	fi
 	dump_s=$(since "$t0")
+	[ -n "$opt" ] && kill -9 -- "-$wl_pid"
 	wait_gone "$wl_pid"
 	record "$st" "$w" "$tool" dump_s "$dump_s"
 	record "$st" "$w" "$tool" frozen_ms "$(jq -r '.stats.frozen_ms' "$base/ckpt.json")"
