@@ -189,8 +189,7 @@ fn write_window(out: &PagesWriter, window: &[Packed]) -> Result<u64> {
     for p in window {
         pages += p.range.len();
         let follows = joined_at + joined.len() as u64 == p.file_offset;
-        if !joined.is_empty() && (!follows || joined.len() + p.data.len() > JOINED_WRITE_BYTES)
-        {
+        if !joined.is_empty() && (!follows || joined.len() + p.data.len() > JOINED_WRITE_BYTES) {
             out.write_at(joined_at, &joined)?;
             joined.clear();
         }
