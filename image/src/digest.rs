@@ -138,6 +138,127 @@ pub fn of_bytes(data: &[u8]) -> Sums {
     combine(&blocks)
 }
 
+/// Blocks waiting for the pool at most before [`StreamHasher`] hashes in
+/// the writing thread (each holds its 4 MiB).
+const MAX_OUTSTANDING_BLOCKS: usize = 8;
+
+/// SHA-256s of a file's blocks computed while the file is written in order
+/// from offset 0 (a dump's page files are): each block is hashed on the
+/// rayon pool once complete, so no pass reads the file back afterwards.
+/// A write out of order turns it off, and the caller reads the file back.
+pub struct StreamHasher {
+    /// Bytes accepted in order so far.
+    next: u64,
+    /// The block being filled.
+    partial: Vec<u8>,
+    /// Blocks complete so far.
+    spawned: usize,
+    /// Their hashes, as far as known (the pool fills the others in).
+    hashes: Vec<Option<[u8; 32]>>,
+    /// Blocks handed to the pool and not hashed yet.
+    outstanding: usize,
+    /// Their hashes, by block index, as the pool finishes them.
+    done_tx: std::sync::mpsc::Sender<(usize, [u8; 32])>,
+    done_rx: std::sync::mpsc::Receiver<(usize, [u8; 32])>,
+    /// Off after a write out of order.
+    in_order: bool,
+}
+
+impl Default for StreamHasher {
+    fn default() -> Self {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        StreamHasher {
+            next: 0,
+            partial: Vec::new(),
+            spawned: 0,
+            hashes: Vec::new(),
+            outstanding: 0,
+            done_tx,
+            done_rx,
+            in_order: true,
+        }
+    }
+}
+
+impl StreamHasher {
+    /// `data` was written at `offset`.
+    pub fn wrote(&mut self, offset: u64, data: &[u8]) {
+        if !self.in_order || offset != self.next {
+            // Nothing more to learn from what follows: free the block.
+            self.in_order = false;
+            self.partial = Vec::new();
+            return;
+        }
+        self.next += data.len() as u64;
+        let mut rest = data;
+        while !rest.is_empty() {
+            if self.partial.capacity() == 0 {
+                self.partial.reserve_exact(BLOCK as usize);
+            }
+            let take = rest.len().min(BLOCK as usize - self.partial.len());
+            self.partial.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            if self.partial.len() == BLOCK as usize {
+                self.hash_partial();
+            }
+        }
+    }
+
+    fn hash_partial(&mut self) {
+        let block = std::mem::take(&mut self.partial);
+        let index = self.spawned;
+        self.spawned += 1;
+        self.hashes.push(None);
+        self.collect_done();
+        if self.outstanding >= MAX_OUTSTANDING_BLOCKS {
+            // The pool is behind: hash here rather than hold more memory.
+            self.hashes[index] = Some(block_sha256(&block));
+            return;
+        }
+        self.outstanding += 1;
+        let tx = self.done_tx.clone();
+        rayon::spawn(move || {
+            // The receiver lives until `finish`, which waits for all.
+            let _ = tx.send((index, block_sha256(&block)));
+        });
+    }
+
+    /// Takes in the hashes the pool has finished.
+    fn collect_done(&mut self) {
+        while let Ok((i, h)) = self.done_rx.try_recv() {
+            self.hashes[i] = Some(h);
+            self.outstanding -= 1;
+        }
+    }
+
+    /// The blocks' SHA-256s, concatenated, if the whole file of `size`
+    /// bytes was written in order; `None` means: read it back.
+    pub fn finish(mut self, size: u64) -> Option<Vec<u8>> {
+        if !self.in_order || self.next != size {
+            return None;
+        }
+        if !self.partial.is_empty() {
+            self.hash_partial();
+        }
+        self.collect_done();
+        while self.outstanding > 0 {
+            // Inside the pool, run its queued work (our blocks among it)
+            // instead of blocking a worker they may be waiting for.
+            if rayon::yield_now().is_none() {
+                let (i, h) = self.done_rx.recv().ok()?;
+                self.hashes[i] = Some(h);
+                self.outstanding -= 1;
+            }
+            self.collect_done();
+        }
+        self.hashes
+            .into_iter()
+            .map(|h| h.map(|h| h.to_vec()))
+            .collect::<Option<Vec<_>>>()
+            .map(|v| v.concat())
+    }
+}
+
 /// The checksums of the first `size` bytes of `file`, read block by block
 /// in parallel; a file shorter than `size` is an error naming `path`.
 pub fn of_file(file: &File, size: u64, path: &Path) -> Result<Sums, ImageError> {
@@ -208,6 +329,25 @@ mod tests {
             d[at] ^= 1;
             assert_ne!(of_bytes(&d).sha256, sums.sha256, "byte {at}");
         }
+    }
+
+    #[test]
+    fn hashing_while_written_equals_reading_back() {
+        for len in [0, 1, BLOCK as usize, BLOCK as usize * 3 + 777] {
+            let data = sample(len);
+            let mut f = tempfile::tempfile().unwrap();
+            f.write_all(&data).unwrap();
+            let (_, back) = of_file_with_blocks(&f, len as u64, Path::new("x")).unwrap();
+            let mut h = StreamHasher::default();
+            for piece in data.chunks(1_000_003) {
+                let at = piece.as_ptr() as usize - data.as_ptr() as usize;
+                h.wrote(at as u64, piece);
+            }
+            assert_eq!(h.finish(len as u64), Some(back), "len {len}");
+        }
+        let mut h = StreamHasher::default();
+        h.wrote(4096, &[1; 10]);
+        assert_eq!(h.finish(4106), None, "out of order: read back");
     }
 
     #[test]
