@@ -208,7 +208,6 @@ impl ImageWriter {
             path,
             file,
             chunks: Mutex::new(Vec::new()),
-            hasher: Mutex::new(digest::StreamHasher::default()),
         })
     }
 
@@ -499,16 +498,13 @@ fn read_exact_len(f: File, path: &Path, len: u64) -> Result<Vec<u8>, ImageError>
 }
 
 /// A page-data file written at explicit offsets, possibly from many
-/// threads; the CRC is combined from per-chunk CRCs, the SHA-256s of its
-/// blocks are computed as it is written in order, or by reading the file
-/// back once it is complete.
+/// threads; the CRC is combined from per-chunk CRCs, the SHA-256 is
+/// computed by reading the file back once it is complete.
 pub struct PagesWriter {
     name: String,
     path: PathBuf,
     file: File,
     chunks: Mutex<Vec<ChunkCrc>>,
-    /// The blocks' SHA-256s while the file is written in order.
-    hasher: Mutex<digest::StreamHasher>,
 }
 
 #[derive(Clone, Copy)]
@@ -546,10 +542,6 @@ impl PagesWriter {
             log::debug!("{}: early writeback not started: {e}", self.path.display());
         }
         let crc = crc32c::crc32c(data);
-        self.hasher
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .wrote(offset, data);
         self.chunks
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -584,17 +576,10 @@ impl PagesWriter {
             size += c.len;
         }
         // The CRC was combined from the chunks as they were written; the
-        // blocks' SHA-256s too if they came in order, else they are read
-        // back from the page cache in parallel.
-        let hasher = self.hasher.into_inner().unwrap_or_else(|p| p.into_inner());
-        let (sha256, blocks) = match hasher.finish(size) {
-            Some(blocks) => (digest::sha256_of_block_list(&blocks), blocks),
-            None => {
-                let (sums, blocks) = digest::of_file_with_blocks(&self.file, size, &self.path)?;
-                debug_assert_eq!(sums.crc32c, crc);
-                (sums.sha256, blocks)
-            }
-        };
+        // SHA-256 needs the blocks, read back from the page cache in
+        // parallel.
+        let (sums, blocks) = digest::of_file_with_blocks(&self.file, size, &self.path)?;
+        debug_assert_eq!(sums.crc32c, crc);
         let on_disk = self
             .file
             .metadata()
@@ -611,7 +596,7 @@ impl PagesWriter {
             name: self.name,
             size,
             crc32c: crc,
-            sha256: sha256.to_vec(),
+            sha256: sums.sha256.to_vec(),
             block_sha256: blocks,
         })
     }
