@@ -87,126 +87,24 @@ pub fn split<'r>(ranges: impl IntoIterator<Item = &'r PageRange>) -> Vec<PageRan
     out
 }
 
-/// Copies every planned page range as raw pages at their planned offsets;
-/// `progress` is called with bytes done.
+/// Copies every planned page range; `progress` is called with bytes done.
 pub fn copy_pages(
     t: &Memory,
     vmas: &[Vma],
     out: &PagesWriter,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<()> {
-    pipeline(t, vmas, out, false, progress).map(|_| ())
-}
-
-/// Chunks read (and compressed) in parallel before one writer thread
-/// stores them in order: bounds memory to a few windows while keeping
-/// every core busy, and the file gets large sequential writes (parallel
-/// writers into one file only take turns on its lock, tmpfs's above all).
-const WINDOW_CHUNKS: usize = 32;
-
-/// Small consecutive chunks are joined into writes of up to this size (a
-/// process of many small VMAs would otherwise cost a write per VMA).
-const JOINED_WRITE_BYTES: usize = 4 << 20;
-
-/// Like [`copy_pages`], but every chunk becomes one LZ4 block (stored raw
-/// when it does not shrink), appended to `out` in address order. Returns
-/// the block list for the mm image.
-pub fn copy_pages_compressed(
-    t: &Memory,
-    vmas: &[Vma],
-    out: &PagesWriter,
-    progress: &(dyn Fn(u64) + Sync),
-) -> Result<Vec<PageChunk>> {
-    pipeline(t, vmas, out, true, progress)
-}
-
-/// The copy of [`copy_pages`] and [`copy_pages_compressed`]: windows of
-/// chunks are read (and compressed) on every core while a writer thread
-/// stores the previous window, so reading, compressing and writing
-/// overlap. Returns the LZ4 block list (empty for raw pages).
-fn pipeline(
-    t: &Memory,
-    vmas: &[Vma],
-    out: &PagesWriter,
-    compress: bool,
-    progress: &(dyn Fn(u64) + Sync),
-) -> Result<Vec<PageChunk>> {
-    let all = chunks(vmas);
-    let mut blocks = Vec::with_capacity(if compress { all.len() } else { 0 });
-    std::thread::scope(|s| -> Result<()> {
-        // One window in flight: memory stays bounded by two windows.
-        let (to_writer, from_reader) = std::sync::mpsc::sync_channel::<Vec<Packed>>(1);
-        let writer = s.spawn(move || -> Result<()> {
-            let mut done = 0u64;
-            for window in from_reader {
-                done += write_window(out, &window)?;
-                progress(done);
-            }
+    let done = AtomicU64::new(0);
+    chunks(vmas).par_iter().try_for_each_init(
+        || vec![0u8; CHUNK_BYTES as usize],
+        |buf, c| -> Result<()> {
+            let b = &mut buf[..c.len() as usize];
+            t.read(c.addr, b)?;
+            out.write_at(c.offset, b)?;
+            progress(done.fetch_add(c.len(), Ordering::Relaxed) + c.len());
             Ok(())
-        });
-        let mut file_offset = 0u64;
-        let read = (|| -> Result<()> {
-            for window in all.chunks(WINDOW_CHUNKS) {
-                let mut packed: Vec<Packed> = window
-                    .par_iter()
-                    .map(|c| pack(t, c, compress))
-                    .collect::<Result<_>>()?;
-                if compress {
-                    for p in &mut packed {
-                        p.file_offset = file_offset;
-                        blocks.push(PageChunk {
-                            addr: p.range.addr,
-                            raw_len: p.range.len(),
-                            file_offset,
-                            file_len: p.data.len() as u64,
-                            stored_raw: p.stored_raw,
-                        });
-                        file_offset += p.data.len() as u64;
-                    }
-                }
-                if to_writer.send(packed).is_err() {
-                    // The writer stopped on an error, reported below.
-                    break;
-                }
-            }
-            Ok(())
-        })();
-        drop(to_writer);
-        let written = writer
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        read.and(written)
-    })?;
-    Ok(blocks)
-}
-
-/// Writes one window, joining runs of small chunks that follow each other
-/// in the file. Returns the page bytes it holds.
-fn write_window(out: &PagesWriter, window: &[Packed]) -> Result<u64> {
-    let mut joined: Vec<u8> = Vec::new();
-    let mut joined_at = 0u64;
-    let mut pages = 0u64;
-    for p in window {
-        pages += p.range.len();
-        let follows = joined_at + joined.len() as u64 == p.file_offset;
-        if !joined.is_empty() && (!follows || joined.len() + p.data.len() > JOINED_WRITE_BYTES) {
-            out.write_at(joined_at, &joined)?;
-            joined.clear();
-        }
-        if p.data.len() >= JOINED_WRITE_BYTES / 4 {
-            // Large enough on its own.
-            out.write_at(p.file_offset, &p.data)?;
-            continue;
-        }
-        if joined.is_empty() {
-            joined_at = p.file_offset;
-        }
-        joined.extend_from_slice(&p.data);
-    }
-    if !joined.is_empty() {
-        out.write_at(joined_at, &joined)?;
-    }
-    Ok(pages)
+        },
+    )
 }
 
 /// Saves `chunks` into `sink` on every core, in any order; `progress` gets
@@ -230,6 +128,71 @@ pub fn save_chunks(
     )
 }
 
+/// Chunks compressed in parallel before being appended in order: bounds
+/// memory to a few chunks per thread while keeping every core busy.
+const WINDOW_CHUNKS: usize = 32;
+
+/// Like [`copy_pages`], but every chunk becomes one LZ4 block (stored raw
+/// when it does not shrink), appended to `out` in address order. Windows of
+/// chunks are compressed in parallel while a writer thread appends the
+/// previous window, so compressing and writing overlap. Returns the block
+/// list for the mm image.
+pub fn copy_pages_compressed(
+    t: &Memory,
+    vmas: &[Vma],
+    out: &PagesWriter,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Vec<PageChunk>> {
+    let all = chunks(vmas);
+    let mut blocks = Vec::with_capacity(all.len());
+    std::thread::scope(|s| -> Result<()> {
+        // One window in flight: memory stays bounded by two windows.
+        let (to_writer, from_compressor) = std::sync::mpsc::sync_channel::<Vec<Packed>>(1);
+        let writer = s.spawn(move || -> Result<()> {
+            let mut done = 0u64;
+            for window in from_compressor {
+                for p in window {
+                    out.write_at(p.file_offset, &p.data)?;
+                    done += p.range.len();
+                    progress(done);
+                }
+            }
+            Ok(())
+        });
+        let mut file_offset = 0u64;
+        let compressed = (|| -> Result<()> {
+            for window in all.chunks(WINDOW_CHUNKS) {
+                let mut packed: Vec<Packed> = window
+                    .par_iter()
+                    .map_init(|| vec![0u8; CHUNK_BYTES as usize], |buf, c| pack(t, c, buf))
+                    .collect::<Result<_>>()?;
+                for p in &mut packed {
+                    p.file_offset = file_offset;
+                    blocks.push(PageChunk {
+                        addr: p.range.addr,
+                        raw_len: p.range.len(),
+                        file_offset,
+                        file_len: p.data.len() as u64,
+                        stored_raw: p.stored_raw,
+                    });
+                    file_offset += p.data.len() as u64;
+                }
+                if to_writer.send(packed).is_err() {
+                    // The writer stopped on an error, reported below.
+                    break;
+                }
+            }
+            Ok(())
+        })();
+        drop(to_writer);
+        let written = writer
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        compressed.and(written)
+    })?;
+    Ok(blocks)
+}
+
 /// One chunk as it goes into the pages file.
 struct Packed {
     range: PageRange,
@@ -239,20 +202,11 @@ struct Packed {
     file_offset: u64,
 }
 
-/// Reads chunk `c`, compressed when asked (kept raw when LZ4 does not
-/// shrink it); raw chunks keep their planned file offset.
-fn pack(t: &Memory, c: &PageRange, compress_it: bool) -> Result<Packed> {
-    let mut raw = vec![0u8; c.len() as usize];
-    t.read(c.addr, &mut raw)?;
-    if !compress_it {
-        return Ok(Packed {
-            range: *c,
-            stored_raw: true,
-            data: raw,
-            file_offset: c.offset,
-        });
-    }
-    let block = compress(&raw);
+/// Reads chunk `c` and compresses it (kept raw when LZ4 does not shrink it).
+fn pack(t: &Memory, c: &PageRange, buf: &mut [u8]) -> Result<Packed> {
+    let raw = &mut buf[..c.len() as usize];
+    t.read(c.addr, raw)?;
+    let block = compress(raw);
     Ok(Packed {
         range: *c,
         stored_raw: block.stored_raw,
