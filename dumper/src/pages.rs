@@ -151,11 +151,8 @@ pub fn copy_pages_compressed(
         let writer = s.spawn(move || -> Result<()> {
             let mut done = 0u64;
             for window in from_compressor {
-                for p in window {
-                    out.write_at(p.file_offset, &p.data)?;
-                    done += p.range.len();
-                    progress(done);
-                }
+                done += write_window(out, &window)?;
+                progress(done);
             }
             Ok(())
         });
@@ -191,6 +188,44 @@ pub fn copy_pages_compressed(
         compressed.and(written)
     })?;
     Ok(blocks)
+}
+
+/// Small consecutive blocks are joined into writes of up to this size (a
+/// process of many small VMAs would otherwise cost a write, and a
+/// writeback request, per VMA).
+const JOINED_WRITE_BYTES: usize = 4 << 20;
+
+/// Writes one window of blocks (consecutive in the file), joining runs of
+/// small ones. Returns the page bytes they hold.
+fn write_window(out: &PagesWriter, window: &[Packed]) -> Result<u64> {
+    let mut joined: Vec<u8> = Vec::new();
+    let mut joined_at = 0u64;
+    let mut pages = 0u64;
+    for p in window {
+        pages += p.range.len();
+        if p.data.len() >= JOINED_WRITE_BYTES / 4 {
+            // Large enough on its own (after what was joined before it).
+            if !joined.is_empty() {
+                out.write_at(joined_at, &joined)?;
+                joined.clear();
+            }
+            out.write_at(p.file_offset, &p.data)?;
+            continue;
+        }
+        let follows = joined_at + joined.len() as u64 == p.file_offset;
+        if !joined.is_empty() && (!follows || joined.len() + p.data.len() > JOINED_WRITE_BYTES) {
+            out.write_at(joined_at, &joined)?;
+            joined.clear();
+        }
+        if joined.is_empty() {
+            joined_at = p.file_offset;
+        }
+        joined.extend_from_slice(&p.data);
+    }
+    if !joined.is_empty() {
+        out.write_at(joined_at, &joined)?;
+    }
+    Ok(pages)
 }
 
 /// One chunk as it goes into the pages file.
