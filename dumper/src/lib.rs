@@ -1113,6 +1113,18 @@ fn frozen_pages(
 /// Page files synced together at most (each holds an fd until then).
 const SYNC_BATCH: usize = 64;
 
+/// One pages file per process, all open at once (saved in any order).
+fn page_writers(
+    w: &ImageWriter,
+    procs: &[Collected],
+    saved: &dyn Fn(i32) -> i32,
+) -> Result<Vec<ckpt_image::PagesWriter>> {
+    Ok(procs
+        .iter()
+        .map(|c| w.pages(&ckpt_image::pages_name(saved(c.pid))))
+        .collect::<std::result::Result<Vec<_>, _>>()?)
+}
+
 /// `--background` with `--prev`: only the chunks written since the
 /// pre-dump are read while the tree is frozen; it then runs while the rest
 /// is copied from the pre-dump (that data no longer depends on the tree,
@@ -1127,14 +1139,8 @@ fn thawing_incremental_pages(
     saved: &dyn Fn(i32) -> i32,
 ) -> Result<Vec<Vec<ckpt_image::mm::PageChunk>>> {
     let on_disk_before = w.written_bytes();
-    let writers = procs
-        .iter()
-        .map(|c| w.pages(&ckpt_image::pages_name(saved(c.pid))))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    let sinks: Vec<pages::Sink<'_>> = writers
-        .iter()
-        .map(|pw| pages::Sink::new(pw, opts.compress))
-        .collect();
+    let writers = page_writers(w, procs, saved)?;
+    let sinks = pages::Sink::for_each(&writers, opts.compress);
     let root = procs.first().map_or(0, |c| c.pid);
     let mut sources = Vec::with_capacity(procs.len());
     let mut fresh = 0;
@@ -1193,14 +1199,8 @@ fn background_pages(
     saved: &dyn Fn(i32) -> i32,
 ) -> Result<Vec<Vec<ckpt_image::mm::PageChunk>>> {
     let on_disk_before = w.written_bytes();
-    let writers = procs
-        .iter()
-        .map(|c| w.pages(&ckpt_image::pages_name(saved(c.pid))))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    let sinks: Vec<pages::Sink<'_>> = writers
-        .iter()
-        .map(|pw| pages::Sink::new(pw, opts.compress))
-        .collect();
+    let writers = page_writers(w, procs, saved)?;
+    let sinks = pages::Sink::for_each(&writers, opts.compress);
     let armed_started = Instant::now();
     let mut guarded = Vec::with_capacity(procs.len());
     let mut frozen_bytes = 0u64;

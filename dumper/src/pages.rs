@@ -310,6 +310,11 @@ impl<'w> Sink<'w> {
         }
     }
 
+    /// One sink per writer.
+    pub fn for_each(writers: &'w [PagesWriter], compress: bool) -> Vec<Sink<'w>> {
+        writers.iter().map(|pw| Sink::new(pw, compress)).collect()
+    }
+
     /// Whether chunks become LZ4 blocks.
     pub fn compressed(&self) -> bool {
         matches!(self, Sink::Lz4 { .. })

@@ -123,31 +123,11 @@ pub(crate) fn split(mm: &Mm, copies: Vec<PageCopy>) -> Split {
         if out.ranges.last() != Some(&(v.start, v.end)) {
             out.ranges.push((v.start, v.end));
         }
-        cut_into_pieces(c, &mut out.lazy);
+        crate::pages::cut_into_pieces(c, PIECE_BYTES, &mut out.lazy);
     }
     out.ranges.sort_unstable();
     out.ranges.dedup();
     out
-}
-
-/// `c`, raw data cut into [`PIECE_BYTES`] pieces.
-fn cut_into_pieces(c: PageCopy, out: &mut Vec<PageCopy>) {
-    if c.encoding != PageEncoding::Raw {
-        out.push(c);
-        return;
-    }
-    let mut at = 0;
-    while at < c.raw_len {
-        let len = PIECE_BYTES.min(c.raw_len - at);
-        out.push(PageCopy {
-            addr: c.addr + at,
-            file_offset: c.file_offset + at,
-            file_len: len,
-            raw_len: len,
-            encoding: PageEncoding::Raw,
-        });
-        at += len;
-    }
 }
 
 /// Makes `r`'s process's userfaultfd, registers `split.ranges` and returns

@@ -117,22 +117,28 @@ const PIECE_BYTES: u64 = 4 << 20;
 fn pieces(copies: Vec<PageCopy>) -> Vec<PageCopy> {
     let mut out = Vec::with_capacity(copies.len());
     for c in copies {
-        if c.encoding != PageEncoding::Raw || c.raw_len <= PIECE_BYTES {
-            out.push(c);
-            continue;
-        }
-        let mut at = 0;
-        while at < c.raw_len {
-            let len = PIECE_BYTES.min(c.raw_len - at);
-            out.push(PageCopy {
-                addr: c.addr + at,
-                file_offset: c.file_offset + at,
-                file_len: len,
-                raw_len: len,
-                encoding: PageEncoding::Raw,
-            });
-            at += len;
-        }
+        cut_into_pieces(c, PIECE_BYTES, &mut out);
     }
     out
+}
+
+/// `c` into `out`, raw data cut into pieces of at most `piece` bytes (an
+/// LZ4 block is one unit).
+pub(crate) fn cut_into_pieces(c: PageCopy, piece: u64, out: &mut Vec<PageCopy>) {
+    if c.encoding != PageEncoding::Raw {
+        out.push(c);
+        return;
+    }
+    let mut at = 0;
+    while at < c.raw_len {
+        let len = piece.min(c.raw_len - at);
+        out.push(PageCopy {
+            addr: c.addr + at,
+            file_offset: c.file_offset + at,
+            file_len: len,
+            raw_len: len,
+            encoding: PageEncoding::Raw,
+        });
+        at += len;
+    }
 }
