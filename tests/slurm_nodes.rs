@@ -97,6 +97,25 @@ fn diagnose(env: &TestEnv, job: &str, output: &Path) -> String {
     )
 }
 
+/// A script that runs `node0` on the job's node 0 and `node1` on node 1
+/// (by `SLURM_NODEID`), each replacing the shell.
+fn role_script(env: &TestEnv, node0: &str, node1: &str) -> std::path::PathBuf {
+    let role = env.root.join("role.sh");
+    std::fs::write(
+        &role,
+        format!(
+            "#!/bin/sh\n\
+             case \"$SLURM_NODEID\" in\n\
+             0) exec {node0} ;;\n\
+             1) exec {node1} ;;\n\
+             *) echo \"role.sh: SLURM_NODEID=$SLURM_NODEID: no role\" >&2; exit 2 ;;\n\
+             esac\n"
+        ),
+    )
+    .expect("write role script");
+    role
+}
+
 #[test]
 fn job_of_two_nodes_exchanging_over_tcp_is_checkpointed_requeued_and_restored() {
     let Some(started_lab) = Lab::Two.take() else {
@@ -105,21 +124,19 @@ fn job_of_two_nodes_exchanging_over_tcp_is_checkpointed_requeued_and_restored() 
 
     let env = TestEnv::new("slurm-nodes");
     let netpeer = victim_bin("netpeer");
-    let role = env.root.join("role.sh");
-    std::fs::write(
-        &role,
-        format!(
-            "#!/bin/sh\n\
-             case \"$SLURM_NODEID\" in\n\
-             0) exec {bin} server {work} 127.0.0.1 {PORT} {ROUNDS} ;;\n\
-             1) exec {bin} client {work} 127.0.0.1 {PORT} {ROUNDS} ;;\n\
-             *) echo \"role.sh: SLURM_NODEID=$SLURM_NODEID: no role\" >&2; exit 2 ;;\n\
-             esac\n",
-            bin = netpeer.display(),
-            work = env.work.display(),
+    let role = role_script(
+        &env,
+        &format!(
+            "{} server {} 127.0.0.1 {PORT} {ROUNDS}",
+            netpeer.display(),
+            env.work.display()
         ),
-    )
-    .expect("write role script");
+        &format!(
+            "{} client {} 127.0.0.1 {PORT} {ROUNDS}",
+            netpeer.display(),
+            env.work.display()
+        ),
+    );
     let script = env.root.join("job.sh");
     let output = env.root.join("job.out");
     let dir = env.root.join("ckpt");
@@ -322,23 +339,15 @@ fn refused_part_fails_the_checkpoint_in_one_line_and_every_part_runs_on() {
     for w in &works {
         std::fs::create_dir(w).expect("create part work dir");
     }
-    let role = env.root.join("role.sh");
-    std::fs::write(
-        &role,
-        format!(
-            "#!/bin/sh\n\
-             case \"$SLURM_NODEID\" in\n\
-             0) exec {counter} {w0} ;;\n\
-             1) exec {unsupported} {w1} ;;\n\
-             esac\n\
-             exit 2\n",
-            counter = victim_bin("counter").display(),
-            unsupported = victim_bin("unsupported").display(),
-            w0 = works[0].display(),
-            w1 = works[1].display(),
+    let role = role_script(
+        &env,
+        &format!("{} {}", victim_bin("counter").display(), works[0].display()),
+        &format!(
+            "{} {}",
+            victim_bin("unsupported").display(),
+            works[1].display()
         ),
-    )
-    .expect("write role script");
+    );
     let err_path = env.root.join("wrapper.err");
     let err = std::fs::File::create(&err_path).expect("create wrapper stderr");
     let path = format!(

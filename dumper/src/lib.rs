@@ -332,7 +332,7 @@ impl Frozen {
     pub fn pre_dump(mut self, opts: &WriteOptions<'_>) -> Result<DumpReport> {
         let written = write_pre_dump(&mut self, opts);
         let mut report = written.map_err(|e| self.explain(e))?;
-        report.frozen_ms = self.thawed_after.unwrap_or_default().as_millis() as u64;
+        report.frozen_ms = self.frozen_for().as_millis() as u64;
         Ok(report)
     }
 
@@ -366,6 +366,21 @@ impl Frozen {
             },
             None => e,
         }
+    }
+
+    /// Lets the tree run before the checkpoint is committed (a background
+    /// dump or a pre-dump, once what must be saved frozen is), and records
+    /// how long it was frozen.
+    fn thaw_early(&mut self) -> Result<()> {
+        self.thaw()?;
+        self.thawed_after = Some(self.frozen_at.elapsed());
+        Ok(())
+    }
+
+    /// How long the tree was frozen, or has been so far.
+    fn frozen_for(&self) -> std::time::Duration {
+        self.thawed_after
+            .unwrap_or_else(|| self.frozen_at.elapsed())
     }
 
     /// Detaches every task, children first so no parent runs while a child
@@ -474,10 +489,7 @@ impl Written {
 
     fn finish(&mut self) -> DumpReport {
         let mut r = self.report.clone();
-        let frozen = self
-            .frozen
-            .thawed_after
-            .unwrap_or_else(|| self.frozen.frozen_at.elapsed());
+        let frozen = self.frozen.frozen_for();
         r.frozen_ms = frozen.as_millis() as u64;
         r.stats.frozen_ms = ms(frozen);
         r
@@ -887,9 +899,7 @@ fn write_images(
         (stats.pages_planned_bytes as f64 / stats.pages_written_bytes as f64 * 100.0).round()
             / 100.0
     });
-    stats.frozen_ms = ms(frozen
-        .thawed_after
-        .unwrap_or_else(|| frozen.frozen_at.elapsed()));
+    stats.frozen_ms = ms(frozen.frozen_for());
     log::info!(
         "metadata: {} bytes of images written ({:.3} ms)",
         stats.disk_bytes,
@@ -953,11 +963,10 @@ fn write_pre_dump(frozen: &mut Frozen, opts: &WriteOptions<'_>) -> Result<DumpRe
         ..DumpStats::default()
     };
     // Everything the pre-dump needs frozen is done: writes are tracked.
-    frozen.thaw()?;
-    frozen.thawed_after = Some(frozen.frozen_at.elapsed());
+    frozen.thaw_early()?;
     log::info!(
         "pre-dump: tracking armed, tree running again after {:.3} ms frozen",
-        ms(frozen.thawed_after.unwrap_or_default())
+        ms(frozen.frozen_for())
     );
     let mut w = ImageWriter::create(&opts.dir)?;
     let pages_started = Instant::now();
@@ -992,7 +1001,7 @@ fn write_pre_dump(frozen: &mut Frozen, opts: &WriteOptions<'_>) -> Result<DumpRe
     manifest.pre_dump = true;
     stats.vmas = vmas;
     stats.disk_bytes = w.written_bytes();
-    stats.frozen_ms = ms(frozen.thawed_after.unwrap_or_default());
+    stats.frozen_ms = ms(frozen.frozen_for());
     write_stats_and_log(&mut w, &stats, opts)?;
     let committed = w.commit(manifest, opts.key)?;
     log::info!("pre-dump: committed {}", committed.path().display());
@@ -1164,11 +1173,10 @@ fn thawing_incremental_pages(
         fresh += chunks.iter().map(|r| r.len()).sum::<u64>();
         sources.push(split);
     }
-    frozen.thaw()?;
-    frozen.thawed_after = Some(frozen.frozen_at.elapsed());
+    frozen.thaw_early()?;
     log::info!(
         "background: {fresh} bytes written since the pre-dump saved, tree running again after {:.3} ms frozen",
-        ms(frozen.thawed_after.unwrap_or_default())
+        ms(frozen.frozen_for())
     );
     let mut reused = 0;
     for (split, sink) in sources.iter().zip(&sinks) {
@@ -1219,11 +1227,10 @@ fn background_pages(
         ms_since(armed_started)
     );
     // Nothing else needs the tree stopped: let it run.
-    frozen.thaw()?;
-    frozen.thawed_after = Some(frozen.frozen_at.elapsed());
+    frozen.thaw_early()?;
     log::info!(
         "background: tree running again after {:.3} ms frozen",
-        ms(frozen.thawed_after.unwrap_or_default())
+        ms(frozen.frozen_for())
     );
     let root = procs.first().map_or(0, |c| c.pid);
     let running: Vec<background::Guarded<'_>> = procs

@@ -390,18 +390,25 @@ pub fn uffd_register(
 
 /// `UFFDIO_UNREGISTER`.
 pub fn uffd_unregister(fd: std::os::fd::BorrowedFd<'_>, start: u64, len: u64) -> Result<(), Errno> {
-    use std::os::fd::AsRawFd;
-    let mut r = UffdioRange { start, len };
-    // SAFETY: the kernel reads exactly this live struct.
-    unsafe { uffdio_unregister_ioctl(fd.as_raw_fd(), &mut r) }.map(|_| ())
+    range_ioctl(fd, start, len, uffdio_unregister_ioctl)
 }
 
 /// `UFFDIO_WAKE`.
 pub fn uffd_wake(fd: std::os::fd::BorrowedFd<'_>, start: u64, len: u64) -> Result<(), Errno> {
+    range_ioctl(fd, start, len, uffdio_wake_ioctl)
+}
+
+/// A userfaultfd ioctl whose argument is one `struct uffdio_range`.
+fn range_ioctl(
+    fd: std::os::fd::BorrowedFd<'_>,
+    start: u64,
+    len: u64,
+    ioctl: unsafe fn(libc::c_int, *mut UffdioRange) -> nix::Result<libc::c_int>,
+) -> Result<(), Errno> {
     use std::os::fd::AsRawFd;
     let mut r = UffdioRange { start, len };
     // SAFETY: the kernel reads exactly this live struct.
-    unsafe { uffdio_wake_ioctl(fd.as_raw_fd(), &mut r) }.map(|_| ())
+    unsafe { ioctl(fd.as_raw_fd(), &mut r) }.map(|_| ())
 }
 
 /// `UFFDIO_WRITEPROTECT`, setting or clearing (and waking).
@@ -422,31 +429,6 @@ pub fn uffd_writeprotect(
     };
     // SAFETY: the kernel reads and writes exactly this live struct.
     unsafe { uffdio_writeprotect_ioctl(fd.as_raw_fd(), &mut w) }.map(|_| ())
-}
-
-/// `UFFDIO_COPY` of `data` to `dst` (waking), continued while the kernel
-/// copies part of it. `EAGAIN` with nothing copied means the address space
-/// is changing: the caller must read the pending events first.
-pub fn uffd_copy(fd: std::os::fd::BorrowedFd<'_>, dst: u64, data: &[u8]) -> Result<(), Errno> {
-    use std::os::fd::AsRawFd;
-    let mut done = 0usize;
-    while done < data.len() {
-        let mut c = UffdioCopy {
-            dst: dst + done as u64,
-            src: data[done..].as_ptr() as u64,
-            len: (data.len() - done) as u64,
-            mode: 0,
-            copy: 0,
-        };
-        // SAFETY: the kernel reads `len` bytes from `src`, which lie inside
-        // the live slice `data`, and writes only into the other process.
-        match unsafe { uffdio_copy_ioctl(fd.as_raw_fd(), &mut c) } {
-            Ok(_) => return Ok(()),
-            Err(Errno::EAGAIN) if c.copy > 0 => done += c.copy as usize,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// What one `UFFDIO_COPY` or `UFFDIO_ZEROPAGE` call did: the kernel stops

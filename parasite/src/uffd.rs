@@ -417,18 +417,6 @@ impl Userfault {
         }
     }
 
-    /// Fills the missing pages at `dst` with `data` and wakes the threads
-    /// waiting there. Pages that got filled meanwhile are left as they are
-    /// (the call then reports [`Filled::Already`]).
-    pub fn copy(&self, dst: u64, data: &[u8]) -> Result<Filled> {
-        match sys::uffd_copy(self.fd.as_fd(), dst, data) {
-            Ok(()) => Ok(Filled::Now),
-            Err(Errno::EEXIST) => Ok(Filled::Already),
-            Err(Errno::EAGAIN) => Ok(Filled::Busy),
-            Err(e) => Err(self.err("UFFDIO_COPY")(e)),
-        }
-    }
-
     /// One `UFFDIO_COPY` of `data` to `dst` (waking the threads waiting
     /// there) that reports where and why it stopped instead of retrying:
     /// the caller decides what a present page or a changing map means.
@@ -515,18 +503,6 @@ impl AsFd for Userfault {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
-}
-
-/// What [`Userfault::copy`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Filled {
-    /// The pages were filled by this call.
-    Now,
-    /// They were present already.
-    Already,
-    /// Nothing: the process is changing its address space and waits until
-    /// its event is read (`EAGAIN`). Read the pending events, then retry.
-    Busy,
 }
 
 /// What [`Userfault::write_protect`] did.
