@@ -52,7 +52,7 @@ fn rewrite<M: prost::Message>(
     let d = m.files.iter_mut().find(|d| d.name == name).unwrap();
     d.size = bytes.len() as u64;
     d.crc32c = crc32c(&bytes);
-    d.sha256 = ckpt_image::digest::of_bytes(&bytes).sha256.to_vec();
+    d.blake3 = ckpt_image::digest::of_bytes(&bytes).blake3.to_vec();
     let manifest = header::encode(ImageKind::Manifest, &m);
     fs::write(img.join("manifest.img"), &manifest).unwrap();
     if let Some(k) = key {

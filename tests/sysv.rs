@@ -386,7 +386,7 @@ fn reseal_ipc(env: &TestEnv, ipc: &ckpt_image::ipc::Ipc) {
     let sums = ckpt_image::digest::of_bytes(&bytes);
     d.size = bytes.len() as u64;
     d.crc32c = sums.crc32c;
-    d.sha256 = sums.sha256.to_vec();
+    d.blake3 = sums.blake3.to_vec();
     let manifest = header::encode(ImageKind::Manifest, &m);
     fs::write(&mpath, &manifest).unwrap();
     let key = ckpt_image::ImageKey::load(&env.image_key()).unwrap();

@@ -2,31 +2,42 @@
 //!
 //! A file is cut into [`BLOCK`]-sized blocks (the last may be shorter).
 //! Its CRC32C is the ordinary CRC of the whole file (blocks combined with
-//! `crc32c_combine`), and its SHA-256 digest is the SHA-256 of the
-//! concatenated SHA-256s of its blocks. Hashing the blocks is independent
-//! work, so a gigabyte of pages is hashed by every core at once on dump and
-//! on restore, instead of by one core after the data is written; a plain
-//! SHA-256 of the whole file could only be computed in sequence.
+//! `crc32c_combine`), and its digest is the BLAKE3 hash of the
+//! concatenated BLAKE3 hashes of its blocks. Hashing the blocks is
+//! independent work, so a gigabyte of pages is hashed by every core at once
+//! on dump and on restore, instead of by one core after the data is
+//! written.
+//!
+//! BLAKE3 rather than SHA-256: both are collision-resistant, which is what
+//! carrying the manifest's seal to each file needs, but BLAKE3 hashes about
+//! 2.5 times faster per core here (4.4 GB/s against 1.8 GB/s with the
+//! CPU's SHA extensions), and the digest was a quarter of the CPU time of a
+//! dump or restore on tmpfs.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use rayon::prelude::*;
-use sha2::{Digest, Sha256};
 
 use crate::error::ImageError;
 
 /// Size of a hashed block.
 pub const BLOCK: u64 = 4 << 20;
 
+/// Length of a BLAKE3 digest.
+pub const DIGEST_LEN: usize = blake3::OUT_LEN;
+
+/// A BLAKE3 digest.
+pub type Digest = [u8; DIGEST_LEN];
+
 /// A file's checksums.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sums {
     /// CRC32C of the whole file.
     pub crc32c: u32,
-    /// SHA-256 over the blocks' SHA-256s.
-    pub sha256: [u8; 32],
+    /// BLAKE3 over the blocks' BLAKE3 digests.
+    pub blake3: Digest,
 }
 
 /// CRC32C's polynomial, bit-reflected (the crate computes the reflected
@@ -94,41 +105,41 @@ pub fn crc32c_combine(crc_a: u32, crc_b: u32, len_b: u64) -> u32 {
 struct BlockSums {
     crc32c: u32,
     len: usize,
-    sha256: [u8; 32],
+    blake3: Digest,
 }
 
 fn block_sums(data: &[u8]) -> BlockSums {
     BlockSums {
         crc32c: crc32c::crc32c(data),
         len: data.len(),
-        sha256: Sha256::digest(data).into(),
+        blake3: block_digest(data),
     }
 }
 
-/// The SHA-256 of one block (what [`block_hashes_of`] lists).
-pub fn block_sha256(data: &[u8]) -> [u8; 32] {
-    Sha256::digest(data).into()
+/// The BLAKE3 digest of one block (what [`of_file_with_blocks`] lists).
+pub fn block_digest(data: &[u8]) -> Digest {
+    blake3::hash(data).into()
 }
 
-/// The file's SHA-256 from its blocks' SHA-256s, concatenated.
-pub fn sha256_of_block_list(list: &[u8]) -> [u8; 32] {
-    Sha256::digest(list).into()
+/// The file's digest from its blocks' digests, concatenated.
+pub fn digest_of_block_list(list: &[u8]) -> Digest {
+    blake3::hash(list).into()
 }
 
 fn combine(blocks: &[BlockSums]) -> Sums {
     let mut crc = 0u32;
-    let mut sha = Sha256::new();
+    let mut list = blake3::Hasher::new();
     for (i, b) in blocks.iter().enumerate() {
         crc = if i == 0 {
             b.crc32c
         } else {
             crc32c_combine(crc, b.crc32c, b.len as u64)
         };
-        sha.update(b.sha256);
+        list.update(&b.blake3);
     }
     Sums {
         crc32c: crc,
-        sha256: sha.finalize().into(),
+        blake3: list.finalize().into(),
     }
 }
 
@@ -144,7 +155,7 @@ pub fn of_file(file: &File, size: u64, path: &Path) -> Result<Sums, ImageError> 
     of_file_with_blocks(file, size, path).map(|(sums, _)| sums)
 }
 
-/// [`of_file`], with the blocks' SHA-256s concatenated (in order).
+/// [`of_file`], with the blocks' digests concatenated (in order).
 pub fn of_file_with_blocks(
     file: &File,
     size: u64,
@@ -173,7 +184,7 @@ pub fn of_file_with_blocks(
             },
         )
         .collect::<Result<Vec<_>, ImageError>>()?;
-    let list = blocks.iter().flat_map(|b| b.sha256).collect();
+    let list = blocks.iter().flat_map(|b| b.blake3).collect();
     Ok((combine(&blocks), list))
 }
 
@@ -206,7 +217,7 @@ mod tests {
         for at in [0, BLOCK as usize - 1, BLOCK as usize, data.len() - 1] {
             let mut d = data.clone();
             d[at] ^= 1;
-            assert_ne!(of_bytes(&d).sha256, sums.sha256, "byte {at}");
+            assert_ne!(of_bytes(&d).blake3, sums.blake3, "byte {at}");
         }
     }
 

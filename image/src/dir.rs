@@ -4,7 +4,7 @@
 //! relative to that fd: `DIR.tmp.<ckpt-pid>` is created 0700 and opened
 //! without following symlinks; every file is created in it through its fd
 //! (`O_CREAT|O_EXCL|O_NOFOLLOW`, mode 0600 whatever the umask) and fsynced;
-//! the manifest (size, CRC32C and SHA-256 of every file) is written last
+//! the manifest (size, CRC32C and BLAKE3 digest of every file) is written last
 //! with its seal (`manifest.mac`, see [`crate::seal`]); the directory is
 //! fsynced, checked to still be the one created, renamed to `DIR` without
 //! replacing anything, checked again under its new name, and the parent is
@@ -14,7 +14,7 @@
 //! make a dump fail, but not redirect it.
 //!
 //! Reading: [`ImageDir::open`] checks the manifest's seal, decodes it, and
-//! then checks the size, CRC32C and SHA-256 of every file it lists, before
+//! then checks the size, CRC32C and BLAKE3 digest of every file it lists, before
 //! the caller touches the system. Files are opened through the directory's
 //! fd without following symlinks and without blocking (a FIFO or device is
 //! refused, not read), must be regular files of the recorded size, owned by
@@ -36,9 +36,6 @@ use crate::header::{self, ImageKind};
 use crate::manifest::{FileDigest, Manifest};
 use crate::seal::{ImageKey, SEAL_LEN, SEAL_NAME, SealFailure};
 use crate::sys::{self, FileType, Identity, OpenError};
-
-/// Length of a SHA-256 digest.
-pub const SHA256_LEN: usize = 32;
 
 /// Builds a checkpoint directory under a temporary name.
 pub struct ImageWriter {
@@ -156,8 +153,8 @@ impl ImageWriter {
             name: name.into(),
             size: bytes.len() as u64,
             crc32c: sums.crc32c,
-            sha256: sums.sha256.to_vec(),
-            block_sha256: Vec::new(),
+            blake3: sums.blake3.to_vec(),
+            block_blake3: Vec::new(),
         });
         log::debug!("wrote {name}: {} bytes", bytes.len());
         Ok(())
@@ -498,7 +495,7 @@ fn read_exact_len(f: File, path: &Path, len: u64) -> Result<Vec<u8>, ImageError>
 }
 
 /// A page-data file written at explicit offsets, possibly from many
-/// threads; the CRC is combined from per-chunk CRCs, the SHA-256 is
+/// threads; the CRC is combined from per-chunk CRCs, the BLAKE3 digest is
 /// computed by reading the file back once it is complete.
 pub struct PagesWriter {
     name: String,
@@ -576,7 +573,7 @@ impl PagesWriter {
             size += c.len;
         }
         // The CRC was combined from the chunks as they were written; the
-        // SHA-256 needs the blocks, read back from the page cache in
+        // BLAKE3 digest needs the blocks, read back from the page cache in
         // parallel.
         let (sums, blocks) = digest::of_file_with_blocks(&self.file, size, &self.path)?;
         debug_assert_eq!(sums.crc32c, crc);
@@ -596,24 +593,21 @@ impl PagesWriter {
             name: self.name,
             size,
             crc32c: crc,
-            sha256: sums.sha256.to_vec(),
-            block_sha256: blocks,
+            blake3: sums.blake3.to_vec(),
+            block_blake3: blocks,
         })
     }
 }
 
-/// The sealed SHA-256s of a page data file's blocks: each block is checked
+/// The sealed BLAKE3 digests of a page data file's blocks: each block is checked
 /// as it is first used ([`ImageDir::block_checks`]).
 #[derive(Debug, Clone)]
 pub struct BlockChecks {
     path: PathBuf,
     size: u64,
-    /// One SHA-256 per [`digest::BLOCK`] bytes.
+    /// One BLAKE3 digest per [`digest::BLOCK`] bytes.
     hashes: Vec<u8>,
 }
-
-/// Length of one SHA-256.
-const SHA256_LEN_BYTES: usize = 32;
 
 impl BlockChecks {
     /// The file (for messages).
@@ -623,7 +617,7 @@ impl BlockChecks {
 
     /// How many blocks the file has.
     pub fn count(&self) -> usize {
-        self.hashes.len() / SHA256_LEN_BYTES
+        self.hashes.len() / digest::DIGEST_LEN
     }
 
     /// The blocks `[offset, offset+len)` of the file lies in.
@@ -634,20 +628,20 @@ impl BlockChecks {
     }
 
     /// Checks block `i` of `file` (the whole file's bytes, of the recorded
-    /// size) against its sealed SHA-256.
+    /// size) against its sealed BLAKE3 digest.
     pub fn check(&self, file: &[u8], i: usize) -> Result<(), ImageError> {
         let start = (i as u64).saturating_mul(digest::BLOCK);
         let end = start.saturating_add(digest::BLOCK).min(self.size);
         let want = self
             .hashes
-            .get(i * SHA256_LEN_BYTES..(i + 1) * SHA256_LEN_BYTES);
+            .get(i * digest::DIGEST_LEN..(i + 1) * digest::DIGEST_LEN);
         let got = usize::try_from(start)
             .ok()
             .zip(usize::try_from(end).ok())
             .filter(|_| file.len() as u64 == self.size)
             .and_then(|(s, e)| file.get(s..e));
         match (want, got) {
-            (Some(want), Some(data)) if digest::block_sha256(data)[..] == want[..] => Ok(()),
+            (Some(want), Some(data)) if digest::block_digest(data)[..] == want[..] => Ok(()),
             _ => Err(ImageError::Checksum {
                 path: self.path.clone(),
             }),
@@ -668,7 +662,7 @@ pub struct ImageDir {
 
 /// The manifest's checksums of a file against those of its bytes.
 fn check_sums(d: &FileDigest, sums: digest::Sums, path: PathBuf) -> Result<(), ImageError> {
-    if sums.crc32c != d.crc32c || sums.sha256[..] != d.sha256[..] {
+    if sums.crc32c != d.crc32c || sums.blake3[..] != d.blake3[..] {
         return Err(ImageError::Checksum { path });
     }
     Ok(())
@@ -683,7 +677,7 @@ fn is_pages_name(name: &str) -> bool {
 
 impl ImageDir {
     /// Opens `dir`, checks the manifest's seal under `key`, decodes the
-    /// manifest and verifies the size, CRC32C and SHA-256 of every file it
+    /// manifest and verifies the size, CRC32C and BLAKE3 digest of every file it
     /// lists.
     pub fn open(dir: &Path, key: &ImageKey) -> Result<Self, ImageError> {
         Self::open_verifying(dir, key, false)
@@ -755,7 +749,7 @@ impl ImageDir {
     }
 
     /// Verifies `bytes` as the contents of listed file `name` (size,
-    /// CRC32C and SHA-256, blocks hashed in parallel): the bytes a restore
+    /// CRC32C and BLAKE3 digest, blocks hashed in parallel): the bytes a restore
     /// is using, so what was checked is what is used.
     pub fn verify_bytes(&self, name: &str, bytes: &[u8]) -> Result<(), ImageError> {
         let d = self.digest(name)?;
@@ -776,24 +770,24 @@ impl ImageDir {
         Ok(())
     }
 
-    /// The sealed per-block SHA-256s of deferred page data file `name`,
+    /// The sealed per-block BLAKE3 digests of deferred page data file `name`,
     /// when the manifest has them: their list is checked against the
-    /// file's SHA-256 here, and the caller takes over checking each block
+    /// file's BLAKE3 digest here, and the caller takes over checking each block
     /// before it uses it ([`BlockChecks::check`]); the file is no longer
     /// verified whole. `None` for images without the list.
     pub fn block_checks(&self, name: &str) -> Result<Option<BlockChecks>, ImageError> {
         let d = self.digest(name)?;
-        if d.block_sha256.is_empty() {
+        if d.block_blake3.is_empty() {
             return Ok(None);
         }
         let path = self.path.join(name);
         let blocks = d.size.div_ceil(digest::BLOCK);
-        if d.block_sha256.len() as u64 != blocks.saturating_mul(SHA256_LEN_BYTES as u64)
-            || digest::sha256_of_block_list(&d.block_sha256)[..] != d.sha256[..]
+        if d.block_blake3.len() as u64 != blocks.saturating_mul(digest::DIGEST_LEN as u64)
+            || digest::digest_of_block_list(&d.block_blake3)[..] != d.blake3[..]
         {
             return Err(ImageError::Invalid {
                 path: self.path.join(MANIFEST_NAME),
-                what: format!("the block checksums of {name} do not add up to its SHA-256"),
+                what: format!("the block checksums of {name} do not add up to its BLAKE3 digest"),
             });
         }
         self.unverified
@@ -803,7 +797,7 @@ impl ImageDir {
         Ok(Some(BlockChecks {
             path,
             size: d.size,
-            hashes: d.block_sha256.clone(),
+            hashes: d.block_blake3.clone(),
         }))
     }
 
@@ -872,17 +866,17 @@ impl ImageDir {
         Ok(self.open_listed(d, &path)?.0)
     }
 
-    /// Every listed name is a plain, unique file name with a SHA-256, and
+    /// Every listed name is a plain, unique file name with a BLAKE3 digest, and
     /// not the manifest or its seal.
     fn check_listing(&self) -> Result<(), ImageError> {
         let mpath = self.path.join(MANIFEST_NAME);
         let mut names: Vec<&str> = Vec::with_capacity(self.manifest.files.len());
         for d in &self.manifest.files {
             check_name(&self.path, &d.name)?;
-            if d.sha256.len() != SHA256_LEN {
+            if d.blake3.len() != digest::DIGEST_LEN {
                 return Err(ImageError::Invalid {
                     path: mpath,
-                    what: format!("no SHA-256 recorded for {}", d.name),
+                    what: format!("no BLAKE3 digest recorded for {}", d.name),
                 });
             }
             if d.name == MANIFEST_NAME || d.name == SEAL_NAME {
@@ -997,7 +991,7 @@ mod tests {
 
     /// A pages file of two blocks and a bit: each block checks against the
     /// sealed list on its own, a changed byte fails only its block, and a
-    /// list that does not add up to the file's SHA-256 is refused.
+    /// list that does not add up to the file's BLAKE3 digest is refused.
     #[test]
     fn page_data_blocks_check_one_by_one() {
         let t = tempfile::tempdir().unwrap();
@@ -1034,7 +1028,7 @@ mod tests {
             .iter_mut()
             .find(|f| f.name == "pages-7.img")
             .unwrap();
-        listed.block_sha256[0] ^= 1;
+        listed.block_blake3[0] ^= 1;
         assert!(matches!(
             d.block_checks("pages-7.img"),
             Err(ImageError::Invalid { .. })
@@ -1211,7 +1205,7 @@ mod tests {
     }
 
     #[test]
-    fn a_crc_forged_file_fails_the_sha256() {
+    fn a_crc_forged_file_fails_the_digest() {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("ck");
         let original = [0x5au8; 64];

@@ -15,7 +15,7 @@ use std::path::Path;
 use crate::error::ImageError;
 
 /// Version of the on-disk format; independent of the tool's version.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 
 /// Length of [`encode`]'s header.
 pub const HEADER_LEN: usize = 32;
@@ -148,8 +148,8 @@ mod tests {
             name: "pages-1.img".into(),
             size: 8192,
             crc32c: 7,
-            sha256: vec![1; 32],
-            block_sha256: Vec::new(),
+            blake3: vec![1; 32],
+            block_blake3: Vec::new(),
         }
     }
 

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! DIR/manifest.img     header + Manifest: tool/format version, kernel, CPU, processes and
-//!                      their owners, size + CRC32C + SHA-256 of every other file
+//!                      their owners, size + CRC32C + BLAKE3 of every other file
 //! DIR/manifest.mac     HMAC-SHA256 of manifest.img under the site's image key (`seal`)
 //! DIR/core-PID.img     header + Core: registers, xstate, signals, credentials, limits, mm fields
 //! DIR/mm-PID.img       header + Mm: every VMA and where its saved pages live

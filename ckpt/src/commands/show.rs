@@ -202,7 +202,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
         "cpu": m.cpu.as_ref().map(|c| json!({"vendor": c.vendor, "xcr0": format!("{:#x}", c.xcr0), "xsave_size": c.xsave_size})),
         "root_pid": m.root_pid,
         "pid_namespace": m.pid_namespace.map(|n| json!({"root_host_pid": n.root_host_pid})),
-        "files": m.files.iter().map(|f| json!({"name": f.name, "size": f.size, "crc32c": format!("{:08x}", f.crc32c), "sha256": hex(&f.sha256)})).collect::<Vec<_>>(),
+        "files": m.files.iter().map(|f| json!({"name": f.name, "size": f.size, "crc32c": format!("{:08x}", f.crc32c), "blake3": hex(&f.blake3)})).collect::<Vec<_>>(),
         "processes": procs,
         "shmem": shmem,
         "ipc": ipc_summary(dir)?,
