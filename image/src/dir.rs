@@ -496,7 +496,8 @@ fn read_exact_len(f: File, path: &Path, len: u64) -> Result<Vec<u8>, ImageError>
 
 /// A page-data file written at explicit offsets, possibly from many
 /// threads; the CRC is combined from per-chunk CRCs, the BLAKE3 digest is
-/// computed by reading the file back once it is complete.
+/// computed from the page cache once the file is complete, while the disk
+/// is still taking the last writes.
 pub struct PagesWriter {
     name: String,
     path: PathBuf,
@@ -551,9 +552,6 @@ impl PagesWriter {
     }
 
     fn finish(self) -> Result<FileDigest, ImageError> {
-        self.file
-            .sync_all()
-            .map_err(|e| ImageError::io(&self.path, "fsync", e))?;
         let mut chunks = self.chunks.into_inner().unwrap_or_else(|p| p.into_inner());
         chunks.sort_by_key(|c| c.offset);
         let mut crc = 0u32;
@@ -573,27 +571,18 @@ impl PagesWriter {
             size += c.len;
         }
         // The CRC was combined from the chunks as they were written; the
-        // BLAKE3 digest needs the blocks, read back from the page cache in
-        // parallel.
-        let (sums, blocks) = digest::of_file_with_blocks(&self.file, size, &self.path)?;
-        debug_assert_eq!(sums.crc32c, crc);
-        let on_disk = self
-            .file
-            .metadata()
-            .map_err(|e| ImageError::io(&self.path, "stat", e))?
-            .len();
-        if on_disk != size {
-            return Err(ImageError::Size {
-                path: self.path.clone(),
-                found: on_disk,
-                expected: size,
-            });
-        }
+        // BLAKE3 digest needs whole blocks, hashed from the page cache
+        // before the fsync, so that hashing overlaps the writeback the
+        // writes started.
+        let (blake3, blocks) = digest::blake3_of_own_file(&self.file, size, &self.path)?;
+        self.file
+            .sync_all()
+            .map_err(|e| ImageError::io(&self.path, "fsync", e))?;
         Ok(FileDigest {
             name: self.name,
             size,
             crc32c: crc,
-            blake3: sums.blake3.to_vec(),
+            blake3: blake3.to_vec(),
             block_blake3: blocks,
         })
     }

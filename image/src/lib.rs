@@ -43,7 +43,8 @@
 
 #![warn(missing_docs)]
 // Only `sys.rs` may use `unsafe`, for the one syscall no safe wrapper
-// offers (sync_file_range).
+// offers (sync_file_range) and for mapping ckpt's own page files to hash
+// them.
 #![deny(unsafe_code)]
 
 pub mod digest;

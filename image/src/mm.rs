@@ -199,7 +199,7 @@ pub enum PageLayoutError {
     },
 }
 
-/// LZ4's worst case for `raw` bytes (lz4_flex's `get_maximum_output_size`).
+/// LZ4's worst case for `raw` bytes, as the LZ4 block format defines it.
 pub fn lz4_bound(raw: u64) -> u64 {
     raw.saturating_add(raw / 255).saturating_add(16)
 }

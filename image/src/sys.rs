@@ -202,6 +202,18 @@ pub fn start_writeback(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<
     }
 }
 
+/// Maps the first `len` bytes of `file` read-only. Only for files in
+/// ckpt's own unfinished checkpoint directory, which no one else can open,
+/// and known to hold `len` bytes: a mapping of a file someone truncates
+/// under it would fault (`SIGBUS`) instead of failing a read.
+#[allow(unsafe_code)]
+pub fn map_own_file(file: &File, len: usize) -> io::Result<memmap2::Mmap> {
+    // SAFETY: the caller guarantees the file is ckpt's own and holds `len`
+    // bytes; nothing truncates or rewrites it while the map lives, so the
+    // mapped slice stays valid and unchanged.
+    unsafe { memmap2::MmapOptions::new().len(len).map(file) }
+}
+
 /// How a rename into place went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RenameOutcome {
