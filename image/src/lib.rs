@@ -57,6 +57,7 @@ pub mod manifest;
 pub mod mm;
 mod pb;
 pub mod seal;
+pub mod seccomp;
 pub mod shmem;
 mod sys;
 pub mod task;

@@ -80,6 +80,8 @@ pub struct ThreadState {
     pub tid_address: u64,
     /// Return value of the `prctl`.
     pub tid_address_ret: i64,
+    /// `prctl(PR_GET_SECUREBITS)`: its securebits, or a negative errno.
+    pub securebits: i64,
 }
 
 impl Tracee {
@@ -291,13 +293,25 @@ impl Infection<'_> {
             )?;
             let mut word = [0u8; 8];
             self.tracee.read_mem(buf, &mut word)?;
-            Ok::<_, ParasiteError>((alt, altstack_ret, u64::from_le_bytes(word), tid_address_ret))
+            // Securebits are per thread and only the thread can read them.
+            let securebits = thread.syscall_stop_at_exit(
+                self.base + BLOB.trampoline as u64,
+                libc::SYS_prctl,
+                [libc::PR_GET_SECUREBITS as u64, 0, 0, 0, 0, 0],
+            )?;
+            Ok::<_, ParasiteError>((
+                alt,
+                altstack_ret,
+                u64::from_le_bytes(word),
+                tid_address_ret,
+                securebits,
+            ))
         })();
         // Whatever happened, the thread gets its own state back, exactly.
         thread.park_with(&regs)?;
         thread.set_xstate(&xstate)?;
         thread.set_sigmask(sigmask)?;
-        let (alt, altstack_ret, tid_address, tid_address_ret) = asked?;
+        let (alt, altstack_ret, tid_address, tid_address_ret, securebits) = asked?;
         Ok(ThreadState {
             regs,
             xstate,
@@ -311,6 +325,7 @@ impl Infection<'_> {
             altstack_ret,
             tid_address,
             tid_address_ret,
+            securebits,
         })
     }
 
