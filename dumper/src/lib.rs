@@ -21,6 +21,7 @@
 
 mod background;
 mod blockers;
+mod creds;
 pub mod error;
 
 pub mod fd;
@@ -32,6 +33,7 @@ pub mod pages;
 mod pidns;
 mod predump;
 mod procfile;
+mod seccomp;
 mod shmem;
 mod sys;
 pub mod task;
@@ -628,6 +630,7 @@ fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Coll
     for (t, state) in p.tasks[1..].iter().zip(threads) {
         core.threads.push(task::collect_thread(t, pid, state)?);
     }
+    seccomp::collect(pid, &p.tasks, &mut core)?;
     let mut vmas = mm::collect_vmas(pid)?;
     let vdso = mm::vdso_info(leader, &vmas)?;
     let pages_bytes = mm::plan_pages(pid, &mut vmas)?;

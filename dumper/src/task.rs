@@ -56,6 +56,8 @@ pub struct TaskMisc {
     pub misc: Box<MiscState>,
     /// The process's POSIX timers (asked in the leader only).
     pub posix_timers: Vec<ckpt_image::timer::PosixTimer>,
+    /// The leader's `prctl(PR_GET_SECUREBITS)`.
+    pub securebits: i64,
 }
 
 /// Runs the parasite's collection command in the process's leader (and
@@ -71,7 +73,13 @@ pub fn run_parasite(
     let args = inf.call(ckpt_parasite::proto::CMD_DUMP_MISC)?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::ParasiteLoaded);
     let posix_timers = crate::timer::collect(&inf, leader.pid())?;
+    let securebits = inf.syscall(
+        "prctl(PR_GET_SECUREBITS)",
+        libc::SYS_prctl,
+        [libc::PR_GET_SECUREBITS as u64, 0, 0, 0, 0, 0],
+    )? as i64;
     let out = TaskMisc {
+        securebits,
         posix_timers,
         regs: *inf.saved_regs(),
         xstate: inf.saved_xstate().to_vec(),
@@ -140,7 +148,7 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
                 what: e.to_string(),
             },
         )?,
-        creds: Some(creds(&status)),
+        creds: Some(crate::creds::collect(pid, pid, tm.securebits)?),
         regs: Some(gp_regs(&tm.regs)),
         xstate: tm.xstate.clone(),
         sigmask: tm.sigmask,
@@ -157,6 +165,8 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
         sid: stat[procfile::stat_index(6)] as i32,
         threads: Vec::new(),
         posix_timers: tm.posix_timers.clone(),
+        seccomp: None,
+        seccomp_filters: Vec::new(),
     })
 }
 
@@ -186,6 +196,8 @@ pub fn collect_thread(t: &Tracee, pid: i32, ts: ThreadState) -> Result<ThreadCor
         xstate: ts.xstate,
         robust_list: robust_list(t)?,
         rseq: rseq(t)?,
+        creds: Some(crate::creds::collect(pid, tid, ts.securebits)?),
+        seccomp: None,
     })
 }
 
@@ -229,7 +241,8 @@ fn rseq(t: &Tracee) -> Result<Option<Rseq>> {
     }))
 }
 
-fn creds(st: &procfs::process::Status) -> Creds {
+/// Ids, groups and capability sets from a `status` file.
+pub(crate) fn creds(st: &procfs::process::Status) -> Creds {
     Creds {
         uids: vec![st.ruid, st.euid, st.suid, st.fuid],
         gids: vec![st.rgid, st.egid, st.sgid, st.fgid],
@@ -239,6 +252,7 @@ fn creds(st: &procfs::process::Status) -> Creds {
         cap_inh: st.capinh,
         cap_bnd: st.capbnd.unwrap_or(0),
         cap_amb: st.capamb.unwrap_or(0),
+        ..Creds::default()
     }
 }
 
