@@ -35,7 +35,7 @@ pub struct Tracee {
     attached: bool,
     /// The ptrace options in force (`PTRACE_SETOPTIONS` replaces them all,
     /// so each change starts from these).
-    options: std::cell::Cell<libc::c_int>,
+    options: std::sync::atomic::AtomicI32,
 }
 
 /// `PTRACE_O_TRACESYSGOOD`, what a seized task starts with.
@@ -63,7 +63,7 @@ impl Tracee {
             pid: p,
             mem: File::open("/dev/null").expect("/dev/null"),
             attached: true,
-            options: std::cell::Cell::new(SEIZED_OPTIONS),
+            options: std::sync::atomic::AtomicI32::new(SEIZED_OPTIONS),
         };
         ptrace::interrupt(p).map_err(|source| ParasiteError::Ptrace {
             pid,
@@ -103,7 +103,7 @@ impl Tracee {
             pid: p,
             mem: open_mem(pid)?,
             attached: true,
-            options: std::cell::Cell::new(0),
+            options: std::sync::atomic::AtomicI32::new(0),
         };
         t.set_options(libc::PTRACE_O_TRACESYSGOOD | libc::PTRACE_O_EXITKILL)?;
         Ok(t)
@@ -118,7 +118,7 @@ impl Tracee {
                 | libc::PTRACE_O_EXITKILL
                 | libc::PTRACE_O_TRACECLONE
                 | libc::PTRACE_O_TRACEFORK
-                | (self.options.get() & libc::PTRACE_O_SUSPEND_SECCOMP),
+                | (self.options.load(std::sync::atomic::Ordering::Relaxed) & libc::PTRACE_O_SUSPEND_SECCOMP),
         )
     }
 
@@ -128,12 +128,12 @@ impl Tracee {
     /// ckpt's, not the program's, and must not be filtered or killed.
     /// Threads and children it creates while traced inherit it.
     pub fn suspend_seccomp(&self) -> Result<()> {
-        self.set_options(self.options.get() | libc::PTRACE_O_SUSPEND_SECCOMP)
+        self.set_options(self.options.load(std::sync::atomic::Ordering::Relaxed) | libc::PTRACE_O_SUSPEND_SECCOMP)
     }
 
     fn set_options(&self, options: libc::c_int) -> Result<()> {
         sys::set_options(self.pid, options).map_err(self.ptrace_err("setoptions"))?;
-        self.options.set(options);
+        self.options.store(options, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -202,7 +202,7 @@ impl Tracee {
             mem: open_mem(tid)?,
             attached: true,
             // The kernel copies the tracer's options to an auto-attached child.
-            options: std::cell::Cell::new(self.options.get()),
+            options: std::sync::atomic::AtomicI32::new(self.options.load(std::sync::atomic::Ordering::Relaxed)),
         })
     }
 

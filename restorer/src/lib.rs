@@ -24,6 +24,7 @@
 
 pub mod error;
 
+mod creds;
 mod fd;
 mod inherit;
 mod ipc;
@@ -32,6 +33,7 @@ mod mm;
 mod pages;
 mod pid;
 pub mod run;
+mod seccomp;
 mod shmem;
 
 mod sys;
@@ -759,6 +761,7 @@ fn validate(images: &ImageDir, pid: i32, p: &ProcessImages) -> Result<()> {
     if p.core.xstate.len() < 576 {
         return Err(invalid(core_name, "XSAVE area too short"));
     }
+    ckpt_image::seccomp::validate(&p.core)?;
     let pages_len = images.digest(&ckpt_image::pages_name(pid))?.size;
     pages::plan(pid, &p.mm, pages_len)?;
     Ok(())
@@ -1031,15 +1034,18 @@ fn rebuild_process(
     task::queue_pending(&r, pid, &core.pending)?;
     // Threads are created while the leader still has the privileges clone3
     // with set_tid needs; credentials are per thread in the kernel.
+    let shared_filters = seccomp::install_shared(&r, core)?;
     let threads = thread::spawn(&r, core)?;
     for th in &threads {
         log::debug!("pid {pid}: thread {}", th.pid());
     }
     // After the threads: a timer may signal one of them.
     timer::create(&r, &core.posix_timers)?;
-    task::restore_creds(&r, core)?;
-    for th in &threads {
-        task::restore_creds(&ckpt_parasite::remote::Remote { t: th, base }, core)?;
+    seccomp::install_own(&r, &threads, core, shared_filters)?;
+    creds::restore(&r, pid, core.creds.as_ref())?;
+    for (th, tc) in threads.iter().zip(&core.threads) {
+        let own = tc.creds.as_ref().or(core.creds.as_ref());
+        creds::restore(&ckpt_parasite::remote::Remote { t: th, base }, pid, own)?;
     }
     timer::arm(&r, &core.posix_timers)?;
     thread::finish(&threads, core)?;
