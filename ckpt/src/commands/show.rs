@@ -165,6 +165,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
             "sigactions": core.sigactions.len(),
             "pending_signals": core.pending.len(),
             "posix_timers": core.posix_timers.iter().map(|t| t.describe()).collect::<Vec<_>>(),
+            "security": security_lines(&core),
             "vmas": vmas,
             "fds": fds,
         }));
@@ -235,6 +236,69 @@ fn ipc_summary(dir: &ImageDir) -> Result<Value, ImageError> {
 }
 
 /// Lower-case hex of `bytes`.
+/// Credentials and seccomp of each thread where they are not the plain
+/// case: a thread's ids when they differ from the leader's, fs ids apart
+/// from the effective ones, a bounding set with holes, ambient caps,
+/// securebits, no_new_privs, seccomp mode and filters.
+fn security_lines(core: &Core) -> Vec<String> {
+    use ckpt_image::seccomp::Seccomp;
+    use ckpt_image::task::Creds;
+    let leader = core.creds.clone().unwrap_or_default();
+    let describe = |c: &Creds, s: Option<&Seccomp>, is_leader: bool| {
+        let mut parts = Vec::new();
+        if !is_leader && (c.uids != leader.uids || c.gids != leader.gids) {
+            parts.push(format!("uids {:?} gids {:?}", c.uids, c.gids));
+        }
+        if c.uids.get(3) != c.uids.get(1) || c.gids.get(3) != c.gids.get(1) {
+            parts.push(format!(
+                "fsuid {} fsgid {}",
+                c.uids.get(3).copied().unwrap_or_default(),
+                c.gids.get(3).copied().unwrap_or_default()
+            ));
+        }
+        // A full set is 2^n - 1; anything else had caps dropped.
+        if c.cap_bnd & c.cap_bnd.wrapping_add(1) != 0 {
+            parts.push(format!("bounding set {:#x}", c.cap_bnd));
+        }
+        if c.cap_amb != 0 {
+            parts.push(format!("ambient caps {:#x}", c.cap_amb));
+        }
+        if c.securebits != 0 {
+            parts.push(format!("securebits {:#x}", c.securebits));
+        }
+        if c.no_new_privs {
+            parts.push("no_new_privs".into());
+        }
+        if let Some(s) = s {
+            let insns: usize = s
+                .filters
+                .iter()
+                .filter_map(|&i| core.seccomp_filters.get(i as usize))
+                .map(|f| f.len_insns())
+                .sum();
+            parts.push(format!(
+                "seccomp {} ({} filters, {insns} instructions)",
+                s.mode_name(),
+                s.filters.len()
+            ));
+        }
+        parts
+    };
+    let mut out = Vec::new();
+    let threads = std::iter::once((core.pid, Some(&leader), core.seccomp.as_ref(), true)).chain(
+        core.threads
+            .iter()
+            .map(|t| (t.tid, t.creds.as_ref(), t.seccomp.as_ref(), false)),
+    );
+    for (tid, c, s, is_leader) in threads {
+        let parts = describe(c.unwrap_or(&leader), s, is_leader);
+        if !parts.is_empty() {
+            out.push(format!("thread {tid}: {}", parts.join(", ")));
+        }
+    }
+    out
+}
+
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
     bytes.iter().fold(String::new(), |mut s, b| {
@@ -318,6 +382,9 @@ fn render_text(v: &Value) -> String {
         );
         for t in p["posix_timers"].as_array().into_iter().flatten() {
             let _ = writeln!(s, "  POSIX {}", t.as_str().unwrap_or(""));
+        }
+        for t in p["security"].as_array().into_iter().flatten() {
+            let _ = writeln!(s, "  {}", t.as_str().unwrap_or(""));
         }
         let _ = writeln!(s, "  VMAs:");
         for m in p["vmas"].as_array().into_iter().flatten() {
