@@ -2,9 +2,12 @@
 //! parasite's syscalls filtered (or be killed by strict mode), so its
 //! seccomp is suspended for as long as ckpt traces it
 //! (`PTRACE_O_SUSPEND_SECCOMP`, lifted by the kernel at detach). Filters
-//! are read with `PTRACE_SECCOMP_GET_FILTER`, newest first by the kernel,
-//! and stored oldest first; a filter threads share (inherited at clone, or
-//! synchronised with TSYNC) is stored once.
+//! are read with `PTRACE_SECCOMP_GET_FILTER` and stored oldest first; a
+//! filter threads share (inherited at clone, or synchronised with TSYNC)
+//! is stored once. The kernel's index counts from the oldest filter
+//! (`get_nth_filter` walks back `count - index` links), whatever ptrace(2)
+//! says; tests/seccomp.rs checks the order through which filter's errno
+//! wins.
 
 use ckpt_image::seccomp::{MAX_INSNS, MAX_PATH_INSNS, MODE_FILTER, MODE_STRICT};
 use ckpt_image::seccomp::{Seccomp, SeccompFilter};
@@ -85,7 +88,7 @@ fn of_thread(pid: i32, t: &Tracee, table: &mut Vec<SeccompFilter>) -> Result<Opt
             });
         }
     }
-    let mut newest_first = Vec::new();
+    let mut oldest_first = Vec::new();
     for index in 0.. {
         if index >= MAX_FILTERS {
             return Err(DumpError::Unsupported {
@@ -114,11 +117,10 @@ fn of_thread(pid: i32, t: &Tracee, table: &mut Vec<SeccompFilter>) -> Result<Opt
                 ),
             });
         }
-        newest_first.push(f);
+        oldest_first.push(f);
     }
-    let filters = newest_first
+    let filters = oldest_first
         .into_iter()
-        .rev()
         .map(|f| {
             let ix = table.iter().position(|g| *g == f).unwrap_or_else(|| {
                 table.push(f);

@@ -537,7 +537,8 @@ pub fn set_options(pid: Pid, options: libc::c_int) -> Result<(), Errno> {
     Ok(())
 }
 
-/// The tracee's seccomp filter `index` (0 is the most recently installed)
+/// The tracee's seccomp filter `index` (0 is the oldest: the kernel's
+/// `get_nth_filter` counts from there, unlike what ptrace(2) says)
 /// as raw `struct sock_filter` instructions, or `None` past the oldest.
 /// At most `max_insns` instructions are accepted.
 pub fn seccomp_filter(pid: Pid, index: u64, max_insns: usize) -> Result<Option<Vec<u8>>, Errno> {

@@ -137,7 +137,7 @@ impl Tracee {
         Ok(())
     }
 
-    /// The task's seccomp filter `index` (0 is the newest) as raw
+    /// The task's seccomp filter `index` (0 is the oldest) as raw
     /// `struct sock_filter` bytes, or `None` past the oldest; a filter
     /// longer than `max_insns` is an `E2BIG` error.
     pub fn seccomp_filter(&self, index: u64, max_insns: usize) -> Result<Option<Vec<u8>>> {
