@@ -66,7 +66,11 @@ fn filters_and_strict_mode_survive(test: &str, user: Option<&TestUser>, args: &[
         "seccomp filter (3 filters",
         "seccomp strict",
     ] {
-        assert!(show.stdout.contains(want), "show lacks {want:?}:\n{}", show.stdout);
+        assert!(
+            show.stdout.contains(want),
+            "show lacks {want:?}:\n{}",
+            show.stdout
+        );
     }
 
     let mut restore = spawn_restore(&env, &[]);

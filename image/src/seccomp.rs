@@ -140,7 +140,12 @@ mod tests {
         };
         validate(&core).unwrap();
         core.seccomp.as_mut().unwrap().filters = vec![1];
-        assert!(validate(&core).unwrap_err().to_string().contains("no seccomp filter 1"));
+        assert!(
+            validate(&core)
+                .unwrap_err()
+                .to_string()
+                .contains("no seccomp filter 1")
+        );
         core.seccomp.as_mut().unwrap().filters = vec![0];
         core.seccomp_filters[0].insns = vec![0; (MAX_INSNS + 1) * INSN_SIZE];
         assert!(validate(&core).is_err());

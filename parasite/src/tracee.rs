@@ -118,7 +118,8 @@ impl Tracee {
                 | libc::PTRACE_O_EXITKILL
                 | libc::PTRACE_O_TRACECLONE
                 | libc::PTRACE_O_TRACEFORK
-                | (self.options.load(std::sync::atomic::Ordering::Relaxed) & libc::PTRACE_O_SUSPEND_SECCOMP),
+                | (self.options.load(std::sync::atomic::Ordering::Relaxed)
+                    & libc::PTRACE_O_SUSPEND_SECCOMP),
         )
     }
 
@@ -128,12 +129,16 @@ impl Tracee {
     /// ckpt's, not the program's, and must not be filtered or killed.
     /// Threads and children it creates while traced inherit it.
     pub fn suspend_seccomp(&self) -> Result<()> {
-        self.set_options(self.options.load(std::sync::atomic::Ordering::Relaxed) | libc::PTRACE_O_SUSPEND_SECCOMP)
+        self.set_options(
+            self.options.load(std::sync::atomic::Ordering::Relaxed)
+                | libc::PTRACE_O_SUSPEND_SECCOMP,
+        )
     }
 
     fn set_options(&self, options: libc::c_int) -> Result<()> {
         sys::set_options(self.pid, options).map_err(self.ptrace_err("setoptions"))?;
-        self.options.store(options, std::sync::atomic::Ordering::Relaxed);
+        self.options
+            .store(options, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -202,7 +207,9 @@ impl Tracee {
             mem: open_mem(tid)?,
             attached: true,
             // The kernel copies the tracer's options to an auto-attached child.
-            options: std::sync::atomic::AtomicI32::new(self.options.load(std::sync::atomic::Ordering::Relaxed)),
+            options: std::sync::atomic::AtomicI32::new(
+                self.options.load(std::sync::atomic::Ordering::Relaxed),
+            ),
         })
     }
 

@@ -132,6 +132,10 @@ fn install_filters(r: &Remote<'_>, core: &Core, chain: &[u32]) -> Result<()> {
         }
         Ok(())
     })();
-    r.call("munmap (seccomp filter)", libc::SYS_munmap, [at, len, 0, 0, 0, 0])?;
+    r.call(
+        "munmap (seccomp filter)",
+        libc::SYS_munmap,
+        [at, len, 0, 0, 0, 0],
+    )?;
     installed
 }
