@@ -23,7 +23,7 @@
 //!
 //! The result is read back from `/proc/TID/status` and compared.
 
-use ckpt_image::task::Creds;
+use ckpt_image::task::{Core, Creds};
 
 use crate::error::{RestoreError, Result};
 use ckpt_parasite::remote::Remote;
@@ -249,4 +249,96 @@ fn last_cap(tid: i32) -> Result<u32> {
             pid: tid,
             what: format!("{CAP_LAST_CAP} holds {s:?}"),
         })
+}
+
+/// `CAP_SETGID`.
+const CAP_SETGID: u32 = 6;
+/// `CAP_SETUID`.
+const CAP_SETUID: u32 = 7;
+
+/// The threads of `core` may not hold more than the leader, whose ids
+/// the restorer already matched with the sealed manifest, could have
+/// given them: without a root uid, ids other than its own need
+/// CAP_SETUID/CAP_SETGID in its permitted set, and capabilities outside
+/// its permitted set need a root uid. (A sealed image is trusted; this
+/// keeps a dumper bug from handing a thread someone else's ids.)
+pub fn check_threads(core: &Core) -> Result<()> {
+    let Some(leader) = &core.creds else {
+        return Ok(());
+    };
+    let root = leader.uids.contains(&0);
+    let has = |cap: u32| leader.cap_prm & (1 << cap) != 0;
+    for t in &core.threads {
+        let Some(c) = &t.creds else { continue };
+        let refuse = |what: String| {
+            Err(RestoreError::Image(ckpt_image::ImageError::Invalid {
+                path: ckpt_image::core_name(core.pid).into(),
+                what: format!("thread {}: {what}", t.tid),
+            }))
+        };
+        if !root && !has(CAP_SETUID) && c.uids.iter().any(|u| !leader.uids.contains(u)) {
+            return refuse(format!(
+                "uids {:?} beyond the process's {:?}",
+                c.uids, leader.uids
+            ));
+        }
+        let own_gid = |g: &u32| leader.gids.contains(g) || leader.groups.contains(g);
+        if !root
+            && !has(CAP_SETGID)
+            && (!c.gids.iter().all(own_gid) || !c.groups.iter().all(own_gid))
+        {
+            return refuse(format!(
+                "gids {:?} groups {:?} beyond the process's",
+                c.gids, c.groups
+            ));
+        }
+        if !root && c.cap_prm & !leader.cap_prm != 0 {
+            return refuse(format!(
+                "permitted capabilities {:#x} beyond the process's {:#x}",
+                c.cap_prm, leader.cap_prm
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ckpt_image::task::ThreadCore;
+
+    fn user(uid: u32) -> Creds {
+        Creds {
+            uids: vec![uid; 4],
+            gids: vec![uid; 4],
+            ..Creds::default()
+        }
+    }
+
+    #[test]
+    fn threads_get_no_more_than_the_leader_could_give() {
+        let mut core = Core {
+            pid: 9,
+            creds: Some(user(1000)),
+            threads: vec![ThreadCore {
+                tid: 10,
+                creds: Some(user(1000)),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        check_threads(&core).unwrap();
+        core.threads[0].creds = Some(user(0));
+        let err = check_threads(&core).unwrap_err().to_string();
+        assert!(err.contains("thread 10: uids [0, 0, 0, 0]"), "{err}");
+        core.threads[0].creds = Some(Creds {
+            cap_prm: 1 << 21,
+            ..user(1000)
+        });
+        assert!(check_threads(&core).is_err());
+        // A root leader may have threads of any user.
+        core.creds = Some(user(0));
+        core.threads[0].creds = Some(user(1234));
+        check_threads(&core).unwrap();
+    }
 }

@@ -188,6 +188,7 @@ fn load(images: &ImageDir, files: &Files, entry: &ProcessEntry) -> Result<Proces
     };
     validate(images, pid, &p)?;
     check_owner(images, entry, &p.core)?;
+    creds::check_threads(&p.core)?;
     fd::validate(images, pid, &p.fds, files)?;
     Ok(p)
 }
