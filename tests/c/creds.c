@@ -12,6 +12,11 @@
  * securebits (locked ones included) and no_new_privs, all after the
  * workers were created, so the workers must not have them.
  * After go, every thread checks its own credentials from inside.
+ *
+ * `creds WORKDIR user`, run as an unprivileged user, does what such a
+ * program can: only the main thread sets no_new_privs (after the workers
+ * were created), and every thread checks its ids and bounding set are
+ * unchanged.
  */
 #include "victim.h"
 
@@ -28,6 +33,7 @@
 	(SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP)
 
 static unsigned uid, gid;
+static int privileged = 1;
 static volatile int changed[NWORKERS];
 static volatile int stop;
 static char worker_fail[NWORKERS][200];
@@ -77,7 +83,7 @@ static void *work(void *arg)
 	int idx = (int)(intptr_t)arg;
 	struct caps c;
 
-	switch (idx) {
+	switch (privileged ? idx : -1) {
 	case 0:
 		if (syscall(SYS_setresgid, gid, gid, gid) || syscall(SYS_setresuid, uid, uid, uid))
 			die("worker 0 setres*id");
@@ -98,7 +104,12 @@ static void *work(void *arg)
 		victim_tick();
 
 	c = get_caps();
-	switch (idx) {
+	switch (privileged ? idx : -1) {
+	case -1: {
+		unsigned u[4] = { uid, uid, uid, uid }, g[4] = { gid, gid, gid, gid };
+		expect(idx, u, g);
+		break;
+	}
 	case 0: {
 		unsigned u[4] = { uid, uid, uid, uid }, g[4] = { gid, gid, gid, gid };
 		expect(0, u, g);
@@ -148,10 +159,16 @@ int main(int argc, char **argv)
 	unsigned u[4], g[4];
 
 	victim_init(argc, argv);
-	if (argc < 4)
-		die("usage: creds WORKDIR UID GID");
-	uid = (unsigned)atoi(argv[2]);
-	gid = (unsigned)atoi(argv[3]);
+	if (argc == 3 && !strcmp(argv[2], "user")) {
+		privileged = 0;
+		uid = getuid();
+		gid = getgid();
+	} else if (argc == 4) {
+		uid = (unsigned)atoi(argv[2]);
+		gid = (unsigned)atoi(argv[3]);
+	} else {
+		die("usage: creds WORKDIR UID GID | creds WORKDIR user");
+	}
 	for (int i = 0; i < NWORKERS; i++)
 		if (pthread_create(&t[i], NULL, work, (void *)(intptr_t)i))
 			die("pthread_create");
@@ -159,6 +176,8 @@ int main(int argc, char **argv)
 		while (!changed[i])
 			victim_tick();
 
+	if (!privileged)
+		goto nnp;
 	if (prctl(PR_CAPBSET_DROP, CAP_SYS_BOOT, 0, 0, 0) ||
 	    prctl(PR_CAPBSET_DROP, CAP_MKNOD, 0, 0, 0))
 		die("PR_CAPBSET_DROP");
@@ -171,6 +190,7 @@ int main(int argc, char **argv)
 		die("PR_CAP_AMBIENT_RAISE");
 	if (prctl(PR_SET_SECUREBITS, MAIN_SECUREBITS, 0, 0, 0))
 		die("PR_SET_SECUREBITS");
+nnp:
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
 		die("PR_SET_NO_NEW_PRIVS");
 	before = get_caps();
@@ -189,6 +209,9 @@ int main(int argc, char **argv)
 		CHECK(!memcmp(u, gu, sizeof(gu)) && !memcmp(g, gg, sizeof(gg)),
 		      "main: ids changed");
 	}
+	CHECK(prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1, "main: no_new_privs lost");
+	if (!privileged)
+		goto join;
 	CHECK(prctl(PR_CAPBSET_READ, CAP_SYS_BOOT, 0, 0, 0) == 0,
 	      "main: CAP_SYS_BOOT back in the bounding set");
 	CHECK(prctl(PR_CAPBSET_READ, CAP_MKNOD, 0, 0, 0) == 0,
@@ -202,12 +225,12 @@ int main(int argc, char **argv)
 	CHECK(prctl(PR_GET_SECUREBITS, 0, 0, 0, 0) == MAIN_SECUREBITS,
 	      "main: securebits %#x, want %#x", prctl(PR_GET_SECUREBITS, 0, 0, 0, 0),
 	      MAIN_SECUREBITS);
-	CHECK(prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1, "main: no_new_privs lost");
 	/* The locked bit still holds: clearing NOROOT must fail. */
 	CHECK(prctl(PR_SET_SECUREBITS, SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP, 0, 0,
 		    0) != 0,
 	      "main: SECBIT_NOROOT was not locked");
 
+join:
 	stop = 1;
 	for (int i = 0; i < NWORKERS; i++) {
 		pthread_join(t[i], NULL);
