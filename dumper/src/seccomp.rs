@@ -24,18 +24,24 @@ const MODE_DISABLED: u32 = 0;
 /// the kernel's 4 of overhead.
 const MAX_FILTERS: u64 = (MAX_PATH_INSNS / 5) as u64;
 
-/// The `Seccomp:` mode of thread `tid` of `pid`.
-fn mode(pid: i32, tid: i32) -> Result<u32> {
+/// A numeric field of thread `tid`'s status (`Seccomp`, `Seccomp_filters`),
+/// 0 when the kernel does not show it.
+fn status_number(pid: i32, tid: i32, key: &str) -> Result<u64> {
     let file = format!("task/{tid}/status");
     let status = procfile::read(pid, &file)?;
-    procfile::status_field(&status, "Seccomp")
+    procfile::status_field(&status, key)
         .unwrap_or("0")
         .parse()
         .map_err(|e: std::num::ParseIntError| DumpError::Parse {
             pid,
             path: file,
-            what: format!("Seccomp: {e}"),
+            what: format!("{key}: {e}"),
         })
+}
+
+/// The `Seccomp:` mode of thread `tid` of `pid`.
+fn mode(pid: i32, tid: i32) -> Result<u32> {
+    Ok(status_number(pid, tid, "Seccomp")? as u32)
 }
 
 /// Suspends the seccomp of a thread just seized, if it has any, so that
@@ -118,6 +124,19 @@ fn of_thread(pid: i32, t: &Tracee, table: &mut Vec<SeccompFilter>) -> Result<Opt
             });
         }
         oldest_first.push(f);
+    }
+    // The kernel's own count of the chain: a mismatch means the filters
+    // were not all read.
+    let counted = status_number(pid, tid, "Seccomp_filters")?;
+    if counted != oldest_first.len() as u64 {
+        return Err(DumpError::Parse {
+            pid,
+            path: format!("task/{tid}/status"),
+            what: format!(
+                "Seccomp_filters: {counted}, but {} filters could be read",
+                oldest_first.len()
+            ),
+        });
     }
     let filters = oldest_first
         .into_iter()
