@@ -24,7 +24,7 @@ use ckpt_image::task::Core;
 use ckpt_parasite::Tracee;
 use ckpt_parasite::remote::Remote;
 
-use crate::error::Result;
+use crate::error::{RestoreError, Result};
 
 /// `SECCOMP_SET_MODE_STRICT`.
 const SET_MODE_STRICT: u64 = 0;
@@ -51,7 +51,10 @@ pub fn install_shared(r: &Remote<'_>, core: &Core) -> Result<Shared> {
     if every_thread(core).all(|s| s.is_none()) {
         return Ok(Shared::default());
     }
-    r.t.suspend_seccomp()?;
+    r.t.suspend_seccomp().map_err(|e| RestoreError::Host {
+        pid: core.pid,
+        what: format!("restoring seccomp needs PTRACE_O_SUSPEND_SECCOMP (CAP_SYS_ADMIN): {e}"),
+    })?;
     let chains: Option<Vec<&[u32]>> = every_thread(core)
         .map(|s| s.filter(|s| s.mode == MODE_FILTER).map(|s| &s.filters[..]))
         .collect();
