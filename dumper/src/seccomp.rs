@@ -59,6 +59,15 @@ pub fn suspend(pid: i32, t: &Tracee) -> Result<()> {
             pid,
             what: format!("thread {tid}: suspending seccomp needs CAP_SYS_ADMIN"),
         },
+        ParasiteError::Ptrace {
+            source: Errno::EINVAL,
+            ..
+        } => DumpError::Unsupported {
+            pid,
+            what: format!(
+                "thread {tid}: seccomp on a kernel without PTRACE_O_SUSPEND_SECCOMP (CONFIG_CHECKPOINT_RESTORE)"
+            ),
+        },
         other => other.into(),
     })
 }
