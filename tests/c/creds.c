@@ -29,8 +29,10 @@
 #define NWORKERS 3
 #define FS_UID 12345u
 #define FS_GID 23456u
+/* NO_CAP_AMBIENT_RAISE: the restore must raise the ambient set first. */
 #define MAIN_SECUREBITS                                                        \
-	(SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP)
+	(SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP |        \
+	 SECBIT_NO_CAP_AMBIENT_RAISE)
 
 static unsigned uid, gid;
 static int privileged = 1;
