@@ -35,8 +35,8 @@ const CAP_LAST_CAP: &str = "/proc/sys/kernel/cap_last_cap";
 /// Capabilities a 64-bit set can name.
 const MAX_CAPS: u32 = 64;
 
-/// The credential fields of `/proc/TID/status`, as text, in the dumped
-/// image's terms.
+/// A thread's credentials as `/proc/TID/status` shows them, in the
+/// image's terms (to compare before and after).
 #[derive(Debug, PartialEq, Eq)]
 struct Seen {
     uids: Vec<u32>,
