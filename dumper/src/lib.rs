@@ -1076,7 +1076,13 @@ fn frozen_pages(
     let mut unsynced = Vec::new();
     for c in procs {
         let started = Instant::now();
-        let pw = w.pages(&ckpt_image::pages_name(saved(c.pid)))?;
+        let name = ckpt_image::pages_name(saved(c.pid));
+        // LZ4 blocks are appended in order: streamed past the page cache.
+        let pw = if opts.compress {
+            w.pages_streamed(&name)?
+        } else {
+            w.pages(&name)?
+        };
         let progress = page_progress(opts, written, total, c.pid);
         let before = opts
             .prev
@@ -1100,6 +1106,7 @@ fn frozen_pages(
             pages::copy_pages(&c.mem, &c.vmas, &pw, &progress)?;
             Vec::new()
         };
+        pw.complete()?;
         let on_disk = pw.written();
         stats.pages_written_bytes += on_disk;
         log::info!(
