@@ -975,3 +975,33 @@ pub fn ipc_rmid(kind: IpcKind, id: i32) -> std::io::Result<()> {
     };
     check(r as libc::c_long).map(drop)
 }
+
+/// `pidfd_open(pid)`: a handle that stays with this process, whatever
+/// later takes its pid.
+pub fn pidfd_open(pid: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: integer arguments only.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pidfd_open returned a new fd that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Whether the process of `pidfd` still holds its pid (running, stopped
+/// or a zombie not yet reaped): `pidfd_send_signal` with signal 0.
+pub fn pidfd_holds_pid(pidfd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: signal 0 is only a check; no siginfo is passed (null).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    r == 0
+}
