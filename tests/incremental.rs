@@ -136,3 +136,77 @@ fn incremental_dump_after_pre_dumps_raw() {
 fn incremental_background_dump_reads_only_what_changed_frozen() {
     incremental_cycle_with("incremental-bg", "--compress=lz4", true);
 }
+
+/// A chain of ten pre-dumps, each on top of the one before (the victim's
+/// hot region changes all along), then the final dump: every link reuses
+/// the untouched memory, and the result restores byte-exact on its own.
+#[test]
+fn chain_of_ten_pre_dumps_restores_exactly() {
+    let env = TestEnv::new("incremental-chain");
+    let mut v = Victim::spawn(&env, "incremental", &[]);
+    v.wait_ready();
+    let mut prev: Option<std::path::PathBuf> = None;
+    for i in 0..10 {
+        let dir = env.root.join(format!("pre{i}"));
+        let mut extra = vec!["--compress=lz4"];
+        if let Some(p) = &prev {
+            extra.extend(["--prev", path_str(p)]);
+        }
+        let report = pre_dump(&env, &v, &dir, &extra);
+        if prev.is_some() {
+            let reused = report["stats"]["reused_bytes"].as_u64().unwrap_or(0);
+            assert!(reused >= 60 << 20, "link {i} reused {reused}: {report}");
+        }
+        if let Some(p) = prev.replace(dir) {
+            // Only the latest link is needed for the next one.
+            std::fs::remove_dir_all(p).unwrap();
+        }
+    }
+    write_atomic(&v.path("stage1"), "stage1");
+    assert!(
+        wait_for_file(&v.path("mutated"), Duration::from_secs(20)),
+        "{}",
+        v.diag()
+    );
+    let last = prev.unwrap();
+    dump(&env, &v, &["--prev", path_str(&last), "--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+    std::fs::remove_dir_all(&last).unwrap();
+    restore_and_check(&env, &v);
+}
+
+/// A pre-dump damaged after it was taken is refused by the dump that
+/// builds on it, naming the file, before the tree is frozen: the job runs
+/// on untouched and no checkpoint appears.
+#[test]
+fn damaged_pre_dump_is_refused_by_name() {
+    let env = TestEnv::new("incremental-damaged");
+    let mut v = Victim::spawn(&env, "incremental", &[]);
+    v.wait_ready();
+    let pre = env.root.join("pre");
+    pre_dump(&env, &v, &pre, &["--compress=lz4"]);
+    let pages = std::fs::read_dir(&pre)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("pages-"))
+        })
+        .expect("a pages file in the pre-dump");
+    let mut bytes = std::fs::read(&pages).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(&pages, &bytes).unwrap();
+    let out = dump_outcome(&env, &v, &["--prev", path_str(&pre)]);
+    let err = out.assert_error();
+    assert!(
+        err.contains(&pages.file_name().unwrap().to_string_lossy().to_string()),
+        "the error names the damaged file: {err}"
+    );
+    assert!(!env.img.exists(), "no checkpoint from a damaged chain");
+    assert!(
+        v.ping(Duration::from_secs(10)),
+        "the job runs on: {}",
+        v.diag()
+    );
+}
