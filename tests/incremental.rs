@@ -210,3 +210,86 @@ fn damaged_pre_dump_is_refused_by_name() {
         v.diag()
     );
 }
+
+/// Periodic checkpoints: each `--track` dump is a complete, restorable
+/// checkpoint that leaves write tracking behind, and the next one takes
+/// `--prev` on it and reads only what was written since. The tracking
+/// userfaultfd is ckpt's, not the job's: no checkpoint holds it.
+#[test]
+fn tracked_checkpoints_are_whole_and_chain() {
+    let env = TestEnv::new("incremental-track");
+    let mut v = Victim::spawn(&env, "incremental", &[]);
+    v.wait_ready();
+    write_atomic(&v.path("stage1"), "stage1");
+    assert!(
+        wait_for_file(&v.path("mutated"), Duration::from_secs(20)),
+        "{}",
+        v.diag()
+    );
+    // The first periodic checkpoint is the one restored at the end.
+    let first = env.img.clone();
+    let out = dump(&env, &v, &["--track", "--compress=lz4", "--json"]);
+    let report = json_of(&out);
+    assert!(
+        v.ping(Duration::from_secs(10)),
+        "the job runs on: {}",
+        v.diag()
+    );
+    let show = ckpt(
+        &env,
+        &["show", path_str(&first), "--json"],
+        Duration::from_secs(30),
+    );
+    show.assert_success();
+    let shown: serde_json::Value = serde_json::from_str(show.stdout.trim()).unwrap();
+    assert_eq!(shown["pre_dump"], false, "a whole checkpoint: {shown}");
+    let fd = shown["processes"][0]["tracking"]["fd"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("tracking recorded: {shown} {report}"));
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{}/fd/{fd}", v.pid))
+            .unwrap()
+            .display()
+            .to_string(),
+        "anon_inode:[userfaultfd]"
+    );
+    let saved_fds: Vec<i64> = shown["processes"][0]["fds"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|f| f["fd"].as_i64()).collect())
+        .unwrap_or_default();
+    assert!(!saved_fds.is_empty(), "fds listed: {shown}");
+    assert!(
+        !saved_fds.contains(&fd),
+        "the tracking fd {fd} is not the job's: {saved_fds:?}"
+    );
+    // Two more, each on the one before.
+    let mut prev = first.clone();
+    for (i, last) in [(1, false), (2, true)] {
+        let dir = env.root.join(format!("periodic{i}"));
+        let pid = v.pid.to_string();
+        let mut args = vec![
+            "dump",
+            "--tree",
+            &pid,
+            "--dir",
+            path_str(&dir),
+            "--prev",
+            path_str(&prev),
+            "--compress=lz4",
+            "--json",
+        ];
+        args.push(if last { "--kill" } else { "--track" });
+        let out = ckpt(&env, &args, Duration::from_secs(120));
+        out.assert_success();
+        let report = json_of(&out);
+        let reused = report["stats"]["reused_bytes"].as_u64().unwrap_or(0);
+        assert!(
+            reused >= 60 << 20,
+            "checkpoint {i} reused only {reused}: {report}"
+        );
+        prev = dir;
+    }
+    v.reap_killed(Duration::from_secs(10));
+    // The first checkpoint still restores on its own.
+    restore_and_check(&env, &v);
+}

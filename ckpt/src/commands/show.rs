@@ -167,6 +167,9 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
             "posix_timers": core.posix_timers.iter().map(|t| t.describe()).collect::<Vec<_>>(),
             "vmas": vmas,
             "fds": fds,
+            // Left by `dump --track` in the running process, for the next
+            // dump's `--prev`; not part of what a restore rebuilds.
+            "tracking": mm.tracking.map(|t| json!({"fd": t.fd, "inode": t.inode})),
         }));
     }
     // Shared memory objects, each once, whoever maps them.
@@ -201,6 +204,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
         "created_unix": m.created_unix,
         "cpu": m.cpu.as_ref().map(|c| json!({"vendor": c.vendor, "xcr0": format!("{:#x}", c.xcr0), "xsave_size": c.xsave_size})),
         "root_pid": m.root_pid,
+        "pre_dump": false,
         "pid_namespace": m.pid_namespace.map(|n| json!({"root_host_pid": n.root_host_pid})),
         "files": m.files.iter().map(|f| json!({"name": f.name, "size": f.size, "crc32c": format!("{:08x}", f.crc32c), "blake3": hex(&f.blake3)})).collect::<Vec<_>>(),
         "processes": procs,
@@ -318,6 +322,12 @@ fn render_text(v: &Value) -> String {
         );
         for t in p["posix_timers"].as_array().into_iter().flatten() {
             let _ = writeln!(s, "  POSIX {}", t.as_str().unwrap_or(""));
+        }
+        if let Some(fd) = p["tracking"]["fd"].as_i64() {
+            let _ = writeln!(
+                s,
+                "  write tracking left in the process at fd {fd} (for `dump --prev`)"
+            );
         }
         let _ = writeln!(s, "  VMAs:");
         for m in p["vmas"].as_array().into_iter().flatten() {
