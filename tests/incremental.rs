@@ -34,6 +34,29 @@ fn pre_dump(env: &TestEnv, v: &Victim, dir: &Path, extra: &[&str]) -> serde_json
     json_of(&out)
 }
 
+/// `ckpt show --json` of `dir`, after checking that the tracking it
+/// records is a userfaultfd at that fd of the running victim.
+fn tracked(env: &TestEnv, v: &Victim, dir: &Path) -> serde_json::Value {
+    let show = ckpt(
+        env,
+        &["show", path_str(dir), "--json"],
+        Duration::from_secs(30),
+    );
+    show.assert_success();
+    let shown: serde_json::Value = serde_json::from_str(show.stdout.trim()).unwrap();
+    let fd = shown["processes"][0]["tracking"]["fd"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no tracking recorded: {shown}"));
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{}/fd/{fd}", v.pid))
+            .unwrap()
+            .display()
+            .to_string(),
+        "anon_inode:[userfaultfd]"
+    );
+    shown
+}
+
 fn incremental_cycle(test: &str, compress: &str) {
     incremental_cycle_with(test, compress, false);
 }
@@ -55,23 +78,8 @@ fn incremental_cycle_with(test: &str, compress: &str, background: bool) {
         v.ping(Duration::from_secs(10)),
         "the tree runs after a pre-dump"
     );
-    // Its tracking is a userfaultfd at the recorded fd of the running victim.
-    let show = ckpt(
-        &env,
-        &["show", path_str(&first), "--json"],
-        Duration::from_secs(30),
-    );
-    show.assert_success();
-    let shown: serde_json::Value = serde_json::from_str(show.stdout.trim()).unwrap();
+    let shown = tracked(&env, &v, &first);
     assert_eq!(shown["pre_dump"], true, "{shown}");
-    let fd = shown["processes"][0]["tracking"]["fd"].as_i64().unwrap();
-    assert_eq!(
-        std::fs::read_link(format!("/proc/{}/fd/{fd}", v.pid))
-            .unwrap()
-            .display()
-            .to_string(),
-        "anon_inode:[userfaultfd]"
-    );
     // A second pre-dump on top of the first: nothing big changed.
     let report = pre_dump(&env, &v, &second, &[compress, "--prev", path_str(&first)]);
     let reused = report["stats"]["reused_bytes"].as_u64().unwrap_or(0);
@@ -235,24 +243,12 @@ fn tracked_checkpoints_are_whole_and_chain() {
         "the job runs on: {}",
         v.diag()
     );
-    let show = ckpt(
-        &env,
-        &["show", path_str(&first), "--json"],
-        Duration::from_secs(30),
-    );
-    show.assert_success();
-    let shown: serde_json::Value = serde_json::from_str(show.stdout.trim()).unwrap();
-    assert_eq!(shown["pre_dump"], false, "a whole checkpoint: {shown}");
-    let fd = shown["processes"][0]["tracking"]["fd"]
-        .as_i64()
-        .unwrap_or_else(|| panic!("tracking recorded: {shown} {report}"));
+    let shown = tracked(&env, &v, &first);
     assert_eq!(
-        std::fs::read_link(format!("/proc/{}/fd/{fd}", v.pid))
-            .unwrap()
-            .display()
-            .to_string(),
-        "anon_inode:[userfaultfd]"
+        shown["pre_dump"], false,
+        "a whole checkpoint: {shown} {report}"
     );
+    let fd = shown["processes"][0]["tracking"]["fd"].as_i64().unwrap();
     let saved_fds: Vec<i64> = shown["processes"][0]["fds"]
         .as_array()
         .map(|a| a.iter().filter_map(|f| f["fd"].as_i64()).collect())
