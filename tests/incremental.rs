@@ -18,16 +18,16 @@ fn json_of(out: &CkptOutput) -> serde_json::Value {
 }
 
 fn pre_dump(env: &TestEnv, v: &Victim, dir: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["--pre-dump"];
+    args.extend_from_slice(extra);
+    dump_into(env, v, dir, &args)
+}
+
+/// `ckpt dump --tree PID --dir DIR --json <extra>`, which must succeed;
+/// its JSON report.
+fn dump_into(env: &TestEnv, v: &Victim, dir: &Path, extra: &[&str]) -> serde_json::Value {
     let pid = v.pid.to_string();
-    let mut args = vec![
-        "dump",
-        "--tree",
-        &pid,
-        "--dir",
-        path_str(dir),
-        "--pre-dump",
-        "--json",
-    ];
+    let mut args = vec!["dump", "--tree", &pid, "--dir", path_str(dir), "--json"];
     args.extend_from_slice(extra);
     let out = ckpt(env, &args, Duration::from_secs(120));
     out.assert_success();
@@ -262,22 +262,13 @@ fn tracked_checkpoints_are_whole_and_chain() {
     let mut prev = first.clone();
     for (i, last) in [(1, false), (2, true)] {
         let dir = env.root.join(format!("periodic{i}"));
-        let pid = v.pid.to_string();
-        let mut args = vec![
-            "dump",
-            "--tree",
-            &pid,
-            "--dir",
-            path_str(&dir),
-            "--prev",
-            path_str(&prev),
-            "--compress=lz4",
-            "--json",
-        ];
-        args.push(if last { "--kill" } else { "--track" });
-        let out = ckpt(&env, &args, Duration::from_secs(120));
-        out.assert_success();
-        let report = json_of(&out);
+        let then = if last { "--kill" } else { "--track" };
+        let report = dump_into(
+            &env,
+            &v,
+            &dir,
+            &["--prev", path_str(&prev), "--compress=lz4", then],
+        );
         let reused = report["stats"]["reused_bytes"].as_u64().unwrap_or(0);
         assert!(
             reused >= 60 << 20,
