@@ -5,7 +5,8 @@
 //! have no /proc file: they run inside the process through the parasite.
 
 use ckpt_image::task::{LockedRange, Prctl};
-use ckpt_parasite::Infection;
+use ckpt_parasite::{Infection, ParasiteError};
+use nix::errno::Errno;
 
 use crate::error::{DumpError, Result};
 use crate::procfile;
@@ -129,6 +130,25 @@ pub fn locked_ranges(pid: i32) -> Result<Vec<LockedRange>> {
         }
     }
     Ok(out)
+}
+
+/// Names why the parasite could not be mapped when the process forbids
+/// writable executable memory: memory-deny-write-execute cannot be undone
+/// from outside, and ckpt's parasite needs such a mapping.
+pub fn infect_error(e: ParasiteError) -> DumpError {
+    match e {
+        ParasiteError::RemoteSyscall {
+            pid,
+            name,
+            errno: Errno::EACCES,
+        } if name.starts_with("mmap") => DumpError::Unsupported {
+            pid,
+            what: "memory-deny-write-execute (PR_SET_MDWE, or a security policy refusing \
+                   writable executable memory: the parasite cannot be mapped)"
+                .into(),
+        },
+        other => other.into(),
+    }
 }
 
 /// The per-thread part for another thread, from what the parasite asked it.

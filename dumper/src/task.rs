@@ -69,7 +69,7 @@ pub fn run_parasite(
     threads: &[Tracee],
     with_parasite: &mut dyn FnMut(&Infection<'_>) -> Result<()>,
 ) -> Result<(TaskMisc, Vec<ThreadState>)> {
-    let inf: Infection<'_> = leader.infect()?;
+    let inf: Infection<'_> = leader.infect().map_err(crate::prctl::infect_error)?;
     let args = inf.call(ckpt_parasite::proto::CMD_DUMP_MISC)?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::ParasiteLoaded);
     let posix_timers = crate::timer::collect(&inf, leader.pid())?;
