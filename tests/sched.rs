@@ -23,8 +23,17 @@ fn cycle(env: &TestEnv, mut v: Victim) {
     let _ = std::fs::remove_file(v.path("pdeath"));
 
     let json = show_json(env);
-    let text = json.to_string();
-    assert!(text.contains("sched-worker") || true, "{json}");
+    let sched = json["processes"][0]["sched"].to_string();
+    assert!(
+        sched.contains("sched-worker") && sched.contains("cpus 0") && sched.contains("cpus 1"),
+        "ckpt show names both threads' CPUs: {json}"
+    );
+    assert!(
+        json["processes"][0]["prctl"]
+            .to_string()
+            .contains("child subreaper"),
+        "{json}"
+    );
 
     restore_and_check(env, &v);
     assert!(

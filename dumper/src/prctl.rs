@@ -45,7 +45,11 @@ pub fn ask(inf: &Infection<'_>) -> Result<Asked> {
     };
     get("prctl(PR_GET_PDEATHSIG)", libc::PR_GET_PDEATHSIG, buf)?;
     let pdeath_sig = read_int()?;
-    get("prctl(PR_GET_CHILD_SUBREAPER)", libc::PR_GET_CHILD_SUBREAPER, buf)?;
+    get(
+        "prctl(PR_GET_CHILD_SUBREAPER)",
+        libc::PR_GET_CHILD_SUBREAPER,
+        buf,
+    )?;
     let child_subreaper = read_int()? != 0;
     let dumpable = get("prctl(PR_GET_DUMPABLE)", libc::PR_GET_DUMPABLE, 0)?;
     if dumpable == SUID_DUMP_ROOT {

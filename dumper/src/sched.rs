@@ -58,11 +58,13 @@ pub fn collect(pid: i32, tid: i32, timer_slack_ret: i64) -> Result<Sched> {
 /// The process's `oom_score_adj`.
 pub fn oom_score_adj(pid: i32) -> Result<i32> {
     let text = procfile::read(pid, "oom_score_adj")?;
-    text.trim().parse().map_err(|e: std::num::ParseIntError| DumpError::Parse {
-        pid,
-        path: "oom_score_adj".into(),
-        what: e.to_string(),
-    })
+    text.trim()
+        .parse()
+        .map_err(|e: std::num::ParseIntError| DumpError::Parse {
+            pid,
+            path: "oom_score_adj".into(),
+            what: e.to_string(),
+        })
 }
 
 #[cfg(test)]

@@ -56,6 +56,7 @@ pub mod ipc;
 pub mod manifest;
 pub mod mm;
 mod pb;
+pub mod sched;
 pub mod seal;
 pub mod shmem;
 mod sys;

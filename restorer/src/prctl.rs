@@ -47,7 +47,10 @@ fn validate(pid: i32, p: &Prctl) -> Result<()> {
         return Err(invalid(pid, format!("dumpable {}", p.dumpable)));
     }
     if p.pdeath_sig > MAX_SIGNAL {
-        return Err(invalid(pid, format!("parent-death signal {}", p.pdeath_sig)));
+        return Err(invalid(
+            pid,
+            format!("parent-death signal {}", p.pdeath_sig),
+        ));
     }
     if p.locked.len() > MAX_LOCKED_RANGES {
         return Err(invalid(pid, format!("{} locked ranges", p.locked.len())));

@@ -77,7 +77,11 @@ fn invalid(pid: i32, tid: i32, what: &str) -> RestoreError {
 /// Checks `s` against what the kernel accepts, naming pid and tid.
 fn validate(pid: i32, tid: i32, s: &Sched) -> Result<()> {
     if !POLICIES.contains(&s.policy) {
-        return Err(invalid(pid, tid, &format!("scheduling policy {}", s.policy)));
+        return Err(invalid(
+            pid,
+            tid,
+            &format!("scheduling policy {}", s.policy),
+        ));
     }
     let rt = RT_POLICIES.contains(&s.policy);
     if (rt && !(1..=MAX_RT_PRIORITY).contains(&s.priority)) || (!rt && s.priority != 0) {
@@ -130,7 +134,7 @@ fn set(r: &Remote<'_>, pid: i32, tid: i32, s: &Sched, notice: &dyn Fn(&str)) -> 
         if ret == -(libc::EINVAL as i64) {
             notice(&format!(
                 "pid {pid} thread {tid}: none of its CPUs ({}) is online here; it keeps the restorer's",
-                cpu_list(&s.affinity)
+                ckpt_image::sched::cpu_list(&s.affinity)
             ));
         } else {
             ckpt_parasite::check_ret(r.t.pid(), "sched_setaffinity", ret)?;
@@ -144,37 +148,9 @@ fn set(r: &Remote<'_>, pid: i32, tid: i32, s: &Sched, notice: &dyn Fn(&str)) -> 
     Ok(())
 }
 
-/// "0,3-5" for a CPU mask.
-fn cpu_list(mask: &[u64]) -> String {
-    let cpus: Vec<usize> = (0..mask.len() * 64)
-        .filter(|c| mask[c / 64] & (1 << (c % 64)) != 0)
-        .collect();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < cpus.len() {
-        let mut j = i;
-        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
-            j += 1;
-        }
-        out.push(if i == j {
-            cpus[i].to_string()
-        } else {
-            format!("{}-{}", cpus[i], cpus[j])
-        });
-        i = j + 1;
-    }
-    out.join(",")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cpu_lists_read_like_the_kernels() {
-        assert_eq!(cpu_list(&[0b1011_1001]), "0,3-5,7");
-        assert_eq!(cpu_list(&[0, 1]), "64");
-    }
 
     #[test]
     fn out_of_range_values_are_refused() {
@@ -185,12 +161,32 @@ mod tests {
         };
         assert!(validate(1, 1, &ok).is_ok());
         for bad in [
-            Sched { policy: 6, ..ok.clone() },
-            Sched { priority: 0, ..ok.clone() },
-            Sched { policy: 0, ..ok.clone() },
-            Sched { policy: 0, priority: 0, nice: 20, ..ok.clone() },
-            Sched { affinity: vec![1; MAX_AFFINITY_WORDS + 1], ..ok.clone() },
-            Sched { ioprio: 1 << 16, ..ok.clone() },
+            Sched {
+                policy: 6,
+                ..ok.clone()
+            },
+            Sched {
+                priority: 0,
+                ..ok.clone()
+            },
+            Sched {
+                policy: 0,
+                ..ok.clone()
+            },
+            Sched {
+                policy: 0,
+                priority: 0,
+                nice: 20,
+                ..ok.clone()
+            },
+            Sched {
+                affinity: vec![1; MAX_AFFINITY_WORDS + 1],
+                ..ok.clone()
+            },
+            Sched {
+                ioprio: 1 << 16,
+                ..ok.clone()
+            },
         ] {
             assert!(validate(1, 1, &bad).is_err(), "{bad:?}");
         }
