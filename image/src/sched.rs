@@ -143,7 +143,7 @@ mod tests {
         };
         assert_eq!(
             s.describe(),
-            "cpus 1, SCHED_FIFO priority 10, SCHED_RESET_ON_FORK, I/O realtime 4, timer slack 0 ns"
+            "cpus 1, SCHED_FIFO priority 10, SCHED_RESET_ON_FORK, I/O realtime 4"
         );
         let p = Prctl {
             dumpable: DEFAULT_DUMPABLE,
