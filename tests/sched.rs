@@ -5,7 +5,8 @@
 //! oom_score_adj, THP disable, child subreaper, dumpable, personality and
 //! memory locks; and a child's parent-death signal, which still fires when
 //! its restored parent exits. As root (privileged values) and as the
-//! unprivileged test user. Memory-deny-write-execute is refused by name.
+//! unprivileged test user. Memory-deny-write-execute and SCHED_DEADLINE
+//! are refused by name, the victim running on unharmed.
 
 mod common;
 
@@ -65,6 +66,19 @@ fn memory_deny_write_execute_is_refused_by_name() {
     let err = dump_expect_error(&env, &v);
     assert!(
         err.contains(&format!("pid {}", v.pid)) && err.contains("PR_SET_MDWE"),
+        "{err}"
+    );
+    v.assert_unharmed_and_passes("after the refused dump");
+}
+
+#[test]
+fn sched_deadline_is_refused_by_name() {
+    let env = TestEnv::new("sched-deadline");
+    let mut v = Victim::spawn(&env, "sched", &["deadline"]);
+    v.wait_ready();
+    let err = dump_expect_error(&env, &v);
+    assert!(
+        err.contains(&format!("pid {}: thread ", v.pid)) && err.contains("SCHED_DEADLINE"),
         "{err}"
     );
     v.assert_unharmed_and_passes("after the refused dump");

@@ -78,10 +78,13 @@ pub fn ask(inf: &Infection<'_>) -> Result<Asked> {
 }
 
 /// `mlockall(MCL_FUTURE)` has no getter: a page mapped now inside the
-/// process comes out locked (smaps `lo`, with `lf` for MCL_ONFAULT) exactly
-/// when it is in effect. The page is unmapped again before this returns.
+/// process comes out locked exactly when it is in effect, which the
+/// process's locked total (`VmLck`) shows without walking smaps; only then
+/// is smaps read, for `lf` (MCL_ONFAULT). The page is unmapped again
+/// before this returns.
 fn probe_mlock_future(inf: &Infection<'_>) -> Result<(bool, bool)> {
     let pid = inf.tracee().pid();
+    let before = locked_kb(pid)?;
     let addr = inf.syscall(
         "mmap (mlockall probe)",
         libc::SYS_mmap,
@@ -94,11 +97,16 @@ fn probe_mlock_future(inf: &Infection<'_>) -> Result<(bool, bool)> {
             0,
         ],
     )?;
-    let flags = locked_ranges(pid).map(|ranges| {
-        ranges
-            .iter()
-            .find(|r| r.start <= addr && addr < r.end)
-            .map_or((false, false), |r| (true, r.onfault))
+    let flags = locked_kb(pid).and_then(|after| {
+        if after == before {
+            return Ok((false, false));
+        }
+        locked_ranges(pid).map(|ranges| {
+            ranges
+                .iter()
+                .find(|r| r.start <= addr && addr < r.end)
+                .map_or((false, false), |r| (true, r.onfault))
+        })
     });
     inf.syscall(
         "munmap (mlockall probe)",
@@ -108,8 +116,24 @@ fn probe_mlock_future(inf: &Infection<'_>) -> Result<(bool, bool)> {
     flags
 }
 
-/// The locked ranges of `pid`'s address space (smaps VmFlags).
+/// The process's locked memory in kB (`VmLck` of its status).
+fn locked_kb(pid: i32) -> Result<u64> {
+    let status = procfile::read(pid, "status")?;
+    procfile::status_field(&status, "VmLck")
+        .and_then(|v| v.trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| DumpError::Parse {
+            pid,
+            path: "status".into(),
+            what: "no VmLck".into(),
+        })
+}
+
+/// The locked ranges of `pid`'s address space (smaps VmFlags); smaps,
+/// which walks the page tables, is read only when something is locked.
 pub fn locked_ranges(pid: i32) -> Result<Vec<LockedRange>> {
+    if locked_kb(pid)? == 0 {
+        return Ok(Vec::new());
+    }
     let smaps = procfile::read(pid, "smaps")?;
     let mut out = Vec::new();
     let mut cur: Option<(u64, u64)> = None;

@@ -15,7 +15,8 @@
  * real-time I/O class, mlockall); "user" what an
  * unprivileged user may (raised nice, SCHED_BATCH, best-effort I/O,
  * affinity, mlock within RLIMIT_MEMLOCK). "mdwe" sets
- * memory-deny-write-execute, which the dump must refuse by name.
+ * memory-deny-write-execute and "deadline" puts the worker under
+ * SCHED_DEADLINE, which the dump must refuse by name.
  */
 #include "victim.h"
 
@@ -64,7 +65,7 @@ struct want {
 	unsigned long slack;
 };
 
-static int as_root;
+static int as_root, deadline;
 static struct want leader, worker;
 static volatile int worker_ready, worker_check;
 static char worker_fail[256];
@@ -130,14 +131,34 @@ static void check_self(const struct want *w, char *out, size_t len)
 		snprintf(out, len, "%s: real-time timer slack %ld, want 0", w->name, slack);
 }
 
+/* SCHED_DEADLINE: 1 ms every 100 ms, over every CPU (as it requires). */
+static void set_deadline(void)
+{
+	struct sched_attr_v0 a = { .size = sizeof(a), .policy = 6, .runtime = 1000000,
+				   .deadline = 100000000, .period = 100000000 };
+	cpu_set_t set;
+
+	CPU_ZERO(&set);
+	for (int c = 0; c < CPU_SETSIZE; c++)
+		CPU_SET(c, &set);
+	if (sched_setaffinity(0, sizeof(set), &set))
+		die("sched_setaffinity (all)");
+	if (syscall(SYS_sched_setattr, 0, &a, 0))
+		die("sched_setattr (SCHED_DEADLINE)");
+}
+
 static void *work(void *arg)
 {
 	(void)arg;
-	set_self(&worker);
+	if (deadline)
+		set_deadline();
+	else
+		set_self(&worker);
 	worker_ready = 1;
 	while (!worker_check)
 		victim_tick();
-	check_self(&worker, worker_fail, sizeof(worker_fail));
+	if (!deadline)
+		check_self(&worker, worker_fail, sizeof(worker_fail));
 	worker_check = 2;
 	return NULL;
 }
@@ -226,6 +247,7 @@ int main(int argc, char **argv)
 		die("usage: sched WORKDIR root|user|mdwe");
 	as_root = !strcmp(argv[2], "root");
 	mdwe = !strcmp(argv[2], "mdwe");
+	deadline = !strcmp(argv[2], "deadline");
 
 	leader = (struct want){ .name = "sched-main", .policy = SCHED_OTHER, .nice = 5,
 				.cpu = 1, .ioprio = IOPRIO(IOPRIO_CLASS_BE, 2),
