@@ -36,7 +36,8 @@ const IOPRIO_MAX_VALUE: u32 = (1 << 16) - 1;
 /// Sets every thread's scheduling attributes (the leader behind `r`, then
 /// `threads`, which follow `core.threads`) and the process's
 /// `oom_score_adj`. A CPU mask with no CPU of this host is a notice, not an
-/// error: the job may be restored on a smaller node.
+/// error: the job may be restored on a smaller node; so is an
+/// `oom_score_adj` below the restorer's when ckpt lacks CAP_SYS_RESOURCE.
 pub fn restore(
     r: &Remote<'_>,
     threads: &[Tracee],
@@ -57,12 +58,20 @@ pub fn restore(
         if !OOM_SCORE_ADJ_RANGE.contains(&core.oom_score_adj) {
             return Err(invalid(core.pid, core.pid, "oom_score_adj out of range"));
         }
-        // Lowering it needs CAP_SYS_RESOURCE: done from the restorer.
-        std::fs::write(
+        // Lowering it needs CAP_SYS_RESOURCE: done from the restorer. Root
+        // lacks that capability on some hosts (as for raising limits): the
+        // process then keeps the restorer's value, with a notice.
+        match std::fs::write(
             format!("/proc/{pid}/oom_score_adj"),
             core.oom_score_adj.to_string(),
-        )
-        .map_err(|e| RestoreError::os(pid, "write oom_score_adj", e))?;
+        ) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => notice(&format!(
+                "pid {}: oom_score_adj {} needs CAP_SYS_RESOURCE, which ckpt lacks here; it keeps the restorer's",
+                core.pid, core.oom_score_adj
+            )),
+            Err(e) => return Err(RestoreError::os(pid, "write oom_score_adj", e)),
+        }
     }
     Ok(())
 }
