@@ -1005,3 +1005,87 @@ pub fn pidfd_holds_pid(pidfd: std::os::fd::BorrowedFd<'_>) -> bool {
     };
     r == 0
 }
+
+/// `struct sched_attr` up to the utilization clamps (SCHED_ATTR_SIZE_VER1).
+#[repr(C)]
+#[derive(Default, Debug, Clone, Copy)]
+pub struct SchedAttr {
+    /// Size of the structure.
+    pub size: u32,
+    /// SCHED_* policy.
+    pub policy: u32,
+    /// SCHED_FLAG_* bits.
+    pub flags: u64,
+    /// Nice value (normal policies).
+    pub nice: i32,
+    /// Real-time priority.
+    pub priority: u32,
+    /// SCHED_DEADLINE runtime.
+    pub runtime: u64,
+    /// SCHED_DEADLINE deadline.
+    pub deadline: u64,
+    /// SCHED_DEADLINE period.
+    pub period: u64,
+    /// Utilization clamp minimum.
+    pub util_min: u32,
+    /// Utilization clamp maximum.
+    pub util_max: u32,
+}
+
+/// `sched_getattr(tid)`: thread `tid`'s policy, flags, nice and priority.
+pub fn sched_getattr(tid: i32) -> std::io::Result<SchedAttr> {
+    let mut a = SchedAttr::default();
+    let size = std::mem::size_of::<SchedAttr>() as u32;
+    // SAFETY: the kernel writes at most `size` bytes into `a`, which is
+    // that large and lives across the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getattr,
+            tid,
+            &mut a as *mut SchedAttr,
+            size,
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(a)
+}
+
+/// Bytes of the largest CPU mask asked for (8192 CPUs).
+const MAX_AFFINITY_BYTES: usize = 1024;
+
+/// `sched_getaffinity(tid)`: the thread's CPU mask, 64 CPUs a word, as
+/// long as the kernel's mask (`nr_cpu_ids` rounded up to a word).
+pub fn sched_getaffinity(tid: i32) -> std::io::Result<Vec<u64>> {
+    let mut words = vec![0u64; MAX_AFFINITY_BYTES / 8];
+    // SAFETY: the kernel writes at most MAX_AFFINITY_BYTES into `words`,
+    // which is that large.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getaffinity,
+            tid,
+            MAX_AFFINITY_BYTES,
+            words.as_mut_ptr(),
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    words.truncate((r as usize).div_ceil(8));
+    Ok(words)
+}
+
+/// `ioprio_get` "who" for one thread.
+const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+
+/// `ioprio_get(IOPRIO_WHO_PROCESS, tid)`: the thread's I/O priority.
+pub fn ioprio_get(tid: i32) -> std::io::Result<u32> {
+    // SAFETY: ioprio_get takes only integers.
+    let r = unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, tid) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(r as u32)
+}

@@ -57,6 +57,7 @@ pub mod manifest;
 pub mod mm;
 pub mod pagefile;
 mod pb;
+pub mod sched;
 pub mod seal;
 pub mod shmem;
 mod sys;

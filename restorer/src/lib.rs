@@ -31,7 +31,9 @@ pub mod lazy;
 mod mm;
 mod pages;
 mod pid;
+mod prctl;
 pub mod run;
+mod sched;
 mod shmem;
 
 mod sys;
@@ -1037,11 +1039,14 @@ fn rebuild_process(
     }
     // After the threads: a timer may signal one of them.
     timer::create(&r, &core.posix_timers)?;
+    sched::restore(&r, &threads, core, opts.notice)?;
+    prctl::restore_before_creds(&r, core)?;
     task::restore_creds(&r, core)?;
     for th in &threads {
         task::restore_creds(&ckpt_parasite::remote::Remote { t: th, base }, core)?;
     }
     timer::arm(&r, &core.posix_timers)?;
+    prctl::restore_after_creds(&r, &threads, core)?;
     thread::finish(&threads, core)?;
 
     // Last syscall: unmap the scratch area, stopping at its exit because

@@ -165,6 +165,9 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
             "sigactions": core.sigactions.len(),
             "pending_signals": core.pending.len(),
             "posix_timers": core.posix_timers.iter().map(|t| t.describe()).collect::<Vec<_>>(),
+            "sched": sched_summary(&core),
+            "oom_score_adj": core.oom_score_adj,
+            "prctl": core.prctl.as_ref().map(|p| p.describe()).unwrap_or_default(),
             "vmas": vmas,
             "fds": fds,
             // Left by `dump --track` in the running process, for the next
@@ -214,6 +217,26 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
 }
 
 /// The SysV IPC objects of the job (`ipc.img`, absent when it has none).
+/// Each thread's scheduling attributes (leader first) and the other
+/// threads' parent-death signals, for images that have them.
+fn sched_summary(core: &Core) -> Vec<Value> {
+    let leader = std::iter::once((core.pid, &core.comm, core.sched.as_ref(), None));
+    let others = core.threads.iter().map(|t| {
+        let pdeath = t.prctl.as_ref().map(|p| p.pdeath_sig).filter(|s| *s != 0);
+        (t.tid, &t.comm, t.sched.as_ref(), pdeath)
+    });
+    leader
+        .chain(others)
+        .filter_map(|(tid, comm, sched, pdeath)| {
+            let mut line = sched?.describe();
+            if let Some(sig) = pdeath {
+                line.push_str(&format!(", parent-death signal {sig}"));
+            }
+            Some(json!({ "tid": tid, "comm": comm, "sched": line }))
+        })
+        .collect()
+}
+
 fn ipc_summary(dir: &ImageDir) -> Result<Value, ImageError> {
     use ckpt_image::ipc::{Ipc, IpcPerm};
     let ipc: Ipc = match dir.digest(ckpt_image::IPC_NAME) {
@@ -328,6 +351,27 @@ fn render_text(v: &Value) -> String {
                 s,
                 "  write tracking left in the process at fd {fd} (for `dump --prev`)"
             );
+        }
+        for t in p["sched"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                s,
+                "  thread {} ({}): {}",
+                t["tid"],
+                t["comm"].as_str().unwrap_or(""),
+                t["sched"].as_str().unwrap_or("")
+            );
+        }
+        if p["oom_score_adj"].as_i64().unwrap_or(0) != 0 {
+            let _ = writeln!(s, "  oom_score_adj {}", p["oom_score_adj"]);
+        }
+        let prctl: Vec<&str> = p["prctl"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        if !prctl.is_empty() {
+            let _ = writeln!(s, "  {}", prctl.join(", "));
         }
         let _ = writeln!(s, "  VMAs:");
         for m in p["vmas"].as_array().into_iter().flatten() {
