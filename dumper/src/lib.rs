@@ -31,8 +31,10 @@ mod ipc;
 pub mod mm;
 pub mod pages;
 mod pidns;
+mod prctl;
 mod predump;
 mod procfile;
+mod sched;
 mod seccomp;
 mod shmem;
 mod sys;
@@ -111,6 +113,12 @@ pub struct WriteOptions<'a> {
     /// A pre-dump to take unchanged pages from (`--prev`), opened before
     /// the freeze.
     pub prev: Option<&'a Previous>,
+    /// Leave write tracking in every process after this (restorable)
+    /// dump, as a pre-dump does (`--track`), so that the next dump can
+    /// take `--prev` on it: periodic checkpoints, each whole, each saving
+    /// only what was written since the one before. Not with `background`
+    /// or a kill.
+    pub track: bool,
 }
 
 /// Name of the dump's log in the checkpoint directory.
@@ -564,7 +572,9 @@ impl Userfaults<'_> {
     fn of<'a>(opts: &'a WriteOptions<'a>) -> Userfaults<'a> {
         // With --prev, a background dump reads only what changed while
         // frozen and needs no write protection.
-        if opts.prev.is_some() {
+        if opts.track {
+            Userfaults::Track(opts)
+        } else if opts.prev.is_some() {
             Userfaults::Untrack(opts)
         } else if opts.background {
             Userfaults::Background
@@ -744,9 +754,15 @@ fn write_images(
         .absorb(collect_ipc(root, &procs))?
         .unwrap_or_default();
     let fds_started = Instant::now();
+    // A tracking userfaultfd left in a process is ckpt's, not the job's.
+    let kept: std::collections::HashMap<i32, i32> = procs
+        .iter()
+        .filter_map(|c| Some((c.pid, c.tracking.as_ref()?.fd)))
+        .collect();
     let files = fd::collect_tree(
         &procs.iter().map(|c| c.pid).collect::<Vec<_>>(),
         opts.externals,
+        &|pid, fd| kept.get(&pid) == Some(&fd),
         &mut blockers,
     )?;
     let mut files = files;
@@ -1079,7 +1095,13 @@ fn frozen_pages(
     let mut unsynced = Vec::new();
     for c in procs {
         let started = Instant::now();
-        let pw = w.pages(&ckpt_image::pages_name(saved(c.pid)))?;
+        let name = ckpt_image::pages_name(saved(c.pid));
+        // LZ4 blocks are appended in order: streamed past the page cache.
+        let pw = if opts.compress {
+            w.pages_streamed(&name)?
+        } else {
+            w.pages(&name)?
+        };
         let progress = page_progress(opts, written, total, c.pid);
         let before = opts
             .prev
@@ -1103,6 +1125,7 @@ fn frozen_pages(
             pages::copy_pages(&c.mem, &c.vmas, &pw, &progress)?;
             Vec::new()
         };
+        pw.complete()?;
         let on_disk = pw.written();
         stats.pages_written_bytes += on_disk;
         log::info!(

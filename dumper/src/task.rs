@@ -58,6 +58,8 @@ pub struct TaskMisc {
     pub posix_timers: Vec<ckpt_image::timer::PosixTimer>,
     /// The leader's `prctl(PR_GET_SECUREBITS)`.
     pub securebits: i64,
+    /// The prctl getters' answers (asked in the leader only).
+    pub prctl: crate::prctl::Asked,
 }
 
 /// Runs the parasite's collection command in the process's leader (and
@@ -69,7 +71,7 @@ pub fn run_parasite(
     threads: &[Tracee],
     with_parasite: &mut dyn FnMut(&Infection<'_>) -> Result<()>,
 ) -> Result<(TaskMisc, Vec<ThreadState>)> {
-    let inf: Infection<'_> = leader.infect()?;
+    let inf: Infection<'_> = leader.infect().map_err(crate::prctl::infect_error)?;
     let args = inf.call(ckpt_parasite::proto::CMD_DUMP_MISC)?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::ParasiteLoaded);
     let posix_timers = crate::timer::collect(&inf, leader.pid())?;
@@ -78,8 +80,10 @@ pub fn run_parasite(
         libc::SYS_prctl,
         [libc::PR_GET_SECUREBITS as u64, 0, 0, 0, 0, 0],
     )? as i64;
+    let prctl = crate::prctl::ask(&inf)?;
     let out = TaskMisc {
         securebits,
+        prctl,
         posix_timers,
         regs: *inf.saved_regs(),
         xstate: inf.saved_xstate().to_vec(),
@@ -165,6 +169,12 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
         sid: stat[procfile::stat_index(6)] as i32,
         threads: Vec::new(),
         posix_timers: tm.posix_timers.clone(),
+        sched: Some(crate::sched::collect(pid, pid, tm.prctl.timer_slack_ret)?),
+        prctl: Some(ckpt_image::task::Prctl {
+            locked: crate::prctl::locked_ranges(pid)?,
+            ..tm.prctl.prctl.clone()
+        }),
+        oom_score_adj: crate::sched::oom_score_adj(pid)?,
         seccomp: None,
         seccomp_filters: Vec::new(),
     })
@@ -173,8 +183,12 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
 /// Builds the image of a thread other than the leader.
 pub fn collect_thread(t: &Tracee, pid: i32, ts: ThreadState) -> Result<ThreadCore> {
     let tid = t.pid();
+    let sched = crate::sched::collect(pid, tid, ts.timer_slack_ret)?;
+    let prctl = crate::prctl::thread(ts.pdeath_sig, ts.pdeath_sig_ret, pid, tid)?;
     Ok(ThreadCore {
         tid,
+        sched: Some(sched),
+        prctl: Some(prctl),
         comm: procfile::read(pid, &format!("task/{tid}/comm"))?
             .trim_end_matches('\n')
             .to_string(),

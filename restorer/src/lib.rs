@@ -32,7 +32,9 @@ pub mod lazy;
 mod mm;
 mod pages;
 mod pid;
+mod prctl;
 pub mod run;
+mod sched;
 mod seccomp;
 mod shmem;
 
@@ -1042,6 +1044,8 @@ fn rebuild_process(
     }
     // After the threads: a timer may signal one of them.
     timer::create(&r, &core.posix_timers)?;
+    sched::restore(&r, &threads, core, opts.notice)?;
+    prctl::restore_before_creds(&r, core)?;
     seccomp::install_own(&r, &threads, core, shared_filters)?;
     creds::restore(&r, pid, core.creds.as_ref())?;
     for (th, tc) in threads.iter().zip(&core.threads) {
@@ -1049,6 +1053,7 @@ fn rebuild_process(
         creds::restore(&ckpt_parasite::remote::Remote { t: th, base }, pid, own)?;
     }
     timer::arm(&r, &core.posix_timers)?;
+    prctl::restore_after_creds(&r, &threads, core)?;
     thread::finish(&threads, core)?;
 
     // Last syscall: unmap the scratch area, stopping at its exit because

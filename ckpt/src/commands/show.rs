@@ -165,9 +165,15 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
             "sigactions": core.sigactions.len(),
             "pending_signals": core.pending.len(),
             "posix_timers": core.posix_timers.iter().map(|t| t.describe()).collect::<Vec<_>>(),
+            "sched": sched_summary(&core),
+            "oom_score_adj": core.oom_score_adj,
+            "prctl": core.prctl.as_ref().map(|p| p.describe()).unwrap_or_default(),
             "security": security_lines(&core),
             "vmas": vmas,
             "fds": fds,
+            // Left by `dump --track` in the running process, for the next
+            // dump's `--prev`; not part of what a restore rebuilds.
+            "tracking": mm.tracking.map(|t| json!({"fd": t.fd, "inode": t.inode})),
         }));
     }
     // Shared memory objects, each once, whoever maps them.
@@ -202,6 +208,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
         "created_unix": m.created_unix,
         "cpu": m.cpu.as_ref().map(|c| json!({"vendor": c.vendor, "xcr0": format!("{:#x}", c.xcr0), "xsave_size": c.xsave_size})),
         "root_pid": m.root_pid,
+        "pre_dump": false,
         "pid_namespace": m.pid_namespace.map(|n| json!({"root_host_pid": n.root_host_pid})),
         "files": m.files.iter().map(|f| json!({"name": f.name, "size": f.size, "crc32c": format!("{:08x}", f.crc32c), "blake3": hex(&f.blake3)})).collect::<Vec<_>>(),
         "processes": procs,
@@ -211,6 +218,26 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
 }
 
 /// The SysV IPC objects of the job (`ipc.img`, absent when it has none).
+/// Each thread's scheduling attributes (leader first) and the other
+/// threads' parent-death signals, for images that have them.
+fn sched_summary(core: &Core) -> Vec<Value> {
+    let leader = std::iter::once((core.pid, &core.comm, core.sched.as_ref(), None));
+    let others = core.threads.iter().map(|t| {
+        let pdeath = t.prctl.as_ref().map(|p| p.pdeath_sig).filter(|s| *s != 0);
+        (t.tid, &t.comm, t.sched.as_ref(), pdeath)
+    });
+    leader
+        .chain(others)
+        .filter_map(|(tid, comm, sched, pdeath)| {
+            let mut line = sched?.describe();
+            if let Some(sig) = pdeath {
+                line.push_str(&format!(", parent-death signal {sig}"));
+            }
+            Some(json!({ "tid": tid, "comm": comm, "sched": line }))
+        })
+        .collect()
+}
+
 fn ipc_summary(dir: &ImageDir) -> Result<Value, ImageError> {
     use ckpt_image::ipc::{Ipc, IpcPerm};
     let ipc: Ipc = match dir.digest(ckpt_image::IPC_NAME) {
@@ -382,6 +409,33 @@ fn render_text(v: &Value) -> String {
         );
         for t in p["posix_timers"].as_array().into_iter().flatten() {
             let _ = writeln!(s, "  POSIX {}", t.as_str().unwrap_or(""));
+        }
+        if let Some(fd) = p["tracking"]["fd"].as_i64() {
+            let _ = writeln!(
+                s,
+                "  write tracking left in the process at fd {fd} (for `dump --prev`)"
+            );
+        }
+        for t in p["sched"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                s,
+                "  thread {} ({}): {}",
+                t["tid"],
+                t["comm"].as_str().unwrap_or(""),
+                t["sched"].as_str().unwrap_or("")
+            );
+        }
+        if p["oom_score_adj"].as_i64().unwrap_or(0) != 0 {
+            let _ = writeln!(s, "  oom_score_adj {}", p["oom_score_adj"]);
+        }
+        let prctl: Vec<&str> = p["prctl"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        if !prctl.is_empty() {
+            let _ = writeln!(s, "  {}", prctl.join(", "));
         }
         for t in p["security"].as_array().into_iter().flatten() {
             let _ = writeln!(s, "  {}", t.as_str().unwrap_or(""));
