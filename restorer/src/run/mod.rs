@@ -34,6 +34,58 @@ pub const FORWARDED: [libc::c_int; 5] = [
     libc::SIGUSR2,
 ];
 
+/// Namespaces `ckpt run` gives the job besides PID and mount.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct JobNamespaces {
+    /// A UTS namespace (hostname, domainname) of its own.
+    pub uts: bool,
+    /// An IPC namespace (SysV objects, POSIX message queues) of its own.
+    pub ipc: bool,
+    /// A time namespace of its own, its CLOCK_MONOTONIC and CLOCK_BOOTTIME
+    /// this many seconds ahead of the host's (negative: behind).
+    pub time: Option<i64>,
+}
+
+impl JobNamespaces {
+    /// Whether any is asked for.
+    pub fn any(&self) -> bool {
+        self.uts || self.ipc || self.time.is_some()
+    }
+}
+
+/// Puts this process in the UTS and IPC namespaces `ns` asks for, and the
+/// children it forks from now on (or the program it execs) in its time
+/// namespace. The launcher calls it before starting the job: the kernel
+/// takes a time namespace's offsets only until a process is in it.
+pub fn enter_namespaces(ns: JobNamespaces) -> io::Result<()> {
+    let mut flags = 0;
+    if ns.uts {
+        flags |= libc::CLONE_NEWUTS;
+    }
+    if ns.ipc {
+        flags |= libc::CLONE_NEWIPC;
+    }
+    if ns.time.is_some() {
+        flags |= libc::CLONE_NEWTIME;
+    }
+    if flags == 0 {
+        return Ok(());
+    }
+    sys::unshare(flags)?;
+    if let Some(secs) = ns.time {
+        // thread-self: the new namespace is this thread's children's.
+        std::fs::write(
+            "/proc/thread-self/timens_offsets",
+            format!(
+                "{} {secs} 0\n{} {secs} 0\n",
+                libc::CLOCK_MONOTONIC,
+                libc::CLOCK_BOOTTIME
+            ),
+        )?;
+    }
+    Ok(())
+}
+
 /// Exit status a shell reports for a process killed by signal n: 128 + n.
 const SIGNALED_STATUS_BASE: i32 = 128;
 
