@@ -72,10 +72,17 @@ pub fn enter_time(root: i32, time: &TimeNamespace) -> Result<()> {
         offset_line(libc::CLOCK_MONOTONIC, time.monotonic_ns.saturating_sub(monotonic)),
         offset_line(libc::CLOCK_BOOTTIME, time.boottime_ns.saturating_sub(boottime))
     );
+    // The offsets file is the process's (its main thread's): the new
+    // namespace must be that thread's children's, and the root its child.
+    if !sys::is_main_thread() {
+        return Err(RestoreError::Host {
+            pid: root,
+            what: "a time namespace can be recreated only from the restorer's main thread"
+                .into(),
+        });
+    }
     sys::unshare_time_namespace().map_err(|e| os("unshare(CLONE_NEWTIME)", e))?;
-    // thread-self: the namespace is this thread's children's, and the
-    // restorer has other threads.
-    std::fs::write("/proc/thread-self/timens_offsets", &offsets)
+    std::fs::write("/proc/self/timens_offsets", &offsets)
         .map_err(|e| os(&format!("write timens_offsets {offsets:?}"), e))?;
     log::info!("namespaces: new time namespace, offsets {offsets:?}");
     Ok(())

@@ -838,11 +838,19 @@ pub fn set_uts_names(hostname: &[u8], domainname: &[u8]) -> std::io::Result<()> 
 
 /// `unshare(CLONE_NEWTIME)`: the children the calling thread creates from
 /// now on are in a new time namespace, whose offsets can be written (in
-/// /proc/thread-self/timens_offsets) until the first of them exists.
+/// /proc/self/timens_offsets, from the main thread) until the first of
+/// them exists.
 pub fn unshare_time_namespace() -> std::io::Result<()> {
     // SAFETY: unshare takes no pointers; CLONE_NEWTIME changes only the
     // namespace of children created later.
     check(unsafe { libc::unshare(libc::CLONE_NEWTIME) })
+}
+
+/// Whether the calling thread is its process's main thread (the one
+/// /proc/self speaks for).
+pub fn is_main_thread() -> bool {
+    // SAFETY: gettid and getpid take no arguments.
+    unsafe { libc::gettid() == libc::getpid() }
 }
 
 /// `clock_gettime(clock)` in nanoseconds.

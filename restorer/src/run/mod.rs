@@ -73,9 +73,9 @@ pub fn enter_namespaces(ns: JobNamespaces) -> io::Result<()> {
     }
     sys::unshare(flags)?;
     if let Some(secs) = ns.time {
-        // thread-self: the new namespace is this thread's children's.
+        // The file is the main thread's, which `ckpt run` runs on.
         std::fs::write(
-            "/proc/thread-self/timens_offsets",
+            "/proc/self/timens_offsets",
             format!(
                 "{} {secs} 0\n{} {secs} 0\n",
                 libc::CLOCK_MONOTONIC,
