@@ -180,7 +180,10 @@ fn cycle(test: &str, pidns: bool) {
     let mut restore = spawn_restore(&env, &[]);
     wait_restored_and_running(&v, &mut restore);
     assert_eq!(hostname(), host_before, "a restore leaves the host's name");
-    assert!(!host_has_victim_key(), "restored objects are in the job's namespace");
+    assert!(
+        !host_has_victim_key(),
+        "restored objects are in the job's namespace"
+    );
     v.go();
     finish_restore(&v, restore);
     let restore_took = restore_started.elapsed().as_nanos() as i64;
@@ -212,12 +215,7 @@ fn uts_ipc_time_namespaces_survive_restore_without_pid_namespace() {
 }
 
 /// `unshare ARGS sleep` under the given ckpt run options; the pid to dump.
-fn start_unshared(
-    env: &TestEnv,
-    run: &[&str],
-    unshare: &[&str],
-    kill: &mut Kill,
-) -> (Victim, i32) {
+fn start_unshared(env: &TestEnv, run: &[&str], unshare: &[&str], kill: &mut Kill) -> (Victim, i32) {
     let pidfile = env.root.join("job.pid");
     let mut args = vec!["run"];
     args.extend_from_slice(run);
@@ -238,10 +236,12 @@ fn start_unshared(
     };
     assert!(
         wait_until(READY_TIMEOUT, || sleeping(pid)
-            || std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-                .unwrap_or_default()
-                .split_whitespace()
-                .any(|c| c.parse().is_ok_and(sleeping))),
+            || std::fs::read_to_string(format!(
+                "/proc/{pid}/task/{pid}/children"
+            ))
+            .unwrap_or_default()
+            .split_whitespace()
+            .any(|c| c.parse().is_ok_and(sleeping))),
         "sleep never ran"
     );
     (v, pid)

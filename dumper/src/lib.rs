@@ -27,8 +27,8 @@ pub mod fd;
 pub mod features;
 mod inherit;
 mod ipc;
-mod ns;
 pub mod mm;
+mod ns;
 pub mod pages;
 mod pidns;
 mod prctl;
@@ -749,7 +749,10 @@ fn write_images(
         c.pages_bytes = mm::reassign_offsets(&mut c.vmas);
     }
     let namespaces = blockers
-        .absorb(ns::collect(root, &live.iter().map(|p| p.pid).collect::<Vec<_>>()))?
+        .absorb(ns::collect(
+            root,
+            &live.iter().map(|p| p.pid).collect::<Vec<_>>(),
+        ))?
         .unwrap_or_default();
     let mut ipc = blockers
         .absorb(namespaces.in_ipc(root, || collect_ipc(root, &procs)))?

@@ -102,7 +102,11 @@ fn own_inode(root: i32, kind: &str) -> Result<u64> {
 
 /// `/proc/ROOT/ns/KIND` of a setns type, for errors.
 fn ns_path(root: i32, nstype: libc::c_int) -> std::path::PathBuf {
-    let kind = if nstype == libc::CLONE_NEWUTS { UTS } else { IPC };
+    let kind = if nstype == libc::CLONE_NEWUTS {
+        UTS
+    } else {
+        IPC
+    };
     procfile::path(root, &format!("ns/{kind}"))
 }
 
@@ -152,7 +156,8 @@ pub fn collect(root: i32, pids: &[i32]) -> Result<TreeNamespaces> {
     if inode(root, UTS)? != own_inode(root, UTS)? {
         let ns = open_ns(root, UTS)?;
         let (hostname, domainname) = within(root, &ns, libc::CLONE_NEWUTS, || {
-            sys::uts_names().map_err(|e| procfile::proc_err(root, ns_path(root, libc::CLONE_NEWUTS), e))
+            sys::uts_names()
+                .map_err(|e| procfile::proc_err(root, ns_path(root, libc::CLONE_NEWUTS), e))
         })?;
         log::info!("namespaces: UTS of its own, hostname {hostname:?}");
         saved.uts = Some(UtsNamespace {

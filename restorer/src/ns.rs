@@ -40,10 +40,7 @@ pub fn clone_flags(ns: Option<&Namespaces>) -> u64 {
 /// Bounds what the image says before anything is created.
 pub fn check(root: i32, ns: Option<&Namespaces>) -> Result<()> {
     if let Some(uts) = ns.and_then(|n| n.uts.as_ref()) {
-        for (what, name) in [
-            ("hostname", &uts.hostname),
-            ("domainname", &uts.domainname),
-        ] {
+        for (what, name) in [("hostname", &uts.hostname), ("domainname", &uts.domainname)] {
             if name.len() > UTS_NAME_MAX {
                 return Err(RestoreError::Host {
                     pid: root,
@@ -69,16 +66,21 @@ pub fn enter_time(root: i32, time: &TimeNamespace) -> Result<()> {
         sys::clock_ns(libc::CLOCK_BOOTTIME).map_err(|e| os("clock_gettime(BOOTTIME)", e))?;
     let offsets = format!(
         "{}\n{}\n",
-        offset_line(libc::CLOCK_MONOTONIC, time.monotonic_ns.saturating_sub(monotonic)),
-        offset_line(libc::CLOCK_BOOTTIME, time.boottime_ns.saturating_sub(boottime))
+        offset_line(
+            libc::CLOCK_MONOTONIC,
+            time.monotonic_ns.saturating_sub(monotonic)
+        ),
+        offset_line(
+            libc::CLOCK_BOOTTIME,
+            time.boottime_ns.saturating_sub(boottime)
+        )
     );
     // The offsets file is the process's (its main thread's): the new
     // namespace must be that thread's children's, and the root its child.
     if !sys::is_main_thread() {
         return Err(RestoreError::Host {
             pid: root,
-            what: "a time namespace can be recreated only from the restorer's main thread"
-                .into(),
+            what: "a time namespace can be recreated only from the restorer's main thread".into(),
         });
     }
     sys::unshare_time_namespace().map_err(|e| os("unshare(CLONE_NEWTIME)", e))?;
@@ -107,7 +109,8 @@ fn within<T: Send>(
     f: impl FnOnce() -> Result<T> + Send,
 ) -> Result<T> {
     let path = format!("/proc/{host_pid}/ns/{kind}");
-    let ns = File::open(&path).map_err(|e| RestoreError::os(host_pid, format!("open {path}"), e))?;
+    let ns =
+        File::open(&path).map_err(|e| RestoreError::os(host_pid, format!("open {path}"), e))?;
     std::thread::scope(|s| {
         s.spawn(|| {
             sys::setns(ns.as_fd(), nstype)
@@ -125,10 +128,7 @@ pub fn set_uts(host_pid: i32, uts: &UtsNamespace) -> Result<()> {
         sys::set_uts_names(uts.hostname.as_bytes(), uts.domainname.as_bytes())
             .map_err(|e| RestoreError::os(host_pid, "sethostname/setdomainname", e))
     })?;
-    log::info!(
-        "namespaces: new UTS namespace, hostname {:?}",
-        uts.hostname
-    );
+    log::info!("namespaces: new UTS namespace, hostname {:?}", uts.hostname);
     Ok(())
 }
 

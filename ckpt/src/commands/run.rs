@@ -35,7 +35,12 @@ pub struct RunArgs {
     timens: bool,
     /// With --timens: start the job's monotonic and boot clocks this many
     /// seconds ahead of the host's (negative: behind, down to zero).
-    #[arg(long, value_name = "SECONDS", requires = "timens", allow_negative_numbers = true)]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        requires = "timens",
+        allow_negative_numbers = true
+    )]
     clock_offset: Option<i64>,
     /// Write the host pid of the namespace's init (the pid to dump) to
     /// this file once it runs.
