@@ -87,8 +87,15 @@ fn parse_ready(ready: &str) -> Ready {
 }
 
 /// Starts the victim under `ckpt run` with the three namespaces (and a PID
-/// namespace when `pidns`); returns it and the pid to dump.
-fn start(env: &TestEnv, pidns: bool, host: &str, kill: &mut Kill) -> (Victim, i32) {
+/// namespace when `pidns`), through `prefix` (e.g. setpriv); returns it
+/// and the pid to dump.
+fn start(
+    env: &TestEnv,
+    pidns: bool,
+    prefix: &[&str],
+    host: &str,
+    kill: &mut Kill,
+) -> (Victim, i32) {
     let pidfile = env.root.join("job.pid");
     let offset = CLOCK_OFFSET_SECS.to_string();
     let bin = victim_bin("namespaces");
@@ -105,10 +112,9 @@ fn start(env: &TestEnv, pidns: bool, host: &str, kill: &mut Kill) -> (Victim, i3
         "--pidfile",
         path_str(&pidfile),
         "--",
-        path_str(&bin),
-        path_str(&env.work),
-        host,
     ]);
+    args.extend_from_slice(prefix);
+    args.extend([path_str(&bin), path_str(&env.work), host]);
     let v = Victim::spawn_program(env, std::path::Path::new(CKPT), &args);
     assert!(
         wait_for_file(&pidfile, READY_TIMEOUT),
@@ -120,12 +126,27 @@ fn start(env: &TestEnv, pidns: bool, host: &str, kill: &mut Kill) -> (Victim, i3
     (v, pid)
 }
 
-fn cycle(test: &str, pidns: bool) {
+/// Run, dump, kill, restore: the victim checks names, objects and clocks
+/// from inside. `as_user`: the job is the unprivileged test user's (which
+/// cannot set its hostname: it keeps the one its namespace started with).
+fn cycle(test: &str, pidns: bool, as_user: bool) {
     let env = TestEnv::new(test);
     let host_before = hostname();
-    let job_host = format!("ckpt-{test}");
     let mut kill = Kill::default();
-    let (mut v, pid) = start(&env, pidns, &job_host, &mut kill);
+    let (uid, gid);
+    let mut prefix = Vec::new();
+    let job_host = if as_user {
+        let user = test_user();
+        env.give_work_to(user);
+        uid = format!("--reuid={}", user.uid);
+        gid = format!("--regid={}", user.gid);
+        prefix.extend(["setpriv", &uid, &gid, "--clear-groups", "--"]);
+        host_before.clone()
+    } else {
+        format!("ckpt-{test}")
+    };
+    let arg = if as_user { "-" } else { &job_host };
+    let (mut v, pid) = start(&env, pidns, &prefix, arg, &mut kill);
     let ready = parse_ready(&v.wait_ready());
     assert_eq!(hostname(), host_before, "the job's hostname is its own");
     assert!(!host_has_victim_key(), "the job's SysV objects are its own");
@@ -150,7 +171,9 @@ fn cycle(test: &str, pidns: bool) {
     let show = show_json(&env);
     let ns = &show["namespaces"];
     assert_eq!(ns["uts"]["hostname"], job_host.as_str(), "{ns}");
-    assert_eq!(ns["uts"]["domainname"], "ckpt-ns-domain", "{ns}");
+    if !as_user {
+        assert_eq!(ns["uts"]["domainname"], "ckpt-ns-domain", "{ns}");
+    }
     assert_eq!(ns["ipc"], true, "{ns}");
     assert_eq!(
         ns["time"]["monotonic_offset_ns"].as_i64(),
@@ -174,6 +197,23 @@ fn cycle(test: &str, pidns: bool) {
         .map(|k| show["ipc"][k][0]["id"].as_i64().expect("one object"))
         .collect();
     assert_eq!(ids, ready.ids, "saved ids {}", show["ipc"]);
+    if as_user {
+        let uid = test_user().uid;
+        assert_eq!(
+            show["ipc"]["shm"][0]["uid"].as_u64(),
+            Some(uid.into()),
+            "the objects are the user's: {}",
+            show["ipc"]
+        );
+        assert!(
+            show["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["uids"][0].as_u64() == Some(uid.into())),
+            "a process of the tree is the user's"
+        );
+    }
 
     std::thread::sleep(GAP.saturating_sub(dumped.elapsed()));
     let restore_started = Instant::now();
@@ -205,13 +245,19 @@ fn cycle(test: &str, pidns: bool) {
 /// With --pidns: the job is PID 2 under ckpt's init, all in new namespaces.
 #[test]
 fn uts_ipc_time_namespaces_survive_restore_in_a_pid_namespace() {
-    cycle("ns-pidns", true);
+    cycle("ns-pidns", true, false);
 }
 
 /// Without --pidns: ckpt run execs the job in its new namespaces.
 #[test]
 fn uts_ipc_time_namespaces_survive_restore_without_pid_namespace() {
-    cycle("ns-plain", false);
+    cycle("ns-plain", false, false);
+}
+
+/// A job of an unprivileged user (as sites restore them): the same.
+#[test]
+fn namespaces_of_an_unprivileged_job_survive_restore() {
+    cycle("ns-user-job", true, true);
 }
 
 /// `unshare ARGS sleep` under the given ckpt run options; the pid to dump.
@@ -289,4 +335,89 @@ fn network_and_user_namespaces_are_refused() {
     let (_user, pid) = start_unshared(&env, &["--utsns"], &["--user"], &mut kill);
     let err = dump_error(&env, pid);
     assert!(err.contains("user namespace of its own"), "{err}");
+}
+
+/// The host pid a running `ckpt restore` reports for the restored root.
+fn restored_pid(restore: &CkptCmd) -> i32 {
+    let reported = || {
+        restore.stderr_now().lines().find_map(|l| {
+            l.strip_prefix("ckpt: restored pid ")?
+                .trim()
+                .parse::<i32>()
+                .ok()
+        })
+    };
+    assert!(
+        wait_until(RESULT_TIMEOUT, || reported().is_some()),
+        "restore {} reported no restored pid:\n{}",
+        restore.pid(),
+        restore.stderr_now()
+    );
+    reported().unwrap()
+}
+
+/// One image restored twice at once: each copy gets its own PID, UTS, IPC
+/// and time namespaces, so both hold their SysV objects under the same ids
+/// (impossible in one IPC namespace) and each passes its checks.
+#[test]
+fn two_copies_run_side_by_side_with_the_same_ids() {
+    let env = TestEnv::new("ns-twice");
+    let mut kill = Kill::default();
+    let (mut v, init) = start(&env, true, &[], "ckpt-ns-twice", &mut kill);
+    v.wait_ready();
+    let pid = init.to_string();
+    ckpt(
+        &env,
+        &[
+            "dump",
+            "--tree",
+            &pid,
+            "--dir",
+            path_str(&env.img),
+            "--kill",
+        ],
+        DUMP_TIMEOUT,
+    )
+    .assert_success();
+    v.wait_original_exit(RESULT_TIMEOUT);
+
+    let mut first = spawn_restore(&env, &[]);
+    wait_restored_and_running(&v, &mut first);
+    let init1 = restored_pid(&first);
+    kill.0.push(init1);
+    let second = spawn_restore(&env, &[]);
+    let init2 = restored_pid(&second);
+    kill.0.push(init2);
+    for kind in ["ipc", "uts", "time"] {
+        let link = |p: i32| std::fs::read_link(format!("/proc/{p}/ns/{kind}")).unwrap();
+        assert_ne!(link(init2), link(init1), "{kind} namespaces of the copies");
+        assert_ne!(link(init2), link(std::process::id() as i32), "{kind}");
+    }
+    // The second copy reports in a work dir of its own, bound over the
+    // shared one in its private mount namespace.
+    let other = env.root.join("work2");
+    std::fs::create_dir(&other).unwrap();
+    let mnt = format!("--mount=/proc/{init2}/ns/mnt");
+    let bind = std::process::Command::new("nsenter")
+        .args([
+            &mnt,
+            "mount",
+            "--bind",
+            path_str(&other),
+            path_str(&env.work),
+        ])
+        .status()
+        .expect("run nsenter");
+    assert!(bind.success(), "bind mount in the second copy: {bind}");
+
+    v.go();
+    finish_restore(&v, first);
+    write_atomic(&other.join("go"), "go");
+    let out = second.wait_with(RESULT_TIMEOUT, || v.diag());
+    assert_eq!(out.code(), 0, "second copy: {}", out.stderr);
+    assert_eq!(
+        read_to_string_lossy(&other.join("result")),
+        "PASS",
+        "second copy's checks"
+    );
 }

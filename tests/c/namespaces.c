@@ -1,7 +1,8 @@
 /*
  * UTS, IPC and time namespaces across a checkpoint (usage: namespaces
  * WORKDIR HOSTNAME), run under `ckpt run --pidns --utsns --ipcns --timens`.
- * Sets its hostname and domainname, creates (after a few throwaway ones, so
+ * Sets its hostname and domainname (HOSTNAME "-": keeps those it started
+ * with, as an unprivileged job must), creates (after a few throwaway ones, so
  * the ids are not the namespace's first) a SysV shm segment filled with a
  * pattern, a semaphore set and a message queue, all keyed, and reads
  * CLOCK_MONOTONIC and CLOCK_BOOTTIME. Ready: "shmid semid msqid mono_ns
@@ -54,11 +55,20 @@ int main(int argc, char **argv)
 	victim_init(argc, argv);
 	if (argc < 3)
 		die("usage: namespaces WORKDIR HOSTNAME");
+	static struct utsname start;
+	if (uname(&start) != 0)
+		die("uname");
 	const char *host = argv[2];
-	if (sethostname(host, strlen(host)) != 0)
-		die("sethostname");
-	if (setdomainname(DOMAIN, strlen(DOMAIN)) != 0)
-		die("setdomainname");
+	const char *domain = DOMAIN;
+	if (strcmp(host, "-") == 0) {
+		host = start.nodename;
+		domain = start.domainname;
+	} else {
+		if (sethostname(host, strlen(host)) != 0)
+			die("sethostname");
+		if (setdomainname(DOMAIN, strlen(DOMAIN)) != 0)
+			die("setdomainname");
+	}
 
 	/* Ids are index + sequence * 32768: used and removed ones move on. */
 	for (int i = 0; i < THROWAWAY; i++) {
@@ -113,7 +123,7 @@ int main(int argc, char **argv)
 	if (uname(&u) != 0)
 		die("uname");
 	CHECK(strcmp(u.nodename, host) == 0, "hostname %s, want %s", u.nodename, host);
-	CHECK(strcmp(u.domainname, DOMAIN) == 0, "domainname %s", u.domainname);
+	CHECK(strcmp(u.domainname, domain) == 0, "domainname %s, want %s", u.domainname, domain);
 
 	CHECK(shmget(KEY, 0, 0) == shmid, "segment of key %x has id %d, want %d", KEY,
 	      shmget(KEY, 0, 0), shmid);
