@@ -168,6 +168,14 @@ fn cycle(test: &str, pidns: bool, as_user: bool) {
     v.wait_original_exit(RESULT_TIMEOUT);
     let dumped = Instant::now();
 
+    let text = ckpt(&env, &["show", path_str(&env.img)], FAIL_TIMEOUT);
+    for line in [
+        "uts namespace: its own",
+        "ipc namespace: its own",
+        "time namespace: its own",
+    ] {
+        assert!(text.stdout.contains(line), "ckpt show: {}", text.stdout);
+    }
     let show = show_json(&env);
     let ns = &show["namespaces"];
     assert_eq!(ns["uts"]["hostname"], job_host.as_str(), "{ns}");

@@ -75,13 +75,13 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("ckpt run needs at least one of --pidns, --utsns, --ipcns, --timens");
     }
     let me = std::env::current_exe().context("finding the ckpt executable")?;
-    ckpt_restorer::run::enter_namespaces(ns).context("creating the job's namespaces")?;
     if !a.pidns {
+        ckpt_restorer::run::enter_namespaces(ns).context("creating the job's namespaces")?;
         return exec_in_place(&a);
     }
     let mut args: Vec<OsString> = vec!["run".into(), "--pidns-init".into(), "--".into()];
     args.extend(a.command.iter().cloned());
-    let mut init = ckpt_restorer::run::spawn_init(&me, &args)
+    let mut init = ckpt_restorer::run::spawn_init(&me, &args, ns)
         .context("starting the init of a new PID namespace")?;
     log::info!("run: pid namespace init is host pid {}", init.id());
     if let Some(path) = &a.pidfile {
