@@ -311,19 +311,22 @@ fn dump_error(env: &TestEnv, pid: i32) -> String {
     .assert_error()
 }
 
-/// A process of the tree in a UTS namespace other than the root's cannot
-/// come back in one: refused naming it and the kind; the job runs on.
+/// A process of the tree in a UTS, IPC or mount namespace other than the
+/// root's cannot come back in one: refused naming the kind; the job runs
+/// on.
 #[test]
-fn tree_spanning_uts_namespaces_is_refused() {
-    let env = TestEnv::new("ns-span");
-    let mut kill = Kill::default();
-    let (_v, init) = start_unshared(&env, &["--pidns"], &["--uts"], &mut kill);
-    let err = dump_error(&env, init);
-    assert!(
-        err.contains("uts namespace other than the tree root's"),
-        "{err}"
-    );
-    assert_running_untouched(init, "after a refused dump");
+fn tree_spanning_namespaces_is_refused() {
+    for (flag, kind) in [("--uts", "uts"), ("--ipc", "ipc"), ("--mount", "mnt")] {
+        let env = TestEnv::new(&format!("ns-span-{kind}"));
+        let mut kill = Kill::default();
+        let (_v, init) = start_unshared(&env, &["--pidns"], &[flag], &mut kill);
+        let err = dump_error(&env, init);
+        assert!(
+            err.contains(&format!("{kind} namespace other than the tree root's")),
+            "{err}"
+        );
+        assert_running_untouched(init, "after a refused dump");
+    }
 }
 
 /// Network and user namespaces of the job's own are refused by name.

@@ -37,8 +37,19 @@ const REFUSED: [(&str, &str); 3] = [
     ("cgroup", "cgroup namespace of its own"),
 ];
 
-/// Kinds every process must share with the root.
-const SHARED: [&str; 7] = [UTS, IPC, TIME, TIME_FOR_CHILDREN, "net", "user", "cgroup"];
+/// Kinds every process must share with the root: a restore gives every
+/// process the root's (mount: the one `ckpt run --pidns` made, or ckpt's).
+const SHARED: [&str; 9] = [
+    UTS,
+    IPC,
+    TIME,
+    TIME_FOR_CHILDREN,
+    "net",
+    "user",
+    "cgroup",
+    "mnt",
+    "pid_for_children",
+];
 
 /// The tree's namespaces, found by [`collect`].
 #[derive(Default)]
@@ -121,11 +132,11 @@ pub fn collect(root: i32, pids: &[i32]) -> Result<TreeNamespaces> {
     let mut refused = crate::blockers::Blockers::default();
     for &pid in pids.iter().filter(|p| **p != root) {
         for kind in SHARED {
-            // The root's children get its time_for_children.
-            let roots = if kind == TIME_FOR_CHILDREN {
-                inode(root, TIME)?
-            } else {
-                inode(root, kind)?
+            // A process's children get its *_for_children, which must be
+            // the root's own.
+            let roots = match kind {
+                TIME_FOR_CHILDREN => inode(root, TIME)?,
+                _ => inode(root, kind)?,
             };
             if inode(pid, kind)? != roots {
                 refused.absorb::<()>(Err(DumpError::Unsupported {
