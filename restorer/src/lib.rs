@@ -448,15 +448,20 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
     } else {
         None
     };
-    if let Some(time) = namespaces.and_then(|n| n.time.as_ref()) {
-        ns::enter_time(root, time)?;
-    }
+    let own_time = match namespaces.and_then(|n| n.time.as_ref()) {
+        Some(time) => Some(ns::enter_time(root, time)?),
+        None => None,
+    };
     let ns_flags = ns::clone_flags(namespaces);
     let child = if new_ns {
-        spawn_in_new_pidns(root, ns_flags)?
+        spawn_in_new_pidns(root, ns_flags)
     } else {
-        spawn(root, ns_flags, opts)?
+        spawn(root, ns_flags, opts)
     };
+    if let Some(own) = own_time {
+        own.restore();
+    }
+    let child = child?;
     let host_root = child.pid;
     if let Some(uts) = namespaces.and_then(|n| n.uts.as_ref()) {
         ns::set_uts(host_root, uts)?;

@@ -13,7 +13,8 @@
 //!    thread), before any process of the tree runs or attaches them.
 
 use std::fs::File;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, IntoRawFd};
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use ckpt_image::manifest::{Namespaces, TimeNamespace, UtsNamespace};
 
@@ -55,10 +56,71 @@ pub fn check(root: i32, ns: Option<&Namespaces>) -> Result<()> {
     Ok(())
 }
 
+/// No fd in [`RESTORER_TIME_NS`].
+const NO_FD: i32 = -1;
+
+/// The restorer's own time namespace (an fd of /proc/self/ns/time) when
+/// its main thread could not go back to it after forking a root into a
+/// job's: a single-threaded child of the restorer (the detached page
+/// server) goes back with [`leave_job_time_ns`].
+static RESTORER_TIME_NS: AtomicI32 = AtomicI32::new(NO_FD);
+
+/// The fd [`leave_job_time_ns`] needs, for a child that closes the others.
+pub fn restorer_time_fd() -> Option<std::os::fd::RawFd> {
+    let fd = RESTORER_TIME_NS.load(Ordering::Relaxed);
+    (fd != NO_FD).then_some(fd)
+}
+
+/// In a single-threaded child of the restorer: back to the restorer's own
+/// time namespace if the child was forked into a job's, so its clocks are
+/// the host's again (its deadlines were taken there). Logs nothing (a
+/// forked child may not take the logger's lock).
+pub fn leave_job_time_ns() -> std::io::Result<()> {
+    match restorer_time_fd() {
+        Some(fd) => {
+            // SAFETY: the fd was leaked into the static by
+            // `OwnTime::restore` and is never closed while this process
+            // lives.
+            let ns = unsafe { BorrowedFd::borrow_raw(fd) };
+            sys::setns(ns, libc::CLONE_NEWTIME)
+        }
+        None => Ok(()),
+    }
+}
+
+/// The restorer's own time namespace, to go back to once the root is
+/// forked into the new one ([`enter_time`]).
+pub struct OwnTime {
+    ns: File,
+}
+
+impl OwnTime {
+    /// Children the restorer forks from now on are in its own time
+    /// namespace again. setns of a time namespace needs a single-threaded
+    /// caller; a restorer with threads keeps the fd for its children to go
+    /// back themselves ([`leave_job_time_ns`]).
+    pub fn restore(self) {
+        match sys::setns(self.ns.as_fd(), libc::CLONE_NEWTIME) {
+            Ok(()) => log::debug!("namespaces: back in the restorer's time namespace"),
+            Err(e) => {
+                log::debug!(
+                    "namespaces: the restorer's children go back to its time namespace themselves (setns here: {e})"
+                );
+                let old = RESTORER_TIME_NS.swap(self.ns.into_raw_fd(), Ordering::Relaxed);
+                if old != NO_FD {
+                    // SAFETY: an fd this module leaked earlier, replaced
+                    // by an equivalent one; nothing else uses it.
+                    unsafe { libc::close(old) };
+                }
+            }
+        }
+    }
+}
+
 /// Children this thread forks from now on go into a new time namespace
 /// whose clocks continue from `time`'s. Call right before forking the
-/// root, from the thread that forks it.
-pub fn enter_time(root: i32, time: &TimeNamespace) -> Result<()> {
+/// root, from the thread that forks it; then [`OwnTime::restore`].
+pub fn enter_time(root: i32, time: &TimeNamespace) -> Result<OwnTime> {
     let os = |op: &str, e| RestoreError::os(root, op, e);
     let monotonic =
         sys::clock_ns(libc::CLOCK_MONOTONIC).map_err(|e| os("clock_gettime(MONOTONIC)", e))?;
@@ -83,11 +145,12 @@ pub fn enter_time(root: i32, time: &TimeNamespace) -> Result<()> {
             what: "a time namespace can be recreated only from the restorer's main thread".into(),
         });
     }
+    let own = File::open("/proc/self/ns/time").map_err(|e| os("open /proc/self/ns/time", e))?;
     sys::unshare_time_namespace().map_err(|e| os("unshare(CLONE_NEWTIME)", e))?;
     std::fs::write("/proc/self/timens_offsets", &offsets)
         .map_err(|e| os(&format!("write timens_offsets {offsets:?}"), e))?;
     log::info!("namespaces: new time namespace, offsets {offsets:?}");
-    Ok(())
+    Ok(OwnTime { ns: own })
 }
 
 /// One line of timens_offsets: `CLOCKID SECONDS NANOSECONDS`, the
