@@ -329,9 +329,10 @@ fn tree_spanning_namespaces_is_refused() {
     }
 }
 
-/// Network and user namespaces of the job's own are refused by name.
+/// Network, user and cgroup namespaces of the job's own are refused by
+/// name.
 #[test]
-fn network_and_user_namespaces_are_refused() {
+fn network_user_and_cgroup_namespaces_are_refused() {
     let env = TestEnv::new("ns-net");
     let mut kill = Kill::default();
     let (_net, pid) = start_unshared(&env, &["--utsns"], &["--net"], &mut kill);
@@ -346,6 +347,12 @@ fn network_and_user_namespaces_are_refused() {
     let (_user, pid) = start_unshared(&env, &["--utsns"], &["--user"], &mut kill);
     let err = dump_error(&env, pid);
     assert!(err.contains("user namespace of its own"), "{err}");
+
+    let env = TestEnv::new("ns-cgroup");
+    let (_cgroup, pid) = start_unshared(&env, &["--utsns"], &["--cgroup"], &mut kill);
+    let err = dump_error(&env, pid);
+    assert!(err.contains("cgroup namespace of its own"), "{err}");
+    assert_running_untouched(pid, "after a refused dump");
 }
 
 /// The host pid a running `ckpt restore` reports for the restored root.
