@@ -29,6 +29,7 @@ pub mod features;
 mod inherit;
 mod ipc;
 pub mod mm;
+mod ns;
 pub mod pages;
 mod pidns;
 mod prctl;
@@ -750,8 +751,14 @@ fn write_images(
     for c in procs.iter_mut().filter(|c| relaid.contains(&c.pid)) {
         c.pages_bytes = mm::reassign_offsets(&mut c.vmas);
     }
+    let namespaces = blockers
+        .absorb(ns::collect(
+            root,
+            &live.iter().map(|p| p.pid).collect::<Vec<_>>(),
+        ))?
+        .unwrap_or_default();
     let mut ipc = blockers
-        .absorb(collect_ipc(root, &procs))?
+        .absorb(namespaces.in_ipc(root, || collect_ipc(root, &procs)))?
         .unwrap_or_default();
     let fds_started = Instant::now();
     // A tracking userfaultfd left in a process is ckpt's, not the job's.
@@ -834,7 +841,7 @@ fn write_images(
     }
     if !ipc.is_empty() {
         let ipc_started = Instant::now();
-        let bytes = ipc::write(root, &mut w, &mut ipc)?;
+        let bytes = namespaces.in_ipc(root, || ipc::write(root, &mut w, &mut ipc))?;
         log::info!(
             "write ipc: {} segments ({bytes} bytes), {} semaphore sets, {} message queues ({:.3} ms)",
             ipc.shm.len(),
@@ -909,6 +916,7 @@ fn write_images(
             root_host_pid: root,
         });
     }
+    manifest.namespaces = namespaces.saved.clone();
     stats.vmas = report.vmas;
     stats.disk_bytes = w.written_bytes();
     stats.phases.pages_ms = ms(pages_time);
@@ -949,6 +957,11 @@ fn write_images(
     );
     report.dir = committed.path().into();
     report.stats = stats;
+    // Objects of the tree's own IPC namespace go with its last process;
+    // their ids name others in ckpt's, which a --kill must not remove.
+    if namespaces.own_ipc() {
+        ipc = ckpt_image::ipc::Ipc::default();
+    }
     Ok((report, committed, ipc))
 }
 
@@ -1500,5 +1513,6 @@ fn manifest(
         hostname: uts.nodename().to_string_lossy().into_owned(),
         pid_namespace: None,
         pre_dump: false,
+        namespaces: None,
     })
 }

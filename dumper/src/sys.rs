@@ -1089,3 +1089,51 @@ pub fn ioprio_get(tid: i32) -> std::io::Result<u32> {
     }
     Ok(r as u32)
 }
+
+/// Moves the calling thread into the namespace open at `ns` (one of
+/// `/proc/PID/ns/*`) of kind `nstype` (`CLONE_NEWUTS`, `CLONE_NEWIPC`).
+/// UTS and IPC namespaces are per thread: the rest of the process stays.
+pub fn setns(ns: std::os::fd::BorrowedFd<'_>, nstype: libc::c_int) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: setns takes an fd we hold and an integer; it changes only
+    // the calling thread's namespaces.
+    if unsafe { libc::setns(ns.as_raw_fd(), nstype) } < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// The calling thread's UTS names: (nodename, domainname).
+pub fn uts_names() -> std::io::Result<(String, String)> {
+    // SAFETY: an all-zero utsname is a valid value of the plain C struct.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: uname fills the struct it is given.
+    if unsafe { libc::uname(&mut u) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let text = |field: &[libc::c_char]| -> String {
+        let bytes: Vec<u8> = field
+            .iter()
+            .take_while(|c| **c != 0)
+            .map(|c| *c as u8)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    Ok((text(&u.nodename), text(&u.domainname)))
+}
+
+/// `clock_gettime(clock)` in nanoseconds, as the calling thread's time
+/// namespace shows it.
+pub fn clock_ns(clock: libc::clockid_t) -> std::io::Result<i64> {
+    // SAFETY: an all-zero timespec is a valid value.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: clock_gettime fills the timespec it is given.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(ts.tv_sec * NANOS_PER_SEC + ts.tv_nsec)
+}
+
+/// Nanoseconds in a second.
+pub const NANOS_PER_SEC: i64 = 1_000_000_000;

@@ -30,6 +30,7 @@ mod inherit;
 mod ipc;
 pub mod lazy;
 mod mm;
+mod ns;
 mod pages;
 mod pid;
 mod prctl;
@@ -432,21 +433,53 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
             pid::wait_free(tc.tid, opts.pid_wait, opts.notice)?;
         }
     }
+    let namespaces = m.namespaces.as_ref();
+    ns::check(root, namespaces)?;
+    let own_ipc = namespaces.is_some_and(|n| n.ipc);
     // IPC objects before any process: a collision fails the restore with
     // nothing created, and the processes attach what is already there.
-    ipc::check_free(&sysv)?;
-    let created = ipc::create(&images, &sysv)?;
+    // Those of an IPC namespace of the tree's own are created in the new
+    // one, right after the root (see `ns.rs`).
+    let created = if own_ipc {
+        None
+    } else {
+        ipc::check_free(&sysv)?;
+        Some(ipc::create(&images, &sysv)?)
+    };
     let _pidfd = if new_ns {
         Some(RestorerPidfd::new(&procs)?)
     } else {
         None
     };
-    let child = if new_ns {
-        spawn_in_new_pidns(root)?
-    } else {
-        spawn(root, opts)?
+    let own_time = match namespaces.and_then(|n| n.time.as_ref()) {
+        Some(time) => Some(ns::enter_time(root, time)?),
+        None => None,
     };
+    let ns_flags = ns::clone_flags(namespaces);
+    let child = if new_ns {
+        spawn_in_new_pidns(root, ns_flags)
+    } else {
+        spawn(root, ns_flags, opts)
+    };
+    if let Some(own) = own_time {
+        own.restore();
+    }
+    let child = child?;
     let host_root = child.pid;
+    if let Some(uts) = namespaces.and_then(|n| n.uts.as_ref()) {
+        ns::set_uts(host_root, uts)?;
+    }
+    let created = match created {
+        Some(c) => c,
+        None => {
+            // The namespace, and with it every object, ends with the
+            // tree's last process: nothing to remove on failure, and
+            // nothing of ckpt's namespace may be removed by these ids.
+            let mut c = ns::in_ipc(host_root, own_ipc, || ipc::create(&images, &sysv))?;
+            c.disarm();
+            c
+        }
+    };
     let mut fds = fd::Context::new(&images, &files, &opts.files);
     *fds.state::<shmem::Objects>() = objects;
     let mut server = if lazy.contains(&true) {
@@ -498,7 +531,9 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
         built.and_then(|b| verified.map(|()| b))
     });
     match built
-        .and_then(|built| ipc::remove_marked(&sysv).map(|()| built))
+        .and_then(|built| {
+            ns::in_ipc(host_root, own_ipc, || ipc::remove_marked(&sysv)).map(|()| built)
+        })
         .and_then(|built| {
             images
                 .verify_remaining()
@@ -854,7 +889,7 @@ impl Drop for RestorerPidfd {
 
 /// Creates the root as PID 1 of a new PID namespace (`root` is its pid in
 /// the image, which must be 1), stopped and traced by us.
-fn spawn_in_new_pidns(root: i32) -> Result<ChildGuard> {
+fn spawn_in_new_pidns(root: i32, ns_flags: u64) -> Result<ChildGuard> {
     const NS_INIT_PID: i32 = 1;
     if root != NS_INIT_PID {
         return Err(RestoreError::Host {
@@ -862,7 +897,7 @@ fn spawn_in_new_pidns(root: i32) -> Result<ChildGuard> {
             what: "the image's PID namespace root is not pid 1".into(),
         });
     }
-    let got = sys::fork_stopped_in_new_pidns()
+    let got = sys::fork_stopped_in_new_pidns(ns_flags)
         .map_err(|e| RestoreError::os(root, "clone3 with CLONE_NEWPID", e))?;
     let guard = ChildGuard {
         pid: got,
@@ -879,7 +914,7 @@ fn spawn_in_new_pidns(root: i32) -> Result<ChildGuard> {
 }
 
 /// Creates the child with the original pid, stopped and traced by us.
-fn spawn(pid: i32, opts: &RestoreOptions<'_>) -> Result<ChildGuard> {
+fn spawn(pid: i32, ns_flags: u64, opts: &RestoreOptions<'_>) -> Result<ChildGuard> {
     let deadline = Instant::now() + opts.pid_wait;
     loop {
         pid::wait_free(
@@ -887,7 +922,7 @@ fn spawn(pid: i32, opts: &RestoreOptions<'_>) -> Result<ChildGuard> {
             deadline.saturating_duration_since(Instant::now()),
             opts.notice,
         )?;
-        match sys::fork_stopped_with_pid(pid) {
+        match sys::fork_stopped_with_pid(pid, ns_flags) {
             Ok(got) => {
                 let guard = ChildGuard {
                     pid: got,

@@ -210,6 +210,11 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
         "root_pid": m.root_pid,
         "pre_dump": false,
         "pid_namespace": m.pid_namespace.map(|n| json!({"root_host_pid": n.root_host_pid})),
+        "namespaces": m.namespaces.as_ref().map(|n| json!({
+            "uts": n.uts.as_ref().map(|u| json!({"hostname": u.hostname, "domainname": u.domainname})),
+            "ipc": n.ipc,
+            "time": n.time.as_ref().map(|t| json!({"monotonic_ns": t.monotonic_ns, "boottime_ns": t.boottime_ns, "monotonic_offset_ns": t.monotonic_offset_ns, "boottime_offset_ns": t.boottime_offset_ns})),
+        })),
         "files": m.files.iter().map(|f| json!({"name": f.name, "size": f.size, "crc32c": format!("{:08x}", f.crc32c), "blake3": hex(&f.blake3)})).collect::<Vec<_>>(),
         "processes": procs,
         "shmem": shmem,
@@ -361,6 +366,24 @@ fn render_text(v: &Value) -> String {
         let _ = writeln!(
             s,
             "pid namespace: pids are the tree's own namespace's (root was host pid {host})"
+        );
+    }
+    let ns = &v["namespaces"];
+    if let Some(host) = ns["uts"]["hostname"].as_str() {
+        let domain = ns["uts"]["domainname"].as_str().unwrap_or("");
+        let _ = writeln!(
+            s,
+            "uts namespace: its own, hostname {host:?}, domainname {domain:?}"
+        );
+    }
+    if ns["ipc"].as_bool() == Some(true) {
+        let _ = writeln!(s, "ipc namespace: its own (SysV ids are that namespace's)");
+    }
+    if let Some(mono) = ns["time"]["monotonic_ns"].as_i64() {
+        let boot = ns["time"]["boottime_ns"].as_i64().unwrap_or(0);
+        let _ = writeln!(
+            s,
+            "time namespace: its own, clocks at dump monotonic {mono} ns, boottime {boot} ns"
         );
     }
     let total: u64 = v["files"]
