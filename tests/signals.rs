@@ -77,3 +77,77 @@ fn signal_state_survives_and_handlers_run() {
     write_atomic(&v.path("go2"), &std::process::id().to_string());
     finish_restore(&v, restore);
 }
+
+/// A process flooded with real-time signals from outside while it is
+/// dumped: one may arrive between the seize and the freeze, and must be
+/// delivered as it would have been (the handler counts it), not fail the
+/// dump. Python handles SIGRTMIN+1 and keeps a count in a file.
+#[test]
+fn dumps_succeed_under_a_flood_of_real_time_signals() {
+    let env = TestEnv::new("rt-flood");
+    let count = env.work.join("count");
+    let script = format!(
+        "import signal, time\n\
+         n = 0\n\
+         def on(s, f):\n    global n\n    n += 1\n\
+         signal.signal(signal.SIGRTMIN + 1, on)\n\
+         open('{ready}', 'w').write('ready')\n\
+         while True:\n    time.sleep(0.05)\n    open('{count}', 'w').write(str(n))\n",
+        ready = env.work.join("ready").display(),
+        count = count.display(),
+    );
+    let v = Victim::spawn_program(
+        &env,
+        std::path::Path::new("/usr/bin/python3"),
+        &["-c", &script],
+    );
+    assert!(
+        wait_for_file(&env.work.join("ready"), Duration::from_secs(20)),
+        "{}",
+        v.diag()
+    );
+    let rt = libc::SIGRTMIN() + 1;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    /// Stops the sender however the dumps end (a failed one panics).
+    struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
+        s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // SAFETY: sigqueue with a plain integer value; the target
+                // handles the signal.
+                unsafe {
+                    libc::sigqueue(
+                        v.pid,
+                        rt,
+                        libc::sigval {
+                            sival_ptr: std::ptr::null_mut(),
+                        },
+                    )
+                };
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        });
+        for i in 0..15 {
+            let dir = env.root.join(format!("d{i}"));
+            let pid = v.pid.to_string();
+            let out = ckpt(
+                &env,
+                &["dump", "--tree", &pid, "--dir", path_str(&dir)],
+                Duration::from_secs(60),
+            );
+            out.assert_success();
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    });
+    let before: u64 = std::fs::read_to_string(&count).unwrap().parse().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let after: u64 = std::fs::read_to_string(&count).unwrap().parse().unwrap();
+    assert!(before > 100, "the handler ran for the signals: {before}");
+    assert!(after >= before, "the process runs on: {after} < {before}");
+}

@@ -599,3 +599,46 @@ pub fn seccomp_filter_flags(pid: Pid, index: u64) -> Result<u64, Errno> {
     })?;
     Ok(md.flags)
 }
+
+/// What `waitpid(__WALL)` reported for a traced task.
+#[derive(Debug)]
+pub enum Waited {
+    /// Everything nix can describe.
+    Status(nix::sys::wait::WaitStatus),
+    /// A signal-delivery stop of a real-time signal (its number), which
+    /// nix's `Signal` cannot hold: `WaitStatus::from_raw` fails on it, and
+    /// the stop would be lost.
+    RtSignalStop(i32),
+}
+
+/// `waitpid(pid, __WALL)`, for stops nix cannot describe too.
+pub fn wait_traced(pid: Pid) -> Result<Waited, Errno> {
+    let mut status: libc::c_int = 0;
+    // SAFETY: waitpid writes one int into `status`, which lives for the call.
+    let r = unsafe { libc::waitpid(pid.as_raw(), &mut status, libc::__WALL) };
+    if r < 0 {
+        return Err(Errno::last());
+    }
+    let signal_stop = libc::WIFSTOPPED(status)
+        && status >> 16 == 0
+        && libc::WSTOPSIG(status) != (libc::SIGTRAP | 0x80);
+    if signal_stop && nix::sys::signal::Signal::try_from(libc::WSTOPSIG(status)).is_err() {
+        return Ok(Waited::RtSignalStop(libc::WSTOPSIG(status)));
+    }
+    nix::sys::wait::WaitStatus::from_raw(Pid::from_raw(r), status).map(Waited::Status)
+}
+
+/// `PTRACE_CONT`, delivering signal number `sig` (0: none), real-time
+/// signals included.
+pub fn cont_with(pid: Pid, sig: i32) -> Result<(), Errno> {
+    // SAFETY: integer arguments only; the data argument carries the signal.
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_CONT,
+            pid.as_raw(),
+            std::ptr::null_mut::<libc::c_void>(),
+            sig as libc::c_long as *mut libc::c_void,
+        )
+    };
+    check(r).map(drop)
+}

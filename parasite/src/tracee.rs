@@ -71,25 +71,27 @@ impl Tracee {
             source,
         })?;
         loop {
-            match t.wait("freezing")? {
-                WaitStatus::PtraceEvent(_, _, libc::PTRACE_EVENT_STOP) => break,
-                // A signal arrived before our interrupt: let it be delivered
-                // exactly as it would have been, then take the stop.
-                WaitStatus::Stopped(_, sig) => {
-                    ptrace::cont(p, sig).map_err(|source| ParasiteError::Ptrace {
-                        pid,
-                        op: "cont",
-                        source,
-                    })?
+            // A signal that arrived before our interrupt is delivered
+            // exactly as it would have been, then the stop is taken.
+            let deliver = match t.wait_any("freezing")? {
+                sys::Waited::Status(WaitStatus::PtraceEvent(_, _, libc::PTRACE_EVENT_STOP)) => {
+                    break;
                 }
-                other => {
+                sys::Waited::Status(WaitStatus::Stopped(_, sig)) => sig as i32,
+                sys::Waited::RtSignalStop(sig) => sig,
+                sys::Waited::Status(other) => {
                     return Err(ParasiteError::UnexpectedStop {
                         pid,
                         what: "freezing",
                         status: format!("{other:?}"),
                     });
                 }
-            }
+            };
+            sys::cont_with(p, deliver).map_err(|source| ParasiteError::Ptrace {
+                pid,
+                op: "cont",
+                source,
+            })?;
         }
         t.mem = open_mem(pid)?;
         Ok(t)
@@ -315,22 +317,24 @@ impl Tracee {
         }
     }
 
+    /// Waits for the task's next stop; its death is an error.
     fn wait(&self, what: &'static str) -> Result<WaitStatus> {
-        loop {
-            match waitpid(self.pid, Some(WaitPidFlag::__WALL)) {
-                Ok(WaitStatus::Exited(_, code)) => {
-                    return Err(ParasiteError::Died {
-                        pid: self.pid(),
-                        how: format!("exit code {code}"),
-                    });
-                }
-                Ok(WaitStatus::Signaled(_, sig, _)) => {
-                    return Err(ParasiteError::Died {
-                        pid: self.pid(),
-                        how: format!("killed by {sig}"),
-                    });
-                }
-                Ok(s) => return Ok(s),
+        match self.wait_any(what)? {
+            sys::Waited::Status(s) => Ok(s),
+            sys::Waited::RtSignalStop(sig) => Err(ParasiteError::UnexpectedStop {
+                pid: self.pid(),
+                what,
+                status: format!("signal-delivery stop of real-time signal {sig}"),
+            }),
+        }
+    }
+
+    /// [`Tracee::wait`], with the stops nix cannot describe.
+    fn wait_any(&self, what: &'static str) -> Result<sys::Waited> {
+        let status = loop {
+            match sys::wait_traced(self.pid) {
+                Ok(sys::Waited::Status(s)) => break s,
+                Ok(rt) => return Ok(rt),
                 Err(Errno::EINTR) => continue,
                 Err(source) => {
                     let _ = what;
@@ -341,6 +345,17 @@ impl Tracee {
                     });
                 }
             }
+        };
+        match status {
+            WaitStatus::Exited(_, code) => Err(ParasiteError::Died {
+                pid: self.pid(),
+                how: format!("exit code {code}"),
+            }),
+            WaitStatus::Signaled(_, sig, _) => Err(ParasiteError::Died {
+                pid: self.pid(),
+                how: format!("killed by {sig}"),
+            }),
+            s => Ok(sys::Waited::Status(s)),
         }
     }
 
@@ -505,20 +520,21 @@ impl Tracee {
     pub fn die_by(&self, sig: Signal) -> Result<()> {
         self.set_sigmask(0)?;
         nix::sys::signal::kill(self.pid, sig).map_err(self.ptrace_err("kill"))?;
-        let mut deliver = None;
+        let mut deliver = 0;
         loop {
-            match ptrace::cont(self.pid, deliver) {
+            match sys::cont_with(self.pid, deliver) {
                 // SIGKILL needs no delivery: the task is already dying and
                 // has left its stop; the wait below collects it.
                 Ok(()) | Err(Errno::ESRCH) => {}
                 Err(e) => return Err(self.ptrace_err("cont")(e)),
             }
-            match self.wait("delivering a fatal signal") {
+            deliver = match self.wait_any("delivering a fatal signal") {
                 Err(ParasiteError::Died { .. }) => return Ok(()),
                 Err(e) => return Err(e),
-                Ok(WaitStatus::Stopped(_, s)) => deliver = Some(s),
-                Ok(_) => deliver = None,
-            }
+                Ok(sys::Waited::Status(WaitStatus::Stopped(_, s))) => s as i32,
+                Ok(sys::Waited::RtSignalStop(s)) => s,
+                Ok(sys::Waited::Status(_)) => 0,
+            };
         }
     }
 
