@@ -33,6 +33,7 @@ mod pidns;
 mod predump;
 mod procfile;
 mod shmem;
+mod stopped;
 mod sys;
 pub mod task;
 mod thread;
@@ -625,6 +626,7 @@ fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Coll
     };
     let (misc, threads) = task::run_parasite(leader, &p.tasks[1..], &mut with_parasite)?;
     let mut core = task::collect(leader, &misc)?;
+    core.job_stop = p.job_stop.clone();
     for (t, state) in p.tasks[1..].iter().zip(threads) {
         core.threads.push(task::collect_thread(t, pid, state)?);
     }
@@ -1408,14 +1410,7 @@ fn precheck(pid: i32, ns: pidns::TreeNs) -> Result<()> {
             what: "zombie process (its parent has not reaped it)".into(),
         });
     }
-    if let Some(state) = procfile::status_field(&status, "State")
-        && state.starts_with('T')
-    {
-        return Err(DumpError::Unsupported {
-            pid,
-            what: "job-control-stopped process (state T; send SIGCONT first)".into(),
-        });
-    }
+    stopped::check_tracer(pid, &status)?;
     if procfile::status_field(&status, "Tgid") != Some(&pid.to_string()) {
         return Err(DumpError::Unsupported {
             pid,

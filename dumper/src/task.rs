@@ -157,6 +157,7 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
         sid: stat[procfile::stat_index(6)] as i32,
         threads: Vec::new(),
         posix_timers: tm.posix_timers.clone(),
+        job_stop: None,
     })
 }
 

@@ -33,6 +33,7 @@ mod pages;
 mod pid;
 pub mod run;
 mod shmem;
+mod stopped;
 
 mod sys;
 mod task;
@@ -1061,6 +1062,7 @@ fn rebuild_process(
     t.set_sigmask(core.sigmask)?;
     t.set_regs(&regs)?;
     t.set_xstate(&core.xstate)?;
+    stopped::stop(pid, core.pid, core.job_stop.as_ref())?;
     for th in threads {
         th.detach()?;
     }
