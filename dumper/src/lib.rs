@@ -32,6 +32,7 @@ pub mod pages;
 mod pidns;
 mod predump;
 mod procfile;
+mod shapes;
 mod shmem;
 mod stopped;
 mod sys;
@@ -750,6 +751,17 @@ fn write_images(
     )?;
     let mut files = files;
     blockers.absorb(objects.link_files(&mut files))?;
+    blockers.absorb(shapes::check(
+        &procs
+            .iter()
+            .map(|c| shapes::Member {
+                pid: c.pid,
+                ppid: c.ppid,
+                sid: c.core.sid,
+            })
+            .collect::<Vec<_>>(),
+        &frozen.procs,
+    ))?;
     // From here on the image speaks the tree namespace's pids; the host's
     // stay in `procs`, `frozen` and `live` for reading the processes.
     let pids = match frozen.ns {
@@ -840,6 +852,7 @@ fn write_images(
             zombie_status: z.zombie_status,
             uids: owner.uids,
             gids: owner.gids,
+            zombie_ids: Some(shapes::zombie_ids(z.pid, |p| saved(p))?),
         });
     }
     let mut owners = Vec::with_capacity(procs.len());
@@ -881,6 +894,7 @@ fn write_images(
             zombie_status: None,
             uids: owner.uids,
             gids: owner.gids,
+            zombie_ids: None,
         });
         cores.push(c.core);
     }
@@ -996,6 +1010,7 @@ fn write_pre_dump(frozen: &mut Frozen, opts: &WriteOptions<'_>) -> Result<DumpRe
             zombie_status: None,
             uids: owner.uids,
             gids: owner.gids,
+            zombie_ids: None,
         });
         cores.push(c.core);
     }

@@ -4,4 +4,4 @@
 //! The messages are defined in `image/proto/manifest.proto`; this module
 //! gives them their Rust path.
 
-pub use crate::pb::{CpuInfo, FileDigest, Manifest, PidNamespace, ProcessEntry};
+pub use crate::pb::{CpuInfo, FileDigest, Manifest, PidNamespace, ProcessEntry, ZombieIds};

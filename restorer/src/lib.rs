@@ -32,6 +32,7 @@ mod mm;
 mod pages;
 mod pid;
 pub mod run;
+mod shapes;
 mod shmem;
 mod stopped;
 
@@ -165,6 +166,8 @@ struct Zombie {
     /// Its wait status.
     status: i32,
     comm: String,
+    /// Its session and group, when recorded.
+    ids: Option<ckpt_image::manifest::ZombieIds>,
 }
 
 /// Everything read from the images for one process.
@@ -349,6 +352,7 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
                 ppid: e.ppid,
                 status: e.zombie_status?,
                 comm: e.comm.clone(),
+                ids: e.zombie_ids.clone(),
             })
         })
         .collect();
@@ -653,8 +657,11 @@ fn build_tree(
         );
         let r = ckpt_parasite::remote::Remote { t, base };
         let mut forked = Vec::new();
+        let mut leaders = shapes::Leaders::default();
+        leaders.fork_zombie_leaders(&r, zombies.iter().filter(|z| z.ppid == p.pid))?;
         for (j, c) in procs.iter().enumerate().filter(|(_, c)| c.ppid == p.pid) {
-            let child = tree::fork_child(&r, c.pid)?;
+            let child = leaders.fork_member(&r, &p.core, c.pid, &c.core)?;
+            shapes::ensure_group(&ckpt_parasite::remote::Remote { t: &child, base }, &c.core)?;
             task::restore_session(
                 &ckpt_parasite::remote::Remote { t: &child, base },
                 &c.core,
@@ -662,8 +669,12 @@ fn build_tree(
             )?;
             forked.push((j, child));
         }
+        let mut early = leaders.finish(&r)?;
         for z in zombies.iter().filter(|z| z.ppid == p.pid) {
-            let child = tree::fork_child(&r, z.pid)?;
+            let child = match early.remove(&z.pid) {
+                Some(t) => t,
+                None => tree::fork_child(&r, z.pid)?,
+            };
             let zr = ckpt_parasite::remote::Remote { t: &child, base };
             log::debug!("pid {}: zombie (status {:#x})", z.pid, z.status);
             task::set_name(&zr, &z.comm)?;

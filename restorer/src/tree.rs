@@ -12,11 +12,23 @@ use ckpt_parasite::remote::Remote;
 
 /// Forks a child with pid `pid` from the process behind `r`.
 pub fn fork_child(r: &Remote<'_>, pid: i32) -> Result<Tracee> {
+    fork_with(r, pid, 0, libc::SIGCHLD as u64)
+}
+
+/// Forks a process with pid `pid` from the process behind `r` as a child
+/// of `r`'s parent (`CLONE_PARENT`; it gets the caller's exit signal), so
+/// it starts in the caller's session and group but has the caller's
+/// parent.
+pub fn fork_sibling(r: &Remote<'_>, pid: i32) -> Result<Tracee> {
+    fork_with(r, pid, libc::CLONE_PARENT as u64, 0)
+}
+
+fn fork_with(r: &Remote<'_>, pid: i32, flags: u64, exit_signal: u64) -> Result<Tracee> {
     r.t.trace_clones()?;
     let set_tid = r.put(1, &pid.to_le_bytes())?;
     // flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size,
-    // tls, set_tid, set_tid_size: a plain fork with the given pid.
-    let args = r.put_u64s(0, &[0, 0, 0, 0, libc::SIGCHLD as u64, 0, 0, 0, set_tid, 1])?;
+    // tls, set_tid, set_tid_size: a fork with the given pid.
+    let args = r.put_u64s(0, &[flags, 0, 0, 0, exit_signal, 0, 0, 0, set_tid, 1])?;
     let child = r.t.clone_at(r.base, args, CLONE_ARGS_SIZE)?;
     // In a new PID namespace the host pid differs; set_tid set the inner one.
     if crate::pid::inner(child.pid())? != pid {
