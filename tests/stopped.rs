@@ -39,6 +39,31 @@ fn stopped_cycle(test: &str, user: Option<&TestUser>) {
     let out = dump(&env, &v, &["--kill"]);
     assert!(out.stderr.contains("3 processes"), "{}", out.stderr);
     v.reap_killed(Duration::from_secs(10));
+    // `ckpt show` says which were stopped, and by what.
+    let show = show_json(&env);
+    let stop_of = |pid: i32| {
+        show["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .map(|p| p["job_stop"].clone())
+    };
+    assert_eq!(
+        stop_of(a),
+        Some("SIGTSTP".into()),
+        "A's job stop in `ckpt show`"
+    );
+    assert_eq!(
+        stop_of(b),
+        Some("SIGSTOP".into()),
+        "B's job stop in `ckpt show`"
+    );
+    assert_eq!(
+        stop_of(v.pid),
+        Some(serde_json::Value::Null),
+        "the root was running"
+    );
     let mut restore = spawn_restore(&env, &[]);
     wait_restored_and_running(&v, &mut restore);
     // Rebuilt and let go, the two children are stopped, not traced.
