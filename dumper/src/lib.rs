@@ -627,7 +627,7 @@ fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Coll
     };
     let (misc, threads) = task::run_parasite(leader, &p.tasks[1..], &mut with_parasite)?;
     let mut core = task::collect(leader, &misc)?;
-    core.job_stop = p.job_stop.clone();
+    core.job_stop = p.job_stop;
     for (t, state) in p.tasks[1..].iter().zip(threads) {
         core.threads.push(task::collect_thread(t, pid, state)?);
     }
@@ -852,7 +852,7 @@ fn write_images(
             zombie_status: z.zombie_status,
             uids: owner.uids,
             gids: owner.gids,
-            zombie_ids: Some(shapes::zombie_ids(z.pid, |p| saved(p))?),
+            zombie_ids: Some(shapes::zombie_ids(z.pid, saved)?),
         });
     }
     let mut owners = Vec::with_capacity(procs.len());

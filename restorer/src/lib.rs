@@ -352,7 +352,7 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
                 ppid: e.ppid,
                 status: e.zombie_status?,
                 comm: e.comm.clone(),
-                ids: e.zombie_ids.clone(),
+                ids: e.zombie_ids,
             })
         })
         .collect();
