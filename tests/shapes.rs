@@ -27,14 +27,11 @@ fn children(pid: i32) -> Vec<i32> {
     out
 }
 
-fn shapes_cycle(test: &str, user: Option<&TestUser>) {
+fn shapes_cycle(test: &str, user: Option<&TestUser>, args: &[&str]) {
     let env = TestEnv::new(test);
     let mut v = match user {
-        Some(u) => {
-            env.give_work_to(u);
-            Victim::spawn_as(&env, "shapes", &[], u)
-        }
-        None => Victim::spawn(&env, "shapes", &[]),
+        Some(u) => Victim::spawn_as(&env, "shapes", args, u),
+        None => Victim::spawn(&env, "shapes", args),
     };
     let ids = pids(&v.wait_ready());
     let mut tree: Vec<i32> = ids[..6].to_vec();
@@ -60,12 +57,21 @@ fn shapes_cycle(test: &str, user: Option<&TestUser>) {
 
 #[test]
 fn sessions_and_groups_without_leaders_come_back() {
-    shapes_cycle("shapes-root", None);
+    shapes_cycle("shapes-root", None, &[]);
 }
 
 #[test]
 fn sessions_and_groups_without_leaders_come_back_for_a_user() {
-    shapes_cycle("shapes-user", Some(test_user()));
+    shapes_cycle("shapes-user", Some(test_user()), &[]);
+}
+
+/// The root's PR_SET_CHILD_SUBREAPER flag itself is a process attribute
+/// restored by the scheduling/attributes part of issue 12 (branch
+/// s6-sched), not by the tree shape.
+#[test]
+#[ignore = "the subreaper flag is restored by the s6-sched branch; enable once merged"]
+fn subreaper_flag_is_kept() {
+    shapes_cycle("shapes-subreaper", None, &["subreaper"]);
 }
 
 /// A session whose leader lives in the tree but is not the member's

@@ -204,5 +204,10 @@ int main(int argc, char **argv)
 	      "Z5: status %#x", status);
 	st = waitpid(-1, &status, WNOHANG | __WALL);
 	CHECK(st < 0 && errno == ECHILD, "an extra child %d (status %#x) is left", st, status);
+	if (argc > 2 && strcmp(argv[2], "subreaper") == 0) {
+		int flag = 0;
+		CHECK(prctl(PR_GET_CHILD_SUBREAPER, (unsigned long)&flag, 0, 0, 0) == 0 && flag == 1,
+		      "the root is no longer a child subreaper");
+	}
 	victim_finish();
 }
