@@ -758,6 +758,7 @@ fn write_images(
                 pid: c.pid,
                 ppid: c.ppid,
                 sid: c.core.sid,
+                pgid: c.core.pgid,
             })
             .collect::<Vec<_>>(),
         &frozen.procs,

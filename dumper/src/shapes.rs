@@ -31,6 +31,8 @@ pub struct Member {
     pub ppid: i32,
     /// Its session.
     pub sid: i32,
+    /// Its process group.
+    pub pgid: i32,
 }
 
 /// Refuses sessions the restorer cannot rebuild: a member forked into a
@@ -41,11 +43,67 @@ pub struct Member {
 /// share a parent. `members` lists the live processes, root first, in
 /// tree order.
 pub fn check(members: &[Member], frozen: &[FrozenProcess]) -> Result<()> {
-    let zombies: BTreeMap<i32, i32> = frozen
+    let zombies: BTreeMap<i32, Zombie> = frozen
         .iter()
         .filter(|p| p.zombie_status.is_some())
-        .map(|p| (p.pid, p.ppid))
+        .map(|p| {
+            let stat = procfile::stat_fields(p.pid)?;
+            let pgid = stat.get(procfile::stat_index(5)).copied().unwrap_or(0) as i32;
+            Ok((p.pid, Zombie { ppid: p.ppid, pgid }))
+        })
+        .collect::<Result<_>>()?;
+    check_shapes(members, &zombies)
+}
+
+/// A zombie of the tree: its parent and group.
+#[derive(Debug, Clone, Copy)]
+struct Zombie {
+    ppid: i32,
+    pgid: i32,
+}
+
+fn check_shapes(members: &[Member], zombies: &BTreeMap<i32, Zombie>) -> Result<()> {
+    let index: BTreeMap<i32, usize> = members
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (m.pid, i))
         .collect();
+    // Processes are forked in tree order; a zombie that leads a group is
+    // forked first among its parent's children.
+    for (i, m) in members.iter().enumerate().skip(1) {
+        let g = m.pgid;
+        if g == m.pid {
+            continue;
+        }
+        let refuse = |what: String| {
+            Err(DumpError::Unsupported {
+                pid: m.pid,
+                what: format!("process group {g}: {what}"),
+            })
+        };
+        if let Some(&j) = index.get(&g) {
+            if members[j].pgid != g {
+                return refuse(format!("pid {g} of the tree no longer leads it"));
+            }
+            if j > i {
+                return refuse(format!("its leader pid {g} is restored after this process"));
+            }
+        } else if let Some(z) = zombies.get(&g) {
+            let parent_first = match (index.get(&z.ppid), index.get(&m.ppid)) {
+                (Some(zp), Some(mp)) => zp <= mp,
+                _ => false,
+            };
+            if z.pgid != g {
+                return refuse(format!("pid {g} is a zombie no longer leading it"));
+            }
+            if !parent_first {
+                return refuse(format!(
+                    "its leader is a zombie of pid {}, restored after this process's parent",
+                    z.ppid
+                ));
+            }
+        }
+    }
     let by_pid: BTreeMap<i32, Member> = members.iter().map(|m| (m.pid, *m)).collect();
     // Session -> the parent of its first member forked from outside it.
     let mut top: BTreeMap<i32, (i32, i32)> = BTreeMap::new();
@@ -68,7 +126,7 @@ pub fn check(members: &[Member], frozen: &[FrozenProcess]) -> Result<()> {
                 m.sid
             ));
         }
-        if let Some(&zppid) = zombies.get(&m.sid)
+        if let Some(zppid) = zombies.get(&m.sid).map(|z| z.ppid)
             && zppid != m.ppid
         {
             return refuse(format!(
@@ -96,8 +154,13 @@ pub fn check(members: &[Member], frozen: &[FrozenProcess]) -> Result<()> {
 mod tests {
     use super::*;
 
-    fn m(pid: i32, ppid: i32, sid: i32, _pgid: i32) -> Member {
-        Member { pid, ppid, sid }
+    fn m(pid: i32, ppid: i32, sid: i32, pgid: i32) -> Member {
+        Member {
+            pid,
+            ppid,
+            sid,
+            pgid,
+        }
     }
 
     #[test]
@@ -111,6 +174,25 @@ mod tests {
             m(13, 10, 10, 30),
         ];
         assert!(check(&ok, &[]).is_ok());
+        // Group 12 is led by a process restored after its member 11.
+        let late = [root, m(11, 10, 10, 12), m(12, 10, 10, 12)];
+        let err = check(&late, &[]).unwrap_err().to_string();
+        assert!(
+            err.contains("pid 11: process group 12: its leader pid 12 is restored after"),
+            "{err}"
+        );
+        // Group 11 lives on, its pid 11 moved to another group.
+        let moved = [root, m(11, 10, 10, 10), m(12, 10, 10, 11)];
+        let err = check(&moved, &[]).unwrap_err().to_string();
+        assert!(err.contains("no longer leads it"), "{err}");
+        // A zombie group leader whose parent comes after the member's.
+        let zombies = BTreeMap::from([(20, Zombie { ppid: 11, pgid: 20 })]);
+        let zl = [root, m(11, 10, 10, 11), m(12, 10, 10, 20)];
+        let err = check_shapes(&zl, &zombies).unwrap_err().to_string();
+        assert!(
+            err.contains("pid 12: process group 20: its leader is a zombie of pid 11"),
+            "{err}"
+        );
         // Session 11's leader is alive, but not 12's ancestor.
         let live = [root, m(11, 10, 11, 11), m(12, 10, 11, 11)];
         let err = check(&live, &[]).unwrap_err().to_string();

@@ -661,7 +661,11 @@ fn build_tree(
         leaders.fork_zombie_leaders(&r, zombies.iter().filter(|z| z.ppid == p.pid))?;
         for (j, c) in procs.iter().enumerate().filter(|(_, c)| c.ppid == p.pid) {
             let child = leaders.fork_member(&r, &p.core, c.pid, &c.core)?;
-            shapes::ensure_group(&ckpt_parasite::remote::Remote { t: &child, base }, &c.core)?;
+            shapes::ensure_group(
+                &ckpt_parasite::remote::Remote { t: &child, base },
+                &c.core,
+                (session == task::SessionOrigin::Adopted).then_some(procs[0].core.sid),
+            )?;
             task::restore_session(
                 &ckpt_parasite::remote::Remote { t: &child, base },
                 &c.core,

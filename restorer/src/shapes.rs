@@ -144,10 +144,12 @@ impl Leaders {
 
 /// Makes sure the process group of the freshly forked member behind `r`
 /// exists in its session, creating it with a helper when its leader is
-/// gone; `task::restore_session` then moves the member into it.
-pub fn ensure_group(r: &Remote<'_>, core: &Core) -> Result<()> {
+/// gone; `task::restore_session` then moves the member into it. Groups of
+/// `adopted`, the session from outside the tree the root had (it is in
+/// the restorer's now), are not made.
+pub fn ensure_group(r: &Remote<'_>, core: &Core, adopted: Option<i32>) -> Result<()> {
     let pgid = core.pgid;
-    if pgid == core.pid || pgid == core.sid {
+    if pgid == core.pid || pgid == core.sid || adopted == Some(core.sid) {
         return Ok(());
     }
     // Signal 0 to the group: delivers nothing, fails if it has no member.
