@@ -34,7 +34,7 @@ fn shapes_cycle(test: &str, user: Option<&TestUser>, args: &[&str]) {
         None => Victim::spawn(&env, "shapes", args),
     };
     let ids = pids(&v.wait_ready());
-    let mut tree: Vec<i32> = ids[..6].to_vec();
+    let mut tree: Vec<i32> = ids[..7].to_vec();
     tree.sort_unstable();
     assert_eq!(
         children(v.pid),
@@ -42,13 +42,13 @@ fn shapes_cycle(test: &str, user: Option<&TestUser>, args: &[&str]) {
         "the victim's children before the dump"
     );
     let out = dump(&env, &v, &["--kill"]);
-    assert!(out.stderr.contains("7 processes"), "{}", out.stderr);
+    assert!(out.stderr.contains("8 processes"), "{}", out.stderr);
     v.reap_killed(Duration::from_secs(10));
     let mut restore = spawn_restore(&env, &[]);
     wait_restored_and_running(&v, &mut restore);
     // Exactly the dumped children: no helper stayed, none is a zombie.
     assert_eq!(children(v.pid), tree, "the restored victim's children");
-    for exited in &ids[6..] {
+    for exited in &ids[7..] {
         assert!(!pid_exists(*exited), "helper pid {exited} left behind");
     }
     v.go();

@@ -638,6 +638,8 @@ fn build_tree(
     // from it, so private pages they still shared at the dump are shared
     // again (one copy, as after the original fork). Everything else is
     // restored afterwards, in tree order.
+    // The root's session from outside the tree, if it had one.
+    let adopted = (session == task::SessionOrigin::Adopted).then_some(procs[0].core.sid);
     let mut slots: Vec<Option<Tracee>> = procs.iter().map(|_| None).collect();
     slots[0] = Some(root);
     for (i, p) in procs.iter().enumerate() {
@@ -664,7 +666,7 @@ fn build_tree(
             shapes::ensure_group(
                 &ckpt_parasite::remote::Remote { t: &child, base },
                 &c.core,
-                (session == task::SessionOrigin::Adopted).then_some(procs[0].core.sid),
+                adopted,
             )?;
             task::restore_session(
                 &ckpt_parasite::remote::Remote { t: &child, base },
@@ -680,6 +682,7 @@ fn build_tree(
                 None => tree::fork_child(&r, z.pid)?,
             };
             let zr = ckpt_parasite::remote::Remote { t: &child, base };
+            shapes::join_zombie_group(&zr, z, adopted)?;
             log::debug!("pid {}: zombie (status {:#x})", z.pid, z.status);
             task::set_name(&zr, &z.comm)?;
             tree::make_zombie(&zr, z.status)?;

@@ -148,8 +148,50 @@ impl Leaders {
 /// `adopted`, the session from outside the tree the root had (it is in
 /// the restorer's now), are not made.
 pub fn ensure_group(r: &Remote<'_>, core: &Core, adopted: Option<i32>) -> Result<()> {
-    let pgid = core.pgid;
-    if pgid == core.pid || pgid == core.sid || adopted == Some(core.sid) {
+    make_group(r, core.pid, core.sid, core.pgid, adopted)
+}
+
+/// Moves the zombie-to-be behind `r` into the group it was in, when it is
+/// not the one it inherited and it did not lead it (a leader was placed by
+/// [`Leaders::fork_zombie_leaders`]). Its session is its parent's.
+pub fn join_zombie_group(r: &Remote<'_>, z: &Zombie, adopted: Option<i32>) -> Result<()> {
+    let Some(ids) = &z.ids else { return Ok(()) };
+    if ids.pgid == z.pid || ids.sid == z.pid || adopted == Some(ids.sid) {
+        return Ok(());
+    }
+    let host = r.t.pid();
+    let now = std::fs::read_to_string(format!("/proc/{host}/stat"))
+        .map_err(|e| RestoreError::os(host, "read stat", e))?;
+    let field = |n: usize| -> i32 {
+        now.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(n)?.parse().ok())
+            .unwrap_or(0)
+    };
+    let (pgid_now, sid_now) = (field(2), field(3));
+    if pgid_now == ids.pgid {
+        return Ok(());
+    }
+    if sid_now != ids.sid {
+        // A group of another session cannot be joined; a zombie keeps no
+        // more than its status there.
+        log::warn!(
+            "pid {}: zombie of session {} comes back in its parent's session {sid_now}",
+            z.pid,
+            ids.sid
+        );
+        return Ok(());
+    }
+    make_group(r, z.pid, ids.sid, ids.pgid, adopted)?;
+    r.call(
+        "setpgid",
+        libc::SYS_setpgid,
+        [0, ids.pgid as u64, 0, 0, 0, 0],
+    )?;
+    Ok(())
+}
+
+fn make_group(r: &Remote<'_>, pid: i32, sid: i32, pgid: i32, adopted: Option<i32>) -> Result<()> {
+    if pgid == pid || pgid == sid || adopted == Some(sid) {
         return Ok(());
     }
     // Signal 0 to the group: delivers nothing, fails if it has no member.
@@ -162,7 +204,7 @@ pub fn ensure_group(r: &Remote<'_>, core: &Core, adopted: Option<i32>) -> Result
         Err(e) => return Err(e.into()),
     }
     let h = tree::fork_child(r, pgid).map_err(|e| RestoreError::Host {
-        pid: core.pid,
+        pid,
         what: format!("creating process group {pgid} (its leader is gone): {e}"),
     })?;
     Remote {
@@ -171,7 +213,7 @@ pub fn ensure_group(r: &Remote<'_>, core: &Core, adopted: Option<i32>) -> Result
     }
     .call("setpgid", libc::SYS_setpgid, [0; 6])?;
     r.call("setpgid", libc::SYS_setpgid, [0, pgid as u64, 0, 0, 0, 0])?;
-    log::debug!("pid {}: group helper {pgid}", core.pid);
+    log::debug!("pid {pid}: group helper {pgid}");
     end_helper(r, h)?;
     take_sigchld(r)
 }

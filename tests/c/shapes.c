@@ -9,10 +9,11 @@
  *   M3: its parent Z3 called setsid, forked it and exited 7, unreaped: a
  *       zombie leads its session and group;
  *   M5: its parent Z5 made group Z5, forked it and exited 9, unreaped: a
- *       zombie leads its group in the root's session.
+ *       zombie leads its group in the root's session;
+ *   Z7: a child that joined group Z5 and exited 3, unreaped.
  *
  * Every member is the root's child now. Ready content: the pids
- * "M1 M2 M3 M5 Z3 Z5 L1 G2". After go each member checks its own session,
+ * "M1 M2 M3 M5 Z3 Z5 Z7 L1 G2". After go each member checks its own session,
  * group and parent, the root checks them from outside, reaps the zombies
  * with their statuses, and finds no other child (no helper left over).
  */
@@ -179,14 +180,23 @@ int main(int argc, char **argv)
 	pid_t g2 = leader(0, 0, &m2);
 	pid_t z3 = leader(1, 7, &m3);
 	pid_t z5 = leader(0, 9, &m5);
+	/* Z7: a zombie that had joined Z5's group. */
+	pid_t z7 = fork();
+	if (z7 < 0)
+		die("fork");
+	if (z7 == 0)
+		_exit(setpgid(0, z5) ? 50 : 3);
 	int status;
 	if (waitpid(l1, &status, 0) != l1 || waitpid(g2, &status, 0) != g2)
 		die("reap leaders");
-	while (!is_zombie(z3) || !is_zombie(z5) || ppid_of(m1) != root || ppid_of(m2) != root ||
+	while (!is_zombie(z3) || !is_zombie(z5) || !is_zombie(z7) || ppid_of(m1) != root || ppid_of(m2) != root ||
 	       ppid_of(m3) != root || ppid_of(m5) != root)
 		victim_tick();
+	if (getpgid(z7) != z5)
+		die("Z7 did not join Z5's group");
 	char ready[128];
-	snprintf(ready, sizeof(ready), "%d %d %d %d %d %d %d %d", m1, m2, m3, m5, z3, z5, l1, g2);
+	snprintf(ready, sizeof(ready), "%d %d %d %d %d %d %d %d %d", m1, m2, m3, m5, z3, z5, z7, l1,
+		 g2);
 	victim_ready_and_wait(ready);
 
 	CHECK(getsid(0) == root && getpgid(0) == root, "root: session %d group %d", getsid(0),
@@ -200,6 +210,9 @@ int main(int argc, char **argv)
 	CHECK(getpgid(z5) == z5, "zombie Z5: group %d", getpgid(z5));
 	CHECK(waitpid(z3, &status, 0) == z3 && WIFEXITED(status) && WEXITSTATUS(status) == 7,
 	      "Z3: status %#x", status);
+	CHECK(getpgid(z7) == z5, "zombie Z7: group %d, want %d", getpgid(z7), z5);
+	CHECK(waitpid(z7, &status, 0) == z7 && WIFEXITED(status) && WEXITSTATUS(status) == 3,
+	      "Z7: status %#x", status);
 	CHECK(waitpid(z5, &status, 0) == z5 && WIFEXITED(status) && WEXITSTATUS(status) == 9,
 	      "Z5: status %#x", status);
 	st = waitpid(-1, &status, WNOHANG | __WALL);
