@@ -17,10 +17,12 @@ fn pair(ready: &str) -> (i32, i32) {
 }
 
 fn assert_stopped(pid: i32, context: &str) {
-    assert_eq!(
-        proc_state(pid),
-        Some('T'),
-        "{context}: pid {pid} is not job-control stopped"
+    // Let go, a task passes through the kernel's signal path into its
+    // group stop: a moment, not a state to catch.
+    assert!(
+        wait_until(Duration::from_secs(5), || proc_state(pid) == Some('T')),
+        "{context}: pid {pid} is not job-control stopped (state {:?})",
+        proc_state(pid)
     );
     assert_eq!(
         tracer_pid(pid),
@@ -68,11 +70,6 @@ fn stopped_cycle(test: &str, user: Option<&TestUser>) {
     wait_restored_and_running(&v, &mut restore);
     // Rebuilt and let go, the two children are stopped, not traced.
     for pid in [a, b] {
-        assert!(
-            wait_until(Duration::from_secs(5), || proc_state(pid) == Some('T')),
-            "restored pid {pid} is in state {:?}, not stopped",
-            proc_state(pid)
-        );
         assert_stopped(pid, "after restore");
     }
     v.go();
