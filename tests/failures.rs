@@ -231,7 +231,20 @@ impl Drop for Mount {
 /// directory) is left.
 #[test]
 fn dump_to_full_disk_fails_cleanly() {
-    let env = TestEnv::new("full-disk");
+    dump_to_full_disk("full-disk", &["counter"], "64k", &[]);
+}
+
+/// The same when the disk fills while LZ4 blocks are streamed out by the
+/// flusher threads (32 MiB of pages that LZ4 halves, a 2 MiB file system).
+#[test]
+fn streamed_dump_to_full_disk_fails_cleanly() {
+    dump_to_full_disk("full-disk-lz4", &["lazy", "32"], "2m", &["--compress=lz4"]);
+}
+
+/// Dumps victim `victim[0]` (arguments `victim[1..]`) into a tmpfs of
+/// `size` with `extra` options, which must fail for want of space.
+fn dump_to_full_disk(test: &str, victim: &[&str], size: &str, extra: &[&str]) {
+    let env = TestEnv::new(test);
     let small = env.work.join("small");
     fs::create_dir(&small).unwrap();
     let ok = std::process::Command::new("mount")
@@ -239,7 +252,7 @@ fn dump_to_full_disk_fails_cleanly() {
             "-t",
             "tmpfs",
             "-o",
-            "size=64k",
+            &format!("size={size}"),
             "ckpt-test",
             path_str(&small),
         ])
@@ -248,20 +261,13 @@ fn dump_to_full_disk_fails_cleanly() {
     assert!(ok.success(), "cannot mount a tmpfs for the test");
     let _mount = Mount(small.clone());
 
-    let mut v = Victim::spawn(&env, "counter", &[]);
+    let mut v = Victim::spawn(&env, victim[0], &victim[1..]);
     v.wait_ready();
     let dir = small.join("img");
-    let out = ckpt(
-        &env,
-        &[
-            "dump",
-            "--tree",
-            &v.pid.to_string(),
-            "--dir",
-            path_str(&dir),
-        ],
-        DUMP_TIMEOUT,
-    );
+    let pid = v.pid.to_string();
+    let mut args = vec!["dump", "--tree", &pid, "--dir", path_str(&dir)];
+    args.extend_from_slice(extra);
+    let out = ckpt(&env, &args, DUMP_TIMEOUT);
     let err = out.assert_error();
     assert!(
         err.contains("No space left on device"),
@@ -280,7 +286,6 @@ fn dump_to_full_disk_fails_cleanly() {
     v.assert_unharmed_and_passes("after a dump to a full disk");
 }
 
-/// A kernel thread is named as one, not reported as a permission problem.
 #[test]
 fn dump_of_kernel_thread_is_refused_by_name() {
     let env = TestEnv::new("kthread");

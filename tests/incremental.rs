@@ -18,20 +18,43 @@ fn json_of(out: &CkptOutput) -> serde_json::Value {
 }
 
 fn pre_dump(env: &TestEnv, v: &Victim, dir: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["--pre-dump"];
+    args.extend_from_slice(extra);
+    dump_into(env, v, dir, &args)
+}
+
+/// `ckpt dump --tree PID --dir DIR --json <extra>`, which must succeed;
+/// its JSON report.
+fn dump_into(env: &TestEnv, v: &Victim, dir: &Path, extra: &[&str]) -> serde_json::Value {
     let pid = v.pid.to_string();
-    let mut args = vec![
-        "dump",
-        "--tree",
-        &pid,
-        "--dir",
-        path_str(dir),
-        "--pre-dump",
-        "--json",
-    ];
+    let mut args = vec!["dump", "--tree", &pid, "--dir", path_str(dir), "--json"];
     args.extend_from_slice(extra);
     let out = ckpt(env, &args, Duration::from_secs(120));
     out.assert_success();
     json_of(&out)
+}
+
+/// `ckpt show --json` of `dir`, after checking that the tracking it
+/// records is a userfaultfd at that fd of the running victim.
+fn tracked(env: &TestEnv, v: &Victim, dir: &Path) -> serde_json::Value {
+    let show = ckpt(
+        env,
+        &["show", path_str(dir), "--json"],
+        Duration::from_secs(30),
+    );
+    show.assert_success();
+    let shown: serde_json::Value = serde_json::from_str(show.stdout.trim()).unwrap();
+    let fd = shown["processes"][0]["tracking"]["fd"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no tracking recorded: {shown}"));
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{}/fd/{fd}", v.pid))
+            .unwrap()
+            .display()
+            .to_string(),
+        "anon_inode:[userfaultfd]"
+    );
+    shown
 }
 
 fn incremental_cycle(test: &str, compress: &str) {
@@ -55,23 +78,8 @@ fn incremental_cycle_with(test: &str, compress: &str, background: bool) {
         v.ping(Duration::from_secs(10)),
         "the tree runs after a pre-dump"
     );
-    // Its tracking is a userfaultfd at the recorded fd of the running victim.
-    let show = ckpt(
-        &env,
-        &["show", path_str(&first), "--json"],
-        Duration::from_secs(30),
-    );
-    show.assert_success();
-    let shown: serde_json::Value = serde_json::from_str(show.stdout.trim()).unwrap();
+    let shown = tracked(&env, &v, &first);
     assert_eq!(shown["pre_dump"], true, "{shown}");
-    let fd = shown["processes"][0]["tracking"]["fd"].as_i64().unwrap();
-    assert_eq!(
-        std::fs::read_link(format!("/proc/{}/fd/{fd}", v.pid))
-            .unwrap()
-            .display()
-            .to_string(),
-        "anon_inode:[userfaultfd]"
-    );
     // A second pre-dump on top of the first: nothing big changed.
     let report = pre_dump(&env, &v, &second, &[compress, "--prev", path_str(&first)]);
     let reused = report["stats"]["reused_bytes"].as_u64().unwrap_or(0);
@@ -135,4 +143,140 @@ fn incremental_dump_after_pre_dumps_raw() {
 #[test]
 fn incremental_background_dump_reads_only_what_changed_frozen() {
     incremental_cycle_with("incremental-bg", "--compress=lz4", true);
+}
+
+/// A chain of ten pre-dumps, each on top of the one before (the victim's
+/// hot region changes all along), then the final dump: every link reuses
+/// the untouched memory, and the result restores byte-exact on its own.
+#[test]
+fn chain_of_ten_pre_dumps_restores_exactly() {
+    let env = TestEnv::new("incremental-chain");
+    let mut v = Victim::spawn(&env, "incremental", &[]);
+    v.wait_ready();
+    let mut prev: Option<std::path::PathBuf> = None;
+    for i in 0..10 {
+        let dir = env.root.join(format!("pre{i}"));
+        let mut extra = vec!["--compress=lz4"];
+        if let Some(p) = &prev {
+            extra.extend(["--prev", path_str(p)]);
+        }
+        let report = pre_dump(&env, &v, &dir, &extra);
+        if prev.is_some() {
+            let reused = report["stats"]["reused_bytes"].as_u64().unwrap_or(0);
+            assert!(reused >= 60 << 20, "link {i} reused {reused}: {report}");
+        }
+        if let Some(p) = prev.replace(dir) {
+            // Only the latest link is needed for the next one.
+            std::fs::remove_dir_all(p).unwrap();
+        }
+    }
+    write_atomic(&v.path("stage1"), "stage1");
+    assert!(
+        wait_for_file(&v.path("mutated"), Duration::from_secs(20)),
+        "{}",
+        v.diag()
+    );
+    let last = prev.unwrap();
+    dump(&env, &v, &["--prev", path_str(&last), "--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+    std::fs::remove_dir_all(&last).unwrap();
+    restore_and_check(&env, &v);
+}
+
+/// A pre-dump damaged after it was taken is refused by the dump that
+/// builds on it, naming the file, before the tree is frozen: the job runs
+/// on untouched and no checkpoint appears.
+#[test]
+fn damaged_pre_dump_is_refused_by_name() {
+    let env = TestEnv::new("incremental-damaged");
+    let mut v = Victim::spawn(&env, "incremental", &[]);
+    v.wait_ready();
+    let pre = env.root.join("pre");
+    pre_dump(&env, &v, &pre, &["--compress=lz4"]);
+    let pages = std::fs::read_dir(&pre)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("pages-"))
+        })
+        .expect("a pages file in the pre-dump");
+    let mut bytes = std::fs::read(&pages).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(&pages, &bytes).unwrap();
+    let out = dump_outcome(&env, &v, &["--prev", path_str(&pre)]);
+    let err = out.assert_error();
+    assert!(
+        err.contains(&pages.file_name().unwrap().to_string_lossy().to_string()),
+        "the error names the damaged file: {err}"
+    );
+    assert!(!env.img.exists(), "no checkpoint from a damaged chain");
+    assert!(
+        v.ping(Duration::from_secs(10)),
+        "the job runs on: {}",
+        v.diag()
+    );
+}
+
+/// Periodic checkpoints: each `--track` dump is a complete, restorable
+/// checkpoint that leaves write tracking behind, and the next one takes
+/// `--prev` on it and reads only what was written since. The tracking
+/// userfaultfd is ckpt's, not the job's: no checkpoint holds it.
+#[test]
+fn tracked_checkpoints_are_whole_and_chain() {
+    let env = TestEnv::new("incremental-track");
+    let mut v = Victim::spawn(&env, "incremental", &[]);
+    v.wait_ready();
+    write_atomic(&v.path("stage1"), "stage1");
+    assert!(
+        wait_for_file(&v.path("mutated"), Duration::from_secs(20)),
+        "{}",
+        v.diag()
+    );
+    // The first periodic checkpoint is the one restored at the end.
+    let first = env.img.clone();
+    let out = dump(&env, &v, &["--track", "--compress=lz4", "--json"]);
+    let report = json_of(&out);
+    assert!(
+        v.ping(Duration::from_secs(10)),
+        "the job runs on: {}",
+        v.diag()
+    );
+    let shown = tracked(&env, &v, &first);
+    assert_eq!(
+        shown["pre_dump"], false,
+        "a whole checkpoint: {shown} {report}"
+    );
+    let fd = shown["processes"][0]["tracking"]["fd"].as_i64().unwrap();
+    let saved_fds: Vec<i64> = shown["processes"][0]["fds"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|f| f["fd"].as_i64()).collect())
+        .unwrap_or_default();
+    assert!(!saved_fds.is_empty(), "fds listed: {shown}");
+    assert!(
+        !saved_fds.contains(&fd),
+        "the tracking fd {fd} is not the job's: {saved_fds:?}"
+    );
+    // Two more, each on the one before.
+    let mut prev = first.clone();
+    for (i, last) in [(1, false), (2, true)] {
+        let dir = env.root.join(format!("periodic{i}"));
+        let then = if last { "--kill" } else { "--track" };
+        let report = dump_into(
+            &env,
+            &v,
+            &dir,
+            &["--prev", path_str(&prev), "--compress=lz4", then],
+        );
+        let reused = report["stats"]["reused_bytes"].as_u64().unwrap_or(0);
+        assert!(
+            reused >= 60 << 20,
+            "checkpoint {i} reused only {reused}: {report}"
+        );
+        prev = dir;
+    }
+    v.reap_killed(Duration::from_secs(10));
+    // The first checkpoint still restores on its own.
+    restore_and_check(&env, &v);
 }

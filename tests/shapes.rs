@@ -65,11 +65,10 @@ fn sessions_and_groups_without_leaders_come_back_for_a_user() {
     shapes_cycle("shapes-user", Some(test_user()), &[]);
 }
 
-/// The root's PR_SET_CHILD_SUBREAPER flag itself is a process attribute
-/// restored by the scheduling/attributes part of issue 12 (branch
-/// s6-sched), not by the tree shape.
+/// The root keeps its PR_SET_CHILD_SUBREAPER flag too (restored with the
+/// other prctl attributes, `restorer/src/prctl.rs`), so later orphans
+/// still come to it.
 #[test]
-#[ignore = "the subreaper flag is restored by the s6-sched branch; enable once merged"]
 fn subreaper_flag_is_kept() {
     shapes_cycle("shapes-subreaper", None, &["subreaper"]);
 }

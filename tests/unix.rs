@@ -109,8 +109,9 @@ fn out_of_band_data_is_refused_and_left_in_place() {
     v.assert_unharmed_and_passes("after a refused dump");
 }
 
-/// sock_diag answers for ckpt's own network namespace only: sockets of
-/// another are refused by name, and keep working.
+/// sock_diag answers for ckpt's own network namespace only: a process in
+/// another (its own, which a restore could not give back) is refused by
+/// name, and its sockets keep working.
 #[test]
 fn sockets_in_another_network_namespace_are_refused() {
     let env = TestEnv::new("unix-netns");
@@ -118,7 +119,7 @@ fn sockets_in_another_network_namespace_are_refused() {
     v.wait_ready();
     let err = dump_expect_error(&env, &v);
     assert!(
-        err.contains(&format!("pid {}", v.pid)) && err.contains("in another network namespace"),
+        err.contains(&format!("pid {}", v.pid)) && err.contains("network namespace of its own"),
         "{err}"
     );
     v.assert_unharmed_and_passes("after a refused dump");

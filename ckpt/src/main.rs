@@ -41,8 +41,9 @@ enum Command {
     Dump(commands::dump::DumpArgs),
     /// Restore a process from a checkpoint directory.
     Restore(commands::restore::RestoreArgs),
-    /// Run a command in a new PID namespace, under ckpt's init, so it can
-    /// be restored where its pids are taken.
+    /// Run a command in new namespaces (PID, under ckpt's init, so it can
+    /// be restored where its pids are taken; UTS, IPC, time), which a
+    /// restore recreates.
     Run(commands::run::RunArgs),
     /// Summarize a checkpoint directory.
     Show(commands::show::ShowArgs),

@@ -16,9 +16,9 @@
 //! remove them. A set or queue created by one of the tree's users that no
 //! process of the tree touched last is left out, with a line in the log.
 //!
-//! Only objects of ckpt's own IPC namespace can be seen (`/proc/sysvipc`
-//! shows the reader's namespace): a process in another IPC namespace is
-//! refused by name.
+//! `/proc/sysvipc` and the IPC syscalls see the caller's namespace: a tree
+//! with an IPC namespace of its own is read from a thread entered into it
+//! (`ns.rs`); a process in yet another IPC namespace is refused by name.
 //!
 //! Nothing may come back with more than the job's users had: an object
 //! whose owner (uid, gid) is not a user or group of the tree's processes
@@ -187,11 +187,12 @@ fn perm(p: &Option<IpcPerm>) -> &IpcPerm {
     p.as_ref().expect("every collected object has its perm")
 }
 
-/// Every process must be in ckpt's IPC namespace: others' objects cannot
-/// be seen from here.
+/// Every process must be in the IPC namespace this thread reads (ckpt's,
+/// or the tree's own entered by `ns.rs`): others' objects cannot be seen
+/// from here.
 fn check_namespaces(tree: &Tree<'_>) -> Result<()> {
-    let own = std::fs::read_link("/proc/self/ns/ipc")
-        .map_err(|e| procfile::proc_err(tree.root, "/proc/self/ns/ipc".into(), e))?;
+    let own = std::fs::read_link("/proc/thread-self/ns/ipc")
+        .map_err(|e| procfile::proc_err(tree.root, "/proc/thread-self/ns/ipc".into(), e))?;
     let mut refused = crate::blockers::Blockers::default();
     for (pid, _) in &tree.procs {
         let ns = procfile::readlink(*pid, "ns/ipc")?;

@@ -21,6 +21,7 @@
 
 mod background;
 mod blockers;
+mod creds;
 pub mod error;
 
 pub mod fd;
@@ -28,10 +29,14 @@ pub mod features;
 mod inherit;
 mod ipc;
 pub mod mm;
+mod ns;
 pub mod pages;
 mod pidns;
+mod prctl;
 mod predump;
 mod procfile;
+mod sched;
+mod seccomp;
 mod shapes;
 mod shmem;
 mod stopped;
@@ -111,6 +116,12 @@ pub struct WriteOptions<'a> {
     /// A pre-dump to take unchanged pages from (`--prev`), opened before
     /// the freeze.
     pub prev: Option<&'a Previous>,
+    /// Leave write tracking in every process after this (restorable)
+    /// dump, as a pre-dump does (`--track`), so that the next dump can
+    /// take `--prev` on it: periodic checkpoints, each whole, each saving
+    /// only what was written since the one before. Not with `background`
+    /// or a kill.
+    pub track: bool,
 }
 
 /// Name of the dump's log in the checkpoint directory.
@@ -564,7 +575,9 @@ impl Userfaults<'_> {
     fn of<'a>(opts: &'a WriteOptions<'a>) -> Userfaults<'a> {
         // With --prev, a background dump reads only what changed while
         // frozen and needs no write protection.
-        if opts.prev.is_some() {
+        if opts.track {
+            Userfaults::Track(opts)
+        } else if opts.prev.is_some() {
             Userfaults::Untrack(opts)
         } else if opts.background {
             Userfaults::Background
@@ -631,6 +644,7 @@ fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Coll
     for (t, state) in p.tasks[1..].iter().zip(threads) {
         core.threads.push(task::collect_thread(t, pid, state)?);
     }
+    seccomp::collect(pid, &p.tasks, &mut core)?;
     let mut vmas = mm::collect_vmas(pid)?;
     let vdso = mm::vdso_info(leader, &vmas)?;
     let pages_bytes = mm::plan_pages(pid, &mut vmas)?;
@@ -740,13 +754,25 @@ fn write_images(
     for c in procs.iter_mut().filter(|c| relaid.contains(&c.pid)) {
         c.pages_bytes = mm::reassign_offsets(&mut c.vmas);
     }
+    let namespaces = blockers
+        .absorb(ns::collect(
+            root,
+            &live.iter().map(|p| p.pid).collect::<Vec<_>>(),
+        ))?
+        .unwrap_or_default();
     let mut ipc = blockers
-        .absorb(collect_ipc(root, &procs))?
+        .absorb(namespaces.in_ipc(root, || collect_ipc(root, &procs)))?
         .unwrap_or_default();
     let fds_started = Instant::now();
+    // A tracking userfaultfd left in a process is ckpt's, not the job's.
+    let kept: std::collections::HashMap<i32, i32> = procs
+        .iter()
+        .filter_map(|c| Some((c.pid, c.tracking.as_ref()?.fd)))
+        .collect();
     let files = fd::collect_tree(
         &procs.iter().map(|c| c.pid).collect::<Vec<_>>(),
         opts.externals,
+        &|pid, fd| kept.get(&pid) == Some(&fd),
         &mut blockers,
     )?;
     let mut files = files;
@@ -830,7 +856,7 @@ fn write_images(
     }
     if !ipc.is_empty() {
         let ipc_started = Instant::now();
-        let bytes = ipc::write(root, &mut w, &mut ipc)?;
+        let bytes = namespaces.in_ipc(root, || ipc::write(root, &mut w, &mut ipc))?;
         log::info!(
             "write ipc: {} segments ({bytes} bytes), {} semaphore sets, {} message queues ({:.3} ms)",
             ipc.shm.len(),
@@ -907,6 +933,7 @@ fn write_images(
             root_host_pid: root,
         });
     }
+    manifest.namespaces = namespaces.saved.clone();
     stats.vmas = report.vmas;
     stats.disk_bytes = w.written_bytes();
     stats.phases.pages_ms = ms(pages_time);
@@ -947,6 +974,11 @@ fn write_images(
     );
     report.dir = committed.path().into();
     report.stats = stats;
+    // Objects of the tree's own IPC namespace go with its last process;
+    // their ids name others in ckpt's, which a --kill must not remove.
+    if namespaces.own_ipc() {
+        ipc = ckpt_image::ipc::Ipc::default();
+    }
     Ok((report, committed, ipc))
 }
 
@@ -1094,7 +1126,13 @@ fn frozen_pages(
     let mut unsynced = Vec::new();
     for c in procs {
         let started = Instant::now();
-        let pw = w.pages(&ckpt_image::pages_name(saved(c.pid)))?;
+        let name = ckpt_image::pages_name(saved(c.pid));
+        // LZ4 blocks are appended in order: streamed past the page cache.
+        let pw = if opts.compress {
+            w.pages_streamed(&name)?
+        } else {
+            w.pages(&name)?
+        };
         let progress = page_progress(opts, written, total, c.pid);
         let before = opts
             .prev
@@ -1118,6 +1156,7 @@ fn frozen_pages(
             pages::copy_pages(&c.mem, &c.vmas, &pw, &progress)?;
             Vec::new()
         };
+        pw.complete()?;
         let on_disk = pw.written();
         stats.pages_written_bytes += on_disk;
         log::info!(
@@ -1485,5 +1524,6 @@ fn manifest(
         hostname: uts.nodename().to_string_lossy().into_owned(),
         pid_namespace: None,
         pre_dump: false,
+        namespaces: None,
     })
 }

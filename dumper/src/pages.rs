@@ -1,12 +1,14 @@
 //! Copying saved pages from the frozen process into the pages file.
 //!
 //! The page ranges of all VMAs are cut into chunks of at most
-//! [`CHUNK_BYTES`]; rayon copies chunks in parallel, each with one positional
-//! read of `/proc/PID/mem` (which also reaches PROT_NONE pages) and one
-//! positional write at the chunk's precomputed offset. Memory use is bounded
-//! by chunk size × threads, whatever the process size.
+//! [`CHUNK_BYTES`]; rayon copies chunks in parallel, each with one read of
+//! the process's memory ([`Memory`]) and one write: at the chunk's
+//! precomputed offset (raw pages), or appended as an LZ4 block. Memory use
+//! is bounded by chunk size × threads, whatever the process size.
 
 use std::fs::File;
+use std::io::IoSliceMut;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,16 +17,25 @@ use ckpt_image::PAGE_SIZE;
 use ckpt_image::PagesWriter;
 use ckpt_image::mm::{PageChunk, PageRange, Vma};
 use ckpt_parasite::{ParasiteError, Tracee};
+use nix::sys::uio::{RemoteIoVec, process_vm_readv};
+use nix::unistd::Pid;
 use rayon::prelude::*;
 
 use crate::error::{DumpError, Result};
+use crate::sys;
 
-/// A process's memory as ckpt reads it: `/proc/PID/mem`, opened while the
-/// process was traced, so it stays readable once the tree runs again (a
-/// background dump reads it then).
+/// A process's memory as ckpt reads it. Mostly with `process_vm_readv`,
+/// one copy straight from the process's pages; `/proc/PID/mem` (opened
+/// while the process was traced, so it stays readable once the tree runs
+/// again, as a background dump reads it) copies each page twice, through a
+/// kernel buffer, and is kept for the pages `process_vm_readv` refuses
+/// (`PROT_NONE`).
 pub struct Memory {
     pid: i32,
     file: File,
+    /// The process itself, whatever later takes its pid: a read by pid
+    /// counts only if the process still held the pid after it.
+    pidfd: OwnedFd,
 }
 
 impl Memory {
@@ -37,7 +48,18 @@ impl Memory {
             len: 0,
             source,
         })?;
-        Ok(Memory { pid: t.pid(), file })
+        let pidfd = sys::pidfd_open(t.pid()).map_err(|source| ParasiteError::Mem {
+            pid: t.pid(),
+            op: "pidfd_open",
+            addr: 0,
+            len: 0,
+            source,
+        })?;
+        Ok(Memory {
+            pid: t.pid(),
+            file,
+            pidfd,
+        })
     }
 
     /// The process.
@@ -47,7 +69,13 @@ impl Memory {
 
     /// Reads `buf.len()` bytes at `addr` (any mapped page, even PROT_NONE).
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
-        self.file.read_exact_at(buf, addr).map_err(|source| {
+        let direct = self.read_direct(addr, buf);
+        let rest = &mut buf[direct..];
+        if rest.is_empty() {
+            return Ok(());
+        }
+        let addr = addr + direct as u64;
+        self.file.read_exact_at(rest, addr).map_err(|source| {
             ParasiteError::Mem {
                 pid: self.pid,
                 op: "read",
@@ -57,6 +85,29 @@ impl Memory {
             }
             .into()
         })
+    }
+}
+
+impl Memory {
+    /// How many bytes from `addr` `process_vm_readv` read into `buf` (0 if
+    /// it could not, or if the pid may no longer be this process's).
+    fn read_direct(&self, addr: u64, buf: &mut [u8]) -> usize {
+        let remote = [RemoteIoVec {
+            base: addr as usize,
+            len: buf.len(),
+        }];
+        let n = process_vm_readv(
+            Pid::from_raw(self.pid),
+            &mut [IoSliceMut::new(buf)],
+            &remote,
+        )
+        .unwrap_or(0);
+        // Still holding its pid now, it held it during the read.
+        if n > 0 && sys::pidfd_holds_pid(self.pidfd.as_fd()) {
+            n
+        } else {
+            0
+        }
     }
 }
 

@@ -66,16 +66,10 @@ struct Stored {
 }
 
 impl Previous {
-    /// Opens and verifies pre-dump `dir`.
+    /// Opens and verifies `dir`: a pre-dump, or a checkpoint that left
+    /// write tracking behind (`dump --track`).
     pub fn open(dir: &Path, key: &ImageKey) -> Result<Previous> {
         let images = ImageDir::open(dir, key)?;
-        if !images.manifest().pre_dump {
-            return Err(ImageError::Invalid {
-                path: dir.into(),
-                what: "not a pre-dump (made with --pre-dump): --prev takes one".into(),
-            }
-            .into());
-        }
         let mut procs = HashMap::new();
         for e in images.manifest().processes.iter() {
             let name = ckpt_image::mm_name(e.pid);
@@ -133,6 +127,13 @@ impl Previous {
                     stored,
                 },
             );
+        }
+        if !images.manifest().pre_dump && procs.values().all(|p| p.tracking.is_none()) {
+            return Err(ImageError::Invalid {
+                path: dir.into(),
+                what: "neither a pre-dump (--pre-dump) nor a checkpoint made with --track: --prev takes one of those".into(),
+            }
+            .into());
         }
         Ok(Previous { images, procs })
     }

@@ -975,3 +975,165 @@ pub fn ipc_rmid(kind: IpcKind, id: i32) -> std::io::Result<()> {
     };
     check(r as libc::c_long).map(drop)
 }
+
+/// `pidfd_open(pid)`: a handle that stays with this process, whatever
+/// later takes its pid.
+pub fn pidfd_open(pid: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: integer arguments only.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pidfd_open returned a new fd that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Whether the process of `pidfd` still holds its pid (running, stopped
+/// or a zombie not yet reaped): `pidfd_send_signal` with signal 0.
+pub fn pidfd_holds_pid(pidfd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: signal 0 is only a check; no siginfo is passed (null).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    r == 0
+}
+
+/// `struct sched_attr` up to the utilization clamps (SCHED_ATTR_SIZE_VER1).
+#[repr(C)]
+#[derive(Default, Debug, Clone, Copy)]
+pub struct SchedAttr {
+    /// Size of the structure.
+    pub size: u32,
+    /// SCHED_* policy.
+    pub policy: u32,
+    /// SCHED_FLAG_* bits.
+    pub flags: u64,
+    /// Nice value (normal policies).
+    pub nice: i32,
+    /// Real-time priority.
+    pub priority: u32,
+    /// SCHED_DEADLINE runtime.
+    pub runtime: u64,
+    /// SCHED_DEADLINE deadline.
+    pub deadline: u64,
+    /// SCHED_DEADLINE period.
+    pub period: u64,
+    /// Utilization clamp minimum.
+    pub util_min: u32,
+    /// Utilization clamp maximum.
+    pub util_max: u32,
+}
+
+/// `sched_getattr(tid)`: thread `tid`'s policy, flags, nice and priority.
+pub fn sched_getattr(tid: i32) -> std::io::Result<SchedAttr> {
+    let mut a = SchedAttr::default();
+    let size = std::mem::size_of::<SchedAttr>() as u32;
+    // SAFETY: the kernel writes at most `size` bytes into `a`, which is
+    // that large and lives across the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getattr,
+            tid,
+            &mut a as *mut SchedAttr,
+            size,
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(a)
+}
+
+/// Bytes of the largest CPU mask asked for (8192 CPUs).
+const MAX_AFFINITY_BYTES: usize = 1024;
+
+/// `sched_getaffinity(tid)`: the thread's CPU mask, 64 CPUs a word, as
+/// long as the kernel's mask (`nr_cpu_ids` rounded up to a word).
+pub fn sched_getaffinity(tid: i32) -> std::io::Result<Vec<u64>> {
+    let mut words = vec![0u64; MAX_AFFINITY_BYTES / 8];
+    // SAFETY: the kernel writes at most MAX_AFFINITY_BYTES into `words`,
+    // which is that large.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getaffinity,
+            tid,
+            MAX_AFFINITY_BYTES,
+            words.as_mut_ptr(),
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    words.truncate((r as usize).div_ceil(8));
+    Ok(words)
+}
+
+/// `ioprio_get` "who" for one thread.
+const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+
+/// `ioprio_get(IOPRIO_WHO_PROCESS, tid)`: the thread's I/O priority.
+pub fn ioprio_get(tid: i32) -> std::io::Result<u32> {
+    // SAFETY: ioprio_get takes only integers.
+    let r = unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, tid) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(r as u32)
+}
+
+/// Moves the calling thread into the namespace open at `ns` (one of
+/// `/proc/PID/ns/*`) of kind `nstype` (`CLONE_NEWUTS`, `CLONE_NEWIPC`).
+/// UTS and IPC namespaces are per thread: the rest of the process stays.
+pub fn setns(ns: std::os::fd::BorrowedFd<'_>, nstype: libc::c_int) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: setns takes an fd we hold and an integer; it changes only
+    // the calling thread's namespaces.
+    if unsafe { libc::setns(ns.as_raw_fd(), nstype) } < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// The calling thread's UTS names: (nodename, domainname).
+pub fn uts_names() -> std::io::Result<(String, String)> {
+    // SAFETY: an all-zero utsname is a valid value of the plain C struct.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: uname fills the struct it is given.
+    if unsafe { libc::uname(&mut u) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let text = |field: &[libc::c_char]| -> String {
+        let bytes: Vec<u8> = field
+            .iter()
+            .take_while(|c| **c != 0)
+            .map(|c| *c as u8)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    Ok((text(&u.nodename), text(&u.domainname)))
+}
+
+/// `clock_gettime(clock)` in nanoseconds, as the calling thread's time
+/// namespace shows it.
+pub fn clock_ns(clock: libc::clockid_t) -> std::io::Result<i64> {
+    // SAFETY: an all-zero timespec is a valid value.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: clock_gettime fills the timespec it is given.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(ts.tv_sec * NANOS_PER_SEC + ts.tv_nsec)
+}
+
+/// Nanoseconds in a second.
+pub const NANOS_PER_SEC: i64 = 1_000_000_000;

@@ -56,6 +56,10 @@ pub struct TaskMisc {
     pub misc: Box<MiscState>,
     /// The process's POSIX timers (asked in the leader only).
     pub posix_timers: Vec<ckpt_image::timer::PosixTimer>,
+    /// The leader's `prctl(PR_GET_SECUREBITS)`.
+    pub securebits: i64,
+    /// The prctl getters' answers (asked in the leader only).
+    pub prctl: crate::prctl::Asked,
 }
 
 /// Runs the parasite's collection command in the process's leader (and
@@ -67,11 +71,19 @@ pub fn run_parasite(
     threads: &[Tracee],
     with_parasite: &mut dyn FnMut(&Infection<'_>) -> Result<()>,
 ) -> Result<(TaskMisc, Vec<ThreadState>)> {
-    let inf: Infection<'_> = leader.infect()?;
+    let inf: Infection<'_> = leader.infect().map_err(crate::prctl::infect_error)?;
     let args = inf.call(ckpt_parasite::proto::CMD_DUMP_MISC)?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::ParasiteLoaded);
     let posix_timers = crate::timer::collect(&inf, leader.pid())?;
+    let securebits = inf.syscall(
+        "prctl(PR_GET_SECUREBITS)",
+        libc::SYS_prctl,
+        [libc::PR_GET_SECUREBITS as u64, 0, 0, 0, 0, 0],
+    )? as i64;
+    let prctl = crate::prctl::ask(&inf)?;
     let out = TaskMisc {
+        securebits,
+        prctl,
         posix_timers,
         regs: *inf.saved_regs(),
         xstate: inf.saved_xstate().to_vec(),
@@ -140,7 +152,7 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
                 what: e.to_string(),
             },
         )?,
-        creds: Some(creds(&status)),
+        creds: Some(crate::creds::collect(pid, pid, tm.securebits)?),
         regs: Some(gp_regs(&tm.regs)),
         xstate: tm.xstate.clone(),
         sigmask: tm.sigmask,
@@ -157,6 +169,14 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
         sid: stat[procfile::stat_index(6)] as i32,
         threads: Vec::new(),
         posix_timers: tm.posix_timers.clone(),
+        sched: Some(crate::sched::collect(pid, pid, tm.prctl.timer_slack_ret)?),
+        prctl: Some(ckpt_image::task::Prctl {
+            locked: crate::prctl::locked_ranges(pid)?,
+            ..tm.prctl.prctl.clone()
+        }),
+        oom_score_adj: crate::sched::oom_score_adj(pid)?,
+        seccomp: None,
+        seccomp_filters: Vec::new(),
         job_stop: None,
     })
 }
@@ -164,8 +184,12 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
 /// Builds the image of a thread other than the leader.
 pub fn collect_thread(t: &Tracee, pid: i32, ts: ThreadState) -> Result<ThreadCore> {
     let tid = t.pid();
+    let sched = crate::sched::collect(pid, tid, ts.timer_slack_ret)?;
+    let prctl = crate::prctl::thread(ts.pdeath_sig, ts.pdeath_sig_ret, pid, tid)?;
     Ok(ThreadCore {
         tid,
+        sched: Some(sched),
+        prctl: Some(prctl),
         comm: procfile::read(pid, &format!("task/{tid}/comm"))?
             .trim_end_matches('\n')
             .to_string(),
@@ -187,6 +211,8 @@ pub fn collect_thread(t: &Tracee, pid: i32, ts: ThreadState) -> Result<ThreadCor
         xstate: ts.xstate,
         robust_list: robust_list(t)?,
         rseq: rseq(t)?,
+        creds: Some(crate::creds::collect(pid, tid, ts.securebits)?),
+        seccomp: None,
     })
 }
 
@@ -230,7 +256,8 @@ fn rseq(t: &Tracee) -> Result<Option<Rseq>> {
     }))
 }
 
-fn creds(st: &procfs::process::Status) -> Creds {
+/// Ids, groups and capability sets from a `status` file.
+pub(crate) fn creds(st: &procfs::process::Status) -> Creds {
     Creds {
         uids: vec![st.ruid, st.euid, st.suid, st.fuid],
         gids: vec![st.rgid, st.egid, st.sgid, st.fgid],
@@ -240,6 +267,7 @@ fn creds(st: &procfs::process::Status) -> Creds {
         cap_inh: st.capinh,
         cap_bnd: st.capbnd.unwrap_or(0),
         cap_amb: st.capamb.unwrap_or(0),
+        ..Creds::default()
     }
 }
 

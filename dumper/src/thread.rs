@@ -16,6 +16,7 @@ const MAX_PASSES: usize = 100;
 /// maps the leader's seize error (no such process, permission).
 pub fn freeze(pid: i32, seize: impl Fn(ParasiteError) -> DumpError) -> Result<Vec<Tracee>> {
     let mut frozen = vec![Tracee::seize(pid).map_err(&seize)?];
+    crate::seccomp::suspend(pid, &frozen[0])?;
     for _ in 0..MAX_PASSES {
         let mut added = false;
         for tid in procfile::numbered_entries(pid, "task")? {
@@ -24,6 +25,7 @@ pub fn freeze(pid: i32, seize: impl Fn(ParasiteError) -> DumpError) -> Result<Ve
             }
             match Tracee::seize(tid) {
                 Ok(t) => {
+                    crate::seccomp::suspend(pid, &t)?;
                     frozen.push(t);
                     added = true;
                 }

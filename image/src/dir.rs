@@ -25,15 +25,14 @@ use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use crate::MANIFEST_NAME;
 use crate::digest;
 use crate::error::ImageError;
 use crate::header::{self, ImageKind};
 use crate::manifest::{FileDigest, Manifest};
+use crate::pagefile::{Flusher, PagesWriter};
 use crate::seal::{ImageKey, SEAL_LEN, SEAL_NAME, SealFailure};
 use crate::sys::{self, FileType, Identity, OpenError};
 
@@ -54,6 +53,8 @@ pub struct ImageWriter {
     committed: bool,
     /// `DIR` existed as an empty directory of ours, to be replaced.
     replace_empty: bool,
+    /// Writes streamed page files out.
+    flusher: Flusher,
 }
 
 impl ImageWriter {
@@ -114,6 +115,8 @@ impl ImageWriter {
         }
         sys::set_mode(tmp.as_fd(), sys::DIR_MODE)
             .map_err(|e| ImageError::io(&tmp_path, "chmod", e))?;
+        let flusher = Flusher::start()
+            .map_err(|e| ImageError::io(&tmp_path, "start writer threads for", e))?;
         Ok(ImageWriter {
             final_path: dir.into(),
             final_name,
@@ -126,6 +129,7 @@ impl ImageWriter {
             unsynced: Vec::new(),
             committed: false,
             replace_empty,
+            flusher,
         })
     }
 
@@ -200,12 +204,23 @@ impl ImageWriter {
         check_name(&self.tmp_path, name)?;
         let file = sys::create_file_at(self.tmp.as_fd(), OsStr::new(name), true)
             .map_err(|e| ImageError::io(&path, "create", e))?;
-        Ok(PagesWriter {
-            name: name.into(),
+        Ok(PagesWriter::positional(name.into(), path, file))
+    }
+
+    /// Creates page data file `name` for data appended roughly in order
+    /// (LZ4 blocks): written in aligned blocks with `O_DIRECT` by flusher
+    /// threads, hashed before it leaves memory (see [`crate::pagefile`]).
+    pub fn pages_streamed(&self, name: &str) -> Result<PagesWriter, ImageError> {
+        let path = self.tmp_path.join(name);
+        check_name(&self.tmp_path, name)?;
+        let file = sys::create_file_at(self.tmp.as_fd(), OsStr::new(name), false)
+            .map_err(|e| ImageError::io(&path, "create", e))?;
+        Ok(PagesWriter::streamed(
+            name.into(),
             path,
             file,
-            chunks: Mutex::new(Vec::new()),
-        })
+            &self.flusher,
+        ))
     }
 
     /// Syncs a page file and records its checksums.
@@ -492,100 +507,6 @@ fn read_exact_len(f: File, path: &Path, len: u64) -> Result<Vec<u8>, ImageError>
         });
     }
     Ok(bytes)
-}
-
-/// A page-data file written at explicit offsets, possibly from many
-/// threads; the CRC is combined from per-chunk CRCs, the BLAKE3 digest is
-/// computed from the page cache once the file is complete, while the disk
-/// is still taking the last writes.
-pub struct PagesWriter {
-    name: String,
-    path: PathBuf,
-    file: File,
-    chunks: Mutex<Vec<ChunkCrc>>,
-}
-
-#[derive(Clone, Copy)]
-struct ChunkCrc {
-    offset: u64,
-    len: u64,
-    crc: u32,
-}
-
-impl PagesWriter {
-    /// Path of the file being written (for messages).
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Bytes written into it so far.
-    pub fn written(&self) -> u64 {
-        self.chunks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|c| c.len)
-            .sum()
-    }
-
-    /// Writes `data` at `offset`. Chunks must not overlap and must end up
-    /// covering the file from 0 without holes.
-    pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), ImageError> {
-        self.file
-            .write_all_at(data, offset)
-            .map_err(|e| ImageError::io(&self.path, "write", e))?;
-        // Only a hint to start the disk now: the fsync in `finish` is what
-        // makes the data durable and reports any error.
-        if let Err(e) = sys::start_writeback(self.file.as_fd(), offset, data.len() as u64) {
-            log::debug!("{}: early writeback not started: {e}", self.path.display());
-        }
-        let crc = crc32c::crc32c(data);
-        self.chunks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(ChunkCrc {
-                offset,
-                len: data.len() as u64,
-                crc,
-            });
-        Ok(())
-    }
-
-    fn finish(self) -> Result<FileDigest, ImageError> {
-        let mut chunks = self.chunks.into_inner().unwrap_or_else(|p| p.into_inner());
-        chunks.sort_by_key(|c| c.offset);
-        let mut crc = 0u32;
-        let mut size = 0u64;
-        for c in &chunks {
-            if c.offset != size {
-                return Err(ImageError::Invalid {
-                    path: self.path.clone(),
-                    what: format!("page data has a hole or overlap at offset {}", size),
-                });
-            }
-            crc = if size == 0 {
-                c.crc
-            } else {
-                digest::crc32c_combine(crc, c.crc, c.len)
-            };
-            size += c.len;
-        }
-        // The CRC was combined from the chunks as they were written; the
-        // BLAKE3 digest needs whole blocks, hashed from the page cache
-        // before the fsync, so that hashing overlaps the writeback the
-        // writes started.
-        let (blake3, blocks) = digest::blake3_of_own_file(&self.file, size, &self.path)?;
-        self.file
-            .sync_all()
-            .map_err(|e| ImageError::io(&self.path, "fsync", e))?;
-        Ok(FileDigest {
-            name: self.name,
-            size,
-            crc32c: crc,
-            blake3: blake3.to_vec(),
-            block_blake3: blocks,
-        })
-    }
 }
 
 /// The sealed BLAKE3 digests of a page data file's blocks: each block is checked

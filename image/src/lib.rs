@@ -55,16 +55,20 @@ pub mod header;
 pub mod ipc;
 pub mod manifest;
 pub mod mm;
+pub mod pagefile;
 mod pb;
+pub mod sched;
 pub mod seal;
+pub mod seccomp;
 pub mod shmem;
 mod sys;
 pub mod task;
 pub mod timer;
 
-pub use dir::{BlockChecks, Committed, ImageDir, ImageWriter, PagesWriter};
+pub use dir::{BlockChecks, Committed, ImageDir, ImageWriter};
 pub use error::ImageError;
 pub use header::{FORMAT_VERSION, ImageKind};
+pub use pagefile::PagesWriter;
 pub use seal::{ImageKey, KeyError};
 
 /// Size of a page on every platform ckpt supports (x86_64).

@@ -80,6 +80,26 @@ pub struct ThreadState {
     pub tid_address: u64,
     /// Return value of the `prctl`.
     pub tid_address_ret: i64,
+    /// `prctl(PR_GET_SECUREBITS)`: its securebits, or a negative errno.
+    pub securebits: i64,
+    /// `prctl(PR_GET_TIMERSLACK)`: its timer slack in ns, or -errno.
+    pub timer_slack_ret: i64,
+    /// `prctl(PR_GET_PDEATHSIG)`: its parent-death signal.
+    pub pdeath_sig: i32,
+    /// Return value of that `prctl`.
+    pub pdeath_sig_ret: i64,
+}
+
+/// What [`Infection::thread_state`] asked the thread itself.
+struct ThreadAsked {
+    alt: AltStack,
+    altstack_ret: i64,
+    tid_address: u64,
+    tid_address_ret: i64,
+    timer_slack_ret: i64,
+    pdeath_sig: i32,
+    pdeath_sig_ret: i64,
+    securebits: i64,
 }
 
 impl Tracee {
@@ -291,26 +311,60 @@ impl Infection<'_> {
             )?;
             let mut word = [0u8; 8];
             self.tracee.read_mem(buf, &mut word)?;
-            Ok::<_, ParasiteError>((alt, altstack_ret, u64::from_le_bytes(word), tid_address_ret))
+            let tid_address = u64::from_le_bytes(word);
+            // Timer slack and the parent-death signal are per thread, and
+            // only the thread itself can ask for them.
+            let timer_slack_ret = thread.syscall_stop_at_exit(
+                self.base + BLOB.trampoline as u64,
+                libc::SYS_prctl,
+                [libc::PR_GET_TIMERSLACK as u64, 0, 0, 0, 0, 0],
+            )?;
+            let pdeath_sig_ret = thread.syscall_stop_at_exit(
+                self.base + BLOB.trampoline as u64,
+                libc::SYS_prctl,
+                [libc::PR_GET_PDEATHSIG as u64, buf, 0, 0, 0, 0],
+            )?;
+            // Securebits are per thread and only the thread can read them.
+            let securebits = thread.syscall_stop_at_exit(
+                self.base + BLOB.trampoline as u64,
+                libc::SYS_prctl,
+                [libc::PR_GET_SECUREBITS as u64, 0, 0, 0, 0, 0],
+            )?;
+            let mut int = [0u8; 4];
+            self.tracee.read_mem(buf, &mut int)?;
+            Ok::<_, ParasiteError>(ThreadAsked {
+                alt,
+                altstack_ret,
+                tid_address,
+                tid_address_ret,
+                timer_slack_ret,
+                pdeath_sig: i32::from_le_bytes(int),
+                pdeath_sig_ret,
+                securebits,
+            })
         })();
         // Whatever happened, the thread gets its own state back, exactly.
         thread.park_with(&regs)?;
         thread.set_xstate(&xstate)?;
         thread.set_sigmask(sigmask)?;
-        let (alt, altstack_ret, tid_address, tid_address_ret) = asked?;
+        let a = asked?;
         Ok(ThreadState {
             regs,
             xstate,
             sigmask,
             altstack: proto::StackT {
-                sp: alt.sp,
-                flags: alt.flags,
+                sp: a.alt.sp,
+                flags: a.alt.flags,
                 _pad: 0,
-                size: alt.size,
+                size: a.alt.size,
             },
-            altstack_ret,
-            tid_address,
-            tid_address_ret,
+            altstack_ret: a.altstack_ret,
+            tid_address: a.tid_address,
+            tid_address_ret: a.tid_address_ret,
+            timer_slack_ret: a.timer_slack_ret,
+            pdeath_sig: a.pdeath_sig,
+            pdeath_sig_ret: a.pdeath_sig_ret,
+            securebits: a.securebits,
         })
     }
 

@@ -514,3 +514,88 @@ pub fn poll_in(fd: std::os::fd::BorrowedFd<'_>, timeout_ms: i32) -> Result<bool,
         Err(e) => Err(e),
     }
 }
+
+/// `PTRACE_SECCOMP_GET_FILTER`: copy a classic BPF filter of the tracee.
+const PTRACE_SECCOMP_GET_FILTER: libc::c_uint = 0x420c;
+/// `PTRACE_SECCOMP_GET_METADATA`: the flags a filter was installed with.
+const PTRACE_SECCOMP_GET_METADATA: libc::c_uint = 0x420d;
+/// Size of one classic BPF instruction (`struct sock_filter`).
+pub const SOCK_FILTER_SIZE: usize = 8;
+
+/// Sets the ptrace options of a stopped tracee (raw, for the options nix
+/// does not name, such as `PTRACE_O_SUSPEND_SECCOMP`).
+pub fn set_options(pid: Pid, options: libc::c_int) -> Result<(), Errno> {
+    // SAFETY: PTRACE_SETOPTIONS takes the options in `data` and no memory.
+    check(unsafe {
+        libc::ptrace(
+            libc::PTRACE_SETOPTIONS,
+            pid.as_raw(),
+            0usize,
+            options as usize,
+        )
+    })?;
+    Ok(())
+}
+
+/// The tracee's seccomp filter `index` (0 is the oldest: the kernel's
+/// `get_nth_filter` counts from there, unlike what ptrace(2) says)
+/// as raw `struct sock_filter` instructions, or `None` past the oldest.
+/// At most `max_insns` instructions are accepted.
+pub fn seccomp_filter(pid: Pid, index: u64, max_insns: usize) -> Result<Option<Vec<u8>>, Errno> {
+    // SAFETY: with a null buffer the kernel only returns the length.
+    let len = match check(unsafe {
+        libc::ptrace(
+            PTRACE_SECCOMP_GET_FILTER,
+            pid.as_raw(),
+            index as usize,
+            std::ptr::null_mut::<libc::c_void>(),
+        )
+    }) {
+        Ok(n) => n as usize,
+        Err(Errno::ENOENT) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if len > max_insns {
+        return Err(Errno::E2BIG);
+    }
+    let mut buf = vec![0u8; len * SOCK_FILTER_SIZE];
+    // SAFETY: `buf` holds `len` instructions, the filter's length just
+    // read; filters are immutable once attached, so it cannot grow.
+    let got = check(unsafe {
+        libc::ptrace(
+            PTRACE_SECCOMP_GET_FILTER,
+            pid.as_raw(),
+            index as usize,
+            buf.as_mut_ptr().cast::<libc::c_void>(),
+        )
+    })? as usize;
+    buf.truncate(got.min(len) * SOCK_FILTER_SIZE);
+    Ok(Some(buf))
+}
+
+/// The kernel's `struct seccomp_metadata`.
+#[repr(C)]
+struct SeccompMetadata {
+    filter_off: u64,
+    flags: u64,
+}
+
+/// The `SECCOMP_FILTER_FLAG_*` flags the kernel reports for filter `index`
+/// (only those it keeps: `SECCOMP_FILTER_FLAG_LOG`).
+pub fn seccomp_filter_flags(pid: Pid, index: u64) -> Result<u64, Errno> {
+    let mut md = SeccompMetadata {
+        filter_off: index,
+        flags: 0,
+    };
+    // SAFETY: the kernel reads `filter_off` and writes at most the size
+    // given (the whole struct) into `md`.
+    check(unsafe {
+        libc::ptrace(
+            PTRACE_SECCOMP_GET_METADATA,
+            pid.as_raw(),
+            std::mem::size_of::<SeccompMetadata>(),
+            &mut md as *mut SeccompMetadata,
+        )
+    })?;
+    Ok(md.flags)
+}

@@ -33,7 +33,13 @@ pub struct Tracee {
     pid: Pid,
     mem: File,
     attached: bool,
+    /// The ptrace options in force (`PTRACE_SETOPTIONS` replaces them all,
+    /// so each change starts from these).
+    options: std::sync::atomic::AtomicI32,
 }
+
+/// `PTRACE_O_TRACESYSGOOD`, what a seized task starts with.
+const SEIZED_OPTIONS: libc::c_int = libc::PTRACE_O_TRACESYSGOOD;
 
 impl Tracee {
     /// Seizes `pid` with `PTRACE_SEIZE` and stops it with `PTRACE_INTERRUPT`,
@@ -57,6 +63,7 @@ impl Tracee {
             pid: p,
             mem: File::open("/dev/null").expect("/dev/null"),
             attached: true,
+            options: std::sync::atomic::AtomicI32::new(SEIZED_OPTIONS),
         };
         ptrace::interrupt(p).map_err(|source| ParasiteError::Ptrace {
             pid,
@@ -96,16 +103,9 @@ impl Tracee {
             pid: p,
             mem: open_mem(pid)?,
             attached: true,
+            options: std::sync::atomic::AtomicI32::new(0),
         };
-        ptrace::setoptions(
-            p,
-            ptrace::Options::PTRACE_O_TRACESYSGOOD | ptrace::Options::PTRACE_O_EXITKILL,
-        )
-        .map_err(|source| ParasiteError::Ptrace {
-            pid,
-            op: "setoptions",
-            source,
-        })?;
+        t.set_options(libc::PTRACE_O_TRACESYSGOOD | libc::PTRACE_O_EXITKILL)?;
         Ok(t)
     }
 
@@ -113,14 +113,46 @@ impl Tracee {
     /// (stopped with SIGSTOP before they run any code), for recreating
     /// threads and children.
     pub fn trace_clones(&self) -> Result<()> {
-        ptrace::setoptions(
-            self.pid,
-            ptrace::Options::PTRACE_O_TRACESYSGOOD
-                | ptrace::Options::PTRACE_O_EXITKILL
-                | ptrace::Options::PTRACE_O_TRACECLONE
-                | ptrace::Options::PTRACE_O_TRACEFORK,
+        self.set_options(
+            libc::PTRACE_O_TRACESYSGOOD
+                | libc::PTRACE_O_EXITKILL
+                | libc::PTRACE_O_TRACECLONE
+                | libc::PTRACE_O_TRACEFORK
+                | (self.options.load(std::sync::atomic::Ordering::Relaxed)
+                    & libc::PTRACE_O_SUSPEND_SECCOMP),
         )
-        .map_err(self.ptrace_err("setoptions"))
+    }
+
+    /// Makes the task's seccomp mode and filters ignore every syscall it
+    /// makes until ckpt detaches (`PTRACE_O_SUSPEND_SECCOMP`, needs
+    /// CAP_SYS_ADMIN): the parasite and the restorer's remote syscalls are
+    /// ckpt's, not the program's, and must not be filtered or killed.
+    /// Threads and children it creates while traced inherit it.
+    pub fn suspend_seccomp(&self) -> Result<()> {
+        self.set_options(
+            self.options.load(std::sync::atomic::Ordering::Relaxed)
+                | libc::PTRACE_O_SUSPEND_SECCOMP,
+        )
+    }
+
+    fn set_options(&self, options: libc::c_int) -> Result<()> {
+        sys::set_options(self.pid, options).map_err(self.ptrace_err("setoptions"))?;
+        self.options
+            .store(options, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The task's seccomp filter `index` (0 is the oldest) as raw
+    /// `struct sock_filter` bytes, or `None` past the oldest; a filter
+    /// longer than `max_insns` is an `E2BIG` error.
+    pub fn seccomp_filter(&self, index: u64, max_insns: usize) -> Result<Option<Vec<u8>>> {
+        sys::seccomp_filter(self.pid, index, max_insns)
+            .map_err(self.ptrace_err("seccomp_get_filter"))
+    }
+
+    /// The `SECCOMP_FILTER_FLAG_*` flags the kernel kept for filter `index`.
+    pub fn seccomp_filter_flags(&self, index: u64) -> Result<u64> {
+        sys::seccomp_filter_flags(self.pid, index).map_err(self.ptrace_err("seccomp_get_metadata"))
     }
 
     /// Runs `clone3(args, size)` inside the task at `site` (which must hold
@@ -174,6 +206,10 @@ impl Tracee {
             pid: child,
             mem: open_mem(tid)?,
             attached: true,
+            // The kernel copies the tracer's options to an auto-attached child.
+            options: std::sync::atomic::AtomicI32::new(
+                self.options.load(std::sync::atomic::Ordering::Relaxed),
+            ),
         })
     }
 

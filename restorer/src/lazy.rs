@@ -479,6 +479,7 @@ impl PageServer {
             .flat_map(|sp| {
                 std::iter::once(sp.uffd.as_raw_fd()).chain(sp.exit.as_ref().map(|e| e.as_raw_fd()))
             })
+            .chain(crate::ns::restorer_time_fd())
             .collect();
         let me = std::process::id() as i32;
         match sys::daemonize(&keep).map_err(|e| RestoreError::os(me, "fork page server", e))? {
@@ -491,6 +492,12 @@ impl PageServer {
                 // the fork, and its file is closed: the daemon logs to
                 // syslog only.
                 log::set_max_level(log::LevelFilter::Off);
+                if let Err(e) = crate::ns::leave_job_time_ns() {
+                    sys::syslog(
+                        true,
+                        &format!("page server stays in the job's time namespace: {e}"),
+                    );
+                }
                 let code = match s.run(None) {
                     Ok(_) => {
                         sys::syslog(false, &s.summary(what));

@@ -24,14 +24,19 @@
 
 pub mod error;
 
+mod creds;
 mod fd;
 mod inherit;
 mod ipc;
 pub mod lazy;
 mod mm;
+mod ns;
 mod pages;
 mod pid;
+mod prctl;
 pub mod run;
+mod sched;
+mod seccomp;
 mod shapes;
 mod shmem;
 mod stopped;
@@ -190,6 +195,7 @@ fn load(images: &ImageDir, files: &Files, entry: &ProcessEntry) -> Result<Proces
     };
     validate(images, pid, &p)?;
     check_owner(images, entry, &p.core)?;
+    creds::check_threads(&p.core)?;
     fd::validate(images, pid, &p.fds, files)?;
     Ok(p)
 }
@@ -432,21 +438,53 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
             pid::wait_free(tc.tid, opts.pid_wait, opts.notice)?;
         }
     }
+    let namespaces = m.namespaces.as_ref();
+    ns::check(root, namespaces)?;
+    let own_ipc = namespaces.is_some_and(|n| n.ipc);
     // IPC objects before any process: a collision fails the restore with
     // nothing created, and the processes attach what is already there.
-    ipc::check_free(&sysv)?;
-    let created = ipc::create(&images, &sysv)?;
+    // Those of an IPC namespace of the tree's own are created in the new
+    // one, right after the root (see `ns.rs`).
+    let created = if own_ipc {
+        None
+    } else {
+        ipc::check_free(&sysv)?;
+        Some(ipc::create(&images, &sysv)?)
+    };
     let _pidfd = if new_ns {
         Some(RestorerPidfd::new(&procs)?)
     } else {
         None
     };
-    let child = if new_ns {
-        spawn_in_new_pidns(root)?
-    } else {
-        spawn(root, opts)?
+    let own_time = match namespaces.and_then(|n| n.time.as_ref()) {
+        Some(time) => Some(ns::enter_time(root, time)?),
+        None => None,
     };
+    let ns_flags = ns::clone_flags(namespaces);
+    let child = if new_ns {
+        spawn_in_new_pidns(root, ns_flags)
+    } else {
+        spawn(root, ns_flags, opts)
+    };
+    if let Some(own) = own_time {
+        own.restore();
+    }
+    let child = child?;
     let host_root = child.pid;
+    if let Some(uts) = namespaces.and_then(|n| n.uts.as_ref()) {
+        ns::set_uts(host_root, uts)?;
+    }
+    let created = match created {
+        Some(c) => c,
+        None => {
+            // The namespace, and with it every object, ends with the
+            // tree's last process: nothing to remove on failure, and
+            // nothing of ckpt's namespace may be removed by these ids.
+            let mut c = ns::in_ipc(host_root, own_ipc, || ipc::create(&images, &sysv))?;
+            c.disarm();
+            c
+        }
+    };
     let mut fds = fd::Context::new(&images, &files, &opts.files);
     *fds.state::<shmem::Objects>() = objects;
     let mut server = if lazy.contains(&true) {
@@ -498,7 +536,9 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
         built.and_then(|b| verified.map(|()| b))
     });
     match built
-        .and_then(|built| ipc::remove_marked(&sysv).map(|()| built))
+        .and_then(|built| {
+            ns::in_ipc(host_root, own_ipc, || ipc::remove_marked(&sysv)).map(|()| built)
+        })
         .and_then(|built| {
             images
                 .verify_remaining()
@@ -778,6 +818,7 @@ fn validate(images: &ImageDir, pid: i32, p: &ProcessImages) -> Result<()> {
     if p.core.xstate.len() < 576 {
         return Err(invalid(core_name, "XSAVE area too short"));
     }
+    ckpt_image::seccomp::validate(&p.core)?;
     let pages_len = images.digest(&ckpt_image::pages_name(pid))?.size;
     pages::plan(pid, &p.mm, pages_len)?;
     Ok(())
@@ -867,7 +908,7 @@ impl Drop for RestorerPidfd {
 
 /// Creates the root as PID 1 of a new PID namespace (`root` is its pid in
 /// the image, which must be 1), stopped and traced by us.
-fn spawn_in_new_pidns(root: i32) -> Result<ChildGuard> {
+fn spawn_in_new_pidns(root: i32, ns_flags: u64) -> Result<ChildGuard> {
     const NS_INIT_PID: i32 = 1;
     if root != NS_INIT_PID {
         return Err(RestoreError::Host {
@@ -875,7 +916,7 @@ fn spawn_in_new_pidns(root: i32) -> Result<ChildGuard> {
             what: "the image's PID namespace root is not pid 1".into(),
         });
     }
-    let got = sys::fork_stopped_in_new_pidns()
+    let got = sys::fork_stopped_in_new_pidns(ns_flags)
         .map_err(|e| RestoreError::os(root, "clone3 with CLONE_NEWPID", e))?;
     let guard = ChildGuard {
         pid: got,
@@ -892,7 +933,7 @@ fn spawn_in_new_pidns(root: i32) -> Result<ChildGuard> {
 }
 
 /// Creates the child with the original pid, stopped and traced by us.
-fn spawn(pid: i32, opts: &RestoreOptions<'_>) -> Result<ChildGuard> {
+fn spawn(pid: i32, ns_flags: u64, opts: &RestoreOptions<'_>) -> Result<ChildGuard> {
     let deadline = Instant::now() + opts.pid_wait;
     loop {
         pid::wait_free(
@@ -900,7 +941,7 @@ fn spawn(pid: i32, opts: &RestoreOptions<'_>) -> Result<ChildGuard> {
             deadline.saturating_duration_since(Instant::now()),
             opts.notice,
         )?;
-        match sys::fork_stopped_with_pid(pid) {
+        match sys::fork_stopped_with_pid(pid, ns_flags) {
             Ok(got) => {
                 let guard = ChildGuard {
                     pid: got,
@@ -1050,17 +1091,23 @@ fn rebuild_process(
     task::queue_pending(&r, pid, &core.pending)?;
     // Threads are created while the leader still has the privileges clone3
     // with set_tid needs; credentials are per thread in the kernel.
+    let shared_filters = seccomp::install_shared(&r, core)?;
     let threads = thread::spawn(&r, core)?;
     for th in &threads {
         log::debug!("pid {pid}: thread {}", th.pid());
     }
     // After the threads: a timer may signal one of them.
     timer::create(&r, &core.posix_timers)?;
-    task::restore_creds(&r, core)?;
-    for th in &threads {
-        task::restore_creds(&ckpt_parasite::remote::Remote { t: th, base }, core)?;
+    sched::restore(&r, &threads, core, opts.notice)?;
+    prctl::restore_before_creds(&r, core)?;
+    seccomp::install_own(&r, &threads, core, shared_filters)?;
+    creds::restore(&r, pid, core.creds.as_ref())?;
+    for (th, tc) in threads.iter().zip(&core.threads) {
+        let own = tc.creds.as_ref().or(core.creds.as_ref());
+        creds::restore(&ckpt_parasite::remote::Remote { t: th, base }, pid, own)?;
     }
     timer::arm(&r, &core.posix_timers)?;
+    prctl::restore_after_creds(&r, &threads, core)?;
     thread::finish(&threads, core)?;
 
     // Last syscall: unmap the scratch area, stopping at its exit because

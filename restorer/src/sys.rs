@@ -39,10 +39,11 @@ unsafe fn fork_like_clone3(args: &CloneArgs) -> libc::c_long {
 /// Creates a child with pid `pid` (fork semantics: a copy of this process).
 /// In the child it calls `PTRACE_TRACEME` and stops itself with SIGSTOP, so
 /// the parent holds it before it runs any code of its own; it never returns
-/// in the child.
-pub fn fork_stopped_with_pid(pid: i32) -> std::io::Result<i32> {
+/// in the child. `ns_flags`: CLONE_NEW* flags of namespaces it gets new.
+pub fn fork_stopped_with_pid(pid: i32, ns_flags: u64) -> std::io::Result<i32> {
     let tid: libc::pid_t = pid;
     let args = CloneArgs {
+        flags: ns_flags,
         exit_signal: libc::SIGCHLD as u64,
         set_tid: &tid as *const libc::pid_t as u64,
         set_tid_size: 1,
@@ -630,14 +631,14 @@ pub fn shm_lock(id: i32) -> std::io::Result<()> {
 /// ignores the signals it sends itself, SIGSTOP included, so once its /proc
 /// is mounted it says so through a pipe and waits in a loop of raw
 /// syscalls for `PTRACE_ATTACH` from here (a signal from the parent
-/// namespace reaches it).
-pub fn fork_stopped_in_new_pidns() -> std::io::Result<i32> {
+/// namespace reaches it). `ns_flags`: further CLONE_NEW* flags.
+pub fn fork_stopped_in_new_pidns(ns_flags: u64) -> std::io::Result<i32> {
     let mut ready = [0 as libc::c_int; 2];
     // SAFETY: pipe2 writes two fds into the array it is given.
     check(unsafe { libc::pipe2(ready.as_mut_ptr(), libc::O_CLOEXEC) })?;
     let [ready_r, ready_w] = ready;
     let args = CloneArgs {
-        flags: (libc::CLONE_NEWPID | libc::CLONE_NEWNS) as u64,
+        flags: (libc::CLONE_NEWPID | libc::CLONE_NEWNS) as u64 | ns_flags,
         exit_signal: libc::SIGCHLD as u64,
         ..Default::default()
     };
@@ -816,3 +817,50 @@ pub fn syslog(err: bool, msg: &str) {
         libc::syslog(level, c"%s".as_ptr(), msg.as_ptr());
     }
 }
+
+/// Moves the calling thread into the namespace open at `ns` of kind
+/// `nstype` (UTS and IPC namespaces are per thread).
+pub fn setns(ns: std::os::fd::BorrowedFd<'_>, nstype: libc::c_int) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: setns takes an fd we hold and an integer; it changes only
+    // the calling thread's namespaces.
+    check(unsafe { libc::setns(ns.as_raw_fd(), nstype) })
+}
+
+/// Sets the calling thread's UTS namespace's host and domain names.
+pub fn set_uts_names(hostname: &[u8], domainname: &[u8]) -> std::io::Result<()> {
+    // SAFETY: the pointers and lengths describe live slices; the kernel
+    // copies at most `len` bytes (and refuses more than it holds).
+    check(unsafe { libc::sethostname(hostname.as_ptr().cast(), hostname.len()) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::setdomainname(domainname.as_ptr().cast(), domainname.len()) })
+}
+
+/// `unshare(CLONE_NEWTIME)`: the children the calling thread creates from
+/// now on are in a new time namespace, whose offsets can be written (in
+/// /proc/self/timens_offsets, from the main thread) until the first of
+/// them exists.
+pub fn unshare_time_namespace() -> std::io::Result<()> {
+    // SAFETY: unshare takes no pointers; CLONE_NEWTIME changes only the
+    // namespace of children created later.
+    check(unsafe { libc::unshare(libc::CLONE_NEWTIME) })
+}
+
+/// Whether the calling thread is its process's main thread (the one
+/// /proc/self speaks for).
+pub fn is_main_thread() -> bool {
+    // SAFETY: gettid and getpid take no arguments.
+    unsafe { libc::gettid() == libc::getpid() }
+}
+
+/// `clock_gettime(clock)` in nanoseconds.
+pub fn clock_ns(clock: libc::clockid_t) -> std::io::Result<i64> {
+    // SAFETY: an all-zero timespec is a valid value.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: clock_gettime fills the timespec it is given.
+    check(unsafe { libc::clock_gettime(clock, &mut ts) })?;
+    Ok(ts.tv_sec * NANOS_PER_SEC + ts.tv_nsec)
+}
+
+/// Nanoseconds in a second.
+pub const NANOS_PER_SEC: i64 = 1_000_000_000;

@@ -1,6 +1,6 @@
 //! Task state other than memory and files: identity, limits, signal
-//! dispositions, timers, futex/rseq registrations, credentials, pending
-//! signals, and finally the registers.
+//! dispositions, timers, futex/rseq registrations, pending signals, and
+//! finally the registers (credentials: `creds.rs`).
 
 use ckpt_image::task::{AltStack, Core, GpRegs, PendingSignal, RobustList, Rseq};
 use ckpt_parasite::Regs;
@@ -200,83 +200,6 @@ pub fn restore_rlimits(pid: i32, core: &Core, warn: &dyn Fn(&str)) -> Result<()>
             rl.hard
         ));
     }
-    Ok(())
-}
-
-/// Groups, gids, uids and capabilities, when they differ from the
-/// restorer's (which the child inherited).
-pub fn restore_creds(r: &Remote<'_>, core: &Core) -> Result<()> {
-    let Some(c) = &core.creds else { return Ok(()) };
-    let status = std::fs::read_to_string(format!("/proc/{}/status", r.t.pid()))
-        .map_err(|e| RestoreError::os(r.t.pid(), "read status", e))?;
-    let field = |k: &str| {
-        status
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix(k)
-                    .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
-            })
-            .unwrap_or_default()
-    };
-    let join = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(" ");
-    let same_ids = field("Uid:") == join(&c.uids)
-        && field("Gid:") == join(&c.gids)
-        && field("Groups:") == join(&c.groups);
-    let cap = |k: &str| u64::from_str_radix(&field(k), 16).unwrap_or(0);
-    let same_caps =
-        cap("CapEff:") == c.cap_eff && cap("CapPrm:") == c.cap_prm && cap("CapInh:") == c.cap_inh;
-    if same_ids && same_caps {
-        return Ok(());
-    }
-    if c.uids.len() < 3 || c.gids.len() < 3 {
-        return Err(RestoreError::Image(ckpt_image::ImageError::Invalid {
-            path: ckpt_image::core_name(core.pid).into(),
-            what: "credentials lack uids or gids".into(),
-        }));
-    }
-    if !same_ids {
-        let groups: Vec<u8> = c.groups.iter().flat_map(|g| g.to_le_bytes()).collect();
-        let gp = r.put(0, &groups)?;
-        r.call(
-            "setgroups",
-            libc::SYS_setgroups,
-            [c.groups.len() as u64, gp, 0, 0, 0, 0],
-        )?;
-        r.call(
-            "prctl(PR_SET_KEEPCAPS)",
-            libc::SYS_prctl,
-            [libc::PR_SET_KEEPCAPS as u64, 1, 0, 0, 0, 0],
-        )?;
-        let ids = |v: &[u32]| [v[0] as u64, v[1] as u64, v[2] as u64, 0, 0, 0];
-        r.call("setresgid", libc::SYS_setresgid, ids(&c.gids))?;
-        r.call("setresuid", libc::SYS_setresuid, ids(&c.uids))?;
-        r.call(
-            "prctl(PR_SET_KEEPCAPS)",
-            libc::SYS_prctl,
-            [libc::PR_SET_KEEPCAPS as u64, 0, 0, 0, 0, 0],
-        )?;
-    }
-    // struct __user_cap_header_struct {version, pid} + two data words
-    // {effective, permitted, inheritable} for _LINUX_CAPABILITY_VERSION_3.
-    let hdr = r.put(
-        0,
-        &[0x2008_0522u32.to_le_bytes(), 0u32.to_le_bytes()].concat(),
-    )?;
-    let lo = |v: u64| v as u32;
-    let hi = |v: u64| (v >> 32) as u32;
-    let data: Vec<u8> = [
-        lo(c.cap_eff),
-        lo(c.cap_prm),
-        lo(c.cap_inh),
-        hi(c.cap_eff),
-        hi(c.cap_prm),
-        hi(c.cap_inh),
-    ]
-    .iter()
-    .flat_map(|w| w.to_le_bytes())
-    .collect();
-    let dp = r.put(1, &data)?;
-    r.call("capset", libc::SYS_capset, [hdr, dp, 0, 0, 0, 0])?;
     Ok(())
 }
 

@@ -54,6 +54,12 @@ pub struct DumpArgs {
     /// copied from DIR.
     #[arg(long, value_name = "DIR")]
     prev: Option<PathBuf>,
+    /// Leave write tracking in every process after this (restorable)
+    /// checkpoint, as --pre-dump does, so that the next dump can take
+    /// `--prev DIR` on it: periodic checkpoints, each complete, each
+    /// reading only the pages written since the one before.
+    #[arg(long, conflicts_with_all = ["kill", "background", "pre_dump"])]
+    track: bool,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -102,8 +108,8 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
         ckpt_image::ImageKey::load_or_create(&ckpt_image::seal::key_path(a.image_key.as_deref()))?;
     if a.coord.enabled() {
         anyhow::ensure!(
-            !a.pre_dump && a.prev.is_none(),
-            "--pre-dump and --prev do not go with --coord yet"
+            !a.pre_dump && a.prev.is_none() && !a.track,
+            "--pre-dump, --prev and --track do not go with --coord yet"
         );
         anyhow::ensure!(
             !a.background,
@@ -133,6 +139,7 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
         externals: &a.externals,
         background: a.background,
         prev: prev.as_ref(),
+        track: a.track,
     };
     let scripts = ActionScripts::new(a.action_scripts.clone(), &a.dir);
     let report =
@@ -298,6 +305,7 @@ fn coordinated_phases(
         // Every node's tree stays frozen until the epoch is committed.
         background: false,
         prev: None,
+        track: false,
     };
     let written = s.local(frozen.write(&write))?;
     s.local(scripts.run(Phase::PostDump, Some(a.pid)))?;

@@ -1,5 +1,8 @@
-//! `ckpt run --pidns -- CMD ARGS...`: the command runs as PID 2 of a new
-//! PID namespace under ckpt's init (PID 1), see `ckpt_restorer::run`.
+//! `ckpt run [--pidns] [--utsns] [--ipcns] [--timens] -- CMD ARGS...`:
+//! the command runs in new namespaces of those kinds; with --pidns as PID
+//! 2 of a new PID namespace under ckpt's init (PID 1), see
+//! `ckpt_restorer::run`; without, ckpt execs it (same pid) once the
+//! namespaces are made.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -13,9 +16,32 @@ pub struct RunArgs {
     /// Run the command in a new PID namespace (and a mount namespace with
     /// its own /proc), under ckpt's init as PID 1: dump it with
     /// `ckpt dump --tree <host pid of the init>`; a restore recreates the
-    /// namespace with the same pids inside. Required (the only mode).
+    /// namespace with the same pids inside.
     #[arg(long)]
     pidns: bool,
+    /// Run the command in a new UTS namespace: a hostname of its own, saved
+    /// and set again at restore.
+    #[arg(long)]
+    utsns: bool,
+    /// Run the command in a new IPC namespace: SysV objects of its own,
+    /// saved with their ids and recreated at restore, whatever ids the
+    /// host uses meanwhile.
+    #[arg(long)]
+    ipcns: bool,
+    /// Run the command in a new time namespace: its CLOCK_MONOTONIC and
+    /// CLOCK_BOOTTIME continue after a restore from where they were at the
+    /// dump, on any host.
+    #[arg(long)]
+    timens: bool,
+    /// With --timens: start the job's monotonic and boot clocks this many
+    /// seconds ahead of the host's (negative: behind, down to zero).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        requires = "timens",
+        allow_negative_numbers = true
+    )]
+    clock_offset: Option<i64>,
     /// Write the host pid of the namespace's init (the pid to dump) to
     /// this file once it runs.
     #[arg(long, value_name = "PATH")]
@@ -40,13 +66,22 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
         })?;
         return Ok(ExitCode::from(code as u8));
     }
-    if !a.pidns {
-        anyhow::bail!("ckpt run needs --pidns (running in a new PID namespace is its only mode)");
+    let ns = ckpt_restorer::run::JobNamespaces {
+        uts: a.utsns,
+        ipc: a.ipcns,
+        time: a.timens.then_some(a.clock_offset.unwrap_or(0)),
+    };
+    if !a.pidns && !ns.any() {
+        anyhow::bail!("ckpt run needs at least one of --pidns, --utsns, --ipcns, --timens");
     }
     let me = std::env::current_exe().context("finding the ckpt executable")?;
+    if !a.pidns {
+        ckpt_restorer::run::enter_namespaces(ns).context("creating the job's namespaces")?;
+        return exec_in_place(&a);
+    }
     let mut args: Vec<OsString> = vec!["run".into(), "--pidns-init".into(), "--".into()];
     args.extend(a.command.iter().cloned());
-    let mut init = ckpt_restorer::run::spawn_init(&me, &args)
+    let mut init = ckpt_restorer::run::spawn_init(&me, &args, ns)
         .context("starting the init of a new PID namespace")?;
     log::info!("run: pid namespace init is host pid {}", init.id());
     if let Some(path) = &a.pidfile {
@@ -59,4 +94,17 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let status = init.wait().context("waiting for the namespace's init")?;
     Ok(ExitCode::from(ckpt_restorer::run::exit_code(status) as u8))
+}
+
+/// Without --pidns: the command replaces ckpt (same pid, the one to dump)
+/// in the namespaces just made; a time namespace takes effect at the exec.
+fn exec_in_place(a: &RunArgs) -> anyhow::Result<ExitCode> {
+    use std::os::unix::process::CommandExt;
+    if let Some(path) = &a.pidfile {
+        super::restore::write_pidfile(path, std::process::id() as i32)?;
+    }
+    let err = std::process::Command::new(&a.command[0])
+        .args(&a.command[1..])
+        .exec();
+    Err(err).with_context(|| format!("executing {}", a.command[0].to_string_lossy()))
 }

@@ -166,8 +166,15 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
             "sigactions": core.sigactions.len(),
             "pending_signals": core.pending.len(),
             "posix_timers": core.posix_timers.iter().map(|t| t.describe()).collect::<Vec<_>>(),
+            "sched": sched_summary(&core),
+            "oom_score_adj": core.oom_score_adj,
+            "prctl": core.prctl.as_ref().map(|p| p.describe()).unwrap_or_default(),
+            "security": security_lines(&core),
             "vmas": vmas,
             "fds": fds,
+            // Left by `dump --track` in the running process, for the next
+            // dump's `--prev`; not part of what a restore rebuilds.
+            "tracking": mm.tracking.map(|t| json!({"fd": t.fd, "inode": t.inode})),
         }));
     }
     // Shared memory objects, each once, whoever maps them.
@@ -202,7 +209,13 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
         "created_unix": m.created_unix,
         "cpu": m.cpu.as_ref().map(|c| json!({"vendor": c.vendor, "xcr0": format!("{:#x}", c.xcr0), "xsave_size": c.xsave_size})),
         "root_pid": m.root_pid,
+        "pre_dump": false,
         "pid_namespace": m.pid_namespace.map(|n| json!({"root_host_pid": n.root_host_pid})),
+        "namespaces": m.namespaces.as_ref().map(|n| json!({
+            "uts": n.uts.as_ref().map(|u| json!({"hostname": u.hostname, "domainname": u.domainname})),
+            "ipc": n.ipc,
+            "time": n.time.as_ref().map(|t| json!({"monotonic_ns": t.monotonic_ns, "boottime_ns": t.boottime_ns, "monotonic_offset_ns": t.monotonic_offset_ns, "boottime_offset_ns": t.boottime_offset_ns})),
+        })),
         "files": m.files.iter().map(|f| json!({"name": f.name, "size": f.size, "crc32c": format!("{:08x}", f.crc32c), "blake3": hex(&f.blake3)})).collect::<Vec<_>>(),
         "processes": procs,
         "shmem": shmem,
@@ -211,6 +224,26 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
 }
 
 /// The SysV IPC objects of the job (`ipc.img`, absent when it has none).
+/// Each thread's scheduling attributes (leader first) and the other
+/// threads' parent-death signals, for images that have them.
+fn sched_summary(core: &Core) -> Vec<Value> {
+    let leader = std::iter::once((core.pid, &core.comm, core.sched.as_ref(), None));
+    let others = core.threads.iter().map(|t| {
+        let pdeath = t.prctl.as_ref().map(|p| p.pdeath_sig).filter(|s| *s != 0);
+        (t.tid, &t.comm, t.sched.as_ref(), pdeath)
+    });
+    leader
+        .chain(others)
+        .filter_map(|(tid, comm, sched, pdeath)| {
+            let mut line = sched?.describe();
+            if let Some(sig) = pdeath {
+                line.push_str(&format!(", parent-death signal {sig}"));
+            }
+            Some(json!({ "tid": tid, "comm": comm, "sched": line }))
+        })
+        .collect()
+}
+
 fn ipc_summary(dir: &ImageDir) -> Result<Value, ImageError> {
     use ckpt_image::ipc::{Ipc, IpcPerm};
     let ipc: Ipc = match dir.digest(ckpt_image::IPC_NAME) {
@@ -236,6 +269,69 @@ fn ipc_summary(dir: &ImageDir) -> Result<Value, ImageError> {
 }
 
 /// Lower-case hex of `bytes`.
+/// Credentials and seccomp of each thread where they are not the plain
+/// case: a thread's ids when they differ from the leader's, fs ids apart
+/// from the effective ones, a bounding set with holes, ambient caps,
+/// securebits, no_new_privs, seccomp mode and filters.
+fn security_lines(core: &Core) -> Vec<String> {
+    use ckpt_image::seccomp::Seccomp;
+    use ckpt_image::task::Creds;
+    let leader = core.creds.clone().unwrap_or_default();
+    let describe = |c: &Creds, s: Option<&Seccomp>, is_leader: bool| {
+        let mut parts = Vec::new();
+        if !is_leader && (c.uids != leader.uids || c.gids != leader.gids) {
+            parts.push(format!("uids {:?} gids {:?}", c.uids, c.gids));
+        }
+        if c.uids.get(3) != c.uids.get(1) || c.gids.get(3) != c.gids.get(1) {
+            parts.push(format!(
+                "fsuid {} fsgid {}",
+                c.uids.get(3).copied().unwrap_or_default(),
+                c.gids.get(3).copied().unwrap_or_default()
+            ));
+        }
+        // A full set is 2^n - 1; anything else had caps dropped.
+        if c.cap_bnd & c.cap_bnd.wrapping_add(1) != 0 {
+            parts.push(format!("bounding set {:#x}", c.cap_bnd));
+        }
+        if c.cap_amb != 0 {
+            parts.push(format!("ambient caps {:#x}", c.cap_amb));
+        }
+        if c.securebits != 0 {
+            parts.push(format!("securebits {:#x}", c.securebits));
+        }
+        if c.no_new_privs {
+            parts.push("no_new_privs".into());
+        }
+        if let Some(s) = s {
+            let insns: usize = s
+                .filters
+                .iter()
+                .filter_map(|&i| core.seccomp_filters.get(i as usize))
+                .map(|f| f.len_insns())
+                .sum();
+            parts.push(format!(
+                "seccomp {} ({} filters, {insns} instructions)",
+                s.mode_name(),
+                s.filters.len()
+            ));
+        }
+        parts
+    };
+    let mut out = Vec::new();
+    let threads = std::iter::once((core.pid, Some(&leader), core.seccomp.as_ref(), true)).chain(
+        core.threads
+            .iter()
+            .map(|t| (t.tid, t.creds.as_ref(), t.seccomp.as_ref(), false)),
+    );
+    for (tid, c, s, is_leader) in threads {
+        let parts = describe(c.unwrap_or(&leader), s, is_leader);
+        if !parts.is_empty() {
+            out.push(format!("thread {tid}: {}", parts.join(", ")));
+        }
+    }
+    out
+}
+
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
     bytes.iter().fold(String::new(), |mut s, b| {
@@ -271,6 +367,24 @@ fn render_text(v: &Value) -> String {
         let _ = writeln!(
             s,
             "pid namespace: pids are the tree's own namespace's (root was host pid {host})"
+        );
+    }
+    let ns = &v["namespaces"];
+    if let Some(host) = ns["uts"]["hostname"].as_str() {
+        let domain = ns["uts"]["domainname"].as_str().unwrap_or("");
+        let _ = writeln!(
+            s,
+            "uts namespace: its own, hostname {host:?}, domainname {domain:?}"
+        );
+    }
+    if ns["ipc"].as_bool() == Some(true) {
+        let _ = writeln!(s, "ipc namespace: its own (SysV ids are that namespace's)");
+    }
+    if let Some(mono) = ns["time"]["monotonic_ns"].as_i64() {
+        let boot = ns["time"]["boottime_ns"].as_i64().unwrap_or(0);
+        let _ = writeln!(
+            s,
+            "time namespace: its own, clocks at dump monotonic {mono} ns, boottime {boot} ns"
         );
     }
     let total: u64 = v["files"]
@@ -322,6 +436,36 @@ fn render_text(v: &Value) -> String {
         }
         for t in p["posix_timers"].as_array().into_iter().flatten() {
             let _ = writeln!(s, "  POSIX {}", t.as_str().unwrap_or(""));
+        }
+        if let Some(fd) = p["tracking"]["fd"].as_i64() {
+            let _ = writeln!(
+                s,
+                "  write tracking left in the process at fd {fd} (for `dump --prev`)"
+            );
+        }
+        for t in p["sched"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                s,
+                "  thread {} ({}): {}",
+                t["tid"],
+                t["comm"].as_str().unwrap_or(""),
+                t["sched"].as_str().unwrap_or("")
+            );
+        }
+        if p["oom_score_adj"].as_i64().unwrap_or(0) != 0 {
+            let _ = writeln!(s, "  oom_score_adj {}", p["oom_score_adj"]);
+        }
+        let prctl: Vec<&str> = p["prctl"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        if !prctl.is_empty() {
+            let _ = writeln!(s, "  {}", prctl.join(", "));
+        }
+        for t in p["security"].as_array().into_iter().flatten() {
+            let _ = writeln!(s, "  {}", t.as_str().unwrap_or(""));
         }
         let _ = writeln!(s, "  VMAs:");
         for m in p["vmas"].as_array().into_iter().flatten() {

@@ -307,10 +307,13 @@ struct Inode {
 }
 
 /// Collects the fd tables of a frozen tree (`pids` in tree order, parents
-/// first) and every open file description behind them, once.
+/// first) and every open file description behind them, once; fds for
+/// which `ckpts_own(pid, fd)` holds (write tracking ckpt left there) are
+/// not the job's and are left out.
 pub fn collect_tree(
     pids: &[i32],
     externals: &[String],
+    ckpts_own: &dyn Fn(i32, i32) -> bool,
     blockers: &mut Blockers,
 ) -> Result<TreeFiles> {
     let mut out = TreeFiles {
@@ -324,6 +327,10 @@ pub fn collect_tree(
         let mut table = FdTable::default();
         seen_locks.next_process();
         for fd in procfile::numbered_entries(pid, "fd")? {
+            if ckpts_own(pid, fd) {
+                log::debug!("pid {pid}: fd {fd}: ckpt's write tracking, not saved");
+                continue;
+            }
             let p = params(pid, fd, externals)?;
             let inode = Inode {
                 dev: p.meta.dev(),

@@ -34,22 +34,91 @@ pub const FORWARDED: [libc::c_int; 5] = [
     libc::SIGUSR2,
 ];
 
+/// Namespaces `ckpt run` gives the job besides PID and mount.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct JobNamespaces {
+    /// A UTS namespace (hostname, domainname) of its own.
+    pub uts: bool,
+    /// An IPC namespace (SysV objects, POSIX message queues) of its own.
+    pub ipc: bool,
+    /// A time namespace of its own, its CLOCK_MONOTONIC and CLOCK_BOOTTIME
+    /// this many seconds ahead of the host's (negative: behind).
+    pub time: Option<i64>,
+}
+
+impl JobNamespaces {
+    /// Whether any is asked for.
+    pub fn any(&self) -> bool {
+        self.uts || self.ipc || self.time.is_some()
+    }
+
+    /// The unshare flags of the UTS and IPC namespaces asked for.
+    fn uts_ipc_flags(&self) -> libc::c_int {
+        let mut flags = 0;
+        if self.uts {
+            flags |= libc::CLONE_NEWUTS;
+        }
+        if self.ipc {
+            flags |= libc::CLONE_NEWIPC;
+        }
+        flags
+    }
+}
+
+/// Puts this process in the UTS and IPC namespaces `ns` asks for, and the
+/// program it execs in its time namespace: for a job ckpt execs in place
+/// (no --pidns).
+pub fn enter_namespaces(ns: JobNamespaces) -> io::Result<()> {
+    let flags = ns.uts_ipc_flags();
+    if flags != 0 {
+        sys::unshare(flags)?;
+    }
+    enter_time_for_children(ns)
+}
+
+/// Puts the children this process forks from now on (and the program it
+/// execs) in a new time namespace when `ns` asks for one, with its offsets:
+/// the kernel takes them only until a process is in it.
+fn enter_time_for_children(ns: JobNamespaces) -> io::Result<()> {
+    if let Some(secs) = ns.time {
+        sys::unshare(libc::CLONE_NEWTIME)?;
+        // The file is the main thread's, which `ckpt run` runs on.
+        std::fs::write(
+            "/proc/self/timens_offsets",
+            format!(
+                "{} {secs} 0\n{} {secs} 0\n",
+                libc::CLOCK_MONOTONIC,
+                libc::CLOCK_BOOTTIME
+            ),
+        )?;
+    }
+    Ok(())
+}
+
 /// Exit status a shell reports for a process killed by signal n: 128 + n.
 const SIGNALED_STATUS_BASE: i32 = 128;
 
 /// Starts `program args` (ckpt itself in its init role) as PID 1 of a new
 /// PID namespace, in a new mount namespace with that namespace's /proc and
-/// a new session, with fds above 2 closed, and passes [`FORWARDED`]
-/// signals this process receives on to it. Returns the init, whose `id()`
-/// is its pid on the host.
-pub fn spawn_init(program: &Path, args: &[OsString]) -> io::Result<Child> {
+/// a new session, and the namespaces `ns` asks for, with fds above 2
+/// closed, and passes [`FORWARDED`] signals this process receives on to
+/// it. Returns the init, whose `id()` is its pid on the host. This process
+/// stays in its UTS and IPC namespaces (so the job's end with the job).
+pub fn spawn_init(program: &Path, args: &[OsString], ns: JobNamespaces) -> io::Result<Child> {
     sys::unshare_pid_namespace()?;
+    enter_time_for_children(ns)?;
+    let flags = ns.uts_ipc_flags();
     let mut cmd = Command::new(program);
     cmd.args(args);
     // SAFETY: the hook runs between fork and exec and makes raw syscalls
     // only (unshare, mount, setsid, close_range): no allocation, no locks.
     unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, sys::enter_private_proc_and_session);
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            if flags != 0 {
+                sys::unshare(flags)?;
+            }
+            sys::enter_private_proc_and_session()
+        });
     }
     let child = cmd.spawn()?;
     sys::forward_signals(&FORWARDED, child.id() as i32)?;

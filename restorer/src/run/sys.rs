@@ -119,3 +119,10 @@ pub fn close_fds_above_stdio() -> io::Result<()> {
     // nothing of this process uses them (it was just exec'd).
     check(unsafe { libc::close_range(3, libc::c_uint::MAX, 0) })
 }
+
+/// `unshare(flags)` for this thread (CLONE_NEWUTS, CLONE_NEWIPC: at once;
+/// CLONE_NEWTIME: for the children it creates and its next exec).
+pub fn unshare(flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: unshare takes no pointers and affects only this thread.
+    check(unsafe { libc::unshare(flags) })
+}

@@ -1,0 +1,32 @@
+//! Credentials of each thread: ids, groups and capability sets from
+//! `/proc/PID/task/TID/status`, securebits asked by the thread itself
+//! (through the parasite), and no_new_privs. Credentials are per thread in
+//! the kernel, and the raw setresuid syscall changes one thread only.
+
+use ckpt_image::task::Creds;
+
+use crate::error::{DumpError, Result};
+
+/// The credentials of thread `tid` of process `pid`; `securebits` is what
+/// `prctl(PR_GET_SECUREBITS)` returned inside the thread.
+pub fn collect(pid: i32, tid: i32, securebits: i64) -> Result<Creds> {
+    let file = format!("task/{tid}/status");
+    let status = procfs::process::Process::new(pid)
+        .and_then(|p| p.task_from_tid(tid))
+        .and_then(|t| t.status())
+        .map_err(|e| DumpError::Parse {
+            pid,
+            path: file.clone(),
+            what: e.to_string(),
+        })?;
+    let securebits = u32::try_from(securebits).map_err(|_| DumpError::Parse {
+        pid,
+        path: format!("thread {tid} prctl(PR_GET_SECUREBITS)"),
+        what: format!("returned {securebits}"),
+    })?;
+    Ok(Creds {
+        securebits,
+        no_new_privs: status.nonewprivs.unwrap_or(0) != 0,
+        ..crate::task::creds(&status)
+    })
+}

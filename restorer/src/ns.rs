@@ -1,0 +1,249 @@
+//! The tree's UTS, IPC and time namespaces (Manifest.namespaces), made new
+//! for the restored root and everything it forks.
+//!
+//! Order, and why:
+//! 1. time, before the root exists: the restorer's thread unshares a time
+//!    namespace for its children and writes its offsets, which the kernel
+//!    accepts only until the first process enters it. The offsets make the
+//!    job's CLOCK_MONOTONIC and CLOCK_BOOTTIME continue from their dumped
+//!    values, whatever this host's uptime is;
+//! 2. UTS and IPC, with the root: clone3 flags of its fork;
+//! 3. names, and SysV objects with their ids, right after: from a thread
+//!    of the restorer that enters the root's namespaces (both are per
+//!    thread), before any process of the tree runs or attaches them.
+
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, IntoRawFd};
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use ckpt_image::manifest::{Namespaces, TimeNamespace, UtsNamespace};
+
+use crate::error::{RestoreError, Result};
+use crate::sys;
+
+/// Bytes a UTS name may hold (`__NEW_UTS_LEN`).
+const UTS_NAME_MAX: usize = 64;
+
+/// The clone3 flags that give the root new namespaces of the saved kinds
+/// (time excepted: see [`enter_time`]).
+pub fn clone_flags(ns: Option<&Namespaces>) -> u64 {
+    let Some(ns) = ns else { return 0 };
+    let mut flags = 0;
+    if ns.uts.is_some() {
+        flags |= libc::CLONE_NEWUTS as u64;
+    }
+    if ns.ipc {
+        flags |= libc::CLONE_NEWIPC as u64;
+    }
+    flags
+}
+
+/// Bounds what the image says before anything is created.
+pub fn check(root: i32, ns: Option<&Namespaces>) -> Result<()> {
+    if let Some(uts) = ns.and_then(|n| n.uts.as_ref()) {
+        for (what, name) in [("hostname", &uts.hostname), ("domainname", &uts.domainname)] {
+            if name.len() > UTS_NAME_MAX {
+                return Err(RestoreError::Host {
+                    pid: root,
+                    what: format!(
+                        "the image's {what} is {} bytes long, more than {UTS_NAME_MAX}",
+                        name.len()
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// No fd in [`RESTORER_TIME_NS`].
+const NO_FD: i32 = -1;
+
+/// The restorer's own time namespace (an fd of /proc/self/ns/time) when
+/// its main thread could not go back to it after forking a root into a
+/// job's: a single-threaded child of the restorer (the detached page
+/// server) goes back with [`leave_job_time_ns`].
+static RESTORER_TIME_NS: AtomicI32 = AtomicI32::new(NO_FD);
+
+/// The fd [`leave_job_time_ns`] needs, for a child that closes the others.
+pub fn restorer_time_fd() -> Option<std::os::fd::RawFd> {
+    let fd = RESTORER_TIME_NS.load(Ordering::Relaxed);
+    (fd != NO_FD).then_some(fd)
+}
+
+/// In a single-threaded child of the restorer: back to the restorer's own
+/// time namespace if the child was forked into a job's, so its clocks are
+/// the host's again (its deadlines were taken there). Logs nothing (a
+/// forked child may not take the logger's lock).
+pub fn leave_job_time_ns() -> std::io::Result<()> {
+    match restorer_time_fd() {
+        Some(fd) => {
+            // SAFETY: the fd was leaked into the static by
+            // `OwnTime::restore` and is never closed while this process
+            // lives.
+            let ns = unsafe { BorrowedFd::borrow_raw(fd) };
+            sys::setns(ns, libc::CLONE_NEWTIME)
+        }
+        None => Ok(()),
+    }
+}
+
+/// The restorer's own time namespace, to go back to once the root is
+/// forked into the new one ([`enter_time`]).
+pub struct OwnTime {
+    ns: File,
+}
+
+impl OwnTime {
+    /// Children the restorer forks from now on are in its own time
+    /// namespace again. setns of a time namespace needs a single-threaded
+    /// caller; a restorer with threads keeps the fd for its children to go
+    /// back themselves ([`leave_job_time_ns`]).
+    pub fn restore(self) {
+        match sys::setns(self.ns.as_fd(), libc::CLONE_NEWTIME) {
+            Ok(()) => log::debug!("namespaces: back in the restorer's time namespace"),
+            Err(e) => {
+                log::debug!(
+                    "namespaces: the restorer's children go back to its time namespace themselves (setns here: {e})"
+                );
+                let old = RESTORER_TIME_NS.swap(self.ns.into_raw_fd(), Ordering::Relaxed);
+                if old != NO_FD {
+                    // SAFETY: an fd this module leaked earlier, replaced
+                    // by an equivalent one; nothing else uses it.
+                    unsafe { libc::close(old) };
+                }
+            }
+        }
+    }
+}
+
+/// Children this thread forks from now on go into a new time namespace
+/// whose clocks continue from `time`'s. Call right before forking the
+/// root, from the thread that forks it; then [`OwnTime::restore`].
+pub fn enter_time(root: i32, time: &TimeNamespace) -> Result<OwnTime> {
+    let os = |op: &str, e| RestoreError::os(root, op, e);
+    let monotonic =
+        sys::clock_ns(libc::CLOCK_MONOTONIC).map_err(|e| os("clock_gettime(MONOTONIC)", e))?;
+    let boottime =
+        sys::clock_ns(libc::CLOCK_BOOTTIME).map_err(|e| os("clock_gettime(BOOTTIME)", e))?;
+    let offsets = format!(
+        "{}\n{}\n",
+        offset_line(
+            libc::CLOCK_MONOTONIC,
+            time.monotonic_ns.saturating_sub(monotonic)
+        ),
+        offset_line(
+            libc::CLOCK_BOOTTIME,
+            time.boottime_ns.saturating_sub(boottime)
+        )
+    );
+    // The offsets file is the process's (its main thread's): the new
+    // namespace must be that thread's children's, and the root its child.
+    if !sys::is_main_thread() {
+        return Err(RestoreError::Host {
+            pid: root,
+            what: "a time namespace can be recreated only from the restorer's main thread".into(),
+        });
+    }
+    let own = File::open("/proc/self/ns/time").map_err(|e| os("open /proc/self/ns/time", e))?;
+    sys::unshare_time_namespace().map_err(|e| os("unshare(CLONE_NEWTIME)", e))?;
+    std::fs::write("/proc/self/timens_offsets", &offsets)
+        .map_err(|e| os(&format!("write timens_offsets {offsets:?}"), e))?;
+    log::info!("namespaces: new time namespace, offsets {offsets:?}");
+    Ok(OwnTime { ns: own })
+}
+
+/// One line of timens_offsets: `CLOCKID SECONDS NANOSECONDS`, the
+/// nanoseconds never negative.
+fn offset_line(clock: libc::clockid_t, ns: i64) -> String {
+    format!(
+        "{clock} {} {}",
+        ns.div_euclid(sys::NANOS_PER_SEC),
+        ns.rem_euclid(sys::NANOS_PER_SEC)
+    )
+}
+
+/// Runs `f` in a thread of the restorer that entered namespace `kind`
+/// (`nstype`) of `host_pid`.
+fn within<T: Send>(
+    host_pid: i32,
+    kind: &str,
+    nstype: libc::c_int,
+    f: impl FnOnce() -> Result<T> + Send,
+) -> Result<T> {
+    let path = format!("/proc/{host_pid}/ns/{kind}");
+    let ns =
+        File::open(&path).map_err(|e| RestoreError::os(host_pid, format!("open {path}"), e))?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            sys::setns(ns.as_fd(), nstype)
+                .map_err(|e| RestoreError::os(host_pid, format!("setns {path}"), e))?;
+            f()
+        })
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+/// Names the new UTS namespace of the restored root (`host_pid`).
+pub fn set_uts(host_pid: i32, uts: &UtsNamespace) -> Result<()> {
+    within(host_pid, "uts", libc::CLONE_NEWUTS, || {
+        sys::set_uts_names(uts.hostname.as_bytes(), uts.domainname.as_bytes())
+            .map_err(|e| RestoreError::os(host_pid, "sethostname/setdomainname", e))
+    })?;
+    log::info!("namespaces: new UTS namespace, hostname {:?}", uts.hostname);
+    Ok(())
+}
+
+/// Runs `f` in the restored root's (`host_pid`) IPC namespace when the
+/// tree had one of its own, else here.
+pub fn in_ipc<T: Send>(
+    host_pid: i32,
+    own: bool,
+    f: impl FnOnce() -> Result<T> + Send,
+) -> Result<T> {
+    if own {
+        within(host_pid, "ipc", libc::CLONE_NEWIPC, f)
+    } else {
+        f()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_are_written_with_non_negative_nanoseconds() {
+        assert_eq!(
+            offset_line(libc::CLOCK_MONOTONIC, -1_500_000_000),
+            format!("{} -2 500000000", libc::CLOCK_MONOTONIC)
+        );
+        assert_eq!(
+            offset_line(libc::CLOCK_BOOTTIME, 864_000 * sys::NANOS_PER_SEC + 7),
+            format!("{} 864000 7", libc::CLOCK_BOOTTIME)
+        );
+    }
+
+    #[test]
+    fn flags_follow_the_saved_kinds() {
+        assert_eq!(clone_flags(None), 0);
+        let ns = Namespaces {
+            uts: Some(UtsNamespace::default()),
+            ipc: true,
+            time: Some(TimeNamespace::default()),
+        };
+        assert_eq!(
+            clone_flags(Some(&ns)),
+            (libc::CLONE_NEWUTS | libc::CLONE_NEWIPC) as u64
+        );
+        let long = Namespaces {
+            uts: Some(UtsNamespace {
+                hostname: "h".repeat(UTS_NAME_MAX + 1),
+                domainname: String::new(),
+            }),
+            ..ns
+        };
+        assert!(check(1, Some(&long)).is_err());
+    }
+}
