@@ -151,3 +151,32 @@ fn dumps_succeed_under_a_flood_of_real_time_signals() {
     assert!(before > 100, "the handler ran for the signals: {before}");
     assert!(after >= before, "the process runs on: {after} < {before}");
 }
+
+/// Real-time signals queued several times with payloads, to the process
+/// and to single threads, come back in order with their values, codes and
+/// senders, each in its own queue (victim: tests/c/rtsig.c).
+fn rt_cycle(test: &str, user: Option<&TestUser>) {
+    let env = TestEnv::new(test);
+    let mut v = match user {
+        Some(u) => Victim::spawn_as(&env, "rtsig", &[], u),
+        None => Victim::spawn(&env, "rtsig", &[]),
+    };
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    let show = show_json(&env);
+    assert_eq!(
+        show["processes"][0]["pending_signals"], 4,
+        "process-wide and main thread's pending signals in `ckpt show`"
+    );
+    restore_and_check(&env, &v);
+}
+
+#[test]
+fn queued_rt_signals_to_process_and_threads_survive() {
+    rt_cycle("signals-rt", None);
+}
+
+#[test]
+fn queued_rt_signals_of_a_user_survive() {
+    rt_cycle("signals-rt-user", Some(test_user()));
+}

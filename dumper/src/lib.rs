@@ -37,7 +37,9 @@ mod predump;
 mod procfile;
 mod sched;
 mod seccomp;
+mod shapes;
 mod shmem;
+mod stopped;
 mod sys;
 pub mod task;
 mod thread;
@@ -638,6 +640,7 @@ fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Coll
     };
     let (misc, threads) = task::run_parasite(leader, &p.tasks[1..], &mut with_parasite)?;
     let mut core = task::collect(leader, &misc)?;
+    core.job_stop = p.job_stop;
     for (t, state) in p.tasks[1..].iter().zip(threads) {
         core.threads.push(task::collect_thread(t, pid, state)?);
     }
@@ -774,6 +777,18 @@ fn write_images(
     )?;
     let mut files = files;
     blockers.absorb(objects.link_files(&mut files))?;
+    blockers.absorb(shapes::check(
+        &procs
+            .iter()
+            .map(|c| shapes::Member {
+                pid: c.pid,
+                ppid: c.ppid,
+                sid: c.core.sid,
+                pgid: c.core.pgid,
+            })
+            .collect::<Vec<_>>(),
+        &frozen.procs,
+    ))?;
     // From here on the image speaks the tree namespace's pids; the host's
     // stay in `procs`, `frozen` and `live` for reading the processes.
     let pids = match frozen.ns {
@@ -864,6 +879,7 @@ fn write_images(
             zombie_status: z.zombie_status,
             uids: owner.uids,
             gids: owner.gids,
+            zombie_ids: Some(shapes::zombie_ids(z.pid, saved)?),
         });
     }
     let mut owners = Vec::with_capacity(procs.len());
@@ -905,6 +921,7 @@ fn write_images(
             zombie_status: None,
             uids: owner.uids,
             gids: owner.gids,
+            zombie_ids: None,
         });
         cores.push(c.core);
     }
@@ -1026,6 +1043,7 @@ fn write_pre_dump(frozen: &mut Frozen, opts: &WriteOptions<'_>) -> Result<DumpRe
             zombie_status: None,
             uids: owner.uids,
             gids: owner.gids,
+            zombie_ids: None,
         });
         cores.push(c.core);
     }
@@ -1447,14 +1465,7 @@ fn precheck(pid: i32, ns: pidns::TreeNs) -> Result<()> {
             what: "zombie process (its parent has not reaped it)".into(),
         });
     }
-    if let Some(state) = procfile::status_field(&status, "State")
-        && state.starts_with('T')
-    {
-        return Err(DumpError::Unsupported {
-            pid,
-            what: "job-control-stopped process (state T; send SIGCONT first)".into(),
-        });
-    }
+    stopped::check_tracer(pid, &status)?;
     if procfile::status_field(&status, "Tgid") != Some(&pid.to_string()) {
         return Err(DumpError::Unsupported {
             pid,

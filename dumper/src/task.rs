@@ -177,6 +177,7 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
         oom_score_adj: crate::sched::oom_score_adj(pid)?,
         seccomp: None,
         seccomp_filters: Vec::new(),
+        job_stop: None,
     })
 }
 

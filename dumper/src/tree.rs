@@ -7,6 +7,7 @@ use ckpt_parasite::{ParasiteError, Tracee};
 use crate::blockers::Blockers;
 use crate::error::{DumpError, Result};
 use crate::procfile;
+use crate::stopped;
 use crate::thread;
 
 /// One frozen process of the tree.
@@ -19,6 +20,23 @@ pub struct FrozenProcess {
     pub tasks: Vec<Tracee>,
     /// For a zombie: its wait status (it cannot be traced, only recorded).
     pub zombie_status: Option<i32>,
+    /// The job-control stop it was in when frozen (see [`stopped`]).
+    pub job_stop: Option<ckpt_image::task::JobStop>,
+}
+
+/// A live process, frozen: its threads and the stop it was in.
+fn frozen(pid: i32, ppid: i32, tasks: Vec<Tracee>) -> Result<FrozenProcess> {
+    let job_stop = stopped::collect(&tasks[0])?;
+    if job_stop.is_some() {
+        stopped::settle(&tasks)?;
+    }
+    Ok(FrozenProcess {
+        pid,
+        ppid,
+        tasks,
+        zombie_status: None,
+        job_stop,
+    })
 }
 
 /// `pid` still runs (or is stopped): not gone, not a zombie, not dying.
@@ -80,12 +98,11 @@ pub fn freeze(
         .get(procfile::stat_index(4))
         .copied()
         .unwrap_or(0) as i32;
-    let mut procs = vec![FrozenProcess {
-        pid: root,
+    let mut procs = vec![frozen(
+        root,
         ppid,
-        tasks: thread::freeze(root, |e| seize_err(root, e))?,
-        zombie_status: None,
-    }];
+        thread::freeze(root, |e| seize_err(root, e))?,
+    )?];
     let mut i = 0;
     while i < procs.len() {
         let parent = procs[i].pid;
@@ -100,18 +117,18 @@ pub fn freeze(
                     ppid: parent,
                     tasks: Vec::new(),
                     zombie_status: Some(status),
+                    job_stop: None,
                 });
                 continue;
             }
             if blockers.absorb(check(child))?.is_none() {
                 continue;
             }
-            procs.push(FrozenProcess {
-                pid: child,
-                ppid: parent,
-                tasks: thread::freeze(child, |e| seize_err(child, e))?,
-                zombie_status: None,
-            });
+            procs.push(frozen(
+                child,
+                parent,
+                thread::freeze(child, |e| seize_err(child, e))?,
+            )?);
         }
         i += 1;
     }

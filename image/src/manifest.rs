@@ -5,4 +5,6 @@
 //! gives them their Rust path.
 
 pub use crate::pb::namespaces::{Time as TimeNamespace, Uts as UtsNamespace};
-pub use crate::pb::{CpuInfo, FileDigest, Manifest, Namespaces, PidNamespace, ProcessEntry};
+pub use crate::pb::{
+    CpuInfo, FileDigest, Manifest, Namespaces, PidNamespace, ProcessEntry, ZombieIds,
+};

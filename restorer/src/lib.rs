@@ -37,7 +37,9 @@ mod prctl;
 pub mod run;
 mod sched;
 mod seccomp;
+mod shapes;
 mod shmem;
+mod stopped;
 
 mod sys;
 mod task;
@@ -169,6 +171,8 @@ struct Zombie {
     /// Its wait status.
     status: i32,
     comm: String,
+    /// Its session and group, when recorded.
+    ids: Option<ckpt_image::manifest::ZombieIds>,
 }
 
 /// Everything read from the images for one process.
@@ -354,6 +358,7 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
                 ppid: e.ppid,
                 status: e.zombie_status?,
                 comm: e.comm.clone(),
+                ids: e.zombie_ids,
             })
         })
         .collect();
@@ -673,6 +678,8 @@ fn build_tree(
     // from it, so private pages they still shared at the dump are shared
     // again (one copy, as after the original fork). Everything else is
     // restored afterwards, in tree order.
+    // The root's session from outside the tree, if it had one.
+    let adopted = (session == task::SessionOrigin::Adopted).then_some(procs[0].core.sid);
     let mut slots: Vec<Option<Tracee>> = procs.iter().map(|_| None).collect();
     slots[0] = Some(root);
     for (i, p) in procs.iter().enumerate() {
@@ -692,8 +699,15 @@ fn build_tree(
         );
         let r = ckpt_parasite::remote::Remote { t, base };
         let mut forked = Vec::new();
+        let mut leaders = shapes::Leaders::default();
+        leaders.fork_zombie_leaders(&r, zombies.iter().filter(|z| z.ppid == p.pid))?;
         for (j, c) in procs.iter().enumerate().filter(|(_, c)| c.ppid == p.pid) {
-            let child = tree::fork_child(&r, c.pid)?;
+            let child = leaders.fork_member(&r, &p.core, c.pid, &c.core)?;
+            shapes::ensure_group(
+                &ckpt_parasite::remote::Remote { t: &child, base },
+                &c.core,
+                adopted,
+            )?;
             task::restore_session(
                 &ckpt_parasite::remote::Remote { t: &child, base },
                 &c.core,
@@ -701,9 +715,14 @@ fn build_tree(
             )?;
             forked.push((j, child));
         }
+        let mut early = leaders.finish(&r)?;
         for z in zombies.iter().filter(|z| z.ppid == p.pid) {
-            let child = tree::fork_child(&r, z.pid)?;
+            let child = match early.remove(&z.pid) {
+                Some(t) => t,
+                None => tree::fork_child(&r, z.pid)?,
+            };
             let zr = ckpt_parasite::remote::Remote { t: &child, base };
+            shapes::join_zombie_group(&zr, z, adopted)?;
             log::debug!("pid {}: zombie (status {:#x})", z.pid, z.status);
             task::set_name(&zr, &z.comm)?;
             tree::make_zombie(&zr, z.status)?;
@@ -1108,6 +1127,7 @@ fn rebuild_process(
     t.set_sigmask(core.sigmask)?;
     t.set_regs(&regs)?;
     t.set_xstate(&core.xstate)?;
+    stopped::stop(pid, core.pid, core.job_stop.as_ref())?;
     for th in threads {
         th.detach()?;
     }

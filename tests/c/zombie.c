@@ -7,6 +7,7 @@
 #include "victim.h"
 
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 static void name_self(const char *name)
@@ -43,9 +44,101 @@ static int is_zombie(pid_t pid)
 	return p && p[1] == ' ' && p[2] == 'Z';
 }
 
+/* Field 52 of /proc/PID/stat: a zombie's status in waitpid() form. */
+static int stat_status(pid_t pid)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return -1;
+	buf[n] = 0;
+	char *p = strrchr(buf, ')');
+	/* Field 3 follows ") "; field 52 is 49 spaces further. */
+	for (int i = 0; p && i < 50; i++)
+		p = strchr(p + 1, ' ');
+	return p ? atoi(p + 1) : -1;
+}
+
+#define ENDINGS 7
+
+/*
+ * "all" mode: one zombie per way to end: exit 0, 1 and 255, SIGKILL,
+ * SIGSEGV and SIGABRT without a core dump, SIGSEGV with one (a small core
+ * in the work dir: every mapping filtered out). Their exact statuses
+ * (core-dump bit included) must come back. Ready content: "core=0|1",
+ * whether the original got the core-dump bit.
+ */
+static void all_endings(void)
+{
+	pid_t kids[ENDINGS];
+	int want[ENDINGS];
+	for (int i = 0; i < ENDINGS; i++) {
+		kids[i] = fork();
+		if (kids[i] < 0)
+			die("fork");
+		if (kids[i] != 0)
+			continue;
+		struct rlimit none = { 0, 0 }, some = { 64 << 20, 64 << 20 };
+		switch (i) {
+		case 0:
+			_exit(0);
+		case 1:
+			_exit(1);
+		case 2:
+			_exit(255);
+		case 3:
+			raise(SIGKILL);
+			break;
+		case 4:
+		case 5:
+			/* (Not PR_SET_DUMPABLE: its /proc status would hide from the parent.) */
+			setrlimit(RLIMIT_CORE, &none);
+			signal(i == 4 ? SIGSEGV : SIGABRT, SIG_DFL);
+			raise(i == 4 ? SIGSEGV : SIGABRT);
+			break;
+		case 6: {
+			int fd = open("/proc/self/coredump_filter", O_WRONLY | O_CLOEXEC);
+			if (fd >= 0) {
+				if (write(fd, "0", 1) != 1)
+					_exit(70);
+				close(fd);
+			}
+			if (setrlimit(RLIMIT_CORE, &some) || chdir(victim_workdir))
+				_exit(71);
+			signal(SIGSEGV, SIG_DFL);
+			raise(SIGSEGV);
+			break;
+		}
+		}
+		_exit(72);
+	}
+	for (int i = 0; i < ENDINGS; i++) {
+		while (!is_zombie(kids[i]))
+			victim_tick();
+		want[i] = stat_status(kids[i]);
+	}
+	victim_ready_and_wait(want[6] & 0x80 ? "core=1" : "core=0");
+
+	for (int i = 0; i < ENDINGS; i++) {
+		int st = -1;
+		CHECK(is_zombie(kids[i]), "ending %d: pid %d is no zombie", i, kids[i]);
+		CHECK(waitpid(kids[i], &st, 0) == kids[i], "ending %d: waitpid: %s", i,
+		      strerror(errno));
+		CHECK(st == want[i], "ending %d: status %#x, want %#x", i, st, want[i]);
+	}
+	victim_finish();
+}
+
 int main(int argc, char **argv)
 {
 	victim_init(argc, argv);
+	if (argc > 2 && strcmp(argv[2], "all") == 0)
+		all_endings();
 	pid_t a = fork();
 	if (a == 0) {
 		name_self("zomb-exit");

@@ -158,6 +158,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
             "cwd": core.cwd,
             "sid": core.sid,
             "pgid": core.pgid,
+            "job_stop": core.job_stop.as_ref().map(|j| nix::sys::signal::Signal::try_from(j.signal).map_or_else(|_| j.signal.to_string(), |s| s.as_str().to_string())),
             "threads": core.threads.iter().map(|t| t.tid).collect::<Vec<_>>(),
             "pages_bytes": mm.pages_bytes,
             "pages_compressed": mm.compressed,
@@ -430,6 +431,9 @@ fn render_text(v: &Value) -> String {
             p["sigactions"],
             p["pending_signals"]
         );
+        if let Some(sig) = p["job_stop"].as_str() {
+            let _ = writeln!(s, "  stopped by {sig} (job control; restored stopped)");
+        }
         for t in p["posix_timers"].as_array().into_iter().flatten() {
             let _ = writeln!(s, "  POSIX {}", t.as_str().unwrap_or(""));
         }
