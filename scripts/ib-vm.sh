@@ -102,8 +102,13 @@ resolve_module() {
 }
 
 setup() {
+	mkdir -p "$CACHE"
+	# Tests may set up concurrently on a fresh machine: one builds, the
+	# others wait and reuse.
+	exec 9>"$CACHE/.lock"
+	flock 9
 	install_packages
-	local kver dir deb moddir initrd work
+	local kver dir deb moddir work
 	kver=$(pick_kernel)
 	dir=$CACHE/$kver
 	if [ -s "$dir/initrd.gz" ] && [ -s "$dir/vmlinuz" ]; then
