@@ -117,11 +117,12 @@ setup() {
 		return 0
 	fi
 	mkdir -p "$dir"
-	deb=$(ls "$CACHE"/linux-image-"$kver"_*.deb 2>/dev/null | head -n1 || true)
+	deb=$(find "$CACHE" -maxdepth 1 -name "linux-image-${kver}_*.deb" -print -quit)
 	if [ -z "$deb" ]; then
 		(cd "$CACHE" && apt-get download "linux-image-$kver" >&2) ||
 			die "cannot download linux-image-$kver"
-		deb=$(ls "$CACHE"/linux-image-"$kver"_*.deb | head -n1)
+		deb=$(find "$CACHE" -maxdepth 1 -name "linux-image-${kver}_*.deb" -print -quit)
+		[ -n "$deb" ] || die "apt-get download left no linux-image-$kver deb in $CACHE"
 	fi
 	work=$(mktemp -d "$CACHE/build.XXXXXX")
 	trap 'rm -rf "$work"' RETURN
