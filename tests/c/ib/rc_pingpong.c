@@ -68,6 +68,8 @@ struct side {
 	struct msg *recv_buf;
 	struct endpoint local;
 	uint64_t stream_sum;
+	uint64_t sends_posted, sends_done;
+	uint64_t recvs_posted, recvs_done;
 };
 
 static const char *role = "rc_pingpong";
@@ -195,6 +197,7 @@ static void post_recv(struct side *s)
 	struct ibv_recv_wr wr = { .wr_id = WR_ID_RECV, .sg_list = &sge, .num_sge = 1 }, *bad;
 	if (ibv_post_recv(s->qp, &wr, &bad))
 		fail("ibv_post_recv: %s", strerror(errno));
+	s->recvs_posted++;
 }
 
 static void connect_qp(struct side *s, const struct endpoint *remote)
@@ -237,26 +240,41 @@ static void connect_qp(struct side *s, const struct endpoint *remote)
 		fail("modify_qp RTS: %s", strerror(errno));
 }
 
-/* Waits for one completion of `wr_id`; any other completion or an error fails. */
-static void wait_completion(struct side *s, uint64_t wr_id)
+/*
+ * Polls until `sends` sends and `recvs` receives have completed in all.  The
+ * send and receive completions of one QP share the CQ and their relative
+ * order is not guaranteed (an ACK and the peer's next message race), so
+ * completions are counted by kind; a completion nobody posted fails.
+ */
+static void wait_done(struct side *s, uint64_t sends, uint64_t recvs)
 {
-	struct ibv_wc wc;
 	time_t deadline = time(NULL) + POLL_TIMEOUT_SEC;
-	for (;;) {
+	while (s->sends_done < sends || s->recvs_done < recvs) {
+		struct ibv_wc wc;
 		int n = ibv_poll_cq(s->cq, 1, &wc);
 		if (n < 0)
 			fail("ibv_poll_cq: %d", n);
-		if (n == 1)
-			break;
-		if (time(NULL) > deadline)
-			fail("no completion for wr %" PRIu64 " in %d s", wr_id, POLL_TIMEOUT_SEC);
+		if (n == 0) {
+			if (time(NULL) > deadline)
+				fail("waiting %d s for %" PRIu64 " sends and %" PRIu64
+				     " receives: %" PRIu64 " and %" PRIu64 " done",
+				     POLL_TIMEOUT_SEC, sends, recvs, s->sends_done, s->recvs_done);
+			continue;
+		}
+		if (wc.status != IBV_WC_SUCCESS)
+			fail("completion wr %" PRIu64 ": %s", wc.wr_id, ibv_wc_status_str(wc.status));
+		if (wc.wr_id == WR_ID_SEND) {
+			s->sends_done++;
+		} else if (wc.wr_id == WR_ID_RECV) {
+			if (wc.byte_len != sizeof(struct msg))
+				fail("received %u bytes, expected %zu", wc.byte_len, sizeof(struct msg));
+			s->recvs_done++;
+		} else {
+			fail("completion for unknown wr %" PRIu64, wc.wr_id);
+		}
+		if (s->sends_done > s->sends_posted || s->recvs_done > s->recvs_posted)
+			fail("more completions than work requests (duplicate)");
 	}
-	if (wc.status != IBV_WC_SUCCESS)
-		fail("completion wr %" PRIu64 ": %s", wc.wr_id, ibv_wc_status_str(wc.status));
-	if (wc.wr_id != wr_id)
-		fail("completion for wr %" PRIu64 ", expected %" PRIu64, wc.wr_id, wr_id);
-	if (wr_id == WR_ID_RECV && wc.byte_len != sizeof(struct msg))
-		fail("received %u bytes, expected %zu", wc.byte_len, sizeof(struct msg));
 }
 
 static void send_msg(struct side *s, const struct msg *m)
@@ -271,7 +289,7 @@ static void send_msg(struct side *s, const struct msg *m)
 	}, *bad;
 	if (ibv_post_send(s->qp, &wr, &bad))
 		fail("ibv_post_send: %s", strerror(errno));
-	wait_completion(s, WR_ID_SEND);
+	s->sends_posted++;
 }
 
 static void xfer(int fd, void *buf, size_t len, int out)
@@ -311,12 +329,13 @@ static int run_side(int is_client, int sock, const char *dev, uint64_t count)
 			m.payload_sum = fnv(FNV_OFFSET, m.payload, PAYLOAD_BYTES);
 			send_msg(&s, &m);
 			s.stream_sum = fnv(s.stream_sum, &m, sizeof(m));
-			wait_completion(&s, WR_ID_RECV);
+			wait_done(&s, seq + 1, seq + 1);
 			struct msg echo = *s.recv_buf;
 			post_recv(&s);
 			check_msg(&s, &echo, seq);
 		} else {
-			wait_completion(&s, WR_ID_RECV);
+			/* The previous echo must be out before its buffer is reused. */
+			wait_done(&s, seq, seq + 1);
 			m = *s.recv_buf;
 			post_recv(&s);
 			check_msg(&s, &m, seq);
@@ -325,6 +344,7 @@ static int run_side(int is_client, int sock, const char *dev, uint64_t count)
 			s.stream_sum = fnv(s.stream_sum, &m, sizeof(m));
 		}
 	}
+	wait_done(&s, count, count);
 	/* No message may be left over (duplicated or unexpected). */
 	struct ibv_wc wc;
 	if (ibv_poll_cq(s.cq, 1, &wc) != 0)
