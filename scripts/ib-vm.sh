@@ -1,0 +1,252 @@
+#!/usr/bin/env bash
+# SoftRoCE VM harness: real InfiniBand verbs (rdma_rxe) on a machine whose
+# own kernel has no RDMA.
+#
+#   scripts/ib-vm.sh setup
+#       Install the host packages, fetch Debian's 6.1 kernel (CONFIG_RDMA_RXE=m)
+#       and build an initramfs for it, once per kernel version.
+#   scripts/ib-vm.sh run [--timeout S] [--scratch DIR] -- CMD ARGS...
+#       Boot the kernel under QEMU (TCG), create rxe0 on a veth, run CMD
+#       chrooted into the host's / (read-only over 9p), power off, print CMD's
+#       output and exit with its status.
+#
+# CMD runs as root in the host tree, so binaries built on the host run
+# unchanged. DIR (default: a fresh temporary directory, removed afterwards)
+# is shared writable at the same path, and CMD runs with it as its working
+# directory and in $CKPT_IB_SCRATCH; everything else but /tmp (a tmpfs) is
+# read-only. Exit status 124 means the VM timed out, 125 a harness failure.
+#
+# Environment: CKPT_IB_CACHE (default /var/cache/ckpt-ib), CKPT_IB_KERNEL
+# (a Debian kernel ABI such as 6.1.0-56-amd64; default: the one already
+# built, else the newest the archive offers).
+set -euo pipefail
+
+CACHE=${CKPT_IB_CACHE:-/var/cache/ckpt-ib}
+# The kernel modules the guest loads; their dependencies are resolved from
+# each module's own `depends=` (the deb ships no modules.dep).
+# crc32_generic: rdma_rxe fails with "failed to init crc32 algorithm"
+# without a crc32 provider, and nothing depends on it by name.
+GUEST_MODULES=(virtio_pci 9pnet_virtio 9p veth crc32_generic ib_uverbs rdma_rxe)
+HARNESS_FAILURE=125
+
+die() {
+	echo "ib-vm: $*" >&2
+	exit "$HARNESS_FAILURE"
+}
+
+# Host packages: QEMU, a static busybox for the initramfs, and the rdma tool
+# and verbs providers the guest uses from the host tree.
+install_packages() {
+	local need=()
+	command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
+	[ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx cpio || need+=(busybox-static)
+	command -v rdma >/dev/null 2>&1 || need+=(iproute2)
+	command -v ibv_devices >/dev/null 2>&1 || need+=(rdma-core ibverbs-utils)
+	[ -e /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
+	[ -e /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so ] || need+=(ibverbs-providers)
+	if [ ${#need[@]} -gt 0 ]; then
+		[ "$(id -u)" = 0 ] || die "missing packages (${need[*]}) and not root to install them"
+		export DEBIAN_FRONTEND=noninteractive
+		apt-get install -y -qq --no-install-recommends "${need[@]}" >&2 ||
+			{ apt-get update -qq >&2 && apt-get install -y -qq --no-install-recommends "${need[@]}" >&2; } ||
+			die "cannot install ${need[*]}"
+	fi
+	# busybox-static replaces the dynamic /bin/busybox; the initramfs needs
+	# the static one.
+	file -L /bin/busybox 2>/dev/null | grep -q 'statically linked' ||
+		ldd /bin/busybox 2>&1 | grep -q 'not a dynamic' ||
+		die "/bin/busybox is not static (install busybox-static)"
+}
+
+pick_kernel() {
+	if [ -n "${CKPT_IB_KERNEL:-}" ]; then
+		echo "$CKPT_IB_KERNEL"
+	elif [ -s "$CACHE/current" ]; then
+		cat "$CACHE/current"
+	else
+		local k
+		k=$(apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64$' |
+			awk '{print $1}' | sed 's/^linux-image-//' | sort -V | tail -n1)
+		[ -n "$k" ] || { apt-get update -qq >&2 && k=$(apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64$' |
+			awk '{print $1}' | sed 's/^linux-image-//' | sort -V | tail -n1); }
+		[ -n "$k" ] || die "no linux-image-6.1.0-*-amd64 in the apt sources"
+		echo "$k"
+	fi
+}
+
+# Path of a module under the unpacked tree, by name (- and _ are the same).
+module_path() {
+	local name=${1//-/_} moddir=$2 f
+	f=$(find "$moddir/kernel" -name "$name.ko" -print -quit)
+	[ -n "$f" ] || f=$(find "$moddir/kernel" -name "${name//_/-}.ko" -print -quit)
+	echo "$f"
+}
+
+# Appends a module and its dependencies, dependencies first, to ORDER.
+declare -a ORDER=()
+declare -A SEEN=()
+resolve_module() {
+	local name=${1//-/_} moddir=$2 path deps d
+	[ -z "${SEEN[$name]:-}" ] || return 0
+	SEEN[$name]=1
+	if grep -q "/${name}\.ko$" "$moddir/modules.builtin" 2>/dev/null; then
+		return 0
+	fi
+	path=$(module_path "$name" "$moddir")
+	[ -n "$path" ] || die "module $name not found in $moddir"
+	deps=$(tr '\0' '\n' <"$path" | grep -a '^depends=' | head -n1 | cut -d= -f2)
+	for d in ${deps//,/ }; do
+		resolve_module "$d" "$moddir"
+	done
+	ORDER+=("${path#"$moddir"/}")
+}
+
+setup() {
+	mkdir -p "$CACHE"
+	# Tests may set up concurrently on a fresh machine: one builds, the
+	# others wait and reuse.
+	exec 9>"$CACHE/.lock"
+	flock 9
+	install_packages
+	local kver dir deb moddir work
+	kver=$(pick_kernel)
+	dir=$CACHE/$kver
+	if [ -s "$dir/initrd.gz" ] && [ -s "$dir/vmlinuz" ]; then
+		echo "$kver" >"$CACHE/current"
+		echo "$dir"
+		return 0
+	fi
+	mkdir -p "$dir"
+	deb=$(find "$CACHE" -maxdepth 1 -name "linux-image-${kver}_*.deb" -print -quit)
+	if [ -z "$deb" ]; then
+		(cd "$CACHE" && apt-get download "linux-image-$kver" >&2) ||
+			die "cannot download linux-image-$kver"
+		deb=$(find "$CACHE" -maxdepth 1 -name "linux-image-${kver}_*.deb" -print -quit)
+		[ -n "$deb" ] || die "apt-get download left no linux-image-$kver deb in $CACHE"
+	fi
+	work=$(mktemp -d "$CACHE/build.XXXXXX")
+	trap 'rm -rf "$work"' RETURN
+	dpkg-deb -x "$deb" "$work/deb"
+	moddir=$work/deb/lib/modules/$kver
+	grep -q '^CONFIG_RDMA_RXE=[my]' "$work/deb/boot/config-$kver" ||
+		die "linux-image-$kver has no CONFIG_RDMA_RXE"
+	for m in "${GUEST_MODULES[@]}"; do
+		resolve_module "$m" "$moddir"
+	done
+
+	local root=$work/initrd
+	mkdir -p "$root"/{bin,dev,proc,sys,host,lib/modules}
+	cp /bin/busybox "$root/bin/busybox"
+	: >"$root/modules.order"
+	for p in "${ORDER[@]}"; do
+		cp "$moddir/$p" "$root/lib/modules/"
+		basename "$p" >>"$root/modules.order"
+	done
+	install -m 0755 /dev/stdin "$root/init" <<'EOF'
+#!/bin/busybox sh
+# Guest init: load the modules, mount the host tree, create rxe0, run the
+# command the host left in the scratch directory, power off.
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+for m in $(cat /modules.order); do
+	insmod /lib/modules/$m || echo "ib-vm-guest: insmod $m failed"
+done
+scratch=
+for a in $(cat /proc/cmdline); do
+	case $a in ckpt_scratch=*) scratch=${a#ckpt_scratch=} ;; esac
+done
+opts=trans=virtio,version=9p2000.L,msize=262144
+mount -t 9p -o ro,$opts,cache=loose hostroot /host || echo "ib-vm-guest: cannot mount host tree"
+mount -t 9p -o $opts scratch /host$scratch || echo "ib-vm-guest: cannot mount scratch"
+mount -t proc proc /host/proc
+mount -t sysfs sys /host/sys
+mount -t devtmpfs dev /host/dev
+mount -t tmpfs tmp /host/tmp
+mount -t tmpfs run /host/run
+# The host's iproute2 (busybox ip knows no veth); rxe needs a netdev, and the
+# address gives it an IPv4 GID whose route is local, so its traffic loops
+# back inside rxe and nothing leaves the guest.
+host() { chroot /host /usr/bin/env PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
+host ip link set lo up
+host ip link add veth0 type veth peer name veth1
+host ip link set veth0 up
+host ip link set veth1 up
+host ip addr add 10.213.0.1/24 dev veth0
+host rdma link add rxe0 type rxe netdev veth0 || echo "ib-vm-guest: cannot create rxe0"
+chroot /host /bin/bash "$scratch/.ib-vm/run.sh"
+sync
+reboot -f
+EOF
+	(cd "$root" && find . | /bin/busybox cpio -o -H newc 2>/dev/null | gzip -1) >"$work/initrd.gz"
+	cp "$work/deb/boot/vmlinuz-$kver" "$dir/vmlinuz"
+	mv "$work/initrd.gz" "$dir/initrd.gz"
+	echo "$kver" >"$CACHE/current"
+	echo "$dir"
+}
+
+run() {
+	local timeout=60 scratch="" own_scratch=0
+	while [ $# -gt 0 ]; do
+		case $1 in
+		--timeout) timeout=$2; shift 2 ;;
+		--scratch) scratch=$2; shift 2 ;;
+		--) shift; break ;;
+		*) die "unknown option $1 (usage: run [--timeout S] [--scratch DIR] -- CMD ARGS...)" ;;
+		esac
+	done
+	[ $# -gt 0 ] || die "run: no command"
+	local dir
+	dir=$(setup | tail -n1)
+	if [ -z "$scratch" ]; then
+		scratch=$(mktemp -d /var/tmp/ckpt-ib-vm.XXXXXX)
+		own_scratch=1
+	fi
+	scratch=$(cd "$scratch" && pwd -P)
+	case $scratch in *[[:space:]]*) die "scratch path must not contain spaces: $scratch" ;; esac
+	local ctl=$scratch/.ib-vm
+	rm -rf "$ctl"
+	mkdir -p "$ctl"
+	{
+		echo "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+		echo "export HOME=/root CKPT_IB_SCRATCH=$scratch CKPT_IB_VM=1"
+		[ -z "${RUST_BACKTRACE:-}" ] || echo "export RUST_BACKTRACE=$RUST_BACKTRACE"
+		echo "cd $scratch"
+		printf '%q ' "$@"
+		echo ">$ctl/stdout 2>$ctl/stderr </dev/null"
+		echo "echo \$? >$ctl/rc"
+	} >"$ctl/run.sh"
+
+	local status=0
+	timeout "$timeout" qemu-system-x86_64 -accel tcg -cpu max -smp 1 -m 1024 \
+		-nographic -no-reboot -nic none \
+		-kernel "$dir/vmlinuz" -initrd "$dir/initrd.gz" \
+		-append "console=ttyS0 quiet loglevel=3 panic=-1 ckpt_scratch=$scratch" \
+		-virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+		-virtfs local,path="$scratch",mount_tag=scratch,security_model=none,multidevs=remap \
+		</dev/null >"$ctl/console" 2>&1 || status=$?
+	if [ -s "$ctl/stdout" ]; then cat "$ctl/stdout"; fi
+	if [ -s "$ctl/stderr" ]; then cat "$ctl/stderr" >&2; fi
+	local rc
+	if [ "$status" = 124 ]; then
+		echo "ib-vm: VM timed out after ${timeout}s; console:" >&2
+		tail -n 40 "$ctl/console" >&2
+		rc=124
+	elif [ -s "$ctl/rc" ]; then
+		rc=$(cat "$ctl/rc")
+		grep 'ib-vm-guest:' "$ctl/console" >&2 || true
+	else
+		echo "ib-vm: the command did not complete (qemu status $status); console:" >&2
+		tail -n 40 "$ctl/console" >&2
+		rc=$HARNESS_FAILURE
+	fi
+	if [ "$own_scratch" = 1 ]; then rm -rf "$scratch"; else rm -rf "$ctl"; fi
+	exit "$rc"
+}
+
+case ${1:-} in
+setup) setup ;;
+run) shift; run "$@" ;;
+*) die "usage: $0 setup | run [--timeout S] [--scratch DIR] -- CMD ARGS..." ;;
+esac
