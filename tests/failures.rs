@@ -234,10 +234,10 @@ fn dump_to_full_disk_fails_cleanly() {
     dump_to_full_disk("full-disk", &["counter"], "64k", &[]);
 }
 
-/// The same when the disk fills while LZ4 blocks are streamed out by the
-/// flusher threads (32 MiB of pages that LZ4 halves, a 2 MiB file system).
+/// The same when the disk fills while LZ4 blocks are appended by the
+/// writer thread (32 MiB of pages that LZ4 halves, a 2 MiB file system).
 #[test]
-fn streamed_dump_to_full_disk_fails_cleanly() {
+fn compressed_dump_to_full_disk_fails_cleanly() {
     dump_to_full_disk("full-disk-lz4", &["lazy", "32"], "2m", &["--compress=lz4"]);
 }
 

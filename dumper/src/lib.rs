@@ -1127,12 +1127,7 @@ fn frozen_pages(
     for c in procs {
         let started = Instant::now();
         let name = ckpt_image::pages_name(saved(c.pid));
-        // LZ4 blocks are appended in order: streamed past the page cache.
-        let pw = if opts.compress {
-            w.pages_streamed(&name)?
-        } else {
-            w.pages(&name)?
-        };
+        let pw = w.pages(&name)?;
         let progress = page_progress(opts, written, total, c.pid);
         let before = opts
             .prev
@@ -1156,7 +1151,6 @@ fn frozen_pages(
             pages::copy_pages(&c.mem, &c.vmas, &pw, &progress)?;
             Vec::new()
         };
-        pw.complete()?;
         let on_disk = pw.written();
         stats.pages_written_bytes += on_disk;
         log::info!(

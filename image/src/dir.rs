@@ -32,7 +32,7 @@ use crate::digest;
 use crate::error::ImageError;
 use crate::header::{self, ImageKind};
 use crate::manifest::{FileDigest, Manifest};
-use crate::pagefile::{Flusher, PagesWriter};
+use crate::pagefile::PagesWriter;
 use crate::seal::{ImageKey, SEAL_LEN, SEAL_NAME, SealFailure};
 use crate::sys::{self, FileType, Identity, OpenError};
 
@@ -53,8 +53,6 @@ pub struct ImageWriter {
     committed: bool,
     /// `DIR` existed as an empty directory of ours, to be replaced.
     replace_empty: bool,
-    /// Writes streamed page files out.
-    flusher: Flusher,
 }
 
 impl ImageWriter {
@@ -115,8 +113,6 @@ impl ImageWriter {
         }
         sys::set_mode(tmp.as_fd(), sys::DIR_MODE)
             .map_err(|e| ImageError::io(&tmp_path, "chmod", e))?;
-        let flusher = Flusher::start()
-            .map_err(|e| ImageError::io(&tmp_path, "start writer threads for", e))?;
         Ok(ImageWriter {
             final_path: dir.into(),
             final_name,
@@ -129,7 +125,6 @@ impl ImageWriter {
             unsynced: Vec::new(),
             committed: false,
             replace_empty,
-            flusher,
         })
     }
 
@@ -204,23 +199,7 @@ impl ImageWriter {
         check_name(&self.tmp_path, name)?;
         let file = sys::create_file_at(self.tmp.as_fd(), OsStr::new(name), true)
             .map_err(|e| ImageError::io(&path, "create", e))?;
-        Ok(PagesWriter::positional(name.into(), path, file))
-    }
-
-    /// Creates page data file `name` for data appended roughly in order
-    /// (LZ4 blocks): written in aligned blocks with `O_DIRECT` by flusher
-    /// threads, hashed before it leaves memory (see [`crate::pagefile`]).
-    pub fn pages_streamed(&self, name: &str) -> Result<PagesWriter, ImageError> {
-        let path = self.tmp_path.join(name);
-        check_name(&self.tmp_path, name)?;
-        let file = sys::create_file_at(self.tmp.as_fd(), OsStr::new(name), false)
-            .map_err(|e| ImageError::io(&path, "create", e))?;
-        Ok(PagesWriter::streamed(
-            name.into(),
-            path,
-            file,
-            &self.flusher,
-        ))
+        Ok(PagesWriter::new(name.into(), path, file))
     }
 
     /// Syncs a page file and records its checksums.

@@ -202,24 +202,6 @@ pub fn start_writeback(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<
     }
 }
 
-/// Turns on `O_DIRECT` for `fd`: writes then go from ckpt's buffers to
-/// the disk without a copy into the page cache. Fails on file systems that
-/// do not offer it.
-pub fn set_direct_io(fd: BorrowedFd<'_>) -> io::Result<()> {
-    let flags = nix::fcntl::fcntl(fd, FcntlArg::F_GETFL).map_err(io_err)?;
-    let flags = OFlag::from_bits_truncate(flags) | OFlag::O_DIRECT;
-    nix::fcntl::fcntl(fd, FcntlArg::F_SETFL(flags)).map_err(io_err)?;
-    Ok(())
-}
-
-/// Turns `O_DIRECT` off again for `fd`.
-pub fn clear_direct_io(fd: BorrowedFd<'_>) -> io::Result<()> {
-    let flags = nix::fcntl::fcntl(fd, FcntlArg::F_GETFL).map_err(io_err)?;
-    let flags = OFlag::from_bits_truncate(flags) - OFlag::O_DIRECT;
-    nix::fcntl::fcntl(fd, FcntlArg::F_SETFL(flags)).map_err(io_err)?;
-    Ok(())
-}
-
 /// Maps the first `len` bytes of `file` read-only. Only for files in
 /// ckpt's own unfinished checkpoint directory, which no one else can open,
 /// and known to hold `len` bytes: a mapping of a file someone truncates
