@@ -73,36 +73,16 @@ static pid_t leader(int session, int code, pid_t *member_pid)
 
 static pid_t ppid_of(pid_t pid)
 {
-	char path[64], buf[512];
-	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -1;
-	ssize_t n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return -1;
-	buf[n] = 0;
-	char *p = strrchr(buf, ')');
+	char buf[1024];
+	const char *f = proc_stat_fields(pid, buf, sizeof(buf));
 	char st;
 	int ppid;
-	return p && sscanf(p + 1, " %c %d", &st, &ppid) == 2 ? ppid : -1;
+	return f && sscanf(f, "%c %d", &st, &ppid) == 2 ? ppid : -1;
 }
 
 static int is_zombie(pid_t pid)
 {
-	char path[64], buf[512];
-	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return 0;
-	ssize_t n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return 0;
-	buf[n] = 0;
-	char *p = strrchr(buf, ')');
-	return p && p[1] == ' ' && p[2] == 'Z';
+	return proc_state(pid) == 'Z';
 }
 
 static void check_member(const char *name, pid_t m, pid_t sid, pid_t pgid)

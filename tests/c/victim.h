@@ -307,6 +307,29 @@ static inline size_t read_small_file(const char *path, char *buf, size_t cap)
 	return len;
 }
 
+/*
+ * /proc/PID/stat of pid, read into buf; returns the fields after the
+ * command name (from field 3, the state, on), or NULL when pid is gone.
+ */
+static inline const char *proc_stat_fields(pid_t pid, char *buf, size_t cap)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	size_t n = read_small_file(path, buf, cap);
+	if (n == (size_t)-1 || n == 0)
+		return NULL;
+	const char *p = strrchr(buf, ')');
+	return p && p[1] == ' ' ? p + 2 : NULL;
+}
+
+/* pid's state letter (R, S, T, Z, ...), or '?' when it is gone. */
+static inline char proc_state(pid_t pid)
+{
+	char buf[1024];
+	const char *f = proc_stat_fields(pid, buf, sizeof(buf));
+	return f ? f[0] : '?';
+}
+
 /* Whether fd is an anonymous-inode file of that kind ("eventfd", ...). */
 static inline int victim_fd_is_anon(int fd, const char *kind)
 {

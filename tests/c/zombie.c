@@ -30,38 +30,21 @@ static void check_comm(pid_t pid, const char *want)
 
 static int is_zombie(pid_t pid)
 {
-	char path[64], buf[512];
-	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return 0;
-	ssize_t n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return 0;
-	buf[n] = 0;
-	char *p = strrchr(buf, ')');
-	return p && p[1] == ' ' && p[2] == 'Z';
+	return proc_state(pid) == 'Z';
 }
 
 /* Field 52 of /proc/PID/stat: a zombie's status in waitpid() form. */
 static int stat_status(pid_t pid)
 {
-	char path[64], buf[1024];
-	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -1;
-	ssize_t n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return -1;
-	buf[n] = 0;
-	char *p = strrchr(buf, ')');
-	/* Field 3 follows ") "; field 52 is 49 spaces further. */
-	for (int i = 0; p && i < 50; i++)
-		p = strchr(p + 1, ' ');
-	return p ? atoi(p + 1) : -1;
+	char buf[1024];
+	const char *p = proc_stat_fields(pid, buf, sizeof(buf));
+	/* p is field 3; field 52 is 49 spaces further. */
+	for (int i = 0; p && i < 49; i++) {
+		p = strchr(p, ' ');
+		if (p)
+			p++;
+	}
+	return p ? atoi(p) : -1;
 }
 
 #define ENDINGS 7
