@@ -413,20 +413,7 @@ fn two_copies_run_side_by_side_with_the_same_ids() {
     }
     // The second copy reports in a work dir of its own, bound over the
     // shared one in its private mount namespace.
-    let other = env.root.join("work2");
-    std::fs::create_dir(&other).unwrap();
-    let mnt = format!("--mount=/proc/{init2}/ns/mnt");
-    let bind = std::process::Command::new("nsenter")
-        .args([
-            &mnt,
-            "mount",
-            "--bind",
-            path_str(&other),
-            path_str(&env.work),
-        ])
-        .status()
-        .expect("run nsenter");
-    assert!(bind.success(), "bind mount in the second copy: {bind}");
+    let other = own_work_dir_in(&env, init2);
 
     v.go();
     finish_restore(&v, first);

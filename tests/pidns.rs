@@ -259,20 +259,7 @@ fn namespace_restored_twice_at_once_with_the_same_pids() {
 
     // The copies share the work dir: the second sees another one in its
     // private mount namespace, so each reports on its own.
-    let other = env.root.join("work2");
-    std::fs::create_dir(&other).unwrap();
-    let mnt = format!("--mount=/proc/{init2}/ns/mnt");
-    let bind = std::process::Command::new("nsenter")
-        .args([
-            &mnt,
-            "mount",
-            "--bind",
-            path_str(&other),
-            path_str(&env.work),
-        ])
-        .status()
-        .expect("run nsenter");
-    assert!(bind.success(), "bind mount in the second copy: {bind}");
+    let other = own_work_dir_in(&env, init2);
 
     job.v.go();
     finish_restore(&job.v, first);

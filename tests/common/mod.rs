@@ -1542,3 +1542,25 @@ impl<'a> Coordinated<'a> {
         outs
     }
 }
+
+/// Gives the processes in the mount namespace of `pid` (a restored copy of
+/// a job, in a private mount namespace) a work directory of their own,
+/// `ROOT/work2`, bound over the shared one, so that two copies report
+/// apart. Returns it.
+pub fn own_work_dir_in(env: &TestEnv, pid: i32) -> PathBuf {
+    let other = env.root.join("work2");
+    std::fs::create_dir(&other).unwrap();
+    let mnt = format!("--mount=/proc/{pid}/ns/mnt");
+    let bind = Command::new("nsenter")
+        .args([
+            &mnt,
+            "mount",
+            "--bind",
+            path_str(&other),
+            path_str(&env.work),
+        ])
+        .status()
+        .expect("run nsenter");
+    assert!(bind.success(), "bind mount in the copy's namespace: {bind}");
+    other
+}
