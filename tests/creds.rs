@@ -21,24 +21,7 @@ fn thread_creds(pid: i32) -> Vec<(String, Vec<String>)> {
         "CapAmb:",
         "NoNewPrivs:",
     ];
-    let mut tids: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    tids.sort();
-    tids.into_iter()
-        .map(|tid| {
-            let status = read_to_string_lossy(std::path::Path::new(&format!(
-                "/proc/{pid}/task/{tid}/status"
-            )));
-            let lines = status
-                .lines()
-                .filter(|l| FIELDS.iter().any(|f| l.starts_with(f)))
-                .map(str::to_string)
-                .collect();
-            (tid, lines)
-        })
-        .collect()
+    thread_status_lines(pid, FIELDS)
 }
 
 #[test]

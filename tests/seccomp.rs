@@ -11,19 +11,12 @@ use common::*;
 
 /// `Seccomp:` and `Seccomp_filters:` of every thread of `pid`.
 fn seccomp_of(pid: i32) -> Vec<(String, String)> {
-    let mut tids: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    tids.sort();
-    tids.into_iter()
-        .map(|tid| {
-            let status = read_to_string_lossy(std::path::Path::new(&format!(
-                "/proc/{pid}/task/{tid}/status"
-            )));
+    thread_status_lines(pid, &["Seccomp:", "Seccomp_filters:"])
+        .into_iter()
+        .map(|(_, lines)| {
             let field = |k: &str| {
-                status
-                    .lines()
+                lines
+                    .iter()
                     .find_map(|l| l.strip_prefix(k))
                     .unwrap_or("")
                     .trim()

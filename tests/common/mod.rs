@@ -1564,3 +1564,24 @@ pub fn own_work_dir_in(env: &TestEnv, pid: i32) -> PathBuf {
     assert!(bind.success(), "bind mount in the copy's namespace: {bind}");
     other
 }
+
+/// For every thread of `pid` (by tid, sorted): the lines of its
+/// `/proc/PID/task/TID/status` that start with one of `fields`.
+pub fn thread_status_lines(pid: i32, fields: &[&str]) -> Vec<(String, Vec<String>)> {
+    let mut tids: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    tids.sort();
+    tids.into_iter()
+        .map(|tid| {
+            let status = read_to_string_lossy(Path::new(&format!("/proc/{pid}/task/{tid}/status")));
+            let lines = status
+                .lines()
+                .filter(|l| fields.iter().any(|f| l.starts_with(f)))
+                .map(str::to_string)
+                .collect();
+            (tid, lines)
+        })
+        .collect()
+}
