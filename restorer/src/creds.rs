@@ -167,13 +167,7 @@ fn change(r: &Remote<'_>, c: &Creds, held: u64, last_cap: u32) -> Result<()> {
             [args[0], args[1], args[2], args[3], args[4], 0],
         )
     };
-    let groups: Vec<u8> = c.groups.iter().flat_map(|g| g.to_le_bytes()).collect();
-    let gp = r.put(0, &groups)?;
-    r.call(
-        "setgroups",
-        libc::SYS_setgroups,
-        [c.groups.len() as u64, gp, 0, 0, 0, 0],
-    )?;
+    set_groups(r, &c.groups)?;
     prctl(
         "prctl(PR_SET_KEEPCAPS)",
         [libc::PR_SET_KEEPCAPS as u64, 1, 0, 0, 0],
@@ -299,6 +293,18 @@ pub fn check_threads(core: &Core) -> Result<()> {
             ));
         }
     }
+    Ok(())
+}
+
+/// `setgroups(groups)` run by the process `r` acts in.
+pub(crate) fn set_groups(r: &Remote<'_>, groups: &[u32]) -> Result<()> {
+    let bytes: Vec<u8> = groups.iter().flat_map(|g| g.to_ne_bytes()).collect();
+    let at = r.put(0, &bytes)?;
+    r.call(
+        "setgroups",
+        libc::SYS_setgroups,
+        [groups.len() as u64, at, 0, 0, 0, 0],
+    )?;
     Ok(())
 }
 

@@ -67,13 +67,7 @@ impl FsIdentity {
                 [QUERY, 0, 0, 0, 0, 0],
             )? as u32,
         };
-        let groups: Vec<u8> = self.groups.iter().flat_map(|g| g.to_ne_bytes()).collect();
-        let gp = r.put(0, &groups)?;
-        r.call(
-            "setgroups",
-            libc::SYS_setgroups,
-            [self.groups.len() as u64, gp, 0, 0, 0, 0],
-        )?;
+        crate::creds::set_groups(r, &self.groups)?;
         set_fs_ids(r, self.uid, self.gid)?;
         Ok(prev)
     }
