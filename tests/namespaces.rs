@@ -116,12 +116,7 @@ fn start(
     args.extend_from_slice(prefix);
     args.extend([path_str(&bin), path_str(&env.work), host]);
     let v = Victim::spawn_program(env, std::path::Path::new(CKPT), &args);
-    assert!(
-        wait_for_file(&pidfile, READY_TIMEOUT),
-        "ckpt run wrote no pid file: {}",
-        v.diag()
-    );
-    let pid: i32 = read_to_string_lossy(&pidfile).trim().parse().expect("pid");
+    let pid = pid_from(&v, &pidfile);
     kill.0.push(pid);
     (v, pid)
 }
@@ -277,12 +272,7 @@ fn start_unshared(env: &TestEnv, run: &[&str], unshare: &[&str], kill: &mut Kill
     args.extend_from_slice(unshare);
     args.extend(["sleep", "100"]);
     let v = Victim::spawn_program(env, std::path::Path::new(CKPT), &args);
-    assert!(
-        wait_for_file(&pidfile, READY_TIMEOUT),
-        "ckpt run wrote no pid file: {}",
-        v.diag()
-    );
-    let pid: i32 = read_to_string_lossy(&pidfile).trim().parse().expect("pid");
+    let pid = pid_from(&v, &pidfile);
     kill.0.push(pid);
     // unshare has exec'd sleep once the comm says so.
     let sleeping = |p: i32| {
@@ -355,25 +345,6 @@ fn network_user_and_cgroup_namespaces_are_refused() {
     assert_running_untouched(pid, "after a refused dump");
 }
 
-/// The host pid a running `ckpt restore` reports for the restored root.
-fn restored_pid(restore: &CkptCmd) -> i32 {
-    let reported = || {
-        restore.stderr_now().lines().find_map(|l| {
-            l.strip_prefix("ckpt: restored pid ")?
-                .trim()
-                .parse::<i32>()
-                .ok()
-        })
-    };
-    assert!(
-        wait_until(RESULT_TIMEOUT, || reported().is_some()),
-        "restore {} reported no restored pid:\n{}",
-        restore.pid(),
-        restore.stderr_now()
-    );
-    reported().unwrap()
-}
-
 /// One image restored twice at once: each copy gets its own PID, UTS, IPC
 /// and time namespaces, so both hold their SysV objects under the same ids
 /// (impossible in one IPC namespace) and each passes its checks.
@@ -401,10 +372,10 @@ fn two_copies_run_side_by_side_with_the_same_ids() {
 
     let mut first = spawn_restore(&env, &[]);
     wait_restored_and_running(&v, &mut first);
-    let init1 = restored_pid(&first);
+    let init1 = restored_root_pid(&first);
     kill.0.push(init1);
     let second = spawn_restore(&env, &[]);
-    let init2 = restored_pid(&second);
+    let init2 = restored_root_pid(&second);
     kill.0.push(init2);
     for kind in ["ipc", "uts", "time"] {
         let link = |p: i32| std::fs::read_link(format!("/proc/{p}/ns/{kind}")).unwrap();
@@ -425,4 +396,14 @@ fn two_copies_run_side_by_side_with_the_same_ids() {
         "PASS",
         "second copy's checks"
     );
+}
+
+/// The pid `ckpt run` (victim `v`) wrote into `pidfile`, once it has.
+fn pid_from(v: &Victim, pidfile: &std::path::Path) -> i32 {
+    assert!(
+        wait_for_file(pidfile, READY_TIMEOUT),
+        "ckpt run wrote no pid file: {}",
+        v.diag()
+    );
+    read_to_string_lossy(pidfile).trim().parse().expect("pid")
 }

@@ -176,21 +176,7 @@ fn host_tree_of(host: i32) -> Vec<i32> {
 /// The host pid of the init a `ckpt restore` runs (its only child), once
 /// the restore reported it running with its `processes`.
 fn restored_init(restore: &CkptCmd, processes: usize, inits: &mut Inits) -> i32 {
-    let reported = || {
-        restore.stderr_now().lines().find_map(|l| {
-            l.strip_prefix("ckpt: restored pid ")?
-                .trim()
-                .parse::<i32>()
-                .ok()
-        })
-    };
-    assert!(
-        wait_until(RESULT_TIMEOUT, || reported().is_some()),
-        "restore {} reported no restored pid:\n{}",
-        restore.pid(),
-        restore.stderr_now()
-    );
-    let init = reported().unwrap();
+    let init = restored_root_pid(restore);
     inits.0.push(init);
     let tree = host_tree_of(restore.pid());
     assert_eq!(

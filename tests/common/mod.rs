@@ -1585,3 +1585,23 @@ pub fn thread_status_lines(pid: i32, fields: &[&str]) -> Vec<(String, Vec<String
         })
         .collect()
 }
+
+/// The host pid a running `ckpt restore` reports for the restored root
+/// ("ckpt: restored pid N"), once it has.
+pub fn restored_root_pid(restore: &CkptCmd) -> i32 {
+    let reported = || {
+        restore.stderr_now().lines().find_map(|l| {
+            l.strip_prefix("ckpt: restored pid ")?
+                .trim()
+                .parse::<i32>()
+                .ok()
+        })
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || reported().is_some()),
+        "restore {} reported no restored pid:\n{}",
+        restore.pid(),
+        restore.stderr_now()
+    );
+    reported().unwrap()
+}
