@@ -13,7 +13,8 @@
 # CMD runs as root in the host tree, so binaries built on the host run
 # unchanged. DIR (default: a fresh temporary directory, removed afterwards)
 # is shared writable at the same path, and CMD runs with it as its working
-# directory and in $CKPT_IB_SCRATCH; everything else but /tmp (a tmpfs) is
+# directory and in $CKPT_IB_SCRATCH; everything else but /tmp (a tmpfs of
+# the guest's: a CMD under the host's /tmp is run from a copy) is
 # read-only. Exit status 124 means the VM timed out, 125 a harness failure.
 #
 # Environment: CKPT_IB_CACHE (default /var/cache/ckpt-ib), CKPT_IB_KERNEL
@@ -208,6 +209,17 @@ run() {
 	local ctl=$scratch/.ib-vm
 	rm -rf "$ctl"
 	mkdir -p "$ctl"
+	# The guest's /tmp is a tmpfs of its own, so a command under the host's
+	# /tmp (a checkout there, as CI makes) runs from a copy in the scratch
+	# directory.
+	local cmd=$1
+	shift
+	case $cmd in /tmp/*)
+		cp "$cmd" "$ctl/"
+		cmd=$ctl/$(basename "$cmd")
+		;;
+	esac
+	set -- "$cmd" "$@"
 	{
 		echo "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 		echo "export HOME=/root CKPT_IB_SCRATCH=$scratch CKPT_IB_VM=1"
