@@ -137,11 +137,24 @@ static struct ibv_context *open_device(const char *name)
 	return ctx;
 }
 
-/* The first GID of the port that is set (rxe fills its table as addresses appear). */
+/* Whether gid is an IPv4-mapped one (::ffff:a.b.c.d). */
+static int gid_is_ipv4(const union ibv_gid *gid)
+{
+	static const uint8_t prefix[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
+	return memcmp(gid->raw, prefix, sizeof(prefix)) == 0;
+}
+
+/*
+ * The port's IPv4-mapped GID, else its first GID that is set (rxe fills
+ * its table as addresses appear). IPv4 first: the IPv6 link-local GID can
+ * still be tentative (duplicate address detection) right after boot, and
+ * connecting through it then times out.
+ */
 static uint8_t pick_gid(struct ibv_context *ctx, union ibv_gid *gid)
 {
 	struct ibv_port_attr port;
 	static const union ibv_gid zero;
+	int first = -1;
 	if (ibv_query_port(ctx, PORT_NUM, &port))
 		fail("ibv_query_port: %s", strerror(errno));
 	if (port.state != IBV_PORT_ACTIVE)
@@ -149,11 +162,16 @@ static uint8_t pick_gid(struct ibv_context *ctx, union ibv_gid *gid)
 	for (int i = 0; i < port.gid_tbl_len; i++) {
 		if (ibv_query_gid(ctx, PORT_NUM, i, gid))
 			continue;
-		if (memcmp(gid, &zero, sizeof(zero)) != 0)
+		if (gid_is_ipv4(gid))
 			return (uint8_t)i;
+		if (first < 0 && memcmp(gid, &zero, sizeof(zero)) != 0)
+			first = i;
 	}
-	fail("no GID set on port %d", PORT_NUM);
-	return 0;
+	if (first < 0)
+		fail("no GID set on port %d", PORT_NUM);
+	if (ibv_query_gid(ctx, PORT_NUM, first, gid))
+		fail("ibv_query_gid %d: %s", first, strerror(errno));
+	return (uint8_t)first;
 }
 
 static void setup_side(struct side *s, const char *dev, uint32_t psn)
