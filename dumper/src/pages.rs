@@ -188,7 +188,7 @@ const WINDOW_CHUNKS: usize = 32;
 /// time (glibc gives large freed blocks back), so every 4 KiB dumped cost
 /// a page fault and a zeroed page, a fifth of a dump's CPU time.
 #[derive(Default)]
-struct BufferPool {
+pub struct BufferPool {
     free: Mutex<Vec<Vec<u8>>>,
 }
 
@@ -344,12 +344,9 @@ fn pack(t: &Memory, c: &PageRange, pool: &BufferPool) -> Result<Packed> {
         return Err(e);
     }
     let mut z = pool.take();
-    // The pool's buffers hold the LZ4 bound of a chunk, so this cannot fail.
-    let n = lz4_flex::block::compress_into(&raw[..len], &mut z).unwrap_or(usize::MAX);
-    let (kept, spare, stored_raw, len) = if n < len {
-        (z, raw, false, n)
-    } else {
-        (raw, z, true, len)
+    let (kept, spare, stored_raw, len) = match lz4_into(&raw[..len], &mut z) {
+        Some(n) => (z, raw, false, n),
+        None => (raw, z, true, len),
     };
     pool.give(spare);
     Ok(Packed {
@@ -361,29 +358,13 @@ fn pack(t: &Memory, c: &PageRange, pool: &BufferPool) -> Result<Packed> {
     })
 }
 
-/// One chunk's bytes as stored in a compressed pages file.
-struct Block {
-    stored_raw: bool,
-    data: Vec<u8>,
-}
-
-/// LZ4 of `raw`, or `raw` itself when LZ4 does not shrink it.
-fn compress(raw: &[u8]) -> Block {
-    let mut z = vec![0u8; lz4_flex::block::get_maximum_output_size(raw.len())];
-    // The bound above makes the output large enough, so this cannot fail.
-    let n = lz4_flex::block::compress_into(raw, &mut z).unwrap_or(usize::MAX);
-    if n < raw.len() {
-        z.truncate(n);
-        Block {
-            stored_raw: false,
-            data: z,
-        }
-    } else {
-        Block {
-            stored_raw: true,
-            data: raw.to_vec(),
-        }
-    }
+/// LZ4 of `raw` into `z` (a [`BufferPool`] buffer, large enough for a
+/// chunk's worst case): its length, or `None` when LZ4 does not shrink it
+/// and the chunk is stored raw.
+fn lz4_into(raw: &[u8], z: &mut [u8]) -> Option<usize> {
+    lz4_flex::block::compress_into(raw, z)
+        .ok()
+        .filter(|&n| n < raw.len())
 }
 
 /// Where chunks go when they are saved one by one in any order (a
@@ -398,6 +379,8 @@ pub enum Sink<'w> {
         out: &'w PagesWriter,
         /// Where the next block goes, and every block so far.
         appended: Mutex<Appended>,
+        /// Buffers LZ4 writes into, reused.
+        pool: BufferPool,
     },
 }
 
@@ -415,6 +398,7 @@ impl<'w> Sink<'w> {
             Sink::Lz4 {
                 out,
                 appended: Mutex::new(Appended::default()),
+                pool: BufferPool::default(),
             }
         } else {
             Sink::Raw(out)
@@ -435,9 +419,14 @@ impl<'w> Sink<'w> {
     pub fn put(&self, c: &PageRange, raw: &[u8]) -> Result<()> {
         match self {
             Sink::Raw(out) => out.write_at(c.offset, raw).map_err(DumpError::from),
-            Sink::Lz4 { .. } => {
-                let block = compress(raw);
-                self.put_stored(c, &block.data, block.stored_raw)
+            Sink::Lz4 { pool, .. } => {
+                let mut z = pool.take();
+                let put = match lz4_into(raw, &mut z) {
+                    Some(n) => self.put_stored(c, &z[..n], false),
+                    None => self.put_stored(c, raw, true),
+                };
+                pool.give(z);
+                put
             }
         }
     }
@@ -447,7 +436,7 @@ impl<'w> Sink<'w> {
     pub fn put_stored(&self, c: &PageRange, stored: &[u8], raw: bool) -> Result<()> {
         match self {
             Sink::Raw(out) => out.write_at(c.offset, stored).map_err(DumpError::from),
-            Sink::Lz4 { out, appended } => {
+            Sink::Lz4 { out, appended, .. } => {
                 let len = stored.len() as u64;
                 let file_offset = {
                     let mut a = appended.lock().unwrap_or_else(|p| p.into_inner());

@@ -283,18 +283,12 @@ pub fn fork_sleeper() -> nix::Result<nix::unistd::Pid> {
 /// `pid` (the same open file description, so a socket's options and
 /// repair mode are the process's).
 pub fn take_fd(pid: i32, fd: i32) -> std::io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let pidfd = pidfd_open(pid)?;
     // SAFETY: integer arguments only.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if pidfd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: integer arguments only.
-    let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) };
-    let err = std::io::Error::last_os_error();
-    close(pidfd);
+    let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
     if got < 0 {
-        return Err(err);
+        return Err(std::io::Error::last_os_error());
     }
     // SAFETY: pidfd_getfd returned a new fd that nothing else owns.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(got as i32) })
