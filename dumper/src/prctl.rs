@@ -59,7 +59,14 @@ pub fn ask(inf: &Infection<'_>) -> Result<Asked> {
         });
     }
     let thp_disable = get("prctl(PR_GET_THP_DISABLE)", libc::PR_GET_THP_DISABLE, 0)?;
-    let mdwe = get("prctl(PR_GET_MDWE)", libc::PR_GET_MDWE, 0)?;
+    // Kernels before 6.3 have no MDWE and answer EINVAL: nothing to keep.
+    let mdwe = match get("prctl(PR_GET_MDWE)", libc::PR_GET_MDWE, 0) {
+        Err(ParasiteError::RemoteSyscall {
+            errno: nix::errno::Errno::EINVAL,
+            ..
+        }) => 0,
+        other => other?,
+    };
     let timer_slack = get("prctl(PR_GET_TIMERSLACK)", libc::PR_GET_TIMERSLACK, 0)?;
     let (mlock_future, mlock_future_onfault) = probe_mlock_future(inf)?;
     Ok(Asked {

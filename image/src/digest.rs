@@ -218,7 +218,16 @@ pub fn blake3_of_own_file(
         found: size,
         expected: usize::MAX as u64,
     })?;
-    let map = crate::sys::map_own_file(file, len).map_err(|e| ImageError::io(path, "mmap", e))?;
+    // Some file systems cannot map files (9p without a cache, some FUSE
+    // ones): read the blocks instead, as for any other file.
+    let map = match crate::sys::map_own_file(file, len) {
+        Ok(map) => map,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENODEV | libc::EINVAL)) => {
+            let (sums, list) = of_file_with_blocks(file, size, path)?;
+            return Ok((sums.blake3, list));
+        }
+        Err(e) => return Err(ImageError::io(path, "mmap", e)),
+    };
     let digests: Vec<Digest> = map.par_chunks(BLOCK as usize).map(block_digest).collect();
     let list: Vec<u8> = digests.concat();
     Ok((digest_of_block_list(&list), list))
