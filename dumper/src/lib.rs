@@ -553,6 +553,8 @@ struct Collected {
     tracking: Option<ckpt_image::mm::WriteTracking>,
     /// With `--prev`: what it wrote since the pre-dump.
     written: Option<predump::Written>,
+    /// With `--background`: its pages, write-protected or not.
+    armed: Option<background::Split>,
 }
 
 /// What a dump does with userfaultfds in the processes.
@@ -645,9 +647,28 @@ fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Coll
         core.threads.push(task::collect_thread(t, pid, state)?);
     }
     seccomp::collect(pid, &p.tasks, &mut core)?;
-    let mut vmas = mm::collect_vmas(pid)?;
+    // smaps is read on another core while the pages are planned and, for
+    // a background dump, write-protected: all three walk the page tables
+    // of the whole address space, and only smaps' VmFlags are needed.
+    let (vmas, pages_bytes, armed) = std::thread::scope(|s| -> Result<_> {
+        let flags = s.spawn(|| mm::read_vm_flags(pid));
+        let planned = (|| -> Result<_> {
+            let mut vmas = mm::collect_vmas_unflagged(pid)?;
+            let pages_bytes = mm::plan_pages(pid, &mut vmas)?;
+            let armed = match (mode, &uffd) {
+                (Userfaults::Background, Some(u)) => Some(background::arm(u, &vmas)?),
+                _ => None,
+            };
+            Ok((vmas, pages_bytes, armed))
+        })();
+        let flags = flags
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let (mut vmas, pages_bytes, armed) = planned?;
+        mm::apply_all_vm_flags(pid, &mut vmas, &flags?)?;
+        Ok((vmas, pages_bytes, armed))
+    })?;
     let vdso = mm::vdso_info(leader, &vmas)?;
-    let pages_bytes = mm::plan_pages(pid, &mut vmas)?;
     // Only through a tracking userfaultfd that is still the pre-dump's.
     let written = match (mode, &uffd) {
         (Userfaults::Track(_) | Userfaults::Untrack(_), Some(_)) if before.is_some() => {
@@ -704,6 +725,7 @@ fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Coll
         uffd,
         tracking,
         written,
+        armed,
     })
 }
 
@@ -1260,22 +1282,22 @@ fn background_pages(
     let on_disk_before = w.written_bytes();
     let writers = page_writers(w, procs, saved)?;
     let sinks = pages::Sink::for_each(&writers, opts.compress);
-    let armed_started = Instant::now();
+    let started = Instant::now();
     let mut guarded = Vec::with_capacity(procs.len());
     let mut frozen_bytes = 0u64;
-    for (c, sink) in procs.iter().zip(&sinks) {
-        let uffd = c.uffd.as_ref().ok_or_else(|| DumpError::Unsupported {
+    for (c, sink) in procs.iter_mut().zip(&sinks) {
+        // Armed while collecting (see `collect_process`).
+        let split = c.armed.take().ok_or_else(|| DumpError::Unsupported {
             pid: c.pid,
             what: "a background dump without a userfaultfd".into(),
         })?;
-        let split = background::arm(uffd, &c.vmas)?;
         pages::save_chunks(&c.mem, &split.frozen, sink, &|_| {})?;
         frozen_bytes += split.frozen.iter().map(|r| r.len()).sum::<u64>();
         guarded.push(split.guarded);
     }
     log::info!(
         "background: memory write-protected, {frozen_bytes} bytes saved frozen ({:.3} ms)",
-        ms_since(armed_started)
+        ms_since(started)
     );
     // Nothing else needs the tree stopped: let it run.
     frozen.thaw_early()?;

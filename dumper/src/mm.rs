@@ -92,9 +92,119 @@ fn parse_smaps(pid: i32, text: &str) -> Result<Vec<SmapsEntry>> {
 pub fn collect_vmas(pid: i32) -> Result<Vec<Vma>> {
     let text = procfile::read(pid, "smaps")?;
     let entries = parse_smaps(pid, &text)?;
+    entries
+        .iter()
+        .map(|e| {
+            let mut v = classify(pid, e)?;
+            apply_vm_flags(pid, &mut v, &e.vm_flags)?;
+            Ok(v)
+        })
+        .collect()
+}
+
+/// The VMAs of a frozen process from `/proc/PID/maps`, classified but
+/// without what only smaps' `VmFlags` tell (see [`read_vm_flags`] and
+/// [`apply_all_vm_flags`]). smaps walks every page table entry to count
+/// memory the dump has no use for (tens of milliseconds for 4 GiB); maps
+/// does not, so the pages can be planned while smaps is read on another
+/// core.
+pub fn collect_vmas_unflagged(pid: i32) -> Result<Vec<Vma>> {
+    let text = procfile::read(pid, "maps")?;
+    let entries = parse_smaps(pid, &text)?;
     entries.iter().map(|e| classify(pid, e)).collect()
 }
 
+/// One mapping's `VmFlags` from smaps.
+pub struct VmFlagsOf {
+    start: u64,
+    end: u64,
+    flags: Vec<String>,
+}
+
+/// Every mapping's `VmFlags`, from smaps.
+pub fn read_vm_flags(pid: i32) -> Result<Vec<VmFlagsOf>> {
+    let text = procfile::read(pid, "smaps")?;
+    Ok(parse_smaps(pid, &text)?
+        .into_iter()
+        .map(|e| VmFlagsOf {
+            start: e.start,
+            end: e.end,
+            flags: e.vm_flags,
+        })
+        .collect())
+}
+
+/// Completes VMAs from [`collect_vmas_unflagged`] with `flags`, which
+/// must name the same mappings: the tree is frozen, so they can differ
+/// only if something outside it shares the address space.
+pub fn apply_all_vm_flags(pid: i32, vmas: &mut [Vma], flags: &[VmFlagsOf]) -> Result<()> {
+    if vmas.len() != flags.len() {
+        return Err(DumpError::Unsupported {
+            pid,
+            what: format!(
+                "memory map changed while frozen ({} mappings, then {}): is the address \
+                 space shared with a process outside the tree?",
+                vmas.len(),
+                flags.len()
+            ),
+        });
+    }
+    for (v, f) in vmas.iter_mut().zip(flags) {
+        if (v.start, v.end) != (f.start, f.end) {
+            return Err(DumpError::Unsupported {
+                pid,
+                what: format!(
+                    "memory map changed while frozen (mapping {:#x}-{:#x}, then {:#x}-{:#x})",
+                    v.start, v.end, f.start, f.end
+                ),
+            });
+        }
+        apply_vm_flags(pid, v, &f.flags)?;
+    }
+    Ok(())
+}
+
+/// What a mapping's `VmFlags` add to its classification: flags restore
+/// needs, and kinds refused only because of them (huge pages, device
+/// memory).
+fn apply_vm_flags(pid: i32, v: &mut Vma, vm_flags: &[String]) -> Result<()> {
+    let has = |f: &str| vm_flags.iter().any(|x| x == f);
+    let unsupported = |what: String| DumpError::Unsupported {
+        pid,
+        what: format!("mapping {:#x}-{:#x} ({what})", v.start, v.end),
+    };
+    let kind = VmaKind::try_from(v.kind).unwrap_or(VmaKind::Anon);
+    if has("ht") {
+        match kind {
+            VmaKind::SysvShm => {
+                return Err(unsupported("SysV shared memory with huge pages".into()));
+            }
+            VmaKind::Shmem | VmaKind::ShmemPrivate if !v.path.is_empty() => {
+                return Err(unsupported(format!("hugetlb memory {}", v.path)));
+            }
+            _ => {}
+        }
+    }
+    if !kind.is_special() && (has("io") || has("pf")) {
+        return Err(unsupported(format!("device memory {}", v.path)));
+    }
+    if has("gd") {
+        v.flags |= vma_flags::GROWSDOWN;
+    }
+    if has("dc") {
+        v.flags |= vma_flags::DONTFORK;
+    }
+    if has("dd") {
+        v.flags |= vma_flags::DONTDUMP;
+    }
+    if has("mw") && matches!(kind, VmaKind::FileShared | VmaKind::Shmem) {
+        v.flags |= vma_flags::MAYWRITE;
+    }
+    Ok(())
+}
+
+/// Classifies a mapping from its line alone; [`apply_vm_flags`] adds what
+/// its `VmFlags` tell.
 fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
     let mut p = 0;
     if e.perms[0] == b'r' {
@@ -107,17 +217,6 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
         p |= prot::EXEC;
     }
     let shared = e.perms[3] == b's';
-    let has = |f: &str| e.vm_flags.iter().any(|x| x == f);
-    let mut flags = 0;
-    if has("gd") {
-        flags |= vma_flags::GROWSDOWN;
-    }
-    if has("dc") {
-        flags |= vma_flags::DONTFORK;
-    }
-    if has("dd") {
-        flags |= vma_flags::DONTDUMP;
-    }
     let unsupported = |what: String| DumpError::Unsupported {
         pid,
         what: format!("mapping {:#x}-{:#x} ({what})", e.start, e.end),
@@ -126,7 +225,7 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
         start: e.start,
         end: e.end,
         prot: p,
-        flags,
+        flags: 0,
         kind: VmaKind::Anon as i32,
         file_offset: 0,
         path: String::new(),
@@ -168,20 +267,14 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
         // never end); it comes back as plain anonymous memory.
         "/dev/zero" if !shared => VmaKind::Anon,
         path if path.starts_with("[anon:") => VmaKind::Anon,
-        path if path.starts_with("/SYSV") && !has("ht") => {
+        path if path.starts_with("/SYSV") => {
             // The inode of a SysV segment's file is its shmid.
             vma.sysv_shmid = e.inode as i32;
             vma.file_offset = e.offset;
             VmaKind::SysvShm
         }
-        path if path.starts_with("/SYSV") => {
-            return Err(unsupported("SysV shared memory with huge pages".into()));
-        }
         AIO_RING => return Err(unsupported("aio ring of io_setup".into())),
         path if path.starts_with(MEMFD_PREFIX) || path.ends_with(DELETED_SUFFIX) => {
-            if has("ht") {
-                return Err(unsupported(format!("hugetlb memory {path}")));
-            }
             // The object (its id and data) is collected by `shmem`.
             vma.path = path.to_string();
             vma.file_offset = e.offset;
@@ -203,21 +296,12 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
                 // object (`shmem`), recreated if gone at restore.
                 VmaKind::Shmem
             } else if shared {
-                if has("mw") {
-                    vma.flags |= vma_flags::MAYWRITE;
-                }
                 VmaKind::FileShared
             } else {
                 VmaKind::FilePrivate
             }
         }
     };
-    if shared && has("mw") && kind == VmaKind::Shmem {
-        vma.flags |= vma_flags::MAYWRITE;
-    }
-    if !kind.is_special() && (has("io") || has("pf")) {
-        return Err(unsupported(format!("device memory {}", e.path)));
-    }
     vma.kind = kind as i32;
     Ok(vma)
 }
@@ -531,9 +615,43 @@ mod tests {
         assert_eq!(e[0].inode, 1234);
         assert_eq!(e[1].perms, *b"rw-s");
         assert!(e[2].vm_flags.contains(&"gd".to_string()));
-        let v = classify(1, &e[2]).unwrap();
+        let mut v = classify(1, &e[2]).unwrap();
+        assert_eq!(v.flags & vma_flags::GROWSDOWN, 0, "maps lines carry no VmFlags");
+        apply_vm_flags(1, &mut v, &e[2].vm_flags).unwrap();
         assert_eq!(v.flags & vma_flags::GROWSDOWN, vma_flags::GROWSDOWN);
         assert_eq!(classify(1, &e[1]).unwrap().kind, VmaKind::Shmem as i32);
+    }
+
+    #[test]
+    fn vm_flags_must_name_the_same_mappings() {
+        let maps = "7ffd-7ffe rw-p 00000000 00:00 0  [stack]\n";
+        let mut vmas: Vec<Vma> = parse_smaps(1, maps)
+            .unwrap()
+            .iter()
+            .map(|e| classify(1, e).unwrap())
+            .collect();
+        let flags = |start, end| VmFlagsOf {
+            start,
+            end,
+            flags: vec!["gd".to_string()],
+        };
+        let err = apply_all_vm_flags(1, &mut vmas, &[flags(0x7ffd, 0x7fff)]).unwrap_err();
+        assert!(err.to_string().contains("changed while frozen"), "{err}");
+        let err = apply_all_vm_flags(1, &mut vmas, &[]).unwrap_err();
+        assert!(err.to_string().contains("changed while frozen"), "{err}");
+        apply_all_vm_flags(1, &mut vmas, &[flags(0x7ffd, 0x7ffe)]).unwrap();
+        assert_eq!(vmas[0].flags & vma_flags::GROWSDOWN, vma_flags::GROWSDOWN);
+    }
+
+    #[test]
+    fn huge_pages_are_refused_by_their_flag() {
+        let t = "7f00-7f20 rw-s 00000000 00:01 7  /SYSV00000000 (deleted)\nVmFlags: rd wr sh mr mw me ms ht\n\
+                 7f20-7f40 rw-s 00000000 00:01 8  /anon_hugepage (deleted)\nVmFlags: rd wr sh mr mw me ms ht\n";
+        for e in parse_smaps(1, t).unwrap() {
+            let mut v = classify(1, &e).unwrap();
+            let err = apply_vm_flags(1, &mut v, &e.vm_flags).unwrap_err();
+            assert!(err.to_string().contains("huge"), "{err}");
+        }
     }
 
     #[test]
