@@ -51,30 +51,12 @@ fn rewrite<M: prost::Message>(
     let mut m = read_manifest(img);
     let d = m.files.iter_mut().find(|d| d.name == name).unwrap();
     d.size = bytes.len() as u64;
-    d.crc32c = crc32c(&bytes);
-    d.blake3 = ckpt_image::digest::of_bytes(&bytes).blake3.to_vec();
+    d.blake3 = ckpt_image::digest::of_bytes(&bytes).to_vec();
     let manifest = header::encode(ImageKind::Manifest, &m);
     fs::write(img.join("manifest.img"), &manifest).unwrap();
     if let Some(k) = key {
         fs::write(img.join("manifest.mac"), k.seal(&manifest)).unwrap();
     }
-}
-
-/// CRC32C as the image format uses it (crc32c crate is not a dev-dep: a
-/// bitwise implementation is enough for a few KiB).
-fn crc32c(data: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &b in data {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0x82f6_3b78
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
 }
 
 fn read_meta<M: prost::Message + Default>(img: &Path, name: &str, kind: ImageKind) -> M {

@@ -4,7 +4,7 @@
 //! relative to that fd: `DIR.tmp.<ckpt-pid>` is created 0700 and opened
 //! without following symlinks; every file is created in it through its fd
 //! (`O_CREAT|O_EXCL|O_NOFOLLOW`, mode 0600 whatever the umask) and fsynced;
-//! the manifest (size, CRC32C and BLAKE3 digest of every file) is written last
+//! the manifest (size and BLAKE3 digest of every file) is written last
 //! with its seal (`manifest.mac`, see [`crate::seal`]); the directory is
 //! fsynced, checked to still be the one created, renamed to `DIR` without
 //! replacing anything, checked again under its new name, and the parent is
@@ -14,7 +14,7 @@
 //! make a dump fail, but not redirect it.
 //!
 //! Reading: [`ImageDir::open`] checks the manifest's seal, decodes it, and
-//! then checks the size, CRC32C and BLAKE3 digest of every file it lists, before
+//! then checks the size and BLAKE3 digest of every file it lists, before
 //! the caller touches the system. Files are opened through the directory's
 //! fd without following symlinks and without blocking (a FIFO or device is
 //! refused, not read), must be regular files of the recorded size, owned by
@@ -147,12 +147,10 @@ impl ImageWriter {
     /// Writes a file verbatim (used for ghost-file contents).
     pub fn write_raw(&mut self, name: &str, bytes: &[u8]) -> Result<(), ImageError> {
         self.write_file(name, bytes)?;
-        let sums = digest::of_bytes(bytes);
         self.digests.push(FileDigest {
             name: name.into(),
             size: bytes.len() as u64,
-            crc32c: sums.crc32c,
-            blake3: sums.blake3.to_vec(),
+            blake3: digest::of_bytes(bytes).to_vec(),
             block_blake3: Vec::new(),
         });
         log::debug!("wrote {name}: {} bytes", bytes.len());
@@ -549,9 +547,9 @@ pub struct ImageDir {
     unverified: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
-/// The manifest's checksums of a file against those of its bytes.
-fn check_sums(d: &FileDigest, sums: digest::Sums, path: PathBuf) -> Result<(), ImageError> {
-    if sums.crc32c != d.crc32c || sums.blake3[..] != d.blake3[..] {
+/// The manifest's digest of a file against that of its bytes.
+fn check_digest(d: &FileDigest, found: digest::Digest, path: PathBuf) -> Result<(), ImageError> {
+    if found[..] != d.blake3[..] {
         return Err(ImageError::Checksum { path });
     }
     Ok(())
@@ -566,7 +564,7 @@ fn is_pages_name(name: &str) -> bool {
 
 impl ImageDir {
     /// Opens `dir`, checks the manifest's seal under `key`, decodes the
-    /// manifest and verifies the size, CRC32C and BLAKE3 digest of every file it
+    /// manifest and verifies the size and BLAKE3 digest of every file it
     /// lists.
     pub fn open(dir: &Path, key: &ImageKey) -> Result<Self, ImageError> {
         Self::open_verifying(dir, key, false)
@@ -638,7 +636,7 @@ impl ImageDir {
     }
 
     /// Verifies `bytes` as the contents of listed file `name` (size,
-    /// CRC32C and BLAKE3 digest, blocks hashed in parallel): the bytes a restore
+    /// BLAKE3 digest, blocks hashed in parallel): the bytes a restore
     /// is using, so what was checked is what is used.
     pub fn verify_bytes(&self, name: &str, bytes: &[u8]) -> Result<(), ImageError> {
         let d = self.digest(name)?;
@@ -650,7 +648,7 @@ impl ImageDir {
                 expected: d.size,
             });
         }
-        check_sums(d, digest::of_bytes(bytes), path)?;
+        check_digest(d, digest::of_bytes(bytes), path)?;
         self.unverified
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -744,7 +742,7 @@ impl ImageDir {
         let path = self.path.join(name);
         let (f, st) = self.open_listed(d, &path)?;
         let bytes = read_exact_len(f, &path, st.st_size as u64)?;
-        check_sums(d, digest::of_bytes(&bytes), path)?;
+        check_digest(d, digest::of_bytes(&bytes), path)?;
         Ok(bytes)
     }
 
@@ -807,7 +805,7 @@ impl ImageDir {
     fn verify(&self, d: &FileDigest) -> Result<(), ImageError> {
         let path = self.path.join(&d.name);
         let (f, _) = self.open_listed(d, &path)?;
-        check_sums(d, digest::of_file(&f, d.size, &path)?, path)
+        check_digest(d, digest::of_file(&f, d.size, &path)?, path)
     }
 }
 
@@ -868,8 +866,8 @@ mod tests {
         let mut all = vec![1u8; 4096];
         all.extend_from_slice(&[2u8; 4096]);
         assert_eq!(
-            d.digest("pages-42.img").unwrap().crc32c,
-            crc32c::crc32c(&all)
+            d.digest("pages-42.img").unwrap().blake3,
+            digest::of_bytes(&all).to_vec()
         );
         assert!(
             !t.path()
@@ -1056,55 +1054,18 @@ mod tests {
         );
     }
 
-    /// Changes `data[0]` and then flips bits of `data[32..40]` so the CRC32C
-    /// is what it was: CRC is linear, so 64 candidate bits span its 32.
-    fn forge_same_crc(data: &mut [u8]) {
-        let want = crc32c::crc32c(data);
-        data[0] ^= 0xff;
-        let base = crc32c::crc32c(data);
-        // An xor basis of the bit flips' effects, each with the flips making it.
-        let mut basis: Vec<(u32, u64)> = Vec::new();
-        for bit in 0..64 {
-            data[32 + bit / 8] ^= 1 << (bit % 8);
-            let (mut val, mut combo) = (crc32c::crc32c(data) ^ base, 1u64 << bit);
-            data[32 + bit / 8] ^= 1 << (bit % 8);
-            for &(bv, bc) in &basis {
-                if val ^ bv < val {
-                    val ^= bv;
-                    combo ^= bc;
-                }
-            }
-            if val != 0 {
-                basis.push((val, combo));
-                basis.sort_by_key(|b| std::cmp::Reverse(b.0));
-            }
-        }
-        let (mut target, mut flips) = (base ^ want, 0u64);
-        for &(bv, bc) in &basis {
-            if target ^ bv < target {
-                target ^= bv;
-                flips ^= bc;
-            }
-        }
-        assert_eq!(target, 0, "the flips do not span the CRC");
-        for bit in (0..64).filter(|b| flips & (1 << b) != 0) {
-            data[32 + bit / 8] ^= 1 << (bit % 8);
-        }
-        assert_eq!(crc32c::crc32c(data), want);
-    }
-
     #[test]
-    fn a_crc_forged_file_fails_the_digest() {
+    fn a_file_changed_in_place_fails_the_digest() {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("ck");
         let original = [0x5au8; 64];
         let mut w = ImageWriter::create(&dir).unwrap();
         w.write_raw("ghost-0.img", &original).unwrap();
         w.commit(Manifest::default(), &key()).unwrap();
-        // Same length, same CRC32C, other content: what the seal must catch.
+        // Same length, same owner and mode, other content: what the seal
+        // must catch.
         let mut forged = original;
-        forge_same_crc(&mut forged);
-        assert_ne!(forged, original);
+        forged[40] ^= 1;
         fs::write(dir.join("ghost-0.img"), forged).unwrap();
         let e = ImageDir::open(&dir, &key()).err().unwrap();
         assert!(matches!(e, ImageError::Checksum { .. }), "{e}");

@@ -15,7 +15,7 @@ use std::path::Path;
 use crate::error::ImageError;
 
 /// Version of the on-disk format; independent of the tool's version.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 
 /// Length of [`encode`]'s header.
 pub const HEADER_LEN: usize = 32;
@@ -147,7 +147,6 @@ mod tests {
         FileDigest {
             name: "pages-1.img".into(),
             size: 8192,
-            crc32c: 7,
             blake3: vec![1; 32],
             block_blake3: Vec::new(),
         }

@@ -1,4 +1,4 @@
-//! Page data files as they are written, and their checksums.
+//! Page data files as they are written, and their digests.
 //!
 //! Pages land at offsets planned in advance (raw pages) or appended (LZ4
 //! blocks), from any number of threads, through the page cache: each write
@@ -62,11 +62,9 @@ impl PagesWriter {
         if let Err(e) = sys::start_writeback(self.file.as_fd(), offset, data.len() as u64) {
             log::debug!("{}: early writeback not started: {e}", self.path.display());
         }
-        let crc = crc32c::crc32c(data);
         lock(&self.pieces).push(Piece {
             offset,
             len: data.len() as u64,
-            crc,
         });
         Ok(())
     }
@@ -75,18 +73,7 @@ impl PagesWriter {
     pub(crate) fn finish(self) -> Result<FileDigest, ImageError> {
         let mut pieces = self.pieces.into_inner().unwrap_or_else(|p| p.into_inner());
         let size = check_tiling(&self.path, &mut pieces)?;
-        let mut crc = 0u32;
-        let mut at = 0u64;
-        for c in &pieces {
-            crc = if at == 0 {
-                c.crc
-            } else {
-                digest::crc32c_combine(crc, c.crc, c.len)
-            };
-            at += c.len;
-        }
-        // The CRC was combined from the pieces as they were written; the
-        // BLAKE3 digest needs whole blocks, hashed from the page cache
+        // The BLAKE3 digest needs whole blocks, hashed from the page cache
         // before the fsync, so that hashing overlaps the writeback the
         // writes started.
         let (blake3, blocks) = digest::blake3_of_own_file(&self.file, size, &self.path)?;
@@ -96,7 +83,6 @@ impl PagesWriter {
         Ok(FileDigest {
             name: self.name,
             size,
-            crc32c: crc,
             blake3: blake3.to_vec(),
             block_blake3: blocks,
         })
@@ -107,12 +93,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// One write: where it went, and its CRC.
+/// One write: where it went.
 #[derive(Clone, Copy)]
 struct Piece {
     offset: u64,
     len: u64,
-    crc: u32,
 }
 
 /// The pieces, sorted, must tile `[0, size)`; returns `size`.
@@ -196,8 +181,7 @@ mod tests {
             let written = write(&data, &pieces(len)).unwrap();
             let expected = digest::of_bytes(&data);
             assert_eq!(written.size, len as u64);
-            assert_eq!(written.crc32c, expected.crc32c, "len {len}");
-            assert_eq!(written.blake3, expected.blake3.to_vec(), "len {len}");
+            assert_eq!(written.blake3, expected.to_vec(), "len {len}");
             let (_, blocks) =
                 digest::of_file_with_blocks(&tempfile_with(&data), len as u64, Path::new("x"))
                     .unwrap();

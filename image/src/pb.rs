@@ -120,9 +120,10 @@ mod tests {
             "1:pid:int32 2:ppid:int32 3:comm:string 4:zombie_status:int32/optional \
              5:uids:uint32/repeated 6:gids:uint32/repeated",
         ),
-        // Format 4 replaced the SHA-256 digest (tag 4) by BLAKE3 (tag 6):
-        // a format-3 manifest is refused by its header's version first.
-        ("FileDigest", "1:name:string 2:size:uint64 3:crc32c:uint32"),
+        // Format 4 replaced the SHA-256 digest (tag 4) by BLAKE3 (tag 6),
+        // format 5 dropped the CRC32C (tag 3): an older manifest is
+        // refused by its header's version first.
+        ("FileDigest", "1:name:string 2:size:uint64"),
     ];
 
     fn kind_name(kind: &Kind) -> &'static str {

@@ -251,21 +251,21 @@ fn key() -> ImageKey {
     ImageKey::from_secret(Path::new("fuzz.key"), [0x42; ckpt_image::seal::KEY_LEN])
 }
 
-/// Writes the seed checkpoint (pid 26980, compressed pages) under `root`.
+/// Writes the seed checkpoint (pid 13442, compressed pages) under `root`.
 fn write_seed_dir(root: &Path, seeds: &[Seed], pages: &[u8]) -> PathBuf {
     let dir = root.join("ck");
     let mut w = ImageWriter::create(&dir).expect("create seed checkpoint");
     let names = [
-        ("core.bin", "core-26980.img"),
-        ("mm-compressed.bin", "mm-26980.img"),
-        ("fds.bin", "fds-26980.img"),
+        ("core.bin", "core-13442.img"),
+        ("mm-compressed.bin", "mm-13442.img"),
+        ("fds.bin", "fds-13442.img"),
         ("files.bin", "files.img"),
     ];
     for (seed, name) in names {
         let s = seeds.iter().find(|s| s.name == seed).expect("seed");
         w.write_raw(name, &s.bytes).expect("write seed file");
     }
-    let pw = w.pages("pages-26980.img").expect("pages");
+    let pw = w.pages("pages-13442.img").expect("pages");
     pw.write_at(0, pages).expect("write pages");
     w.finish_pages(pw).expect("finish pages");
     let m = seeds
@@ -303,8 +303,7 @@ fn through_the_directory(rng: &mut Rng, seed_dir: &Path, work: &Path) {
     {
         if let Some(d) = m.files.iter_mut().find(|d| &d.name == victim) {
             d.size = mutated.len() as u64;
-            d.crc32c = crc32c_of(&mutated);
-            d.blake3 = ckpt_image::digest::of_bytes(&mutated).blake3.to_vec();
+            d.blake3 = ckpt_image::digest::of_bytes(&mutated).to_vec();
         }
         let bytes = header::encode(ImageKind::Manifest, &m);
         fs::write(dir.join("manifest.img"), &bytes).unwrap();

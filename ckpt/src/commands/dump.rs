@@ -335,7 +335,7 @@ fn dump_info(dir: &std::path::Path) -> anyhow::Result<PhaseInfo> {
         std::fs::read(&manifest).with_context(|| format!("reading {}", manifest.display()))?;
     Ok(PhaseInfo::Dump {
         image_dir: image_dir.display().to_string(),
-        manifest_crc32c: ckpt_image::digest::of_bytes(&bytes).crc32c,
+        manifest_crc32c: crc32c::crc32c(&bytes),
     })
 }
 

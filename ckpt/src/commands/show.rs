@@ -216,7 +216,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
             "ipc": n.ipc,
             "time": n.time.as_ref().map(|t| json!({"monotonic_ns": t.monotonic_ns, "boottime_ns": t.boottime_ns, "monotonic_offset_ns": t.monotonic_offset_ns, "boottime_offset_ns": t.boottime_offset_ns})),
         })),
-        "files": m.files.iter().map(|f| json!({"name": f.name, "size": f.size, "crc32c": format!("{:08x}", f.crc32c), "blake3": hex(&f.blake3)})).collect::<Vec<_>>(),
+        "files": m.files.iter().map(|f| json!({"name": f.name, "size": f.size, "blake3": hex(&f.blake3)})).collect::<Vec<_>>(),
         "processes": procs,
         "shmem": shmem,
         "ipc": ipc_summary(dir)?,
