@@ -616,7 +616,11 @@ mod tests {
         assert_eq!(e[1].perms, *b"rw-s");
         assert!(e[2].vm_flags.contains(&"gd".to_string()));
         let mut v = classify(1, &e[2]).unwrap();
-        assert_eq!(v.flags & vma_flags::GROWSDOWN, 0, "maps lines carry no VmFlags");
+        assert_eq!(
+            v.flags & vma_flags::GROWSDOWN,
+            0,
+            "maps lines carry no VmFlags"
+        );
         apply_vm_flags(1, &mut v, &e[2].vm_flags).unwrap();
         assert_eq!(v.flags & vma_flags::GROWSDOWN, vma_flags::GROWSDOWN);
         assert_eq!(classify(1, &e[1]).unwrap().kind, VmaKind::Shmem as i32);
