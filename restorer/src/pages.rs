@@ -9,9 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ckpt_image::ImageDir;
 use ckpt_image::mm::{Mm, PageCopy, PageEncoding};
 use ckpt_parasite::remote::Remote;
+use ckpt_parasite::uffd::{self, Features, RegisterMode, Stop, Userfault};
 use rayon::prelude::*;
 
 use crate::error::{RestoreError, Result};
+use crate::lazy;
 
 /// The checked layout of `pid`'s page data in a pages file of `file_len`
 /// bytes, or an error naming its mm image.
@@ -56,7 +58,58 @@ fn copy_pages(
     progress: Option<&(dyn Fn(u64, u64) + Sync)>,
 ) -> Result<()> {
     let copies = plan(r.t.pid(), mm, pages.len() as u64)?;
-    copy_listed(r, copies, pages, mm.pages_bytes, progress)
+    // Private anonymous memory is filled with UFFDIO_COPY, which puts each
+    // new page in place already holding its data: writing into the
+    // process instead faults in a zeroed page first and then copies over
+    // it, twice the work (1 GiB: 0.27–0.40 s against 0.54–0.76 s here).
+    // The rest, and everything when the kernel refuses a userfaultfd, is
+    // written as before.
+    let split = lazy::split(mm, copies);
+    let done = AtomicU64::new(0);
+    let total = mm.pages_bytes;
+    // First, while nothing is registered: a write into a registered range
+    // would wait for a fill that never comes.
+    copy_each(
+        r,
+        split.eager,
+        pages,
+        total,
+        progress,
+        &done,
+        Placing::Write,
+    )?;
+    if split.lazy.is_empty() {
+        return Ok(());
+    }
+    let uffd = match uffd::create_in(r).and_then(|u| {
+        u.enable(Features::default())?;
+        for &(start, end) in &split.ranges {
+            u.register(start, end - start, RegisterMode::Missing)?;
+        }
+        Ok(u)
+    }) {
+        Ok(u) => u,
+        // Dropped on the way: nothing stays registered.
+        Err(e) => {
+            log::debug!("pid {}: pages written, not placed: {e}", r.t.pid());
+            return copy_each(r, split.lazy, pages, total, progress, &done, Placing::Write);
+        }
+    };
+    let place = Placing::Fill(&uffd);
+    copy_each(r, split.lazy, pages, total, progress, &done, place)?;
+    // Closing the userfaultfd unregisters its ranges.
+    drop(uffd);
+    Ok(())
+}
+
+/// How page data gets into the process.
+#[derive(Clone, Copy)]
+enum Placing<'u> {
+    /// Written into its memory (`process_vm_writev`), faulting pages in.
+    Write,
+    /// New pages placed with their data (`UFFDIO_COPY`) in ranges
+    /// registered with this userfaultfd, none of them present yet.
+    Fill(&'u Userfault),
 }
 
 /// Copies `copies` (checked by [`plan`]) from `pages` into place, without
@@ -68,6 +121,20 @@ pub fn copy_listed(
     total: u64,
     progress: Option<&(dyn Fn(u64, u64) + Sync)>,
 ) -> Result<()> {
+    let done = AtomicU64::new(0);
+    copy_each(r, copies, pages, total, progress, &done, Placing::Write)
+}
+
+/// [`copy_listed`], placing the data as `how` says, adding to `done`.
+fn copy_each(
+    r: &Remote<'_>,
+    copies: Vec<PageCopy>,
+    pages: &[u8],
+    total: u64,
+    progress: Option<&(dyn Fn(u64, u64) + Sync)>,
+    done: &AtomicU64,
+    how: Placing<'_>,
+) -> Result<()> {
     let pid = r.t.pid();
     let bad = |c: &PageCopy, what: String| {
         RestoreError::Image(ckpt_image::ImageError::Invalid {
@@ -78,7 +145,6 @@ pub fn copy_listed(
             ),
         })
     };
-    let done = AtomicU64::new(0);
     let pieces = pieces(copies);
     pieces.par_iter().try_for_each_init(Vec::new, |buf, c| {
         // In range by `plan`; `get` keeps that a checked fact here too.
@@ -100,7 +166,10 @@ pub fn copy_listed(
                 &buf[..]
             }
         };
-        r.t.write_mem_fast(c.addr, data)?;
+        match how {
+            Placing::Write => r.t.write_mem_fast(c.addr, data)?,
+            Placing::Fill(u) => fill(r, u, c.addr, data)?,
+        }
         let now = done.fetch_add(c.raw_len, Ordering::Relaxed) + c.raw_len;
         if let Some(p) = progress {
             p(now, total);
@@ -108,6 +177,36 @@ pub fn copy_listed(
         Ok(())
     })
 }
+
+/// Places `data` at `addr` with `UFFDIO_COPY`. The process is stopped
+/// and its map settled, so the copy can stop only on a page already
+/// present, which the rebuild makes at most at a VMA's first page (the
+/// split keeps those written): that one is written over instead.
+fn fill(r: &Remote<'_>, u: &Userfault, addr: u64, data: &[u8]) -> Result<()> {
+    let mut at = 0usize;
+    while at < data.len() {
+        let f = u.copy_step(addr + at as u64, &data[at..])?;
+        at += f.filled as usize;
+        match f.stop {
+            None | Some(Stop::Changing) => {}
+            Some(Stop::Present) => {
+                let end = (at + PAGE_BYTES).min(data.len());
+                r.t.write_mem_fast(addr + at as u64, &data[at..end])?;
+                at = end;
+            }
+            Some(stop @ (Stop::Unmapped | Stop::Exited)) => {
+                return Err(RestoreError::Host {
+                    pid: u.pid(),
+                    what: format!("placing pages at {:#x}: {stop:?}", addr + at as u64),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Size of a page.
+const PAGE_BYTES: usize = 4096;
 
 /// Largest piece of raw page data one thread copies at once: a large
 /// range is spread over every core (LZ4 blocks are bounded already).
