@@ -233,16 +233,23 @@ fn capset(r: &Remote<'_>, eff: u64, prm: u64, inh: u64) -> Result<()> {
 }
 
 fn last_cap(tid: i32) -> Result<u32> {
+    // Read once per restore: every thread asks.
+    static LAST: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    if let Some(n) = LAST.get() {
+        return Ok(*n);
+    }
     let s = std::fs::read_to_string(CAP_LAST_CAP)
         .map_err(|e| RestoreError::os(tid, "read cap_last_cap", e))?;
-    s.trim()
+    let n = s
+        .trim()
         .parse::<u32>()
         .ok()
         .filter(|n| *n < MAX_CAPS)
         .ok_or_else(|| RestoreError::Host {
             pid: tid,
             what: format!("{CAP_LAST_CAP} holds {s:?}"),
-        })
+        })?;
+    Ok(*LAST.get_or_init(|| n))
 }
 
 /// `CAP_SETGID`.

@@ -7,6 +7,7 @@ use ckpt_parasite::Regs;
 
 use crate::error::{RestoreError, Result};
 use crate::sys;
+use ckpt_parasite::batch;
 use ckpt_parasite::remote::Remote;
 
 /// SIG_DFL for every signal not in the image: the child inherited the
@@ -47,10 +48,13 @@ pub fn restore_misc(r: &Remote<'_>, core: &Core) -> Result<()> {
     }
     restore_thread_state(
         r,
-        core.altstack.as_ref(),
-        core.tid_address,
-        core.robust_list.as_ref(),
-        core.rseq.as_ref(),
+        &ThreadOwn {
+            altstack: core.altstack.as_ref(),
+            tid_address: core.tid_address,
+            robust_list: core.robust_list.as_ref(),
+            rseq: core.rseq.as_ref(),
+            comm: &core.comm,
+        },
     )?;
     r.call(
         "personality",
@@ -58,7 +62,6 @@ pub fn restore_misc(r: &Remote<'_>, core: &Core) -> Result<()> {
         [core.personality as u64, 0, 0, 0, 0, 0],
     )?;
     r.call("umask", libc::SYS_umask, [core.umask as u64, 0, 0, 0, 0, 0])?;
-    set_name(r, &core.comm)?;
     // cwd first: after chroot a path would resolve in the new root.
     let p = r.put_path(0, &core.cwd)?;
     r.call("chdir", libc::SYS_chdir, [p, 0, 0, 0, 0, 0])
@@ -114,48 +117,85 @@ pub enum SessionOrigin {
     Adopted,
 }
 
-/// State every thread has for itself: alternate stack (disabled when none
-/// was saved, since the leader inherited the restorer's), clear_child_tid
-/// address, robust futex list and rseq area.
-pub fn restore_thread_state(
-    r: &Remote<'_>,
-    altstack: Option<&AltStack>,
-    tid_address: u64,
-    robust_list: Option<&RobustList>,
-    rseq: Option<&Rseq>,
-) -> Result<()> {
-    let (sp, flags, size) = altstack.map_or((0, libc::SS_DISABLE, 0), |a| {
+/// A thread's own state, which only the thread itself can set: alternate
+/// stack, clear_child_tid, robust list, rseq and name, in one batch (one
+/// stop instead of five: a process with 2,000 threads pays it 2,000 times).
+pub struct ThreadOwn<'a> {
+    /// Alternate signal stack (none: disabled).
+    pub altstack: Option<&'a AltStack>,
+    /// `clear_child_tid` (0: left alone).
+    pub tid_address: u64,
+    /// Robust futex list.
+    pub robust_list: Option<&'a RobustList>,
+    /// Restartable-sequences registration.
+    pub rseq: Option<&'a Rseq>,
+    /// Name (comm), cut to the kernel's 15 bytes.
+    pub comm: &'a str,
+}
+
+/// Offset of the name in argument slot 0, after the `stack_t`.
+const NAME_OFFSET: usize = 32;
+/// Longest thread name the kernel keeps.
+const COMM_MAX: usize = 15;
+
+/// Sets `own` in the thread behind `r`.
+pub fn restore_thread_state(r: &Remote<'_>, own: &ThreadOwn<'_>) -> Result<()> {
+    let (sp, flags, size) = own.altstack.map_or((0, libc::SS_DISABLE, 0), |a| {
         (a.sp, a.flags & !libc::SS_ONSTACK, a.size)
     });
-    let ss = r.put_u64s(0, &[sp, flags as u32 as u64, size])?;
-    r.call("sigaltstack", libc::SYS_sigaltstack, [ss, 0, 0, 0, 0, 0])?;
-    if tid_address != 0 {
-        r.call(
+    let mut slot = vec![0u8; NAME_OFFSET];
+    for (i, w) in [sp, flags as u32 as u64, size].iter().enumerate() {
+        slot[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+    }
+    slot.extend_from_slice(&own.comm.as_bytes()[..own.comm.len().min(COMM_MAX)]);
+    slot.push(0);
+    let at = r.put(0, &slot)?;
+    let call = |name, nr, args| batch::Call { name, nr, args };
+    let mut calls = vec![call(
+        "sigaltstack",
+        libc::SYS_sigaltstack,
+        [at, 0, 0, 0, 0, 0],
+    )];
+    if own.tid_address != 0 {
+        calls.push(call(
             "set_tid_address",
             libc::SYS_set_tid_address,
-            [tid_address, 0, 0, 0, 0, 0],
-        )?;
+            [own.tid_address, 0, 0, 0, 0, 0],
+        ));
     }
-    if let Some(rl) = robust_list {
-        r.call(
+    if let Some(rl) = own.robust_list {
+        calls.push(call(
             "set_robust_list",
             libc::SYS_set_robust_list,
             [rl.head, rl.len, 0, 0, 0, 0],
-        )?;
+        ));
     }
-    if let Some(rs) = rseq {
-        r.call(
+    if let Some(rs) = own.rseq {
+        calls.push(call(
             "rseq",
             libc::SYS_rseq,
             [rs.addr, rs.len as u64, 0, rs.signature as u64, 0, 0],
-        )?;
+        ));
     }
+    calls.push(call(
+        "prctl(PR_SET_NAME)",
+        libc::SYS_prctl,
+        [
+            libc::PR_SET_NAME as u64,
+            at + NAME_OFFSET as u64,
+            0,
+            0,
+            0,
+            0,
+        ],
+    ));
+    r.call_many(&calls)?;
     Ok(())
 }
 
 /// Sets the calling thread's name (comm).
 pub fn set_name(r: &Remote<'_>, comm: &str) -> Result<()> {
-    let mut name = comm.as_bytes()[..comm.len().min(15)].to_vec();
+    let mut name = comm.as_bytes()[..comm.len().min(COMM_MAX)].to_vec();
     name.push(0);
     let p = r.put(0, &name)?;
     r.call(

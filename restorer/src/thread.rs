@@ -52,12 +52,14 @@ pub fn spawn(r: &Remote<'_>, core: &Core) -> Result<Vec<Tracee>> {
         };
         task::restore_thread_state(
             &tr,
-            tc.altstack.as_ref(),
-            tc.tid_address,
-            tc.robust_list.as_ref(),
-            tc.rseq.as_ref(),
+            &task::ThreadOwn {
+                altstack: tc.altstack.as_ref(),
+                tid_address: tc.tid_address,
+                robust_list: tc.robust_list.as_ref(),
+                rseq: tc.rseq.as_ref(),
+                comm: &tc.comm,
+            },
         )?;
-        task::set_name(&tr, &tc.comm)?;
         task::queue_pending(&tr, tgid, &tc.pending)?;
         out.push(t);
     }
