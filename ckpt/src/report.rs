@@ -185,6 +185,10 @@ impl ErrorReport {
                 self.path = Some(dir.display().to_string());
             }
             RestoreError::Host { pid, .. } => self.set(ErrorKind::Conflict, Some(*pid)),
+            RestoreError::NetNamespace { path, .. } => {
+                self.set(ErrorKind::Usage, None);
+                self.path = Some(path.display().to_string());
+            }
             RestoreError::File { pid, path, .. } => {
                 self.set(ErrorKind::Conflict, Some(*pid));
                 self.path = Some(path.clone());

@@ -791,12 +791,14 @@ fn write_images(
         .iter()
         .filter_map(|c| Some((c.pid, c.tracking.as_ref()?.fd)))
         .collect();
-    let files = fd::collect_tree(
-        &procs.iter().map(|c| c.pid).collect::<Vec<_>>(),
-        opts.externals,
-        &|pid, fd| kept.get(&pid) == Some(&fd),
-        &mut blockers,
-    )?;
+    let files = namespaces.in_net(root, || {
+        fd::collect_tree(
+            &procs.iter().map(|c| c.pid).collect::<Vec<_>>(),
+            opts.externals,
+            &|pid, fd| kept.get(&pid) == Some(&fd),
+            &mut blockers,
+        )
+    })?;
     let mut files = files;
     blockers.absorb(objects.link_files(&mut files))?;
     blockers.absorb(shapes::check(

@@ -5,8 +5,12 @@
 //! --utsns --ipcns --timens`): they are saved (names, SysV objects,
 //! clocks) and recreated at restore. Every process of the tree must share
 //! the root's namespace of each kind: a tree spanning two cannot be put
-//! back in one. Network, user and cgroup namespaces other than ckpt's are
-//! refused by name: a restore would silently move the job into ckpt's.
+//! back in one. A network namespace other than ckpt's is recorded (not its
+//! interfaces: a restore needs one named by the operator), and the tree's
+//! sockets are read from a thread of ckpt inside it (sock_diag answers for
+//! the asking thread's namespace). User and cgroup namespaces other than
+//! ckpt's are refused by name: a restore would silently move the job into
+//! ckpt's.
 //!
 //! What is read inside a namespace (UTS names, SysV objects) is read from
 //! a thread of ckpt that enters it with setns: UTS and IPC namespaces are
@@ -26,13 +30,13 @@ use crate::sys;
 const UTS: &str = "uts";
 const IPC: &str = "ipc";
 const TIME: &str = "time";
+const NET: &str = "net";
 /// The time namespace a process's next children get: differs from its own
 /// after an `unshare(CLONE_NEWTIME)` with no fork since.
 const TIME_FOR_CHILDREN: &str = "time_for_children";
 
 /// Kinds refused when the root's differs from ckpt's, with why.
-const REFUSED: [(&str, &str); 3] = [
-    ("net", "network namespace of its own"),
+const REFUSED: [(&str, &str); 2] = [
     ("user", "user namespace of its own"),
     ("cgroup", "cgroup namespace of its own"),
 ];
@@ -58,6 +62,8 @@ pub struct TreeNamespaces {
     pub saved: Option<Namespaces>,
     /// The tree's own IPC namespace, entered to read its SysV objects.
     ipc: Option<File>,
+    /// The tree's own network namespace, entered to read its sockets.
+    net: Option<File>,
 }
 
 impl TreeNamespaces {
@@ -67,6 +73,15 @@ impl TreeNamespaces {
         match &self.ipc {
             None => f(),
             Some(ns) => within(root, ns, libc::CLONE_NEWIPC, f),
+        }
+    }
+
+    /// Runs `f` in the tree's network namespace (a thread of ckpt entered
+    /// into it), or here when the tree shares ckpt's.
+    pub fn in_net<T: Send>(&self, root: i32, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+        match &self.net {
+            None => f(),
+            Some(ns) => within(root, ns, libc::CLONE_NEWNET, f),
         }
     }
 
@@ -113,10 +128,10 @@ fn own_inode(root: i32, kind: &str) -> Result<u64> {
 
 /// `/proc/ROOT/ns/KIND` of a setns type, for errors.
 fn ns_path(root: i32, nstype: libc::c_int) -> std::path::PathBuf {
-    let kind = if nstype == libc::CLONE_NEWUTS {
-        UTS
-    } else {
-        IPC
+    let kind = match nstype {
+        libc::CLONE_NEWUTS => UTS,
+        libc::CLONE_NEWNET => NET,
+        _ => IPC,
     };
     procfile::path(root, &format!("ns/{kind}"))
 }
@@ -185,6 +200,15 @@ pub fn collect(root: i32, pids: &[i32]) -> Result<TreeNamespaces> {
     } else {
         None
     };
+    let net_inode = inode(root, NET)?;
+    let net = if net_inode != own_inode(root, NET)? {
+        log::info!("namespaces: network namespace of its own, net:[{net_inode}]");
+        saved.net = Some(ckpt_image::manifest::NetNamespace { inode: net_inode });
+        any = true;
+        Some(open_ns(root, NET)?)
+    } else {
+        None
+    };
     if inode(root, TIME)? != own_inode(root, TIME)? {
         let time = clocks(root)?;
         log::info!(
@@ -198,6 +222,7 @@ pub fn collect(root: i32, pids: &[i32]) -> Result<TreeNamespaces> {
     Ok(TreeNamespaces {
         saved: any.then_some(saved),
         ipc,
+        net,
     })
 }
 

@@ -37,6 +37,14 @@ pub enum RestoreError {
         /// Why.
         what: String,
     },
+    /// The network namespace named with `--netns` cannot be used.
+    #[error("--netns {path}: {what}")]
+    NetNamespace {
+        /// The path given.
+        path: PathBuf,
+        /// Why.
+        what: String,
+    },
     /// This kernel or address space cannot host the process as dumped.
     #[error("pid {pid}: cannot restore here: {what}")]
     Host {

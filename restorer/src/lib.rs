@@ -30,7 +30,7 @@ mod inherit;
 mod ipc;
 pub mod lazy;
 mod mm;
-mod ns;
+pub mod ns;
 mod pages;
 mod pid;
 mod prctl;
@@ -84,6 +84,9 @@ pub struct RestoreOptions<'a> {
     /// Serve private anonymous memory on demand ([`lazy`]): the tree runs
     /// before its pages are all back.
     pub lazy: bool,
+    /// The network namespace to restore the tree into (`--netns`); `None`:
+    /// the restorer's, which a tree dumped in one of its own refuses.
+    pub netns: Option<ns::NetTarget>,
 }
 
 /// A restored, running process tree (its root is a child of the caller).
@@ -440,6 +443,7 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
     }
     let namespaces = m.namespaces.as_ref();
     ns::check(root, namespaces)?;
+    ns::check_net(root, namespaces, opts.netns.as_ref())?;
     let own_ipc = namespaces.is_some_and(|n| n.ipc);
     // IPC objects before any process: a collision fails the restore with
     // nothing created, and the processes attach what is already there.
@@ -460,6 +464,10 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
         Some(time) => Some(ns::enter_time(root, time)?),
         None => None,
     };
+    let own_net = match &opts.netns {
+        Some(target) => Some(ns::enter_net(root, target)?),
+        None => None,
+    };
     let ns_flags = ns::clone_flags(namespaces);
     let child = if new_ns {
         spawn_in_new_pidns(root, ns_flags)
@@ -468,6 +476,9 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
     };
     if let Some(own) = own_time {
         own.restore();
+    }
+    if let Some(own) = own_net {
+        own.restore(root)?;
     }
     let child = child?;
     let host_root = child.pid;

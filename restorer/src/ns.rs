@@ -1,7 +1,14 @@
 //! The tree's UTS, IPC and time namespaces (Manifest.namespaces), made new
-//! for the restored root and everything it forks.
+//! for the restored root and everything it forks, and the network
+//! namespace the operator names for it (`--netns`).
 //!
 //! Order, and why:
+//! 0. network: the root is forked from a restorer thread inside the named
+//!    namespace, which then goes back to its own. Its sockets are created
+//!    by the processes themselves, so they live there; the restorer only
+//!    works on its copies of them. A tree dumped in a network namespace of
+//!    its own needs one named (its interfaces and routes are not in the
+//!    image); a tree from ckpt's own may be moved into one;
 //! 1. time, before the root exists: the restorer's thread unshares a time
 //!    namespace for its children and writes its offsets, which the kernel
 //!    accepts only until the first process enters it. The offsets make the
@@ -36,6 +43,78 @@ pub fn clone_flags(ns: Option<&Namespaces>) -> u64 {
         flags |= libc::CLONE_NEWIPC as u64;
     }
     flags
+}
+
+/// A network namespace named for the restored tree (`--netns PATH`).
+pub struct NetTarget {
+    ns: File,
+    path: std::path::PathBuf,
+}
+
+impl NetTarget {
+    /// Opens `path`, which must be a network namespace file (such as
+    /// `/run/netns/NAME` or `/proc/PID/ns/net`): anything else is refused
+    /// by name before the restore starts.
+    pub fn open(path: &std::path::Path) -> Result<NetTarget> {
+        let err = |what: String| RestoreError::NetNamespace {
+            path: path.into(),
+            what,
+        };
+        let ns = File::open(path).map_err(|e| err(e.to_string()))?;
+        match sys::ns_type(ns.as_fd()) {
+            Ok(libc::CLONE_NEWNET) => Ok(NetTarget {
+                ns,
+                path: path.into(),
+            }),
+            Ok(_) => Err(err("a namespace, but not a network namespace".into())),
+            Err(e) => Err(err(format!("not a namespace file ({e})"))),
+        }
+    }
+}
+
+/// The restorer thread's own network namespace while it forks the root in
+/// another; [`OwnNet::restore`] goes back.
+pub struct OwnNet {
+    ns: File,
+}
+
+impl OwnNet {
+    /// The calling thread is in its own network namespace again.
+    pub fn restore(self, root: i32) -> Result<()> {
+        sys::setns(self.ns.as_fd(), libc::CLONE_NEWNET).map_err(|e| {
+            RestoreError::os(root, "setns back into the restorer's network namespace", e)
+        })
+    }
+}
+
+/// Puts the calling thread in `target`, so the root it forks next (and
+/// everything that root forks) lives there.
+pub fn enter_net(root: i32, target: &NetTarget) -> Result<OwnNet> {
+    let own = File::open("/proc/thread-self/ns/net")
+        .map_err(|e| RestoreError::os(root, "open /proc/thread-self/ns/net", e))?;
+    sys::setns(target.ns.as_fd(), libc::CLONE_NEWNET)
+        .map_err(|e| RestoreError::os(root, format!("setns into {}", target.path.display()), e))?;
+    log::info!(
+        "namespaces: restoring into network namespace {}",
+        target.path.display()
+    );
+    Ok(OwnNet { ns: own })
+}
+
+/// A tree dumped in a network namespace of its own goes only where the
+/// operator says.
+pub fn check_net(root: i32, ns: Option<&Namespaces>, target: Option<&NetTarget>) -> Result<()> {
+    match (ns.and_then(|n| n.net.as_ref()), target) {
+        (Some(net), None) => Err(RestoreError::Host {
+            pid: root,
+            what: format!(
+                "the tree lived in a network namespace of its own (net:[{}]); name the one to \
+                 restore it into with --netns PATH",
+                net.inode
+            ),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Bounds what the image says before anything is created.
@@ -232,6 +311,7 @@ mod tests {
             uts: Some(UtsNamespace::default()),
             ipc: true,
             time: Some(TimeNamespace::default()),
+            net: None,
         };
         assert_eq!(
             clone_flags(Some(&ns)),

@@ -827,6 +827,20 @@ pub fn setns(ns: std::os::fd::BorrowedFd<'_>, nstype: libc::c_int) -> std::io::R
     check(unsafe { libc::setns(ns.as_raw_fd(), nstype) })
 }
 
+/// `NS_GET_NSTYPE` (`_IO(0xb7, 0x3)`): the `CLONE_NEW*` kind of a
+/// namespace fd.
+const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+
+/// The kind (`CLONE_NEW*`) of the namespace `ns` refers to; an error for
+/// anything but a namespace file.
+pub fn ns_type(ns: std::os::fd::BorrowedFd<'_>) -> std::io::Result<libc::c_int> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: NS_GET_NSTYPE takes no argument and only answers about the
+    // fd; any other file refuses it (ENOTTY).
+    let r = unsafe { libc::ioctl(ns.as_raw_fd(), NS_GET_NSTYPE) };
+    check(r).map(|()| r)
+}
+
 /// Sets the calling thread's UTS namespace's host and domain names.
 pub fn set_uts_names(hostname: &[u8], domainname: &[u8]) -> std::io::Result<()> {
     // SAFETY: the pointers and lengths describe live slices; the kernel

@@ -534,6 +534,44 @@ impl Victim {
         }
     }
 
+    /// Like [`Victim::spawn`], in the named network namespace (`ip netns
+    /// add NAME`), entered between fork and exec.
+    pub fn spawn_in_netns(env: &TestEnv, name: &str, extra_args: &[&str], netns: &str) -> Victim {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let stdout = File::create(env.work.join("stdout")).expect("create stdout file");
+        let stderr = File::create(env.work.join("stderr")).expect("create stderr file");
+        let ns = File::open(format!("/run/netns/{netns}")).expect("open the netns");
+        let mut cmd = Command::new(victim_bin(name));
+        cmd.arg(&env.work)
+            .args(extra_args)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr);
+        cloexec_inherited_fds(&mut cmd, true);
+        let raw = ns.as_raw_fd();
+        // SAFETY: setns only, on an fd held open across the fork; it is
+        // async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(raw, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("spawn victim in netns");
+        drop(ns);
+        Victim {
+            pid: child.id() as i32,
+            bin: victim_bin(name),
+            work: env.work.clone(),
+            name: name.to_string(),
+            incarnation: None,
+            child: Some(child),
+        }
+    }
+
     /// Starts a real program nobody here wrote, `program args...`, in its
     /// own session with stdin `/dev/null`, stdout and stderr to files in the
     /// work dir and inherited fds closed. It speaks no victim protocol: its

@@ -78,6 +78,13 @@ pub struct RestoreArgs {
     /// state kept, for a part restored where its addresses changed.
     #[arg(long = "map-address", value_name = "OLD=NEW", value_parser = parse_address_pair)]
     map_address: Vec<AddressPair>,
+    /// Restore the tree into this network namespace (a namespace file such
+    /// as /run/netns/NAME or /proc/PID/ns/net): its sockets, listening and
+    /// connected, are recreated there with their addresses. Needed for a
+    /// tree dumped in a network namespace of its own, whose interfaces
+    /// are not in the image: set up the same addresses in the named one.
+    #[arg(long, value_name = "PATH")]
+    netns: Option<PathBuf>,
     /// Every node of the job, this one included (with --coord): exchange
     /// addresses with them before the rebuild, so a part restored on a
     /// node with another address comes back on it and its peers'
@@ -174,6 +181,12 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
             addresses: address_map(&a.map_address)?,
         },
         lazy: a.lazy,
+        netns: a
+            .netns
+            .as_deref()
+            .map(ckpt_restorer::ns::NetTarget::open)
+            .transpose()
+            .with_context(|| format!("restore from {} failed", a.dir.display()))?,
     };
     if let Some(addr) = a.coord.addr.as_deref().filter(|_| !a.peers.is_empty()) {
         // Before joining the round: this node's address comes from its

@@ -386,6 +386,7 @@ fn restore(a: &SlurmArgs, job: &Job, ckpt: &Path) -> anyhow::Result<App> {
             ..FilePolicy::default()
         },
         lazy: false,
+        netns: None,
     };
     let r = ckpt_restorer::restore(&opts)
         .with_context(|| format!("restore from {} failed", ckpt.display()))?;
