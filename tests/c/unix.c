@@ -39,7 +39,8 @@
  * "def" queued; the dump must be refused, and after go the reader still
  * gets "abc", the urgent byte, then "def".
  * `unix WORKDIR netns`: a socket pair made in a network namespace of its
- * own (unshare, as root); the dump must be refused, the pair still works.
+ * own (unshare, as root); after go (in whatever namespace the restore put
+ * it) the pair still carries bytes.
  * `unix WORKDIR listen`: only a listener at WORKDIR/srv.sock; after go it
  * still has its name and serves a new connection.
  */
