@@ -33,6 +33,70 @@ pub const IBV_QPT_RC: c_uint = 2;
 pub const IBV_QPT_UD: c_uint = 4;
 /// `enum ibv_qp_state`: `IBV_QPS_RESET`.
 pub const IBV_QPS_RESET: c_uint = 0;
+/// `enum ibv_qp_state`: `IBV_QPS_INIT`.
+pub const IBV_QPS_INIT: c_uint = 1;
+/// `enum ibv_qp_state`: `IBV_QPS_RTR`.
+pub const IBV_QPS_RTR: c_uint = 2;
+/// `enum ibv_qp_state`: `IBV_QPS_RTS`.
+pub const IBV_QPS_RTS: c_uint = 3;
+/// `enum ibv_qp_attr_mask`: `IBV_QP_STATE`.
+pub const IBV_QP_STATE: c_int = 1;
+/// `enum ibv_qp_attr_mask`: `IBV_QP_PORT`.
+pub const IBV_QP_PORT: c_int = 1 << 5;
+/// `enum ibv_qp_attr_mask`: `IBV_QP_AV` (the primary path's address vector).
+pub const IBV_QP_AV: c_int = 1 << 7;
+/// `enum ibv_qp_attr_mask`: `IBV_QP_ALT_PATH`.
+pub const IBV_QP_ALT_PATH: c_int = 1 << 14;
+/// `enum ibv_qp_attr_mask`: `IBV_QP_DEST_QPN`.
+pub const IBV_QP_DEST_QPN: c_int = 1 << 20;
+/// `enum ibv_wr_opcode`: `IBV_WR_RDMA_WRITE`.
+pub const IBV_WR_RDMA_WRITE: c_uint = 0;
+/// `enum ibv_wr_opcode`: `IBV_WR_RDMA_WRITE_WITH_IMM`.
+pub const IBV_WR_RDMA_WRITE_WITH_IMM: c_uint = 1;
+/// `enum ibv_wr_opcode`: `IBV_WR_SEND`.
+pub const IBV_WR_SEND: c_uint = 2;
+/// `enum ibv_wr_opcode`: `IBV_WR_SEND_WITH_IMM`.
+pub const IBV_WR_SEND_WITH_IMM: c_uint = 3;
+/// `enum ibv_wr_opcode`: `IBV_WR_RDMA_READ`.
+pub const IBV_WR_RDMA_READ: c_uint = 4;
+/// `enum ibv_wr_opcode`: `IBV_WR_ATOMIC_CMP_AND_SWP`.
+pub const IBV_WR_ATOMIC_CMP_AND_SWP: c_uint = 5;
+/// `enum ibv_wr_opcode`: `IBV_WR_ATOMIC_FETCH_AND_ADD`.
+pub const IBV_WR_ATOMIC_FETCH_AND_ADD: c_uint = 6;
+/// `enum ibv_send_flags`: `IBV_SEND_SIGNALED`.
+pub const IBV_SEND_SIGNALED: c_uint = 1 << 1;
+/// `enum ibv_send_flags`: `IBV_SEND_INLINE` (the payload is copied at post).
+pub const IBV_SEND_INLINE: c_uint = 1 << 3;
+/// `enum ibv_wc_status`: `IBV_WC_SUCCESS`.
+pub const IBV_WC_SUCCESS: c_uint = 0;
+/// `enum ibv_wc_opcode`: the first receive-side opcode (`IBV_WC_RECV`);
+/// every opcode at or above it is a receive completion.
+pub const IBV_WC_RECV: c_uint = 1 << 7;
+/// `enum ibv_event_type`: `IBV_EVENT_CQ_ERR`, the one event about a CQ.
+pub const IBV_EVENT_CQ_ERR: c_uint = 0;
+/// `enum ibv_event_type`: `IBV_EVENT_QP_FATAL`; it and the events up to
+/// `IBV_EVENT_PATH_MIG_ERR` name a QP.
+pub const IBV_EVENT_QP_FATAL: c_uint = 1;
+/// `enum ibv_event_type`: `IBV_EVENT_PATH_MIG_ERR`.
+pub const IBV_EVENT_PATH_MIG_ERR: c_uint = 7;
+/// `enum ibv_event_type`: `IBV_EVENT_SRQ_ERR` (names an SRQ).
+pub const IBV_EVENT_SRQ_ERR: c_uint = 14;
+/// `enum ibv_event_type`: `IBV_EVENT_SRQ_LIMIT_REACHED` (names an SRQ).
+pub const IBV_EVENT_SRQ_LIMIT_REACHED: c_uint = 15;
+/// `enum ibv_event_type`: `IBV_EVENT_QP_LAST_WQE_REACHED` (names a QP).
+pub const IBV_EVENT_QP_LAST_WQE_REACHED: c_uint = 16;
+/// `enum ibv_wr_opcode`: `IBV_WR_SEND_WITH_INV`.
+pub const IBV_WR_SEND_WITH_INV: c_uint = 9;
+/// `enum ibv_wc_opcode`: `IBV_WC_SEND`.
+pub const IBV_WC_SEND: c_uint = 0;
+/// `enum ibv_wc_opcode`: `IBV_WC_RDMA_WRITE`.
+pub const IBV_WC_RDMA_WRITE: c_uint = 1;
+/// `enum ibv_wc_opcode`: `IBV_WC_RDMA_READ`.
+pub const IBV_WC_RDMA_READ: c_uint = 2;
+/// `enum ibv_wc_opcode`: `IBV_WC_COMP_SWAP`.
+pub const IBV_WC_COMP_SWAP: c_uint = 3;
+/// `enum ibv_wc_opcode`: `IBV_WC_FETCH_ADD`.
+pub const IBV_WC_FETCH_ADD: c_uint = 4;
 /// `enum ibv_access_flags`: `IBV_ACCESS_LOCAL_WRITE`.
 pub const IBV_ACCESS_LOCAL_WRITE: c_int = 1;
 /// `enum ibv_access_flags`: `IBV_ACCESS_REMOTE_WRITE`.
@@ -43,8 +107,9 @@ pub const IBV_ACCESS_REMOTE_READ: c_int = 1 << 2;
 pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
 
 /// `union ibv_gid` (16 raw bytes; the subnet prefix/interface id view is the
-/// same bytes in network order).
-#[repr(C)]
+/// same bytes in network order; that view's two `__be64` give the union
+/// 8-byte alignment, which the structs holding a GID inherit).
+#[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ibv_gid {
     pub raw: [u8; 16],
@@ -272,6 +337,114 @@ pub struct ibv_wc {
     pub slid: u16,
     pub sl: u8,
     pub dlid_path_bits: u8,
+}
+
+/// `struct ibv_comp_channel`: a completion event channel.
+#[repr(C)]
+pub struct ibv_comp_channel {
+    pub context: *mut ibv_context,
+    pub fd: c_int,
+    pub refcnt: c_int,
+}
+
+/// `struct ibv_srq`.
+#[repr(C)]
+pub struct ibv_srq {
+    pub context: *mut ibv_context,
+    pub srq_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub handle: u32,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+/// `struct ibv_srq_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ibv_srq_attr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+/// `struct ibv_srq_init_attr`.
+#[repr(C)]
+pub struct ibv_srq_init_attr {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+}
+
+/// `struct ibv_global_route`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ibv_global_route {
+    pub dgid: ibv_gid,
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+}
+
+/// `struct ibv_ah_attr`: an address vector.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ibv_ah_attr {
+    pub grh: ibv_global_route,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub is_global: u8,
+    pub port_num: u8,
+}
+
+/// `struct ibv_ah`.
+#[repr(C)]
+pub struct ibv_ah {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub handle: u32,
+}
+
+/// `struct ibv_qp_attr`: what `ibv_modify_qp` sets (fields chosen by a mask).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ibv_qp_attr {
+    pub qp_state: c_uint,
+    pub cur_qp_state: c_uint,
+    pub path_mtu: c_uint,
+    pub path_mig_state: c_uint,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: c_uint,
+    pub cap: ibv_qp_cap,
+    pub ah_attr: ibv_ah_attr,
+    pub alt_ah_attr: ibv_ah_attr,
+    pub pkey_index: u16,
+    pub alt_pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub alt_port_num: u8,
+    pub alt_timeout: u8,
+    pub rate_limit: u32,
+}
+
+/// `struct ibv_async_event`: `element` is the QP, CQ or SRQ pointer (or
+/// the port number) the event is about, as `event_type` says.
+#[repr(C)]
+pub struct ibv_async_event {
+    pub element: *mut c_void,
+    pub event_type: c_uint,
 }
 
 unsafe extern "C" {

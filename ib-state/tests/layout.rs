@@ -139,6 +139,90 @@ fn rust_layout() -> Vec<(&'static str, &'static str, usize)> {
         ]
     ));
     v.extend(layout!("ibv_gid", sys::ibv_gid, [raw]));
+    v.extend(layout!(
+        "ibv_comp_channel",
+        sys::ibv_comp_channel,
+        [context, fd, refcnt]
+    ));
+    v.extend(layout!(
+        "ibv_srq",
+        sys::ibv_srq,
+        [
+            context,
+            srq_context,
+            pd,
+            handle,
+            mutex,
+            cond,
+            events_completed
+        ]
+    ));
+    v.extend(layout!(
+        "ibv_srq_attr",
+        sys::ibv_srq_attr,
+        [max_wr, max_sge, srq_limit]
+    ));
+    v.extend(layout!(
+        "ibv_srq_init_attr",
+        sys::ibv_srq_init_attr,
+        [srq_context, attr]
+    ));
+    v.extend(layout!(
+        "ibv_global_route",
+        sys::ibv_global_route,
+        [dgid, flow_label, sgid_index, hop_limit, traffic_class]
+    ));
+    v.extend(layout!(
+        "ibv_ah_attr",
+        sys::ibv_ah_attr,
+        [
+            grh,
+            dlid,
+            sl,
+            src_path_bits,
+            static_rate,
+            is_global,
+            port_num
+        ]
+    ));
+    v.extend(layout!("ibv_ah", sys::ibv_ah, [context, pd, handle]));
+    v.extend(layout!(
+        "ibv_qp_attr",
+        sys::ibv_qp_attr,
+        [
+            qp_state,
+            cur_qp_state,
+            path_mtu,
+            path_mig_state,
+            qkey,
+            rq_psn,
+            sq_psn,
+            dest_qp_num,
+            qp_access_flags,
+            cap,
+            ah_attr,
+            alt_ah_attr,
+            pkey_index,
+            alt_pkey_index,
+            en_sqd_async_notify,
+            sq_draining,
+            max_rd_atomic,
+            max_dest_rd_atomic,
+            min_rnr_timer,
+            port_num,
+            timeout,
+            retry_cnt,
+            rnr_retry,
+            alt_port_num,
+            alt_timeout,
+            rate_limit
+        ]
+    ));
+    v.extend(layout!(
+        "ibv_async_event",
+        sys::ibv_async_event,
+        [element, event_type]
+    ));
     v
 }
 

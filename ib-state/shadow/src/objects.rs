@@ -1,0 +1,295 @@
+//! Shadow objects: what the application holds instead of libibverbs'.
+//!
+//! Each begins with the verbs ABI struct the application reads (ids,
+//! context pointers), so a pointer to it is a valid `struct ibv_qp *` and
+//! so on; what follows is the layer's: the real object it stands for now
+//! (replaced at a restart), how it was created, and the bookkeeping a
+//! restart replays. The application's ids in the ABI part never change:
+//! they are the virtual ids, equal to the real ones until the first
+//! restart.
+
+use std::collections::HashMap;
+use std::ffi::{CString, c_int, c_void};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use ckpt_ib_state::sys::*;
+
+use crate::ring::{CompletionQueue, WorkQueue};
+
+/// A raw pointer the registry may keep across threads: the objects it
+/// points to live until the application destroys them, and every access
+/// to their mutable parts goes through their own mutex.
+#[derive(PartialEq, Eq, Debug)]
+pub struct Ptr<T>(pub *mut T);
+
+impl<T> Clone for Ptr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Ptr<T> {}
+
+// SAFETY: see the type's doc: the pointee is shared state behind mutexes
+// (or immutable after creation).
+unsafe impl<T> Send for Ptr<T> {}
+// SAFETY: as for Send.
+unsafe impl<T> Sync for Ptr<T> {}
+
+/// Locks, carrying on after a panic elsewhere (a panic aborts this
+/// library anyway: every entry point is `extern "C"`).
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where a port is, as the application addresses it: its GID (RoCE and
+/// global routes) and LID (InfiniBand).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+pub struct NodeAddr {
+    pub gid: [u8; 16],
+    pub lid: u16,
+}
+
+impl NodeAddr {
+    /// The destination of an address vector, by what routes it: the GID
+    /// when it has a global route (RoCE always), else the LID.
+    pub fn of_av(av: &ibv_ah_attr) -> NodeAddr {
+        if av.is_global != 0 {
+            NodeAddr::by_gid(av.grh.dgid.raw)
+        } else {
+            NodeAddr::by_lid(av.dlid)
+        }
+    }
+
+    pub fn by_gid(gid: [u8; 16]) -> NodeAddr {
+        NodeAddr { gid, lid: 0 }
+    }
+
+    pub fn by_lid(lid: u16) -> NodeAddr {
+        NodeAddr { gid: [0; 16], lid }
+    }
+}
+
+/// An open device.
+#[repr(C)]
+pub struct Context {
+    pub abi: ibv_context,
+    pub st: Mutex<ContextState>,
+}
+
+pub struct ContextState {
+    pub real: *mut ibv_context,
+    /// The device's name, to reopen it at a restart.
+    pub device_name: CString,
+    /// GIDs and LIDs as the application first saw them: what queries
+    /// answer after a restart moved the process to other ports.
+    pub gids: HashMap<(u8, c_int), ibv_gid>,
+    pub lids: HashMap<u8, u16>,
+}
+
+/// A protection domain.
+#[repr(C)]
+pub struct Pd {
+    pub abi: ibv_pd,
+    pub real: RwLock<Ptr<ibv_pd>>,
+    /// Virtual → real lkeys of this domain's MRs, once a restart gave
+    /// them new keys (empty before: virtual = real).
+    pub lkeys: RwLock<HashMap<u32, u32>>,
+}
+
+/// A registered memory region.
+#[repr(C)]
+pub struct Mr {
+    pub abi: ibv_mr,
+    pub real: Mutex<Ptr<ibv_mr>>,
+    pub iova: u64,
+    pub access: u32,
+}
+
+/// A completion channel. `abi.fd` is the number the application polls;
+/// a restart puts the new channel's descriptor on that number.
+#[repr(C)]
+pub struct Channel {
+    pub abi: ibv_comp_channel,
+    pub real: Mutex<Ptr<ibv_comp_channel>>,
+}
+
+/// A completion queue.
+#[repr(C)]
+pub struct Cq {
+    pub abi: ibv_cq,
+    pub st: Mutex<CqState>,
+}
+
+pub struct CqState {
+    pub real: *mut ibv_cq,
+    pub channel: *mut Channel,
+    pub comp_vector: c_int,
+    /// Completions drained at a checkpoint (or made up for sends a restart
+    /// found delivered), returned before the device's.
+    pub drained: CompletionQueue,
+    /// The QPs that complete here, by their current real number.
+    pub qps: HashMap<u32, Ptr<Qp>>,
+    /// `req_notify_cq` was called and no event has been read since.
+    pub armed: Option<c_int>,
+    /// Events read from the current real CQ and not yet acknowledged.
+    pub unacked_events: u32,
+}
+
+/// A shared receive queue.
+#[repr(C)]
+pub struct Srq {
+    pub abi: ibv_srq,
+    pub st: Mutex<SrqState>,
+}
+
+pub struct SrqState {
+    pub real: *mut ibv_srq,
+    pub attr: ibv_srq_attr,
+    pub recvs: WorkQueue,
+}
+
+/// An address handle (UD). Its attributes are the virtual ones.
+#[repr(C)]
+pub struct Ah {
+    pub abi: ibv_ah,
+    pub attr: ibv_ah_attr,
+    pub real: Mutex<Ptr<ibv_ah>>,
+}
+
+/// A `modify_qp` call as the application made it.
+#[derive(Clone, Copy)]
+pub struct Modify {
+    pub attr: ibv_qp_attr,
+    pub mask: c_int,
+}
+
+/// What a restart learnt about a peer: how to reach it now.
+pub struct Peer {
+    /// The peer process's virtual → real rkeys.
+    pub rkeys: Arc<HashMap<u32, u32>>,
+}
+
+/// A queue pair.
+#[repr(C)]
+pub struct Qp {
+    pub abi: ibv_qp,
+    pub st: Mutex<QpState>,
+}
+
+pub struct QpState {
+    pub real: *mut ibv_qp,
+    pub init: QpInit,
+    pub history: Vec<Modify>,
+    pub sends: WorkQueue,
+    /// Receives posted to the QP itself (not to its SRQ).
+    pub recvs: WorkQueue,
+    /// Sends that consume a receive at the peer (SEND, SEND_WITH_IMM,
+    /// RDMA_WRITE_WITH_IMM) completed since creation.
+    pub consuming_sends_done: u64,
+    /// Receives this QP consumed since creation (the peer's count of
+    /// delivered messages).
+    pub recvs_consumed: u64,
+    /// Set by a restart: the RC peer's keys.
+    pub peer: Option<Peer>,
+}
+
+/// `ibv_qp_init_attr` with the shadow objects it named.
+#[derive(Clone, Copy)]
+pub struct QpInit {
+    pub send_cq: *mut Cq,
+    pub recv_cq: *mut Cq,
+    pub srq: *mut Srq,
+    pub cap: ibv_qp_cap,
+    pub qp_type: u32,
+    pub sq_sig_all: bool,
+}
+
+/// Every live shadow object, in creation order (a restart recreates them
+/// in that order: parents first).
+#[derive(Default)]
+pub struct Registry {
+    pub contexts: Vec<Ptr<Context>>,
+    pub pds: Vec<Ptr<Pd>>,
+    pub mrs: Vec<Ptr<Mr>>,
+    pub channels: Vec<Ptr<Channel>>,
+    pub cqs: Vec<Ptr<Cq>>,
+    pub srqs: Vec<Ptr<Srq>>,
+    pub qps: Vec<Ptr<Qp>>,
+    pub ahs: Vec<Ptr<Ah>>,
+}
+
+/// The registry.
+pub fn registry() -> MutexGuard<'static, Registry> {
+    static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+        contexts: Vec::new(),
+        pds: Vec::new(),
+        mrs: Vec::new(),
+        channels: Vec::new(),
+        cqs: Vec::new(),
+        srqs: Vec::new(),
+        qps: Vec::new(),
+        ahs: Vec::new(),
+    });
+    lock(&REGISTRY)
+}
+
+/// Removes `p` from `list`.
+pub fn forget<T>(list: &mut Vec<Ptr<T>>, p: *mut T) {
+    list.retain(|x| x.0 != p);
+}
+
+/// Moves a new object to the heap for the application to hold.
+pub fn leak<T>(v: T) -> *mut T {
+    Box::into_raw(Box::new(v))
+}
+
+/// Frees an object `leak` made.
+///
+/// # Safety
+/// `p` came from `leak` and nothing uses it afterwards.
+pub unsafe fn free<T>(p: *mut T) {
+    // SAFETY: the caller's contract.
+    drop(unsafe { Box::from_raw(p) });
+}
+
+/// The translation state that every post consults once a restart
+/// happened.
+pub struct Ids {
+    /// Restarts so far; 0 means every id is still the real one.
+    pub generation: u32,
+    /// (virtual address of the remote port, virtual QPN) → real QPN.
+    pub remote_qpns: HashMap<(NodeAddr, u32), u32>,
+    /// Virtual → current address of every port a peer had.
+    pub nodes: HashMap<NodeAddr, NodeAddr>,
+    /// Real → virtual, for the source of UD completions.
+    pub remote_qpn_virtual: HashMap<(u16, u32), u32>,
+}
+
+/// The translation state.
+pub fn ids() -> &'static RwLock<Ids> {
+    static IDS: std::sync::OnceLock<RwLock<Ids>> = std::sync::OnceLock::new();
+    IDS.get_or_init(|| {
+        RwLock::new(Ids {
+            generation: 0,
+            remote_qpns: HashMap::new(),
+            nodes: HashMap::new(),
+            remote_qpn_virtual: HashMap::new(),
+        })
+    })
+}
+
+/// Whether a restart happened (every id may differ from the real one).
+pub fn translating() -> bool {
+    ids().read().unwrap_or_else(|e| e.into_inner()).generation > 0
+}
+
+/// A shadow CQ's app-facing pointer from its address.
+pub fn cq_of(p: *mut ibv_cq) -> *mut Cq {
+    p.cast()
+}
+
+/// The untyped `void *` of an object, as libibverbs stores contexts.
+pub fn as_void<T>(p: *mut T) -> *mut c_void {
+    p.cast()
+}

@@ -1,0 +1,883 @@
+//! Checkpoint and restart of the verbs state, inside the process.
+//!
+//! - [`drain`] (at a checkpoint, every thread but the caller stopped):
+//!   every CQ is polled into its drained queue until no send is
+//!   outstanding or no completion came for a quiet window (the relaxed
+//!   window of "Checkpoint-Restart for a Network of Virtual Machines"'
+//!   InfiniBand follow-up on petascale jobs, instead of DMTCP's single
+//!   sweep). The state stays in the process's memory, which the dump saves.
+//! - [`restart_local`] (in the restored process, before its threads run):
+//!   the device is reopened and every object recreated with the creation
+//!   parameters recorded, MRs at their addresses; the descriptors the
+//!   application knows get their old numbers. Returns this process's
+//!   [`Blob`]: where its ports and QPs are now, its new keys, and the
+//!   counts that make delivery exactly-once.
+//! - [`restart_connect`] (once every process's blob is known): the
+//!   `modify_qp` history is replayed with the peers' new ids, sends the
+//!   peer had already received are retired (their completions made up),
+//!   and the rest is re-posted, receives first.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, c_int};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use ckpt_ib_state::sys::*;
+
+use crate::datapath::{self, TranslatedRecvs, TranslatedSends, absorb};
+use crate::objects::*;
+use crate::real::real;
+use crate::verbs::{attach_to_cqs, create_real_qp, destination, translate_av, translate_modify};
+use crate::{IN_VERBS, errno};
+
+/// Why a checkpoint or restart step failed: a negative errno for the C
+/// caller and a line for its log.
+#[derive(Debug)]
+pub struct Failure {
+    pub errno: c_int,
+    pub what: String,
+}
+
+fn fail(errno: c_int, what: impl Into<String>) -> Failure {
+    Failure {
+        errno,
+        what: what.into(),
+    }
+}
+
+/// What a drain did.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DrainReport {
+    /// Completions moved from the devices into the drained queues.
+    pub completions: u64,
+    /// Sends still outstanding at the end (undelivered: the peer had no
+    /// receive posted, or the quiet window passed first).
+    pub outstanding_sends: u64,
+    /// Time spent, in microseconds.
+    pub elapsed_us: u64,
+}
+
+/// Completions polled from a device CQ at a time.
+const POLL_BATCH: usize = 16;
+/// Pause between sweeps while waiting for the quiet window.
+const SWEEP_PAUSE: Duration = Duration::from_micros(200);
+
+/// Drains every CQ (see the module doc). No allocation happens here: the
+/// process may be frozen with another thread inside malloc.
+pub fn drain(quiet: Duration, max_wait: Duration) -> Result<DrainReport, Failure> {
+    if IN_VERBS.load(Ordering::SeqCst) != 0 {
+        return Err(fail(libc::EBUSY, "a thread is inside a verbs call"));
+    }
+    let reg = registry();
+    let start = Instant::now();
+    let mut last_progress = start;
+    let mut report = DrainReport::default();
+    loop {
+        let mut got = 0u64;
+        for cq in &reg.cqs {
+            // SAFETY: registered CQs are live.
+            let c = unsafe { &*cq.0 };
+            let mut st = lock(&c.st);
+            loop {
+                let mut wc = [ibv_wc::default(); POLL_BATCH];
+                let real_cq = st.real;
+                // SAFETY: the live real CQ; `wc` has room for the batch.
+                let poll = unsafe { (*(*real_cq).context).ops.poll_cq };
+                let Some(poll) = poll else { break };
+                // SAFETY: as above.
+                let n = unsafe { poll(real_cq, POLL_BATCH as c_int, wc.as_mut_ptr()) };
+                if n < 0 {
+                    return Err(fail(libc::EIO, format!("poll_cq failed ({n})")));
+                }
+                let n = n as usize;
+                for w in wc.iter_mut().take(n) {
+                    absorb(&st, w);
+                    if st.drained.push(*w).is_err() {
+                        return Err(fail(
+                            libc::ENOSPC,
+                            "more completions than the CQ can hold (overrun)",
+                        ));
+                    }
+                }
+                got += n as u64;
+                if n < POLL_BATCH {
+                    break;
+                }
+            }
+            drop(st);
+        }
+        report.completions += got;
+        let now = Instant::now();
+        if got > 0 {
+            last_progress = now;
+        }
+        let outstanding: usize = reg
+            .qps
+            .iter()
+            // SAFETY: registered QPs are live.
+            .map(|q| lock(unsafe { &(*q.0).st }).sends.ring.len())
+            .sum();
+        report.outstanding_sends = outstanding as u64;
+        if outstanding == 0
+            || now.duration_since(last_progress) >= quiet
+            || now.duration_since(start) >= max_wait
+        {
+            break;
+        }
+        std::thread::sleep(SWEEP_PAUSE);
+    }
+    report.elapsed_us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+    Ok(report)
+}
+
+/// One port of this process, as the application knew it and as it is now.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PortMove {
+    pub ctx: u32,
+    pub virt: NodeAddr,
+    pub now: NodeAddr,
+}
+
+/// One QP of this process.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QpMove {
+    pub ctx: u32,
+    pub virt_qpn: u32,
+    pub real_qpn: u32,
+    /// Receives it consumed since creation.
+    pub recvs_consumed: u64,
+}
+
+/// What one process tells the others at a restart.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Blob {
+    pub ports: Vec<PortMove>,
+    pub qps: Vec<QpMove>,
+    /// Virtual → new rkeys.
+    pub rkeys: Vec<(u32, u32)>,
+}
+
+const MAGIC: &[u8; 4] = b"CKIB";
+const VERSION: u32 = 1;
+/// Header: magic, version, total length.
+const HEADER: usize = 4 + 4 + 8;
+const PORT_BYTES: usize = 4 + 16 + 2 + 16 + 2;
+const QP_BYTES: usize = 4 + 4 + 4 + 8;
+const KEY_BYTES: usize = 8;
+/// No process has more than this much to say (16 MiB: a million QPs).
+pub const MAX_BLOB: usize = 16 << 20;
+
+impl Blob {
+    /// The self-delimiting encoding (little-endian).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(MAGIC);
+        b.extend_from_slice(&VERSION.to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+        for n in [self.ports.len(), self.qps.len(), self.rkeys.len()] {
+            b.extend_from_slice(&(n as u32).to_le_bytes());
+        }
+        for p in &self.ports {
+            b.extend_from_slice(&p.ctx.to_le_bytes());
+            b.extend_from_slice(&p.virt.gid);
+            b.extend_from_slice(&p.virt.lid.to_le_bytes());
+            b.extend_from_slice(&p.now.gid);
+            b.extend_from_slice(&p.now.lid.to_le_bytes());
+        }
+        for q in &self.qps {
+            b.extend_from_slice(&q.ctx.to_le_bytes());
+            b.extend_from_slice(&q.virt_qpn.to_le_bytes());
+            b.extend_from_slice(&q.real_qpn.to_le_bytes());
+            b.extend_from_slice(&q.recvs_consumed.to_le_bytes());
+        }
+        for (v, r) in &self.rkeys {
+            b.extend_from_slice(&v.to_le_bytes());
+            b.extend_from_slice(&r.to_le_bytes());
+        }
+        let len = b.len() as u64;
+        b[8..16].copy_from_slice(&len.to_le_bytes());
+        b
+    }
+
+    /// Decodes the blobs concatenated in `all`, every count checked
+    /// against the bytes there are.
+    pub fn decode_all(mut all: &[u8]) -> Result<Vec<Blob>, Failure> {
+        let bad = |what: &str| fail(libc::EINVAL, format!("restart blob: {what}"));
+        let mut out = Vec::new();
+        while !all.is_empty() {
+            if all.len() < HEADER + 12 || &all[..4] != MAGIC {
+                return Err(bad("bad magic or truncated header"));
+            }
+            let version = u32::from_le_bytes(all[4..8].try_into().expect("4 bytes"));
+            if version != VERSION {
+                return Err(bad(&format!(
+                    "version {version}, this library reads {VERSION}"
+                )));
+            }
+            let len = u64::from_le_bytes(all[8..16].try_into().expect("8 bytes"));
+            let len = usize::try_from(len).map_err(|_| bad("length"))?;
+            if len > MAX_BLOB || len > all.len() || len < HEADER + 12 {
+                return Err(bad(&format!("length {len} out of bounds")));
+            }
+            let (one, rest) = all.split_at(len);
+            all = rest;
+            let mut r = Reader { b: &one[HEADER..] };
+            let n_ports = r.u32()? as usize;
+            let n_qps = r.u32()? as usize;
+            let n_keys = r.u32()? as usize;
+            let need = n_ports
+                .checked_mul(PORT_BYTES)
+                .and_then(|x| x.checked_add(n_qps.checked_mul(QP_BYTES)?))
+                .and_then(|x| x.checked_add(n_keys.checked_mul(KEY_BYTES)?));
+            if need != Some(r.b.len()) {
+                return Err(bad("counts do not match its length"));
+            }
+            let mut blob = Blob::default();
+            for _ in 0..n_ports {
+                let ctx = r.u32()?;
+                let virt = NodeAddr {
+                    gid: r.gid()?,
+                    lid: r.u16()?,
+                };
+                let now = NodeAddr {
+                    gid: r.gid()?,
+                    lid: r.u16()?,
+                };
+                blob.ports.push(PortMove { ctx, virt, now });
+            }
+            for _ in 0..n_qps {
+                blob.qps.push(QpMove {
+                    ctx: r.u32()?,
+                    virt_qpn: r.u32()?,
+                    real_qpn: r.u32()?,
+                    recvs_consumed: r.u64()?,
+                });
+            }
+            for _ in 0..n_keys {
+                blob.rkeys.push((r.u32()?, r.u32()?));
+            }
+            out.push(blob);
+        }
+        Ok(out)
+    }
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+}
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], Failure> {
+        if self.b.len() < N {
+            return Err(fail(libc::EINVAL, "restart blob: truncated"));
+        }
+        let (head, rest) = self.b.split_at(N);
+        self.b = rest;
+        Ok(head.try_into().expect("N bytes"))
+    }
+    fn u16(&mut self) -> Result<u16, Failure> {
+        Ok(u16::from_le_bytes(self.take()?))
+    }
+    fn u32(&mut self) -> Result<u32, Failure> {
+        Ok(u32::from_le_bytes(self.take()?))
+    }
+    fn u64(&mut self) -> Result<u64, Failure> {
+        Ok(u64::from_le_bytes(self.take()?))
+    }
+    fn gid(&mut self) -> Result<[u8; 16], Failure> {
+        self.take()
+    }
+}
+
+/// Where to open the device of a context: the same name if this node has
+/// it, else the first device.
+fn open_device(name: &CStr) -> Result<*mut ibv_context, Failure> {
+    let mut n: c_int = 0;
+    // SAFETY: the real device list; freed below.
+    let list = unsafe { (real().ibv_get_device_list)(&mut n) };
+    if list.is_null() || n <= 0 {
+        return Err(fail(
+            libc::ENODEV,
+            format!("no RDMA device here to reopen {}", name.to_string_lossy()),
+        ));
+    }
+    // SAFETY: `list` holds `n` devices.
+    let devices = unsafe { std::slice::from_raw_parts(list, n as usize) };
+    let pick = devices
+        .iter()
+        // SAFETY: each device has a nul-terminated name.
+        .find(|d| unsafe { CStr::from_ptr((real().ibv_get_device_name)(**d)) } == name)
+        .unwrap_or(&devices[0]);
+    // SAFETY: a device of the list, opened before the list is freed.
+    let ctx = unsafe { (real().ibv_open_device)(*pick) };
+    let e = errno();
+    // SAFETY: the list from ibv_get_device_list.
+    unsafe { (real().ibv_free_device_list)(list) };
+    if ctx.is_null() {
+        return Err(fail(
+            -e.abs().max(1),
+            format!("ibv_open_device for {}", name.to_string_lossy()),
+        ));
+    }
+    Ok(ctx)
+}
+
+/// A descriptor a restart must put on the number the application knows.
+struct FdMove {
+    field: *mut c_int,
+    want: c_int,
+}
+
+/// Puts every new descriptor on its old number: first all out of the way
+/// (above every number in use), then each onto its number, so one move
+/// never closes another's descriptor.
+fn place_fds(moves: &[FdMove]) -> Result<(), Failure> {
+    const OUT_OF_THE_WAY: c_int = 1024;
+    let mut parked = Vec::new();
+    for m in moves {
+        // SAFETY: `field` points into a live real object of this restart.
+        let cur = unsafe { *m.field };
+        if cur == m.want {
+            continue;
+        }
+        // SAFETY: plain descriptor calls on descriptors we own.
+        let t = unsafe { libc::fcntl(cur, libc::F_DUPFD_CLOEXEC, OUT_OF_THE_WAY) };
+        if t < 0 {
+            return Err(fail(-errno(), format!("fd {cur}: F_DUPFD")));
+        }
+        // SAFETY: as above.
+        unsafe { libc::close(cur) };
+        parked.push((m, t));
+    }
+    for (m, t) in parked {
+        // SAFETY: as above; `want` is the application's number for it
+        // (a placeholder of ckpt's there is replaced).
+        if unsafe { libc::dup3(t, m.want, libc::O_CLOEXEC) } < 0 {
+            return Err(fail(-errno(), format!("fd {}: dup3", m.want)));
+        }
+        // SAFETY: as above.
+        unsafe {
+            libc::close(t);
+            *m.field = m.want;
+        }
+    }
+    Ok(())
+}
+
+/// Destroys the real objects, newest first, ignoring failures (used when
+/// they are still alive: a restart in place).
+fn teardown(reg: &Registry) {
+    let r = real();
+    // SAFETY: each pointer is the current real object of a live shadow;
+    // nothing uses it after this (the restart replaces them all).
+    unsafe {
+        for a in reg.ahs.iter().rev() {
+            (r.ibv_destroy_ah)(lock(&(*a.0).real).0);
+        }
+        for q in reg.qps.iter().rev() {
+            (r.ibv_destroy_qp)(lock(&(*q.0).st).real);
+        }
+        for s in reg.srqs.iter().rev() {
+            (r.ibv_destroy_srq)(lock(&(*s.0).st).real);
+        }
+        for c in reg.cqs.iter().rev() {
+            let st = lock(&(*c.0).st);
+            if st.unacked_events > 0 {
+                (r.ibv_ack_cq_events)(st.real, st.unacked_events);
+            }
+            (r.ibv_destroy_cq)(st.real);
+        }
+        for c in reg.channels.iter().rev() {
+            (r.ibv_destroy_comp_channel)(lock(&(*c.0).real).0);
+        }
+        for m in reg.mrs.iter().rev() {
+            (r.ibv_dereg_mr)(lock(&(*m.0).real).0);
+        }
+        for p in reg.pds.iter().rev() {
+            (r.ibv_dealloc_pd)((*p.0).real.read().unwrap_or_else(|e| e.into_inner()).0);
+        }
+        for c in reg.contexts.iter().rev() {
+            (r.ibv_close_device)(lock(&(*c.0).st).real);
+        }
+    }
+}
+
+fn null_check<T>(p: *mut T, what: impl Fn() -> String) -> Result<*mut T, Failure> {
+    if p.is_null() {
+        Err(fail(-errno().abs().max(1), what()))
+    } else {
+        Ok(p)
+    }
+}
+
+/// Recreates every object (see the module doc). `retire_old`: the old
+/// real objects still exist (a restart in place, e.g. onto another
+/// device) and are destroyed first; after a restore they do not, and
+/// nothing touches them.
+pub fn restart_local(retire_old: bool) -> Result<Blob, Failure> {
+    if IN_VERBS.load(Ordering::SeqCst) != 0 {
+        return Err(fail(libc::EBUSY, "a thread is inside a verbs call"));
+    }
+    let reg = registry();
+    if retire_old {
+        teardown(&reg);
+    }
+    let r = real();
+    let mut fds = Vec::new();
+    let mut blob = Blob::default();
+    // SAFETY (for the blocks below): every pointer comes from the registry
+    // (live shadows) or was just returned by a real verb and checked.
+    for c in &reg.contexts {
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let ctx = unsafe { &*c.0 };
+        let mut st = lock(&ctx.st);
+        let rctx = open_device(&st.device_name)?;
+        st.real = rctx;
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        unsafe {
+            fds.push(FdMove {
+                field: &mut (*rctx).cmd_fd,
+                want: ctx.abi.cmd_fd,
+            });
+            fds.push(FdMove {
+                field: &mut (*rctx).async_fd,
+                want: ctx.abi.async_fd,
+            });
+        }
+    }
+    for p in &reg.pds {
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let pd = unsafe { &*p.0 };
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let rctx = lock(&unsafe { &*pd.abi.context.cast::<Context>() }.st).real;
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let rpd = null_check(unsafe { (r.ibv_alloc_pd)(rctx) }, || "ibv_alloc_pd".into())?;
+        *pd.real.write().unwrap_or_else(|e| e.into_inner()) = Ptr(rpd);
+        pd.lkeys.write().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+    for m in &reg.mrs {
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let mr = unsafe { &*m.0 };
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let pd = unsafe { &*mr.abi.pd.cast::<Pd>() };
+        let rpd = pd.real.read().unwrap_or_else(|e| e.into_inner()).0;
+        let rmr = null_check(
+            // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+            unsafe { (r.ibv_reg_mr_iova2)(rpd, mr.abi.addr, mr.abi.length, mr.iova, mr.access) },
+            || format!("ibv_reg_mr of {:p}+{:#x}", mr.abi.addr, mr.abi.length),
+        )?;
+        *lock(&mr.real) = Ptr(rmr);
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let (lkey, rkey) = unsafe { ((*rmr).lkey, (*rmr).rkey) };
+        pd.lkeys
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(mr.abi.lkey, lkey);
+        blob.rkeys.push((mr.abi.rkey, rkey));
+    }
+    for c in &reg.channels {
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let ch = unsafe { &*c.0 };
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let rctx = lock(&unsafe { &*ch.abi.context.cast::<Context>() }.st).real;
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let rch = null_check(unsafe { (r.ibv_create_comp_channel)(rctx) }, || {
+            "ibv_create_comp_channel".into()
+        })?;
+        *lock(&ch.real) = Ptr(rch);
+        fds.push(FdMove {
+            // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+            field: unsafe { &mut (*rch).fd },
+            want: ch.abi.fd,
+        });
+    }
+    for c in &reg.cqs {
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let cq = unsafe { &*c.0 };
+        let mut st = lock(&cq.st);
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let rctx = lock(&unsafe { &*cq.abi.context.cast::<Context>() }.st).real;
+        let rch = if st.channel.is_null() {
+            std::ptr::null_mut()
+        } else {
+            // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+            lock(&unsafe { &*st.channel }.real).0
+        };
+        let rcq = null_check(
+            // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+            unsafe { (r.ibv_create_cq)(rctx, cq.abi.cqe, c.0.cast(), rch, st.comp_vector) },
+            || format!("ibv_create_cq of {} entries", cq.abi.cqe),
+        )?;
+        st.real = rcq;
+        st.qps.clear();
+        st.unacked_events = 0;
+    }
+    for s in &reg.srqs {
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let srq = unsafe { &*s.0 };
+        let mut st = lock(&srq.st);
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let pd = unsafe { &*srq.abi.pd.cast::<Pd>() };
+        let rpd = pd.real.read().unwrap_or_else(|e| e.into_inner()).0;
+        let mut init = ibv_srq_init_attr {
+            srq_context: s.0.cast(),
+            attr: st.attr,
+        };
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let rsrq = null_check(unsafe { (r.ibv_create_srq)(rpd, &mut init) }, || {
+            "ibv_create_srq".into()
+        })?;
+        st.real = rsrq;
+    }
+    for q in &reg.qps {
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let qp = unsafe { &*q.0 };
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let pd = unsafe { &*qp.abi.pd.cast::<Pd>() };
+        let rpd = pd.real.read().unwrap_or_else(|e| e.into_inner()).0;
+        let init = lock(&qp.st).init;
+        let rqp = null_check(create_real_qp(rpd, q.0, &init), || {
+            format!("ibv_create_qp for qp {}", qp.abi.qp_num)
+        })?;
+        lock(&qp.st).real = rqp;
+        attach_to_cqs(q.0, &init, 0);
+    }
+    place_fds(&fds)?;
+    ids().write().unwrap_or_else(|e| e.into_inner()).generation += 1;
+
+    for (i, c) in reg.contexts.iter().enumerate() {
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let ctx = unsafe { &*c.0 };
+        let st = lock(&ctx.st);
+        let mut now_lid = HashMap::new();
+        for (&port, &vlid) in &st.lids {
+            let mut attr = ibv_port_attr::default();
+            // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+            if unsafe { (r.ibv_query_port)(st.real, port, &mut attr) } != 0 {
+                return Err(fail(
+                    -errno().abs().max(1),
+                    format!("ibv_query_port {port}"),
+                ));
+            }
+            now_lid.insert(port, attr.lid);
+            if vlid != 0 {
+                blob.ports.push(PortMove {
+                    ctx: i as u32,
+                    virt: NodeAddr::by_lid(vlid),
+                    now: NodeAddr::by_lid(attr.lid),
+                });
+            }
+        }
+        for (&(port, index), vgid) in &st.gids {
+            let mut gid = ibv_gid::default();
+            // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+            if unsafe { (r.ibv_query_gid)(st.real, port, index, &mut gid) } != 0 {
+                return Err(fail(
+                    -errno().abs().max(1),
+                    format!("ibv_query_gid {port}/{index}"),
+                ));
+            }
+            blob.ports.push(PortMove {
+                ctx: i as u32,
+                virt: NodeAddr::by_gid(vgid.raw),
+                now: NodeAddr::by_gid(gid.raw),
+            });
+        }
+        let _ = now_lid;
+    }
+    for q in &reg.qps {
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let qp = unsafe { &*q.0 };
+        let st = lock(&qp.st);
+        let ctx = reg
+            .contexts
+            .iter()
+            .position(|c| c.0.cast() == qp.abi.context)
+            .unwrap_or(0);
+        blob.qps.push(QpMove {
+            ctx: ctx as u32,
+            virt_qpn: qp.abi.qp_num,
+            // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+            real_qpn: unsafe { (*st.real).qp_num },
+            recvs_consumed: st.recvs_consumed,
+        });
+    }
+    Ok(blob)
+}
+
+/// The completion opcode of a send's work request opcode.
+fn wc_opcode(wr_opcode: u32) -> u32 {
+    match wr_opcode {
+        IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM => IBV_WC_RDMA_WRITE,
+        IBV_WR_RDMA_READ => IBV_WC_RDMA_READ,
+        IBV_WR_ATOMIC_CMP_AND_SWP => IBV_WC_COMP_SWAP,
+        IBV_WR_ATOMIC_FETCH_AND_ADD => IBV_WC_FETCH_ADD,
+        _ => IBV_WC_SEND,
+    }
+}
+
+/// What a restart learnt about one remote QP.
+struct RemoteQp {
+    recvs_consumed: u64,
+    rkeys: Arc<HashMap<u32, u32>>,
+}
+
+/// Connects every QP again (see the module doc); `blobs` are every
+/// process's, this one's included, concatenated.
+pub fn restart_connect(all: &[u8]) -> Result<(), Failure> {
+    let blobs = Blob::decode_all(all)?;
+    let mut remote: HashMap<(NodeAddr, u32), RemoteQp> = HashMap::new();
+    {
+        let mut ids = ids().write().unwrap_or_else(|e| e.into_inner());
+        ids.nodes.clear();
+        ids.remote_qpns.clear();
+        ids.remote_qpn_virtual.clear();
+        for b in &blobs {
+            let rkeys: Arc<HashMap<u32, u32>> = Arc::new(b.rkeys.iter().copied().collect());
+            for p in &b.ports {
+                ids.nodes.insert(p.virt, p.now);
+            }
+            for q in &b.qps {
+                for p in b.ports.iter().filter(|p| p.ctx == q.ctx) {
+                    ids.remote_qpns.insert((p.virt, q.virt_qpn), q.real_qpn);
+                    ids.remote_qpn_virtual
+                        .insert((p.now.lid, q.real_qpn), q.virt_qpn);
+                    remote.insert(
+                        (p.virt, q.virt_qpn),
+                        RemoteQp {
+                            recvs_consumed: q.recvs_consumed,
+                            rkeys: rkeys.clone(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+    let reg = registry();
+    let r = real();
+    let ids_now = ids().read().unwrap_or_else(|e| e.into_inner());
+    // SAFETY (for the blocks below): registry pointers are live shadows;
+    // their real objects were made by restart_local.
+    for a in &reg.ahs {
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let ah = unsafe { &*a.0 };
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let pd = unsafe { &*ah.abi.pd.cast::<Pd>() };
+        let rpd = pd.real.read().unwrap_or_else(|e| e.into_inner()).0;
+        let mut attr = ah.attr;
+        translate_av(&mut attr, &ids_now);
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let rah = null_check(unsafe { (r.ibv_create_ah)(rpd, &mut attr) }, || {
+            "ibv_create_ah".into()
+        })?;
+        *lock(&ah.real) = Ptr(rah);
+    }
+    for s in &reg.srqs {
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let srq = unsafe { &*s.0 };
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let pd = unsafe { &*srq.abi.pd.cast::<Pd>() };
+        let st = lock(&srq.st);
+        let n = st.recvs.ring.len();
+        if n > 0 {
+            let mut copy = TranslatedRecvs::build(pd, &st.recvs, 0, n);
+            // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+            let post = unsafe { (*(*st.real).context).ops.post_srq_recv };
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+            let rc = post.map_or(libc::EOPNOTSUPP, |f| unsafe {
+                f(st.real.cast(), copy.as_mut_ptr(), &mut bad)
+            });
+            if rc != 0 {
+                return Err(fail(-rc.abs(), "re-posting SRQ receives"));
+            }
+        }
+    }
+    drop(ids_now);
+    let mut made_up: Vec<(*mut Cq, ibv_wc)> = Vec::new();
+    for q in &reg.qps {
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let qp = unsafe { &*q.0 };
+        let mut st = lock(&qp.st);
+        let ids_now = ids().read().unwrap_or_else(|e| e.into_inner());
+        for i in 0..st.history.len() {
+            let m = st.history[i];
+            let mut a = m.attr;
+            translate_modify(&mut a, m.mask, &st.history[..i], &ids_now);
+            // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+            let rc = unsafe { (r.ibv_modify_qp)(st.real, &mut a, m.mask) };
+            if rc != 0 {
+                return Err(fail(
+                    -rc.abs(),
+                    format!(
+                        "qp {}: replaying modify_qp to state {}",
+                        qp.abi.qp_num, m.attr.qp_state
+                    ),
+                ));
+            }
+        }
+        drop(ids_now);
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        unsafe { (*q.0).abi.state = (*st.real).state };
+        let (node, dest) = destination(&st.history);
+        if qp.abi.qp_type != IBV_QPT_UD
+            && let (Some(node), Some(dest)) = (node, dest)
+        {
+            let Some(peer) = remote.get(&(node, dest)) else {
+                return Err(fail(
+                    libc::ENOENT,
+                    format!(
+                        "qp {}: its peer (qp {dest}) is in no process's restart blob",
+                        qp.abi.qp_num
+                    ),
+                ));
+            };
+            st.peer = Some(Peer {
+                rkeys: peer.rkeys.clone(),
+            });
+            // Exactly once: the peer consumed `recvs_consumed` of our
+            // receive-consuming sends; those we saw complete are gone from
+            // the queue, the rest of them were delivered unacknowledged.
+            let Some(mut delivered) = peer.recvs_consumed.checked_sub(st.consuming_sends_done)
+            else {
+                return Err(fail(
+                    libc::EPROTO,
+                    format!(
+                        "qp {}: {} sends completed but the peer received only {}: the checkpoint is not consistent",
+                        qp.abi.qp_num, st.consuming_sends_done, peer.recvs_consumed
+                    ),
+                ));
+            };
+            while delivered > 0 {
+                let Some(rec) = st.sends.ring.pop_front() else {
+                    return Err(fail(
+                        libc::EPROTO,
+                        format!(
+                            "qp {}: the peer received {delivered} more sends than were posted",
+                            qp.abi.qp_num
+                        ),
+                    ));
+                };
+                if datapath::consumes_receive(rec.opcode) {
+                    delivered -= 1;
+                    st.consuming_sends_done += 1;
+                }
+                if rec.signaled {
+                    made_up.push((
+                        st.init.send_cq,
+                        ibv_wc {
+                            wr_id: rec.wr_id,
+                            status: IBV_WC_SUCCESS,
+                            opcode: wc_opcode(rec.opcode),
+                            qp_num: qp.abi.qp_num,
+                            ..Default::default()
+                        },
+                    ));
+                }
+            }
+        }
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let pd = unsafe { &*qp.abi.pd.cast::<Pd>() };
+        let n = st.recvs.ring.len();
+        if n > 0 {
+            let mut copy = TranslatedRecvs::build(pd, &st.recvs, 0, n);
+            // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+            let post = unsafe { (*(*st.real).context).ops.post_recv };
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+            let rc = post.map_or(libc::EOPNOTSUPP, |f| unsafe {
+                f(st.real, copy.as_mut_ptr(), &mut bad)
+            });
+            if rc != 0 {
+                return Err(fail(
+                    -rc.abs(),
+                    format!("qp {}: re-posting {n} receives", qp.abi.qp_num),
+                ));
+            }
+        }
+        let n = st.sends.ring.len();
+        if n > 0 {
+            let mut chain = TranslatedSends::build(qp, &st, 0, n).chain();
+            // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+            let post = unsafe { (*(*st.real).context).ops.post_send };
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+            let rc = post.map_or(libc::EOPNOTSUPP, |f| unsafe {
+                f(st.real, chain.as_mut_ptr(), &mut bad)
+            });
+            if rc != 0 {
+                return Err(fail(
+                    -rc.abs(),
+                    format!("qp {}: re-posting {n} sends", qp.abi.qp_num),
+                ));
+            }
+        }
+    }
+    for (cq, wc) in made_up {
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let c = unsafe { &*cq };
+        if lock(&c.st).drained.push(wc).is_err() {
+            return Err(fail(libc::ENOSPC, "no room for a made-up completion"));
+        }
+    }
+    for c in &reg.cqs {
+        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        let cq = unsafe { &*c.0 };
+        let st = lock(&cq.st);
+        if let Some(solicited) = st.armed {
+            // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+            let arm = unsafe { (*(*st.real).context).ops.req_notify_cq };
+            if let Some(f) = arm {
+                // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+                unsafe { f(st.real, solicited) };
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Blob {
+        Blob {
+            ports: vec![PortMove {
+                ctx: 0,
+                virt: NodeAddr::by_gid([1; 16]),
+                now: NodeAddr::by_gid([2; 16]),
+            }],
+            qps: vec![QpMove {
+                ctx: 0,
+                virt_qpn: 17,
+                real_qpn: 19,
+                recvs_consumed: 5,
+            }],
+            rkeys: vec![(0x100, 0x200), (0x300, 0x400)],
+        }
+    }
+
+    #[test]
+    fn blobs_round_trip_concatenated() {
+        let (a, b) = (sample(), Blob::default());
+        let mut all = a.encode();
+        all.extend(b.encode());
+        assert_eq!(Blob::decode_all(&all).unwrap(), vec![a, b]);
+    }
+
+    #[test]
+    fn damaged_blobs_are_refused() {
+        let good = sample().encode();
+        for cut in [1, 10, good.len() - 1] {
+            assert!(Blob::decode_all(&good[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut count = good.clone();
+        count[HEADER..HEADER + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(Blob::decode_all(&count).is_err());
+        let mut len = good.clone();
+        len[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(Blob::decode_all(&len).is_err());
+    }
+}

@@ -1,0 +1,432 @@
+/*
+ * Restart of RC verbs state in place, with messages in flight, driven by
+ * the program itself through libckpt_ibverbs.so's ckpt_ib_* interface
+ * (which ckpt drives in a restored process): the machinery of the shadow
+ * layer (drain, recreate, replay, re-post, id translation) tested alone.
+ *
+ *   rc_restart [DEVICE [ROUNDS]]   (defaults: rxe0, 6; run with
+ *                                   LD_PRELOAD=libckpt_ibverbs.so)
+ *
+ * One process, two RC QPs on the device connected to each other (rxe
+ * loops traffic to its own GIDs back). Each round the sender A posts
+ * MSGS sends (unsignaled ones followed by a signaled one), an RDMA write
+ * with immediate and an RDMA read, while the receiver B has fewer
+ * receives posted than messages are coming (the rest wait on RNR); then
+ * the resources are checkpointed and recreated (new QP numbers, keys and
+ * CQs on the device; the old ones destroyed) and B posts the missing
+ * receives. Every message carries a sequence number: B must see each
+ * exactly once, in order, with its payload; A must see each signaled
+ * completion exactly once; the RDMA read must bring B's bytes and the
+ * write must land in B's buffer. The ids the program holds never change,
+ * while `rdma resource show qp` must show the process's QPs under new
+ * numbers after every round. A completion channel on A's CQ must keep its
+ * descriptor number and still deliver events after the restarts.
+ *
+ * Ends with "rc_restart: ok rounds=N messages=M restarts=R" or
+ * "rc_restart: FAIL ...".
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <infiniband/verbs.h>
+
+#define PORT_NUM 1
+#define MSGS 4		 /* sends per round (the last signaled) */
+#define RECVS_EARLY 2	 /* receives B has posted when the round starts */
+#define MSG_BYTES 64
+#define RDMA_BYTES 256
+#define CQ_DEPTH 64
+#define POLL_TIMEOUT_SEC 20
+#define WR_SEND 0x1000
+#define WR_WRITE_IMM 0x2000
+#define WR_READ 0x3000
+#define WR_RECV 0x4000
+#define WR_NOTIFY 0x5000
+
+struct drain_report {
+	uint64_t completions, outstanding_sends, elapsed_us;
+};
+int ckpt_ib_checkpoint(uint32_t quiet_ms, uint32_t max_wait_ms, struct drain_report *out)
+	__attribute__((weak));
+int ckpt_ib_restart_local(uint32_t flags, const uint8_t **blob, size_t *len) __attribute__((weak));
+int ckpt_ib_restart_connect(const uint8_t *blobs, size_t len) __attribute__((weak));
+const char *ckpt_ib_last_error(void) __attribute__((weak));
+#define CKPT_IB_RETIRE_OLD 1
+
+static void fail(const char *fmt, ...)
+{
+	va_list ap;
+	printf("rc_restart: FAIL ");
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+	fflush(stdout);
+	exit(1);
+}
+
+struct side {
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	uint8_t *buf; /* messages (recv slots or send slots), then the RDMA area */
+	struct ibv_mr *mr;
+	uint32_t qpn_seen; /* the virtual QP number, which must never change */
+	uint32_t lkey_seen, rkey_seen;
+};
+
+static struct ibv_context *ctx;
+static struct ibv_pd *pd;
+static struct ibv_comp_channel *channel;
+static int channel_fd;
+static struct side a, b;
+static uint8_t gid_index;
+static union ibv_gid gid;
+
+#define SLOTS 64
+#define BUF_BYTES (SLOTS * MSG_BYTES + 2 * RDMA_BYTES)
+#define RDMA_AT (SLOTS * MSG_BYTES)
+
+static void open_device(const char *name)
+{
+	int n = 0;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	for (int i = 0; list && i < n; i++)
+		if (strcmp(ibv_get_device_name(list[i]), name) == 0)
+			ctx = ibv_open_device(list[i]);
+	if (list)
+		ibv_free_device_list(list);
+	if (!ctx)
+		fail("device %s not found", name);
+	struct ibv_port_attr port;
+	if (ibv_query_port(ctx, PORT_NUM, &port) || port.state != IBV_PORT_ACTIVE)
+		fail("port %d not active", PORT_NUM);
+	static const uint8_t v4[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
+	for (int i = 0; i < port.gid_tbl_len; i++)
+		if (ibv_query_gid(ctx, PORT_NUM, i, &gid) == 0 && memcmp(gid.raw, v4, 12) == 0) {
+			gid_index = (uint8_t)i;
+			return;
+		}
+	fail("no IPv4-mapped GID on port %d", PORT_NUM);
+}
+
+static void make_side(struct side *s, struct ibv_comp_channel *ch)
+{
+	s->cq = ibv_create_cq(ctx, CQ_DEPTH, NULL, ch, 0);
+	s->buf = aligned_alloc(4096, BUF_BYTES);
+	if (!s->cq || !s->buf)
+		fail("create_cq/alloc: %s", strerror(errno));
+	memset(s->buf, 0, BUF_BYTES);
+	s->mr = ibv_reg_mr(pd, s->buf, BUF_BYTES,
+			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+	struct ibv_qp_init_attr init = {
+		.send_cq = s->cq,
+		.recv_cq = s->cq,
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	s->qp = s->mr ? ibv_create_qp(pd, &init) : NULL;
+	if (!s->qp)
+		fail("reg_mr/create_qp: %s", strerror(errno));
+	s->qpn_seen = s->qp->qp_num;
+	s->lkey_seen = s->mr->lkey;
+	s->rkey_seen = s->mr->rkey;
+}
+
+static void connect_to(struct side *s, uint32_t remote_qpn)
+{
+	struct ibv_qp_attr at = {
+		.qp_state = IBV_QPS_INIT,
+		.port_num = PORT_NUM,
+		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+	};
+	if (ibv_modify_qp(s->qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+		fail("INIT: %s", strerror(errno));
+	memset(&at, 0, sizeof(at));
+	at.qp_state = IBV_QPS_RTR;
+	at.path_mtu = IBV_MTU_1024;
+	at.dest_qp_num = remote_qpn;
+	at.rq_psn = 0x77;
+	at.max_dest_rd_atomic = 1;
+	at.min_rnr_timer = 1; /* 0.01 ms: RNR retries come fast */
+	at.ah_attr.is_global = 1;
+	at.ah_attr.grh.dgid = gid;
+	at.ah_attr.grh.sgid_index = gid_index;
+	at.ah_attr.grh.hop_limit = 1;
+	at.ah_attr.port_num = PORT_NUM;
+	if (ibv_modify_qp(s->qp, &at,
+			  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+				  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+		fail("RTR: %s", strerror(errno));
+	memset(&at, 0, sizeof(at));
+	at.qp_state = IBV_QPS_RTS;
+	at.timeout = 14;
+	at.retry_cnt = 7;
+	at.rnr_retry = 7; /* infinite: a send waits for its receive */
+	at.sq_psn = 0x77;
+	at.max_rd_atomic = 1;
+	if (ibv_modify_qp(s->qp, &at,
+			  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+				  IBV_QP_MAX_QP_RD_ATOMIC))
+		fail("RTS: %s", strerror(errno));
+}
+
+static uint64_t recv_slot; /* next receive slot of B */
+static uint64_t recvs_posted;
+
+static void post_recv_b(void)
+{
+	uint64_t slot = recv_slot++ % SLOTS;
+	struct ibv_sge sge = { .addr = (uintptr_t)(b.buf + slot * MSG_BYTES), .length = MSG_BYTES, .lkey = b.mr->lkey };
+	struct ibv_recv_wr wr = { .wr_id = WR_RECV | slot, .sg_list = &sge, .num_sge = 1 }, *bad;
+	if (ibv_post_recv(b.qp, &wr, &bad))
+		fail("post_recv: %s", strerror(errno));
+	recvs_posted++;
+}
+
+static uint64_t next_seq;
+static uint64_t signaled_posted, signaled_done;
+
+static void fill_msg(uint8_t *m, uint64_t seq)
+{
+	memcpy(m, &seq, 8);
+	for (int i = 8; i < MSG_BYTES; i++)
+		m[i] = (uint8_t)(seq * 31 + i);
+}
+
+static void post_sends_a(int round)
+{
+	struct ibv_send_wr wrs[MSGS + 2], *bad;
+	struct ibv_sge sges[MSGS + 2];
+	memset(wrs, 0, sizeof(wrs));
+	for (int i = 0; i < MSGS; i++) {
+		uint64_t seq = next_seq++;
+		uint8_t *m = a.buf + (seq % SLOTS) * MSG_BYTES;
+		fill_msg(m, seq);
+		sges[i] = (struct ibv_sge){ .addr = (uintptr_t)m, .length = MSG_BYTES, .lkey = a.mr->lkey };
+		wrs[i] = (struct ibv_send_wr){ .wr_id = WR_SEND | seq, .sg_list = &sges[i], .num_sge = 1,
+					       .opcode = IBV_WR_SEND, .next = &wrs[i + 1] };
+	}
+	wrs[MSGS - 1].send_flags = IBV_SEND_SIGNALED;
+	/* An RDMA write with immediate (consumes a receive) of A's RDMA area
+	 * into B's, carrying the next sequence number as immediate. */
+	uint64_t seq = next_seq++;
+	memset(a.buf + RDMA_AT, 0x40 + round, RDMA_BYTES);
+	sges[MSGS] = (struct ibv_sge){ .addr = (uintptr_t)(a.buf + RDMA_AT), .length = RDMA_BYTES, .lkey = a.mr->lkey };
+	wrs[MSGS] = (struct ibv_send_wr){ .wr_id = WR_WRITE_IMM | seq, .sg_list = &sges[MSGS], .num_sge = 1,
+					  .opcode = IBV_WR_RDMA_WRITE_WITH_IMM, .send_flags = IBV_SEND_SIGNALED,
+					  .imm_data = htonl((uint32_t)seq), .next = &wrs[MSGS + 1] };
+	wrs[MSGS].wr.rdma.remote_addr = (uintptr_t)(b.buf + RDMA_AT);
+	wrs[MSGS].wr.rdma.rkey = b.mr->rkey;
+	/* An RDMA read of B's second RDMA area (filled with a round pattern). */
+	memset(b.buf + RDMA_AT + RDMA_BYTES, 0x80 + round, RDMA_BYTES);
+	memset(a.buf + RDMA_AT + RDMA_BYTES, 0, RDMA_BYTES);
+	sges[MSGS + 1] = (struct ibv_sge){ .addr = (uintptr_t)(a.buf + RDMA_AT + RDMA_BYTES), .length = RDMA_BYTES,
+					   .lkey = a.mr->lkey };
+	wrs[MSGS + 1] = (struct ibv_send_wr){ .wr_id = WR_READ | (uint64_t)round, .sg_list = &sges[MSGS + 1],
+					      .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
+					      .send_flags = IBV_SEND_SIGNALED };
+	wrs[MSGS + 1].wr.rdma.remote_addr = (uintptr_t)(b.buf + RDMA_AT + RDMA_BYTES);
+	wrs[MSGS + 1].wr.rdma.rkey = b.mr->rkey;
+	if (ibv_post_send(a.qp, wrs, &bad))
+		fail("post_send: %s", strerror(errno));
+	signaled_posted += 3;
+}
+
+static uint64_t b_next_seq; /* the sequence number B must see next */
+static int read_done_round = -1;
+
+static void reap(int round)
+{
+	struct ibv_wc wc[8];
+	int n;
+	while ((n = ibv_poll_cq(b.cq, 8, wc)) > 0) {
+		for (int i = 0; i < n; i++) {
+			if (wc[i].status != IBV_WC_SUCCESS)
+				fail("B completion %s", ibv_wc_status_str(wc[i].status));
+			if (wc[i].qp_num != b.qpn_seen)
+				fail("B completion names qp %u, not %u", wc[i].qp_num, b.qpn_seen);
+			uint64_t slot = wc[i].wr_id & 0xfff, seq;
+			if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+				seq = ntohl(wc[i].imm_data);
+				for (int k = 0; k < RDMA_BYTES; k++)
+					if (b.buf[RDMA_AT + k] != 0x40 + round)
+						fail("RDMA write %" PRIu64 " did not land", seq);
+			} else {
+				uint8_t want[MSG_BYTES];
+				memcpy(&seq, b.buf + slot * MSG_BYTES, 8);
+				fill_msg(want, seq);
+				if (memcmp(want, b.buf + slot * MSG_BYTES, MSG_BYTES) != 0)
+					fail("message %" PRIu64 " corrupted", seq);
+			}
+			if (seq != b_next_seq)
+				fail("B got message %" PRIu64 ", expected %" PRIu64 " (%s)", seq, b_next_seq,
+				     seq < b_next_seq ? "duplicate" : "lost");
+			b_next_seq++;
+		}
+	}
+	if (n < 0)
+		fail("poll B: %d", n);
+	while ((n = ibv_poll_cq(a.cq, 8, wc)) > 0) {
+		for (int i = 0; i < n; i++) {
+			if (wc[i].status != IBV_WC_SUCCESS)
+				fail("A completion wr %" PRIx64 ": %s", wc[i].wr_id, ibv_wc_status_str(wc[i].status));
+			if (wc[i].qp_num != a.qpn_seen)
+				fail("A completion names qp %u, not %u", wc[i].qp_num, a.qpn_seen);
+			if ((wc[i].wr_id & 0xf000) == WR_READ) {
+				for (int k = 0; k < RDMA_BYTES; k++)
+					if (a.buf[RDMA_AT + RDMA_BYTES + k] != 0x80 + round)
+						fail("RDMA read brought the wrong bytes");
+				read_done_round = round;
+			}
+			if ((wc[i].wr_id & 0xf000) == WR_NOTIFY)
+				continue;
+			signaled_done++;
+			if (signaled_done > signaled_posted)
+				fail("more send completions than signaled sends (duplicate wr %" PRIx64 ")", wc[i].wr_id);
+		}
+	}
+	if (n < 0)
+		fail("poll A: %d", n);
+}
+
+/* The process's QP numbers as the device shows them (rdma tool). */
+static int device_qpns(uint32_t *out, int max)
+{
+	char line[512];
+	FILE *p = popen("rdma resource show qp 2>&1", "r");
+	int n = 0;
+	while (p && fgets(line, sizeof(line), p)) {
+		long qpn = -1, pid = -1;
+		char *save = NULL, *tok = strtok_r(line, " \t\n", &save), *prev = NULL;
+		for (; tok; prev = tok, tok = strtok_r(NULL, " \t\n", &save)) {
+			if (prev && strcmp(prev, "lqpn") == 0)
+				qpn = strtol(tok, NULL, 10);
+			if (prev && strcmp(prev, "pid") == 0)
+				pid = strtol(tok, NULL, 10);
+		}
+		if (qpn >= 0 && pid == (long)getpid() && n < max)
+			out[n++] = (uint32_t)qpn;
+	}
+	if (p)
+		pclose(p);
+	return n;
+}
+
+static int restarts;
+
+static void restart(int round)
+{
+	struct drain_report rep;
+	uint32_t quiet = (round % 2) ? 20 : 0; /* odd rounds wait; even ones race */
+	int rc = ckpt_ib_checkpoint(quiet, 2000, &rep);
+	if (rc)
+		fail("ckpt_ib_checkpoint: %d %s", rc, ckpt_ib_last_error());
+	uint32_t before[8];
+	int nb = device_qpns(before, 8);
+	const uint8_t *blob;
+	size_t len;
+	rc = ckpt_ib_restart_local(CKPT_IB_RETIRE_OLD, &blob, &len);
+	if (rc)
+		fail("ckpt_ib_restart_local: %d %s", rc, ckpt_ib_last_error());
+	rc = ckpt_ib_restart_connect(blob, len);
+	if (rc)
+		fail("ckpt_ib_restart_connect: %d %s", rc, ckpt_ib_last_error());
+	restarts++;
+	uint32_t after[8];
+	int na = device_qpns(after, 8);
+	if (na != 2 || nb != 2)
+		fail("the device shows %d QPs of this process before and %d after the restart", nb, na);
+	for (int i = 0; i < na; i++)
+		for (int k = 0; k < nb; k++)
+			if (after[i] == before[k])
+				fail("qp %u kept its device number across the restart", after[i]);
+	if (a.qp->qp_num != a.qpn_seen || b.qp->qp_num != b.qpn_seen || a.mr->lkey != a.lkey_seen ||
+	    b.mr->rkey != b.rkey_seen)
+		fail("an id the program holds changed");
+	printf("round %d: drained %" PRIu64 " completions in %" PRIu64 " us, %" PRIu64
+	       " sends outstanding; device qps %u,%u -> %u,%u; program sees %u,%u\n",
+	       round, rep.completions, rep.elapsed_us, rep.outstanding_sends, before[0], before[1], after[0],
+	       after[1], a.qpn_seen, b.qpn_seen);
+	fflush(stdout);
+}
+
+static void wait_all(int round)
+{
+	time_t deadline = time(NULL) + POLL_TIMEOUT_SEC;
+	while (b_next_seq < next_seq || signaled_done < signaled_posted || read_done_round != round) {
+		if (recvs_posted < next_seq)
+			post_recv_b();
+		reap(round);
+		if (time(NULL) > deadline)
+			fail("round %d: B saw %" PRIu64 " of %" PRIu64 " messages, A %" PRIu64 " of %" PRIu64
+			     " completions",
+			     round, b_next_seq, next_seq, signaled_done, signaled_posted);
+	}
+}
+
+/* A completion channel still works after the restarts, on the same fd. */
+static void check_channel(void)
+{
+	if (channel->fd != channel_fd)
+		fail("completion channel fd moved from %d to %d", channel_fd, channel->fd);
+	if (ibv_req_notify_cq(a.cq, 0))
+		fail("req_notify_cq");
+	post_recv_b();
+	uint8_t *m = a.buf;
+	fill_msg(m, next_seq);
+	struct ibv_sge sge = { .addr = (uintptr_t)m, .length = MSG_BYTES, .lkey = a.mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = WR_SEND | next_seq, .sg_list = &sge, .num_sge = 1,
+				  .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED }, *bad;
+	next_seq++;
+	signaled_posted++;
+	if (ibv_post_send(a.qp, &wr, &bad))
+		fail("post_send: %s", strerror(errno));
+	struct pollfd pfd = { .fd = channel_fd, .events = POLLIN };
+	if (poll(&pfd, 1, POLL_TIMEOUT_SEC * 1000) != 1)
+		fail("no completion event on fd %d", channel_fd);
+	struct ibv_cq *ev_cq;
+	void *ev_ctx;
+	if (ibv_get_cq_event(channel, &ev_cq, &ev_ctx) || ev_cq != a.cq)
+		fail("get_cq_event returned another CQ");
+	ibv_ack_cq_events(ev_cq, 1);
+}
+
+int main(int argc, char **argv)
+{
+	const char *dev = argc > 1 ? argv[1] : "rxe0";
+	int rounds = argc > 2 ? atoi(argv[2]) : 6;
+	if (!ckpt_ib_checkpoint || !ckpt_ib_restart_local || !ckpt_ib_restart_connect)
+		fail("libckpt_ibverbs.so is not preloaded");
+	open_device(dev);
+	pd = ibv_alloc_pd(ctx);
+	channel = pd ? ibv_create_comp_channel(ctx) : NULL;
+	if (!channel)
+		fail("alloc_pd/create_comp_channel: %s", strerror(errno));
+	channel_fd = channel->fd;
+	make_side(&a, channel);
+	make_side(&b, NULL);
+	connect_to(&a, b.qp->qp_num);
+	connect_to(&b, a.qp->qp_num);
+	for (int round = 0; round < rounds; round++) {
+		while (recvs_posted < next_seq + RECVS_EARLY)
+			post_recv_b();
+		post_sends_a(round);
+		restart(round);
+		wait_all(round);
+	}
+	check_channel();
+	wait_all(rounds - 1);
+	reap(rounds - 1);
+	printf("rc_restart: ok rounds=%d messages=%" PRIu64 " restarts=%d\n", rounds, next_seq, restarts);
+	return 0;
+}
