@@ -140,6 +140,9 @@ struct Flat {
     done: u64,
     /// Offset of `parasite_trampoline` (`syscall`, then marker and rescue).
     trampoline: u64,
+    /// Offset of `parasite_call_return` (a called function's return value
+    /// into rdi, then marker and rescue).
+    call_return: u64,
     /// Offset of the `PARASITE_RESCUE_SP` static.
     rescue_sp: u64,
 }
@@ -154,6 +157,7 @@ impl Flat {
         writeln!(s, "pub const STACK_TOP: usize = {:#x};", self.stack_top).unwrap();
         writeln!(s, "pub const DONE: usize = {:#x};", self.done).unwrap();
         writeln!(s, "pub const TRAMPOLINE: usize = {:#x};", self.trampoline).unwrap();
+        writeln!(s, "pub const CALL_RETURN: usize = {:#x};", self.call_return).unwrap();
         writeln!(s, "pub const RESCUE_SP: usize = {:#x};", self.rescue_sp).unwrap();
         s.push_str("pub const RELOCS: &[u64] = &[");
         for r in &self.relocs {
@@ -282,9 +286,11 @@ fn flatten(bytes: &[u8]) -> Flat {
     let args_static = sym("PARASITE_ARGS");
     let done = sym("parasite_done").st_value;
     let trampoline = sym("parasite_trampoline").st_value;
+    let call_return = sym("parasite_call_return").st_value;
     let rescue_sp = sym("PARASITE_RESCUE_SP").st_value;
     if done >= file_size
         || trampoline >= file_size
+        || call_return >= file_size
         || rescue_sp % 8 != 0
         || rescue_sp + 8 > mem_size
     {
@@ -330,6 +336,7 @@ fn flatten(bytes: &[u8]) -> Flat {
         relocs,
         done,
         trampoline,
+        call_return,
         rescue_sp,
     }
 }

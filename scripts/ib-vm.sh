@@ -27,7 +27,9 @@ CACHE=${CKPT_IB_CACHE:-/var/cache/ckpt-ib}
 # each module's own `depends=` (the deb ships no modules.dep).
 # crc32_generic: rdma_rxe fails with "failed to init crc32 algorithm"
 # without a crc32 provider, and nothing depends on it by name.
-GUEST_MODULES=(virtio_pci 9pnet_virtio 9p veth crc32_generic ib_uverbs rdma_rxe)
+# unix_diag, inet_diag, tcp_diag: ckpt reads sockets through sock_diag when
+# it checkpoints a job in the guest.
+GUEST_MODULES=(virtio_pci 9pnet_virtio 9p veth crc32_generic ib_uverbs rdma_rxe unix_diag inet_diag tcp_diag)
 HARNESS_FAILURE=125
 
 die() {
@@ -112,7 +114,9 @@ setup() {
 	local kver dir deb moddir work
 	kver=$(pick_kernel)
 	dir=$CACHE/$kver
-	if [ -s "$dir/initrd.gz" ] && [ -s "$dir/vmlinuz" ]; then
+	# Rebuilt when the module list changed since.
+	if [ -s "$dir/initrd.gz" ] && [ -s "$dir/vmlinuz" ] &&
+		[ "$(cat "$dir/modules" 2>/dev/null)" = "${GUEST_MODULES[*]}" ]; then
 		echo "$kver" >"$CACHE/current"
 		echo "$dir"
 		return 0
@@ -183,6 +187,7 @@ EOF
 	(cd "$root" && find . | /bin/busybox cpio -o -H newc 2>/dev/null | gzip -1) >"$work/initrd.gz"
 	cp "$work/deb/boot/vmlinuz-$kver" "$dir/vmlinuz"
 	mv "$work/initrd.gz" "$dir/initrd.gz"
+	echo "${GUEST_MODULES[*]}" >"$dir/modules"
 	echo "$kver" >"$CACHE/current"
 	echo "$dir"
 }

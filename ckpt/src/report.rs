@@ -153,7 +153,9 @@ impl ErrorReport {
                 self.set(ErrorKind::TargetGone, Some(*pid))
             }
             DumpError::Permission { pid, .. } => self.set(ErrorKind::Permission, Some(*pid)),
-            DumpError::Unsupported { pid, .. } => self.set(ErrorKind::Unsupported, Some(*pid)),
+            DumpError::Unsupported { pid, .. } | DumpError::Ib { pid, .. } => {
+                self.set(ErrorKind::Unsupported, Some(*pid))
+            }
             DumpError::Blocked { blockers } => {
                 self.set(ErrorKind::Unsupported, None);
                 self.blockers = blockers.clone();
@@ -184,7 +186,9 @@ impl ErrorReport {
                 self.set(ErrorKind::Conflict, None);
                 self.path = Some(dir.display().to_string());
             }
-            RestoreError::Host { pid, .. } => self.set(ErrorKind::Conflict, Some(*pid)),
+            RestoreError::Host { pid, .. } | RestoreError::Ib { pid, .. } => {
+                self.set(ErrorKind::Conflict, Some(*pid))
+            }
             RestoreError::NetNamespace { path, .. } => {
                 self.set(ErrorKind::Usage, None);
                 self.path = Some(path.display().to_string());

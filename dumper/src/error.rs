@@ -82,6 +82,14 @@ pub enum DumpError {
         /// What the job did.
         how: &'static str,
     },
+    /// The process's InfiniBand verbs state could not be checkpointed.
+    #[error("pid {pid}: InfiniBand: {what}")]
+    Ib {
+        /// The pid.
+        pid: i32,
+        /// What went wrong.
+        what: String,
+    },
     /// Controlling the process failed.
     #[error(transparent)]
     Parasite(#[from] ParasiteError),

@@ -26,6 +26,7 @@ pub mod error;
 
 pub mod fd;
 pub mod features;
+mod ib;
 mod inherit;
 mod ipc;
 pub mod mm;
@@ -608,11 +609,24 @@ fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Coll
         log::debug!("pid {pid}: thread {}", t.pid());
     }
     let before = mode.before(pid);
+    // A pre-dump only copies memory ahead: the verbs state is drained by
+    // the dump that follows it.
+    let predumping = matches!(mode, Userfaults::Track(_));
+    let ib_layer = ib::find(pid)?.filter(|_| !predumping);
+    if let Some(l) = &ib_layer {
+        ib::quiesce(pid, &p.tasks, p.job_stop.is_some(), l)?;
+    }
+    let mut ib_state = None;
     let mut uffd = None;
     // The tracking fd kept in the process, and whether it is new.
     let mut kept: Option<(i32, bool)> = None;
     let mut with_parasite = |inf: &ckpt_parasite::Infection<'_>| -> Result<()> {
         use ckpt_parasite::uffd;
+        // First: the drain changes the process's memory, which everything
+        // after it saves.
+        if let Some(l) = &ib_layer {
+            ib_state = Some(ib::drain(inf, pid, l)?);
+        }
         match mode {
             Userfaults::Untouched => {}
             Userfaults::Background => uffd = Some(uffd::create_in(inf)?),
@@ -643,6 +657,7 @@ fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Coll
     let (misc, threads) = task::run_parasite(leader, &p.tasks[1..], &mut with_parasite)?;
     let mut core = task::collect(leader, &misc)?;
     core.job_stop = p.job_stop;
+    core.ib = ib_state;
     for (t, state) in p.tasks[1..].iter().zip(threads) {
         core.threads.push(task::collect_thread(t, pid, state)?);
     }

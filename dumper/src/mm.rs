@@ -111,7 +111,11 @@ pub fn collect_vmas(pid: i32) -> Result<Vec<Vma>> {
 pub fn collect_vmas_unflagged(pid: i32) -> Result<Vec<Vma>> {
     let text = procfile::read(pid, "maps")?;
     let entries = parse_smaps(pid, &text)?;
-    entries.iter().map(|e| classify(pid, e)).collect()
+    entries
+        .iter()
+        .filter(|e| !crate::ib::is_device_mapping(&e.path))
+        .map(|e| classify(pid, e))
+        .collect()
 }
 
 /// One mapping's `VmFlags` from smaps.
@@ -126,6 +130,7 @@ pub fn read_vm_flags(pid: i32) -> Result<Vec<VmFlagsOf>> {
     let text = procfile::read(pid, "smaps")?;
     Ok(parse_smaps(pid, &text)?
         .into_iter()
+        .filter(|e| !crate::ib::is_device_mapping(&e.path))
         .map(|e| VmFlagsOf {
             start: e.start,
             end: e.end,

@@ -137,6 +137,7 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
     let stat = procfile::stat_fields(pid)?;
 
     Ok(Core {
+        ib: None,
         pid,
         comm: procfile::read(pid, "comm")?
             .trim_end_matches('\n')

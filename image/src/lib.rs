@@ -52,6 +52,7 @@ pub mod dir;
 pub mod error;
 pub mod fd;
 pub mod header;
+pub mod ib;
 pub mod ipc;
 pub mod manifest;
 pub mod mm;

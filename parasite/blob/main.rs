@@ -59,6 +59,9 @@ static mut PARASITE_RESCUE_SP: u64 = 0;
 ///   marker): `rt_sigreturn` to the task's original state.
 /// * `parasite_trampoline`: `syscall`, then the marker and the rescue, so a
 ///   task left at a remote syscall's exit by a dead dumper also goes home.
+/// * `parasite_call_return`: where a function of the task's own that the
+///   host calls returns to: its result into rdi (the marker overwrites
+///   rax), then the marker and the rescue.
 #[unsafe(no_mangle)]
 #[unsafe(naked)]
 #[unsafe(link_section = ".text.entry")]
@@ -82,6 +85,10 @@ pub extern "C" fn parasite_entry() -> ! {
         ".globl parasite_trampoline",
         "parasite_trampoline:",
         "syscall",
+        "jmp 2b",
+        ".globl parasite_call_return",
+        "parasite_call_return:",
+        "mov rdi, rax",
         "jmp 2b",
         main = sym parasite_main,
         rescue_sp = sym PARASITE_RESCUE_SP,

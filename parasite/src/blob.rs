@@ -46,6 +46,9 @@ pub struct BlobImage {
     /// Offset of `syscall` followed by the marker and the rescue path: where
     /// remote syscalls run once the blob is loaded.
     pub trampoline: usize,
+    /// Offset of the return address for a function of the task's own the
+    /// host calls ([`crate::Infection::call_function`]).
+    pub call_return: usize,
     /// Offset of the 8-byte rescue stack pointer the host must fill in.
     pub rescue_sp: usize,
 }
@@ -60,6 +63,7 @@ pub const BLOB: BlobImage = BlobImage {
     relocs: meta::RELOCS,
     done: meta::DONE,
     trampoline: meta::TRAMPOLINE,
+    call_return: meta::CALL_RETURN,
     rescue_sp: meta::RESCUE_SP,
 };
 

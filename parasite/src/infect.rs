@@ -424,6 +424,44 @@ impl Infection<'_> {
         Ok(Box::new(args))
     }
 
+    /// Calls a function of the task's own code at `addr` with up to six
+    /// integer arguments, on the task's thread (its TLS) with every signal
+    /// blocked, on the stack whose top is `stack_top` (16-byte aligned,
+    /// mapped by the caller: compiled code needs more than the blob's).
+    /// It returns into the blob's call-return stub, so if ckpt dies
+    /// meanwhile the function still finishes and the rescue path puts the
+    /// task back where it was. Returns the function's `rax`.
+    pub fn call_function(
+        &self,
+        what: &'static str,
+        addr: u64,
+        args: [u64; 6],
+        stack_top: u64,
+    ) -> Result<u64> {
+        self.unpark()?;
+        let t = self.tracee;
+        let ret_addr = self.base + BLOB.call_return as u64;
+        // The ABI's entry state: rsp + 8 is 16-byte aligned, the return
+        // address at rsp.
+        let sp = (stack_top & !15) - 8;
+        t.write_mem(sp, &ret_addr.to_le_bytes())?;
+        let mut r = self.saved_regs;
+        r.rip = addr;
+        r.rsp = sp;
+        r.rdi = args[0];
+        r.rsi = args[1];
+        r.rdx = args[2];
+        r.rcx = args[3];
+        r.r8 = args[4];
+        r.r9 = args[5];
+        r.rax = 0;
+        r.orig_rax = u64::MAX;
+        r.eflags &= !EFLAGS_DF;
+        t.set_regs(&r)?;
+        t.run_until_syscall_entry(self.base + BLOB.done as u64, MARKER_NR, what)?;
+        Ok(t.regs()?.rdi)
+    }
+
     /// Unmaps the parasite and puts registers, xstate and signal mask back.
     pub fn cure(mut self) -> Result<()> {
         self.cured = true;
@@ -497,7 +535,9 @@ pub fn restart_regs(regs: &Regs, same_process: bool) -> Regs {
 }
 
 /// Start of the first executable mapping other than the vsyscall page.
-fn first_exec_addr(pid: i32) -> Result<u64> {
+/// The start of the task's first executable mapping (where bootstrap
+/// code is poked for a moment).
+pub fn first_exec_addr(pid: i32) -> Result<u64> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|source| {
         ParasiteError::Mem {
             pid,

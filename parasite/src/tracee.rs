@@ -65,17 +65,25 @@ impl Tracee {
             attached: true,
             options: std::sync::atomic::AtomicI32::new(SEIZED_OPTIONS),
         };
+        t.interrupt_and_wait()?;
+        t.mem = open_mem(pid)?;
+        Ok(t)
+    }
+
+    /// Stops the task with `PTRACE_INTERRUPT`; a signal that arrived
+    /// before the interrupt is delivered exactly as it would have been,
+    /// then the stop is taken.
+    fn interrupt_and_wait(&self) -> Result<()> {
+        let (p, pid) = (self.pid, self.pid());
         ptrace::interrupt(p).map_err(|source| ParasiteError::Ptrace {
             pid,
             op: "interrupt",
             source,
         })?;
         loop {
-            // A signal that arrived before our interrupt is delivered
-            // exactly as it would have been, then the stop is taken.
-            let deliver = match t.wait_any("freezing")? {
+            let deliver = match self.wait_any("freezing")? {
                 sys::Waited::Status(WaitStatus::PtraceEvent(_, _, libc::PTRACE_EVENT_STOP)) => {
-                    break;
+                    return Ok(());
                 }
                 sys::Waited::Status(WaitStatus::Stopped(_, sig)) => sig as i32,
                 sys::Waited::RtSignalStop(sig) => sig,
@@ -93,8 +101,17 @@ impl Tracee {
                 source,
             })?;
         }
-        t.mem = open_mem(pid)?;
-        Ok(t)
+    }
+
+    /// Lets a frozen task run on (from its interrupt stop) until
+    /// [`Tracee::stop_again`]; it stays traced.
+    pub fn let_run(&self) -> Result<()> {
+        ptrace::cont(self.pid, None).map_err(self.ptrace_err("cont"))
+    }
+
+    /// Freezes a task [`Tracee::let_run`] let go, as [`Tracee::seize`] does.
+    pub fn stop_again(&self) -> Result<()> {
+        self.interrupt_and_wait()
     }
 
     /// Takes control of a child that called `PTRACE_TRACEME` and stopped
@@ -389,6 +406,47 @@ impl Tracee {
             });
         }
         Ok(after.rax as i64)
+    }
+
+    /// Calls the function at `addr` of the task's own code with up to six
+    /// integer arguments, on the stack whose top is `stack_top`, returning
+    /// to `trap`, an `int3` of ckpt's; the task runs until it gets there
+    /// (its syscalls go through). Registers are left modified: the caller
+    /// saves and restores them. Returns the function's `rax`.
+    pub fn call_function_at(
+        &self,
+        what: &'static str,
+        addr: u64,
+        args: [u64; 6],
+        stack_top: u64,
+        trap: u64,
+    ) -> Result<u64> {
+        let mut r = self.regs()?;
+        let sp = (stack_top & !15) - 8;
+        self.write_mem(sp, &trap.to_le_bytes())?;
+        r.rip = addr;
+        r.rsp = sp;
+        r.rdi = args[0];
+        r.rsi = args[1];
+        r.rdx = args[2];
+        r.rcx = args[3];
+        r.r8 = args[4];
+        r.r9 = args[5];
+        r.rax = 0;
+        r.orig_rax = u64::MAX;
+        // The direction flag must be clear on entry to compiled code.
+        r.eflags &= !(1 << 10);
+        self.set_regs(&r)?;
+        self.run_until_trap(what)?;
+        let after = self.regs()?;
+        if after.rip != trap + 1 {
+            return Err(ParasiteError::UnexpectedStop {
+                pid: self.pid(),
+                what,
+                status: format!("trap at {:#x}, expected {:#x}", after.rip, trap + 1),
+            });
+        }
+        Ok(after.rax)
     }
 
     /// Like [`Tracee::syscall_at`], checking the result; `name` is for errors.

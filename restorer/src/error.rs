@@ -45,6 +45,14 @@ pub enum RestoreError {
         /// Why.
         what: String,
     },
+    /// The process's verbs layer could not recreate its InfiniBand state.
+    #[error("pid {pid}: InfiniBand restart: {what}")]
+    Ib {
+        /// The pid being restored.
+        pid: i32,
+        /// What went wrong.
+        what: String,
+    },
     /// This kernel or address space cannot host the process as dumped.
     #[error("pid {pid}: cannot restore here: {what}")]
     Host {

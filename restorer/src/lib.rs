@@ -26,6 +26,7 @@ pub mod error;
 
 mod creds;
 mod fd;
+mod ib;
 mod inherit;
 mod ipc;
 pub mod lazy;
@@ -761,6 +762,10 @@ fn build_tree(
         );
     }
     fds.state::<shmem::Objects>().seal_all()?;
+    // Every process is whole (memory, fds, final credentials) and still
+    // stopped: the verbs layers recreate their resources now, all of
+    // them before any connects.
+    ib::restart(&tracees, procs)?;
     Ok((tracees, session))
 }
 

@@ -1,8 +1,9 @@
-//! `ckpt run [--pidns] [--utsns] [--ipcns] [--timens] -- CMD ARGS...`:
+//! `ckpt run [--pidns] [--utsns] [--ipcns] [--timens] [--ib] -- CMD ARGS...`:
 //! the command runs in new namespaces of those kinds; with --pidns as PID
 //! 2 of a new PID namespace under ckpt's init (PID 1), see
 //! `ckpt_restorer::run`; without, ckpt execs it (same pid) once the
-//! namespaces are made.
+//! namespaces are made. With --ib the job runs with the verbs layer
+//! preloaded, so its InfiniBand state can be checkpointed.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -42,6 +43,12 @@ pub struct RunArgs {
         allow_negative_numbers = true
     )]
     clock_offset: Option<i64>,
+    /// Run the job with the InfiniBand verbs layer (libckpt_ibverbs.so,
+    /// from $CKPT_IB_LAYER or beside the ckpt executable) in LD_PRELOAD, so
+    /// its verbs resources can be checkpointed and recreated at restart.
+    /// A batch script can set LD_PRELOAD to the same file itself.
+    #[arg(long)]
+    ib: bool,
     /// Write the host pid of the namespace's init (the pid to dump) to
     /// this file once it runs.
     #[arg(long, value_name = "PATH")]
@@ -49,6 +56,9 @@ pub struct RunArgs {
     /// Internal: this process is the namespace's init.
     #[arg(long, hide = true)]
     pidns_init: bool,
+    /// Internal: the init's command runs with this LD_PRELOAD (--ib).
+    #[arg(long, hide = true, value_name = "LIST")]
+    preload: Option<OsString>,
     /// The command and its arguments.
     #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -58,7 +68,12 @@ pub struct RunArgs {
 /// signal killed it).
 pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     if a.pidns_init {
-        let code = ckpt_restorer::run::init(&a.command).with_context(|| {
+        let env: Vec<(OsString, OsString)> = a
+            .preload
+            .iter()
+            .map(|p| ("LD_PRELOAD".into(), p.clone()))
+            .collect();
+        let code = ckpt_restorer::run::init(&a.command, &env).with_context(|| {
             format!(
                 "pid namespace init: starting {}",
                 a.command[0].to_string_lossy()
@@ -71,15 +86,30 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
         ipc: a.ipcns,
         time: a.timens.then_some(a.clock_offset.unwrap_or(0)),
     };
-    if !a.pidns && !ns.any() {
-        anyhow::bail!("ckpt run needs at least one of --pidns, --utsns, --ipcns, --timens");
+    if !a.pidns && !ns.any() && !a.ib {
+        anyhow::bail!("ckpt run needs at least one of --pidns, --utsns, --ipcns, --timens, --ib");
     }
     let me = std::env::current_exe().context("finding the ckpt executable")?;
+    let preload = if a.ib {
+        let mut list = ib_layer(&me)?.into_os_string();
+        if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+            list.push(":");
+            list.push(old);
+        }
+        Some(list)
+    } else {
+        None
+    };
     if !a.pidns {
         ckpt_restorer::run::enter_namespaces(ns).context("creating the job's namespaces")?;
-        return exec_in_place(&a);
+        return exec_in_place(&a, preload);
     }
-    let mut args: Vec<OsString> = vec!["run".into(), "--pidns-init".into(), "--".into()];
+    let mut args: Vec<OsString> = vec!["run".into(), "--pidns-init".into()];
+    if let Some(p) = preload {
+        args.push("--preload".into());
+        args.push(p);
+    }
+    args.push("--".into());
     args.extend(a.command.iter().cloned());
     let mut init = ckpt_restorer::run::spawn_init(&me, &args, ns)
         .context("starting the init of a new PID namespace")?;
@@ -96,15 +126,44 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(ckpt_restorer::run::exit_code(status) as u8))
 }
 
+/// The verbs layer's file: $CKPT_IB_LAYER, else libckpt_ibverbs.so beside
+/// the ckpt executable (where cargo builds both), else in ../lib/ckpt.
+fn ib_layer(me: &std::path::Path) -> anyhow::Result<PathBuf> {
+    const FILE: &str = "libckpt_ibverbs.so";
+    let candidates: Vec<PathBuf> = match std::env::var_os("CKPT_IB_LAYER") {
+        Some(p) => vec![PathBuf::from(p)],
+        None => {
+            let dir = me.parent().unwrap_or(std::path::Path::new("/"));
+            vec![dir.join(FILE), dir.join("../lib/ckpt").join(FILE)]
+        }
+    };
+    for c in &candidates {
+        if c.is_file() {
+            return std::fs::canonicalize(c).with_context(|| format!("{}", c.display()));
+        }
+    }
+    anyhow::bail!(
+        "--ib: the verbs layer is not at {} (build it with `cargo build -p ckpt-ib-shadow`, or set CKPT_IB_LAYER)",
+        candidates
+            .iter()
+            .map(|c| c.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" or ")
+    )
+}
+
 /// Without --pidns: the command replaces ckpt (same pid, the one to dump)
 /// in the namespaces just made; a time namespace takes effect at the exec.
-fn exec_in_place(a: &RunArgs) -> anyhow::Result<ExitCode> {
+fn exec_in_place(a: &RunArgs, preload: Option<OsString>) -> anyhow::Result<ExitCode> {
     use std::os::unix::process::CommandExt;
     if let Some(path) = &a.pidfile {
         super::restore::write_pidfile(path, std::process::id() as i32)?;
     }
-    let err = std::process::Command::new(&a.command[0])
-        .args(&a.command[1..])
-        .exec();
+    let mut cmd = std::process::Command::new(&a.command[0]);
+    cmd.args(&a.command[1..]);
+    if let Some(p) = preload {
+        cmd.env("LD_PRELOAD", p);
+    }
+    let err = cmd.exec();
     Err(err).with_context(|| format!("executing {}", a.command[0].to_string_lossy()))
 }

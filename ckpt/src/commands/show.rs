@@ -636,6 +636,7 @@ fn describe(f: &File) -> String {
         Some(Kind::Pidfd(p)) => format!("pidfd of pid {}", p.pid),
         Some(Kind::Memfd(m)) => format!("memfd, shared memory object {}", m.shmem_id),
         Some(Kind::Unix(u)) => describe_unix(u),
+        Some(Kind::Ib(i)) => format!("verbs {} (recreated by the verbs layer)", i.path),
         None => String::new(),
     }
 }

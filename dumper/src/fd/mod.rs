@@ -11,6 +11,7 @@ mod epoll;
 mod eventfd;
 mod external;
 mod fifo;
+mod ib;
 pub(crate) mod inet;
 mod inotify;
 mod lock;
@@ -40,6 +41,8 @@ use crate::sys;
 static KINDS: &[&dyn FileDumper] = &[
     // First: the user's word that an fd is external beats its kind.
     &external::External,
+    // Before dev: a verbs device is a character device too.
+    &ib::Ib,
     &reg::Reg,
     &dev::Dev,
     &tty::Tty,

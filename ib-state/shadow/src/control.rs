@@ -57,6 +57,7 @@ pub unsafe extern "C" fn ckpt_ib_checkpoint(
 /// resources (the drained completions are returned first).
 #[unsafe(no_mangle)]
 pub extern "C" fn ckpt_ib_resume() -> c_int {
+    crate::open_gate();
     0
 }
 
@@ -73,6 +74,8 @@ pub unsafe extern "C" fn ckpt_ib_restart_local(
     blob: *mut *const u8,
     len: *mut usize,
 ) -> c_int {
+    // The gate was closed at the checkpoint and saved so.
+    crate::CKPT_IB_GATE.store(0, std::sync::atomic::Ordering::SeqCst);
     report(
         restart::restart_local(flags & CKPT_IB_RETIRE_OLD != 0).map(|b| {
             let mut keep = BLOB.lock().unwrap_or_else(|e| e.into_inner());
@@ -95,7 +98,10 @@ pub unsafe extern "C" fn ckpt_ib_restart_connect(blobs: *const u8, len: usize) -
     }
     // SAFETY: the caller's buffer of `len` bytes.
     let all = unsafe { std::slice::from_raw_parts(blobs, len) };
-    report(restart::restart_connect(all))
+    let r = report(restart::restart_connect(all));
+    // Threads that waited at the gate since the checkpoint go on now.
+    crate::open_gate();
+    r
 }
 
 /// The reason of the last failed `ckpt_ib_*` call (empty if none).

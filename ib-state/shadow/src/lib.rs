@@ -30,12 +30,30 @@ pub mod ring;
 pub mod verbs;
 
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 /// Threads currently inside a verb of this layer. A checkpoint only
 /// proceeds when it is zero, so no lock of the layer is held by a frozen
-/// thread and no request is half-recorded.
-pub static IN_VERBS: AtomicUsize = AtomicUsize::new(0);
+/// thread and no request is half-recorded. Exported: the dumper reads it
+/// in the process's memory.
+#[unsafe(no_mangle)]
+pub static CKPT_IB_IN_VERBS: AtomicUsize = AtomicUsize::new(0);
+
+/// Closed (non-zero) by the dumper while it waits for the threads inside
+/// a verb to come out: a thread entering a verb waits at the gate instead,
+/// in a futex wait the freeze can stop cleanly. The layer clears it when a
+/// checkpoint resumes or a restart begins.
+#[unsafe(no_mangle)]
+pub static CKPT_IB_GATE: AtomicU32 = AtomicU32::new(0);
+
+/// How long a thread waits at a closed gate before it goes through anyway:
+/// if ckpt died while the gate was closed, the job goes on by itself.
+const GATE_MAX_WAIT: Duration = Duration::from_secs(30);
+/// One futex wait at the gate (the gate is re-checked after each).
+const GATE_POLL: Duration = Duration::from_millis(10);
+
+pub use CKPT_IB_IN_VERBS as IN_VERBS;
 
 /// Marks the calling thread as inside a verb for its lifetime.
 pub struct Entry(());
@@ -43,9 +61,57 @@ pub struct Entry(());
 impl Entry {
     #[allow(clippy::new_without_default)]
     pub fn new() -> Entry {
-        IN_VERBS.fetch_add(1, Ordering::SeqCst);
-        Entry(())
+        let mut since: Option<Instant> = None;
+        loop {
+            if CKPT_IB_GATE.load(Ordering::SeqCst) == 0
+                || since.is_some_and(|t| t.elapsed() >= GATE_MAX_WAIT)
+            {
+                IN_VERBS.fetch_add(1, Ordering::SeqCst);
+                // Re-checked after counting in: the dumper closes the gate,
+                // then reads the count; one of the two sees the other.
+                if CKPT_IB_GATE.load(Ordering::SeqCst) == 0
+                    || since.is_some_and(|t| t.elapsed() >= GATE_MAX_WAIT)
+                {
+                    return Entry(());
+                }
+                IN_VERBS.fetch_sub(1, Ordering::SeqCst);
+            }
+            since.get_or_insert_with(Instant::now);
+            wait_at_gate();
+        }
     }
+}
+
+fn wait_at_gate() {
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: GATE_POLL.as_nanos() as libc::c_long,
+    };
+    // SAFETY: a futex wait on the gate's word with a relative timeout; the
+    // kernel only reads the word.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            CKPT_IB_GATE.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            1u32,
+            &ts,
+        )
+    };
+}
+
+/// Opens the gate and wakes every thread waiting at it.
+pub fn open_gate() {
+    CKPT_IB_GATE.store(0, Ordering::SeqCst);
+    // SAFETY: a futex wake on the gate's word.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            CKPT_IB_GATE.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+        )
+    };
 }
 
 impl Drop for Entry {

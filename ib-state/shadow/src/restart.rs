@@ -334,7 +334,15 @@ struct FdMove {
 /// (above every number in use), then each onto its number, so one move
 /// never closes another's descriptor.
 fn place_fds(moves: &[FdMove]) -> Result<(), Failure> {
-    const OUT_OF_THE_WAY: c_int = 1024;
+    // Above every number involved (a fixed high one could be beyond
+    // RLIMIT_NOFILE).
+    // SAFETY: `field` points into a live real object of this restart.
+    let out_of_the_way = moves
+        .iter()
+        .map(|m| m.want.max(unsafe { *m.field }))
+        .max()
+        .unwrap_or(0)
+        + 1;
     let mut parked = Vec::new();
     for m in moves {
         // SAFETY: `field` points into a live real object of this restart.
@@ -343,7 +351,7 @@ fn place_fds(moves: &[FdMove]) -> Result<(), Failure> {
             continue;
         }
         // SAFETY: plain descriptor calls on descriptors we own.
-        let t = unsafe { libc::fcntl(cur, libc::F_DUPFD_CLOEXEC, OUT_OF_THE_WAY) };
+        let t = unsafe { libc::fcntl(cur, libc::F_DUPFD_CLOEXEC, out_of_the_way) };
         if t < 0 {
             return Err(fail(-errno(), format!("fd {cur}: F_DUPFD")));
         }

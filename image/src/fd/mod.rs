@@ -23,6 +23,7 @@ pub mod epoll;
 pub mod eventfd;
 pub mod external;
 pub mod fifo;
+pub mod ib;
 pub mod inet;
 pub mod inotify;
 pub mod lock;
@@ -58,6 +59,7 @@ impl File {
             Some(file::Kind::Pidfd(_)) => "pidfd",
             Some(file::Kind::Memfd(_)) => "memfd",
             Some(file::Kind::Unix(_)) => "unix",
+            Some(file::Kind::Ib(_)) => "ib",
             None => "unknown",
         }
     }

@@ -14,6 +14,7 @@ mod epoll;
 mod eventfd;
 mod external;
 mod fifo;
+mod ib;
 pub mod identity;
 mod inet;
 pub use inet::{AddressConflict, AddressMap, OutsidePeers, node_addresses};
@@ -95,6 +96,7 @@ fn install_file(
             install(&unix::UnixConnect, cx, r, file, image, fd, pass)
         }
         Some(Kind::Unix(image)) => install(&unix::Unix, cx, r, file, image, fd, pass),
+        Some(Kind::Ib(image)) => install(&ib::Ib, cx, r, file, image, fd, pass),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
 }

@@ -140,7 +140,9 @@ pub fn exit_code(status: std::process::ExitStatus) -> i32 {
 /// namespace, and returns the command's exit code (128 + signal if a
 /// signal killed it) once it ends. The caller exits with it, which ends
 /// the namespace.
-pub fn init(command: &[OsString]) -> io::Result<i32> {
+/// `env` is set for the command only (the verbs layer's LD_PRELOAD of
+/// `ckpt run --ib`, which has no business in the init itself).
+pub fn init(command: &[OsString], env: &[(OsString, OsString)]) -> io::Result<i32> {
     let Some((program, args)) = command.split_first() else {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -154,6 +156,7 @@ pub fn init(command: &[OsString]) -> io::Result<i32> {
     sys::mask_signals(&FORWARDED, true)?;
     let mut cmd = Command::new(program);
     cmd.args(args);
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
     // SAFETY: the hook runs between fork and exec and only calls
     // pthread_sigmask, which is async-signal-safe.
     unsafe {

@@ -35,7 +35,7 @@
 #define BUF_BYTES 4096
 #define PORT_NUM 1
 #define CQ_DEPTH 16
-#define POLL_TIMEOUT_SEC 10
+#define POLL_TIMEOUT_SEC 60
 #define WR_ID_SEND 1
 #define WR_ID_RECV 2
 #define FNV_OFFSET 0xcbf29ce484222325ULL
