@@ -51,6 +51,8 @@ install_packages() {
 	command -v ibv_devices >/dev/null 2>&1 || need+=(rdma-core ibverbs-utils)
 	[ -e /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
 	[ -e /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so ] || need+=(ibverbs-providers)
+	# Debian's 6.12 modules are .ko.xz, decompressed into the initramfs.
+	command -v xz >/dev/null 2>&1 || need+=(xz-utils)
 	if [ ${#need[@]} -gt 0 ]; then
 		[ "$(id -u)" = 0 ] || die "missing packages (${need[*]}) and not root to install them"
 		export DEBIAN_FRONTEND=noninteractive

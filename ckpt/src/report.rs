@@ -184,7 +184,9 @@ impl ErrorReport {
                 self.set(ErrorKind::Conflict, None);
                 self.path = Some(dir.display().to_string());
             }
-            RestoreError::Host { pid, .. } => self.set(ErrorKind::Conflict, Some(*pid)),
+            RestoreError::Host { pid, .. } | RestoreError::Vdso { pid, .. } => {
+                self.set(ErrorKind::Conflict, Some(*pid))
+            }
             RestoreError::NetNamespace { path, .. } => {
                 self.set(ErrorKind::Usage, None);
                 self.path = Some(path.display().to_string());
