@@ -11,6 +11,9 @@
  * CLOCK_MONOTONIC itself is not compared across the restore: another
  * machine's boot started at another time.
  *
+ * A child forked before ready runs the same checks and reports by its exit
+ * status, so the restore is of a two-process tree.
+ *
  * It also writes WORKDIR/vdso: "ehdr=ADDR named=N", N being 1 when the
  * vDSO image glibc uses (AT_SYSINFO_EHDR) is the kernel's [vdso] mapping,
  * 0 when it is something else (the proxy: an anonymous mapping holding the
@@ -92,22 +95,15 @@ static int64_t round_of_calls(int64_t *prev_mono)
 	return *prev_mono;
 }
 
-int main(int argc, char **argv)
+static struct timespec ready_real;
+
+/* After go: every call many times, the wall clock went on, time passes. */
+static void check_after_go(void)
 {
-	struct timespec ready_real, real, nap = { 0, 50 * 1000 * 1000 };
+	struct timespec real, nap = { 0, 50 * 1000 * 1000 };
 	int64_t mono = 0, before, after, real_before;
-	unsigned long ehdr;
-	char line[96];
 	int i;
 
-	victim_init(argc, argv);
-	for (i = 0; i < 100; i++)
-		round_of_calls(&mono);
-	clock_gettime(CLOCK_REALTIME, &ready_real);
-	victim_ready_and_wait(NULL);
-
-	/* Restored: every call again, many times. */
-	mono = 0;
 	for (i = 0; i < 1000; i++)
 		round_of_calls(&mono);
 	clock_gettime(CLOCK_REALTIME, &real);
@@ -118,7 +114,6 @@ int main(int argc, char **argv)
 	      "the wall clock jumped an hour over the restore: %ld after %ld", (long)real.tv_sec,
 	      (long)ready_real.tv_sec);
 
-	/* Time goes on at the right pace. */
 	before = round_of_calls(&mono);
 	clock_gettime(CLOCK_REALTIME, &real);
 	real_before = ns_of(&real);
@@ -131,6 +126,36 @@ int main(int argc, char **argv)
 		      ns_of(&real) - real_before < 10000000000LL,
 	      "a 50 ms sleep took %lld ns of CLOCK_REALTIME",
 	      (long long)(ns_of(&real) - real_before));
+}
+
+int main(int argc, char **argv)
+{
+	int64_t mono = 0;
+	unsigned long ehdr;
+	char line[96];
+	pid_t child;
+	int i, status;
+
+	victim_init(argc, argv);
+	for (i = 0; i < 100; i++)
+		round_of_calls(&mono);
+	clock_gettime(CLOCK_REALTIME, &ready_real);
+	/* A child does the same, so the restore is of a tree: each process
+	 * gets its own proxy. */
+	child = fork();
+	if (child < 0)
+		die("fork");
+	if (child == 0) {
+		victim_child_wait_go(90);
+		check_after_go();
+		_exit(victim_failures ? 1 : 0);
+	}
+	victim_ready_and_wait(NULL);
+
+	check_after_go();
+	CHECK(waitpid(child, &status, 0) == child, "waitpid: %s", strerror(errno));
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	      "the child failed its clock checks (status %#x)", status);
 
 	ehdr = getauxval(AT_SYSINFO_EHDR);
 	snprintf(line, sizeof(line), "ehdr=%lx named=%d\n", ehdr, ehdr ? is_named_vdso(ehdr) : -1);
