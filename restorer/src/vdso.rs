@@ -418,6 +418,47 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_inside_the_old_code_is_refused() {
+        use ckpt_image::task::{GpRegs, ThreadCore};
+        let (start, end) = (0x7fff_0000_0000u64, 0x7fff_0000_2000u64);
+        let redirects = [Redirect {
+            name: "__vdso_time".into(),
+            offset: 0xac0,
+            target: 0x7f00_0000_0ac0,
+        }];
+        let regs = |rip: u64, orig_rax: u64| GpRegs {
+            rip,
+            orig_rax,
+            ..Default::default()
+        };
+        let no_syscall = u64::MAX;
+        let core = |thread: GpRegs| Core {
+            pid: 100,
+            regs: Some(regs(0x5555_0000_1000, no_syscall)),
+            threads: vec![ThreadCore {
+                tid: 101,
+                regs: Some(thread),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let check = |thread| check_threads(&core(thread), start, end, &redirects);
+        // Outside, at an entry (it takes the jump), in a system call the
+        // old code made (its fallback path only returns): fine.
+        assert_eq!(check(regs(0x5555_0000_2000, no_syscall)), Ok(()));
+        assert_eq!(check(regs(start + 0xac0, no_syscall)), Ok(()));
+        assert_eq!(check(regs(start + 0xb10, 228)), Ok(()));
+        // Past an entry, outside a system call: refused, naming the thread.
+        assert_eq!(
+            check(regs(start + 0xad0, no_syscall)),
+            Err(VdsoError::ThreadInside {
+                tid: 101,
+                rip: start + 0xad0
+            })
+        );
+    }
+
+    #[test]
     fn jumps_decode_back() {
         for t in [0, 1, 0x7fff_ffff_f000, u64::MAX] {
             assert_eq!(jump_target(&jump(t)), Some(t));
