@@ -2,10 +2,13 @@
 # SoftRoCE VM harness: real InfiniBand verbs (rdma_rxe) on a machine whose
 # own kernel has no RDMA.
 #
-#   scripts/ib-vm.sh setup
+#   scripts/ib-vm.sh setup [--kernel SERIES]
 #       Install the host packages, fetch Debian's 6.1 kernel (CONFIG_RDMA_RXE=m)
-#       and build an initramfs for it, once per kernel version.
-#   scripts/ib-vm.sh run [--timeout S] [--scratch DIR] -- CMD ARGS...
+#       and build an initramfs for it, once per kernel version. With
+#       --kernel SERIES (such as 6.12): the newest Debian kernel of that
+#       series instead (tests/vdso_proxy.rs restores on 6.12 what 6.1
+#       dumped); the default kernel stays what it was.
+#   scripts/ib-vm.sh run [--kernel SERIES] [--timeout S] [--scratch DIR] -- CMD ARGS...
 #       Boot the kernel under QEMU (TCG), create rxe0 on a veth, run CMD
 #       chrooted into the host's / (read-only over 9p), power off, print CMD's
 #       output and exit with its status.
@@ -18,8 +21,11 @@
 # read-only. Exit status 124 means the VM timed out, 125 a harness failure.
 #
 # Environment: CKPT_IB_CACHE (default /var/cache/ckpt-ib), CKPT_IB_KERNEL
-# (a Debian kernel ABI such as 6.1.0-56-amd64; default: the one already
-# built, else the newest the archive offers).
+# (a Debian kernel ABI such as 6.1.0-56-amd64 or 6.12.117+deb12-amd64;
+# default: the one already built, else the newest 6.1 the archive offers).
+# Only the default choice is recorded in $CKPT_IB_CACHE/current, which every
+# run without --kernel or CKPT_IB_KERNEL boots: a kernel asked for by name or
+# series never becomes the others' default.
 set -euo pipefail
 
 CACHE=${CKPT_IB_CACHE:-/var/cache/ckpt-ib}
@@ -47,6 +53,8 @@ install_packages() {
 	command -v ibv_devices >/dev/null 2>&1 || need+=(rdma-core ibverbs-utils)
 	[ -e /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
 	[ -e /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so ] || need+=(ibverbs-providers)
+	# Debian's 6.12 modules are .ko.xz, decompressed into the initramfs.
+	command -v xz >/dev/null 2>&1 || need+=(xz-utils)
 	if [ ${#need[@]} -gt 0 ]; then
 		[ "$(id -u)" = 0 ] || die "missing packages (${need[*]}) and not root to install them"
 		export DEBIAN_FRONTEND=noninteractive
@@ -61,28 +69,61 @@ install_packages() {
 		die "/bin/busybox is not static (install busybox-static)"
 }
 
+# The newest Debian kernel ABI of a series (6.1: 6.1.0-N-amd64; 6.12 and
+# later: 6.12.N+debM-amd64; never -cloud or -rt), from the apt sources.
+newest_of_series() {
+	local series=${1//./\\.} k
+	local re="^linux-image-${series}(\\.0-[0-9]+|\\.[0-9]+\\+deb[0-9]+)-amd64\$"
+	k=$(apt-cache search --names-only "$re" | awk '{print $1}' | sed 's/^linux-image-//' | sort -V | tail -n1)
+	[ -n "$k" ] || { apt-get update -qq >&2 &&
+		k=$(apt-cache search --names-only "$re" | awk '{print $1}' | sed 's/^linux-image-//' | sort -V | tail -n1); }
+	[ -n "$k" ] || die "no linux-image-$1 kernel (amd64) in the apt sources"
+	echo "$k"
+}
+
+# Prints the kernel ABI to use and whether it is the default choice
+# ("ABI default") or one asked for ("ABI named"). A series' pick is
+# remembered in $CACHE/series-SERIES, so a later archive update does not
+# make every run fetch a new kernel.
 pick_kernel() {
+	local series=$1
 	if [ -n "${CKPT_IB_KERNEL:-}" ]; then
-		echo "$CKPT_IB_KERNEL"
-	elif [ -s "$CACHE/current" ]; then
-		cat "$CACHE/current"
-	else
+		echo "$CKPT_IB_KERNEL named"
+	elif [ -n "$series" ]; then
+		case $series in *[!0-9.]* | '') die "bad kernel series '$series' (such as 6.12)" ;; esac
 		local k
-		k=$(apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64$' |
-			awk '{print $1}' | sed 's/^linux-image-//' | sort -V | tail -n1)
-		[ -n "$k" ] || { apt-get update -qq >&2 && k=$(apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64$' |
-			awk '{print $1}' | sed 's/^linux-image-//' | sort -V | tail -n1); }
-		[ -n "$k" ] || die "no linux-image-6.1.0-*-amd64 in the apt sources"
-		echo "$k"
+		if [ -s "$CACHE/series-$series" ] && [ -s "$CACHE/$(cat "$CACHE/series-$series")/initrd.gz" ]; then
+			k=$(cat "$CACHE/series-$series")
+		else
+			k=$(newest_of_series "$series")
+		fi
+		echo "$k named"
+	elif [ -s "$CACHE/current" ]; then
+		echo "$(cat "$CACHE/current") default"
+	else
+		echo "$(newest_of_series 6.1) default"
 	fi
 }
 
-# Path of a module under the unpacked tree, by name (- and _ are the same).
+# Path of a module under the unpacked tree, by name (- and _ are the same),
+# plain or compressed (Debian's 6.12 ships .ko.xz).
 module_path() {
-	local name=${1//-/_} moddir=$2 f
-	f=$(find "$moddir/kernel" -name "$name.ko" -print -quit)
-	[ -n "$f" ] || f=$(find "$moddir/kernel" -name "${name//_/-}.ko" -print -quit)
+	local name=${1//-/_} moddir=$2 f="" n ext
+	for n in "$name" "${name//_/-}"; do
+		for ext in ko ko.xz ko.zst; do
+			[ -n "$f" ] || f=$(find "$moddir/kernel" -name "$n.$ext" -print -quit)
+		done
+	done
 	echo "$f"
+}
+
+# A module's contents, decompressed.
+module_cat() {
+	case $1 in
+	*.xz) xz -dc "$1" ;;
+	*.zst) zstd -qdc "$1" ;;
+	*) cat "$1" ;;
+	esac
 }
 
 # Appends a module and its dependencies, dependencies first, to ORDER.
@@ -97,7 +138,7 @@ resolve_module() {
 	fi
 	path=$(module_path "$name" "$moddir")
 	[ -n "$path" ] || die "module $name not found in $moddir"
-	deps=$(tr '\0' '\n' <"$path" | grep -a '^depends=' | head -n1 | cut -d= -f2)
+	deps=$(module_cat "$path" | tr '\0' '\n' | grep -a '^depends=' | head -n1 | cut -d= -f2)
 	for d in ${deps//,/ }; do
 		resolve_module "$d" "$moddir"
 	done
@@ -105,19 +146,28 @@ resolve_module() {
 }
 
 setup() {
+	local series=""
+	while [ $# -gt 0 ]; do
+		case $1 in
+		--kernel) series=$2; shift 2 ;;
+		*) die "unknown option $1 (usage: setup [--kernel SERIES])" ;;
+		esac
+	done
 	mkdir -p "$CACHE"
 	# Tests may set up concurrently on a fresh machine: one builds, the
 	# others wait and reuse.
 	exec 9>"$CACHE/.lock"
 	flock 9
 	install_packages
-	local kver dir deb moddir work
-	kver=$(pick_kernel)
+	local kver dir deb moddir work picked how
+	picked=$(pick_kernel "$series")
+	kver=${picked% *}
+	how=${picked##* }
 	dir=$CACHE/$kver
 	# Rebuilt when the module list changed since.
 	if [ -s "$dir/initrd.gz" ] && [ -s "$dir/vmlinuz" ] &&
 		[ "$(cat "$dir/modules" 2>/dev/null)" = "${GUEST_MODULES[*]}" ]; then
-		echo "$kver" >"$CACHE/current"
+		remember_kernel "$kver" "$how" "$series"
 		echo "$dir"
 		return 0
 	fi
@@ -143,9 +193,14 @@ setup() {
 	mkdir -p "$root"/{bin,dev,proc,sys,host,lib/modules}
 	cp /bin/busybox "$root/bin/busybox"
 	: >"$root/modules.order"
+	local base
 	for p in "${ORDER[@]}"; do
-		cp "$moddir/$p" "$root/lib/modules/"
-		basename "$p" >>"$root/modules.order"
+		# Decompressed here: the guest's busybox insmod takes plain .ko.
+		base=$(basename "$p")
+		base=${base%.xz}
+		base=${base%.zst}
+		module_cat "$moddir/$p" >"$root/lib/modules/$base"
+		echo "$base" >>"$root/modules.order"
 	done
 	install -m 0755 /dev/stdin "$root/init" <<'EOF'
 #!/bin/busybox sh
@@ -188,23 +243,39 @@ EOF
 	cp "$work/deb/boot/vmlinuz-$kver" "$dir/vmlinuz"
 	mv "$work/initrd.gz" "$dir/initrd.gz"
 	echo "${GUEST_MODULES[*]}" >"$dir/modules"
-	echo "$kver" >"$CACHE/current"
+	remember_kernel "$kver" "$how" "$series"
 	echo "$dir"
 }
 
+# Records a default pick as the kernel every plain run boots, a series' pick
+# under its series only.
+remember_kernel() {
+	local kver=$1 how=$2 series=$3
+	if [ "$how" = default ]; then
+		echo "$kver" >"$CACHE/current"
+	elif [ -n "$series" ]; then
+		echo "$kver" >"$CACHE/series-$series"
+	fi
+}
+
 run() {
-	local timeout=60 scratch="" own_scratch=0
+	local timeout=60 scratch="" own_scratch=0 series=""
 	while [ $# -gt 0 ]; do
 		case $1 in
+		--kernel) series=$2; shift 2 ;;
 		--timeout) timeout=$2; shift 2 ;;
 		--scratch) scratch=$2; shift 2 ;;
 		--) shift; break ;;
-		*) die "unknown option $1 (usage: run [--timeout S] [--scratch DIR] -- CMD ARGS...)" ;;
+		*) die "unknown option $1 (usage: run [--kernel SERIES] [--timeout S] [--scratch DIR] -- CMD ARGS...)" ;;
 		esac
 	done
 	[ $# -gt 0 ] || die "run: no command"
 	local dir
-	dir=$(setup | tail -n1)
+	if [ -n "$series" ]; then
+		dir=$(setup --kernel "$series" | tail -n1)
+	else
+		dir=$(setup | tail -n1)
+	fi
 	if [ -z "$scratch" ]; then
 		scratch=$(mktemp -d /var/tmp/ckpt-ib-vm.XXXXXX)
 		own_scratch=1
@@ -263,7 +334,7 @@ run() {
 }
 
 case ${1:-} in
-setup) setup ;;
+setup) shift; setup "$@" ;;
 run) shift; run "$@" ;;
-*) die "usage: $0 setup | run [--timeout S] [--scratch DIR] -- CMD ARGS..." ;;
+*) die "usage: $0 setup [--kernel SERIES] | run [--kernel SERIES] [--timeout S] [--scratch DIR] -- CMD ARGS..." ;;
 esac

@@ -186,7 +186,9 @@ impl ErrorReport {
                 self.set(ErrorKind::Conflict, None);
                 self.path = Some(dir.display().to_string());
             }
-            RestoreError::Host { pid, .. } | RestoreError::Ib { pid, .. } => {
+            RestoreError::Host { pid, .. }
+            | RestoreError::Ib { pid, .. }
+            | RestoreError::Vdso { pid, .. } => {
                 self.set(ErrorKind::Conflict, Some(*pid))
             }
             RestoreError::NetNamespace { path, .. } => {

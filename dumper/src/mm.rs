@@ -567,12 +567,24 @@ pub fn reassign_offsets(vmas: &mut [Vma]) -> u64 {
     offset
 }
 
-/// Identity of the process's vDSO, read from its memory.
+/// Identity and code of the process's vDSO, read from its memory: a
+/// restore on another kernel maps the code as a proxy to that kernel's
+/// vDSO (as CRIU does).
 pub fn vdso_info(t: &Tracee, vmas: &[Vma]) -> Result<Option<VdsoInfo>> {
     let find = |k: VmaKind| vmas.iter().find(|v| v.kind == k as i32);
     let Some(vdso) = find(VmaKind::Vdso) else {
         return Ok(None);
     };
+    if vdso.len() > ckpt_image::mm::MAX_VDSO_LEN {
+        return Err(DumpError::Unsupported {
+            pid: t.pid(),
+            what: format!(
+                "a [vdso] of {} bytes (at most {} are saved)",
+                vdso.len(),
+                ckpt_image::mm::MAX_VDSO_LEN
+            ),
+        });
+    }
     let mut code = vec![0u8; vdso.len() as usize];
     t.read_mem(vdso.start, &mut code)?;
     Ok(Some(VdsoInfo {
@@ -580,6 +592,7 @@ pub fn vdso_info(t: &Tracee, vmas: &[Vma]) -> Result<Option<VdsoInfo>> {
         vdso_crc32c: crc32c::crc32c(&code),
         vvar_len: find(VmaKind::Vvar).map_or(0, Vma::len),
         vvar_vclock_len: find(VmaKind::VvarVclock).map_or(0, Vma::len),
+        vdso_code: code,
     }))
 }
 

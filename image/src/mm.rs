@@ -99,6 +99,10 @@ impl PageRange {
     }
 }
 
+/// Longest `[vdso]` an image may hold ([`VdsoInfo::vdso_code`]); x86-64
+/// kernels map 2 pages (8 KiB).
+pub const MAX_VDSO_LEN: u64 = 1 << 20;
+
 /// Most page data one LZ4 block may hold once decompressed; the restorer
 /// allocates a block's buffer only after checking this (the dumper writes
 /// blocks of at most 1 MiB).

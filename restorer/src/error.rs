@@ -61,6 +61,15 @@ pub enum RestoreError {
         /// Why.
         what: String,
     },
+    /// The dumped vDSO cannot be redirected to this kernel's.
+    #[error("pid {pid}: {source}")]
+    Vdso {
+        /// The pid being restored.
+        pid: i32,
+        /// What is wrong.
+        #[source]
+        source: crate::vdso::VdsoError,
+    },
     /// A file the process used is gone or changed since the dump.
     #[error("pid {pid}: {path}: {what}")]
     File {

@@ -11,8 +11,9 @@
 //! outside with the parasite crate's remote syscalls, from a small scratch
 //! area placed where neither the child's inherited mappings nor the dumped
 //! ones lie: the inherited mappings are unmapped, the kernel's vDSO/vvar are
-//! moved to the dumped addresses (after checking the kernel provides the same
-//! vDSO), every VMA is recreated and filled from the pages file through
+//! moved to the dumped addresses when the kernel provides the same vDSO
+//! (else the dumped vDSO is mapped there as a proxy to this kernel's, as
+//! CRIU does: `vdso.rs`), every VMA is recreated and filled from the pages file through
 //! `/proc/PID/mem`, then fds, signals, credentials and registers follow. The
 //! scratch area is unmapped by the very last syscall, which stops at its exit
 //! so the final registers can be set: no trace of ckpt is left in the map.
@@ -47,6 +48,7 @@ mod task;
 mod thread;
 mod timer;
 mod tree;
+mod vdso;
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -835,6 +837,7 @@ fn validate(images: &ImageDir, pid: i32, p: &ProcessImages) -> Result<()> {
         return Err(invalid(core_name, "XSAVE area too short"));
     }
     ckpt_image::seccomp::validate(&p.core)?;
+    mm::validate_vdso(&p.mm).map_err(|what| invalid(ckpt_image::mm_name(pid), what.as_str()))?;
     let pages_len = images.digest(&ckpt_image::pages_name(pid))?.size;
     pages::plan(pid, &p.mm, pages_len)?;
     Ok(())
@@ -1017,10 +1020,17 @@ fn rebuild_memory(
             ],
         )?;
     }
-    if let Some(v) = &p.mm.vdso {
-        mm::check_vdso(pid, &r, &child_maps, v)?;
+    let vdso = match &p.mm.vdso {
+        Some(v) => mm::vdso_plan(pid, &r, &child_maps, v)?,
+        None => mm::VdsoPlan::Same,
+    };
+    match vdso {
+        mm::VdsoPlan::Same => mm::clear_and_move_specials(&r, &child_maps, &p.mm)?,
+        mm::VdsoPlan::Proxy { here } => {
+            let here_base = mm::clear_and_park_specials(&r, &child_maps, &p.mm)?;
+            mm::map_vdso_proxy(&r, &p.mm, core, &here, here_base)?;
+        }
     }
-    mm::clear_and_move_specials(&r, &child_maps, &p.mm)?;
     for v in &p.mm.vmas {
         log::debug!(
             "pid {pid}: VMA {:#x}-{:#x} prot {:#x} {}{}",

@@ -1,6 +1,7 @@
 //! Rebuilding the address space: clear out what the child inherited from
 //! the restorer, move the kernel's vDSO/vvar to where the dumped process had
-//! them, recreate every VMA at its address with its protections and flags
+//! them (or, on another kernel, map the dumped vDSO there as a proxy to this
+//! kernel's, which stays elsewhere), recreate every VMA at its address with its protections and flags
 //! (the saved pages are copied in by `pages`), and set the kernel's mm
 //! fields.
 
@@ -86,8 +87,23 @@ fn special_kind(path: &str) -> Option<VmaKind> {
     }
 }
 
-/// Checks the kernel here provides the vDSO the process was using.
-pub fn check_vdso(pid: i32, r: &Remote<'_>, child: &[MapLine], want: &VdsoInfo) -> Result<()> {
+/// How the process gets its vDSO back.
+#[derive(Debug)]
+pub enum VdsoPlan {
+    /// This kernel's vDSO is the dumped one: it and its vvar are moved to
+    /// the dumped addresses.
+    Same,
+    /// Another kernel's: the dumped code goes back as a proxy to this
+    /// kernel's vDSO (these bytes, read from the child), as CRIU does.
+    Proxy {
+        /// This kernel's `[vdso]`.
+        here: Vec<u8>,
+    },
+}
+
+/// Compares this kernel's vDSO (the child's, inherited from the restorer)
+/// with the dumped one.
+pub fn vdso_plan(pid: i32, r: &Remote<'_>, child: &[MapLine], want: &VdsoInfo) -> Result<VdsoPlan> {
     let find = |k: VmaKind| child.iter().find(|m| special_kind(&m.path) == Some(k));
     let len = |k| find(k).map_or(0, |m| m.end - m.start);
     let incompatible = |what: String| RestoreError::Host {
@@ -98,22 +114,59 @@ pub fn check_vdso(pid: i32, r: &Remote<'_>, child: &[MapLine], want: &VdsoInfo) 
         find(VmaKind::Vdso).ok_or_else(|| incompatible("this kernel maps no vDSO".into()))?;
     let mut code = vec![0u8; (vdso.end - vdso.start) as usize];
     r.t.read_mem(vdso.start, &mut code)?;
-    if code.len() as u64 != want.vdso_len || crc32c::crc32c(&code) != want.vdso_crc32c {
+    let same_code = code.len() as u64 == want.vdso_len && crc32c::crc32c(&code) == want.vdso_crc32c;
+    let same_vvar =
+        len(VmaKind::Vvar) == want.vvar_len && len(VmaKind::VvarVclock) == want.vvar_vclock_len;
+    if same_code && same_vvar {
+        return Ok(VdsoPlan::Same);
+    }
+    if want.vdso_code.is_empty() {
         return Err(incompatible(format!(
-            "this kernel's vDSO ({} bytes) differs from the dumped one ({} bytes)",
+            "this kernel's vDSO ({} bytes) differs from the dumped one ({} bytes), \
+             and the image (written before the vDSO proxy) does not hold its code",
             code.len(),
             want.vdso_len
         )));
     }
-    if len(VmaKind::Vvar) != want.vvar_len || len(VmaKind::VvarVclock) != want.vvar_vclock_len {
-        return Err(incompatible("the vvar layout differs".into()));
+    log::debug!(
+        "pid {pid}: this kernel's vDSO ({} bytes) differs from the dumped one ({} bytes): \
+         mapping the dumped one as a proxy",
+        code.len(),
+        want.vdso_len
+    );
+    Ok(VdsoPlan::Proxy { here: code })
+}
+
+/// Checks the vDSO part of an image before any process is created: its
+/// length is bounded, and the code, when saved, is the one its length and
+/// CRC32C describe and fits the dumped `[vdso]` VMA.
+pub fn validate_vdso(mm: &Mm) -> std::result::Result<(), String> {
+    let Some(v) = &mm.vdso else {
+        return Ok(());
+    };
+    if v.vdso_len > ckpt_image::mm::MAX_VDSO_LEN {
+        return Err(format!(
+            "vDSO of {} bytes (at most {})",
+            v.vdso_len,
+            ckpt_image::mm::MAX_VDSO_LEN
+        ));
+    }
+    if v.vdso_code.is_empty() {
+        return Ok(());
+    }
+    if v.vdso_code.len() as u64 != v.vdso_len || crc32c::crc32c(&v.vdso_code) != v.vdso_crc32c {
+        return Err("the saved vDSO code does not match its length and CRC32C".into());
+    }
+    let vma = mm.vmas.iter().find(|m| m.kind == VmaKind::Vdso as i32);
+    if vma.is_none_or(|m| m.len() != v.vdso_len || m.start % ckpt_image::PAGE_SIZE != 0) {
+        return Err("the saved vDSO code does not fit the dumped [vdso] mapping".into());
     }
     Ok(())
 }
 
-/// Removes every mapping the child inherited except the scratch area and
-/// the kernel's special mappings, then moves those to the dumped addresses.
-pub fn clear_and_move_specials(r: &Remote<'_>, child: &[MapLine], mm: &Mm) -> Result<()> {
+/// Unmaps every mapping the child inherited except the scratch area, the
+/// kernel's special mappings and the parent's memory it keeps.
+fn clear_inherited(r: &Remote<'_>, child: &[MapLine], mm: &Mm) -> Result<()> {
     let scratch = (r.base, r.base + SCRATCH_LEN);
     for m in child {
         if special_kind(&m.path).is_some() || (m.start, m.end) == scratch {
@@ -121,6 +174,14 @@ pub fn clear_and_move_specials(r: &Remote<'_>, child: &[MapLine], mm: &Mm) -> Re
         }
         crate::inherit::unmap_except_inherited(r, mm, m.start, m.end)?;
     }
+    Ok(())
+}
+
+/// Removes every mapping the child inherited except the scratch area and
+/// the kernel's special mappings, then moves those to the dumped addresses.
+pub fn clear_and_move_specials(r: &Remote<'_>, child: &[MapLine], mm: &Mm) -> Result<()> {
+    clear_inherited(r, child, mm)?;
+    let scratch = (r.base, r.base + SCRATCH_LEN);
     // Two moves each, through free space, so a destination never lands on
     // a special mapping that has not moved yet.
     let mut specials: Vec<(u64, u64, Option<&Vma>)> = child
@@ -160,6 +221,119 @@ pub fn clear_and_move_specials(r: &Remote<'_>, child: &[MapLine], mm: &Mm) -> Re
             mremap(r, start, end - start, d.start)?;
         }
     }
+    Ok(())
+}
+
+/// For the proxy: removes what the child inherited like
+/// [`clear_and_move_specials`], but leaves this kernel's `[vvar]`,
+/// `[vvar_vclock]` and `[vdso]` together, as the kernel laid them out,
+/// where no dumped mapping lies (moving them there if needed). Returns
+/// where `[vdso]` is then.
+pub fn clear_and_park_specials(r: &Remote<'_>, child: &[MapLine], mm: &Mm) -> Result<u64> {
+    let pid = r.t.pid();
+    clear_inherited(r, child, mm)?;
+    let specials: Vec<&MapLine> = child
+        .iter()
+        .filter(|m| special_kind(&m.path).is_some_and(|k| k != VmaKind::Vsyscall))
+        .collect();
+    let vdso = specials
+        .iter()
+        .find(|m| special_kind(&m.path) == Some(VmaKind::Vdso))
+        .ok_or_else(|| RestoreError::Host {
+            pid,
+            what: "this kernel maps no vDSO".into(),
+        })?;
+    let lo = specials.iter().map(|m| m.start).min().unwrap_or(vdso.start);
+    let hi = specials.iter().map(|m| m.end).max().unwrap_or(vdso.end);
+    // Clear of every dumped mapping by a margin, so no dumped stack grows
+    // into them and no dumped mapping merges with them.
+    let clear = mm
+        .vmas
+        .iter()
+        .all(|v| v.end.saturating_add(MARGIN) <= lo || hi.saturating_add(MARGIN) <= v.start);
+    if clear {
+        return Ok(vdso.start);
+    }
+    let mut busy: Vec<(u64, u64)> = mm.vmas.iter().map(|v| (v.start, v.end)).collect();
+    busy.extend(child.iter().map(|m| (m.start, m.end)));
+    busy.push((r.base, r.base + SCRATCH_LEN));
+    let to = find_gap(&busy, hi - lo).ok_or_else(|| RestoreError::Host {
+        pid,
+        what: "no free address range for this kernel's vDSO".into(),
+    })?;
+    // The destination overlaps neither the dumped mappings nor the
+    // specials where they are, so the order of the moves does not matter.
+    for m in &specials {
+        mremap(r, m.start, m.end - m.start, to + (m.start - lo))?;
+    }
+    log::debug!(
+        "pid {pid}: this kernel's vvar and vDSO moved from {lo:#x} to {to:#x}, clear of the dumped mappings"
+    );
+    Ok(to + (vdso.start - lo))
+}
+
+/// Maps the dumped vDSO code at the dumped `[vdso]` address, private and
+/// anonymous, with every exported function redirected to its namesake in
+/// this kernel's vDSO (`here`, mapped at `here_base`), and makes it r-x.
+/// The old `[vvar]` range stays unmapped: no code that reads it runs.
+pub fn map_vdso_proxy(
+    r: &Remote<'_>,
+    mm: &Mm,
+    core: &ckpt_image::task::Core,
+    here: &[u8],
+    here_base: u64,
+) -> Result<()> {
+    let pid = r.t.pid();
+    let want = mm
+        .vdso
+        .as_ref()
+        .expect("a proxy is planned for a dumped vDSO");
+    let vma = mm
+        .vmas
+        .iter()
+        .find(|v| v.kind == VmaKind::Vdso as i32)
+        .expect("validate_vdso checked the [vdso] mapping");
+    let vdso_err = |source| RestoreError::Vdso { pid, source };
+    let redirects = crate::vdso::plan(&want.vdso_code, here, here_base).map_err(vdso_err)?;
+    crate::vdso::check_threads(core, vma.start, vma.end, &redirects).map_err(vdso_err)?;
+    let code = crate::vdso::patched(&want.vdso_code, &redirects);
+    let got = r.call(
+        "mmap (vDSO proxy)",
+        libc::SYS_mmap,
+        [
+            vma.start,
+            vma.len(),
+            (libc::PROT_READ | libc::PROT_WRITE) as u64,
+            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u64,
+            u64::MAX,
+            0,
+        ],
+    )?;
+    if got != vma.start {
+        return Err(invalid(
+            pid,
+            vma,
+            "vDSO proxy mapped at a different address",
+        ));
+    }
+    r.t.write_mem(vma.start, &code)?;
+    r.call(
+        "mprotect (vDSO proxy)",
+        libc::SYS_mprotect,
+        [
+            vma.start,
+            vma.len(),
+            (libc::PROT_READ | libc::PROT_EXEC) as u64,
+            0,
+            0,
+            0,
+        ],
+    )?;
+    log::debug!(
+        "pid {pid}: vDSO proxy at {:#x}: {} entry points redirected to this kernel's vDSO at {here_base:#x}",
+        vma.start,
+        redirects.len()
+    );
     Ok(())
 }
 
@@ -363,6 +537,9 @@ impl Apart {
             return Ok(Apart { window: None });
         };
         let mut busy: Vec<(u64, u64)> = mm.vmas.iter().map(|v| (v.start, v.end)).collect();
+        // What the child has now: the scratch area, inherited memory, and
+        // this kernel's vDSO where a proxy left it.
+        busy.extend(read_maps(r.t.pid())?.iter().map(|m| (m.start, m.end)));
         busy.push((r.base, r.base + SCRATCH_LEN));
         let window = find_gap(&busy, len).ok_or_else(|| RestoreError::Host {
             pid: r.t.pid(),
@@ -610,5 +787,54 @@ mod tests {
             assert!(g + (1 << 20) <= s || g >= e);
         }
         assert!(g >= LOWEST);
+    }
+
+    #[test]
+    fn saved_vdso_code_is_checked_before_use() {
+        let code = vec![0xccu8; 8192];
+        let vma = Vma {
+            start: 0x7fff_0000_0000,
+            end: 0x7fff_0000_2000,
+            kind: VmaKind::Vdso as i32,
+            ..Default::default()
+        };
+        let info = VdsoInfo {
+            vdso_len: 8192,
+            vdso_crc32c: crc32c::crc32c(&code),
+            vdso_code: code.clone(),
+            ..Default::default()
+        };
+        let mm = |vdso: VdsoInfo, vmas: Vec<Vma>| Mm {
+            vmas,
+            vdso: Some(vdso),
+            ..Default::default()
+        };
+        assert_eq!(validate_vdso(&mm(info.clone(), vec![vma.clone()])), Ok(()));
+        // An image from before the proxy: no code, nothing more to check.
+        let old = VdsoInfo {
+            vdso_code: Vec::new(),
+            ..info.clone()
+        };
+        assert_eq!(validate_vdso(&mm(old, Vec::new())), Ok(()));
+        let huge = VdsoInfo {
+            vdso_len: ckpt_image::mm::MAX_VDSO_LEN + 4096,
+            ..info.clone()
+        };
+        assert!(validate_vdso(&mm(huge, vec![vma.clone()])).is_err());
+        let mut flipped = info.clone();
+        flipped.vdso_code[100] ^= 1;
+        assert!(validate_vdso(&mm(flipped, vec![vma.clone()])).is_err());
+        let short = VdsoInfo {
+            vdso_code: code[..4096].to_vec(),
+            ..info.clone()
+        };
+        assert!(validate_vdso(&mm(short, vec![vma.clone()])).is_err());
+        // The code must fit the dumped [vdso] mapping it goes back to.
+        assert!(validate_vdso(&mm(info.clone(), Vec::new())).is_err());
+        let small = Vma {
+            end: vma.start + 4096,
+            ..vma
+        };
+        assert!(validate_vdso(&mm(info, vec![small])).is_err());
     }
 }

@@ -878,3 +878,12 @@ pub fn clock_ns(clock: libc::clockid_t) -> std::io::Result<i64> {
 
 /// Nanoseconds in a second.
 pub const NANOS_PER_SEC: i64 = 1_000_000_000;
+
+/// `getauxval(AT_SYSINFO_EHDR)`: where the kernel mapped this process's
+/// vDSO (0 without one).
+#[cfg(test)]
+pub fn sysinfo_ehdr() -> u64 {
+    // SAFETY: getauxval only reads the auxiliary vector the kernel gave
+    // this process; any type is a valid argument.
+    unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) }
+}
