@@ -188,9 +188,7 @@ impl ErrorReport {
             }
             RestoreError::Host { pid, .. }
             | RestoreError::Ib { pid, .. }
-            | RestoreError::Vdso { pid, .. } => {
-                self.set(ErrorKind::Conflict, Some(*pid))
-            }
+            | RestoreError::Vdso { pid, .. } => self.set(ErrorKind::Conflict, Some(*pid)),
             RestoreError::NetNamespace { path, .. } => {
                 self.set(ErrorKind::Usage, None);
                 self.path = Some(path.display().to_string());

@@ -39,6 +39,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Where the `syscall; int3` for the final `munmap` sits in the area
 /// (the `int3` a call returns to is at offset 0).
 const SYSCALL_AT: u64 = 16;
+/// The x86 breakpoint instruction a call returns to.
+const INT3: u8 = 0xcc;
 
 fn err(pid: i32, what: impl Into<String>) -> RestoreError {
     RestoreError::Ib {
@@ -73,7 +75,7 @@ impl<'t> CallArea<'t> {
             len,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
         )?;
-        let mut area = CallArea {
+        let area = CallArea {
             t,
             base,
             len,
@@ -81,14 +83,18 @@ impl<'t> CallArea<'t> {
             stack_top: base + len,
             saved: Some(saved),
         };
-        t.write_mem(base, &[0xcc])?;
+        t.write_mem(base, &[INT3])?;
         t.write_mem(base + SYSCALL_AT, &SYSCALL_INT3)?;
-        area.len = len;
         Ok(area)
     }
 
     /// Calls the layer's function at `addr`; its `int` result.
     fn call(&self, what: &'static str, addr: u64, args: [u64; 6]) -> Result<i32> {
+        Ok(self.call_raw(what, addr, args)? as i32)
+    }
+
+    /// Calls the layer's function at `addr`; its whole `rax`.
+    fn call_raw(&self, what: &'static str, addr: u64, args: [u64; 6]) -> Result<u64> {
         let pid = self.t.pid();
         let (cancel, expired) = std::sync::mpsc::channel::<()>();
         let watchdog = std::thread::spawn(move || {
@@ -107,7 +113,7 @@ impl<'t> CallArea<'t> {
             .call_function_at(what, addr, args, self.stack_top, self.base);
         drop(cancel);
         let _ = watchdog.join();
-        Ok(ret? as i32)
+        Ok(ret?)
     }
 
     /// The layer's message about its last failure.
