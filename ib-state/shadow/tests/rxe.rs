@@ -10,7 +10,11 @@
 //! - tests/c/ib/rc_restart.c checkpoints and recreates its verbs state six
 //!   times with sends, an RDMA write with immediate and an RDMA read in
 //!   flight and receives missing: every message arrives exactly once, the
-//!   device's QP numbers change each time while the program's do not.
+//!   device's QP numbers change each time while the program's do not;
+//! - tests/c/ib/ud_srq_restart.c does the same with UD datagrams sent
+//!   through an address handle (the receiver must see the sender's QP
+//!   number as the program knows it) and an SRQ shared by two RC QPs with
+//!   receives missing: each message once, on its QP.
 //!
 //! A missing harness prerequisite fails the test with the harness's
 //! message; it never skips.
@@ -66,6 +70,7 @@ LD_PRELOAD=$S/libckpt_ibverbs.so ./rc_pingpong rxe0 MESSAGES > shadow.out 2>&1; 
 t2=$(date +%s%N)
 echo "plain_ns $((t1 - t0)) shadow_ns $((t2 - t1))"
 LD_PRELOAD=$S/libckpt_ibverbs.so ./rc_restart rxe0 ROUNDS > restart.out 2>&1; echo "restart exit $?"
+LD_PRELOAD=$S/libckpt_ibverbs.so ./ud_srq_restart rxe0 ROUNDS > udsrq.out 2>&1; echo "ud_srq exit $?"
 "#;
 
 fn checksums(out: &str) -> Vec<String> {
@@ -95,6 +100,7 @@ fn shadow_layer_is_transparent_and_restarts_with_messages_in_flight() {
     let dir = scratch.path();
     compile("tests/c/ib/rc_pingpong.c", &dir.join("rc_pingpong"));
     compile("tests/c/ib/rc_restart.c", &dir.join("rc_restart"));
+    compile("tests/c/ib/ud_srq_restart.c", &dir.join("ud_srq_restart"));
     fs::copy(shadow_library(), dir.join("libckpt_ibverbs.so")).expect("copy library");
     let script = dir.join("guest.sh");
     fs::write(
@@ -121,8 +127,9 @@ fn shadow_layer_is_transparent_and_restarts_with_messages_in_flight() {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let read = |name: &str| fs::read_to_string(dir.join(name)).unwrap_or_default();
     let (plain, shadow, restart) = (read("plain.out"), read("shadow.out"), read("restart.out"));
+    let udsrq = read("udsrq.out");
     let all = format!(
-        "vm: {stdout}{}\n--- plain\n{plain}--- shadow\n{shadow}--- restart\n{restart}",
+        "vm: {stdout}{}\n--- plain\n{plain}--- shadow\n{shadow}--- restart\n{restart}--- ud_srq\n{udsrq}",
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{all}");
@@ -139,6 +146,11 @@ fn shadow_layer_is_transparent_and_restarts_with_messages_in_flight() {
             && restart.matches("device qps").count() == ROUNDS as usize,
         "{all}"
     );
+    assert!(
+        stdout.contains("ud_srq exit 0")
+            && udsrq.contains(&format!("ud_srq_restart: ok rounds={ROUNDS}")),
+        "{all}"
+    );
     // Not asserted (speed is a benchmark's business); shown for the log.
-    println!("{stdout}{restart}");
+    println!("{stdout}{restart}{udsrq}");
 }
