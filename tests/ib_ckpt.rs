@@ -11,6 +11,13 @@
 //!   QPs new numbers; ib-state/shadow/tests/rxe.rs shows the program never
 //!   sees them.)
 //!
+//! - Two "nodes" of one job (the two sides run as separate process trees
+//!   that swapped their endpoints over TCP and then talk only over verbs),
+//!   each dumped by its own `ckpt dump --coord` agent and restarted by its
+//!   own `ckpt restore --coord --peers`: the verbs layers' restart blobs go
+//!   through the coordinator's publish phase, and the stream completes with
+//!   the uninterrupted checksum on both sides.
+//!
 //! A missing harness prerequisite fails the test with the harness's
 //! message; it never skips.
 
@@ -52,6 +59,38 @@ wait $P
 ./ckpt -v restore --dir img >restore.out 2>&1; echo "restore exit $?"
 "#;
 
+const TWO_NODES_SCRIPT: &str = r#"#!/bin/sh
+S=$CKPT_IB_SCRATCH
+cd "$S"
+export CKPT_IMAGE_KEY=$S/key
+(umask 077; head -c 32 /dev/urandom >"$CKPT_IMAGE_KEY")
+export CKPT_IB_LAYER=$S/libckpt_ibverbs.so
+./ckpt coord --listen 127.0.0.1:7420 --job J --expect 2 --state-dir "$S/coord" >coord.out 2>&1 &
+C=$!
+i=0; while [ ! -e "$S/coord/J.secret" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+export CKPT_COORD_SECRET=$(cat "$S/coord/J.secret")
+./rc_pingpong rxe0 MESSAGES --server 7500 >ref-s.out 2>&1 &
+RS=$!
+./rc_pingpong rxe0 MESSAGES --client 7500 >ref-c.out 2>&1
+wait $RS
+echo "reference done"
+./ckpt run --ib -- ./rc_pingpong rxe0 MESSAGES --server 7501 >job-s.out 2>&1 </dev/null &
+PS=$!
+./ckpt run --ib -- ./rc_pingpong rxe0 MESSAGES --client 7501 >job-c.out 2>&1 </dev/null &
+PC=$!
+sleep 3
+./ckpt -v dump --tree $PS --dir n1 --coord 127.0.0.1:7420 --job J --node n1 --kill >dump1.out 2>&1 &
+D1=$!
+./ckpt -v dump --tree $PC --dir n2 --coord 127.0.0.1:7420 --job J --node n2 --kill >dump2.out 2>&1; echo "dump2 exit $?"
+wait $D1; echo "dump1 exit $?"
+wait $PS $PC
+./ckpt -v restore --dir n1 --coord 127.0.0.1:7420 --job J --node n1 --peers n1,n2 >restore1.out 2>&1 &
+R1=$!
+./ckpt -v restore --dir n2 --coord 127.0.0.1:7420 --job J --node n2 --peers n1,n2 >restore2.out 2>&1; echo "restore2 exit $?"
+wait $R1; echo "restore1 exit $?"
+kill $C
+"#;
+
 /// libckpt_ibverbs.so beside the ckpt binary; built if a narrower
 /// `cargo test` did not build it.
 fn shadow_library() -> PathBuf {
@@ -87,8 +126,26 @@ fn checksums(out: &str) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn a_verbs_job_is_dumped_mid_stream_and_finishes_it_after_restore() {
+/// What a guest run left: its stdout and the scratch directory's files.
+struct GuestRun {
+    stdout: String,
+    scratch: tempfile::TempDir,
+    all: String,
+}
+
+impl GuestRun {
+    fn read(&self, name: &str) -> String {
+        fs::read_to_string(self.scratch.path().join(name)).unwrap_or_default()
+    }
+}
+
+/// Boots the VM on `script` with ckpt, the layer and rc_pingpong in its
+/// scratch directory; `files` are shown when an assertion fails.
+fn run_in_guest(script_text: &str, files: &[&str]) -> GuestRun {
+    // One guest at a time: two TCG guests on a small machine each run at
+    // half speed, past their timeouts.
+    static ONE_GUEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guest = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
     let setup = Command::new(workspace().join("scripts/ib-vm.sh"))
         .arg("setup")
         .output()
@@ -121,7 +178,7 @@ fn a_verbs_job_is_dumped_mid_stream_and_finishes_it_after_restore() {
     let script = s.join("guest.sh");
     fs::write(
         &script,
-        GUEST_SCRIPT.replace("MESSAGES", &MESSAGES.to_string()),
+        script_text.replace("MESSAGES", &MESSAGES.to_string()),
     )
     .expect("write guest script");
     fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -138,23 +195,40 @@ fn a_verbs_job_is_dumped_mid_stream_and_finishes_it_after_restore() {
         .output()
         .expect("run scripts/ib-vm.sh run");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let read = |name: &str| fs::read_to_string(s.join(name)).unwrap_or_default();
     let mut all = format!(
         "vm stdout:\n{stdout}\nvm stderr:\n{}\n",
         String::from_utf8_lossy(&out.stderr)
     );
-    for f in [
-        "ref.out",
-        "plain.out",
-        "refused.out",
-        "job.out",
-        "dump.out",
-        "show.out",
-        "restore.out",
-    ] {
-        all.push_str(&format!("--- {f}\n{}", read(f)));
+    for f in files {
+        all.push_str(&format!(
+            "--- {f}\n{}",
+            fs::read_to_string(s.join(f)).unwrap_or_default()
+        ));
     }
     assert!(out.status.success(), "{all}");
+    GuestRun {
+        stdout,
+        scratch,
+        all,
+    }
+}
+
+#[test]
+fn a_verbs_job_is_dumped_mid_stream_and_finishes_it_after_restore() {
+    let g = run_in_guest(
+        GUEST_SCRIPT,
+        &[
+            "ref.out",
+            "plain.out",
+            "refused.out",
+            "job.out",
+            "dump.out",
+            "show.out",
+            "restore.out",
+        ],
+    );
+    let (stdout, all) = (&g.stdout, &g.all);
+    let read = |name: &str| g.read(name);
 
     let reference = checksums(&read("ref.out"));
     assert!(
@@ -187,7 +261,9 @@ fn a_verbs_job_is_dumped_mid_stream_and_finishes_it_after_restore() {
     );
     let restore = read("restore.out");
     assert!(
-        stdout.contains("restore exit 0") && restore.contains("recreated and reconnected"),
+        stdout.contains("restore exit 0")
+            && restore.contains("recreated their resources")
+            && restore.contains("reconnected"),
         "{all}"
     );
     let job = read("job.out");
@@ -199,6 +275,48 @@ fn a_verbs_job_is_dumped_mid_stream_and_finishes_it_after_restore() {
     // Dumped mid-stream: the job had not finished when it was killed (its
     // two "stream ok" lines come from the restored processes).
     assert!(!dump.contains("no such process"), "{all}");
+}
+
+#[test]
+fn a_verbs_job_of_two_nodes_restarts_through_the_coordinator() {
+    let g = run_in_guest(
+        TWO_NODES_SCRIPT,
+        &[
+            "ref-s.out",
+            "ref-c.out",
+            "job-s.out",
+            "job-c.out",
+            "dump1.out",
+            "dump2.out",
+            "restore1.out",
+            "restore2.out",
+            "coord.out",
+        ],
+    );
+    let (stdout, all) = (&g.stdout, &g.all);
+    let mut reference = checksums(&g.read("ref-s.out"));
+    reference.extend(checksums(&g.read("ref-c.out")));
+    assert!(
+        stdout.contains("reference done") && reference.len() == 2 && reference[0] == reference[1],
+        "the uninterrupted run: {all}"
+    );
+    for n in ["1", "2"] {
+        assert!(
+            stdout.contains(&format!("dump{n} exit 0"))
+                && g.read(&format!("dump{n}.out")).contains("verbs drained")
+                && g.read(&format!("dump{n}.out"))
+                    .contains("committed, killed"),
+            "node {n}'s dump: {all}"
+        );
+        assert!(
+            stdout.contains(&format!("restore{n} exit 0"))
+                && g.read(&format!("restore{n}.out"))
+                    .contains("verbs: 1 processes reconnected"),
+            "node {n}'s restore: {all}"
+        );
+    }
+    assert_eq!(checksums(&g.read("job-s.out")), reference[..1], "{all}");
+    assert_eq!(checksums(&g.read("job-c.out")), reference[..1], "{all}");
 }
 
 fn workspace() -> PathBuf {

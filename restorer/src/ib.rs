@@ -10,9 +10,11 @@
 //!    on the numbers the application knows; it returns the process's
 //!    restart blob (its new QP numbers, GIDs, LIDs, rkeys and the count of
 //!    receives each QP consumed);
-//! 2. `ckpt_ib_restart_connect` in every process with all the blobs: the
-//!    QPs are brought to RTS again towards their peers' new ids, the sends
-//!    a peer had already received are retired, the rest re-posted.
+//! 2. `ckpt_ib_restart_connect` in every process with all the blobs (this
+//!    tree's alone, or every node's through the coordinator's
+//!    publish/subscribe phases under `ckpt restore --coord`): the QPs are
+//!    brought to RTS again towards their peers' new ids, the sends a peer
+//!    had already received are retired, the rest re-posted.
 //!
 //! The layer's code is the user's: it runs in the restored process, with
 //! the process's final credentials, on its leader's thread and a stack
@@ -171,20 +173,64 @@ fn check(area: &CallArea<'_>, pid: i32, layer: &IbLayer, step: &str, rc: i32) ->
     ))
 }
 
-/// Recreates the verbs resources of every process of the tree that ran
-/// with the layer (see the module doc).
-pub(crate) fn restart(tracees: &[Tracee], procs: &[ProcessImages]) -> Result<()> {
-    let with_layer: Vec<(&Tracee, i32, &IbLayer)> = tracees
-        .iter()
-        .zip(procs)
-        .filter_map(|(t, p)| p.core.ib.as_ref().map(|l| (t, p.pid, l)))
-        .collect();
-    if with_layer.is_empty() {
-        return Ok(());
+/// The processes whose verbs layers recreated their resources and wait to
+/// connect, and their blobs.
+#[derive(Default)]
+pub struct Pending {
+    /// (index in the tree's tracees, pid, layer).
+    procs: Vec<(usize, i32, IbLayer)>,
+    /// This tree's restart blobs, concatenated.
+    blobs: Vec<u8>,
+    connected: bool,
+}
+
+impl Pending {
+    /// This tree's restart blobs (empty if no process runs the layer).
+    pub fn blobs(&self) -> &[u8] {
+        &self.blobs
     }
+
+    /// Connects every process's queue pairs with `all` (every node's blobs,
+    /// this tree's included), then re-posts their outstanding work.
+    pub(crate) fn connect(&mut self, tracees: &[Tracee], all: &[u8]) -> Result<()> {
+        if self.connected || self.procs.is_empty() {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        for &(i, pid, ref layer) in &self.procs {
+            let t = &tracees[i];
+            let mut area = CallArea::map(t, all.len() as u64)?;
+            t.write_mem(area.data, all)?;
+            let rc = area.call(
+                "reconnecting verbs queue pairs",
+                layer.restart_connect,
+                [area.data, all.len() as u64, 0, 0, 0, 0],
+            )?;
+            check(&area, pid, layer, "reconnecting its queue pairs", rc)?;
+            area.unmap()?;
+        }
+        self.connected = true;
+        log::info!(
+            "verbs: {} processes reconnected with {} bytes of restart blobs ({:.3} ms)",
+            self.procs.len(),
+            all.len(),
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(())
+    }
+}
+
+/// Recreates the verbs resources of every process of the tree that ran
+/// with the layer (step 1 of the module doc); the connect waits for every
+/// node's blobs ([`Pending::connect`]).
+pub(crate) fn restart_local(tracees: &[Tracee], procs: &[ProcessImages]) -> Result<Pending> {
+    let mut pending = Pending::default();
     let started = std::time::Instant::now();
-    let mut blobs = Vec::new();
-    for &(t, pid, layer) in &with_layer {
+    for (i, (t, p)) in tracees.iter().zip(procs).enumerate() {
+        let Some(layer) = p.core.ib.as_ref() else {
+            continue;
+        };
+        let pid = p.pid;
         let mut area = CallArea::map(t, PAGE)?;
         let out = area.data;
         let rc = area.call(
@@ -202,24 +248,16 @@ pub(crate) fn restart(tracees: &[Tracee], procs: &[ProcessImages]) -> Result<()>
         }
         let mut blob = vec![0u8; len as usize];
         t.read_mem(at, &mut blob)?;
-        blobs.extend_from_slice(&blob);
+        pending.blobs.extend_from_slice(&blob);
+        pending.procs.push((i, pid, layer.clone()));
         area.unmap()?;
     }
-    for &(t, pid, layer) in &with_layer {
-        let mut area = CallArea::map(t, blobs.len() as u64)?;
-        t.write_mem(area.data, &blobs)?;
-        let rc = area.call(
-            "reconnecting verbs queue pairs",
-            layer.restart_connect,
-            [area.data, blobs.len() as u64, 0, 0, 0, 0],
-        )?;
-        check(&area, pid, layer, "reconnecting its queue pairs", rc)?;
-        area.unmap()?;
+    if !pending.procs.is_empty() {
+        log::info!(
+            "verbs: {} processes recreated their resources ({:.3} ms)",
+            pending.procs.len(),
+            started.elapsed().as_secs_f64() * 1e3
+        );
     }
-    log::info!(
-        "verbs: {} processes recreated and reconnected ({:.3} ms)",
-        with_layer.len(),
-        started.elapsed().as_secs_f64() * 1e3
-    );
-    Ok(())
+    Ok(pending)
 }

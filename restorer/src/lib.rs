@@ -234,9 +234,25 @@ pub struct Stopped {
     lazy: Option<lazy::PageServer>,
     /// When the restore began (time-to-running counts from it).
     started: Instant,
+    /// Verbs layers that recreated their resources and wait to connect.
+    ib: ib::Pending,
 }
 
 impl Stopped {
+    /// This tree's InfiniBand restart blobs (empty if no process ran the
+    /// verbs layer): what a coordinated restart publishes for the other
+    /// nodes.
+    pub fn ib_blobs(&self) -> &[u8] {
+        self.ib.blobs()
+    }
+
+    /// Connects the verbs layers' queue pairs with every node's restart
+    /// blobs (this tree's included). Without it, [`Stopped::resume`]
+    /// connects with this tree's alone.
+    pub fn ib_connect(&mut self, all: &[u8]) -> Result<()> {
+        self.ib.connect(&self.tracees, all)
+    }
+
     /// Pids of the rebuilt processes, parents first (zombies not included).
     pub fn pids(&self) -> Vec<i32> {
         self.tracees.iter().map(Tracee::pid).collect()
@@ -249,6 +265,8 @@ impl Stopped {
 
     /// Lets the tree run.
     pub fn resume(mut self) -> Result<Restored> {
+        let own = self.ib.blobs().to_vec();
+        self.ib.connect(&self.tracees, &own)?;
         let started = Instant::now();
         // Every peer's end exists by now (in a coordinated restart, on
         // every node): connections may talk again.
@@ -558,8 +576,22 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
                 .verify_remaining()
                 .map(|()| built)
                 .map_err(Into::into)
+        })
+        .and_then(|(tracees, session)| {
+            // Every process is whole (memory, fds, final credentials) and
+            // still stopped: the verbs layers recreate their resources.
+            match ib::restart_local(&tracees, &procs) {
+                Ok(ib) => Ok((tracees, session, ib)),
+                Err(e) => {
+                    // Killed before the tracees are let go.
+                    for t in tracees.iter().rev() {
+                        let _ = kill(Pid::from_raw(t.pid()), Signal::SIGKILL);
+                    }
+                    Err(e)
+                }
+            }
         }) {
-        Ok((tracees, session)) => {
+        Ok((tracees, session, ib)) => {
             stats.phases.rebuild_ms = ms_since(rebuild_started);
             log::info!(
                 "rebuild: {} processes rebuilt, stopped ({:.3} ms)",
@@ -599,6 +631,7 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
                 tcp: fds.take_state::<fd::OutsidePeers>(),
                 lazy: server,
                 started: read_started,
+                ib,
             })
         }
         Err(e) => {
@@ -764,10 +797,6 @@ fn build_tree(
         );
     }
     fds.state::<shmem::Objects>().seal_all()?;
-    // Every process is whole (memory, fds, final credentials) and still
-    // stopped: the verbs layers recreate their resources now, all of
-    // them before any connects.
-    ib::restart(&tracees, procs)?;
     Ok((tracees, session))
 }
 

@@ -210,6 +210,10 @@ impl Session {
 }
 
 /// Key under which node NODE publishes where its addresses moved.
+fn ib_key(node: &str) -> String {
+    format!("ckpt.ib.{node}")
+}
+
 fn addresses_key(node: &str) -> String {
     format!("ckpt.addresses.{node}")
 }
@@ -323,6 +327,38 @@ impl Session {
                 .with_context(|| format!("{}: addresses of node {peer}", self.at()))?;
         }
         Ok(map)
+    }
+}
+
+impl Session {
+    /// Publishes this node's InfiniBand restart blobs and fetches every
+    /// peer's: all of them, concatenated (this node's first), for the
+    /// verbs layers to connect their queue pairs across nodes.
+    pub fn exchange_ib(
+        &mut self,
+        own: &[u8],
+        peers: &[String],
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<u8>> {
+        let put = self.agent.put(&ib_key(&self.node), own);
+        put.map_err(|e| self.lost(e))?;
+        let others: Vec<&String> = peers.iter().filter(|p| **p != self.node).collect();
+        let keys: Vec<String> = others.iter().map(|p| ib_key(p)).collect();
+        let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let got = self.agent.get_many(&key_refs, timeout);
+        let values = got.map_err(|e| self.lost(e))?;
+        let mut all = own.to_vec();
+        for v in values {
+            all.extend_from_slice(&v);
+        }
+        log::info!(
+            "{}: verbs restart blobs: {} bytes here, {} from {} peers",
+            self.at(),
+            own.len(),
+            all.len() - own.len(),
+            others.len()
+        );
+        Ok(all)
     }
 }
 

@@ -378,13 +378,24 @@ fn coordinated(
     s.local(scripts.run(Phase::PostRestore, root))?;
     s.done(PhaseInfo::None)?;
 
-    s.wait(CoordPhase::Publish)?;
-    // Nothing to exchange yet: a restored tree keeps its pids and its
-    // addresses. New addresses (a rank's listener on another host, an
-    // InfiniBand queue pair number) will be published here with `put`.
+    let mut stopped = stopped;
+    let publish = s.wait(CoordPhase::Publish)?;
+    // A restored tree keeps its pids and (with --peers, exchanged above)
+    // knows where its peers' addresses went. What only exists now: the
+    // InfiniBand ids the verbs layers got from the devices here, published
+    // for every node (empty if none) and fetched from every peer before
+    // anything runs. Without --peers the layers connect within this tree.
+    let ib_all = if a.peers.is_empty() {
+        None
+    } else {
+        let own = stopped.ib_blobs().to_vec();
+        Some(s.exchange_ib(&own, &a.peers, publish.deadline)?)
+    };
     s.done(PhaseInfo::None)?;
     s.wait(CoordPhase::Subscribe)?;
-    // ... and the peers' fetched here with `get`, before anything runs.
+    if let Some(all) = ib_all {
+        s.local(stopped.ib_connect(&all))?;
+    }
     s.done(PhaseInfo::None)?;
 
     s.wait(CoordPhase::Resume)?;

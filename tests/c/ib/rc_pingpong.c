@@ -2,7 +2,8 @@
  * RC send/recv ping-pong over a real verbs device (rxe0 in the SoftRoCE VM of
  * scripts/ib-vm.sh): the future victim of the InfiniBand checkpoint tests.
  *
- *   rc_pingpong [DEVICE [MESSAGES]]     (defaults: rxe0, 1000)
+ *   rc_pingpong [DEVICE [MESSAGES [--server PORT | --client PORT]]]
+ *                                       (defaults: rxe0, 1000)
  *
  * Two processes (parent = client, child = server) each open the device and
  * create a PD, a CQ, an RC QP and a registered buffer; they swap QP numbers,
@@ -15,6 +16,11 @@
  *   <role>: stream ok messages=N checksum=HEX
  *
  * and exits 0, or prints "<role>: FAIL ..." and exits 1.
+ *
+ * With --server/--client, one side runs alone and the two swap their
+ * endpoints over TCP on 127.0.0.1:PORT instead, closing the connection
+ * once connected: two separate process trees (two "nodes" of a job)
+ * talking only over verbs.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -25,6 +31,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -339,6 +347,9 @@ static int run_side(int is_client, int sock, const char *dev, uint64_t count)
 	char sync = 's';
 	xfer(sock, &sync, 1, 1);
 	xfer(sock, &sync, 1, 0);
+	/* From here on only verbs: the sides may be checkpointed as separate
+	 * trees with nothing else between them. */
+	close(sock);
 
 	for (uint64_t seq = 0; seq < count; seq++) {
 		struct msg m = { .seq = seq };
@@ -378,10 +389,45 @@ static int run_side(int is_client, int sock, const char *dev, uint64_t count)
 	return 0;
 }
 
+/* The endpoint exchange of --server/--client: a TCP connection on
+ * 127.0.0.1:port (the client retries until the server listens). */
+static int tcp_side(int is_client, int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+	if (fd < 0)
+		fail("socket: %s", strerror(errno));
+	if (is_client) {
+		for (int i = 0; connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0; i++) {
+			if (i > 200)
+				fail("connect to port %d: %s", port, strerror(errno));
+			usleep(50000);
+		}
+		return fd;
+	}
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) || listen(fd, 1))
+		fail("listen on port %d: %s", port, strerror(errno));
+	int c = accept(fd, NULL, NULL);
+	if (c < 0)
+		fail("accept: %s", strerror(errno));
+	close(fd);
+	return c;
+}
+
 int main(int argc, char **argv)
 {
 	const char *dev = argc > 1 ? argv[1] : "rxe0";
 	uint64_t count = argc > 2 ? strtoull(argv[2], NULL, 10) : 1000;
+	if (argc > 4) {
+		int is_client = strcmp(argv[3], "--client") == 0;
+		if (!is_client && strcmp(argv[3], "--server") != 0)
+			fail("usage: rc_pingpong DEVICE MESSAGES [--server PORT | --client PORT]");
+		role = is_client ? "client" : "server";
+		fflush(stdout);
+		return run_side(is_client, tcp_side(is_client, atoi(argv[4])), dev, count);
+	}
 	int sv[2];
 	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
 		fail("socketpair: %s", strerror(errno));
