@@ -249,7 +249,7 @@ pub(crate) fn restart_local(tracees: &[Tracee], procs: &[ProcessImages]) -> Resu
         let mut blob = vec![0u8; len as usize];
         t.read_mem(at, &mut blob)?;
         pending.blobs.extend_from_slice(&blob);
-        pending.procs.push((i, pid, layer.clone()));
+        pending.procs.push((i, pid, *layer));
         area.unmap()?;
     }
     if !pending.procs.is_empty() {
