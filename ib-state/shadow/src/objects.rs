@@ -129,7 +129,7 @@ pub struct CqState {
     /// found delivered), returned before the device's.
     pub drained: CompletionQueue,
     /// The QPs that complete here, by their current real number.
-    pub qps: HashMap<u32, Ptr<Qp>>,
+    pub qps: QpnMap<Ptr<Qp>>,
     /// `req_notify_cq` was called and no event has been read since.
     pub armed: Option<c_int>,
     /// Events read from the current real CQ and not yet acknowledged.
@@ -279,10 +279,38 @@ pub fn ids() -> &'static RwLock<Ids> {
     })
 }
 
+/// Set by the first restart: from then on every id may differ from the
+/// real one. An atomic beside [`Ids`] so the fast path need not take its
+/// lock to learn that nothing is translated yet.
+pub static TRANSLATING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Whether a restart happened (every id may differ from the real one).
 pub fn translating() -> bool {
-    ids().read().unwrap_or_else(|e| e.into_inner()).generation > 0
+    TRANSLATING.load(std::sync::atomic::Ordering::Acquire)
 }
+
+/// Hashes a QP number (or key) for the maps the fast path consults: the
+/// ids are small, distinct integers, so a multiplication spreads them
+/// (SipHash would cost more than the rest of a poll).
+#[derive(Default)]
+pub struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8 | u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// A map keyed by QP number.
+pub type QpnMap<V> = HashMap<u32, V, std::hash::BuildHasherDefault<IdHasher>>;
 
 /// A shadow CQ's app-facing pointer from its address.
 pub fn cq_of(p: *mut ibv_cq) -> *mut Cq {

@@ -554,6 +554,7 @@ pub fn restart_local(retire_old: bool) -> Result<Blob, Failure> {
     }
     place_fds(&fds)?;
     ids().write().unwrap_or_else(|e| e.into_inner()).generation += 1;
+    TRANSLATING.store(true, Ordering::Release);
 
     for (i, c) in reg.contexts.iter().enumerate() {
         // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.

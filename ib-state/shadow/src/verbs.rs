@@ -399,7 +399,7 @@ pub unsafe extern "C" fn ibv_create_cq(
             channel: channel.cast(),
             comp_vector,
             drained: CompletionQueue::new(1),
-            qps: HashMap::new(),
+            qps: QpnMap::default(),
             armed: None,
             unacked_events: 0,
         }),

@@ -14,7 +14,10 @@
 //! - tests/c/ib/ud_srq_restart.c does the same with UD datagrams sent
 //!   through an address handle (the receiver must see the sender's QP
 //!   number as the program knows it) and an SRQ shared by two RC QPs with
-//!   receives missing: each message once, on its QP.
+//!   receives missing: each message once, on its QP;
+//! - perftest's ib_send_bw and ib_write_bw (programs nobody here wrote,
+//!   Debian's perftest) run their client and server under the layer and
+//!   report their figures.
 //!
 //! A missing harness prerequisite fails the test with the harness's
 //! message; it never skips.
@@ -71,6 +74,12 @@ t2=$(date +%s%N)
 echo "plain_ns $((t1 - t0)) shadow_ns $((t2 - t1))"
 LD_PRELOAD=$S/libckpt_ibverbs.so ./rc_restart rxe0 ROUNDS > restart.out 2>&1; echo "restart exit $?"
 LD_PRELOAD=$S/libckpt_ibverbs.so ./ud_srq_restart rxe0 ROUNDS > udsrq.out 2>&1; echo "ud_srq exit $?"
+for t in ib_send_bw ib_write_bw; do
+    LD_PRELOAD=$S/libckpt_ibverbs.so $t -d rxe0 -x 1 -n 500 -s 64 -F > $t-srv.out 2>&1 &
+    sleep 0.5
+    LD_PRELOAD=$S/libckpt_ibverbs.so $t -d rxe0 -x 1 -n 500 -s 64 -F 127.0.0.1 > $t.out 2>&1; echo "$t exit $?"
+    wait
+done
 "#;
 
 fn checksums(out: &str) -> Vec<String> {
@@ -82,6 +91,13 @@ fn checksums(out: &str) -> Vec<String> {
 
 #[test]
 fn shadow_layer_is_transparent_and_restarts_with_messages_in_flight() {
+    assert!(
+        Command::new("sh")
+            .args(["-c", "command -v ib_send_bw"])
+            .output()
+            .is_ok_and(|o| o.status.success()),
+        "perftest's ib_send_bw is not installed (apt-get install perftest; .ci/run does)"
+    );
     let setup = Command::new(workspace().join("scripts/ib-vm.sh"))
         .arg("setup")
         .output()
@@ -146,6 +162,15 @@ fn shadow_layer_is_transparent_and_restarts_with_messages_in_flight() {
             && restart.matches("device qps").count() == ROUNDS as usize,
         "{all}"
     );
+    for t in ["ib_send_bw", "ib_write_bw"] {
+        let out = read(&format!("{t}.out"));
+        assert!(
+            stdout.contains(&format!("{t} exit 0"))
+                && out.lines().any(|l| l.trim_start().starts_with("64 ")),
+            "{t} under the layer:\n{out}\n{}\n{all}",
+            read(&format!("{t}-srv.out"))
+        );
+    }
     assert!(
         stdout.contains("ud_srq exit 0")
             && udsrq.contains(&format!("ud_srq_restart: ok rounds={ROUNDS}")),
