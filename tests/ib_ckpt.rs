@@ -256,7 +256,8 @@ fn a_verbs_job_is_dumped_mid_stream_and_finishes_it_after_restore() {
         "{all}"
     );
     assert!(
-        read("show.out").contains("verbs /dev/infiniband/uverbs"),
+        read("show.out").contains("verbs /dev/infiniband/uverbs")
+            && read("show.out").contains("InfiniBand verbs (recreated by its verbs layer"),
         "{all}"
     );
     let restore = read("restore.out");

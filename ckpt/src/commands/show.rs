@@ -159,6 +159,11 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
             "sid": core.sid,
             "pgid": core.pgid,
             "job_stop": core.job_stop.as_ref().map(|j| nix::sys::signal::Signal::try_from(j.signal).map_or_else(|_| j.signal.to_string(), |s| s.as_str().to_string())),
+            "ib": core.ib.as_ref().map(|l| json!({
+                "drained_completions": l.drained_completions,
+                "outstanding_sends": l.outstanding_sends,
+                "drain_us": l.drain_us,
+            })),
             "threads": core.threads.iter().map(|t| t.tid).collect::<Vec<_>>(),
             "pages_bytes": mm.pages_bytes,
             "pages_compressed": mm.compressed,
@@ -440,6 +445,15 @@ fn render_text(v: &Value) -> String {
         );
         if let Some(sig) = p["job_stop"].as_str() {
             let _ = writeln!(s, "  stopped by {sig} (job control; restored stopped)");
+        }
+        if let Some(ib) = p["ib"].as_object() {
+            let _ = writeln!(
+                s,
+                "  InfiniBand verbs (recreated by its verbs layer at restart): drained {} completions in {:.3} ms, {} sends outstanding",
+                ib["drained_completions"],
+                ib["drain_us"].as_f64().unwrap_or(0.0) / 1e3,
+                ib["outstanding_sends"]
+            );
         }
         for t in p["posix_timers"].as_array().into_iter().flatten() {
             let _ = writeln!(s, "  POSIX {}", t.as_str().unwrap_or(""));
