@@ -113,11 +113,6 @@ fn shadow_library() -> PathBuf {
     lib
 }
 
-fn copy_executable(from: &Path, to: &Path) {
-    fs::copy(from, to).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
-    fs::set_permissions(to, fs::Permissions::from_mode(0o755)).expect("chmod");
-}
-
 /// The stream checksums both sides reported.
 fn checksums(out: &str) -> Vec<String> {
     out.lines()
@@ -146,22 +141,10 @@ fn run_in_guest(script_text: &str, files: &[&str]) -> GuestRun {
     // half speed, past their timeouts.
     static ONE_GUEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guest = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
-    let setup = Command::new(workspace().join("scripts/ib-vm.sh"))
-        .arg("setup")
-        .output()
-        .expect("run scripts/ib-vm.sh setup");
-    assert!(
-        setup.status.success(),
-        "scripts/ib-vm.sh setup: {}",
-        String::from_utf8_lossy(&setup.stderr).trim()
-    );
-    // Under /var/tmp: the guest sees the host's tree but not its /tmp.
-    let scratch = tempfile::Builder::new()
-        .prefix("ckpt-ib-ckpt.")
-        .tempdir_in("/var/tmp")
-        .expect("scratch dir");
+    guest::setup(&[]);
+    let scratch = guest::scratch("ckpt-ib-ckpt.");
     let s = scratch.path();
-    copy_executable(Path::new(CKPT), &s.join("ckpt"));
+    guest::copy_executable(Path::new(CKPT), &s.join("ckpt"));
     fs::copy(shadow_library(), s.join("libckpt_ibverbs.so")).expect("copy the layer");
     let cc = Command::new("gcc")
         .args(["-O1", "-Wall", "-Werror", "-o"])
@@ -318,8 +301,4 @@ fn a_verbs_job_of_two_nodes_restarts_through_the_coordinator() {
     }
     assert_eq!(checksums(&g.read("job-s.out")), reference[..1], "{all}");
     assert_eq!(checksums(&g.read("job-c.out")), reference[..1], "{all}");
-}
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }

@@ -7,10 +7,7 @@
 
 mod common;
 
-use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::Command;
 
 use common::*;
 
@@ -39,45 +36,14 @@ wait $R
 echo "restore exit $?"
 "#;
 
-fn copy_executable(from: &Path, to: &Path) {
-    fs::copy(from, to).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
-    fs::set_permissions(to, fs::Permissions::from_mode(0o755)).expect("chmod");
-}
-
 #[test]
 fn dump_and_restore_inside_the_6_1_guest() {
-    let setup = Command::new(workspace().join("scripts/ib-vm.sh"))
-        .arg("setup")
-        .output()
-        .expect("run scripts/ib-vm.sh setup");
-    assert!(
-        setup.status.success(),
-        "scripts/ib-vm.sh setup: {}",
-        String::from_utf8_lossy(&setup.stderr).trim()
-    );
-    // Under /var/tmp: the guest sees the host's tree but not its /tmp.
-    let scratch = tempfile::Builder::new()
-        .prefix("ckpt-old-kernel.")
-        .tempdir_in("/var/tmp")
-        .expect("scratch dir");
+    guest::setup(&[]);
+    let scratch = guest::scratch("ckpt-old-kernel.");
     let s = scratch.path();
-    copy_executable(Path::new(env!("CARGO_BIN_EXE_ckpt")), &s.join("ckpt"));
-    copy_executable(&victim_bin("counter"), &s.join("counter"));
-    let script = s.join("guest.sh");
-    fs::write(&script, GUEST_SCRIPT).expect("write guest script");
-    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).expect("chmod");
-    let out = Command::new(workspace().join("scripts/ib-vm.sh"))
-        .args([
-            "run",
-            "--timeout",
-            &VM_TIMEOUT_SECS.to_string(),
-            "--scratch",
-        ])
-        .arg(s)
-        .arg("--")
-        .arg(&script)
-        .output()
-        .expect("run scripts/ib-vm.sh run");
+    guest::copy_executable(Path::new(env!("CARGO_BIN_EXE_ckpt")), &s.join("ckpt"));
+    guest::copy_executable(&victim_bin("counter"), &s.join("counter"));
+    let out = guest::run(None, s, "guest.sh", GUEST_SCRIPT, VM_TIMEOUT_SECS);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let all = format!("stdout:\n{stdout}\nstderr:\n{stderr}");
@@ -91,8 +57,4 @@ fn dump_and_restore_inside_the_6_1_guest() {
         stdout.contains("restore exit 0"),
         "the restored victim did not pass its checks:\n{all}"
     );
-}
-
-fn workspace() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }

@@ -22,7 +22,6 @@ mod common;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::Command;
 
 use common::*;
 
@@ -103,33 +102,10 @@ P=$(cat "$S/pid3")
 exit 0
 "#;
 
-fn copy_executable(from: &Path, to: &Path) {
-    fs::copy(from, to).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
-    fs::set_permissions(to, fs::Permissions::from_mode(0o755)).expect("chmod");
-}
-
-fn ib_vm(args: &[&str]) -> std::process::Output {
-    Command::new(workspace().join("scripts/ib-vm.sh"))
-        .args(args)
-        .output()
-        .expect("run scripts/ib-vm.sh")
-}
-
 /// Boots the guest of `kernel` (a series, or None for the default 6.1) on
 /// the shared scratch dir `s` and runs `script` there; returns its output.
 fn run_guest(kernel: Option<&str>, s: &Path, name: &str, script: &str) -> (String, String) {
-    let path = s.join(name);
-    fs::write(&path, script).expect("write guest script");
-    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).expect("chmod");
-    let timeout = VM_TIMEOUT_SECS.to_string();
-    let mut args = vec!["run"];
-    if let Some(k) = kernel {
-        args.extend(["--kernel", k]);
-    }
-    let s_str = s.to_str().expect("utf-8 scratch path");
-    let p_str = path.to_str().expect("utf-8 script path");
-    args.extend(["--timeout", &timeout, "--scratch", s_str, "--", p_str]);
-    let out = ib_vm(&args);
+    let out = guest::run(kernel, s, name, script, VM_TIMEOUT_SECS);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
@@ -142,23 +118,12 @@ fn run_guest(kernel: Option<&str>, s: &Path, name: &str, script: &str) -> (Strin
 
 #[test]
 fn restored_on_6_12_what_6_1_dumped() {
-    for setup in [&["setup"][..], &["setup", "--kernel", "6.12"][..]] {
-        let out = ib_vm(setup);
-        assert!(
-            out.status.success(),
-            "scripts/ib-vm.sh {}: {}",
-            setup.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    // Under /var/tmp: the guests see the host's tree but not its /tmp.
-    let scratch = tempfile::Builder::new()
-        .prefix("ckpt-vdso-proxy.")
-        .tempdir_in("/var/tmp")
-        .expect("scratch dir");
+    guest::setup(&[]);
+    guest::setup(&["--kernel", "6.12"]);
+    let scratch = guest::scratch("ckpt-vdso-proxy.");
     let s = scratch.path();
-    copy_executable(Path::new(env!("CARGO_BIN_EXE_ckpt")), &s.join("ckpt"));
-    copy_executable(&victim_bin("clock"), &s.join("clock"));
+    guest::copy_executable(Path::new(env!("CARGO_BIN_EXE_ckpt")), &s.join("ckpt"));
+    guest::copy_executable(&victim_bin("clock"), &s.join("clock"));
     // One image key for both guests.
     let mut key = [0u8; 32];
     fs::File::open("/dev/urandom")
@@ -214,8 +179,4 @@ fn restored_on_6_12_what_6_1_dumped() {
         c.contains("vDSO symbol __vdso_getrandom missing on this kernel"),
         "not refused by the missing symbol's name:\n{all}"
     );
-}
-
-fn workspace() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }

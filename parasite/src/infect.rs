@@ -440,23 +440,14 @@ impl Infection<'_> {
     ) -> Result<u64> {
         self.unpark()?;
         let t = self.tracee;
-        let ret_addr = self.base + BLOB.call_return as u64;
-        // The ABI's entry state: rsp + 8 is 16-byte aligned, the return
-        // address at rsp.
-        let sp = (stack_top & !15) - 8;
-        t.write_mem(sp, &ret_addr.to_le_bytes())?;
         let mut r = self.saved_regs;
-        r.rip = addr;
-        r.rsp = sp;
-        r.rdi = args[0];
-        r.rsi = args[1];
-        r.rdx = args[2];
-        r.rcx = args[3];
-        r.r8 = args[4];
-        r.r9 = args[5];
-        r.rax = 0;
-        r.orig_rax = u64::MAX;
-        r.eflags &= !EFLAGS_DF;
+        t.prepare_call(
+            &mut r,
+            addr,
+            args,
+            stack_top,
+            self.base + BLOB.call_return as u64,
+        )?;
         t.set_regs(&r)?;
         t.run_until_syscall_entry(self.base + BLOB.done as u64, MARKER_NR, what)?;
         Ok(t.regs()?.rdi)

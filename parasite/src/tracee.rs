@@ -408,6 +408,31 @@ impl Tracee {
         Ok(after.rax as i64)
     }
 
+    /// Sets `r` up for a call of the function at `addr` with `args` (the
+    /// SysV ABI's integer registers), on the stack whose top is
+    /// `stack_top`, returning to `ret`: the return address is written at
+    /// the aligned stack pointer.
+    pub fn prepare_call(
+        &self,
+        r: &mut Regs,
+        addr: u64,
+        args: [u64; 6],
+        stack_top: u64,
+        ret: u64,
+    ) -> Result<()> {
+        // At entry rsp + 8 is 16-byte aligned, the return address at rsp.
+        let sp = (stack_top & !15) - 8;
+        self.write_mem(sp, &ret.to_le_bytes())?;
+        r.rip = addr;
+        r.rsp = sp;
+        [r.rdi, r.rsi, r.rdx, r.rcx, r.r8, r.r9] = args;
+        r.rax = 0;
+        r.orig_rax = NO_SYSCALL;
+        // The direction flag must be clear on entry to compiled code.
+        r.eflags &= !(1 << 10);
+        Ok(())
+    }
+
     /// Calls the function at `addr` of the task's own code with up to six
     /// integer arguments, on the stack whose top is `stack_top`, returning
     /// to `trap`, an `int3` of ckpt's; the task runs until it gets there
@@ -422,20 +447,7 @@ impl Tracee {
         trap: u64,
     ) -> Result<u64> {
         let mut r = self.regs()?;
-        let sp = (stack_top & !15) - 8;
-        self.write_mem(sp, &trap.to_le_bytes())?;
-        r.rip = addr;
-        r.rsp = sp;
-        r.rdi = args[0];
-        r.rsi = args[1];
-        r.rdx = args[2];
-        r.rcx = args[3];
-        r.r8 = args[4];
-        r.r9 = args[5];
-        r.rax = 0;
-        r.orig_rax = u64::MAX;
-        // The direction flag must be clear on entry to compiled code.
-        r.eflags &= !(1 << 10);
+        self.prepare_call(&mut r, addr, args, stack_top, trap)?;
         self.set_regs(&r)?;
         self.run_until_trap(what)?;
         let after = self.regs()?;

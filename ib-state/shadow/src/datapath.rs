@@ -383,20 +383,34 @@ fn record_recvs(
     Ok(recorded)
 }
 
-/// Posts a recorded receive chain on a real queue (QP or SRQ), translated
-/// after a restart; unrecords what the device refused.
+/// Records a receive chain in `queue` and posts it on a real queue (QP or
+/// SRQ) with `post` (none: the provider cannot), translated after a
+/// restart; unrecords what the device refused.
 ///
 /// # Safety
-/// `wr` is the application's valid chain, all of it recorded last in
-/// `queue`; `post` posts on the live real queue.
-unsafe fn post_recorded_recvs(
+/// `wr` is the application's valid chain, `bad_wr` its out pointer;
+/// `post` posts on the live real queue.
+unsafe fn record_and_post_recvs(
     pd: &Pd,
     queue: &mut crate::ring::WorkQueue,
-    recorded: usize,
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
-    post: impl Fn(*mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int,
+    post: Option<impl Fn(*mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int>,
 ) -> c_int {
+    let recorded = match record_recvs(queue, wr) {
+        Ok(n) => n,
+        Err(bad) => {
+            // SAFETY: the caller's out pointer.
+            unsafe { *bad_wr = bad };
+            return libc::ENOMEM;
+        }
+    };
+    let Some(post) = post else {
+        for _ in 0..recorded {
+            queue.ring.pop_back();
+        }
+        return libc::EOPNOTSUPP;
+    };
     let mut failed_at = recorded;
     let mut bad = std::ptr::null_mut();
     let rc = if translating() {
@@ -445,24 +459,19 @@ pub unsafe extern "C" fn post_recv(
     // SAFETY: a QP's PD outlives it.
     let pd = unsafe { &*q.abi.pd.cast::<Pd>() };
     let mut st = lock(&q.st);
-    let recorded = match record_recvs(&mut st.recvs, wr) {
-        Ok(n) => n,
-        Err(bad) => {
-            // SAFETY: the caller's out pointer.
-            unsafe { *bad_wr = bad };
-            return libc::ENOMEM;
-        }
-    };
     let real = st.real;
     // SAFETY: the live real QP's context.
-    let Some(post) = (unsafe { real_ops((*real).context) }).post_recv else {
-        return libc::EOPNOTSUPP;
-    };
-    // SAFETY: the chain was just recorded; `post` targets the real QP.
+    let post = unsafe { real_ops((*real).context) }.post_recv;
+    // SAFETY: the caller's chain and out pointer; `post` targets the real
+    // QP (the closure is only called while it lives).
     unsafe {
-        post_recorded_recvs(pd, &mut st.recvs, recorded, wr, bad_wr, |w, b| {
-            post(real, w, b)
-        })
+        record_and_post_recvs(
+            pd,
+            &mut st.recvs,
+            wr,
+            bad_wr,
+            post.map(|f| move |w, b| f(real, w, b)),
+        )
     }
 }
 
@@ -481,24 +490,18 @@ pub unsafe extern "C" fn post_srq_recv(
     // SAFETY: an SRQ's PD outlives it.
     let pd = unsafe { &*s.abi.pd.cast::<Pd>() };
     let mut st = lock(&s.st);
-    let recorded = match record_recvs(&mut st.recvs, wr) {
-        Ok(n) => n,
-        Err(bad) => {
-            // SAFETY: the caller's out pointer.
-            unsafe { *bad_wr = bad };
-            return libc::ENOMEM;
-        }
-    };
     let real = st.real;
     // SAFETY: the live real SRQ's context.
-    let Some(post) = (unsafe { real_ops((*real).context) }).post_srq_recv else {
-        return libc::EOPNOTSUPP;
-    };
-    // SAFETY: as in post_recv.
+    let post = unsafe { real_ops((*real).context) }.post_srq_recv;
+    // SAFETY: as in post_recv, on the real SRQ.
     unsafe {
-        post_recorded_recvs(pd, &mut st.recvs, recorded, wr, bad_wr, |w, b| {
-            post(real.cast(), w, b)
-        })
+        record_and_post_recvs(
+            pd,
+            &mut st.recvs,
+            wr,
+            bad_wr,
+            post.map(|f| move |w, b| f(real.cast(), w, b)),
+        )
     }
 }
 
