@@ -253,6 +253,24 @@ pub unsafe fn free<T>(p: *mut T) {
     drop(unsafe { Box::from_raw(p) });
 }
 
+/// After a real destroy: on success (`rc == 0`) the shadow `p` leaves the
+/// registry's `list` and is freed. Returns `rc`.
+///
+/// # Safety
+/// `p` came from `leak`, and the application gave it up with this call.
+pub unsafe fn destroyed<T>(
+    rc: c_int,
+    p: *mut T,
+    list: impl FnOnce(&mut Registry) -> &mut Vec<Ptr<T>>,
+) -> c_int {
+    if rc == 0 {
+        forget(list(&mut registry()), p);
+        // SAFETY: the caller's contract.
+        unsafe { free(p) };
+    }
+    rc
+}
+
 /// The translation state that every post consults once a restart
 /// happened.
 pub struct Ids {

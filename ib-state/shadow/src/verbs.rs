@@ -214,12 +214,8 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     let _entry = Entry::new();
     // SAFETY: the live real PD.
     let rc = unsafe { (real().ibv_dealloc_pd)(pd_real(pd)) };
-    if rc == 0 {
-        forget(&mut registry().pds, pd.cast::<Pd>());
-        // SAFETY: made by ibv_alloc_pd, given up.
-        unsafe { free(pd.cast::<Pd>()) };
-    }
-    rc
+    // SAFETY: made by ibv_alloc_pd, given up with this call.
+    unsafe { destroyed(rc, pd.cast::<Pd>(), |r| &mut r.pds) }
 }
 
 /// Picks the virtual key for a key the device just gave: itself, unless a
@@ -363,12 +359,8 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
     let _entry = Entry::new();
     // SAFETY: the live real channel.
     let rc = unsafe { (real().ibv_destroy_comp_channel)(channel_real(channel)) };
-    if rc == 0 {
-        forget(&mut registry().channels, channel.cast::<Channel>());
-        // SAFETY: made by ibv_create_comp_channel, given up.
-        unsafe { free(channel.cast::<Channel>()) };
-    }
-    rc
+    // SAFETY: made by ibv_create_comp_channel, given up with this call.
+    unsafe { destroyed(rc, channel.cast::<Channel>(), |r| &mut r.channels) }
 }
 
 #[unsafe(no_mangle)]
@@ -446,12 +438,8 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         // SAFETY: the live real CQ.
         unsafe { (real().ibv_destroy_cq)(st.real) }
     };
-    if rc == 0 {
-        forget(&mut registry().cqs, cq.cast::<Cq>());
-        // SAFETY: made by ibv_create_cq, given up.
-        unsafe { free(cq.cast::<Cq>()) };
-    }
-    rc
+    // SAFETY: made by ibv_create_cq, given up with this call.
+    unsafe { destroyed(rc, cq.cast::<Cq>(), |r| &mut r.cqs) }
 }
 
 /// Not counted as inside a verb: it blocks until an event comes, and a
@@ -861,12 +849,8 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     let rsrq = lock(&shadow::<Srq>(srq).st).real;
     // SAFETY: the live real SRQ.
     let rc = unsafe { (real().ibv_destroy_srq)(rsrq) };
-    if rc == 0 {
-        forget(&mut registry().srqs, srq.cast::<Srq>());
-        // SAFETY: made by ibv_create_srq, given up.
-        unsafe { free(srq.cast::<Srq>()) };
-    }
-    rc
+    // SAFETY: made by ibv_create_srq, given up with this call.
+    unsafe { destroyed(rc, srq.cast::<Srq>(), |r| &mut r.srqs) }
 }
 
 #[unsafe(no_mangle)]
@@ -903,12 +887,8 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     let rah = lock(&shadow::<Ah>(ah).real).0;
     // SAFETY: the live real AH.
     let rc = unsafe { (real().ibv_destroy_ah)(rah) };
-    if rc == 0 {
-        forget(&mut registry().ahs, ah.cast::<Ah>());
-        // SAFETY: made by ibv_create_ah, given up.
-        unsafe { free(ah.cast::<Ah>()) };
-    }
-    rc
+    // SAFETY: made by ibv_create_ah, given up with this call.
+    unsafe { destroyed(rc, ah.cast::<Ah>(), |r| &mut r.ahs) }
 }
 
 /// Which kind of object an async event names.
