@@ -40,7 +40,6 @@
 
 #include <infiniband/verbs.h>
 
-#define PORT_NUM 1
 #define MSGS 4		 /* sends per round (the last signaled) */
 #define RECVS_EARLY 2	 /* receives B has posted when the round starts */
 #define MSG_BYTES 64
@@ -53,15 +52,6 @@
 #define WR_RECV 0x4000
 #define WR_NOTIFY 0x5000
 
-struct drain_report {
-	uint64_t completions, outstanding_sends, elapsed_us;
-};
-int ckpt_ib_checkpoint(uint32_t quiet_ms, uint32_t max_wait_ms, struct drain_report *out)
-	__attribute__((weak));
-int ckpt_ib_restart_local(uint32_t flags, const uint8_t **blob, size_t *len) __attribute__((weak));
-int ckpt_ib_restart_connect(const uint8_t *blobs, size_t len) __attribute__((weak));
-const char *ckpt_ib_last_error(void) __attribute__((weak));
-#define CKPT_IB_RETIRE_OLD 1
 
 static void fail(const char *fmt, ...)
 {
@@ -74,6 +64,8 @@ static void fail(const char *fmt, ...)
 	fflush(stdout);
 	exit(1);
 }
+
+#include "ib_loopback.h"
 
 struct side {
 	struct ibv_cq *cq;
@@ -95,29 +87,6 @@ static union ibv_gid gid;
 #define SLOTS 64
 #define BUF_BYTES (SLOTS * MSG_BYTES + 2 * RDMA_BYTES)
 #define RDMA_AT (SLOTS * MSG_BYTES)
-
-static void open_device(const char *name)
-{
-	int n = 0;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	for (int i = 0; list && i < n; i++)
-		if (strcmp(ibv_get_device_name(list[i]), name) == 0)
-			ctx = ibv_open_device(list[i]);
-	if (list)
-		ibv_free_device_list(list);
-	if (!ctx)
-		fail("device %s not found", name);
-	struct ibv_port_attr port;
-	if (ibv_query_port(ctx, PORT_NUM, &port) || port.state != IBV_PORT_ACTIVE)
-		fail("port %d not active", PORT_NUM);
-	static const uint8_t v4[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
-	for (int i = 0; i < port.gid_tbl_len; i++)
-		if (ibv_query_gid(ctx, PORT_NUM, i, &gid) == 0 && memcmp(gid.raw, v4, 12) == 0) {
-			gid_index = (uint8_t)i;
-			return;
-		}
-	fail("no IPv4-mapped GID on port %d", PORT_NUM);
-}
 
 static void make_side(struct side *s, struct ibv_comp_channel *ch)
 {
@@ -144,40 +113,7 @@ static void make_side(struct side *s, struct ibv_comp_channel *ch)
 
 static void connect_to(struct side *s, uint32_t remote_qpn)
 {
-	struct ibv_qp_attr at = {
-		.qp_state = IBV_QPS_INIT,
-		.port_num = PORT_NUM,
-		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
-	};
-	if (ibv_modify_qp(s->qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-		fail("INIT: %s", strerror(errno));
-	memset(&at, 0, sizeof(at));
-	at.qp_state = IBV_QPS_RTR;
-	at.path_mtu = IBV_MTU_1024;
-	at.dest_qp_num = remote_qpn;
-	at.rq_psn = 0x77;
-	at.max_dest_rd_atomic = 1;
-	at.min_rnr_timer = 1; /* 0.01 ms: RNR retries come fast */
-	at.ah_attr.is_global = 1;
-	at.ah_attr.grh.dgid = gid;
-	at.ah_attr.grh.sgid_index = gid_index;
-	at.ah_attr.grh.hop_limit = 1;
-	at.ah_attr.port_num = PORT_NUM;
-	if (ibv_modify_qp(s->qp, &at,
-			  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-				  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		fail("RTR: %s", strerror(errno));
-	memset(&at, 0, sizeof(at));
-	at.qp_state = IBV_QPS_RTS;
-	at.timeout = 14;
-	at.retry_cnt = 7;
-	at.rnr_retry = 7; /* infinite: a send waits for its receive */
-	at.sq_psn = 0x77;
-	at.max_rd_atomic = 1;
-	if (ibv_modify_qp(s->qp, &at,
-			  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-				  IBV_QP_MAX_QP_RD_ATOMIC))
-		fail("RTS: %s", strerror(errno));
+	connect_rc(s->qp, remote_qpn, &gid, gid_index, 0x77, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
 }
 
 static uint64_t recv_slot; /* next receive slot of B */
@@ -407,7 +343,7 @@ int main(int argc, char **argv)
 	int rounds = argc > 2 ? atoi(argv[2]) : 6;
 	if (!ckpt_ib_checkpoint || !ckpt_ib_restart_local || !ckpt_ib_restart_connect)
 		fail("libckpt_ibverbs.so is not preloaded");
-	open_device(dev);
+	ctx = open_loopback(dev, &gid, &gid_index);
 	pd = ibv_alloc_pd(ctx);
 	channel = pd ? ibv_create_comp_channel(ctx) : NULL;
 	if (!channel)

@@ -31,7 +31,6 @@
 
 #include <infiniband/verbs.h>
 
-#define PORT_NUM 1
 #define QKEY 0x11111111
 #define MSG_BYTES 64
 #define GRH_BYTES 40
@@ -42,13 +41,6 @@
 #define SRQ_PER_ROUND 3 /* per RC QP */
 #define SRQ_EARLY 2     /* receives on the SRQ when a round starts */
 
-struct drain_report {
-	uint64_t completions, outstanding_sends, elapsed_us;
-};
-int ckpt_ib_checkpoint(uint32_t, uint32_t, struct drain_report *) __attribute__((weak));
-int ckpt_ib_restart_local(uint32_t, const uint8_t **, size_t *) __attribute__((weak));
-int ckpt_ib_restart_connect(const uint8_t *, size_t) __attribute__((weak));
-const char *ckpt_ib_last_error(void) __attribute__((weak));
 
 static void fail(const char *fmt, ...)
 {
@@ -62,6 +54,8 @@ static void fail(const char *fmt, ...)
 	exit(1);
 }
 
+#include "ib_loopback.h"
+
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static struct ibv_cq *cq; /* one CQ for everything */
@@ -73,29 +67,6 @@ static struct ibv_mr *mr;
 #define SEND_AT(i) (buf + ((i) % SLOTS) * MSG_BYTES)
 #define RECV_AT(i) (buf + SLOTS * MSG_BYTES + ((i) % SLOTS) * (MSG_BYTES + GRH_BYTES))
 #define BUF_BYTES (SLOTS * MSG_BYTES + SLOTS * (MSG_BYTES + GRH_BYTES))
-
-static void open_device(const char *name)
-{
-	int n = 0;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	for (int i = 0; list && i < n; i++)
-		if (strcmp(ibv_get_device_name(list[i]), name) == 0)
-			ctx = ibv_open_device(list[i]);
-	if (list)
-		ibv_free_device_list(list);
-	if (!ctx)
-		fail("device %s not found", name);
-	struct ibv_port_attr port;
-	if (ibv_query_port(ctx, PORT_NUM, &port) || port.state != IBV_PORT_ACTIVE)
-		fail("port not active");
-	static const uint8_t v4[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
-	for (int i = 0; i < port.gid_tbl_len; i++)
-		if (ibv_query_gid(ctx, PORT_NUM, i, &gid) == 0 && memcmp(gid.raw, v4, 12) == 0) {
-			gid_index = (uint8_t)i;
-			return;
-		}
-	fail("no IPv4-mapped GID");
-}
 
 static struct ibv_qp *make_qp(enum ibv_qp_type type, struct ibv_srq *srq)
 {
@@ -126,36 +97,7 @@ static void ud_up(struct ibv_qp *qp)
 
 static void rc_up(struct ibv_qp *qp, uint32_t remote)
 {
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = PORT_NUM };
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-		fail("RC INIT: %s", strerror(errno));
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = remote;
-	a.rq_psn = 0x99;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 1;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = gid;
-	a.ah_attr.grh.sgid_index = gid_index;
-	a.ah_attr.grh.hop_limit = 1;
-	a.ah_attr.port_num = PORT_NUM;
-	if (ibv_modify_qp(qp, &a,
-			  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-				  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		fail("RC RTR: %s", strerror(errno));
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.sq_psn = 0x99;
-	a.max_rd_atomic = 1;
-	if (ibv_modify_qp(qp, &a,
-			  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-				  IBV_QP_MAX_QP_RD_ATOMIC))
-		fail("RC RTS: %s", strerror(errno));
+	connect_rc(qp, remote, &gid, gid_index, 0x99, 0);
 }
 
 /* A message: its stream (0 = UD, 1, 2 = the RC pairs) and sequence. */
@@ -257,7 +199,7 @@ static void restart(int round)
 	size_t len;
 	if (rc)
 		fail("ckpt_ib_checkpoint: %d %s", rc, ckpt_ib_last_error());
-	if ((rc = ckpt_ib_restart_local(1, &blob, &len)))
+	if ((rc = ckpt_ib_restart_local(CKPT_IB_RETIRE_OLD, &blob, &len)))
 		fail("ckpt_ib_restart_local: %d %s", rc, ckpt_ib_last_error());
 	if ((rc = ckpt_ib_restart_connect(blob, len)))
 		fail("ckpt_ib_restart_connect: %d %s", rc, ckpt_ib_last_error());
@@ -289,7 +231,7 @@ int main(int argc, char **argv)
 	int rounds = argc > 2 ? atoi(argv[2]) : 4;
 	if (!ckpt_ib_checkpoint || !ckpt_ib_restart_local || !ckpt_ib_restart_connect)
 		fail("libckpt_ibverbs.so is not preloaded");
-	open_device(dev);
+	ctx = open_loopback(dev, &gid, &gid_index);
 	pd = ibv_alloc_pd(ctx);
 	cq = pd ? ibv_create_cq(ctx, CQ_DEPTH, NULL, NULL, 0) : NULL;
 	buf = aligned_alloc(4096, (BUF_BYTES + 4095) / 4096 * 4096);
