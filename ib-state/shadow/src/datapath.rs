@@ -594,13 +594,20 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
             };
         }
         let n = usize::try_from(n).unwrap_or(0);
+        let mut kept = got;
         for i in got..got + n {
-            // SAFETY: filled by the device just now.
-            absorb(&st, unsafe { &mut *wc.add(i) });
+            // SAFETY: filled by the device just now (`kept <= i`).
+            let w = unsafe { &mut *wc.add(i) };
+            if st.kicks.contains(&w.qp_num) {
+                continue;
+            }
+            absorb(&st, w);
+            // SAFETY: both within the caller's array.
+            unsafe { *wc.add(kept) = *wc.add(i) };
+            kept += 1;
         }
-        got += n;
+        got = kept;
     }
-    let _ = &mut st;
     c_int::try_from(got).unwrap_or(c_int::MAX)
 }
 

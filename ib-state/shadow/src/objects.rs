@@ -134,6 +134,9 @@ pub struct CqState {
     pub armed: Option<c_int>,
     /// Events read from the current real CQ and not yet acknowledged.
     pub unacked_events: u32,
+    /// QPs of the layer's own whose completions land here and are never
+    /// shown to the application (see `restart::kick`).
+    pub kicks: Vec<u32>,
 }
 
 /// A shared receive queue.

@@ -93,6 +93,9 @@ pub fn drain(quiet: Duration, max_wait: Duration) -> Result<DrainReport, Failure
                 }
                 let n = n as usize;
                 for w in wc.iter_mut().take(n) {
+                    if st.kicks.contains(&w.qp_num) {
+                        continue;
+                    }
                     absorb(&st, w);
                     if st.drained.push(*w).is_err() {
                         return Err(fail(
@@ -521,6 +524,7 @@ pub fn restart_local(retire_old: bool) -> Result<Blob, Failure> {
         st.real = rcq;
         st.qps.clear();
         st.unacked_events = 0;
+        st.kicks.clear();
     }
     for s in &reg.srqs {
         // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
@@ -832,19 +836,160 @@ pub fn restart_connect(all: &[u8]) -> Result<(), Failure> {
         }
     }
     for c in &reg.cqs {
-        // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
+        // SAFETY: registry pointers are live shadows.
         let cq = unsafe { &*c.0 };
-        let st = lock(&cq.st);
-        if let Some(solicited) = st.armed {
-            // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
-            let arm = unsafe { (*(*st.real).context).ops.req_notify_cq };
-            if let Some(f) = arm {
-                // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
-                unsafe { f(st.real, solicited) };
-            }
+        let mut st = lock(&cq.st);
+        let Some(solicited) = st.armed else {
+            continue;
+        };
+        // SAFETY: the CQ's real object was made by this restart.
+        let arm = unsafe { (*(*st.real).context).ops.req_notify_cq };
+        if let Some(f) = arm {
+            // SAFETY: as above.
+            unsafe { f(st.real, solicited) };
+        }
+        // The application armed the CQ and waits for its event, but the
+        // completions it waits for were drained: the event they raised
+        // went with the old channel.
+        if !st.channel.is_null() && !st.drained.is_empty() {
+            // SAFETY: a CQ's context outlives it.
+            let ctx = unsafe { &*cq.abi.context.cast::<Context>() };
+            let qpn = kick(ctx, st.real)?;
+            st.kicks.push(qpn);
         }
     }
     Ok(())
+}
+
+/// The QKey of the layer's own kick QPs.
+const KICK_QKEY: u32 = 0x0c4b_1b00;
+/// `enum ibv_qp_attr_mask` bits a UD QP's bring-up needs.
+const IBV_QP_PKEY_INDEX: c_int = 1 << 4;
+const IBV_QP_QKEY: c_int = 1 << 6;
+const IBV_QP_SQ_PSN: c_int = 1 << 16;
+
+/// Makes the device raise a completion event for `rcq`: a UD QP of the
+/// layer's own, whose send queue completes on `rcq`, sends one empty
+/// datagram to itself. `poll_cq` hides its completion (its QP number is
+/// returned for `CqState::kicks`); the application's event leads it to
+/// the drained completions.
+fn kick(ctx: &Context, rcq: *mut ibv_cq) -> Result<u32, Failure> {
+    let r = real();
+    let (rctx, port, index) = {
+        let st = lock(&ctx.st);
+        let (port, index) = st
+            .gids
+            .keys()
+            .next()
+            .copied()
+            .or_else(|| st.lids.keys().next().map(|p| (*p, -1)))
+            .unwrap_or((1, 0));
+        (st.real, port, index)
+    };
+    // SAFETY: the live new context.
+    let rpd = null_check(unsafe { (r.ibv_alloc_pd)(rctx) }, || {
+        "kick: ibv_alloc_pd".into()
+    })?;
+    let own_cq = null_check(
+        // SAFETY: as above; no channel, no context pointer.
+        unsafe { (r.ibv_create_cq)(rctx, 1, std::ptr::null_mut(), std::ptr::null_mut(), 0) },
+        || "kick: ibv_create_cq".into(),
+    )?;
+    let mut init = ibv_qp_init_attr {
+        qp_context: std::ptr::null_mut(),
+        send_cq: rcq,
+        recv_cq: own_cq,
+        srq: std::ptr::null_mut(),
+        cap: ibv_qp_cap {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        qp_type: IBV_QPT_UD,
+        sq_sig_all: 1,
+    };
+    // SAFETY: live real PD and CQs, local attributes.
+    let qp = null_check(unsafe { (r.ibv_create_qp)(rpd, &mut init) }, || {
+        "kick: ibv_create_qp".into()
+    })?;
+    let mut a = ibv_qp_attr {
+        port_num: port,
+        qkey: KICK_QKEY,
+        ..Default::default()
+    };
+    let steps = [
+        (
+            IBV_QPS_INIT,
+            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY,
+        ),
+        (IBV_QPS_RTR, IBV_QP_STATE),
+        (IBV_QPS_RTS, IBV_QP_STATE | IBV_QP_SQ_PSN),
+    ];
+    for (state, mask) in steps {
+        a.qp_state = state;
+        // SAFETY: the QP just made, local attributes.
+        let rc = unsafe { (r.ibv_modify_qp)(qp, &mut a, mask) };
+        if rc != 0 {
+            return Err(fail(-rc.abs(), format!("kick: modify_qp to state {state}")));
+        }
+    }
+    let mut av = ibv_ah_attr {
+        port_num: port,
+        ..Default::default()
+    };
+    if index >= 0 {
+        let mut gid = ibv_gid::default();
+        // SAFETY: the live context, a local out value.
+        if unsafe { (r.ibv_query_gid)(rctx, port, index, &mut gid) } != 0 {
+            return Err(fail(-errno().abs().max(1), "kick: ibv_query_gid"));
+        }
+        av.is_global = 1;
+        av.grh.dgid = gid;
+        av.grh.sgid_index = u8::try_from(index).unwrap_or(0);
+        av.grh.hop_limit = 1;
+    } else {
+        let mut pa = ibv_port_attr::default();
+        // SAFETY: as above.
+        if unsafe { (r.ibv_query_port)(rctx, port, &mut pa) } != 0 {
+            return Err(fail(-errno().abs().max(1), "kick: ibv_query_port"));
+        }
+        av.dlid = pa.lid;
+    }
+    // SAFETY: the PD just made, a local address vector.
+    let ah = null_check(unsafe { (r.ibv_create_ah)(rpd, &mut av) }, || {
+        "kick: ibv_create_ah".into()
+    })?;
+    // SAFETY: the QP just made.
+    let qpn = unsafe { (*qp).qp_num };
+    let mut wr = ibv_send_wr {
+        wr_id: 0,
+        next: std::ptr::null_mut(),
+        sg_list: std::ptr::null_mut(),
+        num_sge: 0,
+        opcode: IBV_WR_SEND,
+        send_flags: IBV_SEND_SIGNALED,
+        imm_data: 0,
+        // The `ud` union: address handle, remote QPN, remote QKey.
+        wr: [
+            ah as u64,
+            u64::from(qpn) | (u64::from(KICK_QKEY) << 32),
+            0,
+            0,
+        ],
+        qp_type: 0,
+        bind_mw_or_tso: [0; 6],
+    };
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: the QP's live context.
+    let post = unsafe { (*(*qp).context).ops.post_send };
+    // SAFETY: a valid one-request chain on the QP just made.
+    let rc = post.map_or(libc::EOPNOTSUPP, |f| unsafe { f(qp, &mut wr, &mut bad) });
+    if rc != 0 {
+        return Err(fail(-rc.abs(), "kick: post_send"));
+    }
+    Ok(qpn)
 }
 
 #[cfg(test)]

@@ -394,6 +394,7 @@ pub unsafe extern "C" fn ibv_create_cq(
             qps: QpnMap::default(),
             armed: None,
             unacked_events: 0,
+            kicks: Vec::new(),
         }),
     });
     // The real CQ's context is the shadow: completion events name it.

@@ -337,6 +337,52 @@ static void check_channel(void)
 	ibv_ack_cq_events(ev_cq, 1);
 }
 
+/*
+ * A completion whose event is waiting in the channel when the restart
+ * drains it: the event must come again on the new channel (the program
+ * armed the CQ and will wait for it), then the completion, once.
+ */
+static void check_event_across_restart(void)
+{
+	if (ibv_req_notify_cq(a.cq, 0))
+		fail("req_notify_cq");
+	post_recv_b();
+	uint8_t *m = a.buf;
+	fill_msg(m, next_seq);
+	uint64_t id = WR_NOTIFY | next_seq;
+	struct ibv_sge sge = { .addr = (uintptr_t)m, .length = MSG_BYTES, .lkey = a.mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = id, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_SIGNALED }, *bad;
+	next_seq++;
+	if (ibv_post_send(a.qp, &wr, &bad))
+		fail("post_send: %s", strerror(errno));
+	/* The completion is on A's CQ once its event shows; not read. */
+	struct pollfd pfd = { .fd = channel_fd, .events = POLLIN };
+	if (poll(&pfd, 1, POLL_TIMEOUT_SEC * 1000) != 1)
+		fail("no completion event before the restart");
+	struct drain_report rep;
+	const uint8_t *blob;
+	size_t len;
+	if (ckpt_ib_checkpoint(20, 2000, &rep) || ckpt_ib_restart_local(CKPT_IB_RETIRE_OLD, &blob, &len) ||
+	    ckpt_ib_restart_connect(blob, len))
+		fail("restart with an event pending: %s", ckpt_ib_last_error());
+	if (rep.completions < 1)
+		fail("the drain found no completion on A's CQ");
+	if (poll(&pfd, 1, POLL_TIMEOUT_SEC * 1000) != 1)
+		fail("the event of a drained completion did not come again after the restart");
+	struct ibv_cq *ev_cq;
+	void *ev_ctx;
+	if (ibv_get_cq_event(channel, &ev_cq, &ev_ctx) || ev_cq != a.cq)
+		fail("get_cq_event after the restart");
+	ibv_ack_cq_events(ev_cq, 1);
+	struct ibv_wc wc[4];
+	int n = ibv_poll_cq(a.cq, 4, wc);
+	if (n != 1 || wc[0].wr_id != id || wc[0].status != IBV_WC_SUCCESS)
+		fail("after the event: %d completions (want the send's, once)", n);
+	printf("event across restart: drained %" PRIu64 " completions, the event came again\n",
+	       rep.completions);
+}
+
 int main(int argc, char **argv)
 {
 	const char *dev = argc > 1 ? argv[1] : "rxe0";
@@ -363,6 +409,13 @@ int main(int argc, char **argv)
 	check_channel();
 	wait_all(rounds - 1);
 	reap(rounds - 1);
+	check_event_across_restart();
+	/* B's receive of that message. */
+	time_t deadline = time(NULL) + POLL_TIMEOUT_SEC;
+	while (b_next_seq < next_seq && time(NULL) <= deadline)
+		reap(rounds - 1);
+	if (b_next_seq != next_seq)
+		fail("B did not receive the last message");
 	printf("rc_restart: ok rounds=%d messages=%" PRIu64 " restarts=%d\n", rounds, next_seq, restarts);
 	return 0;
 }
