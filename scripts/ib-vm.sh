@@ -35,7 +35,8 @@ CACHE=${CKPT_IB_CACHE:-/var/cache/ckpt-ib}
 # without a crc32 provider, and nothing depends on it by name.
 # unix_diag, inet_diag, tcp_diag: ckpt reads sockets through sock_diag when
 # it checkpoints a job in the guest.
-GUEST_MODULES=(virtio_pci 9pnet_virtio 9p veth crc32_generic ib_uverbs rdma_rxe unix_diag inet_diag tcp_diag)
+# virtio_net: the link between two guests (run --link).
+GUEST_MODULES=(virtio_pci 9pnet_virtio 9p veth virtio_net crc32_generic ib_uverbs rdma_rxe unix_diag inet_diag tcp_diag)
 HARNESS_FAILURE=125
 
 die() {
@@ -213,9 +214,13 @@ mount -t devtmpfs dev /dev
 for m in $(cat /modules.order); do
 	insmod /lib/modules/$m || echo "ib-vm-guest: insmod $m failed"
 done
-scratch=
+scratch= node= ctl=.ib-vm
 for a in $(cat /proc/cmdline); do
-	case $a in ckpt_scratch=*) scratch=${a#ckpt_scratch=} ;; esac
+	case $a in
+	ckpt_scratch=*) scratch=${a#ckpt_scratch=} ;;
+	ckpt_node=*) node=${a#ckpt_node=} ;;
+	ckpt_ctl=*) ctl=${a#ckpt_ctl=} ;;
+	esac
 done
 opts=trans=virtio,version=9p2000.L,msize=262144
 mount -t 9p -o ro,$opts,cache=loose hostroot /host || echo "ib-vm-guest: cannot mount host tree"
@@ -230,12 +235,20 @@ mount -t tmpfs run /host/run
 # back inside rxe and nothing leaves the guest.
 host() { chroot /host /usr/bin/env PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
 host ip link set lo up
-host ip link add veth0 type veth peer name veth1
-host ip link set veth0 up
-host ip link set veth1 up
-host ip addr add 10.213.0.1/24 dev veth0
-host rdma link add rxe0 type rxe netdev veth0 || echo "ib-vm-guest: cannot create rxe0"
-chroot /host /bin/bash "$scratch/.ib-vm/run.sh"
+if [ -n "$node" ]; then
+	# One of two guests on a link (run --link): rxe0 on the link's NIC,
+	# guest N at 10.214.0.N.
+	host ip link set eth0 up
+	host ip addr add 10.214.0.$node/24 dev eth0
+	host rdma link add rxe0 type rxe netdev eth0 || echo "ib-vm-guest: cannot create rxe0"
+else
+	host ip link add veth0 type veth peer name veth1
+	host ip link set veth0 up
+	host ip link set veth1 up
+	host ip addr add 10.213.0.1/24 dev veth0
+	host rdma link add rxe0 type rxe netdev veth0 || echo "ib-vm-guest: cannot create rxe0"
+fi
+chroot /host /bin/bash "$scratch/$ctl/run.sh"
 sync
 reboot -f
 EOF
@@ -259,16 +272,33 @@ remember_kernel() {
 }
 
 run() {
-	local timeout=60 scratch="" own_scratch=0 series=""
+	local timeout=60 scratch="" own_scratch=0 series="" link="" node=""
 	while [ $# -gt 0 ]; do
 		case $1 in
 		--kernel) series=$2; shift 2 ;;
 		--timeout) timeout=$2; shift 2 ;;
 		--scratch) scratch=$2; shift 2 ;;
+		--link) link=$2; shift 2 ;;
+		--node) node=$2; shift 2 ;;
 		--) shift; break ;;
-		*) die "unknown option $1 (usage: run [--kernel SERIES] [--timeout S] [--scratch DIR] -- CMD ARGS...)" ;;
+		*) die "unknown option $1 (usage: run [--kernel SERIES] [--timeout S] [--scratch DIR] [--link PORT --node 1|2] -- CMD ARGS...)" ;;
 		esac
 	done
+	# Two guests on one link: node 1 listens on 127.0.0.1:PORT, node 2
+	# connects (start node 1 first); each has its own control directory in
+	# the shared scratch.
+	case "$link:$node" in
+	: | ?*:1 | ?*:2) ;;
+	*) die "--link PORT and --node 1|2 go together" ;;
+	esac
+	local nic=(-nic none) name=.ib-vm
+	if [ -n "$link" ]; then
+		local how=listen
+		[ "$node" = 1 ] || how=connect
+		nic=(-netdev "socket,id=link0,$how=127.0.0.1:$link"
+			-device "virtio-net-pci,netdev=link0,mac=52:54:00:00:00:0$node")
+		name=.ib-vm-$node
+	fi
 	[ $# -gt 0 ] || die "run: no command"
 	local dir
 	if [ -n "$series" ]; then
@@ -282,7 +312,7 @@ run() {
 	fi
 	scratch=$(cd "$scratch" && pwd -P)
 	case $scratch in *[[:space:]]*) die "scratch path must not contain spaces: $scratch" ;; esac
-	local ctl=$scratch/.ib-vm
+	local ctl=$scratch/$name
 	rm -rf "$ctl"
 	mkdir -p "$ctl"
 	# The guest's /tmp is a tmpfs of its own, so a command under the host's
@@ -308,9 +338,9 @@ run() {
 
 	local status=0
 	timeout "$timeout" qemu-system-x86_64 -accel tcg -cpu max -smp 1 -m 1024 \
-		-nographic -no-reboot -nic none \
+		-nographic -no-reboot "${nic[@]}" \
 		-kernel "$dir/vmlinuz" -initrd "$dir/initrd.gz" \
-		-append "console=ttyS0 quiet loglevel=3 panic=-1 ckpt_scratch=$scratch" \
+		-append "console=ttyS0 quiet loglevel=3 panic=-1 ckpt_scratch=$scratch ckpt_ctl=$name${node:+ ckpt_node=$node}" \
 		-virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
 		-virtfs local,path="$scratch",mount_tag=scratch,security_model=none,multidevs=remap \
 		</dev/null >"$ctl/console" 2>&1 || status=$?

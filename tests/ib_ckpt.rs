@@ -24,6 +24,13 @@
 //!   blocked in `ibv_get_cq_event` when frozen): dumped mid-run, restored,
 //!   and both finish every iteration.
 //!
+//! - Two guests as two nodes (`scripts/ib-vm.sh run --link`: rxe over a
+//!   virtual link between them, RoCE between two kernels): the ping-pong's
+//!   server in guest 1 with the coordinator, its client in guest 2; both
+//!   dumped by their `ckpt dump --coord` agents mid-stream, killed, and
+//!   restarted by `ckpt restore --coord --peers`: the stream completes with
+//!   the checksum of an uninterrupted run over the same link.
+//!
 //! A missing harness prerequisite fails the test with the harness's
 //! message; it never skips.
 
@@ -42,6 +49,9 @@ const VM_TIMEOUT_SECS: u32 = 240;
 /// Round trips per run: about 8 s of ping-pong under TCG, so the dump
 /// (2 s in) lands in the middle.
 const MESSAGES: u32 = 600;
+/// Two guests at once under TCG, each booting, a reference run, the
+/// dumped run and its restore.
+const LINKED_TIMEOUT_SECS: u32 = 300;
 
 const GUEST_SCRIPT: &str = r#"#!/bin/sh
 S=$CKPT_IB_SCRATCH
@@ -140,6 +150,39 @@ round poll 7421 1500
 round event 7422 15000 -e
 "#;
 
+/// Guest N of the two-guest job (NODE and SIDE filled in): guest 1 runs
+/// the coordinator and the server, guest 2 the client, each under its own
+/// agent; the shared scratch carries the coordinator's secret and the
+/// outputs.
+const LINKED_SCRIPT: &str = r#"#!/bin/sh
+S=$CKPT_IB_SCRATCH
+cd "$S"
+export CKPT_IMAGE_KEY=$S/key CKPT_IB_LAYER=$S/libckpt_ibverbs.so
+HEAD=10.214.0.1
+if [ NODE = 1 ]; then
+    ./ckpt coord --listen $HEAD:7420 --job J --expect 2 --state-dir "$S/coord" >coord.out 2>&1 &
+    C=$!
+    ARGS="--server"
+else
+    ARGS="--client"
+fi
+i=0; while [ ! -s "$S/coord/J.secret" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+export CKPT_COORD_SECRET=$(cat "$S/coord/J.secret")
+PEER=; [ NODE = 2 ] && PEER=$HEAD
+./rc_pingpong rxe0 MESSAGES $ARGS 7500 $PEER >ref-SIDE.out 2>&1; echo "reference exit $?"
+./ckpt run --ib -- ./rc_pingpong rxe0 MESSAGES $ARGS 7501 $PEER >job-SIDE.out 2>&1 </dev/null &
+P=$!
+i=0; while ! grep -q qp_num job-SIDE.out 2>/dev/null && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+sleep 2
+./ckpt -v dump --tree $P --dir nNODE --coord $HEAD:7420 --job J --node nNODE --kill >dumpNODE.out 2>&1
+echo "dump exit $?"
+wait $P
+./ckpt -v restore --dir nNODE --coord $HEAD:7420 --job J --node nNODE --peers n1,n2 >restoreNODE.out 2>&1
+echo "restore exit $?"
+[ NODE = 1 ] && kill $C
+exit 0
+"#;
+
 /// libckpt_ibverbs.so beside the ckpt binary; built if a narrower
 /// `cargo test` did not build it.
 fn shadow_library() -> PathBuf {
@@ -160,6 +203,27 @@ fn shadow_library() -> PathBuf {
     }
     assert!(lib.exists(), "{} not built", lib.display());
     lib
+}
+
+/// One test's guests at a time: more TCG guests than cores each run at a
+/// fraction of the speed, past their timeouts.
+static ONE_GUEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Compiles tests/c/ib/rc_pingpong.c to `out` against the host's
+/// libibverbs (the guests run the host's tree).
+fn compile_pingpong(out: &Path) {
+    let cc = Command::new("gcc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(out)
+        .arg(workspace().join("tests/c/ib/rc_pingpong.c"))
+        .arg("-libverbs")
+        .output()
+        .expect("run gcc");
+    assert!(
+        cc.status.success(),
+        "gcc rc_pingpong.c -libverbs: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
 }
 
 /// The stream checksums both sides reported.
@@ -186,27 +250,13 @@ impl GuestRun {
 /// Boots the VM on `script` with ckpt, the layer and rc_pingpong in its
 /// scratch directory; `files` are shown when an assertion fails.
 fn run_in_guest(script_text: &str, files: &[&str]) -> GuestRun {
-    // One guest at a time: two TCG guests on a small machine each run at
-    // half speed, past their timeouts.
-    static ONE_GUEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guest = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
     guest::setup(&[]);
     let scratch = guest::scratch("ckpt-ib-ckpt.");
     let s = scratch.path();
     guest::copy_executable(Path::new(CKPT), &s.join("ckpt"));
     fs::copy(shadow_library(), s.join("libckpt_ibverbs.so")).expect("copy the layer");
-    let cc = Command::new("gcc")
-        .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(s.join("rc_pingpong"))
-        .arg(workspace().join("tests/c/ib/rc_pingpong.c"))
-        .arg("-libverbs")
-        .output()
-        .expect("run gcc");
-    assert!(
-        cc.status.success(),
-        "gcc rc_pingpong.c -libverbs: {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    compile_pingpong(&s.join("rc_pingpong"));
     let script = s.join("guest.sh");
     fs::write(
         &script,
@@ -384,4 +434,98 @@ fn rdma_cores_ibv_rc_pingpong_restarts_as_two_nodes_polling_and_on_events() {
             );
         }
     }
+}
+
+#[test]
+fn a_verbs_job_on_two_guests_restarts_across_their_link() {
+    let _guests = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
+    guest::setup(&[]);
+    let scratch = guest::scratch("ckpt-ib-link.");
+    let s = scratch.path();
+    guest::copy_executable(Path::new(CKPT), &s.join("ckpt"));
+    fs::copy(shadow_library(), s.join("libckpt_ibverbs.so")).expect("copy the layer");
+    compile_pingpong(&s.join("rc_pingpong"));
+    // One image key for both nodes.
+    let key: Vec<u8> = (0..32u8)
+        .map(|i| i.wrapping_mul(37) ^ (std::process::id() as u8))
+        .collect();
+    fs::write(s.join("key"), key).expect("write the image key");
+    fs::set_permissions(s.join("key"), fs::Permissions::from_mode(0o600)).expect("chmod key");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+        .to_string();
+    let spawn = |node: &str, side: &str| {
+        let text = LINKED_SCRIPT
+            .replace("NODE", node)
+            .replace("SIDE", side)
+            .replace("MESSAGES", &MESSAGES.to_string());
+        let path = s.join(format!("guest{node}.sh"));
+        fs::write(&path, text).expect("write guest script");
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).expect("chmod");
+        Command::new(workspace().join("scripts/ib-vm.sh"))
+            .args(["run", "--timeout", &LINKED_TIMEOUT_SECS.to_string()])
+            .args(["--link", &port, "--node", node, "--scratch"])
+            .arg(s)
+            .arg("--")
+            .arg(&path)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run scripts/ib-vm.sh")
+    };
+    let first = spawn("1", "s");
+    // Node 1's QEMU listens on the link before node 2's connects.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let second = spawn("2", "c");
+    let (one, two) = (
+        first.wait_with_output().expect("guest 1"),
+        second.wait_with_output().expect("guest 2"),
+    );
+    let read = |name: &str| fs::read_to_string(s.join(name)).unwrap_or_default();
+    let mut all = String::new();
+    for (n, o) in [("1", &one), ("2", &two)] {
+        all.push_str(&format!(
+            "guest {n}: {}\nstdout:\n{}\nstderr:\n{}\n",
+            o.status,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ));
+    }
+    for f in [
+        "ref-s.out",
+        "ref-c.out",
+        "job-s.out",
+        "job-c.out",
+        "dump1.out",
+        "dump2.out",
+        "restore1.out",
+        "restore2.out",
+        "coord.out",
+    ] {
+        all.push_str(&format!("--- {f}\n{}", read(f)));
+    }
+    for (n, o) in [("1", &one), ("2", &two)] {
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success()
+                && out.contains("reference exit 0")
+                && out.contains("dump exit 0")
+                && out.contains("restore exit 0"),
+            "guest {n}: {all}"
+        );
+    }
+    let mut reference = checksums(&read("ref-s.out"));
+    reference.extend(checksums(&read("ref-c.out")));
+    assert!(
+        reference.len() == 2 && reference[0] == reference[1],
+        "the uninterrupted run across the link: {all}"
+    );
+    assert!(
+        read("dump1.out").contains("verbs drained") && read("dump2.out").contains("verbs drained"),
+        "{all}"
+    );
+    assert_eq!(checksums(&read("job-s.out")), reference[..1], "{all}");
+    assert_eq!(checksums(&read("job-c.out")), reference[..1], "{all}");
 }

@@ -2,7 +2,7 @@
  * RC send/recv ping-pong over a real verbs device (rxe0 in the SoftRoCE VM of
  * scripts/ib-vm.sh): the future victim of the InfiniBand checkpoint tests.
  *
- *   rc_pingpong [DEVICE [MESSAGES [--server PORT | --client PORT]]]
+ *   rc_pingpong [DEVICE [MESSAGES [--server PORT | --client PORT [HOST]]]]
  *                                       (defaults: rxe0, 1000)
  *
  * Two processes (parent = client, child = server) each open the device and
@@ -18,7 +18,7 @@
  * and exits 0, or prints "<role>: FAIL ..." and exits 1.
  *
  * With --server/--client, one side runs alone and the two swap their
- * endpoints over TCP on 127.0.0.1:PORT instead, closing the connection
+ * endpoints over TCP on PORT (the server's HOST, default 127.0.0.1) instead, closing the connection
  * once connected: two separate process trees (two "nodes" of a job)
  * talking only over verbs.
  */
@@ -389,12 +389,15 @@ static int run_side(int is_client, int sock, const char *dev, uint64_t count)
 	return 0;
 }
 
-/* The endpoint exchange of --server/--client: a TCP connection on
- * 127.0.0.1:port (the client retries until the server listens). */
-static int tcp_side(int is_client, int port)
+/* The endpoint exchange of --server/--client: a TCP connection to the
+ * server's host:port (the client retries until the server listens; the
+ * server listens on every address). */
+static int tcp_side(int is_client, int port, const char *host)
 {
 	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	a.sin_addr.s_addr = htonl(INADDR_ANY);
+	if (is_client && inet_pton(AF_INET, host, &a.sin_addr) != 1)
+		fail("bad server address %s", host);
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
 	if (fd < 0)
 		fail("socket: %s", strerror(errno));
@@ -423,10 +426,11 @@ int main(int argc, char **argv)
 	if (argc > 4) {
 		int is_client = strcmp(argv[3], "--client") == 0;
 		if (!is_client && strcmp(argv[3], "--server") != 0)
-			fail("usage: rc_pingpong DEVICE MESSAGES [--server PORT | --client PORT]");
+			fail("usage: rc_pingpong DEVICE MESSAGES [--server PORT | --client PORT [HOST]]");
 		role = is_client ? "client" : "server";
 		fflush(stdout);
-		return run_side(is_client, tcp_side(is_client, atoi(argv[4])), dev, count);
+		const char *host = argc > 5 ? argv[5] : "127.0.0.1";
+		return run_side(is_client, tcp_side(is_client, atoi(argv[4]), host), dev, count);
 	}
 	int sv[2];
 	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
