@@ -24,6 +24,12 @@
 //!   blocked in `ibv_get_cq_event` when frozen): dumped mid-run, restored,
 //!   and both finish every iteration.
 //!
+//! - tests/c/ib/rc_restart.c and ud_srq_restart.c with their restarts done
+//!   by ckpt (`--pause`: at each restart point the program waits, and is
+//!   dumped with `--kill` and restored): RDMA write with immediate and RDMA
+//!   read, unsignaled sends before a signaled one, sends waiting on RNR,
+//!   a completion whose event was pending, UD through an address handle
+//!   and an SRQ shared by two QPs, each message exactly once.
 //! - Two guests as two nodes (`scripts/ib-vm.sh run --link`: rxe over a
 //!   virtual link between them, RoCE between two kernels): the ping-pong's
 //!   server in guest 1 with the coordinator, its client in guest 2; both
@@ -183,6 +189,35 @@ echo "restore exit $?"
 exit 0
 "#;
 
+/// The restart programs with ckpt doing their restarts: `external PROG
+/// ROUNDS POINT...` dumps (`--kill`) and restores PROG at each of its
+/// restart points.
+const EXTERNAL_SCRIPT: &str = r#"#!/bin/sh
+S=$CKPT_IB_SCRATCH
+cd "$S"
+export CKPT_IMAGE_KEY=$S/key CKPT_IB_LAYER=$S/libckpt_ibverbs.so
+(umask 077; head -c 32 /dev/urandom >"$CKPT_IMAGE_KEY")
+external() {
+    prog=$1; rounds=$2; shift 2
+    D=$S/pause-$prog; mkdir -p $D
+    ./ckpt run --ib -- ./$prog rxe0 $rounds --pause $D >$prog.out 2>&1 </dev/null &
+    W=$!
+    P=$W
+    for n in "$@"; do
+        i=0; while [ ! -e $D/ready-$n ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+        ./ckpt -v dump --tree $P --dir img-$prog-$n --kill >>$prog-ckpt.out 2>&1 || { echo "$prog dump $n failed"; return; }
+        wait $W
+        ./ckpt -v restore --dir img-$prog-$n >>$prog-ckpt.out 2>&1 </dev/null &
+        W=$!
+        i=0; while [ "$(grep -c 'restored pid' $prog-ckpt.out)" -lt "$(ls -d img-$prog-* | wc -l)" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+        touch $D/go-$n
+    done
+    wait $W; echo "$prog exit $?"
+}
+external rc_restart 2 0 1 99
+external ud_srq_restart 2 0 1
+"#;
+
 /// libckpt_ibverbs.so beside the ckpt binary; built if a narrower
 /// `cargo test` did not build it.
 fn shadow_library() -> PathBuf {
@@ -209,21 +244,25 @@ fn shadow_library() -> PathBuf {
 /// fraction of the speed, past their timeouts.
 static ONE_GUEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Compiles tests/c/ib/rc_pingpong.c to `out` against the host's
+/// Compiles `src` (in the workspace) to `out` against the host's
 /// libibverbs (the guests run the host's tree).
-fn compile_pingpong(out: &Path) {
+fn compile(src: &str, out: &Path) {
     let cc = Command::new("gcc")
         .args(["-O1", "-Wall", "-Werror", "-o"])
         .arg(out)
-        .arg(workspace().join("tests/c/ib/rc_pingpong.c"))
+        .arg(workspace().join(src))
         .arg("-libverbs")
         .output()
         .expect("run gcc");
     assert!(
         cc.status.success(),
-        "gcc rc_pingpong.c -libverbs: {}",
+        "gcc {src} -libverbs: {}",
         String::from_utf8_lossy(&cc.stderr)
     );
+}
+
+fn compile_pingpong(out: &Path) {
+    compile("tests/c/ib/rc_pingpong.c", out);
 }
 
 /// The stream checksums both sides reported.
@@ -250,6 +289,12 @@ impl GuestRun {
 /// Boots the VM on `script` with ckpt, the layer and rc_pingpong in its
 /// scratch directory; `files` are shown when an assertion fails.
 fn run_in_guest(script_text: &str, files: &[&str]) -> GuestRun {
+    run_in_guest_with(script_text, files, &[])
+}
+
+/// [`run_in_guest`] with more of tests/c/ib compiled into the scratch
+/// directory (`name.c` to `name`).
+fn run_in_guest_with(script_text: &str, files: &[&str], programs: &[&str]) -> GuestRun {
     let _guest = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
     guest::setup(&[]);
     let scratch = guest::scratch("ckpt-ib-ckpt.");
@@ -257,25 +302,11 @@ fn run_in_guest(script_text: &str, files: &[&str]) -> GuestRun {
     guest::copy_executable(Path::new(CKPT), &s.join("ckpt"));
     fs::copy(shadow_library(), s.join("libckpt_ibverbs.so")).expect("copy the layer");
     compile_pingpong(&s.join("rc_pingpong"));
-    let script = s.join("guest.sh");
-    fs::write(
-        &script,
-        script_text.replace("MESSAGES", &MESSAGES.to_string()),
-    )
-    .expect("write guest script");
-    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).expect("chmod");
-    let out = Command::new(workspace().join("scripts/ib-vm.sh"))
-        .args([
-            "run",
-            "--timeout",
-            &VM_TIMEOUT_SECS.to_string(),
-            "--scratch",
-        ])
-        .arg(s)
-        .arg("--")
-        .arg(&script)
-        .output()
-        .expect("run scripts/ib-vm.sh run");
+    for p in programs {
+        compile(&format!("tests/c/ib/{p}.c"), &s.join(p));
+    }
+    let script = script_text.replace("MESSAGES", &MESSAGES.to_string());
+    let out = guest::run(None, s, "guest.sh", &script, VM_TIMEOUT_SECS);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let mut all = format!(
         "vm stdout:\n{stdout}\nvm stderr:\n{}\n",
@@ -528,4 +559,39 @@ fn a_verbs_job_on_two_guests_restarts_across_their_link() {
     );
     assert_eq!(checksums(&read("job-s.out")), reference[..1], "{all}");
     assert_eq!(checksums(&read("job-c.out")), reference[..1], "{all}");
+}
+
+#[test]
+fn rdma_ud_and_srq_programs_restart_through_ckpt_at_every_point() {
+    let g = run_in_guest_with(
+        EXTERNAL_SCRIPT,
+        &[
+            "rc_restart.out",
+            "rc_restart-ckpt.out",
+            "ud_srq_restart.out",
+            "ud_srq_restart-ckpt.out",
+        ],
+        &["rc_restart", "ud_srq_restart"],
+    );
+    let (stdout, all) = (&g.stdout, &g.all);
+    assert!(
+        stdout.contains("rc_restart exit 0")
+            && g.read("rc_restart.out").contains("rc_restart: ok rounds=2")
+            && g.read("rc_restart.out").contains("event across restart"),
+        "{all}"
+    );
+    assert!(
+        stdout.contains("ud_srq_restart exit 0")
+            && g.read("ud_srq_restart.out")
+                .contains("ud_srq_restart: ok rounds=2"),
+        "{all}"
+    );
+    // The dumps found work in flight: sends waiting on RNR and completions
+    // to drain (the event test's among them).
+    let rc_log = g.read("rc_restart-ckpt.out");
+    assert_eq!(rc_log.matches("verbs drained").count(), 3, "{all}");
+    assert!(
+        rc_log.contains("sends outstanding") && !rc_log.contains("drained: 0 completions"),
+        "{all}"
+    );
 }

@@ -1,9 +1,10 @@
 /*
- * What the in-place restart programs (rc_restart.c, ud_srq_restart.c)
- * share: opening the device with its IPv4-mapped GID (rxe loops traffic
- * to its own GIDs back), connecting an RC QP to another QP of the same
- * device, and the ckpt_ib_* interface of libckpt_ibverbs.so (weak: the
- * programs check the layer is preloaded).
+ * What the restart programs (rc_restart.c, ud_srq_restart.c) share:
+ * opening the device with its IPv4-mapped GID (rxe loops traffic to its
+ * own GIDs back), connecting an RC QP to another QP of the same device,
+ * the ckpt_ib_* interface of libckpt_ibverbs.so (weak: the programs check
+ * the layer is preloaded), and their restart points: in place, or by ckpt
+ * (--pause).
  *
  * The including file defines `fail(fmt, ...)` (prints and exits 1) before
  * including this.
@@ -12,8 +13,11 @@
 #define IB_LOOPBACK_H
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <infiniband/verbs.h>
 
@@ -31,6 +35,57 @@ const char *ckpt_ib_last_error(void) __attribute__((weak));
 #define CKPT_IB_RETIRE_OLD 1
 
 static void fail(const char *fmt, ...);
+
+/*
+ * `--pause DIR`: the restarts are ckpt's (dump --kill, restore) instead of
+ * in place: at each restart point the program says so (DIR/ready-N) and
+ * waits, frozen, killed and restored meanwhile, until told to go on
+ * (DIR/go-N).
+ */
+static const char *pause_dir;
+
+/* Restart point `n`: waits for ckpt with --pause (returns 1), else 0. */
+static int pause_for_ckpt(int n)
+{
+	char path[512];
+	if (!pause_dir)
+		return 0;
+	snprintf(path, sizeof(path), "%s/ready-%d", pause_dir, n);
+	int fd = open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+	if (fd < 0)
+		fail("%s: %s", path, strerror(errno));
+	close(fd);
+	snprintf(path, sizeof(path), "%s/go-%d", pause_dir, n);
+	while (access(path, F_OK) != 0)
+		usleep(20000);
+	return 1;
+}
+
+/* Checkpoints and recreates the verbs state in place (the old resources
+ * destroyed), as a restore would. */
+static void restart_in_place(uint32_t quiet_ms, struct drain_report *rep)
+{
+	const uint8_t *blob;
+	size_t len;
+	int rc = ckpt_ib_checkpoint(quiet_ms, 2000, rep);
+	if (rc)
+		fail("ckpt_ib_checkpoint: %d %s", rc, ckpt_ib_last_error());
+	rc = ckpt_ib_restart_local(CKPT_IB_RETIRE_OLD, &blob, &len);
+	if (rc)
+		fail("ckpt_ib_restart_local: %d %s", rc, ckpt_ib_last_error());
+	rc = ckpt_ib_restart_connect(blob, len);
+	if (rc)
+		fail("ckpt_ib_restart_connect: %d %s", rc, ckpt_ib_last_error());
+}
+
+/* Parses `[--pause DIR]` at argv[i]. */
+static void parse_pause(int argc, char **argv, int i)
+{
+	if (argc > i + 1 && strcmp(argv[i], "--pause") == 0)
+		pause_dir = argv[i + 1];
+	else if (argc > i)
+		fail("usage: %s [DEVICE [ROUNDS [--pause DIR]]]", argv[0]);
+}
 
 /* Opens device `name`; its port's IPv4-mapped GID and that GID's index. */
 static struct ibv_context *open_loopback(const char *name, union ibv_gid *gid, uint8_t *gid_index)

@@ -4,8 +4,9 @@
  * (which ckpt drives in a restored process): the machinery of the shadow
  * layer (drain, recreate, replay, re-post, id translation) tested alone.
  *
- *   rc_restart [DEVICE [ROUNDS]]   (defaults: rxe0, 6; run with
- *                                   LD_PRELOAD=libckpt_ibverbs.so)
+ *   rc_restart [DEVICE [ROUNDS [--pause DIR]]]   (defaults: rxe0, 6; run with
+ *                                   LD_PRELOAD=libckpt_ibverbs.so; --pause:
+ *                                   ckpt does the restarts, ib_loopback.h)
  *
  * One process, two RC QPs on the device connected to each other (rxe
  * loops traffic to its own GIDs back). Each round the sender A posts
@@ -51,6 +52,8 @@
 #define WR_READ 0x3000
 #define WR_RECV 0x4000
 #define WR_NOTIFY 0x5000
+/* The restart point of the event test (after the rounds'). */
+#define EVENT_POINT 99
 
 
 static void fail(const char *fmt, ...)
@@ -262,21 +265,12 @@ static int restarts;
 
 static void restart(int round)
 {
-	struct drain_report rep;
-	uint32_t quiet = (round % 2) ? 20 : 0; /* odd rounds wait; even ones race */
-	int rc = ckpt_ib_checkpoint(quiet, 2000, &rep);
-	if (rc)
-		fail("ckpt_ib_checkpoint: %d %s", rc, ckpt_ib_last_error());
+	struct drain_report rep = { 0 };
 	uint32_t before[8];
 	int nb = device_qpns(before, 8);
-	const uint8_t *blob;
-	size_t len;
-	rc = ckpt_ib_restart_local(CKPT_IB_RETIRE_OLD, &blob, &len);
-	if (rc)
-		fail("ckpt_ib_restart_local: %d %s", rc, ckpt_ib_last_error());
-	rc = ckpt_ib_restart_connect(blob, len);
-	if (rc)
-		fail("ckpt_ib_restart_connect: %d %s", rc, ckpt_ib_last_error());
+	/* Odd rounds wait for a quiet window; even ones race the acks. */
+	if (!pause_for_ckpt(round))
+		restart_in_place((round % 2) ? 20 : 0, &rep);
 	restarts++;
 	uint32_t after[8];
 	int na = device_qpns(after, 8);
@@ -360,14 +354,12 @@ static void check_event_across_restart(void)
 	struct pollfd pfd = { .fd = channel_fd, .events = POLLIN };
 	if (poll(&pfd, 1, POLL_TIMEOUT_SEC * 1000) != 1)
 		fail("no completion event before the restart");
-	struct drain_report rep;
-	const uint8_t *blob;
-	size_t len;
-	if (ckpt_ib_checkpoint(20, 2000, &rep) || ckpt_ib_restart_local(CKPT_IB_RETIRE_OLD, &blob, &len) ||
-	    ckpt_ib_restart_connect(blob, len))
-		fail("restart with an event pending: %s", ckpt_ib_last_error());
-	if (rep.completions < 1)
-		fail("the drain found no completion on A's CQ");
+	struct drain_report rep = { 0 };
+	if (!pause_for_ckpt(EVENT_POINT)) {
+		restart_in_place(20, &rep);
+		if (rep.completions < 1)
+			fail("the drain found no completion on A's CQ");
+	}
 	if (poll(&pfd, 1, POLL_TIMEOUT_SEC * 1000) != 1)
 		fail("the event of a drained completion did not come again after the restart");
 	struct ibv_cq *ev_cq;
@@ -387,6 +379,7 @@ int main(int argc, char **argv)
 {
 	const char *dev = argc > 1 ? argv[1] : "rxe0";
 	int rounds = argc > 2 ? atoi(argv[2]) : 6;
+	parse_pause(argc, argv, 3);
 	if (!ckpt_ib_checkpoint || !ckpt_ib_restart_local || !ckpt_ib_restart_connect)
 		fail("libckpt_ibverbs.so is not preloaded");
 	ctx = open_loopback(dev, &gid, &gid_index);

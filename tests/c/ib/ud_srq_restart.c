@@ -3,8 +3,9 @@
  * in-place restarts of the verbs state driven through libckpt_ibverbs.so's
  * ckpt_ib_* interface (as rc_restart.c does for RC).
  *
- *   ud_srq_restart [DEVICE [ROUNDS]]   (defaults: rxe0, 4; run with
- *                                       LD_PRELOAD=libckpt_ibverbs.so)
+ *   ud_srq_restart [DEVICE [ROUNDS [--pause DIR]]]   (defaults: rxe0, 4; run
+ *                                       with LD_PRELOAD=libckpt_ibverbs.so;
+ *                                       --pause: ckpt does the restarts)
  *
  * UD: QP U1 sends datagrams to QP U2 through an address handle made
  * before the first restart; U2's completions must name U1's QP number as
@@ -193,16 +194,9 @@ static void reap(void)
 
 static void restart(int round)
 {
-	struct drain_report rep;
-	int rc = ckpt_ib_checkpoint(round % 2 ? 20 : 0, 2000, &rep);
-	const uint8_t *blob;
-	size_t len;
-	if (rc)
-		fail("ckpt_ib_checkpoint: %d %s", rc, ckpt_ib_last_error());
-	if ((rc = ckpt_ib_restart_local(CKPT_IB_RETIRE_OLD, &blob, &len)))
-		fail("ckpt_ib_restart_local: %d %s", rc, ckpt_ib_last_error());
-	if ((rc = ckpt_ib_restart_connect(blob, len)))
-		fail("ckpt_ib_restart_connect: %d %s", rc, ckpt_ib_last_error());
+	struct drain_report rep = { 0 };
+	if (!pause_for_ckpt(round))
+		restart_in_place(round % 2 ? 20 : 0, &rep);
 	if (u1->qp_num != u1_qpn || u2->qp_num != u2_qpn || b1->qp_num != b1_qpn || b2->qp_num != b2_qpn)
 		fail("a QP number the program holds changed");
 	printf("round %d: drained %" PRIu64 " completions, %" PRIu64 " sends outstanding\n", round,
@@ -229,6 +223,7 @@ int main(int argc, char **argv)
 {
 	const char *dev = argc > 1 ? argv[1] : "rxe0";
 	int rounds = argc > 2 ? atoi(argv[2]) : 4;
+	parse_pause(argc, argv, 3);
 	if (!ckpt_ib_checkpoint || !ckpt_ib_restart_local || !ckpt_ib_restart_connect)
 		fail("libckpt_ibverbs.so is not preloaded");
 	ctx = open_loopback(dev, &gid, &gid_index);
