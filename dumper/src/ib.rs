@@ -73,50 +73,66 @@ fn err(pid: i32, what: impl Into<String>) -> DumpError {
     }
 }
 
-/// Finds the layer in `pid` if the process holds verbs resources; refuses
-/// a process that holds them without it.
-pub fn find(pid: i32) -> Result<Option<Layer>> {
+/// What a process's mappings say about verbs: where the layer is mapped
+/// (its first mapping, at file offset 0) and whether device memory is.
+struct Mapped {
+    layer: Option<(u64, u64)>,
+    device: bool,
+}
+
+fn scan(pid: i32) -> Result<Mapped> {
     let maps = procfile::read(pid, "maps")?;
-    let mut layer_at: Option<(u64, u64)> = None;
-    let mut device = false;
+    let mut m = Mapped {
+        layer: None,
+        device: false,
+    };
     for line in maps.lines() {
         let mut f = line.split_whitespace();
         let (Some(range), Some(_perms), Some(offset)) = (f.next(), f.next(), f.next()) else {
             continue;
         };
         let path = f.nth(2).unwrap_or("");
-        if is_device_mapping(path) {
-            device = true;
-        }
+        m.device |= is_device_mapping(path);
         if path.rsplit('/').next() == Some(LAYER_FILE)
             && offset.chars().all(|c| c == '0')
-            && layer_at.is_none()
+            && m.layer.is_none()
             && let Some((s, e)) = range.split_once('-')
             && let (Ok(s), Ok(e)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16))
         {
-            layer_at = Some((s, e));
+            m.layer = Some((s, e));
         }
     }
-    let fd = verbs_fd(pid)?;
-    if !device && fd.is_none() {
-        return Ok(None);
-    }
-    let Some((start, end)) = layer_at else {
-        let what = match fd {
-            Some(n) => format!("fd {n}: verbs device"),
-            None => "verbs device memory".into(),
-        };
-        return Err(err(
-            pid,
-            format!(
-                "{what} without the verbs layer (start the job with `ckpt run --ib`, or LD_PRELOAD={LAYER_FILE})"
-            ),
-        ));
-    };
-    read_layer(pid, start, end).map(Some)
+    Ok(m)
 }
 
-/// The first verbs descriptor of `pid`, if any.
+/// Why a process's verbs resources cannot be saved without the layer.
+pub fn without_layer(what: &str) -> String {
+    format!(
+        "{what} without the verbs layer (start the job with `ckpt run --ib`, or LD_PRELOAD={LAYER_FILE})"
+    )
+}
+
+/// Finds the layer in `pid` (a process run with it is drained and
+/// restarted through it, whether or not it holds resources yet); refuses
+/// device memory mapped without it. A verbs fd without the layer is
+/// refused by its fd kind (`fd::ib`), which reads the fds anyway.
+pub fn find(pid: i32) -> Result<Option<Layer>> {
+    let m = scan(pid)?;
+    match m.layer {
+        Some((start, end)) => read_layer(pid, start, end).map(Some),
+        None if m.device => {
+            // Only on this path: name the fd too, as the fd kind would.
+            let what = match verbs_fd(pid)? {
+                Some(n) => format!("fd {n}: verbs device"),
+                None => "verbs device memory".into(),
+            };
+            Err(err(pid, without_layer(&what)))
+        }
+        None => Ok(None),
+    }
+}
+
+/// The first verbs descriptor of `pid`, if any (for a refusal's message).
 fn verbs_fd(pid: i32) -> Result<Option<i32>> {
     let dir = format!("/proc/{pid}/fd");
     let entries = std::fs::read_dir(&dir).map_err(|e| DumpError::Proc {
@@ -132,6 +148,11 @@ fn verbs_fd(pid: i32) -> Result<Option<i32>> {
         }
     }
     Ok(None)
+}
+
+/// Whether `pid` runs with the layer.
+pub fn has_layer(pid: i32) -> Result<bool> {
+    Ok(scan(pid)?.layer.is_some())
 }
 
 /// Reads the layer's dynamic symbols from the file mapped at `start`

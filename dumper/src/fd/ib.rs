@@ -1,6 +1,6 @@
 //! InfiniBand verbs descriptors: saved as placeholders, the process's
-//! verbs layer recreates them at restart (`crate::ib` checks the layer is
-//! there before any fd is read).
+//! verbs layer recreates them at restart; without the layer in the
+//! process they are refused.
 
 use ckpt_image::fd::file::Kind;
 use ckpt_image::fd::ib::IbFile;
@@ -25,6 +25,12 @@ impl FileDumper for Ib {
     }
 
     fn collect(&self, p: &FdParams, _file_id: u64, _blobs: &mut Blobs) -> Result<Kind> {
+        if !crate::ib::has_layer(p.pid)? {
+            return Err(crate::error::DumpError::Ib {
+                pid: p.pid,
+                what: format!("fd {}: {}", p.fd, crate::ib::without_layer("verbs device")),
+            });
+        }
         Ok(Kind::Ib(IbFile {
             path: p.link.clone(),
         }))

@@ -10,7 +10,6 @@
 //! a translated copy does.
 
 use std::ffi::{c_int, c_void};
-use std::sync::Arc;
 
 use ckpt_ib_state::sys::*;
 
@@ -629,6 +628,3 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -
         None => libc::EOPNOTSUPP,
     }
 }
-
-/// Keeps `Arc` in use for peers' key tables.
-pub type Keys = Arc<std::collections::HashMap<u32, u32>>;

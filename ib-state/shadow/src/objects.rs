@@ -9,7 +9,7 @@
 //! restart.
 
 use std::collections::HashMap;
-use std::ffi::{CString, c_int, c_void};
+use std::ffi::{CString, c_int};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use ckpt_ib_state::sys::*;
@@ -277,8 +277,6 @@ pub unsafe fn destroyed<T>(
 /// The translation state that every post consults once a restart
 /// happened.
 pub struct Ids {
-    /// Restarts so far; 0 means every id is still the real one.
-    pub generation: u32,
     /// (virtual address of the remote port, virtual QPN) → real QPN.
     pub remote_qpns: HashMap<(NodeAddr, u32), u32>,
     /// Virtual → current address of every port a peer had.
@@ -292,7 +290,6 @@ pub fn ids() -> &'static RwLock<Ids> {
     static IDS: std::sync::OnceLock<RwLock<Ids>> = std::sync::OnceLock::new();
     IDS.get_or_init(|| {
         RwLock::new(Ids {
-            generation: 0,
             remote_qpns: HashMap::new(),
             nodes: HashMap::new(),
             remote_qpn_virtual: HashMap::new(),
@@ -332,13 +329,3 @@ impl std::hash::Hasher for IdHasher {
 
 /// A map keyed by QP number.
 pub type QpnMap<V> = HashMap<u32, V, std::hash::BuildHasherDefault<IdHasher>>;
-
-/// A shadow CQ's app-facing pointer from its address.
-pub fn cq_of(p: *mut ibv_cq) -> *mut Cq {
-    p.cast()
-}
-
-/// The untyped `void *` of an object, as libibverbs stores contexts.
-pub fn as_void<T>(p: *mut T) -> *mut c_void {
-    p.cast()
-}

@@ -557,14 +557,12 @@ pub fn restart_local(retire_old: bool) -> Result<Blob, Failure> {
         attach_to_cqs(q.0, &init, 0);
     }
     place_fds(&fds)?;
-    ids().write().unwrap_or_else(|e| e.into_inner()).generation += 1;
     TRANSLATING.store(true, Ordering::Release);
 
     for (i, c) in reg.contexts.iter().enumerate() {
         // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
         let ctx = unsafe { &*c.0 };
         let st = lock(&ctx.st);
-        let mut now_lid = HashMap::new();
         for (&port, &vlid) in &st.lids {
             let mut attr = ibv_port_attr::default();
             // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.
@@ -574,7 +572,6 @@ pub fn restart_local(retire_old: bool) -> Result<Blob, Failure> {
                     format!("ibv_query_port {port}"),
                 ));
             }
-            now_lid.insert(port, attr.lid);
             if vlid != 0 {
                 blob.ports.push(PortMove {
                     ctx: i as u32,
@@ -598,7 +595,6 @@ pub fn restart_local(retire_old: bool) -> Result<Blob, Failure> {
                 now: NodeAddr::by_gid(gid.raw),
             });
         }
-        let _ = now_lid;
     }
     for q in &reg.qps {
         // SAFETY: registry pointers are live shadows; real objects were made by this restart and checked.

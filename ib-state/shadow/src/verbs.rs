@@ -9,7 +9,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use std::collections::HashMap;
-use std::ffi::{CStr, c_char, c_int, c_void};
+use std::ffi::{CStr, c_int, c_void};
 use std::sync::{Mutex, RwLock};
 
 use ckpt_ib_state::sys::*;
@@ -1016,11 +1016,3 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
     unsupported("ibv_query_gid_table");
     -(libc::EOPNOTSUPP as isize)
 }
-
-/// The device name, for messages.
-pub fn device_name(ctx: &Context) -> String {
-    lock(&ctx.st).device_name.to_string_lossy().into_owned()
-}
-
-/// Keeps `c_char` imported for the device-name helpers.
-pub type CChar = c_char;
