@@ -597,7 +597,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
         for i in got..got + n {
             // SAFETY: filled by the device just now (`kept <= i`).
             let w = unsafe { &mut *wc.add(i) };
-            if st.kicks.contains(&w.qp_num) {
+            if Kick::owns(&st.kicks, w.qp_num) {
                 continue;
             }
             absorb(&st, w);

@@ -135,8 +135,60 @@ pub struct CqState {
     /// Events read from the current real CQ and not yet acknowledged.
     pub unacked_events: u32,
     /// QPs of the layer's own whose completions land here and are never
-    /// shown to the application (see `restart::kick`).
-    pub kicks: Vec<u32>,
+    /// shown to the application (see `restart::kick`); destroyed with the
+    /// CQ, which the device refuses to destroy while they use it.
+    pub kicks: Vec<Kick>,
+}
+
+/// The device objects of one kick (`restart::kick`): a UD QP whose send
+/// queue completes on an application CQ, with its own PD, receive CQ and
+/// address handle. Null members were not made (a kick that failed half
+/// way).
+pub struct Kick {
+    pub qpn: u32,
+    pub qp: *mut ibv_qp,
+    pub ah: *mut ibv_ah,
+    pub recv_cq: *mut ibv_cq,
+    pub pd: *mut ibv_pd,
+}
+
+impl Kick {
+    /// Whether a completion of QP `qpn` is the kick's (hidden from the
+    /// application).
+    pub fn owns(kicks: &[Kick], qpn: u32) -> bool {
+        kicks.iter().any(|k| k.qpn == qpn && !k.qp.is_null())
+    }
+
+    /// Destroys what was made, dependents first; the first failure's
+    /// return code (the rest are still tried, and what failed stays for
+    /// another try).
+    pub fn destroy(&mut self) -> c_int {
+        let r = crate::real::real();
+        let mut first = 0;
+        let mut done = |rc: c_int| {
+            if rc != 0 && first == 0 {
+                first = rc;
+            }
+            rc == 0
+        };
+        // SAFETY: each member is null or a live object made by `kick` on
+        // the current context, destroyed once (nulled when it was).
+        unsafe {
+            if !self.qp.is_null() && done((r.ibv_destroy_qp)(self.qp)) {
+                self.qp = std::ptr::null_mut();
+            }
+            if !self.ah.is_null() && done((r.ibv_destroy_ah)(self.ah)) {
+                self.ah = std::ptr::null_mut();
+            }
+            if !self.recv_cq.is_null() && done((r.ibv_destroy_cq)(self.recv_cq)) {
+                self.recv_cq = std::ptr::null_mut();
+            }
+            if !self.pd.is_null() && done((r.ibv_dealloc_pd)(self.pd)) {
+                self.pd = std::ptr::null_mut();
+            }
+        }
+        first
+    }
 }
 
 /// A shared receive queue.

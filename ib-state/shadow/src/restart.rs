@@ -93,7 +93,7 @@ pub fn drain(quiet: Duration, max_wait: Duration) -> Result<DrainReport, Failure
                 }
                 let n = n as usize;
                 for w in wc.iter_mut().take(n) {
-                    if st.kicks.contains(&w.qp_num) {
+                    if Kick::owns(&st.kicks, w.qp_num) {
                         continue;
                     }
                     absorb(&st, w);
@@ -394,9 +394,12 @@ fn teardown(reg: &Registry) {
             (r.ibv_destroy_srq)(lock(&(*s.0).st).real);
         }
         for c in reg.cqs.iter().rev() {
-            let st = lock(&(*c.0).st);
+            let mut st = lock(&(*c.0).st);
             if st.unacked_events > 0 {
                 (r.ibv_ack_cq_events)(st.real, st.unacked_events);
+            }
+            for k in &mut st.kicks {
+                k.destroy();
             }
             (r.ibv_destroy_cq)(st.real);
         }
@@ -524,6 +527,7 @@ pub fn restart_local(retire_old: bool) -> Result<Blob, Failure> {
         st.real = rcq;
         st.qps.clear();
         st.unacked_events = 0;
+        // The old kicks went with the old context.
         st.kicks.clear();
     }
     for s in &reg.srqs {
@@ -850,8 +854,8 @@ pub fn restart_connect(all: &[u8]) -> Result<(), Failure> {
         if !st.channel.is_null() && !st.drained.is_empty() {
             // SAFETY: a CQ's context outlives it.
             let ctx = unsafe { &*cq.abi.context.cast::<Context>() };
-            let qpn = kick(ctx, st.real)?;
-            st.kicks.push(qpn);
+            let k = kick(ctx, st.real)?;
+            st.kicks.push(k);
         }
     }
     Ok(())
@@ -866,10 +870,28 @@ const IBV_QP_SQ_PSN: c_int = 1 << 16;
 
 /// Makes the device raise a completion event for `rcq`: a UD QP of the
 /// layer's own, whose send queue completes on `rcq`, sends one empty
-/// datagram to itself. `poll_cq` hides its completion (its QP number is
-/// returned for `CqState::kicks`); the application's event leads it to
-/// the drained completions.
-fn kick(ctx: &Context, rcq: *mut ibv_cq) -> Result<u32, Failure> {
+/// datagram to itself. `poll_cq` hides its completion (`Kick::owns`); the
+/// application's event leads it to the drained completions. What a failed
+/// kick made is destroyed again.
+fn kick(ctx: &Context, rcq: *mut ibv_cq) -> Result<Kick, Failure> {
+    let mut k = Kick {
+        qpn: 0,
+        qp: std::ptr::null_mut(),
+        ah: std::ptr::null_mut(),
+        recv_cq: std::ptr::null_mut(),
+        pd: std::ptr::null_mut(),
+    };
+    match build_kick(ctx, rcq, &mut k) {
+        Ok(()) => Ok(k),
+        Err(e) => {
+            k.destroy();
+            Err(e)
+        }
+    }
+}
+
+/// The steps of `kick`, filling `k` as objects are made.
+fn build_kick(ctx: &Context, rcq: *mut ibv_cq, k: &mut Kick) -> Result<(), Failure> {
     let r = real();
     let (rctx, port, index) = {
         let st = lock(&ctx.st);
@@ -883,10 +905,10 @@ fn kick(ctx: &Context, rcq: *mut ibv_cq) -> Result<u32, Failure> {
         (st.real, port, index)
     };
     // SAFETY: the live new context.
-    let rpd = null_check(unsafe { (r.ibv_alloc_pd)(rctx) }, || {
+    k.pd = null_check(unsafe { (r.ibv_alloc_pd)(rctx) }, || {
         "kick: ibv_alloc_pd".into()
     })?;
-    let own_cq = null_check(
+    k.recv_cq = null_check(
         // SAFETY: as above; no channel, no context pointer.
         unsafe { (r.ibv_create_cq)(rctx, 1, std::ptr::null_mut(), std::ptr::null_mut(), 0) },
         || "kick: ibv_create_cq".into(),
@@ -894,7 +916,7 @@ fn kick(ctx: &Context, rcq: *mut ibv_cq) -> Result<u32, Failure> {
     let mut init = ibv_qp_init_attr {
         qp_context: std::ptr::null_mut(),
         send_cq: rcq,
-        recv_cq: own_cq,
+        recv_cq: k.recv_cq,
         srq: std::ptr::null_mut(),
         cap: ibv_qp_cap {
             max_send_wr: 1,
@@ -907,9 +929,12 @@ fn kick(ctx: &Context, rcq: *mut ibv_cq) -> Result<u32, Failure> {
         sq_sig_all: 1,
     };
     // SAFETY: live real PD and CQs, local attributes.
-    let qp = null_check(unsafe { (r.ibv_create_qp)(rpd, &mut init) }, || {
+    k.qp = null_check(unsafe { (r.ibv_create_qp)(k.pd, &mut init) }, || {
         "kick: ibv_create_qp".into()
     })?;
+    let qp = k.qp;
+    // SAFETY: the QP just made.
+    k.qpn = unsafe { (*qp).qp_num };
     let mut a = ibv_qp_attr {
         port_num: port,
         qkey: KICK_QKEY,
@@ -954,11 +979,9 @@ fn kick(ctx: &Context, rcq: *mut ibv_cq) -> Result<u32, Failure> {
         av.dlid = pa.lid;
     }
     // SAFETY: the PD just made, a local address vector.
-    let ah = null_check(unsafe { (r.ibv_create_ah)(rpd, &mut av) }, || {
+    k.ah = null_check(unsafe { (r.ibv_create_ah)(k.pd, &mut av) }, || {
         "kick: ibv_create_ah".into()
     })?;
-    // SAFETY: the QP just made.
-    let qpn = unsafe { (*qp).qp_num };
     let mut wr = ibv_send_wr {
         wr_id: 0,
         next: std::ptr::null_mut(),
@@ -969,8 +992,8 @@ fn kick(ctx: &Context, rcq: *mut ibv_cq) -> Result<u32, Failure> {
         imm_data: 0,
         // The `ud` union: address handle, remote QPN, remote QKey.
         wr: [
-            ah as u64,
-            u64::from(qpn) | (u64::from(KICK_QKEY) << 32),
+            k.ah as u64,
+            u64::from(k.qpn) | (u64::from(KICK_QKEY) << 32),
             0,
             0,
         ],
@@ -985,7 +1008,7 @@ fn kick(ctx: &Context, rcq: *mut ibv_cq) -> Result<u32, Failure> {
     if rc != 0 {
         return Err(fail(-rc.abs(), "kick: post_send"));
     }
-    Ok(qpn)
+    Ok(())
 }
 
 #[cfg(test)]

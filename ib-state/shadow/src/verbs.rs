@@ -432,10 +432,18 @@ pub unsafe extern "C" fn ibv_create_cq(
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     let _entry = Entry::new();
     let rc = {
-        let st = lock(&shadow::<Cq>(cq).st);
+        let mut st = lock(&shadow::<Cq>(cq).st);
         if !st.qps.is_empty() {
             return libc::EBUSY;
         }
+        // The layer's own QPs on it go first: the device would refuse.
+        for k in &mut st.kicks {
+            let rc = k.destroy();
+            if rc != 0 {
+                return rc;
+            }
+        }
+        st.kicks.clear();
         // SAFETY: the live real CQ.
         unsafe { (real().ibv_destroy_cq)(st.real) }
     };

@@ -23,6 +23,15 @@
 
 #define PORT_NUM 1
 
+/* A teardown verb that must succeed: destroying an object the device
+ * still uses (a CQ with a QP of the layer's own on it, say) fails. */
+#define MUST(call)                                                    \
+	do {                                                          \
+		int must_rc_ = (call);                                \
+		if (must_rc_)                                         \
+			fail("%s: %s", #call, strerror(must_rc_));    \
+	} while (0)
+
 struct drain_report {
 	uint64_t completions, outstanding_sends, elapsed_us;
 };

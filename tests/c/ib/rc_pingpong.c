@@ -380,12 +380,12 @@ static int run_side(int is_client, int sock, const char *dev, uint64_t count)
 		fail("unexpected extra completion (wr %" PRIu64 ")", wc.wr_id);
 	printf("%s: stream ok messages=%" PRIu64 " checksum=%016" PRIx64 "\n", role, count, s.stream_sum);
 	fflush(stdout);
-	ibv_destroy_qp(s.qp);
-	ibv_dereg_mr(s.send_mr);
-	ibv_dereg_mr(s.recv_mr);
-	ibv_destroy_cq(s.cq);
-	ibv_dealloc_pd(s.pd);
-	ibv_close_device(s.ctx);
+	/* Everything comes down as made (a verb that fails here exits 1). */
+	int rc;
+	if ((rc = ibv_destroy_qp(s.qp)) || (rc = ibv_dereg_mr(s.send_mr)) ||
+	    (rc = ibv_dereg_mr(s.recv_mr)) || (rc = ibv_destroy_cq(s.cq)) ||
+	    (rc = ibv_dealloc_pd(s.pd)) || (rc = ibv_close_device(s.ctx)))
+		fail("teardown: %s", strerror(rc));
 	return 0;
 }
 

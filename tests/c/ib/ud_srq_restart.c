@@ -272,6 +272,15 @@ int main(int argc, char **argv)
 		/* The SRQ gets the rest of this round's receives in wait_all. */
 		wait_all();
 	}
+	struct ibv_qp *qps[] = { u1, u2, a1, a2, b1, b2 };
+	for (size_t i = 0; i < sizeof(qps) / sizeof(qps[0]); i++)
+		MUST(ibv_destroy_qp(qps[i]));
+	MUST(ibv_destroy_ah(ah));
+	MUST(ibv_destroy_srq(srq));
+	MUST(ibv_dereg_mr(mr));
+	MUST(ibv_destroy_cq(cq));
+	MUST(ibv_dealloc_pd(pd));
+	MUST(ibv_close_device(ctx));
 	printf("ud_srq_restart: ok rounds=%d ud=%u srq=%u\n", rounds, got[0], got[1] + got[2]);
 	return 0;
 }
