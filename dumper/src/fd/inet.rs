@@ -10,9 +10,11 @@
 //!
 //! Established TCP connections are saved through TCP_REPAIR: [`TcpRepair`]
 //! switches repair mode on while the tree is frozen ([`crate::Frozen::drain`])
-//! so the queues hold still and can be read without consuming them, and
-//! off again when the tree is thawed; when the tree is killed the sockets
-//! are closed in repair mode, which sends nothing to the peer.
+//! so the queues can be read without consuming them, and off again when
+//! the tree is thawed; when the tree is killed the sockets are closed in
+//! repair mode, which sends nothing to the peer. Segments still pass
+//! between two ends in repair mode, so every send queue is read before
+//! any receive queue (`read_receive_sides`).
 //!
 //! UDP datagrams queued at dump time are not saved (as in CRIU: UDP may
 //! lose datagrams, and putting them back would need their senders'
@@ -220,10 +222,10 @@ impl FileDumper for Inet {
                         image.backlog = info.sacked;
                     }
                     tcp_state::ESTABLISHED => {
-                        let (conn, data) = read_connection(p, sock, &info, &local, &peer)?;
-                        if !data.is_empty() {
-                            blobs.add(tcp_data_name(file_id), data);
-                        }
+                        // The receive side is read by `link_tree`, after
+                        // every send queue of the tree (`read_receive_side`).
+                        let (conn, data) = read_send_side(p, sock, &info, &local, &peer)?;
+                        blobs.add(tcp_data_name(file_id), data);
                         image.state = InetState::Connected as i32;
                         image.tcp = Some(conn);
                     }
@@ -242,6 +244,7 @@ impl FileDumper for Inet {
     }
 
     fn link_tree(&self, tree: &mut TreeFiles) -> Result<()> {
+        read_receive_sides(tree)?;
         // An established connection's other end is the tree's connection
         // with the same two addresses swapped.
         let ends: HashMap<(String, String), u64> = tree
@@ -298,11 +301,12 @@ fn read_options(sock: BorrowedFd<'_>, id: &Identity) -> std::io::Result<InetOpti
     Ok(o)
 }
 
-/// Reads an established connection in repair mode (switched on by
-/// [`TcpRepair::start`]): sequence numbers, both queues (peeked, not
-/// consumed), window, timestamp and negotiated options. Returns the
-/// record and the queues' bytes (send queue, then receive queue).
-fn read_connection(
+/// Reads the send side of an established connection in repair mode
+/// (switched on by [`TcpRepair::start`]): sequence numbers, the send queue
+/// (peeked, not consumed), timestamp and negotiated options. Returns the
+/// record and the send queue's bytes; [`read_receive_sides`] completes
+/// both.
+fn read_send_side(
     p: &FdParams,
     sock: BorrowedFd<'_>,
     info: &TcpInfo,
@@ -330,35 +334,22 @@ fn read_connection(
         }
         Err(e) => return Err(os("TCP_REPAIR_QUEUE", e)),
     }
-    // The window first: rcv_nxt only grows, so a segment still in flight
-    // on loopback (the peer is frozen, the kernel is not) can only move the
-    // receive sequence read below past the window read here, never the
-    // other way round, and the kernel accepts the pair on restore.
-    let (window, _) = sys::getsockopt_raw::<TcpRepairWindow>(sock, tcp, libc::TCP_REPAIR_WINDOW)
-        .map_err(|e| os("TCP_REPAIR_WINDOW", e))?;
-    let seq = |what| sys::getsockopt_int(sock, tcp, libc::TCP_QUEUE_SEQ).map_err(|e| os(what, e));
+    let send_seq = sys::getsockopt_int(sock, tcp, libc::TCP_QUEUE_SEQ)
+        .map_err(|e| os("TCP_QUEUE_SEQ (send)", e))? as u32;
     let len = |req, what| {
         sys::ioctl_int(sock, req)
             .map(|v| v.max(0) as u32)
             .map_err(|e| os(what, e))
     };
-    let send_seq = seq("TCP_QUEUE_SEQ (send)")? as u32;
     let send_len = len(SIOCOUTQ, "SIOCOUTQ")?;
     let unsent_len = len(libc::SIOCOUTQNSD, "SIOCOUTQNSD")?;
-    let mut data = peek_all(sock, send_len as usize).map_err(|e| os("peek send queue", e))?;
-    sys::setsockopt_int(sock, tcp, libc::TCP_REPAIR_QUEUE, TCP_RECV_QUEUE)
-        .map_err(|e| os("TCP_REPAIR_QUEUE", e))?;
-    let recv_seq = seq("TCP_QUEUE_SEQ (receive)")? as u32;
-    let recv_len = len(SIOCINQ, "SIOCINQ")?;
-    data.extend(peek_all(sock, recv_len as usize).map_err(|e| os("peek receive queue", e))?);
+    let data = peek_all(sock, send_len as usize).map_err(|e| os("peek send queue", e))?;
     sys::setsockopt_int(sock, tcp, libc::TCP_REPAIR_QUEUE, TCP_NO_QUEUE)
         .map_err(|e| os("TCP_REPAIR_QUEUE", e))?;
     let conn = TcpConnection {
         send_seq,
-        recv_seq,
         send_len,
         unsent_len,
-        recv_len,
         mss: uint(sock, tcp, libc::TCP_MAXSEG).map_err(|e| os("TCP_MAXSEG", e))?,
         wscale_ok: info.options & TCPI_OPT_WSCALE != 0,
         snd_wscale: u32::from(info.wscale & 0xf),
@@ -367,21 +358,79 @@ fn read_connection(
         timestamps_ok: info.options & TCPI_OPT_TIMESTAMPS != 0,
         timestamp: sys::getsockopt_int(sock, tcp, libc::TCP_TIMESTAMP)
             .map_err(|e| os("TCP_TIMESTAMP", e))? as u32,
-        snd_wl1: window.snd_wl1,
-        snd_wnd: window.snd_wnd,
-        max_window: window.max_window,
-        rcv_wnd: window.rcv_wnd,
-        rcv_wup: window.rcv_wup,
-        peer_file_id: 0,
+        ..TcpConnection::default()
     };
     log::debug!(
-        "pid {} fd {}: TCP {} -> {}: {send_len} bytes to send ({unsent_len} unsent), {recv_len} received",
+        "pid {} fd {}: TCP {} -> {}: {send_len} bytes to send ({unsent_len} unsent)",
         p.pid,
         p.fd,
         name(local),
         name(peer)
     );
     Ok((conn, data))
+}
+
+/// Completes every established connection of the tree with its receive
+/// side (window, receive sequence, the receive queue peeked), once all
+/// send sides are read. The kernel still carries segments and
+/// acknowledgments between two frozen ends while the dump reads them; in
+/// this order no end can be read short of bytes its peer, read earlier,
+/// had already given up as acknowledged (they would be in neither queue
+/// and the restored connection would stall). A receiver read with bytes
+/// its sender still counted as queued is fine: the restore drops them
+/// from the sender.
+fn read_receive_sides(tree: &mut TreeFiles) -> Result<()> {
+    let holders: HashMap<u64, (i32, i32)> =
+        tree.holders().map(|h| (h.file_id, (h.pid, h.fd))).collect();
+    for f in &mut tree.files.files {
+        let Some(Kind::Inet(InetFile {
+            tcp: Some(conn), ..
+        })) = &mut f.kind
+        else {
+            continue;
+        };
+        let &(pid, fd) = holders
+            .get(&f.id)
+            .expect("every collected file has a holder");
+        let os = |what: &str, e: std::io::Error| DumpError::Proc {
+            pid,
+            path: format!("fd {fd}: {what}").into(),
+            source: e,
+        };
+        let copy = sys::take_fd(pid, fd).map_err(|e| os("pidfd_getfd", e))?;
+        let sock = copy.as_fd();
+        let tcp = libc::IPPROTO_TCP;
+        // The window first: rcv_nxt only grows, so a segment still in
+        // flight can only move the receive sequence read below past the
+        // window read here, never the other way round, and the kernel
+        // accepts the pair on restore.
+        let (window, _) =
+            sys::getsockopt_raw::<TcpRepairWindow>(sock, tcp, libc::TCP_REPAIR_WINDOW)
+                .map_err(|e| os("TCP_REPAIR_WINDOW", e))?;
+        sys::setsockopt_int(sock, tcp, libc::TCP_REPAIR_QUEUE, TCP_RECV_QUEUE)
+            .map_err(|e| os("TCP_REPAIR_QUEUE", e))?;
+        conn.recv_seq = sys::getsockopt_int(sock, tcp, libc::TCP_QUEUE_SEQ)
+            .map_err(|e| os("TCP_QUEUE_SEQ (receive)", e))? as u32;
+        conn.recv_len = sys::ioctl_int(sock, SIOCINQ)
+            .map(|v| v.max(0) as u32)
+            .map_err(|e| os("SIOCINQ", e))?;
+        let data =
+            peek_all(sock, conn.recv_len as usize).map_err(|e| os("peek receive queue", e))?;
+        sys::setsockopt_int(sock, tcp, libc::TCP_REPAIR_QUEUE, TCP_NO_QUEUE)
+            .map_err(|e| os("TCP_REPAIR_QUEUE", e))?;
+        conn.snd_wl1 = window.snd_wl1;
+        conn.snd_wnd = window.snd_wnd;
+        conn.max_window = window.max_window;
+        conn.rcv_wnd = window.rcv_wnd;
+        conn.rcv_wup = window.rcv_wup;
+        let name = tcp_data_name(f.id);
+        tree.blobs.append(&name, &data);
+        if conn.send_len == 0 && conn.recv_len == 0 {
+            tree.blobs.remove(&name);
+        }
+        log::debug!("pid {pid} fd {fd}: TCP: {} bytes received", conn.recv_len);
+    }
+    Ok(())
 }
 
 /// Exactly `len` bytes of the queue chosen with TCP_REPAIR_QUEUE.

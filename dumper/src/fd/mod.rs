@@ -244,6 +244,14 @@ impl Blobs {
         self.0.push(Blob { name, data });
     }
 
+    /// Appends to the raw image of this name (added first if missing).
+    pub fn append(&mut self, name: &str, data: &[u8]) {
+        match self.0.iter_mut().find(|b| b.name == name) {
+            Some(b) => b.data.extend_from_slice(data),
+            None => self.add(name.to_string(), data.to_vec()),
+        }
+    }
+
     /// Drops the raw image of this name, if any (contents that turned out
     /// not to be saved once the whole tree was seen).
     pub fn remove(&mut self, name: &str) {

@@ -373,7 +373,7 @@ impl Plan {
                 return Err(bad("connected without a peer address"));
             }
             (InetProtocol::Tcp, InetState::Connected) => {
-                let conn = image
+                let mut conn = image
                     .tcp
                     .ok_or_else(|| bad("established TCP without its connection state"))?;
                 if local.is_none() {
@@ -381,6 +381,7 @@ impl Plan {
                 }
                 plan.load_queues(cx, file, &conn, fd)?;
                 check_peer(cx, file, &conn, fd)?;
+                plan.skip_delivered(cx, &mut conn, fd)?;
                 plan.tcp = Some(conn);
             }
             (InetProtocol::Tcp, InetState::Listen) if local.is_none() => {
@@ -425,6 +426,72 @@ impl Plan {
         self.unsent = data[sent..send].to_vec();
         self.received = data[send..].to_vec();
         Ok(())
+    }
+}
+
+impl Plan {
+    /// Drops from the send queue what the other end (in the tree) had
+    /// already received. The dump reads every send queue before any
+    /// receive queue, because the kernel still carries segments and
+    /// acknowledgments between two frozen ends: a receiver may be read
+    /// with bytes its sender still counted as unacknowledged or unsent,
+    /// never short of bytes its sender had given up. Restoring them in
+    /// both queues would make the sender's acknowledgments point past what
+    /// it sent, which it ignores: the connection would stall.
+    fn skip_delivered(
+        &mut self,
+        cx: &Context<'_>,
+        conn: &mut TcpConnection,
+        fd: i32,
+    ) -> Result<()> {
+        let Some(other) = peer_connection(cx, conn.peer_file_id) else {
+            return Ok(());
+        };
+        let Some(delivered) = delivered_bytes(conn, other.recv_seq) else {
+            return Err(cx.invalid(
+                fd,
+                &format!(
+                    "inet socket: inconsistent TCP snapshot: the other end waits for byte {} but this end's queue holds bytes {}..{}",
+                    other.recv_seq,
+                    conn.send_seq.wrapping_sub(conn.send_len),
+                    conn.send_seq
+                ),
+            ));
+        };
+        if delivered == 0 {
+            return Ok(());
+        }
+        let delivered = delivered as usize;
+        let from_sent = delivered.min(self.sent.len());
+        self.sent.drain(..from_sent);
+        self.unsent.drain(..delivered - from_sent);
+        conn.send_len -= delivered as u32;
+        conn.unsent_len = self.unsent.len() as u32;
+        log::debug!(
+            "pid {} fd {fd}: TCP: {delivered} queued bytes already at the other end, not sent again",
+            cx.pid()
+        );
+        Ok(())
+    }
+}
+
+/// How many bytes at the head of `conn`'s send queue the other end, which
+/// waits for byte `peer_recv_seq`, has already received; `None` when the
+/// byte it waits for is not in the queue (sequence numbers wrap).
+fn delivered_bytes(conn: &TcpConnection, peer_recv_seq: u32) -> Option<u32> {
+    let unacked_from = conn.send_seq.wrapping_sub(conn.send_len);
+    let delivered = peer_recv_seq.wrapping_sub(unacked_from);
+    (delivered <= conn.send_len).then_some(delivered)
+}
+
+/// The dumped state of the other end of an in-tree connection.
+fn peer_connection<'a>(cx: &'a Context<'_>, peer_file_id: u64) -> Option<&'a TcpConnection> {
+    if peer_file_id == 0 {
+        return None;
+    }
+    match cx.files.get(peer_file_id)?.kind.as_ref()? {
+        Kind::Inet(i) => i.tcp.as_ref(),
+        _ => None,
     }
 }
 
@@ -725,6 +792,31 @@ fn switch_off(ends: &[Held]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bytes_the_other_end_has_are_counted_and_a_gap_is_refused() {
+        // Queue: bytes 1000..1500 (write_seq 1500).
+        let conn = TcpConnection {
+            send_seq: 1500,
+            send_len: 500,
+            ..TcpConnection::default()
+        };
+        assert_eq!(delivered_bytes(&conn, 1000), Some(0));
+        assert_eq!(delivered_bytes(&conn, 1200), Some(200));
+        assert_eq!(delivered_bytes(&conn, 1500), Some(500));
+        // Waiting for a byte before the queue: acknowledged, in neither.
+        assert_eq!(delivered_bytes(&conn, 999), None);
+        // Past what was ever written.
+        assert_eq!(delivered_bytes(&conn, 1501), None);
+        // Across the wrap of the sequence space.
+        let wrapped = TcpConnection {
+            send_seq: 100,
+            send_len: 300,
+            ..TcpConnection::default()
+        };
+        assert_eq!(delivered_bytes(&wrapped, u32::MAX - 99), Some(100));
+        assert_eq!(delivered_bytes(&wrapped, u32::MAX - 250), None);
+    }
 
     #[test]
     fn a_window_past_the_receive_queue_is_clamped_to_it() {
