@@ -11,9 +11,10 @@ use crate::error::{DumpError, Result};
 /// `prctl(PR_GET_SECUREBITS)` returned inside the thread.
 pub fn collect(pid: i32, tid: i32, securebits: i64) -> Result<Creds> {
     let file = format!("task/{tid}/status");
-    let status = procfs::process::Process::new(pid)
-        .and_then(|p| p.task_from_tid(tid))
-        .and_then(|t| t.status())
+    // One read of the file, parsed by procfs (its own opening reads the
+    // process and task directories first, three opens a thread).
+    let text = crate::procfile::read_bytes(pid, &file)?;
+    let status = <procfs::process::Status as procfs::FromRead>::from_read(text.as_slice())
         .map_err(|e| DumpError::Parse {
             pid,
             path: file.clone(),

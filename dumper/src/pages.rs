@@ -41,7 +41,7 @@ pub struct Memory {
 impl Memory {
     /// The memory of traced task `t`.
     pub fn of(t: &Tracee) -> Result<Memory> {
-        let file = t.mem().try_clone().map_err(|source| ParasiteError::Mem {
+        let file = t.mem()?.try_clone().map_err(|source| ParasiteError::Mem {
             pid: t.pid(),
             op: "reopen",
             addr: 0,

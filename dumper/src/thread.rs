@@ -19,23 +19,24 @@ pub fn freeze(pid: i32, seize: impl Fn(ParasiteError) -> DumpError) -> Result<Ve
     crate::seccomp::suspend(pid, &frozen[0])?;
     for _ in 0..MAX_PASSES {
         let mut added = false;
+        let known: std::collections::HashSet<i32> = frozen.iter().map(Tracee::pid).collect();
+        // Every new thread is asked to stop before any stop is waited
+        // for: the stops overlap instead of taking a round trip each.
+        let mut stopping = Vec::new();
         for tid in procfile::numbered_entries(pid, "task")? {
-            if frozen.iter().any(|t| t.pid() == tid) {
+            if known.contains(&tid) {
                 continue;
             }
-            match Tracee::seize(tid) {
-                Ok(t) => {
-                    crate::seccomp::suspend(pid, &t)?;
-                    frozen.push(t);
-                    added = true;
-                }
-                // The thread exited between listing and seizing.
-                Err(ParasiteError::Ptrace {
-                    source: Errno::ESRCH,
-                    ..
-                })
-                | Err(ParasiteError::Died { .. }) => {}
-                Err(e) => return Err(e.into()),
+            match gone(Tracee::seize_begin(tid))? {
+                Some(s) => stopping.push(s),
+                None => continue,
+            }
+        }
+        for s in stopping {
+            if let Some(t) = gone(s.wait())? {
+                crate::seccomp::suspend(pid, &t)?;
+                frozen.push(t);
+                added = true;
             }
         }
         if !added {
@@ -51,4 +52,17 @@ pub fn freeze(pid: i32, seize: impl Fn(ParasiteError) -> DumpError) -> Result<Ve
             "process creating threads faster than they can be frozen ({MAX_PASSES} passes)"
         ),
     })
+}
+
+/// `None` for a thread that exited between listing and freezing.
+fn gone<T>(r: std::result::Result<T, ParasiteError>) -> Result<Option<T>> {
+    match r {
+        Ok(t) => Ok(Some(t)),
+        Err(ParasiteError::Ptrace {
+            source: Errno::ESRCH,
+            ..
+        })
+        | Err(ParasiteError::Died { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }

@@ -188,7 +188,7 @@ impl Infection<'_> {
     fn arm_rescue(&self) -> Result<()> {
         let t = self.tracee;
         self.write_own_rescue_frame()?;
-        let alt = as_restored(self.query_altstack(t)?.0);
+        let alt = as_restored(self.query_altstack(t, None)?.0);
         self.altstack.set(alt);
         self.write_own_rescue_frame()
     }
@@ -224,14 +224,15 @@ impl Infection<'_> {
     /// `sigaltstack(NULL, &old)` run by `task` (the infected task or
     /// another thread of its process) at the area's trampoline: the
     /// alternate stack and the syscall's return value.
-    fn query_altstack(&self, task: &Tracee) -> Result<(AltStack, i64)> {
+    fn query_altstack(&self, task: &Tracee, regs: Option<&Regs>) -> Result<(AltStack, i64)> {
         // The args block doubles as the output buffer of this one syscall.
         let buf = self.base + BLOB.args_offset as u64;
-        let ret = task.syscall_stop_at_exit(
-            self.base + BLOB.trampoline as u64,
-            libc::SYS_sigaltstack,
-            [0, buf, 0, 0, 0, 0],
-        )?;
+        let site = self.base + BLOB.trampoline as u64;
+        let args = [0, buf, 0, 0, 0, 0];
+        let ret = match regs {
+            Some(r) => task.syscall_from(r, site, libc::SYS_sigaltstack, args)?,
+            None => task.syscall_stop_at_exit(site, libc::SYS_sigaltstack, args)?,
+        };
         crate::tracee::check_ret(task.pid(), "sigaltstack", ret)?;
         let mut ss = [0u8; 24];
         self.tracee.read_mem(buf, &mut ss)?;
@@ -300,11 +301,12 @@ impl Infection<'_> {
                 size: 0,
             };
             self.write_rescue_frame(&regs, &xstate, sigmask, disabled)?;
-            let (alt, altstack_ret) = self.query_altstack(thread)?;
+            let (alt, altstack_ret) = self.query_altstack(thread, Some(&regs))?;
             crate::fault::inject(crate::fault::FaultPoint::ThreadInParasite);
             self.write_rescue_frame(&regs, &xstate, sigmask, as_restored(alt))?;
             let buf = self.base + BLOB.args_offset as u64;
-            let tid_address_ret = thread.syscall_stop_at_exit(
+            let tid_address_ret = thread.syscall_from(
+                &regs,
                 self.base + BLOB.trampoline as u64,
                 libc::SYS_prctl,
                 [libc::PR_GET_TID_ADDRESS as u64, buf, 0, 0, 0, 0],
@@ -314,18 +316,21 @@ impl Infection<'_> {
             let tid_address = u64::from_le_bytes(word);
             // Timer slack and the parent-death signal are per thread, and
             // only the thread itself can ask for them.
-            let timer_slack_ret = thread.syscall_stop_at_exit(
+            let timer_slack_ret = thread.syscall_from(
+                &regs,
                 self.base + BLOB.trampoline as u64,
                 libc::SYS_prctl,
                 [libc::PR_GET_TIMERSLACK as u64, 0, 0, 0, 0, 0],
             )?;
-            let pdeath_sig_ret = thread.syscall_stop_at_exit(
+            let pdeath_sig_ret = thread.syscall_from(
+                &regs,
                 self.base + BLOB.trampoline as u64,
                 libc::SYS_prctl,
                 [libc::PR_GET_PDEATHSIG as u64, buf, 0, 0, 0, 0],
             )?;
             // Securebits are per thread and only the thread can read them.
-            let securebits = thread.syscall_stop_at_exit(
+            let securebits = thread.syscall_from(
+                &regs,
                 self.base + BLOB.trampoline as u64,
                 libc::SYS_prctl,
                 [libc::PR_GET_SECUREBITS as u64, 0, 0, 0, 0, 0],

@@ -221,9 +221,22 @@ pub enum SyscallStop {
     Seccomp,
 }
 
-/// Tells a syscall-entry stop from a syscall-exit stop.
-pub fn syscall_stop(pid: Pid) -> Result<SyscallStop, Errno> {
-    // struct ptrace_syscall_info starts with `__u8 op`; the rest is not needed.
+/// What `PTRACE_GET_SYSCALL_INFO` says of a syscall stop.
+pub struct SyscallInfo {
+    /// Entry, exit or seccomp stop.
+    pub stop: SyscallStop,
+    /// Where the task is (after the `syscall` instruction).
+    pub ip: u64,
+    /// At entry, the syscall number; at exit, the return value.
+    pub value: i64,
+}
+
+/// The syscall stop the task is in, with its place and number or result:
+/// one call where registers would take another.
+pub fn syscall_info(pid: Pid) -> Result<SyscallInfo, Errno> {
+    // struct ptrace_syscall_info: u8 op, u8 pad[3], u32 arch,
+    // u64 instruction_pointer, u64 stack_pointer, then the union whose
+    // first word is `entry.nr` or `exit.rval`.
     let mut info = [0u64; 11];
     // SAFETY: the kernel writes at most `size` bytes into `info`.
     check(unsafe {
@@ -234,11 +247,15 @@ pub fn syscall_stop(pid: Pid) -> Result<SyscallStop, Errno> {
             info.as_mut_ptr(),
         )
     })?;
-    Ok(match info[0] & 0xff {
-        1 => SyscallStop::Entry,
-        2 => SyscallStop::Exit,
-        3 => SyscallStop::Seccomp,
-        _ => SyscallStop::None,
+    Ok(SyscallInfo {
+        stop: match info[0] & 0xff {
+            1 => SyscallStop::Entry,
+            2 => SyscallStop::Exit,
+            3 => SyscallStop::Seccomp,
+            _ => SyscallStop::None,
+        },
+        ip: info[1],
+        value: info[3] as i64,
     })
 }
 

@@ -31,7 +31,9 @@ const NO_SYSCALL: u64 = u64::MAX;
 /// does that for the parasite.
 pub struct Tracee {
     pid: Pid,
-    mem: File,
+    /// `/proc/PID/mem`, opened on first use: a thread's memory is its
+    /// process's, and a dump of 2,000 threads reads it through one.
+    mem: std::sync::OnceLock<File>,
     attached: bool,
     /// The ptrace options in force (`PTRACE_SETOPTIONS` replaces them all,
     /// so each change starts from these).
@@ -45,6 +47,13 @@ impl Tracee {
     /// Seizes `pid` with `PTRACE_SEIZE` and stops it with `PTRACE_INTERRUPT`,
     /// so the program never sees a SIGSTOP.
     pub fn seize(pid: i32) -> Result<Self> {
+        Self::seize_begin(pid)?.wait()
+    }
+
+    /// Seizes `pid` and asks it to stop, without waiting for the stop:
+    /// many threads are frozen faster by asking each first and then
+    /// waiting for each ([`Stopping::wait`]), as their stops overlap.
+    pub fn seize_begin(pid: i32) -> Result<Stopping> {
         let p = Pid::from_raw(pid);
         ptrace::seize(p, ptrace::Options::PTRACE_O_TRACESYSGOOD).map_err(|source| {
             if source == Errno::EPERM
@@ -59,27 +68,28 @@ impl Tracee {
             }
         })?;
         // From here on the task is ours: any error below must detach.
-        let mut t = Tracee {
+        let t = Tracee {
             pid: p,
-            mem: File::open("/dev/null").expect("/dev/null"),
+            mem: std::sync::OnceLock::new(),
             attached: true,
             options: std::sync::atomic::AtomicI32::new(SEIZED_OPTIONS),
         };
-        t.interrupt_and_wait()?;
-        t.mem = open_mem(pid)?;
-        Ok(t)
+        ptrace::interrupt(p).map_err(t.ptrace_err("interrupt"))?;
+        Ok(Stopping(Some(t)))
     }
 
     /// Stops the task with `PTRACE_INTERRUPT`; a signal that arrived
     /// before the interrupt is delivered exactly as it would have been,
     /// then the stop is taken.
     fn interrupt_and_wait(&self) -> Result<()> {
+        ptrace::interrupt(self.pid).map_err(self.ptrace_err("interrupt"))?;
+        self.wait_interrupt_stop()
+    }
+
+    /// Waits for the stop `PTRACE_INTERRUPT` asked for, delivering a
+    /// signal that came first as it would have been.
+    fn wait_interrupt_stop(&self) -> Result<()> {
         let (p, pid) = (self.pid, self.pid());
-        ptrace::interrupt(p).map_err(|source| ParasiteError::Ptrace {
-            pid,
-            op: "interrupt",
-            source,
-        })?;
         loop {
             let deliver = match self.wait_any("freezing")? {
                 sys::Waited::Status(WaitStatus::PtraceEvent(_, _, libc::PTRACE_EVENT_STOP)) => {
@@ -120,7 +130,7 @@ impl Tracee {
         let p = Pid::from_raw(pid);
         let t = Tracee {
             pid: p,
-            mem: open_mem(pid)?,
+            mem: std::sync::OnceLock::new(),
             attached: true,
             options: std::sync::atomic::AtomicI32::new(0),
         };
@@ -223,7 +233,7 @@ impl Tracee {
         }
         Ok(Tracee {
             pid: child,
-            mem: open_mem(tid)?,
+            mem: std::sync::OnceLock::new(),
             attached: true,
             // The kernel copies the tracer's options to an auto-attached child.
             options: std::sync::atomic::AtomicI32::new(
@@ -239,8 +249,12 @@ impl Tracee {
 
     /// The task's memory (`/proc/PID/mem`), usable with positional reads
     /// from many threads. It reaches PROT_NONE and read-only pages too.
-    pub fn mem(&self) -> &File {
-        &self.mem
+    pub fn mem(&self) -> Result<&File> {
+        if let Some(f) = self.mem.get() {
+            return Ok(f);
+        }
+        let f = open_mem(self.pid())?;
+        Ok(self.mem.get_or_init(|| f))
     }
 
     fn ptrace_err(&self, op: &'static str) -> impl FnOnce(Errno) -> ParasiteError {
@@ -295,7 +309,7 @@ impl Tracee {
 
     /// Reads task memory (FOLL_FORCE: works on any mapped page).
     pub fn read_mem(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
-        self.mem
+        self.mem()?
             .read_exact_at(buf, addr)
             .map_err(|source| ParasiteError::Mem {
                 pid: self.pid(),
@@ -308,7 +322,7 @@ impl Tracee {
 
     /// Writes task memory (FOLL_FORCE: read-only private pages are COW-ed).
     pub fn write_mem(&self, addr: u64, buf: &[u8]) -> Result<()> {
-        self.mem
+        self.mem()?
             .write_all_at(buf, addr)
             .map_err(|source| ParasiteError::Mem {
                 pid: self.pid(),
@@ -512,7 +526,14 @@ impl Tracee {
     /// setting the final registers. Works from any stop, including a
     /// syscall-entry stop (whose skipped syscall still reports an exit).
     pub fn syscall_stop_at_exit(&self, site: u64, nr: i64, args: [u64; 6]) -> Result<i64> {
-        let mut r = self.regs()?;
+        self.syscall_from(&self.regs()?, site, nr, args)
+    }
+
+    /// [`Tracee::syscall_stop_at_exit`] starting from registers the caller
+    /// already holds (only the syscall's are changed): one `getregs` less,
+    /// which counts when every thread of a large process runs a few.
+    pub fn syscall_from(&self, base: &Regs, site: u64, nr: i64, args: [u64; 6]) -> Result<i64> {
+        let mut r = *base;
         set_syscall_regs(&mut r, site, nr, args);
         self.set_regs(&r)?;
         let after = site + 2;
@@ -520,14 +541,11 @@ impl Tracee {
             ptrace::syscall(self.pid, None).map_err(self.ptrace_err("syscall"))?;
             match self.wait("running a remote syscall")? {
                 WaitStatus::PtraceSyscall(_) => {
-                    let stop =
-                        sys::syscall_stop(self.pid).map_err(self.ptrace_err("get_syscall_info"))?;
-                    let now = self.regs()?;
-                    if stop == sys::SyscallStop::Exit
-                        && now.rip == after
-                        && now.orig_rax == nr as u64
-                    {
-                        return Ok(now.rax as i64);
+                    let info =
+                        sys::syscall_info(self.pid).map_err(self.ptrace_err("get_syscall_info"))?;
+                    // Only the syscall at `site` leaves from `after`.
+                    if info.stop == sys::SyscallStop::Exit && info.ip == after {
+                        return Ok(info.value);
                     }
                 }
                 other => {
@@ -549,10 +567,9 @@ impl Tracee {
             ptrace::syscall(self.pid, None).map_err(self.ptrace_err("syscall"))?;
             match self.wait(what)? {
                 WaitStatus::PtraceSyscall(_) => {
-                    let stop =
-                        sys::syscall_stop(self.pid).map_err(self.ptrace_err("get_syscall_info"))?;
-                    let r = self.regs()?;
-                    if stop == sys::SyscallStop::Entry && r.rip == at && r.orig_rax == nr as u64 {
+                    let info =
+                        sys::syscall_info(self.pid).map_err(self.ptrace_err("get_syscall_info"))?;
+                    if info.stop == sys::SyscallStop::Entry && info.ip == at && info.value == nr {
                         return Ok(());
                     }
                 }
@@ -635,6 +652,34 @@ impl Tracee {
     pub fn detach(mut self) -> Result<()> {
         self.attached = false;
         ptrace::detach(self.pid, None).map_err(self.ptrace_err("detach"))
+    }
+}
+
+/// A task seized and asked to stop ([`Tracee::seize_begin`]). Dropped
+/// without [`Stopping::wait`], it is waited for and detached, so it runs
+/// on as if never seized.
+pub struct Stopping(Option<Tracee>);
+
+impl Stopping {
+    /// Waits for the stop: the task is frozen.
+    pub fn wait(mut self) -> Result<Tracee> {
+        let t = self.0.take().expect("waited once");
+        t.wait_interrupt_stop()?;
+        Ok(t)
+    }
+
+    /// The task's pid.
+    pub fn pid(&self) -> i32 {
+        self.0.as_ref().map_or(0, Tracee::pid)
+    }
+}
+
+impl Drop for Stopping {
+    fn drop(&mut self) {
+        if let Some(t) = self.0.take() {
+            // Detaching needs the stop; the tracee's own drop detaches.
+            let _ = t.wait_interrupt_stop();
+        }
     }
 }
 
