@@ -42,3 +42,26 @@ fn threads_restored_with_their_state() {
     v.go();
     finish_restore(&v, restore);
 }
+
+/// The dump stops each thread with a signal the process ignores
+/// (SIGURG first): with SIGURG handled it takes SIGWINCH, and the
+/// program's handler never runs.
+#[test]
+fn threads_of_a_process_handling_sigurg_are_stopped_with_another_signal() {
+    handlers_cycle("threads-urg", "1");
+}
+
+/// A process handling SIGURG, SIGWINCH and SIGCHLD has its threads asked
+/// syscall by syscall instead: same state back, no handler run.
+#[test]
+fn threads_of_a_process_handling_every_quiet_signal_are_asked_syscall_by_syscall() {
+    handlers_cycle("threads-handlers", "3");
+}
+
+fn handlers_cycle(test: &str, handled: &str) {
+    let env = TestEnv::new(test);
+    let mut v = Victim::spawn(&env, "threads", &["handlers", handled]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    restore_and_check(&env, &v);
+}

@@ -90,13 +90,31 @@ pub fn run_parasite(
         sigmask: inf.saved_sigmask(),
         misc: Box::new(args.misc),
     };
+    let quiet = quiet_signal(&args.misc.sigactions);
     let threads = threads
         .iter()
-        .map(|t| inf.thread_state(t))
+        .map(|t| inf.thread_state(t, quiet))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     with_parasite(&inf)?;
     inf.cure()?;
     Ok((out, threads))
+}
+
+/// A signal the process ignores (default action "ignore", or SIG_IGN),
+/// with which a thread can stop itself for ckpt and that the kernel drops
+/// if ckpt is gone ([`ckpt_parasite::proto::ThreadQuery`]); `None` if the
+/// process handles all of them (then each thread is asked syscall by
+/// syscall).
+fn quiet_signal(actions: &[ckpt_parasite::proto::KernelSigaction]) -> Option<i32> {
+    const SIG_DFL: u64 = 0;
+    const SIG_IGN: u64 = 1;
+    [libc::SIGURG, libc::SIGWINCH, libc::SIGCHLD]
+        .into_iter()
+        .find(|&sig| {
+            actions
+                .get(sig as usize - 1)
+                .is_some_and(|a| a.handler == SIG_DFL || a.handler == SIG_IGN)
+        })
 }
 
 /// Builds the core image of a frozen task.

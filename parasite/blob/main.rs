@@ -21,7 +21,8 @@ mod proto;
 
 use core::arch::{asm, naked_asm};
 use proto::{
-    ARGS_MAGIC, Args, CMD_DUMP_MISC, CMD_NONE, KernelSigaction, MiscState, NITIMERS, NSIG,
+    ARGS_MAGIC, Args, CMD_DUMP_MISC, CMD_NONE, CMD_THREAD_QUERY, KernelSigaction, MiscState,
+    NITIMERS, NSIG, ThreadQuery,
 };
 
 const EINVAL: i64 = 22;
@@ -29,9 +30,19 @@ const EINVAL: i64 = 22;
 const SYS_BRK: u64 = 12;
 const SYS_RT_SIGACTION: u64 = 13;
 const SYS_GETITIMER: u64 = 36;
+const SYS_RT_SIGPROCMASK: u64 = 14;
+const SYS_GETPID: u64 = 39;
 const SYS_SIGALTSTACK: u64 = 131;
 const SYS_PRCTL: u64 = 157;
+const SYS_GETTID: u64 = 186;
+const SYS_TGKILL: u64 = 234;
+const PR_GET_PDEATHSIG: u64 = 2;
+const PR_GET_SECUREBITS: u64 = 27;
+const PR_GET_TIMERSLACK: u64 = 30;
 const PR_GET_TID_ADDRESS: u64 = 40;
+const SIG_UNBLOCK: u64 = 1;
+/// `SS_ONSTACK`: reported by sigaltstack, refused by the frame's restore.
+const SS_ONSTACK: i32 = 1;
 /// `sigsetsize` argument of `rt_sigaction` on x86_64.
 const KERNEL_SIGSET_SIZE: u64 = 8;
 
@@ -108,6 +119,7 @@ extern "C" fn parasite_main() {
             match cmd {
                 CMD_NONE => 0,
                 CMD_DUMP_MISC => dump_misc(&raw mut (*args).misc),
+                CMD_THREAD_QUERY => thread_query(&raw mut (*args).thread),
                 _ => -EINVAL,
             }
         };
@@ -158,6 +170,60 @@ unsafe fn dump_misc(m: *mut MiscState) -> i64 {
         (*m).tid_address_ret = r;
 
         (*m).brk = syscall4(SYS_BRK, 0, 0, 0, 0) as u64;
+    }
+    0
+}
+
+/// Fills a [`ThreadQuery`] in the thread running the blob, patches the rescue frame's
+/// alternate stack, then sends the thread its stop signal (see [`ThreadQuery`]). Always
+/// returns 0: per-call failures are in the `*_ret` fields.
+///
+/// # Safety
+/// `q` must be valid for reads and writes of a whole `ThreadQuery`; `frame_stack`, when not 0,
+/// must be the writable `uc_stack` of the rescue frame.
+unsafe fn thread_query(q: *mut ThreadQuery) -> i64 {
+    // SAFETY: `q` is valid (caller contract); every pointer handed to the kernel is a field of
+    // `*q` of the size the syscall writes, and `frame_stack` is the host's frame (contract).
+    unsafe {
+        let r = syscall4(SYS_SIGALTSTACK, 0, &raw mut (*q).altstack as u64, 0, 0);
+        (*q).altstack_ret = r;
+        let frame_stack = (*q).frame_stack;
+        if r == 0 && frame_stack != 0 {
+            let mut given_back = (*q).altstack;
+            given_back.flags &= !SS_ONSTACK;
+            (frame_stack as *mut proto::StackT).write_unaligned(given_back);
+        }
+        (*q).tid_address_ret = syscall4(
+            SYS_PRCTL,
+            PR_GET_TID_ADDRESS,
+            &raw mut (*q).tid_address as u64,
+            0,
+            0,
+        );
+        (*q).timer_slack_ret = syscall4(SYS_PRCTL, PR_GET_TIMERSLACK, 0, 0, 0);
+        (*q).pdeath_sig_ret = syscall4(
+            SYS_PRCTL,
+            PR_GET_PDEATHSIG,
+            &raw mut (*q).pdeath_sig as u64,
+            0,
+            0,
+        );
+        (*q).securebits_ret = syscall4(SYS_PRCTL, PR_GET_SECUREBITS, 0, 0, 0);
+        (&raw mut (*q).done).write_volatile(1);
+        let sig = u64::from((*q).stop_signal);
+        if sig != 0 {
+            let set: u64 = 1 << (sig - 1);
+            syscall4(
+                SYS_RT_SIGPROCMASK,
+                SIG_UNBLOCK,
+                &raw const set as u64,
+                0,
+                KERNEL_SIGSET_SIZE,
+            );
+            let tgid = syscall4(SYS_GETPID, 0, 0, 0, 0) as u64;
+            let tid = syscall4(SYS_GETTID, 0, 0, 0, 0) as u64;
+            syscall4(SYS_TGKILL, tgid, tid, sig, 0);
+        }
     }
     0
 }

@@ -274,19 +274,23 @@ impl Infection<'_> {
     }
 
     /// Collects another thread of the infected process through the area
-    /// already mapped: its registers, xstate and mask, and the two values
-    /// only the thread itself can ask the kernel for (its alternate signal
-    /// stack and its `clear_child_tid`), each one syscall run by the thread
-    /// at the area's trampoline. Mapping the whole parasite into every
-    /// thread instead costs a maps scan, an mmap, a blob copy and dozens
-    /// of ptrace stops per thread.
+    /// already mapped: its registers, xstate and mask, and what only the
+    /// thread itself can ask the kernel for (alternate signal stack,
+    /// `clear_child_tid`, timer slack, parent-death signal, securebits).
+    /// Mapping the whole parasite into every thread instead costs a maps
+    /// scan, an mmap, a blob copy and dozens of ptrace stops per thread.
     ///
     /// While the thread is in the area, the rescue frame is the thread's
     /// own (a dumper killed then leaves the thread exactly as it was) and
     /// the infected task waits parked on its own registers. The thread
     /// gets its registers, xstate and mask back before this returns, even
     /// on error.
-    pub fn thread_state(&self, thread: &Tracee) -> Result<ThreadState> {
+    ///
+    /// With `quiet_signal` (a signal this process ignores, see
+    /// [`proto::ThreadQuery`]) the thread asks everything in one run of the
+    /// blob, with no syscall stops, and stops on that signal; without, each
+    /// question is a remote syscall with two stops.
+    pub fn thread_state(&self, thread: &Tracee, quiet_signal: Option<i32>) -> Result<ThreadState> {
         if self.frame_owner.get() == FrameOwner::Infected {
             self.park()?;
         }
@@ -301,52 +305,10 @@ impl Infection<'_> {
                 size: 0,
             };
             self.write_rescue_frame(&regs, &xstate, sigmask, disabled)?;
-            let (alt, altstack_ret) = self.query_altstack(thread, Some(&regs))?;
-            crate::fault::inject(crate::fault::FaultPoint::ThreadInParasite);
-            self.write_rescue_frame(&regs, &xstate, sigmask, as_restored(alt))?;
-            let buf = self.base + BLOB.args_offset as u64;
-            let tid_address_ret = thread.syscall_from(
-                &regs,
-                self.base + BLOB.trampoline as u64,
-                libc::SYS_prctl,
-                [libc::PR_GET_TID_ADDRESS as u64, buf, 0, 0, 0, 0],
-            )?;
-            let mut word = [0u8; 8];
-            self.tracee.read_mem(buf, &mut word)?;
-            let tid_address = u64::from_le_bytes(word);
-            // Timer slack and the parent-death signal are per thread, and
-            // only the thread itself can ask for them.
-            let timer_slack_ret = thread.syscall_from(
-                &regs,
-                self.base + BLOB.trampoline as u64,
-                libc::SYS_prctl,
-                [libc::PR_GET_TIMERSLACK as u64, 0, 0, 0, 0, 0],
-            )?;
-            let pdeath_sig_ret = thread.syscall_from(
-                &regs,
-                self.base + BLOB.trampoline as u64,
-                libc::SYS_prctl,
-                [libc::PR_GET_PDEATHSIG as u64, buf, 0, 0, 0, 0],
-            )?;
-            // Securebits are per thread and only the thread can read them.
-            let securebits = thread.syscall_from(
-                &regs,
-                self.base + BLOB.trampoline as u64,
-                libc::SYS_prctl,
-                [libc::PR_GET_SECUREBITS as u64, 0, 0, 0, 0, 0],
-            )?;
-            let mut int = [0u8; 4];
-            self.tracee.read_mem(buf, &mut int)?;
-            Ok::<_, ParasiteError>(ThreadAsked {
-                alt,
-                altstack_ret,
-                tid_address,
-                tid_address_ret,
-                timer_slack_ret,
-                pdeath_sig: i32::from_le_bytes(int),
-                pdeath_sig_ret,
-                securebits,
-            })
+            match quiet_signal {
+                Some(sig) => self.ask_in_one_run(thread, &regs, sig),
+                None => self.ask_by_syscalls(thread, &regs, &xstate, sigmask),
+            }
         })();
         // Whatever happened, the thread gets its own state back, exactly.
         thread.park_with(&regs)?;
@@ -370,6 +332,118 @@ impl Infection<'_> {
             pdeath_sig: a.pdeath_sig,
             pdeath_sig_ret: a.pdeath_sig_ret,
             securebits: a.securebits,
+        })
+    }
+
+    /// The thread runs [`proto::CMD_THREAD_QUERY`] from the blob's entry
+    /// under `PTRACE_CONT` and stops on `sig`, which it sends itself; the
+    /// blob also puts the alternate stack it found into the rescue frame.
+    fn ask_in_one_run(&self, thread: &Tracee, regs: &Regs, sig: i32) -> Result<ThreadAsked> {
+        let args_addr = self.base + BLOB.args_offset as u64;
+        let mut args = proto::Args::new(proto::CMD_THREAD_QUERY);
+        args.thread.stop_signal = sig as u32;
+        args.thread.frame_stack = self.frame_addr() + sigframe::UC_STACK_OFFSET;
+        // SAFETY: Args is #[repr(C)] plain old data made of integers with
+        // explicit padding (see proto.rs): its bytes are all initialized.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&raw const args).cast::<u8>(),
+                std::mem::size_of::<proto::Args>(),
+            )
+        };
+        thread.write_mem(args_addr, bytes)?;
+        let mut r = *regs;
+        r.rip = self.base + BLOB.entry as u64;
+        r.orig_rax = u64::MAX;
+        r.eflags &= !EFLAGS_DF;
+        thread.set_regs(&r)?;
+        crate::fault::inject(crate::fault::FaultPoint::ThreadInParasite);
+        thread.run_until_signal(sig, "asking a thread for its state")?;
+        let mut block = vec![0u8; std::mem::size_of::<proto::Args>()];
+        thread.read_mem(args_addr, &mut block)?;
+        // SAFETY: as above, any byte pattern of the right length is a
+        // valid Args; read_unaligned copes with the Vec's alignment.
+        let back: proto::Args = unsafe { std::ptr::read_unaligned(block.as_ptr().cast()) };
+        let q = back.thread;
+        if q.done != 1 {
+            return Err(ParasiteError::UnexpectedStop {
+                pid: thread.pid(),
+                what: "asking a thread for its state",
+                status: format!("signal {sig} before the blob was done"),
+            });
+        }
+        Ok(ThreadAsked {
+            alt: AltStack {
+                sp: q.altstack.sp,
+                flags: q.altstack.flags,
+                size: q.altstack.size,
+            },
+            altstack_ret: q.altstack_ret,
+            tid_address: q.tid_address,
+            tid_address_ret: q.tid_address_ret,
+            timer_slack_ret: q.timer_slack_ret,
+            pdeath_sig: q.pdeath_sig,
+            pdeath_sig_ret: q.pdeath_sig_ret,
+            securebits: q.securebits_ret,
+        })
+    }
+
+    /// Each question a remote syscall the thread runs at the trampoline
+    /// (two syscall stops each), the rescue frame rewritten once the
+    /// alternate stack is known.
+    fn ask_by_syscalls(
+        &self,
+        thread: &Tracee,
+        regs: &Regs,
+        xstate: &[u8],
+        sigmask: u64,
+    ) -> Result<ThreadAsked> {
+        let (alt, altstack_ret) = self.query_altstack(thread, Some(regs))?;
+        crate::fault::inject(crate::fault::FaultPoint::ThreadInParasite);
+        self.write_rescue_frame(regs, xstate, sigmask, as_restored(alt))?;
+        let buf = self.base + BLOB.args_offset as u64;
+        let site = self.base + BLOB.trampoline as u64;
+        let tid_address_ret = thread.syscall_from(
+            regs,
+            site,
+            libc::SYS_prctl,
+            [libc::PR_GET_TID_ADDRESS as u64, buf, 0, 0, 0, 0],
+        )?;
+        let mut word = [0u8; 8];
+        self.tracee.read_mem(buf, &mut word)?;
+        let tid_address = u64::from_le_bytes(word);
+        // Timer slack and the parent-death signal are per thread, and
+        // only the thread itself can ask for them.
+        let timer_slack_ret = thread.syscall_from(
+            regs,
+            site,
+            libc::SYS_prctl,
+            [libc::PR_GET_TIMERSLACK as u64, 0, 0, 0, 0, 0],
+        )?;
+        let pdeath_sig_ret = thread.syscall_from(
+            regs,
+            site,
+            libc::SYS_prctl,
+            [libc::PR_GET_PDEATHSIG as u64, buf, 0, 0, 0, 0],
+        )?;
+        // Securebits are per thread and only the thread can read them.
+        let securebits = thread.syscall_from(
+            regs,
+            site,
+            libc::SYS_prctl,
+            [libc::PR_GET_SECUREBITS as u64, 0, 0, 0, 0, 0],
+        )?;
+        let mut int = [0u8; 4];
+        self.tracee.read_mem(buf, &mut int)?;
+        Ok(ThreadAsked {
+            alt,
+            altstack_ret,
+            tid_address,
+            tid_address_ret,
+            timer_slack_ret,
+            pdeath_sig: i32::from_le_bytes(int),
+            pdeath_sig_ret,
+            securebits,
         })
     }
 

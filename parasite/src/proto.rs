@@ -16,6 +16,9 @@
 pub const CMD_NONE: u32 = 0;
 /// Collect per-process "misc" state into [`Args::misc`] (see [`MiscState`]).
 pub const CMD_DUMP_MISC: u32 = 1;
+/// Run by another thread of the infected process: its own state only it can ask for, into
+/// [`Args::thread`] (see [`ThreadQuery`]).
+pub const CMD_THREAD_QUERY: u32 = 2;
 /// First command number available to users of the parasite; core commands stay below it.
 pub const CMD_USER_FIRST: u32 = 64;
 
@@ -163,6 +166,66 @@ impl MiscState {
     }
 }
 
+/// Input and result of [`CMD_THREAD_QUERY`]. Each `*_ret` field holds the raw syscall return
+/// value (`0`, a value, or a negative errno) of the call that filled the field next to it.
+///
+/// The thread runs the command without syscall stops (`PTRACE_CONT`) and ends it by sending
+/// itself `stop_signal`, unblocked for the purpose: a signal whose action in this process is to
+/// be ignored, so that its tracer stops it there, while a thread whose dumper died (no tracer)
+/// has it dropped by the kernel and goes on to the rescue path. The alternate stack found is
+/// also written into the rescue frame (`frame_stack`), which must give it back.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThreadQuery {
+    /// Input: the signal to end with (0: none, the command returns to the marker).
+    pub stop_signal: u32,
+    /// Explicit padding; write 0.
+    pub _pad: u32,
+    /// Input: address of the rescue frame's `uc_stack` (0: none).
+    pub frame_stack: u64,
+    /// `sigaltstack(NULL, &old)`.
+    pub altstack: StackT,
+    /// Return value of `sigaltstack`.
+    pub altstack_ret: i64,
+    /// `prctl(PR_GET_TID_ADDRESS)`: the thread's `clear_child_tid`.
+    pub tid_address: u64,
+    /// Return value of `prctl(PR_GET_TID_ADDRESS)`.
+    pub tid_address_ret: i64,
+    /// Return value of `prctl(PR_GET_TIMERSLACK)` (the slack itself).
+    pub timer_slack_ret: i64,
+    /// `prctl(PR_GET_PDEATHSIG)`.
+    pub pdeath_sig: i32,
+    /// Explicit padding.
+    pub _pad2: i32,
+    /// Return value of `prctl(PR_GET_PDEATHSIG)`.
+    pub pdeath_sig_ret: i64,
+    /// Return value of `prctl(PR_GET_SECUREBITS)` (the bits themselves).
+    pub securebits_ret: i64,
+    /// Set to 1 by the blob once every field above is filled.
+    pub done: u64,
+}
+
+impl ThreadQuery {
+    /// All-zero value.
+    pub const fn zeroed() -> Self {
+        Self {
+            stop_signal: 0,
+            _pad: 0,
+            frame_stack: 0,
+            altstack: StackT::zeroed(),
+            altstack_ret: 0,
+            tid_address: 0,
+            tid_address_ret: 0,
+            timer_slack_ret: 0,
+            pdeath_sig: 0,
+            _pad2: 0,
+            pdeath_sig_ret: 0,
+            securebits_ret: 0,
+            done: 0,
+        }
+    }
+}
+
 /// The argument block exchanged with the blob, located at the blob's args offset
 /// (`__parasite_args`, 64-byte aligned inside the blob's `.data`).
 #[repr(C)]
@@ -178,6 +241,8 @@ pub struct Args {
     pub ret: i64,
     /// Output of [`CMD_DUMP_MISC`].
     pub misc: MiscState,
+    /// Input and output of [`CMD_THREAD_QUERY`].
+    pub thread: ThreadQuery,
 }
 
 impl Args {
@@ -189,6 +254,7 @@ impl Args {
             _pad: 0,
             ret: 0,
             misc: MiscState::zeroed(),
+            thread: ThreadQuery::zeroed(),
         }
     }
 
@@ -206,7 +272,11 @@ const _: () = assert!(core::mem::size_of::<Timeval>() == 16);
 const _: () = assert!(core::mem::size_of::<ITimerval>() == 32);
 const _: () = assert!(core::mem::size_of::<StackT>() == 24);
 const _: () = assert!(core::mem::size_of::<MiscState>() == 2048 + 512 + 96 + 24 + 24 + 8 * 4);
-const _: () = assert!(core::mem::size_of::<Args>() == 24 + core::mem::size_of::<MiscState>());
+const _: () = assert!(core::mem::size_of::<ThreadQuery>() == 16 + 24 + 8 * 8);
+const _: () = assert!(
+    core::mem::size_of::<Args>()
+        == 24 + core::mem::size_of::<MiscState>() + core::mem::size_of::<ThreadQuery>()
+);
 const _: () = assert!(core::mem::align_of::<Args>() == 8);
 const _: () = assert!(core::mem::offset_of!(Args, misc) == 24);
 const _: () = assert!(core::mem::offset_of!(StackT, size) == 16);

@@ -106,6 +106,10 @@ pub fn build(at: u64, regs: &Regs, xstate: &[u8], mask: u64, alt: AltStack) -> V
     f
 }
 
+/// Offset of `uc_stack` in a frame: the alternate stack `rt_sigreturn`
+/// sets again.
+pub const UC_STACK_OFFSET: u64 = (UCONTEXT + 16) as u64;
+
 /// Offset of the stack pointer the rescue code must load: just past
 /// `pretcode`, where the kernel expects it on `rt_sigreturn`.
 pub const RESCUE_SP_OFFSET: u64 = UCONTEXT as u64;

@@ -559,6 +559,21 @@ impl Tracee {
         }
     }
 
+    /// Resumes the task without syscall stops until the delivery stop of
+    /// signal `sig`, which the code it runs sends itself; the signal is not
+    /// delivered (the next resume passes none).
+    pub fn run_until_signal(&self, sig: i32, what: &'static str) -> Result<()> {
+        ptrace::cont(self.pid, None).map_err(self.ptrace_err("cont"))?;
+        match self.wait_any(what)? {
+            sys::Waited::Status(WaitStatus::Stopped(_, s)) if s as i32 == sig => Ok(()),
+            other => Err(ParasiteError::UnexpectedStop {
+                pid: self.pid(),
+                what,
+                status: format!("{other:?}"),
+            }),
+        }
+    }
+
     /// Resumes the task under PTRACE_SYSCALL until it enters syscall `nr`
     /// from the instruction ending at `at` (the parasite's "done" marker);
     /// the syscalls it makes on the way are let through.

@@ -1,9 +1,15 @@
 /*
  * Multi-threaded victim: three workers, each with its own TLS counter,
- * blocked-signal mask, thread name and a value kept in a callee-saved
- * register, keep ticking across the checkpoint. After go, every worker
- * checks its tid, TLS, mask, name and register, then main joins them
- * (pthread_join depends on the restored clear_child_tid address).
+ * blocked-signal mask, thread name, alternate signal stack and a value
+ * kept in a callee-saved register, keep ticking across the checkpoint.
+ * After go, every worker checks its tid, TLS, mask, name, alternate stack
+ * and register, then main joins them (pthread_join depends on the restored
+ * clear_child_tid address).
+ *
+ *   threads WORKDIR [handlers N]   N of SIGURG, SIGWINCH, SIGCHLD (in that
+ *                                  order) get a handler, which must never
+ *                                  run: ckpt stops threads with a signal the
+ *                                  process ignores, and none may reach it.
  */
 #include "victim.h"
 
@@ -23,6 +29,31 @@ struct worker {
 };
 
 static struct worker workers[NWORKERS];
+/* Each worker's alternate signal stack (and main's, the last). */
+static char altstacks[NWORKERS + 1][65536];
+static volatile int quiet_handled;
+
+static void quiet_handler(int sig)
+{
+	(void)sig;
+	quiet_handled++;
+}
+
+/* Sets this thread's alternate stack to altstacks[i]. */
+static void set_altstack(int i)
+{
+	stack_t ss = { .ss_sp = altstacks[i], .ss_size = sizeof(altstacks[i]), .ss_flags = 0 };
+	if (sigaltstack(&ss, NULL))
+		die("sigaltstack");
+}
+
+/* Whether this thread's alternate stack is still altstacks[i]. */
+static int altstack_is(int i)
+{
+	stack_t ss;
+	return sigaltstack(NULL, &ss) == 0 && ss.ss_sp == altstacks[i] &&
+	       ss.ss_size == sizeof(altstacks[i]) && !(ss.ss_flags & SS_DISABLE);
+}
 static __thread unsigned long tls_counter;
 static volatile int stop;
 
@@ -40,6 +71,7 @@ static void *work(void *arg)
 	pthread_sigmask(SIG_BLOCK, &m, NULL);
 	snprintf(name, sizeof(name), "worker%d", me->idx);
 	prctl(PR_SET_NAME, name);
+	set_altstack(me->idx);
 	tls_counter = 1000000ul * (me->idx + 1);
 
 	while (!stop) {
@@ -62,6 +94,9 @@ static void *work(void *arg)
 		snprintf(me->fail, sizeof(me->fail), "worker %d: signal mask changed", me->idx);
 	else if (prctl(PR_GET_NAME, got) || strcmp(got, name))
 		snprintf(me->fail, sizeof(me->fail), "worker %d: name %s", me->idx, got);
+	else if (!altstack_is(me->idx))
+		snprintf(me->fail, sizeof(me->fail), "worker %d: alternate signal stack changed",
+			 me->idx);
 	return NULL;
 }
 
@@ -71,6 +106,14 @@ int main(int argc, char **argv)
 	unsigned long at_ready[NWORKERS];
 
 	victim_init(argc, argv);
+	int handled = argc > 3 && strcmp(argv[2], "handlers") == 0 ? atoi(argv[3]) : 0;
+	const int quiet[] = { SIGURG, SIGWINCH, SIGCHLD };
+	for (int i = 0; i < handled && i < 3; i++) {
+		struct sigaction sa = { .sa_handler = quiet_handler };
+		if (sigaction(quiet[i], &sa, NULL))
+			die("sigaction");
+	}
+	set_altstack(NWORKERS);
 	for (int i = 0; i < NWORKERS; i++) {
 		workers[i].idx = i;
 		if (pthread_create(&t[i], NULL, work, &workers[i]))
@@ -97,5 +140,7 @@ int main(int argc, char **argv)
 			fail("pthread_join %d", i);
 		CHECK(workers[i].fail[0] == 0, "%s", workers[i].fail);
 	}
+	CHECK(altstack_is(NWORKERS), "main thread: alternate signal stack changed");
+	CHECK(quiet_handled == 0, "a handled SIGURG/SIGWINCH/SIGCHLD ran %d times", quiet_handled);
 	victim_finish();
 }
