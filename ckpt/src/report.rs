@@ -189,7 +189,7 @@ impl ErrorReport {
             RestoreError::Host { pid, .. }
             | RestoreError::Ib { pid, .. }
             | RestoreError::Vdso { pid, .. } => self.set(ErrorKind::Conflict, Some(*pid)),
-            RestoreError::NetNamespace { path, .. } => {
+            RestoreError::NetNamespace { path, .. } | RestoreError::MntNamespace { path, .. } => {
                 self.set(ErrorKind::Usage, None);
                 self.path = Some(path.display().to_string());
             }

@@ -795,6 +795,7 @@ fn write_images(
         .absorb(ns::collect(
             root,
             &live.iter().map(|p| p.pid).collect::<Vec<_>>(),
+            frozen.ns,
         ))?
         .unwrap_or_default();
     let mut ipc = blockers

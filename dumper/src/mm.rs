@@ -319,7 +319,7 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
 fn file_id(pid: i32, e: &SmapsEntry, private: bool) -> Result<FileId> {
     let link = procfile::path(pid, &format!("map_files/{:x}-{:x}", e.start, e.end));
     let mapped = std::fs::metadata(&link).map_err(|s| procfile::proc_err(pid, link.clone(), s))?;
-    let named = std::fs::metadata(&e.path).map_err(|source| DumpError::Proc {
+    let named = std::fs::metadata(seen_path(pid, &e.path)?).map_err(|source| DumpError::Proc {
         pid,
         path: e.path.clone().into(),
         source,
@@ -356,6 +356,24 @@ fn file_id(pid: i32, e: &SmapsEntry, private: bool) -> Result<FileId> {
         gid: mapped.gid(),
         sha256,
     })
+}
+
+/// Where ckpt finds `path` of a mapping of `pid`, as the restored process
+/// will open it. The kernel shows it from ckpt's root where ckpt can reach
+/// the file (a process chrooted in ckpt's mount namespace included), and
+/// from its namespace's root where it cannot: then through the process's
+/// root, in its mount namespace.
+fn seen_path(pid: i32, path: &str) -> Result<std::path::PathBuf> {
+    let ns = |path: std::path::PathBuf| {
+        std::fs::metadata(&path)
+            .map(|m| m.ino())
+            .map_err(|s| procfile::proc_err(pid, path, s))
+    };
+    if ns(procfile::path(pid, "ns/mnt"))? == ns("/proc/thread-self/ns/mnt".into())? {
+        Ok(path.into())
+    } else {
+        Ok(procfile::path(pid, "root").join(path.trim_start_matches('/')))
+    }
 }
 
 const NANOS_PER_SEC: i64 = 1_000_000_000;

@@ -1,5 +1,4 @@
-//! The tree's namespaces other than PID (see `pidns.rs`) and mount (the
-//! private one of `ckpt run --pidns` is recreated with the PID namespace).
+//! The tree's namespaces other than PID (see `pidns.rs`).
 //!
 //! A tree may have UTS, IPC and time namespaces of its own (`ckpt run
 //! --utsns --ipcns --timens`): they are saved (names, SysV objects,
@@ -8,9 +7,12 @@
 //! back in one. A network namespace other than ckpt's is recorded (not its
 //! interfaces: a restore needs one named by the operator), and the tree's
 //! sockets are read from a thread of ckpt inside it (sock_diag answers for
-//! the asking thread's namespace). User and cgroup namespaces other than
-//! ckpt's are refused by name: a restore would silently move the job into
-//! ckpt's.
+//! the asking thread's namespace). A mount namespace other than ckpt's is
+//! recorded too (not its mounts: the paths of the tree's files are that
+//! namespace's, and a restore needs one named by the operator), except the
+//! private one `ckpt run --pidns` makes, which a restore recreates with the
+//! PID namespace. User and cgroup namespaces other than ckpt's are refused
+//! by name: a restore would silently move the job into ckpt's.
 //!
 //! What is read inside a namespace (UTS names, SysV objects) is read from
 //! a thread of ckpt that enters it with setns: UTS and IPC namespaces are
@@ -23,6 +25,7 @@ use std::os::unix::fs::MetadataExt;
 use ckpt_image::manifest::{Namespaces, TimeNamespace, UtsNamespace};
 
 use crate::error::{DumpError, Result};
+use crate::pidns::TreeNs;
 use crate::procfile;
 use crate::sys;
 
@@ -31,6 +34,7 @@ const UTS: &str = "uts";
 const IPC: &str = "ipc";
 const TIME: &str = "time";
 const NET: &str = "net";
+const MNT: &str = "mnt";
 /// The time namespace a process's next children get: differs from its own
 /// after an `unshare(CLONE_NEWTIME)` with no fork since.
 const TIME_FOR_CHILDREN: &str = "time_for_children";
@@ -42,7 +46,8 @@ const REFUSED: [(&str, &str); 2] = [
 ];
 
 /// Kinds every process must share with the root: a restore gives every
-/// process the root's (mount: the one `ckpt run --pidns` made, or ckpt's).
+/// process the root's (mount: the one `ckpt run --pidns` made, or the one
+/// named at restore).
 const SHARED: [&str; 9] = [
     UTS,
     IPC,
@@ -51,7 +56,7 @@ const SHARED: [&str; 9] = [
     "net",
     "user",
     "cgroup",
-    "mnt",
+    MNT,
     "pid_for_children",
 ];
 
@@ -142,8 +147,9 @@ fn open_ns(pid: i32, kind: &str) -> Result<File> {
 }
 
 /// The namespaces of the tree rooted at `root` (`pids`: every live process,
-/// root first), or every reason it cannot be saved.
-pub fn collect(root: i32, pids: &[i32]) -> Result<TreeNamespaces> {
+/// root first) filling PID namespace `pid_ns`, or every reason it cannot be
+/// saved.
+pub fn collect(root: i32, pids: &[i32], pid_ns: TreeNs) -> Result<TreeNamespaces> {
     let mut refused = crate::blockers::Blockers::default();
     for &pid in pids.iter().filter(|p| **p != root) {
         for kind in SHARED {
@@ -209,6 +215,22 @@ pub fn collect(root: i32, pids: &[i32]) -> Result<TreeNamespaces> {
     } else {
         None
     };
+    let mnt_inode = inode(root, MNT)?;
+    if mnt_inode != own_inode(root, MNT)? {
+        match pid_ns {
+            // The init of `ckpt run --pidns` made it (a slave of the
+            // launcher's, with the namespace's /proc): a restore into a new
+            // PID namespace makes another the same way.
+            TreeNs::RootInit { .. } => log::debug!(
+                "namespaces: mount namespace mnt:[{mnt_inode}] is the PID namespace's own, recreated with it"
+            ),
+            TreeNs::Ckpt => {
+                log::info!("namespaces: mount namespace of its own, mnt:[{mnt_inode}]");
+                saved.mnt = Some(ckpt_image::manifest::MntNamespace { inode: mnt_inode });
+                any = true;
+            }
+        }
+    }
     if inode(root, TIME)? != own_inode(root, TIME)? {
         let time = clocks(root)?;
         log::info!(
@@ -305,7 +327,7 @@ mod tests {
     #[test]
     fn a_tree_in_ckpts_namespaces_saves_none() {
         let me = std::process::id() as i32;
-        let found = collect(me, &[me]).unwrap();
+        let found = collect(me, &[me], TreeNs::Ckpt).unwrap();
         assert!(found.saved.is_none());
         assert!(!found.own_ipc());
     }

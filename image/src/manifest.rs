@@ -4,7 +4,9 @@
 //! The messages are defined in `image/proto/manifest.proto`; this module
 //! gives them their Rust path.
 
-pub use crate::pb::namespaces::{Net as NetNamespace, Time as TimeNamespace, Uts as UtsNamespace};
+pub use crate::pb::namespaces::{
+    Mnt as MntNamespace, Net as NetNamespace, Time as TimeNamespace, Uts as UtsNamespace,
+};
 pub use crate::pb::{
     CpuInfo, FileDigest, Manifest, Namespaces, PidNamespace, ProcessEntry, ZombieIds,
 };

@@ -45,6 +45,14 @@ pub enum RestoreError {
         /// Why.
         what: String,
     },
+    /// The mount namespace named with `--mntns` cannot be used.
+    #[error("--mntns {path}: {what}")]
+    MntNamespace {
+        /// The path given.
+        path: PathBuf,
+        /// Why.
+        what: String,
+    },
     /// The process's verbs layer could not recreate its InfiniBand state.
     #[error("pid {pid}: InfiniBand restart: {what}")]
     Ib {

@@ -90,6 +90,9 @@ pub struct RestoreOptions<'a> {
     /// The network namespace to restore the tree into (`--netns`); `None`:
     /// the restorer's, which a tree dumped in one of its own refuses.
     pub netns: Option<ns::NetTarget>,
+    /// The mount namespace to restore the tree into (`--mntns`); `None`:
+    /// the restorer's, which a tree dumped in one of its own refuses.
+    pub mntns: Option<ns::MntTarget>,
 }
 
 /// A restored, running process tree (its root is a child of the caller).
@@ -465,6 +468,7 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
     let namespaces = m.namespaces.as_ref();
     ns::check(root, namespaces)?;
     ns::check_net(root, namespaces, opts.netns.as_ref())?;
+    ns::check_mnt(root, namespaces, opts.mntns.as_ref())?;
     let own_ipc = namespaces.is_some_and(|n| n.ipc);
     // IPC objects before any process: a collision fails the restore with
     // nothing created, and the processes attach what is already there.
@@ -480,6 +484,13 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
         Some(RestorerPidfd::new(&procs)?)
     } else {
         None
+    };
+    // From forking the root until every process is rebuilt, the paths the
+    // restorer opens for the processes are those of the tree's mount
+    // namespace; an early return goes back too (dropping it).
+    let own_mnt = match &opts.mntns {
+        Some(target) => Some(ns::enter_mnt(root, target)?),
+        None => None,
     };
     let own_time = match namespaces.and_then(|n| n.time.as_ref()) {
         Some(time) => Some(ns::enter_time(root, time)?),
@@ -621,7 +632,7 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
                     }),
                 }
             }
-            Ok(Stopped {
+            let stopped = Stopped {
                 root: host_root,
                 tracees,
                 child,
@@ -632,7 +643,14 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
                 lazy: server,
                 started: read_started,
                 ib,
-            })
+            };
+            // Back before the caller writes or runs anything of its own
+            // (pid file, stats, action scripts). A tree the restorer
+            // cannot go back from is dropped, which kills it.
+            if let Some(own) = own_mnt {
+                own.restore()?;
+            }
+            Ok(stopped)
         }
         Err(e) => {
             // Kill while still stopped: a half-built process must never run.

@@ -1,26 +1,42 @@
 //! The tree's UTS, IPC and time namespaces (Manifest.namespaces), made new
-//! for the restored root and everything it forks, and the network
-//! namespace the operator names for it (`--netns`).
+//! for the restored root and everything it forks, and the network and
+//! mount namespaces the operator names for it (`--netns`, `--mntns`).
 //!
 //! Order, and why:
-//! 0. network: the root is forked from a restorer thread inside the named
+//! 0. mount, for the whole rebuild: the restorer thread that forks the
+//!    root enters the named namespace first and leaves it only once every
+//!    process is rebuilt (or the rebuild failed). The processes reopen
+//!    their files themselves, but the restorer opens some paths for them
+//!    too (ghost files, FIFOs, /dev/ptmx, identity checks), which must
+//!    resolve where the processes live. The image is read through a
+//!    directory fd opened before, so it is found wherever the thread is;
+//!    /proc, which the restorer works through, must be one of its PID
+//!    namespace there ([`MntTarget::open`] checks). A tree dumped in a
+//!    mount namespace of its own needs one named (the paths of its files
+//!    are that namespace's); a tree from ckpt's own may be moved into one.
+//!    A tree restored into a new PID namespace gets a new mount namespace
+//!    made from the named one, as `ckpt run --pidns` makes one from its
+//!    own (its init mounts the namespace's /proc there);
+//! 1. network: the root is forked from a restorer thread inside the named
 //!    namespace, which then goes back to its own. Its sockets are created
 //!    by the processes themselves, so they live there; the restorer only
 //!    works on its copies of them. A tree dumped in a network namespace of
 //!    its own needs one named (its interfaces and routes are not in the
 //!    image); a tree from ckpt's own may be moved into one;
-//! 1. time, before the root exists: the restorer's thread unshares a time
+//! 2. time, before the root exists: the restorer's thread unshares a time
 //!    namespace for its children and writes its offsets, which the kernel
 //!    accepts only until the first process enters it. The offsets make the
 //!    job's CLOCK_MONOTONIC and CLOCK_BOOTTIME continue from their dumped
 //!    values, whatever this host's uptime is;
-//! 2. UTS and IPC, with the root: clone3 flags of its fork;
-//! 3. names, and SysV objects with their ids, right after: from a thread
+//! 3. UTS and IPC, with the root: clone3 flags of its fork;
+//! 4. names, and SysV objects with their ids, right after: from a thread
 //!    of the restorer that enters the root's namespaces (both are per
 //!    thread), before any process of the tree runs or attaches them.
 
 use std::fs::File;
-use std::os::fd::{AsFd, BorrowedFd, IntoRawFd};
+use std::os::fd::{AsFd, BorrowedFd, IntoRawFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use ckpt_image::manifest::{Namespaces, TimeNamespace, UtsNamespace};
@@ -99,6 +115,166 @@ pub fn enter_net(root: i32, target: &NetTarget) -> Result<OwnNet> {
         target.path.display()
     );
     Ok(OwnNet { ns: own })
+}
+
+/// A mount namespace named for the restored tree (`--mntns PATH`).
+pub struct MntTarget {
+    ns: File,
+    path: PathBuf,
+}
+
+impl MntTarget {
+    /// Opens `path`, which must be a mount namespace file (such as
+    /// `/proc/PID/ns/mnt`, or one bind-mounted elsewhere) whose /proc
+    /// shows this process under its own pid: anything else is refused by
+    /// name before the restore starts.
+    pub fn open(path: &Path) -> Result<MntTarget> {
+        let err = |what: String| RestoreError::MntNamespace {
+            path: path.into(),
+            what,
+        };
+        let ns = File::open(path).map_err(|e| err(e.to_string()))?;
+        match sys::ns_type(ns.as_fd()) {
+            Ok(libc::CLONE_NEWNS) => {}
+            Ok(_) => return Err(err("a namespace, but not a mount namespace".into())),
+            Err(e) => return Err(err(format!("not a namespace file ({e})"))),
+        }
+        let target = MntTarget {
+            ns,
+            path: path.into(),
+        };
+        target.check_proc().map_err(err)?;
+        Ok(target)
+    }
+
+    /// The restorer reads and drives the processes through /proc while it
+    /// is in the namespace: there, /proc must show this very thread under
+    /// its pid and tid, in this namespace (a /proc of another PID
+    /// namespace, or none, would name other processes or nothing). Looked
+    /// at from a thread of its own that enters and ends.
+    fn check_proc(&self) -> std::result::Result<(), String> {
+        let inode = self.ns.metadata().map_err(|e| format!("stat: {e}"))?.ino();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                sys::unshare_fs().map_err(|e| format!("unshare(CLONE_FS): {e}"))?;
+                sys::setns(self.ns.as_fd(), libc::CLONE_NEWNS)
+                    .map_err(|e| format!("cannot enter it: {e}"))?;
+                let me = format!("{}/task/{}", std::process::id(), sys::gettid());
+                let shown = std::fs::read_link("/proc/thread-self").ok();
+                let in_ns = std::fs::metadata("/proc/thread-self/ns/mnt").map(|m| m.ino());
+                if shown.as_deref() == Some(Path::new(&me)) && in_ns.ok() == Some(inode) {
+                    Ok(())
+                } else {
+                    Err(
+                        "its /proc is not one of ckpt's PID namespace (the restorer works on \
+                         the processes through it): mount one there"
+                            .into(),
+                    )
+                }
+            })
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    }
+}
+
+/// What the restorer thread had before it entered the tree's mount
+/// namespace ([`enter_mnt`]). [`OwnMnt::restore`] goes back to it; so does
+/// dropping it (a rebuild that failed), which can only log a failure.
+pub struct OwnMnt {
+    ns: File,
+    root: OwnedFd,
+    cwd: OwnedFd,
+    /// The tree's root pid, for errors.
+    pid: i32,
+    /// Back already.
+    back: bool,
+}
+
+impl OwnMnt {
+    /// The calling thread is in its own mount namespace again, with its
+    /// root and cwd (setns left them at the namespace's root).
+    pub fn restore(mut self) -> Result<()> {
+        self.back = true;
+        self.go_back()
+    }
+
+    fn go_back(&self) -> Result<()> {
+        let os = |op: &str, e| RestoreError::os(self.pid, op, e);
+        // Threads started meanwhile (the lazy page server's) share this
+        // thread's filesystem context, which setns refuses: they stay.
+        sys::unshare_fs().map_err(|e| os("unshare(CLONE_FS)", e))?;
+        sys::setns(self.ns.as_fd(), libc::CLONE_NEWNS)
+            .map_err(|e| os("setns back into the restorer's mount namespace", e))?;
+        sys::fchdir(self.root.as_fd()).map_err(|e| os("fchdir to the restorer's root", e))?;
+        sys::chroot_to_cwd().map_err(|e| os("chroot to the restorer's root", e))?;
+        sys::fchdir(self.cwd.as_fd()).map_err(|e| os("fchdir to the restorer's cwd", e))?;
+        log::debug!("namespaces: back in the restorer's mount namespace");
+        Ok(())
+    }
+}
+
+impl Drop for OwnMnt {
+    fn drop(&mut self) {
+        if !self.back
+            && let Err(e) = self.go_back()
+        {
+            log::error!("namespaces: {e}");
+        }
+    }
+}
+
+/// Puts the calling thread in `target` with a filesystem context of its
+/// own (the process's other threads stay where they are), so the root it
+/// forks next lives there and the paths it opens resolve there, until
+/// [`OwnMnt::restore`]. `root` names errors.
+pub fn enter_mnt(root: i32, target: &MntTarget) -> Result<OwnMnt> {
+    let os = |op: &str, e| RestoreError::os(root, op, e);
+    // Threads made after this share the thread's namespace and context:
+    // rayon's pool (page copies) must exist before, in ckpt's.
+    rayon::current_num_threads();
+    sys::unshare_fs().map_err(|e| os("unshare(CLONE_FS)", e))?;
+    let dir = |path: &str| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+            .open(path)
+            .map(OwnedFd::from)
+            .map_err(|e| os(&format!("open {path}"), e))
+    };
+    let mut own = OwnMnt {
+        ns: File::open("/proc/thread-self/ns/mnt")
+            .map_err(|e| os("open /proc/thread-self/ns/mnt", e))?,
+        root: dir("/")?,
+        cwd: dir(".")?,
+        pid: root,
+        // Not gone anywhere yet: nothing to go back from.
+        back: true,
+    };
+    sys::setns(target.ns.as_fd(), libc::CLONE_NEWNS)
+        .map_err(|e| os(&format!("setns into {}", target.path.display()), e))?;
+    log::info!(
+        "namespaces: restoring into mount namespace {}",
+        target.path.display()
+    );
+    own.back = false;
+    Ok(own)
+}
+
+/// A tree dumped in a mount namespace of its own goes only where the
+/// operator says: the paths of its files are that namespace's.
+pub fn check_mnt(root: i32, ns: Option<&Namespaces>, target: Option<&MntTarget>) -> Result<()> {
+    match (ns.and_then(|n| n.mnt.as_ref()), target) {
+        (Some(mnt), None) => Err(RestoreError::Host {
+            pid: root,
+            what: format!(
+                "the tree lived in a mount namespace of its own (mnt:[{}]); name the one to \
+                 restore it into with --mntns PATH",
+                mnt.inode
+            ),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// A tree dumped in a network namespace of its own goes only where the
@@ -312,6 +488,7 @@ mod tests {
             ipc: true,
             time: Some(TimeNamespace::default()),
             net: None,
+            mnt: None,
         };
         assert_eq!(
             clone_flags(Some(&ns)),
@@ -325,5 +502,25 @@ mod tests {
             ..ns
         };
         assert!(check(1, Some(&long)).is_err());
+    }
+
+    #[test]
+    fn a_tree_of_a_mount_namespace_of_its_own_needs_one_named() {
+        let own = Namespaces {
+            mnt: Some(ckpt_image::manifest::MntNamespace { inode: 7 }),
+            ..Namespaces::default()
+        };
+        let e = check_mnt(1, Some(&own), None).unwrap_err().to_string();
+        assert!(e.contains("mnt:[7]") && e.contains("--mntns"), "{e}");
+        assert!(check_mnt(1, Some(&Namespaces::default()), None).is_ok());
+        assert!(check_mnt(1, None, None).is_ok());
+        let e = MntTarget::open(Path::new("/dev/null"))
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            e.contains("--mntns /dev/null") && e.contains("not a namespace"),
+            "{e}"
+        );
     }
 }

@@ -860,6 +860,36 @@ pub fn unshare_time_namespace() -> std::io::Result<()> {
     check(unsafe { libc::unshare(libc::CLONE_NEWTIME) })
 }
 
+/// `unshare(CLONE_FS)`: the calling thread gets a root, cwd and umask of
+/// its own, no longer shared with the process's other threads (setns of a
+/// mount namespace refuses a caller whose are shared, EINVAL). A no-op
+/// where they are its own already.
+pub fn unshare_fs() -> std::io::Result<()> {
+    // SAFETY: unshare takes no pointers; CLONE_FS copies only the calling
+    // thread's filesystem context.
+    check(unsafe { libc::unshare(libc::CLONE_FS) })
+}
+
+/// `fchdir(dir)` (an `O_PATH` fd will do): the calling thread's cwd (its
+/// own after [`unshare_fs`]) is `dir`.
+pub fn fchdir(dir: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fchdir takes an fd we hold and changes only the cwd.
+    check(unsafe { libc::fchdir(dir.as_raw_fd()) })
+}
+
+/// `chroot(".")`: the calling thread's root becomes its cwd.
+pub fn chroot_to_cwd() -> std::io::Result<()> {
+    // SAFETY: a static NUL-terminated path; chroot changes only the root.
+    check(unsafe { libc::chroot(c".".as_ptr()) })
+}
+
+/// The calling thread's id.
+pub fn gettid() -> i32 {
+    // SAFETY: gettid takes no arguments.
+    unsafe { libc::gettid() }
+}
+
 /// Whether the calling thread is its process's main thread (the one
 /// /proc/self speaks for).
 pub fn is_main_thread() -> bool {

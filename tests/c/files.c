@@ -4,10 +4,16 @@
  * file description, and an unlinked-but-open file.  All fds are moved to
  * fixed numbers so the harness and the checks know them.  After go it checks
  * offsets, flags, targets and contents, and that I/O continues correctly.
+ *
+ * `files WORKDIR [DATADIR]`: the files (and the directory fd) are in
+ * DATADIR, WORKDIR by default.  With a DATADIR the victim also maps
+ * ro.txt privately and checks the mapping's bytes after restore (a DATADIR
+ * that only the victim's mount namespace has: tests/mntns.rs).
  */
 #include "victim.h"
 
 #include <dirent.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -34,11 +40,13 @@ static char content[FILE_LEN];
 static char del_content[FILE_LEN];
 static char paths[64][PATH_MAX]; /* readlink of every fd before the dump */
 static int fd_open_before[64];
-static char workdir_abs[PATH_MAX];
+static char datadir_abs[PATH_MAX];
+/* ro.txt mapped privately, with a DATADIR only. */
+static const char *mapped;
 
 static void wpath(char *buf, const char *name)
 {
-	snprintf(buf, PATH_MAX, "%.3000s/%.64s", workdir_abs, name);
+	snprintf(buf, PATH_MAX, "%.3000s/%.64s", datadir_abs, name);
 }
 
 /* Open, move to a fixed fd number, seek. */
@@ -149,9 +157,9 @@ static void setup(void)
 	open_at(FD_APPEND, "append.txt", O_WRONLY | O_APPEND, 2);
 	open_at(FD_CLOEXEC_FILE, "cloexec.txt", O_RDONLY | O_CLOEXEC, 10);
 
-	fd = open(workdir_abs, O_RDONLY | O_DIRECTORY);
+	fd = open(datadir_abs, O_RDONLY | O_DIRECTORY);
 	if (fd < 0 || dup2(fd, FD_DIR) != FD_DIR)
-		die("open workdir");
+		die("open data dir");
 	close(fd);
 
 	fd = open("/dev/null", O_RDWR);
@@ -258,10 +266,10 @@ static void verify_offsets_and_io(void)
 
 	CHECK(cur(FD_CLOEXEC_FILE) == 10, "cloexec offset %ld, want 10", (long)cur(FD_CLOEXEC_FILE));
 
-	/* Directory fd: still the work dir, usable for *at() calls. */
+	/* Directory fd: still the data dir, usable for *at() calls. */
 	CHECK(fstat(FD_DIR, &st) == 0 && S_ISDIR(st.st_mode), "dir fd is not a directory");
-	CHECK(stat(workdir_abs, &st2) == 0 && st.st_ino == st2.st_ino && st.st_dev == st2.st_dev,
-	      "dir fd is not the work dir");
+	CHECK(stat(datadir_abs, &st2) == 0 && st.st_ino == st2.st_ino && st.st_dev == st2.st_dev,
+	      "dir fd is not the data dir");
 	{
 		int fd = openat(FD_DIR, "ro.txt", O_RDONLY | O_CLOEXEC);
 		CHECK(fd >= 0, "openat(dir fd, ro.txt): %s", strerror(errno));
@@ -302,16 +310,42 @@ static void verify_offsets_and_io(void)
 	      "unlinked file: write did not land at the restored offset");
 }
 
+/* A private read-only mapping of ro.txt; the fd it was made from is closed. */
+static void map_ro(void)
+{
+	char p[PATH_MAX];
+	int fd;
+
+	wpath(p, "ro.txt");
+	fd = open(p, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		die("open ro.txt to map");
+	mapped = mmap(NULL, FILE_LEN, PROT_READ, MAP_PRIVATE, fd, 0);
+	if (mapped == MAP_FAILED)
+		die("mmap ro.txt");
+	close(fd);
+}
+
+static void verify_mapping(void)
+{
+	if (mapped)
+		CHECK(memcmp(mapped, content, FILE_LEN) == 0,
+		      "the mapping of ro.txt does not hold its bytes after restore");
+}
+
 int main(int argc, char **argv)
 {
 	victim_init(argc, argv);
-	if (!realpath(victim_workdir, workdir_abs))
-		die("realpath workdir");
+	if (!realpath(argc > 2 ? argv[2] : victim_workdir, datadir_abs))
+		die("realpath data dir");
 	setup();
+	if (argc > 2)
+		map_ro();
 	victim_ready_and_wait(NULL);
 	/* The fd table first: the checks below open and close temporary fds. */
 	verify_table();
 	verify_modes();
 	verify_offsets_and_io();
+	verify_mapping();
 	victim_finish();
 }

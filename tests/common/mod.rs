@@ -537,11 +537,26 @@ impl Victim {
     /// Like [`Victim::spawn`], in the named network namespace (`ip netns
     /// add NAME`), entered between fork and exec.
     pub fn spawn_in_netns(env: &TestEnv, name: &str, extra_args: &[&str], netns: &str) -> Victim {
-        use std::os::fd::AsRawFd;
-        use std::os::unix::process::CommandExt;
+        let ns = format!("/run/netns/{netns}");
+        Victim::spawn_in_ns(env, name, extra_args, Path::new(&ns), libc::CLONE_NEWNET)
+    }
+
+    /// Like [`Victim::spawn`], in the mount namespace of `mnt`, entered
+    /// between fork and exec.
+    pub fn spawn_in_mntns(env: &TestEnv, name: &str, extra_args: &[&str], mnt: &MntNs) -> Victim {
+        Victim::spawn_in_ns(env, name, extra_args, &mnt.path(), libc::CLONE_NEWNS)
+    }
+
+    /// Like [`Victim::spawn`], in namespace file `ns` of kind `nstype`.
+    fn spawn_in_ns(
+        env: &TestEnv,
+        name: &str,
+        extra_args: &[&str],
+        ns: &Path,
+        nstype: libc::c_int,
+    ) -> Victim {
         let stdout = File::create(env.work.join("stdout")).expect("create stdout file");
         let stderr = File::create(env.work.join("stderr")).expect("create stderr file");
-        let ns = File::open(format!("/run/netns/{netns}")).expect("open the netns");
         let mut cmd = Command::new(victim_bin(name));
         cmd.arg(&env.work)
             .args(extra_args)
@@ -549,24 +564,45 @@ impl Victim {
             .stdout(stdout)
             .stderr(stderr);
         cloexec_inherited_fds(&mut cmd, true);
-        let raw = ns.as_raw_fd();
-        // SAFETY: setns only, on an fd held open across the fork; it is
-        // async-signal-safe.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setns(raw, libc::CLONE_NEWNET) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().expect("spawn victim in netns");
+        let ns = enter_ns_at_exec(&mut cmd, ns, nstype);
+        let child = cmd.spawn().expect("spawn victim in a namespace");
         drop(ns);
         Victim {
             pid: child.id() as i32,
             bin: victim_bin(name),
             work: env.work.clone(),
             name: name.to_string(),
+            incarnation: None,
+            child: Some(child),
+        }
+    }
+
+    /// Like [`Victim::spawn_program`], in the mount namespace of `mnt`
+    /// (entered between fork and exec).
+    pub fn spawn_program_in_mntns(
+        env: &TestEnv,
+        program: &Path,
+        args: &[&str],
+        mnt: &MntNs,
+    ) -> Victim {
+        let stdout = File::create(env.work.join("stdout")).expect("create stdout file");
+        let stderr = File::create(env.work.join("stderr")).expect("create stderr file");
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr);
+        cloexec_inherited_fds(&mut cmd, true);
+        let ns = enter_ns_at_exec(&mut cmd, &mnt.path(), libc::CLONE_NEWNS);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", program.display()));
+        drop(ns);
+        Victim {
+            pid: child.id() as i32,
+            bin: program.to_path_buf(),
+            work: env.work.clone(),
+            name: program.display().to_string(),
             incarnation: None,
             child: Some(child),
         }
@@ -806,6 +842,116 @@ impl Drop for Victim {
         if pid_exists(self.pid) && is_our_victim(self.pid, &self.bin, &self.work) {
             let _ = kill(Pid::from_raw(self.pid), Signal::SIGKILL);
         }
+    }
+}
+
+/// Makes `cmd` enter namespace file `ns` (of kind `nstype`) between fork
+/// and exec. The returned file must stay open until `cmd` is spawned.
+fn enter_ns_at_exec(cmd: &mut Command, ns: &Path, nstype: libc::c_int) -> File {
+    use std::os::fd::AsRawFd;
+    let file = File::open(ns).unwrap_or_else(|e| panic!("open {}: {e}", ns.display()));
+    let raw = file.as_raw_fd();
+    // SAFETY: setns only, on an fd held open across the fork; it is
+    // async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(raw, nstype) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    file
+}
+
+// ---------------------------------------------------------------------------
+// A mount namespace of a test's own
+// ---------------------------------------------------------------------------
+
+/// A mount namespace of its own (private: nothing mounted in it reaches
+/// the test's, nor the other way) with a tmpfs at `dir` that only its
+/// processes see, kept alive by a `sleep` in it. Dropping it kills the
+/// sleeper; the namespace, and the tmpfs with its files, end with the last
+/// process in it.
+pub struct MntNs {
+    /// Where the tmpfs is mounted inside (an empty directory outside).
+    pub dir: PathBuf,
+    sleeper: Child,
+}
+
+impl MntNs {
+    /// Makes the namespace and mounts the tmpfs (`dir` is created).
+    pub fn new(dir: &Path) -> MntNs {
+        use std::os::unix::ffi::OsStrExt;
+        fs::create_dir_all(dir).expect("create the mount point");
+        let at = std::ffi::CString::new(dir.as_os_str().as_bytes()).expect("mount point");
+        let mut cmd = Command::new("sleep");
+        cmd.arg("600")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        cloexec_inherited_fds(&mut cmd, false);
+        // SAFETY: between fork and exec the hook makes raw syscalls only,
+        // on static strings and a CString made before the fork; it does
+        // not allocate.
+        unsafe {
+            cmd.pre_exec(move || {
+                let private = libc::MS_REC | libc::MS_PRIVATE;
+                if libc::unshare(libc::CLONE_NEWNS) != 0
+                    || libc::mount(
+                        std::ptr::null(),
+                        c"/".as_ptr(),
+                        std::ptr::null(),
+                        private,
+                        std::ptr::null(),
+                    ) != 0
+                    || libc::mount(
+                        c"ckpt-test".as_ptr(),
+                        at.as_ptr(),
+                        c"tmpfs".as_ptr(),
+                        0,
+                        c"mode=0755".as_ptr().cast(),
+                    ) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let sleeper = cmd
+            .spawn()
+            .expect("start a process in a new mount namespace");
+        MntNs {
+            dir: dir.to_path_buf(),
+            sleeper,
+        }
+    }
+
+    /// The namespace file: `/proc/PID/ns/mnt` of the sleeper.
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/ns/mnt", self.sleeper.id()))
+    }
+
+    /// The namespace's inode (`mnt:[INODE]`).
+    pub fn inode(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(self.path())
+            .expect("stat the mount namespace")
+            .ino()
+    }
+
+    /// `path` (absolute) as the namespace's processes see it, reached from
+    /// outside through the sleeper's root.
+    pub fn inside(&self, path: &Path) -> PathBuf {
+        Path::new(&format!("/proc/{}/root", self.sleeper.id()))
+            .join(path.strip_prefix("/").unwrap_or(path))
+    }
+}
+
+impl Drop for MntNs {
+    fn drop(&mut self) {
+        let _ = self.sleeper.kill();
+        let _ = self.sleeper.wait();
     }
 }
 
@@ -1569,7 +1715,15 @@ impl<'a> Coordinated<'a> {
     /// every part at once, and returns each part's agent outcome.
     pub fn restore_on(&mut self, placement: &[usize], timeout: Duration) -> Vec<CkptOutput> {
         let peers: Vec<String> = (1..=placement.len()).map(|i| format!("n{i}")).collect();
-        let extra = ["--peers".to_string(), peers.join(",")];
+        // `ip netns exec` gives every command a mount namespace of its own
+        // (a copy of the host's): a part started with it was dumped from
+        // another, and comes back in its agent's, where the same files are.
+        let extra = [
+            "--peers".to_string(),
+            peers.join(","),
+            "--mntns".to_string(),
+            "/proc/self/ns/mnt".to_string(),
+        ];
         let agents: Vec<CkptCmd> = placement
             .iter()
             .enumerate()

@@ -85,6 +85,16 @@ pub struct RestoreArgs {
     /// are not in the image: set up the same addresses in the named one.
     #[arg(long, value_name = "PATH")]
     netns: Option<PathBuf>,
+    /// Restore the tree into this mount namespace (a namespace file such as
+    /// /proc/PID/ns/mnt of a process in it, or one bind-mounted elsewhere;
+    /// its /proc must be one of ckpt's PID namespace): the processes'
+    /// files are reopened by their paths there. Needed for a tree dumped
+    /// in a mount namespace of its own (a container's, or one `ip netns
+    /// exec` made), whose mounts are not in the image; /proc/self/ns/mnt
+    /// names ckpt's own. A tree restored into a new PID namespace gets a
+    /// copy of this one.
+    #[arg(long, value_name = "PATH")]
+    mntns: Option<PathBuf>,
     /// Every node of the job, this one included (with --coord): exchange
     /// addresses with them before the rebuild, so a part restored on a
     /// node with another address comes back on it and its peers'
@@ -185,6 +195,12 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
             .netns
             .as_deref()
             .map(ckpt_restorer::ns::NetTarget::open)
+            .transpose()
+            .with_context(|| format!("restore from {} failed", a.dir.display()))?,
+        mntns: a
+            .mntns
+            .as_deref()
+            .map(ckpt_restorer::ns::MntTarget::open)
             .transpose()
             .with_context(|| format!("restore from {} failed", a.dir.display()))?,
     };

@@ -220,6 +220,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
             "uts": n.uts.as_ref().map(|u| json!({"hostname": u.hostname, "domainname": u.domainname})),
             "ipc": n.ipc,
             "net": n.net.as_ref().map(|x| json!({"inode": x.inode})),
+            "mnt": n.mnt.as_ref().map(|x| json!({"inode": x.inode})),
             "time": n.time.as_ref().map(|t| json!({"monotonic_ns": t.monotonic_ns, "boottime_ns": t.boottime_ns, "monotonic_offset_ns": t.monotonic_offset_ns, "boottime_offset_ns": t.boottime_offset_ns})),
         })),
         "files": m.files.iter().map(|f| json!({"name": f.name, "size": f.size, "blake3": hex(&f.blake3)})).collect::<Vec<_>>(),
@@ -390,6 +391,12 @@ fn render_text(v: &Value) -> String {
         let _ = writeln!(
             s,
             "net namespace: its own (net:[{inode}]), restored into the one given with --netns"
+        );
+    }
+    if let Some(inode) = ns["mnt"]["inode"].as_u64() {
+        let _ = writeln!(
+            s,
+            "mnt namespace: its own (mnt:[{inode}]), restored into the one given with --mntns"
         );
     }
     if let Some(mono) = ns["time"]["monotonic_ns"].as_i64() {
