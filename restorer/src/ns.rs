@@ -269,7 +269,8 @@ pub fn check_mnt(root: i32, ns: Option<&Namespaces>, target: Option<&MntTarget>)
             pid: root,
             what: format!(
                 "the tree lived in a mount namespace of its own (mnt:[{}]); name the one to \
-                 restore it into with --mntns PATH",
+                 restore it into with --mntns PATH (--mntns /proc/self/ns/mnt: ckpt's own, \
+                 as for a job started by `ip netns exec`)",
                 mnt.inode
             ),
         }),
