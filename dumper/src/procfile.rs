@@ -35,33 +35,10 @@ pub fn read_bytes(pid: i32, name: &str) -> Result<Vec<u8>> {
     read_sized(&p).map_err(|source| proc_err(pid, p, source))
 }
 
-/// A /proc file reports size 0, so `std::fs::read` starts from a small
-/// buffer and grows it read by read; most of these files fit a page, read
-/// in one call (a 2,000-thread dump reads thousands of them).
+/// One open and two reads for most /proc files (see `ckpt_parasite::proc_read`).
 fn read_sized(p: &std::path::Path) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    // A plain loop: `read_to_end` asks the file for its size and position
-    // first (two more syscalls, useless on /proc).
-    let mut f = std::fs::File::open(p)?;
-    let mut buf = vec![0u8; PROC_FILE_HINT];
-    let mut len = 0;
-    loop {
-        if len == buf.len() {
-            buf.resize(buf.len() * 2, 0);
-        }
-        match f.read(&mut buf[len..]) {
-            Ok(0) => break,
-            Ok(n) => len += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    buf.truncate(len);
-    Ok(buf)
+    ckpt_parasite::proc_read::read(p)
 }
-
-/// The buffer a /proc file is first read into.
-const PROC_FILE_HINT: usize = 4096;
 
 /// Reads the target of the symlink `/proc/PID/NAME`.
 pub fn readlink(pid: i32, name: &str) -> Result<String> {

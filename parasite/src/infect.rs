@@ -351,7 +351,9 @@ impl Infection<'_> {
                 std::mem::size_of::<proto::Args>(),
             )
         };
-        thread.write_mem(args_addr, bytes)?;
+        // Through the leader's handle on the process's memory: opening the
+        // thread's own would cost an open a thread.
+        self.tracee.write_mem(args_addr, bytes)?;
         let mut r = *regs;
         r.rip = self.base + BLOB.entry as u64;
         r.orig_rax = u64::MAX;
@@ -360,7 +362,7 @@ impl Infection<'_> {
         crate::fault::inject(crate::fault::FaultPoint::ThreadInParasite);
         thread.run_until_signal(sig, "asking a thread for its state")?;
         let mut block = vec![0u8; std::mem::size_of::<proto::Args>()];
-        thread.read_mem(args_addr, &mut block)?;
+        self.tracee.read_mem(args_addr, &mut block)?;
         // SAFETY: as above, any byte pattern of the right length is a
         // valid Args; read_unaligned copes with the Vec's alignment.
         let back: proto::Args = unsafe { std::ptr::read_unaligned(block.as_ptr().cast()) };

@@ -16,6 +16,7 @@ pub mod blob;
 pub mod error;
 pub mod fault;
 mod infect;
+pub mod proc_read;
 pub mod proto;
 pub mod remote;
 mod sigframe;

@@ -747,7 +747,8 @@ fn open_mem(pid: i32) -> Result<File> {
 
 /// The TracerPid of `pid`, from /proc.
 pub fn tracer_of(pid: i32) -> Option<i32> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let s =
+        crate::proc_read::read_string(std::path::Path::new(&format!("/proc/{pid}/status"))).ok()?;
     s.lines()
         .find_map(|l| l.strip_prefix("TracerPid:"))
         .and_then(|v| v.trim().parse().ok())

@@ -52,7 +52,8 @@ struct Seen {
 
 impl Seen {
     fn read(tid: i32) -> Result<Seen> {
-        let status = std::fs::read_to_string(format!("/proc/{tid}/status"))
+        let path = format!("/proc/{tid}/status");
+        let status = ckpt_parasite::proc_read::read_string(std::path::Path::new(&path))
             .map_err(|e| RestoreError::os(tid, "read status", e))?;
         let field = |k: &str| {
             status
@@ -135,8 +136,14 @@ pub fn restore(r: &Remote<'_>, tgid: i32, c: Option<&Creds>) -> Result<()> {
         ..Seen::of(c)
     };
     // The restorer's own securebits are none: nothing to change then.
-    if now != wanted || c.securebits != 0 {
+    let changed = now != wanted || c.securebits != 0;
+    if changed {
         change(r, c, now.cap_prm, last_cap)?;
+    }
+    if !changed && !c.no_new_privs && now.no_new_privs == c.no_new_privs {
+        // Already as saved (the common case, and one status read a thread
+        // less).
+        return Ok(());
     }
     if c.no_new_privs {
         r.call(

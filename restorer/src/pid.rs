@@ -13,7 +13,8 @@ enum Holder {
 }
 
 fn holder(pid: i32) -> Holder {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+    let path = format!("/proc/{pid}/status");
+    let Ok(status) = ckpt_parasite::proc_read::read_string(std::path::Path::new(&path)) else {
         return Holder::Free;
     };
     let field = |k: &str| {
@@ -60,8 +61,8 @@ pub fn wait_free(pid: i32, wait: Duration, notice: &dyn Fn(&str)) -> Result<()> 
 /// the last NSpid entry of its status (itself in ckpt's namespace).
 pub fn inner(host: i32) -> Result<i32> {
     let path = format!("/proc/{host}/status");
-    let status =
-        std::fs::read_to_string(&path).map_err(|e| RestoreError::os(host, "read status", e))?;
+    let status = ckpt_parasite::proc_read::read_string(std::path::Path::new(&path))
+        .map_err(|e| RestoreError::os(host, "read status", e))?;
     status
         .lines()
         .find_map(|l| l.strip_prefix("NSpid:"))

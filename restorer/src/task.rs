@@ -247,6 +247,9 @@ pub fn restore_rlimits(pid: i32, core: &Core, warn: &dyn Fn(&str)) -> Result<()>
 /// `r` runs in (queuing to oneself is allowed for any si_code). The mask is
 /// still all-blocked here, so nothing is delivered before the process runs.
 pub fn queue_pending(r: &Remote<'_>, tgid: i32, pending: &[PendingSignal]) -> Result<()> {
+    if pending.is_empty() {
+        return Ok(());
+    }
     // The syscalls run inside the process: its own namespace's ids.
     let tid = crate::pid::inner(r.t.pid())? as u64;
     let tgid_inside = crate::pid::inner(tgid)?;

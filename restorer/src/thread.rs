@@ -40,7 +40,9 @@ pub fn spawn(r: &Remote<'_>, core: &Core) -> Result<Vec<Tracee>> {
         // runs on the leader's before its own registers are in place.
         let args = r.put_u64s(0, &[THREAD_FLAGS, 0, 0, 0, 0, 0, 0, 0, set_tid, 1])?;
         let t = r.t.clone_at(r.base, args, CLONE_ARGS_SIZE)?;
-        if crate::pid::inner(t.pid())? != tc.tid {
+        // In ckpt's own PID namespace the host tid is the one asked for
+        // (clone3's set_tid gives it or fails); else its status says.
+        if t.pid() != tc.tid && crate::pid::inner(t.pid())? != tc.tid {
             return Err(RestoreError::Host {
                 pid: tgid,
                 what: format!("thread {} came back as {}", tc.tid, t.pid()),
