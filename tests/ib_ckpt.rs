@@ -5,7 +5,8 @@
 //! - Without the verbs layer, `ckpt dump` refuses the job by name and the
 //!   job finishes its stream untouched.
 //! - Started with `ckpt run --ib`, the job is dumped with `--kill` in the
-//!   middle of its stream, restored, and finishes it: both sides report
+//!   middle of its stream, rxe0 is replaced by a device of another name on
+//!   the same link, the job is restored onto it, and finishes: both sides report
 //!   the same stream checksum as a run that was never interrupted, and
 //!   the dump reports the layer's drain. (The device gives the recreated
 //!   QPs new numbers; ib-state/shadow/tests/rxe.rs shows the program never
@@ -78,7 +79,11 @@ sleep 2
 ./ckpt -v dump --tree $P --dir img --kill >dump.out 2>&1; echo "dump exit $?"
 wait $P
 ./ckpt show img >show.out 2>&1
+# The job comes back on another device: rxe0 is gone, rxe_moved (same
+# link, so same GID) is the one there is.
+rdma link delete rxe0 && rdma link add rxe_moved type rxe netdev veth0; echo "device moved exit $?"
 ./ckpt -v restore --dir img >restore.out 2>&1; echo "restore exit $?"
+rdma link show >links.out 2>&1
 "#;
 
 const TWO_NODES_SCRIPT: &str = r#"#!/bin/sh
@@ -338,6 +343,7 @@ fn a_verbs_job_is_dumped_mid_stream_and_finishes_it_after_restore() {
             "dump.out",
             "show.out",
             "restore.out",
+            "links.out",
         ],
     );
     let (stdout, all) = (&g.stdout, &g.all);
@@ -371,6 +377,14 @@ fn a_verbs_job_is_dumped_mid_stream_and_finishes_it_after_restore() {
     assert!(
         read("show.out").contains("verbs /dev/infiniband/uverbs")
             && read("show.out").contains("InfiniBand verbs (recreated by its verbs layer"),
+        "{all}"
+    );
+    // Restored onto a device of another name (the one it had is gone).
+    let links = read("links.out");
+    assert!(
+        stdout.contains("device moved exit 0")
+            && links.contains("rxe_moved")
+            && !links.contains("rxe0"),
         "{all}"
     );
     let restore = read("restore.out");
