@@ -30,7 +30,10 @@
 //!   dumped with `--kill` and restored): RDMA write with immediate and RDMA
 //!   read, unsignaled sends before a signaled one, sends waiting on RNR,
 //!   a completion whose event was pending, UD through an address handle
-//!   and an SRQ shared by two QPs, each message exactly once.
+//!   and an SRQ shared by two QPs, each message exactly once. And a dump
+//!   while a thread holds the C library's malloc lock (inside
+//!   `malloc_stats`, writing to a full pipe): refused by name, the program
+//!   goes on untouched and its later points dump and restore.
 //! - Two guests as two nodes (`scripts/ib-vm.sh run --link`: rxe over a
 //!   virtual link between them, RoCE between two kernels): the ping-pong's
 //!   server in guest 1 with the coordinator, its client in guest 2; both
@@ -221,6 +224,25 @@ external() {
 }
 external rc_restart 2 0 1 99
 external ud_srq_restart 2 0 1
+# A thread holds malloc's lock at point 98: the dump is refused and the
+# program goes on; its next points are dumped and restored as above.
+D=$S/pause-held; mkdir -p $D
+./ckpt run --ib -- ./rc_restart rxe0 1 --pause $D --hold-malloc >held.out 2>&1 </dev/null &
+W=$!; P=$W
+i=0; while [ ! -e $D/ready-98 ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+./ckpt -v dump --tree $P --dir img-held-98 --kill >held-refused.out 2>&1; echo "held dump exit $?"
+[ -e img-held-98 ] && echo "held dump left a directory"
+touch $D/go-98
+for n in 0 99; do
+    i=0; while [ ! -e $D/ready-$n ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+    ./ckpt -v dump --tree $P --dir img-held-$n --kill >>held-ckpt.out 2>&1 || echo "held dump $n failed"
+    wait $W
+    ./ckpt -v restore --dir img-held-$n >>held-ckpt.out 2>&1 </dev/null &
+    W=$!
+    i=0; while [ "$(grep -c 'restored pid' held-ckpt.out)" -lt "$(ls -d img-held-* | wc -l)" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+    touch $D/go-$n
+done
+wait $W; echo "held exit $?"
 "#;
 
 /// libckpt_ibverbs.so beside the ckpt binary; built if a narrower
@@ -584,6 +606,9 @@ fn rdma_ud_and_srq_programs_restart_through_ckpt_at_every_point() {
             "rc_restart-ckpt.out",
             "ud_srq_restart.out",
             "ud_srq_restart-ckpt.out",
+            "held.out",
+            "held-refused.out",
+            "held-ckpt.out",
         ],
         &["rc_restart", "ud_srq_restart"],
     );
@@ -606,6 +631,25 @@ fn rdma_ud_and_srq_programs_restart_through_ckpt_at_every_point() {
     assert_eq!(rc_log.matches("verbs drained").count(), 3, "{all}");
     assert!(
         rc_log.contains("sends outstanding") && !rc_log.contains("drained: 0 completions"),
+        "{all}"
+    );
+    // A thread inside malloc (its lock held): the restart would hang on
+    // it, so the dump is refused by name and leaves the job as it was,
+    // which later dumps and restores normally.
+    assert!(
+        stdout.contains("held dump exit ")
+            && !stdout.contains("held dump exit 0")
+            && !stdout.contains("held dump left a directory")
+            && g.read("held-refused.out")
+                .contains("a thread is inside malloc"),
+        "{all}"
+    );
+    assert!(
+        stdout.contains("held exit 0")
+            && !stdout.contains("held dump 0 failed")
+            && !stdout.contains("held dump 99 failed")
+            && g.read("held.out").contains("the program went on")
+            && g.read("held.out").contains("rc_restart: ok rounds=1"),
         "{all}"
     );
 }

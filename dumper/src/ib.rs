@@ -9,11 +9,14 @@
 //! 2. no thread may be inside a verb: the layer's gate is closed and the
 //!    threads inside one are let run until they are out (those that try
 //!    to enter wait at the gate), then frozen again;
-//! 3. the layer's drain runs inside the process, through the parasite, on
+//! 3. the C library's `mallinfo2` runs inside the process under a deadline:
+//!    if a frozen thread holds a malloc lock it never returns, and the dump
+//!    is refused (the restart allocates, and would wait for ever);
+//! 4. the layer's drain runs inside the process, through the parasite, on
 //!    the leader's thread and a stack of its own: every completion queue
 //!    is polled into the layer's queues until every send completed or a
 //!    quiet window passed, while the adapter keeps working;
-//! 4. the memory dump then saves the layer's state with everything else;
+//! 5. the memory dump then saves the layer's state with everything else;
 //!    the device's own mappings (`/dev/infiniband/*`) are left out, and
 //!    its descriptors become `ib` fds (placeholders at restore).
 //!
@@ -31,6 +34,11 @@ use crate::procfile;
 
 /// The layer's file name.
 pub const LAYER_FILE: &str = "libckpt_ibverbs.so";
+/// The GNU C library's file name.
+const LIBC_FILE: &str = "libc.so.6";
+/// How long `mallinfo2` may take in the frozen process: it only walks the
+/// arenas, unless a frozen thread holds one's lock, when it never returns.
+const MALLOC_PROBE: Duration = Duration::from_millis(500);
 /// The largest layer file read for its symbols.
 const MAX_LAYER_BYTES: u64 = 256 << 20;
 /// The drain waits until no completion came for this long...
@@ -58,6 +66,8 @@ pub fn is_verbs_fd(link: &str) -> bool {
 /// The layer in one process: the addresses of what ckpt uses.
 #[derive(Debug, Clone, Copy)]
 pub struct Layer {
+    /// The C library's `mallinfo2`, when it has one (see [`drain`]).
+    mallinfo2: Option<u64>,
     gate: u64,
     in_verbs: u64,
     checkpoint: u64,
@@ -78,6 +88,8 @@ fn err(pid: i32, what: impl Into<String>) -> DumpError {
 struct Mapped {
     layer: Option<(u64, u64)>,
     device: bool,
+    /// The C library's first mapping, for its `mallinfo2`.
+    libc: Option<(u64, u64)>,
 }
 
 fn scan(pid: i32) -> Result<Mapped> {
@@ -85,6 +97,7 @@ fn scan(pid: i32) -> Result<Mapped> {
     let mut m = Mapped {
         layer: None,
         device: false,
+        libc: None,
     };
     for line in maps.lines() {
         let mut f = line.split_whitespace();
@@ -93,13 +106,18 @@ fn scan(pid: i32) -> Result<Mapped> {
         };
         let path = f.nth(2).unwrap_or("");
         m.device |= is_device_mapping(path);
-        if path.rsplit('/').next() == Some(LAYER_FILE)
-            && offset.chars().all(|c| c == '0')
-            && m.layer.is_none()
+        let name = path.rsplit('/').next();
+        let slot = match name {
+            Some(LAYER_FILE) => &mut m.layer,
+            Some(LIBC_FILE) => &mut m.libc,
+            _ => continue,
+        };
+        if offset.chars().all(|c| c == '0')
+            && slot.is_none()
             && let Some((s, e)) = range.split_once('-')
             && let (Ok(s), Ok(e)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16))
         {
-            m.layer = Some((s, e));
+            *slot = Some((s, e));
         }
     }
     Ok(m)
@@ -119,7 +137,14 @@ pub fn without_layer(what: &str) -> String {
 pub fn find(pid: i32) -> Result<Option<Layer>> {
     let m = scan(pid)?;
     match m.layer {
-        Some((start, end)) => read_layer(pid, start, end).map(Some),
+        Some((start, end)) => {
+            let mut layer = read_layer(pid, start, end)?;
+            layer.mallinfo2 = match m.libc {
+                Some((s, e)) => mallinfo2(pid, s, e),
+                None => None,
+            };
+            Ok(Some(layer))
+        }
         None if m.device => {
             // Only on this path: name the fd too, as the fd kind would.
             let what = match verbs_fd(pid)? {
@@ -158,6 +183,47 @@ pub fn has_layer(pid: i32) -> Result<bool> {
 /// Reads the layer's dynamic symbols from the file mapped at `start`
 /// (through map_files: the very inode mapped, whatever its path now).
 fn read_layer(pid: i32, start: u64, end: u64) -> Result<Layer> {
+    let syms = dynamic_symbols(pid, start, end, LAYER_FILE)?;
+    let sym = |name: &str| {
+        syms.get(name).copied().ok_or_else(|| {
+            err(
+                pid,
+                format!("{LAYER_FILE} exports no {name} (another version?)"),
+            )
+        })
+    };
+    Ok(Layer {
+        mallinfo2: None,
+        gate: sym("CKPT_IB_GATE")?,
+        in_verbs: sym("CKPT_IB_IN_VERBS")?,
+        checkpoint: sym("ckpt_ib_checkpoint")?,
+        restart_local: sym("ckpt_ib_restart_local")?,
+        restart_connect: sym("ckpt_ib_restart_connect")?,
+        last_error: sym("ckpt_ib_last_error")?,
+    })
+}
+
+/// The C library's `mallinfo2` in `pid` (mapped at `start`), if it has
+/// one; without it the malloc probe is skipped (logged).
+fn mallinfo2(pid: i32, start: u64, end: u64) -> Option<u64> {
+    match dynamic_symbols(pid, start, end, LIBC_FILE) {
+        Ok(syms) => {
+            let found = syms.get("mallinfo2").copied();
+            if found.is_none() {
+                log::debug!("pid {pid}: {LIBC_FILE} has no mallinfo2: malloc lock not probed");
+            }
+            found
+        }
+        Err(e) => {
+            log::debug!("pid {pid}: malloc lock not probed: {e}");
+            None
+        }
+    }
+}
+
+/// The dynamic symbols of the ELF file mapped at `start` in `pid` (its
+/// first mapping), at their addresses in the process.
+fn dynamic_symbols(pid: i32, start: u64, end: u64, label: &str) -> Result<HashMap<String, u64>> {
     let path = format!("/proc/{pid}/map_files/{start:x}-{end:x}");
     let io = |e: std::io::Error| DumpError::Proc {
         pid,
@@ -169,46 +235,31 @@ fn read_layer(pid: i32, start: u64, end: u64) -> Result<Layer> {
     if len > MAX_LAYER_BYTES {
         return Err(err(
             pid,
-            format!("{LAYER_FILE} is {len} bytes, more than any build of it"),
+            format!("{label} is {len} bytes, more than any build of it"),
         ));
     }
     let mut bytes = Vec::with_capacity(len as usize);
     std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_LAYER_BYTES), &mut bytes)
         .map_err(io)?;
     let elf = goblin::elf::Elf::parse(&bytes)
-        .map_err(|e| err(pid, format!("{LAYER_FILE}: not an ELF file ({e})")))?;
+        .map_err(|e| err(pid, format!("{label}: not an ELF file ({e})")))?;
     // The load bias: where the first loadable segment went, less its
     // link-time address.
     let first_load = elf
         .program_headers
         .iter()
         .find(|p| p.p_type == goblin::elf::program_header::PT_LOAD)
-        .ok_or_else(|| err(pid, format!("{LAYER_FILE} has no loadable segment")))?;
+        .ok_or_else(|| err(pid, format!("{label} has no loadable segment")))?;
     let bias = start.wrapping_sub(first_load.p_vaddr & !0xfff);
-    let mut syms: HashMap<&str, u64> = HashMap::new();
+    let mut syms = HashMap::new();
     for s in elf.dynsyms.iter() {
         if s.st_value != 0
             && let Some(name) = elf.dynstrtab.get_at(s.st_name)
         {
-            syms.insert(name, bias.wrapping_add(s.st_value));
+            syms.insert(name.to_string(), bias.wrapping_add(s.st_value));
         }
     }
-    let sym = |name: &str| {
-        syms.get(name).copied().ok_or_else(|| {
-            err(
-                pid,
-                format!("{LAYER_FILE} exports no {name} (another version?)"),
-            )
-        })
-    };
-    Ok(Layer {
-        gate: sym("CKPT_IB_GATE")?,
-        in_verbs: sym("CKPT_IB_IN_VERBS")?,
-        checkpoint: sym("ckpt_ib_checkpoint")?,
-        restart_local: sym("ckpt_ib_restart_local")?,
-        restart_connect: sym("ckpt_ib_restart_connect")?,
-        last_error: sym("ckpt_ib_last_error")?,
-    })
+    Ok(syms)
 }
 
 fn read_u64(t: &Tracee, addr: u64) -> Result<u64> {
@@ -260,6 +311,8 @@ pub fn quiesce(pid: i32, tasks: &[Tracee], job_stopped: bool, layer: &Layer) -> 
 
 /// What the layer's drain reports (its `DrainReport`).
 const REPORT_LEN: usize = 24;
+/// `struct mallinfo2`: ten size_t, returned through a hidden pointer.
+const MALLINFO2_LEN: usize = 80;
 
 /// Runs the layer's drain inside the frozen, quiesced process (see the
 /// module doc), then opens the gate again in memory: the threads waiting
@@ -279,7 +332,35 @@ pub fn drain(inf: &Infection<'_>, pid: i32, layer: &Layer) -> Result<IbLayer> {
         ],
     )?;
     let (buf, buf_len) = inf.syscall_buffer();
-    debug_assert!(buf_len >= REPORT_LEN);
+    debug_assert!(buf_len >= REPORT_LEN.max(MALLINFO2_LEN));
+    // The layer's restart allocates in the restored process (so does the
+    // verbs library under it): a malloc lock held by a thread frozen inside
+    // malloc would be held in the image too, and the restart would wait
+    // for it for ever. mallinfo2 takes every arena's lock in turn.
+    if let Some(probe) = layer.mallinfo2 {
+        let took = inf.call_function_by(
+            "probing the malloc locks",
+            probe,
+            [buf, 0, 0, 0, 0, 0],
+            stack + CALL_STACK,
+            Instant::now() + MALLOC_PROBE,
+        );
+        if !matches!(took, Ok(Some(_))) {
+            inf.syscall(
+                "munmap (verbs layer stack)",
+                libc::SYS_munmap,
+                [stack, CALL_STACK, 0, 0, 0, 0],
+            )?;
+            inf.tracee().write_mem(layer.gate, &0u32.to_le_bytes())?;
+            took?;
+            return Err(err(
+                pid,
+                format!(
+                    "a thread is inside malloc (a lock of the C library's allocator was still held after {MALLOC_PROBE:?}): a restart would wait for it for ever; dump again in a moment"
+                ),
+            ));
+        }
+    }
     let called = inf.call_function(
         "draining the verbs layer",
         layer.checkpoint,

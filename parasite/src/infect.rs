@@ -534,6 +534,37 @@ impl Infection<'_> {
         Ok(t.regs()?.rdi)
     }
 
+    /// [`Infection::call_function`] that gives up at `deadline` (a
+    /// function that waits for a lock a frozen thread holds never
+    /// returns): `None` then, the task interrupted where it waited and the
+    /// infection usable again (the next call or the cure sets every
+    /// register it needs).
+    pub fn call_function_by(
+        &self,
+        what: &'static str,
+        addr: u64,
+        args: [u64; 6],
+        stack_top: u64,
+        deadline: std::time::Instant,
+    ) -> Result<Option<u64>> {
+        self.unpark()?;
+        let t = self.tracee;
+        let mut r = self.saved_regs;
+        t.prepare_call(
+            &mut r,
+            addr,
+            args,
+            stack_top,
+            self.base + BLOB.call_return as u64,
+        )?;
+        t.set_regs(&r)?;
+        if t.run_until_syscall_entry_by(self.base + BLOB.done as u64, MARKER_NR, what, deadline)? {
+            Ok(Some(t.regs()?.rdi))
+        } else {
+            Ok(None)
+        }
+    }
+
     /// Unmaps the parasite and puts registers, xstate and signal mask back.
     pub fn cure(mut self) -> Result<()> {
         self.cured = true;

@@ -559,6 +559,75 @@ impl Tracee {
         }
     }
 
+    /// [`Tracee::run_until_syscall_entry`] that gives up at `deadline`: the
+    /// task (blocked in a syscall, say a futex whose holder is frozen) is
+    /// then interrupted and left in an interrupt stop, and `Ok(false)` says
+    /// it did not get there.
+    pub fn run_until_syscall_entry_by(
+        &self,
+        at: u64,
+        nr: i64,
+        what: &'static str,
+        deadline: std::time::Instant,
+    ) -> Result<bool> {
+        loop {
+            ptrace::syscall(self.pid, None).map_err(self.ptrace_err("syscall"))?;
+            let status = loop {
+                match waitpid(self.pid, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
+                    Ok(WaitStatus::StillAlive) => {}
+                    Ok(s) => break s,
+                    Err(Errno::EINTR) => continue,
+                    Err(source) => {
+                        return Err(ParasiteError::Ptrace {
+                            pid: self.pid(),
+                            op: "waitpid",
+                            source,
+                        });
+                    }
+                }
+                if std::time::Instant::now() >= deadline {
+                    self.interrupt_running(what)?;
+                    return Ok(false);
+                }
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            };
+            match status {
+                WaitStatus::PtraceSyscall(_) => {
+                    let info =
+                        sys::syscall_info(self.pid).map_err(self.ptrace_err("get_syscall_info"))?;
+                    if info.stop == sys::SyscallStop::Entry && info.ip == at && info.value == nr {
+                        return Ok(true);
+                    }
+                }
+                other => {
+                    return Err(ParasiteError::UnexpectedStop {
+                        pid: self.pid(),
+                        what,
+                        status: format!("{other:?}"),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Stops a task resumed under `PTRACE_SYSCALL` that is still running
+    /// or blocked in a syscall. One blocked in a syscall stops at that
+    /// syscall's exit (the kernel would restart it on a plain resume; the
+    /// next remote syscall replaces its registers, and with them the
+    /// restart); one running stops in an interrupt stop.
+    fn interrupt_running(&self, what: &'static str) -> Result<()> {
+        ptrace::interrupt(self.pid).map_err(self.ptrace_err("interrupt"))?;
+        match self.wait(what)? {
+            WaitStatus::PtraceEvent(_, _, libc::PTRACE_EVENT_STOP)
+            | WaitStatus::PtraceSyscall(_) => Ok(()),
+            other => Err(ParasiteError::UnexpectedStop {
+                pid: self.pid(),
+                what,
+                status: format!("{other:?}"),
+            }),
+        }
+    }
+
     /// Resumes the task without syscall stops until the delivery stop of
     /// signal `sig`, which the code it runs sends itself; the signal is not
     /// delivered (the next resume passes none).

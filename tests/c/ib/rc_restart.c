@@ -4,9 +4,14 @@
  * (which ckpt drives in a restored process): the machinery of the shadow
  * layer (drain, recreate, replay, re-post, id translation) tested alone.
  *
- *   rc_restart [DEVICE [ROUNDS [--pause DIR]]]   (defaults: rxe0, 6; run with
+ *   rc_restart [DEVICE [ROUNDS [--pause DIR [--hold-malloc]]]]
+ *                                  (defaults: rxe0, 6; run with
  *                                   LD_PRELOAD=libckpt_ibverbs.so; --pause:
- *                                   ckpt does the restarts, ib_loopback.h)
+ *                                   ckpt does the restarts, ib_loopback.h;
+ *                                   --hold-malloc: first a restart point 98
+ *                                   where a thread holds the C library's
+ *                                   malloc lock, which ckpt must refuse to
+ *                                   dump, the program going on untouched)
  *
  * One process, two RC QPs on the device connected to each other (rxe
  * loops traffic to its own GIDs back). Each round the sender A posts
@@ -39,6 +44,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <malloc.h>
+#include <pthread.h>
+
 #include <infiniband/verbs.h>
 
 #define MSGS 4		 /* sends per round (the last signaled) */
@@ -54,6 +63,8 @@
 #define WR_NOTIFY 0x5000
 /* The restart point of the event test (after the rounds'). */
 #define EVENT_POINT 99
+/* The restart point where malloc's lock is held (before the rounds'). */
+#define HELD_POINT 98
 
 
 static void fail(const char *fmt, ...)
@@ -375,6 +386,78 @@ static void check_event_across_restart(void)
 	       rep.completions);
 }
 
+static int held_pipe[2] = { -1, -1 };
+static int saved_stderr = -1;
+static pthread_t held_thread;
+static volatile pid_t held_tid;
+
+static void *print_malloc_stats(void *arg)
+{
+	(void)arg;
+	held_tid = gettid();
+	malloc_stats();
+	return NULL;
+}
+
+/* Whether thread `tid` is in syscall `nr` (from /proc). */
+static int in_syscall(pid_t tid, int nr)
+{
+	char path[64], text[32] = "";
+	snprintf(path, sizeof(path), "/proc/self/task/%d/syscall", tid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = read(fd, text, sizeof(text) - 1);
+	close(fd);
+	return n > 0 && atoi(text) == nr;
+}
+
+/* A thread left inside malloc_stats(), which holds the main arena's lock
+ * while it writes to stderr: stderr is a full pipe nobody reads. */
+static void hold_malloc_lock(void)
+{
+	if (pipe2(held_pipe, O_CLOEXEC))
+		fail("pipe: %s", strerror(errno));
+	fcntl(held_pipe[1], F_SETPIPE_SZ, 4096);
+	fcntl(held_pipe[1], F_SETFL, O_NONBLOCK);
+	char junk[512];
+	memset(junk, '.', sizeof(junk));
+	while (write(held_pipe[1], junk, sizeof(junk)) > 0)
+		;
+	fcntl(held_pipe[1], F_SETFL, 0);
+	fflush(stderr);
+	saved_stderr = fcntl(2, F_DUPFD_CLOEXEC, 3);
+	if (saved_stderr < 0 || dup2(held_pipe[1], 2) < 0)
+		fail("dup: %s", strerror(errno));
+	if (pthread_create(&held_thread, NULL, print_malloc_stats, NULL))
+		fail("pthread_create");
+	for (int i = 0; i < 1000 && !(held_tid && in_syscall(held_tid, 1 /* write */)); i++)
+		usleep(10000);
+	if (!held_tid || !in_syscall(held_tid, 1))
+		fail("the malloc_stats thread never blocked in write");
+}
+
+/* Lets the thread finish: stderr back, the pipe drained. */
+static void release_malloc_lock(void)
+{
+	if (dup2(saved_stderr, 2) < 0)
+		fail("dup2: %s", strerror(errno));
+	close(saved_stderr);
+	fcntl(held_pipe[0], F_SETFL, O_NONBLOCK);
+	char buf[4096];
+	for (int i = 0; i < 1000; i++) {
+		while (read(held_pipe[0], buf, sizeof(buf)) > 0)
+			;
+		if (pthread_tryjoin_np(held_thread, NULL) == 0) {
+			close(held_pipe[0]);
+			close(held_pipe[1]);
+			return;
+		}
+		usleep(10000);
+	}
+	fail("the malloc_stats thread did not finish");
+}
+
 int main(int argc, char **argv)
 {
 	const char *dev = argc > 1 ? argv[1] : "rxe0";
@@ -392,6 +475,14 @@ int main(int argc, char **argv)
 	make_side(&b, NULL);
 	connect_to(&a, b.qp->qp_num);
 	connect_to(&b, a.qp->qp_num);
+	if (argc > 5 && strcmp(argv[5], "--hold-malloc") == 0) {
+		hold_malloc_lock();
+		if (!pause_for_ckpt(HELD_POINT))
+			fail("--hold-malloc needs --pause");
+		release_malloc_lock();
+		printf("malloc lock held at point %d: the program went on\n", HELD_POINT);
+		fflush(stdout);
+	}
 	for (int round = 0; round < rounds; round++) {
 		while (recvs_posted < next_seq + RECVS_EARLY)
 			post_recv_b();
