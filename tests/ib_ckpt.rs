@@ -70,15 +70,21 @@ export CKPT_IMAGE_KEY=$S/key
 (umask 077; head -c 32 /dev/urandom >"$CKPT_IMAGE_KEY")
 ./rc_pingpong rxe0 MESSAGES >ref.out 2>&1; echo "reference exit $?"
 
+# Both sides connected (each prints its qp_num), then a moment into the
+# stream: a loaded host can take seconds to get there under TCG.
+connected() {
+    i=0; while [ "$(grep -c qp_num $1 2>/dev/null)" -lt 2 ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+    sleep 2
+}
 ./rc_pingpong rxe0 MESSAGES >plain.out 2>&1 </dev/null &
 P=$!
-sleep 2
+connected plain.out
 ./ckpt dump --tree $P --dir plain-img >refused.out 2>&1; echo "plain dump exit $?"
 wait $P; echo "plain job exit $?"
 
 CKPT_IB_LAYER=$S/libckpt_ibverbs.so ./ckpt run --ib -- ./rc_pingpong rxe0 MESSAGES >job.out 2>&1 </dev/null &
 P=$!
-sleep 2
+connected job.out
 ./ckpt -v dump --tree $P --dir img --kill >dump.out 2>&1; echo "dump exit $?"
 wait $P
 ./ckpt show img >show.out 2>&1

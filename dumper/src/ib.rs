@@ -309,6 +309,19 @@ pub fn quiesce(pid: i32, tasks: &[Tracee], job_stopped: bool, layer: &Layer) -> 
     }
 }
 
+/// After the calls into the process: their stack unmapped, the gate open
+/// again in memory (the threads waiting there go on when the process is
+/// thawed, and a restored one never finds it closed).
+fn end_calls(inf: &Infection<'_>, layer: &Layer, stack: u64) -> Result<()> {
+    inf.syscall(
+        "munmap (verbs layer stack)",
+        libc::SYS_munmap,
+        [stack, CALL_STACK, 0, 0, 0, 0],
+    )?;
+    inf.tracee().write_mem(layer.gate, &0u32.to_le_bytes())?;
+    Ok(())
+}
+
 /// What the layer's drain reports (its `DrainReport`).
 const REPORT_LEN: usize = 24;
 /// `struct mallinfo2`: ten size_t, returned through a hidden pointer.
@@ -343,15 +356,10 @@ pub fn drain(inf: &Infection<'_>, pid: i32, layer: &Layer) -> Result<IbLayer> {
             probe,
             [buf, 0, 0, 0, 0, 0],
             stack + CALL_STACK,
-            Instant::now() + MALLOC_PROBE,
+            Some(Instant::now() + MALLOC_PROBE),
         );
         if !matches!(took, Ok(Some(_))) {
-            inf.syscall(
-                "munmap (verbs layer stack)",
-                libc::SYS_munmap,
-                [stack, CALL_STACK, 0, 0, 0, 0],
-            )?;
-            inf.tracee().write_mem(layer.gate, &0u32.to_le_bytes())?;
+            end_calls(inf, layer, stack)?;
             took?;
             return Err(err(
                 pid,
@@ -393,12 +401,7 @@ pub fn drain(inf: &Infection<'_>, pid: i32, layer: &Layer) -> Result<IbLayer> {
     if let Some((_, Some(p))) = message {
         let _ = inf.tracee().read_mem(p, &mut text);
     }
-    inf.syscall(
-        "munmap (verbs layer stack)",
-        libc::SYS_munmap,
-        [stack, CALL_STACK, 0, 0, 0, 0],
-    )?;
-    inf.tracee().write_mem(layer.gate, &0u32.to_le_bytes())?;
+    end_calls(inf, layer, stack)?;
     called?;
     if let Some((rc, _)) = message {
         let end = text.iter().position(|b| *b == 0).unwrap_or(text.len());

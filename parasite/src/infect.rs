@@ -519,23 +519,13 @@ impl Infection<'_> {
         args: [u64; 6],
         stack_top: u64,
     ) -> Result<u64> {
-        self.unpark()?;
-        let t = self.tracee;
-        let mut r = self.saved_regs;
-        t.prepare_call(
-            &mut r,
-            addr,
-            args,
-            stack_top,
-            self.base + BLOB.call_return as u64,
-        )?;
-        t.set_regs(&r)?;
-        t.run_until_syscall_entry(self.base + BLOB.done as u64, MARKER_NR, what)?;
-        Ok(t.regs()?.rdi)
+        Ok(self
+            .call_function_by(what, addr, args, stack_top, None)?
+            .expect("no deadline, no giving up"))
     }
 
-    /// [`Infection::call_function`] that gives up at `deadline` (a
-    /// function that waits for a lock a frozen thread holds never
+    /// [`Infection::call_function`] that gives up at `deadline` (`None`:
+    /// never; a function that waits for a lock a frozen thread holds never
     /// returns): `None` then, the task interrupted where it waited and the
     /// infection usable again (the next call or the cure sets every
     /// register it needs).
@@ -545,7 +535,7 @@ impl Infection<'_> {
         addr: u64,
         args: [u64; 6],
         stack_top: u64,
-        deadline: std::time::Instant,
+        deadline: Option<std::time::Instant>,
     ) -> Result<Option<u64>> {
         self.unpark()?;
         let t = self.tracee;

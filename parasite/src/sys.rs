@@ -628,21 +628,26 @@ pub enum Waited {
     RtSignalStop(i32),
 }
 
-/// `waitpid(pid, __WALL)`, for stops nix cannot describe too.
-pub fn wait_traced(pid: Pid) -> Result<Waited, Errno> {
+/// `waitpid(pid, __WALL)`, for stops nix cannot describe too; with
+/// `WNOHANG` when `nohang`: `None` while the task has nothing to report.
+pub fn wait_traced_opt(pid: Pid, nohang: bool) -> Result<Option<Waited>, Errno> {
     let mut status: libc::c_int = 0;
+    let flags = libc::__WALL | if nohang { libc::WNOHANG } else { 0 };
     // SAFETY: waitpid writes one int into `status`, which lives for the call.
-    let r = unsafe { libc::waitpid(pid.as_raw(), &mut status, libc::__WALL) };
+    let r = unsafe { libc::waitpid(pid.as_raw(), &mut status, flags) };
     if r < 0 {
         return Err(Errno::last());
+    }
+    if r == 0 {
+        return Ok(None);
     }
     let signal_stop = libc::WIFSTOPPED(status)
         && status >> 16 == 0
         && libc::WSTOPSIG(status) != (libc::SIGTRAP | 0x80);
     if signal_stop && nix::sys::signal::Signal::try_from(libc::WSTOPSIG(status)).is_err() {
-        return Ok(Waited::RtSignalStop(libc::WSTOPSIG(status)));
+        return Ok(Some(Waited::RtSignalStop(libc::WSTOPSIG(status))));
     }
-    nix::sys::wait::WaitStatus::from_raw(Pid::from_raw(r), status).map(Waited::Status)
+    nix::sys::wait::WaitStatus::from_raw(Pid::from_raw(r), status).map(|s| Some(Waited::Status(s)))
 }
 
 /// `PTRACE_CONT`, delivering signal number `sig` (0: none), real-time

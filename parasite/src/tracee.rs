@@ -362,10 +362,28 @@ impl Tracee {
 
     /// [`Tracee::wait`], with the stops nix cannot describe.
     fn wait_any(&self, what: &'static str) -> Result<sys::Waited> {
+        Ok(self
+            .wait_any_by(what, None)?
+            .expect("a wait without a deadline reports a change"))
+    }
+
+    /// [`Tracee::wait_any`] that gives up at `deadline` (`None`: never),
+    /// polling: `Ok(None)` then.
+    fn wait_any_by(
+        &self,
+        what: &'static str,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Option<sys::Waited>> {
         let status = loop {
-            match sys::wait_traced(self.pid) {
-                Ok(sys::Waited::Status(s)) => break s,
-                Ok(rt) => return Ok(rt),
+            match sys::wait_traced_opt(self.pid, deadline.is_some()) {
+                Ok(Some(sys::Waited::Status(s))) => break s,
+                Ok(Some(rt)) => return Ok(Some(rt)),
+                Ok(None) => {
+                    if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                        return Ok(None);
+                    }
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
                 Err(Errno::EINTR) => continue,
                 Err(source) => {
                     let _ = what;
@@ -386,7 +404,7 @@ impl Tracee {
                 pid: self.pid(),
                 how: format!("killed by {sig}"),
             }),
-            s => Ok(sys::Waited::Status(s)),
+            s => Ok(Some(sys::Waited::Status(s))),
         }
     }
 
@@ -559,37 +577,32 @@ impl Tracee {
         }
     }
 
-    /// [`Tracee::run_until_syscall_entry`] that gives up at `deadline`: the
-    /// task (blocked in a syscall, say a futex whose holder is frozen) is
-    /// then interrupted and left in an interrupt stop, and `Ok(false)` says
-    /// it did not get there.
+    /// [`Tracee::run_until_syscall_entry`] that gives up at `deadline`
+    /// (`None`: never): the task (blocked in a syscall, say a futex whose
+    /// holder is frozen) is then interrupted and left stopped, and
+    /// `Ok(false)` says it did not get there.
     pub fn run_until_syscall_entry_by(
         &self,
         at: u64,
         nr: i64,
         what: &'static str,
-        deadline: std::time::Instant,
+        deadline: Option<std::time::Instant>,
     ) -> Result<bool> {
         loop {
             ptrace::syscall(self.pid, None).map_err(self.ptrace_err("syscall"))?;
-            let status = loop {
-                match waitpid(self.pid, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
-                    Ok(WaitStatus::StillAlive) => {}
-                    Ok(s) => break s,
-                    Err(Errno::EINTR) => continue,
-                    Err(source) => {
-                        return Err(ParasiteError::Ptrace {
-                            pid: self.pid(),
-                            op: "waitpid",
-                            source,
-                        });
-                    }
-                }
-                if std::time::Instant::now() >= deadline {
+            let status = match self.wait_any_by(what, deadline)? {
+                None => {
                     self.interrupt_running(what)?;
                     return Ok(false);
                 }
-                std::thread::sleep(std::time::Duration::from_micros(200));
+                Some(sys::Waited::Status(s)) => s,
+                Some(sys::Waited::RtSignalStop(sig)) => {
+                    return Err(ParasiteError::UnexpectedStop {
+                        pid: self.pid(),
+                        what,
+                        status: format!("signal-delivery stop of real-time signal {sig}"),
+                    });
+                }
             };
             match status {
                 WaitStatus::PtraceSyscall(_) => {
@@ -647,25 +660,8 @@ impl Tracee {
     /// from the instruction ending at `at` (the parasite's "done" marker);
     /// the syscalls it makes on the way are let through.
     pub fn run_until_syscall_entry(&self, at: u64, nr: i64, what: &'static str) -> Result<()> {
-        loop {
-            ptrace::syscall(self.pid, None).map_err(self.ptrace_err("syscall"))?;
-            match self.wait(what)? {
-                WaitStatus::PtraceSyscall(_) => {
-                    let info =
-                        sys::syscall_info(self.pid).map_err(self.ptrace_err("get_syscall_info"))?;
-                    if info.stop == sys::SyscallStop::Entry && info.ip == at && info.value == nr {
-                        return Ok(());
-                    }
-                }
-                other => {
-                    return Err(ParasiteError::UnexpectedStop {
-                        pid: self.pid(),
-                        what,
-                        status: format!("{other:?}"),
-                    });
-                }
-            }
-        }
+        self.run_until_syscall_entry_by(at, nr, what, None)
+            .map(|reached| debug_assert!(reached, "no deadline, no giving up"))
     }
 
     /// From a syscall-exit stop, moves a seized task into an interrupt stop
