@@ -56,9 +56,12 @@ use common::*;
 /// Boot, a reference run, a refused dump, and the dumped and restored run
 /// under TCG.
 const VM_TIMEOUT_SECS: u32 = 240;
-/// Round trips per run: about 8 s of ping-pong under TCG, so the dump
-/// (2 s in) lands in the middle.
+/// Round trips per run: about 8 s of ping-pong under TCG.
 const MESSAGES: u32 = 600;
+/// Round trips of the job dumped alone in one guest: 2 to 20 s of
+/// ping-pong under TCG depending on the host's load, so a dump 1 s after
+/// both sides connected lands in the middle.
+const LONG_MESSAGES: u32 = 1500;
 /// Two guests at once under TCG, each booting, a reference run, the
 /// dumped run and its restore.
 const LINKED_TIMEOUT_SECS: u32 = 300;
@@ -68,21 +71,22 @@ S=$CKPT_IB_SCRATCH
 cd "$S"
 export CKPT_IMAGE_KEY=$S/key
 (umask 077; head -c 32 /dev/urandom >"$CKPT_IMAGE_KEY")
-./rc_pingpong rxe0 MESSAGES >ref.out 2>&1; echo "reference exit $?"
+./rc_pingpong rxe0 LONG_MESSAGES >ref.out 2>&1; echo "reference exit $?"
 
 # Both sides connected (each prints its qp_num), then a moment into the
-# stream: a loaded host can take seconds to get there under TCG.
+# stream: a loaded host can take seconds to get there under TCG, a quiet
+# one runs the whole stream in a few.
 connected() {
     i=0; while [ "$(grep -c qp_num $1 2>/dev/null)" -lt 2 ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
-    sleep 2
+    sleep 1
 }
-./rc_pingpong rxe0 MESSAGES >plain.out 2>&1 </dev/null &
+./rc_pingpong rxe0 LONG_MESSAGES >plain.out 2>&1 </dev/null &
 P=$!
 connected plain.out
 ./ckpt dump --tree $P --dir plain-img >refused.out 2>&1; echo "plain dump exit $?"
 wait $P; echo "plain job exit $?"
 
-CKPT_IB_LAYER=$S/libckpt_ibverbs.so ./ckpt run --ib -- ./rc_pingpong rxe0 MESSAGES >job.out 2>&1 </dev/null &
+CKPT_IB_LAYER=$S/libckpt_ibverbs.so ./ckpt run --ib -- ./rc_pingpong rxe0 LONG_MESSAGES >job.out 2>&1 </dev/null &
 P=$!
 connected job.out
 ./ckpt -v dump --tree $P --dir img --kill >dump.out 2>&1; echo "dump exit $?"
@@ -114,7 +118,9 @@ echo "reference done"
 PS=$!
 ./ckpt run --ib -- ./rc_pingpong rxe0 MESSAGES --client 7501 >job-c.out 2>&1 </dev/null &
 PC=$!
-sleep 3
+# Both connected (each prints its qp_num), then a moment into the stream.
+i=0; while [ "$(cat job-s.out job-c.out 2>/dev/null | grep -c qp_num)" -lt 2 ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+sleep 1
 ./ckpt -v dump --tree $PS --dir n1 --coord 127.0.0.1:7420 --job J --node n1 --kill >dump1.out 2>&1 &
 D1=$!
 ./ckpt -v dump --tree $PC --dir n2 --coord 127.0.0.1:7420 --job J --node n2 --kill >dump2.out 2>&1; echo "dump2 exit $?"
@@ -338,7 +344,9 @@ fn run_in_guest_with(script_text: &str, files: &[&str], programs: &[&str]) -> Gu
     for p in programs {
         compile(&format!("tests/c/ib/{p}.c"), &s.join(p));
     }
-    let script = script_text.replace("MESSAGES", &MESSAGES.to_string());
+    let script = script_text
+        .replace("LONG_MESSAGES", &LONG_MESSAGES.to_string())
+        .replace("MESSAGES", &MESSAGES.to_string());
     let out = guest::run(None, s, "guest.sh", &script, VM_TIMEOUT_SECS);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let mut all = format!(
