@@ -361,12 +361,15 @@ impl Infection<'_> {
         thread.set_regs(&r)?;
         crate::fault::inject(crate::fault::FaultPoint::ThreadInParasite);
         thread.run_until_signal(sig, "asking a thread for its state")?;
-        let mut block = vec![0u8; std::mem::size_of::<proto::Args>()];
-        self.tracee.read_mem(args_addr, &mut block)?;
-        // SAFETY: as above, any byte pattern of the right length is a
-        // valid Args; read_unaligned copes with the Vec's alignment.
-        let back: proto::Args = unsafe { std::ptr::read_unaligned(block.as_ptr().cast()) };
-        let q = back.thread;
+        // Only the thread's part comes back (the block is mostly the
+        // leader's misc state, and this runs once a thread).
+        let mut block = [0u8; std::mem::size_of::<proto::ThreadQuery>()];
+        let at = args_addr + std::mem::offset_of!(proto::Args, thread) as u64;
+        self.tracee.read_mem(at, &mut block)?;
+        // SAFETY: ThreadQuery is #[repr(C)] plain old data made of
+        // integers, so any byte pattern of its size is a valid value;
+        // read_unaligned copes with the array's alignment.
+        let q: proto::ThreadQuery = unsafe { std::ptr::read_unaligned(block.as_ptr().cast()) };
         if q.done != 1 {
             return Err(ParasiteError::UnexpectedStop {
                 pid: thread.pid(),

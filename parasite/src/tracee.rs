@@ -747,11 +747,6 @@ impl Stopping {
         t.wait_interrupt_stop()?;
         Ok(t)
     }
-
-    /// The task's pid.
-    pub fn pid(&self) -> i32 {
-        self.0.as_ref().map_or(0, Tracee::pid)
-    }
 }
 
 impl Drop for Stopping {

@@ -140,7 +140,7 @@ pub fn restore(r: &Remote<'_>, tgid: i32, c: Option<&Creds>) -> Result<()> {
     if changed {
         change(r, c, now.cap_prm, last_cap)?;
     }
-    if !changed && !c.no_new_privs && now.no_new_privs == c.no_new_privs {
+    if !changed && !c.no_new_privs && !now.no_new_privs {
         // Already as saved (the common case, and one status read a thread
         // less).
         return Ok(());
