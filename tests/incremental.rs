@@ -280,3 +280,74 @@ fn tracked_checkpoints_are_whole_and_chain() {
     // The first checkpoint still restores on its own.
     restore_and_check(&env, &v);
 }
+
+/// The userfaultfds `pid` holds, by fd.
+fn userfaultfds(pid: i32) -> Vec<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.unwrap();
+            let link = std::fs::read_link(e.path()).ok()?;
+            (link.as_os_str() == "anon_inode:[userfaultfd]")
+                .then(|| e.file_name().to_str()?.parse().ok())
+                .flatten()
+        })
+        .collect()
+}
+
+/// A pre-dump on top of another that is killed once it has armed its
+/// tracking (ckpt SIGKILLed while it copies pages). The job runs on; the
+/// first pre-dump no longer matches any tracker, so a dump on top of it
+/// reads everything again, including the pages the job rewrote between
+/// the two pre-dumps (taking them from the first would restore stale
+/// memory); and the killed pre-dump's tracker, recorded on the host as
+/// ckpt's, is closed by that dump instead of being refused as an unknown
+/// userfaultfd of the job.
+#[test]
+fn pre_dump_killed_after_arming_leaves_no_stale_tracking() {
+    let env = TestEnv::new("incremental-killed");
+    let mut v = Victim::spawn(&env, "incremental", &[]);
+    v.wait_ready();
+    let first = env.root.join("pre1");
+    pre_dump(&env, &v, &first, &["--compress=lz4"]);
+    // Written after the first pre-dump and never again.
+    write_atomic(&v.path("stage1"), "stage1");
+    assert!(
+        wait_for_file(&v.path("mutated"), Duration::from_secs(20)),
+        "{}",
+        v.diag()
+    );
+    let second = env.root.join("pre2");
+    let pid = v.pid.to_string();
+    let out = CkptCmd::spawn_with_env(
+        &env,
+        &[
+            "dump",
+            "--tree",
+            &pid,
+            "--dir",
+            path_str(&second),
+            "--pre-dump",
+            "--prev",
+            path_str(&first),
+        ],
+        &[("CKPT_FAULT", Path::new("during-pages"))],
+    )
+    .wait_with(Duration::from_secs(60), || v.diag());
+    assert_eq!(out.code(), 128 + libc::SIGKILL, "{}", out.stderr);
+    assert!(!second.exists(), "no pre-dump committed");
+    assert!(
+        v.ping(Duration::from_secs(10)),
+        "the job runs on: {}",
+        v.diag()
+    );
+    let left = userfaultfds(v.pid);
+    assert_eq!(left.len(), 1, "the killed pre-dump's tracker: {left:?}");
+    let out = dump(&env, &v, &["--prev", path_str(&first), "--kill", "--json"]);
+    let report = json_of(&out);
+    let reused = report["stats"]["reused_bytes"].as_u64().unwrap_or(0);
+    assert_eq!(reused, 0, "nothing trusted from the first: {report}");
+    v.reap_killed(Duration::from_secs(10));
+    std::fs::remove_dir_all(&first).unwrap();
+    restore_and_check(&env, &v);
+}

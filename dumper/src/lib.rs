@@ -548,7 +548,7 @@ struct Collected {
     /// Its memory, readable after a thaw.
     mem: pages::Memory,
     /// With `--background`: the userfaultfd guarding its memory; with
-    /// `--pre-dump`: the one tracking its writes.
+    /// `--pre-dump` or `--track`: the one tracking its writes from now on.
     uffd: Option<ckpt_parasite::uffd::Userfault>,
     /// With `--pre-dump`: how its writes are tracked from now on.
     tracking: Option<ckpt_image::mm::WriteTracking>,
@@ -565,9 +565,9 @@ enum Userfaults<'a> {
     Untouched,
     /// A background dump's write guard, held by ckpt only.
     Background,
-    /// A pre-dump: track writes from now on, with the userfaultfd an
-    /// earlier pre-dump left (when still there) or a new one kept in the
-    /// process.
+    /// A pre-dump or `--track`: read what was written since the one
+    /// before (if any), end its tracking, and track writes from now on
+    /// with a new userfaultfd kept in the process.
     Track(&'a WriteOptions<'a>),
     /// A dump after a pre-dump: read what was written, and end the
     /// tracking (the process's userfaultfd is closed).
@@ -618,8 +618,10 @@ fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Coll
     }
     let mut ib_state = None;
     let mut uffd = None;
-    // The tracking fd kept in the process, and whether it is new.
-    let mut kept: Option<(i32, bool)> = None;
+    // The tracking `before` names, ended in the process; its last record
+    // of written pages is read before a new tracker is armed.
+    let mut continued = None;
+    let mut tracking = None;
     let mut with_parasite = |inf: &ckpt_parasite::Infection<'_>| -> Result<()> {
         use ckpt_parasite::uffd;
         // First: the drain changes the process's memory, which everything
@@ -627,29 +629,20 @@ fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Coll
         if let Some(l) = &ib_layer {
             ib_state = Some(ib::drain(inf, pid, l)?);
         }
+        continued = predump::retire(inf, pid, before)?;
         match mode {
-            Userfaults::Untouched => {}
+            Userfaults::Untouched | Userfaults::Untrack(_) => {}
             Userfaults::Background => uffd = Some(uffd::create_in(inf)?),
-            Userfaults::Track(_) => match before.map(|t| predump::adopt(pid, t)).transpose()? {
-                Some(Some(u)) => {
-                    kept = before.map(|t| (t.fd, false));
-                    uffd = Some(u);
-                }
-                _ => {
-                    let (u, fd) = uffd::create_kept_in(inf, predump::kept_fd_floor(pid))?;
-                    kept = Some((fd, true));
-                    uffd = Some(u);
-                }
-            },
-            Userfaults::Untrack(_) => {
-                if let Some(t) = before
-                    && let Some(u) = predump::adopt(pid, t)?
-                {
-                    // ckpt's copy keeps the tracking alive until the scan;
-                    // the process's goes now, before its fds are read.
-                    inf.syscall("close", libc::SYS_close, [t.fd as u64, 0, 0, 0, 0, 0])?;
-                    uffd = Some(u);
-                }
+            Userfaults::Track(_) => {
+                let (u, fd) = uffd::create_kept_in(inf, predump::kept_fd_floor(pid))?;
+                let t = ckpt_image::mm::WriteTracking {
+                    fd,
+                    inode: u.inode()?,
+                    start_time: predump::start_time(pid)?,
+                };
+                predump::record(pid, &t);
+                tracking = Some(t);
+                uffd = Some(u);
             }
         }
         Ok(())
@@ -684,21 +677,19 @@ fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Coll
         Ok((vmas, pages_bytes, armed))
     })?;
     let vdso = mm::vdso_info(leader, &vmas)?;
-    // Only through a tracking userfaultfd that is still the pre-dump's.
-    let written = match (mode, &uffd) {
-        (Userfaults::Track(_) | Userfaults::Untrack(_), Some(_)) if before.is_some() => {
+    // Only through a tracking userfaultfd that is still the pre-dump's
+    // (without it, the scan finds every VMA untracked: all written).
+    let written = match mode {
+        Userfaults::Track(_) | Userfaults::Untrack(_) if before.is_some() => {
             Some(predump::written_since(pid, &vmas)?)
         }
         _ => None,
     };
-    let mut tracking = None;
-    if let (Userfaults::Track(_), Some(u), Some((fd, new))) = (mode, &uffd, kept) {
-        predump::arm(u, new, &vmas)?;
-        tracking = Some(ckpt_image::mm::WriteTracking {
-            fd,
-            inode: u.inode()?,
-            start_time: predump::start_time(pid)?,
-        });
+    // The old tracker's registrations go with its last copy; the new one
+    // can only register the same VMAs after that.
+    drop(continued.take());
+    if let (Userfaults::Track(_), Some(u)) = (mode, &uffd) {
+        predump::arm(u, &vmas)?;
     }
     let mut untouched_bytes = 0;
     for v in &vmas {

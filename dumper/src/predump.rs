@@ -181,6 +181,186 @@ pub fn adopt(pid: i32, t: &WriteTracking) -> Result<Option<Userfault>> {
     Ok((uffd.inode()? == t.inode).then_some(uffd))
 }
 
+/// Ends every tracking of `pid` that ckpt left in it, before anything is
+/// saved: the tracker `before` names (a pre-dump this dump continues) and
+/// whatever tracker the host's record says a dump left there (one that
+/// failed, or was killed, after arming). The process's fds are closed; the
+/// copy of `before`'s tracker is returned, which keeps its record of
+/// written pages until the caller's scan and drops it before arming a new
+/// one.
+///
+/// A continued tracker is never re-armed in place: re-protecting its
+/// pages would erase what was written since `before` while `before` still
+/// names it, and a dump that failed after that would leave a later
+/// `--prev before` trusting pages it never saw written. Closed, it no
+/// longer matches `before`, whose next use reads everything.
+pub fn retire(
+    inf: &ckpt_parasite::Infection<'_>,
+    pid: i32,
+    before: Option<&WriteTracking>,
+) -> Result<Option<Userfault>> {
+    let close = |fd: i32| -> Result<()> {
+        inf.syscall("close", libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0])?;
+        Ok(())
+    };
+    let mut continued = None;
+    if let Some(t) = before
+        && let Some(u) = adopt(pid, t)?
+    {
+        close(t.fd)?;
+        continued = Some(u);
+    }
+    let start = start_time(pid)?;
+    if let Some(left) = registry::lookup(pid, start) {
+        // The continued tracker's fd is closed by now: only another one
+        // can still be there.
+        if holds_tracker(pid, left.fd, left.inode) {
+            log::info!(
+                "pid {pid}: closing the write tracking an earlier dump left at fd {}",
+                left.fd
+            );
+            close(left.fd)?;
+        }
+        registry::forget(pid, start);
+    }
+    Ok(continued)
+}
+
+/// Whether `pid` holds the userfaultfd with inode `inode` at `fd`.
+fn holds_tracker(pid: i32, fd: i32, inode: u64) -> bool {
+    let path = procfile::path(pid, &format!("fd/{fd}"));
+    let link = std::fs::read_link(&path);
+    link.is_ok_and(|l| l.as_os_str() == "anon_inode:[userfaultfd]")
+        && std::fs::metadata(&path).is_ok_and(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.ino() == inode
+        })
+}
+
+/// Records on the host that `pid` now holds the tracker `t`, so a dump
+/// that finds it later without a pre-dump naming it (this one failed or
+/// was killed before its images were committed) knows it is ckpt's.
+pub fn record(pid: i32, t: &WriteTracking) {
+    registry::record(pid, t);
+}
+
+/// The host's record of the trackers ckpt left in processes: one small
+/// file per process (`PID-STARTTIME`, holding "FD INODE") in a directory
+/// only root writes, so neither a job nor its user can make ckpt close a
+/// file of their choosing. Best effort: without it (ckpt not root, no
+/// `/run`), a tracker left by a failed dump stays until its process
+/// closes it, and a dump of that process refuses the unknown userfaultfd.
+mod registry {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+    use std::path::PathBuf;
+
+    use ckpt_image::mm::WriteTracking;
+
+    /// Where the records live (a tmpfs: they die with the host's processes).
+    const DIR: &str = "/run/ckpt/trackers";
+    /// A record is two numbers; anything longer is not one.
+    const MAX_RECORD_BYTES: u64 = 64;
+
+    /// One tracker left in a process.
+    pub struct Left {
+        pub fd: i32,
+        pub inode: u64,
+    }
+
+    /// The directory, made if missing, when it and its parent are
+    /// directories (not links) owned by ckpt's user that nobody else may
+    /// write.
+    fn dir() -> Option<PathBuf> {
+        let dir = PathBuf::from(DIR);
+        let _ = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir);
+        let euid = nix::unistd::geteuid().as_raw();
+        let safe = |p: &std::path::Path| {
+            std::fs::symlink_metadata(p)
+                .is_ok_and(|m| m.file_type().is_dir() && m.uid() == euid && m.mode() & 0o022 == 0)
+        };
+        (safe(dir.parent()?) && safe(&dir)).then_some(dir)
+    }
+
+    fn name(pid: i32, start_time: u64) -> String {
+        format!("{pid}-{start_time}")
+    }
+
+    pub fn record(pid: i32, t: &WriteTracking) {
+        let Some(dir) = dir() else {
+            log::debug!("pid {pid}: no record of its write tracking ({DIR} unusable)");
+            return;
+        };
+        let final_path = dir.join(name(pid, t.start_time));
+        let tmp = dir.join(format!("{}.tmp", name(pid, t.start_time)));
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .and_then(|mut f| writeln!(f, "{} {}", t.fd, t.inode))
+            .and_then(|()| std::fs::rename(&tmp, &final_path));
+        if let Err(e) = written {
+            log::warn!(
+                "pid {pid}: cannot record its write tracking in {}: {e}",
+                final_path.display()
+            );
+        }
+        sweep(&dir);
+    }
+
+    pub fn lookup(pid: i32, start_time: u64) -> Option<Left> {
+        let path = dir()?.join(name(pid, start_time));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .ok()?;
+        if !file.metadata().ok()?.file_type().is_file() {
+            return None;
+        }
+        let mut text = String::new();
+        file.take(MAX_RECORD_BYTES).read_to_string(&mut text).ok()?;
+        let mut words = text.split_whitespace();
+        let fd = words.next()?.parse().ok()?;
+        let inode = words.next()?.parse().ok()?;
+        Some(Left { fd, inode })
+    }
+
+    pub fn forget(pid: i32, start_time: u64) {
+        if let Some(dir) = dir() {
+            let _ = std::fs::remove_file(dir.join(name(pid, start_time)));
+        }
+    }
+
+    /// Removes the records of processes that are gone (the pid is free or
+    /// now another process's).
+    fn sweep(dir: &std::path::Path) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let file_name = e.file_name();
+            let Some((pid, start)) = file_name
+                .to_str()
+                .map(|n| n.trim_end_matches(".tmp"))
+                .and_then(|n| n.split_once('-'))
+                .and_then(|(p, s)| Some((p.parse::<i32>().ok()?, s.parse::<u64>().ok()?)))
+            else {
+                continue;
+            };
+            if super::start_time(pid).ok() != Some(start) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
 /// Where the kept userfaultfd goes in a process: out of the way of the fds
 /// a program expects, below its fd limit.
 pub fn kept_fd_floor(pid: i32) -> i32 {
@@ -204,13 +384,11 @@ fn tracked_kind(v: &Vma) -> bool {
     )
 }
 
-/// Arms tracking of the planned pages of `vmas` (the tree is frozen):
-/// every private VMA registered, its planned pages write-protected. `new`
-/// for a userfaultfd that was just made.
-pub fn arm(uffd: &Userfault, new: bool, vmas: &[Vma]) -> Result<()> {
-    if new {
-        uffd.enable(Features::PAGEFAULT_FLAG_WP.with(Features::WP_ASYNC))?;
-    }
+/// Arms tracking of the planned pages of `vmas` with a userfaultfd just
+/// made (the tree is frozen): every private VMA registered, its planned
+/// pages write-protected.
+pub fn arm(uffd: &Userfault, vmas: &[Vma]) -> Result<()> {
+    uffd.enable(Features::PAGEFAULT_FLAG_WP.with(Features::WP_ASYNC))?;
     for v in vmas
         .iter()
         .filter(|v| tracked_kind(v) && !v.pages.is_empty())
