@@ -179,10 +179,6 @@ pub fn save_chunks(
     )
 }
 
-/// Chunks compressed in parallel before being appended in order: bounds
-/// memory to a few chunks per thread while keeping every core busy.
-const WINDOW_CHUNKS: usize = 32;
-
 /// Buffers of LZ4's worst-case output for a chunk (more than a raw chunk), reused from
 /// chunk to chunk. A fresh allocation per chunk came from the kernel each
 /// time (glibc gives large freed blocks back), so every 4 KiB dumped cost
@@ -217,42 +213,31 @@ impl BufferPool {
 }
 
 /// Like [`copy_pages`], but every chunk becomes one LZ4 block (stored raw
-/// when it does not shrink), appended to `out` in address order. Windows of
-/// chunks are compressed in parallel while a writer thread appends the
-/// previous window, so compressing and writing overlap. Returns the block
-/// list for the mm image.
+/// when it does not shrink), appended to `out` as one stream
+/// ([`PagesWriter::stream`]) in the order the chunks are ready. Every core
+/// reads and compresses chunks while a writer thread appends them, so the
+/// disk is kept busy from the first chunk on: rayon's halves of the chunk
+/// list mix a region that compresses to nothing with one that is stored
+/// as is, where windows in address order left the disk idle through the
+/// compressible ones. Returns the block list for the mm image, by address.
 pub fn copy_pages_compressed(
     t: &Memory,
     vmas: &[Vma],
     out: &PagesWriter,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Vec<PageChunk>> {
-    let all = chunks(vmas);
-    let mut blocks = Vec::with_capacity(all.len());
+    let all = &chunks(vmas);
     let pool = &BufferPool::default();
-    std::thread::scope(|s| -> Result<()> {
-        // One window in flight: memory stays bounded by two windows.
-        let (to_writer, from_compressor) = std::sync::mpsc::sync_channel::<Vec<Packed>>(1);
-        let writer = s.spawn(move || -> Result<()> {
-            let mut done = 0u64;
-            for window in from_compressor {
-                done += write_window(out, &window)?;
-                progress(done);
-                for p in window {
-                    pool.give(p.buf);
-                }
-            }
-            Ok(())
-        });
-        let mut file_offset = 0u64;
-        let compressed = (|| -> Result<()> {
-            for window in all.chunks(WINDOW_CHUNKS) {
-                let mut packed: Vec<Packed> = window
-                    .par_iter()
-                    .map(|c| pack(t, c, pool))
-                    .collect::<Result<_>>()?;
-                for p in &mut packed {
-                    p.file_offset = file_offset;
+    let mut blocks = std::thread::scope(|s| -> Result<Vec<PageChunk>> {
+        let (to_writer, packed) = std::sync::mpsc::sync_channel::<Packed>(QUEUED_CHUNKS);
+        let writer = s.spawn(move || -> Result<Vec<PageChunk>> {
+            // A block is stored raw when LZ4 does not shrink it.
+            let at_most = all.iter().map(|c| c.len()).sum();
+            out.stream(at_most, |stream| -> Result<Vec<PageChunk>> {
+                let mut blocks = Vec::with_capacity(all.len());
+                let (mut file_offset, mut done) = (0u64, 0u64);
+                for p in packed {
+                    stream.push(p.data())?;
                     blocks.push(PageChunk {
                         addr: p.range.addr,
                         raw_len: p.range.len(),
@@ -261,60 +246,36 @@ pub fn copy_pages_compressed(
                         stored_raw: p.stored_raw,
                     });
                     file_offset += p.len as u64;
+                    done += p.range.len();
+                    progress(done);
+                    pool.give(p.buf);
                 }
-                if to_writer.send(packed).is_err() {
-                    // The writer stopped on an error, reported below.
-                    break;
-                }
-            }
-            Ok(())
-        })();
+                Ok(blocks)
+            })
+        });
+        // `Err(None)`: the writer stopped, on an error it reports.
+        let packed =
+            all.par_iter()
+                .try_for_each(|c| -> std::result::Result<(), Option<DumpError>> {
+                    let p = pack(t, c, pool).map_err(Some)?;
+                    to_writer.send(p).map_err(|_| None)
+                });
         drop(to_writer);
         let written = writer
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        compressed.and(written)
+        match packed {
+            Err(Some(e)) => Err(e),
+            Ok(()) | Err(None) => written,
+        }
     })?;
+    blocks.sort_unstable_by_key(|b| b.addr);
     Ok(blocks)
 }
 
-/// Small consecutive blocks are joined into writes of up to this size (a
-/// process of many small VMAs would otherwise cost a write, and a
-/// writeback request, per VMA).
-const JOINED_WRITE_BYTES: usize = 4 << 20;
-
-/// Writes one window of blocks (consecutive in the file), joining runs of
-/// small ones. Returns the page bytes they hold.
-fn write_window(out: &PagesWriter, window: &[Packed]) -> Result<u64> {
-    let mut joined: Vec<u8> = Vec::new();
-    let mut joined_at = 0u64;
-    let mut pages = 0u64;
-    for p in window {
-        pages += p.range.len();
-        if p.len >= JOINED_WRITE_BYTES / 4 {
-            // Large enough on its own (after what was joined before it).
-            if !joined.is_empty() {
-                out.write_at(joined_at, &joined)?;
-                joined.clear();
-            }
-            out.write_at(p.file_offset, p.data())?;
-            continue;
-        }
-        let follows = joined_at + joined.len() as u64 == p.file_offset;
-        if !joined.is_empty() && (!follows || joined.len() + p.len > JOINED_WRITE_BYTES) {
-            out.write_at(joined_at, &joined)?;
-            joined.clear();
-        }
-        if joined.is_empty() {
-            joined_at = p.file_offset;
-        }
-        joined.extend_from_slice(p.data());
-    }
-    if !joined.is_empty() {
-        out.write_at(joined_at, &joined)?;
-    }
-    Ok(pages)
-}
+/// Chunks read and compressed ahead of the writer: bounds memory to a few
+/// chunks per thread while keeping every core busy.
+const QUEUED_CHUNKS: usize = 8;
 
 /// One chunk as it goes into the pages file.
 struct Packed {
@@ -323,8 +284,6 @@ struct Packed {
     /// A pool buffer whose first `len` bytes are the stored block.
     buf: Vec<u8>,
     len: usize,
-    /// Where it goes (set in address order once its window is packed).
-    file_offset: u64,
 }
 
 impl Packed {
@@ -354,7 +313,6 @@ fn pack(t: &Memory, c: &PageRange, pool: &BufferPool) -> Result<Packed> {
         stored_raw,
         buf: kept,
         len,
-        file_offset: 0,
     })
 }
 
@@ -362,10 +320,24 @@ fn pack(t: &Memory, c: &PageRange, pool: &BufferPool) -> Result<Packed> {
 /// chunk's worst case): its length, or `None` when LZ4 does not shrink it
 /// and the chunk is stored raw.
 fn lz4_into(raw: &[u8], z: &mut [u8]) -> Option<usize> {
+    if raw.len() > 2 * PROBE_BYTES {
+        let probe = lz4_flex::block::compress_into(&raw[..PROBE_BYTES], z).ok()?;
+        if probe > PROBE_BYTES - PROBE_BYTES / 16 {
+            return None;
+        }
+    }
     lz4_flex::block::compress_into(raw, z)
         .ok()
         .filter(|&n| n < raw.len())
 }
+
+/// How much of a chunk LZ4 tries first: when that does not shrink by a
+/// sixteenth, the chunk is stored raw without compressing the rest.
+/// Random or already compressed data (half of a typical job's memory,
+/// arrays of doubles) then costs a sixteenth of a full attempt, which on
+/// two cores was a tenth of a dump's CPU; a chunk that only compresses
+/// past its first 64 KiB is stored raw, which is still correct.
+const PROBE_BYTES: usize = 64 << 10;
 
 /// Where chunks go when they are saved one by one in any order (a
 /// background dump saves them as the job writes to them): at their planned

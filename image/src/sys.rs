@@ -182,6 +182,35 @@ pub fn sync(fd: BorrowedFd<'_>) -> io::Result<()> {
     nix::unistd::fsync(fd).map_err(io_err)
 }
 
+/// Turns `O_DIRECT` on or off for `fd`: writes then go from the caller's
+/// (aligned) buffers to the disk, past the page cache. Fails on
+/// filesystems without direct I/O.
+pub fn set_direct(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+    let flags =
+        OFlag::from_bits_truncate(nix::fcntl::fcntl(fd, FcntlArg::F_GETFL).map_err(io_err)?);
+    let flags = if on {
+        flags | OFlag::O_DIRECT
+    } else {
+        flags - OFlag::O_DIRECT
+    };
+    nix::fcntl::fcntl(fd, FcntlArg::F_SETFL(flags))
+        .map(drop)
+        .map_err(io_err)
+}
+
+/// Allocates the first `len` bytes of `fd` on disk (its size becomes at
+/// least `len`) without writing them.
+pub fn preallocate(fd: BorrowedFd<'_>, len: u64) -> io::Result<()> {
+    let len = i64::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    nix::fcntl::fallocate(fd, nix::fcntl::FallocateFlags::empty(), 0, len).map_err(io_err)
+}
+
+/// Sets the length of `fd` to `len`.
+pub fn truncate(fd: BorrowedFd<'_>, len: u64) -> io::Result<()> {
+    let len = i64::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    nix::unistd::ftruncate(fd, len).map_err(io_err)
+}
+
 /// Starts writing back `len` bytes of `fd` at `offset` without waiting for
 /// them (`sync_file_range(SYNC_FILE_RANGE_WRITE)`): the disk works while
 /// more data is produced, and the final fsync only waits for what is left.
