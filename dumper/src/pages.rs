@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use ckpt_image::PAGE_SIZE;
 use ckpt_image::PagesWriter;
+use ckpt_image::digest::BLOCK;
 use ckpt_image::mm::{PageChunk, PageRange, Vma};
 use ckpt_parasite::{ParasiteError, Tracee};
 use nix::sys::uio::{RemoteIoVec, process_vm_readv};
@@ -139,6 +140,8 @@ pub fn split<'r>(ranges: impl IntoIterator<Item = &'r PageRange>) -> Vec<PageRan
 }
 
 /// Copies every planned page range; `progress` is called with bytes done.
+/// Each task fills one 4 MiB block of the file (the unit of its digest)
+/// from the process and writes it hashed, so the file is never read back.
 pub fn copy_pages(
     t: &Memory,
     vmas: &[Vma],
@@ -146,16 +149,50 @@ pub fn copy_pages(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<()> {
     let done = AtomicU64::new(0);
-    chunks(vmas).par_iter().try_for_each_init(
-        || vec![0u8; CHUNK_BYTES as usize],
-        |buf, c| -> Result<()> {
-            let b = &mut buf[..c.len() as usize];
-            t.read(c.addr, b)?;
-            out.write_at(c.offset, b)?;
-            progress(done.fetch_add(c.len(), Ordering::Relaxed) + c.len());
+    file_blocks(vmas).par_iter().enumerate().try_for_each_init(
+        || vec![0u8; BLOCK as usize],
+        |buf, (index, ranges)| -> Result<()> {
+            let start = index as u64 * BLOCK;
+            let mut len = 0;
+            for r in ranges {
+                let at = (r.offset - start) as usize;
+                t.read(r.addr, &mut buf[at..at + r.len() as usize])?;
+                len = at + r.len() as usize;
+            }
+            out.write_block(index as u64, &buf[..len])?;
+            let bytes = len as u64;
+            progress(done.fetch_add(bytes, Ordering::Relaxed) + bytes);
             Ok(())
         },
     )
+}
+
+/// The planned ranges of a raw pages file, cut where its 4 MiB blocks
+/// begin, grouped by block (the ranges tile the file from offset 0).
+fn file_blocks(vmas: &[Vma]) -> Vec<Vec<PageRange>> {
+    let mut ranges: Vec<&PageRange> = vmas.iter().flat_map(|v| v.pages.iter()).collect();
+    ranges.sort_unstable_by_key(|r| r.offset);
+    let per_block = BLOCK / PAGE_SIZE;
+    let mut blocks: Vec<Vec<PageRange>> = Vec::new();
+    for r in ranges {
+        let mut done = 0;
+        while done < r.nr_pages {
+            let offset = r.offset + done * PAGE_SIZE;
+            let index = (offset / BLOCK) as usize;
+            let room = per_block - (offset % BLOCK) / PAGE_SIZE;
+            let n = room.min(r.nr_pages - done);
+            if blocks.len() <= index {
+                blocks.resize_with(index + 1, Vec::new);
+            }
+            blocks[index].push(PageRange {
+                addr: r.addr + done * PAGE_SIZE,
+                nr_pages: n,
+                offset,
+            });
+            done += n;
+        }
+    }
+    blocks
 }
 
 /// Saves `chunks` into `sink` on every core, in any order; `progress` gets
@@ -465,5 +502,43 @@ mod tests {
         assert_eq!(c[1].addr, 0x10000 + CHUNK_BYTES);
         assert_eq!(c[1].offset, 8192 + CHUNK_BYTES);
         assert_eq!(c[2].nr_pages, 3);
+    }
+
+    #[test]
+    fn file_blocks_cut_at_block_starts_and_cover_the_file() {
+        let per_block = BLOCK / PAGE_SIZE;
+        // Two VMAs, listed out of file order; the first range crosses the
+        // first block boundary, the second fills up to the third block.
+        let a = Vma {
+            pages: vec![PageRange {
+                addr: 0x7000_0000,
+                nr_pages: 5,
+                offset: 0,
+            }],
+            ..Default::default()
+        };
+        let b = Vma {
+            pages: vec![PageRange {
+                addr: 0x1000_0000,
+                nr_pages: per_block * 2 - 1,
+                offset: 5 * PAGE_SIZE,
+            }],
+            ..Default::default()
+        };
+        let blocks = file_blocks(&[b, a]);
+        assert_eq!(blocks.len(), 3);
+        assert_eq!(blocks[0][0].addr, 0x7000_0000);
+        assert_eq!(blocks[0][1].nr_pages, per_block - 5);
+        assert_eq!(blocks[1][0].offset, BLOCK);
+        assert_eq!(blocks[1][0].addr, 0x1000_0000 + (per_block - 5) * PAGE_SIZE);
+        assert_eq!(blocks[2][0].nr_pages, 4);
+        let pages: u64 = blocks.iter().flatten().map(|r| r.nr_pages).sum();
+        assert_eq!(pages, per_block * 2 + 4);
+        for (i, ranges) in blocks.iter().enumerate() {
+            for r in ranges {
+                assert_eq!(r.offset / BLOCK, i as u64, "{r:?} in block {i}");
+                assert!((r.offset + r.len() - 1) / BLOCK == i as u64, "{r:?}");
+            }
+        }
     }
 }

@@ -2,12 +2,14 @@
 //!
 //! Two ways in:
 //!
-//! - **At planned offsets** ([`PagesWriter::write_at`]), from any number of
-//!   threads, through the page cache: raw pages, and blocks saved one by
-//!   one as a background dump meets them. Each write starts its writeback
-//!   at once; the BLAKE3 digest is taken from the page cache once the file
-//!   is complete, before the fsync waits for the disk, so hashing overlaps
-//!   the writeback.
+//! - **At planned offsets**, from any number of threads, through the page
+//!   cache, each write starting its writeback at once. Raw pages of a
+//!   frozen dump go a whole 4 MiB block at a time
+//!   ([`PagesWriter::write_block`]), hashed in memory; pieces of other
+//!   sizes ([`PagesWriter::write_at`]: blocks saved one by one as a
+//!   background dump meets them) are hashed from the page cache once the
+//!   file is complete, before the fsync waits for the disk, so hashing
+//!   overlaps the writeback.
 //! - **As one stream in file order** ([`PagesWriter::stream`]): the LZ4
 //!   blocks of a frozen dump. The bytes are gathered into page-aligned
 //!   [`digest::BLOCK`]-sized buffers, each hashed in memory and written
@@ -43,9 +45,10 @@ pub struct PagesWriter {
     path: PathBuf,
     file: File,
     pieces: Mutex<Vec<Piece>>,
-    /// The block digests of a file written as a stream, concatenated in
-    /// order: the file is not read back to hash it.
-    streamed: Mutex<Option<Vec<u8>>>,
+    /// Digests of whole blocks hashed in memory as they were written
+    /// ([`PagesWriter::write_block`], [`PagesWriter::stream`]), by index:
+    /// when they cover the file, it is not read back to hash it.
+    hashed: Mutex<Vec<(u64, digest::Digest)>>,
 }
 
 impl PagesWriter {
@@ -55,7 +58,7 @@ impl PagesWriter {
             path,
             file,
             pieces: Mutex::new(Vec::new()),
-            streamed: Mutex::new(None),
+            hashed: Mutex::new(Vec::new()),
         }
     }
 
@@ -87,15 +90,22 @@ impl PagesWriter {
         Ok(())
     }
 
+    /// Writes block `index` of the file (its bytes from `index` ×
+    /// [`digest::BLOCK`] on; `data` is a whole block but for the file's
+    /// last), hashing it in memory on the way.
+    pub fn write_block(&self, index: u64, data: &[u8]) -> Result<(), ImageError> {
+        let d = digest::block_digest(data);
+        self.write_at(index * BLOCK, data)?;
+        lock(&self.hashed).push((index, d));
+        Ok(())
+    }
+
     /// Completes the file (durable on return) and returns its checksums.
     pub(crate) fn finish(self) -> Result<FileDigest, ImageError> {
         let mut pieces = self.pieces.into_inner().unwrap_or_else(|p| p.into_inner());
         let size = check_tiling(&self.path, &mut pieces)?;
-        let streamed = self
-            .streamed
-            .into_inner()
-            .unwrap_or_else(|p| p.into_inner());
-        let (blake3, blocks) = match streamed {
+        let hashed = self.hashed.into_inner().unwrap_or_else(|p| p.into_inner());
+        let (blake3, blocks) = match covering(hashed, size) {
             Some(list) => (digest::digest_of_block_list(&list), list),
             // The BLAKE3 digest needs whole blocks, hashed from the page
             // cache before the fsync, so that hashing overlaps the
@@ -120,25 +130,27 @@ impl PagesWriter {
     /// file. Returns what `fill` returns once every byte is written (not yet
     /// durable: [`crate::ImageWriter::finish_pages_all`] syncs).
     ///
-    /// `at_most` bounds the file's size: that much is allocated on disk
+    /// `at_most` bounds the file's size: on a disk, that much is allocated
     /// first, so the direct writes overwrite allocated blocks, which the
     /// filesystem lets run side by side (writes past the end of a file
     /// take its inode lock one at a time); the rest is cut off at the end.
+    /// In memory (tmpfs), writes are buffered and nothing is preallocated.
     pub fn stream<T, E: From<ImageError>>(
         &self,
         at_most: u64,
         fill: impl FnOnce(&mut PageStream<'_>) -> Result<T, E>,
     ) -> Result<T, E> {
-        if let Err(e) = sys::preallocate(self.file.as_fd(), at_most) {
+        let direct = !sys::in_memory(self.file.as_fd())
+            && match sys::set_direct(self.file.as_fd(), true) {
+                Ok(()) => true,
+                Err(e) => {
+                    log::debug!("{}: no direct I/O ({e}), buffered", self.path.display());
+                    false
+                }
+            };
+        if direct && let Err(e) = sys::preallocate(self.file.as_fd(), at_most) {
             log::debug!("{}: not preallocated ({e})", self.path.display());
         }
-        let direct = match sys::set_direct(self.file.as_fd(), true) {
-            Ok(()) => true,
-            Err(e) => {
-                log::debug!("{}: no direct I/O ({e}), buffered", self.path.display());
-                false
-            }
-        };
         let shared = Flushing {
             writer: self,
             direct,
@@ -192,20 +204,15 @@ impl PagesWriter {
             sys::set_direct(self.file.as_fd(), false)
                 .map_err(|e| ImageError::io(&self.path, "fcntl", e))?;
         }
-        let mut digests = shared
+        let digests = shared
             .digests
             .into_inner()
             .unwrap_or_else(|p| p.into_inner());
-        digests.sort_by_key(|(index, _)| *index);
-        let list: Vec<u8> = digests
-            .iter()
-            .flat_map(|(_, d)| d.iter().copied())
-            .collect();
         lock(&self.pieces).push(Piece {
             offset: 0,
             len: size,
         });
-        *lock(&self.streamed) = Some(list);
+        lock(&self.hashed).extend(digests);
         Ok(value)
     }
 }
@@ -346,6 +353,18 @@ impl Flushing<'_> {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The digests of blocks hashed in memory, concatenated in order, if
+/// they are exactly the blocks of a file of `size` bytes.
+fn covering(mut hashed: Vec<(u64, digest::Digest)>, size: u64) -> Option<Vec<u8>> {
+    hashed.sort_unstable_by_key(|(index, _)| *index);
+    let whole = hashed.len() as u64 == size.div_ceil(BLOCK)
+        && hashed
+            .iter()
+            .enumerate()
+            .all(|(i, (index, _))| i as u64 == *index);
+    whole.then(|| hashed.iter().flat_map(|(_, d)| d.iter().copied()).collect())
 }
 
 /// One write: where it went.
@@ -503,6 +522,45 @@ mod tests {
                 assert_eq!(written.block_blake3, blocks, "len {len}");
             }
         }
+    }
+
+    #[test]
+    fn blocks_from_many_threads_are_hashed_in_memory() {
+        let len = digest::BLOCK as usize * 5 + 777;
+        let data = sample(len);
+        let t = tempfile::tempdir().unwrap();
+        let mut w = ImageWriter::create(&t.path().join("ck")).unwrap();
+        let pw = w.pages("pages-1.img").unwrap();
+        let blocks: Vec<(u64, &[u8])> = data
+            .chunks(digest::BLOCK as usize)
+            .enumerate()
+            .map(|(i, b)| (i as u64, b))
+            .rev()
+            .collect();
+        std::thread::scope(|s| {
+            for part in blocks.chunks(2) {
+                let pw = &pw;
+                s.spawn(move || {
+                    for &(i, b) in part {
+                        pw.write_block(i, b).unwrap();
+                    }
+                });
+            }
+        });
+        assert!(covering(lock(&pw.hashed).clone(), len as u64).is_some());
+        w.finish_pages(pw).unwrap();
+        let key = ImageKey::from_secret(Path::new("k"), [7; crate::seal::KEY_LEN]);
+        let committed = w.commit(Manifest::default(), &key).unwrap();
+        assert!(std::fs::read(committed.path().join("pages-1.img")).unwrap() == data);
+        let m = crate::ImageDir::open(committed.path(), &key).unwrap();
+        assert_eq!(
+            m.manifest().files[0].blake3,
+            digest::of_bytes(&data).to_vec()
+        );
+        // Blocks missing or repeated are no cover: the file is read back.
+        let one = digest::block_digest(b"x");
+        assert!(covering(vec![(0, one), (2, one)], 3 * digest::BLOCK).is_none());
+        assert!(covering(vec![(0, one), (0, one)], 2 * digest::BLOCK).is_none());
     }
 
     fn tempfile_with(data: &[u8]) -> File {

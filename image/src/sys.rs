@@ -198,6 +198,18 @@ pub fn set_direct(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
         .map_err(io_err)
 }
 
+/// Whether `fd` lives in memory (tmpfs or ramfs): no disk behind it, so
+/// neither direct I/O nor preallocation (which fills real pages there)
+/// helps.
+pub fn in_memory(fd: BorrowedFd<'_>) -> bool {
+    /// ramfs's statfs type (nix names tmpfs's only).
+    const RAMFS_MAGIC: nix::sys::statfs::FsType = nix::sys::statfs::FsType(0x8584_58f6);
+    nix::sys::statfs::fstatfs(fd).is_ok_and(|fs| {
+        let t = fs.filesystem_type();
+        t == nix::sys::statfs::TMPFS_MAGIC || t == RAMFS_MAGIC
+    })
+}
+
 /// Allocates the first `len` bytes of `fd` on disk (its size becomes at
 /// least `len`) without writing them.
 pub fn preallocate(fd: BorrowedFd<'_>, len: u64) -> io::Result<()> {
