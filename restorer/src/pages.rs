@@ -145,7 +145,11 @@ fn copy_each(
             ),
         })
     };
-    let pieces = pieces(copies);
+    // In file order: each core then reads its own stretch of the file
+    // front to back (a dump appends LZ4 blocks in the order they were
+    // ready, not by address), which the kernel's read-ahead follows.
+    let mut pieces = pieces(copies);
+    pieces.sort_unstable_by_key(|c| c.file_offset);
     pieces.par_iter().try_for_each_init(Vec::new, |buf, c| {
         // In range by `plan`; `get` keeps that a checked fact here too.
         let stored = usize::try_from(c.file_offset)
