@@ -677,13 +677,12 @@ fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Coll
         Ok((vmas, pages_bytes, armed))
     })?;
     let vdso = mm::vdso_info(leader, &vmas)?;
-    // Only through a tracking userfaultfd that is still the pre-dump's
-    // (without it, the scan finds every VMA untracked: all written).
-    let written = match mode {
-        Userfaults::Track(_) | Userfaults::Untrack(_) if before.is_some() => {
-            Some(predump::written_since(pid, &vmas)?)
-        }
-        _ => None,
+    // Only through a tracking userfaultfd that is still the pre-dump's:
+    // without it the written bits would be nobody's (or the job's own
+    // userfaultfd's), and everything is read from the process.
+    let written = match continued {
+        Some(_) => Some(predump::written_since(pid, &vmas)?),
+        None => None,
     };
     // The old tracker's registrations go with its last copy; the new one
     // can only register the same VMAs after that.
