@@ -1233,8 +1233,8 @@ fn thawing_incremental_pages(
     let sinks = pages::Sink::for_each(&writers, opts.compress);
     let root = procs.first().map_or(0, |c| c.pid);
     let mut sources = Vec::with_capacity(procs.len());
-    let mut fresh = 0;
-    for (c, sink) in procs.iter().zip(&sinks) {
+    let mut fresh_chunks = Vec::with_capacity(procs.len());
+    for c in procs {
         let split = opts.prev.zip(c.written.as_ref()).and_then(|(prev, since)| {
             let before = prev.process(c.pid)?;
             Some(predump::Sources::split(
@@ -1245,20 +1245,38 @@ fn thawing_incremental_pages(
                 opts.compress,
             ))
         });
-        let chunks = match &split {
+        fresh_chunks.push(match &split {
             Some(s) => s.fresh.clone(),
             None => pages::split(c.vmas.iter().flat_map(|v| v.pages.iter())),
-        };
-        let progress = page_progress(opts, fresh, total, c.pid);
-        pages::save_chunks(&c.mem, &chunks, sink, &progress)?;
-        fresh += chunks.iter().map(|r| r.len()).sum::<u64>();
+        });
         sources.push(split);
+    }
+    let fresh: u64 = fresh_chunks.iter().flatten().map(|r| r.len()).sum();
+    // What was written since is read while frozen; it is compressed and
+    // written once the tree runs, unless holding it would take too much
+    // memory.
+    let hold = fresh <= HELD_FRESH_BYTES;
+    let mut held = Vec::with_capacity(procs.len());
+    let mut saved_bytes = 0;
+    for ((c, sink), chunks) in procs.iter().zip(&sinks).zip(&fresh_chunks) {
+        if hold {
+            held.push(pages::read_chunks(&c.mem, chunks)?);
+        } else {
+            let progress = page_progress(opts, saved_bytes, total, c.pid);
+            pages::save_chunks(&c.mem, chunks, sink, &progress)?;
+        }
+        saved_bytes += chunks.iter().map(|r| r.len()).sum::<u64>();
     }
     frozen.thaw_early()?;
     log::info!(
-        "background: {fresh} bytes written since the pre-dump saved, tree running again after {:.3} ms frozen",
+        "background: {fresh} bytes written since the pre-dump {}, tree running again after {:.3} ms frozen",
+        if hold { "read" } else { "saved" },
         ms(frozen.frozen_for())
     );
+    for ((c, sink), chunks) in procs.iter().zip(&sinks).zip(held) {
+        let progress = page_progress(opts, 0, total, c.pid);
+        pages::put_read(chunks, sink, &progress)?;
+    }
     let mut reused = 0;
     for (split, sink) in sources.iter().zip(&sinks) {
         if let Some(s) = split {
@@ -1274,6 +1292,11 @@ fn thawing_incremental_pages(
     stats.pages_written_bytes += w.written_bytes() - on_disk_before;
     Ok(blocks)
 }
+
+/// The most page data written since a pre-dump that a `--prev
+/// --background` dump holds in memory between reading it (frozen) and
+/// writing it (running); more is written while frozen.
+const HELD_FRESH_BYTES: u64 = 1 << 30;
 
 /// `--background`: write-protects private anonymous memory, saves the rest
 /// of the pages, thaws the tree and saves the protected memory while it

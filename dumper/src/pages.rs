@@ -216,6 +216,38 @@ pub fn save_chunks(
     )
 }
 
+/// Chunks read from the process and held in memory (to be saved once it
+/// runs again).
+pub struct ReadChunks(Vec<(PageRange, Vec<u8>)>);
+
+/// Reads `chunks` into memory on every core.
+pub fn read_chunks(mem: &Memory, chunks: &[PageRange]) -> Result<ReadChunks> {
+    chunks
+        .par_iter()
+        .map(|c| {
+            let mut bytes = vec![0u8; c.len() as usize];
+            mem.read(c.addr, &mut bytes)?;
+            Ok((*c, bytes))
+        })
+        .collect::<Result<_>>()
+        .map(ReadChunks)
+}
+
+/// Saves chunks [`read_chunks`] held into `sink` on every core; `progress`
+/// gets the bytes saved so far.
+pub fn put_read(
+    chunks: ReadChunks,
+    sink: &Sink<'_>,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<()> {
+    let done = AtomicU64::new(0);
+    chunks.0.par_iter().try_for_each(|(c, bytes)| {
+        sink.put(c, bytes)?;
+        progress(done.fetch_add(c.len(), Ordering::Relaxed) + c.len());
+        Ok(())
+    })
+}
+
 /// Buffers of LZ4's worst-case output for a chunk (more than a raw chunk), reused from
 /// chunk to chunk. A fresh allocation per chunk came from the kernel each
 /// time (glibc gives large freed blocks back), so every 4 KiB dumped cost

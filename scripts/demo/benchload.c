@@ -9,7 +9,13 @@
  *   benchload memcpy MIB              prints the seconds memcpy takes for MIB
  *
  * "mixed": 1/4 mapped but never written, 1/4 repetitive text, 1/2 random
- * (xorshift, incompressible); "random": all random. */
+ * (xorshift, incompressible); "random": all random.
+ *
+ * On SIGUSR2 (mem and tree) each process rewrites 1/REWRITE_PART (5 %) of
+ * its written memory with new random data: one stretch from the start of
+ * the written part when BENCHLOAD_SCATTER is unset, else one page in
+ * REWRITE_PART throughout. It takes its checksum again and prints
+ * "rewrote" (for the incremental dump: pre-dump, rewrite, dump). */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdint.h>
@@ -21,13 +27,14 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { MIB_SHIFT = 20, MAX_PROCS = 1024, MEMCPY_CHUNK_MIB = 256 };
+enum { MIB_SHIFT = 20, MAX_PROCS = 1024, MEMCPY_CHUNK_MIB = 256, REWRITE_PART = 20, PAGE = 4096 };
 
 static const char TEXT[] = "ckpt benchmark: the quick brown fox jumps over the lazy dog 0123456789\n";
 
-static volatile sig_atomic_t verify_asked;
+static volatile sig_atomic_t verify_asked, rewrite_asked;
 
 static void on_usr1(int sig) { (void)sig; verify_asked = 1; }
+static void on_usr2(int sig) { (void)sig; rewrite_asked = 1; }
 
 struct region {
 	uint64_t *p;
@@ -97,6 +104,20 @@ static int region_ok(const struct region *r)
 	return checksum((const uint64_t *)(c + r->untouched), (r->bytes - r->untouched) / 8) == r->sum;
 }
 
+/* Rewrites 1/REWRITE_PART of the written memory with new random data. */
+static void rewrite_some(struct region *r, uint64_t seed)
+{
+	char *c = (char *)r->p;
+	size_t written = r->bytes - r->untouched;
+	if (getenv("BENCHLOAD_SCATTER")) {
+		for (size_t off = r->untouched; off + PAGE <= r->bytes; off += (size_t)REWRITE_PART * PAGE)
+			fill_random((uint64_t *)(c + off), PAGE / 8, seed + off);
+	} else {
+		fill_random((uint64_t *)(c + r->untouched), written / REWRITE_PART / 8, seed);
+	}
+	r->sum = checksum((uint64_t *)(c + r->untouched), written / 8);
+}
+
 static void say_ready(void)
 {
 	printf("ready %d\n", (int)getpid());
@@ -110,12 +131,22 @@ static void say(const char *line)
 		exit(1);
 }
 
-/* Sleeps; each SIGUSR1 checks the regions (and passes it on to children). */
-static void serve(const struct region *rs, size_t n, const pid_t *kids, size_t nkids)
+/* Sleeps; each SIGUSR1 checks the regions, each SIGUSR2 rewrites 5 % of
+ * them (both passed on to children). */
+static void serve(struct region *rs, size_t n, const pid_t *kids, size_t nkids)
 {
 	for (;;) {
-		while (!verify_asked)
+		while (!verify_asked && !rewrite_asked)
 			pause();
+		if (rewrite_asked) {
+			rewrite_asked = 0;
+			for (size_t i = 0; i < nkids; i++)
+				kill(kids[i], SIGUSR2);
+			for (size_t i = 0; i < n; i++)
+				rewrite_some(&rs[i], (uint64_t)getpid() * 7919);
+			say("rewrote\n");
+			continue;
+		}
 		verify_asked = 0;
 		for (size_t i = 0; i < nkids; i++)
 			kill(kids[i], SIGUSR1);
@@ -155,6 +186,8 @@ int main(int argc, char **argv)
 	syscall(SYS_close_range, 3, ~0u, 0);
 	struct sigaction sa = { .sa_handler = on_usr1 };
 	sigaction(SIGUSR1, &sa, NULL);
+	struct sigaction sa2 = { .sa_handler = on_usr2 };
+	sigaction(SIGUSR2, &sa2, NULL);
 	if (argc < 3)
 		usage();
 	const char *mode = argv[1];
