@@ -5,7 +5,7 @@
 # the ratios, not the absolute figures). Needs root.
 #
 #   scripts/bench-dump.sh [--quick] [--runs N] [--workloads a,b] [--storage disk,tmpfs]
-#                         [--disk-dir DIR] [--json FILE] [--no-criu]
+#                         [--disk-dir DIR] [--json FILE] [--no-criu] [--short-freezes]
 # Environment: CKPT (a ckpt binary; default: build this tree's), CRIU.
 #
 # Workloads (scripts/demo/benchload.c): mem1g-mixed mem1g-random mem4g-mixed
@@ -24,6 +24,10 @@
 # frozen time from its stats-dump image, criu restore -d. Every restored
 # process checks its memory against the checksum it took at setup; a
 # mismatch or a failure is reported and counted, never timed.
+# --short-freezes (mem workloads): also a pre-dump, then 5 % of the memory
+# rewritten (benchload's SIGUSR2), then `dump --prev --background`: its
+# frozen time against the full dump's; and `restore --lazy` of the full
+# dump: time-to-running (stats.lazy.running_ms), cold cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -34,7 +38,8 @@ storages=disk,tmpfs
 disk_root=/var/tmp
 json_out=
 use_criu=1
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+short_freezes=0
+usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
 	case $1 in
 	--quick) runs=1 workloads=mem1g-mixed storages=disk ;;
@@ -44,6 +49,7 @@ while [ $# -gt 0 ]; do
 	--disk-dir) disk_root=$2; shift ;;
 	--json) json_out=$(realpath -m "$2"); shift ;;
 	--no-criu) use_criu=0 ;;
+	--short-freezes) short_freezes=1 ;;
 	*) usage ;;
 	esac
 	shift
@@ -241,6 +247,59 @@ run_ckpt() {
 	rm -rf "$d"
 }
 
+# --short-freezes: pre-dump, 5 % rewritten, `dump --prev --background`
+# (frozen time); then `restore --lazy` of that checkpoint (time-to-running)
+# and the memory check once the page server has filled everything.
+run_ckpt_short() {
+	local st=$1 w=$2 p d stats t0
+	p=$(storage_dir "$st")/ckpt-pre
+	d=$(storage_dir "$st")/ckpt-inc
+	stats=$base/lazy-stats.json
+	rm -rf "$p" "$d"
+	start_workload "$w" || { record "$st" "$w" ckpt-inc failed 1; return; }
+	log "$st $w ckpt-inc: pre-dump, 5 % rewritten, dump --prev --background of pid $wl_pid"
+	if ! "$CKPT" dump --tree "$wl_pid" --dir "$p" --pre-dump >/dev/null 2>"$base/ckpt.err"; then
+		log "FAILED: pre-dump: $(tail -1 "$base/ckpt.err")"
+		record "$st" "$w" ckpt-inc failed 1
+		kill -9 -- "-$wl_pid" 2>/dev/null || true
+		return
+	fi
+	kill -USR2 -- "$wl_pid"
+	t0=$SECONDS
+	until [ "$(grep -c '^rewrote' "$wl_out")" -ge "$(wl_procs "$w")" ]; do
+		[ $((SECONDS - t0)) -gt $READY_TIMEOUT_S ] && break
+		sleep 0.1
+	done
+	if ! "$CKPT" dump --tree "$wl_pid" --dir "$d" --prev "$p" --background --json >"$base/ckpt.json" 2>"$base/ckpt.err"; then
+		log "FAILED: dump --prev --background: $(tail -1 "$base/ckpt.err")"
+		record "$st" "$w" ckpt-inc failed 1
+		kill -9 -- "-$wl_pid" 2>/dev/null || true
+		return
+	fi
+	record "$st" "$w" ckpt-inc frozen_ms "$(jq -r '.stats.frozen_ms' "$base/ckpt.json")"
+	kill -9 -- "-$wl_pid"
+	wait_gone "$wl_pid"
+	rm -rf "$p"
+	drop_caches
+	rm -f "$stats"
+	if ! "$CKPT" restore --dir "$d" --lazy --detach --stats-file "$stats" >/dev/null 2>"$base/ckpt.err"; then
+		log "FAILED: restore --lazy: $(tail -1 "$base/ckpt.err")"
+		record "$st" "$w" ckpt-lazy failed 1
+		wl_pid=
+		rm -rf "$d"
+		return
+	fi
+	record "$st" "$w" ckpt-lazy running_ms "$(jq -r '.lazy.running_ms' "$stats")"
+	t0=$SECONDS
+	until [ "$(jq -r '.lazy.resident_ms' "$stats" 2>/dev/null)" != null ]; do
+		[ $((SECONDS - t0)) -gt $READY_TIMEOUT_S ] && break
+		sleep 0.2
+	done
+	record "$st" "$w" ckpt-lazy resident_ms "$(jq -r '.lazy.resident_ms // empty' "$stats")"
+	verify_restored "$w" || record "$st" "$w" ckpt-lazy failed 1
+	rm -rf "$d"
+}
+
 # CRIU's frozen time in ms, from its stats-dump image: crit when it runs
 # (it needs the generated Python modules next to the binary), else the raw
 # protobuf decoded by protoc.
@@ -322,6 +381,7 @@ for st in ${storages//,/ }; do
 			run_ckpt "$st" "$w" ""
 			[ $have_criu = 1 ] && run_criu "$st" "$w"
 			[ $have_bg = 1 ] && run_ckpt "$st" "$w" --background
+			[ $short_freezes = 1 ] && [[ $w == mem* ]] && run_ckpt_short "$st" "$w"
 			run_baselines "$st" "$w"
 		done
 	done
@@ -382,6 +442,29 @@ for st in ${storages//,/ }; do
 			}
 		}' <(for w in ${workloads//,/ }; do printf 'bytes\t%s\t%s\n' "$w" "$(wl_bytes "$w")"; done) "$base/medians.tsv"
 done
+if [ $short_freezes = 1 ]; then
+	echo
+	echo "short freezes (mem workloads): full dump frozen, pre-dump + 5 % rewritten + dump --prev --background frozen, restore --lazy of it (cold cache)"
+	echo
+	echo "| storage | workload | full dump frozen ms | --prev --background frozen ms | ratio | --lazy running ms | --lazy resident ms |"
+	echo "|---|---|---|---|---|---|---|"
+	awk -F'\t' '
+		{ m[$1, $2, $3, $4] = $5; seen[$1, $2] = 1; if (!(($1, $2) in order)) { order[$1, $2] = ++n; key[n] = $1 SUBSEP $2 } }
+		function g(s, w, t, k) { return ((s, w, t, k) in m) ? m[s, w, t, k] : "" }
+		function f(x) { return x == "" ? "–" : sprintf("%.0f", x) }
+		END {
+			for (i = 1; i <= n; i++) {
+				split(key[i], sw, SUBSEP)
+				s = sw[1]; w = sw[2]
+				inc = g(s, w, "ckpt-inc", "frozen_ms")
+				if (inc == "") continue
+				full = g(s, w, "ckpt", "frozen_ms")
+				printf "| %s | %s | %s | %s | %s | %s | %s |\n", s, w, f(full), f(inc),
+					(full == "" || full == 0) ? "–" : sprintf("%.2f", inc / full),
+					f(g(s, w, "ckpt-lazy", "running_ms")), f(g(s, w, "ckpt-lazy", "resident_ms"))
+			}
+		}' "$base/medians.tsv"
+fi
 echo
 echo "dump: wall time to durable images (ckpt fsyncs; CRIU's images are fsynced after it);" \
 	"ckpt vs dd = dd's time / ckpt's (> 1: faster than writing the same bytes raw);" \
