@@ -185,6 +185,11 @@ pub struct DumpStats {
     /// since), the rest of `pages_planned_bytes` was read from the tree.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reused_bytes: Option<u64>,
+    /// With `--prev --background`: bytes of chunks rebuilt from the
+    /// pre-dump's block and the few pages written since (only those read
+    /// while frozen).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patched_bytes: Option<u64>,
 }
 
 /// Milliseconds since `t`, as a fraction (short phases take well under one).
@@ -1164,7 +1169,10 @@ fn frozen_pages(
             .and_then(|prev| Some((prev, prev.process(c.pid)?)));
         let blocks = if let (Some((prev, before)), Some(since)) = (before, &c.written) {
             let sink = pages::Sink::new(&pw, opts.compress);
-            let sources = predump::Sources::split(&c.vmas, prev, before, since, opts.compress);
+            // Frozen throughout: reading a whole chunk from the process is
+            // cheaper than patching the stored one.
+            let sources =
+                predump::Sources::split(&c.vmas, prev, before, since, opts.compress, false);
             let r = predump::copy_pages(&c.mem, &sources, &sink, &progress)?;
             log::info!(
                 "pid {}: {} bytes of pages taken from {}, {} read from the process",
@@ -1232,38 +1240,65 @@ fn thawing_incremental_pages(
     let writers = page_writers(w, procs, saved)?;
     let sinks = pages::Sink::for_each(&writers, opts.compress);
     let root = procs.first().map_or(0, |c| c.pid);
-    let mut sources = Vec::with_capacity(procs.len());
-    let mut fresh_chunks = Vec::with_capacity(procs.len());
-    for c in procs {
-        let split = opts.prev.zip(c.written.as_ref()).and_then(|(prev, since)| {
-            let before = prev.process(c.pid)?;
-            Some(predump::Sources::split(
-                &c.vmas,
-                prev,
-                before,
-                since,
-                opts.compress,
-            ))
-        });
-        fresh_chunks.push(match &split {
-            Some(s) => s.fresh.clone(),
-            None => pages::split(c.vmas.iter().flat_map(|v| v.pages.iter())),
-        });
-        sources.push(split);
+    // Chunks with a few pages written since are patched (only those pages
+    // read while frozen) as long as what is read fits in memory; else
+    // every written chunk is read whole and saved while frozen.
+    let split_all = |patch: bool| {
+        procs
+            .iter()
+            .map(|c| {
+                opts.prev.zip(c.written.as_ref()).and_then(|(prev, since)| {
+                    let before = prev.process(c.pid)?;
+                    Some(predump::Sources::split(
+                        &c.vmas,
+                        prev,
+                        before,
+                        since,
+                        opts.compress,
+                        patch,
+                    ))
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    let fresh_of = |c: &Collected, split: &Option<predump::Sources<'_>>| match split {
+        Some(s) => s.fresh.clone(),
+        None => pages::split(c.vmas.iter().flat_map(|v| v.pages.iter())),
+    };
+    let to_read = |sources: &[Option<predump::Sources<'_>>]| -> u64 {
+        procs
+            .iter()
+            .zip(sources)
+            .map(|(c, split)| {
+                let fresh: u64 = fresh_of(c, split).iter().map(|r| r.len()).sum();
+                let patched: u64 = split
+                    .iter()
+                    .flat_map(|s| s.patched.iter())
+                    .map(|p| p.written_bytes())
+                    .sum();
+                fresh + patched
+            })
+            .sum()
+    };
+    let mut sources = split_all(true);
+    let hold = to_read(&sources) <= HELD_FRESH_BYTES;
+    if !hold {
+        sources = split_all(false);
     }
-    let fresh: u64 = fresh_chunks.iter().flatten().map(|r| r.len()).sum();
-    // What was written since is read while frozen; it is compressed and
-    // written once the tree runs, unless holding it would take too much
-    // memory.
-    let hold = fresh <= HELD_FRESH_BYTES;
+    let fresh = to_read(&sources);
     let mut held = Vec::with_capacity(procs.len());
     let mut saved_bytes = 0;
-    for ((c, sink), chunks) in procs.iter().zip(&sinks).zip(&fresh_chunks) {
+    for ((c, sink), split) in procs.iter().zip(&sinks).zip(&sources) {
+        let chunks = fresh_of(c, split);
         if hold {
-            held.push(pages::read_chunks(&c.mem, chunks)?);
+            let patches = match split {
+                Some(s) => s.read_patches(&c.mem)?,
+                None => Vec::new(),
+            };
+            held.push((pages::read_chunks(&c.mem, &chunks)?, patches));
         } else {
             let progress = page_progress(opts, saved_bytes, total, c.pid);
-            pages::save_chunks(&c.mem, chunks, sink, &progress)?;
+            pages::save_chunks(&c.mem, &chunks, sink, &progress)?;
         }
         saved_bytes += chunks.iter().map(|r| r.len()).sum::<u64>();
     }
@@ -1273,9 +1308,19 @@ fn thawing_incremental_pages(
         if hold { "read" } else { "saved" },
         ms(frozen.frozen_for())
     );
-    for ((c, sink), chunks) in procs.iter().zip(&sinks).zip(held) {
+    let mut patched = 0;
+    for (((c, sink), split), (chunks, patches)) in procs.iter().zip(&sinks).zip(&sources).zip(held)
+    {
         let progress = page_progress(opts, 0, total, c.pid);
         pages::put_read(chunks, sink, &progress)?;
+        if let Some(s) = split {
+            s.put_patches(patches, sink, &progress)?;
+            patched += s.patched_bytes();
+        }
+    }
+    if hold {
+        log::info!("background: {patched} bytes of chunks patched with the pages written since");
+        stats.patched_bytes = Some(patched);
     }
     let mut reused = 0;
     for (split, sink) in sources.iter().zip(&sinks) {

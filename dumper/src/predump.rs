@@ -429,6 +429,16 @@ impl Written {
         let i = self.ranges.partition_point(|&(_, e)| e <= start);
         self.ranges.get(i).is_some_and(|&(s, _)| s < end)
     }
+
+    /// The written parts of `[start, end)`, in order.
+    fn within(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let i = self.ranges.partition_point(|&(_, e)| e <= start);
+        self.ranges[i..]
+            .iter()
+            .take_while(|&&(s, _)| s < end)
+            .map(|&(s, e)| (s.max(start), e.min(end)))
+            .collect()
+    }
 }
 
 /// Asks the kernel which planned pages of `vmas` were written since they
@@ -478,6 +488,8 @@ pub struct Sources<'p> {
     pub fresh: Vec<PageRange>,
     /// Chunks the pre-dump holds unchanged, and where.
     reused: Vec<(PageRange, Stored)>,
+    /// Chunks the pre-dump holds with a few pages written since.
+    pub patched: Vec<Patch>,
     prev: &'p Previous,
     before: &'p PrevProcess,
 }
@@ -485,33 +497,142 @@ pub struct Sources<'p> {
 impl<'p> Sources<'p> {
     /// Splits the planned pages of `vmas`: a chunk comes from the pre-dump
     /// when it holds exactly the same pages there, stored the same way
-    /// (`compressed`), and none of them was written since.
+    /// (`compressed`), and none of them was written since. With `patch`,
+    /// such a chunk with at most half of it written since is rebuilt from
+    /// the stored block and its written pages ([`Patch`]) instead of read
+    /// whole from the process: only the written pages are read while the
+    /// tree is frozen.
     pub fn split(
         vmas: &[Vma],
         prev: &'p Previous,
         before: &'p PrevProcess,
         written: &Written,
         compressed: bool,
+        patch: bool,
     ) -> Sources<'p> {
         let mut fresh = Vec::new();
         let mut reused = Vec::new();
+        let mut patched = Vec::new();
         for c in pages::split(vmas.iter().flat_map(|v| v.pages.iter())) {
+            let end = c.addr + c.len();
             let old = before.stored.get(&(c.addr, c.len())).filter(|s| {
                 before.compressed == compressed
                     && s.file_len <= ckpt_image::mm::lz4_bound(CHUNK_BYTES)
-                    && !written.touches(c.addr, c.addr + c.len())
             });
-            match old {
-                Some(s) => reused.push((c, *s)),
-                None => fresh.push(c),
+            let Some(old) = old else {
+                fresh.push(c);
+                continue;
+            };
+            if !written.touches(c.addr, end) {
+                reused.push((c, *old));
+                continue;
+            }
+            let parts = written.within(c.addr, end);
+            let bytes: u64 = parts.iter().map(|(s, e)| e - s).sum();
+            if patch && bytes <= c.len() / 2 {
+                patched.push(Patch {
+                    chunk: c,
+                    stored: *old,
+                    written: parts,
+                });
+            } else {
+                fresh.push(c);
             }
         }
         Sources {
             fresh,
             reused,
+            patched,
             prev,
             before,
         }
+    }
+
+    /// Bytes of pages rebuilt from the pre-dump and pages written since.
+    pub fn patched_bytes(&self) -> u64 {
+        self.patched.iter().map(|p| p.chunk.len()).sum()
+    }
+
+    /// Reads the written pages of every patched chunk from the process
+    /// (frozen), in the order of [`Sources::patched`].
+    pub fn read_patches(&self, mem: &Memory) -> Result<Vec<Vec<u8>>> {
+        self.patched
+            .par_iter()
+            .map(|p| {
+                let mut bytes = vec![0u8; p.written_bytes() as usize];
+                let mut at = 0usize;
+                for &(s, e) in &p.written {
+                    let n = (e - s) as usize;
+                    mem.read(s, &mut bytes[at..at + n])?;
+                    at += n;
+                }
+                Ok(bytes)
+            })
+            .collect()
+    }
+
+    /// Rebuilds every patched chunk from the pre-dump's block and its
+    /// written pages (`read`, from [`Sources::read_patches`]) into `sink`;
+    /// the process may run meanwhile.
+    pub fn put_patches(
+        &self,
+        read: Vec<Vec<u8>>,
+        sink: &Sink<'_>,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<()> {
+        let file = self.prev.pages(self.before)?;
+        let path = || self.prev.path().join(&self.before.pages_name);
+        let done = AtomicU64::new(0);
+        self.patched.par_iter().zip(read).try_for_each_init(
+            || {
+                (
+                    vec![0u8; ckpt_image::mm::lz4_bound(CHUNK_BYTES) as usize],
+                    vec![0u8; CHUNK_BYTES as usize],
+                )
+            },
+            |(stored, raw), (p, written)| -> Result<()> {
+                let len = p.chunk.len() as usize;
+                // In bounds: `split` keeps blocks of at most this size.
+                let b = &mut stored[..p.stored.file_len as usize];
+                file.read_exact_at(b, p.stored.file_offset)
+                    .map_err(|e| ImageError::io(path(), "read", e))?;
+                let whole = &mut raw[..len];
+                if p.stored.raw {
+                    if b.len() != len {
+                        return Err(ImageError::Invalid {
+                            path: path(),
+                            what: format!("block for {:#x} is not {len} bytes", p.chunk.addr),
+                        }
+                        .into());
+                    }
+                    whole.copy_from_slice(b);
+                } else {
+                    let n = lz4_flex::block::decompress_into(b, whole).map_err(|e| {
+                        ImageError::Invalid {
+                            path: path(),
+                            what: format!("block for {:#x}: {e}", p.chunk.addr),
+                        }
+                    })?;
+                    if n != len {
+                        return Err(ImageError::Invalid {
+                            path: path(),
+                            what: format!("block for {:#x} is not {len} bytes", p.chunk.addr),
+                        }
+                        .into());
+                    }
+                }
+                let mut at = 0usize;
+                for &(s, e) in &p.written {
+                    let n = (e - s) as usize;
+                    let to = (s - p.chunk.addr) as usize;
+                    whole[to..to + n].copy_from_slice(&written[at..at + n]);
+                    at += n;
+                }
+                sink.put(&p.chunk, whole)?;
+                progress(done.fetch_add(p.chunk.len(), Ordering::Relaxed) + p.chunk.len());
+                Ok(())
+            },
+        )
     }
 
     /// Bytes of pages taken from the pre-dump.
@@ -537,6 +658,22 @@ impl<'p> Sources<'p> {
                 Ok(())
             },
         )
+    }
+}
+
+/// A chunk the pre-dump holds with the same pages, some of them written
+/// since: the stored block with the written pages laid over it.
+pub struct Patch {
+    chunk: PageRange,
+    stored: Stored,
+    /// The written parts, `(start, end)`, in order.
+    written: Vec<(u64, u64)>,
+}
+
+impl Patch {
+    /// Bytes of pages written since the pre-dump.
+    pub fn written_bytes(&self) -> u64 {
+        self.written.iter().map(|(s, e)| e - s).sum()
     }
 }
 
