@@ -52,7 +52,7 @@ use std::time::Instant;
 
 use blockers::Blockers;
 use ckpt_image::manifest::{Manifest, ProcessEntry};
-use ckpt_image::mm::Mm;
+use ckpt_image::mm::{Mm, PageRange};
 use ckpt_image::{Committed, ImageKey, ImageKind, ImageWriter};
 use ckpt_parasite::ParasiteError;
 use nix::errno::Errno;
@@ -1243,8 +1243,14 @@ fn thawing_incremental_pages(
     // Chunks with a few pages written since are patched (only those pages
     // read while frozen) as long as what is read fits in memory; else
     // every written chunk is read whole and saved while frozen.
-    let split_all = |patch: bool| {
-        procs
+    /// Where each process's pages come from, and how much is read frozen.
+    struct Plan<'p> {
+        sources: Vec<Option<predump::Sources<'p>>>,
+        fresh: Vec<Vec<PageRange>>,
+        to_read: u64,
+    }
+    let plan = |patch: bool| {
+        let sources: Vec<Option<predump::Sources<'_>>> = procs
             .iter()
             .map(|c| {
                 opts.prev.zip(c.written.as_ref()).and_then(|(prev, since)| {
@@ -1259,48 +1265,52 @@ fn thawing_incremental_pages(
                     ))
                 })
             })
-            .collect::<Vec<_>>()
-    };
-    let fresh_of = |c: &Collected, split: &Option<predump::Sources<'_>>| match split {
-        Some(s) => s.fresh.clone(),
-        None => pages::split(c.vmas.iter().flat_map(|v| v.pages.iter())),
-    };
-    let to_read = |sources: &[Option<predump::Sources<'_>>]| -> u64 {
-        procs
+            .collect();
+        let fresh: Vec<Vec<PageRange>> = procs
             .iter()
-            .zip(sources)
-            .map(|(c, split)| {
-                let fresh: u64 = fresh_of(c, split).iter().map(|r| r.len()).sum();
-                let patched: u64 = split
-                    .iter()
-                    .flat_map(|s| s.patched.iter())
-                    .map(|p| p.written_bytes())
-                    .sum();
-                fresh + patched
+            .zip(&sources)
+            .map(|(c, split)| match split {
+                Some(s) => s.fresh.clone(),
+                None => pages::split(c.vmas.iter().flat_map(|v| v.pages.iter())),
             })
-            .sum()
+            .collect();
+        let to_read = fresh.iter().flatten().map(PageRange::len).sum::<u64>()
+            + sources
+                .iter()
+                .flatten()
+                .flat_map(|s| s.patched.iter())
+                .map(predump::Patch::written_bytes)
+                .sum::<u64>();
+        Plan {
+            sources,
+            fresh,
+            to_read,
+        }
     };
-    let mut sources = split_all(true);
-    let hold = to_read(&sources) <= HELD_FRESH_BYTES;
+    let mut chosen = plan(true);
+    let hold = chosen.to_read <= HELD_FRESH_BYTES;
     if !hold {
-        sources = split_all(false);
+        chosen = plan(false);
     }
-    let fresh = to_read(&sources);
+    let Plan {
+        sources,
+        fresh: fresh_chunks,
+        to_read: fresh,
+    } = chosen;
     let mut held = Vec::with_capacity(procs.len());
     let mut saved_bytes = 0;
-    for ((c, sink), split) in procs.iter().zip(&sinks).zip(&sources) {
-        let chunks = fresh_of(c, split);
+    for (((c, sink), split), chunks) in procs.iter().zip(&sinks).zip(&sources).zip(&fresh_chunks) {
         if hold {
             let patches = match split {
                 Some(s) => s.read_patches(&c.mem)?,
                 None => Vec::new(),
             };
-            held.push((pages::read_chunks(&c.mem, &chunks)?, patches));
+            held.push((pages::read_chunks(&c.mem, chunks)?, patches));
         } else {
             let progress = page_progress(opts, saved_bytes, total, c.pid);
-            pages::save_chunks(&c.mem, &chunks, sink, &progress)?;
+            pages::save_chunks(&c.mem, chunks, sink, &progress)?;
         }
-        saved_bytes += chunks.iter().map(|r| r.len()).sum::<u64>();
+        saved_bytes += chunks.iter().map(PageRange::len).sum::<u64>();
     }
     frozen.thaw_early()?;
     log::info!(
@@ -1309,13 +1319,20 @@ fn thawing_incremental_pages(
         ms(frozen.frozen_for())
     );
     let mut patched = 0;
-    for (((c, sink), split), (chunks, patches)) in procs.iter().zip(&sinks).zip(&sources).zip(held)
+    let mut put_bytes = 0;
+    for ((((c, sink), split), chunks), (read, patches)) in procs
+        .iter()
+        .zip(&sinks)
+        .zip(&sources)
+        .zip(&fresh_chunks)
+        .zip(held)
     {
-        let progress = page_progress(opts, 0, total, c.pid);
-        pages::put_read(chunks, sink, &progress)?;
+        pages::put_read(read, sink, &page_progress(opts, put_bytes, total, c.pid))?;
+        put_bytes += chunks.iter().map(PageRange::len).sum::<u64>();
         if let Some(s) = split {
-            s.put_patches(patches, sink, &progress)?;
+            s.put_patches(patches, sink, &page_progress(opts, put_bytes, total, c.pid))?;
             patched += s.patched_bytes();
+            put_bytes += s.patched_bytes();
         }
     }
     if hold {

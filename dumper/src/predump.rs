@@ -167,10 +167,11 @@ pub fn start_time(pid: i32) -> Result<u64> {
         })
 }
 
-/// The userfaultfd a pre-dump left in `pid`, if it is still there: same
-/// process, same file at the recorded fd.
-pub fn adopt(pid: i32, t: &WriteTracking) -> Result<Option<Userfault>> {
-    if start_time(pid)? != t.start_time {
+/// The userfaultfd a pre-dump left in `pid` (whose start time is now
+/// `start`), if it is still there: same process, same file at the
+/// recorded fd.
+fn adopt(pid: i32, start: u64, t: &WriteTracking) -> Result<Option<Userfault>> {
+    if start != t.start_time {
         return Ok(None);
     }
     let link = std::fs::read_link(procfile::path(pid, &format!("fd/{}", t.fd)));
@@ -203,14 +204,14 @@ pub fn retire(
         inf.syscall("close", libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0])?;
         Ok(())
     };
+    let start = start_time(pid)?;
     let mut continued = None;
     if let Some(t) = before
-        && let Some(u) = adopt(pid, t)?
+        && let Some(u) = adopt(pid, start, t)?
     {
         close(t.fd)?;
         continued = Some(u);
     }
-    let start = start_time(pid)?;
     if let Some(left) = registry::lookup(pid, start) {
         // The continued tracker's fd is closed by now: only another one
         // can still be there.

@@ -71,6 +71,7 @@ pub use error::ImageError;
 pub use header::{FORMAT_VERSION, ImageKind};
 pub use pagefile::PagesWriter;
 pub use seal::{ImageKey, KeyError};
+pub use sys::memory_filesystem;
 
 /// Size of a page on every platform ckpt supports (x86_64).
 pub const PAGE_SIZE: u64 = 4096;

@@ -19,9 +19,9 @@
 //!   cache page costs a host fault (free page reporting), which made
 //!   buffered dumps of 1 GiB take anywhere between 0.45 and 1.5 s (with
 //!   0.9–1.6 s of system time), where direct writes of the same bytes take
-//!   a steady 0.22–0.27 s. A filesystem without direct I/O (tmpfs on older
-//!   kernels) gets buffered writes of the same blocks, still hashed in
-//!   memory.
+//!   a steady 0.22–0.27 s. A file in memory (tmpfs, ramfs) or on a
+//!   filesystem without direct I/O gets buffered writes of the same
+//!   blocks, still hashed in memory.
 
 use std::fs::File;
 use std::os::fd::AsFd;

@@ -202,12 +202,15 @@ pub fn set_direct(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
 /// neither direct I/O nor preallocation (which fills real pages there)
 /// helps.
 pub fn in_memory(fd: BorrowedFd<'_>) -> bool {
+    nix::sys::statfs::fstatfs(fd).is_ok_and(|fs| memory_filesystem(&fs))
+}
+
+/// Whether a filesystem keeps its files in memory (tmpfs, ramfs).
+pub fn memory_filesystem(fs: &nix::sys::statfs::Statfs) -> bool {
     /// ramfs's statfs type (nix names tmpfs's only).
     const RAMFS_MAGIC: nix::sys::statfs::FsType = nix::sys::statfs::FsType(0x8584_58f6);
-    nix::sys::statfs::fstatfs(fd).is_ok_and(|fs| {
-        let t = fs.filesystem_type();
-        t == nix::sys::statfs::TMPFS_MAGIC || t == RAMFS_MAGIC
-    })
+    let t = fs.filesystem_type();
+    t == nix::sys::statfs::TMPFS_MAGIC || t == RAMFS_MAGIC
 }
 
 /// Allocates the first `len` bytes of `fd` on disk (its size becomes at

@@ -339,9 +339,6 @@ fn dump_info(dir: &std::path::Path) -> anyhow::Result<PhaseInfo> {
     })
 }
 
-/// ramfs's statfs type (nix has tmpfs's, not this one).
-const RAMFS_MAGIC: nix::libc::c_long = 0x8584_58f6;
-
 /// How page data is stored (`ckpt dump --compress`).
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compression {
@@ -368,10 +365,7 @@ impl Compression {
             Compression::Auto => !dir
                 .ancestors()
                 .find_map(|d| nix::sys::statfs::statfs(d).ok())
-                .is_some_and(|fs| {
-                    let t = fs.filesystem_type();
-                    t == nix::sys::statfs::TMPFS_MAGIC || t == nix::sys::statfs::FsType(RAMFS_MAGIC)
-                }),
+                .is_some_and(|fs| ckpt_image::memory_filesystem(&fs)),
         }
     }
 }
