@@ -132,6 +132,10 @@ fn incremental_cycle_with(test: &str, compress: &str, background: bool) {
             patched.is_some_and(|p| (8 << 20..9 << 20).contains(&p)),
             "{report}"
         );
+        // What was written since the pre-dump was foreseen before the
+        // freeze, and read into memory faulted in then.
+        let reserved = report["stats"]["held_reserved_bytes"].as_u64();
+        assert!(reserved.is_some_and(|r| r > 0), "{report}");
     } else {
         assert_eq!(patched, None, "{report}");
     }

@@ -23,6 +23,7 @@ mod background;
 mod blockers;
 mod creds;
 pub mod error;
+mod held;
 
 pub mod fd;
 pub mod features;
@@ -59,6 +60,7 @@ use nix::errno::Errno;
 
 pub use background::BackgroundStats;
 pub use error::{Blocker, DumpError, Result};
+pub use held::{HeldBuf, HeldMemory};
 pub use predump::Previous;
 
 /// What happens to the target once its images are complete and synced.
@@ -93,6 +95,7 @@ pub struct DrainOptions {
 }
 
 /// Options of [`Frozen::write`].
+#[derive(Clone)]
 pub struct WriteOptions<'a> {
     /// The checkpoint directory to create (must not exist).
     pub dir: PathBuf,
@@ -123,6 +126,9 @@ pub struct WriteOptions<'a> {
     /// only what was written since the one before. Not with `background`
     /// or a kill.
     pub track: bool,
+    /// Memory reserved before the freeze for the pages a `--prev
+    /// --background` dump reads while frozen ([`HeldMemory::for_dump`]).
+    pub held: Option<&'a HeldMemory>,
 }
 
 /// Name of the dump's log in the checkpoint directory.
@@ -190,6 +196,11 @@ pub struct DumpStats {
     /// while frozen).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub patched_bytes: Option<u64>,
+    /// With `--prev --background`: bytes of what was read while frozen
+    /// that went into memory reserved and faulted in before the freeze
+    /// ([`HeldMemory`]); the rest went into memory allocated while frozen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_reserved_bytes: Option<u64>,
 }
 
 /// Milliseconds since `t`, as a fraction (short phases take well under one).
@@ -273,6 +284,7 @@ pub fn freeze(root: i32) -> Result<Frozen> {
         blockers,
         tcp: None,
         thawed_after: None,
+        retired: Vec::new(),
     })
 }
 
@@ -293,6 +305,9 @@ pub struct Frozen {
     tcp: Option<fd::inet::TcpRepair>,
     /// Set when a background dump thawed the tree: how long it was frozen.
     thawed_after: Option<std::time::Duration>,
+    /// Trackers of a pre-dump, ended in their processes, closed after the
+    /// thaw (closing one walks all the memory it tracked).
+    retired: Vec<ckpt_parasite::uffd::Userfault>,
 }
 
 impl Frozen {
@@ -393,6 +408,7 @@ impl Frozen {
     fn thaw_early(&mut self) -> Result<()> {
         self.thaw()?;
         self.thawed_after = Some(self.frozen_at.elapsed());
+        self.retired.clear();
         Ok(())
     }
 
@@ -448,6 +464,7 @@ impl Written {
     pub fn resume(mut self) -> Result<DumpReport> {
         self.frozen.thaw()?;
         let r = self.finish();
+        self.frozen.retired.clear();
         log::info!(
             "resume: {} processes running again, frozen {:.3} ms",
             r.processes,
@@ -561,6 +578,9 @@ struct Collected {
     written: Option<predump::Written>,
     /// With `--background`: its pages, write-protected or not.
     armed: Option<background::Split>,
+    /// With `--prev`: the pre-dump's tracker, ended in the process; ckpt's
+    /// copy is closed once the tree runs again.
+    retired: Option<ckpt_parasite::uffd::Userfault>,
 }
 
 /// What a dump does with userfaultfds in the processes.
@@ -653,6 +673,7 @@ fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Coll
         Ok(())
     };
     let (misc, threads) = task::run_parasite(leader, &p.tasks[1..], &mut with_parasite)?;
+    log::debug!("pid {pid}: parasite done ({:.3} ms)", ms_since(started));
     let mut core = task::collect(leader, &misc)?;
     core.job_stop = p.job_stop;
     core.ib = ib_state;
@@ -664,14 +685,20 @@ fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Coll
     // a background dump, write-protected: all three walk the page tables
     // of the whole address space, and only smaps' VmFlags are needed.
     let (vmas, pages_bytes, armed) = std::thread::scope(|s| -> Result<_> {
-        let flags = s.spawn(|| mm::read_vm_flags(pid));
+        let flags = s.spawn(|| {
+            let f = mm::read_vm_flags(pid);
+            log::debug!("pid {pid}: smaps read ({:.3} ms)", ms_since(started));
+            f
+        });
         let planned = (|| -> Result<_> {
             let mut vmas = mm::collect_vmas_unflagged(pid)?;
             let pages_bytes = mm::plan_pages(pid, &mut vmas)?;
+            log::debug!("pid {pid}: pages planned ({:.3} ms)", ms_since(started));
             let armed = match (mode, &uffd) {
                 (Userfaults::Background, Some(u)) => Some(background::arm(u, &vmas)?),
                 _ => None,
             };
+            log::debug!("pid {pid}: guard armed ({:.3} ms)", ms_since(started));
             Ok((vmas, pages_bytes, armed))
         })();
         let flags = flags
@@ -689,9 +716,21 @@ fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Coll
         Some(_) => Some(predump::written_since(pid, &vmas)?),
         None => None,
     };
-    // The old tracker's registrations go with its last copy; the new one
-    // can only register the same VMAs after that.
-    drop(continued.take());
+    log::debug!(
+        "pid {pid}: written pages scanned ({:.3} ms)",
+        ms_since(started)
+    );
+    // The old tracker's registrations go with its last copy. Closing it
+    // clears the protection of every page it tracked, a walk of the whole
+    // address space (about 70 ms for 4 GiB): that waits for the thaw,
+    // unless a new tracker must register the same VMAs now.
+    let retired = match mode {
+        Userfaults::Track(_) => {
+            drop(continued.take());
+            None
+        }
+        _ => continued.take(),
+    };
     if let (Userfaults::Track(_), Some(u)) = (mode, &uffd) {
         predump::arm(u, &vmas)?;
     }
@@ -736,6 +775,7 @@ fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Coll
         tracking,
         written,
         armed,
+        retired,
     })
 }
 
@@ -762,6 +802,9 @@ fn write_images(
             procs.push(c);
         }
     }
+    frozen
+        .retired
+        .extend(procs.iter_mut().filter_map(|c| c.retired.take()));
     // Each shared memory object once, whoever maps it.
     let mut objects = shmem::Objects::default();
     for c in procs.iter_mut() {
@@ -1237,8 +1280,13 @@ fn thawing_incremental_pages(
     saved: &dyn Fn(i32) -> i32,
 ) -> Result<Vec<Vec<ckpt_image::mm::PageChunk>>> {
     let on_disk_before = w.written_bytes();
+    let started = Instant::now();
     let writers = page_writers(w, procs, saved)?;
     let sinks = pages::Sink::for_each(&writers, opts.compress);
+    log::debug!(
+        "background: page writers open ({:.3} ms)",
+        ms_since(started)
+    );
     let root = procs.first().map_or(0, |c| c.pid);
     // Chunks with a few pages written since are patched (only those pages
     // read while frozen) as long as what is read fits in memory; else
@@ -1288,7 +1336,7 @@ fn thawing_incremental_pages(
         }
     };
     let mut chosen = plan(true);
-    let hold = chosen.to_read <= HELD_FRESH_BYTES;
+    let hold = chosen.to_read <= held::HELD_FRESH_BYTES;
     if !hold {
         chosen = plan(false);
     }
@@ -1297,15 +1345,28 @@ fn thawing_incremental_pages(
         fresh: fresh_chunks,
         to_read: fresh,
     } = chosen;
+    log::debug!("background: planned ({:.3} ms)", ms_since(started));
+    let unreserved = HeldMemory::default();
+    let memory = opts.held.unwrap_or(&unreserved);
     let mut held = Vec::with_capacity(procs.len());
     let mut saved_bytes = 0;
     for (((c, sink), split), chunks) in procs.iter().zip(&sinks).zip(&sources).zip(&fresh_chunks) {
         if hold {
             let patches = match split {
-                Some(s) => s.read_patches(&c.mem)?,
+                Some(s) => s.read_patches(&c.mem, memory)?,
                 None => Vec::new(),
             };
-            held.push((pages::read_chunks(&c.mem, chunks)?, patches));
+            log::debug!(
+                "background: pid {} patches read ({:.3} ms)",
+                c.pid,
+                ms_since(started)
+            );
+            held.push((pages::read_chunks(&c.mem, chunks, memory)?, patches));
+            log::debug!(
+                "background: pid {} chunks read ({:.3} ms)",
+                c.pid,
+                ms_since(started)
+            );
         } else {
             let progress = page_progress(opts, saved_bytes, total, c.pid);
             pages::save_chunks(&c.mem, chunks, sink, &progress)?;
@@ -1318,6 +1379,13 @@ fn thawing_incremental_pages(
         if hold { "read" } else { "saved" },
         ms(frozen.frozen_for())
     );
+    if hold {
+        log::info!(
+            "background: {} of them into memory reserved before the freeze",
+            memory.used()
+        );
+        stats.held_reserved_bytes = Some(memory.used() as u64);
+    }
     let mut patched = 0;
     let mut put_bytes = 0;
     for ((((c, sink), split), chunks), (read, patches)) in procs
@@ -1354,11 +1422,6 @@ fn thawing_incremental_pages(
     stats.pages_written_bytes += w.written_bytes() - on_disk_before;
     Ok(blocks)
 }
-
-/// The most page data written since a pre-dump that a `--prev
-/// --background` dump holds in memory between reading it (frozen) and
-/// writing it (running); more is written while frozen.
-const HELD_FRESH_BYTES: u64 = 1 << 30;
 
 /// `--background`: write-protects private anonymous memory, saves the rest
 /// of the pages, thaws the tree and saves the protected memory while it

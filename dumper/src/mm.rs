@@ -466,19 +466,18 @@ fn scan_runs(pagemap: &File, vma: &Vma, kind: VmaKind) -> std::io::Result<Vec<(u
             (start, vma.end.min(start + SCAN_PIECE))
         })
         .collect();
+    // Asking whether a page is a file's makes the kernel look at every
+    // page's struct page (a cache miss each); anonymous memory has none.
+    let report = match kind {
+        VmaKind::Anon => PRESENT | SWAPPED | PFNZERO,
+        _ => PRESENT | SWAPPED | FILE | PFNZERO,
+    };
     let scanned = pieces
         .par_iter()
         .map(|&(start, end)| {
             let mut regions = Vec::new();
-            sys::pagemap_scan(
-                pagemap,
-                start,
-                end,
-                PRESENT | SWAPPED,
-                PRESENT | SWAPPED | FILE | PFNZERO,
-                &mut regions,
-            )
-            .map(|()| regions)
+            sys::pagemap_scan(pagemap, start, end, PRESENT | SWAPPED, report, &mut regions)
+                .map(|()| regions)
         })
         .collect::<std::io::Result<Vec<_>>>()?;
     let mut runs: Vec<(u64, u64)> = Vec::new();

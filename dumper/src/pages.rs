@@ -24,6 +24,7 @@ use rayon::prelude::*;
 
 use crate::error::{DumpError, Result};
 use crate::sys;
+use crate::{HeldBuf, HeldMemory};
 
 /// A process's memory as ckpt reads it. Mostly with `process_vm_readv`,
 /// one copy straight from the process's pages; `/proc/PID/mem` (opened
@@ -90,6 +91,45 @@ impl Memory {
 }
 
 impl Memory {
+    /// Reads the ranges `pieces` (start, end), back to back, into `buf`
+    /// (exactly as long as all of them): many ranges per
+    /// `process_vm_readv`, where one call per page cost more than the copy
+    /// for pages written here and there.
+    pub fn read_pieces(&self, pieces: &[(u64, u64)], buf: &mut [u8]) -> Result<()> {
+        /// The kernel's limit on iovecs per call (`UIO_MAXIOV`).
+        const MAX_IOVECS: usize = 1024;
+        let mut at = 0usize;
+        for batch in pieces.chunks(MAX_IOVECS) {
+            let len: usize = batch.iter().map(|&(s, e)| (e - s) as usize).sum();
+            let out = &mut buf[at..at + len];
+            let remote: Vec<RemoteIoVec> = batch
+                .iter()
+                .map(|&(s, e)| RemoteIoVec {
+                    base: s as usize,
+                    len: (e - s) as usize,
+                })
+                .collect();
+            let n = process_vm_readv(
+                Pid::from_raw(self.pid),
+                &mut [IoSliceMut::new(out)],
+                &remote,
+            )
+            .unwrap_or(0);
+            // Short (a page process_vm_readv refuses, or the pid is no
+            // longer this process's): each piece of the batch on its own.
+            if n != len || !sys::pidfd_holds_pid(self.pidfd.as_fd()) {
+                let mut off = 0usize;
+                for &(s, e) in batch {
+                    let l = (e - s) as usize;
+                    self.read(s, &mut out[off..off + l])?;
+                    off += l;
+                }
+            }
+            at += len;
+        }
+        Ok(())
+    }
+
     /// How many bytes from `addr` `process_vm_readv` read into `buf` (0 if
     /// it could not, or if the pid may no longer be this process's).
     fn read_direct(&self, addr: u64, buf: &mut [u8]) -> usize {
@@ -218,14 +258,18 @@ pub fn save_chunks(
 
 /// Chunks read from the process and held in memory (to be saved once it
 /// runs again).
-pub struct ReadChunks(Vec<(PageRange, Vec<u8>)>);
+pub struct ReadChunks<'m>(Vec<(PageRange, HeldBuf<'m>)>);
 
-/// Reads `chunks` into memory on every core.
-pub fn read_chunks(mem: &Memory, chunks: &[PageRange]) -> Result<ReadChunks> {
+/// Reads `chunks` into memory (taken from `held`) on every core.
+pub fn read_chunks<'m>(
+    mem: &Memory,
+    chunks: &[PageRange],
+    held: &'m HeldMemory,
+) -> Result<ReadChunks<'m>> {
     chunks
         .par_iter()
         .map(|c| {
-            let mut bytes = vec![0u8; c.len() as usize];
+            let mut bytes = held.take(c.len() as usize);
             mem.read(c.addr, &mut bytes)?;
             Ok((*c, bytes))
         })
@@ -236,7 +280,7 @@ pub fn read_chunks(mem: &Memory, chunks: &[PageRange]) -> Result<ReadChunks> {
 /// Saves chunks [`read_chunks`] held into `sink` on every core; `progress`
 /// gets the bytes saved so far.
 pub fn put_read(
-    chunks: ReadChunks,
+    chunks: ReadChunks<'_>,
     sink: &Sink<'_>,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<()> {

@@ -37,7 +37,7 @@ use rayon::prelude::*;
 
 use crate::error::{DumpError, Result};
 use crate::pages::{self, CHUNK_BYTES, Memory, Sink};
-use crate::{procfile, sys};
+use crate::{HeldBuf, HeldMemory, procfile, sys};
 
 /// A pre-dump given with `--prev`, verified.
 pub struct Previous {
@@ -53,6 +53,56 @@ pub struct PrevProcess {
     pages_name: String,
     /// Where each saved chunk is, by (address, bytes).
     stored: HashMap<(u64, u64), Stored>,
+}
+
+impl PrevProcess {
+    /// [`Previous::frozen_read_estimate`] of process `pid`.
+    fn frozen_read_estimate(&self, pid: i32) -> u64 {
+        let Ok(pagemap) = File::open(procfile::path(pid, "pagemap")) else {
+            return 0;
+        };
+        let mut chunks: Vec<(u64, u64)> = self.stored.keys().copied().collect();
+        chunks.sort_unstable();
+        // One scan per stretch of adjacent chunks, not one per chunk.
+        let mut stretches: Vec<(u64, u64)> = Vec::new();
+        for &(addr, len) in &chunks {
+            match stretches.last_mut() {
+                Some(last) if last.1 == addr => last.1 = addr + len,
+                _ => stretches.push((addr, addr + len)),
+            }
+        }
+        let mut written = Vec::new();
+        for (start, end) in stretches {
+            let scanned = sys::pagemap_scan_with(
+                &pagemap,
+                start,
+                end,
+                sys::page_is::WRITTEN,
+                sys::page_is::WRITTEN,
+                0,
+                &mut written,
+            );
+            if scanned.is_err() {
+                return 0;
+            }
+        }
+        let mut first = 0;
+        chunks
+            .iter()
+            .map(|&(addr, len)| {
+                let end = addr + len;
+                while written.get(first).is_some_and(|r| r.end <= addr) {
+                    first += 1;
+                }
+                let w: u64 = written[first..]
+                    .iter()
+                    .take_while(|r| r.start < end)
+                    .map(|r| r.end.min(end) - r.start.max(addr))
+                    .sum();
+                if 2 * w <= len { w } else { len }
+            })
+            .sum()
+    }
 }
 
 /// One chunk as a pre-dump stored it.
@@ -136,6 +186,30 @@ impl Previous {
             .into());
         }
         Ok(Previous { images, procs })
+    }
+
+    /// About how many bytes a dump continuing this pre-dump would read
+    /// while frozen, were it to freeze now: the written pages of each chunk
+    /// the pre-dump stored, the whole chunk when more than half of it was
+    /// written (as [`Sources::split`] patches). Read from the running
+    /// processes' page tables; pages written later, and memory mapped
+    /// since the pre-dump, are not counted. Used to reserve memory before
+    /// the freeze ([`crate::HeldMemory`]), so any failure counts nothing.
+    pub fn frozen_read_estimate(&self) -> u64 {
+        self.procs
+            .iter()
+            .map(|(&pid, p)| {
+                let tracked = p
+                    .tracking
+                    .as_ref()
+                    .is_some_and(|t| start_time(pid).ok() == Some(t.start_time));
+                if tracked {
+                    p.frozen_read_estimate(pid)
+                } else {
+                    0
+                }
+            })
+            .sum()
     }
 
     /// The pre-dump's record of process `pid`.
@@ -556,17 +630,12 @@ impl<'p> Sources<'p> {
 
     /// Reads the written pages of every patched chunk from the process
     /// (frozen), in the order of [`Sources::patched`].
-    pub fn read_patches(&self, mem: &Memory) -> Result<Vec<Vec<u8>>> {
+    pub fn read_patches<'m>(&self, mem: &Memory, held: &'m HeldMemory) -> Result<Vec<HeldBuf<'m>>> {
         self.patched
             .par_iter()
             .map(|p| {
-                let mut bytes = vec![0u8; p.written_bytes() as usize];
-                let mut at = 0usize;
-                for &(s, e) in &p.written {
-                    let n = (e - s) as usize;
-                    mem.read(s, &mut bytes[at..at + n])?;
-                    at += n;
-                }
+                let mut bytes = held.take(p.written_bytes() as usize);
+                mem.read_pieces(&p.written, &mut bytes)?;
                 Ok(bytes)
             })
             .collect()
@@ -577,7 +646,7 @@ impl<'p> Sources<'p> {
     /// the process may run meanwhile.
     pub fn put_patches(
         &self,
-        read: Vec<Vec<u8>>,
+        read: Vec<HeldBuf<'_>>,
         sink: &Sink<'_>,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<()> {

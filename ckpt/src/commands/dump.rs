@@ -140,6 +140,7 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
         background: a.background,
         prev: prev.as_ref(),
         track: a.track,
+        held: None,
     };
     let scripts = ActionScripts::new(a.action_scripts.clone(), &a.dir);
     let report =
@@ -193,6 +194,12 @@ fn phases(
     scripts: &ActionScripts,
 ) -> anyhow::Result<DumpReport> {
     scripts.run(Phase::PreDump, Some(a.pid))?;
+    // Faulted in just before the freeze, so the frozen part does not pay.
+    let held = ckpt_dumper::HeldMemory::for_dump(write);
+    let write = &WriteOptions {
+        held: Some(&held),
+        ..write.clone()
+    };
     let mut frozen = ckpt_dumper::freeze(a.pid)?;
     if a.pre_dump {
         let report = frozen.pre_dump(write)?;
@@ -306,6 +313,7 @@ fn coordinated_phases(
         background: false,
         prev: None,
         track: false,
+        held: None,
     };
     let written = s.local(frozen.write(&write))?;
     s.local(scripts.run(Phase::PostDump, Some(a.pid)))?;
