@@ -14,7 +14,7 @@ fn memory_restored_after_dump_kill() {
     standard_cycle("memory-kill", "memory", &[]);
 }
 
-/// The same with raw page data (`--compress=none`; images on a disk are
+/// The same with raw page data (`--compress=none`; images are
 /// LZ4-compressed by default).
 #[test]
 fn memory_restored_from_raw_images() {

@@ -27,9 +27,9 @@ pub struct DumpArgs {
     /// --coord: once the epoch is committed, whatever the round says).
     #[arg(long)]
     kill: bool,
-    /// How page data is stored: `auto` (the default) compresses it with
-    /// LZ4 unless DIR is on tmpfs or ramfs; `lz4`; `none`. `--compress`
-    /// alone means `lz4`.
+    /// How page data is stored: `auto` (the default) and `lz4` compress it
+    /// with LZ4 (chunks that do not shrink are stored raw); `none`.
+    /// `--compress` alone means `lz4`.
     #[arg(long, value_enum, value_name = "MODE", default_value_t = Compression::Auto,
           num_args = 0..=1, require_equals = true, default_missing_value = "lz4")]
     compress: Compression,
@@ -133,7 +133,7 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
     let write = WriteOptions {
         dir: a.dir.clone(),
         progress: Some(&progress),
-        compress: a.compress.lz4_for(&a.dir),
+        compress: a.compress.lz4(),
         key: &key,
         log: Some(&crate::logger::captured),
         externals: &a.externals,
@@ -305,7 +305,7 @@ fn coordinated_phases(
     let write = WriteOptions {
         dir: dir.to_path_buf(),
         progress: Some(progress),
-        compress: a.compress.lz4_for(dir),
+        compress: a.compress.lz4(),
         key,
         log: Some(&crate::logger::captured),
         externals: &a.externals,
@@ -350,7 +350,7 @@ fn dump_info(dir: &std::path::Path) -> anyhow::Result<PhaseInfo> {
 /// How page data is stored (`ckpt dump --compress`).
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compression {
-    /// LZ4 unless the images go to memory (tmpfs, ramfs).
+    /// The default: LZ4 wherever the images go.
     Auto,
     /// Raw pages.
     None,
@@ -359,21 +359,19 @@ pub enum Compression {
 }
 
 impl Compression {
-    /// Whether page data written under `dir` is LZ4-compressed. `auto`'s
-    /// rule: on storage slower than LZ4 (every disk and network
-    /// filesystem: LZ4 compresses at some 4 GB/s per core, and zero or
-    /// repetitive pages shrink to almost nothing) fewer bytes to write and
-    /// fsync is faster end to end; on tmpfs or ramfs the copy is already at
-    /// memory speed and compressing only costs CPU. `dir` may not exist
-    /// yet: its nearest existing ancestor decides.
-    pub fn lz4_for(self, dir: &std::path::Path) -> bool {
+    /// Whether page data is LZ4-compressed. `auto`
+    /// compresses on every storage. On disks and network filesystems there
+    /// are fewer bytes to write and sync (LZ4 runs at some 4 GB/s per core,
+    /// zero and repetitive pages shrink to almost nothing). On tmpfs every
+    /// byte stored is a fresh page of memory, which costs more than
+    /// compressing it: 4 GiB of mixed memory dumped in 1.9 s instead of
+    /// 2.3–2.9 s raw and restored in 1.4 s instead of 1.7–1.9 s, in a third
+    /// less memory. Memory that does not compress costs little either way:
+    /// a chunk whose first 64 KiB do not shrink is stored raw untried.
+    pub fn lz4(self) -> bool {
         match self {
             Compression::None => false,
-            Compression::Lz4 => true,
-            Compression::Auto => !dir
-                .ancestors()
-                .find_map(|d| nix::sys::statfs::statfs(d).ok())
-                .is_some_and(|fs| ckpt_image::memory_filesystem(&fs)),
+            Compression::Lz4 | Compression::Auto => true,
         }
     }
 }
@@ -381,18 +379,11 @@ impl Compression {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
 
     #[test]
-    fn compression_follows_the_mode_and_auto_spares_memory_filesystems() {
-        let somewhere = Path::new("/nonexistent/ckpt/dir");
-        assert!(!Compression::None.lz4_for(somewhere));
-        assert!(Compression::Lz4.lz4_for(somewhere));
-        // /proc is no memory filesystem for images: auto compresses.
-        assert!(Compression::Auto.lz4_for(Path::new("/proc/not/yet")));
-        let shm = nix::sys::statfs::statfs("/dev/shm");
-        if shm.is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC) {
-            assert!(!Compression::Auto.lz4_for(Path::new("/dev/shm/ckpt/new")));
-        }
+    fn compression_follows_the_mode_and_auto_compresses() {
+        assert!(!Compression::None.lz4());
+        assert!(Compression::Lz4.lz4());
+        assert!(Compression::Auto.lz4());
     }
 }
