@@ -486,29 +486,37 @@ impl Written {
         ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::BeforeKill);
         // Dropping `self` on error resumes the tree.
         self.committed.verify(&self.key)?;
-        let pids: Vec<i32> = self.frozen.procs.iter().map(|p| p.pid).collect();
-        for &pid in &pids {
+        for pid in self.frozen.procs.iter().map(|p| p.pid) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,
             );
         }
-        // Their deaths are ours to collect first, as their tracer: until
-        // then they stay zombies their parents cannot reap.
         // Children before parents, threads before their leader: a parent
         // (an init above all) finishes dying only after them.
-        let until = Instant::now() + KILL_SETTLE;
-        for p in std::mem::take(&mut self.frozen.procs).into_iter().rev() {
-            for t in p.tasks.into_iter().rev() {
+        let tasks: Vec<ckpt_parasite::Tracee> = std::mem::take(&mut self.frozen.procs)
+            .into_iter()
+            .rev()
+            .flat_map(|p| p.tasks.into_iter().rev())
+            .collect();
+        // "Killed" means past the point of no return, not gone: the kernel
+        // then frees the tree's memory on its own (some 50 ms per GiB
+        // here), which a restore of the same pids waits for.
+        let tids: Vec<i32> = tasks.iter().map(|t| t.pid()).collect();
+        wait_exiting(&tids, KILL_SETTLE);
+        // Their deaths are ours to collect, as their tracer (until then they
+        // stay zombies their parents cannot reap): on another thread, which
+        // ends with ckpt if ckpt ends first, when the kernel hands them back
+        // to their parents.
+        std::thread::spawn(move || {
+            let until = Instant::now() + KILL_SETTLE;
+            for t in tasks {
                 let pid = t.pid();
                 if !t.reap_killed(until) {
                     log::warn!("kill: task {pid} has not died after {KILL_SETTLE:?}");
                 }
             }
-        }
-        // "Killed" means dead: a restore run right after must find the pids
-        // released or held by zombies, not by processes still exiting.
-        wait_dead(&pids, KILL_SETTLE);
+        });
         ipc::remove(self.report.pid, &self.ipc);
         // Closed in repair mode: nothing reaches the peers.
         if let Some(mut tcp) = self.frozen.tcp.take() {
@@ -535,24 +543,19 @@ impl Written {
 /// How long `--kill` waits for the killed processes to finish exiting.
 const KILL_SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Waits (bounded) until none of `pids` is a live process any more: each
-/// gone or a zombie. A process that does not die in time is logged, not an
-/// error: the checkpoint is committed and the kill was sent.
-fn wait_dead(pids: &[i32], limit: std::time::Duration) {
+/// Waits (bounded) until every task of `tids` is exiting, a zombie or
+/// gone. A task that does not get there in time (asleep where a kill does
+/// not wake it) is logged, not an error: the checkpoint is committed and
+/// the kill was sent.
+fn wait_exiting(tids: &[i32], limit: std::time::Duration) {
     let until = Instant::now() + limit;
-    let alive = |pid: i32| {
-        procfile::read(pid, "status").is_ok_and(|status| {
-            procfile::status_field(&status, "State")
-                .is_some_and(|s| !s.starts_with('Z') && !s.starts_with('X'))
-        })
-    };
-    for &pid in pids {
-        while alive(pid) {
+    for &tid in tids {
+        while !procfile::exiting(tid) {
             if Instant::now() >= until {
-                log::warn!("kill: pid {pid} is still exiting after {limit:?}");
+                log::warn!("kill: task {tid} is not exiting after {limit:?}");
                 return;
             }
-            std::thread::sleep(std::time::Duration::from_millis(5));
+            std::thread::sleep(std::time::Duration::from_micros(200));
         }
     }
 }

@@ -22,7 +22,9 @@ pub enum RestoreError {
         comm: String,
     },
     /// The pid stayed held by a dying process for too long.
-    #[error("pid {pid} is still held by a zombie after {secs} s; its parent must reap it")]
+    #[error(
+        "pid {pid} is still held by a zombie or an exiting process after {secs} s (a zombie's parent must reap it)"
+    )]
     PidWaitTimeout {
         /// The pid.
         pid: i32,
