@@ -472,14 +472,21 @@ fn scan_runs(pagemap: &File, vma: &Vma, kind: VmaKind) -> std::io::Result<Vec<(u
         VmaKind::Anon => PRESENT | SWAPPED | PFNZERO,
         _ => PRESENT | SWAPPED | FILE | PFNZERO,
     };
-    let scanned = pieces
-        .par_iter()
-        .map(|&(start, end)| {
-            let mut regions = Vec::new();
-            sys::pagemap_scan(pagemap, start, end, PRESENT | SWAPPED, report, &mut regions)
-                .map(|()| regions)
-        })
-        .collect::<std::io::Result<Vec<_>>>()?;
+    let scan = |&(start, end): &(u64, u64)| {
+        let mut regions = Vec::new();
+        sys::pagemap_scan(pagemap, start, end, PRESENT | SWAPPED, report, &mut regions)
+            .map(|()| regions)
+    };
+    // Small VMAs (most of them) in place: handing one scan to the pool
+    // costs more than the scan.
+    let scanned = if pieces.len() == 1 {
+        vec![scan(&pieces[0])?]
+    } else {
+        pieces
+            .par_iter()
+            .map(scan)
+            .collect::<std::io::Result<Vec<_>>>()?
+    };
     let mut runs: Vec<(u64, u64)> = Vec::new();
     for r in scanned
         .iter()

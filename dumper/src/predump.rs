@@ -261,8 +261,9 @@ fn adopt(pid: i32, start: u64, t: &WriteTracking) -> Result<Option<Userfault>> {
 /// whatever tracker the host's record says a dump left there (one that
 /// failed, or was killed, after arming). The process's fds are closed; the
 /// copy of `before`'s tracker is returned, which keeps its record of
-/// written pages until the caller's scan and drops it before arming a new
-/// one.
+/// written pages until the caller's scan; the caller drops it before
+/// arming a new one, or else after the thaw (closing it walks all the
+/// memory it tracked).
 ///
 /// A continued tracker is never re-armed in place: re-protecting its
 /// pages would erase what was written since `before` while `before` still

@@ -210,7 +210,9 @@ pub fn pagemap_scan_with(
     flags: u64,
     out: &mut Vec<PageRegion>,
 ) -> std::io::Result<()> {
-    let mut regions = vec![PageRegion::default(); 512];
+    // No more regions than pages: a one-page VMA needs room for one.
+    let room = (end.saturating_sub(start) / 4096).clamp(1, 512) as usize;
+    let mut regions = vec![PageRegion::default(); room];
     let mut cur = start;
     while cur < end {
         let mut arg = PmScanArg {
