@@ -701,7 +701,9 @@ fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Coll
                 (Userfaults::Background, Some(u)) => Some(background::arm(u, &vmas)?),
                 _ => None,
             };
-            log::debug!("pid {pid}: guard armed ({:.3} ms)", ms_since(started));
+            if armed.is_some() {
+                log::debug!("pid {pid}: guard armed ({:.3} ms)", ms_since(started));
+            }
             Ok((vmas, pages_bytes, armed))
         })();
         let flags = flags
