@@ -114,7 +114,7 @@ impl HeldMemory {
 
     /// Bytes taken from the reservation so far.
     pub fn used(&self) -> usize {
-        self.used.load(Ordering::Relaxed).min(self.capacity())
+        self.used.load(Ordering::Relaxed)
     }
 }
 

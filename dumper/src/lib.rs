@@ -550,7 +550,7 @@ const KILL_SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
 fn wait_exiting(tids: &[i32], limit: std::time::Duration) {
     let until = Instant::now() + limit;
     for &tid in tids {
-        while !procfile::exiting(tid) {
+        while !ckpt_parasite::proc_read::leaving(tid) {
             if Instant::now() >= until {
                 log::warn!("kill: task {tid} is not exiting after {limit:?}");
                 return;

@@ -438,17 +438,14 @@ struct PackedBlock {
 fn pack(t: &Memory, batch: &[PageRange], pool: &BufferPool) -> Result<Packed> {
     let mut raw = pool.take();
     let total: usize = batch.iter().map(|c| c.len() as usize).sum();
-    let read = if let [c] = batch {
-        t.read(c.addr, &mut raw[..total])
-    } else {
-        let pieces: Vec<(u64, u64)> = batch.iter().map(|c| (c.addr, c.addr + c.len())).collect();
-        t.read_pieces(&pieces, &mut raw[..total])
-    };
-    if let Err(e) = read {
+    let pieces: Vec<(u64, u64)> = batch.iter().map(|c| (c.addr, c.addr + c.len())).collect();
+    if let Err(e) = t.read_pieces(&pieces, &mut raw[..total]) {
         pool.give(raw);
         return Err(e);
     }
     let mut z = pool.take();
+    // A lone chunk (a full one, most often) keeps whichever buffer holds
+    // its stored bytes: no copy of a chunk stored raw.
     if let [c] = batch {
         let (kept, spare, stored_raw, len) = match lz4_into(&raw[..total], &mut z) {
             Some(n) => (z, raw, false, n),

@@ -71,7 +71,7 @@ impl PrevProcess {
                 _ => stretches.push((addr, addr + len)),
             }
         }
-        let mut written = Vec::new();
+        let mut regions = Vec::new();
         for (start, end) in stretches {
             let scanned = sys::pagemap_scan_with(
                 &pagemap,
@@ -80,29 +80,29 @@ impl PrevProcess {
                 sys::page_is::WRITTEN,
                 sys::page_is::WRITTEN,
                 0,
-                &mut written,
+                &mut regions,
             );
             if scanned.is_err() {
                 return 0;
             }
         }
-        let mut first = 0;
+        let written = Written {
+            ranges: regions.iter().map(|r| (r.start, r.end)).collect(),
+        };
         chunks
             .iter()
             .map(|&(addr, len)| {
-                let end = addr + len;
-                while written.get(first).is_some_and(|r| r.end <= addr) {
-                    first += 1;
-                }
-                let w: u64 = written[first..]
-                    .iter()
-                    .take_while(|r| r.start < end)
-                    .map(|r| r.end.min(end) - r.start.max(addr))
-                    .sum();
-                if 2 * w <= len { w } else { len }
+                let w = Written::bytes(&written.within(addr, addr + len));
+                if patchable(w, len) { w } else { len }
             })
             .sum()
     }
+}
+
+/// Whether a stored chunk of `len` bytes with `written` bytes written
+/// since is patched (only those read while frozen) rather than read whole.
+fn patchable(written: u64, len: u64) -> bool {
+    written <= len / 2
 }
 
 /// One chunk as a pre-dump stored it.
@@ -506,6 +506,11 @@ impl Written {
         self.ranges.get(i).is_some_and(|&(s, _)| s < end)
     }
 
+    /// Bytes in `parts` (from [`Written::within`]).
+    fn bytes(parts: &[(u64, u64)]) -> u64 {
+        parts.iter().map(|(s, e)| e - s).sum()
+    }
+
     /// The written parts of `[start, end)`, in order.
     fn within(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
         let i = self.ranges.partition_point(|&(_, e)| e <= start);
@@ -604,8 +609,7 @@ impl<'p> Sources<'p> {
                 continue;
             }
             let parts = written.within(c.addr, end);
-            let bytes: u64 = parts.iter().map(|(s, e)| e - s).sum();
-            if patch && bytes <= c.len() / 2 {
+            if patch && patchable(Written::bytes(&parts), c.len()) {
                 patched.push(Patch {
                     chunk: c,
                     stored: *old,
@@ -744,7 +748,7 @@ pub struct Patch {
 impl Patch {
     /// Bytes of pages written since the pre-dump.
     pub fn written_bytes(&self) -> u64 {
-        self.written.iter().map(|(s, e)| e - s).sum()
+        Written::bytes(&self.written)
     }
 }
 

@@ -102,27 +102,6 @@ pub const fn stat_index(n: usize) -> usize {
     n - 3
 }
 
-/// The kernel's `PF_EXITING` task flag (stat field 9): set as the task
-/// starts to exit, before its memory is released.
-const PF_EXITING: u64 = 0x4;
-
-/// Whether task `tid` is on its way out: exiting, a zombie, or gone.
-pub fn exiting(tid: i32) -> bool {
-    let Ok(s) = read(tid, "stat") else {
-        return true;
-    };
-    let Some((_, rest)) = s.rsplit_once(')') else {
-        return false;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let state = fields.get(stat_index(3)).copied().unwrap_or("");
-    let flags = fields
-        .get(stat_index(9))
-        .and_then(|f| f.parse::<u64>().ok())
-        .unwrap_or(0);
-    matches!(state, "Z" | "X" | "x") || flags & PF_EXITING != 0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

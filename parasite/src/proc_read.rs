@@ -36,9 +36,41 @@ pub fn read_string(path: &Path) -> std::io::Result<String> {
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
+/// The kernel's `PF_EXITING` task flag (`/proc/TID/stat` field 9): set as
+/// the task starts to exit, before its memory is released. Nothing undoes
+/// it.
+const PF_EXITING: u64 = 0x4;
+
+/// Whether task `tid` is on its way out: exiting (killed, its memory still
+/// being released), a zombie, or gone.
+pub fn leaving(tid: i32) -> bool {
+    let Ok(stat) = read_string(Path::new(&format!("/proc/{tid}/stat"))) else {
+        return true;
+    };
+    // After the command name (which may hold spaces and parens): the state
+    // (field 3), then flags (field 9) six fields on.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return false;
+    };
+    let mut fields = rest.split_whitespace();
+    let state = fields.next().unwrap_or("");
+    let flags = fields
+        .nth(5)
+        .and_then(|f| f.parse::<u64>().ok())
+        .unwrap_or(0);
+    matches!(state, "Z" | "X" | "x") || flags & PF_EXITING != 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_running_task_is_not_leaving_a_missing_one_is() {
+        assert!(!leaving(std::process::id() as i32));
+        // Above pid_max: never a task.
+        assert!(leaving(i32::MAX));
+    }
 
     #[test]
     fn reads_small_and_large_proc_files_whole() {

@@ -26,28 +26,9 @@ fn holder(pid: i32) -> Holder {
     };
     match field("State:") {
         Some(s) if s.starts_with('Z') || s.starts_with('X') => Holder::Leaving,
-        _ if exiting(pid) => Holder::Leaving,
+        _ if ckpt_parasite::proc_read::leaving(pid) => Holder::Leaving,
         _ => Holder::Live(field("Name:").unwrap_or_default()),
     }
-}
-
-/// The kernel's `PF_EXITING` task flag (`/proc/PID/stat` field 9): set as
-/// the task starts to exit, before its memory is released. Nothing
-/// undoes it.
-const PF_EXITING: u64 = 0x4;
-
-/// Whether `pid` has started to exit (killed, it will be a zombie soon).
-fn exiting(pid: i32) -> bool {
-    let path = format!("/proc/{pid}/stat");
-    let Ok(stat) = ckpt_parasite::proc_read::read_string(std::path::Path::new(&path)) else {
-        return false;
-    };
-    // Fields after the command name (which may hold spaces and parens);
-    // flags is field 9, the 7th after it.
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(6))
-        .and_then(|f| f.parse::<u64>().ok())
-        .is_some_and(|flags| flags & PF_EXITING != 0)
 }
 
 /// Returns once `pid` is free, printing one line through `notice` if it has
@@ -158,7 +139,7 @@ mod tests {
         };
         ptrace::seize(grandchild, ptrace::Options::empty()).unwrap();
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(init), Signal::SIGKILL).unwrap();
-        while !exiting(init) {
+        while !ckpt_parasite::proc_read::leaving(init) {
             assert!(Instant::now() < until, "the killed init never exited");
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -183,7 +164,6 @@ mod tests {
     #[test]
     fn a_live_holder_is_refused() {
         let me = std::process::id() as i32;
-        assert!(!exiting(me));
         assert!(matches!(
             wait_free(me, Duration::from_secs(1), &|_| {}),
             Err(RestoreError::PidInUse { .. })
