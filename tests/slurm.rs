@@ -92,10 +92,7 @@ fn job_is_checkpointed_requeued_and_restored_with_its_memory_and_output() {
             .output()
             .expect("run scontrol");
         last = String::from_utf8_lossy(&out.stdout).into_owned();
-        if !matches!(
-            field(&last, "JobState"),
-            Some("PENDING" | "RUNNING" | "REQUEUED" | "CONFIGURING" | "COMPLETING") | None
-        ) {
+        if job_over(&last) {
             break true;
         }
         if started.elapsed() > JOB_TIMEOUT {

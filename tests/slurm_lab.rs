@@ -212,6 +212,29 @@ pub fn field<'a>(record: &'a str, key: &str) -> Option<&'a str> {
         .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
 }
 
+/// Whether a job record says the job is over: its state is one Slurm does
+/// not leave without an operator. Everything else, including the passing
+/// flags Slurm shows in place of the base state while it preempts, signals
+/// or requeues a job (SIGNALING, REQUEUED, COMPLETING, ...), means wait.
+pub fn job_over(record: &str) -> bool {
+    matches!(
+        field(record, "JobState"),
+        Some(
+            "COMPLETED"
+                | "CANCELLED"
+                | "FAILED"
+                | "TIMEOUT"
+                | "NODE_FAIL"
+                | "PREEMPTED"
+                | "BOOT_FAIL"
+                | "DEADLINE"
+                | "OUT_OF_MEMORY"
+                | "SPECIAL_EXIT"
+                | "REQUEUE_HOLD"
+        )
+    )
+}
+
 /// A fake `srun` for the tests without Slurm: logs its arguments to
 /// $FAKE_SRUN_LOG, then runs the step's tasks here, one per node of
 /// `--nodelist` (else of $FAKE_SRUN_NODES, the allocation), with

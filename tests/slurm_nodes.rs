@@ -189,10 +189,7 @@ fn job_of_two_nodes_exchanging_over_tcp_is_checkpointed_requeued_and_restored() 
                 env.work.join("result-server").exists() || env.work.join("result-client").exists(),
             ));
         }
-        if !matches!(
-            field(&last, "JobState"),
-            Some("PENDING" | "RUNNING" | "REQUEUED" | "CONFIGURING" | "COMPLETING") | None
-        ) {
+        if job_over(&last) {
             break true;
         }
         if started.elapsed() > JOB_TIMEOUT {

@@ -544,10 +544,7 @@ impl LabJob {
         let start = Instant::now();
         loop {
             let r = self.record();
-            if !matches!(
-                field(&r, "JobState"),
-                Some("PENDING" | "RUNNING" | "REQUEUED" | "CONFIGURING" | "COMPLETING") | None
-            ) {
+            if job_over(&r) {
                 return r;
             }
             if start.elapsed() > timeout {
