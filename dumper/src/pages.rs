@@ -353,15 +353,22 @@ pub fn copy_pages_compressed(
                     let mut at = 0;
                     for b in &p.blocks {
                         stream.push(&p.buf[at..at + b.len])?;
+                        let mut file_len = b.len as u64;
+                        if let Some(tail) = b.tail {
+                            stream.push_with(tail.len as usize, |into: &mut [u8], off| {
+                                t.read(tail.addr + off as u64, into)
+                            })?;
+                            file_len += tail.len;
+                        }
                         blocks.push(PageChunk {
                             addr: b.range.addr,
                             raw_len: b.range.len(),
                             file_offset,
-                            file_len: b.len as u64,
+                            file_len,
                             stored_raw: b.stored_raw,
                         });
                         at += b.len;
-                        file_offset += b.len as u64;
+                        file_offset += file_len;
                         done += b.range.len();
                     }
                     progress(done);
@@ -428,42 +435,104 @@ struct PackedBlock {
     range: PageRange,
     /// Stored as is: LZ4 did not shrink it.
     stored_raw: bool,
-    /// Bytes stored.
+    /// Its bytes in the batch's buffer.
     len: usize,
+    /// The rest of a chunk stored as is, not read yet: the writer reads it
+    /// from the process straight into the file's buffers
+    /// ([`ckpt_image::PageStream::push_with`]), so random data, half of a
+    /// typical job's memory, crosses memory once rather than twice.
+    tail: Option<Unread>,
+}
+
+/// Bytes of the process's memory left for the writer to read.
+#[derive(Clone, Copy)]
+struct Unread {
+    addr: u64,
+    len: u64,
+}
+
+/// Which of [`pack`]'s two buffers holds the stored bytes.
+enum Kept {
+    /// The one read into: stored as is.
+    Raw,
+    /// The one compressed into.
+    Lz4,
 }
 
 /// Reads the chunks of `batch` (at most [`CHUNK_BYTES`] together) and
 /// compresses each (kept raw when LZ4 does not shrink it), in buffers
 /// from `pool`.
 fn pack(t: &Memory, batch: &[PageRange], pool: &BufferPool) -> Result<Packed> {
-    let mut raw = pool.take();
+    let (mut raw, mut z) = (pool.take(), pool.take());
+    let packed = match batch {
+        [c] => pack_one(t, *c, &mut raw, &mut z),
+        _ => pack_many(t, batch, &mut raw, &mut z),
+    };
+    match packed {
+        Ok((blocks, kept)) => {
+            // The batch keeps whichever buffer holds its stored bytes: no
+            // copy of a chunk stored raw.
+            let (buf, spare) = match kept {
+                Kept::Raw => (raw, z),
+                Kept::Lz4 => (z, raw),
+            };
+            pool.give(spare);
+            Ok(Packed { blocks, buf })
+        }
+        Err(e) => {
+            pool.give(raw);
+            pool.give(z);
+            Err(e)
+        }
+    }
+}
+
+/// A lone chunk (a full one, most often). When its first
+/// [`PROBE_BYTES`] do not compress, only they are read here; the writer
+/// reads the rest into the file's buffers.
+fn pack_one(
+    t: &Memory,
+    c: PageRange,
+    raw: &mut [u8],
+    z: &mut [u8],
+) -> Result<(Vec<PackedBlock>, Kept)> {
+    let len = c.len() as usize;
+    let probed = len > 2 * PROBE_BYTES;
+    let first = if probed { PROBE_BYTES } else { len };
+    t.read(c.addr, &mut raw[..first])?;
+    let block = |stored_raw, len, tail| PackedBlock {
+        range: c,
+        stored_raw,
+        len,
+        tail,
+    };
+    if probed && !probe_shrinks(&raw[..first], z) {
+        let tail = Unread {
+            addr: c.addr + first as u64,
+            len: (len - first) as u64,
+        };
+        return Ok((vec![block(true, first, Some(tail))], Kept::Raw));
+    }
+    t.read(c.addr + first as u64, &mut raw[first..len])?;
+    Ok(match lz4_whole(&raw[..len], z) {
+        Some(n) => (vec![block(false, n, None)], Kept::Lz4),
+        None => (vec![block(true, len, None)], Kept::Raw),
+    })
+}
+
+/// Several small chunks, read with one `process_vm_readv` and stored back
+/// to back in `z`.
+fn pack_many(
+    t: &Memory,
+    batch: &[PageRange],
+    raw: &mut [u8],
+    z: &mut [u8],
+) -> Result<(Vec<PackedBlock>, Kept)> {
     let total: usize = batch.iter().map(|c| c.len() as usize).sum();
     let pieces: Vec<(u64, u64)> = batch.iter().map(|c| (c.addr, c.addr + c.len())).collect();
-    if let Err(e) = t.read_pieces(&pieces, &mut raw[..total]) {
-        pool.give(raw);
-        return Err(e);
-    }
-    let mut z = pool.take();
-    // A lone chunk (a full one, most often) keeps whichever buffer holds
-    // its stored bytes: no copy of a chunk stored raw.
-    if let [c] = batch {
-        let (kept, spare, stored_raw, len) = match lz4_into(&raw[..total], &mut z) {
-            Some(n) => (z, raw, false, n),
-            None => (raw, z, true, total),
-        };
-        pool.give(spare);
-        return Ok(Packed {
-            blocks: vec![PackedBlock {
-                range: *c,
-                stored_raw,
-                len,
-            }],
-            buf: kept,
-        });
-    }
-    // Stored back to back in `z`: a block never takes more than its raw
-    // bytes, so what is left of `z` (at least a chunk's worst case) always
-    // has room for the next one.
+    t.read_pieces(&pieces, &mut raw[..total])?;
+    // A block never takes more than its raw bytes, so what is left of `z`
+    // (at least a chunk's worst case) always has room for the next one.
     let (mut from, mut at) = (0usize, 0usize);
     let mut blocks = Vec::with_capacity(batch.len());
     for c in batch {
@@ -479,24 +548,33 @@ fn pack(t: &Memory, batch: &[PageRange], pool: &BufferPool) -> Result<Packed> {
             range: *c,
             stored_raw,
             len,
+            tail: None,
         });
         from += data.len();
         at += len;
     }
-    pool.give(raw);
-    Ok(Packed { blocks, buf: z })
+    Ok((blocks, Kept::Lz4))
 }
 
 /// LZ4 of `raw` into `z` (a [`BufferPool`] buffer, large enough for a
 /// chunk's worst case): its length, or `None` when LZ4 does not shrink it
 /// and the chunk is stored raw.
 fn lz4_into(raw: &[u8], z: &mut [u8]) -> Option<usize> {
-    if raw.len() > 2 * PROBE_BYTES {
-        let probe = lz4_flex::block::compress_into(&raw[..PROBE_BYTES], z).ok()?;
-        if probe > PROBE_BYTES - PROBE_BYTES / 16 {
-            return None;
-        }
+    if raw.len() > 2 * PROBE_BYTES && !probe_shrinks(&raw[..PROBE_BYTES], z) {
+        return None;
     }
+    lz4_whole(raw, z)
+}
+
+/// Whether LZ4 shrinks a chunk's first [`PROBE_BYTES`] (`probe`) by a
+/// sixteenth, compressing them into `z`.
+fn probe_shrinks(probe: &[u8], z: &mut [u8]) -> bool {
+    lz4_flex::block::compress_into(probe, z).is_ok_and(|n| n <= PROBE_BYTES - PROBE_BYTES / 16)
+}
+
+/// LZ4 of all of `raw` into `z`: its length, or `None` when it does not
+/// shrink.
+fn lz4_whole(raw: &[u8], z: &mut [u8]) -> Option<usize> {
     lz4_flex::block::compress_into(raw, z)
         .ok()
         .filter(|&n| n < raw.len())
