@@ -127,13 +127,13 @@ const READING: u8 = 1;
 const SAVED: u8 = 2;
 
 /// One running process whose guarded chunks are being saved.
-pub struct Guarded<'a> {
+pub struct Guarded<'a, 's> {
     /// Its userfaultfd.
     pub uffd: Userfault,
     /// Its memory.
     pub mem: &'a Memory,
     /// Where its chunks go.
-    pub sink: &'a Sink<'a>,
+    pub sink: &'a Sink<'s>,
     /// The chunks, in address order.
     pub chunks: Vec<PageRange>,
 }
@@ -158,7 +158,7 @@ const BUSY_WAIT: std::time::Duration = std::time::Duration::from_micros(100);
 
 /// Saves every guarded chunk of every process while the tree runs, chunks
 /// a thread waits for first. `progress` gets bytes saved so far.
-pub fn run(procs: &[Guarded<'_>], progress: &(dyn Fn(u64) + Sync)) -> Result<BackgroundStats> {
+pub fn run(procs: &[Guarded<'_, '_>], progress: &(dyn Fn(u64) + Sync)) -> Result<BackgroundStats> {
     let started = Instant::now();
     let states: Vec<Vec<AtomicU8>> = procs
         .iter()
@@ -223,8 +223,8 @@ pub fn run(procs: &[Guarded<'_>], progress: &(dyn Fn(u64) + Sync)) -> Result<Bac
     })
 }
 
-struct Work<'a, 'p> {
-    procs: &'a [Guarded<'p>],
+struct Work<'a, 'p, 's> {
+    procs: &'a [Guarded<'p, 's>],
     states: &'a [Vec<AtomicU8>],
     stop: AtomicBool,
     faults: AtomicU64,
@@ -232,7 +232,7 @@ struct Work<'a, 'p> {
     progress: &'a (dyn Fn(u64) + Sync),
 }
 
-impl Work<'_, '_> {
+impl Work<'_, '_, '_> {
     /// Reads chunk `i` of process `p`, lifts its protection and stores it;
     /// false if someone else had it already. While the job changes its
     /// address space the kernel refuses to lift protections until the

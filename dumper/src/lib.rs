@@ -1216,7 +1216,7 @@ fn frozen_pages(
             .prev
             .and_then(|prev| Some((prev, prev.process(c.pid)?)));
         let blocks = if let (Some((prev, before)), Some(since)) = (before, &c.written) {
-            let sink = pages::Sink::new(&pw, opts.compress);
+            let sink = pages::Sink::new(&pw, opts.compress, c.pages_bytes)?;
             // Frozen throughout: reading a whole chunk from the process is
             // cheaper than patching the stored one.
             let sources =
@@ -1230,7 +1230,7 @@ fn frozen_pages(
                 r.fresh
             );
             *stats.reused_bytes.get_or_insert(0) += r.reused;
-            sink.into_blocks()
+            sink.finish()?
         } else if opts.compress {
             pages::copy_pages_compressed(&c.mem, &c.vmas, &pw, &progress)?
         } else {
@@ -1271,6 +1271,19 @@ fn page_writers(
         .collect::<std::result::Result<Vec<_>, _>>()?)
 }
 
+/// One sink per process, into its pages file.
+fn sinks<'w>(
+    writers: &'w [ckpt_image::PagesWriter],
+    procs: &[Collected],
+    compress: bool,
+) -> Result<Vec<pages::Sink<'w>>> {
+    writers
+        .iter()
+        .zip(procs)
+        .map(|(pw, c)| pages::Sink::new(pw, compress, c.pages_bytes))
+        .collect()
+}
+
 /// `--background` with `--prev`: only the chunks written since the
 /// pre-dump are read while the tree is frozen; it then runs while the rest
 /// is copied from the pre-dump (that data no longer depends on the tree,
@@ -1287,7 +1300,7 @@ fn thawing_incremental_pages(
     let on_disk_before = w.written_bytes();
     let started = Instant::now();
     let writers = page_writers(w, procs, saved)?;
-    let sinks = pages::Sink::for_each(&writers, opts.compress);
+    let sinks = sinks(&writers, procs, opts.compress)?;
     log::debug!(
         "background: page writers open ({:.3} ms)",
         ms_since(started)
@@ -1422,7 +1435,10 @@ fn thawing_incremental_pages(
     }
     log::info!("background: {reused} bytes taken from the pre-dump while running");
     stats.reused_bytes = Some(reused);
-    let blocks: Vec<_> = sinks.into_iter().map(pages::Sink::into_blocks).collect();
+    let blocks = sinks
+        .into_iter()
+        .map(pages::Sink::finish)
+        .collect::<Result<Vec<_>>>()?;
     w.finish_pages_all(writers)?;
     stats.pages_written_bytes += w.written_bytes() - on_disk_before;
     Ok(blocks)
@@ -1442,7 +1458,7 @@ fn background_pages(
 ) -> Result<Vec<Vec<ckpt_image::mm::PageChunk>>> {
     let on_disk_before = w.written_bytes();
     let writers = page_writers(w, procs, saved)?;
-    let sinks = pages::Sink::for_each(&writers, opts.compress);
+    let sinks = sinks(&writers, procs, opts.compress)?;
     let started = Instant::now();
     let mut guarded = Vec::with_capacity(procs.len());
     let mut frozen_bytes = 0u64;
@@ -1467,7 +1483,7 @@ fn background_pages(
         ms(frozen.frozen_for())
     );
     let root = procs.first().map_or(0, |c| c.pid);
-    let running: Vec<background::Guarded<'_>> = procs
+    let running: Vec<background::Guarded<'_, '_>> = procs
         .iter_mut()
         .zip(&sinks)
         .zip(guarded)
@@ -1491,7 +1507,10 @@ fn background_pages(
     // Protection off everywhere before anything else can fail.
     drop(running);
     stats.background = Some(bg);
-    let blocks: Vec<_> = sinks.into_iter().map(pages::Sink::into_blocks).collect();
+    let blocks = sinks
+        .into_iter()
+        .map(pages::Sink::finish)
+        .collect::<Result<Vec<_>>>()?;
     w.finish_pages_all(writers)?;
     stats.pages_written_bytes += w.written_bytes() - on_disk_before;
     Ok(blocks)

@@ -69,7 +69,7 @@ pub mod timer;
 pub use dir::{BlockChecks, Committed, ImageDir, ImageWriter};
 pub use error::ImageError;
 pub use header::{FORMAT_VERSION, ImageKind};
-pub use pagefile::PagesWriter;
+pub use pagefile::{PageStream, PagesWriter};
 pub use seal::{ImageKey, KeyError};
 pub use sys::memory_filesystem;
 

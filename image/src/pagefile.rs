@@ -3,15 +3,17 @@
 //! Two ways in:
 //!
 //! - **At planned offsets**, from any number of threads, through the page
-//!   cache, each write starting its writeback at once. Raw pages of a
-//!   frozen dump go a whole 4 MiB block at a time
+//!   cache, each write starting its writeback at once: raw pages. A frozen
+//!   dump's go a whole 4 MiB block at a time
 //!   ([`PagesWriter::write_block`]), hashed in memory; pieces of other
-//!   sizes ([`PagesWriter::write_at`]: blocks saved one by one as a
+//!   sizes ([`PagesWriter::write_at`]: raw chunks saved one by one as a
 //!   background dump meets them) are hashed from the page cache once the
 //!   file is complete, before the fsync waits for the disk, so hashing
 //!   overlaps the writeback.
-//! - **As one stream in file order** ([`PagesWriter::stream`]): the LZ4
-//!   blocks of a frozen dump. The bytes are gathered into page-aligned
+//! - **As one stream in file order** ([`PagesWriter::stream`], or
+//!   [`PagesWriter::open_stream`] for a stream that lives as long as a
+//!   background dump and is fed by several threads in turn): LZ4 blocks,
+//!   appended as they come. The bytes are gathered into page-aligned
 //!   [`digest::BLOCK`]-sized buffers, each hashed in memory and written
 //!   with `O_DIRECT` by two flusher threads while the next one fills. No
 //!   page cache page is allocated for the file and none is read back to
@@ -29,7 +31,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
 use memmap2::MmapMut;
 
@@ -130,16 +133,33 @@ impl PagesWriter {
     /// file. Returns what `fill` returns once every byte is written (not yet
     /// durable: [`crate::ImageWriter::finish_pages_all`] syncs).
     ///
-    /// `at_most` bounds the file's size: on a disk, that much is allocated
-    /// first, so the direct writes overwrite allocated blocks, which the
-    /// filesystem lets run side by side (writes past the end of a file
-    /// take its inode lock one at a time); the rest is cut off at the end.
-    /// In memory (tmpfs), writes are buffered and nothing is preallocated.
+    /// `at_most` is as for [`PagesWriter::open_stream`].
     pub fn stream<T, E: From<ImageError>>(
         &self,
         at_most: u64,
         fill: impl FnOnce(&mut PageStream<'_>) -> Result<T, E>,
     ) -> Result<T, E> {
+        let mut stream = self.open_stream(at_most)?;
+        match fill(&mut stream) {
+            Ok(value) => {
+                stream.finish()?;
+                Ok(value)
+            }
+            // A flusher's error is the cause of whatever `fill` then met.
+            Err(e) => Err(stream.end().err().map_or(e, E::from)),
+        }
+    }
+
+    /// Opens the file as one stream of bytes in file order
+    /// ([`PageStream::push`]), to be ended with [`PageStream::finish`].
+    /// Nothing else may be written into the file.
+    ///
+    /// `at_most` bounds the file's size: on a disk, that much is allocated
+    /// first, so the direct writes overwrite allocated blocks, which the
+    /// filesystem lets run side by side (writes past the end of a file
+    /// take its inode lock one at a time); the rest is cut off at the end.
+    /// In memory (tmpfs), writes are buffered and nothing is preallocated.
+    pub fn open_stream(&self, at_most: u64) -> Result<PageStream<'_>, ImageError> {
         let direct = !sys::in_memory(self.file.as_fd())
             && match sys::set_direct(self.file.as_fd(), true) {
                 Ok(()) => true,
@@ -151,84 +171,63 @@ impl PagesWriter {
         if direct && let Err(e) = sys::preallocate(self.file.as_fd(), at_most) {
             log::debug!("{}: not preallocated ({e})", self.path.display());
         }
-        let shared = Flushing {
-            writer: self,
-            direct,
-            failed: AtomicBool::new(false),
-            error: Mutex::new(None),
-            digests: Mutex::new(Vec::new()),
-            write_turn: Mutex::new(()),
-        };
+        // The flushers outlive no borrow: they write through a second
+        // descriptor of the same open file (its O_DIRECT flag included).
+        let file = self
+            .file
+            .try_clone()
+            .map_err(|e| ImageError::io(&self.path, "dup", e))?;
         let (to_flush, jobs) = std::sync::mpsc::sync_channel::<Flush>(STREAM_BUFFERS);
-        let jobs = Mutex::new(jobs);
         let (give_back, free) = std::sync::mpsc::channel::<MmapMut>();
-        for _ in 0..STREAM_BUFFERS {
-            let block = MmapMut::map_anon(BLOCK as usize)
-                .map_err(|e| ImageError::io(&self.path, "map a write buffer", e))?;
-            let _ = give_back.send(block);
-        }
-        let (filled, size) = std::thread::scope(|s| {
-            for _ in 0..FLUSHERS {
-                let (shared, jobs, give_back) = (&shared, &jobs, give_back.clone());
-                s.spawn(move || shared.run(jobs, give_back));
-            }
-            drop(give_back);
-            let mut stream = PageStream {
-                shared: &shared,
-                to_flush,
-                free,
-                block: None,
-                filled: 0,
-                index: 0,
-            };
-            let filled = fill(&mut stream);
-            let size = stream.index * BLOCK + stream.filled as u64;
-            let last = match filled {
-                Ok(_) => stream.flush(),
-                Err(_) => Ok(()),
-            };
-            // Dropping the stream ends the flushers once their queue is
-            // empty; the scope waits for them.
-            drop(stream);
-            (filled.and_then(|v| last.map(|()| v).map_err(E::from)), size)
-        });
-        // A flusher's error is the cause of whatever `fill` then met.
-        if let Some(e) = shared.error.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            return Err(e.into());
-        }
-        let value = filled?;
-        // Past the end: the preallocation, and the last block's padding
-        // to a whole page.
-        sys::truncate(self.file.as_fd(), size)
-            .map_err(|e| ImageError::io(&self.path, "truncate", e))?;
-        if direct {
-            sys::set_direct(self.file.as_fd(), false)
-                .map_err(|e| ImageError::io(&self.path, "fcntl", e))?;
-        }
-        let digests = shared
-            .digests
-            .into_inner()
-            .unwrap_or_else(|p| p.into_inner());
-        lock(&self.pieces).push(Piece {
-            offset: 0,
-            len: size,
-        });
-        lock(&self.hashed).extend(digests);
-        Ok(value)
+        Ok(PageStream {
+            writer: self,
+            shared: Arc::new(Flushing {
+                file,
+                path: self.path.clone(),
+                direct,
+                failed: AtomicBool::new(false),
+                error: Mutex::new(None),
+                digests: Mutex::new(Vec::new()),
+                write_turn: Mutex::new(()),
+            }),
+            jobs: Arc::new(Mutex::new(jobs)),
+            to_flush: Some(to_flush),
+            give_back,
+            free,
+            buffers: 0,
+            flushers: Vec::new(),
+            block: None,
+            filled: 0,
+            index: 0,
+        })
     }
 }
 
-/// Buffers of a stream: one filling, the rest queued or being written.
+/// Buffers of a stream at most: one filling, the rest queued or being
+/// written. Mapped as they are first needed, so a stream that stays small
+/// (a process of little memory in a large tree) costs little.
 const STREAM_BUFFERS: usize = 4;
 /// Threads hashing and writing a stream's blocks (two writes in flight
-/// keep the disk's queue from running dry while a block is hashed).
+/// keep the disk's queue from running dry while a block is hashed),
+/// started at the stream's first full block.
 const FLUSHERS: usize = 2;
 
-/// The bytes of a [`PagesWriter::stream`], pushed in file order.
-pub struct PageStream<'s> {
-    shared: &'s Flushing<'s>,
-    to_flush: SyncSender<Flush>,
+/// A pages file written as one stream, in file order: the bytes are
+/// gathered into page-aligned [`digest::BLOCK`]-sized buffers, each hashed
+/// in memory and written by flusher threads while the next one fills (see
+/// the module's documentation). Dropped without [`PageStream::finish`],
+/// it stops its flushers and leaves the file incomplete.
+pub struct PageStream<'w> {
+    writer: &'w PagesWriter,
+    shared: Arc<Flushing>,
+    jobs: Arc<Mutex<Receiver<Flush>>>,
+    /// `None` once the stream ends: the flushers then stop.
+    to_flush: Option<SyncSender<Flush>>,
+    give_back: Sender<MmapMut>,
     free: Receiver<MmapMut>,
+    /// Buffers mapped so far.
+    buffers: usize,
+    flushers: Vec<JoinHandle<()>>,
     /// The block being filled, `filled` bytes so far.
     block: Option<MmapMut>,
     filled: usize,
@@ -237,6 +236,16 @@ pub struct PageStream<'s> {
 }
 
 impl PageStream<'_> {
+    /// Bytes pushed so far: the file offset of the next byte.
+    pub fn len(&self) -> u64 {
+        self.index * BLOCK + self.filled as u64
+    }
+
+    /// True before the first byte.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Appends `data` to the file.
     pub fn push(&mut self, data: &[u8]) -> Result<(), ImageError> {
         self.push_with(data.len(), |into: &mut [u8], at| {
@@ -257,13 +266,11 @@ impl PageStream<'_> {
     ) -> Result<(), E> {
         let mut at = 0;
         while at < len {
-            let block = match &mut self.block {
+            let block = match self.block.take() {
                 Some(b) => b,
-                None => {
-                    let b = self.free.recv().map_err(|_| self.shared.stopped())?;
-                    self.block.insert(b)
-                }
+                None => self.buffer()?,
             };
+            let block = self.block.insert(block);
             let n = (len - at).min(BLOCK as usize - self.filled);
             fill(&mut block[self.filled..self.filled + n], at)?;
             self.filled += n;
@@ -275,6 +282,21 @@ impl PageStream<'_> {
         Ok(())
     }
 
+    /// A free buffer: one the flushers gave back, a new one while fewer
+    /// than [`STREAM_BUFFERS`] exist, else the next one given back.
+    fn buffer(&mut self) -> Result<MmapMut, ImageError> {
+        if let Ok(b) = self.free.try_recv() {
+            return Ok(b);
+        }
+        if self.buffers < STREAM_BUFFERS {
+            let b = MmapMut::map_anon(BLOCK as usize)
+                .map_err(|e| ImageError::io(&self.shared.path, "map a write buffer", e))?;
+            self.buffers += 1;
+            return Ok(b);
+        }
+        self.free.recv().map_err(|_| self.shared.stopped())
+    }
+
     /// Hands the block being filled (if any) to the flushers.
     fn flush(&mut self) -> Result<(), ImageError> {
         if self.shared.failed.load(Ordering::Relaxed) {
@@ -283,17 +305,83 @@ impl PageStream<'_> {
         let Some(block) = self.block.take() else {
             return Ok(());
         };
+        while self.flushers.len() < FLUSHERS {
+            let (shared, jobs, give_back) = (
+                Arc::clone(&self.shared),
+                Arc::clone(&self.jobs),
+                self.give_back.clone(),
+            );
+            let flusher = std::thread::Builder::new()
+                .name("ckpt-flush".into())
+                .spawn(move || shared.run(&jobs, give_back))
+                .map_err(|e| ImageError::io(&self.shared.path, "start a flusher", e))?;
+            self.flushers.push(flusher);
+        }
         let job = Flush {
             index: self.index,
             len: self.filled,
             block,
         };
-        self.to_flush.send(job).map_err(|_| self.shared.stopped())?;
+        let to_flush = self
+            .to_flush
+            .as_ref()
+            .ok_or_else(|| self.shared.stopped())?;
+        to_flush.send(job).map_err(|_| self.shared.stopped())?;
         if self.filled == BLOCK as usize {
             self.index += 1;
             self.filled = 0;
         }
         Ok(())
+    }
+
+    /// Writes what is left and completes the file's bookkeeping (not yet
+    /// durable: [`crate::ImageWriter::finish_pages_all`] syncs). Returns
+    /// its size.
+    pub fn finish(mut self) -> Result<u64, ImageError> {
+        let last = self.flush();
+        let ended = self.end();
+        last?;
+        ended?;
+        let size = self.len();
+        let w = self.writer;
+        // Past the end: the preallocation, and the last block's padding
+        // to a whole page.
+        sys::truncate(w.file.as_fd(), size).map_err(|e| ImageError::io(&w.path, "truncate", e))?;
+        if self.shared.direct {
+            sys::set_direct(w.file.as_fd(), false)
+                .map_err(|e| ImageError::io(&w.path, "fcntl", e))?;
+        }
+        let digests = std::mem::take(&mut *lock(&self.shared.digests));
+        lock(&w.pieces).push(Piece {
+            offset: 0,
+            len: size,
+        });
+        lock(&w.hashed).extend(digests);
+        Ok(size)
+    }
+
+    /// Stops the flushers once their queue is empty and waits for them;
+    /// the first error any of them met.
+    fn end(&mut self) -> Result<(), ImageError> {
+        self.to_flush = None;
+        for flusher in self.flushers.drain(..) {
+            if let Err(panic) = flusher.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+        match lock(&self.shared.error).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for PageStream<'_> {
+    fn drop(&mut self) {
+        self.to_flush = None;
+        for flusher in self.flushers.drain(..) {
+            let _ = flusher.join();
+        }
     }
 }
 
@@ -305,8 +393,10 @@ struct Flush {
 }
 
 /// What a stream's flushers share.
-struct Flushing<'w> {
-    writer: &'w PagesWriter,
+struct Flushing {
+    /// The pages file (a descriptor of its own).
+    file: File,
+    path: PathBuf,
     direct: bool,
     failed: AtomicBool,
     /// The first write error.
@@ -322,7 +412,7 @@ struct Flushing<'w> {
     write_turn: Mutex<()>,
 }
 
-impl Flushing<'_> {
+impl Flushing {
     /// A flusher: hashes and writes blocks until the stream ends, handing
     /// every buffer back (also after an error, so the stream never waits
     /// for one that will not come).
@@ -343,7 +433,6 @@ impl Flushing<'_> {
     }
 
     fn write(&self, job: &mut Flush) -> Result<(), ImageError> {
-        let w = self.writer;
         let d = digest::block_digest(&job.block[..job.len]);
         lock(&self.digests).push((job.index, d));
         // Direct I/O writes whole pages: the last block is padded with
@@ -357,23 +446,27 @@ impl Flushing<'_> {
         };
         let offset = job.index * BLOCK;
         let turn = (!self.direct).then(|| lock(&self.write_turn));
-        w.file
+        self.file
             .write_all_at(&job.block[..len], offset)
-            .map_err(|e| ImageError::io(&w.path, "write", e))?;
+            .map_err(|e| ImageError::io(&self.path, "write", e))?;
         drop(turn);
         if !self.direct
-            && let Err(e) = sys::start_writeback(w.file.as_fd(), offset, len as u64)
+            && let Err(e) = sys::start_writeback(self.file.as_fd(), offset, len as u64)
         {
-            log::debug!("{}: early writeback not started: {e}", w.path.display());
+            log::debug!("{}: early writeback not started: {e}", self.path.display());
         }
         Ok(())
     }
 
-    /// The error for a stream whose flushers stopped.
+    /// The error for a stream whose flushers stopped: it names the first
+    /// error they met.
     fn stopped(&self) -> ImageError {
+        let cause = lock(&self.error)
+            .as_ref()
+            .map_or_else(|| "no flusher left".to_string(), ToString::to_string);
         ImageError::Invalid {
-            path: self.writer.path.clone(),
-            what: "writing stopped after an error".into(),
+            path: self.path.clone(),
+            what: format!("writing stopped after an error: {cause}"),
         }
     }
 }
@@ -549,6 +642,67 @@ mod tests {
                 assert_eq!(written.block_blake3, blocks, "len {len}");
             }
         }
+    }
+
+    #[test]
+    fn an_open_stream_takes_pushes_from_threads_in_turn() {
+        // As a background dump's sink does: threads append whole pieces
+        // under a lock, each at the offset the stream says is next.
+        let len = digest::BLOCK as usize * 2 + 5_000;
+        let data = sample(len);
+        let t = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let mut w = ImageWriter::create(&t.path().join("ck")).unwrap();
+        let pw = w.pages("pages-1.img").unwrap();
+        let stream = Mutex::new(pw.open_stream(len as u64).unwrap());
+        let placed = Mutex::new(Vec::new());
+        let pieces: Vec<&[u8]> = data.chunks(300_001).collect();
+        std::thread::scope(|s| {
+            for part in pieces.chunks(pieces.len().div_ceil(3)) {
+                let (stream, placed) = (&stream, &placed);
+                s.spawn(move || {
+                    for &p in part {
+                        let mut st = lock(stream);
+                        let at = st.len();
+                        st.push(p).unwrap();
+                        lock(placed).push((at, p));
+                    }
+                });
+            }
+        });
+        let stream = stream.into_inner().unwrap();
+        assert_eq!(stream.len(), len as u64);
+        assert_eq!(stream.finish().unwrap(), len as u64);
+        w.finish_pages(pw).unwrap();
+        let key = ImageKey::from_secret(Path::new("k"), [7; crate::seal::KEY_LEN]);
+        let committed = w.commit(Manifest::default(), &key).unwrap();
+        let on_disk = std::fs::read(committed.path().join("pages-1.img")).unwrap();
+        assert_eq!(on_disk.len(), len);
+        for (at, p) in placed.into_inner().unwrap() {
+            assert!(
+                &on_disk[at as usize..at as usize + p.len()] == p,
+                "piece at {at}"
+            );
+        }
+        let m = crate::ImageDir::open(committed.path(), &key).unwrap();
+        assert_eq!(
+            m.manifest().files[0].blake3,
+            digest::of_bytes(&on_disk).to_vec()
+        );
+    }
+
+    #[test]
+    fn a_stream_dropped_unfinished_stops_its_flushers() {
+        let t = tempfile::tempdir().unwrap();
+        let mut w = ImageWriter::create(&t.path().join("ck")).unwrap();
+        let pw = w.pages("pages-1.img").unwrap();
+        let mut stream = pw.open_stream(0).unwrap();
+        stream
+            .push(&sample(digest::BLOCK as usize * 3 + 1))
+            .unwrap();
+        // Returns: the flushers saw the stream end and were joined.
+        drop(stream);
+        // The file is not complete: nothing of it is recorded.
+        assert_eq!(pw.written(), 0);
     }
 
     #[test]
