@@ -693,7 +693,7 @@ mod tests {
     #[test]
     fn a_stream_dropped_unfinished_stops_its_flushers() {
         let t = tempfile::tempdir().unwrap();
-        let mut w = ImageWriter::create(&t.path().join("ck")).unwrap();
+        let w = ImageWriter::create(&t.path().join("ck")).unwrap();
         let pw = w.pages("pages-1.img").unwrap();
         let mut stream = pw.open_stream(0).unwrap();
         stream
