@@ -154,10 +154,11 @@ impl PagesWriter {
     /// ([`PageStream::push`]), to be ended with [`PageStream::finish`].
     /// Nothing else may be written into the file.
     ///
-    /// `at_most` bounds the file's size: on a disk, that much is allocated
-    /// first, so the direct writes overwrite allocated blocks, which the
-    /// filesystem lets run side by side (writes past the end of a file
-    /// take its inode lock one at a time); the rest is cut off at the end.
+    /// `at_most` bounds the file's size: on a disk, the first flusher
+    /// allocates that much before its first write, so the direct writes
+    /// overwrite allocated blocks, which the filesystem lets run side by
+    /// side (writes past the end of a file take its inode lock one at a
+    /// time); the rest is cut off at the end.
     /// In memory (tmpfs), writes are buffered and nothing is preallocated.
     pub fn open_stream(&self, at_most: u64) -> Result<PageStream<'_>, ImageError> {
         let direct = !sys::in_memory(self.file.as_fd())
@@ -168,9 +169,6 @@ impl PagesWriter {
                     false
                 }
             };
-        if direct && let Err(e) = sys::preallocate(self.file.as_fd(), at_most) {
-            log::debug!("{}: not preallocated ({e})", self.path.display());
-        }
         // The flushers outlive no borrow: they write through a second
         // descriptor of the same open file (its O_DIRECT flag included).
         let file = self
@@ -185,6 +183,7 @@ impl PagesWriter {
                 file,
                 path: self.path.clone(),
                 direct,
+                preallocate: Mutex::new(direct.then_some(at_most)),
                 failed: AtomicBool::new(false),
                 error: Mutex::new(None),
                 digests: Mutex::new(Vec::new()),
@@ -398,6 +397,11 @@ struct Flushing {
     file: File,
     path: PathBuf,
     direct: bool,
+    /// How much to allocate on disk, until the first flusher to start
+    /// does it: off the caller's path, which for a background dump is the
+    /// freeze (allocating a file's worth of blocks waits for the
+    /// filesystem's journal, 2 s once here behind a large delete).
+    preallocate: Mutex<Option<u64>>,
     failed: AtomicBool,
     /// The first write error.
     error: Mutex<Option<ImageError>>,
@@ -417,6 +421,12 @@ impl Flushing {
     /// every buffer back (also after an error, so the stream never waits
     /// for one that will not come).
     fn run(&self, jobs: &Mutex<Receiver<Flush>>, give_back: Sender<MmapMut>) {
+        let preallocate = lock(&self.preallocate).take();
+        if let Some(len) = preallocate
+            && let Err(e) = sys::preallocate(self.file.as_fd(), len)
+        {
+            log::debug!("{}: not preallocated ({e})", self.path.display());
+        }
         loop {
             let job = lock(jobs).recv();
             let Ok(mut job) = job else {
