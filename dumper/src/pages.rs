@@ -513,7 +513,9 @@ fn pack_one(
         };
         return Ok((vec![block(true, first, Some(tail))], Kept::Raw));
     }
-    t.read(c.addr + first as u64, &mut raw[first..len])?;
+    if first < len {
+        t.read(c.addr + first as u64, &mut raw[first..len])?;
+    }
     Ok(match lz4_whole(&raw[..len], z) {
         Some(n) => (vec![block(false, n, None)], Kept::Lz4),
         None => (vec![block(true, len, None)], Kept::Raw),

@@ -338,9 +338,9 @@ impl PageStream<'_> {
     /// its size.
     pub fn finish(mut self) -> Result<u64, ImageError> {
         let last = self.flush();
-        let ended = self.end();
+        // A flusher's error is the cause of the last flush's.
+        self.end()?;
         last?;
-        ended?;
         let size = self.len();
         let w = self.writer;
         // Past the end: the preallocation, and the last block's padding
@@ -362,25 +362,34 @@ impl PageStream<'_> {
     /// Stops the flushers once their queue is empty and waits for them;
     /// the first error any of them met.
     fn end(&mut self) -> Result<(), ImageError> {
-        self.to_flush = None;
-        for flusher in self.flushers.drain(..) {
-            if let Err(panic) = flusher.join() {
-                std::panic::resume_unwind(panic);
-            }
+        if let Err(panic) = self.stop() {
+            std::panic::resume_unwind(panic);
         }
         match lock(&self.shared.error).take() {
             Some(e) => Err(e),
             None => Ok(()),
         }
     }
+
+    /// Ends the flushers' queue and joins them: the first panic, if any.
+    fn stop(&mut self) -> std::thread::Result<()> {
+        self.to_flush = None;
+        let mut joined = Ok(());
+        for flusher in self.flushers.drain(..) {
+            let j = flusher.join();
+            if joined.is_ok() {
+                joined = j;
+            }
+        }
+        joined
+    }
 }
 
 impl Drop for PageStream<'_> {
     fn drop(&mut self) {
-        self.to_flush = None;
-        for flusher in self.flushers.drain(..) {
-            let _ = flusher.join();
-        }
+        // Unwinding already, or the stream was abandoned: its flushers
+        // must not outlive it either way.
+        let _ = self.stop();
     }
 }
 
