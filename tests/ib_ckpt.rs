@@ -543,8 +543,7 @@ fn a_verbs_job_on_two_guests_restarts_across_their_link() {
             .replace("SIDE", side)
             .replace("MESSAGES", &MESSAGES.to_string());
         let path = s.join(format!("guest{node}.sh"));
-        fs::write(&path, text).expect("write guest script");
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).expect("chmod");
+        write_executable(&path, &text);
         Command::new(workspace().join("scripts/ib-vm.sh"))
             .args(["run", "--timeout", &LINKED_TIMEOUT_SECS.to_string()])
             .args(["--link", &port, "--node", node, "--scratch"])

@@ -434,8 +434,7 @@ fn srun_launch_dumps_and_restores_parts_on_swapped_nodes() {
     let bin = main.root.join("bin");
     fs::create_dir(&bin).unwrap();
     let srun = bin.join("srun");
-    fs::write(&srun, FAKE_SRUN).unwrap();
-    fs::set_permissions(&srun, fs::Permissions::from_mode(0o755)).unwrap();
+    write_executable(&srun, FAKE_SRUN);
     let log = main.root.join("srun.log");
     let path = format!(
         "{}:{}",
@@ -670,8 +669,7 @@ fn agents_that_never_register_are_given_up_on() {
     // A launcher that never runs the agent (a node that is down, a step
     // waiting for resources).
     let stuck = main.root.join("stuck-launcher");
-    fs::write(&stuck, "#!/bin/sh\nexec sleep 60\n").unwrap();
-    fs::set_permissions(&stuck, fs::Permissions::from_mode(0o755)).unwrap();
+    write_executable(&stuck, "#!/bin/sh\nexec sleep 60\n");
     let via = format!("{} {{host}}", stuck.display());
     let out = ckpt(
         &main,

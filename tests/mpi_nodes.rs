@@ -12,7 +12,6 @@
 mod common;
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -55,8 +54,7 @@ fn open_mpi_job_across_two_nodes_survives_a_coordinated_checkpoint() {
     let rounds = ROUNDS.to_string();
 
     let agent = env.root.join("netns-rsh");
-    fs::write(&agent, launch_agent(&nodes)).expect("write launch agent");
-    fs::set_permissions(&agent, fs::Permissions::from_mode(0o755)).expect("chmod launch agent");
+    write_executable(&agent, &launch_agent(&nodes));
     let hostfile = env.root.join("hostfile");
     let hosts: String = nodes
         .addrs

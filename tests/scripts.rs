@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use common::*;
@@ -22,8 +21,7 @@ fn script(env: &TestEnv, name: &str, log: &Path, tail: &str) -> PathBuf {
          {tail}\n",
         log = log.display()
     );
-    std::fs::write(&path, body).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    write_executable(&path, &body);
     path
 }
 

@@ -132,8 +132,7 @@ fn file_replaced_by_a_shorter_one_is_refused() {
 /// test can change that copy between dump and restore.
 fn spawn_from_copy(env: &TestEnv) -> (Victim, PathBuf) {
     let copy = env.work.join("secfiles-copy");
-    fs::copy(victim_bin("secfiles"), &copy).expect("copy victim");
-    fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).expect("chmod copy");
+    install_executable(&victim_bin("secfiles"), &copy);
     let mut v = Victim::spawn_bin_as(env, &copy, &["data"], test_user());
     v.wait_ready();
     (v, copy)

@@ -202,17 +202,13 @@ impl FakeJob {
         let bin = env.root.join("bin");
         std::fs::create_dir(&bin).expect("create fake bin dir");
         let scontrol = bin.join("scontrol");
-        std::fs::write(
+        write_executable(
             &scontrol,
-            format!(
+            &format!(
                 "#!/bin/sh\necho \"$@\" >> {}\n",
                 env.root.join("scontrol.log").display()
             ),
-        )
-        .expect("write fake scontrol");
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&scontrol, std::fs::Permissions::from_mode(0o755))
-            .expect("chmod fake scontrol");
+        );
         FakeJob {
             out: env.root.join("job.out"),
             dir: env.root.join("ckpt"),

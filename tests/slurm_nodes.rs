@@ -19,7 +19,6 @@ mod common;
 #[path = "slurm_lab.rs"]
 mod slurm_lab;
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -327,9 +326,7 @@ fn refused_part_fails_the_checkpoint_in_one_line_and_every_part_runs_on() {
         ),
     ] {
         let path = bin.join(name);
-        std::fs::write(&path, text).expect("write fake Slurm client");
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
-            .expect("chmod fake Slurm client");
+        write_executable(&path, &text);
     }
     // Node 0 runs an ordinary victim, node 1 one holding a netlink socket.
     let works = [env.root.join("work-0"), env.root.join("work-1")];

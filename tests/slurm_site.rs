@@ -19,7 +19,6 @@ mod common;
 #[path = "slurm_lab.rs"]
 mod slurm_lab;
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::Mutex;
@@ -37,10 +36,6 @@ const JOB_POLL: Duration = Duration::from_secs(1);
 // ---------------------------------------------------------------------------
 // Without Slurm
 // ---------------------------------------------------------------------------
-
-fn chmod_x(path: &Path) {
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod +x");
-}
 
 /// A committed checkpoint of a running victim, for the Epilog to verify.
 fn one_checkpoint(env: &TestEnv, dir: &Path) {
@@ -196,9 +191,9 @@ impl FakeJob {
         std::fs::create_dir(&bin).unwrap();
         let log = env.root.join("scontrol.log");
         let scontrol = bin.join("scontrol");
-        std::fs::write(
+        write_executable(
             &scontrol,
-            format!(
+            &format!(
                 r#"#!/bin/sh
 echo "$@" >> {log}
 case "$1 $2" in
@@ -208,9 +203,7 @@ esac
 "#,
                 log = log.display()
             ),
-        )
-        .unwrap();
-        chmod_x(&scontrol);
+        );
         FakeJob {
             dir: env.root.join("ckpt"),
             out: env.root.join("job.out"),

@@ -282,6 +282,36 @@ pub fn write_atomic(path: &Path, content: &str) {
     fs::rename(&tmp, path).unwrap_or_else(|e| panic!("rename to {}: {e}", path.display()));
 }
 
+/// Copies `from` to `to` as an executable (mode 0755) through a child
+/// `install`, so no descriptor of this process ever writes `to`. Writing it
+/// here would race with the other test threads: a child they fork while the
+/// write is open holds the file open for writing until it execs, and running
+/// the file in that window fails with ETXTBSY ("Text file busy").
+pub fn install_executable(from: &Path, to: &Path) {
+    let out = Command::new("install")
+        .args(["-m", "0755"])
+        .arg(from)
+        .arg(to)
+        .output()
+        .unwrap_or_else(|e| panic!("run install for {}: {e}", to.display()));
+    assert!(
+        out.status.success(),
+        "install {} {}: {}",
+        from.display(),
+        to.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Writes a script to run (a fake Slurm client, a launcher), executable and
+/// safe from the ETXTBSY race [`install_executable`] explains.
+pub fn write_executable(path: &Path, text: &str) {
+    let src = path.with_extension("harness-src");
+    fs::write(&src, text).unwrap_or_else(|e| panic!("write {}: {e}", src.display()));
+    install_executable(&src, path);
+    fs::remove_file(&src).unwrap_or_else(|e| panic!("remove {}: {e}", src.display()));
+}
+
 // ---------------------------------------------------------------------------
 // /proc helpers
 // ---------------------------------------------------------------------------
@@ -1841,8 +1871,7 @@ pub mod guest {
 
     /// Copies a binary into the scratch directory, executable.
     pub fn copy_executable(from: &Path, to: &Path) {
-        fs::copy(from, to).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
-        fs::set_permissions(to, fs::Permissions::from_mode(0o755)).expect("chmod");
+        super::install_executable(from, to);
     }
 
     /// Writes `script` to `scratch/name` and boots the guest of `kernel` (a
@@ -1855,8 +1884,7 @@ pub mod guest {
         timeout_secs: u32,
     ) -> std::process::Output {
         let path = scratch.join(name);
-        fs::write(&path, script).expect("write guest script");
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).expect("chmod");
+        super::write_executable(&path, script);
         let timeout = timeout_secs.to_string();
         let mut args = vec!["run"];
         if let Some(k) = kernel {
