@@ -246,6 +246,22 @@ pub fn start_writeback(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<
     }
 }
 
+/// Asks the kernel to start reading `len` bytes of `fd` from `offset` into
+/// the page cache now (`posix_fadvise(POSIX_FADV_WILLNEED)`), without
+/// waiting: hints for several files go to the disk together instead of one
+/// cold read after the other. Only a hint, so a failure is not reported.
+pub fn read_ahead(fd: BorrowedFd<'_>, offset: u64, len: u64) {
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return;
+    };
+    let _ = nix::fcntl::posix_fadvise(
+        fd,
+        offset,
+        len,
+        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_WILLNEED,
+    );
+}
+
 /// Maps the first `len` bytes of `file` read-only. Only for files in
 /// ckpt's own unfinished checkpoint directory, which no one else can open,
 /// and known to hold `len` bytes: a mapping of a file someone truncates

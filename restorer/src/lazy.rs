@@ -130,6 +130,35 @@ pub(crate) fn split(mm: &Mm, copies: Vec<PageCopy>) -> Split {
     out
 }
 
+/// Starts reading the digest blocks that hold `mm`'s eager pieces (see
+/// [`split`]) into the page cache, beside the rest of the rebuild: they
+/// are checked whole before the process runs, and from a cold cache their
+/// reads were a third of the time to running. Only a hint: a bad layout is
+/// reported when the pieces are copied.
+pub(crate) fn read_ahead_eager(pid: i32, mm: &Mm, pages: &memmap2::Mmap) {
+    let Ok(copies) = crate::pages::plan(pid, mm, pages.len() as u64) else {
+        return;
+    };
+    let block = ckpt_image::digest::BLOCK;
+    let file_len = pages.len() as u64;
+    let mut blocks: Vec<u64> = split(mm, copies)
+        .eager
+        .iter()
+        .flat_map(|c| c.file_offset / block..(c.file_offset + c.file_len).div_ceil(block))
+        .collect();
+    blocks.sort_unstable();
+    blocks.dedup();
+    for b in blocks {
+        let start = b * block;
+        if start >= file_len {
+            break;
+        }
+        let len = block.min(file_len - start);
+        // A hint only: the copy reads the blocks whether or not it took.
+        let _ = pages.advise_range(memmap2::Advice::WillNeed, start as usize, len as usize);
+    }
+}
+
 /// Makes `r`'s process's userfaultfd, registers `split.ranges` and returns
 /// what the page server needs. The pages must not be touched between this
 /// and [`PageServer::add`] by anything but the server.

@@ -430,6 +430,9 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
         .iter()
         .map(|p| opts.lazy && !m.processes.iter().any(|e| e.ppid == p.pid))
         .collect();
+    for ((p, map), _) in procs.iter().zip(&pages).zip(&lazy).filter(|(_, l)| **l) {
+        lazy::read_ahead_eager(p.pid, &p.mm, map);
+    }
     let mut stats = RestoreStats {
         processes: m.processes.len(),
         threads: procs.iter().map(|p| 1 + p.core.threads.len()).sum(),
