@@ -174,6 +174,26 @@ fn restore_from_pages_with_a_flipped_byte_fails() {
     restore_from_damaged_pages_fails("flipped-pages", |pages| flip_middle_byte(pages, 0x01));
 }
 
+/// One byte changed near the end of a pages file of several read windows:
+/// the windows before it are already copied into the stopped process when
+/// the bad block is met, and the restore still fails cleanly.
+#[test]
+fn restore_from_pages_damaged_in_a_late_window_fails() {
+    let env = TestEnv::new("late-damage");
+    let mut v = Victim::spawn(&env, "lazy", &["48", "1"]);
+    v.wait_ready();
+    dump(&env, &v, &["--kill", "--compress=none"]);
+    v.reap_killed(Duration::from_secs(10));
+    let name = format!("pages-{}.img", v.pid);
+    let path = env.img.join(&name);
+    let mut bytes = fs::read(&path).expect("read pages image");
+    assert!(bytes.len() > 40 << 20, "{} bytes", bytes.len());
+    let at = bytes.len() - 4096;
+    bytes[at] ^= 0x10;
+    fs::write(&path, &bytes).expect("write pages image");
+    assert_restore_fails_cleanly(&env, &v, &name);
+}
+
 #[test]
 fn restore_from_tampered_manifest_fails() {
     let env = TestEnv::new("tampered-manifest");

@@ -51,6 +51,38 @@ fn cycle_with_page_data(test: &str, compress: &str, check: impl FnOnce(&serde_js
     restore_and_check(&env, &v);
 }
 
+/// A pages file of several of the restorer's 16 MiB read windows, raw (so
+/// pieces straddle the windows' edges) and compressed, comes back byte for
+/// byte; on a disk it is read with direct I/O, and the test makes sure that
+/// path ran.
+#[test]
+fn large_memory_read_in_windows_comes_back_whole() {
+    for compress in ["--compress=none", "--compress=lz4"] {
+        let env = TestEnv::new("memory-windows");
+        let mut v = Victim::spawn(&env, "lazy", &["72", "2"]);
+        v.wait_ready();
+        dump(&env, &v, &["--kill", compress]);
+        v.reap_killed(std::time::Duration::from_secs(10));
+        let pages = env.img.join(format!("pages-{}.img", v.pid));
+        let restore = CkptCmd::spawn(&env, &["-vv", "restore", "--dir", path_str(&env.img)]);
+        v.go();
+        let out = finish_restore(&v, restore);
+        let on_disk = nix::sys::statfs::statfs(&env.img)
+            .is_ok_and(|fs| fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC);
+        if on_disk {
+            assert!(
+                out.stderr.contains(&format!(
+                    "pages-{}.img: read directly, each block checked as it arrives",
+                    v.pid
+                )),
+                "{compress}: not read with direct I/O ({} bytes):\n{}",
+                fs::metadata(&pages).map(|m| m.len()).unwrap_or(0),
+                out.stderr
+            );
+        }
+    }
+}
+
 /// Default dump leaves the process running, unchanged; the images it wrote
 /// while the process was live must still restore into a passing victim.
 #[test]

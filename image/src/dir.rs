@@ -514,6 +514,27 @@ impl BlockChecks {
         first..end.min(self.count()).max(first)
     }
 
+    /// Checks `data`, read from the file as block `i` (all of it: the last
+    /// block may be shorter than [`digest::BLOCK`]), against its sealed
+    /// BLAKE3 digest.
+    pub fn check_data(&self, i: usize, data: &[u8]) -> Result<(), ImageError> {
+        let start = (i as u64).saturating_mul(digest::BLOCK);
+        let len = digest::BLOCK.min(self.size.saturating_sub(start));
+        let want = self
+            .hashes
+            .get(i * digest::DIGEST_LEN..(i + 1) * digest::DIGEST_LEN);
+        match want {
+            Some(want)
+                if data.len() as u64 == len && digest::block_digest(data)[..] == want[..] =>
+            {
+                Ok(())
+            }
+            _ => Err(ImageError::Checksum {
+                path: self.path.clone(),
+            }),
+        }
+    }
+
     /// Checks block `i` of `file` (the whole file's bytes, of the recorded
     /// size) against its sealed BLAKE3 digest.
     pub fn check(&self, file: &[u8], i: usize) -> Result<(), ImageError> {
@@ -761,6 +782,18 @@ impl ImageDir {
         let d = self.digest(name)?;
         let path = self.path.join(name);
         Ok(self.open_listed(d, &path)?.0)
+    }
+
+    /// Listed page data file `name` opened again for direct reads
+    /// (`O_DIRECT`, past the page cache), or `None` where that does not pay
+    /// or cannot be had: a file in memory (tmpfs, ramfs), a filesystem
+    /// without direct I/O.
+    pub fn open_pages_direct(&self, name: &str) -> Result<Option<File>, ImageError> {
+        let f = self.open_pages(name)?;
+        if sys::in_memory(f.as_fd()) || sys::set_direct(f.as_fd(), true).is_err() {
+            return Ok(None);
+        }
+        Ok(Some(f))
     }
 
     /// Every listed name is a plain, unique file name with a BLAKE3 digest, and

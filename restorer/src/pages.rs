@@ -15,6 +15,10 @@ use rayon::prelude::*;
 use crate::error::{RestoreError, Result};
 use crate::lazy;
 
+mod direct;
+
+use direct::DirectPages;
+
 /// The checked layout of `pid`'s page data in a pages file of `file_len`
 /// bytes, or an error naming its mm image.
 pub fn plan(pid: i32, mm: &Mm, file_len: u64) -> Result<Vec<PageCopy>> {
@@ -26,10 +30,12 @@ pub fn plan(pid: i32, mm: &Mm, file_len: u64) -> Result<Vec<PageCopy>> {
     })
 }
 
-/// Copies saved pages from the mapped pages file into place while the
-/// same bytes are verified against the sealed manifest on the other cores
-/// (one read of the file, hashing beside copying); a mismatch fails the
-/// restore before anything runs, the copied pages with it.
+/// Copies saved pages into place, verified against the sealed manifest
+/// before anything runs (a mismatch fails the restore, the copied pages
+/// with it). On disk, with the manifest's block digests, the file is read
+/// with direct I/O and each block checked as it arrives ([`direct`]);
+/// otherwise the copy reads the mapped file while other cores hash the
+/// same bytes (one read of the file, hashing beside copying).
 pub fn fill_pages(
     r: &Remote<'_>,
     mm: &Mm,
@@ -38,11 +44,16 @@ pub fn fill_pages(
     pages: &[u8],
     progress: Option<&(dyn Fn(u64, u64) + Sync)>,
 ) -> Result<()> {
+    let copies = plan(r.t.pid(), mm, pages.len() as u64)?;
+    if let Some(d) = open_direct(images, name, &copies, pages.len() as u64)? {
+        log::debug!("{name}: read directly, each block checked as it arrives");
+        return copy_pages(r, mm, copies, pages, Some(&d), progress);
+    }
     // The copy stays on this thread (the tracer's); the hashing runs on
     // the pool's threads meanwhile.
     std::thread::scope(|s| {
         let verifying = s.spawn(|| images.verify_bytes(name, pages));
-        let copied = copy_pages(r, mm, pages, progress);
+        let copied = copy_pages(r, mm, copies, pages, None, progress);
         let verified = verifying
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
@@ -51,13 +62,42 @@ pub fn fill_pages(
     })
 }
 
+/// The pages file `name` of `size` bytes opened for direct reads, when it
+/// is on a disk, the manifest has its block digests and `copies` lie in
+/// it one after the other; `None` otherwise.
+fn open_direct(
+    images: &ImageDir,
+    name: &str,
+    copies: &[PageCopy],
+    size: u64,
+) -> Result<Option<DirectPages>> {
+    let mut sorted = copies.to_vec();
+    sorted.sort_unstable_by_key(|c| c.file_offset);
+    if !direct::in_file_order(&sorted) {
+        return Ok(None);
+    }
+    let Some(file) = images.open_pages_direct(name)? else {
+        return Ok(None);
+    };
+    // From here on the blocks are checked as they are read, not the file
+    // as a whole.
+    let Some(checks) = images.block_checks(name)? else {
+        return Ok(None);
+    };
+    Ok(Some(DirectPages::new(file, checks, size)))
+}
+
+/// Copies `copies` into place from `pages` (the mapped file), or, with
+/// `direct`, all but the eager pieces (a few pages) from its reads, which
+/// also verify the whole file.
 fn copy_pages(
     r: &Remote<'_>,
     mm: &Mm,
+    copies: Vec<PageCopy>,
     pages: &[u8],
+    direct: Option<&DirectPages>,
     progress: Option<&(dyn Fn(u64, u64) + Sync)>,
 ) -> Result<()> {
-    let copies = plan(r.t.pid(), mm, pages.len() as u64)?;
     // Private anonymous memory is filled with UFFDIO_COPY, which puts each
     // new page in place already holding its data: writing into the
     // process instead faults in a zeroed page first and then copies over
@@ -78,28 +118,49 @@ fn copy_pages(
         &done,
         Placing::Write,
     )?;
-    if split.lazy.is_empty() {
-        return Ok(());
-    }
-    let uffd = match uffd::create_in(r).and_then(|u| {
-        u.enable(Features::default())?;
-        for &(start, end) in &split.ranges {
-            u.register(start, end - start, RegisterMode::Missing)?;
-        }
-        Ok(u)
-    }) {
-        Ok(u) => u,
-        // Dropped on the way: nothing stays registered.
-        Err(e) => {
-            log::debug!("pid {}: pages written, not placed: {e}", r.t.pid());
-            return copy_each(r, split.lazy, pages, total, progress, &done, Placing::Write);
+    let uffd = if split.lazy.is_empty() {
+        None
+    } else {
+        match uffd::create_in(r).and_then(|u| {
+            u.enable(Features::default())?;
+            for &(start, end) in &split.ranges {
+                u.register(start, end - start, RegisterMode::Missing)?;
+            }
+            Ok(u)
+        }) {
+            Ok(u) => Some(u),
+            // Dropped on the way: nothing stays registered.
+            Err(e) => {
+                log::debug!("pid {}: pages written, not placed: {e}", r.t.pid());
+                None
+            }
         }
     };
-    let place = Placing::Fill(&uffd);
-    copy_each(r, split.lazy, pages, total, progress, &done, place)?;
+    let how = match &uffd {
+        Some(u) => Placing::Fill(u),
+        None => Placing::Write,
+    };
+    match direct {
+        None => copy_each(r, split.lazy, pages, total, progress, &done, how)?,
+        Some(d) => {
+            let mut rest = pieces(split.lazy);
+            rest.sort_unstable_by_key(|c| c.file_offset);
+            d.stream(&rest, |c, stored| {
+                DECOMPRESSED.with_borrow_mut(|buf| place_piece(r, c, stored, buf, how))?;
+                report(c, total, progress, &done);
+                Ok(())
+            })?;
+        }
+    }
     // Closing the userfaultfd unregisters its ranges.
     drop(uffd);
     Ok(())
+}
+
+thread_local! {
+    /// Each thread's buffer for decompressing LZ4 blocks read directly,
+    /// kept between blocks: a new one each time would be fresh memory.
+    static DECOMPRESSED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// How page data gets into the process.
@@ -136,15 +197,6 @@ fn copy_each(
     how: Placing<'_>,
 ) -> Result<()> {
     let pid = r.t.pid();
-    let bad = |c: &PageCopy, what: String| {
-        RestoreError::Image(ckpt_image::ImageError::Invalid {
-            path: ckpt_image::pages_name(pid).into(),
-            what: format!(
-                "data for {:#x} at {:#x} ({} bytes): {what}",
-                c.addr, c.file_offset, c.file_len
-            ),
-        })
-    };
     // In file order: each core then reads its own stretch of the file
     // front to back (a dump appends LZ4 blocks in the order they were
     // ready, not by address), which the kernel's read-ahead follows.
@@ -156,30 +208,64 @@ fn copy_each(
             .ok()
             .zip(usize::try_from(c.file_len).ok())
             .and_then(|(off, len)| pages.get(off..off.checked_add(len)?))
-            .ok_or_else(|| bad(c, "outside the pages file".into()))?;
-        let data = match c.encoding {
-            PageEncoding::Raw => stored,
-            PageEncoding::Lz4 => {
-                // raw_len is at most MAX_BLOCK_RAW_LEN (checked by `plan`).
-                buf.resize(c.raw_len as usize, 0);
-                let n = lz4_flex::block::decompress_into(stored, buf)
-                    .map_err(|e| bad(c, format!("cannot decompress: {e}")))?;
-                if n as u64 != c.raw_len {
-                    return Err(bad(c, "decompressed to the wrong length".into()));
-                }
-                &buf[..]
-            }
-        };
-        match how {
-            Placing::Write => r.t.write_mem_fast(c.addr, data)?,
-            Placing::Fill(u) => fill(r, u, c.addr, data)?,
-        }
-        let now = done.fetch_add(c.raw_len, Ordering::Relaxed) + c.raw_len;
-        if let Some(p) = progress {
-            p(now, total);
-        }
+            .ok_or_else(|| bad_piece(pid, c, "outside the pages file".into()))?;
+        place_piece(r, c, stored, buf, how)?;
+        report(c, total, progress, done);
         Ok(())
     })
+}
+
+/// An error naming `pid`'s pages file and the piece `c` in it.
+fn bad_piece(pid: i32, c: &PageCopy, what: String) -> RestoreError {
+    RestoreError::Image(ckpt_image::ImageError::Invalid {
+        path: ckpt_image::pages_name(pid).into(),
+        what: format!(
+            "data for {:#x} at {:#x} ({} bytes): {what}",
+            c.addr, c.file_offset, c.file_len
+        ),
+    })
+}
+
+/// Puts piece `c`, whose stored bytes are `stored`, in place as `how`
+/// says, decompressing through `buf`.
+fn place_piece(
+    r: &Remote<'_>,
+    c: &PageCopy,
+    stored: &[u8],
+    buf: &mut Vec<u8>,
+    how: Placing<'_>,
+) -> Result<()> {
+    let pid = r.t.pid();
+    let data = match c.encoding {
+        PageEncoding::Raw => stored,
+        PageEncoding::Lz4 => {
+            // raw_len is at most MAX_BLOCK_RAW_LEN (checked by `plan`).
+            buf.resize(c.raw_len as usize, 0);
+            let n = lz4_flex::block::decompress_into(stored, buf)
+                .map_err(|e| bad_piece(pid, c, format!("cannot decompress: {e}")))?;
+            if n as u64 != c.raw_len {
+                return Err(bad_piece(pid, c, "decompressed to the wrong length".into()));
+            }
+            &buf[..]
+        }
+    };
+    match how {
+        Placing::Write => Ok(r.t.write_mem_fast(c.addr, data)?),
+        Placing::Fill(u) => fill(r, u, c.addr, data),
+    }
+}
+
+/// Adds `c` to `done` and tells `progress`.
+fn report(
+    c: &PageCopy,
+    total: u64,
+    progress: Option<&(dyn Fn(u64, u64) + Sync)>,
+    done: &AtomicU64,
+) {
+    let now = done.fetch_add(c.raw_len, Ordering::Relaxed) + c.raw_len;
+    if let Some(p) = progress {
+        p(now, total);
+    }
 }
 
 /// Places `data` at `addr` with `UFFDIO_COPY`. The process is stopped
