@@ -145,6 +145,7 @@ fn copy_pages(
         Some(d) => {
             let mut rest = pieces(split.lazy);
             rest.sort_unstable_by_key(|c| c.file_offset);
+            let rest = direct::cut_at_windows(rest);
             d.stream(&rest, |c, stored| {
                 DECOMPRESSED.with_borrow_mut(|buf| place_piece(r, c, stored, buf, how))?;
                 report(c, total, progress, &done);

@@ -13,7 +13,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::mpsc;
 
-use ckpt_image::mm::PageCopy;
+use ckpt_image::mm::{PageCopy, PageEncoding};
 use ckpt_image::{BlockChecks, ImageError, digest};
 use rayon::prelude::*;
 
@@ -195,6 +195,41 @@ impl DirectPages {
     }
 }
 
+/// `pieces` (sorted by file offset) with raw ones cut where they cross a
+/// window's edge: the whole pages before it, the one page across it (the
+/// only bytes gathered), and the rest. An LZ4 block stays whole.
+pub(crate) fn cut_at_windows(pieces: Vec<PageCopy>) -> Vec<PageCopy> {
+    let mut out = Vec::with_capacity(pieces.len() + pieces.len() / 4);
+    for c in pieces {
+        let edge = (c.file_offset / WINDOW + 1) * WINDOW;
+        let end = c.file_offset + c.file_len;
+        if c.encoding != PageEncoding::Raw || end <= edge {
+            out.push(c);
+            continue;
+        }
+        let before = (edge - c.file_offset) / ALIGN * ALIGN;
+        let across = if (edge - c.file_offset).is_multiple_of(ALIGN) {
+            0
+        } else {
+            ALIGN
+        };
+        let mut at = 0;
+        for len in [before, across, c.file_len - before - across] {
+            if len > 0 {
+                out.push(PageCopy {
+                    addr: c.addr + at,
+                    file_offset: c.file_offset + at,
+                    file_len: len,
+                    raw_len: len,
+                    encoding: PageEncoding::Raw,
+                });
+            }
+            at += len;
+        }
+    }
+    out
+}
+
 /// Whether `pieces` are sorted by file offset and none overlaps the next,
 /// as [`DirectPages::stream`] needs (a dump writes them so; an image that
 /// shares stored bytes between pieces is read through the mapping).
@@ -209,4 +244,66 @@ struct Filled {
     buf: memmap2::MmapMut,
     /// File bytes at the buffer's start, or why reading failed.
     read: Result<usize>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(addr: u64, file_offset: u64, len: u64) -> PageCopy {
+        PageCopy {
+            addr,
+            file_offset,
+            file_len: len,
+            raw_len: len,
+            encoding: PageEncoding::Raw,
+        }
+    }
+
+    #[test]
+    fn a_raw_piece_across_an_edge_is_cut_so_one_page_is_gathered() {
+        let off = WINDOW - 3 * ALIGN - 100;
+        let cut = cut_at_windows(vec![raw(0x10000, off, 8 * ALIGN)]);
+        assert_eq!(
+            cut,
+            vec![
+                raw(0x10000, off, 3 * ALIGN),
+                raw(0x10000 + 3 * ALIGN, off + 3 * ALIGN, ALIGN),
+                raw(0x10000 + 4 * ALIGN, off + 4 * ALIGN, 4 * ALIGN),
+            ]
+        );
+        // Only the middle page crosses the edge.
+        assert!(cut[0].file_offset + cut[0].file_len <= WINDOW);
+        assert!(cut[2].file_offset >= WINDOW);
+    }
+
+    #[test]
+    fn a_piece_on_an_edge_or_compressed_is_not_gathered_needlessly() {
+        let on_edge = raw(0x10000, WINDOW - 2 * ALIGN, 4 * ALIGN);
+        assert_eq!(
+            cut_at_windows(vec![on_edge]),
+            vec![
+                raw(0x10000, WINDOW - 2 * ALIGN, 2 * ALIGN),
+                raw(0x10000 + 2 * ALIGN, WINDOW, 2 * ALIGN),
+            ]
+        );
+        let inside = raw(0x10000, 5, 4 * ALIGN);
+        assert_eq!(cut_at_windows(vec![inside]), vec![inside]);
+        let lz4 = PageCopy {
+            encoding: PageEncoding::Lz4,
+            file_len: 1000,
+            raw_len: 8 * ALIGN,
+            ..raw(0x10000, WINDOW - 10, 0)
+        };
+        assert_eq!(cut_at_windows(vec![lz4]), vec![lz4]);
+    }
+
+    #[test]
+    fn overlapping_pieces_are_not_in_file_order() {
+        assert!(in_file_order(&[raw(0, 0, ALIGN), raw(ALIGN, ALIGN, ALIGN)]));
+        assert!(!in_file_order(&[
+            raw(0, 0, 2 * ALIGN),
+            raw(0x9000, ALIGN, ALIGN)
+        ]));
+    }
 }
