@@ -45,7 +45,7 @@ pub fn fill_pages(
     progress: Option<&(dyn Fn(u64, u64) + Sync)>,
 ) -> Result<()> {
     let copies = plan(r.t.pid(), mm, pages.len() as u64)?;
-    if let Some(d) = open_direct(images, name, &copies, pages.len() as u64)? {
+    if let Some(d) = open_direct(images, name, mm, &copies, pages.len() as u64)? {
         log::debug!("{name}: read directly, each block checked as it arrives");
         return copy_pages(r, mm, copies, pages, Some(&d), progress);
     }
@@ -63,17 +63,29 @@ pub fn fill_pages(
 }
 
 /// The pages file `name` of `size` bytes opened for direct reads, when it
-/// is on a disk, the manifest has its block digests and `copies` lie in
-/// it one after the other; `None` otherwise.
+/// is on a disk, the manifest has its block digests, `copies` lie in it
+/// one after the other, and few of their bytes are written from the
+/// mapping before the fill (see [`copy_pages`]), which the direct reads
+/// would read a second time (20,000 one-page VMAs are all first pages);
+/// `None` otherwise.
 fn open_direct(
     images: &ImageDir,
     name: &str,
+    mm: &Mm,
     copies: &[PageCopy],
     size: u64,
 ) -> Result<Option<DirectPages>> {
     let mut sorted = copies.to_vec();
     sorted.sort_unstable_by_key(|c| c.file_offset);
     if !direct::in_file_order(&sorted) {
+        return Ok(None);
+    }
+    let eager: u64 = lazy::split(mm, sorted)
+        .eager
+        .iter()
+        .map(|c| c.file_len)
+        .sum();
+    if eager > size / MOSTLY_FILLED {
         return Ok(None);
     }
     let Some(file) = images.open_pages_direct(name)? else {
@@ -86,6 +98,10 @@ fn open_direct(
     };
     Ok(Some(DirectPages::new(file, checks, size)))
 }
+
+/// The direct path is taken when at most 1/MOSTLY_FILLED of a pages file
+/// is written from its mapping before the fill.
+const MOSTLY_FILLED: u64 = 8;
 
 /// Copies `copies` into place from `pages` (the mapped file), or, with
 /// `direct`, all but the eager pieces (a few pages) from its reads, which
