@@ -104,18 +104,8 @@ pub(crate) fn split(mm: &Mm, copies: Vec<PageCopy>) -> Split {
             c
         } else if c.encoding == PageEncoding::Raw && c.raw_len > PAGE_SIZE {
             // Raw data is cut after the first page.
-            out.eager.push(PageCopy {
-                file_len: PAGE_SIZE,
-                raw_len: PAGE_SIZE,
-                ..c
-            });
-            PageCopy {
-                addr: c.addr + PAGE_SIZE,
-                file_offset: c.file_offset + PAGE_SIZE,
-                file_len: c.raw_len - PAGE_SIZE,
-                raw_len: c.raw_len - PAGE_SIZE,
-                ..c
-            }
+            out.eager.push(crate::pages::raw_part(&c, 0, PAGE_SIZE));
+            crate::pages::raw_part(&c, PAGE_SIZE, c.raw_len - PAGE_SIZE)
         } else {
             out.eager.push(c);
             continue;

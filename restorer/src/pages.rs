@@ -338,13 +338,19 @@ pub(crate) fn cut_into_pieces(c: PageCopy, piece: u64, out: &mut Vec<PageCopy>) 
     let mut at = 0;
     while at < c.raw_len {
         let len = piece.min(c.raw_len - at);
-        out.push(PageCopy {
-            addr: c.addr + at,
-            file_offset: c.file_offset + at,
-            file_len: len,
-            raw_len: len,
-            encoding: PageEncoding::Raw,
-        });
+        out.push(raw_part(&c, at, len));
         at += len;
+    }
+}
+
+/// The `len` bytes of raw piece `c` from `at` on, as a piece of its own
+/// (raw data goes to memory in file order, byte for byte).
+pub(crate) fn raw_part(c: &PageCopy, at: u64, len: u64) -> PageCopy {
+    PageCopy {
+        addr: c.addr + at,
+        file_offset: c.file_offset + at,
+        file_len: len,
+        raw_len: len,
+        encoding: PageEncoding::Raw,
     }
 }

@@ -216,13 +216,7 @@ pub(crate) fn cut_at_windows(pieces: Vec<PageCopy>) -> Vec<PageCopy> {
         let mut at = 0;
         for len in [before, across, c.file_len - before - across] {
             if len > 0 {
-                out.push(PageCopy {
-                    addr: c.addr + at,
-                    file_offset: c.file_offset + at,
-                    file_len: len,
-                    raw_len: len,
-                    encoding: PageEncoding::Raw,
-                });
+                out.push(super::raw_part(&c, at, len));
             }
             at += len;
         }
