@@ -785,12 +785,16 @@ impl ImageDir {
     }
 
     /// Listed page data file `name` opened again for direct reads
-    /// (`O_DIRECT`, past the page cache), or `None` where that does not pay
-    /// or cannot be had: a file in memory (tmpfs, ramfs), a filesystem
-    /// without direct I/O.
+    /// (`O_DIRECT`, past the page cache, page-aligned reads), or `None`
+    /// where that does not pay or cannot be had: a file in memory (tmpfs,
+    /// ramfs), a filesystem without direct I/O or with blocks larger than
+    /// a page.
     pub fn open_pages_direct(&self, name: &str) -> Result<Option<File>, ImageError> {
         let f = self.open_pages(name)?;
-        if sys::in_memory(f.as_fd()) || sys::set_direct(f.as_fd(), true).is_err() {
+        if sys::in_memory(f.as_fd())
+            || sys::set_direct(f.as_fd(), true).is_err()
+            || !sys::direct_read_works(&f)
+        {
             return Ok(None);
         }
         Ok(Some(f))

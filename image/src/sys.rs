@@ -198,6 +198,18 @@ pub fn set_direct(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
         .map_err(io_err)
 }
 
+/// Whether a direct read of the first page of `file` (opened with
+/// `O_DIRECT`) works: a filesystem may take the flag at open and refuse
+/// reads aligned to less than its own block.
+pub fn direct_read_works(file: &File) -> bool {
+    /// The alignment the restorer's direct reads keep: a page.
+    const PAGE: usize = 4096;
+    let Ok(mut buf) = memmap2::MmapMut::map_anon(PAGE) else {
+        return false;
+    };
+    std::os::unix::fs::FileExt::read_at(file, &mut buf[..], 0).is_ok()
+}
+
 /// Whether `fd` lives in memory (tmpfs or ramfs): no disk behind it, so
 /// neither direct I/O nor preallocation (which fills real pages there)
 /// helps.
