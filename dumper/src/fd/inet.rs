@@ -341,9 +341,30 @@ fn read_send_side(
             .map(|v| v.max(0) as u32)
             .map_err(|e| os(what, e))
     };
-    let send_len = len(SIOCOUTQ, "SIOCOUTQ")?;
-    let unsent_len = len(libc::SIOCOUTQNSD, "SIOCOUTQNSD")?;
-    let data = peek_all(sock, send_len as usize).map_err(|e| os("peek send queue", e))?;
+    // The send queue only shrinks while the tree is frozen: the peer's
+    // acknowledgments are still processed, and each drops acknowledged
+    // bytes from its head (its end, TCP_QUEUE_SEQ, holds still). So it is
+    // peeked whole and taken once its length held still across the peek.
+    let mut tries = 0;
+    let (send_len, unsent_len, data) = loop {
+        let before = len(SIOCOUTQ, "SIOCOUTQ")?;
+        let data = sys::recv_peek(sock, before as usize).map_err(|e| os("peek send queue", e))?;
+        let after = len(SIOCOUTQ, "SIOCOUTQ")?;
+        let unsent = len(libc::SIOCOUTQNSD, "SIOCOUTQNSD")?;
+        if data.len() == after as usize {
+            break (after, unsent.min(after), data);
+        }
+        tries += 1;
+        if tries == SEND_QUEUE_TRIES {
+            return Err(os(
+                "peek send queue",
+                std::io::Error::other(format!(
+                    "its length kept changing ({} bytes peeked, {after} queued)",
+                    data.len()
+                )),
+            ));
+        }
+    };
     sys::setsockopt_int(sock, tcp, libc::TCP_REPAIR_QUEUE, TCP_NO_QUEUE)
         .map_err(|e| os("TCP_REPAIR_QUEUE", e))?;
     let conn = TcpConnection {
@@ -432,6 +453,10 @@ fn read_receive_sides(tree: &mut TreeFiles) -> Result<()> {
     }
     Ok(())
 }
+
+/// Peeks of a send queue that acknowledgments keep shortening before one
+/// holds still: each acknowledgment can only shorten it, so a few suffice.
+const SEND_QUEUE_TRIES: u32 = 16;
 
 /// Exactly `len` bytes of the queue chosen with TCP_REPAIR_QUEUE.
 fn peek_all(sock: BorrowedFd<'_>, len: usize) -> std::io::Result<Vec<u8>> {
