@@ -29,7 +29,9 @@
 //!   by ckpt (`--pause`: at each restart point the program waits, and is
 //!   dumped with `--kill` and restored): RDMA write with immediate and RDMA
 //!   read, unsignaled sends before a signaled one, sends waiting on RNR,
-//!   a completion whose event was pending, UD through an address handle
+//!   a completion whose event was pending, a thread whose read of an
+//!   event had returned (its CQ still destroyed after every event read is
+//!   acked), UD through an address handle
 //!   and an SRQ shared by two QPs, each message exactly once. And a dump
 //!   while a thread holds the C library's malloc lock (inside
 //!   `malloc_stats`, writing to a full pipe): refused by name, the program
@@ -234,7 +236,7 @@ external() {
     done
     wait $W; echo "$prog exit $?"
 }
-external rc_restart 2 0 1 99
+external rc_restart 2 0 1 99 100
 external ud_srq_restart 2 0 1
 # A thread holds malloc's lock at point 98: the dump is refused and the
 # program goes on; its next points are dumped and restored as above.
@@ -629,7 +631,9 @@ fn rdma_ud_and_srq_programs_restart_through_ckpt_at_every_point() {
     assert!(
         stdout.contains("rc_restart exit 0")
             && g.read("rc_restart.out").contains("rc_restart: ok rounds=2")
-            && g.read("rc_restart.out").contains("event across restart"),
+            && g.read("rc_restart.out").contains("event across restart")
+            && g.read("rc_restart.out")
+                .contains("event read across restart"),
         "{all}"
     );
     assert!(
@@ -641,7 +645,7 @@ fn rdma_ud_and_srq_programs_restart_through_ckpt_at_every_point() {
     // The dumps found work in flight: sends waiting on RNR and completions
     // to drain (the event test's among them).
     let rc_log = g.read("rc_restart-ckpt.out");
-    assert_eq!(rc_log.matches("verbs drained").count(), 3, "{all}");
+    assert_eq!(rc_log.matches("verbs drained").count(), 4, "{all}");
     assert!(
         rc_log.contains("sends outstanding") && !rc_log.contains("drained: 0 completions"),
         "{all}"

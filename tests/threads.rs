@@ -43,6 +43,42 @@ fn threads_restored_with_their_state() {
     finish_restore(&v, restore);
 }
 
+/// No thread of a restored process runs before the tree resumes: at
+/// pre-resume (the whole tree rebuilt, the verbs layers and TCP
+/// connections not yet let go) every task of the process, its other
+/// threads as well as its leader, is still in a tracing stop.
+#[test]
+fn every_thread_stays_stopped_until_the_tree_resumes() {
+    let env = TestEnv::new("threads-held");
+    let log = env.root.join("states.log");
+    let hook = env.root.join("hook.sh");
+    write_executable(
+        &hook,
+        &format!(
+            "#!/bin/sh
+             [ \"$CKPT_SCRIPT_ACTION\" = pre-resume ] || exit 0
+             for s in /proc/$CKPT_PID/task/*/stat; do
+                 awk '{{print $1, $3}}' \"$s\" >> {log}
+             done
+",
+            log = log.display()
+        ),
+    );
+    let mut v = Victim::spawn(&env, "threads", &[]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    let restore = spawn_restore(&env, &["--action-script", path_str(&hook)]);
+    v.go();
+    finish_restore(&v, restore);
+    let states = read_to_string_lossy(&log);
+    let tasks: Vec<&str> = states.lines().collect();
+    assert_eq!(tasks.len(), 4, "pre-resume saw: {states}");
+    assert!(
+        tasks.iter().all(|l| l.ends_with(" t")),
+        "a task of the restored process ran before resume: {states}"
+    );
+}
+
 /// The dump stops each thread with a signal the process ignores
 /// (SIGURG first): with SIGURG handled it takes SIGWINCH, and the
 /// program's handler never runs.

@@ -28,6 +28,7 @@ use ckpt_parasite::{Regs, SYSCALL_INT3, Tracee};
 
 use crate::ProcessImages;
 use crate::error::{RestoreError, Result};
+use crate::held::Held;
 
 const PAGE: u64 = 4096;
 /// Stack for the layer's code.
@@ -192,7 +193,7 @@ impl Pending {
 
     /// Connects every process's queue pairs with `all` (every node's blobs,
     /// this tree's included), then re-posts their outstanding work.
-    pub(crate) fn connect(&mut self, tracees: &[Tracee], all: &[u8]) -> Result<()> {
+    pub(crate) fn connect(&mut self, tracees: &[Held], all: &[u8]) -> Result<()> {
         if self.connected || self.procs.is_empty() {
             return Ok(());
         }
@@ -223,7 +224,7 @@ impl Pending {
 /// Recreates the verbs resources of every process of the tree that ran
 /// with the layer (step 1 of the module doc); the connect waits for every
 /// node's blobs ([`Pending::connect`]).
-pub(crate) fn restart_local(tracees: &[Tracee], procs: &[ProcessImages]) -> Result<Pending> {
+pub(crate) fn restart_local(tracees: &[Held], procs: &[ProcessImages]) -> Result<Pending> {
     let mut pending = Pending::default();
     let started = std::time::Instant::now();
     for (i, (t, p)) in tracees.iter().zip(procs).enumerate() {

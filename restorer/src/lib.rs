@@ -27,6 +27,7 @@ pub mod error;
 
 mod creds;
 mod fd;
+mod held;
 mod ib;
 mod inherit;
 mod ipc;
@@ -62,6 +63,7 @@ use ckpt_image::mm::{Mm, VmaKind};
 use ckpt_image::task::Core;
 use ckpt_image::{ImageDir, ImageError, ImageKey, ImageKind};
 use ckpt_parasite::Tracee;
+use held::Held;
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
@@ -224,7 +226,7 @@ pub fn restore(opts: &RestoreOptions<'_>) -> Result<Restored> {
 pub struct Stopped {
     root: i32,
     /// Tree order (parents first).
-    tracees: Vec<Tracee>,
+    tracees: Vec<Held>,
     child: ChildGuard,
     rebound: Vec<Rebound>,
     stats: RestoreStats,
@@ -258,7 +260,7 @@ impl Stopped {
 
     /// Pids of the rebuilt processes, parents first (zombies not included).
     pub fn pids(&self) -> Vec<i32> {
-        self.tracees.iter().map(Tracee::pid).collect()
+        self.tracees.iter().map(|t| t.pid()).collect()
     }
 
     /// What was bound to the restoring command instead of restored.
@@ -281,7 +283,7 @@ impl Stopped {
         // Children first, so no parent runs while a child is held.
         while let Some(t) = self.tracees.pop() {
             log::debug!("resume pid {}", t.pid());
-            t.detach()?;
+            t.release()?;
         }
         self.child.disarm();
         self.ipc.disarm();
@@ -305,15 +307,6 @@ impl Stopped {
             stats,
             lazy,
         })
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        // Kill while still stopped; the guard reaps the root.
-        for t in self.tracees.iter().rev() {
-            let _ = kill(Pid::from_raw(t.pid()), Signal::SIGKILL);
-        }
     }
 }
 
@@ -712,7 +705,7 @@ fn build_tree(
     mut server: Option<&mut lazy::PageServer>,
     fds: &mut fd::Context<'_>,
     opts: &RestoreOptions<'_>,
-) -> Result<(Vec<Tracee>, task::SessionOrigin)> {
+) -> Result<(Vec<Held>, task::SessionOrigin)> {
     let images = fds.images;
     let root = Tracee::adopt_stopped_child(host_root)?;
     // Nothing may be delivered until the very end; children inherit this.
@@ -748,8 +741,8 @@ fn build_tree(
     // restored afterwards, in tree order.
     // The root's session from outside the tree, if it had one.
     let adopted = (session == task::SessionOrigin::Adopted).then_some(procs[0].core.sid);
-    let mut slots: Vec<Option<Tracee>> = procs.iter().map(|_| None).collect();
-    slots[0] = Some(root);
+    let mut slots: Vec<Option<Held>> = procs.iter().map(|_| None).collect();
+    slots[0] = Some(Held::new(root));
     for (i, p) in procs.iter().enumerate() {
         let t = slots[i]
             .as_ref()
@@ -796,16 +789,17 @@ fn build_tree(
             tree::make_zombie(&zr, z.status)?;
         }
         for (j, child) in forked {
-            slots[j] = Some(child);
+            slots[j] = Some(Held::new(child));
         }
     }
-    let tracees: Vec<Tracee> = slots
+    let mut tracees: Vec<Held> = slots
         .into_iter()
         .map(|t| t.expect("check_tree: every process has a parent in the tree"))
         .collect();
-    for (t, p) in tracees.iter().zip(procs) {
+    for (t, p) in tracees.iter_mut().zip(procs) {
         let started = Instant::now();
-        rebuild_process(t, base, p, fds, opts)?;
+        let threads = rebuild_process(t, base, p, fds, opts)?;
+        t.hold_threads(threads);
         log::info!(
             "rebuild pid {} ({}): {} threads, {} VMAs, {} bytes of pages, {} fds ({:.3} ms)",
             p.pid,
@@ -1139,14 +1133,15 @@ fn rebuild_memory(
 }
 
 /// Everything after the address space: files, signals, threads,
-/// credentials, and the registers last.
+/// credentials, and the registers last. Returns the other threads, stopped
+/// like the leader until the tree resumes.
 fn rebuild_process(
     t: &Tracee,
     base: u64,
     p: &ProcessImages,
     fds: &mut fd::Context<'_>,
     opts: &RestoreOptions<'_>,
-) -> Result<()> {
+) -> Result<Vec<Tracee>> {
     let pid = t.pid();
     let core = &p.core;
     let r = ckpt_parasite::remote::Remote { t, base };
@@ -1204,8 +1199,5 @@ fn rebuild_process(
     t.set_regs(&regs)?;
     t.set_xstate(&core.xstate)?;
     stopped::stop(pid, core.pid, core.job_stop.as_ref())?;
-    for th in threads {
-        th.detach()?;
-    }
-    Ok(())
+    Ok(threads)
 }

@@ -1,9 +1,9 @@
 //! Job-control stops, restore side: a process dumped stopped (state T)
 //! gets its stop signal queued as the very last step of its rebuild,
 //! when no remote syscall will run in it any more (a pending stop signal
-//! would turn the next one into a signal-delivery stop). Its threads,
-//! let go right after, stop at once; the leader stops as soon as the
-//! restorer lets it go, before running one instruction of its own. The
+//! would turn the next one into a signal-delivery stop). Its threads and
+//! its leader, let go when the tree resumes, stop at once, before running
+//! one instruction of their own. The
 //! parent is told (SIGCHLD, `waitpid(WUNTRACED)`) as for the original
 //! stop, and only a SIGCONT lets the process run again.
 

@@ -26,7 +26,10 @@
  * write must land in B's buffer. The ids the program holds never change,
  * while `rdma resource show qp` must show the process's QPs under new
  * numbers after every round. A completion channel on A's CQ must keep its
- * descriptor number and still deliver events after the restarts.
+ * descriptor number and still deliver events after the restarts. With
+ * --pause, a last restart point (100) has a thread whose read of an event
+ * returned but whose ibv_get_cq_event has not: the CQ must still come
+ * down after the program acks every event it read.
  *
  * Ends with "rc_restart: ok rounds=N messages=M restarts=R" or
  * "rc_restart: FAIL ...".
@@ -47,6 +50,7 @@
 #include <fcntl.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
 
 #include <infiniband/verbs.h>
 
@@ -65,6 +69,9 @@
 #define EVENT_POINT 99
 /* The restart point where malloc's lock is held (before the rounds'). */
 #define HELD_POINT 98
+/* The restart point where a thread has read an event and not yet come
+ * back from ibv_get_cq_event (after the event test's; with --pause). */
+#define EVENT_READ_POINT 100
 
 
 static void fail(const char *fmt, ...)
@@ -315,6 +322,21 @@ static void wait_all(int round)
 	}
 }
 
+/* One signaled message of sequence `next_seq` from A to B, with B's
+ * receive posted for it. */
+static void send_one_a(uint64_t id)
+{
+	post_recv_b();
+	uint8_t *m = a.buf;
+	fill_msg(m, next_seq);
+	struct ibv_sge sge = { .addr = (uintptr_t)m, .length = MSG_BYTES, .lkey = a.mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = id, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_SIGNALED }, *bad;
+	next_seq++;
+	if (ibv_post_send(a.qp, &wr, &bad))
+		fail("post_send: %s", strerror(errno));
+}
+
 /* A completion channel still works after the restarts, on the same fd. */
 static void check_channel(void)
 {
@@ -322,16 +344,8 @@ static void check_channel(void)
 		fail("completion channel fd moved from %d to %d", channel_fd, channel->fd);
 	if (ibv_req_notify_cq(a.cq, 0))
 		fail("req_notify_cq");
-	post_recv_b();
-	uint8_t *m = a.buf;
-	fill_msg(m, next_seq);
-	struct ibv_sge sge = { .addr = (uintptr_t)m, .length = MSG_BYTES, .lkey = a.mr->lkey };
-	struct ibv_send_wr wr = { .wr_id = WR_SEND | next_seq, .sg_list = &sge, .num_sge = 1,
-				  .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED }, *bad;
-	next_seq++;
 	signaled_posted++;
-	if (ibv_post_send(a.qp, &wr, &bad))
-		fail("post_send: %s", strerror(errno));
+	send_one_a(WR_SEND | next_seq);
 	struct pollfd pfd = { .fd = channel_fd, .events = POLLIN };
 	if (poll(&pfd, 1, POLL_TIMEOUT_SEC * 1000) != 1)
 		fail("no completion event on fd %d", channel_fd);
@@ -351,16 +365,8 @@ static void check_event_across_restart(void)
 {
 	if (ibv_req_notify_cq(a.cq, 0))
 		fail("req_notify_cq");
-	post_recv_b();
-	uint8_t *m = a.buf;
-	fill_msg(m, next_seq);
 	uint64_t id = WR_NOTIFY | next_seq;
-	struct ibv_sge sge = { .addr = (uintptr_t)m, .length = MSG_BYTES, .lkey = a.mr->lkey };
-	struct ibv_send_wr wr = { .wr_id = id, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
-				  .send_flags = IBV_SEND_SIGNALED }, *bad;
-	next_seq++;
-	if (ibv_post_send(a.qp, &wr, &bad))
-		fail("post_send: %s", strerror(errno));
+	send_one_a(id);
 	/* The completion is on A's CQ once its event shows; not read. */
 	struct pollfd pfd = { .fd = channel_fd, .events = POLLIN };
 	if (poll(&pfd, 1, POLL_TIMEOUT_SEC * 1000) != 1)
@@ -384,6 +390,75 @@ static void check_event_across_restart(void)
 		fail("after the event: %d completions (want the send's, once)", n);
 	printf("event across restart: drained %" PRIu64 " completions, the event came again\n",
 	       rep.completions);
+}
+
+/* The layer's gate (libckpt_ibverbs.so): while non-zero, a thread
+ * entering the layer waits. */
+extern uint32_t CKPT_IB_GATE __attribute__((weak));
+
+static pthread_t waiter;
+static volatile pid_t waiter_tid;
+static struct ibv_cq *waiter_cq;
+
+static void *wait_for_event(void *arg)
+{
+	(void)arg;
+	waiter_tid = gettid();
+	void *ev_ctx;
+	if (ibv_get_cq_event(channel, &waiter_cq, &ev_ctx))
+		waiter_cq = NULL;
+	return NULL;
+}
+
+/* Whether thread `tid` is in syscall `nr` (from /proc). */
+static int in_syscall(pid_t tid, int nr);
+
+/*
+ * A thread whose read of an event returned just before the freeze, its
+ * ibv_get_cq_event not yet back: the event is the old CQ's, which the new
+ * one never reported. The program acks every event it read, as
+ * rc_pingpong does at its end; the layer must ack on the new CQ only what
+ * the new CQ reported, or ibv_destroy_cq (which waits until the two
+ * counts are equal) never returns. The layer's gate holds the waiter at
+ * that point: the event is queued first, then the gate closed (the main
+ * thread calls no verb while it is), then the waiter reads the event and
+ * stops where the layer takes it in. Only with --pause: a restart in
+ * place opens the gate while it runs.
+ */
+static void check_event_read_across_restart(void)
+{
+	if (!pause_dir || !&CKPT_IB_GATE)
+		return;
+	if (ibv_req_notify_cq(a.cq, 0))
+		fail("req_notify_cq");
+	uint64_t id = WR_NOTIFY | next_seq;
+	send_one_a(id);
+	struct pollfd pfd = { .fd = channel_fd, .events = POLLIN };
+	if (poll(&pfd, 1, POLL_TIMEOUT_SEC * 1000) != 1)
+		fail("no completion event before the restart");
+	__atomic_store_n(&CKPT_IB_GATE, 1, __ATOMIC_SEQ_CST);
+	if (pthread_create(&waiter, NULL, wait_for_event, NULL))
+		fail("pthread_create");
+	for (int i = 0; i < 2000 && !(waiter_tid && in_syscall(waiter_tid, 202 /* futex */)); i++)
+		usleep(10000);
+	if (!waiter_tid || !in_syscall(waiter_tid, 202))
+		fail("the event's reader never reached the layer's gate");
+	pause_for_ckpt(EVENT_READ_POINT);
+	if (pthread_join(waiter, NULL) || waiter_cq != a.cq)
+		fail("the event read before the restart was not returned");
+	/* The drained completion raises its event again on the new channel. */
+	if (poll(&pfd, 1, POLL_TIMEOUT_SEC * 1000) != 1)
+		fail("no event after the restart for the completion drained");
+	struct ibv_cq *ev_cq;
+	void *ev_ctx;
+	if (ibv_get_cq_event(channel, &ev_cq, &ev_ctx) || ev_cq != a.cq)
+		fail("get_cq_event after the restart");
+	ibv_ack_cq_events(a.cq, 2);
+	struct ibv_wc wc[4];
+	int n = ibv_poll_cq(a.cq, 4, wc);
+	if (n != 1 || wc[0].wr_id != id || wc[0].status != IBV_WC_SUCCESS)
+		fail("after the events: %d completions (want the send's, once)", n);
+	printf("event read across restart: both events acked\n");
 }
 
 static int held_pipe[2] = { -1, -1 };
@@ -458,6 +533,15 @@ static void release_malloc_lock(void)
 	fail("the malloc_stats thread did not finish");
 }
 
+static void teardown_hung(int sig)
+{
+	(void)sig;
+	static const char msg[] = "rc_restart: FAIL the teardown hung (a CQ's events acked and reported differ)\n";
+	ssize_t w = write(1, msg, sizeof(msg) - 1);
+	(void)w;
+	_exit(1);
+}
+
 int main(int argc, char **argv)
 {
 	const char *dev = argc > 1 ? argv[1] : "rxe0";
@@ -475,7 +559,8 @@ int main(int argc, char **argv)
 	make_side(&b, NULL);
 	connect_to(&a, b.qp->qp_num);
 	connect_to(&b, a.qp->qp_num);
-	if (argc > 5 && strcmp(argv[5], "--hold-malloc") == 0) {
+	int hold_malloc = argc > 5 && strcmp(argv[5], "--hold-malloc") == 0;
+	if (hold_malloc) {
 		hold_malloc_lock();
 		if (!pause_for_ckpt(HELD_POINT))
 			fail("--hold-malloc needs --pause");
@@ -494,14 +579,21 @@ int main(int argc, char **argv)
 	wait_all(rounds - 1);
 	reap(rounds - 1);
 	check_event_across_restart();
-	/* B's receive of that message. */
+	if (!hold_malloc)
+		check_event_read_across_restart();
+	/* B's receive of those messages. */
 	time_t deadline = time(NULL) + POLL_TIMEOUT_SEC;
 	while (b_next_seq < next_seq && time(NULL) <= deadline)
 		reap(rounds - 1);
 	if (b_next_seq != next_seq)
 		fail("B did not receive the last message");
 	/* Everything comes down as made: the layer's own objects on the
-	 * application's CQs (the event's kick) must not hold them. */
+	 * application's CQs (the event's kick) must not hold them, and a CQ
+	 * whose events were acked more or less often than it reported them
+	 * would never be destroyed. */
+	fflush(stdout);
+	signal(SIGALRM, teardown_hung);
+	alarm(POLL_TIMEOUT_SEC);
 	MUST(ibv_destroy_qp(a.qp));
 	MUST(ibv_destroy_qp(b.qp));
 	MUST(ibv_dereg_mr(a.mr));
