@@ -310,6 +310,16 @@ impl Stopped {
     }
 }
 
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // Each held process is killed while still stopped (see `held`),
+        // children first as at resume; the guard reaps the root.
+        while let Some(t) = self.tracees.pop() {
+            drop(t);
+        }
+    }
+}
+
 /// The addresses the checkpoint at `dir` was reachable at on its node:
 /// the inet sockets' bound addresses, without loopback and link-local
 /// ones. A restart on another node maps them to that node's address
@@ -586,17 +596,10 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
         })
         .and_then(|(tracees, session)| {
             // Every process is whole (memory, fds, final credentials) and
-            // still stopped: the verbs layers recreate their resources.
-            match ib::restart_local(&tracees, &procs) {
-                Ok(ib) => Ok((tracees, session, ib)),
-                Err(e) => {
-                    // Killed before the tracees are let go.
-                    for t in tracees.iter().rev() {
-                        let _ = kill(Pid::from_raw(t.pid()), Signal::SIGKILL);
-                    }
-                    Err(e)
-                }
-            }
+            // still stopped: the verbs layers recreate their resources. A
+            // failure drops the held processes, which kills them.
+            let ib = ib::restart_local(&tracees, &procs)?;
+            Ok((tracees, session, ib))
         }) {
         Ok((tracees, session, ib)) => {
             stats.phases.rebuild_ms = ms_since(rebuild_started);

@@ -356,6 +356,39 @@ static void check_channel(void)
 	ibv_ack_cq_events(ev_cq, 1);
 }
 
+/* Arms A's CQ and sends one message: returns once the completion's event
+ * is waiting in the channel (not read). */
+static uint64_t send_until_event(void)
+{
+	if (ibv_req_notify_cq(a.cq, 0))
+		fail("req_notify_cq");
+	uint64_t id = WR_NOTIFY | next_seq;
+	send_one_a(id);
+	struct pollfd pfd = { .fd = channel_fd, .events = POLLIN };
+	if (poll(&pfd, 1, POLL_TIMEOUT_SEC * 1000) != 1)
+		fail("no completion event before the restart");
+	return id;
+}
+
+/* After a restart that drained send `id`'s completion: its event comes
+ * again on the new channel; `acks` events are acked (every one the
+ * program read), then the completion is there, once. */
+static void event_then_completion(uint64_t id, unsigned int acks)
+{
+	struct pollfd pfd = { .fd = channel_fd, .events = POLLIN };
+	if (poll(&pfd, 1, POLL_TIMEOUT_SEC * 1000) != 1)
+		fail("the event of a drained completion did not come again after the restart");
+	struct ibv_cq *ev_cq;
+	void *ev_ctx;
+	if (ibv_get_cq_event(channel, &ev_cq, &ev_ctx) || ev_cq != a.cq)
+		fail("get_cq_event after the restart");
+	ibv_ack_cq_events(ev_cq, acks);
+	struct ibv_wc wc[4];
+	int n = ibv_poll_cq(a.cq, 4, wc);
+	if (n != 1 || wc[0].wr_id != id || wc[0].status != IBV_WC_SUCCESS)
+		fail("after the event: %d completions (want the send's, once)", n);
+}
+
 /*
  * A completion whose event is waiting in the channel when the restart
  * drains it: the event must come again on the new channel (the program
@@ -363,31 +396,14 @@ static void check_channel(void)
  */
 static void check_event_across_restart(void)
 {
-	if (ibv_req_notify_cq(a.cq, 0))
-		fail("req_notify_cq");
-	uint64_t id = WR_NOTIFY | next_seq;
-	send_one_a(id);
-	/* The completion is on A's CQ once its event shows; not read. */
-	struct pollfd pfd = { .fd = channel_fd, .events = POLLIN };
-	if (poll(&pfd, 1, POLL_TIMEOUT_SEC * 1000) != 1)
-		fail("no completion event before the restart");
+	uint64_t id = send_until_event();
 	struct drain_report rep = { 0 };
 	if (!pause_for_ckpt(EVENT_POINT)) {
 		restart_in_place(20, &rep);
 		if (rep.completions < 1)
 			fail("the drain found no completion on A's CQ");
 	}
-	if (poll(&pfd, 1, POLL_TIMEOUT_SEC * 1000) != 1)
-		fail("the event of a drained completion did not come again after the restart");
-	struct ibv_cq *ev_cq;
-	void *ev_ctx;
-	if (ibv_get_cq_event(channel, &ev_cq, &ev_ctx) || ev_cq != a.cq)
-		fail("get_cq_event after the restart");
-	ibv_ack_cq_events(ev_cq, 1);
-	struct ibv_wc wc[4];
-	int n = ibv_poll_cq(a.cq, 4, wc);
-	if (n != 1 || wc[0].wr_id != id || wc[0].status != IBV_WC_SUCCESS)
-		fail("after the event: %d completions (want the send's, once)", n);
+	event_then_completion(id, 1);
 	printf("event across restart: drained %" PRIu64 " completions, the event came again\n",
 	       rep.completions);
 }
@@ -429,13 +445,7 @@ static void check_event_read_across_restart(void)
 {
 	if (!pause_dir || !&CKPT_IB_GATE)
 		return;
-	if (ibv_req_notify_cq(a.cq, 0))
-		fail("req_notify_cq");
-	uint64_t id = WR_NOTIFY | next_seq;
-	send_one_a(id);
-	struct pollfd pfd = { .fd = channel_fd, .events = POLLIN };
-	if (poll(&pfd, 1, POLL_TIMEOUT_SEC * 1000) != 1)
-		fail("no completion event before the restart");
+	uint64_t id = send_until_event();
 	__atomic_store_n(&CKPT_IB_GATE, 1, __ATOMIC_SEQ_CST);
 	if (pthread_create(&waiter, NULL, wait_for_event, NULL))
 		fail("pthread_create");
@@ -446,18 +456,8 @@ static void check_event_read_across_restart(void)
 	pause_for_ckpt(EVENT_READ_POINT);
 	if (pthread_join(waiter, NULL) || waiter_cq != a.cq)
 		fail("the event read before the restart was not returned");
-	/* The drained completion raises its event again on the new channel. */
-	if (poll(&pfd, 1, POLL_TIMEOUT_SEC * 1000) != 1)
-		fail("no event after the restart for the completion drained");
-	struct ibv_cq *ev_cq;
-	void *ev_ctx;
-	if (ibv_get_cq_event(channel, &ev_cq, &ev_ctx) || ev_cq != a.cq)
-		fail("get_cq_event after the restart");
-	ibv_ack_cq_events(a.cq, 2);
-	struct ibv_wc wc[4];
-	int n = ibv_poll_cq(a.cq, 4, wc);
-	if (n != 1 || wc[0].wr_id != id || wc[0].status != IBV_WC_SUCCESS)
-		fail("after the events: %d completions (want the send's, once)", n);
+	/* Both events: the waiter's and the one raised again. */
+	event_then_completion(id, 2);
 	printf("event read across restart: both events acked\n");
 }
 
