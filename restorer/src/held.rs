@@ -38,8 +38,8 @@ impl Held {
     }
 
     /// Holds the process's other threads too (stopped, as the leader).
-    pub fn hold_threads(&mut self, threads: Vec<Tracee>) {
-        self.threads.extend(threads);
+    pub fn hold_threads(&mut self, mut threads: NewThreads) {
+        self.threads.append(&mut threads.threads);
     }
 
     /// Lets the process run: its threads first, then the leader. A
@@ -68,6 +68,45 @@ impl Drop for Held {
         // detached task with SIGKILL pending dies before it runs.
         if let Some(leader) = &self.leader {
             let _ = kill(Pid::from_raw(leader.pid()), Signal::SIGKILL);
+        }
+    }
+}
+
+/// The other threads of a process being rebuilt, until they join its
+/// [`Held`]. Dropped there (a step of the rebuild failed), the process is
+/// killed before the threads' tracees are detached, so none of them runs.
+pub struct NewThreads {
+    tgid: i32,
+    threads: Vec<Tracee>,
+}
+
+impl NewThreads {
+    /// None yet, for process `tgid`.
+    pub fn new(tgid: i32) -> NewThreads {
+        NewThreads {
+            tgid,
+            threads: Vec::new(),
+        }
+    }
+
+    /// One more thread, stopped.
+    pub fn push(&mut self, t: Tracee) {
+        self.threads.push(t);
+    }
+}
+
+impl Deref for NewThreads {
+    type Target = [Tracee];
+
+    fn deref(&self) -> &[Tracee] {
+        &self.threads
+    }
+}
+
+impl Drop for NewThreads {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            let _ = kill(Pid::from_raw(self.tgid), Signal::SIGKILL);
         }
     }
 }

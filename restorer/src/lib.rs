@@ -1144,7 +1144,7 @@ fn rebuild_process(
     p: &ProcessImages,
     fds: &mut fd::Context<'_>,
     opts: &RestoreOptions<'_>,
-) -> Result<Vec<Tracee>> {
+) -> Result<held::NewThreads> {
     let pid = t.pid();
     let core = &p.core;
     let r = ckpt_parasite::remote::Remote { t, base };
@@ -1167,7 +1167,7 @@ fn rebuild_process(
     // with set_tid needs; credentials are per thread in the kernel.
     let shared_filters = seccomp::install_shared(&r, core)?;
     let threads = thread::spawn(&r, core)?;
-    for th in &threads {
+    for th in threads.iter() {
         log::debug!("pid {pid}: thread {}", th.pid());
     }
     // After the threads: a timer may signal one of them.

@@ -9,6 +9,7 @@ use ckpt_image::task::Core;
 use ckpt_parasite::Tracee;
 
 use crate::error::{RestoreError, Result};
+use crate::held::NewThreads;
 use crate::task;
 use ckpt_parasite::remote::Remote;
 
@@ -25,21 +26,24 @@ pub const CLONE_ARGS_SIZE: u64 = 80;
 
 /// Creates every thread of `core.threads` inside the leader behind `r` and
 /// sets its state, all signals still blocked; returns them stopped, to be
-/// completed by [`finish`].
-pub fn spawn(r: &Remote<'_>, core: &Core) -> Result<Vec<Tracee>> {
-    if core.threads.is_empty() {
-        return Ok(Vec::new());
-    }
+/// completed by [`finish`] (a failure on the way kills the process).
+pub fn spawn(r: &Remote<'_>, core: &Core) -> Result<NewThreads> {
     let tgid = r.t.pid();
+    let mut out = NewThreads::new(tgid);
+    if core.threads.is_empty() {
+        return Ok(out);
+    }
     r.t.trace_clones()?;
-    let mut out = Vec::with_capacity(core.threads.len());
     for tc in &core.threads {
         let set_tid = r.put(1, &tc.tid.to_le_bytes())?;
         // flags, pidfd, child_tid, parent_tid, exit_signal, stack,
         // stack_size, tls, set_tid, set_tid_size. No stack: the thread never
         // runs on the leader's before its own registers are in place.
         let args = r.put_u64s(0, &[THREAD_FLAGS, 0, 0, 0, 0, 0, 0, 0, set_tid, 1])?;
-        let t = r.t.clone_at(r.base, args, CLONE_ARGS_SIZE)?;
+        // Held at once: if a step below fails, the process dies before
+        // this thread is let go.
+        out.push(r.t.clone_at(r.base, args, CLONE_ARGS_SIZE)?);
+        let t = out.last().expect("just pushed");
         // In ckpt's own PID namespace the host tid is the one asked for
         // (clone3's set_tid gives it or fails); else its status says.
         if t.pid() != tc.tid && crate::pid::inner(t.pid())? != tc.tid {
@@ -48,10 +52,7 @@ pub fn spawn(r: &Remote<'_>, core: &Core) -> Result<Vec<Tracee>> {
                 what: format!("thread {} came back as {}", tc.tid, t.pid()),
             });
         }
-        let tr = Remote {
-            t: &t,
-            base: r.base,
-        };
+        let tr = Remote { t, base: r.base };
         task::restore_thread_state(
             &tr,
             &task::ThreadOwn {
@@ -63,7 +64,6 @@ pub fn spawn(r: &Remote<'_>, core: &Core) -> Result<Vec<Tracee>> {
             },
         )?;
         task::queue_pending(&tr, tgid, &tc.pending)?;
-        out.push(t);
     }
     Ok(out)
 }
