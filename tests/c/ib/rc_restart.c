@@ -408,6 +408,32 @@ static void check_event_across_restart(void)
 	       rep.completions);
 }
 
+/* Whether thread `tid` is in syscall `nr` (from /proc). */
+static int in_syscall(pid_t tid, int nr)
+{
+	char path[64], text[32] = "";
+	snprintf(path, sizeof(path), "/proc/self/task/%d/syscall", tid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = read(fd, text, sizeof(text) - 1);
+	close(fd);
+	return n > 0 && atoi(text) == nr;
+}
+
+/* Starts thread `fn` (which stores its tid in `*tid`) and waits until it
+ * blocks in syscall `nr`. */
+static void start_until_in_syscall(pthread_t *t, void *(*fn)(void *), volatile pid_t *tid, int nr,
+				   const char *what)
+{
+	if (pthread_create(t, NULL, fn, NULL))
+		fail("pthread_create");
+	for (int i = 0; i < POLL_TIMEOUT_SEC * 100 && !(*tid && in_syscall(*tid, nr)); i++)
+		usleep(10000);
+	if (!*tid || !in_syscall(*tid, nr))
+		fail("%s", what);
+}
+
 /* The layer's gate (libckpt_ibverbs.so): while non-zero, a thread
  * entering the layer waits. */
 extern uint32_t CKPT_IB_GATE __attribute__((weak));
@@ -425,9 +451,6 @@ static void *wait_for_event(void *arg)
 		waiter_cq = NULL;
 	return NULL;
 }
-
-/* Whether thread `tid` is in syscall `nr` (from /proc). */
-static int in_syscall(pid_t tid, int nr);
 
 /*
  * A thread whose read of an event returned just before the freeze, its
@@ -447,12 +470,8 @@ static void check_event_read_across_restart(void)
 		return;
 	uint64_t id = send_until_event();
 	__atomic_store_n(&CKPT_IB_GATE, 1, __ATOMIC_SEQ_CST);
-	if (pthread_create(&waiter, NULL, wait_for_event, NULL))
-		fail("pthread_create");
-	for (int i = 0; i < 2000 && !(waiter_tid && in_syscall(waiter_tid, 202 /* futex */)); i++)
-		usleep(10000);
-	if (!waiter_tid || !in_syscall(waiter_tid, 202))
-		fail("the event's reader never reached the layer's gate");
+	start_until_in_syscall(&waiter, wait_for_event, &waiter_tid, 202 /* futex */,
+			       "the event's reader never reached the layer's gate");
 	pause_for_ckpt(EVENT_READ_POINT);
 	if (pthread_join(waiter, NULL) || waiter_cq != a.cq)
 		fail("the event read before the restart was not returned");
@@ -474,18 +493,6 @@ static void *print_malloc_stats(void *arg)
 	return NULL;
 }
 
-/* Whether thread `tid` is in syscall `nr` (from /proc). */
-static int in_syscall(pid_t tid, int nr)
-{
-	char path[64], text[32] = "";
-	snprintf(path, sizeof(path), "/proc/self/task/%d/syscall", tid);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return 0;
-	ssize_t n = read(fd, text, sizeof(text) - 1);
-	close(fd);
-	return n > 0 && atoi(text) == nr;
-}
 
 /* A thread left inside malloc_stats(), which holds the main arena's lock
  * while it writes to stderr: stderr is a full pipe nobody reads. */
@@ -504,12 +511,8 @@ static void hold_malloc_lock(void)
 	saved_stderr = fcntl(2, F_DUPFD_CLOEXEC, 3);
 	if (saved_stderr < 0 || dup2(held_pipe[1], 2) < 0)
 		fail("dup: %s", strerror(errno));
-	if (pthread_create(&held_thread, NULL, print_malloc_stats, NULL))
-		fail("pthread_create");
-	for (int i = 0; i < 1000 && !(held_tid && in_syscall(held_tid, 1 /* write */)); i++)
-		usleep(10000);
-	if (!held_tid || !in_syscall(held_tid, 1))
-		fail("the malloc_stats thread never blocked in write");
+	start_until_in_syscall(&held_thread, print_malloc_stats, &held_tid, 1 /* write */,
+			       "the malloc_stats thread never blocked in write");
 }
 
 /* Lets the thread finish: stderr back, the pipe drained. */
