@@ -333,3 +333,132 @@ fn root_only_file_swapped_in_is_not_opened() {
     );
     assert_no_process_left(&v);
 }
+
+/// A directory behind another user's 0700 directory (root's here), as the
+/// target of a link a user puts on a path the restorer looks up: holds
+/// `inner/` (open to all, as a real user's subdirectories often are) with a
+/// secret file and a copy of an executable.
+fn behind_a_private_dir(env: &TestEnv) -> PathBuf {
+    let private = env.root.join("other-user");
+    let inner = private.join("inner");
+    fs::create_dir_all(&inner).unwrap();
+    fs::set_permissions(&private, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::write(inner.join("secret.txt"), "other user's secret\n").unwrap();
+    install_executable(&victim_bin("secfiles"), &inner.join("secfiles-copy"));
+    inner
+}
+
+/// The user replaces its working directory by a link into another user's
+/// 0700 directory: the restored process must not get a working directory
+/// its user could not reach (root's `chdir` followed the link; reads
+/// through `/proc/PID/cwd` and relative opens then crossed).
+#[test]
+fn working_directory_swapped_for_a_link_is_refused() {
+    let env = TestEnv::new("sec-cwd");
+    let mut v = spawn_user_victim(&env, &["cwd"]);
+    dump_kill_reap(&env, &mut v);
+
+    let inner = behind_a_private_dir(&env);
+    let cwd = env.work.join("cwd");
+    fs::rename(&cwd, env.work.join("cwd.old")).unwrap();
+    std::os::unix::fs::symlink(&inner, &cwd).unwrap();
+    let line = restore_expect_error(&env, &[]);
+    assert_mentions(
+        &line,
+        &[&format!("pid {}", v.pid), "cwd", "working directory"],
+    );
+    assert_no_process_left(&v);
+}
+
+/// The working directory comes back as the very directory it was.
+#[test]
+fn working_directory_is_restored() {
+    let env = TestEnv::new("sec-cwd-ok");
+    let mut v = spawn_user_victim(&env, &["cwd"]);
+    dump_kill_reap(&env, &mut v);
+    restore_and_check(&env, &v);
+}
+
+/// The user swaps the directory of its executable for a link into another
+/// user's 0700 directory after the restorer checked the mapped binary and
+/// before it sets `/proc/PID/exe`: the executable link must never name the
+/// other user's file (readable and, if setuid, executable through it).
+#[test]
+fn executable_directory_swapped_mid_restore_is_refused() {
+    let env = TestEnv::new("sec-exe");
+    let bin_dir = env.work.join("bin");
+    fs::create_dir(&bin_dir).unwrap();
+    let copy = bin_dir.join("secfiles-copy");
+    install_executable(&victim_bin("secfiles"), &copy);
+    let mut v = Victim::spawn_bin_as(&env, &copy, &["data"], test_user());
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+
+    let inner = behind_a_private_dir(&env);
+    let gate = env.root.join("gate");
+    let reached = env.root.join("gate.reached");
+    let restore = CkptCmd::spawn_with_env(
+        &env,
+        &["restore", "--dir", path_str(&env.img)],
+        &[
+            ("CKPT_FAULT", Path::new("pause:restore-mid-rebuild")),
+            ("CKPT_FAULT_GATE", &gate),
+        ],
+    );
+    assert!(
+        wait_for_file(&reached, RESTORE_TIMEOUT),
+        "restore never reached the mid-rebuild pause: {}",
+        restore.stderr_now()
+    );
+    fs::rename(&bin_dir, env.work.join("bin.old")).unwrap();
+    std::os::unix::fs::symlink(&inner, &bin_dir).unwrap();
+    fs::write(&gate, "go").unwrap();
+    let line = restore
+        .wait_with(RESTORE_TIMEOUT, || v.diag())
+        .assert_error();
+    assert_mentions(
+        &line,
+        &[&format!("pid {}", v.pid), "secfiles-copy", "executable"],
+    );
+    assert_no_process_left(&v);
+}
+
+/// A tmpfs file of another user (root's here), mode 0666, mapped by the
+/// job and deleted by its owner after the dump: the restore must not
+/// recreate it in that user's name holding the job's data.
+#[test]
+fn another_users_gone_shm_file_is_not_recreated() {
+    let env = TestEnv::new("sec-shm-owner");
+    let shm = PathBuf::from(format!("/dev/shm/ckpt-sec-shm-{}", std::process::id()));
+    let _ = fs::remove_file(&shm);
+    fs::write(&shm, vec![0u8; 4096]).unwrap();
+    fs::set_permissions(&shm, fs::Permissions::from_mode(0o666)).unwrap();
+    let mut v = spawn_user_victim(&env, &["shm", path_str(&shm)]);
+    dump_kill_reap(&env, &mut v);
+
+    fs::remove_file(&shm).unwrap();
+    let line = restore_expect_error(&env, &[]);
+    let recreated = fs::symlink_metadata(&shm).is_ok();
+    let _ = fs::remove_file(&shm);
+    assert!(!recreated, "{} was recreated: {line}", shm.display());
+    assert_mentions(
+        &line,
+        &[&format!("pid {}", v.pid), path_str(&shm), "own user"],
+    );
+    assert_no_process_left(&v);
+}
+
+/// The same file, still there: the restore maps it again and the job
+/// finds its data.
+#[test]
+fn another_users_shm_file_still_there_is_mapped_again() {
+    let env = TestEnv::new("sec-shm-kept");
+    let shm = PathBuf::from(format!("/dev/shm/ckpt-sec-shm-kept-{}", std::process::id()));
+    let _ = fs::remove_file(&shm);
+    fs::write(&shm, vec![0u8; 4096]).unwrap();
+    fs::set_permissions(&shm, fs::Permissions::from_mode(0o666)).unwrap();
+    let mut v = spawn_user_victim(&env, &["shm", path_str(&shm)]);
+    dump_kill_reap(&env, &mut v);
+    restore_and_check(&env, &v);
+    let _ = fs::remove_file(&shm);
+}

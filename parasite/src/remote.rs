@@ -24,6 +24,9 @@ const BATCH_ENTRIES: usize = ((SLOTS - BATCH_FIRST_SLOT) * PAGE / batch::ENTRY_L
 /// Argument slots, one page each, after the code page.
 const SLOTS: u64 = SCRATCH_LEN / PAGE - 1;
 
+/// Size of `struct open_how` (openat2's version 0).
+const OPEN_HOW_SIZE: u64 = 24;
+
 /// A task with a scratch area mapped at `base`.
 pub struct Remote<'t> {
     /// The task.
@@ -151,6 +154,32 @@ impl<'t> Remote<'t> {
             self.base,
             libc::SYS_open,
             [p, flags as u64, mode as u64, 0, 0, 0],
+        )?;
+        if fd < 0 {
+            return Err(ParasiteError::RemoteOpen {
+                pid: self.t.pid(),
+                path: path.into(),
+                errno: nix::errno::Errno::from_raw(-fd as i32),
+            });
+        }
+        Ok(fd as i32)
+    }
+
+    /// `openat2(AT_FDCWD, path, {flags, 0, RESOLVE_NO_SYMLINKS})` inside
+    /// the task: no symbolic link is followed in any component. For paths
+    /// the dump read from /proc (exe, cwd, root), where the kernel had
+    /// resolved every link: a link on the path now was put there since,
+    /// maybe by the user, to aim a root-run lookup elsewhere. Uses argument
+    /// slots 0 (the path) and 1 (`struct open_how`); an error names the
+    /// path.
+    pub fn open_no_symlinks(&self, path: &str, flags: i32) -> Result<i32> {
+        let p = self.put_path(0, path)?;
+        // struct open_how: flags, mode, resolve (u64 each).
+        let how = self.put_u64s(1, &[flags as u64, 0, libc::RESOLVE_NO_SYMLINKS])?;
+        let fd = self.t.syscall_at(
+            self.base,
+            libc::SYS_openat2,
+            [libc::AT_FDCWD as u64, p, how, OPEN_HOW_SIZE, 0, 0],
         )?;
         if fd < 0 {
             return Err(ParasiteError::RemoteOpen {

@@ -1131,7 +1131,12 @@ fn rebuild_memory(
         }
     }
     let mm_fields = core.mm.as_ref().expect("validated");
-    mm::set_mm_fields(&r, mm_fields, &core.exe)?;
+    let exe = mm::Exe {
+        path: &core.exe,
+        mm: &p.mm,
+        creds: core.creds.as_ref(),
+    };
+    mm::set_mm_fields(&r, mm_fields, &exe, fds.checks())?;
     Ok(())
 }
 

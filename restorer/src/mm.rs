@@ -667,13 +667,37 @@ impl<'v> AnonBatch<'v> {
     }
 }
 
+/// The executable `/proc/PID/exe` is to name, and what it is checked
+/// against.
+pub struct Exe<'a> {
+    /// The dumped path (read from /proc: every link resolved).
+    pub path: &'a str,
+    /// The process's VMAs: a mapping of the same path recorded the file's
+    /// identity and contents.
+    pub mm: &'a Mm,
+    /// The process's credentials, for a lookup with its own fs ids.
+    pub creds: Option<&'a Creds>,
+}
+
 /// Sets start_code…env_end, brk, auxv and /proc/PID/exe with one
 /// `prctl(PR_SET_MM, PR_SET_MM_MAP)` (no CAP_SYS_RESOURCE needed).
-pub fn set_mm_fields(r: &Remote<'_>, f: &MmFields, exe: &str) -> Result<()> {
+pub fn set_mm_fields(
+    r: &Remote<'_>,
+    f: &MmFields,
+    exe: &Exe<'_>,
+    checks: &mut FileChecks,
+) -> Result<()> {
     const PR_SET_MM: u64 = 35;
     const PR_SET_MM_MAP: u64 = 14;
-    let auxv = r.put(1, &f.auxv)?;
-    let exe_fd = r.open(exe, libc::O_RDONLY | libc::O_CLOEXEC, 0)?;
+    // First: the lookup uses argument slots 0 and 1.
+    let exe_fd = open_exe(r, exe, checks)?;
+    let auxv = match r.put(1, &f.auxv) {
+        Ok(at) => at,
+        Err(e) => {
+            r.close(exe_fd)?;
+            return Err(e.into());
+        }
+    };
     // A process forked from a restored parent already has this executable
     // (the kernel refuses to replace an exe file that is still mapped, even
     // by itself): then the exe is left as it is.
@@ -716,6 +740,91 @@ pub fn set_mm_fields(r: &Remote<'_>, f: &MmFields, exe: &str) -> Result<()> {
     r.close(exe_fd)?;
     res?;
     Ok(())
+}
+
+/// Opens the executable inside the process and checks it, returning the
+/// very fd that was checked (a second lookup by path could meet a swapped
+/// directory). The process is still root here, so a link followed or an
+/// unchecked file would give `/proc/PID/exe`, readable and executable
+/// through the link, a file behind another user's 0700 directory. No
+/// symbolic link is followed; the file must be the one a mapping of the
+/// same path recorded (identity and contents), or, when no mapping names
+/// it, reachable by the process's own user (looked up again with its fs
+/// ids, `O_PATH`, and the same inode).
+fn open_exe(r: &Remote<'_>, exe: &Exe<'_>, checks: &mut FileChecks) -> Result<i32> {
+    let pid = r.t.pid();
+    let refused = |what: String| RestoreError::File {
+        pid,
+        path: exe.path.into(),
+        what: format!("executable (/proc/{pid}/exe): {what}"),
+    };
+    let fd = r
+        .open_no_symlinks(exe.path, libc::O_RDONLY | libc::O_CLOEXEC)
+        .map_err(|e| refused(super::fd::reg::reopen_failure(e, "", None)))?;
+    let mapped = exe.mm.vmas.iter().find(|v| {
+        v.path == exe.path
+            && v.file.is_some()
+            && matches!(
+                VmaKind::try_from(v.kind),
+                Ok(VmaKind::FilePrivate | VmaKind::FileShared)
+            )
+    });
+    let checked = match mapped {
+        Some(v) => check_file(pid, v, fd, checks),
+        None => reachable_by_user(r, exe, fd).map_err(|e| match e {
+            ExeCheck::Failed(e) => e,
+            ExeCheck::Refused(what) => refused(what),
+        }),
+    };
+    if let Err(e) = checked {
+        r.close(fd)?;
+        return Err(e);
+    }
+    Ok(fd)
+}
+
+/// Why an executable no mapping names was not accepted.
+enum ExeCheck {
+    /// A remote call failed.
+    Failed(RestoreError),
+    /// The user cannot reach it, or the path now names another file.
+    Refused(String),
+}
+
+impl From<RestoreError> for ExeCheck {
+    fn from(e: RestoreError) -> Self {
+        ExeCheck::Failed(e)
+    }
+}
+
+/// Checks `fd` (the executable, opened as root) is what the process's own
+/// user finds at the same path with no link followed.
+fn reachable_by_user(r: &Remote<'_>, exe: &Exe<'_>, fd: i32) -> std::result::Result<(), ExeCheck> {
+    let pid = r.t.pid();
+    let identity = crate::fd::creds::FsIdentity::of(exe.creds);
+    let previous = identity.as_ref().map(|i| i.assume(r)).transpose()?;
+    let looked_up = r.open_no_symlinks(exe.path, libc::O_PATH | libc::O_CLOEXEC);
+    if let Some(p) = previous {
+        p.restore(r)?;
+    }
+    let user_fd = looked_up.map_err(|e| {
+        ExeCheck::Refused(crate::fd::reg::reopen_failure(
+            e,
+            "",
+            identity.as_ref().map(|i| i.uid()),
+        ))
+    })?;
+    let inode =
+        |n: i32| std::fs::metadata(format!("/proc/{pid}/fd/{n}")).map(|m| (m.dev(), m.ino()));
+    let same = matches!((inode(fd), inode(user_fd)), (Ok(a), Ok(b)) if a == b);
+    r.close(user_fd).map_err(RestoreError::from)?;
+    if same {
+        Ok(())
+    } else {
+        Err(ExeCheck::Refused(
+            "changed while it was looked up".to_string(),
+        ))
+    }
 }
 
 /// Checks the file opened (inside the process, as `fd`) for mapping `v` is

@@ -62,16 +62,97 @@ pub fn restore_misc(r: &Remote<'_>, core: &Core) -> Result<()> {
         [core.personality as u64, 0, 0, 0, 0, 0],
     )?;
     r.call("umask", libc::SYS_umask, [core.umask as u64, 0, 0, 0, 0, 0])?;
-    // cwd first: after chroot a path would resolve in the new root.
-    let p = r.put_path(0, &core.cwd)?;
-    r.call("chdir", libc::SYS_chdir, [p, 0, 0, 0, 0, 0])
-        .map_err(|e| file_err(r, &core.cwd, e))?;
-    if core.root != "/" {
-        let p = r.put_path(0, &core.root)?;
-        r.call("chroot", libc::SYS_chroot, [p, 0, 0, 0, 0, 0])
-            .map_err(|e| file_err(r, &core.root, e))?;
+    restore_dirs(r, core)
+}
+
+/// The working and root directories. The process runs as root here, and
+/// a root `chdir` by path would follow whatever the user put on it since
+/// the dump (their working directory swapped for a link into another
+/// user's 0700 directory), handing the process a directory, and every
+/// relative open and `/proc/PID/cwd` with it, its user could not reach.
+/// So both are looked up once, with the process's own filesystem ids
+/// (every directory on the way must be searchable by its user) and no
+/// symbolic link followed (the dumped paths came from /proc, links
+/// resolved), and the process moves to those very descriptors.
+fn restore_dirs(r: &Remote<'_>, core: &Core) -> Result<()> {
+    let identity = crate::fd::creds::FsIdentity::of(core.creds.as_ref());
+    let previous = identity.as_ref().map(|i| i.assume(r)).transpose()?;
+    let opened = open_dirs(r, core);
+    if let Some(p) = previous {
+        p.restore(r)?;
     }
+    let dirs = opened?;
+    let moved = move_to(r, &dirs);
+    for fd in [Some(dirs.cwd), dirs.root].into_iter().flatten() {
+        r.close(fd)?;
+    }
+    moved
+}
+
+/// The process's fds of its working and root directories (`O_PATH`).
+struct DirFds {
+    cwd: i32,
+    /// `None`: the root stays `/`.
+    root: Option<i32>,
+}
+
+fn open_dirs(r: &Remote<'_>, core: &Core) -> Result<DirFds> {
+    let open = |path: &str, role: &str| {
+        r.open_no_symlinks(path, libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .map_err(|e| dir_err(r, path, role, e))
+    };
+    let cwd = open(&core.cwd, "working directory")?;
+    let root = if core.root == "/" {
+        None
+    } else {
+        match open(&core.root, "root directory") {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                r.close(cwd)?;
+                return Err(e);
+            }
+        }
+    };
+    Ok(DirFds { cwd, root })
+}
+
+/// Moves into `dirs`: root first (`chroot(".")` from it), then the
+/// working directory, which may lie outside the new root as it did.
+fn move_to(r: &Remote<'_>, dirs: &DirFds) -> Result<()> {
+    if let Some(root) = dirs.root {
+        r.call("fchdir", libc::SYS_fchdir, [root as u64, 0, 0, 0, 0, 0])?;
+        let dot = r.put_path(0, ".")?;
+        r.call("chroot", libc::SYS_chroot, [dot, 0, 0, 0, 0, 0])?;
+    }
+    r.call("fchdir", libc::SYS_fchdir, [dirs.cwd as u64, 0, 0, 0, 0, 0])?;
     Ok(())
+}
+
+/// A working or root directory that could not be looked up, in terms of
+/// what probably happened.
+fn dir_err(
+    r: &Remote<'_>,
+    path: &str,
+    role: &str,
+    e: ckpt_parasite::ParasiteError,
+) -> RestoreError {
+    let why = match &e {
+        ckpt_parasite::ParasiteError::RemoteOpen { errno, .. } => match *errno {
+            nix::errno::Errno::ELOOP => "a symbolic link is now on its path, refused".to_string(),
+            nix::errno::Errno::ENOENT => "gone since the dump".to_string(),
+            nix::errno::Errno::EACCES | nix::errno::Errno::EPERM => {
+                "not reachable with the process's own credentials".to_string()
+            }
+            nix::errno::Errno::ENOTDIR => "no longer a directory".to_string(),
+            other => other.to_string(),
+        },
+        _ => e.to_string(),
+    };
+    RestoreError::File {
+        pid: r.t.pid(),
+        path: path.into(),
+        what: format!("{role}: {why}"),
+    }
 }
 
 /// Session and process group. Runs right after the process is created,
@@ -204,14 +285,6 @@ pub fn set_name(r: &Remote<'_>, comm: &str) -> Result<()> {
         [libc::PR_SET_NAME as u64, p, 0, 0, 0, 0],
     )?;
     Ok(())
-}
-
-fn file_err(r: &Remote<'_>, path: &str, e: ckpt_parasite::ParasiteError) -> RestoreError {
-    RestoreError::File {
-        pid: r.t.pid(),
-        path: path.into(),
-        what: e.to_string(),
-    }
 }
 
 /// Resource limits, set from outside with prlimit. A hard limit above the

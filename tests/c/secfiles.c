@@ -13,10 +13,16 @@
  *   tty7    fd 7: a pty slave (the master is closed). With ARG "null",
  *           after go fd 7 must be /dev/null.
  *   lease   fd 5: WORKDIR/db read-only holding a read lease (F_SETLEASE).
+ *   shm     maps the tmpfs file ARG (another user's, mode 0666) shared and
+ *           writes its data there, keeping no fd. After go the mapping
+ *           must still hold that data.
+ *   cwd     its working directory is WORKDIR/cwd, made by itself. After
+ *           go it must be that very directory (device and inode).
  */
 #include "victim.h"
 
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 
@@ -136,6 +142,48 @@ static void setup_lease(void)
 		die("F_SETLEASE");
 }
 
+static const char shm_data[] = "the job's data\n";
+static char *shm_map;
+
+static void setup_shm(const char *path)
+{
+	int fd = open(path, O_RDWR);
+
+	if (fd < 0)
+		die("open shm file");
+	shm_map = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (shm_map == MAP_FAILED)
+		die("mmap shm file");
+	close(fd);
+	memcpy(shm_map, shm_data, sizeof(shm_data));
+}
+
+static void check_shm(void)
+{
+	CHECK(memcmp(shm_map, shm_data, sizeof(shm_data)) == 0, "shm mapping lost its data");
+}
+
+static struct stat cwd_at_setup;
+
+static void setup_cwd(void)
+{
+	char p[PATH_MAX];
+
+	victim_path(p, sizeof(p), "cwd");
+	if (mkdir(p, 0755) || chdir(p) || stat(".", &cwd_at_setup))
+		die("make and enter cwd");
+}
+
+static void check_cwd(void)
+{
+	struct stat st;
+
+	CHECK(stat(".", &st) == 0, "stat cwd: %s", strerror(errno));
+	CHECK(st.st_dev == cwd_at_setup.st_dev && st.st_ino == cwd_at_setup.st_ino,
+	      "cwd is inode %lu, want %lu", (unsigned long)st.st_ino,
+	      (unsigned long)cwd_at_setup.st_ino);
+}
+
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 2 ? argv[2] : "";
@@ -152,6 +200,10 @@ int main(int argc, char **argv)
 		setup_tty();
 	else if (strcmp(mode, "lease") == 0)
 		setup_lease();
+	else if (strcmp(mode, "cwd") == 0)
+		setup_cwd();
+	else if (strcmp(mode, "shm") == 0)
+		setup_shm(arg);
 	else
 		die("unknown mode");
 
@@ -165,5 +217,9 @@ int main(int argc, char **argv)
 		check_log();
 	else if (strcmp(mode, "tty7") == 0 && strcmp(arg, "null") == 0)
 		check_tty_is_null();
+	else if (strcmp(mode, "cwd") == 0)
+		check_cwd();
+	else if (strcmp(mode, "shm") == 0)
+		check_shm();
 	victim_finish();
 }

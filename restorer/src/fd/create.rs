@@ -23,6 +23,7 @@ use ckpt_parasite::ParasiteError;
 use ckpt_parasite::remote::Remote;
 use nix::errno::Errno;
 
+use super::creds::FsIdentity;
 use super::identity::PERMISSION_BITS;
 use crate::error::{RestoreError, Result};
 
@@ -50,6 +51,27 @@ pub struct Created {
 
 /// Mode the file has until it is complete: the creating user only.
 const PRIVATE_MODE: u64 = 0o600;
+
+/// Refuses to recreate, for a process of identity `fs`, a file it could
+/// not have made its own: owned by another user or a group not its own
+/// (see [`FsIdentity::may_own`]). No identity (an image without
+/// credentials): the restorer's own rules apply, as for any file of it.
+pub fn check_owner(fs: Option<&FsIdentity>, pid: i32, path: &str, own: &Ownership) -> Result<()> {
+    match fs {
+        Some(fs) if !fs.may_own(own.uid, own.gid) => Err(RestoreError::File {
+            pid,
+            path: path.to_string(),
+            what: format!(
+                "was owned by {}:{}, not by the process's own user (uid {}) and groups: \
+                 a gone file is recreated only for its own user, refused",
+                own.uid,
+                own.gid,
+                fs.uid()
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
 
 /// Creates an empty regular file at `path`, or beside it (`PATH.ckpt-ghost.N`)
 /// when that name is taken, inside the process behind `r` with its current

@@ -53,6 +53,16 @@ impl FsIdentity {
         self.uid
     }
 
+    /// Whether a file this identity recreates may be given owner `uid` and
+    /// group `gid`: only its own user and one of its groups, as the user
+    /// could have done with `chown` (root may give any). A file of another
+    /// user that the job used (a 0666 POSIX shm file, deleted since by its
+    /// owner) must not come back in that user's name holding the job's
+    /// data.
+    pub fn may_own(&self, uid: u32, gid: u32) -> bool {
+        self.uid == 0 || (uid == self.uid && (gid == self.gid || self.groups.contains(&gid)))
+    }
+
     /// Makes the process behind `r` check file access as this identity.
     pub fn assume(&self, r: &Remote<'_>) -> Result<Previous> {
         let prev = Previous {

@@ -24,7 +24,7 @@ mod memfd;
 mod pidfd;
 mod pipe;
 mod pty;
-mod reg;
+pub(crate) mod reg;
 mod signalfd;
 mod timerfd;
 mod tty;
@@ -201,7 +201,7 @@ pub struct Context<'a> {
     pid: i32,
     inherited: Vec<i32>,
     /// The filesystem uid its files are reopened with, once known.
-    fs_uid: Option<u32>,
+    fs: Option<creds::FsIdentity>,
     policy: &'a FilePolicy,
     checks: identity::FileChecks,
     /// Fds given the restorer's fd of their number by the terminal rule,
@@ -241,7 +241,7 @@ impl<'a> Context<'a> {
             states: HashMap::new(),
             pid: 0,
             inherited: Vec::new(),
-            fs_uid: None,
+            fs: None,
             policy,
             checks: identity::FileChecks::new(&images.manifest().hostname),
             bound: Vec::new(),
@@ -283,7 +283,13 @@ impl<'a> Context<'a> {
 
     /// The filesystem uid the current process's files are reopened with.
     pub fn fs_uid(&self) -> Option<u32> {
-        self.fs_uid
+        self.fs.as_ref().map(creds::FsIdentity::uid)
+    }
+
+    /// The filesystem identity the current process's files are reopened
+    /// and recreated with.
+    pub fn fs_identity(&self) -> Option<&creds::FsIdentity> {
+        self.fs.as_ref()
     }
 
     /// The user allowed the file at `path` to change since the dump.
@@ -415,9 +421,8 @@ pub fn restore(
     cx.pid = r.t.pid();
     cx.inherited = inherited_fds(cx.pid)?;
     cx.here.clear();
-    let identity = creds::FsIdentity::of(creds);
-    cx.fs_uid = identity.as_ref().map(creds::FsIdentity::uid);
-    let previous = identity.as_ref().map(|i| i.assume(r)).transpose()?;
+    cx.fs = creds::FsIdentity::of(creds);
+    let previous = cx.fs.as_ref().map(|i| i.assume(r)).transpose()?;
     for pass in [Pass::First, Pass::Last] {
         for fd in &table.fds {
             let file = cx

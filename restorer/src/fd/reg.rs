@@ -99,7 +99,7 @@ fn reopen(
 
 /// Says why a reopen of `object` (e.g. "" or " the FIFO", as it reads
 /// after "cannot reopen") failed, in terms of what probably happened.
-pub(super) fn reopen_failure(e: ParasiteError, object: &str, fs_uid: Option<u32>) -> String {
+pub(crate) fn reopen_failure(e: ParasiteError, object: &str, fs_uid: Option<u32>) -> String {
     let ParasiteError::RemoteOpen { errno, .. } = &e else {
         return format!("cannot reopen{object}: {e}");
     };
@@ -126,6 +126,12 @@ fn recreate_ghost(
     image: &RegFile,
     ghost: &str,
 ) -> Result<i32> {
+    let own = Ownership {
+        uid: image.uid,
+        gid: image.gid,
+        mode: image.mode,
+    };
+    create::check_owner(cx.fs_identity(), cx.pid(), &image.path, &own)?;
     let data = cx.images.read_raw(ghost)?;
     let created = create::create_exclusive(r, &image.path)?;
     let result = fill_and_open(cx, file, image, &created, &data);

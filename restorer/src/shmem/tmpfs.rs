@@ -9,8 +9,9 @@
 //! are then set to the image's unless they are already the same (the image
 //! is the job's state at the checkpoint; leaving equal contents alone keeps
 //! its times for an fd reopening it). If it is gone, it is recreated by the
-//! create rules (`fd/create.rs`: the process makes it with `O_EXCL` and mode
-//! 0600, the restorer gives it owner, contents and, last, mode).
+//! create rules (`fd/create.rs`: only for its own user; the process makes
+//! it with `O_EXCL` and mode 0600, the restorer gives it owner, contents
+//! and, last, mode).
 
 use std::fs::File;
 use std::os::unix::fs::{FileExt, PermissionsExt};
@@ -55,7 +56,7 @@ pub(super) fn open_or_create(
         .file
         .ok_or_else(|| err("no identity recorded for it".into()))?;
     let prev = fs.assume(r)?;
-    let got = find_or_create(images, o, &mut at, fs.uid(), dumped);
+    let got = find_or_create(images, o, &mut at, &fs, dumped);
     prev.restore(r)?;
     let rw = got?;
     let ro = File::open(format!(
@@ -70,7 +71,7 @@ fn find_or_create(
     images: &ImageDir,
     o: &ShmemObject,
     at: &mut AtPath<'_, '_>,
-    creator: u32,
+    fs: &FsIdentity,
     dumped: &FileId,
 ) -> Result<File> {
     let r = at.r;
@@ -133,9 +134,15 @@ fn find_or_create(
             errno: Errno::ENOENT,
             ..
         }) => {
+            let own = create::Ownership {
+                uid: o.uid,
+                gid: o.gid,
+                mode: dumped.mode,
+            };
+            create::check_owner(Some(fs), pid, &o.name, &own)?;
             let created = create::create_exclusive(r, &o.name)?;
             let filled = if created.path == o.name {
-                created.open_here(creator).and_then(|f| {
+                created.open_here(fs.uid()).and_then(|f| {
                     std::os::unix::fs::fchown(&f, Some(o.uid), Some(o.gid))
                         .and_then(|()| f.set_len(o.size))
                         .map_err(|e| err(format!("cannot fill the recreated file: {e}")))?;
