@@ -45,6 +45,16 @@ fn read_ids(v: &Victim) -> Ids {
     }
 }
 
+/// Held by every test of this file: the jobs all run as the test user, so
+/// one test's object used by root (`set_used_last_by_another_user_…`)
+/// rightly refuses the dump of another test's job meanwhile.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// A key no other run of this test uses at the same time.
 fn unique_key(salt: u32) -> u32 {
     0x5c00_0000 | ((std::process::id() & 0xffff) << 8) | salt
@@ -151,6 +161,7 @@ fn dir_bytes(dir: &Path) -> u64 {
 
 #[test]
 fn sysv_objects_come_back_with_ids_contents_and_one_copy() {
+    let _serial = one_at_a_time();
     let env = TestEnv::new("sysv");
     let key = unique_key(1);
     let mut cleanup = IpcCleanup {
@@ -299,6 +310,7 @@ fn sysv_objects_come_back_with_ids_contents_and_one_copy() {
 
 #[test]
 fn key_in_use_at_restore_fails_in_one_line_leaving_nothing() {
+    let _serial = one_at_a_time();
     let env = TestEnv::new("sysv-collision");
     let key = unique_key(2);
     let mut job = dump_small_job(&env, key);
@@ -343,6 +355,7 @@ fn key_in_use_at_restore_fails_in_one_line_leaving_nothing() {
 
 #[test]
 fn segment_of_another_user_is_refused_at_dump() {
+    let _serial = one_at_a_time();
     let env = TestEnv::new("sysv-foreign");
     let key = unique_key(3);
     // Root's segment, open to everyone: the job may use it, but a restore
@@ -393,6 +406,7 @@ fn reseal_ipc(env: &TestEnv, ipc: &ckpt_image::ipc::Ipc) {
 
 #[test]
 fn sealed_image_cannot_create_objects_beyond_the_user_or_the_limits() {
+    let _serial = one_at_a_time();
     use ckpt_image::ImageKind;
     let env = TestEnv::new("sysv-crafted");
     let key = unique_key(4);
@@ -437,4 +451,87 @@ fn sealed_image_cannot_create_objects_beyond_the_user_or_the_limits() {
     let mut shrunk = original;
     shrunk.shm[0].pages[0].nr_pages -= 1;
     refused(&shrunk, "size is not that of the saved pages");
+}
+
+/// A restorer SIGKILLed after it created the job's objects (mid-rebuild)
+/// leaves none of them: its keeper process removes them, so the next
+/// restore is not refused with "already taken here" and brings the job
+/// back.
+#[test]
+fn killed_restore_leaves_no_objects_and_the_next_restore_works() {
+    let _serial = one_at_a_time();
+    use std::os::unix::process::ExitStatusExt;
+    let env = TestEnv::new("sysv-killed-restore");
+    let key = unique_key(5);
+    let job = dump_small_job(&env, key);
+
+    let status = env
+        .ckpt_command()
+        .args(["restore", "--dir", path_str(&env.img)])
+        .env("CKPT_FAULT", "restore-mid-rebuild")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    let gone = || {
+        sysvipc_row("shm", job.ids.shm).is_none()
+            && sysvipc_row("sem", job.ids.sem).is_none()
+            && sysvipc_row("msg", job.ids.msg).is_none()
+    };
+    assert!(
+        wait_until(std::time::Duration::from_secs(10), gone),
+        "objects of the killed restore are left: shm {:?} sem {:?} msg {:?}",
+        sysvipc_row("shm", job.ids.shm),
+        sysvipc_row("sem", job.ids.sem),
+        sysvipc_row("msg", job.ids.msg)
+    );
+    restore_and_check(&env, &job.v);
+}
+
+/// Another user (root here, not a user of the job) operates last on every
+/// semaphore of the job's set: the dump must not leave the set out
+/// silently (it used to: an INFO line and exit 0, and the restore elsewhere
+/// lacked it). It is refused by name, and the job runs on unharmed.
+#[test]
+fn set_used_last_by_another_user_is_refused_not_left_out() {
+    let _serial = one_at_a_time();
+    let env = TestEnv::new("sysv-foreign-last");
+    let key = unique_key(6);
+    let _cleanup = IpcCleanup {
+        key,
+        ids: Vec::new(),
+    };
+    let mut v = Victim::spawn_as(&env, "sysv", &[&format!("{key:x}"), "4"], test_user());
+    v.wait_ready();
+    let ids = read_ids(&v);
+    let nsems = column(
+        &sysvipc_row("sem", ids.sem).expect("the job's set"),
+        "nsems",
+    );
+    for n in 0..nsems as u16 {
+        for op in [1i16, -1] {
+            let mut sop = libc::sembuf {
+                sem_num: n,
+                sem_op: op,
+                sem_flg: libc::IPC_NOWAIT as i16,
+            };
+            // SAFETY: one sembuf of ours.
+            let r = unsafe { libc::semop(ids.sem, &mut sop, 1) };
+            assert_eq!(r, 0, "semop: {}", std::io::Error::last_os_error());
+        }
+    }
+    let line = dump_expect_error(&env, &v);
+    assert!(
+        line.contains(&format!("SysV semaphore set id {}", ids.sem))
+            && line.contains("not a user of the tree"),
+        "the error names the set and why: {line}"
+    );
+    assert!(
+        !env.img.exists(),
+        "a refused dump left {}",
+        env.img.display()
+    );
+    v.assert_unharmed_and_passes("after a dump refused for a set used by another user");
 }

@@ -14,7 +14,12 @@
 //! creator's uid is not enough: two jobs of one user (or everything root
 //! ever created) would take each other's objects, and `--kill` would then
 //! remove them. A set or queue created by one of the tree's users that no
-//! process of the tree touched last is left out, with a line in the log.
+//! process of the tree touched last is left out, with a line in the log,
+//! when its last users are processes of the tree's users (another job of
+//! theirs) or it was last used before the job started; when it was used
+//! while the job ran by another user's process or one gone since, the
+//! dump is refused by name instead (`unattributable`): another user could
+//! touch a job's 0666 semaphore only to make the dump leave it out.
 //!
 //! `/proc/sysvipc` and the IPC syscalls see the caller's namespace: a tree
 //! with an IPC namespace of its own is read from a thread entered into it
@@ -222,6 +227,70 @@ fn check_owner(tree: &Tree<'_>, pid: i32, kind: IpcKind, p: &IpcPerm) -> Result<
     Ok(())
 }
 
+/// Refuses an object of one of the tree's users that no process of the
+/// tree used last, when it was used while the job ran (`used_at`, the
+/// object's last operation time, not before the tree's root started) by a
+/// process that is not provably another job of the same users: one of
+/// another user (a 0666 object is open to anyone, who may touch it only to
+/// make the dump leave it out) or one gone since (maybe the job's own,
+/// exited). `last` are the pids the kernel recorded (0: never used).
+/// Leaving such an object out would lose it silently, saving it might take
+/// another job's: the dump is refused by name. Objects last used before
+/// the job started (leftovers) are left out as before.
+fn unattributable(
+    tree: &Tree<'_>,
+    kind: IpcKind,
+    p: &IpcPerm,
+    last: &[i32],
+    used_at: i64,
+) -> Option<DumpError> {
+    if !tree.uids.contains(&p.cuid) && !tree.uids.contains(&p.uid) {
+        return None;
+    }
+    if started_at(tree.root).is_none_or(|start| used_at < start) {
+        return None;
+    }
+    let (pid, uid) = last
+        .iter()
+        .filter(|pid| **pid > 0)
+        .map(|pid| (*pid, real_uid(*pid)))
+        .find(|(_, uid)| !uid.is_some_and(|u| tree.uids.contains(&u)))?;
+    let who = match uid {
+        Some(uid) => format!("pid {pid} of uid {uid}, not a user of the tree"),
+        None => format!("pid {pid}, gone since"),
+    };
+    Some(DumpError::Unsupported {
+        pid: tree.root,
+        what: format!(
+            "{} of uid {}, used last while the job ran by {who}: whether the job uses it \
+             cannot be told (remove it with ipcrm if it is not the job's; `ckpt run --ipcns` \
+             gives a job objects of its own)",
+            describe(kind, p),
+            p.uid
+        ),
+    })
+}
+
+/// When process `pid` started, in seconds since the epoch (the unit of
+/// the IPC tables' times), if it can be read.
+fn started_at(pid: i32) -> Option<i64> {
+    let stat = procfs::process::Process::new(pid).ok()?.stat().ok()?;
+    let boot = procfs::boot_time_secs().ok()?;
+    Some(boot as i64 + (stat.starttime / procfs::ticks_per_second()) as i64)
+}
+
+/// The real uid of process `pid`, if it still exists.
+fn real_uid(pid: i32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 fn collect_shm(
     tree: &Tree<'_>,
     ipc: &mut Ipc,
@@ -316,6 +385,11 @@ fn collect_sem(
             .collect::<std::io::Result<Vec<_>>>()
             .map_err(os)?;
         if !sempids.iter().any(|pid| tree.has_pid(*pid)) {
+            let otime = table.get(tree.root, row, "otime")?;
+            if let Some(e) = unattributable(tree, IpcKind::Sem, &p, &sempids, otime) {
+                refused.absorb::<()>(Err(e))?;
+                continue;
+            }
             if tree.uids.contains(&p.cuid) {
                 log::info!(
                     "ipc: {} of uid {} not saved: no process of the tree operated on it last",
@@ -358,6 +432,13 @@ fn collect_msg(
             table.get(tree.root, row, "lrpid")? as i32,
         );
         if !tree.has_pid(lspid) && !tree.has_pid(lrpid) {
+            let used_at = table
+                .get(tree.root, row, "stime")?
+                .max(table.get(tree.root, row, "rtime")?);
+            if let Some(e) = unattributable(tree, IpcKind::Msg, &p, &[lspid, lrpid], used_at) {
+                refused.absorb::<()>(Err(e))?;
+                continue;
+            }
             if tree.uids.contains(&p.cuid) {
                 log::info!(
                     "ipc: {} of uid {} not saved: no process of the tree used it last",

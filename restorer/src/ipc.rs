@@ -10,7 +10,8 @@
 //! last (`IPC_SET`). The id comes back by writing it to
 //! `/proc/sys/kernel/{shm,sem,msg}_next_id` right before the `*get`, and is
 //! checked. If the restore fails, or the stopped tree is dropped, every
-//! object created is removed again.
+//! object created is removed again; if the restorer is killed before the
+//! tree runs, a keeper process it forked removes them (`sys::IpcKeeper`).
 
 use std::os::unix::fs::FileExt;
 
@@ -340,17 +341,33 @@ struct CreatedObject {
     id: i32,
 }
 
-/// The objects this restore created; removed on drop unless disarmed.
+/// The objects this restore created; removed on drop unless disarmed,
+/// and by a keeper process if the restorer dies first.
 #[derive(Default)]
 pub struct Created {
     objects: Vec<CreatedObject>,
     armed: bool,
+    keeper: Option<sys::IpcKeeper>,
+}
+
+/// Who removes the objects if the restore fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cleanup {
+    /// The restorer, and a keeper process should the restorer be killed
+    /// (objects in the host's, or another long-lived, IPC namespace).
+    Restorer,
+    /// Nobody: they live in an IPC namespace of the tree's own, which ends
+    /// with its last process.
+    Namespace,
 }
 
 impl Created {
     /// The tree runs: the objects are its own now.
     pub fn disarm(&mut self) {
         self.armed = false;
+        if let Some(k) = self.keeper.take() {
+            k.release();
+        }
     }
 }
 
@@ -360,6 +377,9 @@ impl Drop for Created {
             for o in self.objects.drain(..).rev() {
                 let _ = sys::ipc_rmid(o.kind, o.id);
             }
+        }
+        if let Some(k) = self.keeper.take() {
+            k.release();
         }
     }
 }
@@ -394,6 +414,10 @@ fn create_with_id(
         }
     })?;
     created.objects.push(CreatedObject { kind, id });
+    if let Some(k) = &created.keeper {
+        k.record(kind, id)
+            .map_err(|e| os("tell the keeper process about it", e))?;
+    }
     if id != p.id {
         return Err(refuse(
             kind,
@@ -427,10 +451,22 @@ fn owner(p: &IpcPerm) -> IpcOwner {
 
 /// Creates, fills and hands over every object of `ipc` (already checked by
 /// [`load`] and [`check_free`]).
-pub fn create(images: &ImageDir, ipc: &Ipc) -> Result<Created> {
+pub fn create(images: &ImageDir, ipc: &Ipc, cleanup: Cleanup) -> Result<Created> {
+    let count = ipc.shm.len() + ipc.sem.len() + ipc.msg.len();
+    let keeper = if cleanup == Cleanup::Restorer && count > 0 {
+        Some(
+            sys::IpcKeeper::spawn(count).map_err(|e| RestoreError::Host {
+                pid: std::process::id() as i32,
+                what: format!("cannot start the SysV objects' keeper process: {e}"),
+            })?,
+        )
+    } else {
+        None
+    };
     let mut created = Created {
         objects: Vec::new(),
         armed: true,
+        keeper,
     };
     for s in &ipc.shm {
         let p = s.perm.expect("checked by load");

@@ -484,7 +484,7 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
         None
     } else {
         ipc::check_free(&sysv)?;
-        Some(ipc::create(&images, &sysv)?)
+        Some(ipc::create(&images, &sysv, ipc::Cleanup::Restorer)?)
     };
     let _pidfd = if new_ns {
         Some(RestorerPidfd::new(&procs)?)
@@ -529,7 +529,9 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
             // The namespace, and with it every object, ends with the
             // tree's last process: nothing to remove on failure, and
             // nothing of ckpt's namespace may be removed by these ids.
-            let mut c = ns::in_ipc(host_root, own_ipc, || ipc::create(&images, &sysv))?;
+            let mut c = ns::in_ipc(host_root, own_ipc, || {
+                ipc::create(&images, &sysv, ipc::Cleanup::Namespace)
+            })?;
             c.disarm();
             c
         }

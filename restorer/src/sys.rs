@@ -917,3 +917,143 @@ pub fn sysinfo_ehdr() -> u64 {
     // this process; any type is a valid argument.
     unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) }
 }
+
+/// Record code telling the [`IpcKeeper`] child to forget every object.
+const KEEPER_FORGET: i32 = 0;
+
+/// A child process that removes the SysV objects a restore created if the
+/// restorer dies before the tree runs: a SIGKILLed restorer runs no
+/// destructor, and objects left with the checkpoint's ids and keys would
+/// fail every later restore ("already taken here") and hold the job's data.
+///
+/// The restorer sends it one record per object it created over a pipe
+/// (close-on-exec; restored processes close their inherited copy while
+/// they are rebuilt, or die with the restorer). A "forget" record ends it
+/// with nothing removed; end of file before one (every writer dead)
+/// makes it remove what it was told, newest first, and exit.
+pub struct IpcKeeper {
+    to_keeper: std::os::fd::OwnedFd,
+    pid: i32,
+}
+
+impl IpcKeeper {
+    /// Forks the keeper, able to remember `capacity` objects (the records
+    /// are stored in memory allocated before the fork: the child of a
+    /// multi-threaded process must not allocate).
+    pub fn spawn(capacity: usize) -> std::io::Result<Self> {
+        use std::os::fd::FromRawFd;
+        let mut ends = [0i32; 2];
+        // SAFETY: pipe2 writes two fds into the array we own.
+        check_ret(unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } as libc::c_long)?;
+        let mut records: Vec<[i32; 2]> = Vec::with_capacity(capacity.max(1));
+        let (buf, cap) = (records.as_mut_ptr(), records.capacity());
+        // SAFETY: the child runs only `keeper_main`, raw syscalls on memory
+        // allocated before the fork; it never returns.
+        match unsafe { libc::fork() } {
+            -1 => {
+                let e = std::io::Error::last_os_error();
+                // SAFETY: closing the two fds pipe2 just gave us.
+                unsafe {
+                    libc::close(ends[0]);
+                    libc::close(ends[1]);
+                }
+                Err(e)
+            }
+            // SAFETY: in the child, as above.
+            0 => unsafe { keeper_main(ends[0], buf, cap) },
+            pid => {
+                // SAFETY: the read end is the child's; ours goes.
+                unsafe { libc::close(ends[0]) };
+                drop(records);
+                Ok(IpcKeeper {
+                    // SAFETY: the write end is a fresh fd owned by nobody else.
+                    to_keeper: unsafe { std::os::fd::OwnedFd::from_raw_fd(ends[1]) },
+                    pid,
+                })
+            }
+        }
+    }
+
+    /// Tells the keeper object `id` of `kind` was created.
+    pub fn record(&self, kind: IpcKind, id: i32) -> std::io::Result<()> {
+        let code = match kind {
+            IpcKind::Shm => 1,
+            IpcKind::Sem => 2,
+            IpcKind::Msg => 3,
+        };
+        keeper_send(&self.to_keeper, [code, id])
+    }
+
+    /// Ends the keeper with nothing removed (the tree runs, or the
+    /// restorer removed the objects itself) and reaps it.
+    pub fn release(self) {
+        let _ = keeper_send(&self.to_keeper, [KEEPER_FORGET, 0]);
+        drop(self.to_keeper);
+        let mut status = 0;
+        // SAFETY: waits for our own child; status is a local.
+        unsafe { libc::waitpid(self.pid, &mut status, 0) };
+    }
+}
+
+fn keeper_send(to: &std::os::fd::OwnedFd, record: [i32; 2]) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: writes the 8 bytes of a local array to an fd we own; a pipe
+    // write of fewer than PIPE_BUF bytes is all or nothing.
+    let n = unsafe { libc::write(to.as_raw_fd(), record.as_ptr().cast(), 8) };
+    if n == 8 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The keeper's whole life, in the forked child.
+///
+/// # Safety
+/// Only in the child of a fork: `buf` holds `cap` records allocated before
+/// the fork; raw syscalls only.
+unsafe fn keeper_main(from: i32, buf: *mut [i32; 2], cap: usize) -> ! {
+    // SAFETY: raw syscalls on integers and on `buf`, which has room for
+    // `cap` records; the process ends with _exit.
+    unsafe {
+        // Holding none of the restorer's fds: its stdio and pipes must end
+        // with it, not with us.
+        if from > 0 {
+            libc::syscall(libc::SYS_close_range, 0, from - 1, 0);
+        }
+        libc::syscall(libc::SYS_close_range, from + 1, u32::MAX, 0);
+        libc::setsid();
+        for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGTERM, libc::SIGPIPE] {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+        let mut n = 0;
+        loop {
+            let mut rec = [0i32; 2];
+            let r = libc::read(from, rec.as_mut_ptr().cast(), 8);
+            if r == 8 {
+                if rec[0] == KEEPER_FORGET {
+                    libc::_exit(0);
+                }
+                if n < cap {
+                    *buf.add(n) = rec;
+                    n += 1;
+                }
+                continue;
+            }
+            if r < 0 && *libc::__errno_location() == libc::EINTR {
+                continue;
+            }
+            break;
+        }
+        while n > 0 {
+            n -= 1;
+            let [code, id] = *buf.add(n);
+            match code {
+                1 => libc::syscall(libc::SYS_shmctl, id, libc::IPC_RMID, 0),
+                2 => libc::syscall(libc::SYS_semctl, id, 0, libc::IPC_RMID, 0),
+                _ => libc::syscall(libc::SYS_msgctl, id, libc::IPC_RMID, 0),
+            };
+        }
+        libc::_exit(0)
+    }
+}
