@@ -78,7 +78,9 @@ fn io_err(e: Errno) -> io::Error {
 }
 
 /// Opens a directory by path, following symlinks anywhere in it (the
-/// caller chose the path); used for the parent of a checkpoint.
+/// caller chose the path); used to read a checkpoint and for the key's
+/// directory. Paths ckpt writes as root go through
+/// [`crate::trusted_path`] instead.
 pub fn open_dir_path(path: &Path) -> io::Result<OwnedFd> {
     nix::fcntl::open(
         path,

@@ -109,12 +109,6 @@ impl PathError {
             | PathError::Io { path, .. } => path,
         }
     }
-
-    /// Whether ckpt refused the path (someone else controls a part of it),
-    /// rather than the OS failing a step.
-    pub fn is_refusal(&self) -> bool {
-        !matches!(self, PathError::Io { .. })
-    }
 }
 
 /// One step of a walk.
@@ -197,6 +191,10 @@ fn walk(path: &Path, dir: &Path) -> Result<OwnedFd, PathError> {
                 // Read from the link just checked, not by name: it may have
                 // been swapped since.
                 let target = sys::read_link_fd(next.as_fd()).map_err(|e| io(&at, "read", e))?;
+                if target.is_empty() {
+                    // As the kernel: an empty link leads nowhere.
+                    return Err(io(&at, "follow", std::io::ErrorKind::NotFound.into()));
+                }
                 let target = PathBuf::from(target);
                 // The target's steps go first, from the link's directory
                 // (`cur`) or from `/`.
