@@ -215,3 +215,206 @@ fn completions_and_man_pages_match_the_options() {
     );
     assert!(man.join("ckpt-restore.1").exists(), "no ckpt-restore.1");
 }
+
+/// What the root file holds before ckpt is pointed at it.
+const ROOT_CONTENT: &str = "root:x:0:0:root:/root:/bin/bash\n";
+
+/// A directory of the test user holding `link`, a symlink of the user's
+/// (lchown'd) to a root-only 0700 directory with a root file in it: the
+/// user's `/tmp/u/d -> /etc`.
+struct UsersLink {
+    link: std::path::PathBuf,
+    root_dir: std::path::PathBuf,
+    root_file: std::path::PathBuf,
+}
+
+impl UsersLink {
+    fn new(env: &TestEnv) -> UsersLink {
+        use std::os::unix::fs::PermissionsExt;
+        let user = test_user();
+        let theirs = env.root.join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(user.uid), Some(user.gid)).unwrap();
+        let root_dir = env.root.join("roots");
+        std::fs::create_dir(&root_dir).unwrap();
+        std::fs::set_permissions(&root_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let root_file = root_dir.join("passwd");
+        std::fs::write(&root_file, ROOT_CONTENT).unwrap();
+        let link = theirs.join("d");
+        std::os::unix::fs::symlink(&root_dir, &link).unwrap();
+        std::os::unix::fs::lchown(&link, Some(user.uid), Some(user.gid)).unwrap();
+        UsersLink {
+            link,
+            root_dir,
+            root_file,
+        }
+    }
+
+    /// `ckpt` failed with one line naming `path` and the link's owner, and
+    /// the root directory is as it was.
+    fn assert_refused(&self, out: &CkptOutput, path: &std::path::Path) {
+        let err = out.assert_error();
+        assert!(err.contains(path_str(path)), "{err}");
+        assert!(
+            err.contains(&format!("owned by uid {}", test_user().uid)),
+            "{err}"
+        );
+        assert_eq!(
+            out.stderr.trim().lines().count(),
+            1,
+            "one line: {}",
+            out.stderr
+        );
+        assert_eq!(
+            std::fs::read_to_string(&self.root_file).unwrap(),
+            ROOT_CONTENT,
+            "`{}` wrote the root file",
+            out.desc
+        );
+        let names: Vec<_> = std::fs::read_dir(&self.root_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["passwd"], "`{}` wrote in the root dir", out.desc);
+    }
+}
+
+/// ckpt runs as root: a user's symlink in a parent component of a path it
+/// writes (`dump DIR`, `--pidfile`, `--stats-file`, `--log-file`) is not
+/// followed, and the restore or run fails before anything is restored or
+/// started. Before: root wrote its pid, stats or log over the root file
+/// and put the checkpoint in the root directory.
+#[test]
+fn root_never_writes_through_a_users_symlink() {
+    let env = TestEnv::new("cli-user-link");
+    let u = UsersLink::new(&env);
+    let mut v = Victim::spawn(&env, "counter", &[]);
+    v.wait_ready();
+    let pid = v.pid.to_string();
+    let img = u.link.join("img");
+    let out = ckpt(
+        &env,
+        &["dump", "--tree", &pid, "--dir", path_str(&img)],
+        DUMP_TIMEOUT,
+    );
+    u.assert_refused(&out, &img);
+    assert_running_untouched(v.pid, "after a refused dump");
+    dump_kill_reap(&env, &mut v);
+    let target = u.link.join("passwd");
+    for flag in ["--pidfile", "--stats-file"] {
+        let out = ckpt(
+            &env,
+            &[
+                "restore",
+                "--dir",
+                path_str(&env.img),
+                flag,
+                path_str(&target),
+            ],
+            FAIL_TIMEOUT,
+        );
+        u.assert_refused(&out, &target);
+        assert!(!pid_exists(v.pid), "{flag}: restored all the same");
+    }
+    let out = ckpt(
+        &env,
+        &["--log-file", path_str(&target), "show", path_str(&env.img)],
+        FAIL_TIMEOUT,
+    );
+    u.assert_refused(&out, &target);
+    let out = ckpt(
+        &env,
+        &[
+            "run",
+            "--utsns",
+            "--pidfile",
+            path_str(&target),
+            "--",
+            "true",
+        ],
+        FAIL_TIMEOUT,
+    );
+    u.assert_refused(&out, &target);
+
+    // A link of root's is followed, as Debian's /var/run -> /run.
+    let roots_link = env.root.join("run");
+    std::os::unix::fs::symlink(&u.root_dir, &roots_link).unwrap();
+    let pidfile = roots_link.join("ok.pid");
+    let out = ckpt(
+        &env,
+        &[
+            "run",
+            "--utsns",
+            "--pidfile",
+            path_str(&pidfile),
+            "--",
+            "true",
+        ],
+        FAIL_TIMEOUT,
+    );
+    out.assert_success();
+    let written = std::fs::read_to_string(u.root_dir.join("ok.pid")).unwrap();
+    assert!(written.trim().parse::<i32>().is_ok(), "{written:?}");
+}
+
+/// A FIFO of mode 0600 given as a namespace or secret file fails at once
+/// with one line naming it. Before: ckpt blocked for ever opening it.
+#[test]
+fn fifos_given_as_namespace_or_secret_files_fail_fast() {
+    use std::os::unix::fs::PermissionsExt;
+    let quick = std::time::Duration::from_secs(10);
+    let env = TestEnv::new("cli-fifo-paths");
+    // A valid key, so restore gets as far as the namespace files.
+    std::fs::write(env.image_key(), [7u8; 32]).unwrap();
+    std::fs::set_permissions(env.image_key(), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let fifo = env.root.join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let state = env.root.join("coord");
+    let runs: [&[&str]; 4] = [
+        &[
+            "restore",
+            "--dir",
+            path_str(&env.img),
+            "--netns",
+            path_str(&fifo),
+        ],
+        &[
+            "restore",
+            "--dir",
+            path_str(&env.img),
+            "--mntns",
+            path_str(&fifo),
+        ],
+        &[
+            "coord",
+            "--listen",
+            "127.0.0.1:0",
+            "--state-dir",
+            path_str(&state),
+            "--secret-file",
+            path_str(&fifo),
+        ],
+        &[
+            "coord",
+            "trigger",
+            "--connect",
+            "127.0.0.1:1",
+            "--secret-file",
+            path_str(&fifo),
+        ],
+    ];
+    for args in runs {
+        let out = ckpt(&env, args, quick);
+        let err = out.assert_error();
+        assert!(
+            err.contains(path_str(&fifo)) && err.contains("FIFO"),
+            "{err}"
+        );
+        assert_eq!(
+            out.stderr.trim().lines().count(),
+            1,
+            "one line: {}",
+            out.stderr
+        );
+    }
+}

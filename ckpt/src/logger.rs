@@ -18,12 +18,12 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 use anyhow::Context;
+use ckpt_image::TrustedParent;
 use log::{Level, LevelFilter, Log, Metadata, Record};
 
 /// The level of the log file and of `dump.log`: every object and refusal.
@@ -121,35 +121,15 @@ pub fn file_only(level: Level, message: &str) {
     }
 }
 
-/// Opens `--log-file PATH` for writing: created 0600 if missing, never
-/// through a symbolic link (which could aim root's writes anywhere), and
-/// only ever a regular file (a FIFO would block, a device be clobbered).
-/// An existing regular file is truncated, as CRIU's `-o` does.
+/// Opens `--log-file PATH` for writing: created 0600 if missing, in a
+/// directory reached without following a symlink a user controls
+/// (`ckpt_image::trusted_path`), never through a symlink at the name, and
+/// only ever a regular file with no other name (a FIFO would block, a
+/// device be clobbered, a hard link could be root's file). An existing
+/// file is truncated, as CRIU's `-o` does.
 fn open_log_file(path: &Path) -> anyhow::Result<File> {
-    let what = || format!("--log-file {}", path.display());
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .mode(0o600)
-        // O_NONBLOCK: opening a FIFO must not hang; checked below anyway.
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => anyhow::anyhow!("is a symbolic link, refused"),
-            _ => anyhow::Error::new(e),
-        })
-        .with_context(what)?;
-    let meta = f.metadata().with_context(what)?;
-    if !meta.file_type().is_file() {
-        anyhow::bail!(
-            "{}: not a regular file (mode {:o}), refused",
-            what(),
-            meta.mode()
-        );
-    }
-    f.set_len(0)
-        .with_context(|| format!("{}: truncate", what()))?;
-    Ok(f)
+    let parent = TrustedParent::resolve(path).context("--log-file")?;
+    parent.open_truncated(0o600).context("--log-file")
 }
 
 impl Logger {

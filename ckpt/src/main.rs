@@ -28,7 +28,8 @@ struct Cli {
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
     verbose: u8,
     /// Also write the log, at -vv level at least, to PATH (created 0600; a
-    /// symbolic link or anything but a regular file is refused).
+    /// symbolic link, a directory symlink another user owns, a hard-linked
+    /// file or anything but a regular file is refused).
     #[arg(long = "log-file", value_name = "PATH", global = true)]
     log_file: Option<PathBuf>,
     #[command(subcommand)]

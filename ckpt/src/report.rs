@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use ckpt_dumper::DumpError;
-use ckpt_image::ImageError;
+use ckpt_image::{ImageError, PathError};
 use ckpt_parasite::ParasiteError;
 use ckpt_restorer::RestoreError;
 
@@ -125,6 +125,10 @@ impl ErrorReport {
                 r.classify_image(i);
                 break;
             }
+            if let Some(p) = cause.downcast_ref::<PathError>() {
+                r.classify_path(p);
+                break;
+            }
             if let Some(p) = cause.downcast_ref::<ParasiteError>() {
                 r.classify_parasite(p);
                 break;
@@ -240,9 +244,24 @@ impl ErrorReport {
                 self.path = Some(k.path().display().to_string());
                 return;
             }
+            ImageError::Path(p) => return self.classify_path(p),
         };
         self.kind = kind;
         self.path = Some(path.display().to_string());
+    }
+
+    /// A path ckpt was to write as root: refused (a user's symlink, a
+    /// FIFO, a hard link) is a permission problem; otherwise as the OS said.
+    fn classify_path(&mut self, e: &PathError) {
+        self.kind = match e {
+            PathError::Io { source, .. } => match source.kind() {
+                std::io::ErrorKind::NotFound => ErrorKind::Usage,
+                std::io::ErrorKind::PermissionDenied => ErrorKind::Permission,
+                _ => ErrorKind::Storage,
+            },
+            _ => ErrorKind::Permission,
+        };
+        self.path = Some(e.path().display().to_string());
     }
 
     fn classify_parasite(&mut self, e: &ParasiteError) {

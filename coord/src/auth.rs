@@ -43,6 +43,15 @@ pub enum AuthError {
         /// Its mode bits.
         mode: u32,
     },
+    /// The secret file is a FIFO, device, directory or socket: opening it
+    /// could block or act, reading it means nothing.
+    #[error("secret file {path} is a {found}, not a regular file; refused")]
+    NotRegular {
+        /// File.
+        path: PathBuf,
+        /// What it is.
+        found: &'static str,
+    },
     /// The secret is not valid hex or too short.
     #[error("secret from {origin} is not at least 16 bytes of hex")]
     Format {
@@ -142,7 +151,7 @@ impl Secret {
             path: path.to_path_buf(),
             source,
         };
-        let mut f = fs::File::open(path).map_err(io)?;
+        let mut f = open_regular(path)?;
         let mode = f.metadata().map_err(io)?.permissions().mode() & 0o777;
         if mode & 0o077 != 0 {
             return Err(AuthError::Permissions {
@@ -259,6 +268,41 @@ fn client_parts<'a>(
     ]
 }
 
+/// Opens `path` for reading only if it is a regular file. An `O_PATH` open
+/// comes first, which opens nothing: a FIFO there would block a plain open
+/// for ever, a device open could act. The file checked is then opened for
+/// real through that fd, so it is the one checked.
+fn open_regular(path: &Path) -> Result<fs::File, AuthError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileTypeExt;
+    let io = |source| AuthError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let named = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(io)?;
+    let kind = named.metadata().map_err(io)?.file_type();
+    if !kind.is_file() {
+        let found = if kind.is_fifo() {
+            "FIFO"
+        } else if kind.is_socket() {
+            "socket"
+        } else if kind.is_dir() {
+            "directory"
+        } else {
+            "device"
+        };
+        return Err(AuthError::NotRegular {
+            path: path.to_path_buf(),
+            found,
+        });
+    }
+    fs::File::open(format!("/proc/self/fd/{}", named.as_raw_fd())).map_err(io)
+}
+
 /// A fresh random nonce.
 pub fn nonce() -> Result<[u8; NONCE_LEN], AuthError> {
     let mut n = [0u8; NONCE_LEN];
@@ -298,5 +342,24 @@ mod tests {
             Secret::load(&p),
             Err(AuthError::Permissions { .. })
         ));
+    }
+
+    /// A FIFO of mode 0600 would block a plain open for ever.
+    #[test]
+    fn a_fifo_secret_is_refused_without_blocking() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("job.secret");
+        let made = std::process::Command::new("mkfifo")
+            .args(["-m", "600"])
+            .arg(&p)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        for r in [Secret::load(&p), Secret::load_or_create(&p)] {
+            assert!(
+                matches!(r, Err(AuthError::NotRegular { found: "FIFO", .. })),
+                "{r:?}"
+            );
+        }
     }
 }

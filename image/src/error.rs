@@ -85,6 +85,10 @@ pub enum ImageError {
         /// The directory.
         path: PathBuf,
     },
+    /// The checkpoint's parent directory is reached through a symlink a
+    /// user controls, or cannot be reached.
+    #[error(transparent)]
+    Path(#[from] crate::trusted_path::PathError),
     /// The image key could not be read or created.
     #[error(transparent)]
     Key(#[from] crate::seal::KeyError),

@@ -39,7 +39,8 @@
 //! [`FORMAT_VERSION`].
 //!
 //! This crate does no syscalls beyond reading and writing image files and
-//! the image key, always through directory fds (`sys.rs`).
+//! the image key, always through directory fds, and walking the paths ckpt
+//! writes as root ([`trusted_path`]) (`sys.rs`).
 
 #![warn(missing_docs)]
 // Only `sys.rs` may use `unsafe`, for the one syscall no safe wrapper
@@ -65,6 +66,7 @@ pub mod shmem;
 mod sys;
 pub mod task;
 pub mod timer;
+pub mod trusted_path;
 
 pub use dir::{BlockChecks, Committed, ImageDir, ImageWriter};
 pub use error::ImageError;
@@ -72,6 +74,7 @@ pub use header::{FORMAT_VERSION, ImageKind};
 pub use pagefile::{PageStream, PagesWriter};
 pub use seal::{ImageKey, KeyError};
 pub use sys::memory_filesystem;
+pub use trusted_path::{PathError, TrustedParent};
 
 /// Size of a page on every platform ckpt supports (x86_64).
 pub const PAGE_SIZE: u64 = 4096;

@@ -78,7 +78,9 @@ fn io_err(e: Errno) -> io::Error {
 }
 
 /// Opens a directory by path, following symlinks anywhere in it (the
-/// caller chose the path); used for the parent of a checkpoint.
+/// caller chose the path); used to read a checkpoint and for the key's
+/// directory. Paths ckpt writes as root go through
+/// [`crate::trusted_path`] instead.
 pub fn open_dir_path(path: &Path) -> io::Result<OwnedFd> {
     nix::fcntl::open(
         path,
@@ -86,6 +88,98 @@ pub fn open_dir_path(path: &Path) -> io::Result<OwnedFd> {
         Mode::empty(),
     )
     .map_err(io_err)
+}
+
+/// Where a path walk starts: `/` for an absolute path, the working
+/// directory for a relative one. An `O_PATH` fd: it only names the
+/// directory, so search permission is all a walk needs.
+pub fn open_walk_start(absolute: bool) -> io::Result<OwnedFd> {
+    let start = if absolute { "/" } else { "." };
+    nix::fcntl::open(
+        start,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(io_err)
+}
+
+/// Opens `name` inside `dir` as an `O_PATH` fd without following it: a
+/// symlink gives an fd of the link itself, whose owner can then be
+/// checked before anything it points at is reached.
+pub fn open_path_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<OwnedFd> {
+    nix::fcntl::openat(
+        dir,
+        name,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(io_err)
+}
+
+/// The target of the symlink `link` was opened as (an `O_PATH` fd from
+/// [`open_path_at`]): read from that very link, not by name again.
+pub fn read_link_fd(link: BorrowedFd<'_>) -> io::Result<OsString> {
+    nix::fcntl::readlinkat(link, "").map_err(io_err)
+}
+
+/// The directory `dir` names (maybe an `O_PATH` fd) opened for reading,
+/// so it can be listed and fsynced.
+pub fn reopen_dir(dir: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    nix::fcntl::openat(
+        dir,
+        ".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(io_err)
+}
+
+/// Creates a new file `name` inside `dir` for writing with mode `mode`
+/// (forced with `fchmod`, whatever the umask): never an existing file,
+/// never through a symlink.
+pub fn create_new_at(dir: BorrowedFd<'_>, name: &OsStr, mode: u32) -> io::Result<File> {
+    let fd = nix::fcntl::openat(
+        dir,
+        name,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(mode),
+    )
+    .map_err(io_err)?;
+    set_mode(fd.as_fd(), mode)?;
+    Ok(File::from(fd))
+}
+
+/// Opens `name` inside `dir` for writing, creating it with `mode` if
+/// missing: never through a symlink (`ELOOP`), and `O_NONBLOCK` so a FIFO
+/// cannot block the open (the caller checks the type on the fd and then
+/// clears the flag with [`set_blocking`]).
+pub fn open_for_writing_at(dir: BorrowedFd<'_>, name: &OsStr, mode: u32) -> io::Result<File> {
+    nix::fcntl::openat(
+        dir,
+        name,
+        OFlag::O_WRONLY
+            | OFlag::O_CREAT
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_NONBLOCK
+            | OFlag::O_NOCTTY
+            | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(mode),
+    )
+    .map(File::from)
+    .map_err(io_err)
+}
+
+/// Clears `O_NONBLOCK` (and every other status flag) on `fd`.
+pub fn set_blocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    nix::fcntl::fcntl(fd, FcntlArg::F_SETFL(OFlag::empty()))
+        .map(drop)
+        .map_err(io_err)
+}
+
+/// Renames `old` to `new` inside `dir`, replacing whatever non-directory
+/// `new` names (a symlink there is replaced, never followed).
+pub fn rename_replacing_at(dir: BorrowedFd<'_>, old: &OsStr, new: &OsStr) -> io::Result<()> {
+    nix::fcntl::renameat(dir, old, dir, new).map_err(io_err)
 }
 
 /// Opens directory `name` inside `dir`, refusing a symlink.

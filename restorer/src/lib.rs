@@ -343,7 +343,7 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
     check_compatible(&images)?;
     let m = images.manifest();
     let root = m.root_pid;
-    check_tree(&images, root, &m.processes)?;
+    images.check_tree()?;
     let files: Files = images.read_meta(ckpt_image::FILES_NAME, ImageKind::Files)?;
     check_files(&images, &files)?;
     let procs = m
@@ -663,38 +663,6 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
             Err(e)
         }
     }
-}
-
-/// The tree must list the root first and every parent before its children;
-/// only live processes can be parents.
-fn check_tree(
-    images: &ImageDir,
-    root: i32,
-    procs: &[ckpt_image::manifest::ProcessEntry],
-) -> Result<()> {
-    let bad = |what: String| {
-        RestoreError::Image(ImageError::Invalid {
-            path: images.path().join(ckpt_image::MANIFEST_NAME),
-            what,
-        })
-    };
-    if procs.first().map(|p| (p.pid, p.zombie_status)) != Some((root, None)) {
-        return Err(bad(
-            "the root process is not listed first, or is a zombie".into()
-        ));
-    }
-    for (i, p) in procs.iter().enumerate().skip(1) {
-        if !procs[..i]
-            .iter()
-            .any(|q| q.pid == p.ppid && q.zombie_status.is_none())
-        {
-            return Err(bad(format!(
-                "pid {} is listed before its parent {}",
-                p.pid, p.ppid
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// Creates every process of the tree (each forked by its restored parent,

@@ -61,6 +61,43 @@ pub fn clone_flags(ns: Option<&Namespaces>) -> u64 {
     flags
 }
 
+/// What a file type is, for messages.
+fn type_name(t: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_fifo() {
+        "FIFO"
+    } else if t.is_socket() {
+        "socket"
+    } else if t.is_char_device() || t.is_block_device() {
+        "device"
+    } else if t.is_dir() {
+        "directory"
+    } else {
+        "symbolic link"
+    }
+}
+
+/// Opens the namespace file an operator named. An `O_PATH` open first,
+/// which opens nothing: a FIFO there would block a plain open for ever, a
+/// device open could act. Namespace files are regular files of nsfs; only
+/// such a file is then opened for real, through the `O_PATH` fd.
+fn open_ns_file(path: &Path) -> std::result::Result<File, String> {
+    use std::os::fd::AsRawFd;
+    let named = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let kind = named
+        .metadata()
+        .map_err(|e| format!("stat: {e}"))?
+        .file_type();
+    if !kind.is_file() {
+        return Err(format!("a {}, not a namespace file", type_name(kind)));
+    }
+    File::open(format!("/proc/self/fd/{}", named.as_raw_fd())).map_err(|e| e.to_string())
+}
+
 /// A network namespace named for the restored tree (`--netns PATH`).
 pub struct NetTarget {
     ns: File,
@@ -76,7 +113,7 @@ impl NetTarget {
             path: path.into(),
             what,
         };
-        let ns = File::open(path).map_err(|e| err(e.to_string()))?;
+        let ns = open_ns_file(path).map_err(err)?;
         match sys::ns_type(ns.as_fd()) {
             Ok(libc::CLONE_NEWNET) => Ok(NetTarget {
                 ns,
@@ -133,7 +170,7 @@ impl MntTarget {
             path: path.into(),
             what,
         };
-        let ns = File::open(path).map_err(|e| err(e.to_string()))?;
+        let ns = open_ns_file(path).map_err(err)?;
         match sys::ns_type(ns.as_fd()) {
             Ok(libc::CLONE_NEWNS) => {}
             Ok(_) => return Err(err("a namespace, but not a mount namespace".into())),

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use ckpt_coord::protocol::{Intent, Phase as CoordPhase, PhaseInfo};
+use ckpt_image::TrustedParent;
 use ckpt_restorer::{AddressMap, FilePolicy, InheritFd, Rebound, RestoreOptions};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
@@ -40,7 +41,9 @@ pub struct RestoreArgs {
     #[arg(long)]
     lazy: bool,
     /// Write the restored root's pid to this file once it runs (for
-    /// scripts and schedulers).
+    /// scripts and schedulers). Replaced atomically; its directory is
+    /// checked first and may not be reached through a symbolic link
+    /// another user owns.
     #[arg(long, value_name = "PATH")]
     pidfile: Option<PathBuf>,
     /// The site's image key file (default: $CKPT_IMAGE_KEY, else
@@ -70,7 +73,9 @@ pub struct RestoreArgs {
     shell_job: bool,
     /// Write the restore's figures (phase times, processes, threads, VMAs,
     /// fds, page bytes) as JSON to PATH (created 0600, never through a
-    /// symbolic link). The checkpoint directory is input and stays as it is.
+    /// symbolic link, nor through a directory symlink another user owns;
+    /// an existing file must be a regular file with one link). The
+    /// checkpoint directory is input and stays as it is.
     #[arg(long = "stats-file", value_name = "PATH")]
     stats_file: Option<PathBuf>,
     /// The processes' address OLD is now NEW (repeatable): inet sockets
@@ -158,6 +163,20 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
             "ckpt restore is PID 1 of its PID namespace: --detach would end the namespace and kill the restored tree; run it without --detach (ckpt then stays as the namespace's init)"
         );
     }
+    // Where ckpt writes as root, checked before anything is restored: a
+    // path through a user's symlink fails the restore, not the restored job.
+    let pidfile = a
+        .pidfile
+        .as_deref()
+        .map(TrustedParent::resolve)
+        .transpose()
+        .context("--pidfile")?;
+    let stats_file = a
+        .stats_file
+        .as_deref()
+        .map(TrustedParent::resolve)
+        .transpose()
+        .context("--stats-file")?;
     let bar =
         super::progress_bar("restoring pages").filter(|_| !crate::logger::verbose_on_stderr());
     let notice = |msg: &str| {
@@ -216,17 +235,23 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
         phases(&a, &opts, &scripts, bar.as_ref())
             .with_context(|| format!("restore from {} failed", a.dir.display()))?
     };
-    if let Some(path) = &a.pidfile {
-        write_pidfile(path, r.pid)?;
+    if let Some(parent) = &pidfile {
+        write_pidfile(parent, r.pid)?;
     }
     if let Some(server) = r.lazy.take() {
-        r.stats.lazy = Some(serve_lazily(&a, r.pid, r.stats, server)?);
+        r.stats.lazy = Some(serve_lazily(
+            &a,
+            stats_file.as_ref(),
+            r.pid,
+            r.stats,
+            server,
+        )?);
     }
     // A detached page server wrote them already, and rewrites them when
     // it is done.
     let written = a.lazy && a.detach;
-    if let Some(path) = a.stats_file.as_ref().filter(|_| !written) {
-        write_stats(path, &r.stats)?;
+    if let Some(parent) = stats_file.as_ref().filter(|_| !written) {
+        write_stats(parent, &r.stats)?;
     }
     if a.json {
         println!("{}", serde_json::json!({ "pid": r.pid, "stats": r.stats }));
@@ -263,21 +288,27 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
 /// writes `--stats-file` before it leaves and again once it is done.
 fn serve_lazily(
     a: &RestoreArgs,
+    stats_file: Option<&TrustedParent>,
     pid: i32,
     stats: ckpt_restorer::RestoreStats,
     server: ckpt_restorer::lazy::PageServer,
 ) -> anyhow::Result<ckpt_restorer::lazy::LazyStats> {
     let what = format!("restore of pid {pid} from {}", a.dir.display());
     if a.detach {
-        if let Some(path) = &a.stats_file {
-            write_stats(path, &stats)?;
+        if let Some(parent) = stats_file {
+            write_stats(parent, &stats)?;
         }
         let done = |lazy: &ckpt_restorer::lazy::LazyStats| {
             if let Some(path) = &a.stats_file {
                 let mut all = stats;
                 all.lazy = Some(*lazy);
+                // The daemon closed the directory's fd with the others:
+                // the path is walked again, with the same care.
+                let written = TrustedParent::resolve(path)
+                    .context("--stats-file")
+                    .and_then(|parent| write_stats(&parent, &all));
                 // Nowhere to report a failure but the system log.
-                if let Err(e) = write_stats(path, &all) {
+                if let Err(e) = written {
                     log::warn!("{what}: {e:#}");
                 }
             }
@@ -463,43 +494,23 @@ fn rebound_notice(r: &Rebound) -> String {
     }
 }
 
-/// Writes `pid` to `path` atomically (a temporary file renamed over it), so
-/// a reader never sees a partial pid, and never through a symlink.
-pub(crate) fn write_pidfile(path: &std::path::Path, pid: i32) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)
-        .with_context(|| format!("{}: cannot create pid file", tmp.display()))?;
-    writeln!(f, "{pid}").with_context(|| format!("{}: write", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("{}: rename", path.display()))?;
-    Ok(())
+/// Writes `pid` to the pid file atomically (a temporary file renamed over
+/// it, mode 0644), so a reader never sees a partial pid, in a directory
+/// reached without a user's symlink and never through one at the name.
+pub(crate) fn write_pidfile(parent: &TrustedParent, pid: i32) -> anyhow::Result<()> {
+    parent
+        .replace_with(format!("{pid}\n").as_bytes(), 0o644)
+        .context("--pidfile")
 }
 
-/// Writes `stats-restore.json` content to `path`: created 0600 or
-/// replaced if a regular file, never written through a symbolic link.
-fn write_stats(path: &std::path::Path, stats: &ckpt_restorer::RestoreStats) -> anyhow::Result<()> {
+/// Writes `stats-restore.json` content to the stats file: created 0600 or
+/// emptied if a regular file with no other name, in a directory reached
+/// without a user's symlink and never through one at the name.
+fn write_stats(parent: &TrustedParent, stats: &ckpt_restorer::RestoreStats) -> anyhow::Result<()> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let what = || format!("--stats-file {}", path.display());
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .with_context(what)?;
-    if !f.metadata().with_context(what)?.file_type().is_file() {
-        anyhow::bail!("{}: not a regular file, refused", what());
-    }
-    f.set_len(0).with_context(what)?;
+    let mut f = parent.open_truncated(0o600).context("--stats-file")?;
     let json = serde_json::to_string_pretty(stats).context("encode restore stats")?;
-    writeln!(f, "{json}").with_context(what)?;
+    writeln!(f, "{json}").with_context(|| format!("--stats-file {}", parent.path().display()))?;
     Ok(())
 }
 

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use ckpt_image::TrustedParent;
 
 /// Arguments of `ckpt run`.
 #[derive(clap::Args, Debug)]
@@ -89,6 +90,14 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     if !a.pidns && !ns.any() && !a.ib {
         anyhow::bail!("ckpt run needs at least one of --pidns, --utsns, --ipcns, --timens, --ib");
     }
+    // Checked before the job starts: a path through a user's symlink
+    // fails the run, not the job once it runs.
+    let pidfile = a
+        .pidfile
+        .as_deref()
+        .map(TrustedParent::resolve)
+        .transpose()
+        .context("--pidfile")?;
     let me = std::env::current_exe().context("finding the ckpt executable")?;
     let preload = if a.ib {
         let mut list = ib_layer(&me)?.into_os_string();
@@ -102,7 +111,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     };
     if !a.pidns {
         ckpt_restorer::run::enter_namespaces(ns).context("creating the job's namespaces")?;
-        return exec_in_place(&a, preload);
+        return exec_in_place(&a, preload, pidfile);
     }
     let mut args: Vec<OsString> = vec!["run".into(), "--pidns-init".into()];
     if let Some(p) = preload {
@@ -114,9 +123,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     let mut init = ckpt_restorer::run::spawn_init(&me, &args, ns)
         .context("starting the init of a new PID namespace")?;
     log::info!("run: pid namespace init is host pid {}", init.id());
-    if let Some(path) = &a.pidfile {
+    if let Some(parent) = &pidfile {
         // Atomically and never through a symbolic link, as restore's.
-        if let Err(e) = super::restore::write_pidfile(path, init.id() as i32) {
+        if let Err(e) = super::restore::write_pidfile(parent, init.id() as i32) {
             let _ = init.kill();
             let _ = init.wait();
             return Err(e);
@@ -154,10 +163,14 @@ fn ib_layer(me: &std::path::Path) -> anyhow::Result<PathBuf> {
 
 /// Without --pidns: the command replaces ckpt (same pid, the one to dump)
 /// in the namespaces just made; a time namespace takes effect at the exec.
-fn exec_in_place(a: &RunArgs, preload: Option<OsString>) -> anyhow::Result<ExitCode> {
+fn exec_in_place(
+    a: &RunArgs,
+    preload: Option<OsString>,
+    pidfile: Option<TrustedParent>,
+) -> anyhow::Result<ExitCode> {
     use std::os::unix::process::CommandExt;
-    if let Some(path) = &a.pidfile {
-        super::restore::write_pidfile(path, std::process::id() as i32)?;
+    if let Some(parent) = pidfile {
+        super::restore::write_pidfile(&parent, std::process::id() as i32)?;
     }
     let mut cmd = std::process::Command::new(&a.command[0]);
     cmd.args(&a.command[1..]);

@@ -34,6 +34,9 @@ pub fn run(a: ShowArgs) -> anyhow::Result<ExitCode> {
     let key = ckpt_image::ImageKey::load(&ckpt_image::seal::key_path(a.image_key.as_deref()))
         .with_context(context)?;
     let dir = ckpt_image::ImageDir::open(&a.dir, &key).with_context(context)?;
+    // The same bounds as a restore's, before the processes are read one
+    // by one.
+    dir.check_tree().with_context(context)?;
     if dir.manifest().pre_dump {
         let v = summarize_pre_dump(&dir)?;
         if a.json {
