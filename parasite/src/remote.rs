@@ -155,14 +155,7 @@ impl<'t> Remote<'t> {
             libc::SYS_open,
             [p, flags as u64, mode as u64, 0, 0, 0],
         )?;
-        if fd < 0 {
-            return Err(ParasiteError::RemoteOpen {
-                pid: self.t.pid(),
-                path: path.into(),
-                errno: nix::errno::Errno::from_raw(-fd as i32),
-            });
-        }
-        Ok(fd as i32)
+        self.opened(path, fd)
     }
 
     /// `openat2(AT_FDCWD, path, {flags, 0, RESOLVE_NO_SYMLINKS})` inside
@@ -181,14 +174,20 @@ impl<'t> Remote<'t> {
             libc::SYS_openat2,
             [libc::AT_FDCWD as u64, p, how, OPEN_HOW_SIZE, 0, 0],
         )?;
-        if fd < 0 {
+        self.opened(path, fd)
+    }
+
+    /// The fd an open of `path` returned, or its errno as an error naming
+    /// the path.
+    fn opened(&self, path: &str, ret: i64) -> Result<i32> {
+        if ret < 0 {
             return Err(ParasiteError::RemoteOpen {
                 pid: self.t.pid(),
                 path: path.into(),
-                errno: nix::errno::Errno::from_raw(-fd as i32),
+                errno: nix::errno::Errno::from_raw(-ret as i32),
             });
         }
-        Ok(fd as i32)
+        Ok(ret as i32)
     }
 
     /// `close(fd)` inside the task.

@@ -13,6 +13,20 @@ pub mod run;
 pub mod show;
 pub mod slurm;
 
+/// The directory of an output file ckpt writes as root (`--pidfile`,
+/// `--stats-file`), resolved before any work starts, so a path through a
+/// user's symbolic link fails the command, not the job; `option` names the
+/// flag in the error.
+pub fn output_parent(
+    path: Option<&std::path::Path>,
+    option: &str,
+) -> anyhow::Result<Option<ckpt_image::TrustedParent>> {
+    use anyhow::Context;
+    path.map(ckpt_image::TrustedParent::resolve)
+        .transpose()
+        .with_context(|| option.to_string())
+}
+
 /// A byte progress bar on stderr when it is a terminal; none otherwise, so
 /// scripts and logs stay quiet.
 pub fn progress_bar(what: &str) -> Option<indicatif::ProgressBar> {

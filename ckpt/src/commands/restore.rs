@@ -165,18 +165,8 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
     }
     // Where ckpt writes as root, checked before anything is restored: a
     // path through a user's symlink fails the restore, not the restored job.
-    let pidfile = a
-        .pidfile
-        .as_deref()
-        .map(TrustedParent::resolve)
-        .transpose()
-        .context("--pidfile")?;
-    let stats_file = a
-        .stats_file
-        .as_deref()
-        .map(TrustedParent::resolve)
-        .transpose()
-        .context("--stats-file")?;
+    let pidfile = super::output_parent(a.pidfile.as_deref(), "--pidfile")?;
+    let stats_file = super::output_parent(a.stats_file.as_deref(), "--stats-file")?;
     let bar =
         super::progress_bar("restoring pages").filter(|_| !crate::logger::verbose_on_stderr());
     let notice = |msg: &str| {

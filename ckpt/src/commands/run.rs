@@ -92,12 +92,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     }
     // Checked before the job starts: a path through a user's symlink
     // fails the run, not the job once it runs.
-    let pidfile = a
-        .pidfile
-        .as_deref()
-        .map(TrustedParent::resolve)
-        .transpose()
-        .context("--pidfile")?;
+    let pidfile = super::output_parent(a.pidfile.as_deref(), "--pidfile")?;
     let me = std::env::current_exe().context("finding the ckpt executable")?;
     let preload = if a.ib {
         let mut list = ib_layer(&me)?.into_os_string();
