@@ -325,6 +325,9 @@ impl Frozen {
     /// default options if this was not called.
     pub fn drain(&mut self, opts: &DrainOptions) -> Result<()> {
         if let Some(mut old) = self.tcp.take() {
+            for p in &self.procs {
+                old.take_back(p.pid, &p.tasks)?;
+            }
             old.release();
         }
         let live: Vec<i32> = self
@@ -333,10 +336,28 @@ impl Frozen {
             .filter(|p| p.zombie_status.is_none())
             .map(|p| p.pid)
             .collect();
+        let running: Vec<i32> = self
+            .procs
+            .iter()
+            .filter(|p| p.zombie_status.is_none() && p.job_stop.is_none())
+            .map(|p| p.pid)
+            .collect();
         let policy = fd::inet::TcpPolicy {
             established: opts.tcp_established,
         };
-        self.tcp = Some(fd::inet::TcpRepair::start(&live, policy)?);
+        // Every process stays stopped if ckpt dies from here on, until its
+        // connections are out of repair mode (`TcpRepair::hold`).
+        let procs = &self.procs;
+        let hold = |tcp: &mut fd::inet::TcpRepair| -> Result<()> {
+            for p in procs
+                .iter()
+                .filter(|p| p.zombie_status.is_none() && p.job_stop.is_none())
+            {
+                tcp.hold_if_quiet(p.pid, &p.tasks)?;
+            }
+            Ok(())
+        };
+        self.tcp = Some(fd::inet::TcpRepair::start(&live, &running, policy, hold)?);
         Ok(())
     }
 
@@ -422,13 +443,12 @@ impl Frozen {
     /// is still stopped.
     fn thaw(&mut self) -> Result<()> {
         // Connections go on where they were before the tree does.
-        if let Some(mut tcp) = self.tcp.take() {
-            tcp.release();
-        }
+        let mut tcp = self.tcp.take().unwrap_or_default();
+        tcp.release();
         let mut first_err = None;
         for p in std::mem::take(&mut self.procs).into_iter().rev() {
             for t in p.tasks {
-                if let Err(e) = t.detach() {
+                if let Err(e) = tcp.detach(p.pid, t) {
                     first_err.get_or_insert(e);
                 }
             }
@@ -803,8 +823,19 @@ fn write_images(
     let mut procs = Vec::new();
     let collect_started = Instant::now();
     for p in &live {
+        // Its collection runs code in it: the stop held since the drain is
+        // taken back for that long, and held again once its parasite is
+        // gone (`TcpRepair::hold`).
+        if let Some(tcp) = frozen.tcp.as_mut() {
+            tcp.take_back(p.pid, &p.tasks)?;
+        }
         if let Some(c) = blockers.absorb(collect_process(p, Userfaults::of(opts)))? {
             procs.push(c);
+        }
+        if p.job_stop.is_none()
+            && let Some(tcp) = frozen.tcp.as_mut()
+        {
+            tcp.hold(p.pid, &p.tasks)?;
         }
     }
     frozen

@@ -597,6 +597,7 @@ pub struct TcpRepairWindow {
 /// Returns the guard's pid and the write end.
 pub fn fork_repair_guard(
     socks: &[(std::os::fd::RawFd, bool)],
+    running: &[i32],
 ) -> std::io::Result<(i32, std::os::fd::OwnedFd)> {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     let mut fds = [0 as libc::c_int; 2];
@@ -643,6 +644,10 @@ pub fn fork_repair_guard(
                         (&raw const reuse).cast(),
                         len,
                     );
+                }
+                // Only now may the held processes run (TcpRepair::hold).
+                for &pid in running {
+                    libc::kill(pid, libc::SIGCONT);
                 }
             }
             libc::_exit(0);

@@ -650,6 +650,13 @@ pub fn wait_traced_opt(pid: Pid, nohang: bool) -> Result<Option<Waited>, Errno> 
     nix::sys::wait::WaitStatus::from_raw(Pid::from_raw(r), status).map(|s| Some(Waited::Status(s)))
 }
 
+/// `tgkill(tgid, tid, sig)`: a signal to one thread.
+pub fn tgkill(tgid: i32, tid: i32, sig: i32) -> Result<(), Errno> {
+    // SAFETY: integers only.
+    let r = unsafe { libc::syscall(libc::SYS_tgkill, tgid, tid, sig) };
+    if r < 0 { Err(Errno::last()) } else { Ok(()) }
+}
+
 /// `PTRACE_CONT`, delivering signal number `sig` (0: none), real-time
 /// signals included.
 pub fn cont_with(pid: Pid, sig: i32) -> Result<(), Errno> {

@@ -18,6 +18,13 @@
  *   inet WORKDIR outside PORT
  *                          one connection to 127.0.0.1:PORT, held by the
  *                          test itself, with the same stream both ways.
+ *   inet WORKDIR chatter PORT
+ *                          one connection to 127.0.0.1:PORT, whose peer (the
+ *                          test) echoes: until go it sends a counter and
+ *                          reads it back, over and over, with no pause, so
+ *                          it is always in a send or receive on it; any
+ *                          failure (EINVAL or EPERM of a connection left in
+ *                          repair mode) fails it at once.
  */
 #include "victim.h"
 
@@ -493,6 +500,48 @@ static void outside(const char *port)
 	victim_finish();
 }
 
+static void chatter(const char *port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	uint64_t n;
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	a.sin_port = htons((uint16_t)atoi(port));
+	if (fd < 0)
+		die("socket");
+	if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0)
+		die("connect");
+	victim_signal_ready(NULL);
+	for (n = 0;; n++) {
+		uint64_t back = 0;
+		size_t got = 0;
+
+		if ((n & 63) == 0) {
+			if (victim_file_exists("go"))
+				break;
+			victim_poll_ping();
+		}
+		if (send(fd, &n, sizeof(n), 0) != (ssize_t)sizeof(n)) {
+			fail("send of exchange %llu: %s", (unsigned long long)n, strerror(errno));
+			victim_finish();
+		}
+		while (got < sizeof(back)) {
+			ssize_t r = recv(fd, (char *)&back + got, sizeof(back) - got, 0);
+
+			if (r <= 0) {
+				fail("recv of exchange %llu: %s", (unsigned long long)n,
+				     r == 0 ? "end of stream" : strerror(errno));
+				victim_finish();
+			}
+			got += (size_t)r;
+		}
+		CHECK(back == n, "exchange %llu came back as %llu", (unsigned long long)n,
+		      (unsigned long long)back);
+	}
+	victim_finish();
+}
+
 /* Binds a UDP socket to a free port below 1024 while root, then drops
  * CAP_NET_BIND_SERVICE from the effective set: the process keeps the port
  * but could not bind it again (a server that dropped privileges). */
@@ -576,6 +625,8 @@ int main(int argc, char **argv)
 		privport();
 	else if (strcmp(mode, "outside") == 0 && argc > 3)
 		outside(argv[3]);
+	else if (strcmp(mode, "chatter") == 0 && argc > 3)
+		chatter(argv[3]);
 	errno = EINVAL;
 	die("usage: inet WORKDIR tcp|udp|outside PORT");
 }

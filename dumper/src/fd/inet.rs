@@ -513,6 +513,9 @@ struct Repaired {
 pub struct TcpRepair {
     socks: Vec<Repaired>,
     guard: Option<Guard>,
+    /// Processes whose every thread holds a SIGSTOP of ckpt's
+    /// ([`TcpRepair::hold`]).
+    held: HashSet<i32>,
 }
 
 /// The guard process and the pipe that keeps it waiting.
@@ -534,7 +537,17 @@ impl TcpRepair {
     /// Switches every established TCP connection of the processes `pids`
     /// to repair mode whose peer is in the tree, or any peer with
     /// `policy.established`. Those left out are refused when collected.
-    pub fn start(pids: &[i32], policy: TcpPolicy) -> Result<TcpRepair> {
+    ///
+    /// `running` are the processes not in a job-control stop: the guard
+    /// continues them (see [`TcpRepair::hold`]) if the dumper dies.
+    /// `hold_first` runs once the guard is up and before any connection
+    /// goes into repair mode (see [`TcpRepair::hold_if_quiet`]).
+    pub fn start(
+        pids: &[i32],
+        running: &[i32],
+        policy: TcpPolicy,
+        hold_first: impl FnOnce(&mut TcpRepair) -> Result<()>,
+    ) -> Result<TcpRepair> {
         let mut found: Vec<Found> = Vec::new();
         let mut seen: HashSet<u64> = HashSet::new();
         for &pid in pids {
@@ -633,12 +646,13 @@ impl TcpRepair {
             .iter()
             .map(|r| (std::os::fd::AsRawFd::as_raw_fd(&r.sock), r.reuseaddr))
             .collect();
-        let (pid, tx) = sys::fork_repair_guard(&socks).map_err(|e| DumpError::Proc {
+        let (pid, tx) = sys::fork_repair_guard(&socks, running).map_err(|e| DumpError::Proc {
             pid: std::process::id() as i32,
             path: "fork (TCP repair guard)".into(),
             source: e,
         })?;
         repair.guard = Some(Guard { pid, tx });
+        hold_first(&mut repair)?;
         // On error `repair` drops: every socket leaves repair mode (one
         // never switched on just gets its SO_REUSEADDR set again).
         for r in &repair.socks {
@@ -660,6 +674,68 @@ impl TcpRepair {
             repair.socks.len()
         );
         Ok(repair)
+    }
+
+    /// Makes sure no thread of process `pid` (its `tasks`, in ptrace stops)
+    /// runs while a connection is in repair mode, should the dumper die:
+    /// ptrace lets every task go the moment its tracer dies, before the
+    /// guard can switch repair off, and a write to a connection in repair
+    /// mode fails (EINVAL), a read too (EPERM): the job would die of the
+    /// dump. So each thread gets a SIGSTOP queued, which a detached thread
+    /// takes before its own code runs (a job-control stop); the guard
+    /// switches repair off first and then sends SIGCONT, which also drops
+    /// a SIGSTOP not yet taken. On the normal path [`TcpRepair::detach`]
+    /// takes the signal back under ptrace. Nothing is held without a
+    /// connection in repair mode; a process already stopped by job control
+    /// stays so when detached anyway.
+    pub fn hold(&mut self, pid: i32, tasks: &[ckpt_parasite::Tracee]) -> Result<()> {
+        if self.socks.is_empty() || self.held.contains(&pid) {
+            return Ok(());
+        }
+        // Marked first: a thread that got its signal must be taken back
+        // even if a later one fails.
+        self.held.insert(pid);
+        for t in tasks {
+            t.hold_stop(pid)?;
+        }
+        Ok(())
+    }
+
+    /// [`TcpRepair::hold`] before any connection is in repair mode, for a
+    /// process whose stop can be taken back before its collection needs
+    /// it to run ([`TcpRepair::take_back`]): none of its threads has a
+    /// signal of its own pending that it would take first. The others are
+    /// held once collected.
+    pub fn hold_if_quiet(&mut self, pid: i32, tasks: &[ckpt_parasite::Tracee]) -> Result<()> {
+        if tasks
+            .iter()
+            .any(ckpt_parasite::Tracee::signal_before_stop_pending)
+        {
+            log::debug!("pid {pid}: a signal of its own is pending; held once collected");
+            return Ok(());
+        }
+        self.hold(pid, tasks)
+    }
+
+    /// Takes the held SIGSTOPs of process `pid` back while it stays frozen
+    /// (its collection runs code in it), if it has them.
+    pub fn take_back(&mut self, pid: i32, tasks: &[ckpt_parasite::Tracee]) -> Result<()> {
+        if self.held.remove(&pid) {
+            for t in tasks {
+                t.take_back_stop()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Detaches task `t` of process `pid`, taking back its SIGSTOP if
+    /// [`TcpRepair::hold`] gave it one. Call after [`TcpRepair::release`].
+    pub fn detach(&self, pid: i32, t: ckpt_parasite::Tracee) -> ckpt_parasite::Result<()> {
+        if self.held.contains(&pid) {
+            t.detach_held()
+        } else {
+            t.detach()
+        }
     }
 
     /// Switches repair mode off again (the tree goes on).
