@@ -282,6 +282,7 @@ pub fn freeze(root: i32) -> Result<Frozen> {
         frozen_at,
         freeze_ms,
         blockers,
+        drain_opts: None,
         tcp: None,
         thawed_after: None,
         retired: Vec::new(),
@@ -301,7 +302,10 @@ pub struct Frozen {
     /// What freezing found that cannot be saved (reported with the rest
     /// by [`Frozen::write`]).
     blockers: Blockers,
-    /// Established TCP connections in repair mode, once drained.
+    /// What the drain chose to save (`None`: not drained yet).
+    drain_opts: Option<DrainOptions>,
+    /// Established TCP connections in repair mode, once the collection's
+    /// parasites are gone.
     tcp: Option<fd::inet::TcpRepair>,
     /// Set when a background dump thawed the tree: how long it was frozen.
     thawed_after: Option<std::time::Duration>,
@@ -317,47 +321,16 @@ impl Frozen {
     }
 
     /// Drains interconnect state while the whole job is frozen (the place a
-    /// coordinator calls between every node's FREEZE and DUMP): established
-    /// TCP connections go into repair mode (their queues hold still and
-    /// can be read without consuming them) until the tree is thawed, which
-    /// switches it off again, or killed, which closes them silently.
-    /// InfiniBand state will join here. [`Frozen::write`] drains with the
-    /// default options if this was not called.
+    /// coordinator calls between every node's FREEZE and DUMP). For TCP
+    /// this chooses which established connections are saved: they go into
+    /// repair mode (their queues hold still and can be read without
+    /// consuming them) when [`Frozen::write`] reads them, once every
+    /// process's parasite is gone, until the tree is thawed, which switches
+    /// it off again, or killed, which closes them silently. InfiniBand
+    /// state will join here. [`Frozen::write`] drains with the default
+    /// options if this was not called.
     pub fn drain(&mut self, opts: &DrainOptions) -> Result<()> {
-        if let Some(mut old) = self.tcp.take() {
-            for p in &self.procs {
-                old.take_back(p.pid, &p.tasks)?;
-            }
-            old.release();
-        }
-        let live: Vec<i32> = self
-            .procs
-            .iter()
-            .filter(|p| p.zombie_status.is_none())
-            .map(|p| p.pid)
-            .collect();
-        let running: Vec<i32> = self
-            .procs
-            .iter()
-            .filter(|p| p.zombie_status.is_none() && p.job_stop.is_none())
-            .map(|p| p.pid)
-            .collect();
-        let policy = fd::inet::TcpPolicy {
-            established: opts.tcp_established,
-        };
-        // Every process stays stopped if ckpt dies from here on, until its
-        // connections are out of repair mode (`TcpRepair::hold`).
-        let procs = &self.procs;
-        let hold = |tcp: &mut fd::inet::TcpRepair| -> Result<()> {
-            for p in procs
-                .iter()
-                .filter(|p| p.zombie_status.is_none() && p.job_stop.is_none())
-            {
-                tcp.hold_if_quiet(p.pid, &p.tasks)?;
-            }
-            Ok(())
-        };
-        self.tcp = Some(fd::inet::TcpRepair::start(&live, &running, policy, hold)?);
+        self.drain_opts = Some(*opts);
         Ok(())
     }
 
@@ -365,9 +338,6 @@ impl Frozen {
     /// last, renamed into place). The tree stays frozen; on error it is
     /// thawed unharmed and no directory is left.
     pub fn write(mut self, opts: &WriteOptions<'_>) -> Result<Written> {
-        if self.tcp.is_none() {
-            self.drain(&DrainOptions::default())?;
-        }
         let written = write_images(&mut self, opts);
         let (report, committed, ipc) = written.map_err(|e| self.explain(e))?;
         Ok(Written {
@@ -804,6 +774,34 @@ fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Coll
     })
 }
 
+/// Switches the established TCP connections of `procs` that `opts` chose
+/// to repair mode. First every running process of the tree is held
+/// (`TcpRepair::hold`), so none runs its own code while a connection is in
+/// repair mode even if ckpt dies; nothing may run code in the tree from
+/// here on (no parasite), which would take the hold.
+fn repair_tcp(procs: &[tree::FrozenProcess], opts: DrainOptions) -> Result<fd::inet::TcpRepair> {
+    let live: Vec<i32> = procs
+        .iter()
+        .filter(|p| p.zombie_status.is_none())
+        .map(|p| p.pid)
+        .collect();
+    let running: Vec<&tree::FrozenProcess> = procs
+        .iter()
+        .filter(|p| p.zombie_status.is_none() && p.job_stop.is_none())
+        .collect();
+    let running_pids: Vec<i32> = running.iter().map(|p| p.pid).collect();
+    let policy = fd::inet::TcpPolicy {
+        established: opts.tcp_established,
+    };
+    let hold = |tcp: &mut fd::inet::TcpRepair| -> Result<()> {
+        for p in &running {
+            tcp.hold(p.pid, &p.tasks)?;
+        }
+        Ok(())
+    };
+    fd::inet::TcpRepair::start(&live, &running_pids, policy, hold)
+}
+
 /// Collect, then write: nothing is written before everything is known to
 /// be supported.
 fn write_images(
@@ -823,21 +821,16 @@ fn write_images(
     let mut procs = Vec::new();
     let collect_started = Instant::now();
     for p in &live {
-        // Its collection runs code in it: the stop held since the drain is
-        // taken back for that long, and held again once its parasite is
-        // gone (`TcpRepair::hold`).
-        if let Some(tcp) = frozen.tcp.as_mut() {
-            tcp.take_back(p.pid, &p.tasks)?;
-        }
         if let Some(c) = blockers.absorb(collect_process(p, Userfaults::of(opts)))? {
             procs.push(c);
         }
-        if p.job_stop.is_none()
-            && let Some(tcp) = frozen.tcp.as_mut()
-        {
-            tcp.hold(p.pid, &p.tasks)?;
-        }
     }
+    // Every parasite is gone: the connections may go into repair mode now,
+    // with the tree held (their state is read with the files below).
+    frozen.tcp = Some(repair_tcp(
+        &frozen.procs,
+        frozen.drain_opts.unwrap_or_default(),
+    )?);
     frozen
         .retired
         .extend(procs.iter_mut().filter_map(|c| c.retired.take()));

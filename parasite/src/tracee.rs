@@ -733,55 +733,12 @@ impl Tracee {
     /// the task runs again. Should ckpt die now, the kernel detaches the
     /// task and it takes the signal before it returns to its own code: it
     /// waits in a job-control stop instead of running, until someone sends
-    /// SIGCONT (which also discards a SIGSTOP still queued). Undone by
-    /// [`Tracee::detach_held`].
+    /// SIGCONT (which also discards a SIGSTOP still queued). Nothing may
+    /// run code in the task afterwards (it would take the signal first);
+    /// undone by [`Tracee::detach_held`].
     pub fn hold_stop(&self, tgid: i32) -> Result<()> {
         sys::tgkill(tgid, self.pid.as_raw(), libc::SIGSTOP)
             .map_err(self.ptrace_err("tgkill SIGSTOP"))
-    }
-
-    /// Whether a signal the task would take before a SIGSTOP is pending on
-    /// it alone: an unblocked one numbered below SIGSTOP in its own queue
-    /// (the process's queue is read after the task's). Such a task cannot
-    /// have its held SIGSTOP taken back without running a handler's setup
-    /// ([`Tracee::take_back_stop`]).
-    pub fn signal_before_stop_pending(&self) -> bool {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()));
-        let mask = |name: &str| {
-            status.as_deref().ok().and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix(name))
-                    .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            })
-        };
-        let below_stop = (1u64 << (libc::SIGSTOP - 1)) - 1;
-        match (mask("SigPnd:"), mask("SigBlk:")) {
-            (Some(pending), Some(blocked)) => pending & !blocked & below_stop != 0,
-            // Unreadable: assume the worst.
-            _ => true,
-        }
-    }
-
-    /// Takes back the SIGSTOP of [`Tracee::hold_stop`] and leaves the task
-    /// in an interrupt stop again, as frozen, without it running any code
-    /// of its own: resumed, it takes the signal (a signal-delivery stop),
-    /// which is dropped with an interrupt asked first, so the task traps at
-    /// once. Only for a task without [`Tracee::signal_before_stop_pending`].
-    pub fn take_back_stop(&self) -> Result<()> {
-        sys::cont_with(self.pid, 0).map_err(self.ptrace_err("cont"))?;
-        match self.wait_any("taking back a held SIGSTOP")? {
-            sys::Waited::Status(WaitStatus::Stopped(_, Signal::SIGSTOP)) => {}
-            other => {
-                return Err(ParasiteError::UnexpectedStop {
-                    pid: self.pid(),
-                    what: "taking back a held SIGSTOP",
-                    status: format!("{other:?}"),
-                });
-            }
-        }
-        ptrace::interrupt(self.pid).map_err(self.ptrace_err("interrupt"))?;
-        sys::cont_with(self.pid, 0).map_err(self.ptrace_err("cont"))?;
-        self.wait_interrupt_stop()
     }
 
     /// Detaches a task holding a SIGSTOP of [`Tracee::hold_stop`]: resumed

@@ -9,8 +9,9 @@
 //! way needs no netlink dump and no matching of inodes.)
 //!
 //! Established TCP connections are saved through TCP_REPAIR: [`TcpRepair`]
-//! switches repair mode on while the tree is frozen ([`crate::Frozen::drain`])
-//! so the queues can be read without consuming them, and off again when
+//! switches repair mode on while the tree is frozen, once the collection's
+//! parasites are gone, with the tree held ([`TcpRepair::hold`]), so the
+//! queues can be read without consuming them, and off again when
 //! the tree is thawed; when the tree is killed the sockets are closed in
 //! repair mode, which sends nothing to the peer. Segments still pass
 //! between two ends in repair mode, so every send queue is read before
@@ -541,7 +542,7 @@ impl TcpRepair {
     /// `running` are the processes not in a job-control stop: the guard
     /// continues them (see [`TcpRepair::hold`]) if the dumper dies.
     /// `hold_first` runs once the guard is up and before any connection
-    /// goes into repair mode (see [`TcpRepair::hold_if_quiet`]).
+    /// goes into repair mode (see [`TcpRepair::hold`]).
     pub fn start(
         pids: &[i32],
         running: &[i32],
@@ -685,9 +686,10 @@ impl TcpRepair {
     /// takes before its own code runs (a job-control stop); the guard
     /// switches repair off first and then sends SIGCONT, which also drops
     /// a SIGSTOP not yet taken. On the normal path [`TcpRepair::detach`]
-    /// takes the signal back under ptrace. Nothing is held without a
-    /// connection in repair mode; a process already stopped by job control
-    /// stays so when detached anyway.
+    /// takes the signal back under ptrace. Nothing may run code in a held
+    /// process meanwhile (a parasite would take the signal). Nothing is
+    /// held without a connection in repair mode; a process already stopped
+    /// by job control stays so when detached anyway.
     pub fn hold(&mut self, pid: i32, tasks: &[ckpt_parasite::Tracee]) -> Result<()> {
         if self.socks.is_empty() || self.held.contains(&pid) {
             return Ok(());
@@ -697,33 +699,6 @@ impl TcpRepair {
         self.held.insert(pid);
         for t in tasks {
             t.hold_stop(pid)?;
-        }
-        Ok(())
-    }
-
-    /// [`TcpRepair::hold`] before any connection is in repair mode, for a
-    /// process whose stop can be taken back before its collection needs
-    /// it to run ([`TcpRepair::take_back`]): none of its threads has a
-    /// signal of its own pending that it would take first. The others are
-    /// held once collected.
-    pub fn hold_if_quiet(&mut self, pid: i32, tasks: &[ckpt_parasite::Tracee]) -> Result<()> {
-        if tasks
-            .iter()
-            .any(ckpt_parasite::Tracee::signal_before_stop_pending)
-        {
-            log::debug!("pid {pid}: a signal of its own is pending; held once collected");
-            return Ok(());
-        }
-        self.hold(pid, tasks)
-    }
-
-    /// Takes the held SIGSTOPs of process `pid` back while it stays frozen
-    /// (its collection runs code in it), if it has them.
-    pub fn take_back(&mut self, pid: i32, tasks: &[ckpt_parasite::Tracee]) -> Result<()> {
-        if self.held.remove(&pid) {
-            for t in tasks {
-                t.take_back_stop()?;
-            }
         }
         Ok(())
     }
