@@ -37,19 +37,16 @@ pub fn run(a: GcArgs) -> anyhow::Result<ExitCode> {
         user.become_it()?;
     }
     let mut dirs = a.dirs.clone();
-    if let Some(job) = &a.slurm_job {
-        if let Some(dir) = super::slurm::registered_dir(job)? {
-            dirs.push(dir);
-        }
+    if let Some(job) = &a.slurm_job
+        && let Some(dir) = super::slurm::registered_dir(job)?
+    {
+        dirs.push(dir);
     }
     let mut failed = false;
     for dir in &dirs {
-        match sweep(dir) {
-            Ok(()) => {}
-            Err(e) => {
-                failed = true;
-                eprintln!("ckpt gc: {e:#}");
-            }
+        if let Err(e) = sweep(dir) {
+            failed = true;
+            eprintln!("ckpt gc: {e:#}");
         }
     }
     Ok(if failed {

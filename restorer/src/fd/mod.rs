@@ -175,8 +175,9 @@ impl std::str::FromStr for InheritFd {
     }
 }
 
-/// The restorer's standard input, output and error: always passed to the
-/// terminal fds of the same numbers, so output appears where restore runs.
+/// The restorer's standard input, output and error: passed to the
+/// terminal fds of the same numbers, so output appears where restore runs
+/// (unless they are someone else's files: [`Context::foreign_stdio`]).
 const STDIO: [i32; 3] = [0, 1, 2];
 
 /// Where an open file description was first installed.
