@@ -216,7 +216,7 @@ fn completions_and_man_pages_match_the_options() {
     assert!(man.join("ckpt-restore.1").exists(), "no ckpt-restore.1");
     let gc = std::fs::read_to_string(man.join("ckpt-gc.1")).expect("ckpt-gc.1 written");
     assert!(
-        gc.contains("slurm-job") && gc.contains("as-user"),
+        gc.contains("<JOB>") && gc.contains("<UID:GID>"),
         "ckpt-gc.1 does not document its options"
     );
 }
