@@ -214,6 +214,11 @@ fn completions_and_man_pages_match_the_options() {
         "ckpt-dump.1 does not document --tree"
     );
     assert!(man.join("ckpt-restore.1").exists(), "no ckpt-restore.1");
+    let gc = std::fs::read_to_string(man.join("ckpt-gc.1")).expect("ckpt-gc.1 written");
+    assert!(
+        gc.contains("<JOB>") && gc.contains("<UID:GID>"),
+        "ckpt-gc.1 does not document its options"
+    );
 }
 
 /// What the root file holds before ckpt is pointed at it.

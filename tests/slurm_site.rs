@@ -1,5 +1,8 @@
 //! The site's side of `ckpt slurm`: the Epilog's verification and tidying
-//! and the dump-time budget without Slurm (seconds), then two scenarios
+//! (also the shipped epilog.sh with the shipped site.conf.example, in a
+//! mount namespace where the paths it names are the test's), `ckpt gc`, a
+//! root-run restore's stdio, and the dump-time budget without Slurm
+//! (seconds), then two scenarios
 //! under a real Slurm (the lab of scripts/slurm/lab-up.sh, one after the
 //! other, about 4 minutes in all):
 //!
@@ -19,6 +22,7 @@ mod common;
 #[path = "slurm_lab.rs"]
 mod slurm_lab;
 
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::Mutex;
@@ -113,10 +117,6 @@ fn epilog_verifies_the_committed_checkpoint_and_removes_only_partial_ones() {
     );
     for (name, why) in [
         ("ckpt-3", "uncommitted checkpoint"),
-        (
-            &format!("ckpt-4.tmp.{dead}"),
-            "a dumper's temporary directory",
-        ),
         ("LATEST.tmp", "an unfinished commit of LATEST"),
         ("ckpt-9.time", "timing record of a checkpoint that is gone"),
     ] {
@@ -142,9 +142,11 @@ fn epilog_verifies_the_committed_checkpoint_and_removes_only_partial_ones() {
         assert!(dir.join(kept).exists(), "{kept} was removed: {lines:#?}");
     }
     assert!(live_tmp.exists(), "a live dumper's directory was removed");
+    // Dumpers' directories are `ckpt gc`'s, which epilog.sh runs next.
+    assert!(dead_tmp.exists(), "a dumper's directory was not left to gc");
     assert_eq!(
         lines.len(),
-        6,
+        5,
         "one line per action, nothing else: {lines:#?}"
     );
 
@@ -379,6 +381,271 @@ fn budget_is_measured_recorded_and_warned_against_the_grace_time() {
             .any(|l| l == format!("done 30 sum {}", step_sum(30))),
         "{}",
         job.diag()
+    );
+}
+
+/// The repository's scripts/slurm directory.
+fn slurm_scripts() -> PathBuf {
+    workspace().join("scripts/slurm")
+}
+
+/// `chown -R uid:gid path`.
+fn chown_tree(path: &Path, user: &TestUser) {
+    let ok = std::process::Command::new("chown")
+        .arg("-R")
+        .arg(format!("{}:{}", user.uid, user.gid))
+        .arg(path)
+        .status()
+        .expect("chown");
+    assert!(ok.success(), "chown -R {}", path.display());
+}
+
+/// Runs the shipped `epilog.sh` with the shipped `site.conf.example` as
+/// Slurm would (root, the job's ids in the environment), in a mount
+/// namespace of its own where the paths the site file names are this
+/// test's: `/usr/bin/ckpt` is the ckpt under test, `/usr/bin/scontrol`
+/// answers with `record`, `/var/lib` holds the test's key as
+/// `ckpt/image.key` and `/var/log` the log. Returns the log.
+fn run_shipped_epilog(env: &TestEnv, user: &TestUser, key: &Path, record: &str) -> String {
+    let ns = env.root.join("ns");
+    let var_lib = ns.join("var-lib");
+    let var_log = ns.join("var-log");
+    for d in [&ns, &var_lib.join("ckpt"), &var_log, &ns.join("ovl")] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::copy(key, var_lib.join("ckpt/image.key")).unwrap();
+    let scontrol = ns.join("scontrol");
+    write_executable(
+        &scontrol,
+        &format!("#!/bin/sh\n[ \"$1 $2\" = 'show job' ] && printf '%s\\n' '{record}'\nexit 0\n"),
+    );
+    let script = r#"set -e
+mount -t tmpfs ckpt-test "$NS/ovl"
+mkdir "$NS/ovl/up" "$NS/ovl/work"
+ln -s "$CKPT_UNDER_TEST" "$NS/ovl/up/ckpt"
+cp "$NS/scontrol" "$NS/ovl/up/scontrol"
+mount -t overlay overlay -o "lowerdir=/usr/bin,upperdir=$NS/ovl/up,workdir=$NS/ovl/work" /usr/bin
+mount --bind "$NS/var-lib" /var/lib
+mount --bind "$NS/var-log" /var/log
+exec bash "$EPILOG"
+"#;
+    let out = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "bash", "-c", script])
+        .env("NS", &ns)
+        .env("CKPT_UNDER_TEST", CKPT)
+        .env("EPILOG", slurm_scripts().join("epilog.sh"))
+        .env("CKPT_SLURM_SITE", slurm_scripts().join("site.conf.example"))
+        .env("SLURM_JOB_ID", FAKE_JOB)
+        .env("SLURM_JOB_UID", user.uid.to_string())
+        .env("SLURM_JOB_GID", user.gid.to_string())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run epilog.sh");
+    let log = read_to_string_lossy(&var_log.join("ckpt-slurm.log"));
+    assert!(
+        out.status.success(),
+        "epilog.sh: {}\n{}{}\nlog:\n{log}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    log
+}
+
+#[test]
+fn shipped_epilog_verifies_with_the_site_key_and_tidies_as_the_jobs_user() {
+    let env = TestEnv::new("slurm-shipped-epilog");
+    let user = test_user();
+    env.give_work_to(user);
+    let dir = env.work.join("ckpt");
+    std::fs::create_dir(&dir).unwrap();
+    one_checkpoint(&env, &dir.join("ckpt-1"));
+    std::fs::write(dir.join("LATEST"), "ckpt-1\n").unwrap();
+    let ok = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(dir.join("ckpt-1"))
+        .arg(dir.join("ckpt-2"))
+        .status()
+        .expect("cp");
+    assert!(ok.success());
+    let dead = unused_pid();
+    let dead_tmp = dir.join(format!("ckpt-3.tmp.{dead}"));
+    std::fs::create_dir(&dead_tmp).unwrap();
+    std::fs::write(dead_tmp.join("pages-1.img"), "x").unwrap();
+    // As `ckpt slurm` leaves it: everything the job's user's.
+    chown_tree(&dir, user);
+    // The site's key stays root's 0600 (as the first dump made it).
+    let key = env.image_key();
+    let record = format!(
+        "JobId={FAKE_JOB} JobName=x\n   JobState=COMPLETED\n   Comment=ckpt-slurm:USR1:{}",
+        dir.display()
+    );
+
+    let log = run_shipped_epilog(&env, user, &key, &record);
+    let says = |what: &str| log.lines().any(|l| l.contains(what));
+    let job = format!("job {FAKE_JOB}: ");
+    assert!(
+        says(&format!(
+            "ckpt slurm epilog: {job}{}: committed checkpoint verified",
+            dir.join("ckpt-1").display()
+        )),
+        "the committed checkpoint was not verified with the site's key:\n{log}"
+    );
+    assert!(
+        says(&format!(
+            "{}: removed, uncommitted checkpoint",
+            dir.join("ckpt-2").display()
+        )),
+        "{log}"
+    );
+    assert!(
+        says(&format!(
+            "ckpt gc: {}: removed, a dumper's temporary directory (pid {dead} is gone)",
+            dead_tmp.display()
+        )),
+        "epilog.sh did not run ckpt gc on the job's directory:\n{log}"
+    );
+    assert!(!dead_tmp.exists() && !dir.join("ckpt-2").exists(), "{log}");
+    assert!(dir.join("ckpt-1").is_dir() && dir.join("LATEST").exists());
+    assert!(!log.contains("exit "), "a hook failed:\n{log}");
+}
+
+#[test]
+fn gc_removes_dead_dumpers_own_tmp_dirs_and_nothing_else() {
+    let env = TestEnv::new("gc");
+    let user = test_user();
+    let parent = env.root.join("ckpts");
+    std::fs::create_dir(&parent).unwrap();
+    let dead = unused_pid();
+    let stale = parent.join(format!("job.tmp.{dead}"));
+    std::fs::create_dir(&stale).unwrap();
+    std::fs::write(stale.join("pages-1.img"), "x").unwrap();
+    let live = parent.join(format!("job.tmp.{}", std::process::id()));
+    std::fs::create_dir(&live).unwrap();
+    let target = env.root.join("target");
+    std::fs::create_dir(&target).unwrap();
+    std::fs::write(target.join("precious"), "x").unwrap();
+    let link = parent.join(format!("link.tmp.{dead}"));
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let theirs = parent.join(format!("theirs.tmp.{dead}"));
+    std::fs::create_dir(&theirs).unwrap();
+    std::fs::write(theirs.join("pages-1.img"), "x").unwrap();
+    chown_tree(&theirs, user);
+    let committed = parent.join("job");
+    std::fs::create_dir(&committed).unwrap();
+
+    let out = ckpt(&env, &["gc", path_str(&parent)], FAIL_TIMEOUT);
+    out.assert_success();
+    let line = |p: &Path, what: &str| {
+        let want = format!("ckpt gc: {}: {what}", p.display());
+        assert!(
+            out.stdout.lines().any(|l| l == want),
+            "no {want:?} in\n{}",
+            out.stdout
+        );
+    };
+    line(
+        &stale,
+        &format!("removed, a dumper's temporary directory (pid {dead} is gone)"),
+    );
+    line(
+        &live,
+        &format!("kept, its dumper (pid {}) still runs", std::process::id()),
+    );
+    line(
+        &link,
+        "kept, a symbolic link or not a directory (never followed)",
+    );
+    line(
+        &theirs,
+        &format!("kept, owned by uid {}, not by ckpt's user 0", user.uid),
+    );
+    assert_eq!(out.stdout.lines().count(), 4, "{}", out.stdout);
+    assert!(!stale.exists());
+    assert!(live.is_dir() && committed.is_dir());
+    assert!(target.join("precious").exists() && link.is_symlink());
+    assert!(theirs.join("pages-1.img").exists());
+
+    // As the directory's user, theirs goes too (root's are left).
+    std::fs::set_permissions(&env.root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let as_user = format!("{}:{}", user.uid, user.gid);
+    let out = ckpt(
+        &env,
+        &["gc", "--as-user", &as_user, path_str(&parent)],
+        FAIL_TIMEOUT,
+    );
+    out.assert_success();
+    assert!(!theirs.exists(), "{}", out.stdout);
+    assert!(live.is_dir());
+}
+
+#[test]
+fn root_run_restore_never_hands_a_users_job_the_hooks_log() {
+    let env = TestEnv::new("slurm-hook-stdio");
+    let user = test_user();
+    let (mut ticks, w) = launcher_pipe();
+    let w2 = w.try_clone().unwrap();
+    let mut v = Victim::spawn_with_as(
+        &env,
+        "ticker",
+        &[],
+        [Stdio::null(), Stdio::from(w), Stdio::from(w2)],
+        user,
+    );
+    v.wait_ready();
+    let _ = read_ticks(&mut ticks, Duration::from_millis(50));
+    dump_kill_reap(&env, &mut v);
+
+    // As a hook does it: `exec >>"$LOG" 2>&1`, the log root's and 0600.
+    let log_path = env.root.join("hook.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&log_path)
+        .unwrap();
+    let out = env
+        .ckpt_command()
+        .args(["restore", "--detach", "--dir", path_str(&env.img)])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .status()
+        .expect("run restore");
+    let said = read_to_string_lossy(&log_path);
+    assert!(out.success(), "restore failed: {said}");
+    let log_id = {
+        let m = std::fs::metadata(&log_path).unwrap();
+        (m.dev(), m.ino())
+    };
+    for fd in [1, 2] {
+        let proc_fd = format!("/proc/{}/fd/{fd}", v.pid);
+        let m = std::fs::metadata(&proc_fd).unwrap();
+        assert_ne!(
+            (m.dev(), m.ino()),
+            log_id,
+            "the user's process got root's log as fd {fd}"
+        );
+        assert_eq!(
+            std::fs::read_link(&proc_fd).unwrap(),
+            PathBuf::from("/dev/null"),
+            "fd {fd}"
+        );
+    }
+    assert!(
+        said.contains(&format!(
+            "ckpt: pid {} fd 1,2: this command's fds are a file of uid 0, not of the process's user: /dev/null instead",
+            v.pid
+        )),
+        "{said}"
+    );
+    v.go();
+    assert_eq!(
+        v.wait_result(Duration::from_secs(10)),
+        "PASS",
+        "{}",
+        v.diag()
     );
 }
 

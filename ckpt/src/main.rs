@@ -50,6 +50,9 @@ enum Command {
     Show(commands::show::ShowArgs),
     /// Report which kernel features ckpt needs are present.
     Check(commands::check::CheckArgs),
+    /// Remove the temporary directories (NAME.tmp.PID) of dumpers that were
+    /// killed, where no next dump into the same place will.
+    Gc(commands::gc::GcArgs),
     /// Run a multi-node checkpoint coordinator, or trigger/query one.
     Coord(Box<commands::coord::CoordArgs>),
     /// One command for a whole multi-node job: run its parts, checkpoint,
@@ -98,6 +101,7 @@ fn main() -> ExitCode {
         Command::Run(a) => commands::run::run(a),
         Command::Show(a) => commands::show::run(a),
         Command::Check(a) => commands::check::run(a),
+        Command::Gc(a) => commands::gc::run(a),
         Command::Coord(a) => commands::coord::run(*a).map(|()| ExitCode::SUCCESS),
         Command::Job(a) => commands::job::run(*a),
         Command::Slurm(a) => commands::slurm::run(a),

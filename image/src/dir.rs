@@ -375,50 +375,136 @@ impl Committed {
     }
 }
 
-/// Removes `DIR.tmp.<pid>` directories left by dumpers that were killed
-/// (their pid no longer exists, or is ours). Only directories that are not
-/// symlinks and belong to ckpt's user are touched, and only the
-/// non-directory entries in them are removed, never anything they point
-/// at. Best effort: a failure only leaves litter.
-fn remove_stale_tmp_dirs(parent: &OwnedFd, final_name: &OsStr) {
-    let mut prefix = final_name.to_owned();
-    prefix.push(".tmp.");
-    let prefix = prefix.as_encoded_bytes().to_vec();
-    let Ok(names) = sys::list(parent.as_fd()) else {
-        return;
-    };
-    for name in names {
-        let Some(pid) = name
-            .as_encoded_bytes()
-            .strip_prefix(prefix.as_slice())
-            .and_then(|p| std::str::from_utf8(p).ok())
-            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == std::process::id() || !sys::pid_alive(pid) {
-            remove_dead_tmp_dir(parent, &name);
-        }
-    }
+/// A dumper's temporary directory (`NAME.tmp.<pid>`) found by a sweep,
+/// and what became of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleTmp {
+    /// Its name in the swept directory.
+    pub name: OsString,
+    /// The pid of the dumper that made it.
+    pub pid: u32,
+    /// Removed, or why not.
+    pub outcome: SweepOutcome,
 }
 
-fn remove_dead_tmp_dir(parent: &OwnedFd, name: &OsStr) {
-    let Ok(st) = sys::stat_at(parent.as_fd(), name) else {
-        return;
+/// What a sweep did with one dumper's temporary directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SweepOutcome {
+    /// Its dumper is gone: removed.
+    Removed,
+    /// Its dumper still runs (or cannot be seen): left to it.
+    DumperAlive,
+    /// A symlink or anything but a directory: never followed, left.
+    NotADirectory,
+    /// Another user's directory: left to them.
+    OtherOwner {
+        /// Its owner.
+        uid: u32,
+    },
+    /// It changed under the sweep, or could not be emptied: left.
+    Failed {
+        /// What went wrong.
+        what: String,
+    },
+}
+
+/// Removes the temporary directories (`NAME.tmp.<pid>`) that killed
+/// dumpers left in directory `dir`, the parent of their checkpoints, and
+/// says what it did with each. Only real directories (never a symlink)
+/// owned by ckpt's user whose dumper no longer runs are removed, and only
+/// the non-directory entries in them, never anything they point at.
+/// `dir` itself is reached following only symlinks root or ckpt's user
+/// owns.
+pub fn sweep_stale_tmp_dirs(dir: &Path) -> Result<Vec<StaleTmp>, ImageError> {
+    let fd = crate::trusted_path::open_dir(dir)?;
+    Ok(sweep(&fd, None))
+}
+
+/// The sweep of [`sweep_stale_tmp_dirs`] over the open directory `parent`,
+/// limited to the temporary directories of checkpoint `only` if given.
+fn sweep(parent: &OwnedFd, only: Option<&OsStr>) -> Vec<StaleTmp> {
+    let Ok(mut names) = sys::list(parent.as_fd()) else {
+        return Vec::new();
     };
-    if FileType::of(&st) != FileType::Directory || st.st_uid != sys::euid() {
-        return;
+    names.sort();
+    let mut found = Vec::new();
+    for name in names {
+        let Some((checkpoint, pid)) = dumper_tmp_name(&name) else {
+            continue;
+        };
+        if only.is_some_and(|o| o != checkpoint) {
+            continue;
+        }
+        // Our own pid: a dump of ours that failed earlier in this process.
+        let outcome = if pid != std::process::id() && sys::pid_alive(pid) {
+            SweepOutcome::DumperAlive
+        } else {
+            remove_dead_tmp_dir(parent, &name)
+        };
+        found.push(StaleTmp { name, pid, outcome });
     }
-    let Ok(dir) = sys::open_dir_at(parent.as_fd(), name) else {
-        return;
+    found
+}
+
+/// `NAME.tmp.<pid>` split into the checkpoint's name and the dumper's pid.
+fn dumper_tmp_name(name: &OsStr) -> Option<(&OsStr, u32)> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = name.as_bytes();
+    const INFIX: &[u8] = b".tmp.";
+    let at = bytes.windows(INFIX.len()).rposition(|w| w == INFIX)?;
+    let pid = std::str::from_utf8(&bytes[at + INFIX.len()..])
+        .ok()
+        .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))?
+        .parse::<u32>()
+        .ok()?;
+    if at == 0 {
+        return None;
+    }
+    Some((OsStr::from_bytes(&bytes[..at]), pid))
+}
+
+/// Removes `DIR.tmp.<pid>` directories left by dumpers that were killed
+/// (see [`sweep_stale_tmp_dirs`]). Best effort: a failure only leaves
+/// litter.
+fn remove_stale_tmp_dirs(parent: &OwnedFd, final_name: &OsStr) {
+    sweep(parent, Some(final_name));
+}
+
+fn remove_dead_tmp_dir(parent: &OwnedFd, name: &OsStr) -> SweepOutcome {
+    let st = match sys::stat_at(parent.as_fd(), name) {
+        Ok(st) => st,
+        Err(e) => {
+            return SweepOutcome::Failed {
+                what: format!("stat: {e}"),
+            };
+        }
     };
-    // Swapped between the stat and the open: leave it.
+    if FileType::of(&st) != FileType::Directory {
+        return SweepOutcome::NotADirectory;
+    }
+    if st.st_uid != sys::euid() {
+        return SweepOutcome::OtherOwner { uid: st.st_uid };
+    }
+    let dir = match sys::open_dir_at(parent.as_fd(), name) {
+        Ok(d) => d,
+        Err(e) => {
+            return SweepOutcome::Failed {
+                what: format!("open: {e}"),
+            };
+        }
+    };
     if !sys::stat_fd(dir.as_fd()).is_ok_and(|s| Identity::of(&s) == Identity::of(&st)) {
-        return;
+        return SweepOutcome::Failed {
+            what: "replaced while it was looked at".into(),
+        };
     }
     clear_dir(&dir);
-    let _ = sys::rmdir_at(parent.as_fd(), name);
+    match sys::rmdir_at(parent.as_fd(), name) {
+        Ok(()) => SweepOutcome::Removed,
+        Err(e) => SweepOutcome::Failed {
+            what: format!("rmdir: {e}"),
+        },
+    }
 }
 
 /// Unlinks every non-directory entry of `dir` (image directories are flat).
@@ -1305,5 +1391,51 @@ mod tests {
                 "removed another user's files"
             );
         }
+    }
+
+    #[test]
+    fn sweep_removes_dead_dumpers_dirs_and_says_why_it_keeps_others() {
+        let t = tempfile::tempdir().unwrap();
+        let target = t.path().join("target");
+        fs::create_dir(&target).unwrap();
+        fs::write(target.join("precious"), b"x").unwrap();
+        // pid_max is at most 4194304: these dumpers cannot run.
+        let dead = t.path().join("a.tmp.4194305");
+        fs::create_dir(&dead).unwrap();
+        fs::write(dead.join("pages-1.img"), b"x").unwrap();
+        std::os::unix::fs::symlink(&target, t.path().join("b.tmp.4194306")).unwrap();
+        fs::create_dir(t.path().join("c.tmp.1")).unwrap();
+        fs::create_dir(t.path().join("d.tmp.x")).unwrap();
+        let foreign = t.path().join("e.tmp.4194307");
+        fs::create_dir(&foreign).unwrap();
+        let foreign_owner = sys::euid() == 0;
+        if foreign_owner {
+            std::os::unix::fs::chown(&foreign, Some(65534), None).unwrap();
+        }
+        let found = sweep_stale_tmp_dirs(t.path()).unwrap();
+        let outcome = |n: &str| {
+            found
+                .iter()
+                .find(|f| f.name == n)
+                .map(|f| f.outcome.clone())
+        };
+        assert_eq!(outcome("a.tmp.4194305"), Some(SweepOutcome::Removed));
+        assert!(!dead.exists());
+        assert_eq!(outcome("b.tmp.4194306"), Some(SweepOutcome::NotADirectory));
+        assert!(target.join("precious").exists(), "followed a symlink");
+        assert_eq!(outcome("c.tmp.1"), Some(SweepOutcome::DumperAlive));
+        assert_eq!(outcome("d.tmp.x"), None);
+        if foreign_owner {
+            assert_eq!(
+                outcome("e.tmp.4194307"),
+                Some(SweepOutcome::OtherOwner { uid: 65534 })
+            );
+            assert!(foreign.exists());
+        }
+        assert_eq!(
+            dumper_tmp_name(OsStr::new("ck.tmp.5.tmp.77")),
+            Some((OsStr::new("ck.tmp.5"), 77))
+        );
+        assert_eq!(dumper_tmp_name(OsStr::new(".tmp.77")), None);
     }
 }

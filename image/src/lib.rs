@@ -68,7 +68,9 @@ pub mod task;
 pub mod timer;
 pub mod trusted_path;
 
-pub use dir::{BlockChecks, Committed, ImageDir, ImageWriter};
+pub use dir::{
+    BlockChecks, Committed, ImageDir, ImageWriter, StaleTmp, SweepOutcome, sweep_stale_tmp_dirs,
+};
 pub use error::ImageError;
 pub use header::{FORMAT_VERSION, ImageKind};
 pub use pagefile::{PageStream, PagesWriter};

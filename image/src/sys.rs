@@ -453,13 +453,27 @@ pub fn euid() -> u32 {
 }
 
 /// Whether `pid` names a live process (or one we cannot see, which counts
-/// as live so its files are left alone).
+/// as live so its files are left alone). A zombie is not live: a dumper
+/// killed with its job writes nothing more, reaped or not.
 pub fn pid_alive(pid: u32) -> bool {
-    let Ok(pid) = i32::try_from(pid) else {
+    let Ok(raw) = i32::try_from(pid) else {
         return false;
     };
-    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
-        Ok(()) => true,
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), None) {
+        Ok(()) => !is_zombie(pid),
         Err(e) => e != Errno::ESRCH,
     }
+}
+
+/// Whether `/proc` shows `pid` as a zombie (or dead); a process it does not
+/// show is not said to be one.
+fn is_zombie(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name, which may hold ')' itself.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    matches!(state, Some('Z' | 'X'))
 }

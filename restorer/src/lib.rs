@@ -173,6 +173,17 @@ pub enum Rebound {
         /// The process.
         pid: i32,
     },
+    /// These stdio fds of `pid` would have been the restorer's own, but
+    /// those are files of someone else's (`owner`; `None`: not readable)
+    /// that only the restorer's rights reach: they are `/dev/null`.
+    Withheld {
+        /// The process.
+        pid: i32,
+        /// Its fd numbers, ascending.
+        fds: Vec<i32>,
+        /// The owner of the restorer's files.
+        owner: Option<u32>,
+    },
 }
 
 /// A zombie of the tree: only its manifest entry exists.
@@ -630,6 +641,20 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
                     (_, fd::BoundKind::StdioPipe) => rebound.push(Rebound::StdioPipe {
                         pid: b.pid,
                         fds: vec![b.fd],
+                    }),
+                }
+            }
+            for w in fds.withheld() {
+                match rebound.last_mut() {
+                    Some(Rebound::Withheld { pid, fds, owner })
+                        if *pid == w.pid && *owner == w.owner =>
+                    {
+                        fds.push(w.fd)
+                    }
+                    _ => rebound.push(Rebound::Withheld {
+                        pid: w.pid,
+                        fds: vec![w.fd],
+                        owner: w.owner,
                     }),
                 }
             }

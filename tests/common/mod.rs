@@ -504,6 +504,19 @@ impl Victim {
         )
     }
 
+    /// Like [`Victim::spawn_as`] with the standard fds chosen by the
+    /// caller (the work dir is handed to `user` here).
+    pub fn spawn_with_as(
+        env: &TestEnv,
+        name: &str,
+        extra_args: &[&str],
+        stdio: [Stdio; 3],
+        user: &TestUser,
+    ) -> Victim {
+        env.give_work_to(user);
+        Victim::spawn_full(env, victim_bin(name), name, extra_args, stdio, Some(user))
+    }
+
     /// Like [`Victim::spawn`] with the standard fds chosen by the caller.
     pub fn spawn_with(
         env: &TestEnv,

@@ -51,10 +51,11 @@ pub struct RestoreArgs {
     #[arg(long, value_name = "PATH")]
     image_key: Option<PathBuf>,
     /// Hand this command's fd to the restored processes (repeatable). `N`:
-    /// a terminal fd N may receive this command's fd N (0, 1 and 2 always
-    /// do; any other terminal fd gets /dev/null). `fd[N]:KEY`: this
-    /// command's fd N stands in for the file declared with
-    /// `ckpt dump --external KEY` (CRIU's form).
+    /// a terminal fd N may receive this command's fd N (0, 1 and 2 do
+    /// unless they are files of someone else's than the process's user,
+    /// such as a root-run hook's log; any other terminal fd gets
+    /// /dev/null). `fd[N]:KEY`: this command's fd N stands in for the file
+    /// declared with `ckpt dump --external KEY` (CRIU's form).
     #[arg(long = "inherit-fd", value_name = "N|fd[N]:KEY")]
     inherit_fd: Vec<InheritFd>,
     /// Accept that this open file changed since the dump (repeatable): it is
@@ -352,11 +353,7 @@ fn phases(
         b.finish_and_clear();
     }
     let stopped = stopped?;
-    if !a.shell_job {
-        for r in stopped.rebound() {
-            eprintln!("ckpt: {}", rebound_notice(r));
-        }
-    }
+    print_rebound(a, stopped.rebound());
     let root = stopped.pids().first().copied();
     scripts.run(Phase::PostRestore, root)?;
     scripts.run(Phase::PreResume, root)?;
@@ -406,11 +403,7 @@ fn coordinated(
         b.finish_and_clear();
     }
     let stopped = s.local(stopped)?;
-    if !a.shell_job {
-        for r in stopped.rebound() {
-            eprintln!("ckpt: {}", rebound_notice(r));
-        }
-    }
+    print_rebound(a, stopped.rebound());
     let root = stopped.pids().first().copied();
     s.local(scripts.run(Phase::PostRestore, root))?;
     s.done(PhaseInfo::None)?;
@@ -461,6 +454,17 @@ fn this_node_move(
     Ok(NodeMove { from, to })
 }
 
+/// One line per process on what it got of this command's instead of its
+/// own: not for a shell job, which is meant to be attached to it, unless
+/// a file was withheld from it.
+fn print_rebound(a: &RestoreArgs, rebound: &[Rebound]) {
+    for r in rebound {
+        if !a.shell_job || matches!(r, Rebound::Withheld { .. }) {
+            eprintln!("ckpt: {}", rebound_notice(r));
+        }
+    }
+}
+
 /// What was bound to this command instead of restored, in one line.
 fn rebound_notice(r: &Rebound) -> String {
     match r {
@@ -480,6 +484,18 @@ fn rebound_notice(r: &Rebound) -> String {
         }
         Rebound::Session { pid } => {
             format!("pid {pid}: session/process group of this command adopted")
+        }
+        Rebound::Withheld { pid, fds, owner } => {
+            let list: Vec<String> = fds.iter().map(i32::to_string).collect();
+            let whose = owner.map_or_else(
+                || "a file that could not be looked at".to_string(),
+                |u| format!("a file of uid {u}"),
+            );
+            format!(
+                "pid {pid} fd {}: this command's fds are {whose}, not of the process's user: /dev/null instead (--inherit-fd {} hands them over)",
+                list.join(","),
+                fds.first().copied().unwrap_or(1)
+            )
         }
     }
 }

@@ -100,8 +100,18 @@ enum Hook {
     /// checkpoint now, by sending its signal to its batch step.
     Trigger(site::TriggerArgs),
     /// Node Epilog: verify the job's committed checkpoint and remove what a
-    /// killed dump left; one line per action.
+    /// killed dump left (its temporary directories: `ckpt gc`); one line
+    /// per action.
     Epilog(site::EpilogArgs),
+}
+
+/// The checkpoint directory Slurm job `job` registered in its comment, if
+/// it is a `ckpt slurm` job (the site hooks' view of it).
+pub fn registered_dir(job: &str) -> anyhow::Result<Option<PathBuf>> {
+    match site::JobRecord::query(job)?.registration() {
+        None => Ok(None),
+        Some(r) => Ok(Some(r.with_context(|| format!("job {job}"))?.dir)),
+    }
 }
 
 /// `USR1`, `SIGUSR1` or a number; never a signal the wrapper needs for

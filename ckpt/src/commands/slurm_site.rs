@@ -11,8 +11,10 @@
 //!   (`scancel --batch --signal=SIG JOB`).
 //! - `ckpt slurm epilog`: the node Epilog's logic: verifies the committed
 //!   checkpoint (seal and checksums) and removes what a killed dump left
-//!   (temporary directories, `ckpt-N` newer than `LATEST`), never the
-//!   committed checkpoint; one line per action.
+//!   (`ckpt-N` newer than `LATEST`, unfinished commits; the dumpers'
+//!   temporary directories are `ckpt gc`'s), never the committed
+//!   checkpoint; one line per action. Run by root with `--as-user`, it
+//!   reads the site's key and then does everything as the job's user.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -24,14 +26,13 @@ use anyhow::{Context, bail};
 use nix::sys::signal::Signal;
 
 use super as wrapper;
+use super::super::job_user::JobUser;
 use super::{ATTEMPT, LATEST};
 
 /// Prefix of a job `Comment` that registers a `ckpt slurm` job.
 const REGISTRATION_PREFIX: &str = "ckpt-slurm:";
 /// What `scontrol` prints for an unset field.
 const UNSET: [&str; 3] = ["(null)", "None", "Unknown"];
-/// Infix of a dumper's temporary directory: `ckpt-N.tmp.PID`.
-const TMP_INFIX: &str = ".tmp.";
 
 /// A job's record as `scontrol show job JOB` prints it: `Key=Value` words,
 /// except the `Comment` line, whose value is the rest of the line.
@@ -280,6 +281,13 @@ pub struct EpilogArgs {
     /// /var/lib/ckpt/image.key).
     #[arg(long, value_name = "PATH")]
     image_key: Option<PathBuf>,
+    /// Run as the job's user (numeric UID:GID, as the Epilog knows them
+    /// from SLURM_JOB_UID and SLURM_JOB_GID): run as root, ckpt reads the
+    /// image key first, then becomes that user for good (not dumpable, so
+    /// the user cannot read the key from it) before it looks at anything
+    /// of the job's.
+    #[arg(long, value_name = "UID:GID")]
+    as_user: Option<JobUser>,
 }
 
 /// One entry of a checkpoint directory, as the Epilog sees it.
@@ -287,8 +295,6 @@ pub struct EpilogArgs {
 enum Entry {
     /// `ckpt-N`.
     Checkpoint(u64),
-    /// `ckpt-N.tmp.PID`: a dumper's temporary directory.
-    DumperTmp { pid: u32 },
     /// `ckpt-N.time`: a checkpoint's timing record.
     Timing(u64),
     /// `LATEST.tmp`: a commit that did not finish.
@@ -315,14 +321,6 @@ fn classify(name: &str) -> Entry {
     {
         return Entry::Timing(n);
     }
-    if let Some((ckpt, pid)) = name.split_once(TMP_INFIX)
-        && wrapper::number_of(ckpt).is_some()
-        && !pid.is_empty()
-        && pid.bytes().all(|b| b.is_ascii_digit())
-        && let Ok(pid) = pid.parse()
-    {
-        return Entry::DumperTmp { pid };
-    }
     Entry::Other
 }
 
@@ -330,6 +328,13 @@ fn classify(name: &str) -> Entry {
 /// committed checkpoint, or none; 1 when the committed one fails
 /// verification (it is kept, for a human to look at).
 pub fn epilog(a: EpilogArgs) -> anyhow::Result<ExitCode> {
+    // Read while ckpt may still be root: the job's user may not read the
+    // key file, and must not get to, so it is kept until verification
+    // needs it, and a failure only counts if it does.
+    let key = ckpt_image::ImageKey::load(&ckpt_image::seal::key_path(a.image_key.as_deref()));
+    if let Some(user) = a.as_user {
+        user.become_it()?;
+    }
     let job = match &a.job {
         Some(j) => j.clone(),
         None => std::env::var("SLURM_JOB_ID")
@@ -358,11 +363,12 @@ pub fn epilog(a: EpilogArgs) -> anyhow::Result<ExitCode> {
         bail!("job {job}: {}: not a directory", dir.display());
     }
     // Root tidying a user's directory could be led by a symlink swapped
-    // in; the Epilog runs as the job's user (see scripts/slurm/epilog.sh).
+    // in; the Epilog runs as the job's user (`--as-user`, see
+    // scripts/slurm/epilog.sh).
     let me = nix::unistd::geteuid().as_raw();
     if meta.uid() != me {
         bail!(
-            "job {job}: {}: owned by uid {}, not by ckpt's user {me}: run the epilog as the job's user",
+            "job {job}: {}: owned by uid {}, not by ckpt's user {me}: run the epilog as the job's user (--as-user UID:GID)",
             dir.display(),
             meta.uid()
         );
@@ -375,10 +381,11 @@ pub fn epilog(a: EpilogArgs) -> anyhow::Result<ExitCode> {
         None => say(&format!("{}: nothing committed", dir.display())),
         Some(name) => {
             let path = dir.join(name);
-            let key =
-                ckpt_image::ImageKey::load(&ckpt_image::seal::key_path(a.image_key.as_deref()))
-                    .context("cannot load the image key to verify the committed checkpoint")?;
-            match ckpt_image::ImageDir::open(&path, &key) {
+            let key = key
+                .as_ref()
+                .map_err(|e| anyhow::anyhow!("{e}"))
+                .context("cannot load the image key to verify the committed checkpoint")?;
+            match ckpt_image::ImageDir::open(&path, key) {
                 Ok(d) => say(&format!(
                     "{}: committed checkpoint verified (seal and checksums of {} files)",
                     path.display(),
@@ -410,7 +417,6 @@ pub fn epilog(a: EpilogArgs) -> anyhow::Result<ExitCode> {
             Entry::Checkpoint(n) if committed_number.is_none_or(|c| n > c) => {
                 "uncommitted checkpoint (newer than LATEST)"
             }
-            Entry::DumperTmp { pid } if !pid_alive(pid) => "a dumper's temporary directory",
             Entry::Timing(n) if !present(n) => "timing record of a checkpoint that is gone",
             Entry::LatestTmp => "an unfinished commit of LATEST",
             Entry::Attempt => {
@@ -443,20 +449,6 @@ fn remove(path: &Path) -> std::io::Result<()> {
     } else {
         std::fs::remove_file(path)
     }
-}
-
-/// Whether process `pid` runs here (a dumper of the job on this node would
-/// still be running; on another node it cannot be, the job ended). A
-/// zombie does not run: a dumper killed with its job may not be reaped yet
-/// when the Epilog comes.
-fn pid_alive(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.trim_start().chars().next());
-    !matches!(state, None | Some('Z' | 'X'))
 }
 
 #[cfg(test)]
@@ -492,7 +484,6 @@ mod tests {
     #[test]
     fn entries_are_classified_by_name() {
         assert_eq!(classify("ckpt-3"), Entry::Checkpoint(3));
-        assert_eq!(classify("ckpt-3.tmp.77"), Entry::DumperTmp { pid: 77 });
         assert_eq!(classify("ckpt-3.time"), Entry::Timing(3));
         assert_eq!(classify("LATEST.tmp"), Entry::LatestTmp);
         assert_eq!(classify("ATTEMPT"), Entry::Attempt);
@@ -503,6 +494,7 @@ mod tests {
             "notes.txt",
             "ckpt-3.tmp.",
             "x.tmp.4",
+            "ckpt-3.tmp.77",
         ] {
             assert_eq!(classify(other), Entry::Other, "{other}");
         }

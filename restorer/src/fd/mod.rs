@@ -175,8 +175,9 @@ impl std::str::FromStr for InheritFd {
     }
 }
 
-/// The restorer's standard input, output and error: always passed to the
-/// terminal fds of the same numbers, so output appears where restore runs.
+/// The restorer's standard input, output and error: passed to the
+/// terminal fds of the same numbers, so output appears where restore runs
+/// (unless they are someone else's files: [`Context::foreign_stdio`]).
 const STDIO: [i32; 3] = [0, 1, 2];
 
 /// Where an open file description was first installed.
@@ -207,6 +208,23 @@ pub struct Context<'a> {
     /// Fds given the restorer's fd of their number by the terminal rule,
     /// tree order.
     bound: Vec<Bound>,
+    /// Stdio fds given `/dev/null` instead of a file of someone else's
+    /// that the restorer held, tree order.
+    withheld: Vec<Withheld>,
+}
+
+/// A stdio fd of a restored process that got `/dev/null` because the
+/// restorer's fd of its number was a file neither the process's user owns
+/// nor a stream (a root-run hook's log, say): the restorer's rights must
+/// not reach the process through it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Withheld {
+    /// The process.
+    pub pid: i32,
+    /// The fd number.
+    pub fd: i32,
+    /// The owner of the restorer's file (`None`: it could not be looked at).
+    pub owner: Option<u32>,
 }
 
 /// Why an fd was given the restorer's own fd of its number.
@@ -245,6 +263,7 @@ impl<'a> Context<'a> {
             policy,
             checks: identity::FileChecks::new(&images.manifest().hostname),
             bound: Vec::new(),
+            withheld: Vec::new(),
         }
     }
 
@@ -261,6 +280,10 @@ impl<'a> Context<'a> {
         kind: BoundKind,
     ) -> Result<i32> {
         if self.may_inherit(fd) {
+            if let Some(w) = self.foreign_stdio(fd) {
+                self.withheld.push(w);
+                return Ok(r.open("/dev/null", reopen_flags(file), 0)?);
+            }
             self.bound.push(Bound {
                 pid: self.pid,
                 fd,
@@ -274,6 +297,48 @@ impl<'a> Context<'a> {
     /// Every fd given the restorer's fd of its number, tree order.
     pub fn bound(&self) -> &[Bound] {
         &self.bound
+    }
+
+    /// Every stdio fd given `/dev/null` instead of the restorer's file,
+    /// tree order.
+    pub fn withheld(&self) -> &[Withheld] {
+        &self.withheld
+    }
+
+    /// Whether the restorer's stdio fd `fd`, which the process inherited,
+    /// must be withheld from it: a restorer of another user (root, in a
+    /// hook) may hold a file the process's user could never open, such as
+    /// a root-owned 0600 log, and the process would write it (or read it)
+    /// with the restorer's rights. Streams (pipes, sockets), `/dev/null`
+    /// and the user's own files pass; so does everything when the restorer
+    /// runs as that user (it has nothing more to give), or when the user
+    /// running the restore asked for it with `--inherit-fd N`.
+    fn foreign_stdio(&self, fd: i32) -> Option<Withheld> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        if self.policy.inherit_fds.contains(&InheritFd::Terminal(fd)) {
+            return None;
+        }
+        let user = self.fs_uid()?;
+        if nix::unistd::geteuid().as_raw() == user {
+            return None;
+        }
+        let withheld = |owner| {
+            Some(Withheld {
+                pid: self.pid,
+                fd,
+                owner,
+            })
+        };
+        // The very file the process holds, through its own fd.
+        let Ok(st) = std::fs::metadata(format!("/proc/{}/fd/{fd}", self.pid)) else {
+            return withheld(None);
+        };
+        let t = st.file_type();
+        let dev_null = t.is_char_device() && st.rdev() == libc::makedev(1, 3);
+        if t.is_fifo() || t.is_socket() || dev_null || st.uid() == user {
+            return None;
+        }
+        withheld(Some(st.uid()))
     }
 
     /// The checks files are put through (also used for mapped files).

@@ -1,7 +1,9 @@
 //! Terminals, by the terminal rule: fd 0, 1 or 2 is connected to whatever
 //! `ckpt restore`'s own fd of that number is (the process inherited the
 //! restorer's table), so the program's output appears where restore runs;
-//! any other number only if the user passed it with `--inherit-fd N`. Else,
+//! any other number only if the user passed it with `--inherit-fd N`, and
+//! 0-2 of a restorer of another user only if they are streams or the
+//! process's user's files (`Context::foreign_stdio`). Else,
 //! or if the restorer has no fd N, `/dev/null`: the restorer's other fds
 //! (its images, whatever root had open when it ran it) never reach the
 //! process. This holds for every fd even when several shared one
