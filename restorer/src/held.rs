@@ -9,10 +9,15 @@
 //! a peer not there yet) and act on it.
 //!
 //! A held process dropped unreleased (a failed restore, a tree that is
-//! never resumed) is killed before its tasks are detached, so it never
-//! runs an instruction of its own.
+//! never resumed) is killed while its tasks are still stopped, so it
+//! never runs an instruction of its own, and its tasks' deaths are
+//! collected as their tracer: a killed task ckpt traces stays a zombie
+//! for ckpt until then, which holds back its process's own death report
+//! (a thread) and a PID namespace's init (any task of the namespace), and
+//! with them whoever waits for either.
 
-use std::ops::Deref;
+use std::ops::{Deref, DerefMut};
+use std::time::{Duration, Instant};
 
 use ckpt_parasite::Tracee;
 use nix::sys::signal::{Signal, kill};
@@ -43,13 +48,15 @@ impl Held {
     }
 
     /// Lets the process run: its threads first, then the leader. A
-    /// failure leaves the rest to [`Drop`], which kills the process.
+    /// failure leaves the rest to [`Drop`], which kills the process; a
+    /// task found dead (killed meanwhile) is collected and named.
     pub fn release(mut self) -> Result<()> {
+        let until = Instant::now() + DEATH_WAIT;
         while let Some(t) = self.threads.pop() {
-            t.detach()?;
+            t.detach_or_collect(until)?;
         }
         let leader = self.leader.take().expect("held until released");
-        leader.detach()?;
+        leader.detach_or_collect(until)?;
         Ok(())
     }
 }
@@ -64,17 +71,64 @@ impl Deref for Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        // The kill comes first: the tracees' own drops detach them, and a
-        // detached task with SIGKILL pending dies before it runs.
-        if let Some(leader) = &self.leader {
-            let _ = kill(Pid::from_raw(leader.pid()), Signal::SIGKILL);
+        let Some(leader) = self.leader.take() else {
+            return;
+        };
+        let until = Instant::now() + DEATH_WAIT;
+        let pid = leader.pid();
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        // Threads first: the leader's death is reported after theirs.
+        collect(pid, std::mem::take(&mut self.threads), until);
+        collect(pid, vec![leader], until);
+    }
+}
+
+/// How long the restorer waits for a killed process's death before it
+/// gives up collecting it (the kernel lets its tasks go when the restorer
+/// exits).
+pub const DEATH_WAIT: Duration = Duration::from_secs(10);
+
+/// Collects the deaths of `tasks` of killed process `pid`, last first.
+fn collect(pid: i32, mut tasks: Vec<Tracee>, until: Instant) {
+    while let Some(t) = tasks.pop() {
+        let tid = t.pid();
+        if !t.reap_killed(until) {
+            log::warn!("pid {pid}: task {tid} has not died after {DEATH_WAIT:?}");
+        }
+    }
+}
+
+/// Held processes in tree order, parents first, dropped children first: a
+/// PID namespace's init dies only once every other task of its namespace
+/// is collected, so it must come last.
+pub struct ChildrenFirst<T>(pub Vec<T>);
+
+impl<T> Deref for ChildrenFirst<T> {
+    type Target = Vec<T>;
+
+    fn deref(&self) -> &Vec<T> {
+        &self.0
+    }
+}
+
+impl<T> DerefMut for ChildrenFirst<T> {
+    fn deref_mut(&mut self) -> &mut Vec<T> {
+        &mut self.0
+    }
+}
+
+impl<T> Drop for ChildrenFirst<T> {
+    fn drop(&mut self) {
+        while let Some(last) = self.0.pop() {
+            drop(last);
         }
     }
 }
 
 /// The other threads of a process being rebuilt, until they join its
 /// [`Held`]. Dropped there (a step of the rebuild failed), the process is
-/// killed before the threads' tracees are detached, so none of them runs.
+/// killed while they are stopped, so none of them runs, and their deaths
+/// are collected.
 pub struct NewThreads {
     tgid: i32,
     threads: Vec<Tracee>,
@@ -107,6 +161,8 @@ impl Drop for NewThreads {
     fn drop(&mut self) {
         if !self.threads.is_empty() {
             let _ = kill(Pid::from_raw(self.tgid), Signal::SIGKILL);
+            let until = Instant::now() + DEATH_WAIT;
+            collect(self.tgid, std::mem::take(&mut self.threads), until);
         }
     }
 }

@@ -63,7 +63,7 @@ use ckpt_image::mm::{Mm, VmaKind};
 use ckpt_image::task::Core;
 use ckpt_image::{ImageDir, ImageError, ImageKey, ImageKind};
 use ckpt_parasite::Tracee;
-use held::Held;
+use held::{ChildrenFirst, Held};
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
@@ -225,8 +225,8 @@ pub fn restore(opts: &RestoreOptions<'_>) -> Result<Restored> {
 /// the whole tree: a process that was never resumed never ran.
 pub struct Stopped {
     root: i32,
-    /// Tree order (parents first).
-    tracees: Vec<Held>,
+    /// Tree order (parents first), dropped children first.
+    tracees: ChildrenFirst<Held>,
     child: ChildGuard,
     rebound: Vec<Rebound>,
     stats: RestoreStats,
@@ -307,16 +307,6 @@ impl Stopped {
             stats,
             lazy,
         })
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        // Each held process is killed while still stopped (see `held`),
-        // children first as at resume; the guard reaps the root.
-        while let Some(t) = self.tracees.pop() {
-            drop(t);
-        }
     }
 }
 
@@ -708,7 +698,7 @@ fn build_tree(
     mut server: Option<&mut lazy::PageServer>,
     fds: &mut fd::Context<'_>,
     opts: &RestoreOptions<'_>,
-) -> Result<(Vec<Held>, task::SessionOrigin)> {
+) -> Result<(ChildrenFirst<Held>, task::SessionOrigin)> {
     let images = fds.images;
     let root = Tracee::adopt_stopped_child(host_root)?;
     // Nothing may be delivered until the very end; children inherit this.
@@ -744,7 +734,8 @@ fn build_tree(
     // restored afterwards, in tree order.
     // The root's session from outside the tree, if it had one.
     let adopted = (session == task::SessionOrigin::Adopted).then_some(procs[0].core.sid);
-    let mut slots: Vec<Option<Held>> = procs.iter().map(|_| None).collect();
+    let mut slots: ChildrenFirst<Option<Held>> =
+        ChildrenFirst(procs.iter().map(|_| None).collect());
     slots[0] = Some(Held::new(root));
     for (i, p) in procs.iter().enumerate() {
         let t = slots[i]
@@ -762,11 +753,12 @@ fn build_tree(
             ms_since(started)
         );
         let r = ckpt_parasite::remote::Remote { t, base };
+        // Held at once: a step failing below kills them unrun.
         let mut forked = Vec::new();
         let mut leaders = shapes::Leaders::default();
         leaders.fork_zombie_leaders(&r, zombies.iter().filter(|z| z.ppid == p.pid))?;
         for (j, c) in procs.iter().enumerate().filter(|(_, c)| c.ppid == p.pid) {
-            let child = leaders.fork_member(&r, &p.core, c.pid, &c.core)?;
+            let child = Held::new(leaders.fork_member(&r, &p.core, c.pid, &c.core)?);
             shapes::ensure_group(
                 &ckpt_parasite::remote::Remote { t: &child, base },
                 &c.core,
@@ -792,13 +784,15 @@ fn build_tree(
             tree::make_zombie(&zr, z.status)?;
         }
         for (j, child) in forked {
-            slots[j] = Some(Held::new(child));
+            slots[j] = Some(child);
         }
     }
-    let mut tracees: Vec<Held> = slots
-        .into_iter()
-        .map(|t| t.expect("check_tree: every process has a parent in the tree"))
-        .collect();
+    let mut tracees = ChildrenFirst(
+        std::mem::take(&mut slots.0)
+            .into_iter()
+            .map(|t| t.expect("check_tree: every process has a parent in the tree"))
+            .collect::<Vec<Held>>(),
+    );
     for (t, p) in tracees.iter_mut().zip(procs) {
         let started = Instant::now();
         let threads = rebuild_process(t, base, p, fds, opts)?;
@@ -935,10 +929,34 @@ impl ChildGuard {
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {
-        if self.armed.get() {
-            let p = Pid::from_raw(self.pid);
-            let _ = kill(p, Signal::SIGKILL);
-            let _ = waitpid(p, Some(WaitPidFlag::__WALL));
+        if !self.armed.get() {
+            return;
+        }
+        let p = Pid::from_raw(self.pid);
+        let _ = kill(p, Signal::SIGKILL);
+        // Bounded: a PID namespace's init dies only after every task of
+        // its namespace is collected, and one that is not (still exiting,
+        // or never held) must not keep a failed restore from ending. The
+        // restorer's exit lets go of what it still traces.
+        let until = Instant::now() + held::DEATH_WAIT;
+        loop {
+            match waitpid(p, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) | Err(_) => return,
+                // An exit event stop on the way out: let it go on dying.
+                Ok(WaitStatus::PtraceEvent(..) | WaitStatus::Stopped(..)) => {
+                    let _ = nix::sys::ptrace::cont(p, None);
+                }
+                Ok(_) => {}
+            }
+            if Instant::now() >= until {
+                log::warn!(
+                    "pid {}: the restored root has not died after {:?}",
+                    self.pid,
+                    held::DEATH_WAIT
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 }
@@ -1169,6 +1187,9 @@ fn rebuild_process(
     let threads = thread::spawn(&r, core)?;
     for th in threads.iter() {
         log::debug!("pid {pid}: thread {}", th.pid());
+    }
+    if !threads.is_empty() {
+        ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::RestoreThreadsCreated);
     }
     // After the threads: a timer may signal one of them.
     timer::create(&r, &core.posix_timers)?;
