@@ -101,3 +101,75 @@ fn handlers_cycle(test: &str, handled: &str) {
     dump_kill_reap(&env, &mut v);
     restore_and_check(&env, &v);
 }
+
+/// Rounds of [`process_killed_while_restored_ends_the_restore`]: the old
+/// hang needed the kill to land while the restorer waited on the leader,
+/// one run in six or so.
+const KILL_ROUNDS: u32 = 20;
+
+/// A process killed while it is being restored, once its threads exist
+/// (an out-of-memory killer, an admin): the restore ends, with an error
+/// naming the pid, whatever moment the kill lands at (while every task is
+/// held, or a few milliseconds into the rest of the rebuild), and nothing
+/// of the process is left. The restorer used to wait on the leader, whose
+/// death the kernel reports only after its traced threads' deaths are
+/// collected, by that same restorer.
+#[test]
+fn process_killed_while_restored_ends_the_restore() {
+    let env = TestEnv::new("threads-killed");
+    let mut v = Victim::spawn(&env, "threads", &[]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    let point = std::path::Path::new("pause:restore-threads-created");
+    for round in 0..KILL_ROUNDS {
+        let gate = env.root.join(format!("gate-{round}"));
+        let reached = env.root.join(format!("gate-{round}.reached"));
+        let restore = CkptCmd::spawn_with_env(
+            &env,
+            &["restore", "--dir", path_str(&env.img)],
+            &[("CKPT_FAULT", point), ("CKPT_FAULT_GATE", &gate)],
+        );
+        assert!(
+            wait_for_file(&reached, RESTORE_TIMEOUT),
+            "round {round}: the restore never created the threads: {}",
+            restore.stderr_now()
+        );
+        let kill = || {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(v.pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        };
+        // Even rounds: killed while held; odd ones: killed 0-5 ms after
+        // the restorer is let go (it looks at its gate every 10 ms).
+        if round % 2 == 0 {
+            kill();
+            write_atomic(&gate, "go");
+        } else {
+            write_atomic(&gate, "go");
+            std::thread::sleep(std::time::Duration::from_micros(u64::from(round) * 250));
+            kill();
+        }
+        let out = restore.wait_with(FAIL_TIMEOUT, || v.diag());
+        let pid = v.pid.to_string();
+        if out.stderr.contains("ckpt: restored pid") {
+            // The kill came after the resume: the restore waited for the
+            // process and exits as it died.
+            assert_eq!(out.code(), 128 + 9, "round {round}: {}", out.stderr);
+        } else {
+            let err = out.assert_error();
+            assert!(
+                err.contains(&pid),
+                "round {round}: error should name pid {pid}: {err}"
+            );
+        }
+        assert!(
+            wait_until(std::time::Duration::from_secs(5), || victim_gone(
+                v.pid, &v.bin, &v.work
+            )),
+            "round {round}: pid {} left (state {:?})",
+            v.pid,
+            proc_state(v.pid)
+        );
+    }
+}

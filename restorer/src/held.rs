@@ -21,9 +21,10 @@ use std::time::{Duration, Instant};
 
 use ckpt_parasite::Tracee;
 use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
-use crate::error::Result;
+use crate::error::{RestoreError, Result};
 
 /// One rebuilt process, every task of it stopped.
 pub struct Held {
@@ -52,8 +53,10 @@ impl Held {
     /// task found dead (killed meanwhile) is collected and named.
     pub fn release(mut self) -> Result<()> {
         let until = Instant::now() + DEATH_WAIT;
+        let pid = self.pid();
         while let Some(t) = self.threads.pop() {
-            t.detach_or_collect(until)?;
+            t.detach_or_collect(until)
+                .map_err(|e| RestoreError::from(e).of_process(pid))?;
         }
         let leader = self.leader.take().expect("held until released");
         leader.detach_or_collect(until)?;
@@ -79,6 +82,7 @@ impl Drop for Held {
         let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         // Threads first: the leader's death is reported after theirs.
         collect(pid, std::mem::take(&mut self.threads), until);
+        collect_strays(pid, until);
         collect(pid, vec![leader], until);
     }
 }
@@ -96,6 +100,47 @@ fn collect(pid: i32, mut tasks: Vec<Tracee>, until: Instant) {
             log::warn!("pid {pid}: task {tid} has not died after {DEATH_WAIT:?}");
         }
     }
+}
+
+/// Collects the deaths of the tasks of killed process `pid` that no
+/// tracee stands for: a thread whose clone was under way when the
+/// process died is traced from its birth, but was never handed back.
+fn collect_strays(pid: i32, until: Instant) {
+    loop {
+        let mut ours = false;
+        for tid in other_tasks(pid) {
+            let t = Pid::from_raw(tid);
+            match waitpid(t, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::PtraceEvent(..) | WaitStatus::Stopped(..)) => {
+                    // On its way out from a stop: let it go on dying.
+                    let _ = nix::sys::ptrace::cont(t, None);
+                    ours = true;
+                }
+                Ok(WaitStatus::StillAlive) => ours = true,
+                // Collected now, or not the restorer's to collect.
+                Ok(_) | Err(_) => {}
+            }
+        }
+        if !ours {
+            return;
+        }
+        if Instant::now() >= until {
+            log::warn!("pid {pid}: a thread has not died after {DEATH_WAIT:?}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The tids of process `pid` other than its leader's (none once it is
+/// gone).
+fn other_tasks(pid: i32) -> Vec<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|tid| *tid != pid)
+        .collect()
 }
 
 /// Held processes in tree order, parents first, dropped children first: a

@@ -795,7 +795,7 @@ fn build_tree(
     );
     for (t, p) in tracees.iter_mut().zip(procs) {
         let started = Instant::now();
-        let threads = rebuild_process(t, base, p, fds, opts)?;
+        let threads = rebuild_process(t, base, p, fds, opts).map_err(|e| e.of_process(t.pid()))?;
         t.hold_threads(threads);
         log::info!(
             "rebuild pid {} ({}): {} threads, {} VMAs, {} bytes of pages, {} fds ({:.3} ms)",
