@@ -1,6 +1,7 @@
 //! A multi-threaded process: every thread comes back with its tid, TLS,
 //! registers, signal mask and name, keeps running, and pthread_join still
-//! works (victim: tests/c/threads.c).
+//! works (victim: tests/c/threads.c). A restore whose process dies on the
+//! way, killed or of its own state, ends and leaves nothing.
 
 mod common;
 
@@ -156,6 +157,70 @@ fn process_killed_while_restored_ends_the_restore() {
             // The kill came after the resume: the restore waited for the
             // process and exits as it died.
             assert_eq!(out.code(), 128 + 9, "round {round}: {}", out.stderr);
+        } else {
+            let err = out.assert_error();
+            assert!(
+                err.contains(&pid),
+                "round {round}: error should name pid {pid}: {err}"
+            );
+        }
+        assert!(
+            wait_until(std::time::Duration::from_secs(5), || victim_gone(
+                v.pid, &v.bin, &v.work
+            )),
+            "round {round}: pid {} left (state {:?})",
+            v.pid,
+            proc_state(v.pid)
+        );
+    }
+}
+
+/// Rewrites the core image of `pid` in `env`'s checkpoint with `edit`,
+/// fixing its checksum in the manifest and resealing it with the test's
+/// key, as only the site could.
+fn reseal_core(env: &TestEnv, pid: i32, edit: impl FnOnce(&mut ckpt_image::task::Core)) {
+    use ckpt_image::{ImageKind, header};
+    let name = format!("core-{pid}.img");
+    let path = env.img.join(&name);
+    let mut core: ckpt_image::task::Core =
+        header::decode(ImageKind::Core, &path, &std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut core);
+    let bytes = header::encode(ImageKind::Core, &core);
+    std::fs::write(&path, &bytes).unwrap();
+    let mpath = env.img.join("manifest.img");
+    let mut m: ckpt_image::manifest::Manifest =
+        header::decode(ImageKind::Manifest, &mpath, &std::fs::read(&mpath).unwrap()).unwrap();
+    let d = m.files.iter_mut().find(|d| d.name == name).unwrap();
+    d.size = bytes.len() as u64;
+    d.blake3 = ckpt_image::digest::of_bytes(&bytes).to_vec();
+    let manifest = header::encode(ImageKind::Manifest, &m);
+    std::fs::write(&mpath, &manifest).unwrap();
+    let key = ckpt_image::ImageKey::load(&env.image_key()).unwrap();
+    std::fs::write(env.img.join("manifest.mac"), key.seal(&manifest)).unwrap();
+}
+
+/// A process whose restored state kills it the moment a thread runs (a
+/// sealed image whose threads resume at address 0) while the restorer
+/// still lets go of its other tasks: the restore ends, with an error
+/// naming the pid or with the process's death, and nothing is left.
+#[test]
+fn process_dying_of_its_own_state_as_it_is_let_go_ends_the_restore() {
+    let env = TestEnv::new("threads-crash");
+    let mut v = Victim::spawn(&env, "threads", &[]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    reseal_core(&env, v.pid, |core| {
+        for t in &mut core.threads {
+            let regs = t.regs.as_mut().expect("thread registers");
+            regs.rip = 0;
+            regs.orig_rax = u64::MAX;
+        }
+    });
+    for round in 0..5 {
+        let out = spawn_restore(&env, &[]).wait_with(FAIL_TIMEOUT, || v.diag());
+        let pid = v.pid.to_string();
+        if out.stderr.contains("ckpt: restored pid") {
+            assert_eq!(out.code(), 128 + 11, "round {round}: {}", out.stderr);
         } else {
             let err = out.assert_error();
             assert!(

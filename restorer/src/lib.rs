@@ -645,7 +645,9 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
             // Kill while still stopped: a half-built process must never run.
             // In a new namespace the image's pids are not the host's: the
             // child guard kills its init, which ends every process in it.
-            for p in procs.iter().rev().filter(|_| !new_ns) {
+            // The root is the guard's too: a held root's drop collected it
+            // already, and its pid may be anyone's by now.
+            for p in procs.iter().rev().filter(|p| !new_ns && p.pid != root) {
                 let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
             }
             Err(e)
@@ -933,20 +935,33 @@ impl Drop for ChildGuard {
             return;
         }
         let p = Pid::from_raw(self.pid);
-        let _ = kill(p, Signal::SIGKILL);
         // Bounded: a PID namespace's init dies only after every task of
         // its namespace is collected, and one that is not (still exiting,
         // or never held) must not keep a failed restore from ending. The
         // restorer's exit lets go of what it still traces.
         let until = Instant::now() + held::DEATH_WAIT;
+        let mut killed = false;
         loop {
-            match waitpid(p, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) | Err(_) => return,
-                // An exit event stop on the way out: let it go on dying.
-                Ok(WaitStatus::PtraceEvent(..) | WaitStatus::Stopped(..)) => {
-                    let _ = nix::sys::ptrace::cont(p, None);
-                }
-                Ok(_) => {}
+            let status = waitpid(p, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG));
+            // Collected, now or before (a held root's drop does): its pid
+            // may be anyone's by now, and is not signalled.
+            if matches!(
+                status,
+                Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) | Err(_)
+            ) {
+                return;
+            }
+            if !killed {
+                let _ = kill(p, Signal::SIGKILL);
+                killed = true;
+            }
+            // A stop on the way out: let it go on dying (the kill is
+            // pending, so it runs nothing).
+            if matches!(
+                status,
+                Ok(WaitStatus::PtraceEvent(..) | WaitStatus::Stopped(..))
+            ) {
+                let _ = nix::sys::ptrace::cont(p, None);
             }
             if Instant::now() >= until {
                 log::warn!(
