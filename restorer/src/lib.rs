@@ -281,10 +281,16 @@ impl Stopped {
         }
         tcp.release()?;
         // Children first, so no parent runs while a child is held.
+        let mut let_go = LetGo::default();
         while let Some(t) = self.tracees.pop() {
-            log::debug!("resume pid {}", t.pid());
+            let pid = t.pid();
+            log::debug!("resume pid {pid}");
+            let pidfd = sys::pidfd_open(pid)
+                .map_err(|e| RestoreError::os(pid, "pidfd_open (resume)", e))?;
             t.release()?;
+            let_go.pidfds.push(pidfd);
         }
+        let_go.pidfds.clear();
         self.child.disarm();
         self.ipc.disarm();
         let mut stats = self.stats;
@@ -307,6 +313,25 @@ impl Stopped {
             stats,
             lazy,
         })
+    }
+}
+
+/// The processes of a tree being resumed that run already. Dropped with
+/// some left (a process died before it could be let go: the resume fails
+/// part way), they are killed: a tree runs whole or not at all, and a
+/// failed restore leaves no process behind. Through pidfds, so a process
+/// that ended meanwhile is never mistaken for a later holder of its pid.
+#[derive(Default)]
+struct LetGo {
+    pidfds: Vec<std::os::fd::OwnedFd>,
+}
+
+impl Drop for LetGo {
+    fn drop(&mut self) {
+        use std::os::fd::AsFd;
+        for fd in &self.pidfds {
+            let _ = sys::pidfd_kill(fd.as_fd());
+        }
     }
 }
 
