@@ -44,8 +44,13 @@ pub struct Tracee {
     traced_threads: std::sync::atomic::AtomicBool,
 }
 
+/// How many times a wait that polls only yields the CPU before it starts
+/// to sleep: a remote syscall is over in some microseconds, less than a
+/// sleep's own slack.
+const POLL_SPINS: u32 = 64;
+
 /// The first pause of a wait that polls; each further one doubles, up to
-/// [`POLL_MAX`]: a remote syscall is over in some microseconds.
+/// [`POLL_MAX`].
 const POLL_FIRST: std::time::Duration = std::time::Duration::from_micros(10);
 
 /// The longest pause of a wait that polls.
@@ -405,6 +410,7 @@ impl Tracee {
             .traced_threads
             .load(std::sync::atomic::Ordering::Relaxed);
         let mut pause = POLL_FIRST;
+        let mut spins = 0;
         let status = loop {
             match sys::wait_traced_opt(self.pid, deadline.is_some() || threads) {
                 Ok(Some(sys::Waited::Status(s))) => break s,
@@ -412,6 +418,11 @@ impl Tracee {
                 Ok(None) => {
                     if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
                         return Ok(None);
+                    }
+                    if threads && spins < POLL_SPINS {
+                        spins += 1;
+                        std::thread::yield_now();
+                        continue;
                     }
                     if threads && crate::proc_read::leaving(self.pid()) {
                         // One last look: a report that came meanwhile wins.

@@ -286,11 +286,12 @@ impl Stopped {
             let pid = t.pid();
             log::debug!("resume pid {pid}");
             let pidfd = sys::pidfd_open(pid)
-                .map_err(|e| RestoreError::os(pid, "pidfd_open (resume)", e))?;
+                .inspect_err(|e| log::debug!("pid {pid}: pidfd_open: {e}"))
+                .ok();
             t.release()?;
-            let_go.pidfds.push(pidfd);
+            let_go.running.push((pid, pidfd));
         }
-        let_go.pidfds.clear();
+        let_go.running.clear();
         self.child.disarm();
         self.ipc.disarm();
         let mut stats = self.stats;
@@ -323,14 +324,25 @@ impl Stopped {
 /// that ended meanwhile is never mistaken for a later holder of its pid.
 #[derive(Default)]
 struct LetGo {
-    pidfds: Vec<std::os::fd::OwnedFd>,
+    /// Each process's pid and pidfd (none if the restorer is out of fds:
+    /// a tree of thousands of processes must not fail for want of them).
+    running: Vec<(i32, Option<std::os::fd::OwnedFd>)>,
 }
 
 impl Drop for LetGo {
     fn drop(&mut self) {
         use std::os::fd::AsFd;
-        for fd in &self.pidfds {
-            let _ = sys::pidfd_kill(fd.as_fd());
+        for (pid, fd) in &self.running {
+            match fd {
+                Some(fd) => {
+                    let _ = sys::pidfd_kill(fd.as_fd());
+                }
+                // Let go an instant ago and a child of a process of the
+                // tree: its pid is most likely still its own.
+                None => {
+                    let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+                }
+            }
         }
     }
 }
