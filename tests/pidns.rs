@@ -413,3 +413,61 @@ fn python_pool_in_a_namespace_is_killed_at_once_and_finishes_after_restore() {
     let result = std::fs::read_to_string(env.work.join("result")).unwrap_or_default();
     assert!(result.starts_with("PASS"), "{result}");
 }
+
+/// Live processes whose command line names `work` (every process of a
+/// job started on it, restored ones included: their argument area comes
+/// back from the image).
+fn processes_naming(work: &std::path::Path) -> Vec<i32> {
+    let work = path_str(work);
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| cmdline_of(*p).contains(work))
+        .collect()
+}
+
+/// A restore of a namespace that fails once its processes exist (here the
+/// job's log grew after the dump) ends promptly with its one-line error
+/// naming the file, and leaves nothing of the job behind: the namespace's
+/// init used to wait for traced zombies only the restorer could reap,
+/// while the restorer waited for the init.
+#[test]
+fn failed_restore_of_a_namespace_ends_and_leaves_nothing() {
+    let env = TestEnv::new("pidns-failed");
+    let mut job = NsJob::start(&env, &victim_bin("pidns"), &[path_str(&env.work)]);
+    job.v.wait_ready();
+    dump_tree(&env, job.init, &["--kill"]).assert_success();
+    let status = job.v.wait_original_exit(RESULT_TIMEOUT);
+    assert_eq!(status.code(), Some(128 + 9), "the init was killed");
+    let log = env.work.join("stdout");
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"written after the dump\n"))
+        .expect("grow the job's log");
+    // go exists from the start: a restored process that ran would report.
+    job.v.go();
+    let restore = spawn_restore(&env, &[]);
+    let out = restore.wait_with(RESULT_TIMEOUT, || {
+        format!("left running: {:?}", processes_naming(&env.work))
+    });
+    let err = out.assert_error();
+    assert!(err.contains("stdout"), "error should name the log: {err}");
+    assert_eq!(
+        out.stderr.trim().lines().count(),
+        1,
+        "one line: {}",
+        out.stderr
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || processes_naming(&env.work)
+            .is_empty()),
+        "processes of the job left after the failed restore: {:?}",
+        processes_naming(&env.work)
+    );
+    assert!(
+        job.v.result().is_none(),
+        "a process of the job ran: {}",
+        job.v.diag()
+    );
+}

@@ -1,6 +1,7 @@
 //! A multi-threaded process: every thread comes back with its tid, TLS,
 //! registers, signal mask and name, keeps running, and pthread_join still
-//! works (victim: tests/c/threads.c).
+//! works (victim: tests/c/threads.c). A restore whose process dies on the
+//! way, killed or of its own state, ends and leaves nothing.
 
 mod common;
 
@@ -100,4 +101,140 @@ fn handlers_cycle(test: &str, handled: &str) {
     v.wait_ready();
     dump_kill_reap(&env, &mut v);
     restore_and_check(&env, &v);
+}
+
+/// Rounds of [`process_killed_while_restored_ends_the_restore`]: the old
+/// hang needed the kill to land while the restorer waited on the leader,
+/// one run in six or so.
+const KILL_ROUNDS: u32 = 20;
+
+/// A process killed while it is being restored, once its threads exist
+/// (an out-of-memory killer, an admin): the restore ends, with an error
+/// naming the pid, whatever moment the kill lands at (while every task is
+/// held, or a few milliseconds into the rest of the rebuild), and nothing
+/// of the process is left. The restorer used to wait on the leader, whose
+/// death the kernel reports only after its traced threads' deaths are
+/// collected, by that same restorer.
+#[test]
+fn process_killed_while_restored_ends_the_restore() {
+    let env = TestEnv::new("threads-killed");
+    let mut v = Victim::spawn(&env, "threads", &[]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    let point = std::path::Path::new("pause:restore-threads-created");
+    for round in 0..KILL_ROUNDS {
+        let gate = env.root.join(format!("gate-{round}"));
+        let reached = env.root.join(format!("gate-{round}.reached"));
+        let restore = CkptCmd::spawn_with_env(
+            &env,
+            &["restore", "--dir", path_str(&env.img)],
+            &[("CKPT_FAULT", point), ("CKPT_FAULT_GATE", &gate)],
+        );
+        assert!(
+            wait_for_file(&reached, RESTORE_TIMEOUT),
+            "round {round}: the restore never created the threads: {}",
+            restore.stderr_now()
+        );
+        let kill = || {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(v.pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        };
+        // Even rounds: killed while held; odd ones: killed 0-5 ms after
+        // the restorer is let go (it looks at its gate every 10 ms).
+        if round % 2 == 0 {
+            kill();
+            write_atomic(&gate, "go");
+        } else {
+            write_atomic(&gate, "go");
+            std::thread::sleep(std::time::Duration::from_micros(u64::from(round) * 250));
+            kill();
+        }
+        let out = restore.wait_with(FAIL_TIMEOUT, || v.diag());
+        let pid = v.pid.to_string();
+        if out.stderr.contains("ckpt: restored pid") {
+            // The kill came after the resume: the restore waited for the
+            // process and exits as it died.
+            assert_eq!(out.code(), 128 + 9, "round {round}: {}", out.stderr);
+        } else {
+            let err = out.assert_error();
+            assert!(
+                err.contains(&pid),
+                "round {round}: error should name pid {pid}: {err}"
+            );
+        }
+        assert!(
+            wait_until(std::time::Duration::from_secs(5), || victim_gone(
+                v.pid, &v.bin, &v.work
+            )),
+            "round {round}: pid {} left (state {:?})",
+            v.pid,
+            proc_state(v.pid)
+        );
+    }
+}
+
+/// Rewrites the core image of `pid` in `env`'s checkpoint with `edit`,
+/// fixing its checksum in the manifest and resealing it with the test's
+/// key, as only the site could.
+fn reseal_core(env: &TestEnv, pid: i32, edit: impl FnOnce(&mut ckpt_image::task::Core)) {
+    use ckpt_image::{ImageKind, header};
+    let name = format!("core-{pid}.img");
+    let path = env.img.join(&name);
+    let mut core: ckpt_image::task::Core =
+        header::decode(ImageKind::Core, &path, &std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut core);
+    let bytes = header::encode(ImageKind::Core, &core);
+    std::fs::write(&path, &bytes).unwrap();
+    let mpath = env.img.join("manifest.img");
+    let mut m: ckpt_image::manifest::Manifest =
+        header::decode(ImageKind::Manifest, &mpath, &std::fs::read(&mpath).unwrap()).unwrap();
+    let d = m.files.iter_mut().find(|d| d.name == name).unwrap();
+    d.size = bytes.len() as u64;
+    d.blake3 = ckpt_image::digest::of_bytes(&bytes).to_vec();
+    let manifest = header::encode(ImageKind::Manifest, &m);
+    std::fs::write(&mpath, &manifest).unwrap();
+    let key = ckpt_image::ImageKey::load(&env.image_key()).unwrap();
+    std::fs::write(env.img.join("manifest.mac"), key.seal(&manifest)).unwrap();
+}
+
+/// A process whose restored state kills it the moment a thread runs (a
+/// sealed image whose threads resume at address 0) while the restorer
+/// still lets go of its other tasks: the restore ends, with an error
+/// naming the pid or with the process's death, and nothing is left.
+#[test]
+fn process_dying_of_its_own_state_as_it_is_let_go_ends_the_restore() {
+    let env = TestEnv::new("threads-crash");
+    let mut v = Victim::spawn(&env, "threads", &[]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    reseal_core(&env, v.pid, |core| {
+        for t in &mut core.threads {
+            let regs = t.regs.as_mut().expect("thread registers");
+            regs.rip = 0;
+            regs.orig_rax = u64::MAX;
+        }
+    });
+    for round in 0..5 {
+        let out = spawn_restore(&env, &[]).wait_with(FAIL_TIMEOUT, || v.diag());
+        let pid = v.pid.to_string();
+        if out.stderr.contains("ckpt: restored pid") {
+            assert_eq!(out.code(), 128 + 11, "round {round}: {}", out.stderr);
+        } else {
+            let err = out.assert_error();
+            assert!(
+                err.contains(&pid),
+                "round {round}: error should name pid {pid}: {err}"
+            );
+        }
+        assert!(
+            wait_until(std::time::Duration::from_secs(5), || victim_gone(
+                v.pid, &v.bin, &v.work
+            )),
+            "round {round}: pid {} left (state {:?})",
+            v.pid,
+            proc_state(v.pid)
+        );
+    }
 }

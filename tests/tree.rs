@@ -47,3 +47,40 @@ fn tree_restored_with_links_and_shared_offset() {
     v.go();
     finish_restore(&v, restore);
 }
+
+/// The root dies (killed here by the pre-resume action script) after the
+/// tree is rebuilt, while its children are already let go: the restore
+/// fails naming the root, and kills the children it had let go, so no
+/// process of the tree is left running on its own.
+#[test]
+fn root_dying_as_the_tree_resumes_fails_the_restore_and_leaves_nothing() {
+    let env = TestEnv::new("tree-root-dies");
+    let mut v = Victim::spawn(&env, "tree", &[]);
+    v.wait_ready();
+    let kids = children(v.pid);
+    let grandkids: Vec<i32> = kids.iter().flat_map(|k| children(*k)).collect();
+    dump_kill_reap(&env, &mut v);
+    let hook = env.root.join("hook.sh");
+    write_executable(
+        &hook,
+        "#!/bin/sh\n[ \"$CKPT_SCRIPT_ACTION\" = pre-resume ] && kill -KILL \"$CKPT_PID\"\nexit 0\n",
+    );
+    // No go: a child let go waits for it, and stays unless killed.
+    let out = spawn_restore(&env, &["--action-script", path_str(&hook)])
+        .wait_with(FAIL_TIMEOUT, || v.diag());
+    let err = out.assert_error();
+    assert!(
+        err.contains(&format!("pid {}", v.pid)),
+        "error should name the root {}: {err}",
+        v.pid
+    );
+    for pid in kids.iter().chain(&grandkids) {
+        assert!(
+            wait_until(std::time::Duration::from_secs(10), || victim_gone(
+                *pid, &v.bin, &v.work
+            )),
+            "process {pid} of the tree left after the failed restore (state {:?})",
+            proc_state(*pid)
+        );
+    }
+}

@@ -209,6 +209,8 @@ impl ErrorReport {
                 }
             }
             RestoreError::Os { pid, .. } => self.set(ErrorKind::Internal, Some(*pid)),
+            // As the death of the process's leader (`ParasiteError::Died`).
+            RestoreError::ThreadDied { pid, .. } => self.set(ErrorKind::TargetGone, Some(*pid)),
             RestoreError::Parasite(p) => self.classify_parasite(p),
             RestoreError::Ipc { .. } => self.set(ErrorKind::Conflict, None),
         }

@@ -31,6 +31,10 @@ pub enum FaultPoint {
     DuringBackground,
     /// Restore: the address space of the first process is half rebuilt.
     MidRebuild,
+    /// Restore: a process's other threads exist, held stopped, and its
+    /// rebuild goes on (timers, credentials, registers): where a test
+    /// kills the process, as an out-of-memory killer or an admin might.
+    RestoreThreadsCreated,
     /// Dump: the *target* is SIGKILLed while its pages are copied (by
     /// someone else, as an out-of-memory killer or an impatient user would).
     KillTargetDuringPages,
@@ -50,6 +54,7 @@ impl FaultPoint {
             FaultPoint::DuringPages => "during-pages",
             FaultPoint::DuringBackground => "during-background",
             FaultPoint::MidRebuild => "restore-mid-rebuild",
+            FaultPoint::RestoreThreadsCreated => "restore-threads-created",
             FaultPoint::KillTargetDuringPages => "kill-target-during-pages",
             FaultPoint::BeforeCommit => "before-commit",
             FaultPoint::BeforeKill => "before-kill",

@@ -38,7 +38,23 @@ pub struct Tracee {
     /// The ptrace options in force (`PTRACE_SETOPTIONS` replaces them all,
     /// so each change starts from these).
     options: std::sync::atomic::AtomicI32,
+    /// Whether the task has created other threads ckpt traces: its death
+    /// is then not reported until ckpt has collected theirs, so its waits
+    /// watch for it ([`Tracee::wait_any_by`]).
+    traced_threads: std::sync::atomic::AtomicBool,
 }
+
+/// How many times a wait that polls only yields the CPU before it starts
+/// to sleep: a remote syscall is over in some microseconds, less than a
+/// sleep's own slack.
+const POLL_SPINS: u32 = 64;
+
+/// The first pause of a wait that polls; each further one doubles, up to
+/// [`POLL_MAX`].
+const POLL_FIRST: std::time::Duration = std::time::Duration::from_micros(10);
+
+/// The longest pause of a wait that polls.
+const POLL_MAX: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// `PTRACE_O_TRACESYSGOOD`, what a seized task starts with.
 const SEIZED_OPTIONS: libc::c_int = libc::PTRACE_O_TRACESYSGOOD;
@@ -73,6 +89,7 @@ impl Tracee {
             mem: std::sync::OnceLock::new(),
             attached: true,
             options: std::sync::atomic::AtomicI32::new(SEIZED_OPTIONS),
+            traced_threads: false.into(),
         };
         ptrace::interrupt(p).map_err(t.ptrace_err("interrupt"))?;
         Ok(Stopping(Some(t)))
@@ -133,6 +150,7 @@ impl Tracee {
             mem: std::sync::OnceLock::new(),
             attached: true,
             options: std::sync::atomic::AtomicI32::new(0),
+            traced_threads: false.into(),
         };
         t.set_options(libc::PTRACE_O_TRACESYSGOOD | libc::PTRACE_O_EXITKILL)?;
         Ok(t)
@@ -194,7 +212,17 @@ impl Tracee {
         self.set_regs(&r)?;
         ptrace::cont(self.pid, None).map_err(self.ptrace_err("cont"))?;
         let tid = match self.wait("creating a thread")? {
-            WaitStatus::PtraceEvent(_, _, libc::PTRACE_EVENT_CLONE | libc::PTRACE_EVENT_FORK) => {
+            WaitStatus::PtraceEvent(
+                _,
+                _,
+                event @ (libc::PTRACE_EVENT_CLONE | libc::PTRACE_EVENT_FORK),
+            ) => {
+                // From here on a traced thread exists (a fork is another
+                // process, whose death does not hold this one's back).
+                if event == libc::PTRACE_EVENT_CLONE {
+                    self.traced_threads
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                }
                 ptrace::getevent(self.pid).map_err(self.ptrace_err("geteventmsg"))? as i32
             }
             WaitStatus::Stopped(_, Signal::SIGTRAP) => {
@@ -239,6 +267,7 @@ impl Tracee {
             options: std::sync::atomic::AtomicI32::new(
                 self.options.load(std::sync::atomic::Ordering::Relaxed),
             ),
+            traced_threads: false.into(),
         })
     }
 
@@ -368,25 +397,51 @@ impl Tracee {
     }
 
     /// [`Tracee::wait_any`] that gives up at `deadline` (`None`: never),
-    /// polling: `Ok(None)` then.
+    /// polling: `Ok(None)` then. A task with traced threads is polled too,
+    /// even without a deadline: killed, its own death is withheld until
+    /// ckpt collects its threads' (a blocking wait would never end), so
+    /// the wait watches for it instead and reports it.
     fn wait_any_by(
         &self,
         what: &'static str,
         deadline: Option<std::time::Instant>,
     ) -> Result<Option<sys::Waited>> {
+        let threads = self
+            .traced_threads
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let mut pause = POLL_FIRST;
+        let mut spins = 0;
         let status = loop {
-            match sys::wait_traced_opt(self.pid, deadline.is_some()) {
+            match sys::wait_traced_opt(self.pid, deadline.is_some() || threads) {
                 Ok(Some(sys::Waited::Status(s))) => break s,
                 Ok(Some(rt)) => return Ok(Some(rt)),
                 Ok(None) => {
                     if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
                         return Ok(None);
                     }
-                    std::thread::sleep(std::time::Duration::from_micros(200));
+                    if threads && spins < POLL_SPINS {
+                        spins += 1;
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    if threads && crate::proc_read::leaving(self.pid()) {
+                        // One last look: a report that came meanwhile wins.
+                        match sys::wait_traced_opt(self.pid, true) {
+                            Ok(Some(sys::Waited::Status(s))) => break s,
+                            Ok(Some(rt)) => return Ok(Some(rt)),
+                            _ => {
+                                return Err(ParasiteError::Died {
+                                    pid: self.pid(),
+                                    how: format!("killed while {what}"),
+                                });
+                            }
+                        }
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(POLL_MAX);
                 }
                 Err(Errno::EINTR) => continue,
                 Err(source) => {
-                    let _ = what;
                     return Err(ParasiteError::Ptrace {
                         pid: self.pid(),
                         op: "waitpid",
@@ -772,6 +827,37 @@ impl Tracee {
             what: "taking back a held SIGSTOP",
             status: format!("{HELD_STOP_TRIES} other signals came first"),
         })
+    }
+
+    /// Detaches like [`Tracee::detach`]; a task found out of its stop
+    /// (killed meanwhile: nothing else lets a stopped tracee go) has its
+    /// death collected as its tracer instead, waiting at most until
+    /// `until`, and is reported dead. Left uncollected, a killed thread
+    /// would keep its process from ever being reaped.
+    pub fn detach_or_collect(mut self, until: std::time::Instant) -> Result<()> {
+        let pid = self.pid();
+        match ptrace::detach(self.pid, None) {
+            Ok(()) => {
+                self.attached = false;
+                Ok(())
+            }
+            Err(Errno::ESRCH) => {
+                let collected = self.reap_killed(until);
+                Err(ParasiteError::Died {
+                    pid,
+                    how: if collected {
+                        "killed before it was let go".into()
+                    } else {
+                        "killed before it was let go, still exiting".into()
+                    },
+                })
+            }
+            Err(source) => Err(ParasiteError::Ptrace {
+                pid,
+                op: "detach",
+                source,
+            }),
+        }
     }
 
     /// Detaches; the task continues from its current registers.

@@ -63,6 +63,17 @@ pub enum RestoreError {
         /// What went wrong.
         what: String,
     },
+    /// A thread of a process died while the process was being restored
+    /// (the whole process is killed with it).
+    #[error("pid {pid}: thread {tid} died while the process was being restored ({how})")]
+    ThreadDied {
+        /// The process (its host pid).
+        pid: i32,
+        /// The thread (its host tid).
+        tid: i32,
+        /// How it died.
+        how: String,
+    },
     /// This kernel or address space cannot host the process as dumped.
     #[error("pid {pid}: cannot restore here: {what}")]
     Host {
@@ -171,6 +182,19 @@ impl RestoreError {
             at: FileUse::Fd(fd),
             path: path.into(),
             what,
+        }
+    }
+}
+
+impl RestoreError {
+    /// The error, naming process `pid` when it is the death of another of
+    /// its tasks: a user knows the process, not its threads' ids.
+    pub(crate) fn of_process(self, pid: i32) -> RestoreError {
+        match self {
+            RestoreError::Parasite(ParasiteError::Died { pid: tid, how }) if tid != pid => {
+                RestoreError::ThreadDied { pid, tid, how }
+            }
+            other => other,
         }
     }
 }

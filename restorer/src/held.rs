@@ -9,16 +9,22 @@
 //! a peer not there yet) and act on it.
 //!
 //! A held process dropped unreleased (a failed restore, a tree that is
-//! never resumed) is killed before its tasks are detached, so it never
-//! runs an instruction of its own.
+//! never resumed) is killed while its tasks are still stopped, so it
+//! never runs an instruction of its own, and its tasks' deaths are
+//! collected as their tracer: a killed task ckpt traces stays a zombie
+//! for ckpt until then, which holds back its process's own death report
+//! (a thread) and a PID namespace's init (any task of the namespace), and
+//! with them whoever waits for either.
 
-use std::ops::Deref;
+use std::ops::{Deref, DerefMut};
+use std::time::{Duration, Instant};
 
 use ckpt_parasite::Tracee;
 use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
-use crate::error::Result;
+use crate::error::{RestoreError, Result};
 
 /// One rebuilt process, every task of it stopped.
 pub struct Held {
@@ -43,13 +49,17 @@ impl Held {
     }
 
     /// Lets the process run: its threads first, then the leader. A
-    /// failure leaves the rest to [`Drop`], which kills the process.
+    /// failure leaves the rest to [`Drop`], which kills the process; a
+    /// task found dead (killed meanwhile) is collected and named.
     pub fn release(mut self) -> Result<()> {
+        let until = Instant::now() + DEATH_WAIT;
+        let pid = self.pid();
         while let Some(t) = self.threads.pop() {
-            t.detach()?;
+            t.detach_or_collect(until)
+                .map_err(|e| RestoreError::from(e).of_process(pid))?;
         }
         let leader = self.leader.take().expect("held until released");
-        leader.detach()?;
+        leader.detach_or_collect(until)?;
         Ok(())
     }
 }
@@ -64,17 +74,106 @@ impl Deref for Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        // The kill comes first: the tracees' own drops detach them, and a
-        // detached task with SIGKILL pending dies before it runs.
-        if let Some(leader) = &self.leader {
-            let _ = kill(Pid::from_raw(leader.pid()), Signal::SIGKILL);
+        let Some(leader) = self.leader.take() else {
+            return;
+        };
+        let until = Instant::now() + DEATH_WAIT;
+        let pid = leader.pid();
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        // Threads first: the leader's death is reported after theirs.
+        collect(pid, std::mem::take(&mut self.threads), until);
+        collect_strays(pid, until);
+        collect(pid, vec![leader], until);
+    }
+}
+
+/// How long the restorer waits for a killed process's death before it
+/// gives up collecting it (the kernel lets its tasks go when the restorer
+/// exits).
+pub const DEATH_WAIT: Duration = Duration::from_secs(10);
+
+/// Collects the deaths of `tasks` of killed process `pid`, last first.
+fn collect(pid: i32, mut tasks: Vec<Tracee>, until: Instant) {
+    while let Some(t) = tasks.pop() {
+        let tid = t.pid();
+        if !t.reap_killed(until) {
+            log::warn!("pid {pid}: task {tid} has not died after {DEATH_WAIT:?}");
+        }
+    }
+}
+
+/// Collects the deaths of the tasks of killed process `pid` that no
+/// tracee stands for: a thread whose clone was under way when the
+/// process died is traced from its birth, but was never handed back.
+fn collect_strays(pid: i32, until: Instant) {
+    loop {
+        let mut ours = false;
+        for tid in other_tasks(pid) {
+            let t = Pid::from_raw(tid);
+            match waitpid(t, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::PtraceEvent(..) | WaitStatus::Stopped(..)) => {
+                    // On its way out from a stop: let it go on dying.
+                    let _ = nix::sys::ptrace::cont(t, None);
+                    ours = true;
+                }
+                Ok(WaitStatus::StillAlive) => ours = true,
+                // Collected now, or not the restorer's to collect.
+                Ok(_) | Err(_) => {}
+            }
+        }
+        if !ours {
+            return;
+        }
+        if Instant::now() >= until {
+            log::warn!("pid {pid}: a thread has not died after {DEATH_WAIT:?}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The tids of process `pid` other than its leader's (none once it is
+/// gone).
+fn other_tasks(pid: i32) -> Vec<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|tid| *tid != pid)
+        .collect()
+}
+
+/// Held processes in tree order, parents first, dropped children first: a
+/// PID namespace's init dies only once every other task of its namespace
+/// is collected, so it must come last.
+pub struct ChildrenFirst<T>(pub Vec<T>);
+
+impl<T> Deref for ChildrenFirst<T> {
+    type Target = Vec<T>;
+
+    fn deref(&self) -> &Vec<T> {
+        &self.0
+    }
+}
+
+impl<T> DerefMut for ChildrenFirst<T> {
+    fn deref_mut(&mut self) -> &mut Vec<T> {
+        &mut self.0
+    }
+}
+
+impl<T> Drop for ChildrenFirst<T> {
+    fn drop(&mut self) {
+        while let Some(last) = self.0.pop() {
+            drop(last);
         }
     }
 }
 
 /// The other threads of a process being rebuilt, until they join its
 /// [`Held`]. Dropped there (a step of the rebuild failed), the process is
-/// killed before the threads' tracees are detached, so none of them runs.
+/// killed while they are stopped, so none of them runs, and their deaths
+/// are collected.
 pub struct NewThreads {
     tgid: i32,
     threads: Vec<Tracee>,
@@ -107,6 +206,8 @@ impl Drop for NewThreads {
     fn drop(&mut self) {
         if !self.threads.is_empty() {
             let _ = kill(Pid::from_raw(self.tgid), Signal::SIGKILL);
+            let until = Instant::now() + DEATH_WAIT;
+            collect(self.tgid, std::mem::take(&mut self.threads), until);
         }
     }
 }

@@ -63,7 +63,7 @@ use ckpt_image::mm::{Mm, VmaKind};
 use ckpt_image::task::Core;
 use ckpt_image::{ImageDir, ImageError, ImageKey, ImageKind};
 use ckpt_parasite::Tracee;
-use held::Held;
+use held::{ChildrenFirst, Held};
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
@@ -236,8 +236,8 @@ pub fn restore(opts: &RestoreOptions<'_>) -> Result<Restored> {
 /// the whole tree: a process that was never resumed never ran.
 pub struct Stopped {
     root: i32,
-    /// Tree order (parents first).
-    tracees: Vec<Held>,
+    /// Tree order (parents first), dropped children first.
+    tracees: ChildrenFirst<Held>,
     child: ChildGuard,
     rebound: Vec<Rebound>,
     stats: RestoreStats,
@@ -292,10 +292,17 @@ impl Stopped {
         }
         tcp.release()?;
         // Children first, so no parent runs while a child is held.
+        let mut let_go = LetGo::default();
         while let Some(t) = self.tracees.pop() {
-            log::debug!("resume pid {}", t.pid());
+            let pid = t.pid();
+            log::debug!("resume pid {pid}");
+            let pidfd = sys::pidfd_open(pid)
+                .inspect_err(|e| log::debug!("pid {pid}: pidfd_open: {e}"))
+                .ok();
             t.release()?;
+            let_go.running.push((pid, pidfd));
         }
+        let_go.running.clear();
         self.child.disarm();
         self.ipc.disarm();
         let mut stats = self.stats;
@@ -321,12 +328,32 @@ impl Stopped {
     }
 }
 
-impl Drop for Stopped {
+/// The processes of a tree being resumed that run already. Dropped with
+/// some left (a process died before it could be let go: the resume fails
+/// part way), they are killed: a tree runs whole or not at all, and a
+/// failed restore leaves no process behind. Through pidfds, so a process
+/// that ended meanwhile is never mistaken for a later holder of its pid.
+#[derive(Default)]
+struct LetGo {
+    /// Each process's pid and pidfd (none if the restorer is out of fds:
+    /// a tree of thousands of processes must not fail for want of them).
+    running: Vec<(i32, Option<std::os::fd::OwnedFd>)>,
+}
+
+impl Drop for LetGo {
     fn drop(&mut self) {
-        // Each held process is killed while still stopped (see `held`),
-        // children first as at resume; the guard reaps the root.
-        while let Some(t) = self.tracees.pop() {
-            drop(t);
+        use std::os::fd::AsFd;
+        for (pid, fd) in &self.running {
+            match fd {
+                Some(fd) => {
+                    let _ = sys::pidfd_kill(fd.as_fd());
+                }
+                // Let go an instant ago and a child of a process of the
+                // tree: its pid is most likely still its own.
+                None => {
+                    let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+                }
+            }
         }
     }
 }
@@ -682,7 +709,9 @@ pub fn rebuild(opts: &RestoreOptions<'_>) -> Result<Stopped> {
             // Kill while still stopped: a half-built process must never run.
             // In a new namespace the image's pids are not the host's: the
             // child guard kills its init, which ends every process in it.
-            for p in procs.iter().rev().filter(|_| !new_ns) {
+            // The root is the guard's too: a held root's drop collected it
+            // already, and its pid may be anyone's by now.
+            for p in procs.iter().rev().filter(|p| !new_ns && p.pid != root) {
                 let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
             }
             Err(e)
@@ -703,7 +732,7 @@ fn build_tree(
     mut server: Option<&mut lazy::PageServer>,
     fds: &mut fd::Context<'_>,
     opts: &RestoreOptions<'_>,
-) -> Result<(Vec<Held>, task::SessionOrigin)> {
+) -> Result<(ChildrenFirst<Held>, task::SessionOrigin)> {
     let images = fds.images;
     let root = Tracee::adopt_stopped_child(host_root)?;
     // Nothing may be delivered until the very end; children inherit this.
@@ -739,7 +768,8 @@ fn build_tree(
     // restored afterwards, in tree order.
     // The root's session from outside the tree, if it had one.
     let adopted = (session == task::SessionOrigin::Adopted).then_some(procs[0].core.sid);
-    let mut slots: Vec<Option<Held>> = procs.iter().map(|_| None).collect();
+    let mut slots: ChildrenFirst<Option<Held>> =
+        ChildrenFirst(procs.iter().map(|_| None).collect());
     slots[0] = Some(Held::new(root));
     for (i, p) in procs.iter().enumerate() {
         let t = slots[i]
@@ -757,11 +787,12 @@ fn build_tree(
             ms_since(started)
         );
         let r = ckpt_parasite::remote::Remote { t, base };
+        // Held at once: a step failing below kills them unrun.
         let mut forked = Vec::new();
         let mut leaders = shapes::Leaders::default();
         leaders.fork_zombie_leaders(&r, zombies.iter().filter(|z| z.ppid == p.pid))?;
         for (j, c) in procs.iter().enumerate().filter(|(_, c)| c.ppid == p.pid) {
-            let child = leaders.fork_member(&r, &p.core, c.pid, &c.core)?;
+            let child = Held::new(leaders.fork_member(&r, &p.core, c.pid, &c.core)?);
             shapes::ensure_group(
                 &ckpt_parasite::remote::Remote { t: &child, base },
                 &c.core,
@@ -787,16 +818,18 @@ fn build_tree(
             tree::make_zombie(&zr, z.status)?;
         }
         for (j, child) in forked {
-            slots[j] = Some(Held::new(child));
+            slots[j] = Some(child);
         }
     }
-    let mut tracees: Vec<Held> = slots
-        .into_iter()
-        .map(|t| t.expect("check_tree: every process has a parent in the tree"))
-        .collect();
+    let mut tracees = ChildrenFirst(
+        std::mem::take(&mut slots.0)
+            .into_iter()
+            .map(|t| t.expect("check_tree: every process has a parent in the tree"))
+            .collect::<Vec<Held>>(),
+    );
     for (t, p) in tracees.iter_mut().zip(procs) {
         let started = Instant::now();
-        let threads = rebuild_process(t, base, p, fds, opts)?;
+        let threads = rebuild_process(t, base, p, fds, opts).map_err(|e| e.of_process(t.pid()))?;
         t.hold_threads(threads);
         log::info!(
             "rebuild pid {} ({}): {} threads, {} VMAs, {} bytes of pages, {} fds ({:.3} ms)",
@@ -930,10 +963,47 @@ impl ChildGuard {
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {
-        if self.armed.get() {
-            let p = Pid::from_raw(self.pid);
-            let _ = kill(p, Signal::SIGKILL);
-            let _ = waitpid(p, Some(WaitPidFlag::__WALL));
+        if !self.armed.get() {
+            return;
+        }
+        let p = Pid::from_raw(self.pid);
+        // Bounded: a PID namespace's init dies only after every task of
+        // its namespace is collected, and one that is not (still exiting,
+        // or never held) must not keep a failed restore from ending. The
+        // restorer's exit lets go of what it still traces.
+        let until = Instant::now() + held::DEATH_WAIT;
+        let mut killed = false;
+        loop {
+            let status = waitpid(p, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG));
+            // Collected, now or before (a held root's drop does): its pid
+            // may be anyone's by now, and is not signalled.
+            if matches!(
+                status,
+                Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) | Err(_)
+            ) {
+                return;
+            }
+            if !killed {
+                let _ = kill(p, Signal::SIGKILL);
+                killed = true;
+            }
+            // A stop on the way out: let it go on dying (the kill is
+            // pending, so it runs nothing).
+            if matches!(
+                status,
+                Ok(WaitStatus::PtraceEvent(..) | WaitStatus::Stopped(..))
+            ) {
+                let _ = nix::sys::ptrace::cont(p, None);
+            }
+            if Instant::now() >= until {
+                log::warn!(
+                    "pid {}: the restored root has not died after {:?}",
+                    self.pid,
+                    held::DEATH_WAIT
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 }
@@ -1169,6 +1239,9 @@ fn rebuild_process(
     let threads = thread::spawn(&r, core)?;
     for th in threads.iter() {
         log::debug!("pid {pid}: thread {}", th.pid());
+    }
+    if !threads.is_empty() {
+        ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::RestoreThreadsCreated);
     }
     // After the threads: a timer may signal one of them.
     timer::create(&r, &core.posix_timers)?;

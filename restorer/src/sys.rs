@@ -214,6 +214,26 @@ pub fn take_fd(pid: i32, fd: i32) -> std::io::Result<std::os::fd::OwnedFd> {
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(got as i32) })
 }
 
+/// SIGKILLs the process behind `pidfd` (`pidfd_send_signal`).
+pub fn pidfd_kill(pidfd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid fd, a null siginfo (the kernel fills in a kill's),
+    // no flags.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn check(r: libc::c_int) -> std::io::Result<()> {
     if r < 0 {
         Err(std::io::Error::last_os_error())
@@ -737,7 +757,8 @@ pub fn own_pidfd_at_least(min: i32) -> std::io::Result<std::os::fd::OwnedFd> {
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(moved) })
 }
 
-/// `pidfd_open(pid)`: readable once the process has exited.
+/// `pidfd_open(pid)`: readable once the process has exited; it keeps
+/// naming that process, never a later holder of its pid.
 pub fn pidfd_open(pid: i32) -> std::io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
     // SAFETY: integer arguments only.
