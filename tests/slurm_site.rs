@@ -640,13 +640,7 @@ fn root_run_restore_never_hands_a_users_job_the_hooks_log() {
         )),
         "{said}"
     );
-    v.go();
-    assert_eq!(
-        v.wait_result(Duration::from_secs(10)),
-        "PASS",
-        "{}",
-        v.diag()
-    );
+    v.go_and_pass();
 }
 
 // ---------------------------------------------------------------------------

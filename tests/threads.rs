@@ -152,26 +152,9 @@ fn process_killed_while_restored_ends_the_restore() {
             kill();
         }
         let out = restore.wait_with(FAIL_TIMEOUT, || v.diag());
-        let pid = v.pid.to_string();
-        if out.stderr.contains("ckpt: restored pid") {
-            // The kill came after the resume: the restore waited for the
-            // process and exits as it died.
-            assert_eq!(out.code(), 128 + 9, "round {round}: {}", out.stderr);
-        } else {
-            let err = out.assert_error();
-            assert!(
-                err.contains(&pid),
-                "round {round}: error should name pid {pid}: {err}"
-            );
-        }
-        assert!(
-            wait_until(std::time::Duration::from_secs(5), || victim_gone(
-                v.pid, &v.bin, &v.work
-            )),
-            "round {round}: pid {} left (state {:?})",
-            v.pid,
-            proc_state(v.pid)
-        );
+        // A kill after the resume: the restore waited for the process and
+        // exits as it died.
+        assert_restore_ended(&v, &out, round, libc::SIGKILL);
     }
 }
 
@@ -218,23 +201,30 @@ fn process_dying_of_its_own_state_as_it_is_let_go_ends_the_restore() {
     });
     for round in 0..5 {
         let out = spawn_restore(&env, &[]).wait_with(FAIL_TIMEOUT, || v.diag());
-        let pid = v.pid.to_string();
-        if out.stderr.contains("ckpt: restored pid") {
-            assert_eq!(out.code(), 128 + 11, "round {round}: {}", out.stderr);
-        } else {
-            let err = out.assert_error();
-            assert!(
-                err.contains(&pid),
-                "round {round}: error should name pid {pid}: {err}"
-            );
-        }
+        assert_restore_ended(&v, &out, round, libc::SIGSEGV);
+    }
+}
+
+/// A restore whose process died ended: with the process's death (`signal`)
+/// if it was already running, else with an error naming its pid; and no
+/// process is left.
+fn assert_restore_ended(v: &Victim, out: &CkptOutput, round: u32, signal: i32) {
+    let pid = v.pid.to_string();
+    if out.stderr.contains("ckpt: restored pid") {
+        assert_eq!(out.code(), 128 + signal, "round {round}: {}", out.stderr);
+    } else {
+        let err = out.assert_error();
         assert!(
-            wait_until(std::time::Duration::from_secs(5), || victim_gone(
-                v.pid, &v.bin, &v.work
-            )),
-            "round {round}: pid {} left (state {:?})",
-            v.pid,
-            proc_state(v.pid)
+            err.contains(&pid),
+            "round {round}: error should name pid {pid}: {err}"
         );
     }
+    assert!(
+        wait_until(std::time::Duration::from_secs(5), || victim_gone(
+            v.pid, &v.bin, &v.work
+        )),
+        "round {round}: pid {} left (state {:?})",
+        v.pid,
+        proc_state(v.pid)
+    );
 }

@@ -194,6 +194,17 @@ impl RestoreError {
             RestoreError::Parasite(ParasiteError::Died { pid: tid, how }) if tid != pid => {
                 RestoreError::ThreadDied { pid, tid, how }
             }
+            // A thread killed between two ptrace requests is found gone by
+            // the next one.
+            RestoreError::Parasite(ParasiteError::Ptrace {
+                pid: tid,
+                op,
+                source: nix::errno::Errno::ESRCH,
+            }) if tid != pid => RestoreError::ThreadDied {
+                pid,
+                tid,
+                how: format!("gone at ptrace {op}"),
+            },
             other => other,
         }
     }

@@ -801,6 +801,18 @@ impl Victim {
         write_atomic(&self.path("go"), "go");
     }
 
+    /// Writes go and waits (10 s at most) for the victim's own check to
+    /// pass.
+    pub fn go_and_pass(&self) {
+        self.go();
+        assert_eq!(
+            self.wait_result(Duration::from_secs(10)),
+            "PASS",
+            "{}",
+            self.diag()
+        );
+    }
+
     pub fn result(&self) -> Option<String> {
         fs::read_to_string(self.path("result")).ok()
     }
@@ -1449,13 +1461,7 @@ pub fn assert_ticks_carry_on(r: &mut File, last: u64, v: &Victim) {
         last + 1,
         "ticks should carry on from {last}: {after:?}"
     );
-    v.go();
-    assert_eq!(
-        v.wait_result(Duration::from_secs(10)),
-        "PASS",
-        "{}",
-        v.diag()
-    );
+    v.go_and_pass();
 }
 
 /// The outside_pipe victim: its stdin is a pipe whose write end (returned,
