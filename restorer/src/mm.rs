@@ -802,11 +802,9 @@ impl From<RestoreError> for ExeCheck {
 fn reachable_by_user(r: &Remote<'_>, exe: &Exe<'_>, fd: i32) -> std::result::Result<(), ExeCheck> {
     let pid = r.t.pid();
     let identity = crate::fd::creds::FsIdentity::of(exe.creds);
-    let previous = identity.as_ref().map(|i| i.assume(r)).transpose()?;
-    let looked_up = r.open_no_symlinks(exe.path, libc::O_PATH | libc::O_CLOEXEC);
-    if let Some(p) = previous {
-        p.restore(r)?;
-    }
+    let looked_up = crate::fd::creds::as_user(identity.as_ref(), r, || {
+        r.open_no_symlinks(exe.path, libc::O_PATH | libc::O_CLOEXEC)
+    })?;
     let user_fd = looked_up.map_err(|e| {
         ExeCheck::Refused(crate::fd::reg::reopen_failure(
             e,

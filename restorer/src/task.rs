@@ -76,12 +76,7 @@ pub fn restore_misc(r: &Remote<'_>, core: &Core) -> Result<()> {
 /// resolved), and the process moves to those very descriptors.
 fn restore_dirs(r: &Remote<'_>, core: &Core) -> Result<()> {
     let identity = crate::fd::creds::FsIdentity::of(core.creds.as_ref());
-    let previous = identity.as_ref().map(|i| i.assume(r)).transpose()?;
-    let opened = open_dirs(r, core);
-    if let Some(p) = previous {
-        p.restore(r)?;
-    }
-    let dirs = opened?;
+    let dirs = crate::fd::creds::as_user(identity.as_ref(), r, || open_dirs(r, core))??;
     let moved = move_to(r, &dirs);
     for fd in [Some(dirs.cwd), dirs.root].into_iter().flatten() {
         r.close(fd)?;

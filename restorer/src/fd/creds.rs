@@ -63,6 +63,16 @@ impl FsIdentity {
         self.uid == 0 || (uid == self.uid && (gid == self.gid || self.groups.contains(&gid)))
     }
 
+    /// Runs `f` while the process behind `r` checks file access as this
+    /// identity, then gives it back its own fs ids, whatever `f` returned
+    /// (its result comes back untouched for the caller to judge).
+    pub fn while_assumed<T>(&self, r: &Remote<'_>, f: impl FnOnce() -> T) -> Result<T> {
+        let previous = self.assume(r)?;
+        let out = f();
+        previous.restore(r)?;
+        Ok(out)
+    }
+
     /// Makes the process behind `r` check file access as this identity.
     pub fn assume(&self, r: &Remote<'_>) -> Result<Previous> {
         let prev = Previous {
@@ -80,6 +90,20 @@ impl FsIdentity {
         crate::creds::set_groups(r, &self.groups)?;
         set_fs_ids(r, self.uid, self.gid)?;
         Ok(prev)
+    }
+}
+
+/// [`FsIdentity::while_assumed`] for a process that may have no dumped
+/// identity (an image without credentials): then `f` runs as the process
+/// is.
+pub fn as_user<T>(
+    identity: Option<&FsIdentity>,
+    r: &Remote<'_>,
+    f: impl FnOnce() -> T,
+) -> Result<T> {
+    match identity {
+        Some(i) => i.while_assumed(r, f),
+        None => Ok(f()),
     }
 }
 

@@ -55,10 +55,7 @@ pub(super) fn open_or_create(
     let dumped = at
         .file
         .ok_or_else(|| err("no identity recorded for it".into()))?;
-    let prev = fs.assume(r)?;
-    let got = find_or_create(images, o, &mut at, &fs, dumped);
-    prev.restore(r)?;
-    let rw = got?;
+    let rw = fs.while_assumed(r, || find_or_create(images, o, &mut at, &fs, dumped))??;
     let ro = File::open(format!(
         "/proc/self/fd/{}",
         std::os::fd::AsRawFd::as_raw_fd(&rw)
