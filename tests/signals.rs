@@ -87,12 +87,12 @@ fn dumps_succeed_under_a_flood_of_real_time_signals() {
     let env = TestEnv::new("rt-flood");
     let count = env.work.join("count");
     let script = format!(
-        "import signal, time\n\
+        "import os, signal, time\n\
          n = 0\n\
          def on(s, f):\n    global n\n    n += 1\n\
          signal.signal(signal.SIGRTMIN + 1, on)\n\
          open('{ready}', 'w').write('ready')\n\
-         while True:\n    time.sleep(0.05)\n    open('{count}', 'w').write(str(n))\n",
+         while True:\n    time.sleep(0.05)\n    open('{count}.tmp', 'w').write(str(n))\n    os.replace('{count}.tmp', '{count}')\n",
         ready = env.work.join("ready").display(),
         count = count.display(),
     );
