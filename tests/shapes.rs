@@ -73,6 +73,23 @@ fn subreaper_flag_is_kept() {
     shapes_cycle("shapes-subreaper", None, &["subreaper"]);
 }
 
+/// Sixteen sessions led by zombies, each with a member. Every zombie
+/// leader first serves as the helper its member is forked through (with
+/// `CLONE_PARENT`, which the kernel reports to ptrace as a clone event):
+/// its own exit must still be collected by ckpt, or the root could never
+/// reap it and would hang in `waitpid` after restore.
+#[test]
+fn many_sessions_led_by_zombies_come_back_reapable() {
+    let env = TestEnv::new("shapes-many");
+    let mut v = Victim::spawn(&env, "shapes", &["many"]);
+    let ids = pids(&v.wait_ready());
+    assert_eq!(ids.len(), 32, "16 members and their zombie leaders");
+    let out = dump(&env, &v, &["--kill"]);
+    assert!(out.stderr.contains("33 processes"), "{}", out.stderr);
+    v.reap_killed(Duration::from_secs(10));
+    restore_and_check(&env, &v);
+}
+
 /// A session whose leader lives in the tree but is not the member's
 /// ancestor cannot be rebuilt: refused by name, tree unharmed.
 #[test]

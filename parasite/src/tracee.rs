@@ -24,6 +24,15 @@ pub const SYSCALL_INT3: [u8; 3] = [0x0f, 0x05, 0xcc];
 /// nothing is restarted when it resumes.
 const NO_SYSCALL: u64 = u64::MAX;
 
+/// What a [`Tracee::clone_at`] creates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NewTask {
+    /// A thread of the task (`CLONE_THREAD`).
+    Thread,
+    /// Another process (a child, or with `CLONE_PARENT` a sibling).
+    Process,
+}
+
 /// A stopped task that ckpt controls with ptrace.
 ///
 /// Dropping it detaches (the task resumes with whatever registers it has),
@@ -203,23 +212,24 @@ impl Tracee {
     }
 
     /// Runs `clone3(args, size)` inside the task at `site` (which must hold
-    /// [`SYSCALL_INT3`]) to create a thread or a child process, with
-    /// [`Tracee::trace_clones`] in effect. Returns the new task, stopped
-    /// before its first instruction.
-    pub fn clone_at(&self, site: u64, args: u64, size: u64) -> Result<Tracee> {
+    /// [`SYSCALL_INT3`]) to create a thread or a child process (`kind`
+    /// says which `args` asks for), with [`Tracee::trace_clones`] in
+    /// effect. Returns the new task, stopped before its first instruction.
+    pub fn clone_at(&self, site: u64, args: u64, size: u64, kind: NewTask) -> Result<Tracee> {
         let mut r = self.regs()?;
         set_syscall_regs(&mut r, site, libc::SYS_clone3, [args, size, 0, 0, 0, 0]);
         self.set_regs(&r)?;
         ptrace::cont(self.pid, None).map_err(self.ptrace_err("cont"))?;
         let tid = match self.wait("creating a thread")? {
-            WaitStatus::PtraceEvent(
-                _,
-                _,
-                event @ (libc::PTRACE_EVENT_CLONE | libc::PTRACE_EVENT_FORK),
-            ) => {
-                // From here on a traced thread exists (a fork is another
-                // process, whose death does not hold this one's back).
-                if event == libc::PTRACE_EVENT_CLONE {
+            WaitStatus::PtraceEvent(_, _, libc::PTRACE_EVENT_CLONE | libc::PTRACE_EVENT_FORK) => {
+                // From here on a traced thread exists. Not after a fork,
+                // even one the kernel reports as a clone event (any exit
+                // signal but SIGCHLD, as `CLONE_PARENT` forks have): another
+                // process's death does not hold this one's back, and taking
+                // it for a thread would have this task's exit reported as a
+                // death before ckpt collected it, leaving it traced and
+                // unreapable by its parent.
+                if kind == NewTask::Thread {
                     self.traced_threads
                         .store(true, std::sync::atomic::Ordering::Relaxed);
                 }

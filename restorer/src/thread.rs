@@ -42,7 +42,12 @@ pub fn spawn(r: &Remote<'_>, core: &Core) -> Result<NewThreads> {
         let args = r.put_u64s(0, &[THREAD_FLAGS, 0, 0, 0, 0, 0, 0, 0, set_tid, 1])?;
         // Held at once: if a step below fails, the process dies before
         // this thread is let go.
-        out.push(r.t.clone_at(r.base, args, CLONE_ARGS_SIZE)?);
+        out.push(r.t.clone_at(
+            r.base,
+            args,
+            CLONE_ARGS_SIZE,
+            ckpt_parasite::NewTask::Thread,
+        )?);
         let t = out.last().expect("just pushed");
         // In ckpt's own PID namespace the host tid is the one asked for
         // (clone3's set_tid gives it or fails); else its status says.

@@ -29,7 +29,12 @@ fn fork_with(r: &Remote<'_>, pid: i32, flags: u64, exit_signal: u64) -> Result<T
     // flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size,
     // tls, set_tid, set_tid_size: a fork with the given pid.
     let args = r.put_u64s(0, &[flags, 0, 0, 0, exit_signal, 0, 0, 0, set_tid, 1])?;
-    let child = r.t.clone_at(r.base, args, CLONE_ARGS_SIZE)?;
+    let child = r.t.clone_at(
+        r.base,
+        args,
+        CLONE_ARGS_SIZE,
+        ckpt_parasite::NewTask::Process,
+    )?;
     // In a new PID namespace the host pid differs; set_tid set the inner one.
     if crate::pid::inner(child.pid())? != pid {
         return Err(RestoreError::Host {

@@ -147,6 +147,41 @@ static void live_leader_mode(void)
 	victim_finish();
 }
 
+/*
+ * "many" mode: MANY_LEADERS children each call setsid, fork a member and
+ * exit 20 + i, unreaped: every member's session is led by a zombie. Each
+ * zombie leader is a helper the restorer forks members through and then
+ * turns into a zombie, so many of them make a race in that step likely to
+ * show. Ready content: "M0 Z0 M1 Z1 ...". After go the root checks every
+ * member's session and each zombie's status.
+ */
+enum { MANY_LEADERS = 16 };
+
+static void many_leaders_mode(void)
+{
+	pid_t m[MANY_LEADERS], z[MANY_LEADERS];
+	char ready[MANY_LEADERS * 24] = "";
+	size_t used = 0;
+	int status;
+
+	for (int i = 0; i < MANY_LEADERS; i++)
+		z[i] = leader(1, 20 + i, &m[i]);
+	for (int i = 0; i < MANY_LEADERS; i++) {
+		while (!is_zombie(z[i]) || ppid_of(m[i]) != root)
+			victim_tick();
+		used += snprintf(ready + used, sizeof(ready) - used, "%s%d %d", i ? " " : "", m[i],
+				 z[i]);
+	}
+	victim_ready_and_wait(ready);
+	for (int i = 0; i < MANY_LEADERS; i++) {
+		check_member("member of a zombie-led session", m[i], z[i], z[i]);
+		CHECK(waitpid(z[i], &status, 0) == z[i] && WIFEXITED(status) &&
+			      WEXITSTATUS(status) == 20 + i,
+		      "zombie leader %d: status %#x", z[i], status);
+	}
+	victim_finish();
+}
+
 int main(int argc, char **argv)
 {
 	victim_init(argc, argv);
@@ -155,6 +190,8 @@ int main(int argc, char **argv)
 		die("PR_SET_CHILD_SUBREAPER");
 	if (argc > 2 && strcmp(argv[2], "live") == 0)
 		live_leader_mode();
+	if (argc > 2 && strcmp(argv[2], "many") == 0)
+		many_leaders_mode();
 	pid_t m1, m2, m3, m5, st;
 	pid_t l1 = leader(1, 0, &m1);
 	pid_t g2 = leader(0, 0, &m2);
