@@ -6,7 +6,6 @@
 //! write, that the page still holds the previous generation: a page saved
 //! after the freeze (or torn) fails that check after the restore.
 
-mod common;
 
 use std::fs;
 use std::os::unix::process::ExitStatusExt;
@@ -14,7 +13,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// Dumps the running writers in the background with `compress`, checks
 /// the figures, kills the original and restores: the restored writers

@@ -2,9 +2,8 @@
 //! (or one JSON object on stdout with `--json`) and an exit code per class,
 //! as README.md documents.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 /// Exit codes README.md promises.

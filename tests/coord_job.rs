@@ -11,7 +11,6 @@
 //! unharmed, no `epoch-E` directory on any node, and the previous epoch the
 //! valid one.
 
-mod common;
 
 use std::fs;
 use std::net::TcpListener;
@@ -19,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ckpt_coord::{EpochStore, GlobalManifest};
-use common::*;
+use crate::common::*;
 
 const JOB: &str = "job7";
 /// An agent waits at most this long for the whole round.

@@ -3,11 +3,10 @@
 //! by a root, three children and a grandchild, each with a few changes of
 //! its own).
 
-mod common;
 
 use std::fs;
 
-use common::*;
+use crate::common::*;
 
 const REGION: u64 = 256 << 20;
 

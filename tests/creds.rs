@@ -4,9 +4,8 @@
 //! no_new_privs, each checked from inside the restored threads (victim:
 //! tests/c/creds.c) and against /proc from outside.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 /// The credential lines of every thread's status, by tid.
 fn thread_creds(pid: i32) -> Vec<(String, Vec<String>)> {

@@ -1,9 +1,8 @@
 //! eventfds come back with their 64-bit counter, semaphore mode, status
 //! and fd flags, shared by a dup and across fork (victim: tests/c/eventfd.c).
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn eventfd_counter_mode_and_sharing_survive() {

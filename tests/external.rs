@@ -4,11 +4,10 @@
 //! stands in for it with `--inherit-fd fd[N]:pipe:[INO]`: the restored
 //! process writes on into the new pipe (victim: tests/c/ticker.c).
 
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn outside_pipe_is_external_and_handed_over_at_restore() {

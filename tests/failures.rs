@@ -3,13 +3,12 @@
 //! untouched, leave no image dir behind, and never leave a half-restored
 //! process running.
 
-mod common;
 
 use std::fs::{self, OpenOptions};
 use std::path::Path;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn dump_of_nonexistent_pid_fails() {

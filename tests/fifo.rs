@@ -6,11 +6,10 @@
 //! end in the tree, a reader outside reopens the FIFO by path and finds the
 //! buffered data there.
 
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// The raw images holding FIFO data, with their sizes.
 fn fifo_images(img: &std::path::Path) -> Vec<(String, u64)> {

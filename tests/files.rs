@@ -2,11 +2,10 @@
 //! /dev/null, shared open file descriptions and unlinked-but-open files
 //! (victim: tests/c/files.c), plus what `ckpt show --json` reports.
 
-mod common;
 
 use std::fs;
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 #[test]

@@ -46,14 +46,13 @@
 //! A missing harness prerequisite fails the test with the harness's
 //! message; it never skips.
 
-mod common;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 /// Boot, a reference run, a refused dump, and the dumped and restored run
 /// under TCG.

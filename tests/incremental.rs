@@ -6,12 +6,11 @@
 //! region (mremap) and drops another (MADV_DONTNEED), and after the
 //! restore checks every page of all of it.
 
-mod common;
 
 use std::path::Path;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 fn json_of(out: &CkptOutput) -> serde_json::Value {
     serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))

@@ -2,14 +2,13 @@
 //! and established TCP connections with every queued byte, through
 //! TCP_REPAIR (victim: tests/c/inet.c).
 
-mod common;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// Bytes each side sends on each connection (`TOTAL` in inet.c).
 const TOTAL: u64 = 1 << 20;

@@ -3,11 +3,10 @@
 //! names, nothing stray is queued, numbering goes on; fanotify is refused
 //! by name (victim: tests/c/inotify.c).
 
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn watches_keep_their_wds_and_deliver_events() {

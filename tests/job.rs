@@ -9,19 +9,16 @@
 //! ...={host}'`, or a fake `srun` that runs the step's tasks here with the
 //! Slurm variables set (`--launch srun`).
 
-mod common;
-#[path = "slurm_lab.rs"]
-mod slurm_lab;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use slurm_lab::FAKE_SRUN;
+use crate::slurm_lab::FAKE_SRUN;
 
 const WAIT: Duration = Duration::from_secs(60);
 const IP: &str = "/usr/sbin/ip";

@@ -4,13 +4,12 @@
 //! (parasite/src/fault.rs lists the points; victim: tests/c/counter.c). A
 //! restorer that dies leaves no half-restored process behind.
 
-mod common;
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 fn dumper_killed_at(point: &str) {
     dumper_killed_in(point, "counter");

@@ -3,11 +3,10 @@
 //! rest; drops, unmaps, remaps, writes, forks and threads during the fill
 //! all see the right memory (victim: tests/c/lazy.c).
 
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// The `--json` line of a restore.
 fn restore_json(out: &CkptOutput) -> serde_json::Value {

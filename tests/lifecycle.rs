@@ -2,14 +2,13 @@
 //! still holds the pid, --detach, exit-status propagation, --leave-running
 //! and `ckpt check` (victim: tests/c/counter.c unless noted).
 
-mod common;
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::thread::sleep;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use nix::sys::signal::Signal;
 
 fn log_values(work: &Path) -> Vec<u64> {

@@ -6,13 +6,12 @@
 //! lock taken by someone else since the dump fails the restore naming pid,
 //! fd, path, the lock and its holder (victim: tests/c/locks.c).
 
-mod common;
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 const FD_FLOCK: i32 = 10;
 const FD_POSIX: i32 = 11;

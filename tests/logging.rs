@@ -2,13 +2,12 @@
 //! `--log-file`, and `dump.log` / `stats-dump.json` kept with the images
 //! (README.md, Usage).
 
-mod common;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 /// A log line: `(   0.012) LEVEL message`.

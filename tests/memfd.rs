@@ -6,9 +6,8 @@
 //! memfd made without MFD_ALLOW_SEALING stays unsealable (victim:
 //! tests/c/shmobj.c in mode `memfd fd`).
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 /// F_SEAL_SHRINK | F_SEAL_GROW.
 const SEALS: u64 = 0x2 | 0x4;

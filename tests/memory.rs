@@ -2,12 +2,11 @@
 //! anonymous memory and PROT_NONE / mprotect-ed regions must come back with
 //! the same contents, layout and semantics (victim: tests/c/memory.c).
 
-mod common;
 
 use std::fmt;
 use std::fs;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn memory_restored_after_dump_kill() {

@@ -9,12 +9,11 @@
 //! run --pidns` started there gets its private mount namespace made from
 //! the named one.
 
-mod common;
 
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 

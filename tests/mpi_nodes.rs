@@ -9,13 +9,12 @@
 //! with `--kill`, then a coordinated restart, and the job ends with the
 //! result a run without MPI computes.
 
-mod common;
 
 use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// About 100 rounds a second across the bridge on a shared 2-core machine.
 const ROUNDS: u64 = 1200;

@@ -7,13 +7,12 @@
 //! back and the exchange completes: no byte lost, repeated or reordered
 //! (both sides end with the same digest of the whole exchange).
 
-mod common;
 
 use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 const ROUNDS: u64 = 6000;
 const JOB: &str = "mn";

@@ -6,11 +6,10 @@
 //! host's hostname and IPC namespace are untouched. Trees spanning
 //! namespaces, and network and user namespaces, are refused by name.
 
-mod common;
 
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 

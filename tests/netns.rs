@@ -4,12 +4,11 @@
 //! and a file that is not a network namespace is refused by name (victim:
 //! tests/c/inet.c, which checks every byte of its streams itself).
 
-mod common;
 
 use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 fn net_inode(path: &str) -> u64 {
     std::fs::metadata(path)

@@ -5,11 +5,10 @@
 //! counter went on from memory and its log still appends. This is also
 //! where verbs jobs are checkpointed (docs/infiniband.md).
 
-mod common;
 
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 
 /// Boot, the dump, the restore and the victim's checks under TCG.
 const VM_TIMEOUT_SECS: u32 = 90;

@@ -3,11 +3,10 @@
 //! zombie child through another; a pidfd of a process outside the tree is
 //! refused by name (victim: tests/c/pidfd.c).
 
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn pidfds_of_the_tree_come_back() {

@@ -4,11 +4,10 @@
 //! twice at once from one image (victim: tests/c/pidns.c, which checks its
 //! pids from inside). What does not fit is refused by name.
 
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 

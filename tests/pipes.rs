@@ -2,11 +2,10 @@
 //! dump time: every byte arrives after restore, in order
 //! (victim: tests/c/pipes.c).
 
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn pipe_between_parent_and_child_keeps_its_data() {

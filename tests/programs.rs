@@ -3,13 +3,12 @@
 //! done exactly once (each program checks that itself and writes
 //! `result`: "PASS ..." or "FAIL why").
 
-mod common;
 
 use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// Long enough for a slow machine to reach the first progress mark.
 const PROGRESS_TIMEOUT: Duration = Duration::from_secs(60);

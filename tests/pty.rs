@@ -3,9 +3,8 @@
 //! line settings and window size, and carries bytes both ways after
 //! restore (victim: tests/c/pty.c).
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn pty_pair_inside_the_tree_is_recreated() {

@@ -8,11 +8,10 @@
 //! unprivileged test user. Memory-deny-write-execute and SCHED_DEADLINE
 //! are refused by name, the victim running on unharmed.
 
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// How long the child may take to get its parent-death signal.
 const PDEATH_TIMEOUT: Duration = Duration::from_secs(10);

@@ -3,11 +3,10 @@
 //! leaves the victim unharmed and no images, a restore kills the tree
 //! (victim: tests/c/counter.c).
 
-mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 
 /// Writes an executable `/bin/sh` script `name` under the test's root that
 /// appends one line per call to `log` and then runs `tail`.

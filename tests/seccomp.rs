@@ -5,9 +5,8 @@
 //! user-notification filter is refused by name and leaves the process
 //! running with its filters.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 /// `Seccomp:` and `Seccomp_filters:` of every thread of `pid`.
 fn seccomp_of(pid: i32) -> Vec<(String, String)> {

@@ -11,7 +11,6 @@
 //!   passed with `--inherit-fd`;
 //! - a process holding a lease is refused at dump time, unharmed.
 
-mod common;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
@@ -22,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// The victim's fd numbers (tests/c/secfiles.c).
 const FD_GHOST: i32 = 20;

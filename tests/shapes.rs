@@ -3,11 +3,10 @@
 //! member has its session, group and parent again, the zombies their
 //! statuses, and no helper process is left (victim: tests/c/shapes.c).
 
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 fn pids(ready: &str) -> Vec<i32> {
     ready

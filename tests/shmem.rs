@@ -5,9 +5,8 @@
 //! file mapped shared and private, a POSIX shm object in /dev/shm shared by
 //! both and removed (or kept) before the restore (tests/c/shmobj.c).
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn shared_anonymous_memory_stays_shared() {

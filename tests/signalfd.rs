@@ -2,9 +2,8 @@
 //! shared by a dup and across fork, and receive a signal sent after the
 //! restore (victim: tests/c/signalfd.c).
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use nix::sys::signal::Signal;
 
 #[test]

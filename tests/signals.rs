@@ -2,11 +2,10 @@
 //! pending signals (standard and queued real-time ones) must survive, and
 //! handlers must actually run after restore (victim: tests/c/signals.c).
 
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use nix::sys::signal::Signal;
 
 /// Bit of signal `sig` in a /proc/PID/status mask.

@@ -7,16 +7,13 @@
 //! Takes about 3 minutes: Slurm's warning comes on a 30 s timer, and a
 //! requeued job waits the lab's credential lifetime (30 s) before it runs.
 
-mod common;
-#[path = "slurm_lab.rs"]
-mod slurm_lab;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::*;
-use slurm_lab::*;
+use crate::common::*;
+use crate::slurm_lab::*;
 
 /// Steps of the application, one per [`STEP_MS`].
 const STEPS: u64 = 130;
@@ -312,7 +309,7 @@ impl FakeJob {
 
     /// The step numbers in the output, in order; each step's sum checked.
     fn steps(&self) -> Vec<u64> {
-        slurm_lab::steps(&self.output(), &|| self.diag())
+        crate::slurm_lab::steps(&self.output(), &|| self.diag())
             .into_iter()
             .map(|(_, n)| n)
             .collect()

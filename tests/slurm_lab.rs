@@ -23,26 +23,13 @@ pub fn lab_state() -> PathBuf {
         .map_or_else(|| PathBuf::from("/var/tmp/ckpt-slurm-lab"), PathBuf::from)
 }
 
-/// Whether Slurm is installed; if not, tries apt-get once. `Err` says why
-/// it cannot be had.
+/// Whether Slurm is installed. `Err` says how to get it: the test tiers'
+/// prerequisites are installed by one explicit step, never by a test.
 pub fn slurm_installed() -> Result<(), String> {
-    let have =
-        || Path::new("/usr/sbin/slurmctld").exists() && Path::new("/usr/bin/sbatch").exists();
-    if have() {
+    if Path::new("/usr/sbin/slurmctld").exists() && Path::new("/usr/bin/sbatch").exists() {
         return Ok(());
     }
-    let out = Command::new("apt-get")
-        .args(["install", "-y", "-qq", "slurm-wlm", "munge"])
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .output()
-        .map_err(|e| format!("Slurm is not installed and apt-get cannot run: {e}"))?;
-    if !out.status.success() || !have() {
-        return Err(format!(
-            "Slurm is not installed and `apt-get install slurm-wlm munge` failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(())
+    Err("Slurm is not installed: run scripts/test-deps.sh --lab (as root) first".into())
 }
 
 /// One of the labs on localhost: `scripts/slurm/lab-up.sh` (one node) or

@@ -15,15 +15,12 @@
 //! its node and the reason, and both parts run on unharmed, nothing
 //! committed or requeued.
 
-mod common;
-#[path = "slurm_lab.rs"]
-mod slurm_lab;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::*;
-use slurm_lab::*;
+use crate::common::*;
+use crate::slurm_lab::*;
 
 /// Rounds of the exchange: about 60 s at netpeer's pace (1 ms a round
 /// plus the work), long enough that the warning always comes during it.

@@ -18,9 +18,6 @@
 //!
 //! Victim: tests/c/slurm_steps.c (checks its memory at every step).
 
-mod common;
-#[path = "slurm_lab.rs"]
-mod slurm_lab;
 
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -28,8 +25,8 @@ use std::process::{Child, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::*;
-use slurm_lab::*;
+use crate::common::*;
+use crate::slurm_lab::*;
 
 /// Job id the tests without Slurm pretend to run as.
 const FAKE_JOB: &str = "4343";
@@ -832,7 +829,7 @@ fn preempt(env: &TestEnv) -> String {
 /// The step numbers of the output in order, each step's sum checked, and
 /// the index of the line each came from.
 fn steps(text: &str) -> Vec<(usize, u64)> {
-    slurm_lab::steps(text, &|| text.to_string())
+    crate::slurm_lab::steps(text, &|| text.to_string())
 }
 
 /// Takes the lab for one scenario: Slurm installed (else `None`: skip),

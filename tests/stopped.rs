@@ -4,11 +4,10 @@
 //! A process held by another tracer (a debugger) is refused by name
 //! (victim: tests/c/stopped.c).
 
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// The two pids the victim wrote in its ready file.
 fn pair(ready: &str) -> (i32, i32) {

@@ -5,12 +5,11 @@
 //! copy in the segment, none in the processes' private memory. A key
 //! already in use at restore fails in one line, leaving nothing behind.
 
-mod common;
 
 use std::fs;
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 
 const MIB: u64 = 1 << 20;
 /// The shared segment of the main test.

@@ -3,9 +3,8 @@
 //! works (victim: tests/c/threads.c). A restore whose process dies on the
 //! way, killed or of its own state, ends and leaves nothing.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn threads_restored_with_their_state() {

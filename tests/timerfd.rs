@@ -3,11 +3,10 @@
 //! pending expirations, status and fd flags, shared by a dup and across
 //! fork (victim: tests/c/timerfd.c, which measures the timers itself).
 
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// Time between dump and restore: long enough that an absolute deadline
 /// restored as relative time (or a relative one as absolute) visibly moves.

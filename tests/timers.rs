@@ -4,11 +4,10 @@
 //! once after restore, a timer aimed at one thread signals that thread; a
 //! timer on a thread's CPU clock is refused (victim: tests/c/timers.c).
 
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn posix_timers_keep_ids_and_fire_after_restore() {

@@ -2,9 +2,8 @@
 //! pids, parent links (the root reaps its children), memory, and one log
 //! descriptor whose offset they still share (victim: tests/c/tree.c).
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 fn children(pid: i32) -> Vec<i32> {
     let mut out = Vec::new();

@@ -3,14 +3,13 @@
 //! a log file), even though the three shared one open file description
 //! (victim: tests/c/counter.c).
 
-mod common;
 
 use std::fs::File;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// A new pty pair: (master, slave).
 fn openpty() -> (OwnedFd, OwnedFd) {

@@ -3,9 +3,8 @@
 //! flags; run as root and as an unprivileged user, whose sockets stay
 //! theirs (victim: tests/c/unix.c).
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 /// The fds the victim holds, per process: the root 4 cross-process ends, a
 /// dup, 2 local ends, a lone socket, 2 whose peer closed, 3 listeners, an accepted connection,

@@ -2,9 +2,8 @@
 //! as that user and nothing more: the same uids and gids, no supplementary
 //! groups it did not have, no capabilities (victim: tests/c/counter.c).
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 fn status_line(pid: i32, key: &str) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

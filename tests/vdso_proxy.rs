@@ -17,13 +17,12 @@
 //! Both sides are guests: the host's CPU has AVX-512, the guests' (TCG)
 //! has not, so a host image would be refused in a guest (XCR0).
 
-mod common;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 
 /// Each boot, and what runs in it, under TCG.
 const VM_TIMEOUT_SECS: u32 = 90;

@@ -3,9 +3,8 @@
 //! and name
 //! (victim: tests/c/zombie.c).
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn zombie_children_keep_their_status() {

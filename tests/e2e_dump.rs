@@ -1,0 +1,17 @@
+//! Dump and restore modes and the tool itself: background, incremental and lazy dumps, failures and kills mid-dump, the parasite, logging, the command line, scripts, and the trust boundaries of images and files.
+//!
+//! One test binary for several test files (each a module below), so the
+//! suite links a handful of binaries instead of one per file.
+
+mod common;
+mod background;
+mod incremental;
+mod lazy;
+mod failures;
+mod killed_dumper;
+mod parasite;
+mod logging;
+mod cli;
+mod scripts;
+mod security_images;
+mod security_files;

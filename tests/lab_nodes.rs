@@ -1,0 +1,12 @@
+//! Lab tier, multi-node jobs and real programs: coordinated checkpoints across "nodes" (network namespaces on a bridge), `ckpt job`, Open MPI across nodes, and programs nobody here wrote (Python, redis, Open MPI).
+//!
+//! One test binary for several test files (each a module below), so the
+//! suite links a handful of binaries instead of one per file.
+
+mod common;
+mod slurm_lab;
+mod coord_job;
+mod job;
+mod multinode;
+mod mpi_nodes;
+mod programs;

@@ -1,0 +1,10 @@
+//! Lab tier, the Slurm lab (scripts/slurm/lab-up.sh): `ckpt slurm` under a real Slurm, on one and two nodes, and the site hooks.
+//!
+//! One test binary for several test files (each a module below), so the
+//! suite links a handful of binaries instead of one per file.
+
+mod common;
+mod slurm_lab;
+mod slurm;
+mod slurm_site;
+mod slurm_nodes;
