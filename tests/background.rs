@@ -6,7 +6,6 @@
 //! write, that the page still holds the previous generation: a page saved
 //! after the freeze (or torn) fails that check after the restore.
 
-
 use std::fs;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;

@@ -2,7 +2,6 @@
 //! (or one JSON object on stdout with `--json`) and an exit code per class,
 //! as README.md documents.
 
-
 use crate::common::*;
 use serde_json::Value;
 

@@ -11,14 +11,13 @@
 //! unharmed, no `epoch-E` directory on any node, and the previous epoch the
 //! valid one.
 
-
 use std::fs;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ckpt_coord::{EpochStore, GlobalManifest};
 use crate::common::*;
+use ckpt_coord::{EpochStore, GlobalManifest};
 
 const JOB: &str = "job7";
 /// An agent waits at most this long for the whole round.

@@ -3,7 +3,6 @@
 //! by a root, three children and a grandchild, each with a few changes of
 //! its own).
 
-
 use std::fs;
 
 use crate::common::*;

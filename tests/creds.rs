@@ -4,7 +4,6 @@
 //! no_new_privs, each checked from inside the restored threads (victim:
 //! tests/c/creds.c) and against /proc from outside.
 
-
 use crate::common::*;
 
 /// The credential lines of every thread's status, by tid.

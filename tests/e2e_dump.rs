@@ -3,15 +3,15 @@
 //! One test binary for several test files (each a module below), so the
 //! suite links a handful of binaries instead of one per file.
 
-mod common;
 mod background;
-mod incremental;
-mod lazy;
-mod failures;
-mod killed_dumper;
-mod parasite;
-mod logging;
 mod cli;
+mod common;
+mod failures;
+mod incremental;
+mod killed_dumper;
+mod lazy;
+mod logging;
+mod parasite;
 mod scripts;
-mod security_images;
 mod security_files;
+mod security_images;

@@ -4,20 +4,20 @@
 //! suite links a handful of binaries instead of one per file.
 
 mod common;
-mod files;
-mod fifo;
-mod pipes;
-mod unix;
-mod inet;
 mod epoll;
 mod eventfd;
-mod signalfd;
-mod timerfd;
+mod external;
+mod fifo;
+mod files;
+mod inet;
 mod inotify;
 mod locks;
 mod memfd;
-mod shmem;
-mod sysv;
-mod tty;
+mod pipes;
 mod pty;
-mod external;
+mod shmem;
+mod signalfd;
+mod sysv;
+mod timerfd;
+mod tty;
+mod unix;

@@ -3,11 +3,10 @@
 //! files even when the registered fd number was closed after a dup, and
 //! shared across fork (victim: tests/c/epoll.c).
 
-
+use crate::common::*;
 use ckpt_image::fd::epoll::EpollFile;
 use ckpt_image::fd::{FdTable, Files, file::Kind};
 use ckpt_image::{ImageKind, header};
-use crate::common::*;
 
 /// The fd the victim dup'ed its MOVED target to before closing the
 /// registered number (tests/c/epoll.c).

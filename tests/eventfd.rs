@@ -1,7 +1,6 @@
 //! eventfds come back with their 64-bit counter, semaphore mode, status
 //! and fd flags, shared by a dup and across fork (victim: tests/c/eventfd.c).
 
-
 use crate::common::*;
 
 #[test]

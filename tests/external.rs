@@ -4,7 +4,6 @@
 //! stands in for it with `--inherit-fd fd[N]:pipe:[INO]`: the restored
 //! process writes on into the new pipe (victim: tests/c/ticker.c).
 
-
 use std::time::Duration;
 
 use crate::common::*;

@@ -3,7 +3,6 @@
 //! untouched, leave no image dir behind, and never leave a half-restored
 //! process running.
 
-
 use std::fs::{self, OpenOptions};
 use std::path::Path;
 use std::time::Duration;

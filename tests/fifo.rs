@@ -6,7 +6,6 @@
 //! end in the tree, a reader outside reopens the FIFO by path and finds the
 //! buffered data there.
 
-
 use std::time::Duration;
 
 use crate::common::*;

@@ -2,7 +2,6 @@
 //! /dev/null, shared open file descriptions and unlinked-but-open files
 //! (victim: tests/c/files.c), plus what `ckpt show --json` reports.
 
-
 use std::fs;
 
 use crate::common::*;

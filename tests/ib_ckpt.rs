@@ -46,7 +46,6 @@
 //! A missing harness prerequisite fails the test with the harness's
 //! message; it never skips.
 
-
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -6,7 +6,6 @@
 //! region (mremap) and drops another (MADV_DONTNEED), and after the
 //! restore checks every page of all of it.
 
-
 use std::path::Path;
 use std::time::Duration;
 

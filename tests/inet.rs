@@ -2,7 +2,6 @@
 //! and established TCP connections with every queued byte, through
 //! TCP_REPAIR (victim: tests/c/inet.c).
 
-
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;

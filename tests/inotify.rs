@@ -3,7 +3,6 @@
 //! names, nothing stray is queued, numbering goes on; fanotify is refused
 //! by name (victim: tests/c/inotify.c).
 
-
 use std::time::Duration;
 
 use crate::common::*;

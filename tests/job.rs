@@ -9,16 +9,15 @@
 //! ...={host}'`, or a fake `srun` that runs the step's tasks here with the
 //! Slurm variables set (`--launch srun`).
 
-
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::common::*;
+use crate::slurm_lab::FAKE_SRUN;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use crate::slurm_lab::FAKE_SRUN;
 
 const WAIT: Duration = Duration::from_secs(60);
 const IP: &str = "/usr/sbin/ip";

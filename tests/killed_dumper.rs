@@ -4,7 +4,6 @@
 //! (parasite/src/fault.rs lists the points; victim: tests/c/counter.c). A
 //! restorer that dies leaves no half-restored process behind.
 
-
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
 use std::time::Duration;

@@ -4,9 +4,9 @@
 //! suite links a handful of binaries instead of one per file.
 
 mod common;
-mod slurm_lab;
 mod coord_job;
 mod job;
-mod multinode;
 mod mpi_nodes;
+mod multinode;
 mod programs;
+mod slurm_lab;

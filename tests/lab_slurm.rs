@@ -4,7 +4,7 @@
 //! suite links a handful of binaries instead of one per file.
 
 mod common;
-mod slurm_lab;
 mod slurm;
-mod slurm_site;
+mod slurm_lab;
 mod slurm_nodes;
+mod slurm_site;

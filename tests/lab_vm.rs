@@ -4,7 +4,7 @@
 //! suite links a handful of binaries instead of one per file.
 
 mod common;
-mod ib_vm;
 mod ib_ckpt;
-mod vdso_proxy;
+mod ib_vm;
 mod old_kernel;
+mod vdso_proxy;

@@ -3,7 +3,6 @@
 //! rest; drops, unmaps, remaps, writes, forks and threads during the fill
 //! all see the right memory (victim: tests/c/lazy.c).
 
-
 use std::time::Duration;
 
 use crate::common::*;

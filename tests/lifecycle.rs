@@ -2,7 +2,6 @@
 //! still holds the pid, --detach, exit-status propagation, --leave-running
 //! and `ckpt check` (victim: tests/c/counter.c unless noted).
 
-
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::thread::sleep;

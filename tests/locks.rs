@@ -6,7 +6,6 @@
 //! lock taken by someone else since the dump fails the restore naming pid,
 //! fd, path, the lock and its holder (victim: tests/c/locks.c).
 
-
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::time::Duration;

@@ -2,7 +2,6 @@
 //! `--log-file`, and `dump.log` / `stats-dump.json` kept with the images
 //! (README.md, Usage).
 
-
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

@@ -6,7 +6,6 @@
 //! memfd made without MFD_ALLOW_SEALING stays unsealable (victim:
 //! tests/c/shmobj.c in mode `memfd fd`).
 
-
 use crate::common::*;
 
 /// F_SEAL_SHRINK | F_SEAL_GROW.

@@ -2,7 +2,6 @@
 //! anonymous memory and PROT_NONE / mprotect-ed regions must come back with
 //! the same contents, layout and semantics (victim: tests/c/memory.c).
 
-
 use std::fmt;
 use std::fs;
 

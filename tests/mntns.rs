@@ -9,7 +9,6 @@
 //! run --pidns` started there gets its private mount namespace made from
 //! the named one.
 
-
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 

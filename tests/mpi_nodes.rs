@@ -9,7 +9,6 @@
 //! with `--kill`, then a coordinated restart, and the job ends with the
 //! result a run without MPI computes.
 
-
 use std::fs;
 use std::path::Path;
 use std::time::Duration;

@@ -7,7 +7,6 @@
 //! back and the exchange completes: no byte lost, repeated or reordered
 //! (both sides end with the same digest of the whole exchange).
 
-
 use std::fs;
 use std::path::Path;
 use std::time::Duration;

@@ -6,7 +6,6 @@
 //! host's hostname and IPC namespace are untouched. Trees spanning
 //! namespaces, and network and user namespaces, are refused by name.
 
-
 use std::time::{Duration, Instant};
 
 use crate::common::*;

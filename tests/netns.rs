@@ -4,7 +4,6 @@
 //! and a file that is not a network namespace is refused by name (victim:
 //! tests/c/inet.c, which checks every byte of its streams itself).
 
-
 use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 

@@ -5,7 +5,6 @@
 //! counter went on from memory and its log still appends. This is also
 //! where verbs jobs are checkpointed (docs/infiniband.md).
 
-
 use std::path::Path;
 
 use crate::common::*;

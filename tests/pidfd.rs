@@ -3,7 +3,6 @@
 //! zombie child through another; a pidfd of a process outside the tree is
 //! refused by name (victim: tests/c/pidfd.c).
 
-
 use std::time::Duration;
 
 use crate::common::*;

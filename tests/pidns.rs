@@ -4,7 +4,6 @@
 //! twice at once from one image (victim: tests/c/pidns.c, which checks its
 //! pids from inside). What does not fit is refused by name.
 
-
 use std::time::Duration;
 
 use crate::common::*;

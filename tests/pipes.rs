@@ -2,7 +2,6 @@
 //! dump time: every byte arrives after restore, in order
 //! (victim: tests/c/pipes.c).
 
-
 use std::time::Duration;
 
 use crate::common::*;

@@ -3,7 +3,6 @@
 //! done exactly once (each program checks that itself and writes
 //! `result`: "PASS ..." or "FAIL why").
 
-
 use std::fs;
 use std::path::Path;
 use std::time::Duration;

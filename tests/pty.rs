@@ -3,7 +3,6 @@
 //! line settings and window size, and carries bytes both ways after
 //! restore (victim: tests/c/pty.c).
 
-
 use crate::common::*;
 
 #[test]

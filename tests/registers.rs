@@ -2,7 +2,6 @@
 //! the FPU/SSE control words must survive a dump taken while the victim
 //! loops inside one asm block (victim: tests/c/regs.c).
 
-
 use crate::common::*;
 
 /// ymm0-15 when the CPU has AVX (the victim falls back to xmm otherwise).

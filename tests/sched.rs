@@ -8,7 +8,6 @@
 //! unprivileged test user. Memory-deny-write-execute and SCHED_DEADLINE
 //! are refused by name, the victim running on unharmed.
 
-
 use std::time::Duration;
 
 use crate::common::*;

@@ -3,7 +3,6 @@
 //! leaves the victim unharmed and no images, a restore kills the tree
 //! (victim: tests/c/counter.c).
 
-
 use std::path::{Path, PathBuf};
 
 use crate::common::*;

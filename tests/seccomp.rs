@@ -5,7 +5,6 @@
 //! user-notification filter is refused by name and leaves the process
 //! running with its filters.
 
-
 use crate::common::*;
 
 /// `Seccomp:` and `Seccomp_filters:` of every thread of `pid`.

@@ -11,7 +11,6 @@
 //!   passed with `--inherit-fd`;
 //! - a process holding a lease is refused at dump time, unharmed.
 
-
 use std::fs::{self, File, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;

@@ -4,19 +4,18 @@
 //! crafted image must fail with a clear error, never abort or hang ckpt.
 //! Victims run as the unprivileged test user (tests/c/counter.c).
 
-
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use crate::common::*;
 use ckpt_image::header;
 use ckpt_image::manifest::Manifest;
 use ckpt_image::mm::Mm;
 use ckpt_image::task::Core;
 use ckpt_image::{ImageKey, ImageKind};
-use crate::common::*;
 
 /// Restore and show must give up on a crafted image at once; a hang is a failure.
 const QUICK: Duration = Duration::from_secs(10);

@@ -3,7 +3,6 @@
 //! member has its session, group and parent again, the zombies their
 //! statuses, and no helper process is left (victim: tests/c/shapes.c).
 
-
 use std::time::Duration;
 
 use crate::common::*;

@@ -5,7 +5,6 @@
 //! file mapped shared and private, a POSIX shm object in /dev/shm shared by
 //! both and removed (or kept) before the restore (tests/c/shmobj.c).
 
-
 use crate::common::*;
 
 #[test]

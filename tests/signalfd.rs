@@ -2,7 +2,6 @@
 //! shared by a dup and across fork, and receive a signal sent after the
 //! restore (victim: tests/c/signalfd.c).
 
-
 use crate::common::*;
 use nix::sys::signal::Signal;
 

@@ -2,7 +2,6 @@
 //! pending signals (standard and queued real-time ones) must survive, and
 //! handlers must actually run after restore (victim: tests/c/signals.c).
 
-
 use std::time::Duration;
 
 use crate::common::*;

@@ -7,7 +7,6 @@
 //! Takes about 3 minutes: Slurm's warning comes on a 30 s timer, and a
 //! requeued job waits the lab's credential lifetime (30 s) before it runs.
 
-
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};

@@ -15,7 +15,6 @@
 //! its node and the reason, and both parts run on unharmed, nothing
 //! committed or requeued.
 
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 

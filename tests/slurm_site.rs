@@ -18,7 +18,6 @@
 //!
 //! Victim: tests/c/slurm_steps.c (checks its memory at every step).
 
-
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};

@@ -4,7 +4,6 @@
 //! A process held by another tracer (a debugger) is refused by name
 //! (victim: tests/c/stopped.c).
 
-
 use std::time::Duration;
 
 use crate::common::*;

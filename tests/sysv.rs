@@ -5,7 +5,6 @@
 //! copy in the segment, none in the processes' private memory. A key
 //! already in use at restore fails in one line, leaving nothing behind.
 
-
 use std::fs;
 use std::path::Path;
 

@@ -3,7 +3,6 @@
 //! works (victim: tests/c/threads.c). A restore whose process dies on the
 //! way, killed or of its own state, ends and leaves nothing.
 
-
 use crate::common::*;
 
 #[test]

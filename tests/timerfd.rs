@@ -3,7 +3,6 @@
 //! pending expirations, status and fd flags, shared by a dup and across
 //! fork (victim: tests/c/timerfd.c, which measures the timers itself).
 
-
 use std::time::Duration;
 
 use crate::common::*;

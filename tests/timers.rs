@@ -4,7 +4,6 @@
 //! once after restore, a timer aimed at one thread signals that thread; a
 //! timer on a thread's CPU clock is refused (victim: tests/c/timers.c).
 
-
 use std::time::Duration;
 
 use crate::common::*;

@@ -2,7 +2,6 @@
 //! pids, parent links (the root reaps its children), memory, and one log
 //! descriptor whose offset they still share (victim: tests/c/tree.c).
 
-
 use crate::common::*;
 
 fn children(pid: i32) -> Vec<i32> {

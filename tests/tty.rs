@@ -3,7 +3,6 @@
 //! a log file), even though the three shared one open file description
 //! (victim: tests/c/counter.c).
 
-
 use std::fs::File;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::Stdio;

@@ -3,7 +3,6 @@
 //! flags; run as root and as an unprivileged user, whose sockets stay
 //! theirs (victim: tests/c/unix.c).
 
-
 use crate::common::*;
 
 /// The fds the victim holds, per process: the root 4 cross-process ends, a

@@ -2,7 +2,6 @@
 //! as that user and nothing more: the same uids and gids, no supplementary
 //! groups it did not have, no capabilities (victim: tests/c/counter.c).
 
-
 use crate::common::*;
 
 fn status_line(pid: i32, key: &str) -> String {

@@ -17,7 +17,6 @@
 //! Both sides are guests: the host's CPU has AVX-512, the guests' (TCG)
 //! has not, so a host image would be refused in a guest (XCR0).
 
-
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

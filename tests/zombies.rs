@@ -3,7 +3,6 @@
 //! and name
 //! (victim: tests/c/zombie.c).
 
-
 use crate::common::*;
 
 #[test]

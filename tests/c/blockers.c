@@ -25,6 +25,11 @@ int main(int argc, char **argv)
 	int mfd = memfd_create("ckpt-blocker", MFD_CLOEXEC | MFD_HUGETLB);
 	if (mfd < 0)
 		die("memfd_create");
+	/* The child says when it holds only its own object: ready waits for
+	 * that, or a dump could still find the parent's fds in it. */
+	int setup[2];
+	if (pipe2(setup, O_CLOEXEC))
+		die("pipe2");
 	pid_t child = fork();
 	if (child < 0)
 		die("fork");
@@ -33,12 +38,21 @@ int main(int argc, char **argv)
 		close(sv[0]);
 		close(sv[1]);
 		close(mfd);
+		close(setup[0]);
 		int in = fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC, O_RDONLY);
 		if (in < 0)
 			_exit(70);
+		if (write(setup[1], "k", 1) != 1)
+			_exit(72);
+		close(setup[1]);
 		victim_child_wait_go(71);
 		_exit(0);
 	}
+	close(setup[1]);
+	char byte;
+	if (read(setup[0], &byte, 1) != 1)
+		die("child setup");
+	close(setup[0]);
 	victim_ready_and_wait(NULL);
 
 	int st;
