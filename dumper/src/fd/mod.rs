@@ -447,3 +447,20 @@ fn params(pid: i32, fd: i32, externals: &[String]) -> Result<FdParams> {
         info,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The registry and the image's list of kinds name the same kinds: a
+    /// kind added to the schema without a dumper (or the other way round)
+    /// fails here.
+    #[test]
+    fn every_kind_of_the_image_has_one_dumper() {
+        let mut dumped: Vec<&str> = KINDS.iter().map(|k| k.name()).collect();
+        dumped.sort_unstable();
+        let mut listed = ckpt_image::fd::KIND_NAMES.to_vec();
+        listed.sort_unstable();
+        assert_eq!(dumped, listed);
+    }
+}

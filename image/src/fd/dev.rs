@@ -3,3 +3,9 @@
 //! The message is defined in `image/proto/fd_dev.proto`.
 
 pub use crate::pb::DevFile;
+
+impl super::Describe for DevFile {
+    fn describe(&self) -> String {
+        self.path.clone()
+    }
+}

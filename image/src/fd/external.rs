@@ -3,3 +3,9 @@
 //! The message is defined in `image/proto/fd_external.proto`.
 
 pub use crate::pb::ExternalFile;
+
+impl super::Describe for ExternalFile {
+    fn describe(&self) -> String {
+        format!("external {}", self.key)
+    }
+}

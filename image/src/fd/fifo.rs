@@ -3,3 +3,9 @@
 //! The message is defined in `image/proto/fd_fifo.proto`.
 
 pub use crate::pb::FifoFile;
+
+impl super::Describe for FifoFile {
+    fn describe(&self) -> String {
+        format!("fifo {} capacity {}", self.path, self.capacity)
+    }
+}

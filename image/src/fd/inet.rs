@@ -73,6 +73,53 @@ impl TcpConnection {
     }
 }
 
+/// A TCP or UDP socket in one line: transport, family, state, addresses,
+/// and for an established connection its queued bytes and where its
+/// other end is.
+impl super::Describe for InetFile {
+    fn describe(&self) -> String {
+        let proto = match InetProtocol::try_from(self.protocol) {
+            Ok(InetProtocol::Tcp) => "tcp",
+            Ok(InetProtocol::Udp) => "udp",
+            _ => "?",
+        };
+        let family = match InetFamily::try_from(self.family) {
+            Ok(InetFamily::Ipv4) => "4",
+            Ok(InetFamily::Ipv6) => "6",
+            _ => "?",
+        };
+        let state = match InetState::try_from(self.state) {
+            Ok(InetState::Listen) => format!("listen backlog {}", self.backlog),
+            Ok(InetState::Connected) if self.tcp.is_some() => "established".into(),
+            Ok(InetState::Connected) => "connected".into(),
+            Ok(InetState::Closed) if self.local.is_some() => "bound".into(),
+            Ok(InetState::Closed) => "unbound".into(),
+            _ => "?".into(),
+        };
+        let mut s = format!("{proto}{family} {state}");
+        if let Some(l) = &self.local {
+            s.push_str(&format!(" {l}"));
+        }
+        if let Some(p) = &self.peer {
+            s.push_str(&format!(" -> {p}"));
+        }
+        if let Some(t) = &self.tcp {
+            s.push_str(&format!(
+                " send queue {} ({} unsent) receive queue {} peer {}",
+                t.send_len,
+                t.unsent_len,
+                t.recv_len,
+                if t.peer_file_id == 0 {
+                    "outside the tree".to_string()
+                } else {
+                    format!("file {}", t.peer_file_id)
+                }
+            ));
+        }
+        s
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

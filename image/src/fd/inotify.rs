@@ -75,6 +75,19 @@ fn parse_line(line: &str) -> Option<WatchLine> {
     })
 }
 
+impl super::Describe for InotifyFile {
+    fn describe(&self) -> String {
+        format!(
+            "inotify watches {}",
+            self.watches
+                .iter()
+                .map(|w| format!("wd {} mask {:#x} {}", w.wd, w.mask, w.path))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

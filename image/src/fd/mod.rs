@@ -39,31 +39,65 @@ pub mod unix;
 
 pub use crate::pb::{Fd, FdTable, File, Files, file};
 
-impl File {
-    /// Short name of the kind, for messages.
-    pub fn kind_name(&self) -> &'static str {
-        match &self.kind {
-            Some(file::Kind::Reg(_)) => "reg",
-            Some(file::Kind::Dev(_)) => "dev",
-            Some(file::Kind::Tty(_)) => "tty",
-            Some(file::Kind::Pipe(_)) => "pipe",
-            Some(file::Kind::Eventfd(_)) => "eventfd",
-            Some(file::Kind::External(_)) => "external",
-            Some(file::Kind::Timerfd(_)) => "timerfd",
-            Some(file::Kind::Signalfd(_)) => "signalfd",
-            Some(file::Kind::Fifo(_)) => "fifo",
-            Some(file::Kind::Epoll(_)) => "epoll",
-            Some(file::Kind::Pty(_)) => "pty",
-            Some(file::Kind::Inet(_)) => "inet",
-            Some(file::Kind::Inotify(_)) => "inotify",
-            Some(file::Kind::Pidfd(_)) => "pidfd",
-            Some(file::Kind::Memfd(_)) => "memfd",
-            Some(file::Kind::Unix(_)) => "unix",
-            Some(file::Kind::Ib(_)) => "ib",
-            None => "unknown",
-        }
-    }
+/// What one kind's message says about its open file, in one line (as
+/// `ckpt show` prints it). Each kind's module implements it.
+pub trait Describe {
+    /// The object behind the description, in words.
+    fn describe(&self) -> String;
+}
 
+/// The one list of open-file kinds: each `file::Kind` variant with its
+/// short name. The kinds' names, `ckpt show`'s descriptions and the list
+/// the dumper's and restorer's registries are checked against all come
+/// from here; a new kind is one line.
+macro_rules! fd_kinds {
+    ($($variant:ident => $name:literal,)*) => {
+        /// Short names of every kind of open file, in schema order.
+        pub const KIND_NAMES: &[&str] = &[$($name),*];
+
+        impl File {
+            /// Short name of the kind, for messages.
+            pub fn kind_name(&self) -> &'static str {
+                match &self.kind {
+                    $(Some(file::Kind::$variant(_)) => $name,)*
+                    None => "unknown",
+                }
+            }
+
+            /// What the description refers to, in one line (empty for a
+            /// file of no kind).
+            pub fn describe(&self) -> String {
+                match &self.kind {
+                    $(Some(file::Kind::$variant(k)) => Describe::describe(k),)*
+                    None => String::new(),
+                }
+            }
+
+        }
+    };
+}
+
+fd_kinds! {
+    Reg => "reg",
+    Dev => "dev",
+    Tty => "tty",
+    Pipe => "pipe",
+    Eventfd => "eventfd",
+    External => "external",
+    Timerfd => "timerfd",
+    Signalfd => "signalfd",
+    Fifo => "fifo",
+    Epoll => "epoll",
+    Pty => "pty",
+    Inet => "inet",
+    Inotify => "inotify",
+    Pidfd => "pidfd",
+    Memfd => "memfd",
+    Unix => "unix",
+    Ib => "ib",
+}
+
+impl File {
     /// The access mode says the description can be written.
     pub fn writable(&self) -> bool {
         let acc = self.flags & O_ACCMODE;

@@ -10,3 +10,12 @@ impl RegFile {
         self.mode & 0o170000 == 0o040000
     }
 }
+
+impl super::Describe for RegFile {
+    fn describe(&self) -> String {
+        match &self.ghost {
+            Some(g) => format!("{} (deleted, contents in {g})", self.path),
+            None => self.path.clone(),
+        }
+    }
+}

@@ -13,6 +13,17 @@ impl SignalfdFile {
     }
 }
 
+impl super::Describe for SignalfdFile {
+    fn describe(&self) -> String {
+        let signals: Vec<String> = self.signals().map(|n| n.to_string()).collect();
+        format!(
+            "signalfd mask {:#x} (signals {})",
+            self.sigmask,
+            signals.join(",")
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

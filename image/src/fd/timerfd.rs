@@ -66,6 +66,41 @@ impl TimerfdFile {
     }
 }
 
+/// A timerfd in one line: clock, how it is armed, pending expirations.
+impl super::Describe for TimerfdFile {
+    fn describe(&self) -> String {
+        let value = self.value.unwrap_or_default();
+        let interval = self.interval.unwrap_or_default();
+        let armed = if value.is_zero() && interval.is_zero() {
+            "disarmed".to_string()
+        } else if self.abstime {
+            let deadline = self
+                .deadline()
+                .map_or_else(|| "?".into(), |d| d.to_string());
+            format!(
+                "deadline {deadline}{}",
+                if self.cancel_on_set {
+                    " cancel-on-set"
+                } else {
+                    ""
+                }
+            )
+        } else {
+            format!("in {value}")
+        };
+        let every = if interval.is_zero() {
+            String::new()
+        } else {
+            format!(" every {interval}")
+        };
+        format!(
+            "timerfd {} {armed}{every} ticks {}",
+            self.clock_name(),
+            self.ticks
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -36,14 +36,19 @@ pub enum QueueError {
     },
 }
 
+// Socket types: the same on every Linux architecture but MIPS; kept here so
+// the format crate needs no libc.
+const SOCK_STREAM: u32 = 1;
+const SOCK_DGRAM: u32 = 2;
+const SOCK_SEQPACKET: u32 = 5;
+
 impl UnixSocketFile {
-    /// `stream`, `dgram` or `seqpacket` (the values are the same on every
-    /// Linux architecture but MIPS, which ckpt does not support).
+    /// `stream`, `dgram` or `seqpacket`.
     pub fn type_name(&self) -> &'static str {
         match self.sock_type {
-            1 => "stream",
-            2 => "dgram",
-            5 => "seqpacket",
+            SOCK_STREAM => "stream",
+            SOCK_DGRAM => "dgram",
+            SOCK_SEQPACKET => "seqpacket",
             _ => "unknown-type",
         }
     }
@@ -91,6 +96,48 @@ pub fn printable(name: &[u8]) -> String {
     match name.split_first() {
         Some((0, rest)) => format!("@{}", String::from_utf8_lossy(rest)),
         _ => String::from_utf8_lossy(name).into_owned(),
+    }
+}
+
+/// A UNIX socket in one line: type, inode, name, peer, shutdown, queue.
+impl super::Describe for UnixSocketFile {
+    fn describe(&self) -> String {
+        let mut s = format!("unix {} socket:[{}]", self.type_name(), self.ino);
+        if !self.name.is_empty() {
+            s += &format!(" name {}", self.printable_name());
+        }
+        if self.bound.as_ref().is_some_and(|b| b.unlinked) {
+            s += " (unlinked)";
+        }
+        if self.listening {
+            s += &format!(" listening backlog {}", self.backlog);
+        }
+        if self.connect_to_file_id != 0 {
+            s += &format!(
+                " {} file {} {}",
+                if self.sock_type == SOCK_DGRAM {
+                    "sends to"
+                } else {
+                    "pending on"
+                },
+                self.connect_to_file_id,
+                self.peer_name_printable()
+            );
+        }
+        if self.peer_closed {
+            s += " peer closed";
+        }
+        if self.peer_file_id != 0 {
+            s += &format!(
+                " peer file {} socket:[{}]",
+                self.peer_file_id, self.peer_ino
+            );
+        }
+        if self.shutdown != 0 {
+            s += &format!(" shutdown {}", self.shutdown);
+        }
+        let bytes: u64 = self.queue.iter().map(|&l| u64::from(l)).sum();
+        s + &format!(" queued {} messages {bytes} bytes", self.queue.len())
     }
 }
 
