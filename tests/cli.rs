@@ -1,13 +1,13 @@
 //! The command line as scripts see it: every failure is one line on stderr
 //! (or one JSON object on stdout with `--json`) and an exit code per class,
-//! as README.md documents.
+//! as docs/usage.md documents.
 
 mod common;
 
 use common::*;
 use serde_json::Value;
 
-/// Exit codes README.md promises.
+/// Exit codes docs/usage.md promises.
 const USAGE: i32 = 2;
 const UNSUPPORTED: i32 = 3;
 const TARGET_GONE: i32 = 5;
