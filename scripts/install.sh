@@ -31,4 +31,9 @@ mkdir -p "$prefix/share/bash-completion/completions" "$prefix/share/man/man1"
 "$prefix/bin/ckpt" completions bash >"$prefix/share/bash-completion/completions/ckpt"
 "$prefix/bin/ckpt" man "$prefix/share/man/man1"
 echo "installed bash completion and man pages under $prefix/share"
+# Bash reads that completion only through the bash-completion package's
+# loader; without it the file is never sourced.
+if [ ! -r /usr/share/bash-completion/bash_completion ]; then
+	echo "install.sh: bash completion for ckpt needs the bash-completion package (Debian: apt-get install bash-completion), then a new shell" >&2
+fi
 "$prefix/bin/ckpt" check || echo "install.sh: some kernel features are missing (see above)" >&2

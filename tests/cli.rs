@@ -1,11 +1,11 @@
 //! The command line as scripts see it: every failure is one line on stderr
 //! (or one JSON object on stdout with `--json`) and an exit code per class,
-//! as README.md documents.
+//! as docs/usage.md documents.
 
 use crate::common::*;
 use serde_json::Value;
 
-/// Exit codes README.md promises.
+/// Exit codes docs/usage.md promises.
 const USAGE: i32 = 2;
 const UNSUPPORTED: i32 = 3;
 const TARGET_GONE: i32 = 5;
@@ -191,6 +191,57 @@ fn readme_lists_every_file_kind() {
         }
     }
     assert!(names >= 10, "{v}");
+}
+
+/// `ckpt show DIR | head`: a reader that goes away early ends the command
+/// quietly (exit 0, nothing on stderr), not with a panic.
+#[test]
+fn show_into_a_closed_pipe_exits_quietly() {
+    let env = TestEnv::new("cli-show-pipe");
+    let mut v = Victim::spawn(&env, "counter", &[]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    let mut show = env
+        .ckpt_command()
+        .args(["show", path_str(&env.img)])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn ckpt show");
+    // The reader is gone before ckpt writes its first byte.
+    drop(show.stdout.take());
+    let out = show.wait_with_output().expect("wait for ckpt show");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{out:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `ckpt check` fails (exit 1) when a required feature is missing: here the
+/// capabilities, for an ordinary user.
+#[test]
+fn check_fails_when_a_required_feature_is_missing() {
+    use std::os::unix::process::CommandExt;
+    let user = test_user();
+    let out = std::process::Command::new(CKPT)
+        .arg("check")
+        .uid(user.uid)
+        .gid(user.gid)
+        .output()
+        .expect("run ckpt check as the test user");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{out:?}: {stdout}");
+    assert!(
+        stdout.contains("FAIL") && stdout.contains("Some required features are missing."),
+        "{stdout}"
+    );
 }
 
 /// Completions and man pages come from the parser's own definitions.

@@ -1,6 +1,6 @@
 //! Logging and statistics as CRIU users expect them: `-v`/`-vv` on stderr,
 //! `--log-file`, and `dump.log` / `stats-dump.json` kept with the images
-//! (README.md, Usage).
+//! (docs/usage.md, "Commands").
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

@@ -10,6 +10,8 @@
 #![deny(unsafe_code)]
 
 mod commands;
+#[cfg(test)]
+mod docs_check;
 mod logger;
 mod report;
 mod scripts;

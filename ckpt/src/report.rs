@@ -46,7 +46,7 @@ impl ErrorKind {
         ErrorKind::Conflict,
     ];
 
-    /// The process exit code (documented in README.md).
+    /// The process exit code (documented in docs/usage.md).
     pub fn exit_code(self) -> u8 {
         match self {
             ErrorKind::Internal => 1,

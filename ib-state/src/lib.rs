@@ -1,17 +1,19 @@
-//! InfiniBand verbs state for the ckpt verbs checkpoint (issue 13).
+//! InfiniBand verbs state: what the shadow verbs layer
+//! (`libckpt_ibverbs.so`, in `ib-state/shadow`) and the tests on `rxe0`
+//! build on.
 //!
 //! [`sys`] holds raw bindings to the system's libibverbs, including the
 //! per-context ops table through which the inline data-path verbs
-//! (`ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq`) dispatch; the shadow
-//! library will build on them. This module is a small safe layer over the
-//! control path: open a device, query a port and its GIDs, create a PD, a
-//! CQ, a QP and register memory, each released on drop in dependency order
-//! (the borrow of the parent object enforces it).
+//! (`ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq`) dispatch. This module
+//! is a small safe layer over the control path: open a device, query a
+//! port and its GIDs, create a PD, a CQ, a QP and register memory, each
+//! released on drop in dependency order (the borrow of the parent object
+//! enforces it).
 //!
 //! Every object is tied to one process's open device: nothing here is
 //! shared across processes or persisted; the ids (`qp_num`, keys, handles)
-//! are exactly what the kernel assigned, which is what the shadow layer
-//! will have to virtualise.
+//! are exactly what the kernel assigned, which is why the shadow layer
+//! hands the application virtual ones that survive a restart.
 
 pub mod sys;
 

@@ -1,5 +1,6 @@
 //! `ckpt check`.
 
+use std::fmt::Write;
 use std::process::ExitCode;
 
 /// Arguments of `ckpt check`.
@@ -13,14 +14,16 @@ pub struct CheckArgs {
     kinds: bool,
 }
 
-/// Runs `ckpt check`: exit 0 when every required feature is present.
+/// Runs `ckpt check`: exit 0 when every required feature is present, 1
+/// when one is missing (so scripts can test it).
 pub fn run(a: CheckArgs) -> anyhow::Result<ExitCode> {
     if a.kinds {
-        print_kinds(a.json);
+        super::print_stdout(&render_kinds(a.json))?;
         return Ok(ExitCode::SUCCESS);
     }
     let features = ckpt_dumper::features::probe();
     let ok = features.iter().all(|f| f.ok || !f.required);
+    let mut text = String::new();
     if a.json {
         let list: Vec<_> = features
             .iter()
@@ -28,7 +31,7 @@ pub fn run(a: CheckArgs) -> anyhow::Result<ExitCode> {
                 serde_json::json!({"name": f.name, "ok": f.ok, "required": f.required, "detail": f.detail})
             })
             .collect();
-        println!("{}", serde_json::json!({"ok": ok, "features": list}));
+        writeln!(text, "{}", serde_json::json!({"ok": ok, "features": list}))?;
     } else {
         for f in &features {
             let mark = match (f.ok, f.required) {
@@ -36,17 +39,19 @@ pub fn run(a: CheckArgs) -> anyhow::Result<ExitCode> {
                 (false, true) => "FAIL",
                 (false, false) => "no  ",
             };
-            println!("{mark} {:<30} {}", f.name, f.detail);
+            writeln!(text, "{mark} {:<30} {}", f.name, f.detail)?;
         }
-        println!(
+        writeln!(
+            text,
             "{}",
             if ok {
                 "Looks good."
             } else {
                 "Some required features are missing."
             }
-        );
+        )?;
     }
+    super::print_stdout(&text)?;
     Ok(if ok {
         ExitCode::SUCCESS
     } else {
@@ -54,9 +59,9 @@ pub fn run(a: CheckArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// Prints the dumper's registry of file kinds and its refused list, so the
+/// The dumper's registry of file kinds and its refused list, so the
 /// documentation cannot drift from the code.
-fn print_kinds(json: bool) {
+fn render_kinds(json: bool) -> String {
     let supported: Vec<_> = ckpt_dumper::fd::supported_kinds().collect();
     let refused = ckpt_dumper::fd::REFUSED;
     if json {
@@ -65,18 +70,18 @@ fn print_kinds(json: bool) {
                 .map(|(n, d)| serde_json::json!({"name": n, "description": d}))
                 .collect()
         };
-        println!(
-            "{}",
+        return format!(
+            "{}\n",
             serde_json::json!({"supported": list(&supported), "refused": list(refused)})
         );
-        return;
     }
-    println!("supported open files:");
+    let mut text = String::from("supported open files:\n");
     for (name, what) in &supported {
-        println!("  {name:<26} {what}");
+        text += &format!("  {name:<26} {what}\n");
     }
-    println!("refused (the dump fails naming pid and fd):");
+    text += "refused (the dump fails naming pid and fd):\n";
     for (name, what) in refused {
-        println!("  {name:<26} {what}");
+        text += &format!("  {name:<26} {what}\n");
     }
+    text
 }

@@ -24,7 +24,9 @@ pub struct ManArgs {
 
 /// Prints the completion script for `a.shell` on stdout.
 pub fn completions(a: CompletionsArgs, mut cmd: clap::Command) -> anyhow::Result<ExitCode> {
-    clap_complete::generate(a.shell, &mut cmd, "ckpt", &mut std::io::stdout());
+    let mut script = Vec::new();
+    clap_complete::generate(a.shell, &mut cmd, "ckpt", &mut script);
+    super::print_stdout(&String::from_utf8_lossy(&script))?;
     Ok(ExitCode::SUCCESS)
 }
 

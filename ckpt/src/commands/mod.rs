@@ -15,6 +15,18 @@ pub mod run;
 pub mod show;
 pub mod slurm;
 
+/// Writes a command's whole output to stdout. A reader that has gone away
+/// (`ckpt show DIR | head`) is not an error: nobody is left to read the
+/// rest, so the command ends quietly as other tools do.
+pub fn print_stdout(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.map_err(|e| anyhow::Error::new(e).context("stdout: write")),
+    }
+}
+
 /// The directory of an output file ckpt writes as root (`--pidfile`,
 /// `--stats-file`), resolved before any work starts, so a path through a
 /// user's symbolic link fails the command, not the job; `option` names the

@@ -40,17 +40,17 @@ pub fn run(a: ShowArgs) -> anyhow::Result<ExitCode> {
     if dir.manifest().pre_dump {
         let v = summarize_pre_dump(&dir)?;
         if a.json {
-            println!("{v}");
+            super::print_stdout(&format!("{v}\n"))?;
         } else {
-            print!("{}", render_pre_dump(&v));
+            super::print_stdout(&render_pre_dump(&v))?;
         }
         return Ok(ExitCode::SUCCESS);
     }
     let v = summarize(&dir)?;
     if a.json {
-        println!("{v}");
+        super::print_stdout(&format!("{v}\n"))?;
     } else {
-        print!("{}", render_text(&v));
+        super::print_stdout(&render_text(&v))?;
     }
     Ok(ExitCode::SUCCESS)
 }

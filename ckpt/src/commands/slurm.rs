@@ -93,7 +93,7 @@ pub struct SlurmArgs {
     app: Vec<OsString>,
 }
 
-/// The site's hooks around the wrapper (see README "Running under Slurm").
+/// The site's hooks around the wrapper (see docs/slurm.md, "Site hooks").
 #[derive(clap::Subcommand, Debug)]
 enum Hook {
     /// strigger program (controller host): ask a running ckpt slurm job to
