@@ -27,7 +27,7 @@ fn root(expect: u32, dir: &Path, deadline: Duration, fault: Option<FaultPoint>) 
     let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, expect, secret());
     cfg.state_dir = Some(dir.to_path_buf());
     cfg.phase_deadline = deadline;
-    cfg.log_stderr = false;
+    cfg.emit_log = false;
     cfg.fault = fault;
     cfg.name = "root".into();
     ckpt_coord::spawn(cfg).unwrap()
@@ -42,7 +42,7 @@ fn sub_on(parent: impl ToString, name: &str, expect: u32, unix: Option<&Path>) -
     let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, expect, secret());
     cfg.parent = Some(parent.to_string());
     cfg.name = name.into();
-    cfg.log_stderr = false;
+    cfg.emit_log = false;
     cfg.listen_unix = unix.map(Path::to_path_buf);
     ckpt_coord::spawn(cfg).unwrap()
 }
@@ -52,7 +52,7 @@ fn root_unix(expect: u32, dir: &Path, deadline: Duration, unix: &Path) -> CoordH
     let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, expect, secret());
     cfg.state_dir = Some(dir.to_path_buf());
     cfg.phase_deadline = deadline;
-    cfg.log_stderr = false;
+    cfg.emit_log = false;
     cfg.name = "root".into();
     cfg.listen_unix = Some(unix.to_path_buf());
     ckpt_coord::spawn(cfg).unwrap()
@@ -690,7 +690,7 @@ fn unix_wrong_secret_is_refused_and_a_live_socket_is_not_replaced() {
     // A second coordinator on the same path is refused while this one runs.
     let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, 1, secret());
     cfg.state_dir = Some(dir.path().to_path_buf());
-    cfg.log_stderr = false;
+    cfg.emit_log = false;
     cfg.listen_unix = Some(sock.clone());
     let err = ckpt_coord::spawn(cfg).unwrap_err().to_string();
     assert!(err.contains("in use"), "{err}");
@@ -821,7 +821,7 @@ fn wrong_secret_is_refused_and_logged() {
         Secret::from_bytes(b"rogue"),
     );
     cfg.state_dir = Some(rogue_dir.path().to_path_buf());
-    cfg.log_stderr = false;
+    cfg.emit_log = false;
     let rogue = ckpt_coord::spawn(cfg).unwrap();
     let fooled = Agent::connect(&rogue.local_addr().to_string(), JOB, secret(), "n");
     assert!(matches!(fooled, Err(ClientError::ServerAuth { .. })));
