@@ -6,7 +6,7 @@
 //! * `conn`: the connection table, reads, framing ([`crate::protocol`]), output buffered
 //!   per connection and flushed once per poll iteration, closing, the parent link;
 //! * `accept`: the listeners, and admission of new connections under the caps on
-//!   unauthenticated ones ([`crate::admit`] decides, `accept` closes);
+//!   unauthenticated ones (`admit.rs` decides, `accept` closes);
 //! * `engine_io`: feeding the engine and carrying out its actions;
 //! * `writer`: the epoch store's durable writes ([`crate::store`]), on their own thread.
 //!
@@ -23,7 +23,7 @@
 //! (`root.rs`).
 //!
 //! Besides its TCP listener it may listen on a Unix stream socket (`--listen-unix`, the
-//! file made by [`crate::socket_file`]) for agents on its own node; a connection is
+//! file made by `socket_file.rs`) for agents on its own node; a connection is
 //! either kind (`conn::Stream`) and is otherwise treated the same, caps and all.
 //!
 //! Log lines go to the `log` facade at info level (when [`CoordConfig::emit_log`]) and to
