@@ -1147,3 +1147,68 @@ fn answers_larger_than_the_socket_buffer_arrive_whole_over_unix_and_tcp() {
     );
     assert!(via_tcp.join().unwrap().unwrap() == want, "values over tcp");
 }
+
+/// The epoch store's writes run off the poll loop: while the commit record cannot be
+/// written (its temp file is a FIFO nobody reads, so creating it blocks), the loop still
+/// answers handshakes, and the agent hears nothing about the epoch until the write is
+/// over; a write that then fails (a FIFO cannot be fsynced) aborts the epoch in COMMIT.
+#[test]
+fn a_blocked_commit_write_leaves_the_loop_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let job_dir = dir.path().join(JOB);
+    std::fs::create_dir_all(&job_dir).unwrap();
+    let fifo = job_dir.join(format!(".epoch-{:016}.json.tmp", 1));
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let c = root(1, dir.path(), LONG, None);
+    let addr = c.local_addr().to_string();
+    let opts = AgentOptions::new(&addr, JOB, secret(), "n1").intent(Intent::Checkpoint);
+    let mut a = Agent::connect_with(&opts).unwrap();
+    loop {
+        let Directive::Phase(step) = a.next_directive(Some(LONG)).unwrap() else {
+            panic!("aborted before DUMP");
+        };
+        let info = match step.phase {
+            Phase::Dump => PhaseInfo::Dump {
+                image_dir: "/images/n1".into(),
+                manifest_crc32c: 1,
+            },
+            _ => PhaseInfo::None,
+        };
+        a.report_done(step.phase, info).unwrap();
+        if step.phase == Phase::Dump {
+            break;
+        }
+    }
+    // The commit is on its way to the writer, which blocks in opening the FIFO.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut raw = TcpStream::connect(c.local_addr()).unwrap();
+    raw.set_read_timeout(Some(LONG)).unwrap();
+    let refused = forged_auth_refusal(&mut raw, ckpt_coord::protocol::Role::Control, 0);
+    assert_eq!(refused.as_deref(), Some("authentication failed"));
+    // No COMMIT (nor anything else) before the write is over.
+    let quiet = a.next_directive(Some(Duration::from_millis(300)));
+    assert!(
+        matches!(quiet, Err(ClientError::Timeout { .. })),
+        "{quiet:?}"
+    );
+    let reader = std::thread::spawn(move || {
+        let mut f = std::fs::File::open(&fifo).unwrap();
+        let mut record = Vec::new();
+        f.read_to_end(&mut record).unwrap();
+        record
+    });
+    match a.next_directive(Some(LONG)).unwrap() {
+        Directive::Abort { epoch, phase, .. } => assert_eq!((epoch, phase), (1, Phase::Commit)),
+        Directive::Phase(step) => panic!("the epoch went on to {}", step.phase),
+    }
+    assert!(!reader.join().unwrap().is_empty());
+    let logs = c.log_lines().join("\n");
+    let refusal = logs.find("authentication failed").unwrap();
+    let abort = logs.find("ABORTED in COMMIT").unwrap();
+    assert!(refusal < abort, "{logs}");
+    assert!(EpochStore::open(dir.path(), JOB).unwrap().load(1).is_none());
+}
