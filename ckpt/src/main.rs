@@ -85,8 +85,14 @@ fn main() -> ExitCode {
             return report::ErrorReport::usage(format!("{message} (see ckpt --help)")).emit(json);
         }
     };
+    // A running coordinator's log is what it is watched for: its lines (info) show
+    // without -v.
+    let verbose = match &cli.command {
+        Command::Coord(a) if a.serves() => cli.verbose.max(1),
+        _ => cli.verbose,
+    };
     let log = logger::LogSettings {
-        verbose: cli.verbose,
+        verbose,
         file: cli.log_file.as_deref(),
         // A dump keeps its whole log next to its images (dump.log).
         capture: matches!(cli.command, Command::Dump(_))

@@ -65,12 +65,51 @@ fn raise_nofile() -> u64 {
     r.rlim_cur
 }
 
+/// The coordinators' log lines (the `log` facade, info level) on stderr, timed from the
+/// start of this process: `BENCH_LOG` chooses which coordinators pass theirs on.
+struct StderrLog {
+    start: Instant,
+}
+
+impl log::Log for StderrLog {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::Level::Info
+    }
+
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            let t = self.start.elapsed().as_secs_f64();
+            eprintln!("+{t:.3}s {}", r.args());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+static STDERR_LOG: std::sync::OnceLock<StderrLog> = std::sync::OnceLock::new();
+
+/// Installs [`StderrLog`] in a coordinator child.
+fn log_to_stderr() {
+    let logger = STDERR_LOG.get_or_init(|| StderrLog {
+        start: Instant::now(),
+    });
+    // Only fails if a logger is set already, which nothing here does.
+    let _ = log::set_logger(logger);
+    log::set_max_level(log::LevelFilter::Info);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     raise_nofile();
     match args.get(1).map(|s| s.as_str()) {
-        Some("serve-root") => serve_root(&args),
-        Some("serve-subs") => serve_subs(&args),
+        Some("serve-root") => {
+            log_to_stderr();
+            serve_root(&args)
+        }
+        Some("serve-subs") => {
+            log_to_stderr();
+            serve_subs(&args)
+        }
         Some("agents") => agents(&args),
         _ => orchestrate(&args),
     }
@@ -84,7 +123,7 @@ fn serve_root(args: &[String]) {
     let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, expect, secret());
     cfg.state_dir = Some(dir.into());
     // BENCH_LOG=root: only the root's log (its phase lines carry timestamps).
-    cfg.log_stderr = std::env::var("BENCH_LOG").is_ok();
+    cfg.emit_log = std::env::var("BENCH_LOG").is_ok();
     cfg.phase_deadline = Duration::from_secs(120);
     cfg.name = "root".into();
     // Every simulated agent connects from 127.0.0.1: one source by design, not a flood.
@@ -113,7 +152,7 @@ fn serve_subs(args: &[String]) {
         cfg.parent = Some(parent.clone());
         cfg.name = format!("sub{i}");
         cfg.limits.max_pending_per_source = cfg.limits.max_pending;
-        cfg.log_stderr = std::env::var("BENCH_LOG").is_ok_and(|v| v != "root");
+        cfg.emit_log = std::env::var("BENCH_LOG").is_ok_and(|v| v != "root");
         cfg.listen_unix = unix_dir.as_ref().map(|d| d.join(format!("sub{i}.sock")));
         let h = ckpt_coord::spawn(cfg).unwrap();
         match &unix_dir {

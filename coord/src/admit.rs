@@ -8,7 +8,7 @@
 //! own earlier connections and a genuine agent, whose handshake takes one round trip, gets
 //! through however long the flood lasts. Connections accepted in the same batch are never
 //! evicted by each other (none of them has had a chance to speak yet): the newcomer is
-//! closed instead. This module decides; `server.rs` closes.
+//! closed instead. This module decides; `server/accept.rs` closes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;

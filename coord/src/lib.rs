@@ -8,18 +8,20 @@
 //! The coordinator is split in three layers, each knowing nothing of the one above:
 //!
 //! * `engine`: a state machine without I/O; events in (with the time), actions out.
-//!   `round` counts barriers, `state` holds what root and relay share.
+//!   `round` counts barriers, `state` holds what root and relay share. `handshake` is
+//!   the same for a connection's authentication and version negotiation.
 //! * `policy`: where root and relay differ, as two types: `root::Root` (starts rounds,
 //!   commits, aborts) and `relay::Relay` (a sub-coordinator standing for its agents).
-//! * [`server`]: the `mio` loop that moves bytes, authenticates, feeds the engine and
-//!   carries out its `action`s.
+//! * [`server`]: the `mio` loop that moves bytes, feeds the handshake and the engine,
+//!   carries out their `action`s, and has the epoch store's durable writes done on a
+//!   thread of its own.
 //!
 //! See `docs/coord.md` for the protocol, the failure semantics and the benchmark.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-/// Logs through a `log_line` method: the I/O layer's sink (stderr and the in-memory tail)
-/// or the engine's outbox.
+/// Logs through a `log_line` method: the I/O layer's sink (the `log` facade and the
+/// in-memory tail) or the engine's outbox.
 macro_rules! log {
     ($s:expr, $($arg:tt)*) => {
         $s.log_line(format!($($arg)*))
@@ -32,6 +34,7 @@ mod admit;
 pub mod auth;
 pub mod client;
 mod engine;
+mod handshake;
 pub mod kv;
 #[cfg(feature = "pmix")]
 pub mod pmix;

@@ -40,7 +40,7 @@ fn secret() -> Secret {
 fn root(expect: u32, dir: &Path, limits: ConnLimits, handshake: Duration) -> CoordHandle {
     let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, expect, secret());
     cfg.state_dir = Some(dir.to_path_buf());
-    cfg.log_stderr = false;
+    cfg.emit_log = false;
     cfg.limits = limits;
     cfg.handshake_timeout = handshake;
     ckpt_coord::spawn(cfg).unwrap()
@@ -230,7 +230,7 @@ fn unix_socket_peers_get_the_same_caps_and_timeouts() {
     let sock = dir.path().join("coord.sock");
     let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, 2, secret());
     cfg.state_dir = Some(dir.path().to_path_buf());
-    cfg.log_stderr = false;
+    cfg.emit_log = false;
     cfg.limits = ConnLimits {
         max_pending_per_source: 20,
         max_pending: 100,
@@ -300,7 +300,7 @@ fn fd_exhaustion_child() {
     let limit: usize = std::env::var(CHILD_LIMIT_ENV).unwrap().parse().unwrap();
     let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, 1, secret());
     cfg.state_dir = Some(dir.into());
-    cfg.log_stderr = true;
+    cfg.emit_log = true;
     cfg.handshake_timeout = NO_TIMEOUT;
     cfg.limits = ConnLimits {
         max_pending_per_source: 100_000,
@@ -318,6 +318,11 @@ fn fd_exhaustion_child() {
     std::io::stdout().flush().unwrap();
     // Until the parent is done.
     let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    // The coordinator logs through the `log` facade, which nothing prints here: its
+    // lines go to the parent from the in-memory tail.
+    for line in c.log_lines() {
+        eprintln!("{line}");
+    }
     c.kill().unwrap();
 }
 

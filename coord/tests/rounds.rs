@@ -27,7 +27,7 @@ fn root(expect: u32, dir: &Path, deadline: Duration, fault: Option<FaultPoint>) 
     let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, expect, secret());
     cfg.state_dir = Some(dir.to_path_buf());
     cfg.phase_deadline = deadline;
-    cfg.log_stderr = false;
+    cfg.emit_log = false;
     cfg.fault = fault;
     cfg.name = "root".into();
     ckpt_coord::spawn(cfg).unwrap()
@@ -42,7 +42,7 @@ fn sub_on(parent: impl ToString, name: &str, expect: u32, unix: Option<&Path>) -
     let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, expect, secret());
     cfg.parent = Some(parent.to_string());
     cfg.name = name.into();
-    cfg.log_stderr = false;
+    cfg.emit_log = false;
     cfg.listen_unix = unix.map(Path::to_path_buf);
     ckpt_coord::spawn(cfg).unwrap()
 }
@@ -52,7 +52,7 @@ fn root_unix(expect: u32, dir: &Path, deadline: Duration, unix: &Path) -> CoordH
     let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, expect, secret());
     cfg.state_dir = Some(dir.to_path_buf());
     cfg.phase_deadline = deadline;
-    cfg.log_stderr = false;
+    cfg.emit_log = false;
     cfg.name = "root".into();
     cfg.listen_unix = Some(unix.to_path_buf());
     ckpt_coord::spawn(cfg).unwrap()
@@ -690,7 +690,7 @@ fn unix_wrong_secret_is_refused_and_a_live_socket_is_not_replaced() {
     // A second coordinator on the same path is refused while this one runs.
     let mut cfg = CoordConfig::new("127.0.0.1:0".parse().unwrap(), JOB, 1, secret());
     cfg.state_dir = Some(dir.path().to_path_buf());
-    cfg.log_stderr = false;
+    cfg.emit_log = false;
     cfg.listen_unix = Some(sock.clone());
     let err = ckpt_coord::spawn(cfg).unwrap_err().to_string();
     assert!(err.contains("in use"), "{err}");
@@ -821,7 +821,7 @@ fn wrong_secret_is_refused_and_logged() {
         Secret::from_bytes(b"rogue"),
     );
     cfg.state_dir = Some(rogue_dir.path().to_path_buf());
-    cfg.log_stderr = false;
+    cfg.emit_log = false;
     let rogue = ckpt_coord::spawn(cfg).unwrap();
     let fooled = Agent::connect(&rogue.local_addr().to_string(), JOB, secret(), "n");
     assert!(matches!(fooled, Err(ClientError::ServerAuth { .. })));
@@ -1146,4 +1146,69 @@ fn answers_larger_than_the_socket_buffer_arrive_whole_over_unix_and_tcp() {
         "values over unix"
     );
     assert!(via_tcp.join().unwrap().unwrap() == want, "values over tcp");
+}
+
+/// The epoch store's writes run off the poll loop: while the commit record cannot be
+/// written (its temp file is a FIFO nobody reads, so creating it blocks), the loop still
+/// answers handshakes, and the agent hears nothing about the epoch until the write is
+/// over; a write that then fails (a FIFO cannot be fsynced) aborts the epoch in COMMIT.
+#[test]
+fn a_blocked_commit_write_leaves_the_loop_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let job_dir = dir.path().join(JOB);
+    std::fs::create_dir_all(&job_dir).unwrap();
+    let fifo = job_dir.join(format!(".epoch-{:016}.json.tmp", 1));
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let c = root(1, dir.path(), LONG, None);
+    let addr = c.local_addr().to_string();
+    let opts = AgentOptions::new(&addr, JOB, secret(), "n1").intent(Intent::Checkpoint);
+    let mut a = Agent::connect_with(&opts).unwrap();
+    loop {
+        let Directive::Phase(step) = a.next_directive(Some(LONG)).unwrap() else {
+            panic!("aborted before DUMP");
+        };
+        let info = match step.phase {
+            Phase::Dump => PhaseInfo::Dump {
+                image_dir: "/images/n1".into(),
+                manifest_crc32c: 1,
+            },
+            _ => PhaseInfo::None,
+        };
+        a.report_done(step.phase, info).unwrap();
+        if step.phase == Phase::Dump {
+            break;
+        }
+    }
+    // The commit is on its way to the writer, which blocks in opening the FIFO.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut raw = TcpStream::connect(c.local_addr()).unwrap();
+    raw.set_read_timeout(Some(LONG)).unwrap();
+    let refused = forged_auth_refusal(&mut raw, ckpt_coord::protocol::Role::Control, 0);
+    assert_eq!(refused.as_deref(), Some("authentication failed"));
+    // No COMMIT (nor anything else) before the write is over.
+    let quiet = a.next_directive(Some(Duration::from_millis(300)));
+    assert!(
+        matches!(quiet, Err(ClientError::Timeout { .. })),
+        "{quiet:?}"
+    );
+    let reader = std::thread::spawn(move || {
+        let mut f = std::fs::File::open(&fifo).unwrap();
+        let mut record = Vec::new();
+        f.read_to_end(&mut record).unwrap();
+        record
+    });
+    match a.next_directive(Some(LONG)).unwrap() {
+        Directive::Abort { epoch, phase, .. } => assert_eq!((epoch, phase), (1, Phase::Commit)),
+        Directive::Phase(step) => panic!("the epoch went on to {}", step.phase),
+    }
+    assert!(!reader.join().unwrap().is_empty());
+    let logs = c.log_lines().join("\n");
+    let refusal = logs.find("authentication failed").unwrap();
+    let abort = logs.find("ABORTED in COMMIT").unwrap();
+    assert!(refusal < abort, "{logs}");
+    assert!(EpochStore::open(dir.path(), JOB).unwrap().load(1).is_none());
 }

@@ -90,6 +90,13 @@ pub struct ClientArgs {
     pub timeout: Option<f64>,
 }
 
+impl CoordArgs {
+    /// Whether this runs a coordinator (rather than talking to one).
+    pub fn serves(&self) -> bool {
+        self.action.is_none()
+    }
+}
+
 impl ClientArgs {
     fn secret_path(&self) -> PathBuf {
         self.secret_file

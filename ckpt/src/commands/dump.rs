@@ -131,16 +131,10 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
         .transpose()
         .with_context(|| format!("dump of pid {} failed", a.pid))?;
     let write = WriteOptions {
-        dir: a.dir.clone(),
-        progress: Some(&progress),
-        compress: a.compress.lz4(),
-        key: &key,
-        log: Some(&crate::logger::captured),
-        externals: &a.externals,
         background: a.background,
         prev: prev.as_ref(),
         track: a.track,
-        held: None,
+        ..write_options(&a, a.dir.clone(), &key, &progress)
     };
     let scripts = ActionScripts::new(a.action_scripts.clone(), &a.dir);
     let report =
@@ -151,6 +145,30 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
     let report = report?;
     print_report(&a, &report, a.kill, None);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The write options of both a plain and a coordinated dump, from the
+/// command line: a flag for how images are written is added here once. Only
+/// a plain dump may run in the background or on top of a previous one; the
+/// caller sets those.
+fn write_options<'a>(
+    a: &'a DumpArgs,
+    dir: std::path::PathBuf,
+    key: &'a ckpt_image::ImageKey,
+    progress: &'a (dyn Fn(u64, u64) + Sync),
+) -> WriteOptions<'a> {
+    WriteOptions {
+        dir,
+        progress: Some(progress),
+        compress: a.compress.lz4(),
+        key,
+        log: Some(&crate::logger::captured),
+        externals: &a.externals,
+        background: false,
+        prev: None,
+        track: false,
+        held: None,
+    }
 }
 
 /// Prints what was dumped (and, coordinated, the committed epoch).
@@ -302,19 +320,9 @@ fn coordinated_phases(
         std::fs::create_dir_all(&a.dir)
             .with_context(|| format!("creating the checkpoint root {}", a.dir.display())),
     )?;
-    let write = WriteOptions {
-        dir: dir.to_path_buf(),
-        progress: Some(progress),
-        compress: a.compress.lz4(),
-        key,
-        log: Some(&crate::logger::captured),
-        externals: &a.externals,
-        // Every node's tree stays frozen until the epoch is committed.
-        background: false,
-        prev: None,
-        track: false,
-        held: None,
-    };
+    // Every node's tree stays frozen until the epoch is committed: no
+    // --background (nor an increment) here.
+    let write = write_options(a, dir.to_path_buf(), key, progress);
     let written = s.local(frozen.write(&write))?;
     s.local(scripts.run(Phase::PostDump, Some(a.pid)))?;
     let info = s.local(dump_info(dir))?;

@@ -382,7 +382,7 @@ impl Round {
             .filter(|d| !d.is_zero())
             .with_context(|| format!("--phase-deadline {}: not a duration", o.phase_deadline))?;
         cfg.name = "job".to_string();
-        cfg.log_stderr = crate::logger::verbose_on_stderr();
+        cfg.emit_log = crate::logger::verbose_on_stderr();
         let coord = ckpt_coord::spawn(cfg).context("starting the job's coordinator")?;
         let bound = coord.local_addr();
         let agent_addr = if bound.ip().is_unspecified() {

@@ -1,7 +1,7 @@
 //! Engine tests: rounds, aborts and deadlines driven without sockets, files or clocks.
 //!
 //! Each test plays the I/O layer by hand: it feeds events at invented instants and
-//! checks the actions, answering store actions the way `server.rs` does.
+//! checks the actions, answering store actions the way the server (`server/engine_io.rs`) does.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
