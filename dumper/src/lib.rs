@@ -10,6 +10,11 @@
 //! [`Frozen::write`] → [`Written::resume`] or [`Written::kill`]; [`dump`]
 //! runs them in one go.
 //!
+//! This file holds the phase handles; each phase has its module (`freeze`,
+//! `collect`, `write`, `kill`), each way of saving pages its file under
+//! `strategy/`, and the phases' helpers theirs (`translate` for the pids
+//! an image records, `manifest`, `owner`, `options`, `stats`).
+//!
 //! The target is never left stopped or changed by a failed dump: the
 //! [`ckpt_parasite::Infection`] cures itself, a dropped [`Frozen`] thaws
 //! the tree, and the temporary image directory removes itself unless

@@ -3,8 +3,9 @@
 
 use std::path::PathBuf;
 
-use crate::{HeldMemory, Previous};
 use ckpt_image::ImageKey;
+
+use crate::{HeldMemory, Previous};
 
 /// What happens to the target once its images are complete and synced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -16,7 +17,7 @@ pub enum FinalState {
     Kill,
 }
 
-/// Options of a whole dump ([`dump`]).
+/// Options of a whole dump ([`dump`](crate::dump)).
 pub struct DumpOptions<'a> {
     /// The process to dump.
     pub pid: i32,
@@ -28,7 +29,7 @@ pub struct DumpOptions<'a> {
     pub drain: DrainOptions,
 }
 
-/// Options of [`Frozen::drain`].
+/// Options of [`Frozen::drain`](crate::Frozen::drain).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DrainOptions {
     /// Established TCP connections to a peer outside the tree are saved
@@ -37,7 +38,7 @@ pub struct DrainOptions {
     pub tcp_established: bool,
 }
 
-/// Options of [`Frozen::write`].
+/// Options of [`Frozen::write`](crate::Frozen::write).
 #[derive(Clone)]
 pub struct WriteOptions<'a> {
     /// The checkpoint directory to create (must not exist).
@@ -58,7 +59,7 @@ pub struct WriteOptions<'a> {
     /// Let the tree run while its private memory is saved
     /// (`--background`): the tree is thawed once the rest is saved and that
     /// memory write-protected, and the image is still the memory of the
-    /// freeze instant. [`Written::kill`] is refused after it.
+    /// freeze instant. [`Written::kill`](crate::Written::kill) is refused after it.
     pub background: bool,
     /// A pre-dump to take unchanged pages from (`--prev`), opened before
     /// the freeze.
@@ -70,12 +71,12 @@ pub struct WriteOptions<'a> {
     /// or a kill.
     pub track: bool,
     /// Memory reserved before the freeze for the pages a `--prev
-    /// --background` dump reads while frozen ([`HeldMemory::for_dump`]).
+    /// --background` dump reads while frozen ([`HeldMemory::for_dump`](crate::HeldMemory::for_dump)).
     pub held: Option<&'a HeldMemory>,
 }
 
 /// Name of the dump's log in the checkpoint directory.
 pub const LOG_NAME: &str = "dump.log";
-/// Name of the dump's figures ([`DumpStats`] as JSON) in the checkpoint
+/// Name of the dump's figures ([`DumpStats`](crate::DumpStats) as JSON) in the checkpoint
 /// directory.
 pub const STATS_NAME: &str = "stats-dump.json";

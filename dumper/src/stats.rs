@@ -1,4 +1,4 @@
-//! What a dump reports: its figures ([`DumpStats`], also written as
+//! What a dump reports: its figures ([`DumpStats`](crate::DumpStats), also written as
 //! `stats-dump.json`) and the [`DumpReport`] of the phased API.
 
 use std::path::PathBuf;
@@ -67,7 +67,7 @@ pub struct DumpStats {
     pub patched_bytes: Option<u64>,
     /// With `--prev --background`: bytes of what was read while frozen
     /// that went into memory reserved and faulted in before the freeze
-    /// ([`HeldMemory`]); the rest went into memory allocated while frozen.
+    /// ([`HeldMemory`](crate::HeldMemory)); the rest went into memory allocated while frozen.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held_reserved_bytes: Option<u64>,
 }

@@ -1,9 +1,9 @@
 //! Phase 3, write: what the collect phase gathered goes into a temporary
 //! image directory (metadata, shared memory, pages through the chosen
 //! [`crate::strategy`]), then the figures, the log and the manifest, and
-//! the directory is committed (synced and renamed into place). Nothing
-//! here inspects the tree, but for pages read from its memory and whether
-//! a process died meanwhile.
+//! the directory is committed (synced and renamed into place). Of the
+//! tree it reads only its pages and, while it is still frozen, whose each
+//! process is, its zombies, and whether a process died meanwhile.
 
 use std::time::Instant;
 
