@@ -219,7 +219,7 @@ pub fn run(procs: &[Guarded<'_, '_>], progress: &(dyn Fn(u64) + Sync)) -> Result
     Ok(BackgroundStats {
         bytes: work.done.load(Ordering::Relaxed),
         faults: work.faults.load(Ordering::Relaxed),
-        copy_ms: crate::ms_since(started),
+        copy_ms: crate::stats::ms_since(started),
     })
 }
 

@@ -28,6 +28,35 @@ pub fn collect(pid: i32, tid: i32, securebits: i64) -> Result<Creds> {
     Ok(Creds {
         securebits,
         no_new_privs: status.nonewprivs.unwrap_or(0) != 0,
-        ..crate::task::creds(&status)
+        ..from_status(&status)
     })
+}
+
+/// Ids, groups and capability sets from a `status` file.
+fn from_status(st: &procfs::process::Status) -> Creds {
+    Creds {
+        uids: vec![st.ruid, st.euid, st.suid, st.fuid],
+        gids: vec![st.rgid, st.egid, st.sgid, st.fgid],
+        groups: st.groups.clone(),
+        cap_eff: st.capeff,
+        cap_prm: st.capprm,
+        cap_inh: st.capinh,
+        cap_bnd: st.capbnd.unwrap_or(0),
+        cap_amb: st.capamb.unwrap_or(0),
+        ..Creds::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_status_gives_own_euid() {
+        let st = procfs::process::Process::myself()
+            .unwrap()
+            .status()
+            .unwrap();
+        assert_eq!(from_status(&st).uids[1], nix::unistd::geteuid().as_raw());
+    }
 }

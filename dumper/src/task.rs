@@ -2,8 +2,7 @@
 //! timers, credentials, limits and identity.
 
 use ckpt_image::task::{
-    AltStack, Core, Creds, GpRegs, ITimer, PendingSignal, Rlimit, RobustList, Rseq, SigAction,
-    ThreadCore,
+    AltStack, Core, GpRegs, ITimer, PendingSignal, Rlimit, RobustList, Rseq, SigAction, ThreadCore,
 };
 use ckpt_parasite::proto::MiscState;
 use ckpt_parasite::{Infection, Regs, ThreadState, Tracee};
@@ -275,21 +274,6 @@ fn rseq(t: &Tracee) -> Result<Option<Rseq>> {
     }))
 }
 
-/// Ids, groups and capability sets from a `status` file.
-pub(crate) fn creds(st: &procfs::process::Status) -> Creds {
-    Creds {
-        uids: vec![st.ruid, st.euid, st.suid, st.fuid],
-        gids: vec![st.rgid, st.egid, st.sgid, st.fgid],
-        groups: st.groups.clone(),
-        cap_eff: st.capeff,
-        cap_prm: st.capprm,
-        cap_inh: st.capinh,
-        cap_bnd: st.capbnd.unwrap_or(0),
-        cap_amb: st.capamb.unwrap_or(0),
-        ..Creds::default()
-    }
-}
-
 /// Resource limits from `/proc/PID/limits` (prlimit on another uid's task
 /// needs CAP_SYS_RESOURCE, which root lacks on some hosts).
 fn rlimits(l: &procfs::process::Limits) -> Vec<Rlimit> {
@@ -359,7 +343,5 @@ mod tests {
         let (soft, hard) =
             nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
         assert_eq!((nofile.soft, nofile.hard), (soft, hard));
-        let st = me.status().unwrap();
-        assert_eq!(creds(&st).uids[1], nix::unistd::geteuid().as_raw());
     }
 }

@@ -534,6 +534,102 @@ struct Found {
     peer: SocketAddr,
 }
 
+/// Every established TCP connection the processes `pids` hold, each
+/// once.
+fn find_established(pids: &[i32]) -> Result<Vec<Found>> {
+    let mut found: Vec<Found> = Vec::new();
+    let mut seen: HashSet<u64> = HashSet::new();
+    for &pid in pids {
+        for fd in procfile::numbered_entries(pid, "fd")? {
+            found.extend(established(pid, fd, &mut seen));
+        }
+    }
+    Ok(found)
+}
+
+/// Fd `fd` of process `pid`, if it is an established TCP connection not
+/// in `seen` (which it joins). Whatever cannot be read here is refused,
+/// with its reason, when the fd is collected.
+fn established(pid: i32, fd: i32, seen: &mut HashSet<u64>) -> Option<Found> {
+    let link = procfile::readlink(pid, &format!("fd/{fd}")).ok()?;
+    let ino = link
+        .strip_prefix("socket:[")
+        .and_then(|s| s.strip_suffix(']'))
+        .and_then(|s| s.parse::<u64>().ok())?;
+    if !seen.insert(ino) {
+        return None;
+    }
+    let sock = sys::take_fd(pid, fd).ok()?;
+    let tcp = matches!(
+        identify(sock.as_fd()),
+        Ok(Some(Ok(Identity {
+            protocol: InetProtocol::Tcp,
+            ..
+        })))
+    );
+    if !tcp || !tcp_info(sock.as_fd()).is_ok_and(|i| i.state == tcp_state::ESTABLISHED) {
+        return None;
+    }
+    let addr = |end| sys::sock_addr(sock.as_fd(), end).ok().flatten();
+    let (Some(local), Some(peer)) = (addr(SockEnd::Local), addr(SockEnd::Peer)) else {
+        return None;
+    };
+    Some(Found {
+        pid,
+        fd,
+        sock,
+        local,
+        peer,
+    })
+}
+
+/// The connections of `found` that are saved: those whose peer is in the
+/// tree too, and with `policy.established` every one.
+fn chosen(found: Vec<Found>, policy: TcpPolicy) -> Result<Vec<Repaired>> {
+    let ends: HashSet<(SocketAddr, SocketAddr)> = found.iter().map(|f| (f.local, f.peer)).collect();
+    let mut socks = Vec::new();
+    for f in found {
+        let inside = ends.contains(&(f.peer, f.local));
+        if !inside && !policy.established {
+            log::debug!(
+                "pid {} fd {}: TCP {} -> {}: peer outside the tree, not saved without --tcp-established",
+                f.pid,
+                f.fd,
+                f.local,
+                f.peer
+            );
+            continue;
+        }
+        let reuseaddr =
+            flag(f.sock.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR).map_err(|e| {
+                DumpError::Proc {
+                    pid: f.pid,
+                    path: format!("fd {}: SO_REUSEADDR", f.fd).into(),
+                    source: e,
+                }
+            })?;
+        log::debug!(
+            "pid {} fd {}: TCP {} -> {}: saved ({})",
+            f.pid,
+            f.fd,
+            f.local,
+            f.peer,
+            if inside {
+                "peer in the tree"
+            } else {
+                "peer outside, --tcp-established"
+            }
+        );
+        socks.push(Repaired {
+            pid: f.pid,
+            fd: f.fd,
+            sock: f.sock,
+            reuseaddr,
+        });
+    }
+    Ok(socks)
+}
+
 impl TcpRepair {
     /// Switches every established TCP connection of the processes `pids`
     /// to repair mode whose peer is in the tree, or any peer with
@@ -549,94 +645,8 @@ impl TcpRepair {
         policy: TcpPolicy,
         hold_first: impl FnOnce(&mut TcpRepair) -> Result<()>,
     ) -> Result<TcpRepair> {
-        let mut found: Vec<Found> = Vec::new();
-        let mut seen: HashSet<u64> = HashSet::new();
-        for &pid in pids {
-            for fd in procfile::numbered_entries(pid, "fd")? {
-                let Ok(link) = procfile::readlink(pid, &format!("fd/{fd}")) else {
-                    continue;
-                };
-                let Some(ino) = link
-                    .strip_prefix("socket:[")
-                    .and_then(|s| s.strip_suffix(']'))
-                    .and_then(|s| s.parse::<u64>().ok())
-                else {
-                    continue;
-                };
-                if !seen.insert(ino) {
-                    continue;
-                }
-                // Whatever cannot be read here is refused, with its reason,
-                // when the fd is collected.
-                let Ok(sock) = sys::take_fd(pid, fd) else {
-                    continue;
-                };
-                let tcp = matches!(
-                    identify(sock.as_fd()),
-                    Ok(Some(Ok(Identity {
-                        protocol: InetProtocol::Tcp,
-                        ..
-                    })))
-                );
-                if !tcp || !tcp_info(sock.as_fd()).is_ok_and(|i| i.state == tcp_state::ESTABLISHED)
-                {
-                    continue;
-                }
-                let addr = |end| sys::sock_addr(sock.as_fd(), end).ok().flatten();
-                let (Some(local), Some(peer)) = (addr(SockEnd::Local), addr(SockEnd::Peer)) else {
-                    continue;
-                };
-                found.push(Found {
-                    pid,
-                    fd,
-                    sock,
-                    local,
-                    peer,
-                });
-            }
-        }
-        let ends: HashSet<(SocketAddr, SocketAddr)> =
-            found.iter().map(|f| (f.local, f.peer)).collect();
         let mut repair = TcpRepair::default();
-        for f in found {
-            let inside = ends.contains(&(f.peer, f.local));
-            if !inside && !policy.established {
-                log::debug!(
-                    "pid {} fd {}: TCP {} -> {}: peer outside the tree, not saved without --tcp-established",
-                    f.pid,
-                    f.fd,
-                    f.local,
-                    f.peer
-                );
-                continue;
-            }
-            let reuseaddr =
-                flag(f.sock.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR).map_err(|e| {
-                    DumpError::Proc {
-                        pid: f.pid,
-                        path: format!("fd {}: SO_REUSEADDR", f.fd).into(),
-                        source: e,
-                    }
-                })?;
-            log::debug!(
-                "pid {} fd {}: TCP {} -> {}: saved ({})",
-                f.pid,
-                f.fd,
-                f.local,
-                f.peer,
-                if inside {
-                    "peer in the tree"
-                } else {
-                    "peer outside, --tcp-established"
-                }
-            );
-            repair.socks.push(Repaired {
-                pid: f.pid,
-                fd: f.fd,
-                sock: f.sock,
-                reuseaddr,
-            });
-        }
+        repair.socks = chosen(find_established(pids)?, policy)?;
         if repair.socks.is_empty() {
             return Ok(repair);
         }

@@ -20,7 +20,7 @@
 
 mod diag;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -28,6 +28,8 @@ use std::os::unix::fs::MetadataExt;
 use ckpt_image::fd::file::Kind;
 use ckpt_image::fd::unix::{MAX_QUEUE_BYTES, MAX_QUEUE_MESSAGES, UnixBoundFile, UnixSocketFile};
 use nix::sys::socket::MsgFlags;
+
+use diag::UnixDiag;
 
 use super::{Blobs, FdParams, FileDumper, Holder, TreeFiles};
 use crate::error::{DumpError, Result};
@@ -138,6 +140,35 @@ impl FileDumper for Unix {
             path: "sock_diag (NETLINK_SOCK_DIAG, unix)".into(),
             source,
         })?;
+        let links = Linker::new(tree, &holders, &kernel).links()?;
+        apply_links(tree, &links);
+        Ok(())
+    }
+}
+
+/// Every UNIX socket of the tree with the kernel's view of it, linked to
+/// its peer or listener by file id (`link_tree`).
+struct Linker<'t> {
+    tree: &'t TreeFiles,
+    /// The first fd holding each socket, for messages and tree order.
+    holders: &'t BTreeMap<u64, Holder>,
+    /// The kernel's view of every UNIX socket, by inode.
+    kernel: &'t HashMap<u64, UnixDiag>,
+    /// Every UNIX socket of the tree, with its file id.
+    sockets: Vec<(u64, UnixSocketFile)>,
+    /// File id of each socket of the tree, by inode.
+    by_ino: HashMap<u64, u64>,
+    /// Position of each process in tree order: a pending connection is
+    /// restored by connecting, so its listener must be restored first.
+    order: HashMap<i32, usize>,
+}
+
+impl<'t> Linker<'t> {
+    fn new(
+        tree: &'t TreeFiles,
+        holders: &'t BTreeMap<u64, Holder>,
+        kernel: &'t HashMap<u64, UnixDiag>,
+    ) -> Linker<'t> {
         let sockets: Vec<(u64, UnixSocketFile)> = tree
             .files
             .files
@@ -147,172 +178,275 @@ impl FileDumper for Unix {
                 _ => None,
             })
             .collect();
-        let by_ino: HashMap<u64, u64> = sockets.iter().map(|(id, u)| (u.ino, *id)).collect();
-        // Position of each process in tree order: a pending connection is
-        // restored by connecting, so its listener must be restored first.
-        let order: HashMap<i32, usize> = tree
+        let by_ino = sockets.iter().map(|(id, u)| (u.ino, *id)).collect();
+        let order = tree
             .tables
             .iter()
             .enumerate()
             .map(|(i, (pid, _))| (*pid, i))
             .collect();
-        let mut links: HashMap<u64, Link> = HashMap::new();
+        Linker {
+            tree,
+            holders,
+            kernel,
+            sockets,
+            by_ino,
+            order,
+        }
+    }
+
+    /// What every socket links to, by file id, once every listener is
+    /// checked to have no unaccepted connection from outside the tree.
+    fn links(&self) -> Result<HashMap<u64, Link>> {
+        let mut links = HashMap::new();
         let mut pending_per_listener: HashMap<u64, usize> = HashMap::new();
-        for (file_id, u) in &sockets {
-            let h = &holders[file_id];
-            let refuse = |what: String| DumpError::Unsupported {
-                pid: h.pid,
-                what: format!("fd {}: {what}", h.fd),
-            };
-            let Some(me) = kernel.get(&u.ino) else {
-                return Err(refuse(format!(
+        for (file_id, u) in &self.sockets {
+            if let Some(link) = self.link(*file_id, u, &mut pending_per_listener)? {
+                links.insert(*file_id, link);
+            }
+        }
+        self.check_listeners(&pending_per_listener)?;
+        Ok(links)
+    }
+
+    /// What socket `u` (file `file_id`) links to, counting in `pending`
+    /// the connections a listener of the tree has not accepted; `None`
+    /// when its peer's holder was refused (that refusal says why).
+    fn link(
+        &self,
+        file_id: u64,
+        u: &UnixSocketFile,
+        pending: &mut HashMap<u64, usize>,
+    ) -> Result<Option<Link>> {
+        let h = &self.holders[&file_id];
+        let Some(me) = self.kernel.get(&u.ino) else {
+            return Err(refuse(
+                h,
+                format!(
                     "unix socket socket:[{}] in another network namespace (not visible to ckpt's sock_diag)",
                     u.ino
-                )));
-            };
-            let mut link = Link {
-                shutdown: me.shutdown,
-                backlog: me.wqueue,
-                ..Link::default()
-            };
-            let stream = u.sock_type != libc::SOCK_DGRAM as u32;
-            if me.state == diag::TCP_LISTEN {
-                // Checked below, once every pending client is matched.
-            } else if me.peer != 0 {
-                let Some(&peer_file) = by_ino.get(&me.peer) else {
-                    if held_in_tree(tree, me.peer) {
-                        // Its holder's fd was refused: that line says why.
-                        continue;
-                    }
-                    return Err(refuse(format!(
-                        "unix socket connected to socket:[{}] outside the dumped tree (dump its holder too, or declare this one with --external socket:[{}])",
-                        me.peer, u.ino
-                    )));
-                };
-                if kernel.get(&me.peer).map(|d| d.peer) != Some(u.ino) {
-                    // A datagram socket connected to one that is not
-                    // connected back (a client of a bound server): restore
-                    // connects it again by the server's name.
-                    let target = sockets
-                        .iter()
-                        .find(|(id, _)| *id == peer_file)
-                        .map(|(_, t)| t);
-                    let reachable = target.is_some_and(|t| {
-                        !t.name.is_empty() && !t.bound.as_ref().is_some_and(|b| b.unlinked)
-                    });
-                    if stream || !reachable {
-                        return Err(refuse(format!(
-                            "unix datagram socket connected one way to socket:[{}], which has no name to connect to again,",
-                            me.peer
-                        )));
-                    }
-                    if !u.queue.is_empty() {
-                        return Err(refuse(format!(
-                            "unix datagram socket connected one way to {} with datagrams queued for it",
-                            printable(&u.peer_name)
-                        )));
-                    }
-                    let th = &holders[&peer_file];
-                    if order[&th.pid] > order[&h.pid] {
-                        return Err(refuse(format!(
-                            "unix datagram socket connected to pid {} fd {} (a process restored after it)",
-                            th.pid, th.fd
-                        )));
-                    }
-                    link.connect_to = peer_file;
-                    links.insert(*file_id, link);
-                    continue;
-                }
-                if !stream && !u.name.is_empty() {
-                    return Err(refuse(format!(
-                        "unix datagram socket bound to {} and connected both ways",
-                        printable(&u.name)
-                    )));
-                }
-                link.peer = Some((peer_file, me.peer));
-            } else if me.state == diag::TCP_ESTABLISHED && stream && me.shutdown == 0 {
-                // Connected to a connection its listener has not accepted.
-                let listener = sockets
-                    .iter()
-                    .find(|(_, l)| l.listening && !l.name.is_empty() && l.name == u.peer_name);
-                let Some((listener_id, _)) = listener else {
-                    return Err(refuse(format!(
-                        "unix socket with a connection to {} not yet accepted by a listener outside the dumped tree",
-                        printable(&u.peer_name)
-                    )));
-                };
-                let lh = &holders[listener_id];
-                if order[&lh.pid] > order[&h.pid] {
-                    return Err(refuse(format!(
-                        "unix socket with a connection not yet accepted by pid {} fd {} (a process restored after it)",
-                        lh.pid, lh.fd
-                    )));
-                }
-                if me.wqueue != 0 {
-                    return Err(refuse(format!(
-                        "unix socket sent data on a connection to {} not yet accepted (the kernel cannot show it without accepting)",
-                        printable(&u.peer_name)
-                    )));
-                }
-                if let Some(Kind::Unix(l)) = &tree.file(*listener_id).kind
-                    && l.bound.as_ref().is_some_and(|b| b.unlinked)
-                {
-                    return Err(refuse(format!(
-                        "unix socket with a connection not yet accepted by {} (whose name was unlinked)",
-                        printable(&u.peer_name)
-                    )));
-                }
-                *pending_per_listener.entry(*listener_id).or_default() += 1;
-                link.connect_to = *listener_id;
-            } else if me.state == diag::TCP_ESTABLISHED && u.connected {
-                // Its peer closed: the socket keeps its queue and shutdown.
-                // (A datagram socket others connected to is ESTABLISHED
-                // too, but has no peer of its own.)
-                link.peer_closed = true;
-            } else if !u.queue.is_empty()
-                && (stream || u.name.is_empty() || u.bound.as_ref().is_some_and(|b| b.unlinked))
-            {
-                return Err(refuse(
-                    "unix socket with data queued, not connected and no name to send it to again"
-                        .into(),
-                ));
-            }
-            links.insert(*file_id, link);
+                ),
+            ));
+        };
+        let mut link = Link {
+            shutdown: me.shutdown,
+            backlog: me.wqueue,
+            ..Link::default()
+        };
+        let stream = u.sock_type != libc::SOCK_DGRAM as u32;
+        if me.state == diag::TCP_LISTEN {
+            // Checked by `check_listeners`, once every pending client is
+            // matched.
+        } else if me.peer != 0 {
+            return self.connected(h, u, me, link);
+        } else if me.state == diag::TCP_ESTABLISHED && stream && me.shutdown == 0 {
+            let listener = self.unaccepted(h, u, me)?;
+            *pending.entry(listener).or_default() += 1;
+            link.connect_to = listener;
+        } else if me.state == diag::TCP_ESTABLISHED && u.connected {
+            // Its peer closed: the socket keeps its queue and shutdown.
+            // (A datagram socket others connected to is ESTABLISHED
+            // too, but has no peer of its own.)
+            link.peer_closed = true;
+        } else if !u.queue.is_empty()
+            && (stream || u.name.is_empty() || u.bound.as_ref().is_some_and(|b| b.unlinked))
+        {
+            return Err(refuse(
+                h,
+                "unix socket with data queued, not connected and no name to send it to again"
+                    .into(),
+            ));
         }
-        for (file_id, u) in &sockets {
-            let Some(me) = kernel.get(&u.ino) else {
+        Ok(Some(link))
+    }
+
+    /// A socket connected to `me.peer`: linked to its peer's file, or (a
+    /// datagram socket connected one way) to the socket it connects to.
+    fn connected(
+        &self,
+        h: &Holder,
+        u: &UnixSocketFile,
+        me: &UnixDiag,
+        mut link: Link,
+    ) -> Result<Option<Link>> {
+        let stream = u.sock_type != libc::SOCK_DGRAM as u32;
+        let Some(&peer_file) = self.by_ino.get(&me.peer) else {
+            if held_in_tree(self.tree, me.peer) {
+                // Its holder's fd was refused: that line says why.
+                return Ok(None);
+            }
+            return Err(refuse(
+                h,
+                format!(
+                    "unix socket connected to socket:[{}] outside the dumped tree (dump its holder too, or declare this one with --external socket:[{}])",
+                    me.peer, u.ino
+                ),
+            ));
+        };
+        if self.kernel.get(&me.peer).map(|d| d.peer) != Some(u.ino) {
+            link.connect_to = self.one_way(h, u, me, peer_file, stream)?;
+            return Ok(Some(link));
+        }
+        if !stream && !u.name.is_empty() {
+            return Err(refuse(
+                h,
+                format!(
+                    "unix datagram socket bound to {} and connected both ways",
+                    printable(&u.name)
+                ),
+            ));
+        }
+        link.peer = Some((peer_file, me.peer));
+        Ok(Some(link))
+    }
+
+    /// A datagram socket connected to one that is not connected back (a
+    /// client of a bound server): restore connects it again by the
+    /// server's name. Returns the server's file id.
+    fn one_way(
+        &self,
+        h: &Holder,
+        u: &UnixSocketFile,
+        me: &UnixDiag,
+        peer_file: u64,
+        stream: bool,
+    ) -> Result<u64> {
+        let target = self
+            .sockets
+            .iter()
+            .find(|(id, _)| *id == peer_file)
+            .map(|(_, t)| t);
+        let reachable = target
+            .is_some_and(|t| !t.name.is_empty() && !t.bound.as_ref().is_some_and(|b| b.unlinked));
+        if stream || !reachable {
+            return Err(refuse(
+                h,
+                format!(
+                    "unix datagram socket connected one way to socket:[{}], which has no name to connect to again,",
+                    me.peer
+                ),
+            ));
+        }
+        if !u.queue.is_empty() {
+            return Err(refuse(
+                h,
+                format!(
+                    "unix datagram socket connected one way to {} with datagrams queued for it",
+                    printable(&u.peer_name)
+                ),
+            ));
+        }
+        let th = &self.holders[&peer_file];
+        if self.order[&th.pid] > self.order[&h.pid] {
+            return Err(refuse(
+                h,
+                format!(
+                    "unix datagram socket connected to pid {} fd {} (a process restored after it)",
+                    th.pid, th.fd
+                ),
+            ));
+        }
+        Ok(peer_file)
+    }
+
+    /// A stream socket connected to a connection its listener has not
+    /// accepted: returns the listener's file id.
+    fn unaccepted(&self, h: &Holder, u: &UnixSocketFile, me: &UnixDiag) -> Result<u64> {
+        let listener = self
+            .sockets
+            .iter()
+            .find(|(_, l)| l.listening && !l.name.is_empty() && l.name == u.peer_name);
+        let Some((listener_id, _)) = listener else {
+            return Err(refuse(
+                h,
+                format!(
+                    "unix socket with a connection to {} not yet accepted by a listener outside the dumped tree",
+                    printable(&u.peer_name)
+                ),
+            ));
+        };
+        let lh = &self.holders[listener_id];
+        if self.order[&lh.pid] > self.order[&h.pid] {
+            return Err(refuse(
+                h,
+                format!(
+                    "unix socket with a connection not yet accepted by pid {} fd {} (a process restored after it)",
+                    lh.pid, lh.fd
+                ),
+            ));
+        }
+        if me.wqueue != 0 {
+            return Err(refuse(
+                h,
+                format!(
+                    "unix socket sent data on a connection to {} not yet accepted (the kernel cannot show it without accepting)",
+                    printable(&u.peer_name)
+                ),
+            ));
+        }
+        if let Some(Kind::Unix(l)) = &self.tree.file(*listener_id).kind
+            && l.bound.as_ref().is_some_and(|b| b.unlinked)
+        {
+            return Err(refuse(
+                h,
+                format!(
+                    "unix socket with a connection not yet accepted by {} (whose name was unlinked)",
+                    printable(&u.peer_name)
+                ),
+            ));
+        }
+        Ok(*listener_id)
+    }
+
+    /// Refuses a listener with connections not yet accepted from outside
+    /// the tree (`in_tree`: those from inside, by listener file id).
+    fn check_listeners(&self, in_tree: &HashMap<u64, usize>) -> Result<()> {
+        for (file_id, u) in &self.sockets {
+            let Some(me) = self.kernel.get(&u.ino) else {
                 continue;
             };
-            let in_tree = pending_per_listener.get(file_id).copied().unwrap_or(0);
-            if u.listening && me.pending > in_tree {
-                let h = &holders[file_id];
+            let inside = in_tree.get(file_id).copied().unwrap_or(0);
+            if u.listening && me.pending > inside {
+                let h = &self.holders[file_id];
                 return Err(DumpError::Unsupported {
                     pid: h.pid,
                     what: format!(
                         "fd {}: listening unix socket {} has {} connections not yet accepted from outside the dumped tree",
                         h.fd,
                         printable(&u.name),
-                        me.pending - in_tree
+                        me.pending - inside
                     ),
                 });
             }
         }
-        for file in &mut tree.files.files {
-            let (Some(Kind::Unix(u)), Some(link)) = (&mut file.kind, links.get(&file.id)) else {
-                continue;
-            };
-            u.shutdown = u32::from(link.shutdown);
-            if let Some((peer_file, peer_ino)) = link.peer {
-                u.peer_file_id = peer_file;
-                u.peer_ino = peer_ino;
-            }
-            if u.listening {
-                u.backlog = link.backlog;
-            }
-            u.connect_to_file_id = link.connect_to;
-            u.peer_closed = link.peer_closed;
-        }
         Ok(())
+    }
+}
+
+/// Refuses the socket `h` holds, saying `what`.
+fn refuse(h: &Holder, what: String) -> DumpError {
+    DumpError::Unsupported {
+        pid: h.pid,
+        what: format!("fd {}: {what}", h.fd),
+    }
+}
+
+/// Records in every socket's image what `links` found.
+fn apply_links(tree: &mut TreeFiles, links: &HashMap<u64, Link>) {
+    for file in &mut tree.files.files {
+        let (Some(Kind::Unix(u)), Some(link)) = (&mut file.kind, links.get(&file.id)) else {
+            continue;
+        };
+        u.shutdown = u32::from(link.shutdown);
+        if let Some((peer_file, peer_ino)) = link.peer {
+            u.peer_file_id = peer_file;
+            u.peer_ino = peer_ino;
+        }
+        if u.listening {
+            u.backlog = link.backlog;
+        }
+        u.connect_to_file_id = link.connect_to;
+        u.peer_closed = link.peer_closed;
     }
 }
 
@@ -366,8 +500,8 @@ fn bound_file(p: &FdParams, fd: BorrowedFd<'_>, name: &[u8]) -> Result<UnixBound
 const PERMISSION_BITS: u32 = 0o7777;
 
 /// The first fd of the tree holding each unix socket, by file id.
-fn first_holders(tree: &TreeFiles) -> std::collections::BTreeMap<u64, Holder> {
-    let mut out = std::collections::BTreeMap::new();
+fn first_holders(tree: &TreeFiles) -> BTreeMap<u64, Holder> {
+    let mut out = BTreeMap::new();
     for h in tree.holders() {
         if matches!(tree.file(h.file_id).kind, Some(Kind::Unix(_))) {
             out.entry(h.file_id).or_insert(h);
