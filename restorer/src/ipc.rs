@@ -194,7 +194,7 @@ pub fn load(images: &ImageDir, owners: &Owners, vmas: &[(i32, &[Vma])]) -> Resul
         {
             let seg = ipc.shm.iter().find(|s| s.id() == v.sysv_shmid);
             if seg.is_none_or(|s| s.mapped_len() != v.len() || v.file_offset != 0) {
-                return Err(crate::mm::invalid(
+                return Err(RestoreError::vma(
                     *pid,
                     v,
                     &format!(
@@ -594,7 +594,7 @@ pub fn attach(r: &Remote<'_>, v: &Vma) -> Result<()> {
         [v.sysv_shmid as u64, v.start, flags, 0, 0, 0],
     )?;
     if at != v.start {
-        return Err(crate::mm::invalid(
+        return Err(RestoreError::vma(
             r.t.pid(),
             v,
             "SysV segment attached at a different address",

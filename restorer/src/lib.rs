@@ -1172,7 +1172,8 @@ fn rebuild_memory(
     match server {
         None => pages::fill_pages(&r, &p.mm, images, &name, pages, opts.progress)?,
         Some((server, checks)) => {
-            let mut split = lazy::split(&p.mm, pages::plan(pid, &p.mm, pages.len() as u64)?);
+            let mut split =
+                pages::layout::split(&p.mm, pages::plan(pid, &p.mm, pages.len() as u64)?);
             log::debug!(
                 "pid {pid}: {} pieces copied now, {} served on demand in {} VMAs",
                 split.eager.len(),

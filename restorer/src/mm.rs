@@ -872,11 +872,8 @@ fn changed(pid: i32, v: &Vma, what: String) -> RestoreError {
     }
 }
 
-pub fn invalid(pid: i32, v: &Vma, what: &str) -> RestoreError {
-    RestoreError::Image(ckpt_image::ImageError::Invalid {
-        path: ckpt_image::mm_name(pid).into(),
-        what: format!("VMA {:#x}-{:#x}: {what}", v.start, v.end),
-    })
+fn invalid(pid: i32, v: &Vma, what: &str) -> RestoreError {
+    RestoreError::vma(pid, v, what)
 }
 
 #[cfg(test)]
