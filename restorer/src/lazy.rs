@@ -892,49 +892,4 @@ mod tests {
         assert_eq!(holding(&p, 0x2000), None);
         assert_eq!(holding(&p, 0x9000), Some(0x9000));
     }
-
-    #[test]
-    fn only_writable_private_anonymous_memory_is_lazy_and_first_pages_are_eager() {
-        let vma = |start, end, kind: VmaKind, prot| Vma {
-            start,
-            end,
-            kind: kind as i32,
-            prot,
-            ..Default::default()
-        };
-        let rw = prot::READ | prot::WRITE;
-        let mm = Mm {
-            vmas: vec![
-                vma(0x10000, 0x20000, VmaKind::Anon, rw),
-                vma(0x20000, 0x30000, VmaKind::Anon, prot::READ),
-                vma(0x30000, 0x40000, VmaKind::FilePrivate, rw),
-            ],
-            ..Default::default()
-        };
-        let copy = |addr, len| PageCopy {
-            addr,
-            file_offset: 0,
-            file_len: len,
-            raw_len: len,
-            encoding: PageEncoding::Raw,
-        };
-        let s = split(
-            &mm,
-            vec![
-                copy(0x10000, 0x1000),
-                copy(0x11000, 0x2000),
-                copy(0x21000, 0x1000),
-                copy(0x31000, 0x1000),
-            ],
-        );
-        assert_eq!(s.ranges, vec![(0x10000, 0x20000)]);
-        assert_eq!(s.lazy, vec![copy(0x11000, 0x2000)]);
-        assert_eq!(s.eager.len(), 3);
-        // A raw range from a VMA's start: its first page only is eager.
-        let s = split(&mm, vec![copy(0x10000, 0x3000)]);
-        assert_eq!(s.eager, vec![copy(0x10000, 0x1000)]);
-        let mut rest = copy(0x11000, 0x2000);
-        rest.file_offset = 0x1000;
-        assert_eq!(s.lazy, vec![rest]);
-    }
 }
