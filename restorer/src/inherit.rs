@@ -3,7 +3,7 @@
 //! A VMA the dumper marked `inherited` is the parent's private anonymous
 //! mapping at the same address, whose pages the child had not written.
 //! The tree builder forks a child only after its parent's memory is back
-//! (`lib.rs`, `build_tree`), so the child starts with that mapping and its
+//! (`rebuild/build.rs`, `build_tree`), so the child starts with that mapping and its
 //! pages shared with the parent, exactly as after the original fork. Here
 //! the child keeps those mappings while everything else it inherited is
 //! unmapped, drops the pages it never had, and then gets its own pages

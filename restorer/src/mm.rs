@@ -10,8 +10,8 @@ use ckpt_image::task::MmFields;
 use std::os::unix::fs::MetadataExt;
 
 use crate::error::{FileUse, RestoreError, Result};
-use crate::fd::identity::{Contents, Expected, FileChecks, Inode};
 use crate::fd::take_from;
+use crate::identity::{Contents, Expected, FileChecks, Inode};
 use crate::shmem;
 use ckpt_image::ImageDir;
 use ckpt_image::task::Creds;
