@@ -8,9 +8,9 @@
 use ckpt_image::ImageDir;
 use ckpt_image::fd::Files;
 
-use crate::RestoreOptions;
 use crate::fd::inet::OutsidePeers;
 use crate::identity::FileChecks;
+use crate::options::RestoreOptions;
 use crate::shmem;
 
 /// The restore-wide state of one rebuild.

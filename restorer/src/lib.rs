@@ -23,7 +23,7 @@
 //!
 //! The phases have a module each: `read.rs` (reading and verifying the
 //! images), `rebuild/` (the rebuild as named steps over the restore-wide
-//! [`context::RestoreContext`]), `resume.rs` (letting the tree run).
+//! `RestoreContext` of `context.rs`), `resume.rs` (letting the tree run).
 
 #![warn(missing_docs)]
 
@@ -70,8 +70,8 @@ use ckpt_image::fd::Files;
 use ckpt_image::{ImageDir, ImageKey, ImageKind};
 
 pub use error::{FileUse, RestoreError, Result};
-pub use fd::{AddressConflict, AddressMap, FilePolicy, InheritFd};
-pub use options::RestoreOptions;
+pub use fd::{AddressConflict, AddressMap};
+pub use options::{FilePolicy, InheritFd, RestoreOptions};
 pub use outcome::{Rebound, RestorePhaseTimes, RestoreStats, Restored};
 pub use resume::Stopped;
 

@@ -12,7 +12,7 @@ pub struct Restored {
     pub pid: i32,
     /// The figures of the restore.
     pub stats: RestoreStats,
-    /// With [`RestoreOptions::lazy`]: the page server, filling the rest in
+    /// With [`crate::RestoreOptions::lazy`]: the page server, filling the rest in
     /// the background. Wait for it or detach it; dropping it stops the
     /// service, and the pages not yet filled would read as zeros.
     pub lazy: Option<lazy::PageServer>,

@@ -1,4 +1,4 @@
-//! Phase 1 of a restore, read: the manifest's seal is checked with the
+//! Read, the first phase of a restore: the manifest's seal is checked with the
 //! site's key and the whole image against the manifest's checksums, every
 //! process's credentials against the owner the manifest recorded, and
 //! every image against the others (fds against files, mappings against
@@ -17,8 +17,9 @@ use ckpt_image::task::Core;
 use ckpt_image::{ImageDir, ImageError, ImageKind};
 
 use crate::error::{RestoreError, Result};
+use crate::options::RestoreOptions;
 use crate::outcome::{RestoreStats, ms_since};
-use crate::{RestoreOptions, creds, fd, inherit, ipc, lazy, mm, pages, shmem, sys};
+use crate::{creds, fd, inherit, ipc, lazy, mm, pages, shmem, sys};
 
 /// Everything read and checked from the checkpoint, as the rebuild uses it.
 pub(crate) struct Checkpoint {

@@ -1,4 +1,4 @@
-//! Phase 3 of a restore, resume: the tree, rebuilt and held stopped,
+//! Resume, the last phase of a restore: the tree, rebuilt and held stopped,
 //! runs. Children are let go first, so no parent runs while a child is
 //! held; a process that dies before it is let go takes the whole tree
 //! with it.
@@ -9,9 +9,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::error::Result;
-use crate::held::{ChildrenFirst, Held};
+use crate::held::{ChildGuard, ChildrenFirst, Held};
 use crate::outcome::{Rebound, RestoreStats, Restored, ms_since};
-use crate::rebuild::spawn::ChildGuard;
 use crate::{fd, ib, ipc, lazy, sys};
 
 /// A restored tree, every process rebuilt and still stopped under ptrace

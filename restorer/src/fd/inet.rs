@@ -16,7 +16,7 @@
 //! sent are then sent normally. The restored process never holds a socket
 //! in repair mode.
 
-mod moved;
+pub(crate) mod moved;
 mod timewait;
 
 pub use moved::{AddressConflict, AddressMap, node_addresses};

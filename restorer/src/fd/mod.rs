@@ -32,7 +32,6 @@ mod unix;
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use ckpt_image::task::Creds;
 
@@ -41,6 +40,7 @@ use ckpt_image::fd::{Fd, FdTable, File, Files, file::Kind};
 
 use crate::context::RestoreContext;
 use crate::error::{RestoreError, Result};
+use crate::options::{FilePolicy, InheritFd};
 use ckpt_parasite::remote::Remote;
 
 /// One kind of open file, restore side.
@@ -108,72 +108,6 @@ fn install_file(
 enum Pass {
     First,
     Last,
-}
-
-/// What the user running the restore allows to reach the restored
-/// processes beyond their images.
-#[derive(Debug, Clone, Default)]
-pub struct FilePolicy {
-    /// Fds of the restorer, besides 0, 1 and 2, that a terminal fd of the
-    /// same number may receive (`ckpt restore --inherit-fd N`). Any other
-    /// terminal fd gets `/dev/null`: whatever else the restorer has open
-    /// must never reach a process of another user.
-    pub inherit_fds: Vec<InheritFd>,
-    /// Files whose contents may have changed since the dump
-    /// (`ckpt restore --allow-changed PATH`, as the dump recorded the path):
-    /// reopened at their end instead of the dumped offset, as an
-    /// append-only log continues. Owner, mode, type and (on the dumping
-    /// host) inode must still match.
-    pub allow_changed: Vec<PathBuf>,
-    /// Where the processes' network addresses moved since the dump
-    /// (`ckpt restore --map-address`, or a coordinated restart's address
-    /// exchange): inet sockets come back on the new addresses.
-    pub addresses: AddressMap,
-}
-
-/// A restorer fd the user hands to the restored processes
-/// (`ckpt restore --inherit-fd`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum InheritFd {
-    /// `N`: a terminal fd N of the process may receive the restorer's fd N.
-    Terminal(i32),
-    /// `fd[N]:KEY`: the restorer's fd N stands in for the open file
-    /// declared external with KEY at dump time.
-    External {
-        /// The restorer's fd.
-        fd: i32,
-        /// The key given to `ckpt dump --external`.
-        key: String,
-    },
-}
-
-impl std::str::FromStr for InheritFd {
-    type Err = String;
-
-    /// `N` or `fd[N]:KEY` (CRIU's form).
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        let number = |n: &str| {
-            n.parse::<i32>()
-                .ok()
-                .filter(|n| *n >= 0)
-                .ok_or_else(|| format!("{s}: not an fd number"))
-        };
-        match s.strip_prefix("fd[") {
-            None => number(s).map(InheritFd::Terminal),
-            Some(rest) => {
-                let (n, key) = rest
-                    .split_once("]:")
-                    .ok_or_else(|| format!("{s}: expected fd[N]:KEY"))?;
-                if key.is_empty() {
-                    return Err(format!("{s}: empty KEY"));
-                }
-                Ok(InheritFd::External {
-                    fd: number(n)?,
-                    key: key.into(),
-                })
-            }
-        }
-    }
 }
 
 /// The restorer's standard input, output and error: passed to the

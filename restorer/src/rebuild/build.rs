@@ -11,9 +11,10 @@ use super::process::{self, Served};
 use crate::context::RestoreContext;
 use crate::error::{RestoreError, Result};
 use crate::held::{ChildrenFirst, Held};
+use crate::options::RestoreOptions;
 use crate::outcome::ms_since;
 use crate::read::{Checkpoint, ProcessImages};
-use crate::{RestoreOptions, fd, lazy, mm, shapes, task, tree};
+use crate::{fd, lazy, mm, shapes, task, tree};
 
 /// What building the processes carries from one to the next.
 pub(super) struct Build<'a> {

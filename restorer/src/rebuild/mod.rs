@@ -1,4 +1,4 @@
-//! Phase 2 of a restore, rebuild: every process of the tree is created
+//! Rebuild, the second phase of a restore: every process of the tree is created
 //! and rebuilt, and left stopped. A sequence of named steps, in an order
 //! that matters (each step says why it comes where it does); any failure
 //! kills what was created, so no half-built process ever runs.
@@ -6,7 +6,7 @@
 mod build;
 mod process;
 mod rebound;
-pub(crate) mod spawn;
+mod spawn;
 
 use std::time::Instant;
 
@@ -17,12 +17,14 @@ use nix::unistd::Pid;
 
 use crate::context::RestoreContext;
 use crate::error::Result;
+use crate::held::ChildGuard;
+use crate::options::RestoreOptions;
 use crate::outcome::ms_since;
 use crate::read::{Checkpoint, Read};
 use crate::resume::Stopped;
-use crate::{RestoreOptions, fd, ib, ipc, lazy, ns, pid};
+use crate::{fd, ib, ipc, lazy, ns, pid};
 use build::{Build, Built};
-use spawn::{ChildGuard, RestorerPidfd};
+use spawn::RestorerPidfd;
 
 /// Creates every process of the checkpoint read and rebuilds it, leaving
 /// all of them stopped.

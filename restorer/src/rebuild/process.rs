@@ -8,10 +8,10 @@ use ckpt_parasite::remote::Remote;
 
 use crate::context::RestoreContext;
 use crate::error::Result;
+use crate::options::RestoreOptions;
 use crate::read::ProcessImages;
 use crate::{
-    RestoreOptions, creds, fd, held, inherit, lazy, mm, pages, prctl, sched, seccomp, stopped,
-    task, thread, timer,
+    creds, fd, held, inherit, lazy, mm, pages, prctl, sched, seccomp, stopped, task, thread, timer,
 };
 
 /// A lazily served process's share of the page server: the server, and

@@ -1,77 +1,18 @@
 //! Creating the root: with its original pid (clone3 `set_tid`), or as
-//! PID 1 of a new PID namespace, stopped and traced; and what keeps a
-//! half-built root from outliving a failed restore.
+//! PID 1 of a new PID namespace, stopped and traced (a `ChildGuard` kills
+//! it if the restore fails).
 
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::Signal;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 use crate::error::{RestoreError, Result};
+use crate::held::ChildGuard;
+use crate::options::RestoreOptions;
 use crate::read::ProcessImages;
-use crate::{RestoreOptions, fd, held, pid, sys};
-
-/// Kills and reaps the half-built child unless disarmed.
-pub(crate) struct ChildGuard {
-    /// The root's pid, as the restorer sees it.
-    pub(crate) pid: i32,
-    armed: std::cell::Cell<bool>,
-}
-
-impl ChildGuard {
-    /// The root runs: it is the caller's now.
-    pub(crate) fn disarm(&self) {
-        self.armed.set(false);
-    }
-}
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        if !self.armed.get() {
-            return;
-        }
-        let p = Pid::from_raw(self.pid);
-        // Bounded: a PID namespace's init dies only after every task of
-        // its namespace is collected, and one that is not (still exiting,
-        // or never held) must not keep a failed restore from ending. The
-        // restorer's exit lets go of what it still traces.
-        let until = Instant::now() + held::DEATH_WAIT;
-        let mut killed = false;
-        loop {
-            let status = waitpid(p, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG));
-            // Collected, now or before (a held root's drop does): its pid
-            // may be anyone's by now, and is not signalled.
-            if matches!(
-                status,
-                Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) | Err(_)
-            ) {
-                return;
-            }
-            if !killed {
-                let _ = kill(p, Signal::SIGKILL);
-                killed = true;
-            }
-            // A stop on the way out: let it go on dying (the kill is
-            // pending, so it runs nothing).
-            if matches!(
-                status,
-                Ok(WaitStatus::PtraceEvent(..) | WaitStatus::Stopped(..))
-            ) {
-                let _ = nix::sys::ptrace::cont(p, None);
-            }
-            if Instant::now() >= until {
-                log::warn!(
-                    "pid {}: the restored root has not died after {:?}",
-                    self.pid,
-                    held::DEATH_WAIT
-                );
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-}
+use crate::{fd, pid, sys};
 
 /// The restorer's pidfd, inherited by the processes of a tree restored into
 /// a new PID namespace (see [`fd::RESTORER_PIDFD`]), while it lives.
@@ -114,10 +55,7 @@ pub(super) fn spawn_in_new_pidns(root: i32, ns_flags: u64) -> Result<ChildGuard>
     }
     let got = sys::fork_stopped_in_new_pidns(ns_flags)
         .map_err(|e| RestoreError::os(root, "clone3 with CLONE_NEWPID", e))?;
-    let guard = ChildGuard {
-        pid: got,
-        armed: true.into(),
-    };
+    let guard = ChildGuard::new(got);
     match waitpid(Pid::from_raw(got), Some(WaitPidFlag::__WALL)) {
         Ok(WaitStatus::Stopped(_, Signal::SIGSTOP)) => Ok(guard),
         other => Err(RestoreError::os(
@@ -139,10 +77,7 @@ pub(super) fn spawn(pid: i32, ns_flags: u64, opts: &RestoreOptions<'_>) -> Resul
         )?;
         match sys::fork_stopped_with_pid(pid, ns_flags) {
             Ok(got) => {
-                let guard = ChildGuard {
-                    pid: got,
-                    armed: true.into(),
-                };
+                let guard = ChildGuard::new(got);
                 match waitpid(Pid::from_raw(got), Some(WaitPidFlag::__WALL)) {
                     Ok(WaitStatus::Stopped(_, Signal::SIGSTOP)) => return Ok(guard),
                     other => {
