@@ -29,6 +29,7 @@
 
 pub mod error;
 
+mod addresses;
 mod context;
 mod creds;
 mod fd;
@@ -69,8 +70,8 @@ use std::path::Path;
 use ckpt_image::fd::Files;
 use ckpt_image::{ImageDir, ImageKey, ImageKind};
 
+pub use addresses::{AddressConflict, AddressMap};
 pub use error::{FileUse, RestoreError, Result};
-pub use fd::{AddressConflict, AddressMap};
 pub use options::{FilePolicy, InheritFd, RestoreOptions};
 pub use outcome::{Rebound, RestorePhaseTimes, RestoreStats, Restored};
 pub use resume::Stopped;
@@ -91,7 +92,7 @@ pub fn node_addresses(dir: &Path, key: &ImageKey) -> Result<BTreeSet<IpAddr>> {
     // restore that uses it, not hashed here a first time.
     let images = ImageDir::open_deferring_pages(dir, key)?;
     let files: Files = images.read_meta(ckpt_image::FILES_NAME, ImageKind::Files)?;
-    Ok(fd::node_addresses(&files))
+    Ok(addresses::node_addresses(&files))
 }
 
 /// Reads and verifies the whole checkpoint, then creates every process of

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use ckpt_image::ImageKey;
 
-use crate::fd::inet::moved::AddressMap;
+use crate::addresses::AddressMap;
 use crate::ns;
 
 /// Options of one restore.

@@ -16,10 +16,7 @@
 //! sent are then sent normally. The restored process never holds a socket
 //! in repair mode.
 
-pub(crate) mod moved;
 mod timewait;
-
-pub use moved::{AddressConflict, AddressMap, node_addresses};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -345,7 +342,7 @@ impl Plan {
                 .transpose()
         };
         // A part restored where its addresses changed comes back on the
-        // new ones (the map is the operator's or the job's, see `moved`).
+        // new ones (the map is the operator's or the job's, see `addresses.rs`).
         let moved = &cx.shared.options.files.addresses;
         let local = addr(&image.local)?.map(|a| moved.apply(a));
         let peer = addr(&image.peer)?.map(|a| moved.apply(a));

@@ -17,7 +17,7 @@ mod fifo;
 mod ib;
 
 pub(crate) mod inet;
-pub use inet::{AddressConflict, AddressMap, OutsidePeers, node_addresses};
+pub use inet::OutsidePeers;
 mod inotify;
 mod lock;
 mod memfd;
