@@ -184,6 +184,14 @@ impl RestoreError {
             what,
         }
     }
+
+    /// VMA `v` of `pid`'s mm image is invalid.
+    pub(crate) fn vma(pid: i32, v: &ckpt_image::mm::Vma, what: &str) -> Self {
+        RestoreError::Image(ImageError::Invalid {
+            path: ckpt_image::mm_name(pid).into(),
+            what: format!("VMA {:#x}-{:#x}: {what}", v.start, v.end),
+        })
+    }
 }
 
 impl RestoreError {

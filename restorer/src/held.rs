@@ -14,7 +14,9 @@
 //! collected as their tracer: a killed task ckpt traces stays a zombie
 //! for ckpt until then, which holds back its process's own death report
 //! (a thread) and a PID namespace's init (any task of the namespace), and
-//! with them whoever waits for either.
+//! with them whoever waits for either. The root, until the tree runs, is
+//! also guarded by a [`ChildGuard`], which kills and reaps it even when it
+//! was never held.
 
 use std::ops::{Deref, DerefMut};
 use std::time::{Duration, Instant};
@@ -208,6 +210,75 @@ impl Drop for NewThreads {
             let _ = kill(Pid::from_raw(self.tgid), Signal::SIGKILL);
             let until = Instant::now() + DEATH_WAIT;
             collect(self.tgid, std::mem::take(&mut self.threads), until);
+        }
+    }
+}
+
+/// Kills and reaps the half-built child unless disarmed.
+pub(crate) struct ChildGuard {
+    /// The root's pid, as the restorer sees it.
+    pub(crate) pid: i32,
+    armed: std::cell::Cell<bool>,
+}
+
+impl ChildGuard {
+    /// Guards the new root `pid`, stopped and traced by the restorer.
+    pub(crate) fn new(pid: i32) -> ChildGuard {
+        ChildGuard {
+            pid,
+            armed: true.into(),
+        }
+    }
+
+    /// The root runs: it is the caller's now.
+    pub(crate) fn disarm(&self) {
+        self.armed.set(false);
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if !self.armed.get() {
+            return;
+        }
+        let p = Pid::from_raw(self.pid);
+        // Bounded: a PID namespace's init dies only after every task of
+        // its namespace is collected, and one that is not (still exiting,
+        // or never held) must not keep a failed restore from ending. The
+        // restorer's exit lets go of what it still traces.
+        let until = Instant::now() + DEATH_WAIT;
+        let mut killed = false;
+        loop {
+            let status = waitpid(p, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG));
+            // Collected, now or before (a held root's drop does): its pid
+            // may be anyone's by now, and is not signalled.
+            if matches!(
+                status,
+                Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) | Err(_)
+            ) {
+                return;
+            }
+            if !killed {
+                let _ = kill(p, Signal::SIGKILL);
+                killed = true;
+            }
+            // A stop on the way out: let it go on dying (the kill is
+            // pending, so it runs nothing).
+            if matches!(
+                status,
+                Ok(WaitStatus::PtraceEvent(..) | WaitStatus::Stopped(..))
+            ) {
+                let _ = nix::sys::ptrace::cont(p, None);
+            }
+            if Instant::now() >= until {
+                log::warn!(
+                    "pid {}: the restored root has not died after {:?}",
+                    self.pid,
+                    DEATH_WAIT
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 }

@@ -26,9 +26,9 @@ use std::time::Duration;
 use ckpt_image::ib::IbLayer;
 use ckpt_parasite::{Regs, SYSCALL_INT3, Tracee};
 
-use crate::ProcessImages;
 use crate::error::{RestoreError, Result};
 use crate::held::Held;
+use crate::read::ProcessImages;
 
 const PAGE: u64 = 4096;
 /// Stack for the layer's code.

@@ -3,7 +3,7 @@
 //! A VMA the dumper marked `inherited` is the parent's private anonymous
 //! mapping at the same address, whose pages the child had not written.
 //! The tree builder forks a child only after its parent's memory is back
-//! (`lib.rs`, `build_tree`), so the child starts with that mapping and its
+//! (`rebuild/build.rs`, `build_tree`), so the child starts with that mapping and its
 //! pages shared with the parent, exactly as after the original fork. Here
 //! the child keeps those mappings while everything else it inherited is
 //! unmapped, drops the pages it never had, and then gets its own pages
@@ -14,8 +14,7 @@ use ckpt_image::PAGE_SIZE;
 use ckpt_image::mm::{Mm, Vma, VmaKind, vma_flags};
 use ckpt_parasite::remote::Remote;
 
-use crate::error::Result;
-use crate::mm::invalid;
+use crate::error::{RestoreError, Result};
 
 /// Checks a process's inherited VMAs against its parent's image before any
 /// process is created: each must be a private anonymous mapping the parent
@@ -24,7 +23,7 @@ use crate::mm::invalid;
 pub fn check(pid: i32, mm: &Mm, parent: Option<&Mm>) -> Result<()> {
     for v in mm.vmas.iter().filter(|v| v.inherited) {
         if v.kind != VmaKind::Anon as i32 || v.shmem_owner.is_some() {
-            return Err(invalid(
+            return Err(RestoreError::vma(
                 pid,
                 v,
                 "only private anonymous memory is inherited",
@@ -38,7 +37,7 @@ pub fn check(pid: i32, mm: &Mm, parent: Option<&Mm>) -> Result<()> {
             })
         });
         if !from_parent {
-            return Err(invalid(
+            return Err(RestoreError::vma(
                 pid,
                 v,
                 "marked inherited, but the parent has no such mapping to pass on",
@@ -55,7 +54,7 @@ pub fn check(pid: i32, mm: &Mm, parent: Option<&Mm>) -> Result<()> {
                     next = end
                 }
                 _ => {
-                    return Err(invalid(
+                    return Err(RestoreError::vma(
                         pid,
                         v,
                         "dropped pages outside the mapping or unordered",

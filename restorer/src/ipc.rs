@@ -64,72 +64,100 @@ pub fn load(images: &ImageDir, owners: &Owners, vmas: &[(i32, &[Vma])]) -> Resul
         Err(ImageError::NotListed { .. }) => Ipc::default(),
         Err(e) => return Err(e.into()),
     };
-    let invalid = |what: String| {
-        RestoreError::Image(ImageError::Invalid {
-            path: images.path().join(ckpt_image::IPC_NAME),
-            what,
-        })
-    };
-    let perm = |p: &Option<IpcPerm>| -> Result<IpcPerm> {
-        p.ok_or_else(|| invalid("an object without key, id and owner".into()))
-    };
-    let kinds = [
-        (
-            IpcKind::Shm,
-            ipc.shm
-                .iter()
-                .map(|s| perm(&s.perm))
-                .collect::<Result<Vec<_>>>()?,
-        ),
-        (
-            IpcKind::Sem,
-            ipc.sem
-                .iter()
-                .map(|s| perm(&s.perm))
-                .collect::<Result<Vec<_>>>()?,
-        ),
-        (
-            IpcKind::Msg,
-            ipc.msg
-                .iter()
-                .map(|s| perm(&s.perm))
-                .collect::<Result<Vec<_>>>()?,
-        ),
-    ];
-    for (kind, perms) in &kinds {
-        for (i, p) in perms.iter().enumerate() {
-            if perms[..i]
-                .iter()
-                .any(|q| q.id == p.id || (p.key != 0 && q.key == p.key))
-            {
-                return Err(invalid(format!("{} listed twice", describe(*kind, p))));
-            }
-            if p.id < 0 || p.mode & !MODE_BITS != 0 {
-                return Err(invalid(format!("{}: bad id or mode", describe(*kind, p))));
-            }
-            if !owners.uids.contains(&p.uid) || !owners.gids.contains(&p.gid) {
-                return Err(refuse(
-                    *kind,
-                    p,
-                    format!(
-                        "owned by uid {} gid {}, which none of the dumped processes had; refused",
-                        p.uid, p.gid
-                    ),
-                ));
-            }
-        }
-    }
+    let check = Check { images };
+    check.perms(&ipc, owners)?;
     if !ipc.shm.is_empty() {
         let shmmax = kernel_limit("shmmax")?;
         for s in &ipc.shm {
             check_segment(images, s, shmmax)?;
         }
     }
-    if !ipc.sem.is_empty() {
+    check.semaphores(&ipc)?;
+    check.queues(&ipc)?;
+    check_attaches(&ipc, vmas)?;
+    Ok(ipc)
+}
+
+/// The checks of `ipc.img` of one checkpoint.
+struct Check<'i> {
+    images: &'i ImageDir,
+}
+
+impl Check<'_> {
+    /// An error naming `ipc.img`.
+    fn invalid(&self, what: String) -> RestoreError {
+        RestoreError::Image(ImageError::Invalid {
+            path: self.images.path().join(ckpt_image::IPC_NAME),
+            what,
+        })
+    }
+
+    /// An object's key, id and owner, which every object must have.
+    fn perm(&self, p: &Option<IpcPerm>) -> Result<IpcPerm> {
+        p.ok_or_else(|| self.invalid("an object without key, id and owner".into()))
+    }
+
+    /// Per kind, ids and keys unique, modes valid, owners among the
+    /// dumped processes' ids.
+    fn perms(&self, ipc: &Ipc, owners: &Owners) -> Result<()> {
+        let kinds = [
+            (
+                IpcKind::Shm,
+                ipc.shm
+                    .iter()
+                    .map(|s| self.perm(&s.perm))
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+            (
+                IpcKind::Sem,
+                ipc.sem
+                    .iter()
+                    .map(|s| self.perm(&s.perm))
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+            (
+                IpcKind::Msg,
+                ipc.msg
+                    .iter()
+                    .map(|s| self.perm(&s.perm))
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+        ];
+        for (kind, perms) in &kinds {
+            for (i, p) in perms.iter().enumerate() {
+                if perms[..i]
+                    .iter()
+                    .any(|q| q.id == p.id || (p.key != 0 && q.key == p.key))
+                {
+                    return Err(self.invalid(format!("{} listed twice", describe(*kind, p))));
+                }
+                if p.id < 0 || p.mode & !MODE_BITS != 0 {
+                    return Err(self.invalid(format!("{}: bad id or mode", describe(*kind, p))));
+                }
+                if !owners.uids.contains(&p.uid) || !owners.gids.contains(&p.gid) {
+                    return Err(refuse(
+                        *kind,
+                        p,
+                        format!(
+                            "owned by uid {} gid {}, which none of the dumped processes had; refused",
+                            p.uid, p.gid
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Semaphore sets within this kernel's SEMMSL, values within range.
+    fn semaphores(&self, ipc: &Ipc) -> Result<()> {
+        if ipc.sem.is_empty() {
+            return Ok(());
+        }
         // SEMMSL is the first of the four numbers of /proc/sys/kernel/sem.
         let semmsl = kernel_limit("sem")?;
         for s in &ipc.sem {
-            let p = perm(&s.perm)?;
+            let p = self.perm(&s.perm)?;
             if s.values.is_empty() || s.values.len() as u64 > semmsl {
                 return Err(refuse(
                     IpcKind::Sem,
@@ -141,17 +169,23 @@ pub fn load(images: &ImageDir, owners: &Owners, vmas: &[(i32, &[Vma])]) -> Resul
                 ));
             }
             if s.values.iter().any(|v| *v > SEM_VALUE_MAX) {
-                return Err(invalid(format!(
+                return Err(self.invalid(format!(
                     "{}: value above {SEM_VALUE_MAX}",
                     describe(IpcKind::Sem, &p)
                 )));
             }
         }
+        Ok(())
     }
-    if !ipc.msg.is_empty() {
+
+    /// Message queues within this kernel's limits and their own.
+    fn queues(&self, ipc: &Ipc) -> Result<()> {
+        if ipc.msg.is_empty() {
+            return Ok(());
+        }
         let (msgmax, msgmnb) = (kernel_limit("msgmax")?, kernel_limit("msgmnb")?);
         for q in &ipc.msg {
-            let p = perm(&q.perm)?;
+            let p = self.perm(&q.perm)?;
             // Only CAP_SYS_RESOURCE raises a queue above msgmnb: an owner
             // other than root cannot have had more.
             if q.qbytes > msgmnb && p.uid != 0 {
@@ -180,13 +214,18 @@ pub fn load(images: &ImageDir, owners: &Owners, vmas: &[(i32, &[Vma])]) -> Resul
                 total += m.text.len() as u64;
             }
             if total > q.qbytes {
-                return Err(invalid(format!(
+                return Err(self.invalid(format!(
                     "{}: more bytes queued than its limit",
                     describe(IpcKind::Msg, &p)
                 )));
             }
         }
+        Ok(())
     }
+}
+
+/// Every attach of `vmas` names a segment of `ipc` with the segment's size.
+fn check_attaches(ipc: &Ipc, vmas: &[(i32, &[Vma])]) -> Result<()> {
     for (pid, vmas) in vmas {
         for v in vmas
             .iter()
@@ -194,7 +233,7 @@ pub fn load(images: &ImageDir, owners: &Owners, vmas: &[(i32, &[Vma])]) -> Resul
         {
             let seg = ipc.shm.iter().find(|s| s.id() == v.sysv_shmid);
             if seg.is_none_or(|s| s.mapped_len() != v.len() || v.file_offset != 0) {
-                return Err(crate::mm::invalid(
+                return Err(RestoreError::vma(
                     *pid,
                     v,
                     &format!(
@@ -205,7 +244,7 @@ pub fn load(images: &ImageDir, owners: &Owners, vmas: &[(i32, &[Vma])]) -> Resul
             }
         }
     }
-    Ok(ipc)
+    Ok(())
 }
 
 /// A segment's size is within shmmax and its saved pages within the
@@ -594,7 +633,7 @@ pub fn attach(r: &Remote<'_>, v: &Vma) -> Result<()> {
         [v.sysv_shmid as u64, v.start, flags, 0, 0, 0],
     )?;
     if at != v.start {
-        return Err(crate::mm::invalid(
+        return Err(RestoreError::vma(
             r.t.pid(),
             v,
             "SysV segment attached at a different address",

@@ -40,12 +40,13 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use ckpt_image::PAGE_SIZE;
-use ckpt_image::mm::{Mm, PageCopy, PageEncoding, Vma, VmaKind, prot};
+use ckpt_image::mm::{Mm, PageCopy, PageEncoding};
 use ckpt_parasite::remote::Remote;
 use ckpt_parasite::uffd::{self, Event, Features, RegisterMode, Stop, Userfault};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::error::{RestoreError, Result};
+use crate::pages::layout::{self, Split};
 use crate::sys;
 
 /// The events a lazily restored address space reports, besides faults.
@@ -54,84 +55,18 @@ const FEATURES: Features = Features::EVENT_FORK
     .with(Features::EVENT_REMOVE)
     .with(Features::EVENT_UNMAP);
 
-/// Largest piece of raw page data one fault or one background step copies
-/// (LZ4 blocks are one piece whatever their size).
-const PIECE_BYTES: u64 = 1 << 20;
-
-/// True for a VMA whose saved pages are served on demand: private
-/// anonymous, writable, not shared with the parent since fork. Read-only
-/// and inaccessible memory is small and stays eager.
-pub(crate) fn serves(v: &Vma) -> bool {
-    v.kind == VmaKind::Anon as i32
-        && !v.inherited
-        && v.shmem_owner.is_none()
-        && v.prot & prot::WRITE != 0
-}
-
-/// A process's page data split between what is copied now and what is
-/// served later.
-pub(crate) struct Split {
-    /// Copied into place before the process runs.
-    pub eager: Vec<PageCopy>,
-    /// Served by the page server (raw ranges cut into pieces).
-    pub lazy: Vec<PageCopy>,
-    /// The VMAs to register, `(start, end)`.
-    pub ranges: Vec<(u64, u64)>,
-}
-
-/// Splits `copies` (checked by `plan`) of `mm`. A piece holding a VMA's
-/// first page is eager: the rebuild may have made that page present
-/// already (a VMA given an anon_vma of its own), and a present page can
-/// only be written, never filled.
-pub(crate) fn split(mm: &Mm, copies: Vec<PageCopy>) -> Split {
-    let mut vmas: Vec<&Vma> = mm.vmas.iter().filter(|v| serves(v)).collect();
-    vmas.sort_unstable_by_key(|v| v.start);
-    let vma_of = |addr: u64| {
-        let i = vmas.partition_point(|v| v.start <= addr);
-        (i > 0 && addr < vmas[i - 1].end).then(|| vmas[i - 1])
-    };
-    let mut out = Split {
-        eager: Vec::new(),
-        lazy: Vec::new(),
-        ranges: Vec::new(),
-    };
-    for c in copies {
-        let Some(v) = vma_of(c.addr) else {
-            out.eager.push(c);
-            continue;
-        };
-        let c = if c.addr != v.start {
-            c
-        } else if c.encoding == PageEncoding::Raw && c.raw_len > PAGE_SIZE {
-            // Raw data is cut after the first page.
-            out.eager.push(crate::pages::raw_part(&c, 0, PAGE_SIZE));
-            crate::pages::raw_part(&c, PAGE_SIZE, c.raw_len - PAGE_SIZE)
-        } else {
-            out.eager.push(c);
-            continue;
-        };
-        if out.ranges.last() != Some(&(v.start, v.end)) {
-            out.ranges.push((v.start, v.end));
-        }
-        crate::pages::cut_into_pieces(c, PIECE_BYTES, &mut out.lazy);
-    }
-    out.ranges.sort_unstable();
-    out.ranges.dedup();
-    out
-}
-
 /// Starts reading the digest blocks that hold `mm`'s eager pieces (see
 /// [`split`]) into the page cache, beside the rest of the rebuild: they
 /// are checked whole before the process runs, and from a cold cache their
 /// reads were a third of the time to running. Only a hint: a bad layout is
 /// reported when the pieces are copied.
 pub(crate) fn read_ahead_eager(pid: i32, mm: &Mm, pages: &memmap2::Mmap) {
-    let Ok(copies) = crate::pages::plan(pid, mm, pages.len() as u64) else {
+    let Ok(copies) = layout::plan(pid, mm, pages.len() as u64) else {
         return;
     };
     let block = ckpt_image::digest::BLOCK;
     let file_len = pages.len() as u64;
-    let mut blocks: Vec<u64> = split(mm, copies)
+    let mut blocks: Vec<u64> = layout::split(mm, copies)
         .eager
         .iter()
         .flat_map(|c| c.file_offset / block..(c.file_offset + c.file_len).div_ceil(block))
@@ -956,50 +891,5 @@ mod tests {
         assert_eq!(holding(&p, 0x1fff), Some(0x1000));
         assert_eq!(holding(&p, 0x2000), None);
         assert_eq!(holding(&p, 0x9000), Some(0x9000));
-    }
-
-    #[test]
-    fn only_writable_private_anonymous_memory_is_lazy_and_first_pages_are_eager() {
-        let vma = |start, end, kind: VmaKind, prot| Vma {
-            start,
-            end,
-            kind: kind as i32,
-            prot,
-            ..Default::default()
-        };
-        let rw = prot::READ | prot::WRITE;
-        let mm = Mm {
-            vmas: vec![
-                vma(0x10000, 0x20000, VmaKind::Anon, rw),
-                vma(0x20000, 0x30000, VmaKind::Anon, prot::READ),
-                vma(0x30000, 0x40000, VmaKind::FilePrivate, rw),
-            ],
-            ..Default::default()
-        };
-        let copy = |addr, len| PageCopy {
-            addr,
-            file_offset: 0,
-            file_len: len,
-            raw_len: len,
-            encoding: PageEncoding::Raw,
-        };
-        let s = split(
-            &mm,
-            vec![
-                copy(0x10000, 0x1000),
-                copy(0x11000, 0x2000),
-                copy(0x21000, 0x1000),
-                copy(0x31000, 0x1000),
-            ],
-        );
-        assert_eq!(s.ranges, vec![(0x10000, 0x20000)]);
-        assert_eq!(s.lazy, vec![copy(0x11000, 0x2000)]);
-        assert_eq!(s.eager.len(), 3);
-        // A raw range from a VMA's start: its first page only is eager.
-        let s = split(&mm, vec![copy(0x10000, 0x3000)]);
-        assert_eq!(s.eager, vec![copy(0x10000, 0x1000)]);
-        let mut rest = copy(0x11000, 0x2000);
-        rest.file_offset = 0x1000;
-        assert_eq!(s.lazy, vec![rest]);
     }
 }

@@ -10,8 +10,8 @@ use ckpt_image::task::MmFields;
 use std::os::unix::fs::MetadataExt;
 
 use crate::error::{FileUse, RestoreError, Result};
-use crate::fd::identity::{Contents, Expected, FileChecks, Inode};
 use crate::fd::take_from;
+use crate::identity::{Contents, Expected, FileChecks, Inode};
 use crate::shmem;
 use ckpt_image::ImageDir;
 use ckpt_image::task::Creds;
@@ -872,11 +872,8 @@ fn changed(pid: i32, v: &Vma, what: String) -> RestoreError {
     }
 }
 
-pub fn invalid(pid: i32, v: &Vma, what: &str) -> RestoreError {
-    RestoreError::Image(ckpt_image::ImageError::Invalid {
-        path: ckpt_image::mm_name(pid).into(),
-        what: format!("VMA {:#x}-{:#x}: {what}", v.start, v.end),
-    })
+fn invalid(pid: i32, v: &Vma, what: &str) -> RestoreError {
+    RestoreError::vma(pid, v, what)
 }
 
 #[cfg(test)]

@@ -13,22 +13,13 @@ use ckpt_parasite::uffd::{self, Features, RegisterMode, Stop, Userfault};
 use rayon::prelude::*;
 
 use crate::error::{RestoreError, Result};
-use crate::lazy;
 
 mod direct;
+pub(crate) mod layout;
 
 use direct::DirectPages;
-
-/// The checked layout of `pid`'s page data in a pages file of `file_len`
-/// bytes, or an error naming its mm image.
-pub fn plan(pid: i32, mm: &Mm, file_len: u64) -> Result<Vec<PageCopy>> {
-    mm.page_copies(file_len).map_err(|e| {
-        RestoreError::Image(ckpt_image::ImageError::Invalid {
-            path: ckpt_image::mm_name(pid).into(),
-            what: e.to_string(),
-        })
-    })
-}
+pub use layout::plan;
+use layout::{Split, cut_into_pieces};
 
 /// Copies saved pages into place, verified against the sealed manifest
 /// before anything runs (a mismatch fails the restore, the copied pages
@@ -50,7 +41,7 @@ pub fn fill_pages(
     // it, twice the work (1 GiB: 0.27–0.40 s against 0.54–0.76 s here).
     // The rest, and everything when the kernel refuses a userfaultfd, is
     // written as before.
-    let split = lazy::split(mm, plan(r.t.pid(), mm, pages.len() as u64)?);
+    let split = layout::split(mm, plan(r.t.pid(), mm, pages.len() as u64)?);
     if let Some(d) = open_direct(images, name, &split, pages.len() as u64)? {
         log::debug!("{name}: read directly, each block checked as it arrives");
         return copy_pages(r, mm, split, pages, Some(&d), progress);
@@ -77,7 +68,7 @@ pub fn fill_pages(
 fn open_direct(
     images: &ImageDir,
     name: &str,
-    split: &lazy::Split,
+    split: &Split,
     size: u64,
 ) -> Result<Option<DirectPages>> {
     let mut sorted: Vec<PageCopy> = split.eager.iter().chain(&split.lazy).copied().collect();
@@ -110,7 +101,7 @@ const MOSTLY_FILLED: u64 = 8;
 fn copy_pages(
     r: &Remote<'_>,
     mm: &Mm,
-    split: lazy::Split,
+    split: Split,
     pages: &[u8],
     direct: Option<&DirectPages>,
     progress: Option<&(dyn Fn(u64, u64) + Sync)>,
@@ -320,31 +311,4 @@ fn pieces(copies: Vec<PageCopy>) -> Vec<PageCopy> {
         cut_into_pieces(c, PIECE_BYTES, &mut out);
     }
     out
-}
-
-/// `c` into `out`, raw data cut into pieces of at most `piece` bytes (an
-/// LZ4 block is one unit).
-pub(crate) fn cut_into_pieces(c: PageCopy, piece: u64, out: &mut Vec<PageCopy>) {
-    if c.encoding != PageEncoding::Raw {
-        out.push(c);
-        return;
-    }
-    let mut at = 0;
-    while at < c.raw_len {
-        let len = piece.min(c.raw_len - at);
-        out.push(raw_part(&c, at, len));
-        at += len;
-    }
-}
-
-/// The `len` bytes of raw piece `c` from `at` on, as a piece of its own
-/// (raw data goes to memory in file order, byte for byte).
-pub(crate) fn raw_part(c: &PageCopy, at: u64, len: u64) -> PageCopy {
-    PageCopy {
-        addr: c.addr + at,
-        file_offset: c.file_offset + at,
-        file_len: len,
-        raw_len: len,
-        encoding: PageEncoding::Raw,
-    }
 }

@@ -23,8 +23,8 @@ use ckpt_parasite::remote::Remote;
 use ckpt_parasite::{ParasiteError, Tracee};
 use nix::errno::Errno;
 
-use crate::Zombie;
 use crate::error::{RestoreError, Result};
+use crate::read::Zombie;
 use crate::tree;
 
 /// `__WALL` for wait4: the helpers are reaped whatever their exit signal.

@@ -20,7 +20,7 @@ use ckpt_image::{ImageDir, ImageError, ImageKind};
 use ckpt_parasite::remote::Remote;
 
 use crate::error::{RestoreError, Result};
-use crate::fd::identity::FileChecks;
+use crate::identity::FileChecks;
 use crate::sys;
 
 mod tmpfs;

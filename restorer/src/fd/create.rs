@@ -24,8 +24,8 @@ use ckpt_parasite::remote::Remote;
 use nix::errno::Errno;
 
 use super::creds::FsIdentity;
-use super::identity::PERMISSION_BITS;
 use crate::error::{RestoreError, Result};
+use crate::identity::PERMISSION_BITS;
 
 /// Owner, group and permission bits a created file must end up with.
 pub struct Ownership {

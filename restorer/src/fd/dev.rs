@@ -15,7 +15,7 @@ impl FileRestorer for Dev {
 
     fn open(
         &self,
-        _cx: &mut Context<'_>,
+        _cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         file: &File,
         image: &DevFile,

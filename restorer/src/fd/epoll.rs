@@ -31,7 +31,7 @@ impl FileRestorer for Epoll {
 
     fn open(
         &self,
-        cx: &mut Context<'_>,
+        cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         file: &File,
         image: &EpollFile,
@@ -55,7 +55,7 @@ impl FileRestorer for Epoll {
 
 /// Registers target `t` in the epoll at `epfd` (to become fd `fd`).
 fn add_target(
-    cx: &mut Context<'_>,
+    cx: &mut Context<'_, '_>,
     r: &Remote<'_>,
     epfd: i32,
     fd: i32,

@@ -19,7 +19,7 @@ impl FileRestorer for Eventfd {
 
     fn open(
         &self,
-        _cx: &mut Context<'_>,
+        _cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         file: &File,
         image: &EventfdFile,

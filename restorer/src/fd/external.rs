@@ -17,7 +17,7 @@ impl FileRestorer for External {
 
     fn open(
         &self,
-        cx: &mut Context<'_>,
+        cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         _file: &File,
         image: &ExternalFile,

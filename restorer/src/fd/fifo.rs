@@ -28,9 +28,9 @@ use ckpt_parasite::remote::Remote;
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, fcntl};
 
-use super::identity::{Contents, Expected, Inode, PERMISSION_BITS};
 use super::{Context, FileRestorer, set_status_flags};
 use crate::error::{RestoreError, Result};
+use crate::identity::{Contents, Expected, Inode, PERMISSION_BITS};
 
 /// FIFOs (named pipes).
 pub struct Fifo;
@@ -47,7 +47,7 @@ impl FileRestorer for Fifo {
 
     fn open(
         &self,
-        cx: &mut Context<'_>,
+        cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         file: &File,
         image: &FifoFile,
@@ -105,7 +105,7 @@ impl From<ParasiteError> for Settle {
 /// FIFO, gives it the dumped access mode and status flags; returns the
 /// process's fd of the final description.
 fn settle(
-    cx: &mut Context<'_>,
+    cx: &mut Context<'_, '_>,
     r: &Remote<'_>,
     file: &File,
     image: &FifoFile,
@@ -124,7 +124,8 @@ fn settle(
         },
         contents: Contents::Any,
     };
-    cx.checks()
+    cx.shared
+        .checks
         .verify(&opened, &want)
         .map_err(|m| Settle::Mismatch(m.0))?;
     if !cx.state::<Refilled>().0.contains(&image.data) {
@@ -155,7 +156,7 @@ fn settle(
 /// the restorer, through the process's open description (which is a
 /// reader, so the write open does not block or fail).
 fn refill(
-    cx: &Context<'_>,
+    cx: &Context<'_, '_>,
     image: &FifoFile,
     opened: &std::path::Path,
 ) -> std::result::Result<(), Settle> {
@@ -168,6 +169,7 @@ fn refill(
         })
     };
     let data = cx
+        .shared
         .images
         .read_raw(&image.data)
         .map_err(RestoreError::from)?;

@@ -17,7 +17,7 @@ impl FileRestorer for Ib {
 
     fn open(
         &self,
-        _cx: &mut Context<'_>,
+        _cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         _file: &File,
         _image: &IbFile,

@@ -16,10 +16,7 @@
 //! sent are then sent normally. The restored process never holds a socket
 //! in repair mode.
 
-mod moved;
 mod timewait;
-
-pub use moved::{AddressConflict, AddressMap, node_addresses};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -203,7 +200,7 @@ impl FileRestorer for Inet {
 
     fn open(
         &self,
-        cx: &mut Context<'_>,
+        cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         file: &File,
         image: &InetFile,
@@ -325,7 +322,7 @@ struct Plan {
 }
 
 impl Plan {
-    fn of(cx: &Context<'_>, file: &File, image: &InetFile, fd: i32) -> Result<Plan> {
+    fn of(cx: &Context<'_, '_>, file: &File, image: &InetFile, fd: i32) -> Result<Plan> {
         let bad = |what: &str| cx.invalid(fd, &format!("inet socket: {what}"));
         let family = InetFamily::try_from(image.family)
             .ok()
@@ -345,8 +342,8 @@ impl Plan {
                 .transpose()
         };
         // A part restored where its addresses changed comes back on the
-        // new ones (the map is the operator's or the job's, see `moved`).
-        let moved = &cx.policy.addresses;
+        // new ones (the map is the operator's or the job's, see `addresses.rs`).
+        let moved = &cx.shared.options.files.addresses;
         let local = addr(&image.local)?.map(|a| moved.apply(a));
         let peer = addr(&image.peer)?.map(|a| moved.apply(a));
         for a in local.iter().chain(peer.iter()) {
@@ -400,7 +397,7 @@ impl Plan {
     /// Reads the connection's queued bytes, bounded by the image's lengths.
     fn load_queues(
         &mut self,
-        cx: &Context<'_>,
+        cx: &Context<'_, '_>,
         file: &File,
         conn: &TcpConnection,
         fd: i32,
@@ -412,7 +409,7 @@ impl Plan {
         let data = if want == 0 {
             Vec::new()
         } else {
-            cx.images.read_raw(&name)?
+            cx.shared.images.read_raw(&name)?
         };
         if data.len() as u64 != want {
             return Err(cx.invalid(
@@ -440,7 +437,7 @@ impl Plan {
     /// it sent, which it ignores: the connection would stall.
     fn skip_delivered(
         &mut self,
-        cx: &Context<'_>,
+        cx: &Context<'_, '_>,
         conn: &mut TcpConnection,
         fd: i32,
     ) -> Result<()> {
@@ -485,11 +482,11 @@ fn delivered_bytes(conn: &TcpConnection, peer_recv_seq: u32) -> Option<u32> {
 }
 
 /// The dumped state of the other end of an in-tree connection.
-fn peer_connection<'a>(cx: &'a Context<'_>, peer_file_id: u64) -> Option<&'a TcpConnection> {
+fn peer_connection<'a>(cx: &'a Context<'_, '_>, peer_file_id: u64) -> Option<&'a TcpConnection> {
     if peer_file_id == 0 {
         return None;
     }
-    match cx.files.get(peer_file_id)?.kind.as_ref()? {
+    match cx.shared.files.get(peer_file_id)?.kind.as_ref()? {
         Kind::Inet(i) => i.tcp.as_ref(),
         _ => None,
     }
@@ -498,11 +495,12 @@ fn peer_connection<'a>(cx: &'a Context<'_>, peer_file_id: u64) -> Option<&'a Tcp
 /// A connection's other end, when the tree holds it, must be an
 /// established connection naming this one back (so both are rebuilt and
 /// the first waits for the second).
-fn check_peer(cx: &Context<'_>, file: &File, conn: &TcpConnection, fd: i32) -> Result<()> {
+fn check_peer(cx: &Context<'_, '_>, file: &File, conn: &TcpConnection, fd: i32) -> Result<()> {
     if conn.peer_file_id == 0 {
         return Ok(());
     }
     let back = match cx
+        .shared
         .files
         .get(conn.peer_file_id)
         .and_then(|f| f.kind.as_ref())
@@ -589,7 +587,7 @@ fn set_options(sock: BorrowedFd<'_>, plan: &Plan, o: &InetOptions) -> std::io::R
 /// Rebuilds an established connection in repair mode, up to (not
 /// including) switching repair off and sending what was never sent.
 fn restore_connection(
-    cx: &Context<'_>,
+    cx: &Context<'_, '_>,
     sock: BorrowedFd<'_>,
     plan: &Plan,
     conn: &TcpConnection,
@@ -691,9 +689,14 @@ fn restore_connection(
 
 /// Switches repair off once both ends of an in-tree connection are
 /// rebuilt (or at once for a peer outside).
-fn finish_or_wait(cx: &mut Context<'_>, held: Held, file_id: u64, peer_file_id: u64) -> Result<()> {
+fn finish_or_wait(
+    cx: &mut Context<'_, '_>,
+    held: Held,
+    file_id: u64,
+    peer_file_id: u64,
+) -> Result<()> {
     if peer_file_id == 0 {
-        cx.state::<OutsidePeers>().0.push(held);
+        cx.shared.outside_peers.0.push(held);
         return Ok(());
     }
     match cx.state::<Waiting>().0.remove(&peer_file_id) {
@@ -749,7 +752,7 @@ impl OutsidePeers {
 /// Both ends of an in-tree connection are rebuilt: repair off, and the
 /// process's address reuse (repair mode overrides it) back when the whole
 /// tree is rebuilt (`DeferredReuse`).
-fn finish(cx: &mut Context<'_>, ends: Vec<Held>) -> Result<()> {
+fn finish(cx: &mut Context<'_, '_>, ends: Vec<Held>) -> Result<()> {
     switch_off(&ends)?;
     let deferred = &mut cx.state::<DeferredReuse>().0;
     deferred.extend(ends.into_iter().map(|h| (h.sock, h.reuseaddr)));

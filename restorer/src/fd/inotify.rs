@@ -34,7 +34,7 @@ impl FileRestorer for Inotify {
 
     fn open(
         &self,
-        cx: &mut Context<'_>,
+        cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         file: &File,
         image: &InotifyFile,
@@ -135,7 +135,7 @@ fn read_out_events(r: &Remote<'_>, ifd: i32, removed: u64) -> Result<()> {
 
 /// Every wd is there with its mask (and, on the dumping host, its inode).
 fn check_rebuilt(
-    cx: &mut Context<'_>,
+    cx: &mut Context<'_, '_>,
     pid: i32,
     ifd: i32,
     fd: i32,
@@ -146,7 +146,7 @@ fn check_rebuilt(
         .map_err(|e| RestoreError::os(pid, format!("read {path}"), e))?;
     let mut lines = inotify::watch_lines(&info).map_err(|what| cx.invalid(fd, &what))?;
     lines.sort_by_key(|l| l.wd);
-    let same_host = cx.checks().same_host;
+    let same_host = cx.shared.checks.same_host;
     let mismatch = image.watches.len() != lines.len()
         || image.watches.iter().zip(&lines).any(|(w, l)| {
             w.wd != l.wd || w.mask != l.mask || (same_host && (w.ino != l.ino || w.sdev != l.sdev))

@@ -12,7 +12,6 @@ use ckpt_image::fd::memfd::MemfdFile;
 
 use super::{Context, FileRestorer, reopen_flags, take_from};
 use crate::error::Result;
-use crate::shmem;
 use ckpt_parasite::remote::Remote;
 
 /// memfds.
@@ -23,20 +22,17 @@ impl FileRestorer for Memfd {
 
     fn open(
         &self,
-        cx: &mut Context<'_>,
+        cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         file: &File,
         image: &MemfdFile,
         fd: i32,
     ) -> Result<i32> {
-        let images = cx.images;
-        let objects = cx.state::<shmem::Objects>();
-        if !objects.has(image.shmem_id) {
+        if !cx.shared.shmem.has(image.shmem_id) {
             return Err(cx.invalid(fd, &format!("no shared memory object {}", image.shmem_id)));
         }
-        let mine = cx
-            .state::<shmem::Objects>()
-            .fd(images, image.shmem_id, true, None)?;
+        let images = cx.shared.images;
+        let mine = cx.shared.shmem.fd(images, image.shmem_id, true, None)?;
         let taken = take_from(r, std::process::id() as i32, mine)?;
         let opened = r.open(&format!("/proc/self/fd/{taken}"), reopen_flags(file), 0);
         r.close(taken)?;

@@ -15,9 +15,9 @@ mod eventfd;
 mod external;
 mod fifo;
 mod ib;
-pub mod identity;
-mod inet;
-pub use inet::{AddressConflict, AddressMap, OutsidePeers, node_addresses};
+
+pub(crate) mod inet;
+pub use inet::OutsidePeers;
 mod inotify;
 mod lock;
 mod memfd;
@@ -32,14 +32,15 @@ mod unix;
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use ckpt_image::task::Creds;
 
 use ckpt_image::ImageDir;
 use ckpt_image::fd::{Fd, FdTable, File, Files, file::Kind};
 
+use crate::context::RestoreContext;
 use crate::error::{RestoreError, Result};
+use crate::options::{FilePolicy, InheritFd};
 use ckpt_parasite::remote::Remote;
 
 /// One kind of open file, restore side.
@@ -57,7 +58,7 @@ pub trait FileRestorer {
     /// the fd it got there (any number; the caller moves it to `fd`).
     fn open(
         &self,
-        cx: &mut Context<'_>,
+        cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         file: &File,
         image: &Self::Image,
@@ -67,7 +68,7 @@ pub trait FileRestorer {
 
 /// Installs `fd` of the process behind `r`: the registry of file kinds.
 fn install_file(
-    cx: &mut Context<'_>,
+    cx: &mut Context<'_, '_>,
     r: &Remote<'_>,
     file: &File,
     fd: &Fd,
@@ -109,72 +110,6 @@ enum Pass {
     Last,
 }
 
-/// What the user running the restore allows to reach the restored
-/// processes beyond their images.
-#[derive(Debug, Clone, Default)]
-pub struct FilePolicy {
-    /// Fds of the restorer, besides 0, 1 and 2, that a terminal fd of the
-    /// same number may receive (`ckpt restore --inherit-fd N`). Any other
-    /// terminal fd gets `/dev/null`: whatever else the restorer has open
-    /// must never reach a process of another user.
-    pub inherit_fds: Vec<InheritFd>,
-    /// Files whose contents may have changed since the dump
-    /// (`ckpt restore --allow-changed PATH`, as the dump recorded the path):
-    /// reopened at their end instead of the dumped offset, as an
-    /// append-only log continues. Owner, mode, type and (on the dumping
-    /// host) inode must still match.
-    pub allow_changed: Vec<PathBuf>,
-    /// Where the processes' network addresses moved since the dump
-    /// (`ckpt restore --map-address`, or a coordinated restart's address
-    /// exchange): inet sockets come back on the new addresses.
-    pub addresses: AddressMap,
-}
-
-/// A restorer fd the user hands to the restored processes
-/// (`ckpt restore --inherit-fd`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum InheritFd {
-    /// `N`: a terminal fd N of the process may receive the restorer's fd N.
-    Terminal(i32),
-    /// `fd[N]:KEY`: the restorer's fd N stands in for the open file
-    /// declared external with KEY at dump time.
-    External {
-        /// The restorer's fd.
-        fd: i32,
-        /// The key given to `ckpt dump --external`.
-        key: String,
-    },
-}
-
-impl std::str::FromStr for InheritFd {
-    type Err = String;
-
-    /// `N` or `fd[N]:KEY` (CRIU's form).
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        let number = |n: &str| {
-            n.parse::<i32>()
-                .ok()
-                .filter(|n| *n >= 0)
-                .ok_or_else(|| format!("{s}: not an fd number"))
-        };
-        match s.strip_prefix("fd[") {
-            None => number(s).map(InheritFd::Terminal),
-            Some(rest) => {
-                let (n, key) = rest
-                    .split_once("]:")
-                    .ok_or_else(|| format!("{s}: expected fd[N]:KEY"))?;
-                if key.is_empty() {
-                    return Err(format!("{s}: empty KEY"));
-                }
-                Ok(InheritFd::External {
-                    fd: number(n)?,
-                    key: key.into(),
-                })
-            }
-        }
-    }
-}
-
 /// The restorer's standard input, output and error: passed to the
 /// terminal fds of the same numbers, so output appears where restore runs
 /// (unless they are someone else's files: [`Context::foreign_stdio`]).
@@ -187,30 +122,49 @@ struct Installed {
     fd: i32,
 }
 
-/// State of the fd restore across the whole tree.
-pub struct Context<'a> {
-    /// The checkpoint.
-    pub images: &'a ImageDir,
-    /// Every open file of the checkpoint.
-    pub(crate) files: &'a Files,
+/// What the fd restore keeps from one process to the next, across the
+/// whole tree.
+#[derive(Default)]
+pub struct Tables {
     installed: HashMap<u64, Installed>,
-    /// The current process's fds installed so far: fd -> file id.
-    here: HashMap<i32, u64>,
-    /// Per kind, state shared across fds and processes (see [`Context::state`]).
+    /// Per kind, state private to that kind, shared across its fds and
+    /// processes (see [`Context::state`]).
     states: HashMap<TypeId, Box<dyn Any>>,
-    /// The process being rebuilt and the fds it inherited from the restorer.
-    pid: i32,
-    inherited: Vec<i32>,
-    /// The filesystem uid its files are reopened with, once known.
-    fs: Option<creds::FsIdentity>,
-    policy: &'a FilePolicy,
-    checks: identity::FileChecks,
     /// Fds given the restorer's fd of their number by the terminal rule,
     /// tree order.
     bound: Vec<Bound>,
     /// Stdio fds given `/dev/null` instead of a file of someone else's
     /// that the restorer held, tree order.
     withheld: Vec<Withheld>,
+}
+
+impl Tables {
+    /// Every fd given the restorer's fd of its number, tree order.
+    pub fn bound(&self) -> &[Bound] {
+        &self.bound
+    }
+
+    /// Every stdio fd given `/dev/null` instead of the restorer's file,
+    /// tree order.
+    pub fn withheld(&self) -> &[Withheld] {
+        &self.withheld
+    }
+}
+
+/// The fd restore of one process: what the whole restore shares, the
+/// fd restore's tables, and the process's own fds so far.
+pub struct Context<'c, 'a> {
+    /// What the restore shares with the other resources (images, shared
+    /// memory objects, outside peers, file checks, options).
+    pub shared: &'c mut RestoreContext<'a>,
+    tables: &'c mut Tables,
+    /// The current process's fds installed so far: fd -> file id.
+    here: HashMap<i32, u64>,
+    /// The process being rebuilt and the fds it inherited from the restorer.
+    pid: i32,
+    inherited: Vec<i32>,
+    /// The filesystem uid its files are reopened with, once known.
+    fs: Option<creds::FsIdentity>,
 }
 
 /// A stdio fd of a restored process that got `/dev/null` because the
@@ -248,23 +202,10 @@ pub struct Bound {
     pub kind: BoundKind,
 }
 
-impl<'a> Context<'a> {
-    /// A context for restoring the fds of a tree whose files are `files`.
-    pub fn new(images: &'a ImageDir, files: &'a Files, policy: &'a FilePolicy) -> Self {
-        Context {
-            images,
-            files,
-            installed: HashMap::new(),
-            here: HashMap::new(),
-            states: HashMap::new(),
-            pid: 0,
-            inherited: Vec::new(),
-            fs: None,
-            policy,
-            checks: identity::FileChecks::new(&images.manifest().hostname),
-            bound: Vec::new(),
-            withheld: Vec::new(),
-        }
+impl Context<'_, '_> {
+    /// What the user allows to reach the processes.
+    fn policy(&self) -> &FilePolicy {
+        &self.shared.options.files
     }
 
     /// The terminal rule, for fds whose dumped object belonged to the old
@@ -281,10 +222,10 @@ impl<'a> Context<'a> {
     ) -> Result<i32> {
         if self.may_inherit(fd) {
             if let Some(w) = self.foreign_stdio(fd) {
-                self.withheld.push(w);
+                self.tables.withheld.push(w);
                 return Ok(r.open("/dev/null", reopen_flags(file), 0)?);
             }
-            self.bound.push(Bound {
+            self.tables.bound.push(Bound {
                 pid: self.pid,
                 fd,
                 kind,
@@ -292,17 +233,6 @@ impl<'a> Context<'a> {
             return Ok(fd);
         }
         Ok(r.open("/dev/null", reopen_flags(file), 0)?)
-    }
-
-    /// Every fd given the restorer's fd of its number, tree order.
-    pub fn bound(&self) -> &[Bound] {
-        &self.bound
-    }
-
-    /// Every stdio fd given `/dev/null` instead of the restorer's file,
-    /// tree order.
-    pub fn withheld(&self) -> &[Withheld] {
-        &self.withheld
     }
 
     /// Whether the restorer's stdio fd `fd`, which the process inherited,
@@ -315,7 +245,7 @@ impl<'a> Context<'a> {
     /// running the restore asked for it with `--inherit-fd N`.
     fn foreign_stdio(&self, fd: i32) -> Option<Withheld> {
         use std::os::unix::fs::{FileTypeExt, MetadataExt};
-        if self.policy.inherit_fds.contains(&InheritFd::Terminal(fd)) {
+        if self.policy().inherit_fds.contains(&InheritFd::Terminal(fd)) {
             return None;
         }
         let user = self.fs_uid()?;
@@ -341,11 +271,6 @@ impl<'a> Context<'a> {
         withheld(Some(st.uid()))
     }
 
-    /// The checks files are put through (also used for mapped files).
-    pub fn checks(&mut self) -> &mut identity::FileChecks {
-        &mut self.checks
-    }
-
     /// The filesystem uid the current process's files are reopened with.
     pub fn fs_uid(&self) -> Option<u32> {
         self.fs.as_ref().map(creds::FsIdentity::uid)
@@ -359,26 +284,20 @@ impl<'a> Context<'a> {
 
     /// The user allowed the file at `path` to change since the dump.
     pub fn may_change(&self, path: &str) -> bool {
-        self.policy
+        self.policy()
             .allow_changed
             .iter()
             .any(|p| p.as_os_str() == path)
     }
 
-    /// Takes a kind's state out of the context, for what must outlive the
-    /// rebuild (connections held in repair mode until the tree resumes).
-    pub fn take_state<T: Default + 'static>(&mut self) -> T {
-        self.states
-            .remove(&TypeId::of::<T>())
-            .and_then(|b| b.downcast::<T>().ok())
-            .map_or_else(T::default, |b| *b)
-    }
-
     /// A kind's own state (created empty at first use, dropped when the
     /// restore ends), so a kind keeps what it shares across fds (a pipe
-    /// created once for both ends) without a field here.
+    /// created once for both ends) without a field here. Only for state
+    /// private to one kind: what several resources share is a field of
+    /// [`RestoreContext`].
     pub fn state<T: Default + 'static>(&mut self) -> &mut T {
-        self.states
+        self.tables
+            .states
             .entry(TypeId::of::<T>())
             .or_insert_with(|| Box::new(T::default()))
             .downcast_mut()
@@ -402,7 +321,7 @@ impl<'a> Context<'a> {
     /// from the earlier process that installed it (the caller closes it),
     /// or `None` if no earlier process did.
     pub fn take_installed(&self, r: &Remote<'_>, file_id: u64) -> Result<Option<i32>> {
-        match self.installed.get(&file_id) {
+        match self.tables.installed.get(&file_id) {
             Some(at) if at.pid != self.pid => take_from(r, at.pid, at.fd).map(Some),
             _ => Ok(None),
         }
@@ -418,13 +337,13 @@ impl<'a> Context<'a> {
     /// with `--inherit-fd`.
     pub fn may_inherit(&self, fd: i32) -> bool {
         let allowed =
-            STDIO.contains(&fd) || self.policy.inherit_fds.contains(&InheritFd::Terminal(fd));
+            STDIO.contains(&fd) || self.policy().inherit_fds.contains(&InheritFd::Terminal(fd));
         allowed && self.inherited.contains(&fd)
     }
 
     /// The restorer's fd the user handed over for external `key`.
     pub fn external_fd(&self, key: &str) -> Option<i32> {
-        self.policy.inherit_fds.iter().find_map(|i| match i {
+        self.policy().inherit_fds.iter().find_map(|i| match i {
             InheritFd::External { fd, key: k } if k == key => Some(*fd),
             _ => None,
         })
@@ -433,7 +352,11 @@ impl<'a> Context<'a> {
     /// An error for a bad entry of this process's fd table.
     pub fn invalid(&self, fd: i32, what: &str) -> RestoreError {
         RestoreError::Image(ckpt_image::ImageError::Invalid {
-            path: self.images.path().join(ckpt_image::fds_name(self.pid)),
+            path: self
+                .shared
+                .images
+                .path()
+                .join(ckpt_image::fds_name(self.pid)),
             what: format!("fd {fd}: {what}"),
         })
     }
@@ -478,19 +401,26 @@ pub fn validate(images: &ImageDir, pid: i32, table: &FdTable, files: &Files) -> 
 /// already rebuilt). Files are opened with the process's dumped
 /// filesystem identity (`creds`), see [`creds`].
 pub fn restore(
-    cx: &mut Context<'_>,
+    shared: &mut RestoreContext<'_>,
+    tables: &mut Tables,
     r: &Remote<'_>,
     table: &FdTable,
     creds: Option<&Creds>,
 ) -> Result<()> {
-    cx.pid = r.t.pid();
-    cx.inherited = inherited_fds(cx.pid)?;
-    cx.here.clear();
-    cx.fs = creds::FsIdentity::of(creds);
+    let pid = r.t.pid();
+    let cx = &mut Context {
+        shared,
+        tables,
+        here: HashMap::new(),
+        pid,
+        inherited: inherited_fds(pid)?,
+        fs: creds::FsIdentity::of(creds),
+    };
     let previous = cx.fs.as_ref().map(|i| i.assume(r)).transpose()?;
     for pass in [Pass::First, Pass::Last] {
         for fd in &table.fds {
             let file = cx
+                .shared
                 .files
                 .get(fd.file_id)
                 .ok_or_else(|| cx.invalid(fd.fd, "no such file"))?;
@@ -515,7 +445,7 @@ pub fn restore(
 /// has the kind open it; then puts it at its number with its FD_CLOEXEC.
 fn install<K: FileRestorer>(
     kind: &K,
-    cx: &mut Context<'_>,
+    cx: &mut Context<'_, '_>,
     r: &Remote<'_>,
     file: &File,
     image: &K::Image,
@@ -533,7 +463,7 @@ fn install<K: FileRestorer>(
     let earlier = if K::PER_FD {
         None
     } else {
-        cx.installed.get(&file.id).copied()
+        cx.tables.installed.get(&file.id).copied()
     };
     let got = match earlier {
         Some(at) if at.pid == cx.pid => at.fd,
@@ -556,7 +486,7 @@ fn install<K: FileRestorer>(
     }
     cx.here.insert(fd.fd, file.id);
     if !K::PER_FD && earlier.is_none() {
-        cx.installed.insert(
+        cx.tables.installed.insert(
             file.id,
             Installed {
                 pid: cx.pid,

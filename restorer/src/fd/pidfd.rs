@@ -22,13 +22,14 @@ impl FileRestorer for Pidfd {
 
     fn open(
         &self,
-        cx: &mut Context<'_>,
+        cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         file: &File,
         image: &PidfdFile,
         fd: i32,
     ) -> Result<i32> {
         let ours = cx
+            .shared
             .images
             .manifest()
             .processes

@@ -36,7 +36,7 @@ impl FileRestorer for Pipe {
 
     fn open(
         &self,
-        cx: &mut Context<'_>,
+        cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         file: &File,
         image: &PipeFile,
@@ -72,7 +72,7 @@ impl FileRestorer for StdioPipe {
 
     fn open(
         &self,
-        cx: &mut Context<'_>,
+        cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         file: &File,
         _image: &PipeFile,
@@ -83,9 +83,9 @@ impl FileRestorer for StdioPipe {
 }
 
 /// Creates the pipe with its capacity and buffered data.
-fn create(cx: &Context<'_>, image: &PipeFile, fd: i32) -> Result<Ends> {
+fn create(cx: &Context<'_, '_>, image: &PipeFile, fd: i32) -> Result<Ends> {
     let name = ckpt_image::pipe_data_name(image.pipe_id);
-    let data = cx.images.read_raw(&name)?;
+    let data = cx.shared.images.read_raw(&name)?;
     if data.len() as u64 > u64::from(image.capacity) {
         return Err(cx.invalid(
             fd,

@@ -38,7 +38,7 @@ impl FileRestorer for Pty {
 
     fn open(
         &self,
-        cx: &mut Context<'_>,
+        cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         file: &File,
         image: &PtyFile,
@@ -75,8 +75,9 @@ fn restorer_err(what: &str, e: std::io::Error) -> RestoreError {
 
 /// The line settings of the pair `image` belongs to, from its master's
 /// record, checked.
-fn master_line(cx: &Context<'_>, image: &PtyFile, fd: i32) -> Result<PtyLine> {
+fn master_line(cx: &Context<'_, '_>, image: &PtyFile, fd: i32) -> Result<PtyLine> {
     let master = match cx
+        .shared
         .files
         .get(image.master_file_id)
         .and_then(|f| f.kind.as_ref())

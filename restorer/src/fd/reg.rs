@@ -13,9 +13,9 @@ use ckpt_parasite::remote::Remote;
 use nix::errno::Errno;
 
 use super::create::{self, Ownership};
-use super::identity::{Contents, Expected, Inode};
 use super::{Context, FileRestorer, reopen_flags, take_from};
 use crate::error::{RestoreError, Result};
+use crate::identity::{Contents, Expected, Inode};
 
 /// Regular files and directories.
 pub struct Reg;
@@ -25,7 +25,7 @@ impl FileRestorer for Reg {
 
     fn open(
         &self,
-        cx: &mut Context<'_>,
+        cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         file: &File,
         image: &RegFile,
@@ -53,7 +53,7 @@ impl FileRestorer for Reg {
 
 /// Opens the dumped path inside the process and checks it is the same file.
 fn reopen(
-    cx: &mut Context<'_>,
+    cx: &mut Context<'_, '_>,
     r: &Remote<'_>,
     file: &File,
     image: &RegFile,
@@ -90,7 +90,7 @@ fn reopen(
         contents,
     };
     let opened = std::path::PathBuf::from(format!("/proc/{pid}/fd/{got}"));
-    if let Err(m) = cx.checks().verify(&opened, &want) {
+    if let Err(m) = cx.shared.checks.verify(&opened, &want) {
         let _ = r.close(got);
         return Err(changed(m.0));
     }
@@ -120,7 +120,7 @@ pub(crate) fn reopen_failure(e: ParasiteError, object: &str, fs_uid: Option<u32>
 /// and mode, gives the process a description of it with the dumped flags,
 /// and unlinks it again.
 fn recreate_ghost(
-    cx: &mut Context<'_>,
+    cx: &mut Context<'_, '_>,
     r: &Remote<'_>,
     file: &File,
     image: &RegFile,
@@ -132,7 +132,7 @@ fn recreate_ghost(
         mode: image.mode,
     };
     create::check_owner(cx.fs_identity(), cx.pid(), &image.path, &own)?;
-    let data = cx.images.read_raw(ghost)?;
+    let data = cx.shared.images.read_raw(ghost)?;
     let created = create::create_exclusive(r, &image.path)?;
     let result = fill_and_open(cx, file, image, &created, &data);
     // Whatever happened, the name goes and the process keeps no stray fd.
@@ -154,7 +154,7 @@ struct Handover {
 }
 
 fn fill_and_open(
-    cx: &Context<'_>,
+    cx: &Context<'_, '_>,
     file: &File,
     image: &RegFile,
     created: &create::Created,

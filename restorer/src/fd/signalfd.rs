@@ -24,7 +24,7 @@ impl FileRestorer for Signalfd {
 
     fn open(
         &self,
-        _cx: &mut Context<'_>,
+        _cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         file: &File,
         image: &SignalfdFile,

@@ -40,7 +40,7 @@ impl FileRestorer for Timerfd {
 
     fn open(
         &self,
-        cx: &mut Context<'_>,
+        cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         file: &File,
         image: &TimerfdFile,

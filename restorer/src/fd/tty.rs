@@ -25,7 +25,7 @@ impl FileRestorer for Tty {
 
     fn open(
         &self,
-        cx: &mut Context<'_>,
+        cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         file: &File,
         _image: &TtyFile,

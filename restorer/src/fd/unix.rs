@@ -63,7 +63,7 @@ impl FileRestorer for Unix {
 
     fn open(
         &self,
-        cx: &mut Context<'_>,
+        cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         file: &File,
         image: &UnixSocketFile,
@@ -124,7 +124,7 @@ impl FileRestorer for UnixConnect {
 
     fn open(
         &self,
-        cx: &mut Context<'_>,
+        cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         file: &File,
         image: &UnixSocketFile,
@@ -133,6 +133,7 @@ impl FileRestorer for UnixConnect {
         let pid = r.t.pid();
         let sock_type = checked_type(cx, image, fd)?;
         match cx
+            .shared
             .files
             .get(image.connect_to_file_id)
             .and_then(|f| f.kind.as_ref())
@@ -168,7 +169,7 @@ impl FileRestorer for UnixConnect {
 /// the restorer sends through a copy of that socket, which is closed
 /// after. Their senders' addresses are not kept.
 fn refill_by_name(
-    cx: &Context<'_>,
+    cx: &Context<'_, '_>,
     r: &Remote<'_>,
     file_id: u64,
     image: &UnixSocketFile,
@@ -213,7 +214,7 @@ fn call_with_addr(
 /// A new non-blocking socket of the process, connected to `name`; `what`
 /// names the connect in errors.
 fn connected_socket(
-    cx: &Context<'_>,
+    cx: &Context<'_, '_>,
     r: &Remote<'_>,
     sock_type: u64,
     fd: i32,
@@ -277,7 +278,7 @@ fn new_socket(r: &Remote<'_>, sock_type: u64, flags: i32) -> Result<i32> {
 /// Both ends of a connected pair: made with `socketpair` inside the process
 /// holding the first, the second kept by the restorer for its holder.
 fn pair(
-    cx: &mut Context<'_>,
+    cx: &mut Context<'_, '_>,
     r: &Remote<'_>,
     file: &File,
     image: &UnixSocketFile,
@@ -311,7 +312,11 @@ struct Via {
     accepted_here: bool,
 }
 
-fn accepted_via(cx: &Context<'_>, image: &UnixSocketFile, peer: &UnixSocketFile) -> Option<Via> {
+fn accepted_via(
+    cx: &Context<'_, '_>,
+    image: &UnixSocketFile,
+    peer: &UnixSocketFile,
+) -> Option<Via> {
     let (server, client, accepted_here) = if !image.name.is_empty() && image.name == peer.peer_name
     {
         (image, peer, true)
@@ -323,7 +328,7 @@ fn accepted_via(cx: &Context<'_>, image: &UnixSocketFile, peer: &UnixSocketFile)
     if server.listening || client.listening {
         return None;
     }
-    cx.files.files.iter().find_map(|f| match &f.kind {
+    cx.shared.files.files.iter().find_map(|f| match &f.kind {
         Some(Kind::Unix(l))
             if l.listening
                 && l.name == server.name
@@ -344,7 +349,7 @@ fn accepted_via(cx: &Context<'_>, image: &UnixSocketFile, peer: &UnixSocketFile)
 /// getsockname and getpeername report the listener's name again. Returns
 /// what [`socketpair`] does, the end being opened first.
 fn through_listener(
-    cx: &Context<'_>,
+    cx: &Context<'_, '_>,
     r: &Remote<'_>,
     via: Via,
     sock_type: u64,
@@ -384,7 +389,7 @@ fn through_listener(
 /// its queue and is closed, which leaves it as the kernel left it (for a
 /// stream, shut down both ways with its data still readable).
 fn orphan(
-    cx: &mut Context<'_>,
+    cx: &mut Context<'_, '_>,
     r: &Remote<'_>,
     file: &File,
     image: &UnixSocketFile,
@@ -426,7 +431,7 @@ fn socketpair(r: &Remote<'_>, sock_type: u64) -> Result<(i32, OwnedFd, OwnedFd)>
 
 /// `struct sockaddr_un` bytes for `name` (a path, or an abstract name with
 /// its leading NUL).
-fn sockaddr(cx: &Context<'_>, fd: i32, name: &[u8]) -> Result<Vec<u8>> {
+fn sockaddr(cx: &Context<'_, '_>, fd: i32, name: &[u8]) -> Result<Vec<u8>> {
     // sun_path of struct sockaddr_un.
     const SUN_PATH_LEN: usize = 108;
     let abstract_name = name.first() == Some(&0);
@@ -446,7 +451,7 @@ fn sockaddr(cx: &Context<'_>, fd: i32, name: &[u8]) -> Result<Vec<u8>> {
 /// its directory opened without following a symbolic link, replacing only
 /// a stale socket of the same user, then given the dumped mode (and
 /// unlinked again if it was).
-fn bind(cx: &Context<'_>, r: &Remote<'_>, s: i32, image: &UnixSocketFile) -> Result<()> {
+fn bind(cx: &Context<'_, '_>, r: &Remote<'_>, s: i32, image: &UnixSocketFile) -> Result<()> {
     let pid = r.t.pid();
     if image.name.first() == Some(&0) {
         let addr = sockaddr(cx, s, &image.name)?;
@@ -477,7 +482,7 @@ fn bind(cx: &Context<'_>, r: &Remote<'_>, s: i32, image: &UnixSocketFile) -> Res
 }
 
 fn bind_in(
-    cx: &Context<'_>,
+    cx: &Context<'_, '_>,
     r: &Remote<'_>,
     s: i32,
     dir: i32,
@@ -544,7 +549,7 @@ fn bind_in(
 /// file of the process's own filesystem user that nothing listens on any
 /// more (a connect is refused): the socket the dumped process left behind.
 fn remove_stale(
-    cx: &Context<'_>,
+    cx: &Context<'_, '_>,
     r: &Remote<'_>,
     dir: i32,
     name: &str,
@@ -592,7 +597,7 @@ fn remove_stale(
 const PERMISSION_BITS: u32 = 0o7777;
 
 /// The socket type, if it is one ckpt makes.
-fn checked_type(cx: &Context<'_>, image: &UnixSocketFile, fd: i32) -> Result<u64> {
+fn checked_type(cx: &Context<'_, '_>, image: &UnixSocketFile, fd: i32) -> Result<u64> {
     match image.sock_type as i32 {
         libc::SOCK_STREAM | libc::SOCK_DGRAM | libc::SOCK_SEQPACKET => {
             Ok(u64::from(image.sock_type))
@@ -603,12 +608,13 @@ fn checked_type(cx: &Context<'_>, image: &UnixSocketFile, fd: i32) -> Result<u64
 
 /// The peer's image: a unix socket of the same type whose peer is `file`.
 fn peer_of(
-    cx: &Context<'_>,
+    cx: &Context<'_, '_>,
     file: &File,
     image: &UnixSocketFile,
     fd: i32,
 ) -> Result<UnixSocketFile> {
     match cx
+        .shared
         .files
         .get(image.peer_file_id)
         .and_then(|f| f.kind.as_ref())
@@ -629,7 +635,7 @@ fn peer_of(
 /// Sends the messages dumped as queued for file `file_id` (`image`) from
 /// `sender`, the other end of its pair, one send per message.
 fn refill(
-    cx: &Context<'_>,
+    cx: &Context<'_, '_>,
     pid: i32,
     sender: BorrowedFd<'_>,
     file_id: u64,
@@ -641,7 +647,7 @@ fn refill(
         return Ok(());
     }
     let name = ckpt_image::unix_queue_name(file_id);
-    let data = cx.images.read_raw(&name)?;
+    let data = cx.shared.images.read_raw(&name)?;
     let messages = image
         .messages(&data)
         .map_err(|e| cx.invalid(fd, &format!("{name}: {e}")))?;

@@ -216,7 +216,7 @@ pub(crate) fn cut_at_windows(pieces: Vec<PageCopy>) -> Vec<PageCopy> {
         let mut at = 0;
         for len in [before, across, c.file_len - before - across] {
             if len > 0 {
-                out.push(super::raw_part(&c, at, len));
+                out.push(super::layout::raw_part(&c, at, len));
             }
             at += len;
         }

@@ -27,7 +27,7 @@ use super::{AtPath, Made, write_data};
 use crate::error::{RestoreError, Result};
 use crate::fd::create;
 use crate::fd::creds::FsIdentity;
-use crate::fd::identity::{Contents, Expected, Inode, PERMISSION_BITS};
+use crate::identity::{Contents, Expected, Inode, PERMISSION_BITS};
 
 /// Bytes compared at a time.
 const CHUNK: usize = 1 << 20;

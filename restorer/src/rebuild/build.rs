@@ -1,0 +1,186 @@
+//! Creating every process of the tree (each forked by its restored
+//! parent, so parenthood, sessions and groups come out right, zombies
+//! included), then rebuilding each.
+
+use std::time::Instant;
+
+use ckpt_parasite::Tracee;
+use ckpt_parasite::remote::Remote;
+
+use super::process::{self, Served};
+use crate::context::RestoreContext;
+use crate::error::{RestoreError, Result};
+use crate::held::{ChildrenFirst, Held};
+use crate::options::RestoreOptions;
+use crate::outcome::ms_since;
+use crate::read::{Checkpoint, ProcessImages};
+use crate::{fd, lazy, mm, shapes, task, tree};
+
+/// What building the processes carries from one to the next.
+pub(super) struct Build<'a> {
+    /// With lazily served processes: the page server they are added to.
+    pub server: Option<lazy::PageServer>,
+    /// What the restore shares across resources.
+    pub cx: RestoreContext<'a>,
+    /// The fd restore's tables.
+    pub fds: fd::Tables,
+}
+
+/// The tree, every process built and held stopped.
+pub(super) struct Built {
+    /// Tree order (parents first), dropped children first.
+    pub tracees: ChildrenFirst<Held>,
+    /// Where the root's session came from.
+    pub session: task::SessionOrigin,
+}
+
+/// Creates every process of the tree, then rebuilds each (processes of
+/// `ck`, `host_root` its root as the restorer sees it; `blocks`: per
+/// process, the block checksums its lazily served pages are checked with).
+pub(super) fn build_tree(
+    host_root: i32,
+    ck: &Checkpoint,
+    blocks: &[Option<ckpt_image::BlockChecks>],
+    b: &mut Build<'_>,
+    opts: &RestoreOptions<'_>,
+) -> Result<Built> {
+    let procs = &ck.procs;
+    let (root, base) = prepare_root(host_root, ck)?;
+    let session = task::restore_session(&Remote { t: &root, base }, &procs[0].core, true)?;
+    // Tree order: a parent's memory is back before its children are forked
+    // from it, so private pages they still shared at the dump are shared
+    // again (one copy, as after the original fork). Everything else is
+    // restored afterwards, in tree order.
+    // The root's session from outside the tree, if it had one.
+    let adopted = (session == task::SessionOrigin::Adopted).then_some(procs[0].core.sid);
+    let mut slots: ChildrenFirst<Option<Held>> =
+        ChildrenFirst(procs.iter().map(|_| None).collect());
+    slots[0] = Some(Held::new(root));
+    for (i, p) in procs.iter().enumerate() {
+        let t = slots[i]
+            .as_ref()
+            .expect("parents come before their children");
+        let r = Remote { t, base };
+        let started = Instant::now();
+        let served = b
+            .server
+            .as_mut()
+            .filter(|_| ck.lazy[i])
+            .map(|server| Served {
+                server,
+                checks: blocks[i].clone(),
+            });
+        process::rebuild_memory(&r, p, &ck.pages[i], served, &mut b.cx)?;
+        log::debug!(
+            "pid {}: memory rebuilt ({:.3} ms)",
+            p.pid,
+            ms_since(started)
+        );
+        for (j, child) in fork_children(&r, p, ck, adopted)? {
+            slots[j] = Some(child);
+        }
+    }
+    let mut tracees = ChildrenFirst(
+        std::mem::take(&mut slots.0)
+            .into_iter()
+            .map(|t| t.expect("check_tree: every process has a parent in the tree"))
+            .collect::<Vec<Held>>(),
+    );
+    rebuild_each(&mut tracees, procs, base, b, opts)?;
+    b.cx.shmem.seal_all()?;
+    Ok(Built { tracees, session })
+}
+
+/// Takes the stopped root, blocks every signal for the whole tree and
+/// maps the scratch area the rebuild runs from; returns the root and the
+/// area's address.
+fn prepare_root(host_root: i32, ck: &Checkpoint) -> Result<(Tracee, u64)> {
+    let root = Tracee::adopt_stopped_child(host_root)?;
+    // Nothing may be delivered until the very end; children inherit this.
+    root.set_sigmask(!0)?;
+    let child_maps = mm::read_maps(root.pid())?;
+    let mut busy: Vec<(u64, u64)> = child_maps.iter().map(|m| (m.start, m.end)).collect();
+    busy.extend(
+        ck.procs
+            .iter()
+            .flat_map(|p| p.mm.vmas.iter().map(|v| (v.start, v.end))),
+    );
+    let no_room = |what: &str| RestoreError::Incompatible {
+        dir: ck.images.path().into(),
+        what: what.into(),
+    };
+    let at = mm::find_gap(&busy, ckpt_parasite::remote::SCRATCH_LEN)
+        .ok_or_else(|| no_room("no free address range for the restorer's scratch area"))?;
+    let code = child_maps
+        .iter()
+        .find(|m| m.exec && !m.path.starts_with('['))
+        .map(|m| m.start)
+        .ok_or_else(|| no_room("restorer has no executable mapping"))?;
+    // Forked children inherit the scratch area at the same address.
+    let base = Remote::map(&root, code, at)?.base;
+    Ok((root, base))
+}
+
+/// Forks the children of `p` (through `r`) with their groups and
+/// sessions, and its zombies; returns the live children with their
+/// places in the tree order, held at once: a step failing below kills
+/// them unrun.
+fn fork_children(
+    r: &Remote<'_>,
+    p: &ProcessImages,
+    ck: &Checkpoint,
+    adopted: Option<i32>,
+) -> Result<Vec<(usize, Held)>> {
+    let base = r.base;
+    let zombies = || ck.zombies.iter().filter(|z| z.ppid == p.pid);
+    let mut forked = Vec::new();
+    let mut leaders = shapes::Leaders::default();
+    leaders.fork_zombie_leaders(r, zombies())?;
+    for (j, c) in ck.procs.iter().enumerate().filter(|(_, c)| c.ppid == p.pid) {
+        let child = Held::new(leaders.fork_member(r, &p.core, c.pid, &c.core)?);
+        shapes::ensure_group(&Remote { t: &child, base }, &c.core, adopted)?;
+        task::restore_session(&Remote { t: &child, base }, &c.core, false)?;
+        forked.push((j, child));
+    }
+    let mut early = leaders.finish(r)?;
+    for z in zombies() {
+        let child = match early.remove(&z.pid) {
+            Some(t) => t,
+            None => tree::fork_child(r, z.pid)?,
+        };
+        let zr = Remote { t: &child, base };
+        shapes::join_zombie_group(&zr, z, adopted)?;
+        log::debug!("pid {}: zombie (status {:#x})", z.pid, z.status);
+        task::set_name(&zr, &z.comm)?;
+        tree::make_zombie(&zr, z.status)?;
+    }
+    Ok(forked)
+}
+
+/// Rebuilds every process past its memory, tree order.
+fn rebuild_each(
+    tracees: &mut ChildrenFirst<Held>,
+    procs: &[ProcessImages],
+    base: u64,
+    b: &mut Build<'_>,
+    opts: &RestoreOptions<'_>,
+) -> Result<()> {
+    for (t, p) in tracees.iter_mut().zip(procs) {
+        let started = Instant::now();
+        let r = Remote { t, base };
+        let threads = process::rebuild_process(&r, p, &mut b.cx, &mut b.fds, opts)
+            .map_err(|e| e.of_process(t.pid()))?;
+        t.hold_threads(threads);
+        log::info!(
+            "rebuild pid {} ({}): {} threads, {} VMAs, {} bytes of pages, {} fds ({:.3} ms)",
+            p.pid,
+            p.core.comm,
+            1 + p.core.threads.len(),
+            p.mm.vmas.len(),
+            p.mm.pages_bytes,
+            p.fds.fds.len(),
+            ms_since(started)
+        );
+    }
+    Ok(())
+}
