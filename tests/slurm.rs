@@ -49,7 +49,7 @@ fn diagnose(env: &TestEnv, job: &str, output: &Path) -> String {
 
 #[test]
 fn job_is_checkpointed_requeued_and_restored_with_its_memory_and_output() {
-    let Some(started_lab) = Lab::One.take() else {
+    let Some(lab) = Lab::One.take() else {
         return;
     };
 
@@ -167,7 +167,7 @@ fn job_is_checkpointed_requeued_and_restored_with_its_memory_and_output() {
         "LATEST names {latest:?}, which is missing"
     );
 
-    if started_lab {
+    if lab.started {
         Lab::One.down();
     }
 }

@@ -2,13 +2,14 @@
 //! tests/slurm_site.rs, tests/slurm_nodes.rs): the labs on localhost
 //! (scripts/slurm/lab-up.sh, one node or `--nodes 2`),
 //! its clients, job records, and the arithmetic of the victim
-//! tests/c/slurm_steps.c. Included with `#[path]`, not a test of its own.
+//! tests/c/slurm_steps.c. A module of the test binaries that use a lab.
 
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
 
 /// Words of the victim's buffer (4 MiB of u64).
 pub const WORDS: u64 = 4 * 1024 * 1024 / 8;
@@ -30,6 +31,19 @@ pub fn slurm_installed() -> Result<(), String> {
         return Ok(());
     }
     Err("Slurm is not installed: run scripts/test-deps.sh --lab (as root) first".into())
+}
+
+/// One scenario at a time in each lab, whichever test file of the binary
+/// it comes from: a scenario preempts what runs there, and one that
+/// started the lab brings it down when it is done.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+static TWO_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// A lab held by one test (see [`Lab::take`]).
+pub struct Taken {
+    _held: MutexGuard<'static, ()>,
+    /// This test brought the lab up (and brings it down when done).
+    pub started: bool,
 }
 
 /// One of the labs on localhost: `scripts/slurm/lab-up.sh` (one node) or
@@ -60,14 +74,22 @@ impl Lab {
     }
 
     /// For a test under a real Slurm: `None` (the test skips, saying why)
-    /// when Slurm cannot be installed, else the lab brought up and whether
-    /// this call started it.
-    pub fn take(self) -> Option<bool> {
+    /// when Slurm is not installed, else the lab brought up and held for
+    /// this test alone until the returned [`Taken`] is dropped.
+    pub fn take(self) -> Option<Taken> {
         if let Err(why) = slurm_installed() {
             eprintln!("SKIPPED: {why}");
             return None;
         }
-        Some(self.up())
+        let lock = match self {
+            Lab::One => &ONE_AT_A_TIME,
+            Lab::Two => &TWO_AT_A_TIME,
+        };
+        let held = lock.lock().unwrap_or_else(|e| e.into_inner());
+        Some(Taken {
+            _held: held,
+            started: self.up(),
+        })
     }
 
     /// Brings it up; returns whether this call started it (then the

@@ -113,7 +113,7 @@ fn role_script(env: &TestEnv, node0: &str, node1: &str) -> std::path::PathBuf {
 
 #[test]
 fn job_of_two_nodes_exchanging_over_tcp_is_checkpointed_requeued_and_restored() {
-    let Some(started_lab) = Lab::Two.take() else {
+    let Some(lab) = Lab::Two.take() else {
         return;
     };
 
@@ -269,7 +269,7 @@ fn job_of_two_nodes_exchanging_over_tcp_is_checkpointed_requeued_and_restored() 
         );
     }
 
-    if started_lab {
+    if lab.started {
         Lab::Two.down();
     }
 }

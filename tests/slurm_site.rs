@@ -21,7 +21,6 @@
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
@@ -643,9 +642,6 @@ fn root_run_restore_never_hands_a_users_job_the_hooks_log() {
 // Under Slurm
 // ---------------------------------------------------------------------------
 
-/// The lab runs one scenario at a time: each preempts whatever runs.
-static LAB: Mutex<()> = Mutex::new(());
-
 /// The lab's site file, read by its PrologSlurmctld, strigger program and
 /// Epilog (scripts/slurm/site.conf.example); removed when dropped.
 struct SiteConf {
@@ -833,14 +829,13 @@ fn steps(text: &str) -> Vec<(usize, u64)> {
 
 /// Takes the lab for one scenario: Slurm installed (else `None`: skip),
 /// the lab up, nothing else in it.
-fn take_lab() -> Option<(std::sync::MutexGuard<'static, ()>, bool)> {
-    let guard = LAB.lock().unwrap_or_else(|e| e.into_inner());
-    Some((guard, Lab::One.take()?))
+fn take_lab() -> Option<crate::slurm_lab::Taken> {
+    Lab::One.take()
 }
 
 #[test]
 fn preempted_job_is_checkpointed_within_grace_time_and_restored_after_the_high_job() {
-    let Some((_lab, started)) = take_lab() else {
+    let Some(lab) = take_lab() else {
         return;
     };
     let env = TestEnv::new("slurm-preempt");
@@ -911,14 +906,14 @@ fn preempted_job_is_checkpointed_within_grace_time_and_restored_after_the_high_j
         job.dir.join(latest.trim()).display()
     );
     assert!(site.log().contains(&verified), "{}", diag());
-    if started {
+    if lab.started {
         Lab::One.down();
     }
 }
 
 #[test]
 fn dump_that_does_not_fit_is_killed_and_the_previous_checkpoint_restored() {
-    let Some((_lab, started)) = take_lab() else {
+    let Some(lab) = take_lab() else {
         return;
     };
     let env = TestEnv::new("slurm-nofit");
@@ -1061,7 +1056,7 @@ fn dump_that_does_not_fit_is_killed_and_the_previous_checkpoint_restored() {
         diag()
     );
     drop(site);
-    if started {
+    if lab.started {
         Lab::One.down();
     }
 }

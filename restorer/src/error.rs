@@ -213,6 +213,16 @@ impl RestoreError {
                 tid,
                 how: format!("gone at ptrace {op}"),
             },
+            // Its memory read or written as it dies: the mm is gone.
+            RestoreError::Parasite(ParasiteError::Mem {
+                pid: tid, op, addr, ..
+            }) if tid != pid && ckpt_parasite::proc_read::leaving(tid) => {
+                RestoreError::ThreadDied {
+                    pid,
+                    tid,
+                    how: format!("gone at a memory {op} at {addr:#x}"),
+                }
+            }
             other => other,
         }
     }
