@@ -1,4 +1,4 @@
-//! Files and IPC: regular files, FIFOs, pipes, sockets, event/signal/timer fds, epoll, inotify, locks, memfd, shared memory, terminals, external resources.
+//! Files and IPC: regular files, FIFOs, pipes, sockets, event/signal/timer fds, epoll, inotify, locks, memfd, POSIX shared memory, terminals, external resources.
 //!
 //! One test binary for several test files (each a module below), so the
 //! suite links a handful of binaries instead of one per file.
@@ -17,7 +17,6 @@ mod pipes;
 mod pty;
 mod shmem;
 mod signalfd;
-mod sysv;
 mod timerfd;
 mod tty;
 mod unix;
