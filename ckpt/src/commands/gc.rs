@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use ckpt_image::{StaleTmp, SweepOutcome};
 
-use super::job_user::JobUser;
+use ckpt_job::JobUser;
 
 /// Arguments of `ckpt gc`.
 #[derive(clap::Args, Debug)]

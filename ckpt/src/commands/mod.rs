@@ -9,7 +9,6 @@ pub mod gc;
 pub mod job;
 pub mod job_dir;
 pub mod job_launch;
-pub mod job_user;
 pub mod restore;
 pub mod run;
 pub mod show;

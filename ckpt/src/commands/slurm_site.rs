@@ -26,8 +26,8 @@ use anyhow::{Context, bail};
 use nix::sys::signal::Signal;
 
 use super as wrapper;
-use super::super::job_user::JobUser;
 use super::{ATTEMPT, LATEST};
+use ckpt_job::JobUser;
 
 /// Prefix of a job `Comment` that registers a `ckpt slurm` job.
 const REGISTRATION_PREFIX: &str = "ckpt-slurm:";

@@ -10,8 +10,9 @@
 
 use std::str::FromStr;
 
-use anyhow::{Context, bail};
 use nix::unistd::{Gid, Uid, getresgid, getresuid};
+
+use crate::JobError;
 
 /// A job's user and group, as `--as-user UID:GID` names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,15 +51,13 @@ impl JobUser {
     /// Makes this process run as the user, for good: real, effective and
     /// saved ids, no supplementary groups, not dumpable. Run as the user
     /// already, it changes nothing; run as anyone else, it fails.
-    pub fn become_it(self) -> anyhow::Result<()> {
+    pub fn become_it(self) -> Result<(), JobError> {
         let me = nix::unistd::geteuid().as_raw();
         if me == self.uid {
             return Ok(());
         }
         if me != 0 {
-            bail!(
-                "--as-user {self}: ckpt runs as uid {me}, which can become no other user (run the hook as root)"
-            );
+            return Err(JobError::NotRoot { user: self, me });
         }
         if self.uid == 0 {
             // Root's own job: nothing to drop.
@@ -67,23 +66,37 @@ impl JobUser {
         // Before the ids change: from the drop on, the user's processes
         // would otherwise be allowed to attach to this one and read the
         // key it holds.
-        nix::sys::prctl::set_dumpable(false)
-            .with_context(|| format!("--as-user {self}: prctl(PR_SET_DUMPABLE, 0)"))?;
+        nix::sys::prctl::set_dumpable(false).map_err(self.step("prctl(PR_SET_DUMPABLE, 0)"))?;
         let (uid, gid) = (Uid::from_raw(self.uid), Gid::from_raw(self.gid));
-        nix::unistd::setgroups(&[])
-            .with_context(|| format!("--as-user {self}: setgroups(none)"))?;
+        nix::unistd::setgroups(&[]).map_err(self.step("setgroups(none)"))?;
         nix::unistd::setresgid(gid, gid, gid)
-            .with_context(|| format!("--as-user {self}: setresgid({})", self.gid))?;
+            .map_err(self.step(&format!("setresgid({})", self.gid)))?;
         nix::unistd::setresuid(uid, uid, uid)
-            .with_context(|| format!("--as-user {self}: setresuid({})", self.uid))?;
+            .map_err(self.step(&format!("setresuid({})", self.uid)))?;
         // A drop that half-happened must not go on as root.
-        let u = getresuid().context("getresuid")?;
-        let g = getresgid().context("getresgid")?;
+        let u = getresuid().map_err(|source| JobError::OwnIds {
+            call: "getresuid",
+            source,
+        })?;
+        let g = getresgid().map_err(|source| JobError::OwnIds {
+            call: "getresgid",
+            source,
+        })?;
         if [u.real, u.effective, u.saved] != [uid; 3] || [g.real, g.effective, g.saved] != [gid; 3]
         {
-            bail!("--as-user {self}: the ids did not all change; stopping");
+            return Err(JobError::IdsUnchanged { user: self });
         }
         Ok(())
+    }
+
+    /// The error of one failed step of [`JobUser::become_it`].
+    fn step(self, step: &str) -> impl FnOnce(nix::Error) -> JobError {
+        let step = step.to_string();
+        move |source| JobError::UserStep {
+            user: self,
+            step,
+            source,
+        }
     }
 }
 

@@ -1,0 +1,11 @@
+//! Multi-node job orchestration, as a library: the `ckpt` CLI is a thin
+//! layer over it (arguments in, messages and exit codes out).
+//!
+//! Errors are typed ([`JobError`]); each names what it is about, and keeps
+//! the failing call's error as its source so a caller can classify it.
+
+mod error;
+pub mod user;
+
+pub use error::JobError;
+pub use user::JobUser;
