@@ -210,10 +210,11 @@ impl EpochStore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn manifest(epoch: u64) -> GlobalManifest {
+    /// A one-node manifest of `epoch` (also the writer thread's tests').
+    pub(crate) fn manifest(epoch: u64) -> GlobalManifest {
         GlobalManifest {
             job: "j".into(),
             epoch,

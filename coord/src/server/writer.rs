@@ -170,21 +170,8 @@ fn write_one(store: &EpochStore, job: StoreJob) -> StoreDone {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::NodeManifest;
+    use crate::store::tests::manifest;
     use mio::{Poll, Token};
-
-    fn manifest(epoch: u64) -> GlobalManifest {
-        GlobalManifest {
-            job: "j".into(),
-            epoch,
-            committed_unix_ms: 1,
-            nodes: vec![NodeManifest {
-                node: "n0".into(),
-                image_dir: "/i".into(),
-                manifest_crc32c: 5,
-            }],
-        }
-    }
 
     /// Waits for the next answer (the thread wakes `poll`).
     fn next(poll: &mut Poll, w: &StoreWriter) -> StoreDone {
