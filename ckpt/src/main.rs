@@ -15,6 +15,7 @@ mod docs_check;
 mod logger;
 mod report;
 mod scripts;
+mod service;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -62,6 +63,9 @@ enum Command {
     Job(Box<commands::job::JobArgs>),
     /// Run a Slurm job's application: checkpoint and requeue on the warning signal, restore on restart.
     Slurm(commands::slurm::SlurmArgs),
+    /// Run the service through which ordinary users checkpoint and restore
+    /// their own processes (as root, one per node).
+    Serve(service::serve::ServeArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(commands::docs::CompletionsArgs),
     /// Write man pages for ckpt and every subcommand into a directory.
@@ -85,10 +89,17 @@ fn main() -> ExitCode {
             return report::ErrorReport::usage(format!("{message} (see ckpt --help)")).emit(json);
         }
     };
+    // A user's command that needs root goes to the ckpt service.
+    if let Some((command, own_key)) = cli.command.needs_root()
+        && service::client::wanted(true, own_key)
+    {
+        return finish(service::client::delegate(command), json);
+    }
     // A running coordinator's log is what it is watched for: its lines (info) show
     // without -v.
     let verbose = match &cli.command {
         Command::Coord(a) if a.serves() => cli.verbose.max(1),
+        Command::Serve(_) => cli.verbose.max(1),
         _ => cli.verbose,
     };
     let log = logger::LogSettings {
@@ -103,6 +114,17 @@ fn main() -> ExitCode {
         r.path = cli.log_file.as_ref().map(|p| p.display().to_string());
         return r.emit(json);
     }
+    // The service's worker acts for its caller from here on, and runs only
+    // what the service does for users.
+    match service::worker::enter() {
+        Ok(Some(_)) => {
+            if let Some(refused) = cli.command.service_refusal(cli.log_file.is_some()) {
+                return finish(Err(refused), json);
+            }
+        }
+        Ok(None) => {}
+        Err(e) => return finish(Err(e), json),
+    }
     let result = match cli.command {
         Command::Dump(a) => commands::dump::run(a),
         Command::Restore(a) => commands::restore::run(a),
@@ -113,15 +135,53 @@ fn main() -> ExitCode {
         Command::Coord(a) => commands::coord::run(*a).map(|()| ExitCode::SUCCESS),
         Command::Job(a) => commands::job::run(*a),
         Command::Slurm(a) => commands::slurm::run(a),
+        Command::Serve(a) => service::serve::run(a),
         Command::Completions(a) => commands::docs::completions(a, Cli::command()),
         Command::Man(a) => commands::docs::man(a, Cli::command()),
     };
+    finish(result, json)
+}
+
+/// The exit of a command: its code, or its error reported.
+fn finish(result: anyhow::Result<ExitCode>, json: bool) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
             let r = report::ErrorReport::from_error(&e);
             logger::file_only(log::Level::Error, &format!("ckpt: error: {}", r.message));
             r.emit(json)
+        }
+    }
+}
+
+impl Command {
+    /// For a command that needs root (to trace, recreate processes or read
+    /// the site's key): its name, and whether the user named a key of
+    /// their own.
+    fn needs_root(&self) -> Option<(&'static str, bool)> {
+        match self {
+            Command::Dump(a) => Some(("dump", a.has_own_key())),
+            Command::Restore(a) => Some(("restore", a.has_own_key())),
+            Command::Show(a) => Some(("show", a.has_own_key())),
+            _ => None,
+        }
+    }
+
+    /// Why the ckpt service's worker does not run this for a user, if it
+    /// does not.
+    fn service_refusal(&self, log_file: bool) -> Option<anyhow::Error> {
+        use service::worker::{ROOT_ONLY_HINT, refuse};
+        if log_file {
+            return Some(refuse("--log-file", ROOT_ONLY_HINT));
+        }
+        match self {
+            Command::Dump(a) => a.service_refusal(),
+            Command::Restore(a) => a.service_refusal(),
+            Command::Show(a) => a.service_refusal(),
+            _ => Some(refuse(
+                "this command",
+                "the service runs dump, restore and show for users",
+            )),
         }
     }
 }

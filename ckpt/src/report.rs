@@ -133,6 +133,18 @@ impl ErrorReport {
                 r.classify_parasite(p);
                 break;
             }
+            if let Some(k) = cause.downcast_ref::<ckpt_image::KeyError>() {
+                r.kind = ErrorKind::Permission;
+                r.path = Some(k.path().display().to_string());
+                break;
+            }
+            if cause
+                .downcast_ref::<crate::service::ServiceError>()
+                .is_some()
+            {
+                r.kind = ErrorKind::Permission;
+                break;
+            }
         }
         r.fd = r.fd.or_else(|| fd_in(&r.message));
         r
@@ -186,6 +198,7 @@ impl ErrorReport {
             RestoreError::PidInUse { pid, .. } | RestoreError::PidWaitTimeout { pid, .. } => {
                 self.set(ErrorKind::Conflict, Some(*pid))
             }
+            RestoreError::NotCallers { pid, .. } => self.set(ErrorKind::Permission, Some(*pid)),
             RestoreError::Incompatible { dir, .. } => {
                 self.set(ErrorKind::Conflict, None);
                 self.path = Some(dir.display().to_string());

@@ -26,7 +26,14 @@ pub(crate) fn tree(root: i32) -> Result<Frozen> {
             "freeze: pid {root} is PID 1 of its own PID namespace: saving that namespace's pids"
         );
     }
-    let procs = tree::freeze(root, |pid| precheck(pid, ns), seize_error, &mut blockers)?;
+    let caller = ckpt_image::caller::acting_for();
+    // Acting for a caller, another user's process is not even seized: the
+    // check before the seize spares it, the one after the freeze decides.
+    let check = |pid| {
+        precheck(pid, ns)?;
+        caller.map_or(Ok(()), |c| crate::caller::check_task(pid, pid, c))
+    };
+    let procs = tree::freeze(root, check, seize_error, &mut blockers)?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::AfterSeize);
     let freeze_ms = ms_since(frozen_at);
     log::info!(
@@ -34,7 +41,7 @@ pub(crate) fn tree(root: i32) -> Result<Frozen> {
         procs.len(),
         procs.iter().map(|p| p.tasks.len()).sum::<usize>()
     );
-    Ok(Frozen {
+    let frozen = Frozen {
         root,
         ns,
         procs,
@@ -45,7 +52,12 @@ pub(crate) fn tree(root: i32) -> Result<Frozen> {
         tcp: None,
         thawed_after: None,
         retired: Vec::new(),
-    })
+    };
+    if let Some(c) = caller {
+        // On failure, dropping `frozen` thaws the tree untouched.
+        crate::caller::check(&frozen.procs, c)?;
+    }
+    Ok(frozen)
 }
 
 impl Frozen {

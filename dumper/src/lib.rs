@@ -26,6 +26,7 @@
 
 mod background;
 mod blockers;
+mod caller;
 mod collect;
 mod creds;
 pub mod error;

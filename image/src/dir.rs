@@ -76,10 +76,14 @@ impl ImageWriter {
         let (parent, final_name) = TrustedParent::resolve(dir)?.into_parts();
         let parent = sys::reopen_dir(parent.as_fd())
             .map_err(|e| ImageError::io(&parent_path, "open parent directory", e))?;
+        check_caller_may_create(&parent, &parent_path)?;
         // CRIU users create the directory first: an empty directory of
         // ckpt's user is taken (replaced at commit); anything else is kept.
         let replace_empty = match sys::stat_at(parent.as_fd(), &final_name) {
-            Ok(st) if FileType::of(&st) == FileType::Directory && st.st_uid == sys::euid() => {
+            Ok(st)
+                if FileType::of(&st) == FileType::Directory
+                    && st.st_uid == crate::caller::owner_uid() =>
+            {
                 let existing = sys::open_dir_at(parent.as_fd(), &final_name)
                     .and_then(|d| sys::list(d.as_fd()))
                     .map_err(|e| ImageError::io(dir, "list", e))?;
@@ -234,6 +238,7 @@ impl ImageWriter {
         self.write_file(MANIFEST_NAME, &bytes)?;
         self.write_file(SEAL_NAME, &key.seal(&bytes))?;
         self.sync_written()?;
+        self.give_to_caller()?;
         sys::sync(self.tmp.as_fd())
             .map_err(|e| ImageError::io(&self.tmp_path, "fsync directory", e))?;
         // Whoever can write the parent can move our directory away and put
@@ -290,6 +295,51 @@ impl ImageWriter {
         self.committed = true;
         Ok(committed)
     }
+}
+
+impl ImageWriter {
+    /// Acting for a caller, gives the finished checkpoint to them: only now,
+    /// once every file is written, digested and sealed, so nothing the
+    /// caller does to their files can enter the seal (a change from now on
+    /// fails the digests, which the commit and every restore check).
+    fn give_to_caller(&self) -> Result<(), ImageError> {
+        let Some(caller) = crate::caller::acting_for() else {
+            return Ok(());
+        };
+        let names =
+            sys::list(self.tmp.as_fd()).map_err(|e| ImageError::io(&self.tmp_path, "list", e))?;
+        for name in names {
+            sys::chown_at(self.tmp.as_fd(), &name, caller.uid, caller.gid)
+                .map_err(|e| ImageError::io(self.tmp_path.join(&name), "chown", e))?;
+        }
+        sys::chown_fd(self.tmp.as_fd(), caller.uid, caller.gid)
+            .map_err(|e| ImageError::io(&self.tmp_path, "chown", e))
+    }
+}
+
+/// Acting for a caller, ckpt (root) writes only into a directory where the
+/// caller could create a name by its permission bits: a user asking the
+/// service for a dump into `/etc/x` would otherwise have root create it.
+fn check_caller_may_create(parent: &OwnedFd, path: &Path) -> Result<(), ImageError> {
+    let Some(caller) = crate::caller::acting_for() else {
+        return Ok(());
+    };
+    let st = sys::stat_fd(parent.as_fd()).map_err(|e| ImageError::io(path, "stat", e))?;
+    if caller.may_create_in(st.st_uid, st.st_gid, st.st_mode & 0o7777) {
+        return Ok(());
+    }
+    let why = format!(
+        "{caller} may not create files here (owner uid {}, group {}, mode {:o}): \
+         images are written only where their user could write",
+        st.st_uid,
+        st.st_gid,
+        st.st_mode & 0o7777
+    );
+    Err(ImageError::io(
+        path,
+        "create a checkpoint",
+        std::io::Error::new(std::io::ErrorKind::PermissionDenied, why),
+    ))
 }
 
 impl Drop for ImageWriter {
@@ -482,7 +532,9 @@ fn remove_dead_tmp_dir(parent: &OwnedFd, name: &OsStr) -> SweepOutcome {
     if FileType::of(&st) != FileType::Directory {
         return SweepOutcome::NotADirectory;
     }
-    if st.st_uid != sys::euid() {
+    // Acting for a caller, their finished images are theirs but a dead
+    // dumper's half-written ones are still root's (see `give_to_caller`).
+    if st.st_uid != sys::euid() && st.st_uid != crate::caller::owner_uid() {
         return SweepOutcome::OtherOwner { uid: st.st_uid };
     }
     let dir = match sys::open_dir_at(parent.as_fd(), name) {
@@ -981,9 +1033,12 @@ impl ImageDir {
 }
 
 /// An image file or directory only ckpt's user can change: otherwise it
-/// could be swapped after it was verified.
+/// could be swapped after it was verified. Acting for a caller, that user
+/// is the caller, whose own images these are: what they could still change
+/// after the checks is read once and verified on the bytes used (metadata),
+/// or is their own processes' memory (page data).
 fn check_private(path: &Path, st: &nix::sys::stat::FileStat) -> Result<(), ImageError> {
-    let me = sys::euid();
+    let me = crate::caller::owner_uid();
     if st.st_uid != me {
         return Err(ImageError::Unsafe {
             path: path.into(),

@@ -48,6 +48,7 @@
 // them.
 #![deny(unsafe_code)]
 
+pub mod caller;
 pub mod digest;
 pub mod dir;
 pub mod error;
@@ -68,6 +69,7 @@ pub mod task;
 pub mod timer;
 pub mod trusted_path;
 
+pub use caller::Caller;
 pub use dir::{
     BlockChecks, Committed, ImageDir, ImageWriter, StaleTmp, SweepOutcome, sweep_stale_tmp_dirs,
 };

@@ -51,6 +51,7 @@ pub const SEAL_LEN: usize = SEAL_MAGIC.len() + KEY_ID_LEN + TAG_LEN;
 /// Domain separation: this key seals nothing but ckpt manifests.
 const MAC_LABEL: &[u8] = b"ckpt image manifest seal v1\0";
 const KEY_ID_LABEL: &[u8] = b"ckpt image key id v1\0";
+const USER_KEY_LABEL: &[u8] = b"ckpt user image key v1\0";
 
 /// The key file to use: the `--image-key` flag, else `CKPT_IMAGE_KEY`, else
 /// [`DEFAULT_KEY_PATH`].
@@ -323,6 +324,25 @@ impl ImageKey {
         }
     }
 
+    /// The key that seals the images of user `uid` made by the ckpt
+    /// service: derived from the site's key, so only root can compute it,
+    /// and different for every user, so one user's images verify for no
+    /// one else (a user handing the service someone else's checkpoint gets
+    /// "sealed with another key"). Images the site seals with its own key
+    /// verify for root only.
+    pub fn for_user(&self, uid: u32) -> ImageKey {
+        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&self.secret)
+            .expect("HMAC accepts keys of any length");
+        m.update(USER_KEY_LABEL);
+        m.update(&uid.to_le_bytes());
+        let mut secret = [0u8; KEY_LEN];
+        secret.copy_from_slice(&m.finalize().into_bytes());
+        ImageKey {
+            path: self.path.clone(),
+            secret,
+        }
+    }
+
     fn key_id(&self) -> [u8; KEY_ID_LEN] {
         let mut h = Sha256::new();
         h.update(KEY_ID_LABEL);
@@ -378,6 +398,26 @@ fn split(path: &Path) -> (&Path, &OsStr) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn users_keys_differ_from_the_sites_and_from_each_other() {
+        let site = super::ImageKey::from_secret(std::path::Path::new("k"), [7; super::KEY_LEN]);
+        let (a, b) = (site.for_user(1000), site.for_user(1001));
+        let manifest = b"manifest";
+        assert!(a.verify(manifest, &a.seal(manifest)).is_ok());
+        assert_eq!(
+            b.verify(manifest, &a.seal(manifest)),
+            Err(super::SealFailure::OtherKey)
+        );
+        assert_eq!(
+            site.verify(manifest, &a.seal(manifest)),
+            Err(super::SealFailure::OtherKey)
+        );
+        assert!(
+            a.verify(manifest, &site.for_user(1000).seal(manifest))
+                .is_ok()
+        );
+    }
+
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 

@@ -271,6 +271,28 @@ pub fn set_mode(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
     nix::sys::stat::fchmod(fd, Mode::from_bits_truncate(mode)).map_err(io_err)
 }
 
+/// Gives `name` inside `dir` (never through a symlink) to `uid`:`gid`.
+pub fn chown_at(dir: BorrowedFd<'_>, name: &OsStr, uid: u32, gid: u32) -> io::Result<()> {
+    nix::unistd::fchownat(
+        dir,
+        name,
+        Some(nix::unistd::Uid::from_raw(uid)),
+        Some(nix::unistd::Gid::from_raw(gid)),
+        AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .map_err(io_err)
+}
+
+/// Gives an open file or directory to `uid`:`gid`.
+pub fn chown_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
+    nix::unistd::fchown(
+        fd,
+        Some(nix::unistd::Uid::from_raw(uid)),
+        Some(nix::unistd::Gid::from_raw(gid)),
+    )
+    .map_err(io_err)
+}
+
 /// Flushes a file or directory to stable storage.
 pub fn sync(fd: BorrowedFd<'_>) -> io::Result<()> {
     nix::unistd::fsync(fd).map_err(io_err)

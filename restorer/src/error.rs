@@ -21,6 +21,18 @@ pub enum RestoreError {
         /// What holds it.
         comm: String,
     },
+    /// Acting for a caller, the checkpoint asks for more than the caller has.
+    #[error(
+        "pid {pid} {what}: the ckpt service restores only what its caller ({caller}) could run"
+    )]
+    NotCallers {
+        /// The pid.
+        pid: i32,
+        /// What it asks for.
+        what: String,
+        /// The caller.
+        caller: String,
+    },
     /// The pid stayed held by a dying process for too long.
     #[error(
         "pid {pid} is still held by a zombie or an exiting process after {secs} s (a zombie's parent must reap it)"

@@ -30,6 +30,7 @@
 pub mod error;
 
 mod addresses;
+mod caller;
 mod context;
 mod creds;
 mod fd;

@@ -19,7 +19,7 @@ use ckpt_image::{ImageDir, ImageError, ImageKind};
 use crate::error::{RestoreError, Result};
 use crate::options::RestoreOptions;
 use crate::outcome::{RestoreStats, ms_since};
-use crate::{creds, fd, inherit, ipc, lazy, mm, pages, shmem, sys};
+use crate::{caller, creds, fd, inherit, ipc, lazy, mm, pages, shmem, sys};
 
 /// Everything read and checked from the checkpoint, as the rebuild uses it.
 pub(crate) struct Checkpoint {
@@ -81,6 +81,7 @@ pub(crate) fn read(opts: &RestoreOptions<'_>) -> Result<Read> {
     let images = ImageDir::open_deferring_pages(&opts.dir, opts.key)?;
     check_compatible(&images)?;
     images.check_tree()?;
+    caller::check_manifest(&images)?;
     let files: Files = images.read_meta(ckpt_image::FILES_NAME, ImageKind::Files)?;
     check_files(&images, &files)?;
     let procs = images
@@ -270,6 +271,7 @@ fn load(images: &ImageDir, files: &Files, entry: &ProcessEntry) -> Result<Proces
     validate(images, pid, &p)?;
     check_owner(images, entry, &p.core)?;
     creds::check_threads(&p.core)?;
+    caller::check_core(&p.core)?;
     fd::validate(images, pid, &p.fds, files)?;
     Ok(p)
 }

@@ -86,10 +86,6 @@ impl CkptCmd {
         args: &[&str],
         vars: &[(&str, &Path)],
     ) -> CkptCmd {
-        let n = env.cmd_counter.fetch_add(1, Ordering::SeqCst);
-        let verb = args.first().copied().unwrap_or("none");
-        let out_path = env.root.join(format!("ckpt-{n}-{verb}.stdout"));
-        let err_path = env.root.join(format!("ckpt-{n}-{verb}.stderr"));
         let mut cmd = match netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
@@ -100,8 +96,18 @@ impl CkptCmd {
         };
         cmd.args(args)
             .env("CKPT_IMAGE_KEY", env.image_key())
-            .envs(vars.iter().map(|(k, v)| (*k, *v)))
-            .stdin(Stdio::null())
+            .envs(vars.iter().map(|(k, v)| (*k, *v)));
+        CkptCmd::spawn_command(env, cmd, args)
+    }
+
+    /// Starts `cmd` (a ckpt command line `args`) with stdin from /dev/null
+    /// and its output to the test's files.
+    pub(crate) fn spawn_command(env: &TestEnv, mut cmd: Command, args: &[&str]) -> CkptCmd {
+        let n = env.cmd_counter.fetch_add(1, Ordering::SeqCst);
+        let verb = args.first().copied().unwrap_or("none");
+        let out_path = env.root.join(format!("ckpt-{n}-{verb}.stdout"));
+        let err_path = env.root.join(format!("ckpt-{n}-{verb}.stderr"));
+        cmd.stdin(Stdio::null())
             .stdout(File::create(&out_path).expect("create ckpt stdout"))
             .stderr(File::create(&err_path).expect("create ckpt stderr"));
         cloexec_inherited_fds(&mut cmd, false);

@@ -67,6 +67,7 @@ mod mntns;
 mod nodes;
 mod poll;
 mod procfs;
+mod service;
 mod victims;
 
 pub use commands::*;
@@ -76,4 +77,5 @@ pub use mntns::*;
 pub use nodes::*;
 pub use poll::*;
 pub use procfs::*;
+pub use service::*;
 pub use victims::*;

@@ -93,6 +93,33 @@ pub struct DumpArgs {
     coord: CoordOpts,
 }
 
+impl DumpArgs {
+    /// The user named a key of their own (flag or environment).
+    pub fn has_own_key(&self) -> bool {
+        self.image_key.is_some() || std::env::var_os(ckpt_image::seal::KEY_ENV).is_some()
+    }
+
+    /// What of this command the ckpt service does not run for a user, if
+    /// anything: flags that would have root run a program, trust another
+    /// key, or take part in a job the service cannot check whole.
+    pub fn service_refusal(&self) -> Option<anyhow::Error> {
+        use crate::service::worker::{ROOT_ONLY_HINT, refuse};
+        if self.image_key.is_some() {
+            return Some(refuse(
+                "--image-key",
+                "the service seals your images with your own key",
+            ));
+        }
+        if !self.action_scripts.is_empty() {
+            return Some(refuse("--action-script", ROOT_ONLY_HINT));
+        }
+        if self.coord.enabled() {
+            return Some(refuse("--coord", ROOT_ONLY_HINT));
+        }
+        None
+    }
+}
+
 /// Runs `ckpt dump`.
 pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
     let bar = super::progress_bar("dumping pages").filter(|_| !crate::logger::verbose_on_stderr());
@@ -104,8 +131,7 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
     };
     // The engine's phases, one after the other (a coordinated dump runs
     // the same steps with barriers between them).
-    let key =
-        ckpt_image::ImageKey::load_or_create(&ckpt_image::seal::key_path(a.image_key.as_deref()))?;
+    let key = super::image_key(a.image_key.as_deref(), super::KeyUse::Seal)?;
     if a.coord.enabled() {
         anyhow::ensure!(
             !a.pre_dump && a.prev.is_none() && !a.track,

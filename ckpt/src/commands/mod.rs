@@ -40,6 +40,33 @@ pub fn output_parent(
         .with_context(|| option.to_string())
 }
 
+/// What a command does with the image key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyUse {
+    /// Seals new images: the site's key is created at first use.
+    Seal,
+    /// Verifies images: the key must exist.
+    Verify,
+}
+
+/// The key of this command's images: the site's (`flag`, else
+/// `$CKPT_IMAGE_KEY`, else the default path), or, when ckpt acts for a
+/// user of the ckpt service, that user's key derived from it.
+pub fn image_key(
+    flag: Option<&std::path::Path>,
+    used: KeyUse,
+) -> Result<ckpt_image::ImageKey, ckpt_image::KeyError> {
+    let path = ckpt_image::seal::key_path(flag);
+    let site = match used {
+        KeyUse::Seal => ckpt_image::ImageKey::load_or_create(&path)?,
+        KeyUse::Verify => ckpt_image::ImageKey::load(&path)?,
+    };
+    Ok(match ckpt_image::caller::acting_for() {
+        Some(c) => site.for_user(c.uid),
+        None => site,
+    })
+}
+
 /// A byte progress bar on stderr when it is a terminal; none otherwise, so
 /// scripts and logs stay quiet.
 pub fn progress_bar(what: &str) -> Option<indicatif::ProgressBar> {

@@ -118,6 +118,42 @@ pub struct RestoreArgs {
     coord: CoordOpts,
 }
 
+impl RestoreArgs {
+    /// The user named a key of their own (flag or environment).
+    pub fn has_own_key(&self) -> bool {
+        self.image_key.is_some() || std::env::var_os(ckpt_image::seal::KEY_ENV).is_some()
+    }
+
+    /// What of this command the ckpt service does not run for a user, if
+    /// anything: flags that would have root run a program, write a file,
+    /// enter a namespace or hand over an fd the user names, or leave a
+    /// root daemon behind.
+    pub fn service_refusal(&self) -> Option<anyhow::Error> {
+        use crate::service::worker::{ROOT_ONLY_HINT, refuse};
+        let flag = [
+            (self.image_key.is_some(), "--image-key"),
+            (!self.action_scripts.is_empty(), "--action-script"),
+            (self.coord.enabled(), "--coord"),
+            (self.pidfile.is_some(), "--pidfile"),
+            (self.stats_file.is_some(), "--stats-file"),
+            (self.netns.is_some(), "--netns"),
+            (self.mntns.is_some(), "--mntns"),
+            (self.lazy, "--lazy"),
+            (self.shell_job, "--shell-job"),
+        ]
+        .into_iter()
+        .find_map(|(set, flag)| set.then_some(flag));
+        if let Some(flag) = flag {
+            return Some(refuse(flag, ROOT_ONLY_HINT));
+        }
+        // The worker's only fds of the user's are its stdio.
+        let beyond_stdio = self.inherit_fd.iter().any(|f| match f {
+            InheritFd::Terminal(n) | InheritFd::External { fd: n, .. } => *n > 2,
+        });
+        beyond_stdio.then(|| refuse("--inherit-fd above 2", "the service gets only your stdio"))
+    }
+}
+
 /// `--map-address OLD=NEW`.
 #[derive(Debug, Clone, Copy)]
 struct AddressPair {
@@ -183,7 +219,7 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
             b.set_position(done);
         }
     };
-    let key = ckpt_image::ImageKey::load(&ckpt_image::seal::key_path(a.image_key.as_deref()))
+    let key = super::image_key(a.image_key.as_deref(), super::KeyUse::Verify)
         .with_context(|| format!("restore from {} failed", a.dir.display()))?;
     let mut opts = RestoreOptions {
         dir: a.dir.clone(),

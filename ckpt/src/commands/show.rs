@@ -27,12 +27,29 @@ pub struct ShowArgs {
     image_key: Option<PathBuf>,
 }
 
+impl ShowArgs {
+    /// The user named a key of their own (flag or environment).
+    pub fn has_own_key(&self) -> bool {
+        self.image_key.is_some() || std::env::var_os(ckpt_image::seal::KEY_ENV).is_some()
+    }
+
+    /// What of this command the ckpt service does not run for a user.
+    pub fn service_refusal(&self) -> Option<anyhow::Error> {
+        self.image_key.is_some().then(|| {
+            crate::service::worker::refuse(
+                "--image-key",
+                "the service reads your images with your own key",
+            )
+        })
+    }
+}
+
 /// Runs `ckpt show`.
 pub fn run(a: ShowArgs) -> anyhow::Result<ExitCode> {
     let context = || format!("cannot read checkpoint {}", a.dir.display());
     // Shown only once sealed by this site: an unsealed image is not ckpt's.
-    let key = ckpt_image::ImageKey::load(&ckpt_image::seal::key_path(a.image_key.as_deref()))
-        .with_context(context)?;
+    let key =
+        super::image_key(a.image_key.as_deref(), super::KeyUse::Verify).with_context(context)?;
     let dir = ckpt_image::ImageDir::open(&a.dir, &key).with_context(context)?;
     // The same bounds as a restore's, before the processes are read one
     // by one.

@@ -1,0 +1,87 @@
+//! The client side: a non-root `ckpt` hands its command to the service.
+
+use std::ffi::OsString;
+use std::os::fd::{AsFd, OwnedFd};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+
+use super::wire::{self, WireError};
+use super::{ServiceError, socket_path};
+
+/// Signals that, while the service runs the command, go to it instead of
+/// ending this client (Ctrl-C, a scheduler's warning or time limit).
+const FORWARDED: [Signal; 6] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
+
+/// Whether this command should go to the service: ckpt is not root, and
+/// the command needs root unless the user brought their own key (then it
+/// runs here, with what the user's own rights allow).
+pub fn wanted(needs_root: bool, own_key: bool) -> bool {
+    needs_root && !own_key && !nix::unistd::geteuid().is_root()
+}
+
+/// Runs this process's command through the service and exits as it did.
+pub fn delegate(command: &'static str) -> anyhow::Result<ExitCode> {
+    let socket = socket_path();
+    let conn = wire::connect(&socket).map_err(|e| ServiceError::Unavailable {
+        command,
+        socket: socket.clone(),
+        reason: match &e {
+            WireError::Os { source, .. } => source.desc().to_string(),
+            other => other.to_string(),
+        },
+    })?;
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let cwd: OwnedFd = nix::fcntl::open(
+        ".",
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .context("open the working directory")?;
+    let mut mask = SigSet::empty();
+    for s in FORWARDED {
+        mask.add(s);
+    }
+    mask.thread_block().context("block signals")?;
+    let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC).context("signalfd")?;
+    let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
+    wire::send_request(
+        conn.as_fd(),
+        &args,
+        [cwd.as_fd(), stdin.as_fd(), stdout.as_fd(), stderr.as_fd()],
+    )
+    .with_context(|| format!("{}: send the request", socket.display()))?;
+    drop(cwd);
+    loop {
+        let mut fds = [
+            PollFd::new(conn.as_fd(), PollFlags::POLLIN),
+            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
+        ];
+        poll(&mut fds, PollTimeout::NONE).context("poll")?;
+        let ready = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
+        if ready(&fds[1])
+            && let Some(info) = signals.read_signal().context("read a signal")?
+        {
+            let _ = wire::send_signal(conn.as_fd(), info.ssi_signo as i32);
+        }
+        if ready(&fds[0]) {
+            let code = wire::recv_exit(conn.as_fd()).with_context(|| {
+                format!(
+                    "{}: the ckpt service ended without an answer",
+                    socket.display()
+                )
+            })?;
+            return Ok(ExitCode::from(code));
+        }
+    }
+}

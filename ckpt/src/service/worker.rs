@@ -1,0 +1,55 @@
+//! The service's worker: the `ckpt` process that does one user's request,
+//! as root, acting for that user.
+
+use std::path::Path;
+
+use anyhow::Context;
+use ckpt_image::Caller;
+
+use super::ServiceError;
+
+/// The caller's ids, `UID:GID:G1,...`, set by the service only (its worker
+/// starts with an empty environment plus this).
+pub const CALLER_ENV: &str = "CKPT_SERVICE_CALLER";
+/// The caller's cgroup directory, which the worker joins before any work.
+pub const CGROUP_ENV: &str = "CKPT_SERVICE_CGROUP";
+
+/// Makes this process act for the caller the service named, if it is the
+/// service's worker (root, with [`CALLER_ENV`] set; a user setting it gets
+/// nothing, having no root to restrict). Joins the caller's cgroup first, so
+/// that what it restores is accounted and limited as the caller's job (a
+/// scheduler tracks a job's processes by their cgroup).
+pub fn enter() -> anyhow::Result<Option<&'static Caller>> {
+    let Some(text) = std::env::var_os(CALLER_ENV) else {
+        return Ok(None);
+    };
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(None);
+    }
+    let caller = Caller::decode(&text.to_string_lossy())?;
+    if let Some(dir) = std::env::var_os(CGROUP_ENV) {
+        join_cgroup(Path::new(&dir))?;
+    }
+    ckpt_image::caller::act_for(caller).map_err(|c| anyhow::anyhow!("already acting for {c}"))?;
+    Ok(ckpt_image::caller::acting_for())
+}
+
+fn join_cgroup(dir: &Path) -> anyhow::Result<()> {
+    let procs = dir.join("cgroup.procs");
+    std::fs::write(&procs, b"0\n").with_context(|| format!("{}: join", procs.display()))
+}
+
+/// Refuses, for a worker, a command or flag the service does not run for
+/// users; `refusal` is what the command's arguments found (a flag and what
+/// to do instead).
+pub fn refuse(what: &str, hint: &'static str) -> anyhow::Error {
+    ServiceError::NotForUsers {
+        what: what.into(),
+        hint,
+    }
+    .into()
+}
+
+/// The hint for flags that would have root act on a path or program the
+/// user names.
+pub const ROOT_ONLY_HINT: &str = "run ckpt as root for it";

@@ -1,0 +1,202 @@
+//! An ordinary user checkpoints and restores their own job through the
+//! ckpt service (`ckpt serve`), and only their own: another user's process,
+//! a directory they could not write, an image sealed for someone else, an
+//! image they changed and flags that would have root act on their behalf
+//! are each refused in one line (victim: tests/c/counter.c).
+
+use std::os::unix::fs::MetadataExt;
+
+use crate::common::*;
+
+/// Exit code of a refusal for lack of privilege (docs/usage.md).
+const PERMISSION: i32 = 4;
+/// Exit code of a checkpoint that is not valid here.
+const IMAGE_INVALID: i32 = 7;
+
+fn status_line(pid: i32, key: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("read status")
+        .lines()
+        .find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_string()))
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"))
+}
+
+fn creds(pid: i32) -> Vec<String> {
+    ["Uid:", "Gid:", "Groups:", "CapEff:", "CapPrm:", "CapAmb:"]
+        .iter()
+        .map(|k| status_line(pid, k))
+        .collect()
+}
+
+/// The refusal: one `ckpt: error:` line, the exit code, nothing else on
+/// stderr.
+fn refused(out: &CkptOutput, code: i32) -> String {
+    let line = out.assert_error();
+    assert_eq!(out.code(), code, "`{}`: {}", out.desc, out.stderr);
+    assert_eq!(out.stderr.trim_end().lines().count(), 1, "{}", out.stderr);
+    line
+}
+
+#[test]
+fn users_own_job_is_dumped_and_restored_through_the_service() {
+    let user = test_user();
+    let env = TestEnv::new("service-own");
+    let svc = Service::start(&env);
+    let mut v = Victim::spawn_as(&env, "counter", &[], user);
+    v.wait_ready();
+    let before = creds(v.pid);
+    let home = user_dir(&env, user, "home");
+    let pid = v.pid.to_string();
+    ckpt_as_user(
+        &env,
+        user,
+        &svc.socket,
+        &home,
+        &["dump", "--tree", &pid, "--dir", "img", "--kill"],
+    )
+    .assert_success();
+    v.reap_killed(DUMP_TIMEOUT);
+
+    // The checkpoint is the user's: theirs to read, move and delete.
+    let img = home.join("img");
+    for entry in std::iter::once(img.clone())
+        .chain(std::fs::read_dir(&img).unwrap().map(|e| e.unwrap().path()))
+    {
+        let m = std::fs::metadata(&entry).unwrap();
+        assert_eq!(
+            (m.uid(), m.gid()),
+            (user.uid, user.gid),
+            "{}",
+            entry.display()
+        );
+        assert_eq!(m.mode() & 0o077, 0, "{} is not private", entry.display());
+    }
+    let shown = ckpt_as_user(&env, user, &svc.socket, &home, &["show", "img"]);
+    shown.assert_success();
+    assert!(
+        shown.stdout.contains(&format!("process {pid}")),
+        "{}",
+        shown.stdout
+    );
+
+    let mut restore =
+        CkptCmd::spawn_as_user(&env, user, &svc.socket, &home, &["restore", "--dir", "img"]);
+    wait_restored_and_running(&v, &mut restore);
+    assert_eq!(creds(v.pid), before, "the restored job's credentials");
+    v.go();
+    // The restored job's exit code reaches the user's client.
+    finish_restore(&v, restore);
+}
+
+#[test]
+fn the_service_refuses_what_is_not_the_callers() {
+    let user = test_user();
+    let env = TestEnv::new("service-refusals");
+    let svc = Service::start(&env);
+    let home = user_dir(&env, user, "home");
+
+    // Another user's (root's) process: refused before it is touched.
+    let mut roots = Victim::spawn(&env, "counter", &[]);
+    roots.wait_ready();
+    let pid = roots.pid.to_string();
+    let out = ckpt_as_user(
+        &env,
+        user,
+        &svc.socket,
+        &home,
+        &["dump", "--tree", &pid, "--dir", "x"],
+    );
+    let line = refused(&out, PERMISSION);
+    assert!(
+        line.contains(&format!("pid {pid}")) && line.contains("uid 0"),
+        "{line}"
+    );
+    assert!(!home.join("x").exists());
+    assert_running_untouched(roots.pid, "root's process after a user's dump");
+
+    // A checkpoint root made of root's process, sealed with the site's key.
+    dump(&env, &roots, &[]).assert_success();
+    let site_img = path_str(&env.img);
+    let out = ckpt_as_user(
+        &env,
+        user,
+        &svc.socket,
+        &home,
+        &["restore", "--dir", site_img],
+    );
+    let line = refused(&out, IMAGE_INVALID);
+    assert!(line.contains("sealed with another key"), "{line}");
+    roots.assert_unharmed_and_passes("root's process after a user's restore");
+    // The next victim shares the work dir.
+    roots.clear_protocol_files();
+
+    // The user's own process, into a directory the user could not write.
+    let mut v = Victim::spawn_as(&env, "counter", &[], user);
+    v.wait_ready();
+    let pid = v.pid.to_string();
+    let not_theirs = env.root.join("not-theirs");
+    let out = ckpt_as_user(
+        &env,
+        user,
+        &svc.socket,
+        &home,
+        &["dump", "--tree", &pid, "--dir", path_str(&not_theirs)],
+    );
+    let line = refused(&out, PERMISSION);
+    assert!(line.contains("may not create files here"), "{line}");
+    assert!(!not_theirs.exists());
+
+    // Flags that would have root run, write or trust what the user names.
+    for (flag, value) in [
+        ("--action-script", "/bin/true"),
+        ("--log-file", "/etc/ckpt.log"),
+    ] {
+        let out = ckpt_as_user(
+            &env,
+            user,
+            &svc.socket,
+            &home,
+            &["dump", "--tree", &pid, "--dir", "y", flag, value],
+        );
+        let line = refused(&out, PERMISSION);
+        assert!(
+            line.contains(flag) && line.contains("ckpt service"),
+            "{line}"
+        );
+    }
+
+    // The user's own checkpoint, changed by the user: refused, nothing runs.
+    ckpt_as_user(
+        &env,
+        user,
+        &svc.socket,
+        &home,
+        &["dump", "--tree", &pid, "--dir", "img", "--kill"],
+    )
+    .assert_success();
+    v.reap_killed(DUMP_TIMEOUT);
+    let core = home.join("img").join(format!("core-{pid}.img"));
+    let mut bytes = std::fs::read(&core).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&core, bytes).unwrap();
+    let out = ckpt_as_user(&env, user, &svc.socket, &home, &["restore", "--dir", "img"]);
+    let line = refused(&out, IMAGE_INVALID);
+    assert!(line.contains(&format!("core-{pid}.img")), "{line}");
+    assert!(
+        proc_state(v.pid).is_none(),
+        "a process came back from a changed image"
+    );
+
+    // No service: the user is told what is missing and how a site grants it.
+    let out = ckpt_as_user(
+        &env,
+        user,
+        &env.root.join("no-such.sock"),
+        &home,
+        &["dump", "--tree", &pid, "--dir", "z"],
+    );
+    let line = refused(&out, PERMISSION);
+    assert!(line.contains("ckpt serve"), "{line}");
+    drop(svc);
+}
