@@ -5,6 +5,7 @@
 //! are each refused in one line (victim: tests/c/counter.c).
 
 use std::os::unix::fs::MetadataExt;
+use std::process::Command;
 
 use crate::common::*;
 
@@ -165,6 +166,27 @@ fn the_service_refuses_what_is_not_the_callers() {
         );
     }
 
+    // A symbolic link of the user's on the way: root does not follow it.
+    std::os::unix::fs::symlink(&env.root, home.join("link")).unwrap();
+    nix::unistd::fchownat(
+        nix::fcntl::AT_FDCWD,
+        &home.join("link"),
+        Some(nix::unistd::Uid::from_raw(user.uid)),
+        None,
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .unwrap();
+    let out = ckpt_as_user(
+        &env,
+        user,
+        &svc.socket,
+        &home,
+        &["dump", "--tree", &pid, "--dir", "link/sneaky"],
+    );
+    let line = refused(&out, PERMISSION);
+    assert!(line.contains("link"), "{line}");
+    assert!(!env.root.join("sneaky").exists());
+
     // The user's own checkpoint, changed by the user: refused, nothing runs.
     ckpt_as_user(
         &env,
@@ -175,6 +197,37 @@ fn the_service_refuses_what_is_not_the_callers() {
     )
     .assert_success();
     v.reap_killed(DUMP_TIMEOUT);
+
+    // Another user handed that checkpoint: it verifies for its user only.
+    let other = other_test_user();
+    let theirs = user_dir(&env, other, "theirs");
+    let copy = theirs.join("img");
+    let run = |cmd: &[&str]| {
+        assert!(
+            Command::new(cmd[0])
+                .args(&cmd[1..])
+                .status()
+                .unwrap()
+                .success()
+        )
+    };
+    run(&["cp", "-a", path_str(&home.join("img")), path_str(&copy)]);
+    run(&[
+        "chown",
+        "-R",
+        &format!("{}:{}", other.uid, other.gid),
+        path_str(&copy),
+    ]);
+    for args in [&["show", "img"][..], &["restore", "--dir", "img"][..]] {
+        let out = ckpt_as_user(&env, other, &svc.socket, &theirs, args);
+        let line = refused(&out, IMAGE_INVALID);
+        assert!(line.contains("sealed with another key"), "{args:?}: {line}");
+    }
+    assert!(
+        proc_state(v.pid).is_none(),
+        "another user's restore brought the job back"
+    );
+
     let core = home.join("img").join(format!("core-{pid}.img"));
     let mut bytes = std::fs::read(&core).unwrap();
     let last = bytes.len() - 1;

@@ -13,7 +13,7 @@ pub enum RestoreError {
     Image(#[from] ImageError),
     /// The pid is held by a live process.
     #[error(
-        "pid {pid} is in use by a running process ({comm}); restore it in a new PID namespace or stop that process"
+        "pid {pid} is in use by a running process ({comm}); stop that process or restore on another node (a job started under `ckpt run --pidns` is restored in a PID namespace of its own, where this cannot happen)"
     )]
     PidInUse {
         /// The pid.

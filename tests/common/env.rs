@@ -56,13 +56,25 @@ pub struct TestUser {
 }
 
 pub(crate) const TEST_USER: &str = "ckpt-test";
+/// A second ordinary account, for what one user must not do to another's.
+pub(crate) const OTHER_TEST_USER: &str = "ckpt-test2";
 
 /// The test account, created (system user, no home, no login shell) on
 /// first use.
 pub fn test_user() -> &'static TestUser {
     static USER: std::sync::OnceLock<TestUser> = std::sync::OnceLock::new();
-    USER.get_or_init(|| {
-        let lookup = || nix::unistd::User::from_name(TEST_USER).expect("read passwd");
+    USER.get_or_init(|| account(TEST_USER))
+}
+
+/// The second test account (as [`test_user`]).
+pub fn other_test_user() -> &'static TestUser {
+    static USER: std::sync::OnceLock<TestUser> = std::sync::OnceLock::new();
+    USER.get_or_init(|| account(OTHER_TEST_USER))
+}
+
+fn account(name: &'static str) -> TestUser {
+    {
+        let lookup = || nix::unistd::User::from_name(name).expect("read passwd");
         if lookup().is_none() {
             let out = Command::new("useradd")
                 .args([
@@ -70,24 +82,24 @@ pub fn test_user() -> &'static TestUser {
                     "--no-create-home",
                     "--shell",
                     "/usr/sbin/nologin",
-                    TEST_USER,
+                    name,
                 ])
                 .output()
                 .expect("run useradd");
             // Another test binary may have created it meanwhile.
             assert!(
                 out.status.success() || lookup().is_some(),
-                "useradd {TEST_USER}: {}",
+                "useradd {name}: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
         }
         let u = lookup().expect("test user exists");
         TestUser {
-            name: TEST_USER,
+            name,
             uid: u.uid.as_raw(),
             gid: u.gid.as_raw(),
         }
-    })
+    }
 }
 
 impl TestEnv {
