@@ -13,6 +13,8 @@ use crate::common::*;
 const PERMISSION: i32 = 4;
 /// Exit code of a checkpoint that is not valid here.
 const IMAGE_INVALID: i32 = 7;
+/// Exit code of what may go through next time.
+const CONFLICT: i32 = 8;
 
 fn status_line(pid: i32, key: &str) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -42,7 +44,8 @@ fn refused(out: &CkptOutput, code: i32) -> String {
 fn users_own_job_is_dumped_and_restored_through_the_service() {
     let user = test_user();
     let env = TestEnv::new("service-own");
-    let svc = Service::start(&env);
+    // One request of a user at a time: the restore below holds it.
+    let svc = Service::start_with(&env, &["--max-per-user", "1"]);
     let mut v = Victim::spawn_as(&env, "counter", &[], user);
     v.wait_ready();
     let before = creds(v.pid);
@@ -84,6 +87,20 @@ fn users_own_job_is_dumped_and_restored_through_the_service() {
         CkptCmd::spawn_as_user(&env, user, &svc.socket, &home, &["restore", "--dir", "img"]);
     wait_restored_and_running(&v, &mut restore);
     assert_eq!(creds(v.pid), before, "the restored job's credentials");
+    // While it waits for the job, the user has no other request running;
+    // another user has.
+    let out = ckpt_as_user(&env, user, &svc.socket, &home, &["show", "img"]);
+    let line = refused(&out, CONFLICT);
+    assert!(line.contains("try again"), "{line}");
+    let other = other_test_user();
+    let out = ckpt_as_user(
+        &env,
+        other,
+        &svc.socket,
+        &env.root,
+        &["show", "nothing-here"],
+    );
+    assert!(!out.stderr.contains("try again"), "{}", out.stderr);
     v.go();
     // The restored job's exit code reaches the user's client.
     finish_restore(&v, restore);

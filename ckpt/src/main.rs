@@ -95,6 +95,18 @@ fn main() -> ExitCode {
     {
         return finish(service::client::delegate(command), json);
     }
+    // The service's worker acts for its caller from here on, and runs only
+    // what the service does for users: checked before anything (even the
+    // log file) is touched as root.
+    match service::worker::enter() {
+        Ok(Some(_)) => {
+            if let Some(refused) = cli.command.service_refusal(cli.log_file.is_some()) {
+                return finish(Err(refused), json);
+            }
+        }
+        Ok(None) => {}
+        Err(e) => return finish(Err(e), json),
+    }
     // A running coordinator's log is what it is watched for: its lines (info) show
     // without -v.
     let verbose = match &cli.command {
@@ -113,17 +125,6 @@ fn main() -> ExitCode {
         let mut r = report::ErrorReport::usage(format!("{e:#}"));
         r.path = cli.log_file.as_ref().map(|p| p.display().to_string());
         return r.emit(json);
-    }
-    // The service's worker acts for its caller from here on, and runs only
-    // what the service does for users.
-    match service::worker::enter() {
-        Ok(Some(_)) => {
-            if let Some(refused) = cli.command.service_refusal(cli.log_file.is_some()) {
-                return finish(Err(refused), json);
-            }
-        }
-        Ok(None) => {}
-        Err(e) => return finish(Err(e), json),
     }
     let result = match cli.command {
         Command::Dump(a) => commands::dump::run(a),

@@ -138,11 +138,12 @@ impl ErrorReport {
                 r.path = Some(k.path().display().to_string());
                 break;
             }
-            if cause
-                .downcast_ref::<crate::service::ServiceError>()
-                .is_some()
-            {
-                r.kind = ErrorKind::Permission;
+            if let Some(s) = cause.downcast_ref::<crate::service::ServiceError>() {
+                // Busy may go through next time, as a conflict does.
+                r.kind = match s {
+                    crate::service::ServiceError::Busy { .. } => ErrorKind::Conflict,
+                    _ => ErrorKind::Permission,
+                };
                 break;
             }
         }

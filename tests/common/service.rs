@@ -15,6 +15,11 @@ impl Service {
     /// Starts the service under `env.root/run` (root's, 0755: a user must
     /// reach the socket, and no one but root may replace it).
     pub fn start(env: &TestEnv) -> Service {
+        Service::start_with(env, &[])
+    }
+
+    /// [`Service::start`] with more arguments of `ckpt serve`.
+    pub fn start_with(env: &TestEnv, extra: &[&str]) -> Service {
         let dir = env.root.join("run");
         fs::create_dir(&dir).expect("create the service's dir");
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).expect("chmod run dir");
@@ -23,6 +28,7 @@ impl Service {
         let log = env.root.join("serve.log");
         let mut cmd = Command::new(CKPT);
         cmd.args(["serve", "--socket", path_str(&socket)])
+            .args(extra)
             .env("CKPT_IMAGE_KEY", env.image_key())
             .stdin(Stdio::null())
             .stdout(File::create(&log).expect("create serve log"))

@@ -75,13 +75,16 @@ pub fn delegate(command: &'static str) -> anyhow::Result<ExitCode> {
             let _ = wire::send_signal(conn.as_fd(), info.ssi_signo as i32);
         }
         if ready(&fds[0]) {
-            let code = wire::recv_exit(conn.as_fd()).with_context(|| {
+            let answer = wire::recv_answer(conn.as_fd()).with_context(|| {
                 format!(
                     "{}: the ckpt service ended without an answer",
                     socket.display()
                 )
             })?;
-            return Ok(ExitCode::from(code));
+            return match answer {
+                wire::Answer::Exit(code) => Ok(ExitCode::from(code)),
+                wire::Answer::Busy => Err(ServiceError::Busy { socket }.into()),
+            };
         }
     }
 }

@@ -55,6 +55,12 @@ pub enum ServiceError {
         /// What to do instead.
         hint: &'static str,
     },
+    /// The service runs as many requests as it takes.
+    #[error("{}: the ckpt service is busy; try again later", socket.display())]
+    Busy {
+        /// The service's socket.
+        socket: PathBuf,
+    },
     /// `ckpt serve` run without root.
     #[error("ckpt serve must run as root (it traces and restores processes for users)")]
     NotRoot,

@@ -1,12 +1,12 @@
 //! `ckpt serve`: the root service that checkpoints and restores users'
 //! own processes (see the module above).
 
+use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -25,18 +25,23 @@ pub struct ServeArgs {
     /// 0755 and must be root's and writable by no one else).
     #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
-    /// Most requests running at once; more are refused until one ends.
-    #[arg(long, value_name = "N", default_value_t = 32)]
+    /// Most requests running at once, everyone's together (a restore runs
+    /// as long as the job it waits for); more are told the service is busy.
+    #[arg(long, value_name = "N", default_value_t = 256)]
     max_requests: usize,
+    /// Most requests of one user running at once, so that no user can
+    /// keep the service from the others.
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    max_per_user: usize,
 }
 
 /// How long a new connection may take to send its request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// The environment a worker gets (besides the caller and the site's key).
 const WORKER_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-/// Exit code the client gets when the service is too busy (storage, as
-/// "try again later").
-const BUSY_EXIT: u8 = 6;
+/// Exit code the client gets when it has too many requests running
+/// ("conflict": may go through next time).
+const BUSY_EXIT: u8 = 8;
 /// Exit code for a request the service could not run (internal).
 const FAILED_EXIT: u8 = 1;
 
@@ -48,7 +53,11 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe().context("the ckpt executable")?;
     let listener = bind(&a.socket)?;
     log::info!("ckpt serve: listening on {}", a.socket.display());
-    let active = Arc::new(AtomicUsize::new(0));
+    let limits = Arc::new(Limits {
+        max_requests: a.max_requests,
+        max_per_user: a.max_per_user,
+        running: Mutex::new(Running::default()),
+    });
     loop {
         let conn = match wire::accept(listener.as_fd()) {
             Ok(c) => c,
@@ -57,40 +66,87 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
                 continue;
             }
         };
-        let ticket = Ticket::take(&active, a.max_requests);
+        // Bounded before a thread is spawned: connections that send nothing
+        // cost no more than the cap.
+        let Some(slot) = Slot::take(&limits) else {
+            let _ = wire::send_busy(conn.as_fd());
+            continue;
+        };
         let exe = exe.clone();
         std::thread::spawn(move || {
-            if let Err(e) = serve_one(&conn, &exe, ticket) {
+            if let Err(e) = serve_one(&conn, &exe, slot) {
                 log::warn!("ckpt serve: request: {e:#}");
             }
         });
     }
 }
 
-/// A slot among the requests running at once, if one was free.
-struct Ticket {
-    active: Arc<AtomicUsize>,
-    granted: bool,
+/// How many requests run at once.
+struct Limits {
+    max_requests: usize,
+    max_per_user: usize,
+    running: Mutex<Running>,
 }
 
-impl Ticket {
-    fn take(active: &Arc<AtomicUsize>, max: usize) -> Ticket {
-        let granted = active
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .is_ok();
-        Ticket {
-            active: active.clone(),
-            granted,
+/// The requests running now, in all and per user.
+#[derive(Default)]
+struct Running {
+    all: usize,
+    per_user: HashMap<u32, usize>,
+}
+
+/// A request's place among those running; given back when dropped.
+struct Slot {
+    limits: Arc<Limits>,
+    user: Option<u32>,
+}
+
+impl Slot {
+    /// A place among all requests, if one is free.
+    fn take(limits: &Arc<Limits>) -> Option<Slot> {
+        let mut r = limits.running.lock().unwrap_or_else(|e| e.into_inner());
+        if r.all >= limits.max_requests {
+            return None;
         }
+        r.all += 1;
+        Some(Slot {
+            limits: limits.clone(),
+            user: None,
+        })
+    }
+
+    /// Counts the request as `uid`'s too, if that user has room.
+    fn claim_for(&mut self, uid: u32) -> bool {
+        let mut r = self
+            .limits
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mine = r.per_user.entry(uid).or_default();
+        if *mine >= self.limits.max_per_user {
+            return false;
+        }
+        *mine += 1;
+        self.user = Some(uid);
+        true
     }
 }
 
-impl Drop for Ticket {
+impl Drop for Slot {
     fn drop(&mut self) {
-        if self.granted {
-            self.active.fetch_sub(1, Ordering::SeqCst);
+        let mut r = self
+            .limits
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        r.all -= 1;
+        if let Some(uid) = self.user
+            && let Some(n) = r.per_user.get_mut(&uid)
+        {
+            *n -= 1;
+            if *n == 0 {
+                r.per_user.remove(&uid);
+            }
         }
     }
 }
@@ -129,7 +185,7 @@ fn bind(socket: &Path) -> anyhow::Result<OwnedFd> {
 
 /// One connection: its request, run by a worker, the client's signals
 /// passed on, the worker's exit code sent back.
-fn serve_one(conn: &OwnedFd, exe: &Path, ticket: Ticket) -> anyhow::Result<()> {
+fn serve_one(conn: &OwnedFd, exe: &Path, mut slot: Slot) -> anyhow::Result<()> {
     let timeout = nix::sys::time::TimeVal::new(REQUEST_TIMEOUT.as_secs() as i64, 0);
     nix::sys::socket::setsockopt(conn, nix::sys::socket::sockopt::ReceiveTimeout, &timeout)?;
     let peer = wire::peer(conn.as_fd())?;
@@ -143,8 +199,11 @@ fn serve_one(conn: &OwnedFd, exe: &Path, ticket: Ticket) -> anyhow::Result<()> {
         wire::send_exit(conn.as_fd(), code)?;
         Ok(())
     };
-    if !ticket.granted {
-        return said("the ckpt service is busy; try again later", BUSY_EXIT);
+    if !slot.claim_for(peer.uid) {
+        return said(
+            "the ckpt service runs as many of your requests as it takes; try again when one ends",
+            BUSY_EXIT,
+        );
     }
     if peer.uid == 0 {
         return said(

@@ -8,7 +8,8 @@
 //!   working directory and its fds 0, 1 and 2;
 //! - client → service, later: [`SIGNAL_TAG`] and a signal number (4 bytes,
 //!   little-endian) to pass on to the worker;
-//! - service → client, last: [`EXIT_TAG`] and the exit code (1 byte).
+//! - service → client, last: [`EXIT_TAG`] and the exit code (1 byte), or
+//!   [`BUSY`] alone for a request it did not take.
 
 // The crate denies unsafe code; this module is its one thin layer of raw
 // socket calls (fds received from the kernel, `SO_PEERGROUPS`) and the
@@ -32,6 +33,8 @@ pub const REQUEST_MAGIC: &[u8] = b"CKPT-SERVICE-1\0";
 pub const SIGNAL_TAG: &[u8] = b"SIG\0";
 /// Starts the exit message.
 pub const EXIT_TAG: &[u8] = b"EXIT";
+/// The whole message of a service too busy to take the request.
+pub const BUSY: &[u8] = b"BUSY";
 /// Largest request: arguments are paths and flags, never data.
 pub const MAX_REQUEST: usize = 64 * 1024;
 /// Most arguments a request may carry.
@@ -312,12 +315,29 @@ pub fn send_exit(conn: BorrowedFd<'_>, code: u8) -> Result<(), WireError> {
     send(conn, &msg)
 }
 
-/// Receives the exit code.
-pub fn recv_exit(conn: BorrowedFd<'_>) -> Result<u8, WireError> {
+/// Tells a client the service is too busy to take its request.
+pub fn send_busy(conn: BorrowedFd<'_>) -> Result<(), WireError> {
+    send(conn, BUSY)
+}
+
+/// The service's answer to a request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// The command ended with this exit code.
+    Exit(u8),
+    /// The service did not take the request: too many are running.
+    Busy,
+}
+
+/// Receives the service's answer.
+pub fn recv_answer(conn: BorrowedFd<'_>) -> Result<Answer, WireError> {
     let mut buf = [0u8; 16];
     let n = recv(conn, &mut buf)?;
+    if &buf[..n] == BUSY {
+        return Ok(Answer::Busy);
+    }
     match buf[..n].strip_prefix(EXIT_TAG) {
-        Some([code]) => Ok(*code),
+        Some([code]) => Ok(Answer::Exit(*code)),
         _ => Err(WireError::Malformed("not an exit message")),
     }
 }
@@ -362,9 +382,11 @@ mod tests {
             ClientMessage::Signal(15)
         );
         send_exit(b.as_fd(), 4).unwrap();
-        assert_eq!(recv_exit(a.as_fd()).unwrap(), 4);
+        assert_eq!(recv_answer(a.as_fd()).unwrap(), Answer::Exit(4));
+        send_busy(b.as_fd()).unwrap();
+        assert_eq!(recv_answer(a.as_fd()).unwrap(), Answer::Busy);
         drop(b);
-        assert!(matches!(recv_exit(a.as_fd()), Err(WireError::Closed)));
+        assert!(matches!(recv_answer(a.as_fd()), Err(WireError::Closed)));
     }
 
     #[test]
