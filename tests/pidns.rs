@@ -157,20 +157,6 @@ fn inner_pid(host: i32) -> i32 {
         .unwrap_or_else(|| panic!("no NSpid for pid {host}"))
 }
 
-/// Host pids of `host` and its descendants, parents first.
-fn host_tree_of(host: i32) -> Vec<i32> {
-    let mut out = vec![host];
-    let mut i = 0;
-    while i < out.len() {
-        let p = out[i];
-        let kids =
-            std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
-        out.extend(kids.split_whitespace().map(|k| k.parse::<i32>().unwrap()));
-        i += 1;
-    }
-    out
-}
-
 /// The host pid of the init a `ckpt restore` runs (its only child), once
 /// the restore reported it running with its `processes`.
 fn restored_init(restore: &CkptCmd, processes: usize, inits: &mut Inits) -> i32 {

@@ -270,3 +270,75 @@ fn the_service_refuses_what_is_not_the_callers() {
     assert!(line.contains("ckpt serve"), "{line}");
     drop(svc);
 }
+
+#[test]
+fn users_namespaced_job_runs_and_comes_back_through_the_service() {
+    let user = test_user();
+    let env = TestEnv::new("service-run");
+    let svc = Service::start(&env);
+    let home = user_dir(&env, user, "home");
+    let pidfile = home.join("init.pid");
+    let counter = victim_bin("counter");
+    let socket = path_str(&svc.socket);
+    // `ckpt run --pidns` needs root: the user's goes to the service, and
+    // the job is the user's, with the user's environment.
+    let mut v = Victim::spawn_program_as(
+        &env,
+        std::path::Path::new(CKPT),
+        &[
+            "run",
+            "--pidns",
+            "--pidfile",
+            path_str(&pidfile),
+            "--",
+            path_str(&counter),
+            path_str(&env.work),
+        ],
+        user,
+        &[("CKPT_SERVICE_SOCKET", socket), ("JOB_MARK", "kept")],
+    );
+    v.wait_ready();
+    assert!(wait_for_file(&pidfile, READY_TIMEOUT), "{}", v.diag());
+    assert_eq!(std::fs::metadata(&pidfile).unwrap().uid(), user.uid);
+    let init: i32 = read_to_string_lossy(&pidfile).trim().parse().unwrap();
+    let job = host_tree_of(init);
+    assert_eq!(job.len(), 2, "the init and the counter: {job:?}");
+    for pid in &job {
+        assert_eq!(
+            status_line(*pid, "Uid:").split_whitespace().next(),
+            Some(&*user.uid.to_string())
+        );
+        assert_eq!(status_line(*pid, "CapEff:"), "0000000000000000");
+    }
+    let environ = std::fs::read(format!("/proc/{}/environ", job[1])).unwrap();
+    let environ = String::from_utf8_lossy(&environ);
+    assert!(environ.contains("JOB_MARK=kept"), "{environ}");
+    assert!(
+        !environ.contains("CKPT_SERVICE_CALLER") && !environ.contains("CKPT_JOB_ENV"),
+        "{environ}"
+    );
+
+    let init_pid = init.to_string();
+    ckpt_as_user(
+        &env,
+        user,
+        &svc.socket,
+        &home,
+        &["dump", "--tree", &init_pid, "--dir", "img", "--kill"],
+    )
+    .assert_success();
+    // The user's `ckpt run` ends as its job did.
+    assert_eq!(v.wait_original_exit(DUMP_TIMEOUT).code(), Some(128 + 9));
+
+    // Back in a fresh namespace, whatever the host's pids are now.
+    let mut restore =
+        CkptCmd::spawn_as_user(&env, user, &svc.socket, &home, &["restore", "--dir", "img"]);
+    wait_restored_and_running(&v, &mut restore);
+    let restored_init = restored_root_pid(&restore);
+    assert_eq!(
+        status_line(restored_init, "Uid:").split_whitespace().next(),
+        Some(&*user.uid.to_string())
+    );
+    v.go();
+    finish_restore(&v, restore);
+}

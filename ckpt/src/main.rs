@@ -164,6 +164,7 @@ impl Command {
             Command::Dump(a) => Some(("dump", a.has_own_key())),
             Command::Restore(a) => Some(("restore", a.has_own_key())),
             Command::Show(a) => Some(("show", a.has_own_key())),
+            Command::Run(a) if a.needs_root() && !a.is_namespace_init() => Some(("run", false)),
             _ => None,
         }
     }
@@ -179,9 +180,10 @@ impl Command {
             Command::Dump(a) => a.service_refusal(),
             Command::Restore(a) => a.service_refusal(),
             Command::Show(a) => a.service_refusal(),
+            Command::Run(_) => None,
             _ => Some(refuse(
                 "this command",
-                "the service runs dump, restore and show for users",
+                "the service runs dump, restore, show and run for users",
             )),
         }
     }

@@ -290,13 +290,14 @@ impl TrustedParent {
     /// and renamed over the name there, so a reader never sees a partial
     /// file and a symlink at the name is replaced, never followed.
     pub fn replace_with(&self, contents: &[u8], mode: u32) -> Result<(), PathError> {
+        self.check_caller_may_write()?;
         let mut tmp = self.name.clone();
         tmp.push(format!(".tmp.{}", std::process::id()));
         let mut f = sys::create_new_at(self.dir(), &tmp, mode)
             .map_err(|e| self.io("create a temporary file beside", e))?;
-        let written = f
-            .write_all(contents)
-            .map_err(|e| self.io("write a temporary file beside", e))
+        let written = self
+            .give_to_caller(f.as_fd())
+            .and_then(|()| f.write_all(contents).map_err(|e| self.io("write", e)))
             .and_then(|()| {
                 sys::rename_replacing_at(self.dir(), &tmp, &self.name)
                     .map_err(|e| self.io("rename into place", e))
@@ -311,6 +312,7 @@ impl TrustedParent {
     /// `mode` if missing; an existing one must be a regular file with no
     /// other name. Never through a symlink, never blocking on a FIFO.
     pub fn open_truncated(&self, mode: u32) -> Result<File, PathError> {
+        self.check_caller_may_write()?;
         let not_regular = |found: FileType| PathError::NotRegular {
             path: self.path.clone(),
             found: found.name(),
@@ -345,7 +347,47 @@ impl TrustedParent {
         }
         sys::set_blocking(f.as_fd()).map_err(|e| self.io("open", e))?;
         f.set_len(0).map_err(|e| self.io("truncate", e))?;
+        self.give_to_caller(f.as_fd())?;
         Ok(f)
+    }
+
+    /// Acting for a caller (the ckpt service's worker), root writes here
+    /// only what the caller could: a name in a directory the caller may
+    /// create names in, and not over a file of someone else's (in a
+    /// sticky directory such as /tmp the caller could not replace it).
+    fn check_caller_may_write(&self) -> Result<(), PathError> {
+        let Some(caller) = crate::caller::acting_for() else {
+            return Ok(());
+        };
+        let refuse = |why: String| {
+            self.io(
+                "write",
+                std::io::Error::new(std::io::ErrorKind::PermissionDenied, why),
+            )
+        };
+        let dir = sys::stat_fd(self.dir()).map_err(|e| self.io("stat", e))?;
+        if !caller.may_create_in(dir.st_uid, dir.st_gid, dir.st_mode & 0o7777) {
+            return Err(refuse(format!(
+                "{caller} may not create files in its directory (owner uid {}, mode {:o})",
+                dir.st_uid,
+                dir.st_mode & 0o7777
+            )));
+        }
+        match sys::stat_at(self.dir(), &self.name) {
+            Ok(st) if st.st_uid != caller.uid => Err(refuse(format!(
+                "exists and is uid {}'s, not {caller}'s",
+                st.st_uid
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Acting for a caller, gives a file root just created for them to them.
+    fn give_to_caller(&self, fd: BorrowedFd<'_>) -> Result<(), PathError> {
+        match crate::caller::acting_for() {
+            Some(c) => sys::chown_fd(fd, c.uid, c.gid).map_err(|e| self.io("chown", e)),
+            None => Ok(()),
+        }
     }
 }
 

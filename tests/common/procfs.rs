@@ -111,3 +111,17 @@ pub fn thread_status_lines(pid: i32, fields: &[&str]) -> Vec<(String, Vec<String
         })
         .collect()
 }
+
+/// Host pids of `host` and its descendants, parents first.
+pub fn host_tree_of(host: i32) -> Vec<i32> {
+    let mut out = vec![host];
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i];
+        let kids =
+            std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
+        out.extend(kids.split_whitespace().map(|k| k.parse::<i32>().unwrap()));
+        i += 1;
+    }
+    out
+}

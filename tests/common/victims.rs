@@ -337,6 +337,42 @@ impl Victim {
         }
     }
 
+    /// Like [`Victim::spawn_program`], run by `user` (stdout and stderr
+    /// files and the work dir theirs) with `vars` added to its environment.
+    pub fn spawn_program_as(
+        env: &TestEnv,
+        program: &Path,
+        args: &[&str],
+        user: &TestUser,
+        vars: &[(&str, &str)],
+    ) -> Victim {
+        let stdout = File::create(env.work.join("stdout")).expect("create stdout file");
+        let stderr = File::create(env.work.join("stderr")).expect("create stderr file");
+        env.give_work_to(user);
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .current_dir(&env.work)
+            .envs(vars.iter().copied())
+            .env_remove("CKPT_IMAGE_KEY")
+            .uid(user.uid)
+            .gid(user.gid)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr);
+        cloexec_inherited_fds(&mut cmd, true);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", program.display()));
+        Victim {
+            pid: child.id() as i32,
+            bin: program.to_path_buf(),
+            work: env.work.clone(),
+            name: program.display().to_string(),
+            incarnation: None,
+            child: Some(child),
+        }
+    }
+
     pub fn path(&self, file: &str) -> PathBuf {
         self.work.join(file)
     }

@@ -134,8 +134,6 @@ impl RestoreArgs {
             (self.image_key.is_some(), "--image-key"),
             (!self.action_scripts.is_empty(), "--action-script"),
             (self.coord.enabled(), "--coord"),
-            (self.pidfile.is_some(), "--pidfile"),
-            (self.stats_file.is_some(), "--stats-file"),
             (self.netns.is_some(), "--netns"),
             (self.mntns.is_some(), "--mntns"),
             (self.lazy, "--lazy"),

@@ -65,16 +65,44 @@ pub struct RunArgs {
     command: Vec<OsString>,
 }
 
+impl RunArgs {
+    /// Whether the command needs root: a namespace of its own (`--ib` alone
+    /// only preloads a library).
+    pub fn needs_root(&self) -> bool {
+        self.pidns || self.utsns || self.ipcns || self.timens
+    }
+
+    /// Whether this process is a namespace's init (started by `ckpt run`
+    /// itself, never handed to the service).
+    pub fn is_namespace_init(&self) -> bool {
+        self.pidns_init
+    }
+}
+
 /// Runs `ckpt run`: exits with the command's status (128+signal if a
 /// signal killed it).
 pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     if a.pidns_init {
-        let env: Vec<(OsString, OsString)> = a
-            .preload
-            .iter()
-            .map(|p| ("LD_PRELOAD".into(), p.clone()))
-            .collect();
-        let code = ckpt_restorer::run::init(&a.command, &env).with_context(|| {
+        let preload = a.preload.iter().map(|p| ("LD_PRELOAD".into(), p.clone()));
+        let caller = ckpt_image::caller::acting_for();
+        let env: Vec<(OsString, OsString)> = match caller {
+            // The job's own environment, and the init becomes the job's.
+            Some(c) => {
+                ckpt_restorer::run::become_caller(c)
+                    .with_context(|| format!("pid namespace init: becoming {c}"))?;
+                crate::service::worker::job_env()
+                    .into_iter()
+                    .filter(|(k, _)| k != "LD_PRELOAD")
+                    .chain(preload)
+                    .collect()
+            }
+            None => preload.collect(),
+        };
+        let env = match caller {
+            Some(_) => ckpt_restorer::run::CommandEnv::Exactly(&env),
+            None => ckpt_restorer::run::CommandEnv::Inherited(&env),
+        };
+        let code = ckpt_restorer::run::init(&a.command, env).with_context(|| {
             format!(
                 "pid namespace init: starting {}",
                 a.command[0].to_string_lossy()
@@ -169,6 +197,12 @@ fn exec_in_place(
     }
     let mut cmd = std::process::Command::new(&a.command[0]);
     cmd.args(&a.command[1..]);
+    if let Some(c) = ckpt_image::caller::acting_for() {
+        // The ckpt service's worker: the command is the caller's, with the
+        // caller's environment, never root's.
+        ckpt_restorer::run::become_caller(c).with_context(|| format!("becoming {c}"))?;
+        cmd.env_clear().envs(crate::service::worker::job_env());
+    }
     if let Some(p) = preload {
         cmd.env("LD_PRELOAD", p);
     }

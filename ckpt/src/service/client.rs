@@ -42,6 +42,15 @@ pub fn delegate(command: &'static str) -> anyhow::Result<ExitCode> {
         },
     })?;
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    // For the job `ckpt run` starts: the user's environment is the job's.
+    let env: Vec<OsString> = std::env::vars_os()
+        .map(|(k, v)| {
+            let mut kv = k;
+            kv.push("=");
+            kv.push(v);
+            kv
+        })
+        .collect();
     let cwd: OwnedFd = nix::fcntl::open(
         ".",
         nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
@@ -58,6 +67,7 @@ pub fn delegate(command: &'static str) -> anyhow::Result<ExitCode> {
     wire::send_request(
         conn.as_fd(),
         &args,
+        &env,
         [cwd.as_fd(), stdin.as_fd(), stdout.as_fd(), stderr.as_fd()],
     )
     .with_context(|| format!("{}: send the request", socket.display()))?;

@@ -6,16 +6,17 @@
 //! capabilities (its whole command line, environment and every code path
 //! would then run privileged for any user, and CAP_SYS_PTRACE reaches every
 //! process on the node), a root service on each node (`ckpt serve`) takes
-//! requests on a Unix socket. A non-root `ckpt dump`, `restore` or `show`
-//! sends its arguments, working directory and stdio there
+//! requests on a Unix socket. A non-root `ckpt dump`, `restore`, `show`,
+//! or `run` with a namespace, sends its arguments, working directory and
+//! stdio there (and its environment, for the job `run` starts)
 //! ([`client`]); the service learns who asks from the kernel
 //! (`SO_PEERCRED`, `SO_PEERGROUPS`), never from the request, and runs the
 //! same `ckpt` as a worker that acts for that user ([`worker`]): the
 //! images it writes and reads are the user's, sealed with a key of the
 //! user's own derived from the site's, every process it dumps or restores
 //! must be the user's without capabilities, and it refuses what it cannot
-//! bound for a user (action scripts, other keys, output files, namespaces
-//! named by path). The design and its limits: docs/security.md, "Users
+//! bound for a user (action scripts, other keys, namespaces named by path);
+//! a job `run` starts for the user is the user's. The design and its limits: docs/security.md, "Users
 //! checkpointing their own jobs".
 
 pub mod client;

@@ -15,7 +15,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
 
 use super::wire::{self, ClientMessage, PeerIds, WireError};
-use super::worker::{CALLER_ENV, CGROUP_ENV};
+use super::worker::{CALLER_ENV, CGROUP_ENV, JOB_ENV_PREFIX};
 use super::{DEFAULT_SOCKET, ServiceError};
 
 /// Arguments of `ckpt serve`.
@@ -250,8 +250,10 @@ fn serve_one(conn: &OwnedFd, exe: &Path, mut slot: Slot) -> anyhow::Result<()> {
 }
 
 /// Starts the worker: the service's own `ckpt` with the client's arguments,
-/// working directory and stdio, and nothing else of the client's (no
-/// environment: a variable could name another key or socket).
+/// working directory and stdio. The client's environment is the job's
+/// (`ckpt run`), never the worker's: it travels under names nothing reads
+/// ([`JOB_ENV_PREFIX`]), as a variable could name another key or socket,
+/// or preload a library into a root process.
 fn spawn_worker(
     exe: &Path,
     peer: &PeerIds,
@@ -272,6 +274,9 @@ fn spawn_worker(
         .stderr(Stdio::from(stderr));
     if let Some(key) = std::env::var_os(ckpt_image::seal::KEY_ENV) {
         cmd.env(ckpt_image::seal::KEY_ENV, key);
+    }
+    for (i, entry) in request.env.iter().enumerate() {
+        cmd.env(format!("{JOB_ENV_PREFIX}{i}"), entry);
     }
     if let Some(cg) = cgroup_dir(peer.pid) {
         cmd.env(CGROUP_ENV, cg);

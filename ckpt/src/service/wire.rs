@@ -3,9 +3,10 @@
 //!
 //! A `SOCK_SEQPACKET` Unix socket keeps message boundaries, so every
 //! message is one `sendmsg`:
-//! - client → service, first: [`REQUEST_MAGIC`] then the arguments after
-//!   `ckpt`, each ending in NUL; with it, as `SCM_RIGHTS`, the client's
-//!   working directory and its fds 0, 1 and 2;
+//! - client → service, first: [`REQUEST_MAGIC`], the number of arguments
+//!   (4 bytes, little-endian), the arguments after `ckpt` and then the
+//!   client's environment (`KEY=VALUE`), each ending in NUL; with it, as
+//!   `SCM_RIGHTS`, the client's working directory and its fds 0, 1 and 2;
 //! - client → service, later: [`SIGNAL_TAG`] and a signal number (4 bytes,
 //!   little-endian) to pass on to the worker;
 //! - service → client, last: [`EXIT_TAG`] and the exit code (1 byte), or
@@ -28,17 +29,19 @@ use nix::sys::socket::{
 };
 
 /// Starts every request (and names the protocol's version).
-pub const REQUEST_MAGIC: &[u8] = b"CKPT-SERVICE-1\0";
+pub const REQUEST_MAGIC: &[u8] = b"CKPT-SERVICE-2\0";
 /// Starts a signal message.
 pub const SIGNAL_TAG: &[u8] = b"SIG\0";
 /// Starts the exit message.
 pub const EXIT_TAG: &[u8] = b"EXIT";
 /// The whole message of a service too busy to take the request.
 pub const BUSY: &[u8] = b"BUSY";
-/// Largest request: arguments are paths and flags, never data.
-pub const MAX_REQUEST: usize = 64 * 1024;
-/// Most arguments a request may carry.
-pub const MAX_ARGS: usize = 1024;
+/// Largest request: arguments are paths and flags, never data, and the
+/// environment a job is started with (`ckpt run`); within what a
+/// `SOCK_SEQPACKET` message may hold by default.
+pub const MAX_REQUEST: usize = 128 * 1024;
+/// Most arguments and environment entries a request may carry.
+pub const MAX_ARGS: usize = 4096;
 /// The fds a request carries: cwd, stdin, stdout, stderr.
 const REQUEST_FDS: usize = 4;
 
@@ -70,6 +73,9 @@ fn os(call: &'static str) -> impl FnOnce(nix::Error) -> WireError {
 pub struct Request {
     /// The arguments after `ckpt`.
     pub args: Vec<OsString>,
+    /// The client's environment, `KEY=VALUE` (for the job `ckpt run`
+    /// starts; never the worker's own).
+    pub env: Vec<OsString>,
     /// The client's working directory.
     pub cwd: OwnedFd,
     /// The client's fds 0, 1 and 2.
@@ -193,21 +199,25 @@ pub fn pidfd(pid: u32) -> Result<OwnedFd, WireError> {
     Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
 }
 
-/// Sends a request: `args`, and the fds `cwd`, 0, 1, 2.
+/// Sends a request: `args`, `env` and the fds `cwd`, 0, 1, 2.
 pub fn send_request(
     conn: BorrowedFd<'_>,
     args: &[OsString],
+    env: &[OsString],
     fds: [BorrowedFd<'_>; REQUEST_FDS],
 ) -> Result<(), WireError> {
     let mut msg = REQUEST_MAGIC.to_vec();
-    for a in args {
+    let count =
+        u32::try_from(args.len()).map_err(|_| WireError::Malformed("too many arguments"))?;
+    msg.extend_from_slice(&count.to_le_bytes());
+    for a in args.iter().chain(env) {
         if a.as_bytes().contains(&0) {
             return Err(WireError::Malformed("an argument holds a NUL byte"));
         }
         msg.extend_from_slice(a.as_bytes());
         msg.push(0);
     }
-    if msg.len() > MAX_REQUEST || args.len() > MAX_ARGS {
+    if msg.len() > MAX_REQUEST || args.len() + env.len() > MAX_ARGS {
         return Err(WireError::Malformed("too many or too long arguments"));
     }
     let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
@@ -263,15 +273,24 @@ pub fn recv_request(conn: BorrowedFd<'_>) -> Result<Request, WireError> {
     let Ok([cwd, stdin, stdout, stderr]) = <[OwnedFd; REQUEST_FDS]>::try_from(fds) else {
         return Err(WireError::Malformed("a request carries exactly 4 fds"));
     };
-    let args = parse_args(body)?;
+    let (count, body) = body
+        .split_first_chunk::<4>()
+        .ok_or(WireError::Malformed("no argument count"))?;
+    let mut strings = parse_strings(body)?;
+    let count = u32::from_le_bytes(*count) as usize;
+    if count > strings.len() {
+        return Err(WireError::Malformed("fewer arguments than counted"));
+    }
+    let env = strings.split_off(count);
     Ok(Request {
-        args,
+        args: strings,
+        env,
         cwd,
         stdio: [stdin, stdout, stderr],
     })
 }
 
-fn parse_args(body: &[u8]) -> Result<Vec<OsString>, WireError> {
+fn parse_strings(body: &[u8]) -> Result<Vec<OsString>, WireError> {
     if body.is_empty() {
         return Ok(Vec::new());
     }
@@ -373,9 +392,10 @@ mod tests {
             .map(Into::into)
             .collect();
         let fd = cwd.as_fd();
-        send_request(a.as_fd(), &args, [fd, fd, fd, fd]).unwrap();
+        let env: Vec<OsString> = ["HOME=/home/u", "EMPTY="].iter().map(Into::into).collect();
+        send_request(a.as_fd(), &args, &env, [fd, fd, fd, fd]).unwrap();
         let req = recv_request(b.as_fd()).unwrap();
-        assert_eq!(req.args, args);
+        assert_eq!((req.args, req.env), (args, env));
         send_signal(a.as_fd(), 15).unwrap();
         assert_eq!(
             recv_client_message(b.as_fd()).unwrap(),
@@ -398,7 +418,7 @@ mod tests {
             SockFlag::SOCK_CLOEXEC,
         )
         .unwrap();
-        send(a.as_fd(), b"CKPT-SERVICE-1\0dump\0").unwrap();
+        send(a.as_fd(), b"CKPT-SERVICE-2\0\x01\0\0\0dump\0").unwrap();
         assert!(matches!(
             recv_request(b.as_fd()),
             Err(WireError::Malformed(_))

@@ -14,6 +14,34 @@ pub const CALLER_ENV: &str = "CKPT_SERVICE_CALLER";
 /// The caller's cgroup directory, which the worker joins before any work.
 pub const CGROUP_ENV: &str = "CKPT_SERVICE_CGROUP";
 
+/// Prefix of the variables that carry the client's environment, one
+/// `KEY=VALUE` each, to the job a worker's `ckpt run` starts.
+pub const JOB_ENV_PREFIX: &str = "CKPT_JOB_ENV_";
+
+/// The environment of the job a worker's `ckpt run` starts: the client's,
+/// as the service handed it over.
+pub fn job_env() -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut numbered: Vec<(usize, std::ffi::OsString)> = std::env::vars_os()
+        .filter_map(|(k, v)| {
+            let n = k.to_str()?.strip_prefix(JOB_ENV_PREFIX)?.parse().ok()?;
+            Some((n, v))
+        })
+        .collect();
+    numbered.sort_by_key(|(n, _)| *n);
+    numbered
+        .into_iter()
+        .filter_map(|(_, kv)| {
+            let bytes = kv.as_bytes();
+            let eq = bytes.iter().position(|&b| b == b'=')?;
+            Some((
+                std::ffi::OsStr::from_bytes(&bytes[..eq]).to_owned(),
+                std::ffi::OsStr::from_bytes(&bytes[eq + 1..]).to_owned(),
+            ))
+        })
+        .collect()
+}
+
 /// Makes this process act for the caller the service named, if it is the
 /// service's worker (root, with [`CALLER_ENV`] set; a user setting it gets
 /// nothing, having no root to restrict). Joins the caller's cgroup first, so

@@ -135,14 +135,46 @@ pub fn exit_code(status: std::process::ExitStatus) -> i32 {
         .unwrap_or(SIGNALED_STATUS_BASE)
 }
 
+/// The environment of the command `ckpt run` starts.
+#[derive(Debug, Clone, Copy)]
+pub enum CommandEnv<'a> {
+    /// This process's own, with these set on top (the verbs layer's
+    /// LD_PRELOAD of `ckpt run --ib`, which has no business in the init).
+    Inherited(&'a [(OsString, OsString)]),
+    /// Exactly these: the job's own environment, handed over by the ckpt
+    /// service, where this process's is root's worker's.
+    Exactly(&'a [(OsString, OsString)]),
+}
+
+/// Makes this process `caller`'s for good, before it starts a job for them
+/// (the ckpt service's `ckpt run`): their uid, gid and supplementary
+/// groups, no capabilities, and dumpable again (a change of ids makes a
+/// process non-dumpable, and the job's init must be dumpable by its user).
+pub fn become_caller(caller: &ckpt_image::Caller) -> io::Result<()> {
+    use nix::unistd::{Gid, Uid};
+    let (uid, gid) = (Uid::from_raw(caller.uid), Gid::from_raw(caller.gid));
+    let groups: Vec<Gid> = caller.groups.iter().map(|&g| Gid::from_raw(g)).collect();
+    nix::unistd::setgroups(&groups)?;
+    nix::unistd::setresgid(gid, gid, gid)?;
+    nix::unistd::setresuid(uid, uid, uid)?;
+    let u = nix::unistd::getresuid()?;
+    if [u.real, u.effective, u.saved] != [uid; 3] {
+        return Err(io::Error::other(format!(
+            "the ids did not all change to uid {}",
+            caller.uid
+        )));
+    }
+    nix::sys::prctl::set_dumpable(true)?;
+    Ok(())
+}
+
 /// The init loop (PID 1 of the namespace): starts `command` (its first
 /// element is the program), reaps every process that ends in the
 /// namespace, and returns the command's exit code (128 + signal if a
 /// signal killed it) once it ends. The caller exits with it, which ends
 /// the namespace.
-/// `env` is set for the command only (the verbs layer's LD_PRELOAD of
-/// `ckpt run --ib`, which has no business in the init itself).
-pub fn init(command: &[OsString], env: &[(OsString, OsString)]) -> io::Result<i32> {
+/// `env` is the command's environment.
+pub fn init(command: &[OsString], env: CommandEnv<'_>) -> io::Result<i32> {
     let Some((program, args)) = command.split_first() else {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -156,7 +188,10 @@ pub fn init(command: &[OsString], env: &[(OsString, OsString)]) -> io::Result<i3
     sys::mask_signals(&FORWARDED, true)?;
     let mut cmd = Command::new(program);
     cmd.args(args);
-    cmd.envs(env.iter().map(|(k, v)| (k, v)));
+    match env {
+        CommandEnv::Inherited(vars) => cmd.envs(vars.iter().map(|(k, v)| (k, v))),
+        CommandEnv::Exactly(vars) => cmd.env_clear().envs(vars.iter().map(|(k, v)| (k, v))),
+    };
     // SAFETY: the hook runs between fork and exec and only calls
     // pthread_sigmask, which is async-signal-safe.
     unsafe {
