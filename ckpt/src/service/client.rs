@@ -13,7 +13,8 @@ use super::wire::{self, WireError};
 use super::{ServiceError, socket_path};
 
 /// Signals that, while the service runs the command, go to it instead of
-/// ending this client (Ctrl-C, a scheduler's warning or time limit).
+/// ending this client (Ctrl-C, a scheduler's warning or time limit),
+/// unless this process started with them blocked.
 const FORWARDED: [Signal; 6] = [
     Signal::SIGINT,
     Signal::SIGTERM,
@@ -57,8 +58,12 @@ pub fn delegate(command: &'static str) -> anyhow::Result<ExitCode> {
         nix::sys::stat::Mode::empty(),
     )
     .context("open the working directory")?;
+    // A signal the caller started this command with blocked stays blocked
+    // and is not passed on: `ckpt slurm` runs its dumps so, so that Slurm's
+    // SIGTERM at the end does not cut a checkpoint short.
+    let inherited = SigSet::thread_get_mask().context("read the signal mask")?;
     let mut mask = SigSet::empty();
-    for s in FORWARDED {
+    for s in FORWARDED.into_iter().filter(|s| !inherited.contains(*s)) {
         mask.add(s);
     }
     mask.thread_block().context("block signals")?;
