@@ -268,6 +268,19 @@ fn the_service_refuses_what_is_not_the_callers() {
     );
     let line = refused(&out, PERMISSION);
     assert!(line.contains("ckpt serve"), "{line}");
+
+    // `ckpt check` tells a user whether they can checkpoint here.
+    let check = |socket: &std::path::Path| ckpt_as_user(&env, user, socket, &home, &["check"]);
+    let with = check(&svc.socket);
+    assert_eq!(with.code(), 0, "{}", with.stdout);
+    assert!(with.stdout.contains("ok   ckpt service"), "{}", with.stdout);
+    let without = check(&env.root.join("no-such.sock"));
+    assert_eq!(without.code(), 1, "{}", without.stdout);
+    assert!(
+        without.stdout.contains("FAIL ckpt service"),
+        "{}",
+        without.stdout
+    );
     drop(svc);
 }
 

@@ -14,6 +14,9 @@ pub struct Feature {
     pub ok: bool,
     /// Needed for a basic dump/restore (false: only for later features).
     pub required: bool,
+    /// A privilege of the process running ckpt (root has it; an ordinary
+    /// user's dumps and restores go to the ckpt service, which has it).
+    pub privilege: bool,
     /// What was found.
     pub detail: String,
 }
@@ -30,15 +33,27 @@ pub fn cpu_info(xstate: &[u8]) -> CpuInfo {
     }
 }
 
+/// What a probed feature is needed for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Need {
+    /// Every dump or restore.
+    Basic,
+    /// Every dump or restore, and it is a privilege of who runs it.
+    Privilege,
+    /// Only some features.
+    Later,
+}
+
 /// Probes everything `ckpt check` reports.
 pub fn probe() -> Vec<Feature> {
     let mut out = Vec::new();
-    let mut add = |name, required, r: Result<String, String>| {
+    let mut add = |name, need: Need, r: Result<String, String>| {
         let ok = r.is_ok();
         out.push(Feature {
             name,
             ok,
-            required,
+            required: need != Need::Later,
+            privilege: need == Need::Privilege,
             detail: r.unwrap_or_else(|e| e),
         })
     };
@@ -47,15 +62,15 @@ pub fn probe() -> Vec<Feature> {
     let uts = nix::sys::utsname::uname().ok();
     add(
         "kernel",
-        true,
+        Need::Basic,
         Ok(uts
             .map(|u| u.release().to_string_lossy().into_owned())
             .unwrap_or_default()),
     );
-    add("ptrace seize/interrupt", true, probe_ptrace());
+    add("ptrace seize/interrupt", Need::Basic, probe_ptrace());
     add(
         "clone3 set_tid",
-        true,
+        Need::Privilege,
         if std::path::Path::new("/proc/sys/kernel/ns_last_pid").exists() {
             caps_any(&[
                 caps::Capability::CAP_CHECKPOINT_RESTORE,
@@ -68,21 +83,21 @@ pub fn probe() -> Vec<Feature> {
     );
     add(
         "PR_SET_MM_MAP",
-        true,
+        Need::Basic,
         sys::prctl_mm_map_size()
             .map(|size| format!("struct prctl_mm_map is {size} bytes"))
             .map_err(errno),
     );
     add(
         "kcmp",
-        true,
+        Need::Basic,
         sys::kcmp_probe()
             .map(|()| "available".into())
             .map_err(errno),
     );
     add(
         "PTRACE_GET_RSEQ_CONFIGURATION",
-        true,
+        Need::Basic,
         if uts_at_least(5, 13) {
             Ok("kernel >= 5.13".into())
         } else {
@@ -91,30 +106,30 @@ pub fn probe() -> Vec<Feature> {
     );
     add(
         "xsave",
-        true,
+        Need::Basic,
         Ok(format!(
             "{} bytes of XSAVE state",
             ckpt_parasite::xsave_size()
         )),
     );
-    add("PAGEMAP_SCAN", false, probe_pagemap_scan());
+    add("PAGEMAP_SCAN", Need::Later, probe_pagemap_scan());
     add(
         "pidfd_getfd",
-        false,
+        Need::Later,
         sys::pidfd_getfd_probe()
             .map(|()| "available".into())
             .map_err(errno),
     );
     add(
         "userfaultfd",
-        false,
+        Need::Later,
         sys::userfaultfd_probe()
             .map(|()| "available".into())
             .map_err(errno),
     );
     add(
         "capabilities",
-        true,
+        Need::Privilege,
         caps_any(&[caps::Capability::CAP_SYS_PTRACE]).map(|_| {
             let all = caps::read(None, caps::CapSet::Effective).unwrap_or_default();
             let has = |c| if all.contains(&c) { "yes" } else { "no" };
@@ -128,7 +143,7 @@ pub fn probe() -> Vec<Feature> {
     );
     add(
         "SysV IPC ids",
-        false,
+        Need::Later,
         if ["shm", "sem", "msg"]
             .iter()
             .all(|k| std::path::Path::new(&format!("/proc/sys/kernel/{k}_next_id")).exists())

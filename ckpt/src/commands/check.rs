@@ -21,7 +21,34 @@ pub fn run(a: CheckArgs) -> anyhow::Result<ExitCode> {
         super::print_stdout(&render_kinds(a.json))?;
         return Ok(ExitCode::SUCCESS);
     }
-    let features = ckpt_dumper::features::probe();
+    let mut features = ckpt_dumper::features::probe();
+    // An ordinary user's dumps and restores run in the ckpt service, which
+    // has the privileges: what counts is whether it answers.
+    if !nix::unistd::geteuid().is_root() {
+        let socket = crate::service::socket_path();
+        let service = crate::service::client::probe(&socket);
+        if service.is_ok() {
+            for f in features.iter_mut().filter(|f| f.privilege) {
+                f.required = false;
+            }
+        }
+        features.push(ckpt_dumper::features::Feature {
+            name: "ckpt service",
+            ok: service.is_ok(),
+            required: true,
+            privilege: false,
+            detail: match service {
+                Ok(()) => format!(
+                    "{}: dumps and restores of your own processes go through it",
+                    socket.display()
+                ),
+                Err(why) => format!(
+                    "none at {} ({why}): an ordinary user needs it (a site runs `ckpt serve` as root)",
+                    socket.display()
+                ),
+            },
+        });
+    }
     let ok = features.iter().all(|f| f.ok || !f.required);
     let mut text = String::new();
     if a.json {

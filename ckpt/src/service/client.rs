@@ -31,6 +31,16 @@ pub fn wanted(needs_root: bool, own_key: bool) -> bool {
     needs_root && !own_key && !nix::unistd::geteuid().is_root()
 }
 
+/// Whether a service answers at `socket` (it is connected to and left
+/// at once; the service counts such a connection as one that sent
+/// nothing).
+pub fn probe(socket: &std::path::Path) -> Result<(), String> {
+    wire::connect(socket).map(drop).map_err(|e| match e {
+        WireError::Os { source, .. } => source.desc().to_string(),
+        other => other.to_string(),
+    })
+}
+
 /// Runs this process's command through the service and exits as it did.
 pub fn delegate(command: &'static str) -> anyhow::Result<ExitCode> {
     let socket = socket_path();

@@ -189,7 +189,11 @@ fn serve_one(conn: &OwnedFd, exe: &Path, mut slot: Slot) -> anyhow::Result<()> {
     let timeout = nix::sys::time::TimeVal::new(REQUEST_TIMEOUT.as_secs() as i64, 0);
     nix::sys::socket::setsockopt(conn, nix::sys::socket::sockopt::ReceiveTimeout, &timeout)?;
     let peer = wire::peer(conn.as_fd())?;
-    let request = wire::recv_request(conn.as_fd())?;
+    let request = match wire::recv_request(conn.as_fd()) {
+        // A probe (`ckpt check`): connected and left.
+        Err(WireError::Closed) => return Ok(()),
+        other => other?,
+    };
     let no_timeout = nix::sys::time::TimeVal::new(0, 0);
     nix::sys::socket::setsockopt(conn, nix::sys::socket::sockopt::ReceiveTimeout, &no_timeout)?;
     let client_stderr = request.stdio[2].try_clone()?;
