@@ -282,7 +282,7 @@ fn spawn_worker(
     for (i, entry) in request.env.iter().enumerate() {
         cmd.env(format!("{JOB_ENV_PREFIX}{i}"), entry);
     }
-    if let Some(cg) = cgroup_dir(peer.pid) {
+    if let Some(cg) = cgroup_dir(peer.pid).filter(|_| peer.still_alive()) {
         cmd.env(CGROUP_ENV, cg);
     }
     let child = cmd.spawn().context("spawn the worker")?;

@@ -99,6 +99,54 @@ pub struct PeerIds {
     pub gid: u32,
     /// Its supplementary groups.
     pub groups: Vec<u32>,
+    /// A pidfd of it (`SO_PEERPIDFD`, Linux 6.5+): what is read about it
+    /// by pid is checked to still be about it.
+    pub pidfd: Option<OwnedFd>,
+}
+
+impl PeerIds {
+    /// Whether the process that connected is still alive (then its pid is
+    /// still its own); without a pidfd, taken as yes.
+    pub fn still_alive(&self) -> bool {
+        let Some(fd) = &self.pidfd else {
+            return true;
+        };
+        // SAFETY: pidfd_send_signal with signal 0 only checks the target;
+        // the fd is a live pidfd owned by `self`.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd.as_raw_fd(),
+                0,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        r == 0
+    }
+}
+
+/// `SO_PEERPIDFD` (Linux 6.5), which the libc crate does not export for
+/// this target.
+const SO_PEERPIDFD: libc::c_int = 77;
+
+/// A pidfd of the peer, if the kernel gives one.
+fn peer_pidfd(conn: BorrowedFd<'_>) -> Option<OwnedFd> {
+    let mut fd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `fd` is a live c_int and `len` its size; the kernel writes
+    // a new fd number into it.
+    let r = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&raw mut fd).cast(),
+            &mut len,
+        )
+    };
+    // SAFETY: on success the kernel installed `fd` for this process only.
+    (r == 0 && fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// A new `SOCK_SEQPACKET` Unix socket.
@@ -146,6 +194,7 @@ pub fn peer(conn: BorrowedFd<'_>) -> Result<PeerIds, WireError> {
         uid: cred.uid(),
         gid: cred.gid(),
         groups: peer_groups(conn)?,
+        pidfd: peer_pidfd(conn),
     })
 }
 
