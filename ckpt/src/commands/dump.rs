@@ -120,7 +120,7 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
             b.finish_and_clear();
         }
         let (epoch, report, killed) = report?;
-        print_report(&a, &report, killed, Some(epoch));
+        print_report(&a, &report, killed, Some(epoch))?;
         return Ok(ExitCode::SUCCESS);
     }
     // Verified before anything is frozen.
@@ -143,7 +143,7 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
         b.finish_and_clear();
     }
     let report = report?;
-    print_report(&a, &report, a.kill, None);
+    print_report(&a, &report, a.kill, None)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -172,10 +172,15 @@ fn write_options<'a>(
 }
 
 /// Prints what was dumped (and, coordinated, the committed epoch).
-fn print_report(a: &DumpArgs, report: &DumpReport, killed: bool, epoch: Option<u64>) {
+fn print_report(
+    a: &DumpArgs,
+    report: &DumpReport,
+    killed: bool,
+    epoch: Option<u64>,
+) -> anyhow::Result<()> {
     if a.json {
-        println!(
-            "{}",
+        super::print_stdout(&format!(
+            "{}\n",
             serde_json::json!({
                 "pid": report.pid,
                 "processes": report.processes,
@@ -188,7 +193,7 @@ fn print_report(a: &DumpArgs, report: &DumpReport, killed: bool, epoch: Option<u
                 "epoch": epoch,
                 "stats": report.stats,
             })
-        );
+        ))?;
     } else {
         eprintln!(
             "dumped pid {} ({} processes) to {}: {} VMAs, {} bytes of pages, {} fds, frozen {} ms{}{}",
@@ -203,6 +208,7 @@ fn print_report(a: &DumpArgs, report: &DumpReport, killed: bool, epoch: Option<u
             if killed { ", killed" } else { "" }
         );
     }
+    Ok(())
 }
 
 /// The engine's phases with the action scripts between them.

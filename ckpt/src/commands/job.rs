@@ -651,8 +651,8 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
         .map(|p| serde_json::json!({ "part": p.part, "node": p.node }))
         .collect();
     if a.common.json {
-        println!(
-            "{}",
+        super::print_stdout(&format!(
+            "{}\n",
             serde_json::json!({
                 "epoch": over.epoch,
                 "committed": true,
@@ -661,7 +661,7 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
                 "pruned": pruned,
                 "error": note,
             })
-        );
+        ))?;
     } else {
         let pruned_text = if pruned.is_empty() {
             String::new()
@@ -824,15 +824,15 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
         worst = worst.max(code);
     }
     if a.common.json {
-        println!(
-            "{}",
+        super::print_stdout(&format!(
+            "{}\n",
             serde_json::json!({
                 "epoch": epoch,
                 "parts": placed.iter().map(|p| serde_json::json!({"part": p.part, "node": p.node})).collect::<Vec<_>>(),
                 "detached": a.detach,
                 "exits": codes,
             })
-        );
+        ))?;
     }
     Ok(ExitCode::from(u8::try_from(worst).unwrap_or(u8::MAX)))
 }
@@ -883,19 +883,20 @@ fn status(a: ListArgs, with_parts: bool) -> anyhow::Result<ExitCode> {
                 })
                 .collect();
         }
-        println!("{v}");
+        super::print_stdout(&format!("{v}\n"))?;
         return Ok(ExitCode::SUCCESS);
     }
+    let mut out = String::new();
     if with_parts {
-        println!("job {}", dir.path().display());
+        out += &format!("job {}\n", dir.path().display());
         for (p, al) in parts.iter().zip(&alive) {
             let state = match al {
                 Some(true) => "alive",
                 Some(false) => "gone",
                 None => "not checkable from this node",
             };
-            println!(
-                "part {:<16} node {:<16} root {:<8} {state}",
+            out += &format!(
+                "part {:<16} node {:<16} root {:<8} {state}\n",
                 p.name,
                 p.node.as_deref().unwrap_or("?"),
                 p.root_pid
@@ -903,17 +904,17 @@ fn status(a: ListArgs, with_parts: bool) -> anyhow::Result<ExitCode> {
             );
         }
         match last {
-            Some(e) => println!("last committed epoch {e}"),
-            None => println!("last committed epoch none"),
+            Some(e) => out += &format!("last committed epoch {e}\n"),
+            None => out += "last committed epoch none\n",
         }
     }
-    println!(
-        "{:>8}  {:<9}  {:<24}  {:>12}  parts",
+    out += &format!(
+        "{:>8}  {:<9}  {:<24}  {:>12}  parts\n",
         "epoch", "state", "committed (UTC)", "bytes"
     );
     for e in &epochs {
-        println!(
-            "{:>8}  {:<9}  {:<24}  {:>12}  {}{}",
+        out += &format!(
+            "{:>8}  {:<9}  {:<24}  {:>12}  {}{}\n",
             e.epoch,
             e.state.name(),
             e.committed_unix_ms.map_or_else(|| "-".to_string(), utc),
@@ -926,6 +927,7 @@ fn status(a: ListArgs, with_parts: bool) -> anyhow::Result<ExitCode> {
             }
         );
     }
+    super::print_stdout(&out)?;
     Ok(ExitCode::SUCCESS)
 }
 

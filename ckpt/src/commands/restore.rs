@@ -245,7 +245,10 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
         write_stats(parent, &r.stats)?;
     }
     if a.json {
-        println!("{}", serde_json::json!({ "pid": r.pid, "stats": r.stats }));
+        super::print_stdout(&format!(
+            "{}\n",
+            serde_json::json!({ "pid": r.pid, "stats": r.stats })
+        ))?;
     } else {
         eprintln!("ckpt: restored pid {}", r.pid);
     }

@@ -234,14 +234,18 @@ pub fn trigger(a: TriggerArgs) -> anyhow::Result<ExitCode> {
     let record = JobRecord::query(job)?;
     let reg = match record.registration() {
         None => {
-            println!("ckpt slurm trigger: job {job}: not a ckpt slurm job; nothing sent");
+            crate::commands::print_stdout(&format!(
+                "ckpt slurm trigger: job {job}: not a ckpt slurm job; nothing sent\n"
+            ))?;
             return Ok(ExitCode::SUCCESS);
         }
         Some(r) => r.with_context(|| format!("job {job}"))?,
     };
     let state = record.get("JobState").unwrap_or("?");
     if state != "RUNNING" {
-        println!("ckpt slurm trigger: job {job} is {state}, not RUNNING; nothing sent");
+        crate::commands::print_stdout(&format!(
+            "ckpt slurm trigger: job {job} is {state}, not RUNNING; nothing sent\n"
+        ))?;
         return Ok(ExitCode::SUCCESS);
     }
     let sig = reg.signal.as_str();
@@ -260,10 +264,10 @@ pub fn trigger(a: TriggerArgs) -> anyhow::Result<ExitCode> {
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    println!(
-        "ckpt slurm trigger: job {job}: SIG{sig} sent to its batch step to checkpoint into {}",
+    crate::commands::print_stdout(&format!(
+        "ckpt slurm trigger: job {job}: SIG{sig} sent to its batch step to checkpoint into {}\n",
         reg.dir.display()
-    );
+    ))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -350,7 +354,15 @@ pub fn epilog(a: EpilogArgs) -> anyhow::Result<ExitCode> {
             Some(r) => r.with_context(|| format!("job {job}"))?.dir,
         },
     };
-    let say = |what: &str| println!("ckpt slurm epilog: job {job}: {what}");
+    // The epilog's report goes to the slurmd log; a reader gone early must
+    // not fail the cleanup itself.
+    let say = |what: &str| {
+        if let Err(e) =
+            crate::commands::print_stdout(&format!("ckpt slurm epilog: job {job}: {what}\n"))
+        {
+            log::warn!("ckpt slurm epilog: job {job}: {e:#}");
+        }
+    };
     let meta = match std::fs::symlink_metadata(&dir) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
