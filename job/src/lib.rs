@@ -4,8 +4,10 @@
 //! Errors are typed ([`JobError`]); each names what it is about, and keeps
 //! the failing call's error as its source so a caller can classify it.
 
+pub mod dir;
 mod error;
 pub mod user;
 
+pub use dir::{DirError, JobDir};
 pub use error::JobError;
 pub use user::JobUser;

@@ -28,8 +28,8 @@ use ckpt_coord::protocol::{
 };
 use ckpt_coord::{CoordConfig, CoordHandle, Secret};
 
-use super::job_dir::{EpochInfo, JOB_ID, JobDir, check_name, is_ckpt_init};
 use super::job_launch::{LaunchOpts, Launched, Placement, exit_code, launch};
+use ckpt_job::dir::{EpochInfo, JOB_ID, JobDir, check_name, is_ckpt_init};
 
 /// Where the coordinator listens unless told: every address, a free port.
 const DEFAULT_LISTEN: &str = "0.0.0.0:0";

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, bail};
 use nix::unistd::Pid;
 
-use super::super::job_dir::JobDir;
 use super::{ChildSignals, SlurmArgs, budget, child_signals};
+use ckpt_job::JobDir;
 
 /// The allocation's node count, as Slurm gives it to the batch script.
 const NUM_NODES_VAR: &str = "SLURM_JOB_NUM_NODES";
