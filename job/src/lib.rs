@@ -6,8 +6,10 @@
 
 pub mod dir;
 mod error;
+pub mod launch;
 pub mod user;
 
 pub use dir::{DirError, JobDir};
 pub use error::JobError;
+pub use launch::{LaunchError, Launcher};
 pub use user::JobUser;

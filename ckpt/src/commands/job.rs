@@ -9,10 +9,10 @@
 //!
 //! `dump` and `restore` run the coordinator in this process (its epoch
 //! records in JOBDIR/coord), trigger one round as its control client, start
-//! one agent per part (`ckpt job agent`, hidden, through `job_launch`), and
+//! one agent per part (`ckpt job agent`, hidden, through `ckpt_job::launch`), and
 //! report the round's outcome. The agents run the coordinated code paths of
 //! `ckpt dump --coord` and `ckpt restore --coord` (`dump.rs`, `restore.rs`).
-//! Layout and checks of the job directory: `job_dir.rs`.
+//! Layout and checks of the job directory: `ckpt_job::dir`.
 
 use std::ffi::OsString;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -28,8 +28,8 @@ use ckpt_coord::protocol::{
 };
 use ckpt_coord::{CoordConfig, CoordHandle, Secret};
 
-use super::job_launch::{LaunchOpts, Launched, Placement, exit_code, launch};
 use ckpt_job::dir::{EpochInfo, JOB_ID, JobDir, check_name, is_ckpt_init};
+use ckpt_job::launch::{LaunchKind, Launched, Launcher, Placement, exit_code, launch};
 
 /// Where the coordinator listens unless told: every address, a free port.
 const DEFAULT_LISTEN: &str = "0.0.0.0:0";
@@ -41,6 +41,54 @@ const CONTROL_NAME: &str = "ckpt-job";
 const CONTROL_CONNECT: Duration = Duration::from_secs(10);
 /// Mode of the scratch state directory of `restore --epoch`.
 const PIN_DIR_MODE: u32 = 0o700;
+
+/// How agents reach the nodes (`--launch`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LaunchHow {
+    /// One `srun --overlap` job step with one task per node (inside a Slurm
+    /// allocation); each agent finds its part from SLURM_NODEID /
+    /// SLURMD_NODENAME.
+    Srun,
+    /// `ip netns exec NODE`: every node is a named network namespace of
+    /// this host.
+    Netns,
+    /// `--via 'CMD {host}'` for each node of `--nodes` (split on spaces,
+    /// no shell; `{host}` replaced by the node name).
+    Exec,
+}
+
+/// The launcher options of `ckpt job dump` and `ckpt job restore`.
+#[derive(clap::Args, Debug, Clone)]
+struct LaunchOpts {
+    /// How agents reach the nodes: srun, netns or exec.
+    #[arg(long, value_enum, value_name = "HOW")]
+    launch: LaunchHow,
+    /// The nodes, comma-separated, in part order (parts sorted by name):
+    /// part i's agent runs on node i. Default: where each part runs now
+    /// (as its JOBDIR/parts/PART/node says); with srun, the allocation.
+    #[arg(long, value_delimiter = ',', value_name = "N1,N2,...")]
+    nodes: Vec<String>,
+    /// With `--launch exec`: the command that runs a program on `{host}`,
+    /// e.g. `srun --overlap --nodes=1 --ntasks=1 --nodelist={host}` (split on spaces, no shell).
+    #[arg(long, value_name = "CMD")]
+    via: Option<String>,
+}
+
+impl LaunchOpts {
+    /// The library's launcher for these options.
+    fn launcher(&self) -> Launcher {
+        let kind = match self.launch {
+            LaunchHow::Srun => LaunchKind::Srun,
+            LaunchHow::Netns => LaunchKind::Netns,
+            LaunchHow::Exec => LaunchKind::Exec,
+        };
+        Launcher {
+            kind,
+            nodes: self.nodes.clone(),
+            via: self.via.clone(),
+        }
+    }
+}
 
 /// Arguments of `ckpt job`.
 #[derive(clap::Args, Debug)]
@@ -522,49 +570,6 @@ fn part_label(placements: &[Placement], part: &str) -> String {
     }
 }
 
-/// Where each part's agent runs: node i of `--nodes` for part i, else the
-/// part's recorded node (`fixed`: a dump, which must run where the part
-/// is), else (srun restore) wherever Slurm puts it.
-fn placements(dir: &JobDir, o: &LaunchOpts, fixed: bool) -> anyhow::Result<Vec<Placement>> {
-    let parts = dir.parts()?;
-    if parts.is_empty() {
-        bail!(
-            "{}: the job has no parts (start them with `ckpt job run`)",
-            dir.path().display()
-        );
-    }
-    if !o.nodes.is_empty() && o.nodes.len() != parts.len() {
-        bail!(
-            "--nodes names {} nodes for {} parts ({})",
-            o.nodes.len(),
-            parts.len(),
-            parts
-                .iter()
-                .map(|p| p.name.as_str())
-                .collect::<Vec<_>>()
-                .join(",")
-        );
-    }
-    parts
-        .into_iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let node =
-                match o.nodes.get(i) {
-                    Some(n) => {
-                        check_name("node", n)?;
-                        Some(n.clone())
-                    }
-                    None if o.launch == super::job_launch::LaunchKind::Srun && !fixed => None,
-                    None => Some(p.node.clone().with_context(|| {
-                        format!("part {}: no node recorded: give --nodes", p.name)
-                    })?),
-                };
-            Ok(Placement { part: p.name, node })
-        })
-        .collect()
-}
-
 /// The agent's arguments shared by dump and restore (before the part).
 fn agent_common(dir: &JobDir, addr: &str, c: &CoordOpts) -> Vec<OsString> {
     // The agents log as this command does.
@@ -590,7 +595,7 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
     let register = register_timeout(&a.common.coord)?;
     let dir = JobDir::create_or_open(&a.dir)?;
     let _lock = dir.lock()?;
-    let placed = placements(&dir, &a.common.launch, true)?;
+    let placed = a.common.launch.launcher().placements(&dir, true)?;
     let kind = RoundKind::Checkpoint {
         then: if a.kill {
             AfterCommit::Kill
@@ -610,7 +615,7 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
     if a.compress {
         argv.push("--compress".into());
     }
-    let mut agents = launch(&a.common.launch, &argv, &placed)?;
+    let mut agents = launch(&a.common.launch.launcher(), &argv, &placed)?;
     let over = round.wait("job dump", &mut agents, register);
     for ag in agents.iter_mut() {
         ag.wait()?;
@@ -753,7 +758,7 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
     let register = register_timeout(&a.common.coord)?;
     let dir = JobDir::create_or_open(&a.dir)?;
     let lock = dir.lock()?;
-    let placed = placements(&dir, &a.common.launch, false)?;
+    let placed = a.common.launch.launcher().placements(&dir, false)?;
     let pin = a.epoch.map(|e| EpochPin::new(&dir, e)).transpose()?;
     let state = pin
         .as_ref()
@@ -779,7 +784,7 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
         RoundKind::Restart,
     )?;
     let argv = restore_agent_argv(&dir, &round.agent_addr, &a);
-    let mut agents = launch(&a.common.launch, &argv, &placed)?;
+    let mut agents = launch(&a.common.launch.launcher(), &argv, &placed)?;
     let over = round.wait("job restore", &mut agents, register);
     let over = match over {
         Ok(o) => o,
