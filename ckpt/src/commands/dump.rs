@@ -7,7 +7,7 @@ use anyhow::Context;
 use ckpt_coord::protocol::{Intent, Phase as CoordPhase, PhaseInfo};
 use ckpt_dumper::{DumpReport, WriteOptions};
 
-use super::agent::{CoordOpts, Session, epoch_dir};
+use super::agent::{CoordOpts, Local, Session, epoch_dir};
 use crate::scripts::{ActionScripts, Phase};
 
 /// Arguments of `ckpt dump`.
@@ -267,7 +267,7 @@ fn coordinated(
     key: &ckpt_image::ImageKey,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> anyhow::Result<(u64, DumpReport, bool)> {
-    let mut s = Session::connect(&a.coord, Intent::Checkpoint)?;
+    let mut s = Session::connect(&a.coord.join()?, Intent::Checkpoint)?;
     let step = s.wait(CoordPhase::Freeze)?;
     let dir = epoch_dir(&a.dir, step.epoch);
     // Epoch numbers are never reused, so this is someone else's directory:

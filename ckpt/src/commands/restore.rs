@@ -12,7 +12,7 @@ use ckpt_restorer::{AddressMap, FilePolicy, InheritFd, Rebound, RestoreOptions};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
 
-use super::agent::{CoordOpts, NodeMove, Session, epoch_dir, route_source};
+use super::agent::{CoordOpts, Local, NodeMove, Session, epoch_dir, route_source};
 use crate::scripts::{ActionScripts, Phase};
 
 /// Arguments of `ckpt restore`.
@@ -372,7 +372,7 @@ fn coordinated(
     opts: &mut RestoreOptions<'_>,
     bar: Option<&indicatif::ProgressBar>,
 ) -> anyhow::Result<ckpt_restorer::Restored> {
-    let mut s = Session::connect(&a.coord, Intent::Restart)?;
+    let mut s = Session::connect(&a.coord.join()?, Intent::Restart)?;
     let step = s.wait(CoordPhase::Restore)?;
     let dir = s.local(match step.last_committed {
         None => Err(anyhow::anyhow!(
