@@ -8,10 +8,12 @@ pub mod agent;
 pub mod dir;
 mod error;
 pub mod launch;
+pub mod round;
 pub mod user;
 
 pub use agent::{AgentError, Session};
 pub use dir::{DirError, JobDir};
 pub use error::JobError;
 pub use launch::{LaunchError, Launcher};
+pub use round::{Round, RoundConfig, RoundError};
 pub use user::JobUser;

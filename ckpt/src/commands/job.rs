@@ -15,30 +15,20 @@
 //! Layout and checks of the job directory: `ckpt_job::dir`.
 
 use std::ffi::OsString;
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::unix::fs::DirBuilderExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
-use ckpt_coord::client::{AgentOptions, ClientError, Link};
-use ckpt_coord::protocol::{
-    AfterCommit, Message, Outcome, Role, RoundKind, RoundOver, StatusQuery, Trigger,
-};
-use ckpt_coord::{CoordConfig, CoordHandle, Secret};
+use ckpt_coord::protocol::{AfterCommit, Outcome, RoundKind};
 
 use ckpt_job::dir::{EpochInfo, JOB_ID, JobDir, check_name, is_ckpt_init};
-use ckpt_job::launch::{LaunchKind, Launched, Launcher, Placement, exit_code, launch};
+use ckpt_job::launch::{LaunchKind, Launcher, Placement, exit_code, launch};
+use ckpt_job::round::{Round, RoundConfig};
 
 /// Where the coordinator listens unless told: every address, a free port.
 const DEFAULT_LISTEN: &str = "0.0.0.0:0";
-/// How often the round's wait looks at the agents.
-const POLL: Duration = Duration::from_millis(100);
-/// The control client's name at the coordinator.
-const CONTROL_NAME: &str = "ckpt-job";
-/// How long the control client tries to reach the in-process coordinator.
-const CONTROL_CONNECT: Duration = Duration::from_secs(10);
 /// Mode of the scratch state directory of `restore --epoch`.
 const PIN_DIR_MODE: u32 = 0o700;
 
@@ -394,135 +384,17 @@ fn run_part(a: RunArgs) -> anyhow::Result<ExitCode> {
 // The round: in-process coordinator and its control client
 // ---------------------------------------------------------------------------
 
-/// A coordinator of one round, running in this process, and our control
-/// connection to it with the round already triggered.
-struct Round {
-    _coord: CoordHandle,
-    link: Link,
-    /// The address agents are given.
-    agent_addr: String,
-}
-
-impl Round {
-    /// Starts the coordinator for `expect` parts, with its records in
-    /// `state_dir`, and triggers a round of `kind` before any agent
-    /// exists, so it is that round that starts once every part registered.
-    fn start(
-        dir: &JobDir,
-        o: &CoordOpts,
-        state_dir: &Path,
-        expect: usize,
-        kind: RoundKind,
-    ) -> anyhow::Result<Round> {
-        let listen: SocketAddr = o
-            .listen
-            .to_socket_addrs()
-            .with_context(|| format!("resolving --listen {}", o.listen))?
-            .next()
-            .with_context(|| format!("--listen {} resolves to nothing", o.listen))?;
-        let secret = Secret::load_client(&dir.secret_path())
-            .with_context(|| format!("job secret {}", dir.secret_path().display()))?;
-        let expect = u32::try_from(expect).context("too many parts")?;
-        let mut cfg = CoordConfig::new(listen, JOB_ID, expect, secret.clone());
-        cfg.state_dir = Some(state_dir.to_path_buf());
-        cfg.phase_deadline = Duration::try_from_secs_f64(o.phase_deadline)
-            .ok()
-            .filter(|d| !d.is_zero())
-            .with_context(|| format!("--phase-deadline {}: not a duration", o.phase_deadline))?;
-        cfg.name = "job".to_string();
-        cfg.emit_log = crate::logger::verbose_on_stderr();
-        let coord = ckpt_coord::spawn(cfg).context("starting the job's coordinator")?;
-        let bound = coord.local_addr();
-        let agent_addr = if bound.ip().is_unspecified() {
-            format!("{}:{}", this_node_host(), bound.port())
-        } else {
-            bound.to_string()
-        };
-        let local = SocketAddr::new(
-            if bound.ip().is_unspecified() {
-                std::net::Ipv4Addr::LOCALHOST.into()
-            } else {
-                bound.ip()
-            },
-            bound.port(),
-        );
-        let mut opts = AgentOptions::new(&local.to_string(), JOB_ID, secret, CONTROL_NAME)
-            .connect_timeout(CONTROL_CONNECT);
-        opts.role = Role::Control;
-        opts.expect = 0;
-        let mut link = Link::open(&opts).context("connecting to the job's coordinator")?;
-        link.send(&Message::Trigger(Trigger { kind }))?;
-        // Messages of one connection are handled in order: once the
-        // status comes back, the trigger is pending at the coordinator.
-        link.send(&Message::StatusQuery(StatusQuery {}))?;
-        loop {
-            match link.recv(Some(CONTROL_CONNECT), "the coordinator's status")? {
-                Message::Status(_) => break,
-                m => log::debug!("job: ignoring {m:?} while triggering"),
-            }
-        }
-        log::info!("job: coordinator on {bound}, agents connect to {agent_addr}");
-        Ok(Round {
-            _coord: coord,
-            link,
-            agent_addr,
-        })
-    }
-
-    /// Waits for the round's outcome while watching the agents. The round
-    /// starts once every agent registered; if instead an agent exits, or
-    /// `register` passes first, the remaining agents (which hold nothing
-    /// yet) are stopped and the error says which parts failed or how many
-    /// registered. Once the round runs, the coordinator's phase deadline
-    /// and disconnect detection decide.
-    fn wait(
-        &mut self,
-        what: &str,
-        agents: &mut [Launched],
-        register: Duration,
-    ) -> anyhow::Result<RoundOver> {
-        let deadline = Instant::now() + register;
-        // A status query is in flight; its answer says whether a round runs.
-        let mut probing = false;
-        let mut started = false;
-        loop {
-            match self.link.recv(Some(POLL), "the round to end") {
-                Ok(Message::RoundOver(r)) => return Ok(r),
-                Ok(Message::Status(s)) if probing => {
-                    probing = false;
-                    started = s.running.is_some();
-                    let exited = agents.iter().any(|a| a.exit.is_some());
-                    if !started && (exited || Instant::now() >= deadline) {
-                        // No round runs and none ended: it never started.
-                        for a in agents.iter_mut() {
-                            a.stop();
-                        }
-                        if exited {
-                            bail!("{what}: the round did not start: {}", failures(agents));
-                        }
-                        bail!(
-                            "{what}: the round did not start: {} of {} agents registered within {} s (--register-timeout)",
-                            s.registered,
-                            s.expect,
-                            register.as_secs_f64()
-                        );
-                    }
-                }
-                Ok(m) => log::debug!("job: ignoring {m:?}"),
-                Err(ClientError::Timeout { .. }) => {}
-                Err(e) => return Err(e).with_context(|| format!("{what}: the job's coordinator")),
-            }
-            let before = agents.iter().filter(|a| a.exit.is_some()).count();
-            let after = agents
-                .iter_mut()
-                .map(|a| a.poll())
-                .filter(|&exited| exited)
-                .count();
-            let late = !started && Instant::now() >= deadline;
-            if (after > before || late) && !probing {
-                self.link.send(&Message::StatusQuery(StatusQuery {}))?;
-                probing = true;
-            }
+impl CoordOpts {
+    /// The coordinator of a round of `kind` for `expect` parts, its
+    /// records in `state_dir`.
+    fn round(&self, state_dir: PathBuf, expect: usize, kind: RoundKind) -> RoundConfig {
+        RoundConfig {
+            listen: self.listen.clone(),
+            phase_deadline: self.phase_deadline,
+            state_dir,
+            expect,
+            kind,
+            emit_log: crate::logger::verbose_on_stderr(),
         }
     }
 }
@@ -533,29 +405,6 @@ fn register_timeout(o: &CoordOpts) -> anyhow::Result<Duration> {
         .ok()
         .filter(|d| !d.is_zero())
         .with_context(|| format!("--register-timeout {}: not a duration", o.register_timeout))
-}
-
-/// The host name agents on other nodes reach this one by.
-fn this_node_host() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "localhost".to_string())
-}
-
-/// "part a on node n1 exited with 3; ..." for the agents that failed.
-fn failures(agents: &[Launched]) -> String {
-    let v: Vec<String> = agents
-        .iter()
-        .filter_map(|a| {
-            let s = a.exit?;
-            (!s.success()).then(|| format!("{} exited with {}", a.label, exit_code(s)))
-        })
-        .collect();
-    if v.is_empty() {
-        "no agent registered".to_string()
-    } else {
-        format!("{} (its error is above)", v.join("; "))
-    }
 }
 
 /// The part names' nodes for messages: "part a (node n1)".
@@ -603,13 +452,11 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
             AfterCommit::Resume
         },
     };
-    let mut round = Round::start(
-        &dir,
-        &a.common.coord,
-        &dir.coord_state_dir(),
-        placed.len(),
-        kind,
-    )?;
+    let round = a
+        .common
+        .coord
+        .round(dir.coord_state_dir(), placed.len(), kind);
+    let mut round = Round::start(&dir, &round)?;
     let mut argv = os(&["job", "agent", "dump"]);
     argv.extend(agent_common(&dir, &round.agent_addr, &a.common.coord));
     if a.compress {
@@ -776,13 +623,11 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
                 )
             })?,
     };
-    let mut round = Round::start(
-        &dir,
-        &a.common.coord,
-        &state,
-        placed.len(),
-        RoundKind::Restart,
-    )?;
+    let round = a
+        .common
+        .coord
+        .round(state, placed.len(), RoundKind::Restart);
+    let mut round = Round::start(&dir, &round)?;
     let argv = restore_agent_argv(&dir, &round.agent_addr, &a);
     let mut agents = launch(&a.common.launch.launcher(), &argv, &placed)?;
     let over = round.wait("job restore", &mut agents, register);
@@ -792,7 +637,7 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
             for ag in agents.iter_mut() {
                 ag.wait()?;
             }
-            return Err(e);
+            return Err(e.into());
         }
     };
     if let Outcome::Aborted {
