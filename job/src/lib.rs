@@ -9,6 +9,7 @@ pub mod dir;
 mod error;
 pub mod launch;
 pub mod round;
+pub mod slurm;
 pub mod user;
 
 pub use agent::{AgentError, Session};

@@ -25,12 +25,10 @@
 //! until the supervising loop takes them.
 
 use std::ffi::OsString;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -39,19 +37,16 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, getpgid, getpgrp};
 
-#[path = "slurm_budget.rs"]
-mod budget;
+use ckpt_job::slurm::budget;
+use ckpt_job::slurm::checkpoints::{commit, committed, next_number, prune};
+use ckpt_job::slurm::client::parse_signal;
+use ckpt_job::slurm::{CKPT_PREFIX, client};
+
 #[path = "slurm_nodes.rs"]
 mod nodes;
 #[path = "slurm_site.rs"]
 mod site;
 
-/// Name of the file naming the committed checkpoint, relative to `DIR`.
-const LATEST: &str = "LATEST";
-/// Name of the file that marks a checkpoint in progress, relative to `DIR`.
-const ATTEMPT: &str = "ATTEMPT";
-/// Prefix of a checkpoint directory's name, followed by its number.
-const CKPT_PREFIX: &str = "ckpt-";
 /// How long a restore waits for a zombie that still holds a dumped pid.
 const PID_WAIT: Duration = Duration::from_secs(30);
 /// The fds whose regular files the job's new run reopens (its output file).
@@ -108,33 +103,16 @@ enum Hook {
 /// The checkpoint directory Slurm job `job` registered in its comment, if
 /// it is a `ckpt slurm` job (the site hooks' view of it).
 pub fn registered_dir(job: &str) -> anyhow::Result<Option<PathBuf>> {
-    match site::JobRecord::query(job)?.registration() {
+    match client::JobRecord::query(job)?.registration() {
         None => Ok(None),
         Some(r) => Ok(Some(r.with_context(|| format!("job {job}"))?.dir)),
     }
 }
 
-/// `USR1`, `SIGUSR1` or a number; never a signal the wrapper needs for
-/// itself or that cannot be caught.
-fn parse_signal(s: &str) -> Result<Signal, String> {
-    let sig = match s.parse::<i32>() {
-        Ok(n) => Signal::try_from(n).map_err(|_| format!("{s}: not a signal number"))?,
-        Err(_) => {
-            let name = s.to_ascii_uppercase();
-            let full = if name.starts_with("SIG") {
-                name
-            } else {
-                format!("SIG{name}")
-            };
-            Signal::from_str(&full).map_err(|_| format!("{s}: not a signal name"))?
-        }
-    };
-    match sig {
-        Signal::SIGKILL | Signal::SIGSTOP | Signal::SIGCONT | Signal::SIGCHLD => Err(format!(
-            "{s}: cannot be the checkpoint signal (uncatchable, or sent by Slurm or the kernel for other reasons)"
-        )),
-        _ => Ok(sig),
-    }
+/// One warning line: the job's stderr and ckpt's log file.
+fn warn(msg: &str) {
+    eprintln!("ckpt slurm: {msg}");
+    crate::logger::file_only(log::Level::Warn, &format!("ckpt slurm: {msg}"));
 }
 
 /// The job as Slurm describes it in the batch environment.
@@ -242,7 +220,7 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("{}: cannot make it absolute", dir.display()))?;
     site::register(
         &job.id,
-        &site::Registration {
+        &client::Registration {
             signal: a.signal,
             dir: dir.clone(),
         },
@@ -257,7 +235,8 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
         None => committed(&dir)?,
         Some(p) => p.committed()?,
     };
-    budget::check_at_start(&dir, committed.as_deref(), a.lead.map(Duration::from_secs));
+    let lead = a.lead.map(Duration::from_secs);
+    budget::check_at_start(&dir, committed.as_deref(), lead, &warn);
     if committed.is_none() && job.restart_count > 0 {
         eprintln!(
             "ckpt slurm: job {} restart {} but no committed checkpoint in {}: starting the application afresh",
@@ -439,13 +418,20 @@ fn supervise(
         }
         let sig = signals.wait().context("sigwait")?;
         if sig == a.signal {
-            let attempt = budget::Attempt::begin(dir, &job.id, a.lead.map(Duration::from_secs));
+            let lead = a.lead.map(Duration::from_secs);
+            let attempt = budget::Attempt::begin(dir, &job.id, lead, &warn);
             match checkpoint(a, dir, app) {
                 Ok(name) => {
-                    let (took, lead) = attempt.committed(dir, &name);
+                    let (took, lead) = attempt.committed(dir, &name, &warn);
                     if let Target::Tree(_) = app.target {
                         // `ckpt job dump` prunes a job's epochs itself.
-                        prune(dir, a.keep);
+                        for f in prune(dir, a.keep) {
+                            eprintln!(
+                                "ckpt slurm: {}: cannot remove old checkpoint: {}",
+                                f.path.display(),
+                                f.error
+                            );
+                        }
                     }
                     eprintln!(
                         "ckpt slurm: {} checkpointed into {} and committed {:.1} s after the signal{}",
@@ -462,7 +448,7 @@ fn supervise(
                 Err(e) => {
                     attempt.abandon(dir);
                     let last = match &app.target {
-                        Target::Tree(_) => committed(dir),
+                        Target::Tree(_) => committed(dir).map_err(anyhow::Error::from),
                         Target::Parts(p) => p.committed(),
                     };
                     eprintln!(
@@ -571,99 +557,4 @@ fn requeue(job: &Job, target: &Target, dir: &Path, name: &str) -> anyhow::Result
     }
     eprintln!("ckpt slurm: job {} requeued", job.id);
     Ok(ExitCode::SUCCESS)
-}
-
-/// The number of a `ckpt-N` directory name.
-fn number_of(name: &str) -> Option<u64> {
-    let digits = name.strip_prefix(CKPT_PREFIX)?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
-}
-
-/// The checkpoint numbers present in `dir`, committed or not.
-fn numbers(dir: &Path) -> anyhow::Result<Vec<u64>> {
-    let mut v = Vec::new();
-    for e in std::fs::read_dir(dir).with_context(|| format!("{}: read", dir.display()))? {
-        let e = e.with_context(|| format!("{}: read", dir.display()))?;
-        if let Some(n) = e.file_name().to_str().and_then(number_of) {
-            v.push(n);
-        }
-    }
-    v.sort_unstable();
-    Ok(v)
-}
-
-fn next_number(dir: &Path) -> anyhow::Result<u64> {
-    Ok(numbers(dir)?.last().map_or(1, |n| n + 1))
-}
-
-/// The committed checkpoint's name, if `LATEST` names an existing one.
-fn committed(dir: &Path) -> anyhow::Result<Option<String>> {
-    let path = dir.join(LATEST);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).with_context(|| format!("{}: read", path.display())),
-    };
-    let name = text.trim();
-    if number_of(name).is_none() {
-        bail!(
-            "{}: names {name:?}, not a checkpoint directory {CKPT_PREFIX}N",
-            path.display()
-        );
-    }
-    if !dir.join(name).is_dir() {
-        bail!(
-            "{}: names {name}, which is not a directory in {}",
-            path.display(),
-            dir.display()
-        );
-    }
-    Ok(Some(name.to_string()))
-}
-
-/// Makes `name` the committed checkpoint: `LATEST` is written aside, synced
-/// and renamed over the old one, so a crash leaves either the old or the
-/// new checkpoint committed, never none.
-fn commit(dir: &Path, name: &str) -> anyhow::Result<()> {
-    let tmp = dir.join(format!("{LATEST}.tmp"));
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)
-        .with_context(|| format!("{}: create", tmp.display()))?;
-    writeln!(f, "{name}").with_context(|| format!("{}: write", tmp.display()))?;
-    f.sync_all()
-        .with_context(|| format!("{}: sync", tmp.display()))?;
-    std::fs::rename(&tmp, dir.join(LATEST))
-        .with_context(|| format!("{}: rename to {LATEST}", tmp.display()))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .with_context(|| format!("{}: sync", dir.display()))?;
-    Ok(())
-}
-
-/// Removes all but the newest `keep` checkpoints (never the committed one).
-fn prune(dir: &Path, keep: u32) {
-    let Ok(all) = numbers(dir) else { return };
-    let current = committed(dir).ok().flatten();
-    let keep = usize::try_from(keep).unwrap_or(usize::MAX);
-    for n in all.iter().rev().skip(keep) {
-        let name = format!("{CKPT_PREFIX}{n}");
-        if current.as_deref() == Some(name.as_str()) {
-            continue;
-        }
-        if let Err(e) = std::fs::remove_dir_all(dir.join(&name)) {
-            eprintln!(
-                "ckpt slurm: {}: cannot remove old checkpoint: {e}",
-                dir.join(&name).display()
-            );
-        }
-        let _ = std::fs::remove_file(dir.join(format!("{name}{}", budget::TIMING_SUFFIX)));
-    }
 }

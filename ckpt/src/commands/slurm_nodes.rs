@@ -21,8 +21,9 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, bail};
 use nix::unistd::Pid;
 
-use super::{ChildSignals, SlurmArgs, budget, child_signals};
+use super::{ChildSignals, SlurmArgs, child_signals, warn};
 use ckpt_job::JobDir;
+use ckpt_job::slurm::budget;
 
 /// The allocation's node count, as Slurm gives it to the batch script.
 const NUM_NODES_VAR: &str = "SLURM_JOB_NUM_NODES";
@@ -228,7 +229,7 @@ impl Parts {
                 return;
             }
             if Instant::now() >= deadline {
-                budget::warn(&format!(
+                warn(&format!(
                     "{running} of {} parts recorded as running after {} s; a checkpoint before they all run fails",
                     self.nodes,
                     PARTS_START.as_secs()

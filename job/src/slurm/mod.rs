@@ -1,0 +1,21 @@
+//! Slurm integration: what `ckpt slurm` (the job wrapper a batch script
+//! `exec`s) and the site's hooks around it need besides the command line:
+//! Slurm's clients and the job's registration ([`client`]), the
+//! checkpoint directory of a single-node job ([`checkpoints`]) and the
+//! dump-time budget against the lead Slurm gives ([`budget`]).
+
+pub mod budget;
+pub mod checkpoints;
+pub mod client;
+
+/// Name of the file naming the committed checkpoint, relative to `DIR`.
+pub const LATEST: &str = "LATEST";
+/// Name of the file that marks a checkpoint in progress, relative to `DIR`.
+pub const ATTEMPT: &str = "ATTEMPT";
+/// Prefix of a checkpoint directory's name, followed by its number.
+pub const CKPT_PREFIX: &str = "ckpt-";
+
+/// Where the wrapper's warnings go (the job's stderr and ckpt's log file,
+/// as the caller arranges): one line each, without the `ckpt slurm: `
+/// prefix.
+pub type Warn<'a> = &'a dyn Fn(&str);
