@@ -10,6 +10,7 @@ mod error;
 pub mod launch;
 pub mod round;
 pub mod slurm;
+pub mod sys;
 pub mod user;
 
 pub use agent::{AgentError, Session};

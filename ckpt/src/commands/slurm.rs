@@ -37,13 +37,13 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, getpgid, getpgrp};
 
-use ckpt_job::slurm::budget;
 use ckpt_job::slurm::checkpoints::{commit, committed, next_number, prune};
 use ckpt_job::slurm::client::parse_signal;
+use ckpt_job::slurm::nodes::{self, Checkpointing};
 use ckpt_job::slurm::{CKPT_PREFIX, client};
+use ckpt_job::slurm::{budget, nodes::NodesError};
+use ckpt_job::sys::{ChildSignals, child_signals, close_inherited_fds};
 
-#[path = "slurm_nodes.rs"]
-mod nodes;
 #[path = "slurm_site.rs"]
 mod site;
 
@@ -251,14 +251,14 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
         (None, None) => start(&a)?,
         (Some(p), Some(epoch)) => {
             let since = std::time::SystemTime::now();
-            let pid = p.restore(&a)?;
+            let pid = p.restore(a.image_key.as_deref())?;
             eprintln!(
                 "ckpt slurm: job {} restart {}: restoring {p} from {}",
                 job.id,
                 job.restart_count,
                 p.place(&epoch)
             );
-            p.wait_running(since, pid);
+            p.wait_running(since, pid, &warn);
             App {
                 pid,
                 target: Target::Parts(p),
@@ -267,7 +267,7 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
         (Some(p), None) => {
             let since = std::time::SystemTime::now();
             let pid = p.start(&a.app)?;
-            p.wait_running(since, pid);
+            p.wait_running(since, pid, &warn);
             App {
                 pid,
                 target: Target::Parts(p),
@@ -291,7 +291,7 @@ fn start(a: &SlurmArgs) -> anyhow::Result<App> {
     cmd.args(["run", "--pidns", "--"])
         .args(&a.app)
         .process_group(0);
-    crate::scripts::close_inherited_fds(&mut cmd);
+    close_inherited_fds(&mut cmd);
     child_signals(&mut cmd, ChildSignals::None);
     let child = cmd
         .spawn()
@@ -302,41 +302,6 @@ fn start(a: &SlurmArgs) -> anyhow::Result<App> {
         pid: Pid::from_raw(pid),
         target: Target::Tree(tree),
     })
-}
-
-/// What a child of the wrapper starts with blocked.
-#[derive(Clone, Copy)]
-pub(super) enum ChildSignals {
-    /// Nothing: the application (and what starts or restores it) gets
-    /// every signal as it would without the wrapper. The wrapper's own
-    /// blocked set (its signals wait for `sigwait`) is not its business,
-    /// and a child with SIGCHLD blocked may never see its own children end
-    /// (a shell's `wait`).
-    None,
-    /// The checkpoint signal and SIGTERM: a dump is not cut short by
-    /// another warning or by Slurm's SIGTERM at the end (proctrack signals
-    /// every process of the job), it finishes within KillWait or is
-    /// SIGKILLed, which the next start reports (`ATTEMPT`).
-    Dump(Signal),
-}
-
-/// Makes `cmd`'s process start with exactly `which` blocked.
-#[allow(unsafe_code)]
-pub(super) fn child_signals(cmd: &mut Command, which: ChildSignals) {
-    let mut blocked = SigSet::empty();
-    if let ChildSignals::Dump(sig) = which {
-        blocked.add(sig);
-        blocked.add(Signal::SIGTERM);
-    }
-    let hook = move || -> std::io::Result<()> {
-        sigprocmask(SigmaskHow::SIG_SETMASK, Some(&blocked), None).map_err(std::io::Error::from)
-    };
-    // SAFETY: the hook runs in the forked child before exec and only calls
-    // sigprocmask (the set was made before the fork), which is
-    // async-signal-safe and neither allocates nor takes locks.
-    unsafe {
-        cmd.pre_exec(hook);
-    }
 }
 
 /// The init `ckpt run` (pid `run`) started: its only child.
@@ -449,7 +414,7 @@ fn supervise(
                     attempt.abandon(dir);
                     let last = match &app.target {
                         Target::Tree(_) => committed(dir).map_err(anyhow::Error::from),
-                        Target::Parts(p) => p.committed(),
+                        Target::Parts(p) => p.committed().map_err(anyhow::Error::from),
                     };
                     eprintln!(
                         "ckpt slurm: checkpoint of {} failed, the application keeps running ({}): {e:#}",
@@ -496,7 +461,20 @@ fn forward(app: &App, sig: Signal) {
 fn checkpoint(a: &SlurmArgs, dir: &Path, app: &App) -> anyhow::Result<String> {
     match &app.target {
         Target::Tree(tree) => checkpoint_tree(a, dir, *tree),
-        Target::Parts(p) => p.checkpoint(a, dir),
+        Target::Parts(p) => {
+            let how = Checkpointing {
+                keep: a.keep,
+                signal: a.signal,
+                image_key: a.image_key.as_deref(),
+            };
+            p.checkpoint(&how, dir).map_err(|e| {
+                // The agents' errors go to the job's output.
+                if let NodesError::DumpFailed { output, .. } = &e {
+                    eprint!("{output}");
+                }
+                e.into()
+            })
+        }
     }
 }
 

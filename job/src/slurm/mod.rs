@@ -1,12 +1,14 @@
 //! Slurm integration: what `ckpt slurm` (the job wrapper a batch script
 //! `exec`s) and the site's hooks around it need besides the command line:
 //! Slurm's clients and the job's registration ([`client`]), the
-//! checkpoint directory of a single-node job ([`checkpoints`]) and the
-//! dump-time budget against the lead Slurm gives ([`budget`]).
+//! checkpoint directory of a single-node job ([`checkpoints`]), the
+//! dump-time budget against the lead Slurm gives ([`budget`]) and the
+//! parts of a job spanning several nodes ([`nodes`]).
 
 pub mod budget;
 pub mod checkpoints;
 pub mod client;
+pub mod nodes;
 
 /// Name of the file naming the committed checkpoint, relative to `DIR`.
 pub const LATEST: &str = "LATEST";
