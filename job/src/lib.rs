@@ -8,6 +8,7 @@ pub mod agent;
 pub mod dir;
 mod error;
 pub mod launch;
+pub mod part;
 pub mod round;
 pub mod slurm;
 pub mod sys;

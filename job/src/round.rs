@@ -5,15 +5,17 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::num::TryFromIntError;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use ckpt_coord::auth::AuthError;
 use ckpt_coord::client::{AgentOptions, ClientError, Link};
 use ckpt_coord::protocol::{Message, Role, RoundKind, RoundOver, StatusQuery, Trigger};
+use ckpt_coord::store::StoreError;
 use ckpt_coord::{CoordConfig, CoordHandle, Secret, ServerError};
 
-use crate::dir::{JOB_ID, JobDir};
+use crate::dir::{DirError, JOB_ID, JobDir};
 use crate::launch::{Launched, exit_code};
 
 /// How often the round's wait looks at the agents.
@@ -22,6 +24,9 @@ const POLL: Duration = Duration::from_millis(100);
 const CONTROL_NAME: &str = "ckpt-job";
 /// How long the control client tries to reach the in-process coordinator.
 const CONTROL_CONNECT: Duration = Duration::from_secs(10);
+
+/// Mode of the scratch state directory of `restore --epoch`.
+const PIN_DIR_MODE: u32 = 0o700;
 
 /// This module's results.
 type Result<T, E = RoundError> = std::result::Result<T, E>;
@@ -93,6 +98,27 @@ pub enum RoundError {
         expect: u32,
         /// The register timeout, in seconds.
         secs: f64,
+    },
+    /// The job directory.
+    #[error(transparent)]
+    Dir(#[from] DirError),
+    /// The job's epoch records.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// `--epoch` names no committed epoch.
+    #[error("epoch {epoch} is not a committed epoch of the job (see `ckpt job list`)")]
+    NotCommitted {
+        /// The epoch asked for.
+        epoch: u64,
+    },
+    /// The pinned epoch's state directory cannot be made.
+    #[error("{}: cannot create", path.display())]
+    PinDir {
+        /// The directory.
+        path: PathBuf,
+        /// Its error.
+        #[source]
+        source: std::io::Error,
     },
     /// The coordinator link failed while the round ran.
     #[error("{what}: the job's coordinator")]
@@ -283,5 +309,48 @@ fn failures(agents: &[Launched]) -> String {
         "no agent registered".to_string()
     } else {
         format!("{} (its error is above)", v.join("; "))
+    }
+}
+
+/// A coordinator state directory holding only epoch E's record, so the
+/// restart round restores E rather than the last committed epoch (the
+/// job's own records are left alone). Removed on drop.
+#[derive(Debug)]
+pub struct EpochPin {
+    /// The directory.
+    dir: PathBuf,
+}
+
+impl EpochPin {
+    /// Pins committed epoch `epoch` of `job`.
+    pub fn new(job: &JobDir, epoch: u64) -> Result<EpochPin> {
+        let store = job.store()?;
+        let Some(m) = store.load(epoch) else {
+            return Err(RoundError::NotCommitted { epoch });
+        };
+        let dir = job
+            .coord_state_dir()
+            .join(format!(".restore-{epoch}.{}", std::process::id()));
+        let pin = EpochPin { dir };
+        std::fs::DirBuilder::new()
+            .mode(PIN_DIR_MODE)
+            .create(&pin.dir)
+            .map_err(|source| RoundError::PinDir {
+                path: pin.dir.clone(),
+                source,
+            })?;
+        ckpt_coord::EpochStore::open(&pin.dir, JOB_ID)?.commit(&m)?;
+        Ok(pin)
+    }
+
+    /// The state directory a restart round of the pinned epoch runs with.
+    pub fn state_dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+}
+
+impl Drop for EpochPin {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

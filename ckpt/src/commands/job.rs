@@ -15,7 +15,6 @@
 //! Layout and checks of the job directory: `ckpt_job::dir`.
 
 use std::ffi::OsString;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -23,14 +22,13 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use ckpt_coord::protocol::{AfterCommit, Outcome, RoundKind};
 
-use ckpt_job::dir::{EpochInfo, JOB_ID, JobDir, check_name, is_ckpt_init};
+use ckpt_job::dir::{EpochInfo, JOB_ID, JobDir, is_ckpt_init};
 use ckpt_job::launch::{LaunchKind, Launcher, Placement, exit_code, launch};
-use ckpt_job::round::{Round, RoundConfig};
+use ckpt_job::part::{self, AgentPart, PartChoice};
+use ckpt_job::round::{EpochPin, Round, RoundConfig};
 
 /// Where the coordinator listens unless told: every address, a free port.
 const DEFAULT_LISTEN: &str = "0.0.0.0:0";
-/// Mode of the scratch state directory of `restore --epoch`.
-const PIN_DIR_MODE: u32 = 0o700;
 
 /// How agents reach the nodes (`--launch`).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -304,44 +302,6 @@ pub fn run(a: JobArgs) -> anyhow::Result<ExitCode> {
 }
 
 // ---------------------------------------------------------------------------
-// Node names
-// ---------------------------------------------------------------------------
-
-/// The name of the named network namespace (`ip netns`) this process is
-/// in, if any: a site's per-job namespaces, or the tests' nodes.
-fn netns_name() -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    let me = std::fs::metadata("/proc/self/ns/net").ok()?;
-    let init = std::fs::metadata("/proc/1/ns/net").ok();
-    if init.is_some_and(|i| (i.dev(), i.ino()) == (me.dev(), me.ino())) {
-        return None;
-    }
-    std::fs::read_dir("/run/netns")
-        .ok()?
-        .flatten()
-        .find_map(|e| {
-            let m = std::fs::metadata(e.path()).ok()?;
-            ((m.dev(), m.ino()) == (me.dev(), me.ino()))
-                .then(|| e.file_name().into_string().ok())
-                .flatten()
-        })
-}
-
-/// This node's name: $SLURMD_NODENAME, else the named network namespace,
-/// else the host name.
-fn this_node() -> String {
-    std::env::var("SLURMD_NODENAME")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .or_else(netns_name)
-        .unwrap_or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|s| s.trim().to_string())
-                .unwrap_or_else(|_| "node".to_string())
-        })
-}
-
-// ---------------------------------------------------------------------------
 // ckpt job run
 // ---------------------------------------------------------------------------
 
@@ -360,19 +320,7 @@ fn os(words: &[&str]) -> Vec<OsString> {
 }
 
 fn run_part(a: RunArgs) -> anyhow::Result<ExitCode> {
-    let node = a.node.clone().unwrap_or_else(this_node);
-    check_name("node", &node)?;
-    let part = a.part.clone().unwrap_or_else(|| node.clone());
-    let dir = JobDir::create_or_open(&a.dir)?;
-    dir.ensure_part(&part)?;
-    if dir.node_of(&part)?.as_deref() == Some(node.as_str())
-        && let Some(pid) = dir.root_of(&part)?
-        && is_ckpt_init(pid)?
-    {
-        bail!("part {part} already runs on node {node} (pid {pid})");
-    }
-    dir.set_node(&part, &node)?;
-    let pidfile = dir.root_pid_path(&part);
+    let pidfile = part::claim(&a.dir, a.part.as_deref(), a.node.as_deref())?;
     let mut argv = os(&["run", "--pidns", "--pidfile"]);
     argv.push(pidfile.into_os_string());
     argv.push("--".into());
@@ -559,38 +507,6 @@ fn last_committed_text(dir: &JobDir) -> String {
 // ckpt job restore
 // ---------------------------------------------------------------------------
 
-/// A coordinator state directory holding only epoch E's record, so the
-/// restart round restores E rather than the last committed epoch (the
-/// job's own records are left alone). Removed on drop.
-struct EpochPin {
-    dir: PathBuf,
-}
-
-impl EpochPin {
-    fn new(job: &JobDir, epoch: u64) -> anyhow::Result<EpochPin> {
-        let store = job.store()?;
-        let Some(m) = store.load(epoch) else {
-            bail!("epoch {epoch} is not a committed epoch of the job (see `ckpt job list`)");
-        };
-        let dir = job
-            .coord_state_dir()
-            .join(format!(".restore-{epoch}.{}", std::process::id()));
-        let pin = EpochPin { dir };
-        std::fs::DirBuilder::new()
-            .mode(PIN_DIR_MODE)
-            .create(&pin.dir)
-            .with_context(|| format!("{}: cannot create", pin.dir.display()))?;
-        ckpt_coord::EpochStore::open(&pin.dir, JOB_ID)?.commit(&m)?;
-        Ok(pin)
-    }
-}
-
-impl Drop for EpochPin {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// The `ckpt job agent restore` argv, built here only.
 fn restore_agent_argv(dir: &JobDir, addr: &str, a: &RestoreArgs) -> Vec<OsString> {
     let mut argv = os(&["job", "agent", "restore"]);
@@ -609,7 +525,7 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
     let pin = a.epoch.map(|e| EpochPin::new(&dir, e)).transpose()?;
     let state = pin
         .as_ref()
-        .map_or_else(|| dir.coord_state_dir(), |p| p.dir.clone());
+        .map_or_else(|| dir.coord_state_dir(), |p| p.state_dir().to_path_buf());
     let epoch = match a.epoch {
         Some(e) => e,
         None => dir
@@ -706,7 +622,7 @@ fn status(a: ListArgs, with_parts: bool) -> anyhow::Result<ExitCode> {
     let dir = JobDir::open(&a.dir)?;
     let epochs = dir.epochs()?;
     let last = epochs.iter().find(|e| e.last_committed).map(|e| e.epoch);
-    let here = this_node();
+    let here = part::this_node();
     let parts = if with_parts { dir.parts()? } else { Vec::new() };
     // A root can only be checked on its own node.
     let alive: Vec<Option<bool>> = parts
@@ -807,57 +723,22 @@ fn utc(ms: u64) -> String {
 // ckpt job agent
 // ---------------------------------------------------------------------------
 
-/// The part this agent takes and its node.
-struct Resolved {
-    dir: JobDir,
-    part: String,
-    node: String,
-}
-
-/// Resolves the agent's part: `--part`, or under srun the part on this
-/// node (dump) or the SLURM_NODEID-th part (restore: parts may move).
-fn resolve(c: &AgentCommon, by_node: bool) -> anyhow::Result<Resolved> {
-    let dir = JobDir::open(&c.dir)?;
-    let node = c.node.clone().unwrap_or_else(this_node);
-    check_name("node", &node)?;
-    let part = match &c.part {
-        Some(p) => p.clone(),
-        None if by_node => dir
-            .parts()?
-            .into_iter()
-            .find(|p| p.node.as_deref() == Some(node.as_str()))
-            .map(|p| p.name)
-            .with_context(|| format!("node {node}: no part of the job runs here"))?,
-        None => {
-            let i = match c.slurm_nodes.iter().position(|n| *n == node) {
-                Some(i) => i,
-                None if !c.slurm_nodes.is_empty() => bail!(
-                    "node {node} is not one of the step's nodes {}",
-                    c.slurm_nodes.join(",")
-                ),
-                None => {
-                    let id = std::env::var("SLURM_NODEID")
-                        .context("--slurm: SLURM_NODEID is not set")?;
-                    id.parse()
-                        .with_context(|| format!("SLURM_NODEID={id}: not a number"))?
-                }
-            };
-            let parts = dir.parts()?;
-            let n = parts.len();
-            parts
-                .into_iter()
-                .nth(i)
-                .map(|p| p.name)
-                .with_context(|| format!("SLURM_NODEID={i}, but the job has {n} parts"))?
-        }
-    };
-    dir.ensure_part(&part)?;
-    Ok(Resolved { dir, part, node })
+impl AgentCommon {
+    /// The part this agent takes and its node.
+    fn resolve(&self, by_node: bool) -> anyhow::Result<AgentPart> {
+        let dir = JobDir::open(&self.dir)?;
+        let choice = PartChoice {
+            part: self.part.clone(),
+            node: self.node.clone(),
+            slurm_nodes: self.slurm_nodes.clone(),
+        };
+        Ok(AgentPart::resolve(dir, &choice, by_node)?)
+    }
 }
 
 /// `--coord ... --job ... --node PART --secret-file ...`: the part is the
 /// agent's name at the coordinator (unique in the job, wherever it runs).
-fn coord_args(r: &Resolved, c: &AgentCommon) -> Vec<OsString> {
+fn coord_args(r: &AgentPart, c: &AgentCommon) -> Vec<OsString> {
     let mut v = vec!["--dir".into(), r.dir.part_dir(&r.part).into_os_string()];
     v.extend(os(&[
         "--coord", &c.coord, "--job", JOB_ID, "--node", &r.part,
@@ -872,17 +753,8 @@ fn coord_args(r: &Resolved, c: &AgentCommon) -> Vec<OsString> {
 }
 
 fn agent_dump(a: AgentDumpArgs) -> anyhow::Result<ExitCode> {
-    let r = resolve(&a.common, true)?;
-    let recorded = r.dir.node_of(&r.part)?;
-    if recorded.as_deref() != Some(r.node.as_str()) {
-        bail!(
-            "part {}: runs on node {}, not on this node {}, refused",
-            r.part,
-            recorded.as_deref().unwrap_or("?"),
-            r.node
-        );
-    }
-    let pid = r.dir.checked_root(&r.part)?;
+    let r = a.common.resolve(true)?;
+    let pid = r.dump_root()?;
     let mut argv = os(&["dump", "--tree", &pid.to_string()]);
     argv.extend(coord_args(&r, &a.common));
     // The job's parts talk to each other: their connections are inside
@@ -895,7 +767,7 @@ fn agent_dump(a: AgentDumpArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn agent_restore(a: AgentRestoreArgs) -> anyhow::Result<ExitCode> {
-    let r = resolve(&a.common, false)?;
+    let r = a.common.resolve(false)?;
     r.dir.set_node(&r.part, &r.node)?;
     let mut argv = os(&["restore"]);
     argv.extend(coord_args(&r, &a.common));
