@@ -54,7 +54,7 @@ pub enum AgentError {
         addr: String,
         /// Its error.
         #[source]
-        source: ClientError,
+        source: Box<ClientError>,
     },
     /// The coordinator started a phase this node did not expect.
     #[error("{at}")]
@@ -88,7 +88,7 @@ pub enum AgentError {
         phase: Phase,
         /// The link's error (it names this node).
         #[source]
-        source: ClientError,
+        source: Box<ClientError>,
     },
     /// The coordinator link failed before the round began.
     #[error("waiting for {phase}")]
@@ -97,7 +97,7 @@ pub enum AgentError {
         phase: Phase,
         /// The link's error (it names this node).
         #[source]
-        source: ClientError,
+        source: Box<ClientError>,
     },
     /// This node's own addresses do not make one map.
     #[error("{at}: this node's addresses")]
@@ -240,11 +240,11 @@ impl Session {
             }
         };
         let opts = AgentOptions::new(addr, job, secret, &node).intent(intent);
-        let agent = Agent::connect_with(&opts).map_err(|source| AgentError::Join {
+        let agent = Agent::connect_with(&opts).map_err(|e| AgentError::Join {
             node: node.clone(),
             job: job.to_string(),
             addr: addr.to_string(),
-            source,
+            source: Box::new(e),
         })?;
         log::info!(
             "node {node}: registered with coordinator {addr} for job {job} ({intent:?}), last committed epoch {:?}",
@@ -326,17 +326,20 @@ impl Session {
                 reason,
             } => self.aborted(epoch, phase, &node, &reason),
             // The client's own errors already name this node.
-            source => match self.epoch {
-                Some(epoch) => AgentError::LinkInEpoch {
-                    epoch,
-                    phase: self.phase,
-                    source,
-                },
-                None => AgentError::LinkWaiting {
-                    phase: self.phase,
-                    source,
-                },
-            },
+            e => {
+                let source = Box::new(e);
+                match self.epoch {
+                    Some(epoch) => AgentError::LinkInEpoch {
+                        epoch,
+                        phase: self.phase,
+                        source,
+                    },
+                    None => AgentError::LinkWaiting {
+                        phase: self.phase,
+                        source,
+                    },
+                }
+            }
         }
     }
 

@@ -104,7 +104,7 @@ pub enum DirError {
         mode: u32,
     },
     /// A file operation failed.
-    #[error("{}", io_text(path, *step))]
+    #[error("{}", io_text(path, step))]
     Io {
         /// The file or directory.
         path: PathBuf,
