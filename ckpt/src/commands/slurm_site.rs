@@ -1,5 +1,6 @@
 //! The site's side of `ckpt slurm`: what an administrator installs around
-//! the job wrapper.
+//! the job wrapper; the command line and the lines printed (the logic is
+//! `ckpt_job::slurm::site` and `ckpt_job::slurm::client`).
 //!
 //! - The job's registration: the wrapper records its signal and checkpoint
 //!   directory in the job's `Comment` (`ckpt-slurm:SIG:DIR`), the one place
@@ -16,17 +17,14 @@
 //!   checkpoint; one line per action. Run by root with `--as-user`, it
 //!   reads the site's key and then does everything as the job's user.
 
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::path::PathBuf;
+use std::process::ExitCode;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 
 use ckpt_job::JobUser;
-use ckpt_job::slurm::budget::TIMING_SUFFIX;
-use ckpt_job::slurm::checkpoints::{committed, number_of};
 use ckpt_job::slurm::client::{self, JobRecord, Registered, Registration};
-use ckpt_job::slurm::{ATTEMPT, LATEST};
+use ckpt_job::slurm::site::{self, Epilog, Triggered};
 
 /// Records the wrapper's signal and directory in its job's comment, unless
 /// the job carries a comment of its own (that one is kept, and the site's
@@ -58,46 +56,19 @@ pub struct TriggerArgs {
 /// Any other job is left alone: its batch shell may die of the signal.
 pub fn trigger(a: TriggerArgs) -> anyhow::Result<ExitCode> {
     let job = &a.job;
-    if job.is_empty() || !job.bytes().all(|b| b.is_ascii_digit()) {
-        bail!("{job:?}: not a job id");
-    }
-    let record = JobRecord::query(job)?;
-    let reg = match record.registration() {
-        None => {
-            crate::commands::print_stdout(&format!(
-                "ckpt slurm trigger: job {job}: not a ckpt slurm job; nothing sent\n"
-            ))?;
-            return Ok(ExitCode::SUCCESS);
+    let line = match site::trigger(job)? {
+        Triggered::NotRegistered => {
+            format!("ckpt slurm trigger: job {job}: not a ckpt slurm job; nothing sent\n")
         }
-        Some(r) => r.with_context(|| format!("job {job}"))?,
+        Triggered::NotRunning { state } => {
+            format!("ckpt slurm trigger: job {job} is {state}, not RUNNING; nothing sent\n")
+        }
+        Triggered::Sent { signal, dir } => format!(
+            "ckpt slurm trigger: job {job}: SIG{signal} sent to its batch step to checkpoint into {}\n",
+            dir.display()
+        ),
     };
-    let state = record.get("JobState").unwrap_or("?");
-    if state != "RUNNING" {
-        crate::commands::print_stdout(&format!(
-            "ckpt slurm trigger: job {job} is {state}, not RUNNING; nothing sent\n"
-        ))?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    let sig = reg.signal.as_str();
-    let sig = sig.strip_prefix("SIG").unwrap_or(sig);
-    let out = Command::new("scancel")
-        .arg("--batch")
-        .arg(format!("--signal={sig}"))
-        .arg(job)
-        .stdin(Stdio::null())
-        .output()
-        .context("cannot run scancel")?;
-    if !out.status.success() {
-        bail!(
-            "job {job}: scancel --batch --signal={sig} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    crate::commands::print_stdout(&format!(
-        "ckpt slurm trigger: job {job}: SIG{sig} sent to its batch step to checkpoint into {}\n",
-        reg.dir.display()
-    ))?;
+    crate::commands::print_stdout(&line)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -122,37 +93,6 @@ pub struct EpilogArgs {
     /// of the job's.
     #[arg(long, value_name = "UID:GID")]
     as_user: Option<JobUser>,
-}
-
-/// One entry of a checkpoint directory, as the Epilog sees it.
-#[derive(Debug, PartialEq, Eq)]
-enum Entry {
-    /// `ckpt-N`.
-    Checkpoint(u64),
-    /// `ckpt-N.time`: a checkpoint's timing record.
-    Timing(u64),
-    /// `LATEST.tmp`: a commit that did not finish.
-    LatestTmp,
-    /// `ATTEMPT`: a checkpoint that began and never committed.
-    Attempt,
-    /// Anything else (left alone).
-    Other,
-}
-
-fn classify(name: &str) -> Entry {
-    if let Some(n) = number_of(name) {
-        return Entry::Checkpoint(n);
-    }
-    if name == format!("{LATEST}.tmp") {
-        return Entry::LatestTmp;
-    }
-    if name == ATTEMPT {
-        return Entry::Attempt;
-    }
-    if let Some(n) = name.strip_suffix(TIMING_SUFFIX).and_then(number_of) {
-        return Entry::Timing(n);
-    }
-    Entry::Other
 }
 
 /// `ckpt slurm epilog`: exit 0 when the directory holds a verified
@@ -190,126 +130,16 @@ pub fn epilog(a: EpilogArgs) -> anyhow::Result<ExitCode> {
             log::warn!("ckpt slurm epilog: job {job}: {e:#}");
         }
     };
-    let meta = match std::fs::symlink_metadata(&dir) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            say(&format!("{}: no checkpoint directory", dir.display()));
-            return Ok(ExitCode::SUCCESS);
-        }
-        Err(e) => return Err(e).with_context(|| format!("{}: stat", dir.display())),
-    };
-    if !meta.is_dir() {
-        bail!("job {job}: {}: not a directory", dir.display());
+    let key = key.as_ref().map_err(ToString::to_string);
+    let verified = Epilog {
+        job: &job,
+        dir: &dir,
+        say: &say,
     }
-    // Root tidying a user's directory could be led by a symlink swapped
-    // in; the Epilog runs as the job's user (`--as-user`, see
-    // scripts/slurm/epilog.sh).
-    let me = nix::unistd::geteuid().as_raw();
-    if meta.uid() != me {
-        bail!(
-            "job {job}: {}: owned by uid {}, not by ckpt's user {me}: run the epilog as the job's user (--as-user UID:GID)",
-            dir.display(),
-            meta.uid()
-        );
-    }
-
-    let committed = committed(&dir).with_context(|| format!("job {job}"))?;
-    let committed_number = committed.as_deref().and_then(number_of);
-    let mut verified = true;
-    match &committed {
-        None => say(&format!("{}: nothing committed", dir.display())),
-        Some(name) => {
-            let path = dir.join(name);
-            let key = key
-                .as_ref()
-                .map_err(|e| anyhow::anyhow!("{e}"))
-                .context("cannot load the image key to verify the committed checkpoint")?;
-            match ckpt_image::ImageDir::open(&path, key) {
-                Ok(d) => say(&format!(
-                    "{}: committed checkpoint verified (seal and checksums of {} files)",
-                    path.display(),
-                    d.manifest().files.len()
-                )),
-                Err(e) => {
-                    verified = false;
-                    say(&format!(
-                        "{}: committed checkpoint fails verification, kept: {e}",
-                        path.display()
-                    ));
-                }
-            }
-        }
-    }
-
-    let mut names: Vec<String> = Vec::new();
-    for e in std::fs::read_dir(&dir).with_context(|| format!("{}: read", dir.display()))? {
-        let e = e.with_context(|| format!("{}: read", dir.display()))?;
-        if let Some(n) = e.file_name().to_str() {
-            names.push(n.to_string());
-        }
-    }
-    names.sort();
-    let present = |n: u64| names.iter().any(|m| number_of(m) == Some(n));
-    for name in &names {
-        let path = dir.join(name);
-        let why = match classify(name) {
-            Entry::Checkpoint(n) if committed_number.is_none_or(|c| n > c) => {
-                "uncommitted checkpoint (newer than LATEST)"
-            }
-            Entry::Timing(n) if !present(n) => "timing record of a checkpoint that is gone",
-            Entry::LatestTmp => "an unfinished commit of LATEST",
-            Entry::Attempt => {
-                say(&format!(
-                    "{}: a checkpoint began and never committed (the job ended during it); the next start reports it",
-                    path.display()
-                ));
-                continue;
-            }
-            _ => continue,
-        };
-        match remove(&path) {
-            Ok(()) => say(&format!("{}: removed, {why}", path.display())),
-            Err(e) => say(&format!("{}: cannot remove {why}: {e}", path.display())),
-        }
-    }
+    .tidy(key)?;
     Ok(if verified {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     })
-}
-
-/// Removes a file, or a directory with what it holds (symlinks in it are
-/// removed, never followed).
-fn remove(path: &Path) -> std::io::Result<()> {
-    let m = std::fs::symlink_metadata(path)?;
-    if m.is_dir() {
-        std::fs::remove_dir_all(path)
-    } else {
-        std::fs::remove_file(path)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn entries_are_classified_by_name() {
-        assert_eq!(classify("ckpt-3"), Entry::Checkpoint(3));
-        assert_eq!(classify("ckpt-3.time"), Entry::Timing(3));
-        assert_eq!(classify("LATEST.tmp"), Entry::LatestTmp);
-        assert_eq!(classify("ATTEMPT"), Entry::Attempt);
-        for other in [
-            "LATEST",
-            "ckpt-",
-            "ckpt-x",
-            "notes.txt",
-            "ckpt-3.tmp.",
-            "x.tmp.4",
-            "ckpt-3.tmp.77",
-        ] {
-            assert_eq!(classify(other), Entry::Other, "{other}");
-        }
-    }
 }

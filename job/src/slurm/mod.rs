@@ -2,13 +2,15 @@
 //! `exec`s) and the site's hooks around it need besides the command line:
 //! Slurm's clients and the job's registration ([`client`]), the
 //! checkpoint directory of a single-node job ([`checkpoints`]), the
-//! dump-time budget against the lead Slurm gives ([`budget`]) and the
-//! parts of a job spanning several nodes ([`nodes`]).
+//! dump-time budget against the lead Slurm gives ([`budget`]), the
+//! parts of a job spanning several nodes ([`nodes`]) and the site's hooks
+//! ([`site`]).
 
 pub mod budget;
 pub mod checkpoints;
 pub mod client;
 pub mod nodes;
+pub mod site;
 
 /// Name of the file naming the committed checkpoint, relative to `DIR`.
 pub const LATEST: &str = "LATEST";
