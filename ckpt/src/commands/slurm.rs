@@ -26,7 +26,6 @@
 
 use std::ffi::OsString;
 use std::os::unix::fs::DirBuilderExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::Duration;
@@ -37,12 +36,12 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, getpgid, getpgrp};
 
-use ckpt_job::slurm::checkpoints::{commit, committed, next_number, prune};
+use ckpt_job::slurm::checkpoints::{committed, prune};
+use ckpt_job::slurm::client;
 use ckpt_job::slurm::client::parse_signal;
-use ckpt_job::slurm::nodes::{self, Checkpointing};
-use ckpt_job::slurm::{CKPT_PREFIX, client};
+use ckpt_job::slurm::nodes;
+use ckpt_job::slurm::{Checkpointing, tree};
 use ckpt_job::slurm::{budget, nodes::NodesError};
-use ckpt_job::sys::{ChildSignals, child_signals, close_inherited_fds};
 
 #[path = "slurm_site.rs"]
 mod site;
@@ -182,9 +181,6 @@ impl Target {
     }
 }
 
-/// How long the wrapper waits for `ckpt run` to start the namespace's init.
-const INIT_START: Duration = Duration::from_secs(10);
-
 /// Runs `ckpt slurm`: exits with the application's status (128+signal if
 /// killed), or 0 once it is checkpointed and the job requeued.
 pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
@@ -248,7 +244,13 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
     let restart = committed.filter(|_| job.restart_count > 0);
     let app = match (parts, restart) {
         (None, Some(ckpt)) => restore(&a, &job, &dir.join(&ckpt))?,
-        (None, None) => start(&a)?,
+        (None, None) => {
+            let started = tree::start(&a.app)?;
+            App {
+                pid: started.run,
+                target: Target::Tree(started.tree),
+            }
+        }
         (Some(p), Some(epoch)) => {
             let since = std::time::SystemTime::now();
             let pid = p.restore(a.image_key.as_deref())?;
@@ -275,49 +277,6 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
         }
     };
     supervise(&a, &job, &dir, &app, &signals)
-}
-
-/// Starts the application under `ckpt run --pidns` (PID 2 of a PID
-/// namespace of its own, so a restart on any node gets its pids back even
-/// where the host's are taken), in its own process group (so Slurm's
-/// signals to the batch script's group reach only the wrapper) with the
-/// job's stdio and no other fd: whatever the batch environment leaked to
-/// the wrapper would only make the tree undumpable (a pipe to outside, a
-/// daemon's socket).
-fn start(a: &SlurmArgs) -> anyhow::Result<App> {
-    let (prog, _) = a.app.split_first().context("no application given")?;
-    let exe = std::env::current_exe().context("cannot find the ckpt executable")?;
-    let mut cmd = Command::new(exe);
-    cmd.args(["run", "--pidns", "--"])
-        .args(&a.app)
-        .process_group(0);
-    close_inherited_fds(&mut cmd);
-    child_signals(&mut cmd, ChildSignals::None);
-    let child = cmd
-        .spawn()
-        .with_context(|| format!("cannot start {}", prog.to_string_lossy()))?;
-    let pid = i32::try_from(child.id()).context("child pid out of range")?;
-    let tree = namespace_init(pid)?;
-    Ok(App {
-        pid: Pid::from_raw(pid),
-        target: Target::Tree(tree),
-    })
-}
-
-/// The init `ckpt run` (pid `run`) started: its only child.
-fn namespace_init(run: i32) -> anyhow::Result<Pid> {
-    let children = format!("/proc/{run}/task/{run}/children");
-    let deadline = std::time::Instant::now() + INIT_START;
-    loop {
-        let text = std::fs::read_to_string(&children).unwrap_or_default();
-        if let Some(init) = text.split_whitespace().next().and_then(|p| p.parse().ok()) {
-            return Ok(Pid::from_raw(init));
-        }
-        if std::time::Instant::now() > deadline {
-            bail!("ckpt run (pid {run}) started no PID namespace init within {INIT_START:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// Restores `ckpt` as a child of this process. The job's output file is the
@@ -459,14 +418,14 @@ fn forward(app: &App, sig: Signal) {
 /// Checkpoints the application with `--kill` and commits the checkpoint;
 /// returns its name. On failure nothing is committed.
 fn checkpoint(a: &SlurmArgs, dir: &Path, app: &App) -> anyhow::Result<String> {
+    let how = Checkpointing {
+        keep: a.keep,
+        signal: a.signal,
+        image_key: a.image_key.as_deref(),
+    };
     match &app.target {
-        Target::Tree(tree) => checkpoint_tree(a, dir, *tree),
+        Target::Tree(t) => Ok(tree::checkpoint(dir, *t, &how)?),
         Target::Parts(p) => {
-            let how = Checkpointing {
-                keep: a.keep,
-                signal: a.signal,
-                image_key: a.image_key.as_deref(),
-            };
             p.checkpoint(&how, dir).map_err(|e| {
                 // The agents' errors go to the job's output.
                 if let NodesError::DumpFailed { output, .. } = &e {
@@ -476,43 +435,6 @@ fn checkpoint(a: &SlurmArgs, dir: &Path, app: &App) -> anyhow::Result<String> {
             })
         }
     }
-}
-
-/// Dumps the application's tree with `--kill` into the next `ckpt-N` and
-/// commits it; returns its name (pruning and reporting are the caller's).
-/// On failure nothing is committed and the partial directory is removed.
-fn checkpoint_tree(a: &SlurmArgs, dir: &Path, tree: Pid) -> anyhow::Result<String> {
-    let name = format!("{CKPT_PREFIX}{}", next_number(dir)?);
-    let target = dir.join(&name);
-    let exe = std::env::current_exe().context("cannot find the ckpt executable")?;
-    let mut cmd = Command::new(exe);
-    cmd.arg("dump")
-        .arg("--tree")
-        .arg(tree.to_string())
-        .arg("--dir")
-        .arg(&target)
-        .arg("--kill");
-    if let Some(k) = &a.image_key {
-        cmd.arg("--image-key").arg(k);
-    }
-    child_signals(&mut cmd, ChildSignals::Dump(a.signal));
-    // Its own process group: a SIGTERM from Slurm during the dump goes to
-    // the wrapper, which lets the dump finish within KillWait.
-    let out = cmd
-        .process_group(0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output()
-        .context("cannot run ckpt dump")?;
-    if !out.status.success() {
-        let _ = std::fs::remove_dir_all(&target);
-        let text = String::from_utf8_lossy(&out.stderr);
-        let last = text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
-        bail!("ckpt dump: {}: {last}", out.status);
-    }
-    commit(dir, &name)?;
-    Ok(name)
 }
 
 /// Requeues the job once its checkpoint is committed.

@@ -3,14 +3,19 @@
 //! Slurm's clients and the job's registration ([`client`]), the
 //! checkpoint directory of a single-node job ([`checkpoints`]), the
 //! dump-time budget against the lead Slurm gives ([`budget`]), the
-//! parts of a job spanning several nodes ([`nodes`]) and the site's hooks
-//! ([`site`]).
+//! application of a single-node job ([`tree`]), the parts of a job
+//! spanning several nodes ([`nodes`]) and the site's hooks ([`site`]).
 
 pub mod budget;
 pub mod checkpoints;
 pub mod client;
 pub mod nodes;
 pub mod site;
+pub mod tree;
+
+use std::path::Path;
+
+use nix::sys::signal::Signal;
 
 /// Name of the file naming the committed checkpoint, relative to `DIR`.
 pub const LATEST: &str = "LATEST";
@@ -23,3 +28,14 @@ pub const CKPT_PREFIX: &str = "ckpt-";
 /// as the caller arranges): one line each, without the `ckpt slurm: `
 /// prefix.
 pub type Warn<'a> = &'a dyn Fn(&str);
+
+/// How `ckpt slurm` takes a checkpoint (its options).
+#[derive(Debug, Clone, Copy)]
+pub struct Checkpointing<'a> {
+    /// How many committed checkpoints to keep.
+    pub keep: u32,
+    /// The checkpoint signal (blocked in the dump, as another warning).
+    pub signal: Signal,
+    /// The site's image key file, if given.
+    pub image_key: Option<&'a Path>,
+}

@@ -19,11 +19,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use ckpt_coord::store::StoreError;
-use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
-use super::Warn;
 use super::budget;
+use super::{Checkpointing, Warn};
 use crate::dir::{DirError, JobDir};
 use crate::sys::{ChildSignals, child_signals, close_inherited_fds};
 
@@ -80,17 +79,6 @@ pub enum NodesError {
         /// What it printed.
         json: serde_json::Value,
     },
-}
-
-/// How a checkpoint of the parts is taken (`ckpt slurm`'s options).
-#[derive(Debug, Clone, Copy)]
-pub struct Checkpointing<'a> {
-    /// How many committed epochs to keep.
-    pub keep: u32,
-    /// The checkpoint signal (blocked in the dump, as another warning).
-    pub signal: Signal,
-    /// The site's image key file, if given.
-    pub image_key: Option<&'a Path>,
 }
 
 /// The allocation's node count, as Slurm gives it to the batch script.
