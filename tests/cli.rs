@@ -224,6 +224,39 @@ fn show_into_a_closed_pipe_exits_quietly() {
     );
 }
 
+/// `ckpt job list | head` and `ckpt job status | head`: a reader gone
+/// before the table is written ends the command quietly too.
+#[test]
+fn job_tables_into_a_closed_pipe_exit_quietly() {
+    let env = TestEnv::new("cli-job-pipe");
+    let jobdir = env.root.join("job");
+    let run = env
+        .ckpt_command()
+        .args(["job", "run", "--dir", path_str(&jobdir), "--part", "a"])
+        .args(["--node", "n1", "--", "true"])
+        .output()
+        .expect("run ckpt job run");
+    assert!(
+        run.status.success(),
+        "{run:?}: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    for verb in ["list", "status"] {
+        let mut table = env
+            .ckpt_command()
+            .args(["job", verb, "--dir", path_str(&jobdir)])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn ckpt job");
+        drop(table.stdout.take());
+        let out = table.wait_with_output().expect("wait for ckpt job");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "job {verb}: {out:?}: {stderr}");
+        assert!(out.stderr.is_empty(), "job {verb}: {stderr}");
+    }
+}
+
 /// `ckpt check` fails (exit 1) when a required feature is missing: here the
 /// capabilities, for an ordinary user.
 #[test]

@@ -5,8 +5,10 @@
 //! [`report`], as one line (or a JSON object with `--json`), with an exit
 //! code per class of error.
 
-// Denied rather than forbidden: running action scripts needs one audited
-// pre_exec hook (`scripts::close_inherited_fds`).
+// Denied rather than forbidden: the ckpt service's socket layer
+// (`service/wire.rs`: fds passed between processes, the peer's groups and
+// pidfd) is the CLI's one thin module of raw calls. The pre_exec hooks the
+// CLI's children need live in `ckpt_job::sys`.
 #![deny(unsafe_code)]
 
 mod commands;

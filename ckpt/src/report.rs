@@ -325,8 +325,10 @@ impl ErrorReport {
                     })
                 })
                 .collect();
-            println!(
-                "{}",
+            // Already failing: a stdout that cannot take the report
+            // leaves only the exit code to say it.
+            let _ = crate::commands::print_stdout(&format!(
+                "{}\n",
                 serde_json::json!({ "error": {
                     "kind": self.kind.name(),
                     "pid": self.pid,
@@ -335,7 +337,7 @@ impl ErrorReport {
                     "message": self.message,
                     "blockers": blockers,
                 }})
-            );
+            ));
         } else if self.blockers.is_empty() {
             eprintln!("ckpt: error: {}", self.message);
         } else {

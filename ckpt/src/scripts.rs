@@ -162,7 +162,7 @@ impl ActionScripts {
             .stderr(Stdio::inherit());
         // Its own group, so a timeout kills whatever it started too.
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        close_inherited_fds(&mut cmd);
+        ckpt_job::sys::close_inherited_fds(&mut cmd);
         cmd
     }
 }
@@ -187,33 +187,5 @@ fn wait_bounded(mut child: Child) -> Result<ExitStatus, Failure> {
                 return Err(Failure::Wait(e));
             }
         }
-    }
-}
-
-/// A script (or `ckpt slurm`'s application) gets stdin, stdout and stderr
-/// only: fds ckpt itself inherited without close-on-exec (from its caller,
-/// or `--inherit-fd` fds meant for the restored tree) must not reach it.
-#[allow(unsafe_code)]
-pub(crate) fn close_inherited_fds(cmd: &mut Command) {
-    let hook = || -> std::io::Result<()> {
-        // SAFETY: close_range takes no pointers and only changes fd flags
-        // of this (forked child) process.
-        let rc = unsafe {
-            libc::close_range(
-                3,
-                libc::c_uint::MAX,
-                libc::CLOSE_RANGE_CLOEXEC as libc::c_int,
-            )
-        };
-        if rc < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
-    };
-    // SAFETY: the hook runs in the forked child before exec and only calls
-    // close_range, which is async-signal-safe and neither allocates nor
-    // takes locks.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(cmd, hook);
     }
 }

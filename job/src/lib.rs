@@ -4,8 +4,19 @@
 //! Errors are typed ([`JobError`]); each names what it is about, and keeps
 //! the failing call's error as its source so a caller can classify it.
 
+pub mod agent;
+pub mod dir;
 mod error;
+pub mod launch;
+pub mod part;
+pub mod round;
+pub mod slurm;
+pub mod sys;
 pub mod user;
 
+pub use agent::{AgentError, Session};
+pub use dir::{DirError, JobDir};
 pub use error::JobError;
+pub use launch::{LaunchError, Launcher};
+pub use round::{Round, RoundConfig, RoundError};
 pub use user::JobUser;

@@ -208,12 +208,12 @@ pub fn trigger(c: &ClientArgs) -> anyhow::Result<()> {
     let r = ctl
         .trigger(kind, c.timeout.map(Duration::from_secs_f64))
         .context("waiting for the round")?;
-    match r.outcome {
-        Outcome::Committed => println!("epoch {} committed", r.epoch),
-        Outcome::Restarted => println!("restart (round {}) complete", r.epoch),
+    let text = match r.outcome {
+        Outcome::Committed => format!("epoch {} committed\n", r.epoch),
+        Outcome::Restarted => format!("restart (round {}) complete\n", r.epoch),
         Outcome::CommittedWithErrors { node, reason } => {
-            println!(
-                "epoch {} committed; node {node} then failed: {reason}",
+            format!(
+                "epoch {} committed; node {node} then failed: {reason}\n",
                 r.epoch
             )
         }
@@ -225,7 +225,8 @@ pub fn trigger(c: &ClientArgs) -> anyhow::Result<()> {
             "epoch {} aborted in {phase}: node {node}: {reason}",
             r.epoch
         ),
-    }
+    };
+    super::print_stdout(&text)?;
     Ok(())
 }
 
@@ -235,18 +236,19 @@ pub fn status(c: &ClientArgs) -> anyhow::Result<()> {
     let mut ctl = Control::connect(&c.connect, &c.job, secret, &format!("ctl@{}", host_name()))
         .with_context(|| format!("connecting to coordinator {}", c.connect))?;
     let s = ctl.status().context("asking for status")?;
-    println!("registered     {}/{}", s.registered, s.expect);
+    let mut text = format!("registered     {}/{}\n", s.registered, s.expect);
     match s.last_committed {
-        Some(e) => println!("last committed epoch {e}"),
-        None => println!("last committed none"),
+        Some(e) => text += &format!("last committed epoch {e}\n"),
+        None => text += "last committed none\n",
     }
     match s.running {
-        Some((e, p)) => println!("running        epoch {e}, {p}"),
-        None => println!("running        nothing"),
+        Some((e, p)) => text += &format!("running        epoch {e}, {p}\n"),
+        None => text += "running        nothing\n",
     }
-    println!(
-        "traffic        {} B in, {} B out, {} connections refused",
+    text += &format!(
+        "traffic        {} B in, {} B out, {} connections refused\n",
         s.bytes_in, s.bytes_out, s.refused
     );
+    super::print_stdout(&text)?;
     Ok(())
 }

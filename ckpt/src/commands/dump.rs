@@ -7,7 +7,7 @@ use anyhow::Context;
 use ckpt_coord::protocol::{Intent, Phase as CoordPhase, PhaseInfo};
 use ckpt_dumper::{DumpReport, WriteOptions};
 
-use super::agent::{CoordOpts, Session, epoch_dir};
+use super::agent::{CoordOpts, Local, Session, epoch_dir};
 use crate::scripts::{ActionScripts, Phase};
 
 /// Arguments of `ckpt dump`.
@@ -146,7 +146,7 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
             b.finish_and_clear();
         }
         let (epoch, report, killed) = report?;
-        print_report(&a, &report, killed, Some(epoch));
+        print_report(&a, &report, killed, Some(epoch))?;
         return Ok(ExitCode::SUCCESS);
     }
     // Verified before anything is frozen.
@@ -169,7 +169,7 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
         b.finish_and_clear();
     }
     let report = report?;
-    print_report(&a, &report, a.kill, None);
+    print_report(&a, &report, a.kill, None)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -198,10 +198,15 @@ fn write_options<'a>(
 }
 
 /// Prints what was dumped (and, coordinated, the committed epoch).
-fn print_report(a: &DumpArgs, report: &DumpReport, killed: bool, epoch: Option<u64>) {
+fn print_report(
+    a: &DumpArgs,
+    report: &DumpReport,
+    killed: bool,
+    epoch: Option<u64>,
+) -> anyhow::Result<()> {
     if a.json {
-        println!(
-            "{}",
+        super::print_stdout(&format!(
+            "{}\n",
             serde_json::json!({
                 "pid": report.pid,
                 "processes": report.processes,
@@ -214,7 +219,7 @@ fn print_report(a: &DumpArgs, report: &DumpReport, killed: bool, epoch: Option<u
                 "epoch": epoch,
                 "stats": report.stats,
             })
-        );
+        ))?;
     } else {
         eprintln!(
             "dumped pid {} ({} processes) to {}: {} VMAs, {} bytes of pages, {} fds, frozen {} ms{}{}",
@@ -229,6 +234,7 @@ fn print_report(a: &DumpArgs, report: &DumpReport, killed: bool, epoch: Option<u
             if killed { ", killed" } else { "" }
         );
     }
+    Ok(())
 }
 
 /// The engine's phases with the action scripts between them.
@@ -287,7 +293,7 @@ fn coordinated(
     key: &ckpt_image::ImageKey,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> anyhow::Result<(u64, DumpReport, bool)> {
-    let mut s = Session::connect(&a.coord, Intent::Checkpoint)?;
+    let mut s = Session::connect(&a.coord.join()?, Intent::Checkpoint)?;
     let step = s.wait(CoordPhase::Freeze)?;
     let dir = epoch_dir(&a.dir, step.epoch);
     // Epoch numbers are never reused, so this is someone else's directory:

@@ -63,9 +63,11 @@ fn sweep(dir: &Path) -> anyhow::Result<()> {
     }
     let found = ckpt_image::sweep_stale_tmp_dirs(dir)
         .with_context(|| format!("{}: cannot sweep", dir.display()))?;
-    for f in &found {
-        println!("ckpt gc: {}: {}", dir.join(&f.name).display(), said(f));
-    }
+    let text: String = found
+        .iter()
+        .map(|f| format!("ckpt gc: {}: {}\n", dir.join(&f.name).display(), said(f)))
+        .collect();
+    super::print_stdout(&text)?;
     Ok(())
 }
 

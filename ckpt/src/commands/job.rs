@@ -9,38 +9,74 @@
 //!
 //! `dump` and `restore` run the coordinator in this process (its epoch
 //! records in JOBDIR/coord), trigger one round as its control client, start
-//! one agent per part (`ckpt job agent`, hidden, through `job_launch`), and
+//! one agent per part (`ckpt job agent`, hidden, through `ckpt_job::launch`), and
 //! report the round's outcome. The agents run the coordinated code paths of
 //! `ckpt dump --coord` and `ckpt restore --coord` (`dump.rs`, `restore.rs`).
-//! Layout and checks of the job directory: `job_dir.rs`.
+//! Layout and checks of the job directory: `ckpt_job::dir`.
 
 use std::ffi::OsString;
-use std::net::{SocketAddr, ToSocketAddrs};
-use std::os::unix::fs::DirBuilderExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
-use ckpt_coord::client::{AgentOptions, ClientError, Link};
-use ckpt_coord::protocol::{
-    AfterCommit, Message, Outcome, Role, RoundKind, RoundOver, StatusQuery, Trigger,
-};
-use ckpt_coord::{CoordConfig, CoordHandle, Secret};
+use ckpt_coord::protocol::{AfterCommit, Outcome, RoundKind};
 
-use super::job_dir::{EpochInfo, JOB_ID, JobDir, check_name, is_ckpt_init};
-use super::job_launch::{LaunchOpts, Launched, Placement, exit_code, launch};
+use ckpt_job::dir::{EpochInfo, JOB_ID, JobDir, is_ckpt_init};
+use ckpt_job::launch::{LaunchKind, Launcher, Placement, exit_code, launch};
+use ckpt_job::part::{self, AgentPart, PartChoice};
+use ckpt_job::round::{EpochPin, Round, RoundConfig};
 
 /// Where the coordinator listens unless told: every address, a free port.
 const DEFAULT_LISTEN: &str = "0.0.0.0:0";
-/// How often the round's wait looks at the agents.
-const POLL: Duration = Duration::from_millis(100);
-/// The control client's name at the coordinator.
-const CONTROL_NAME: &str = "ckpt-job";
-/// How long the control client tries to reach the in-process coordinator.
-const CONTROL_CONNECT: Duration = Duration::from_secs(10);
-/// Mode of the scratch state directory of `restore --epoch`.
-const PIN_DIR_MODE: u32 = 0o700;
+
+/// How agents reach the nodes (`--launch`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LaunchHow {
+    /// One `srun --overlap` job step with one task per node (inside a Slurm
+    /// allocation); each agent finds its part from SLURM_NODEID /
+    /// SLURMD_NODENAME.
+    Srun,
+    /// `ip netns exec NODE`: every node is a named network namespace of
+    /// this host.
+    Netns,
+    /// `--via 'CMD {host}'` for each node of `--nodes` (split on spaces,
+    /// no shell; `{host}` replaced by the node name).
+    Exec,
+}
+
+/// The launcher options of `ckpt job dump` and `ckpt job restore`.
+#[derive(clap::Args, Debug, Clone)]
+struct LaunchOpts {
+    /// How agents reach the nodes: srun, netns or exec.
+    #[arg(long, value_enum, value_name = "HOW")]
+    launch: LaunchHow,
+    /// The nodes, comma-separated, in part order (parts sorted by name):
+    /// part i's agent runs on node i. Default: where each part runs now
+    /// (as its JOBDIR/parts/PART/node says); with srun, the allocation.
+    #[arg(long, value_delimiter = ',', value_name = "N1,N2,...")]
+    nodes: Vec<String>,
+    /// With `--launch exec`: the command that runs a program on `{host}`,
+    /// e.g. `srun --overlap --nodes=1 --ntasks=1 --nodelist={host}` (split on spaces, no shell).
+    #[arg(long, value_name = "CMD")]
+    via: Option<String>,
+}
+
+impl LaunchOpts {
+    /// The library's launcher for these options.
+    fn launcher(&self) -> Launcher {
+        let kind = match self.launch {
+            LaunchHow::Srun => LaunchKind::Srun,
+            LaunchHow::Netns => LaunchKind::Netns,
+            LaunchHow::Exec => LaunchKind::Exec,
+        };
+        Launcher {
+            kind,
+            nodes: self.nodes.clone(),
+            via: self.via.clone(),
+        }
+    }
+}
 
 /// Arguments of `ckpt job`.
 #[derive(clap::Args, Debug)]
@@ -266,44 +302,6 @@ pub fn run(a: JobArgs) -> anyhow::Result<ExitCode> {
 }
 
 // ---------------------------------------------------------------------------
-// Node names
-// ---------------------------------------------------------------------------
-
-/// The name of the named network namespace (`ip netns`) this process is
-/// in, if any: a site's per-job namespaces, or the tests' nodes.
-fn netns_name() -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    let me = std::fs::metadata("/proc/self/ns/net").ok()?;
-    let init = std::fs::metadata("/proc/1/ns/net").ok();
-    if init.is_some_and(|i| (i.dev(), i.ino()) == (me.dev(), me.ino())) {
-        return None;
-    }
-    std::fs::read_dir("/run/netns")
-        .ok()?
-        .flatten()
-        .find_map(|e| {
-            let m = std::fs::metadata(e.path()).ok()?;
-            ((m.dev(), m.ino()) == (me.dev(), me.ino()))
-                .then(|| e.file_name().into_string().ok())
-                .flatten()
-        })
-}
-
-/// This node's name: $SLURMD_NODENAME, else the named network namespace,
-/// else the host name.
-fn this_node() -> String {
-    std::env::var("SLURMD_NODENAME")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .or_else(netns_name)
-        .unwrap_or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|s| s.trim().to_string())
-                .unwrap_or_else(|_| "node".to_string())
-        })
-}
-
-// ---------------------------------------------------------------------------
 // ckpt job run
 // ---------------------------------------------------------------------------
 
@@ -322,19 +320,7 @@ fn os(words: &[&str]) -> Vec<OsString> {
 }
 
 fn run_part(a: RunArgs) -> anyhow::Result<ExitCode> {
-    let node = a.node.clone().unwrap_or_else(this_node);
-    check_name("node", &node)?;
-    let part = a.part.clone().unwrap_or_else(|| node.clone());
-    let dir = JobDir::create_or_open(&a.dir)?;
-    dir.ensure_part(&part)?;
-    if dir.node_of(&part)?.as_deref() == Some(node.as_str())
-        && let Some(pid) = dir.root_of(&part)?
-        && is_ckpt_init(pid)?
-    {
-        bail!("part {part} already runs on node {node} (pid {pid})");
-    }
-    dir.set_node(&part, &node)?;
-    let pidfile = dir.root_pid_path(&part);
+    let pidfile = part::claim(&a.dir, a.part.as_deref(), a.node.as_deref())?;
     let mut argv = os(&["run", "--pidns", "--pidfile"]);
     argv.push(pidfile.into_os_string());
     argv.push("--".into());
@@ -346,135 +332,17 @@ fn run_part(a: RunArgs) -> anyhow::Result<ExitCode> {
 // The round: in-process coordinator and its control client
 // ---------------------------------------------------------------------------
 
-/// A coordinator of one round, running in this process, and our control
-/// connection to it with the round already triggered.
-struct Round {
-    _coord: CoordHandle,
-    link: Link,
-    /// The address agents are given.
-    agent_addr: String,
-}
-
-impl Round {
-    /// Starts the coordinator for `expect` parts, with its records in
-    /// `state_dir`, and triggers a round of `kind` before any agent
-    /// exists, so it is that round that starts once every part registered.
-    fn start(
-        dir: &JobDir,
-        o: &CoordOpts,
-        state_dir: &Path,
-        expect: usize,
-        kind: RoundKind,
-    ) -> anyhow::Result<Round> {
-        let listen: SocketAddr = o
-            .listen
-            .to_socket_addrs()
-            .with_context(|| format!("resolving --listen {}", o.listen))?
-            .next()
-            .with_context(|| format!("--listen {} resolves to nothing", o.listen))?;
-        let secret = Secret::load_client(&dir.secret_path())
-            .with_context(|| format!("job secret {}", dir.secret_path().display()))?;
-        let expect = u32::try_from(expect).context("too many parts")?;
-        let mut cfg = CoordConfig::new(listen, JOB_ID, expect, secret.clone());
-        cfg.state_dir = Some(state_dir.to_path_buf());
-        cfg.phase_deadline = Duration::try_from_secs_f64(o.phase_deadline)
-            .ok()
-            .filter(|d| !d.is_zero())
-            .with_context(|| format!("--phase-deadline {}: not a duration", o.phase_deadline))?;
-        cfg.name = "job".to_string();
-        cfg.emit_log = crate::logger::verbose_on_stderr();
-        let coord = ckpt_coord::spawn(cfg).context("starting the job's coordinator")?;
-        let bound = coord.local_addr();
-        let agent_addr = if bound.ip().is_unspecified() {
-            format!("{}:{}", this_node_host(), bound.port())
-        } else {
-            bound.to_string()
-        };
-        let local = SocketAddr::new(
-            if bound.ip().is_unspecified() {
-                std::net::Ipv4Addr::LOCALHOST.into()
-            } else {
-                bound.ip()
-            },
-            bound.port(),
-        );
-        let mut opts = AgentOptions::new(&local.to_string(), JOB_ID, secret, CONTROL_NAME)
-            .connect_timeout(CONTROL_CONNECT);
-        opts.role = Role::Control;
-        opts.expect = 0;
-        let mut link = Link::open(&opts).context("connecting to the job's coordinator")?;
-        link.send(&Message::Trigger(Trigger { kind }))?;
-        // Messages of one connection are handled in order: once the
-        // status comes back, the trigger is pending at the coordinator.
-        link.send(&Message::StatusQuery(StatusQuery {}))?;
-        loop {
-            match link.recv(Some(CONTROL_CONNECT), "the coordinator's status")? {
-                Message::Status(_) => break,
-                m => log::debug!("job: ignoring {m:?} while triggering"),
-            }
-        }
-        log::info!("job: coordinator on {bound}, agents connect to {agent_addr}");
-        Ok(Round {
-            _coord: coord,
-            link,
-            agent_addr,
-        })
-    }
-
-    /// Waits for the round's outcome while watching the agents. The round
-    /// starts once every agent registered; if instead an agent exits, or
-    /// `register` passes first, the remaining agents (which hold nothing
-    /// yet) are stopped and the error says which parts failed or how many
-    /// registered. Once the round runs, the coordinator's phase deadline
-    /// and disconnect detection decide.
-    fn wait(
-        &mut self,
-        what: &str,
-        agents: &mut [Launched],
-        register: Duration,
-    ) -> anyhow::Result<RoundOver> {
-        let deadline = Instant::now() + register;
-        // A status query is in flight; its answer says whether a round runs.
-        let mut probing = false;
-        let mut started = false;
-        loop {
-            match self.link.recv(Some(POLL), "the round to end") {
-                Ok(Message::RoundOver(r)) => return Ok(r),
-                Ok(Message::Status(s)) if probing => {
-                    probing = false;
-                    started = s.running.is_some();
-                    let exited = agents.iter().any(|a| a.exit.is_some());
-                    if !started && (exited || Instant::now() >= deadline) {
-                        // No round runs and none ended: it never started.
-                        for a in agents.iter_mut() {
-                            a.stop();
-                        }
-                        if exited {
-                            bail!("{what}: the round did not start: {}", failures(agents));
-                        }
-                        bail!(
-                            "{what}: the round did not start: {} of {} agents registered within {} s (--register-timeout)",
-                            s.registered,
-                            s.expect,
-                            register.as_secs_f64()
-                        );
-                    }
-                }
-                Ok(m) => log::debug!("job: ignoring {m:?}"),
-                Err(ClientError::Timeout { .. }) => {}
-                Err(e) => return Err(e).with_context(|| format!("{what}: the job's coordinator")),
-            }
-            let before = agents.iter().filter(|a| a.exit.is_some()).count();
-            let after = agents
-                .iter_mut()
-                .map(|a| a.poll())
-                .filter(|&exited| exited)
-                .count();
-            let late = !started && Instant::now() >= deadline;
-            if (after > before || late) && !probing {
-                self.link.send(&Message::StatusQuery(StatusQuery {}))?;
-                probing = true;
-            }
+impl CoordOpts {
+    /// The coordinator of a round of `kind` for `expect` parts, its
+    /// records in `state_dir`.
+    fn round(&self, state_dir: PathBuf, expect: usize, kind: RoundKind) -> RoundConfig {
+        RoundConfig {
+            listen: self.listen.clone(),
+            phase_deadline: self.phase_deadline,
+            state_dir,
+            expect,
+            kind,
+            emit_log: crate::logger::verbose_on_stderr(),
         }
     }
 }
@@ -487,29 +355,6 @@ fn register_timeout(o: &CoordOpts) -> anyhow::Result<Duration> {
         .with_context(|| format!("--register-timeout {}: not a duration", o.register_timeout))
 }
 
-/// The host name agents on other nodes reach this one by.
-fn this_node_host() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "localhost".to_string())
-}
-
-/// "part a on node n1 exited with 3; ..." for the agents that failed.
-fn failures(agents: &[Launched]) -> String {
-    let v: Vec<String> = agents
-        .iter()
-        .filter_map(|a| {
-            let s = a.exit?;
-            (!s.success()).then(|| format!("{} exited with {}", a.label, exit_code(s)))
-        })
-        .collect();
-    if v.is_empty() {
-        "no agent registered".to_string()
-    } else {
-        format!("{} (its error is above)", v.join("; "))
-    }
-}
-
 /// The part names' nodes for messages: "part a (node n1)".
 fn part_label(placements: &[Placement], part: &str) -> String {
     match placements
@@ -520,49 +365,6 @@ fn part_label(placements: &[Placement], part: &str) -> String {
         Some(node) => format!("part {part} (node {node})"),
         None => format!("part {part}"),
     }
-}
-
-/// Where each part's agent runs: node i of `--nodes` for part i, else the
-/// part's recorded node (`fixed`: a dump, which must run where the part
-/// is), else (srun restore) wherever Slurm puts it.
-fn placements(dir: &JobDir, o: &LaunchOpts, fixed: bool) -> anyhow::Result<Vec<Placement>> {
-    let parts = dir.parts()?;
-    if parts.is_empty() {
-        bail!(
-            "{}: the job has no parts (start them with `ckpt job run`)",
-            dir.path().display()
-        );
-    }
-    if !o.nodes.is_empty() && o.nodes.len() != parts.len() {
-        bail!(
-            "--nodes names {} nodes for {} parts ({})",
-            o.nodes.len(),
-            parts.len(),
-            parts
-                .iter()
-                .map(|p| p.name.as_str())
-                .collect::<Vec<_>>()
-                .join(",")
-        );
-    }
-    parts
-        .into_iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let node =
-                match o.nodes.get(i) {
-                    Some(n) => {
-                        check_name("node", n)?;
-                        Some(n.clone())
-                    }
-                    None if o.launch == super::job_launch::LaunchKind::Srun && !fixed => None,
-                    None => Some(p.node.clone().with_context(|| {
-                        format!("part {}: no node recorded: give --nodes", p.name)
-                    })?),
-                };
-            Ok(Placement { part: p.name, node })
-        })
-        .collect()
 }
 
 /// The agent's arguments shared by dump and restore (before the part).
@@ -590,7 +392,7 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
     let register = register_timeout(&a.common.coord)?;
     let dir = JobDir::create_or_open(&a.dir)?;
     let _lock = dir.lock()?;
-    let placed = placements(&dir, &a.common.launch, true)?;
+    let placed = a.common.launch.launcher().placements(&dir, true)?;
     let kind = RoundKind::Checkpoint {
         then: if a.kill {
             AfterCommit::Kill
@@ -598,19 +400,17 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
             AfterCommit::Resume
         },
     };
-    let mut round = Round::start(
-        &dir,
-        &a.common.coord,
-        &dir.coord_state_dir(),
-        placed.len(),
-        kind,
-    )?;
+    let round = a
+        .common
+        .coord
+        .round(dir.coord_state_dir(), placed.len(), kind);
+    let mut round = Round::start(&dir, &round)?;
     let mut argv = os(&["job", "agent", "dump"]);
     argv.extend(agent_common(&dir, &round.agent_addr, &a.common.coord));
     if a.compress {
         argv.push("--compress".into());
     }
-    let mut agents = launch(&a.common.launch, &argv, &placed)?;
+    let mut agents = launch(&a.common.launch.launcher(), &argv, &placed)?;
     let over = round.wait("job dump", &mut agents, register);
     for ag in agents.iter_mut() {
         ag.wait()?;
@@ -651,8 +451,8 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
         .map(|p| serde_json::json!({ "part": p.part, "node": p.node }))
         .collect();
     if a.common.json {
-        println!(
-            "{}",
+        super::print_stdout(&format!(
+            "{}\n",
             serde_json::json!({
                 "epoch": over.epoch,
                 "committed": true,
@@ -661,7 +461,7 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
                 "pruned": pruned,
                 "error": note,
             })
-        );
+        ))?;
     } else {
         let pruned_text = if pruned.is_empty() {
             String::new()
@@ -707,38 +507,6 @@ fn last_committed_text(dir: &JobDir) -> String {
 // ckpt job restore
 // ---------------------------------------------------------------------------
 
-/// A coordinator state directory holding only epoch E's record, so the
-/// restart round restores E rather than the last committed epoch (the
-/// job's own records are left alone). Removed on drop.
-struct EpochPin {
-    dir: PathBuf,
-}
-
-impl EpochPin {
-    fn new(job: &JobDir, epoch: u64) -> anyhow::Result<EpochPin> {
-        let store = job.store()?;
-        let Some(m) = store.load(epoch) else {
-            bail!("epoch {epoch} is not a committed epoch of the job (see `ckpt job list`)");
-        };
-        let dir = job
-            .coord_state_dir()
-            .join(format!(".restore-{epoch}.{}", std::process::id()));
-        let pin = EpochPin { dir };
-        std::fs::DirBuilder::new()
-            .mode(PIN_DIR_MODE)
-            .create(&pin.dir)
-            .with_context(|| format!("{}: cannot create", pin.dir.display()))?;
-        ckpt_coord::EpochStore::open(&pin.dir, JOB_ID)?.commit(&m)?;
-        Ok(pin)
-    }
-}
-
-impl Drop for EpochPin {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// The `ckpt job agent restore` argv, built here only.
 fn restore_agent_argv(dir: &JobDir, addr: &str, a: &RestoreArgs) -> Vec<OsString> {
     let mut argv = os(&["job", "agent", "restore"]);
@@ -753,11 +521,11 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
     let register = register_timeout(&a.common.coord)?;
     let dir = JobDir::create_or_open(&a.dir)?;
     let lock = dir.lock()?;
-    let placed = placements(&dir, &a.common.launch, false)?;
+    let placed = a.common.launch.launcher().placements(&dir, false)?;
     let pin = a.epoch.map(|e| EpochPin::new(&dir, e)).transpose()?;
     let state = pin
         .as_ref()
-        .map_or_else(|| dir.coord_state_dir(), |p| p.dir.clone());
+        .map_or_else(|| dir.coord_state_dir(), |p| p.state_dir().to_path_buf());
     let epoch = match a.epoch {
         Some(e) => e,
         None => dir
@@ -771,15 +539,13 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
                 )
             })?,
     };
-    let mut round = Round::start(
-        &dir,
-        &a.common.coord,
-        &state,
-        placed.len(),
-        RoundKind::Restart,
-    )?;
+    let round = a
+        .common
+        .coord
+        .round(state, placed.len(), RoundKind::Restart);
+    let mut round = Round::start(&dir, &round)?;
     let argv = restore_agent_argv(&dir, &round.agent_addr, &a);
-    let mut agents = launch(&a.common.launch, &argv, &placed)?;
+    let mut agents = launch(&a.common.launch.launcher(), &argv, &placed)?;
     let over = round.wait("job restore", &mut agents, register);
     let over = match over {
         Ok(o) => o,
@@ -787,7 +553,7 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
             for ag in agents.iter_mut() {
                 ag.wait()?;
             }
-            return Err(e);
+            return Err(e.into());
         }
     };
     if let Outcome::Aborted {
@@ -824,15 +590,15 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
         worst = worst.max(code);
     }
     if a.common.json {
-        println!(
-            "{}",
+        super::print_stdout(&format!(
+            "{}\n",
             serde_json::json!({
                 "epoch": epoch,
                 "parts": placed.iter().map(|p| serde_json::json!({"part": p.part, "node": p.node})).collect::<Vec<_>>(),
                 "detached": a.detach,
                 "exits": codes,
             })
-        );
+        ))?;
     }
     Ok(ExitCode::from(u8::try_from(worst).unwrap_or(u8::MAX)))
 }
@@ -856,7 +622,7 @@ fn status(a: ListArgs, with_parts: bool) -> anyhow::Result<ExitCode> {
     let dir = JobDir::open(&a.dir)?;
     let epochs = dir.epochs()?;
     let last = epochs.iter().find(|e| e.last_committed).map(|e| e.epoch);
-    let here = this_node();
+    let here = part::this_node();
     let parts = if with_parts { dir.parts()? } else { Vec::new() };
     // A root can only be checked on its own node.
     let alive: Vec<Option<bool>> = parts
@@ -883,19 +649,20 @@ fn status(a: ListArgs, with_parts: bool) -> anyhow::Result<ExitCode> {
                 })
                 .collect();
         }
-        println!("{v}");
+        super::print_stdout(&format!("{v}\n"))?;
         return Ok(ExitCode::SUCCESS);
     }
+    let mut out = String::new();
     if with_parts {
-        println!("job {}", dir.path().display());
+        out += &format!("job {}\n", dir.path().display());
         for (p, al) in parts.iter().zip(&alive) {
             let state = match al {
                 Some(true) => "alive",
                 Some(false) => "gone",
                 None => "not checkable from this node",
             };
-            println!(
-                "part {:<16} node {:<16} root {:<8} {state}",
+            out += &format!(
+                "part {:<16} node {:<16} root {:<8} {state}\n",
                 p.name,
                 p.node.as_deref().unwrap_or("?"),
                 p.root_pid
@@ -903,17 +670,17 @@ fn status(a: ListArgs, with_parts: bool) -> anyhow::Result<ExitCode> {
             );
         }
         match last {
-            Some(e) => println!("last committed epoch {e}"),
-            None => println!("last committed epoch none"),
+            Some(e) => out += &format!("last committed epoch {e}\n"),
+            None => out += "last committed epoch none\n",
         }
     }
-    println!(
-        "{:>8}  {:<9}  {:<24}  {:>12}  parts",
+    out += &format!(
+        "{:>8}  {:<9}  {:<24}  {:>12}  parts\n",
         "epoch", "state", "committed (UTC)", "bytes"
     );
     for e in &epochs {
-        println!(
-            "{:>8}  {:<9}  {:<24}  {:>12}  {}{}",
+        out += &format!(
+            "{:>8}  {:<9}  {:<24}  {:>12}  {}{}\n",
             e.epoch,
             e.state.name(),
             e.committed_unix_ms.map_or_else(|| "-".to_string(), utc),
@@ -926,6 +693,7 @@ fn status(a: ListArgs, with_parts: bool) -> anyhow::Result<ExitCode> {
             }
         );
     }
+    super::print_stdout(&out)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -955,57 +723,22 @@ fn utc(ms: u64) -> String {
 // ckpt job agent
 // ---------------------------------------------------------------------------
 
-/// The part this agent takes and its node.
-struct Resolved {
-    dir: JobDir,
-    part: String,
-    node: String,
-}
-
-/// Resolves the agent's part: `--part`, or under srun the part on this
-/// node (dump) or the SLURM_NODEID-th part (restore: parts may move).
-fn resolve(c: &AgentCommon, by_node: bool) -> anyhow::Result<Resolved> {
-    let dir = JobDir::open(&c.dir)?;
-    let node = c.node.clone().unwrap_or_else(this_node);
-    check_name("node", &node)?;
-    let part = match &c.part {
-        Some(p) => p.clone(),
-        None if by_node => dir
-            .parts()?
-            .into_iter()
-            .find(|p| p.node.as_deref() == Some(node.as_str()))
-            .map(|p| p.name)
-            .with_context(|| format!("node {node}: no part of the job runs here"))?,
-        None => {
-            let i = match c.slurm_nodes.iter().position(|n| *n == node) {
-                Some(i) => i,
-                None if !c.slurm_nodes.is_empty() => bail!(
-                    "node {node} is not one of the step's nodes {}",
-                    c.slurm_nodes.join(",")
-                ),
-                None => {
-                    let id = std::env::var("SLURM_NODEID")
-                        .context("--slurm: SLURM_NODEID is not set")?;
-                    id.parse()
-                        .with_context(|| format!("SLURM_NODEID={id}: not a number"))?
-                }
-            };
-            let parts = dir.parts()?;
-            let n = parts.len();
-            parts
-                .into_iter()
-                .nth(i)
-                .map(|p| p.name)
-                .with_context(|| format!("SLURM_NODEID={i}, but the job has {n} parts"))?
-        }
-    };
-    dir.ensure_part(&part)?;
-    Ok(Resolved { dir, part, node })
+impl AgentCommon {
+    /// The part this agent takes and its node.
+    fn resolve(&self, by_node: bool) -> anyhow::Result<AgentPart> {
+        let dir = JobDir::open(&self.dir)?;
+        let choice = PartChoice {
+            part: self.part.clone(),
+            node: self.node.clone(),
+            slurm_nodes: self.slurm_nodes.clone(),
+        };
+        Ok(AgentPart::resolve(dir, &choice, by_node)?)
+    }
 }
 
 /// `--coord ... --job ... --node PART --secret-file ...`: the part is the
 /// agent's name at the coordinator (unique in the job, wherever it runs).
-fn coord_args(r: &Resolved, c: &AgentCommon) -> Vec<OsString> {
+fn coord_args(r: &AgentPart, c: &AgentCommon) -> Vec<OsString> {
     let mut v = vec!["--dir".into(), r.dir.part_dir(&r.part).into_os_string()];
     v.extend(os(&[
         "--coord", &c.coord, "--job", JOB_ID, "--node", &r.part,
@@ -1020,17 +753,8 @@ fn coord_args(r: &Resolved, c: &AgentCommon) -> Vec<OsString> {
 }
 
 fn agent_dump(a: AgentDumpArgs) -> anyhow::Result<ExitCode> {
-    let r = resolve(&a.common, true)?;
-    let recorded = r.dir.node_of(&r.part)?;
-    if recorded.as_deref() != Some(r.node.as_str()) {
-        bail!(
-            "part {}: runs on node {}, not on this node {}, refused",
-            r.part,
-            recorded.as_deref().unwrap_or("?"),
-            r.node
-        );
-    }
-    let pid = r.dir.checked_root(&r.part)?;
+    let r = a.common.resolve(true)?;
+    let pid = r.dump_root()?;
     let mut argv = os(&["dump", "--tree", &pid.to_string()]);
     argv.extend(coord_args(&r, &a.common));
     // The job's parts talk to each other: their connections are inside
@@ -1043,7 +767,7 @@ fn agent_dump(a: AgentDumpArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn agent_restore(a: AgentRestoreArgs) -> anyhow::Result<ExitCode> {
-    let r = resolve(&a.common, false)?;
+    let r = a.common.resolve(false)?;
     r.dir.set_node(&r.part, &r.node)?;
     let mut argv = os(&["restore"]);
     argv.extend(coord_args(&r, &a.common));

@@ -7,8 +7,6 @@ pub mod docs;
 pub mod dump;
 pub mod gc;
 pub mod job;
-pub mod job_dir;
-pub mod job_launch;
 pub mod restore;
 pub mod run;
 pub mod show;

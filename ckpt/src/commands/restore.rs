@@ -12,7 +12,7 @@ use ckpt_restorer::{AddressMap, FilePolicy, InheritFd, Rebound, RestoreOptions};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
 
-use super::agent::{CoordOpts, NodeMove, Session, epoch_dir, route_source};
+use super::agent::{CoordOpts, Local, NodeMove, Session, epoch_dir, route_source};
 use crate::scripts::{ActionScripts, Phase};
 
 /// Arguments of `ckpt restore`.
@@ -279,7 +279,10 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
         write_stats(parent, &r.stats)?;
     }
     if a.json {
-        println!("{}", serde_json::json!({ "pid": r.pid, "stats": r.stats }));
+        super::print_stdout(&format!(
+            "{}\n",
+            serde_json::json!({ "pid": r.pid, "stats": r.stats })
+        ))?;
     } else {
         eprintln!("ckpt: restored pid {}", r.pid);
     }
@@ -403,7 +406,7 @@ fn coordinated(
     opts: &mut RestoreOptions<'_>,
     bar: Option<&indicatif::ProgressBar>,
 ) -> anyhow::Result<ckpt_restorer::Restored> {
-    let mut s = Session::connect(&a.coord, Intent::Restart)?;
+    let mut s = Session::connect(&a.coord.join()?, Intent::Restart)?;
     let step = s.wait(CoordPhase::Restore)?;
     let dir = s.local(match step.last_committed {
         None => Err(anyhow::anyhow!(

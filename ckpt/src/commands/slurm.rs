@@ -25,12 +25,9 @@
 //! until the supervising loop takes them.
 
 use std::ffi::OsString;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::os::unix::process::CommandExt;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -39,19 +36,16 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, getpgid, getpgrp};
 
-#[path = "slurm_budget.rs"]
-mod budget;
-#[path = "slurm_nodes.rs"]
-mod nodes;
+use ckpt_job::slurm::checkpoints::{committed, prune};
+use ckpt_job::slurm::client;
+use ckpt_job::slurm::client::parse_signal;
+use ckpt_job::slurm::nodes;
+use ckpt_job::slurm::{Checkpointing, tree};
+use ckpt_job::slurm::{budget, nodes::NodesError};
+
 #[path = "slurm_site.rs"]
 mod site;
 
-/// Name of the file naming the committed checkpoint, relative to `DIR`.
-const LATEST: &str = "LATEST";
-/// Name of the file that marks a checkpoint in progress, relative to `DIR`.
-const ATTEMPT: &str = "ATTEMPT";
-/// Prefix of a checkpoint directory's name, followed by its number.
-const CKPT_PREFIX: &str = "ckpt-";
 /// How long a restore waits for a zombie that still holds a dumped pid.
 const PID_WAIT: Duration = Duration::from_secs(30);
 /// The fds whose regular files the job's new run reopens (its output file).
@@ -108,33 +102,16 @@ enum Hook {
 /// The checkpoint directory Slurm job `job` registered in its comment, if
 /// it is a `ckpt slurm` job (the site hooks' view of it).
 pub fn registered_dir(job: &str) -> anyhow::Result<Option<PathBuf>> {
-    match site::JobRecord::query(job)?.registration() {
+    match client::JobRecord::query(job)?.registration() {
         None => Ok(None),
         Some(r) => Ok(Some(r.with_context(|| format!("job {job}"))?.dir)),
     }
 }
 
-/// `USR1`, `SIGUSR1` or a number; never a signal the wrapper needs for
-/// itself or that cannot be caught.
-fn parse_signal(s: &str) -> Result<Signal, String> {
-    let sig = match s.parse::<i32>() {
-        Ok(n) => Signal::try_from(n).map_err(|_| format!("{s}: not a signal number"))?,
-        Err(_) => {
-            let name = s.to_ascii_uppercase();
-            let full = if name.starts_with("SIG") {
-                name
-            } else {
-                format!("SIG{name}")
-            };
-            Signal::from_str(&full).map_err(|_| format!("{s}: not a signal name"))?
-        }
-    };
-    match sig {
-        Signal::SIGKILL | Signal::SIGSTOP | Signal::SIGCONT | Signal::SIGCHLD => Err(format!(
-            "{s}: cannot be the checkpoint signal (uncatchable, or sent by Slurm or the kernel for other reasons)"
-        )),
-        _ => Ok(sig),
-    }
+/// One warning line: the job's stderr and ckpt's log file.
+fn warn(msg: &str) {
+    eprintln!("ckpt slurm: {msg}");
+    crate::logger::file_only(log::Level::Warn, &format!("ckpt slurm: {msg}"));
 }
 
 /// The job as Slurm describes it in the batch environment.
@@ -204,9 +181,6 @@ impl Target {
     }
 }
 
-/// How long the wrapper waits for `ckpt run` to start the namespace's init.
-const INIT_START: Duration = Duration::from_secs(10);
-
 /// Runs `ckpt slurm`: exits with the application's status (128+signal if
 /// killed), or 0 once it is checkpointed and the job requeued.
 pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
@@ -242,7 +216,7 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("{}: cannot make it absolute", dir.display()))?;
     site::register(
         &job.id,
-        &site::Registration {
+        &client::Registration {
             signal: a.signal,
             dir: dir.clone(),
         },
@@ -257,7 +231,8 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
         None => committed(&dir)?,
         Some(p) => p.committed()?,
     };
-    budget::check_at_start(&dir, committed.as_deref(), a.lead.map(Duration::from_secs));
+    let lead = a.lead.map(Duration::from_secs);
+    budget::check_at_start(&dir, committed.as_deref(), lead, &warn);
     if committed.is_none() && job.restart_count > 0 {
         eprintln!(
             "ckpt slurm: job {} restart {} but no committed checkpoint in {}: starting the application afresh",
@@ -269,17 +244,23 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
     let restart = committed.filter(|_| job.restart_count > 0);
     let app = match (parts, restart) {
         (None, Some(ckpt)) => restore(&a, &job, &dir.join(&ckpt))?,
-        (None, None) => start(&a)?,
+        (None, None) => {
+            let started = tree::start(&a.app)?;
+            App {
+                pid: started.run,
+                target: Target::Tree(started.tree),
+            }
+        }
         (Some(p), Some(epoch)) => {
             let since = std::time::SystemTime::now();
-            let pid = p.restore(&a)?;
+            let pid = p.restore(a.image_key.as_deref())?;
             eprintln!(
                 "ckpt slurm: job {} restart {}: restoring {p} from {}",
                 job.id,
                 job.restart_count,
                 p.place(&epoch)
             );
-            p.wait_running(since, pid);
+            p.wait_running(since, pid, &warn);
             App {
                 pid,
                 target: Target::Parts(p),
@@ -288,7 +269,7 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
         (Some(p), None) => {
             let since = std::time::SystemTime::now();
             let pid = p.start(&a.app)?;
-            p.wait_running(since, pid);
+            p.wait_running(since, pid, &warn);
             App {
                 pid,
                 target: Target::Parts(p),
@@ -296,84 +277,6 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
         }
     };
     supervise(&a, &job, &dir, &app, &signals)
-}
-
-/// Starts the application under `ckpt run --pidns` (PID 2 of a PID
-/// namespace of its own, so a restart on any node gets its pids back even
-/// where the host's are taken), in its own process group (so Slurm's
-/// signals to the batch script's group reach only the wrapper) with the
-/// job's stdio and no other fd: whatever the batch environment leaked to
-/// the wrapper would only make the tree undumpable (a pipe to outside, a
-/// daemon's socket).
-fn start(a: &SlurmArgs) -> anyhow::Result<App> {
-    let (prog, _) = a.app.split_first().context("no application given")?;
-    let exe = std::env::current_exe().context("cannot find the ckpt executable")?;
-    let mut cmd = Command::new(exe);
-    cmd.args(["run", "--pidns", "--"])
-        .args(&a.app)
-        .process_group(0);
-    crate::scripts::close_inherited_fds(&mut cmd);
-    child_signals(&mut cmd, ChildSignals::None);
-    let child = cmd
-        .spawn()
-        .with_context(|| format!("cannot start {}", prog.to_string_lossy()))?;
-    let pid = i32::try_from(child.id()).context("child pid out of range")?;
-    let tree = namespace_init(pid)?;
-    Ok(App {
-        pid: Pid::from_raw(pid),
-        target: Target::Tree(tree),
-    })
-}
-
-/// What a child of the wrapper starts with blocked.
-#[derive(Clone, Copy)]
-pub(super) enum ChildSignals {
-    /// Nothing: the application (and what starts or restores it) gets
-    /// every signal as it would without the wrapper. The wrapper's own
-    /// blocked set (its signals wait for `sigwait`) is not its business,
-    /// and a child with SIGCHLD blocked may never see its own children end
-    /// (a shell's `wait`).
-    None,
-    /// The checkpoint signal and SIGTERM: a dump is not cut short by
-    /// another warning or by Slurm's SIGTERM at the end (proctrack signals
-    /// every process of the job), it finishes within KillWait or is
-    /// SIGKILLed, which the next start reports (`ATTEMPT`).
-    Dump(Signal),
-}
-
-/// Makes `cmd`'s process start with exactly `which` blocked.
-#[allow(unsafe_code)]
-pub(super) fn child_signals(cmd: &mut Command, which: ChildSignals) {
-    let mut blocked = SigSet::empty();
-    if let ChildSignals::Dump(sig) = which {
-        blocked.add(sig);
-        blocked.add(Signal::SIGTERM);
-    }
-    let hook = move || -> std::io::Result<()> {
-        sigprocmask(SigmaskHow::SIG_SETMASK, Some(&blocked), None).map_err(std::io::Error::from)
-    };
-    // SAFETY: the hook runs in the forked child before exec and only calls
-    // sigprocmask (the set was made before the fork), which is
-    // async-signal-safe and neither allocates nor takes locks.
-    unsafe {
-        cmd.pre_exec(hook);
-    }
-}
-
-/// The init `ckpt run` (pid `run`) started: its only child.
-fn namespace_init(run: i32) -> anyhow::Result<Pid> {
-    let children = format!("/proc/{run}/task/{run}/children");
-    let deadline = std::time::Instant::now() + INIT_START;
-    loop {
-        let text = std::fs::read_to_string(&children).unwrap_or_default();
-        if let Some(init) = text.split_whitespace().next().and_then(|p| p.parse().ok()) {
-            return Ok(Pid::from_raw(init));
-        }
-        if std::time::Instant::now() > deadline {
-            bail!("ckpt run (pid {run}) started no PID namespace init within {INIT_START:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// Restores `ckpt` as a child of this process. The job's output file is the
@@ -439,13 +342,20 @@ fn supervise(
         }
         let sig = signals.wait().context("sigwait")?;
         if sig == a.signal {
-            let attempt = budget::Attempt::begin(dir, &job.id, a.lead.map(Duration::from_secs));
+            let lead = a.lead.map(Duration::from_secs);
+            let attempt = budget::Attempt::begin(dir, &job.id, lead, &warn);
             match checkpoint(a, dir, app) {
                 Ok(name) => {
-                    let (took, lead) = attempt.committed(dir, &name);
+                    let (took, lead) = attempt.committed(dir, &name, &warn);
                     if let Target::Tree(_) = app.target {
                         // `ckpt job dump` prunes a job's epochs itself.
-                        prune(dir, a.keep);
+                        for f in prune(dir, a.keep) {
+                            eprintln!(
+                                "ckpt slurm: {}: cannot remove old checkpoint: {}",
+                                f.path.display(),
+                                f.error
+                            );
+                        }
                     }
                     eprintln!(
                         "ckpt slurm: {} checkpointed into {} and committed {:.1} s after the signal{}",
@@ -462,8 +372,8 @@ fn supervise(
                 Err(e) => {
                     attempt.abandon(dir);
                     let last = match &app.target {
-                        Target::Tree(_) => committed(dir),
-                        Target::Parts(p) => p.committed(),
+                        Target::Tree(_) => committed(dir).map_err(anyhow::Error::from),
+                        Target::Parts(p) => p.committed().map_err(anyhow::Error::from),
                     };
                     eprintln!(
                         "ckpt slurm: checkpoint of {} failed, the application keeps running ({}): {e:#}",
@@ -508,47 +418,23 @@ fn forward(app: &App, sig: Signal) {
 /// Checkpoints the application with `--kill` and commits the checkpoint;
 /// returns its name. On failure nothing is committed.
 fn checkpoint(a: &SlurmArgs, dir: &Path, app: &App) -> anyhow::Result<String> {
+    let how = Checkpointing {
+        keep: a.keep,
+        signal: a.signal,
+        image_key: a.image_key.as_deref(),
+    };
     match &app.target {
-        Target::Tree(tree) => checkpoint_tree(a, dir, *tree),
-        Target::Parts(p) => p.checkpoint(a, dir),
+        Target::Tree(t) => Ok(tree::checkpoint(dir, *t, &how)?),
+        Target::Parts(p) => {
+            p.checkpoint(&how, dir).map_err(|e| {
+                // The agents' errors go to the job's output.
+                if let NodesError::DumpFailed { output, .. } = &e {
+                    eprint!("{output}");
+                }
+                e.into()
+            })
+        }
     }
-}
-
-/// Dumps the application's tree with `--kill` into the next `ckpt-N` and
-/// commits it; returns its name (pruning and reporting are the caller's).
-/// On failure nothing is committed and the partial directory is removed.
-fn checkpoint_tree(a: &SlurmArgs, dir: &Path, tree: Pid) -> anyhow::Result<String> {
-    let name = format!("{CKPT_PREFIX}{}", next_number(dir)?);
-    let target = dir.join(&name);
-    let exe = std::env::current_exe().context("cannot find the ckpt executable")?;
-    let mut cmd = Command::new(exe);
-    cmd.arg("dump")
-        .arg("--tree")
-        .arg(tree.to_string())
-        .arg("--dir")
-        .arg(&target)
-        .arg("--kill");
-    if let Some(k) = &a.image_key {
-        cmd.arg("--image-key").arg(k);
-    }
-    child_signals(&mut cmd, ChildSignals::Dump(a.signal));
-    // Its own process group: a SIGTERM from Slurm during the dump goes to
-    // the wrapper, which lets the dump finish within KillWait.
-    let out = cmd
-        .process_group(0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output()
-        .context("cannot run ckpt dump")?;
-    if !out.status.success() {
-        let _ = std::fs::remove_dir_all(&target);
-        let text = String::from_utf8_lossy(&out.stderr);
-        let last = text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
-        bail!("ckpt dump: {}: {last}", out.status);
-    }
-    commit(dir, &name)?;
-    Ok(name)
 }
 
 /// Requeues the job once its checkpoint is committed.
@@ -571,99 +457,4 @@ fn requeue(job: &Job, target: &Target, dir: &Path, name: &str) -> anyhow::Result
     }
     eprintln!("ckpt slurm: job {} requeued", job.id);
     Ok(ExitCode::SUCCESS)
-}
-
-/// The number of a `ckpt-N` directory name.
-fn number_of(name: &str) -> Option<u64> {
-    let digits = name.strip_prefix(CKPT_PREFIX)?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
-}
-
-/// The checkpoint numbers present in `dir`, committed or not.
-fn numbers(dir: &Path) -> anyhow::Result<Vec<u64>> {
-    let mut v = Vec::new();
-    for e in std::fs::read_dir(dir).with_context(|| format!("{}: read", dir.display()))? {
-        let e = e.with_context(|| format!("{}: read", dir.display()))?;
-        if let Some(n) = e.file_name().to_str().and_then(number_of) {
-            v.push(n);
-        }
-    }
-    v.sort_unstable();
-    Ok(v)
-}
-
-fn next_number(dir: &Path) -> anyhow::Result<u64> {
-    Ok(numbers(dir)?.last().map_or(1, |n| n + 1))
-}
-
-/// The committed checkpoint's name, if `LATEST` names an existing one.
-fn committed(dir: &Path) -> anyhow::Result<Option<String>> {
-    let path = dir.join(LATEST);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).with_context(|| format!("{}: read", path.display())),
-    };
-    let name = text.trim();
-    if number_of(name).is_none() {
-        bail!(
-            "{}: names {name:?}, not a checkpoint directory {CKPT_PREFIX}N",
-            path.display()
-        );
-    }
-    if !dir.join(name).is_dir() {
-        bail!(
-            "{}: names {name}, which is not a directory in {}",
-            path.display(),
-            dir.display()
-        );
-    }
-    Ok(Some(name.to_string()))
-}
-
-/// Makes `name` the committed checkpoint: `LATEST` is written aside, synced
-/// and renamed over the old one, so a crash leaves either the old or the
-/// new checkpoint committed, never none.
-fn commit(dir: &Path, name: &str) -> anyhow::Result<()> {
-    let tmp = dir.join(format!("{LATEST}.tmp"));
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)
-        .with_context(|| format!("{}: create", tmp.display()))?;
-    writeln!(f, "{name}").with_context(|| format!("{}: write", tmp.display()))?;
-    f.sync_all()
-        .with_context(|| format!("{}: sync", tmp.display()))?;
-    std::fs::rename(&tmp, dir.join(LATEST))
-        .with_context(|| format!("{}: rename to {LATEST}", tmp.display()))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .with_context(|| format!("{}: sync", dir.display()))?;
-    Ok(())
-}
-
-/// Removes all but the newest `keep` checkpoints (never the committed one).
-fn prune(dir: &Path, keep: u32) {
-    let Ok(all) = numbers(dir) else { return };
-    let current = committed(dir).ok().flatten();
-    let keep = usize::try_from(keep).unwrap_or(usize::MAX);
-    for n in all.iter().rev().skip(keep) {
-        let name = format!("{CKPT_PREFIX}{n}");
-        if current.as_deref() == Some(name.as_str()) {
-            continue;
-        }
-        if let Err(e) = std::fs::remove_dir_all(dir.join(&name)) {
-            eprintln!(
-                "ckpt slurm: {}: cannot remove old checkpoint: {e}",
-                dir.join(&name).display()
-            );
-        }
-        let _ = std::fs::remove_file(dir.join(format!("{name}{}", budget::TIMING_SUFFIX)));
-    }
 }

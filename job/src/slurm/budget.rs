@@ -17,12 +17,25 @@
 
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::ATTEMPT;
-use super::site::{CLIENT_TIMEOUT, JobRecord, scontrol, wait_bounded};
+use super::client::{CLIENT_TIMEOUT, JobRecord, scontrol, wait_bounded};
+use super::{ATTEMPT, Warn};
+
+/// Writing a timing or attempt record failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {step}", path.display())]
+pub struct RecordError {
+    /// The record.
+    pub path: PathBuf,
+    /// `create` or `write`.
+    pub step: &'static str,
+    /// Its error.
+    #[source]
+    pub source: std::io::Error,
+}
 
 /// Suffix of a checkpoint's timing record: `ckpt-N.time`.
 pub const TIMING_SUFFIX: &str = ".time";
@@ -41,7 +54,10 @@ pub enum LeadSource {
     /// `--lead SECS`.
     Flag,
     /// The partition's `GraceTime` (preemption).
-    GraceTime { partition: String },
+    GraceTime {
+        /// The job's partition.
+        partition: String,
+    },
     /// The time left to the job's time limit at the signal.
     TimeLeft,
     /// The lead recorded with the last checkpoint.
@@ -51,7 +67,9 @@ pub enum LeadSource {
 /// The time Slurm gives a checkpoint, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lead {
+    /// How long.
     pub time: Duration,
+    /// Where it comes from.
     pub source: LeadSource,
 }
 
@@ -71,13 +89,15 @@ impl std::fmt::Display for Lead {
 /// How long one checkpoint took, and the lead it had.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Timing {
+    /// From the signal to the commit.
     pub took: Duration,
+    /// The lead it had, when known.
     pub lead: Option<Duration>,
 }
 
 impl Timing {
     /// Writes `DIR/NAME.time` (replacing one a failed run may have left).
-    pub fn write(&self, dir: &Path, name: &str) -> anyhow::Result<()> {
+    pub fn write(&self, dir: &Path, name: &str) -> Result<(), RecordError> {
         let mut text = format!("{TOOK_KEY} {}\n", self.took.as_millis());
         if let Some(l) = self.lead {
             text.push_str(&format!("{LEAD_KEY} {}\n", l.as_secs()));
@@ -100,6 +120,8 @@ fn value(text: &str, key: &str) -> Option<u64> {
         .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// A record's text, at most [`RECORD_MAX`] bytes, never through a
+/// symbolic link; `None` if it cannot be read.
 fn read_small(path: &Path) -> Option<String> {
     let f = std::fs::OpenOptions::new()
         .read(true)
@@ -112,8 +134,11 @@ fn read_small(path: &Path) -> Option<String> {
 }
 
 /// Writes `path` 0600 without following a symlink, replacing what is there.
-fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
-    use anyhow::Context;
+fn write_private(path: &Path, text: &str) -> Result<(), RecordError> {
+    let failed = |step| {
+        let path = path.to_path_buf();
+        move |source| RecordError { path, step, source }
+    };
     let _ = std::fs::remove_file(path);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
@@ -121,28 +146,24 @@ fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)
-        .with_context(|| format!("{}: create", path.display()))?;
-    f.write_all(text.as_bytes())
-        .with_context(|| format!("{}: write", path.display()))
-}
-
-/// One warning line: the job's stderr and ckpt's log file.
-pub fn warn(msg: &str) {
-    eprintln!("ckpt slurm: {msg}");
-    crate::logger::file_only(log::Level::Warn, &format!("ckpt slurm: {msg}"));
+        .map_err(failed("create"))?;
+    f.write_all(text.as_bytes()).map_err(failed("write"))
 }
 
 /// A checkpoint in progress: marks `DIR/ATTEMPT` and asks Slurm, while the
 /// dump runs, what lead it has.
 pub struct Attempt {
+    /// When the signal was taken.
     began: Instant,
+    /// `--lead`, if given.
     flag: Option<Duration>,
+    /// `scontrol show job`, asked at the signal (without `--lead`).
     query: Option<Child>,
 }
 
 impl Attempt {
     /// Called the moment the signal is taken.
-    pub fn begin(dir: &Path, job: &str, flag: Option<Duration>) -> Attempt {
+    pub fn begin(dir: &Path, job: &str, flag: Option<Duration>, warn: Warn<'_>) -> Attempt {
         let began = Instant::now();
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -175,7 +196,7 @@ impl Attempt {
 
     /// `LATEST` names the new checkpoint `name`: records its time and warns
     /// when it took longer than its lead. Returns the time and the lead.
-    pub fn committed(self, dir: &Path, name: &str) -> (Duration, Option<Lead>) {
+    pub fn committed(self, dir: &Path, name: &str, warn: Warn<'_>) -> (Duration, Option<Lead>) {
         let took = self.began.elapsed();
         let lead = match self.flag {
             Some(time) => Some(Lead {
@@ -259,7 +280,7 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
 
 /// At a start: reports a dump the job was killed during, and a last
 /// checkpoint that took longer than the lead this run will have.
-pub fn check_at_start(dir: &Path, committed: Option<&str>, flag: Option<Duration>) {
+pub fn check_at_start(dir: &Path, committed: Option<&str>, flag: Option<Duration>, warn: Warn<'_>) {
     let attempt = dir.join(ATTEMPT);
     if let Some(text) = read_small(&attempt) {
         let ago = value(&text, BEGAN_KEY).map_or_else(String::new, |t| {

@@ -18,11 +18,68 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context, bail};
+use ckpt_coord::store::StoreError;
 use nix::unistd::Pid;
 
-use super::super::job_dir::JobDir;
-use super::{ChildSignals, SlurmArgs, budget, child_signals};
+use super::budget;
+use super::{Checkpointing, Warn};
+use crate::dir::{DirError, JobDir};
+use crate::sys::{ChildSignals, child_signals, close_inherited_fds};
+
+/// This module's results.
+type Result<T, E = NodesError> = std::result::Result<T, E>;
+
+/// What went wrong with the parts of a job spanning several nodes.
+#[derive(Debug, thiserror::Error)]
+pub enum NodesError {
+    /// Slurm's node count is no count.
+    #[error("{NUM_NODES_VAR}={value}: not a node count")]
+    NodeCount {
+        /// What Slurm set.
+        value: String,
+    },
+    /// The parts' job directory.
+    #[error(transparent)]
+    Dir(#[from] DirError),
+    /// The parts' epoch records.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The path of this very ckpt, which the parts run, is unknown.
+    #[error("cannot find the ckpt executable")]
+    OwnExe(#[source] std::io::Error),
+    /// A child did not start.
+    #[error("{what}")]
+    Spawn {
+        /// What it was to do ("cannot run ckpt job dump").
+        what: &'static str,
+        /// Its error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A child's pid does not fit a pid.
+    #[error("child pid out of range")]
+    PidRange(#[source] std::num::TryFromIntError),
+    /// `ckpt job dump` failed; its own errors (the agents') are `output`,
+    /// for the job's output.
+    #[error("ckpt job dump: {status}: {outcome}")]
+    DumpFailed {
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// The round's outcome, as it reported it.
+        outcome: String,
+        /// What it wrote on stderr.
+        output: String,
+    },
+    /// `ckpt job dump --json` printed no JSON.
+    #[error("ckpt job dump --json printed no JSON")]
+    NoJson(#[source] serde_json::Error),
+    /// `ckpt job dump --json` printed no epoch.
+    #[error("ckpt job dump --json printed no epoch: {json}")]
+    NoEpoch {
+        /// What it printed.
+        json: serde_json::Value,
+    },
+}
 
 /// The allocation's node count, as Slurm gives it to the batch script.
 const NUM_NODES_VAR: &str = "SLURM_JOB_NUM_NODES";
@@ -42,13 +99,12 @@ const PARTS_POLL: Duration = Duration::from_millis(100);
 const CLOCK_SLACK: Duration = Duration::from_secs(1);
 
 /// How many nodes the job has (1 when Slurm does not say).
-pub fn allocation_nodes() -> anyhow::Result<u32> {
+pub fn allocation_nodes() -> Result<u32> {
     match std::env::var(NUM_NODES_VAR) {
-        Ok(s) if !s.is_empty() => s
-            .parse()
-            .ok()
-            .filter(|&n| n >= 1)
-            .with_context(|| format!("{NUM_NODES_VAR}={s}: not a node count")),
+        Ok(s) if !s.is_empty() => match s.parse().ok().filter(|&n| n >= 1) {
+            Some(n) => Ok(n),
+            None => Err(NodesError::NodeCount { value: s }),
+        },
         _ => Ok(1),
     }
 }
@@ -84,14 +140,14 @@ impl std::fmt::Display for Parts {
 impl Parts {
     /// Creates (or opens) `DIR/job` here, before any part starts, so the
     /// parts on all nodes find it with its secret.
-    pub fn open(dir: &Path, nodes: u32) -> anyhow::Result<Parts> {
+    pub fn open(dir: &Path, nodes: u32) -> Result<Parts> {
         let jobdir = dir.join(JOB_SUBDIR);
         JobDir::create_or_open(&jobdir)?;
         Ok(Parts { jobdir, nodes })
     }
 
     /// The last committed epoch's name (`epoch-E`), if any.
-    pub fn committed(&self) -> anyhow::Result<Option<String>> {
+    pub fn committed(&self) -> Result<Option<String>> {
         let dir = JobDir::open(&self.jobdir)?;
         Ok(dir.store()?.last_committed()?.map(|m| epoch_name(m.epoch)))
     }
@@ -99,22 +155,22 @@ impl Parts {
     /// A `ckpt` child in a process group of its own with the job's stdio
     /// and no other fd (what the batch environment leaked would end up in
     /// the parts), with `signals` blocked.
-    fn ckpt(&self, args: &[&str], signals: ChildSignals) -> anyhow::Result<Command> {
-        let exe = std::env::current_exe().context("cannot find the ckpt executable")?;
+    fn ckpt(&self, args: &[&str], signals: ChildSignals) -> Result<Command> {
+        let exe = std::env::current_exe().map_err(NodesError::OwnExe)?;
         let mut cmd = Command::new(exe);
         cmd.args(args)
             .arg("--dir")
             .arg(&self.jobdir)
             .process_group(0)
             .stdin(Stdio::null());
-        crate::scripts::close_inherited_fds(&mut cmd);
+        close_inherited_fds(&mut cmd);
         child_signals(&mut cmd, signals);
         Ok(cmd)
     }
 
     /// Starts one part per node: returns the pid of the srun step.
-    pub fn start(&self, app: &[OsString]) -> anyhow::Result<Pid> {
-        let exe = std::env::current_exe().context("cannot find the ckpt executable")?;
+    pub fn start(&self, app: &[OsString]) -> Result<Pid> {
+        let exe = std::env::current_exe().map_err(NodesError::OwnExe)?;
         let mut cmd = Command::new(SRUN);
         cmd.args([
             "--overlap".to_string(),
@@ -129,33 +185,33 @@ impl Parts {
         .args(app)
         .process_group(0)
         .stdin(Stdio::null());
-        crate::scripts::close_inherited_fds(&mut cmd);
+        close_inherited_fds(&mut cmd);
         child_signals(&mut cmd, ChildSignals::None);
-        let child = cmd
-            .spawn()
-            .context("cannot start the job's parts with srun")?;
-        Ok(Pid::from_raw(
-            i32::try_from(child.id()).context("child pid out of range")?,
-        ))
+        let child = cmd.spawn().map_err(|source| NodesError::Spawn {
+            what: "cannot start the job's parts with srun",
+            source,
+        })?;
+        pid_of(&child)
     }
 
     /// Restarts every part from the last committed epoch in the
     /// foreground: returns the pid of `ckpt job restore`, which exits with
     /// the worst part's status.
-    pub fn restore(&self, a: &SlurmArgs) -> anyhow::Result<Pid> {
+    pub fn restore(&self, image_key: Option<&Path>) -> Result<Pid> {
         let mut cmd = self.ckpt(&["job", "restore", "--launch", "srun"], ChildSignals::None)?;
-        if let Some(k) = &a.image_key {
+        if let Some(k) = image_key {
             cmd.arg("--image-key").arg(k);
         }
-        let child = cmd.spawn().context("cannot run ckpt job restore")?;
-        Ok(Pid::from_raw(
-            i32::try_from(child.id()).context("child pid out of range")?,
-        ))
+        let child = cmd.spawn().map_err(|source| NodesError::Spawn {
+            what: "cannot run ckpt job restore",
+            source,
+        })?;
+        pid_of(&child)
     }
 
     /// Checkpoints every part with `--kill`; `ckpt job dump` commits the
     /// epoch and prunes to `--keep`. Returns the epoch's name.
-    pub fn checkpoint(&self, a: &SlurmArgs, dir: &Path) -> anyhow::Result<String> {
+    pub fn checkpoint(&self, a: &Checkpointing<'_>, dir: &Path) -> Result<String> {
         let keep = a.keep.to_string();
         let mut cmd = self.ckpt(
             &[
@@ -163,20 +219,22 @@ impl Parts {
             ],
             ChildSignals::Dump(a.signal),
         )?;
-        if let Some(k) = &a.image_key {
+        if let Some(k) = a.image_key {
             cmd.arg("--image-key").arg(k);
         }
         let out = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .output()
-            .context("cannot run ckpt job dump")?;
+            .map_err(|source| NodesError::Spawn {
+                what: "cannot run ckpt job dump",
+                source,
+            })?;
         let parsed = serde_json::from_slice::<serde_json::Value>(&out.stdout);
         if !out.status.success() {
-            // The agents' errors go to the job's output; the round's
-            // outcome (with --json, on stdout) into the error.
+            // The agents' errors are for the job's output; the round's
+            // outcome (with --json, on stdout) is the error's message.
             let text = String::from_utf8_lossy(&out.stderr);
-            eprint!("{text}");
             let outcome = parsed
                 .ok()
                 .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
@@ -186,11 +244,15 @@ impl Parts {
                         .map(str::to_string)
                 })
                 .unwrap_or_default();
-            bail!("ckpt job dump: {}: {outcome}", out.status);
+            return Err(NodesError::DumpFailed {
+                status: out.status,
+                outcome,
+                output: text.into_owned(),
+            });
         }
-        let v = parsed.context("ckpt job dump --json printed no JSON")?;
+        let v = parsed.map_err(NodesError::NoJson)?;
         let Some(epoch) = v["epoch"].as_u64() else {
-            bail!("ckpt job dump --json printed no epoch: {v}");
+            return Err(NodesError::NoEpoch { json: v });
         };
         self.prune_timings(dir);
         Ok(epoch_name(epoch))
@@ -202,7 +264,7 @@ impl Parts {
     /// once) finds a job it can checkpoint. Returns early if `child` (the
     /// srun step or `ckpt job restore`) ended, leaving it for the caller
     /// to reap; after [`PARTS_START`] it warns and returns.
-    pub fn wait_running(&self, since: SystemTime, child: Pid) {
+    pub fn wait_running(&self, since: SystemTime, child: Pid, warn: Warn<'_>) {
         let deadline = Instant::now() + PARTS_START;
         let since = since.checked_sub(CLOCK_SLACK).unwrap_or(since);
         let Ok(dir) = JobDir::open(&self.jobdir) else {
@@ -228,7 +290,7 @@ impl Parts {
                 return;
             }
             if Instant::now() >= deadline {
-                budget::warn(&format!(
+                warn(&format!(
                     "{running} of {} parts recorded as running after {} s; a checkpoint before they all run fails",
                     self.nodes,
                     PARTS_START.as_secs()
@@ -275,6 +337,12 @@ impl Parts {
             }
         }
     }
+}
+
+/// A child's pid.
+fn pid_of(child: &std::process::Child) -> Result<Pid> {
+    let pid = i32::try_from(child.id()).map_err(NodesError::PidRange)?;
+    Ok(Pid::from_raw(pid))
 }
 
 /// Whether our child `pid` has ended (a zombie waiting to be reaped).

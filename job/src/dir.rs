@@ -23,8 +23,12 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
+use ckpt_coord::auth::AuthError;
+use ckpt_coord::store::StoreError;
 use ckpt_coord::{EpochStore, GlobalManifest, Secret};
+
+/// This module's results.
+type Result<T, E = DirError> = std::result::Result<T, E>;
 
 /// The coordinator's job id: the job secret is per job directory, so one
 /// fixed id serves every job.
@@ -44,7 +48,7 @@ const MAX_NOTE: u64 = 64 * 1024;
 /// The phases a restart round has and a checkpoint round does not (a
 /// checkpoint is committed before its RESUME).
 const RESTART_PHASES: [&str; 4] = ["RESTORE", "PUBLISH", "SUBSCRIBE", "RESUME"];
-/// Prefix of an epoch's image directory (see `agent::epoch_dir`).
+/// Prefix of an epoch's image directory (see [`crate::agent::epoch_dir`]).
 const EPOCH_PREFIX: &str = "epoch-";
 /// Permission bits that let someone else change what we trust.
 const OTHERS_WRITE: u32 = 0o022;
@@ -52,6 +56,179 @@ const OTHERS_WRITE: u32 = 0o022;
 const DIR_MODE: u32 = 0o700;
 /// Mode of the root.pid and node files (readable, as any pid file).
 const FILE_MODE: u32 = 0o644;
+
+/// What went wrong with the job directory; each names the file, part or
+/// pid it is about.
+#[derive(Debug, thiserror::Error)]
+pub enum DirError {
+    /// A part or node name that cannot be a plain file name.
+    #[error(
+        "{what} name {name:?}: must be 1 to {MAX_NAME} letters, digits, '.', '_' or '-', not starting with '.'"
+    )]
+    BadName {
+        /// `part` or `node`.
+        what: &'static str,
+        /// The name refused.
+        name: String,
+    },
+    /// A symbolic link where a file or directory of ours belongs.
+    #[error("{}: a symbolic link, refused", path.display())]
+    SymLink {
+        /// The link.
+        path: PathBuf,
+    },
+    /// Something other than the directory or regular file expected.
+    #[error("{}: not {want}, refused", path.display())]
+    WrongType {
+        /// The entry.
+        path: PathBuf,
+        /// `a directory` or `a regular file`.
+        want: &'static str,
+    },
+    /// An entry another user owns.
+    #[error("{}: owned by uid {uid}, not by this user (uid {me}), refused", path.display())]
+    NotOurs {
+        /// The entry.
+        path: PathBuf,
+        /// Its owner.
+        uid: u32,
+        /// The effective uid ckpt runs as.
+        me: u32,
+    },
+    /// An entry group or others may write.
+    #[error("{}: writable by group or others (mode {mode:o}), refused", path.display())]
+    OthersWrite {
+        /// The entry.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// A file operation failed.
+    #[error("{}", io_text(path, step))]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What was done (empty: looking at it).
+        step: &'static str,
+        /// Its error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The job directory itself cannot be resolved or looked at.
+    #[error("job directory {}", path.display())]
+    Root {
+        /// The job directory as given.
+        path: PathBuf,
+        /// Its error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The job directory's parent is missing.
+    #[error("job directory {}: its parent {} is not a directory", root.display(), parent.display())]
+    NoParent {
+        /// The job directory.
+        root: PathBuf,
+        /// Its parent.
+        parent: PathBuf,
+    },
+    /// A small file longer than it may be.
+    #[error("{}: {len} bytes, longer than the {MAX_SMALL_FILE} it may be, refused", path.display())]
+    TooLong {
+        /// The file.
+        path: PathBuf,
+        /// Its length.
+        len: u64,
+    },
+    /// A root.pid file that holds no pid.
+    #[error("{}: {text:?} is not a pid, refused", path.display())]
+    NotAPid {
+        /// The file.
+        path: PathBuf,
+        /// What it holds.
+        text: String,
+    },
+    /// A part without a root.pid file.
+    #[error("part {part}: {} missing: the part was not started with `ckpt job run`", path.display())]
+    NoRootPid {
+        /// The part.
+        part: String,
+        /// Its root.pid file.
+        path: PathBuf,
+    },
+    /// A root.pid naming something other than a running ckpt init.
+    #[error(
+        "part {part}: pid {pid} from {} is not a running ckpt init (`ckpt job run`) on this node, refused",
+        path.display()
+    )]
+    NotCkptInit {
+        /// The part.
+        part: String,
+        /// The pid recorded.
+        pid: i32,
+        /// Its root.pid file.
+        path: PathBuf,
+    },
+    /// A part's node file that holds no node name.
+    #[error("part {part}")]
+    PartNode {
+        /// The part.
+        part: String,
+        /// Why the name was refused.
+        #[source]
+        source: Box<DirError>,
+    },
+    /// The job secret cannot be created or read.
+    #[error("job secret {}", path.display())]
+    Secret {
+        /// The secret file.
+        path: PathBuf,
+        /// Its error.
+        #[source]
+        source: AuthError,
+    },
+    /// The coordinator's epoch records cannot be opened.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Pruning an epoch's record or images failed.
+    #[error("pruning epoch {epoch}: {}", path.display())]
+    Prune {
+        /// The epoch.
+        epoch: u64,
+        /// The record or image directory.
+        path: PathBuf,
+        /// Its error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another `ckpt job dump|restore` holds the job lock. The errno is
+    /// part of the message (it says why the lock was not had) rather than
+    /// a cause below it.
+    #[error(
+        "{}: {errno}: another `ckpt job dump` or `ckpt job restore` runs on this job",
+        path.display()
+    )]
+    Locked {
+        /// The lock file.
+        path: PathBuf,
+        /// The flock error.
+        errno: nix::Error,
+    },
+}
+
+/// `path` or `path: step`.
+fn io_text(path: &Path, step: &str) -> String {
+    if step.is_empty() {
+        path.display().to_string()
+    } else {
+        format!("{}: {step}", path.display())
+    }
+}
+
+/// A `map_err` for a file operation on `path`.
+fn io(path: &Path, step: &'static str) -> impl FnOnce(std::io::Error) -> DirError {
+    let path = path.to_path_buf();
+    move |source| DirError::Io { path, step, source }
+}
 
 /// A checked job directory.
 #[derive(Debug, Clone)]
@@ -110,7 +287,7 @@ pub struct EpochInfo {
 }
 
 /// Checks that `name` can be a part or node name: a plain file name.
-pub fn check_name(what: &str, name: &str) -> anyhow::Result<()> {
+pub fn check_name(what: &'static str, name: &str) -> Result<(), DirError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME
         && !name.starts_with('.')
@@ -118,9 +295,10 @@ pub fn check_name(what: &str, name: &str) -> anyhow::Result<()> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
     if !ok {
-        bail!(
-            "{what} name {name:?}: must be 1 to {MAX_NAME} letters, digits, '.', '_' or '-', not starting with '.'"
-        );
+        return Err(DirError::BadName {
+            what,
+            name: name.to_string(),
+        });
     }
     Ok(())
 }
@@ -128,48 +306,43 @@ pub fn check_name(what: &str, name: &str) -> anyhow::Result<()> {
 /// Refuses a directory entry that someone else could have planted or can
 /// change: a symbolic link, the wrong type, another owner, or group/other
 /// write permission.
-fn check_ours(path: &Path, meta: &fs::Metadata, dir: bool) -> anyhow::Result<()> {
+fn check_ours(path: &Path, meta: &fs::Metadata, dir: bool) -> Result<(), DirError> {
     let ft = meta.file_type();
+    let path = path.to_path_buf();
     if ft.is_symlink() {
-        bail!("{}: a symbolic link, refused", path.display());
+        return Err(DirError::SymLink { path });
     }
     if dir != ft.is_dir() || (!dir && !ft.is_file()) {
         let want = if dir { "a directory" } else { "a regular file" };
-        bail!("{}: not {want}, refused", path.display());
+        return Err(DirError::WrongType { path, want });
     }
     let me = nix::unistd::geteuid().as_raw();
     if meta.uid() != me {
-        bail!(
-            "{}: owned by uid {}, not by this user (uid {me}), refused",
-            path.display(),
-            meta.uid()
-        );
+        let uid = meta.uid();
+        return Err(DirError::NotOurs { path, uid, me });
     }
     if meta.mode() & OTHERS_WRITE != 0 {
-        bail!(
-            "{}: writable by group or others (mode {:o}), refused",
-            path.display(),
-            meta.mode() & 0o7777
-        );
+        let mode = meta.mode() & 0o7777;
+        return Err(DirError::OthersWrite { path, mode });
     }
     Ok(())
 }
 
 /// Creates `path` (mode 0700) or checks the existing one is ours.
-fn ensure_dir(path: &Path) -> anyhow::Result<()> {
+fn ensure_dir(path: &Path) -> Result<(), DirError> {
     match fs::DirBuilder::new().mode(DIR_MODE).create(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let meta = fs::symlink_metadata(path).with_context(|| path.display().to_string())?;
+            let meta = fs::symlink_metadata(path).map_err(io(path, ""))?;
             check_ours(path, &meta, true)
         }
-        Err(e) => Err(e).with_context(|| format!("{}: cannot create", path.display())),
+        Err(e) => Err(io(path, "cannot create")(e)),
     }
 }
 
 /// Reads a small file of ours, never through a symbolic link, at most
 /// [`MAX_SMALL_FILE`] bytes; `None` if it does not exist.
-fn read_small(path: &Path) -> anyhow::Result<Option<String>> {
+fn read_small(path: &Path) -> Result<Option<String>> {
     let f = match OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
@@ -177,27 +350,26 @@ fn read_small(path: &Path) -> anyhow::Result<Option<String>> {
     {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).with_context(|| format!("{}: cannot open", path.display())),
+        Err(e) => return Err(io(path, "cannot open")(e)),
     };
-    let meta = f.metadata().with_context(|| path.display().to_string())?;
+    let meta = f.metadata().map_err(io(path, ""))?;
     check_ours(path, &meta, false)?;
     let mut text = String::new();
     f.take(MAX_SMALL_FILE)
         .read_to_string(&mut text)
-        .with_context(|| format!("{}: read", path.display()))?;
+        .map_err(io(path, "read"))?;
     if meta.len() > MAX_SMALL_FILE {
-        bail!(
-            "{}: {} bytes, longer than the {MAX_SMALL_FILE} it may be, refused",
-            path.display(),
-            meta.len()
-        );
+        return Err(DirError::TooLong {
+            path: path.to_path_buf(),
+            len: meta.len(),
+        });
     }
     Ok(Some(text.trim().to_string()))
 }
 
 /// Replaces `path` with `content` atomically: a new temporary file (never
 /// through a symbolic link) renamed over it.
-fn write_atomic(path: &Path, content: &str) -> anyhow::Result<()> {
+fn write_atomic(path: &Path, content: &str) -> Result<(), DirError> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
     let tmp = path.with_file_name(format!(
         ".{}.tmp.{}",
@@ -210,11 +382,11 @@ fn write_atomic(path: &Path, content: &str) -> anyhow::Result<()> {
         .mode(FILE_MODE)
         .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)
-        .with_context(|| format!("{}: cannot create", tmp.display()))?;
+        .map_err(io(&tmp, "cannot create"))?;
     writeln!(f, "{content}")
         .and_then(|()| f.sync_all())
-        .with_context(|| format!("{}: write", tmp.display()))?;
-    fs::rename(&tmp, path).with_context(|| format!("{}: rename", path.display()))
+        .map_err(io(&tmp, "write"))?;
+    fs::rename(&tmp, path).map_err(io(path, "rename"))
 }
 
 /// The epoch number of an image directory name (`epoch-E`), if it is one.
@@ -261,12 +433,12 @@ fn tree_bytes(path: &Path) -> u64 {
 /// Whether `pid` is a ckpt PID-namespace init: its executable is this
 /// very ckpt (same file) and it is PID 1 of a namespace below ours. A
 /// root.pid naming anything else is never dumped.
-pub fn is_ckpt_init(pid: i32) -> anyhow::Result<bool> {
+pub fn is_ckpt_init(pid: i32) -> Result<bool> {
     let exe = match fs::metadata(format!("/proc/{pid}/exe")) {
         Ok(m) => m,
         Err(_) => return Ok(false),
     };
-    let me = fs::metadata("/proc/self/exe").context("/proc/self/exe")?;
+    let me = fs::metadata("/proc/self/exe").map_err(io(Path::new("/proc/self/exe"), ""))?;
     if (exe.dev(), exe.ino()) != (me.dev(), me.ino()) {
         return Ok(false);
     }
@@ -282,17 +454,18 @@ pub fn is_ckpt_init(pid: i32) -> anyhow::Result<bool> {
 impl JobDir {
     /// Opens JOBDIR, creating it (0700) and the job secret (0600) if this
     /// is the job's first command. Refuses a directory that is not ours.
-    pub fn create_or_open(root: &Path) -> anyhow::Result<JobDir> {
-        let root = std::path::absolute(root)
-            .with_context(|| format!("job directory {}", root.display()))?;
+    pub fn create_or_open(root: &Path) -> Result<JobDir> {
+        let root = std::path::absolute(root).map_err(|source| DirError::Root {
+            path: root.to_path_buf(),
+            source,
+        })?;
         if let Some(parent) = root.parent()
             && !parent.is_dir()
         {
-            bail!(
-                "job directory {}: its parent {} is not a directory",
-                root.display(),
-                parent.display()
-            );
+            return Err(DirError::NoParent {
+                parent: parent.to_path_buf(),
+                root,
+            });
         }
         ensure_dir(&root)?;
         let dir = JobDir { root };
@@ -301,19 +474,26 @@ impl JobDir {
         dir.store()?;
         // The secret: load_or_create makes it O_EXCL 0600, and refuses an
         // existing one others can read.
-        Secret::load_or_create(&dir.secret_path())
-            .with_context(|| format!("job secret {}", dir.secret_path().display()))?;
-        let meta = fs::symlink_metadata(dir.secret_path())?;
+        Secret::load_or_create(&dir.secret_path()).map_err(|source| DirError::Secret {
+            path: dir.secret_path(),
+            source,
+        })?;
+        let meta = fs::symlink_metadata(dir.secret_path()).map_err(io(&dir.secret_path(), ""))?;
         check_ours(&dir.secret_path(), &meta, false)?;
         Ok(dir)
     }
 
     /// Opens an existing JOBDIR (for reading only).
-    pub fn open(root: &Path) -> anyhow::Result<JobDir> {
-        let root = std::path::absolute(root)
-            .with_context(|| format!("job directory {}", root.display()))?;
-        let meta = fs::symlink_metadata(&root)
-            .with_context(|| format!("job directory {}", root.display()))?;
+    pub fn open(root: &Path) -> Result<JobDir> {
+        let resolve = |source| DirError::Root {
+            path: root.to_path_buf(),
+            source,
+        };
+        let root = std::path::absolute(root).map_err(resolve)?;
+        let meta = fs::symlink_metadata(&root).map_err(|source| DirError::Root {
+            path: root.clone(),
+            source,
+        })?;
         check_ours(&root, &meta, true)?;
         Ok(JobDir { root })
     }
@@ -335,12 +515,12 @@ impl JobDir {
 
     /// Marks `epoch` as the last committed one for scripts (`ckpt job`
     /// itself goes by the coordinator's records, which this follows).
-    pub fn mark_last_committed(&self, epoch: u64) -> anyhow::Result<()> {
+    pub fn mark_last_committed(&self, epoch: u64) -> Result<(), DirError> {
         write_atomic(&self.root.join(LAST_COMMITTED), &epoch.to_string())
     }
 
     /// The epoch records.
-    pub fn store(&self) -> anyhow::Result<EpochStore> {
+    pub fn store(&self) -> Result<EpochStore> {
         let dir = self.coord_state_dir().join(JOB_ID);
         ensure_dir(&dir)?;
         Ok(EpochStore::open(&self.coord_state_dir(), JOB_ID)?)
@@ -352,7 +532,7 @@ impl JobDir {
     }
 
     /// Creates (or checks: ours, not a symbolic link) a part's directory.
-    pub fn ensure_part(&self, part: &str) -> anyhow::Result<PathBuf> {
+    pub fn ensure_part(&self, part: &str) -> Result<PathBuf> {
         check_name("part", part)?;
         ensure_dir(&self.root.join("parts"))?;
         let dir = self.part_dir(part);
@@ -366,54 +546,52 @@ impl JobDir {
     }
 
     /// Records the node `part` runs on now.
-    pub fn set_node(&self, part: &str, node: &str) -> anyhow::Result<()> {
+    pub fn set_node(&self, part: &str, node: &str) -> Result<(), DirError> {
         check_name("node", node)?;
         write_atomic(&self.part_dir(part).join(NODE), node)
     }
 
     /// The node `part` runs on, as recorded.
-    pub fn node_of(&self, part: &str) -> anyhow::Result<Option<String>> {
+    pub fn node_of(&self, part: &str) -> Result<Option<String>> {
         let node = read_small(&self.part_dir(part).join(NODE))?;
         if let Some(n) = &node {
-            check_name("node", n).with_context(|| format!("part {part}"))?;
+            check_name("node", n).map_err(|e| DirError::PartNode {
+                part: part.to_string(),
+                source: Box::new(e),
+            })?;
         }
         Ok(node)
     }
 
     /// The recorded root pid of `part`, if any (not checked against the
     /// running system: see [`JobDir::checked_root`]).
-    pub fn root_of(&self, part: &str) -> anyhow::Result<Option<i32>> {
+    pub fn root_of(&self, part: &str) -> Result<Option<i32>> {
         let path = self.root_pid_path(part);
         let Some(text) = read_small(&path)? else {
             return Ok(None);
         };
         match text.parse::<i32>() {
             Ok(pid) if pid > 1 => Ok(Some(pid)),
-            _ => bail!("{}: {text:?} is not a pid, refused", path.display()),
+            _ => Err(DirError::NotAPid { path, text }),
         }
     }
 
     /// The root pid of `part` to dump on this node: recorded, alive, and a
     /// ckpt PID-namespace init.
-    pub fn checked_root(&self, part: &str) -> anyhow::Result<i32> {
+    pub fn checked_root(&self, part: &str) -> Result<i32> {
         let path = self.root_pid_path(part);
-        let Some(pid) = self.root_of(part)? else {
-            bail!(
-                "part {part}: {} missing: the part was not started with `ckpt job run`",
-                path.display()
-            );
+        let part = part.to_string();
+        let Some(pid) = self.root_of(&part)? else {
+            return Err(DirError::NoRootPid { part, path });
         };
         if !is_ckpt_init(pid)? {
-            bail!(
-                "part {part}: pid {pid} from {} is not a running ckpt init (`ckpt job run`) on this node, refused",
-                path.display()
-            );
+            return Err(DirError::NotCkptInit { part, pid, path });
         }
         Ok(pid)
     }
 
     /// Every part, sorted by name (the order `--nodes` lists follow).
-    pub fn parts(&self) -> anyhow::Result<Vec<PartInfo>> {
+    pub fn parts(&self) -> Result<Vec<PartInfo>> {
         let dir = self.root.join("parts");
         let mut names: Vec<String> = match fs::read_dir(&dir) {
             Ok(d) => d
@@ -422,7 +600,7 @@ impl JobDir {
                 .filter(|n| check_name("part", n).is_ok())
                 .collect(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(e).with_context(|| dir.display().to_string()),
+            Err(e) => return Err(io(&dir, "")(e)),
         };
         names.sort();
         names
@@ -438,10 +616,11 @@ impl JobDir {
     }
 
     /// The committed epochs' records, by epoch (damaged ones left out).
-    fn committed(&self) -> anyhow::Result<BTreeMap<u64, GlobalManifest>> {
+    fn committed(&self) -> Result<BTreeMap<u64, GlobalManifest>> {
         let store = self.store()?;
         let mut out = BTreeMap::new();
-        for e in fs::read_dir(store.dir())?.flatten() {
+        let entries = fs::read_dir(store.dir()).map_err(io(store.dir(), ""))?;
+        for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let Some(epoch) = name
                 .strip_suffix(".json")
@@ -458,9 +637,10 @@ impl JobDir {
     }
 
     /// The coordinator's abort notes: (round, whether it was a restart).
-    fn abort_notes(&self) -> anyhow::Result<Vec<(u64, bool)>> {
+    fn abort_notes(&self) -> Result<Vec<(u64, bool)>> {
         let store = self.store()?;
-        Ok(fs::read_dir(store.dir())?
+        let entries = fs::read_dir(store.dir()).map_err(io(store.dir(), ""))?;
+        Ok(entries
             .flatten()
             .filter_map(|e| {
                 let name = e.file_name().into_string().ok()?;
@@ -472,7 +652,7 @@ impl JobDir {
 
     /// Checkpoint epochs with an abort record (restart rounds, which take
     /// their numbers from the same counter, are no epochs of images).
-    fn aborted(&self) -> anyhow::Result<Vec<u64>> {
+    fn aborted(&self) -> Result<Vec<u64>> {
         Ok(self
             .abort_notes()?
             .into_iter()
@@ -482,7 +662,7 @@ impl JobDir {
     }
 
     /// Image directories on disk: epoch → (part → path).
-    fn image_dirs(&self) -> anyhow::Result<BTreeMap<u64, BTreeMap<String, PathBuf>>> {
+    fn image_dirs(&self) -> Result<BTreeMap<u64, BTreeMap<String, PathBuf>>> {
         let mut out: BTreeMap<u64, BTreeMap<String, PathBuf>> = BTreeMap::new();
         for p in self.parts()? {
             let dir = self.part_dir(&p.name);
@@ -502,7 +682,7 @@ impl JobDir {
     }
 
     /// Every epoch on disk, oldest first.
-    pub fn epochs(&self) -> anyhow::Result<Vec<EpochInfo>> {
+    pub fn epochs(&self) -> Result<Vec<EpochInfo>> {
         let committed = self.committed()?;
         let aborted = self.aborted()?;
         let images = self.image_dirs()?;
@@ -544,7 +724,7 @@ impl JobDir {
     /// the other committed ones (record first, so no record ever names
     /// missing images, then images) and every image directory of an epoch
     /// up to `finished` that was not committed. Returns the epochs removed.
-    pub fn prune(&self, keep: usize, finished: u64) -> anyhow::Result<Vec<u64>> {
+    pub fn prune(&self, keep: usize, finished: u64) -> Result<Vec<u64>> {
         let keep = keep.max(1);
         let committed = self.committed()?;
         let kept: Vec<u64> = committed.keys().rev().take(keep).copied().collect();
@@ -557,8 +737,11 @@ impl JobDir {
                 continue;
             }
             let record = store.dir().join(format!("epoch-{epoch:016}.json"));
-            fs::remove_file(&record)
-                .with_context(|| format!("pruning epoch {epoch}: {}", record.display()))?;
+            fs::remove_file(&record).map_err(|source| DirError::Prune {
+                epoch,
+                path: record.clone(),
+                source,
+            })?;
             removed.push(epoch);
         }
         for (&epoch, parts) in &images {
@@ -572,8 +755,11 @@ impl JobDir {
                 continue;
             }
             for path in parts.values() {
-                fs::remove_dir_all(path)
-                    .with_context(|| format!("pruning epoch {epoch}: {}", path.display()))?;
+                fs::remove_dir_all(path).map_err(|source| DirError::Prune {
+                    epoch,
+                    path: path.clone(),
+                    source,
+                })?;
             }
             if !removed.contains(&epoch) {
                 removed.push(epoch);
@@ -592,7 +778,7 @@ impl JobDir {
 
     /// Takes the job lock: one `ckpt job dump|restore` at a time per job
     /// directory. Released when the returned file is dropped.
-    pub fn lock(&self) -> anyhow::Result<nix::fcntl::Flock<File>> {
+    pub fn lock(&self) -> Result<nix::fcntl::Flock<File>> {
         let path = self.root.join("lock");
         let f = OpenOptions::new()
             .read(true)
@@ -601,14 +787,10 @@ impl JobDir {
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
-            .with_context(|| format!("{}: cannot open", path.display()))?;
-        check_ours(&path, &f.metadata()?, false)?;
-        nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
-            anyhow::anyhow!(
-                "{}: {e}: another `ckpt job dump` or `ckpt job restore` runs on this job",
-                path.display()
-            )
-        })
+            .map_err(io(&path, "cannot open"))?;
+        check_ours(&path, &f.metadata().map_err(io(&path, ""))?, false)?;
+        nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, errno)| DirError::Locked { path, errno })
     }
 }
 

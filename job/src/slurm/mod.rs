@@ -1,0 +1,41 @@
+//! Slurm integration: what `ckpt slurm` (the job wrapper a batch script
+//! `exec`s) and the site's hooks around it need besides the command line:
+//! Slurm's clients and the job's registration ([`client`]), the
+//! checkpoint directory of a single-node job ([`checkpoints`]), the
+//! dump-time budget against the lead Slurm gives ([`budget`]), the
+//! application of a single-node job ([`tree`]), the parts of a job
+//! spanning several nodes ([`nodes`]) and the site's hooks ([`site`]).
+
+pub mod budget;
+pub mod checkpoints;
+pub mod client;
+pub mod nodes;
+pub mod site;
+pub mod tree;
+
+use std::path::Path;
+
+use nix::sys::signal::Signal;
+
+/// Name of the file naming the committed checkpoint, relative to `DIR`.
+pub const LATEST: &str = "LATEST";
+/// Name of the file that marks a checkpoint in progress, relative to `DIR`.
+pub const ATTEMPT: &str = "ATTEMPT";
+/// Prefix of a checkpoint directory's name, followed by its number.
+pub const CKPT_PREFIX: &str = "ckpt-";
+
+/// Where the wrapper's warnings go (the job's stderr and ckpt's log file,
+/// as the caller arranges): one line each, without the `ckpt slurm: `
+/// prefix.
+pub type Warn<'a> = &'a dyn Fn(&str);
+
+/// How `ckpt slurm` takes a checkpoint (its options).
+#[derive(Debug, Clone, Copy)]
+pub struct Checkpointing<'a> {
+    /// How many committed checkpoints to keep.
+    pub keep: u32,
+    /// The checkpoint signal (blocked in the dump, as another warning).
+    pub signal: Signal,
+    /// The site's image key file, if given.
+    pub image_key: Option<&'a Path>,
+}
