@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use ckpt_coord::protocol::{Intent, Phase as CoordPhase, PhaseInfo};
+use ckpt_coord::protocol::{Intent, Phase as CoordPhase, PhaseInfo, RoundKind};
 use ckpt_dumper::{DumpReport, WriteOptions};
 
 use super::agent::{CoordOpts, Session, epoch_dir};
@@ -111,10 +111,6 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
             !a.pre_dump && a.prev.is_none() && !a.track,
             "--pre-dump, --prev and --track do not go with --coord yet"
         );
-        anyhow::ensure!(
-            !a.background,
-            "--background does not go with --coord: every node's tree stays frozen until the epoch is committed"
-        );
         let report = coordinated(&a, &key, &progress);
         if let Some(b) = &bar {
             b.finish_and_clear();
@@ -168,6 +164,7 @@ fn write_options<'a>(
         prev: None,
         track: false,
         held: None,
+        before_thaw: None,
     }
 }
 
@@ -261,7 +258,12 @@ fn coordinated(
     key: &ckpt_image::ImageKey,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> anyhow::Result<(u64, DumpReport, bool)> {
-    let mut s = Session::connect(&a.coord, Intent::Checkpoint)?;
+    let intent = if a.background {
+        Intent::BackgroundCheckpoint
+    } else {
+        Intent::Checkpoint
+    };
+    let mut s = Session::connect(&a.coord, intent)?;
     let step = s.wait(CoordPhase::Freeze)?;
     let dir = epoch_dir(&a.dir, step.epoch);
     // Epoch numbers are never reused, so this is someone else's directory:
@@ -274,7 +276,7 @@ fn coordinated(
             dir.display()
         )))
     } else {
-        coordinated_phases(a, key, progress, &mut s, &dir, &mut committed)
+        coordinated_phases(a, key, progress, &mut s, &dir, step.kind, &mut committed)
     };
     // Any `Frozen`/`Written` is dropped by now: the tree is thawed as it
     // was. An epoch that did not commit leaves no images behind.
@@ -301,8 +303,15 @@ fn coordinated_phases(
     progress: &(dyn Fn(u64, u64) + Sync),
     s: &mut Session,
     dir: &std::path::Path,
+    kind: RoundKind,
     committed: &mut bool,
 ) -> anyhow::Result<(DumpReport, bool)> {
+    let background = kind == RoundKind::BackgroundCheckpoint;
+    if background && a.kill {
+        return s.local(Err(anyhow::anyhow!(
+            "--kill does not go with a background round: the tree runs on while its pages are written"
+        )));
+    }
     let scripts = ActionScripts::new(a.action_scripts.clone(), dir);
     s.local(scripts.run(Phase::PreDump, Some(a.pid)))?;
     let mut frozen = s.local(ckpt_dumper::freeze(a.pid))?;
@@ -315,15 +324,15 @@ fn coordinated_phases(
     }))?;
     s.done(PhaseInfo::None)?;
 
-    s.wait(CoordPhase::Dump)?;
-    s.local(
-        std::fs::create_dir_all(&a.dir)
-            .with_context(|| format!("creating the checkpoint root {}", a.dir.display())),
-    )?;
-    // Every node's tree stays frozen until the epoch is committed: no
-    // --background (nor an increment) here.
     let write = write_options(a, dir.to_path_buf(), key, progress);
-    let written = s.local(frozen.write(&write))?;
+    let written = if background {
+        background_write(a, s, frozen, &write)?
+    } else {
+        // Every node's tree stays frozen until the epoch is committed.
+        s.wait(CoordPhase::Dump)?;
+        s.local(create_root(a))?;
+        s.local(frozen.write(&write))?
+    };
     s.local(scripts.run(Phase::PostDump, Some(a.pid)))?;
     let info = s.local(dump_info(dir))?;
     s.done(info)?;
@@ -339,6 +348,63 @@ fn coordinated_phases(
     };
     s.done(PhaseInfo::None)?;
     Ok((report, kill))
+}
+
+/// The checkpoint root, created if missing.
+fn create_root(a: &DumpArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&a.dir)
+        .with_context(|| format!("creating the checkpoint root {}", a.dir.display()))
+}
+
+/// A background round's CAPTURE and DUMP: the frozen state is captured and
+/// the rest of the memory write-protected in CAPTURE; the tree thaws only
+/// on the DUMP command, once every node has captured its own (so no part
+/// runs on while another is still frozen-capturing), and the pages are
+/// written while it runs. On an abort the tree is thawed unharmed and no
+/// image is left.
+fn background_write(
+    a: &DumpArgs,
+    s: &mut Session,
+    frozen: ckpt_dumper::Frozen,
+    write: &WriteOptions<'_>,
+) -> anyhow::Result<ckpt_dumper::Written> {
+    s.wait(CoordPhase::Capture)?;
+    s.local(create_root(a))?;
+    let session = std::sync::Mutex::new(s);
+    // The session's own error (an abort naming the failed node, or the lost
+    // coordinator), kept whole: the dumper only carries its text.
+    let barrier_error: std::sync::Mutex<Option<anyhow::Error>> = std::sync::Mutex::new(None);
+    let gate = || -> Result<(), String> {
+        let mut s = session
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let r = s
+            .done(PhaseInfo::None)
+            .and_then(|()| s.wait(CoordPhase::Dump).map(drop));
+        r.map_err(|e| {
+            let text = format!("{e:#}");
+            *barrier_error
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
+            text
+        })
+    };
+    let r = frozen.write(&WriteOptions {
+        background: true,
+        before_thaw: Some(&gate),
+        ..write.clone()
+    });
+    let s = session
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    match barrier_error
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    {
+        // Already known to the coordinator: it is the one that said no.
+        Some(e) => Err(e),
+        None => s.local(r),
+    }
 }
 
 /// What the coordinator records of this node's images: their directory and

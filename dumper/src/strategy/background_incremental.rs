@@ -54,6 +54,7 @@ impl PageStrategy for BackgroundIncremental {
             started,
         };
         let held = frozen.read(memory)?;
+        super::before_thaw(opts, procs.first().map_or(0, |c| c.pid))?;
         tree.thaw_early()?;
         log::info!(
             "background: {} bytes written since the pre-dump {}, tree running again after {:.3} ms frozen",
