@@ -60,6 +60,13 @@ pub struct DumpArgs {
     /// reading only the pages written since the one before.
     #[arg(long, conflicts_with_all = ["kill", "background", "pre_dump"])]
     track: bool,
+    /// With --coord, periodic checkpoints of a job: leave write tracking in
+    /// every process (as --track) and take this node's images of the last
+    /// committed epoch as --prev when they are here. Each epoch is complete
+    /// (restorable alone, the one before removable once it commits); the
+    /// tree is read only for the pages written since the last epoch.
+    #[arg(long, requires = "addr", conflicts_with_all = ["kill", "background", "pre_dump", "track", "prev"])]
+    incremental: bool,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -109,7 +116,7 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
     if a.coord.enabled() {
         anyhow::ensure!(
             !a.pre_dump && a.prev.is_none() && !a.track,
-            "--pre-dump, --prev and --track do not go with --coord yet"
+            "--pre-dump, --prev and --track do not go with --coord: --incremental chains the epochs"
         );
         let report = coordinated(&a, &key, &progress);
         if let Some(b) = &bar {
@@ -266,6 +273,11 @@ fn coordinated(
     let mut s = Session::connect(&a.coord, intent)?;
     let step = s.wait(CoordPhase::Freeze)?;
     let dir = epoch_dir(&a.dir, step.epoch);
+    let prev = if a.incremental {
+        previous_epoch(a, key, &s, step.last_committed)
+    } else {
+        None
+    };
     // Epoch numbers are never reused, so this is someone else's directory:
     // refuse it, and never remove it.
     let foreign = dir.symlink_metadata().is_ok();
@@ -276,7 +288,12 @@ fn coordinated(
             dir.display()
         )))
     } else {
-        coordinated_phases(a, key, progress, &mut s, &dir, step.kind, &mut committed)
+        let write = WriteOptions {
+            track: a.incremental,
+            prev: prev.as_ref(),
+            ..write_options(a, dir.clone(), key, progress)
+        };
+        coordinated_phases(a, &write, &mut s, &dir, step.kind, &mut committed)
     };
     // Any `Frozen`/`Written` is dropped by now: the tree is thawed as it
     // was. An epoch that did not commit leaves no images behind.
@@ -299,8 +316,7 @@ fn coordinated(
 /// coordinator made the epoch the valid checkpoint.
 fn coordinated_phases(
     a: &DumpArgs,
-    key: &ckpt_image::ImageKey,
-    progress: &(dyn Fn(u64, u64) + Sync),
+    write: &WriteOptions<'_>,
     s: &mut Session,
     dir: &std::path::Path,
     kind: RoundKind,
@@ -324,14 +340,20 @@ fn coordinated_phases(
     }))?;
     s.done(PhaseInfo::None)?;
 
-    let write = write_options(a, dir.to_path_buf(), key, progress);
     let written = if background {
-        background_write(a, s, frozen, &write)?
+        s.local(if write.track {
+            Err(anyhow::anyhow!(
+                "--incremental does not go with a background round"
+            ))
+        } else {
+            Ok(())
+        })?;
+        background_write(a, s, frozen, write)?
     } else {
         // Every node's tree stays frozen until the epoch is committed.
         s.wait(CoordPhase::Dump)?;
         s.local(create_root(a))?;
-        s.local(frozen.write(&write))?
+        s.local(frozen.write(write))?
     };
     s.local(scripts.run(Phase::PostDump, Some(a.pid)))?;
     let info = s.local(dump_info(dir))?;
@@ -348,6 +370,42 @@ fn coordinated_phases(
     };
     s.done(PhaseInfo::None)?;
     Ok((report, kill))
+}
+
+/// `--incremental`: this node's images of the job's last committed epoch,
+/// verified, if they are here (a node's first epoch, or one whose images
+/// were pruned or moved, is dumped whole). Opened before the freeze. An
+/// epoch that cannot be opened is not fatal: the dump reads everything
+/// from the tree, as the first one did.
+fn previous_epoch(
+    a: &DumpArgs,
+    key: &ckpt_image::ImageKey,
+    s: &Session,
+    last_committed: Option<u64>,
+) -> Option<ckpt_dumper::Previous> {
+    let dir = epoch_dir(&a.dir, last_committed?);
+    if !dir.exists() {
+        log::info!(
+            "{}: no images of the last committed epoch at {}: dumped whole",
+            s.at(),
+            dir.display()
+        );
+        return None;
+    }
+    match ckpt_dumper::Previous::open(&dir, key) {
+        Ok(p) => {
+            log::info!("{}: incremental on {}", s.at(), dir.display());
+            Some(p)
+        }
+        Err(e) => {
+            log::warn!(
+                "{}: cannot use {} as the previous epoch ({e}): dumped whole",
+                s.at(),
+                dir.display()
+            );
+            None
+        }
+    }
 }
 
 /// The checkpoint root, created if missing.
