@@ -61,11 +61,12 @@ pub struct DumpArgs {
     #[arg(long, conflicts_with_all = ["kill", "background", "pre_dump"])]
     track: bool,
     /// With --coord, periodic checkpoints of a job: leave write tracking in
-    /// every process (as --track) and take this node's images of the last
-    /// committed epoch as --prev when they are here. Each epoch is complete
-    /// (restorable alone, the one before removable once it commits); the
-    /// tree is read only for the pages written since the last epoch.
-    #[arg(long, requires = "addr", conflicts_with_all = ["kill", "background", "pre_dump", "track", "prev"])]
+    /// every process (as --track; not with --kill, which ends the chain)
+    /// and take this node's images of the last committed epoch as --prev
+    /// when they are here. Each epoch is complete (restorable alone, the one
+    /// before removable once it commits); the tree is read only for the
+    /// pages written since the last epoch.
+    #[arg(long, requires = "addr", conflicts_with_all = ["background", "pre_dump", "track", "prev"])]
     incremental: bool,
     /// Print the result as JSON.
     #[arg(long)]
@@ -289,7 +290,8 @@ fn coordinated(
         )))
     } else {
         let write = WriteOptions {
-            track: a.incremental,
+            // A tree killed after the commit has no next epoch to track for.
+            track: a.incremental && !a.kill,
             prev: prev.as_ref(),
             ..write_options(a, dir.clone(), key, progress)
         };
