@@ -8,27 +8,36 @@
 #   background    `ckpt dump --coord --background`: every part frozen until every part
 #                 captured its frozen state, then all thaw and write their pages running
 #   incremental   `ckpt dump --coord --incremental` twice, the job rewriting PCT % of its
-#                 pages (evenly spread) in between: bytes read from the tree by each
+#                 pages in between (`--touch block`: one contiguous stretch; `--touch spread`:
+#                 every (100/PCT)-th page, which leaves no 1 MiB chunk of pages unwritten,
+#                 the worst case for an increment, which reuses whole chunks): bytes read
+#                 from the tree by each
 # Prints, per round, the largest frozen time over the parts (`frozen_ms` of --json) and
 # the wall time, and for the incremental pair the page bytes read from the tree
 # (pages_planned_bytes - reused_bytes) and stored (pages_written_bytes) by each epoch.
 #
-#   scripts/bench-coord-periodic.sh [--nodes N] [--mib MIB] [--pct PCT] [--dir BASE]
-#   defaults: 2 nodes, 1024 MiB each, 5 %, a temp dir under /var/tmp.
+#   scripts/bench-coord-periodic.sh [--nodes N] [--mib MIB] [--pct PCT] [--touch block|spread] [--dir BASE]
+#   defaults: 2 nodes, 1024 MiB each, 5 %, block, a temp dir under /var/tmp.
 #   Needs `cargo build --release -p ckpt` and a C compiler.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-nodes=2 mib=1024 pct=5 base=""
+nodes=2 mib=1024 pct=5 touch=block base=""
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--nodes) nodes=$2; shift 2 ;;
 	--mib) mib=$2; shift 2 ;;
 	--pct) pct=$2; shift 2 ;;
+	--touch) touch=$2; shift 2 ;;
 	--dir) base=$2; shift 2 ;;
-	*) echo "usage: $0 [--nodes N] [--mib MIB] [--pct PCT] [--dir BASE]" >&2; exit 2 ;;
+	*) echo "usage: $0 [--nodes N] [--mib MIB] [--pct PCT] [--touch block|spread] [--dir BASE]" >&2; exit 2 ;;
 	esac
 done
+case "$touch" in
+block) spread=0 ;;
+spread) spread=1 ;;
+*) echo "$0: --touch block or spread, not $touch" >&2; exit 2 ;;
+esac
 [ "$(id -u)" -eq 0 ] || { echo "$0: needs root (ckpt dumps with ptrace)" >&2; exit 1; }
 CKPT=${CKPT:-${CARGO_TARGET_DIR:-$PWD/target}/release/ckpt}
 [ -x "$CKPT" ] || { echo "$0: no $CKPT: run cargo build --release -p ckpt" >&2; exit 1; }
@@ -48,8 +57,9 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-# The workload: MIB MiB, every page different; on SIGUSR1 it rewrites every
-# (100 / PCT)-th page once, then writes its pid to the file named by argv[3].
+# The workload: MIB MiB, every page different; on SIGUSR1 it rewrites PCT % of its pages
+# once (argv[4] 1: every (100 / PCT)-th page, 0: the first PCT %), then writes its pid to
+# the file named by argv[3].
 cat >"$base/hog.c" <<'EOF'
 #define _GNU_SOURCE
 #include <signal.h>
@@ -65,7 +75,8 @@ static void on_usr1(int sig) { (void)sig; touch = 1; }
 int main(int argc, char **argv)
 {
 	size_t len = (size_t)atol(argv[1]) << 20;
-	size_t stride = 100 / (size_t)atol(argv[2]);
+	size_t pct = (size_t)atol(argv[2]);
+	int spread = atoi(argv[4]);
 	for (int fd = 3; fd < 1024; fd++)
 		close(fd);
 	signal(SIGUSR1, on_usr1);
@@ -84,7 +95,10 @@ int main(int argc, char **argv)
 		if (!touch)
 			continue;
 		touch = 0;
-		for (size_t page = 0; page < len / 4096; page += stride)
+		size_t pages = len / 4096;
+		size_t step = spread ? 100 / pct : 1;
+		size_t end = spread ? pages : pages * pct / 100;
+		for (size_t page = 0; page < end; page += step)
 			for (size_t w = 0; w < 512; w++)
 				m[page * 512 + w] ^= 0x5bd1e995ull + w;
 		FILE *f = fopen(argv[3], "w");
@@ -101,7 +115,7 @@ now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f\n", b - a }'; }
 
 for i in $(seq 1 "$nodes"); do
-	setsid "$base/hog" "$mib" "$pct" "$base/touched-$i" </dev/null >/dev/null 2>&1 &
+	setsid "$base/hog" "$mib" "$pct" "$base/touched-$i" "$spread" </dev/null >/dev/null 2>&1 &
 	pids+=("$!")
 	disown "$!"
 done
@@ -144,10 +158,10 @@ round() {
 
 # Sum over the nodes of a figure of round NAME's reports (jq expression).
 total() {
-	for i in $(seq 1 "$nodes"); do jq "$2" "$base/$1-$i.json"; done | awk '{ s += $1 } END { print s }'
+	for i in $(seq 1 "$nodes"); do jq "$2" "$base/$1-$i.json"; done | awk '{ s += $1 } END { printf "%d\n", s }'
 }
 
-echo "$nodes nodes x $mib MiB, rewriting $pct % of the pages between the incremental epochs; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "$nodes nodes x $mib MiB, rewriting $pct % of the pages ($touch) between the incremental epochs; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-22s %12s %10s\n' "round" "max frozen ms" "wall s"
 round frozen
 round background --background
