@@ -120,7 +120,7 @@ impl<'p> Plan<'p> {
             .iter()
             .map(|c| {
                 opts.prev.zip(c.written.as_ref()).and_then(|(prev, since)| {
-                    let before = prev.process(c.pid)?;
+                    let before = prev.process(c.saved_pid)?;
                     Some(predump::Sources::split(
                         &c.vmas,
                         prev,
