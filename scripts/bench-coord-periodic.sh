@@ -158,7 +158,7 @@ round() {
 
 # Sum over the nodes of a figure of round NAME's reports (jq expression).
 total() {
-	for i in $(seq 1 "$nodes"); do jq "$2" "$base/$1-$i.json"; done | awk '{ s += $1 } END { printf "%d\n", s }'
+	for i in $(seq 1 "$nodes"); do jq "$2" "$base/$1-$i.json"; done | awk '{ s += $1 } END { printf "%.0f\n", s }'
 }
 
 echo "$nodes nodes x $mib MiB, rewriting $pct % of the pages ($touch) between the incremental epochs; load average $(cut -d' ' -f1-3 /proc/loadavg)"
