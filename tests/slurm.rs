@@ -426,3 +426,107 @@ fn failed_checkpoint_leaves_the_app_running_and_nothing_committed() {
         job.diag()
     );
 }
+
+/// The numbered checkpoint directories (`ckpt-N`) in `dir`, ascending.
+fn checkpoint_numbers(dir: &Path) -> Vec<u64> {
+    let mut v: Vec<u64> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().to_str()?.strip_prefix("ckpt-")?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
+}
+
+/// SIGKILLs the process group of every child of `pid` (the application's
+/// `ckpt run`, a dump in progress), then `pid`: a node lost outright.
+fn kill_node(pid: u32) {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGSTOP);
+    for c in children
+        .split_whitespace()
+        .filter_map(|c| c.parse::<i32>().ok())
+    {
+        let _ = kill(Pid::from_raw(-c), Signal::SIGKILL);
+        let _ = kill(Pid::from_raw(c), Signal::SIGKILL);
+    }
+    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+}
+
+/// `--every 1 --keep 2 --incremental`: the application is checkpointed
+/// every second while it runs on (each checkpoint on the one before),
+/// only the two newest stay; the node then dies outright (wrapper and
+/// application SIGKILLed), and the job's next start restores the newest
+/// committed checkpoint and runs to the end with the right memory.
+#[test]
+fn periodic_checkpoints_keep_the_newest_and_a_lost_node_restarts_from_it() {
+    let job = FakeJob::new("slurm-every");
+    let victim = job.victim.to_string_lossy().into_owned();
+    let steps: u64 = 80;
+    let (steps_arg, period) = (steps.to_string(), FAST_STEP_MS.to_string());
+    let app = [victim.as_str(), steps_arg.as_str(), period.as_str()];
+    let args = ["--keep", "2", "--every", "1", "--incremental"];
+    let mut run = job.start(0, &args, Some(&app), Stdio::null());
+    let wrapper_err = job.env.root.join("wrapper.err");
+    // Lost right after the third periodic checkpoint is reported (so
+    // committed and pruned), a second before the next one is due.
+    let periodic = || {
+        read_to_string_lossy(&wrapper_err)
+            .matches("(periodic,")
+            .count()
+    };
+    assert!(
+        wait_until(WRAPPER_TIMEOUT, || periodic() >= 3),
+        "no third periodic checkpoint\n{}",
+        job.diag()
+    );
+    kill_node(run.id());
+    let _ = run.wait();
+    let latest = job.latest();
+    let newest: u64 = latest
+        .strip_prefix("ckpt-")
+        .and_then(|n| n.parse().ok())
+        .expect("LATEST names a checkpoint");
+    let kept: Vec<u64> = checkpoint_numbers(&job.dir)
+        .into_iter()
+        .filter(|n| *n <= newest)
+        .collect();
+    assert_eq!(
+        kept,
+        [newest - 1, newest],
+        "--keep 2 keeps the two newest\n{}",
+        job.diag()
+    );
+    assert!(
+        !job.output().contains(&format!("done {steps}")),
+        "the application ended before the node was lost\n{}",
+        job.diag()
+    );
+    let err = read_to_string_lossy(&wrapper_err);
+    assert!(!err.contains("failed"), "{}", job.diag());
+    assert!(
+        !read_to_string_lossy(&job.env.root.join("scontrol.log")).contains("requeue"),
+        "a periodic checkpoint requeued the job\n{}",
+        job.diag()
+    );
+
+    // The requeued job restores the newest committed checkpoint.
+    let run = job.start(1, &["--keep", "2"], Some(&app), Stdio::null());
+    assert_eq!(job.wait(run), 0, "{}", job.diag());
+    let err = read_to_string_lossy(&job.env.root.join("wrapper.err"));
+    assert!(
+        err.lines()
+            .any(|l| l.contains("restored pid") && l.ends_with(&format!("/{latest}"))),
+        "not restored from {latest}\n{}",
+        job.diag()
+    );
+    // Every step's memory was right (checked by `steps`), and the job ends.
+    assert_eq!(job.steps().last(), Some(&steps), "{}", job.diag());
+    let done = format!("done {steps} sum {}", step_sum(steps));
+    assert!(job.output().lines().any(|l| l == done), "{}", job.diag());
+}

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! ckpt job run     --dir JOBDIR [--part NAME] -- CMD...          # on each node, by the launcher
-//! ckpt job dump    --dir JOBDIR --launch srun|netns|exec [--kill] [--keep N]
+//! ckpt job dump    --dir JOBDIR --launch srun|netns|exec [--kill] [--keep N] [--background | --incremental]
 //! ckpt job restore --dir JOBDIR --launch srun|netns|exec [--nodes N1,N2] [--epoch E] [--detach]
 //! ckpt job status  --dir JOBDIR        ckpt job list --dir JOBDIR
 //! ```
@@ -154,6 +154,15 @@ struct DumpArgs {
     /// Store page data LZ4-compressed.
     #[arg(long)]
     compress: bool,
+    /// Freeze every part only to capture its registers, files and
+    /// write-protect its memory; all thaw together once every part has,
+    /// and the pages are written while the job runs (a background round).
+    #[arg(long, conflicts_with_all = ["kill", "incremental"])]
+    background: bool,
+    /// Read from each part only the pages written since its images of the
+    /// last committed epoch (every epoch stays complete on its own).
+    #[arg(long)]
+    incremental: bool,
     #[command(flatten)]
     common: RoundOpts,
 }
@@ -239,6 +248,9 @@ struct AgentDumpArgs {
     /// Store page data LZ4-compressed.
     #[arg(long)]
     compress: bool,
+    /// Chain this part's epochs (`ckpt dump --incremental`).
+    #[arg(long)]
+    incremental: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -591,12 +603,16 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
     let dir = JobDir::create_or_open(&a.dir)?;
     let _lock = dir.lock()?;
     let placed = placements(&dir, &a.common.launch, true)?;
-    let kind = RoundKind::Checkpoint {
-        then: if a.kill {
-            AfterCommit::Kill
-        } else {
-            AfterCommit::Resume
-        },
+    let kind = if a.background {
+        RoundKind::BackgroundCheckpoint
+    } else {
+        RoundKind::Checkpoint {
+            then: if a.kill {
+                AfterCommit::Kill
+            } else {
+                AfterCommit::Resume
+            },
+        }
     };
     let mut round = Round::start(
         &dir,
@@ -609,6 +625,9 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
     argv.extend(agent_common(&dir, &round.agent_addr, &a.common.coord));
     if a.compress {
         argv.push("--compress".into());
+    }
+    if a.incremental {
+        argv.push("--incremental".into());
     }
     let mut agents = launch(&a.common.launch, &argv, &placed)?;
     let over = round.wait("job dump", &mut agents, register);
@@ -1038,6 +1057,9 @@ fn agent_dump(a: AgentDumpArgs) -> anyhow::Result<ExitCode> {
     argv.push("--tcp-established".into());
     if a.compress {
         argv.push("--compress".into());
+    }
+    if a.incremental {
+        argv.push("--incremental".into());
     }
     super::dump::run(parse_as(&argv)?)
 }

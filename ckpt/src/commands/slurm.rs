@@ -73,6 +73,22 @@ pub struct SlurmArgs {
     /// How many committed checkpoints to keep (the newest).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
     keep: u32,
+    /// Also checkpoint the running application every DURATION
+    /// (`[DAYS-][[HH:]MM:]SS`, as Slurm prints times: `90` is 90 seconds,
+    /// `30:00` half an hour), leaving it running. With --keep the newest
+    /// committed checkpoints stay; a requeued job (after the warning, or a
+    /// node failure) restores the newest.
+    #[arg(long, value_parser = parse_every, value_name = "DURATION")]
+    every: Option<Duration>,
+    /// Periodic checkpoints in the background: every part is frozen only
+    /// to capture its registers and files and write-protect its memory
+    /// (all parts thaw together), and the pages are written while it runs.
+    #[arg(long, requires = "every", conflicts_with = "incremental")]
+    background: bool,
+    /// Periodic checkpoints (and the one at the warning) read only the
+    /// pages written since the last committed one; each stays complete.
+    #[arg(long, requires = "every")]
+    incremental: bool,
     /// The warning signal that asks for a checkpoint (as in `sbatch
     /// --signal=B:SIG@T`).
     #[arg(long, default_value = "USR1", value_parser = parse_signal, value_name = "SIG")]
@@ -134,6 +150,34 @@ fn parse_signal(s: &str) -> Result<Signal, String> {
             "{s}: cannot be the checkpoint signal (uncatchable, or sent by Slurm or the kernel for other reasons)"
         )),
         _ => Ok(sig),
+    }
+}
+
+/// `--every`: a Slurm duration of at least a second.
+fn parse_every(s: &str) -> Result<Duration, String> {
+    match budget::parse_duration(s) {
+        Some(d) if d >= Duration::from_secs(1) => Ok(d),
+        Some(_) => Err(format!("{s}: at least one second")),
+        None => Err(format!(
+            "{s}: not a duration ([DAYS-][[HH:]MM:]SS, e.g. 90 or 30:00)"
+        )),
+    }
+}
+
+/// What a checkpoint leaves of the application.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Then {
+    /// Killed once committed: the warning's checkpoint, before the requeue.
+    Kill,
+    /// Running on: a periodic checkpoint (`--every`).
+    Resume,
+}
+
+/// Asks for the next periodic checkpoint, as SIGALRM after `--every`.
+fn arm_every(a: &SlurmArgs) {
+    if let Some(every) = a.every {
+        let secs = u32::try_from(every.as_secs()).unwrap_or(u32::MAX).max(1);
+        nix::unistd::alarm::set(secs);
     }
 }
 
@@ -220,6 +264,9 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
     let mut signals = SigSet::empty();
     for s in [a.signal, Signal::SIGCONT, Signal::SIGTERM, Signal::SIGCHLD] {
         signals.add(s);
+    }
+    if a.every.is_some() {
+        signals.add(Signal::SIGALRM);
     }
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&signals), None).context("block signals")?;
 
@@ -431,6 +478,7 @@ fn supervise(
     app: &App,
     signals: &SigSet,
 ) -> anyhow::Result<ExitCode> {
+    arm_every(a);
     loop {
         // A child may have ended before SIGCHLD was blocked or between two
         // waits: look first, then wait for the next signal.
@@ -440,7 +488,7 @@ fn supervise(
         let sig = signals.wait().context("sigwait")?;
         if sig == a.signal {
             let attempt = budget::Attempt::begin(dir, &job.id, a.lead.map(Duration::from_secs));
-            match checkpoint(a, dir, app) {
+            match checkpoint(a, dir, app, Then::Kill) {
                 Ok(name) => {
                     let (took, lead) = attempt.committed(dir, &name);
                     if let Target::Tree(_) = app.target {
@@ -475,6 +523,9 @@ fn supervise(
                     );
                 }
             }
+        } else if sig == Signal::SIGALRM {
+            periodic(a, dir, app);
+            arm_every(a);
         } else if sig == Signal::SIGTERM {
             // Slurm's end (time limit without a warning, scancel): the
             // application gets it as it would without the wrapper.
@@ -505,19 +556,42 @@ fn forward(app: &App, sig: Signal) {
     let _ = kill(target, sig);
 }
 
-/// Checkpoints the application with `--kill` and commits the checkpoint;
-/// returns its name. On failure nothing is committed.
-fn checkpoint(a: &SlurmArgs, dir: &Path, app: &App) -> anyhow::Result<String> {
-    match &app.target {
-        Target::Tree(tree) => checkpoint_tree(a, dir, *tree),
-        Target::Parts(p) => p.checkpoint(a, dir),
+/// A periodic checkpoint (`--every`): the application runs on whatever
+/// happens; a failure is one line, and the last committed checkpoint stays.
+fn periodic(a: &SlurmArgs, dir: &Path, app: &App) {
+    let started = std::time::Instant::now();
+    match checkpoint(a, dir, app, Then::Resume) {
+        Ok(name) => {
+            if let Target::Tree(_) = app.target {
+                prune(dir, a.keep);
+            }
+            eprintln!(
+                "ckpt slurm: {} checkpointed into {} (periodic, {:.1} s), running on",
+                app.target,
+                app.target.place(dir, &name),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Err(e) => eprintln!(
+            "ckpt slurm: periodic checkpoint of {} failed, the application keeps running: {e:#}",
+            app.target
+        ),
     }
 }
 
-/// Dumps the application's tree with `--kill` into the next `ckpt-N` and
-/// commits it; returns its name (pruning and reporting are the caller's).
-/// On failure nothing is committed and the partial directory is removed.
-fn checkpoint_tree(a: &SlurmArgs, dir: &Path, tree: Pid) -> anyhow::Result<String> {
+/// Checkpoints the application and commits the checkpoint; returns its
+/// name. On failure nothing is committed.
+fn checkpoint(a: &SlurmArgs, dir: &Path, app: &App, then: Then) -> anyhow::Result<String> {
+    match &app.target {
+        Target::Tree(tree) => checkpoint_tree(a, dir, *tree, then),
+        Target::Parts(p) => p.checkpoint(a, dir, then),
+    }
+}
+
+/// Dumps the application's tree into the next `ckpt-N` and commits it;
+/// returns its name (pruning and reporting are the caller's). On failure
+/// nothing is committed and the partial directory is removed.
+fn checkpoint_tree(a: &SlurmArgs, dir: &Path, tree: Pid, then: Then) -> anyhow::Result<String> {
     let name = format!("{CKPT_PREFIX}{}", next_number(dir)?);
     let target = dir.join(&name);
     let exe = std::env::current_exe().context("cannot find the ckpt executable")?;
@@ -526,8 +600,25 @@ fn checkpoint_tree(a: &SlurmArgs, dir: &Path, tree: Pid) -> anyhow::Result<Strin
         .arg("--tree")
         .arg(tree.to_string())
         .arg("--dir")
-        .arg(&target)
-        .arg("--kill");
+        .arg(&target);
+    match then {
+        Then::Kill => {
+            cmd.arg("--kill");
+        }
+        Then::Resume if a.background => {
+            cmd.arg("--background");
+        }
+        // Tracking is left for the next one to read only what changed.
+        Then::Resume if a.incremental => {
+            cmd.arg("--track");
+        }
+        Then::Resume => {}
+    }
+    if a.incremental
+        && let Some(prev) = committed(dir)?
+    {
+        cmd.arg("--prev").arg(dir.join(prev));
+    }
     if let Some(k) = &a.image_key {
         cmd.arg("--image-key").arg(k);
     }

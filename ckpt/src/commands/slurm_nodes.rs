@@ -22,7 +22,7 @@ use anyhow::{Context, bail};
 use nix::unistd::Pid;
 
 use super::super::job_dir::JobDir;
-use super::{ChildSignals, SlurmArgs, budget, child_signals};
+use super::{ChildSignals, SlurmArgs, Then, budget, child_signals};
 
 /// The allocation's node count, as Slurm gives it to the batch script.
 const NUM_NODES_VAR: &str = "SLURM_JOB_NUM_NODES";
@@ -153,16 +153,21 @@ impl Parts {
         ))
     }
 
-    /// Checkpoints every part with `--kill`; `ckpt job dump` commits the
-    /// epoch and prunes to `--keep`. Returns the epoch's name.
-    pub fn checkpoint(&self, a: &SlurmArgs, dir: &Path) -> anyhow::Result<String> {
+    /// Checkpoints every part (then kills them, or lets them run on);
+    /// `ckpt job dump` commits the epoch and prunes to `--keep`. Returns the
+    /// epoch's name.
+    pub fn checkpoint(&self, a: &SlurmArgs, dir: &Path, then: Then) -> anyhow::Result<String> {
         let keep = a.keep.to_string();
-        let mut cmd = self.ckpt(
-            &[
-                "job", "dump", "--launch", "srun", "--kill", "--json", "--keep", &keep,
-            ],
-            ChildSignals::Dump(a.signal),
-        )?;
+        let mut args = vec!["job", "dump", "--launch", "srun", "--json", "--keep", &keep];
+        match then {
+            Then::Kill => args.push("--kill"),
+            Then::Resume if a.background => args.push("--background"),
+            Then::Resume => {}
+        }
+        if a.incremental {
+            args.push("--incremental");
+        }
+        let mut cmd = self.ckpt(&args, ChildSignals::Dump(a.signal))?;
         if let Some(k) = &a.image_key {
             cmd.arg("--image-key").arg(k);
         }
