@@ -408,6 +408,14 @@ fn background_and_incremental_job_dumps() {
         (Some(1), Some(false)),
         "{d}"
     );
+    let parts = d["parts"].as_array().expect("parts");
+    assert!(
+        parts.len() == 2
+            && parts
+                .iter()
+                .all(|p| p["frozen_ms"].as_f64().is_some_and(|ms| ms > 0.0)),
+        "every part's frozen time: {d}"
+    );
     for p in ["a", "b"] {
         let stats = dump_stats(&jobdir, p, 1);
         assert!(stats["background"].is_object(), "part {p}: {stats}");

@@ -598,6 +598,16 @@ fn agent_common(dir: &JobDir, addr: &str, c: &CoordOpts) -> Vec<OsString> {
 // ckpt job dump
 // ---------------------------------------------------------------------------
 
+/// How long `part` was frozen for `epoch`, as its dump recorded with its
+/// images (`stats-dump.json`): the whole freeze of a background round; of a
+/// frozen round, until its images were committed. `None` if unreadable
+/// (the figure is informative only).
+fn part_frozen_ms(dir: &JobDir, part: &str, epoch: u64) -> Option<f64> {
+    let path = super::agent::epoch_dir(&dir.part_dir(part), epoch).join(ckpt_dumper::STATS_NAME);
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_str::<serde_json::Value>(&text).ok()?["frozen_ms"].as_f64()
+}
+
 fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
     let register = register_timeout(&a.common.coord)?;
     let dir = JobDir::create_or_open(&a.dir)?;
@@ -667,7 +677,10 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
     dir.mark_last_committed(over.epoch)?;
     let parts: Vec<serde_json::Value> = placed
         .iter()
-        .map(|p| serde_json::json!({ "part": p.part, "node": p.node }))
+        .map(|p| {
+            let frozen_ms = part_frozen_ms(&dir, &p.part, over.epoch);
+            serde_json::json!({ "part": p.part, "node": p.node, "frozen_ms": frozen_ms })
+        })
         .collect();
     if a.common.json {
         println!(
