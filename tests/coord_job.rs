@@ -787,3 +787,27 @@ fn incremental_epochs_read_only_what_changed_and_restore_alone() {
     finish_restore(&va, ra);
     finish_restore(&vb, rb);
 }
+
+/// A node whose agent dies in CAPTURE, while the other node, captured,
+/// waits frozen for the thaw: the waiting node is told the epoch aborted,
+/// thaws its tree unharmed (never having thawed for the epoch) and leaves
+/// no images.
+#[test]
+fn background_failure_in_capture_thaws_the_waiting_node() {
+    let a = Node::new("coord-background-capture", "a");
+    let b = Node::new("coord-background-capture", "b");
+    let coord = Coord::start(&a.env);
+    let (mut va, mut vb) = counters(&a, &b);
+    let die = [("CKPT_FAULT", Path::new("before-thaw"))];
+    let da = a.dump(&coord, &va, &["--background"], &[]);
+    let db = b.dump(&coord, &vb, &["--background"], &die);
+    let oa = da.wait_with(ROUND_TIMEOUT, || va.diag());
+    let ob = db.wait_with(ROUND_TIMEOUT, || vb.diag());
+    assert!(!ob.status.success(), "node b's agent should have died");
+    assert_aborted(&oa, 1, "b", "CAPTURE");
+    a.assert_no_epoch(1, "background round aborted in CAPTURE");
+    assert!(coord.record(1).is_none());
+    assert!(coord.aborted_record(1));
+    assert_thawed_and_passes(&mut va, "node a's tree, aborted while it waited to thaw");
+    assert_thawed_and_passes(&mut vb, "node b's tree, its agent killed in CAPTURE");
+}
