@@ -223,6 +223,18 @@ impl FakeJob {
         app: Option<&[&str]>,
         stdin: std::process::Stdio,
     ) -> std::process::Child {
+        self.start_with(restart, extra, app, stdin, &[])
+    }
+
+    /// [`FakeJob::start`] with more of the job's environment.
+    fn start_with(
+        &self,
+        restart: u32,
+        extra: &[&str],
+        app: Option<&[&str]>,
+        stdin: std::process::Stdio,
+        vars: &[(&str, &str)],
+    ) -> std::process::Child {
         let open = || {
             std::fs::OpenOptions::new()
                 .create(true)
@@ -261,6 +273,7 @@ impl FakeJob {
         if restart > 0 {
             cmd.env("SLURM_RESTART_COUNT", restart.to_string());
         }
+        cmd.envs(vars.iter().copied());
         cmd.spawn().expect("start ckpt slurm")
     }
 
@@ -529,4 +542,110 @@ fn periodic_checkpoints_keep_the_newest_and_a_lost_node_restarts_from_it() {
     assert_eq!(job.steps().last(), Some(&steps), "{}", job.diag());
     let done = format!("done {steps} sum {}", step_sum(steps));
     assert!(job.output().lines().any(|l| l == done), "{}", job.diag());
+}
+
+/// `--every 1 --keep 2 --background` on a job of two "nodes" (a fake
+/// `srun` running the step's tasks here, SLURM_JOB_NUM_NODES=2): the two
+/// parts are checkpointed together in background rounds while they run on,
+/// `ckpt job dump` keeping the two newest epochs; then everything is lost
+/// (wrapper, step and both parts SIGKILLed) and the next start restores
+/// both parts from the newest committed epoch, each completing with the
+/// right memory at every step.
+#[test]
+fn periodic_background_checkpoints_of_two_nodes_restart_from_the_newest() {
+    let job = FakeJob::new("slurm-every-nodes");
+    write_executable(&job.bin.join("srun"), FAKE_SRUN);
+    let srun_log = job.env.root.join("srun.log");
+    let vars = [
+        ("SLURM_JOB_NUM_NODES", "2"),
+        ("FAKE_SRUN_NODES", "n1,n2"),
+        ("FAKE_SRUN_LOG", path_str(&srun_log)),
+    ];
+    let victim = job.victim.to_string_lossy().into_owned();
+    let steps: u64 = 80;
+    let (steps_arg, period) = (steps.to_string(), FAST_STEP_MS.to_string());
+    let app = [victim.as_str(), steps_arg.as_str(), period.as_str()];
+    let args = ["--keep", "2", "--every", "1", "--background"];
+    let mut run = job.start_with(0, &args, Some(&app), Stdio::null(), &vars);
+    let wrapper_err = job.env.root.join("wrapper.err");
+    let periodic = || {
+        read_to_string_lossy(&wrapper_err)
+            .matches("(periodic,")
+            .count()
+    };
+    assert!(
+        wait_until(WRAPPER_TIMEOUT, || periodic() >= 3),
+        "no third periodic checkpoint\n{}",
+        job.diag()
+    );
+    let jobdir = job.dir.join("job");
+    let roots: Vec<i32> = ["n1", "n2"]
+        .iter()
+        .map(|p| {
+            read_to_string_lossy(&jobdir.join("parts").join(p).join("root.pid"))
+                .trim()
+                .parse()
+                .expect("part root pid")
+        })
+        .collect();
+    kill_node(run.id());
+    for pid in &roots {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let _ = run.wait();
+    assert!(
+        wait_until(WRAPPER_TIMEOUT, || roots
+            .iter()
+            .all(|p| !Path::new(&format!("/proc/{p}")).exists())),
+        "the parts did not die"
+    );
+    let err = read_to_string_lossy(&wrapper_err);
+    assert!(!err.contains("failed"), "{}", job.diag());
+    let last: u64 = read_to_string_lossy(&jobdir.join("last-committed"))
+        .trim()
+        .parse()
+        .expect("last-committed");
+    for p in ["n1", "n2"] {
+        let mut epochs: Vec<u64> = std::fs::read_dir(jobdir.join("parts").join(p))
+            .expect("part dir")
+            .filter_map(|e| {
+                e.ok()?
+                    .file_name()
+                    .to_str()?
+                    .strip_prefix("epoch-")?
+                    .parse()
+                    .ok()
+            })
+            .filter(|e| *e <= last)
+            .collect();
+        epochs.sort_unstable();
+        assert_eq!(
+            epochs,
+            [last - 1, last],
+            "part {p}: --keep 2\n{}",
+            job.diag()
+        );
+    }
+    let before = job.output().matches(&format!("done {steps}")).count();
+    assert_eq!(before, 0, "a part ended before the loss\n{}", job.diag());
+
+    let run = job.start_with(1, &["--keep", "2"], Some(&app), Stdio::null(), &vars);
+    assert_eq!(job.wait(run), 0, "{}", job.diag());
+    let err = read_to_string_lossy(&wrapper_err);
+    assert!(
+        err.contains(&format!("epoch-{last}")),
+        "not restored from epoch {last}\n{}",
+        job.diag()
+    );
+    job.steps();
+    let done = format!("done {steps} sum {}", step_sum(steps));
+    assert_eq!(
+        job.output().lines().filter(|l| *l == done).count(),
+        2,
+        "both parts complete\n{}",
+        job.diag()
+    );
 }

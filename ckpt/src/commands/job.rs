@@ -179,6 +179,11 @@ struct RestoreArgs {
     /// Return once every part runs instead of waiting for them.
     #[arg(long, short = 'd')]
     detach: bool,
+    /// Accept that this open file of the parts changed since the dump
+    /// (repeatable; `ckpt restore --allow-changed`): a job's output file,
+    /// which grows while the job runs on after a checkpoint.
+    #[arg(long = "allow-changed", value_name = "PATH")]
+    allow_changed: Vec<PathBuf>,
     #[command(flatten)]
     common: RoundOpts,
 }
@@ -260,6 +265,9 @@ struct AgentRestoreArgs {
     /// Return once the tree runs.
     #[arg(long)]
     detach: bool,
+    /// Passed on to `ckpt restore`.
+    #[arg(long = "allow-changed", value_name = "PATH")]
+    allow_changed: Vec<PathBuf>,
 }
 
 /// Runs `ckpt job`.
@@ -778,6 +786,10 @@ fn restore_agent_argv(dir: &JobDir, addr: &str, a: &RestoreArgs) -> Vec<OsString
     if a.detach {
         argv.push("--detach".into());
     }
+    for p in &a.allow_changed {
+        argv.push("--allow-changed".into());
+        argv.push(p.into());
+    }
     argv
 }
 
@@ -1090,6 +1102,10 @@ fn agent_restore(a: AgentRestoreArgs) -> anyhow::Result<ExitCode> {
     argv.push(r.dir.root_pid_path(&r.part).into_os_string());
     if a.detach {
         argv.push("--detach".into());
+    }
+    for p in &a.allow_changed {
+        argv.push("--allow-changed".into());
+        argv.push(p.into());
     }
     super::restore::run(parse_as(&argv)?)
 }

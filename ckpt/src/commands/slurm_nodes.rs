@@ -144,6 +144,12 @@ impl Parts {
     /// the worst part's status.
     pub fn restore(&self, a: &SlurmArgs) -> anyhow::Result<Pid> {
         let mut cmd = self.ckpt(&["job", "restore", "--launch", "srun"], ChildSignals::None)?;
+        // The job's output file grew since the checkpoint (the parts ran on
+        // after a periodic one, and this wrapper writes there too): the
+        // parts continue at its end, as on one node.
+        for f in super::stdio_files() {
+            cmd.arg("--allow-changed").arg(f);
+        }
         if let Some(k) = &a.image_key {
             cmd.arg("--image-key").arg(k);
         }
