@@ -475,7 +475,9 @@ fn kill_node(pid: u32) {
 /// every second while it runs on (each checkpoint on the one before),
 /// only the two newest stay; the node then dies outright (wrapper and
 /// application SIGKILLed), and the job's next start restores the newest
-/// committed checkpoint and runs to the end with the right memory.
+/// committed checkpoint, checkpoints it periodically again and then on
+/// the warning (killed, requeued); the third start runs to the end with
+/// the right memory.
 #[test]
 fn periodic_checkpoints_keep_the_newest_and_a_lost_node_restarts_from_it() {
     let job = FakeJob::new("slurm-every");
@@ -528,16 +530,37 @@ fn periodic_checkpoints_keep_the_newest_and_a_lost_node_restarts_from_it() {
         job.diag()
     );
 
-    // The requeued job restores the newest committed checkpoint.
-    let run = job.start(1, &["--keep", "2"], Some(&app), Stdio::null());
-    assert_eq!(job.wait(run), 0, "{}", job.diag());
-    let err = read_to_string_lossy(&job.env.root.join("wrapper.err"));
+    // The requeued job restores the newest committed checkpoint, is
+    // checkpointed periodically again, then gets the warning: the last
+    // checkpoint (--kill, on the periodic one before) and a requeue.
+    let err = read_to_string_lossy(&wrapper_err);
+    let before = periodic();
+    let run = job.start(1, &args, Some(&app), Stdio::null());
     assert!(
-        err.lines()
+        wait_until(WRAPPER_TIMEOUT, || periodic() > before),
+        "no periodic checkpoint after the restore\n{}",
+        job.diag()
+    );
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(run.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1).expect("send SIGUSR1");
+    assert_eq!(job.wait(run), 0, "{}", job.diag());
+    let calls = read_to_string_lossy(&job.env.root.join("scontrol.log"));
+    assert!(
+        calls.contains(&format!("requeue {FAKE_JOB}")),
+        "{}",
+        job.diag()
+    );
+    assert_ne!(job.latest(), latest, "{}", job.diag());
+    let err_now = read_to_string_lossy(&wrapper_err);
+    assert!(
+        err_now[err.len()..]
+            .lines()
             .any(|l| l.contains("restored pid") && l.ends_with(&format!("/{latest}"))),
         "not restored from {latest}\n{}",
         job.diag()
     );
+    let run = job.start(2, &["--keep", "2"], Some(&app), Stdio::null());
+    assert_eq!(job.wait(run), 0, "{}", job.diag());
     // Every step's memory was right (checked by `steps`), and the job ends.
     assert_eq!(job.steps().last(), Some(&steps), "{}", job.diag());
     let done = format!("done {steps} sum {}", step_sum(steps));
