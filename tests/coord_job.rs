@@ -605,3 +605,209 @@ fn trigger_kill_ends_every_tree_after_the_commit() {
     assert_images(&a.epoch_dir(1), va.pid);
     assert_images(&b.epoch_dir(1), vb.pid);
 }
+
+/// How long node b holds its capture back while node a must stay frozen.
+const CAPTURE_HOLD: Duration = Duration::from_millis(600);
+
+/// Two writer victims (tests/c/background.c) dumped in one background
+/// round (`ckpt dump --coord --background`): node b is held just before
+/// its thaw, and node a, already captured, must stay frozen until b has
+/// captured too (the CAPTURE barrier), so nothing either part does after
+/// the thaw can be in an image. Both thaw, write their pages running, and
+/// epoch 1 commits; restored from it, every writer finds the freeze
+/// instant in every page.
+#[test]
+fn two_nodes_background_checkpoint_thaw_together_and_restart() {
+    let a = Node::new("coord-background", "a");
+    let b = Node::new("coord-background", "b");
+    let coord = Coord::start(&a.env);
+    let mut va = Victim::spawn(&a.env, "background", &[]);
+    let mut vb = Victim::spawn(&b.env, "background", &[]);
+    va.wait_ready();
+    vb.wait_ready();
+    let gate = b.env.root.join("gate");
+    let reached = b.env.root.join("gate.reached");
+    let hold = [
+        ("CKPT_FAULT", Path::new("pause:before-thaw")),
+        ("CKPT_FAULT_GATE", gate.as_path()),
+    ];
+    let da = a.dump(&coord, &va, &["--background", "--json"], &[]);
+    let db = b.dump(&coord, &vb, &["--background"], &hold);
+    assert!(
+        wait_for_file(&reached, ROUND_TIMEOUT),
+        "agent b never captured its frozen state: {}",
+        db.stderr_now()
+    );
+    std::thread::sleep(CAPTURE_HOLD);
+    for (v, n) in [(&va, "a"), (&vb, "b")] {
+        assert_ne!(
+            tracer_pid(v.pid),
+            Some(0),
+            "node {n}'s tree thawed before node b captured its state"
+        );
+    }
+    write_atomic(&gate, "go");
+    let oa = da.wait_with(ROUND_TIMEOUT, || va.diag());
+    let ob = db.wait_with(ROUND_TIMEOUT, || vb.diag());
+    oa.assert_success();
+    ob.assert_success();
+    assert!(ob.stderr.contains("epoch 1 committed"), "{}", ob.stderr);
+    let report: serde_json::Value = serde_json::from_str(oa.stdout.trim()).expect("--json");
+    assert_eq!(report["epoch"], 1, "{report}");
+    // Node a was frozen through node b's hold, and its writers' memory was
+    // saved running.
+    let frozen_ms = report["frozen_ms"].as_u64().expect("frozen_ms");
+    assert!(
+        frozen_ms >= CAPTURE_HOLD.as_millis() as u64,
+        "node a frozen {frozen_ms} ms, less than node b's hold: {report}"
+    );
+    let in_background = report["stats"]["background"]["bytes"].as_u64().unwrap();
+    assert!(in_background >= 72 << 20, "{report}");
+    let rec = coord.record(1).expect("epoch 1 committed");
+    assert_eq!(rec.nodes.len(), 2, "{rec:?}");
+    for (n, v) in [(&a, &va), (&b, &vb)] {
+        assert_images(&n.epoch_dir(1), v.pid);
+        assert_running_untouched(v.pid, "after the background round");
+    }
+
+    for v in [&mut va, &mut vb] {
+        v.send(nix::sys::signal::Signal::SIGKILL);
+        v.reap_killed(Duration::from_secs(10));
+        v.clear_protocol_files();
+    }
+    let ra = a.restore(&coord);
+    let rb = b.restore(&coord);
+    va.go();
+    vb.go();
+    finish_restore(&va, ra);
+    finish_restore(&vb, rb);
+}
+
+/// A node whose agent dies while its pages are written in the background
+/// (after the thaw): the epoch aborts on both nodes, no `epoch-2` is left,
+/// epoch 1 stays the last committed, and both jobs run on unharmed.
+#[test]
+fn background_failure_after_the_thaw_aborts_and_the_jobs_run_on() {
+    let a = Node::new("coord-background-fail", "a");
+    let b = Node::new("coord-background-fail", "b");
+    let coord = Coord::start(&a.env);
+    let mut va = Victim::spawn(&a.env, "background", &[]);
+    let mut vb = Victim::spawn(&b.env, "background", &[]);
+    va.wait_ready();
+    vb.wait_ready();
+    let da = a.dump(&coord, &va, &["--background"], &[]);
+    let db = b.dump(&coord, &vb, &["--background"], &[]);
+    da.wait_with(ROUND_TIMEOUT, || va.diag()).assert_success();
+    db.wait_with(ROUND_TIMEOUT, || vb.diag()).assert_success();
+
+    let die = [("CKPT_FAULT", Path::new("during-background"))];
+    let da = a.dump(&coord, &va, &["--background"], &[]);
+    let db = b.dump(&coord, &vb, &["--background"], &die);
+    let oa = da.wait_with(ROUND_TIMEOUT, || va.diag());
+    let ob = db.wait_with(ROUND_TIMEOUT, || vb.diag());
+    assert!(!ob.status.success(), "node b's agent should have died");
+    assert_aborted(&oa, 2, "b", "DUMP");
+    a.assert_no_epoch(2, "background round aborted after the thaw");
+    assert!(coord.record(2).is_none());
+    assert!(coord.record(1).is_some());
+    assert!(coord.aborted_record(2));
+    assert!(coord.status(&a.env).contains("last committed epoch 1"));
+    assert_thawed_and_passes(&mut va, "node a's tree, background round aborted");
+    assert_thawed_and_passes(&mut vb, "node b's tree, its agent killed");
+}
+
+/// Bytes of pages `ckpt dump --json` read from the tree (not taken from
+/// the previous epoch).
+fn read_from_tree(out: &CkptOutput) -> u64 {
+    let report: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("--json");
+    let stats = &report["stats"];
+    let planned = stats["pages_planned_bytes"].as_u64().expect("planned");
+    planned - stats["reused_bytes"].as_u64().unwrap_or(0)
+}
+
+/// Periodic incremental epochs (`ckpt dump --coord --incremental`): the
+/// first epoch is read whole and leaves write tracking; the second takes
+/// each node's images of epoch 1 and reads from the tree only what was
+/// written since (tests/c/incremental.c rewrites 2 of its 64 MiB, moves
+/// and drops two regions). Epoch 2 is complete on its own: with epoch 1's
+/// images removed, both parts restore from it and find every change.
+#[test]
+fn incremental_epochs_read_only_what_changed_and_restore_alone() {
+    let a = Node::new("coord-incremental", "a");
+    let b = Node::new("coord-incremental", "b");
+    let coord = Coord::start(&a.env);
+    let mut va = Victim::spawn(&a.env, "incremental", &[]);
+    let mut vb = Victim::spawn(&b.env, "incremental", &[]);
+    va.wait_ready();
+    vb.wait_ready();
+    let args = ["--incremental", "--json"];
+    let da = a.dump(&coord, &va, &args, &[]);
+    let db = b.dump(&coord, &vb, &args, &[]);
+    let first = [
+        da.wait_with(ROUND_TIMEOUT, || va.diag()),
+        db.wait_with(ROUND_TIMEOUT, || vb.diag()),
+    ];
+    for v in [&va, &vb] {
+        write_atomic(&v.path("stage1"), "stage1");
+        assert!(
+            wait_for_file(&v.path("mutated"), Duration::from_secs(20)),
+            "{}",
+            v.diag()
+        );
+    }
+    let da = a.dump(&coord, &va, &args, &[]);
+    let db = b.dump(&coord, &vb, &args, &[]);
+    let second = [
+        da.wait_with(ROUND_TIMEOUT, || va.diag()),
+        db.wait_with(ROUND_TIMEOUT, || vb.diag()),
+    ];
+    for (one, two) in first.iter().zip(&second) {
+        one.assert_success();
+        two.assert_success();
+        let (whole, increment) = (read_from_tree(one), read_from_tree(two));
+        assert!(
+            whole >= 64 << 20 && increment * 4 < whole,
+            "epoch 2 read {increment} bytes from the tree, epoch 1 {whole}: {}",
+            two.stdout
+        );
+    }
+    assert!(coord.record(2).is_some());
+    for n in [&a, &b] {
+        fs::remove_dir_all(n.epoch_dir(1)).expect("remove epoch 1");
+    }
+    for v in [&mut va, &mut vb] {
+        v.send(nix::sys::signal::Signal::SIGKILL);
+        v.reap_killed(Duration::from_secs(10));
+        v.clear_protocol_files();
+    }
+    let ra = a.restore(&coord);
+    let rb = b.restore(&coord);
+    va.go();
+    vb.go();
+    finish_restore(&va, ra);
+    finish_restore(&vb, rb);
+}
+
+/// A node whose agent dies in CAPTURE, while the other node, captured,
+/// waits frozen for the thaw: the waiting node is told the epoch aborted,
+/// thaws its tree unharmed (never having thawed for the epoch) and leaves
+/// no images.
+#[test]
+fn background_failure_in_capture_thaws_the_waiting_node() {
+    let a = Node::new("coord-background-capture", "a");
+    let b = Node::new("coord-background-capture", "b");
+    let coord = Coord::start(&a.env);
+    let (mut va, mut vb) = counters(&a, &b);
+    let die = [("CKPT_FAULT", Path::new("before-thaw"))];
+    let da = a.dump(&coord, &va, &["--background"], &[]);
+    let db = b.dump(&coord, &vb, &["--background"], &die);
+    let oa = da.wait_with(ROUND_TIMEOUT, || va.diag());
+    let ob = db.wait_with(ROUND_TIMEOUT, || vb.diag());
+    assert!(!ob.status.success(), "node b's agent should have died");
+    assert_aborted(&oa, 1, "b", "CAPTURE");
+    a.assert_no_epoch(1, "background round aborted in CAPTURE");
+    assert!(coord.record(1).is_none());
+    assert!(coord.aborted_record(1));
+    assert_thawed_and_passes(&mut va, "node a's tree, aborted while it waited to thaw");
+    assert_thawed_and_passes(&mut vb, "node b's tree, its agent killed in CAPTURE");
+}

@@ -377,6 +377,68 @@ fn retention_keeps_the_newest_epochs() {
     b.assert_runs_and_passes("part b after three dumps");
 }
 
+/// The figures a part's dump of `epoch` stored with its images.
+fn dump_stats(jobdir: &Path, part: &str, epoch: u64) -> serde_json::Value {
+    let path = jobdir
+        .join("parts")
+        .join(part)
+        .join(format!("epoch-{epoch}"))
+        .join("stats-dump.json");
+    serde_json::from_str(&read_to_string_lossy(&path))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// `ckpt job dump --background` (a background round: every part's pages
+/// written while the job runs) and then `--incremental` twice: the second
+/// increment takes each part's pages from the epoch before wherever they
+/// did not change; retention keeps the two newest, and the parts run on.
+#[test]
+fn background_and_incremental_job_dumps() {
+    let main = TestEnv::new("job-periodic");
+    let jobdir = main.root.join("job");
+    let jd = path_str(&jobdir);
+    let a = Part::start(&jobdir, "a", "n1", "counter");
+    let b = Part::start(&jobdir, "b", "n2", "counter");
+    let dump = [
+        "--dir", jd, "--keep", "2", "--launch", "exec", "--via", VIA_LOCAL,
+    ];
+    let d = dump_json(&main, &[&dump[..], &["--background"]].concat());
+    assert_eq!(
+        (d["epoch"].as_u64(), d["killed"].as_bool()),
+        (Some(1), Some(false)),
+        "{d}"
+    );
+    let parts = d["parts"].as_array().expect("parts");
+    assert!(
+        parts.len() == 2
+            && parts
+                .iter()
+                .all(|p| p["frozen_ms"].as_f64().is_some_and(|ms| ms > 0.0)),
+        "every part's frozen time: {d}"
+    );
+    for p in ["a", "b"] {
+        let stats = dump_stats(&jobdir, p, 1);
+        assert!(stats["background"].is_object(), "part {p}: {stats}");
+    }
+    for epoch in [2, 3] {
+        let d = dump_json(&main, &[&dump[..], &["--incremental"]].concat());
+        assert_eq!(d["epoch"], epoch, "{d}");
+    }
+    for p in ["a", "b"] {
+        let stats = dump_stats(&jobdir, p, 3);
+        let reused = stats["reused_bytes"].as_u64().unwrap_or(0);
+        let planned = stats["pages_planned_bytes"].as_u64().unwrap_or(0);
+        assert!(
+            reused > 0 && reused <= planned,
+            "part {p}: epoch 3 took nothing from epoch 2: {stats}"
+        );
+        assert_eq!(epoch_dirs(&jobdir, p), ["epoch-2", "epoch-3"], "part {p}");
+    }
+    assert_eq!(last_committed(&jobdir), "3");
+    a.assert_runs_and_passes("part a after the periodic dumps");
+    b.assert_runs_and_passes("part b after the periodic dumps");
+}
+
 #[test]
 fn an_unsupported_part_aborts_the_epoch_and_harms_nothing() {
     let main = TestEnv::new("job-abort");

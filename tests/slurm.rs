@@ -223,6 +223,18 @@ impl FakeJob {
         app: Option<&[&str]>,
         stdin: std::process::Stdio,
     ) -> std::process::Child {
+        self.start_with(restart, extra, app, stdin, &[])
+    }
+
+    /// [`FakeJob::start`] with more of the job's environment.
+    fn start_with(
+        &self,
+        restart: u32,
+        extra: &[&str],
+        app: Option<&[&str]>,
+        stdin: std::process::Stdio,
+        vars: &[(&str, &str)],
+    ) -> std::process::Child {
         let open = || {
             std::fs::OpenOptions::new()
                 .create(true)
@@ -261,6 +273,7 @@ impl FakeJob {
         if restart > 0 {
             cmd.env("SLURM_RESTART_COUNT", restart.to_string());
         }
+        cmd.envs(vars.iter().copied());
         cmd.spawn().expect("start ckpt slurm")
     }
 
@@ -423,6 +436,239 @@ fn failed_checkpoint_leaves_the_app_running_and_nothing_committed() {
     assert!(
         !read_to_string_lossy(&job.env.root.join("scontrol.log")).contains("requeue"),
         "requeued after a failed dump\n{}",
+        job.diag()
+    );
+}
+
+/// The numbered checkpoint directories (`ckpt-N`) in `dir`, ascending.
+fn checkpoint_numbers(dir: &Path) -> Vec<u64> {
+    let mut v: Vec<u64> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().to_str()?.strip_prefix("ckpt-")?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
+}
+
+/// SIGKILLs the process group of every child of `pid` (the application's
+/// `ckpt run`, a dump in progress), then `pid`: a node lost outright.
+fn kill_node(pid: u32) {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGSTOP);
+    for c in children
+        .split_whitespace()
+        .filter_map(|c| c.parse::<i32>().ok())
+    {
+        let _ = kill(Pid::from_raw(-c), Signal::SIGKILL);
+        let _ = kill(Pid::from_raw(c), Signal::SIGKILL);
+    }
+    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+}
+
+/// `--every 1 --keep 2 --incremental`: the application is checkpointed
+/// every second while it runs on (each checkpoint on the one before),
+/// only the two newest stay; the node then dies outright (wrapper and
+/// application SIGKILLed), and the job's next start restores the newest
+/// committed checkpoint, checkpoints it periodically again and then on
+/// the warning (killed, requeued); the third start runs to the end with
+/// the right memory.
+#[test]
+fn periodic_checkpoints_keep_the_newest_and_a_lost_node_restarts_from_it() {
+    let job = FakeJob::new("slurm-every");
+    let victim = job.victim.to_string_lossy().into_owned();
+    let steps: u64 = 80;
+    let (steps_arg, period) = (steps.to_string(), FAST_STEP_MS.to_string());
+    let app = [victim.as_str(), steps_arg.as_str(), period.as_str()];
+    let args = ["--keep", "2", "--every", "1", "--incremental"];
+    let mut run = job.start(0, &args, Some(&app), Stdio::null());
+    let wrapper_err = job.env.root.join("wrapper.err");
+    // Lost right after the third periodic checkpoint is reported (so
+    // committed and pruned), a second before the next one is due.
+    let periodic = || {
+        read_to_string_lossy(&wrapper_err)
+            .matches("(periodic,")
+            .count()
+    };
+    assert!(
+        wait_until(WRAPPER_TIMEOUT, || periodic() >= 3),
+        "no third periodic checkpoint\n{}",
+        job.diag()
+    );
+    kill_node(run.id());
+    let _ = run.wait();
+    let latest = job.latest();
+    let newest: u64 = latest
+        .strip_prefix("ckpt-")
+        .and_then(|n| n.parse().ok())
+        .expect("LATEST names a checkpoint");
+    let kept: Vec<u64> = checkpoint_numbers(&job.dir)
+        .into_iter()
+        .filter(|n| *n <= newest)
+        .collect();
+    assert_eq!(
+        kept,
+        [newest - 1, newest],
+        "--keep 2 keeps the two newest\n{}",
+        job.diag()
+    );
+    assert!(
+        !job.output().contains(&format!("done {steps}")),
+        "the application ended before the node was lost\n{}",
+        job.diag()
+    );
+    let err = read_to_string_lossy(&wrapper_err);
+    assert!(!err.contains("failed"), "{}", job.diag());
+    assert!(
+        !read_to_string_lossy(&job.env.root.join("scontrol.log")).contains("requeue"),
+        "a periodic checkpoint requeued the job\n{}",
+        job.diag()
+    );
+
+    // The requeued job restores the newest committed checkpoint, is
+    // checkpointed periodically again, then gets the warning: the last
+    // checkpoint (--kill, on the periodic one before) and a requeue.
+    let err = read_to_string_lossy(&wrapper_err);
+    let before = periodic();
+    let run = job.start(1, &args, Some(&app), Stdio::null());
+    assert!(
+        wait_until(WRAPPER_TIMEOUT, || periodic() > before),
+        "no periodic checkpoint after the restore\n{}",
+        job.diag()
+    );
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(run.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1).expect("send SIGUSR1");
+    assert_eq!(job.wait(run), 0, "{}", job.diag());
+    let calls = read_to_string_lossy(&job.env.root.join("scontrol.log"));
+    assert!(
+        calls.contains(&format!("requeue {FAKE_JOB}")),
+        "{}",
+        job.diag()
+    );
+    assert_ne!(job.latest(), latest, "{}", job.diag());
+    let err_now = read_to_string_lossy(&wrapper_err);
+    assert!(
+        err_now[err.len()..]
+            .lines()
+            .any(|l| l.contains("restored pid") && l.ends_with(&format!("/{latest}"))),
+        "not restored from {latest}\n{}",
+        job.diag()
+    );
+    let run = job.start(2, &["--keep", "2"], Some(&app), Stdio::null());
+    assert_eq!(job.wait(run), 0, "{}", job.diag());
+    // Every step's memory was right (checked by `steps`), and the job ends.
+    assert_eq!(job.steps().last(), Some(&steps), "{}", job.diag());
+    let done = format!("done {steps} sum {}", step_sum(steps));
+    assert!(job.output().lines().any(|l| l == done), "{}", job.diag());
+}
+
+/// `--every 1 --keep 2 --background` on a job of two "nodes" (a fake
+/// `srun` running the step's tasks here, SLURM_JOB_NUM_NODES=2): the two
+/// parts are checkpointed together in background rounds while they run on,
+/// `ckpt job dump` keeping the two newest epochs; then everything is lost
+/// (wrapper, step and both parts SIGKILLed) and the next start restores
+/// both parts from the newest committed epoch, each completing with the
+/// right memory at every step.
+#[test]
+fn periodic_background_checkpoints_of_two_nodes_restart_from_the_newest() {
+    let job = FakeJob::new("slurm-every-nodes");
+    write_executable(&job.bin.join("srun"), FAKE_SRUN);
+    let srun_log = job.env.root.join("srun.log");
+    let vars = [
+        ("SLURM_JOB_NUM_NODES", "2"),
+        ("FAKE_SRUN_NODES", "n1,n2"),
+        ("FAKE_SRUN_LOG", path_str(&srun_log)),
+    ];
+    let victim = job.victim.to_string_lossy().into_owned();
+    let steps: u64 = 80;
+    let (steps_arg, period) = (steps.to_string(), FAST_STEP_MS.to_string());
+    let app = [victim.as_str(), steps_arg.as_str(), period.as_str()];
+    let args = ["--keep", "2", "--every", "1", "--background"];
+    let mut run = job.start_with(0, &args, Some(&app), Stdio::null(), &vars);
+    let wrapper_err = job.env.root.join("wrapper.err");
+    let periodic = || {
+        read_to_string_lossy(&wrapper_err)
+            .matches("(periodic,")
+            .count()
+    };
+    assert!(
+        wait_until(WRAPPER_TIMEOUT, || periodic() >= 3),
+        "no third periodic checkpoint\n{}",
+        job.diag()
+    );
+    let jobdir = job.dir.join("job");
+    let roots: Vec<i32> = ["n1", "n2"]
+        .iter()
+        .map(|p| {
+            read_to_string_lossy(&jobdir.join("parts").join(p).join("root.pid"))
+                .trim()
+                .parse()
+                .expect("part root pid")
+        })
+        .collect();
+    kill_node(run.id());
+    for pid in &roots {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let _ = run.wait();
+    assert!(
+        wait_until(WRAPPER_TIMEOUT, || roots
+            .iter()
+            .all(|p| !Path::new(&format!("/proc/{p}")).exists())),
+        "the parts did not die"
+    );
+    let err = read_to_string_lossy(&wrapper_err);
+    assert!(!err.contains("failed"), "{}", job.diag());
+    let last: u64 = read_to_string_lossy(&jobdir.join("last-committed"))
+        .trim()
+        .parse()
+        .expect("last-committed");
+    for p in ["n1", "n2"] {
+        let mut epochs: Vec<u64> = std::fs::read_dir(jobdir.join("parts").join(p))
+            .expect("part dir")
+            .filter_map(|e| {
+                e.ok()?
+                    .file_name()
+                    .to_str()?
+                    .strip_prefix("epoch-")?
+                    .parse()
+                    .ok()
+            })
+            .filter(|e| *e <= last)
+            .collect();
+        epochs.sort_unstable();
+        assert_eq!(
+            epochs,
+            [last - 1, last],
+            "part {p}: --keep 2\n{}",
+            job.diag()
+        );
+    }
+    let before = job.output().matches(&format!("done {steps}")).count();
+    assert_eq!(before, 0, "a part ended before the loss\n{}", job.diag());
+
+    let run = job.start_with(1, &["--keep", "2"], Some(&app), Stdio::null(), &vars);
+    assert_eq!(job.wait(run), 0, "{}", job.diag());
+    let err = read_to_string_lossy(&wrapper_err);
+    assert!(
+        err.contains(&format!("epoch-{last}")),
+        "not restored from epoch {last}\n{}",
+        job.diag()
+    );
+    job.steps();
+    let done = format!("done {steps} sum {}", step_sum(steps));
+    assert_eq!(
+        job.output().lines().filter(|l| *l == done).count(),
+        2,
+        "both parts complete\n{}",
         job.diag()
     );
 }

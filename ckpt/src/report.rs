@@ -188,6 +188,8 @@ impl ErrorReport {
             // The job changed under a background dump: like a conflict
             // with another user of the process, it may go through next time.
             DumpError::BackgroundLost { pid, .. } => self.set(ErrorKind::Conflict, Some(*pid)),
+            // Another node of the job failed: this one may go through next time.
+            DumpError::ThawRefused { pid, .. } => self.set(ErrorKind::Conflict, Some(*pid)),
             DumpError::Parasite(p) => self.classify_parasite(p),
             DumpError::Image(i) => self.classify_image(i),
         }

@@ -56,10 +56,13 @@ use serde::{Deserialize, Serialize};
 pub const MAGIC: [u8; 4] = *b"CKCO";
 /// Oldest protocol version this build speaks. Version 2 added arrivals ahead of the
 /// phase ([`Phase::may_arrive_ahead`]): a version 1 coordinator would drop them and wait
-/// for an arrival that never comes, so the two do not mix.
-pub const VERSION_MIN: u16 = 2;
+/// for an arrival that never comes. Version 3 added background checkpoints
+/// ([`RoundKind::BackgroundCheckpoint`], [`Phase::Capture`],
+/// [`Intent::BackgroundCheckpoint`]): a version 2 peer cannot decode a phase command of
+/// such a round and would drop out of it mid-round, so the versions do not mix.
+pub const VERSION_MIN: u16 = 3;
 /// Newest protocol version this build speaks.
-pub const VERSION_MAX: u16 = 2;
+pub const VERSION_MAX: u16 = 3;
 /// Size of the fixed frame header.
 pub const HEADER_LEN: usize = 12;
 /// Largest accepted payload. Aggregated key/value batches from a sub-coordinator are the
@@ -197,6 +200,9 @@ pub enum Intent {
     Checkpoint,
     /// Restart as soon as every node is here (`ckpt restore --coord`).
     Restart,
+    /// Checkpoint in the background as soon as every node is here, then resume
+    /// (`ckpt dump --coord --background`). Registered only by version 3 peers.
+    BackgroundCheckpoint,
 }
 
 /// The phases of a round, in protocol order.
@@ -209,7 +215,8 @@ pub enum Phase {
     Freeze = 1,
     /// Interconnect state drained (empty for now; its place in the protocol is fixed).
     Drain = 2,
-    /// Every node has written and fsynced its images.
+    /// Every node has written and fsynced its images. In a background round, the
+    /// command is also the signal to thaw: every node captured its frozen state.
     Dump = 3,
     /// The coordinator has durably committed the epoch; agents do not reply.
     Commit = 4,
@@ -223,6 +230,10 @@ pub enum Phase {
     Publish = 8,
     /// Restart: every node fetched what it needs.
     Subscribe = 9,
+    /// Background checkpoint: every node captured what must be taken frozen (registers,
+    /// files, the pages it does not write-protect) and armed write protection on the
+    /// rest; its tree is still frozen. The barrier that lets all nodes thaw together.
+    Capture = 10,
 }
 
 impl Phase {
@@ -248,6 +259,7 @@ impl std::fmt::Display for Phase {
             Phase::Restore => "RESTORE",
             Phase::Publish => "PUBLISH",
             Phase::Subscribe => "SUBSCRIBE",
+            Phase::Capture => "CAPTURE",
         };
         f.write_str(s)
     }
@@ -272,9 +284,19 @@ pub enum RoundKind {
     },
     /// RESTORE → PUBLISH → SUBSCRIBE → RESUME.
     Restart,
+    /// FREEZE → DRAIN → CAPTURE → DUMP → COMMIT → RESUME: every node is frozen only
+    /// until every node has captured its frozen state (CAPTURE), then all thaw together
+    /// and write their pages while the job runs (DUMP). No KILL: a job that is to stop
+    /// has no use for running on while its pages are written.
+    BackgroundCheckpoint,
 }
 
 impl RoundKind {
+    /// True for the rounds that checkpoint (and end in a commit).
+    pub fn is_checkpoint(self) -> bool {
+        !matches!(self, RoundKind::Restart)
+    }
+
     /// The phases agents are told to enter, in order.
     pub fn phases(self) -> &'static [Phase] {
         match self {
@@ -295,6 +317,14 @@ impl RoundKind {
                 Phase::Dump,
                 Phase::Commit,
                 Phase::Kill,
+            ],
+            RoundKind::BackgroundCheckpoint => &[
+                Phase::Freeze,
+                Phase::Drain,
+                Phase::Capture,
+                Phase::Dump,
+                Phase::Commit,
+                Phase::Resume,
             ],
             RoundKind::Restart => &[
                 Phase::Restore,

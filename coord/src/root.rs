@@ -84,6 +84,7 @@ impl Root {
             Intent::Checkpoint => RoundKind::Checkpoint {
                 then: AfterCommit::Resume,
             },
+            Intent::BackgroundCheckpoint => RoundKind::BackgroundCheckpoint,
             Intent::Restart | Intent::Standby => RoundKind::Restart,
         })
     }
@@ -151,7 +152,9 @@ impl Root {
             }
             None => {
                 let outcome = match r.kind() {
-                    RoundKind::Checkpoint { .. } => Outcome::Committed,
+                    RoundKind::Checkpoint { .. } | RoundKind::BackgroundCheckpoint => {
+                        Outcome::Committed
+                    }
                     RoundKind::Restart => Outcome::Restarted,
                 };
                 self.finish_round(st, outcome);

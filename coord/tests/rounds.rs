@@ -1212,3 +1212,46 @@ fn a_blocked_commit_write_leaves_the_loop_serving() {
     assert!(refusal < abort, "{logs}");
     assert!(EpochStore::open(dir.path(), JOB).unwrap().load(1).is_none());
 }
+
+/// Background rounds through a two-level tree: every agent sees FREEZE, DRAIN, CAPTURE
+/// (the barrier before anyone thaws), DUMP, COMMIT and RESUME; a second round, in which
+/// one agent fails in DUMP (after the thaw), aborts everywhere and epoch 1 stays the
+/// last committed.
+#[test]
+fn background_rounds_through_a_tree() {
+    const BACKGROUND: RoundKind = RoundKind::BackgroundCheckpoint;
+    let dir = tempfile::tempdir().unwrap();
+    let c = root(4, dir.path(), LONG, None);
+    let subs: Vec<CoordHandle> = (0..2)
+        .map(|i| sub(c.local_addr(), &format!("sub{i}"), 2))
+        .collect();
+    let addrs: Vec<SocketAddr> = subs.iter().map(|s| s.local_addr()).collect();
+    let nodes = names("b", 4);
+    let hs = spawn_agents(&addrs, &nodes, 2, &[(1, Behavior::FailIn(Phase::Dump))]);
+    let mut ctl = control(c.local_addr());
+    let r1 = ctl.trigger(BACKGROUND, Some(LONG)).unwrap();
+    assert_eq!(
+        (r1.epoch, r1.kind, r1.outcome),
+        (1, BACKGROUND, Outcome::Committed)
+    );
+    let r2 = ctl.trigger(BACKGROUND, Some(LONG)).unwrap();
+    match r2.outcome {
+        Outcome::Aborted { phase, node, .. } => {
+            assert_eq!((r2.epoch, phase, node.as_str()), (2, Phase::Dump, "b01"))
+        }
+        o => panic!("{o:?}"),
+    }
+    let enter = |epoch: u64, phases: &[Phase]| -> Vec<Ev> {
+        phases.iter().map(|p| Ev::Enter(epoch, *p)).collect()
+    };
+    let mut want = enter(1, BACKGROUND.phases());
+    want.extend(enter(
+        2,
+        &[Phase::Freeze, Phase::Drain, Phase::Capture, Phase::Dump],
+    ));
+    want.push(Ev::Aborted(2, Phase::Dump, "b01".into()));
+    for evs in join_all(hs) {
+        assert_eq!(evs, want);
+    }
+    assert_eq!(last_record(dir.path()).epoch, 1);
+}

@@ -15,7 +15,7 @@ use crate::error::Result;
 use crate::ns::TreeNamespaces;
 use crate::owner::owner;
 use crate::stats::ms_since;
-use crate::translate::{HostCore, translate_pids};
+use crate::translate::{HostCore, SavedPids, translate_pids};
 use crate::{
     DrainOptions, Frozen, WriteOptions, background, fd, ib, inherit, ipc, mm, pages, pidns,
     predump, seccomp, shapes, shmem, task, tree,
@@ -24,6 +24,9 @@ use crate::{
 /// Everything collected about one frozen process, ready to be written.
 pub(crate) struct Collected {
     pub pid: i32,
+    /// Its pid as the image records it (see [`crate::translate`]): how a
+    /// previous image ([`WriteOptions::prev`]) knows the process.
+    pub saved_pid: i32,
     pub ppid: i32,
     pub core: ckpt_image::task::Core,
     pub vmas: Vec<ckpt_image::mm::Vma>,
@@ -78,7 +81,7 @@ impl Userfaults<'_> {
         }
     }
 
-    /// The earlier pre-dump's tracking of `pid`.
+    /// The earlier pre-dump's tracking of the process it saved as `pid`.
     fn before(&self, pid: i32) -> Option<&ckpt_image::mm::WriteTracking> {
         match self {
             Userfaults::Track(o) | Userfaults::Untrack(o) => {
@@ -128,12 +131,18 @@ pub(crate) fn tree(frozen: &mut Frozen, opts: &WriteOptions<'_>) -> Result<Colle
         .collect();
     let threads = live.iter().map(|p| p.tasks.len()).sum();
     let live_pids: Vec<i32> = live.iter().map(|p| p.pid).collect();
+    // Read first: a previous image knows the processes by these pids.
+    let pids = match frozen.ns {
+        pidns::TreeNs::Ckpt => None,
+        pidns::TreeNs::RootInit { .. } => Some(pidns::PidMap::read(&frozen.procs)?),
+    };
+    let saved = SavedPids(pids.as_ref());
     // Gathering what cannot be saved instead of stopping at the first:
     // the user gets the whole list in one run.
     let mut blockers = Blockers::default();
     let mut procs = Vec::new();
     for p in &live {
-        if let Some(c) = blockers.absorb(collect_process(p, Userfaults::of(opts)))? {
+        if let Some(c) = blockers.absorb(collect_process(p, Userfaults::of(opts), &saved))? {
             procs.push(c);
         }
     }
@@ -157,18 +166,13 @@ pub(crate) fn tree(frozen: &mut Frozen, opts: &WriteOptions<'_>) -> Result<Colle
     let mut files = collect_files(root, &procs, &namespaces, opts, &mut blockers)?;
     blockers.absorb(objects.link_files(&mut files))?;
     blockers.absorb(check_shapes(&procs, &frozen.procs))?;
-    let pids = match frozen.ns {
-        pidns::TreeNs::Ckpt => None,
-        pidns::TreeNs::RootInit { .. } => {
-            let map = pidns::PidMap::read(&frozen.procs)?;
-            let cores = procs.iter_mut().map(|c| HostCore {
-                pid: c.pid,
-                core: &mut c.core,
-            });
-            blockers.absorb(translate_pids(&map, cores, &mut files, &mut ipc))?;
-            Some(map)
-        }
-    };
+    if let Some(map) = &pids {
+        let cores = procs.iter_mut().map(|c| HostCore {
+            pid: c.pid,
+            core: &mut c.core,
+        });
+        blockers.absorb(translate_pids(map, cores, &mut files, &mut ipc))?;
+    }
     let fds: usize = files.tables.iter().map(|(_, t)| t.fds.len()).sum();
     log::info!(
         "collect fds: {fds} fds, {} open files ({:.3} ms)",
@@ -275,7 +279,11 @@ struct InProcess {
     tracking: Option<WriteTracking>,
 }
 
-pub(crate) fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> Result<Collected> {
+pub(crate) fn collect_process(
+    p: &tree::FrozenProcess,
+    mode: Userfaults<'_>,
+    saved: &SavedPids<'_>,
+) -> Result<Collected> {
     let pid = p.pid;
     let started = Instant::now();
     let leader = &p.tasks[0];
@@ -283,7 +291,7 @@ pub(crate) fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> 
     for t in &p.tasks[1..] {
         log::debug!("pid {pid}: thread {}", t.pid());
     }
-    let (core, mut inside) = collect_core(p, mode, started)?;
+    let (core, mut inside) = collect_core(p, mode, saved.pid(p.pid), started)?;
     let (vmas, pages_bytes, armed) = plan_memory(pid, mode, inside.uffd.as_ref(), started)?;
     let vdso = mm::vdso_info(leader, &vmas)?;
     // Only through a tracking userfaultfd that is still the pre-dump's:
@@ -321,6 +329,7 @@ pub(crate) fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> 
     );
     Ok(Collected {
         pid,
+        saved_pid: saved.pid(pid),
         ppid: p.ppid,
         core,
         vmas,
@@ -341,11 +350,12 @@ pub(crate) fn collect_process(p: &tree::FrozenProcess, mode: Userfaults<'_>) -> 
 fn collect_core(
     p: &tree::FrozenProcess,
     mode: Userfaults<'_>,
+    saved_pid: i32,
     started: Instant,
 ) -> Result<(ckpt_image::task::Core, InProcess)> {
     let pid = p.pid;
     let leader = &p.tasks[0];
-    let before = mode.before(pid);
+    let before = mode.before(saved_pid);
     // A pre-dump only copies memory ahead: the verbs state is drained by
     // the dump that follows it.
     let predumping = matches!(mode, Userfaults::Track(_));

@@ -82,6 +82,15 @@ pub enum DumpError {
         /// What the job did.
         how: &'static str,
     },
+    /// The caller's [`WriteOptions::before_thaw`](crate::WriteOptions::before_thaw)
+    /// refused to let the tree thaw (another node of the job failed).
+    #[error("pid {pid}: the background dump was stopped before the thaw: {reason}")]
+    ThawRefused {
+        /// The tree's root.
+        pid: i32,
+        /// What the caller said.
+        reason: String,
+    },
     /// The process's InfiniBand verbs state could not be checkpointed.
     #[error("pid {pid}: InfiniBand: {what}")]
     Ib {

@@ -70,6 +70,14 @@ pub struct WriteOptions<'a> {
     /// only what was written since the one before. Not with `background`
     /// or a kill.
     pub track: bool,
+    /// With `background`: called once the frozen state is captured and the
+    /// rest of the memory write-protected, just before the tree is thawed;
+    /// the tree stays frozen until it returns, and an `Err` (its reason)
+    /// fails the dump with [`DumpError::ThawRefused`](crate::DumpError::ThawRefused),
+    /// the tree thawed unharmed and no image left. A coordinator's agent
+    /// reports its capture here and waits for every other node's, so all
+    /// parts of a job thaw together.
+    pub before_thaw: Option<&'a (dyn Fn() -> std::result::Result<(), String> + Sync)>,
     /// Memory reserved before the freeze for the pages a `--prev
     /// --background` dump reads while frozen ([`HeldMemory::for_dump`](crate::HeldMemory::for_dump)).
     pub held: Option<&'a HeldMemory>,

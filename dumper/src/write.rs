@@ -307,7 +307,13 @@ pub(crate) fn pre_dump(frozen: &mut Frozen, opts: &WriteOptions<'_>) -> Result<D
     let collect_started = Instant::now();
     let mut procs = Vec::new();
     for p in frozen.procs.iter().filter(|p| p.zombie_status.is_none()) {
-        procs.push(collect::collect_process(p, Userfaults::Track(opts))?);
+        // Refused above for a tree in its own PID namespace: pids are the host's.
+        let saved = crate::translate::SavedPids(None);
+        procs.push(collect::collect_process(
+            p,
+            Userfaults::Track(opts),
+            &saved,
+        )?);
     }
     let owners = owners(&procs)?;
     let total: u64 = procs.iter().map(|c| c.pages_bytes).sum();

@@ -26,6 +26,10 @@ pub enum FaultPoint {
     ThreadInParasite,
     /// Dump: while page data is being copied.
     DuringPages,
+    /// Dump with `--background`: everything saved frozen is captured and
+    /// the rest write-protected; the thaw (after a coordinator's CAPTURE
+    /// barrier) is next.
+    BeforeThaw,
     /// Dump with `--background`: the tree runs again and its pages are
     /// being saved, a chunk read and unprotected.
     DuringBackground,
@@ -52,6 +56,7 @@ impl FaultPoint {
             FaultPoint::ParasiteLoaded => "parasite-loaded",
             FaultPoint::ThreadInParasite => "thread-in-parasite",
             FaultPoint::DuringPages => "during-pages",
+            FaultPoint::BeforeThaw => "before-thaw",
             FaultPoint::DuringBackground => "during-background",
             FaultPoint::MidRebuild => "restore-mid-rebuild",
             FaultPoint::RestoreThreadsCreated => "restore-threads-created",

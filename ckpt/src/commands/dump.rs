@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use ckpt_coord::protocol::{Intent, Phase as CoordPhase, PhaseInfo};
+use ckpt_coord::protocol::{Intent, Phase as CoordPhase, PhaseInfo, RoundKind};
 use ckpt_dumper::{DumpReport, WriteOptions};
 
 use super::agent::{CoordOpts, Local, Session, epoch_dir};
@@ -60,6 +60,14 @@ pub struct DumpArgs {
     /// reading only the pages written since the one before.
     #[arg(long, conflicts_with_all = ["kill", "background", "pre_dump"])]
     track: bool,
+    /// With --coord, periodic checkpoints of a job: leave write tracking in
+    /// every process (as --track; not with --kill, which ends the chain)
+    /// and take this node's images of the last committed epoch as --prev
+    /// when they are here. Each epoch is complete (restorable alone, the one
+    /// before removable once it commits); the tree is read only for the
+    /// pages written since the last epoch.
+    #[arg(long, requires = "addr", conflicts_with_all = ["background", "pre_dump", "track", "prev"])]
+    incremental: bool,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -135,11 +143,7 @@ pub fn run(a: DumpArgs) -> anyhow::Result<ExitCode> {
     if a.coord.enabled() {
         anyhow::ensure!(
             !a.pre_dump && a.prev.is_none() && !a.track,
-            "--pre-dump, --prev and --track do not go with --coord yet"
-        );
-        anyhow::ensure!(
-            !a.background,
-            "--background does not go with --coord: every node's tree stays frozen until the epoch is committed"
+            "--pre-dump, --prev and --track do not go with --coord: --incremental chains the epochs"
         );
         let report = coordinated(&a, &key, &progress);
         if let Some(b) = &bar {
@@ -194,6 +198,7 @@ fn write_options<'a>(
         prev: None,
         track: false,
         held: None,
+        before_thaw: None,
     }
 }
 
@@ -293,9 +298,19 @@ fn coordinated(
     key: &ckpt_image::ImageKey,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> anyhow::Result<(u64, DumpReport, bool)> {
-    let mut s = Session::connect(&a.coord.join()?, Intent::Checkpoint)?;
+    let intent = if a.background {
+        Intent::BackgroundCheckpoint
+    } else {
+        Intent::Checkpoint
+    };
+    let mut s = Session::connect(&a.coord.join()?, intent)?;
     let step = s.wait(CoordPhase::Freeze)?;
     let dir = epoch_dir(&a.dir, step.epoch);
+    let prev = if a.incremental {
+        previous_epoch(a, key, &s, step.last_committed)
+    } else {
+        None
+    };
     // Epoch numbers are never reused, so this is someone else's directory:
     // refuse it, and never remove it.
     let foreign = dir.symlink_metadata().is_ok();
@@ -306,7 +321,13 @@ fn coordinated(
             dir.display()
         )))
     } else {
-        coordinated_phases(a, key, progress, &mut s, &dir, &mut committed)
+        let write = WriteOptions {
+            // A tree killed after the commit has no next epoch to track for.
+            track: a.incremental && !a.kill,
+            prev: prev.as_ref(),
+            ..write_options(a, dir.clone(), key, progress)
+        };
+        coordinated_phases(a, &write, &mut s, &dir, step.kind, &mut committed)
     };
     // Any `Frozen`/`Written` is dropped by now: the tree is thawed as it
     // was. An epoch that did not commit leaves no images behind.
@@ -329,12 +350,18 @@ fn coordinated(
 /// coordinator made the epoch the valid checkpoint.
 fn coordinated_phases(
     a: &DumpArgs,
-    key: &ckpt_image::ImageKey,
-    progress: &(dyn Fn(u64, u64) + Sync),
+    write: &WriteOptions<'_>,
     s: &mut Session,
     dir: &std::path::Path,
+    kind: RoundKind,
     committed: &mut bool,
 ) -> anyhow::Result<(DumpReport, bool)> {
+    let background = kind == RoundKind::BackgroundCheckpoint;
+    if background && a.kill {
+        return s.local(Err(anyhow::anyhow!(
+            "--kill does not go with a background round: the tree runs on while its pages are written"
+        )));
+    }
     let scripts = ActionScripts::new(a.action_scripts.clone(), dir);
     s.local(scripts.run(Phase::PreDump, Some(a.pid)))?;
     let mut frozen = s.local(ckpt_dumper::freeze(a.pid))?;
@@ -347,15 +374,21 @@ fn coordinated_phases(
     }))?;
     s.done(PhaseInfo::None)?;
 
-    s.wait(CoordPhase::Dump)?;
-    s.local(
-        std::fs::create_dir_all(&a.dir)
-            .with_context(|| format!("creating the checkpoint root {}", a.dir.display())),
-    )?;
-    // Every node's tree stays frozen until the epoch is committed: no
-    // --background (nor an increment) here.
-    let write = write_options(a, dir.to_path_buf(), key, progress);
-    let written = s.local(frozen.write(&write))?;
+    let written = if background {
+        s.local(if write.track {
+            Err(anyhow::anyhow!(
+                "--incremental does not go with a background round"
+            ))
+        } else {
+            Ok(())
+        })?;
+        background_write(a, s, frozen, write)?
+    } else {
+        // Every node's tree stays frozen until the epoch is committed.
+        s.wait(CoordPhase::Dump)?;
+        s.local(create_root(a))?;
+        s.local(frozen.write(write))?
+    };
     s.local(scripts.run(Phase::PostDump, Some(a.pid)))?;
     let info = s.local(dump_info(dir))?;
     s.done(info)?;
@@ -371,6 +404,99 @@ fn coordinated_phases(
     };
     s.done(PhaseInfo::None)?;
     Ok((report, kill))
+}
+
+/// `--incremental`: this node's images of the job's last committed epoch,
+/// verified, if they are here (a node's first epoch, or one whose images
+/// were pruned or moved, is dumped whole). Opened before the freeze. An
+/// epoch that cannot be opened is not fatal: the dump reads everything
+/// from the tree, as the first one did.
+fn previous_epoch(
+    a: &DumpArgs,
+    key: &ckpt_image::ImageKey,
+    s: &Session,
+    last_committed: Option<u64>,
+) -> Option<ckpt_dumper::Previous> {
+    let dir = epoch_dir(&a.dir, last_committed?);
+    if !dir.exists() {
+        log::info!(
+            "{}: no images of the last committed epoch at {}: dumped whole",
+            s.at(),
+            dir.display()
+        );
+        return None;
+    }
+    match ckpt_dumper::Previous::open(&dir, key) {
+        Ok(p) => {
+            log::info!("{}: incremental on {}", s.at(), dir.display());
+            Some(p)
+        }
+        Err(e) => {
+            log::warn!(
+                "{}: cannot use {} as the previous epoch ({e}): dumped whole",
+                s.at(),
+                dir.display()
+            );
+            None
+        }
+    }
+}
+
+/// The checkpoint root, created if missing.
+fn create_root(a: &DumpArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&a.dir)
+        .with_context(|| format!("creating the checkpoint root {}", a.dir.display()))
+}
+
+/// A background round's CAPTURE and DUMP: the frozen state is captured and
+/// the rest of the memory write-protected in CAPTURE; the tree thaws only
+/// on the DUMP command, once every node has captured its own (so no part
+/// runs on while another is still frozen-capturing), and the pages are
+/// written while it runs. On an abort the tree is thawed unharmed and no
+/// image is left.
+fn background_write(
+    a: &DumpArgs,
+    s: &mut Session,
+    frozen: ckpt_dumper::Frozen,
+    write: &WriteOptions<'_>,
+) -> anyhow::Result<ckpt_dumper::Written> {
+    s.wait(CoordPhase::Capture)?;
+    s.local(create_root(a))?;
+    let session = std::sync::Mutex::new(s);
+    // The session's own error (an abort naming the failed node, or the lost
+    // coordinator), kept whole: the dumper only carries its text.
+    let barrier_error: std::sync::Mutex<Option<anyhow::Error>> = std::sync::Mutex::new(None);
+    let gate = || -> Result<(), String> {
+        let mut s = session
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let r = s
+            .done(PhaseInfo::None)
+            .and_then(|()| s.wait(CoordPhase::Dump).map(drop));
+        r.map_err(|e| {
+            let text = format!("{e:#}");
+            *barrier_error
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e.into());
+            text
+        })
+    };
+    let r = frozen.write(&WriteOptions {
+        background: true,
+        before_thaw: Some(&gate),
+        ..write.clone()
+    });
+    let s = session
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    match barrier_error
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    {
+        // Already known to the coordinator: it is the one that said no.
+        Some(e) => Err(e),
+        None => s.local(r),
+    }
 }
 
 /// What the coordinator records of this node's images: their directory and

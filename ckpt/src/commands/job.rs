@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! ckpt job run     --dir JOBDIR [--part NAME] -- CMD...          # on each node, by the launcher
-//! ckpt job dump    --dir JOBDIR --launch srun|netns|exec [--kill] [--keep N]
+//! ckpt job dump    --dir JOBDIR --launch srun|netns|exec [--kill] [--keep N] [--background | --incremental]
 //! ckpt job restore --dir JOBDIR --launch srun|netns|exec [--nodes N1,N2] [--epoch E] [--detach]
 //! ckpt job status  --dir JOBDIR        ckpt job list --dir JOBDIR
 //! ```
@@ -190,6 +190,15 @@ struct DumpArgs {
     /// Store page data LZ4-compressed.
     #[arg(long)]
     compress: bool,
+    /// Freeze every part only to capture its registers, files and
+    /// write-protect its memory; all thaw together once every part has,
+    /// and the pages are written while the job runs (a background round).
+    #[arg(long, conflicts_with_all = ["kill", "incremental"])]
+    background: bool,
+    /// Read from each part only the pages written since its images of the
+    /// last committed epoch (every epoch stays complete on its own).
+    #[arg(long)]
+    incremental: bool,
     #[command(flatten)]
     common: RoundOpts,
 }
@@ -206,6 +215,11 @@ struct RestoreArgs {
     /// Return once every part runs instead of waiting for them.
     #[arg(long, short = 'd')]
     detach: bool,
+    /// Accept that this open file of the parts changed since the dump
+    /// (repeatable; `ckpt restore --allow-changed`): a job's output file,
+    /// which grows while the job runs on after a checkpoint.
+    #[arg(long = "allow-changed", value_name = "PATH")]
+    allow_changed: Vec<PathBuf>,
     #[command(flatten)]
     common: RoundOpts,
 }
@@ -275,6 +289,9 @@ struct AgentDumpArgs {
     /// Store page data LZ4-compressed.
     #[arg(long)]
     compress: bool,
+    /// Chain this part's epochs (`ckpt dump --incremental`).
+    #[arg(long)]
+    incremental: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -284,6 +301,9 @@ struct AgentRestoreArgs {
     /// Return once the tree runs.
     #[arg(long)]
     detach: bool,
+    /// Passed on to `ckpt restore`.
+    #[arg(long = "allow-changed", value_name = "PATH")]
+    allow_changed: Vec<PathBuf>,
 }
 
 /// Runs `ckpt job`.
@@ -388,17 +408,31 @@ fn agent_common(dir: &JobDir, addr: &str, c: &CoordOpts) -> Vec<OsString> {
 // ckpt job dump
 // ---------------------------------------------------------------------------
 
+/// How long `part` was frozen for `epoch`, as its dump recorded with its
+/// images (`stats-dump.json`): the whole freeze of a background round; of a
+/// frozen round, until its images were committed. `None` if unreadable
+/// (the figure is informative only).
+fn part_frozen_ms(dir: &JobDir, part: &str, epoch: u64) -> Option<f64> {
+    let path = super::agent::epoch_dir(&dir.part_dir(part), epoch).join(ckpt_dumper::STATS_NAME);
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_str::<serde_json::Value>(&text).ok()?["frozen_ms"].as_f64()
+}
+
 fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
     let register = register_timeout(&a.common.coord)?;
     let dir = JobDir::create_or_open(&a.dir)?;
     let _lock = dir.lock()?;
     let placed = a.common.launch.launcher().placements(&dir, true)?;
-    let kind = RoundKind::Checkpoint {
-        then: if a.kill {
-            AfterCommit::Kill
-        } else {
-            AfterCommit::Resume
-        },
+    let kind = if a.background {
+        RoundKind::BackgroundCheckpoint
+    } else {
+        RoundKind::Checkpoint {
+            then: if a.kill {
+                AfterCommit::Kill
+            } else {
+                AfterCommit::Resume
+            },
+        }
     };
     let round = a
         .common
@@ -409,6 +443,9 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
     argv.extend(agent_common(&dir, &round.agent_addr, &a.common.coord));
     if a.compress {
         argv.push("--compress".into());
+    }
+    if a.incremental {
+        argv.push("--incremental".into());
     }
     let mut agents = launch(&a.common.launch.launcher(), &argv, &placed)?;
     let over = round.wait("job dump", &mut agents, register);
@@ -448,7 +485,10 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
     dir.mark_last_committed(over.epoch)?;
     let parts: Vec<serde_json::Value> = placed
         .iter()
-        .map(|p| serde_json::json!({ "part": p.part, "node": p.node }))
+        .map(|p| {
+            let frozen_ms = part_frozen_ms(&dir, &p.part, over.epoch);
+            serde_json::json!({ "part": p.part, "node": p.node, "frozen_ms": frozen_ms })
+        })
         .collect();
     if a.common.json {
         super::print_stdout(&format!(
@@ -513,6 +553,10 @@ fn restore_agent_argv(dir: &JobDir, addr: &str, a: &RestoreArgs) -> Vec<OsString
     argv.extend(agent_common(dir, addr, &a.common.coord));
     if a.detach {
         argv.push("--detach".into());
+    }
+    for p in &a.allow_changed {
+        argv.push("--allow-changed".into());
+        argv.push(p.into());
     }
     argv
 }
@@ -763,6 +807,9 @@ fn agent_dump(a: AgentDumpArgs) -> anyhow::Result<ExitCode> {
     if a.compress {
         argv.push("--compress".into());
     }
+    if a.incremental {
+        argv.push("--incremental".into());
+    }
     super::dump::run(parse_as(&argv)?)
 }
 
@@ -779,6 +826,10 @@ fn agent_restore(a: AgentRestoreArgs) -> anyhow::Result<ExitCode> {
     argv.push(r.dir.root_pid_path(&r.part).into_os_string());
     if a.detach {
         argv.push("--detach".into());
+    }
+    for p in &a.allow_changed {
+        argv.push("--allow-changed".into());
+        argv.push(p.into());
     }
     super::restore::run(parse_as(&argv)?)
 }

@@ -40,7 +40,7 @@ use ckpt_job::slurm::checkpoints::{committed, prune};
 use ckpt_job::slurm::client;
 use ckpt_job::slurm::client::parse_signal;
 use ckpt_job::slurm::nodes;
-use ckpt_job::slurm::{Checkpointing, tree};
+use ckpt_job::slurm::{Checkpointing, Then, tree};
 use ckpt_job::slurm::{budget, nodes::NodesError};
 
 #[path = "slurm_site.rs"]
@@ -48,8 +48,6 @@ mod site;
 
 /// How long a restore waits for a zombie that still holds a dumped pid.
 const PID_WAIT: Duration = Duration::from_secs(30);
-/// The fds whose regular files the job's new run reopens (its output file).
-const STDIO: [i32; 3] = [0, 1, 2];
 
 /// Arguments of `ckpt slurm`.
 #[derive(clap::Args, Debug)]
@@ -67,6 +65,22 @@ pub struct SlurmArgs {
     /// How many committed checkpoints to keep (the newest).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
     keep: u32,
+    /// Also checkpoint the running application every DURATION
+    /// (`[DAYS-][[HH:]MM:]SS`, as Slurm prints times: `90` is 90 seconds,
+    /// `30:00` half an hour), leaving it running. With --keep the newest
+    /// committed checkpoints stay; a requeued job (after the warning, or a
+    /// node failure) restores the newest.
+    #[arg(long, value_parser = parse_every, value_name = "DURATION")]
+    every: Option<Duration>,
+    /// Periodic checkpoints in the background: every part is frozen only
+    /// to capture its registers and files and write-protect its memory
+    /// (all parts thaw together), and the pages are written while it runs.
+    #[arg(long, requires = "every", conflicts_with = "incremental")]
+    background: bool,
+    /// Periodic checkpoints (and the one at the warning) read only the
+    /// pages written since the last committed one; each stays complete.
+    #[arg(long, requires = "every")]
+    incremental: bool,
     /// The warning signal that asks for a checkpoint (as in `sbatch
     /// --signal=B:SIG@T`).
     #[arg(long, default_value = "USR1", value_parser = parse_signal, value_name = "SIG")]
@@ -112,6 +126,25 @@ pub fn registered_dir(job: &str) -> anyhow::Result<Option<PathBuf>> {
 fn warn(msg: &str) {
     eprintln!("ckpt slurm: {msg}");
     crate::logger::file_only(log::Level::Warn, &format!("ckpt slurm: {msg}"));
+}
+
+/// `--every`: a Slurm duration of at least a second.
+fn parse_every(s: &str) -> Result<Duration, String> {
+    match budget::parse_duration(s) {
+        Some(d) if d >= Duration::from_secs(1) => Ok(d),
+        Some(_) => Err(format!("{s}: at least one second")),
+        None => Err(format!(
+            "{s}: not a duration ([DAYS-][[HH:]MM:]SS, e.g. 90 or 30:00)"
+        )),
+    }
+}
+
+/// Asks for the next periodic checkpoint, as SIGALRM after `--every`.
+fn arm_every(a: &SlurmArgs) {
+    if let Some(every) = a.every {
+        let secs = u32::try_from(every.as_secs()).unwrap_or(u32::MAX).max(1);
+        nix::unistd::alarm::set(secs);
+    }
 }
 
 /// The job as Slurm describes it in the batch environment.
@@ -194,6 +227,9 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
     let mut signals = SigSet::empty();
     for s in [a.signal, Signal::SIGCONT, Signal::SIGTERM, Signal::SIGCHLD] {
         signals.add(s);
+    }
+    if a.every.is_some() {
+        signals.add(Signal::SIGALRM);
     }
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&signals), None).context("block signals")?;
 
@@ -295,7 +331,7 @@ fn restore(a: &SlurmArgs, job: &Job, ckpt: &Path) -> anyhow::Result<App> {
         progress: None,
         files: FilePolicy {
             inherit_fds: Vec::new(),
-            allow_changed: stdio_files(),
+            allow_changed: ckpt_job::slurm::stdio_files(),
             ..FilePolicy::default()
         },
         lazy: false,
@@ -317,15 +353,6 @@ fn restore(a: &SlurmArgs, job: &Job, ckpt: &Path) -> anyhow::Result<App> {
     })
 }
 
-/// The regular files this process has as fds 0-2, as /proc names them.
-fn stdio_files() -> Vec<PathBuf> {
-    STDIO
-        .iter()
-        .filter_map(|fd| std::fs::read_link(format!("/proc/self/fd/{fd}")).ok())
-        .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()))
-        .collect()
-}
-
 /// Waits for the application to end or for a signal.
 fn supervise(
     a: &SlurmArgs,
@@ -334,6 +361,7 @@ fn supervise(
     app: &App,
     signals: &SigSet,
 ) -> anyhow::Result<ExitCode> {
+    arm_every(a);
     loop {
         // A child may have ended before SIGCHLD was blocked or between two
         // waits: look first, then wait for the next signal.
@@ -344,7 +372,7 @@ fn supervise(
         if sig == a.signal {
             let lead = a.lead.map(Duration::from_secs);
             let attempt = budget::Attempt::begin(dir, &job.id, lead, &warn);
-            match checkpoint(a, dir, app) {
+            match checkpoint(a, dir, app, Then::Kill) {
                 Ok(name) => {
                     let (took, lead) = attempt.committed(dir, &name, &warn);
                     if let Target::Tree(_) = app.target {
@@ -385,6 +413,9 @@ fn supervise(
                     );
                 }
             }
+        } else if sig == Signal::SIGALRM {
+            periodic(a, dir, app);
+            arm_every(a);
         } else if sig == Signal::SIGTERM {
             // Slurm's end (time limit without a warning, scancel): the
             // application gets it as it would without the wrapper.
@@ -415,13 +446,45 @@ fn forward(app: &App, sig: Signal) {
     let _ = kill(target, sig);
 }
 
-/// Checkpoints the application with `--kill` and commits the checkpoint;
-/// returns its name. On failure nothing is committed.
-fn checkpoint(a: &SlurmArgs, dir: &Path, app: &App) -> anyhow::Result<String> {
+/// A periodic checkpoint (`--every`): the application runs on whatever
+/// happens; a failure is one line, and the last committed checkpoint stays.
+fn periodic(a: &SlurmArgs, dir: &Path, app: &App) {
+    let started = std::time::Instant::now();
+    match checkpoint(a, dir, app, Then::Resume) {
+        Ok(name) => {
+            if let Target::Tree(_) = app.target {
+                for f in prune(dir, a.keep) {
+                    eprintln!(
+                        "ckpt slurm: {}: cannot remove old checkpoint: {}",
+                        f.path.display(),
+                        f.error
+                    );
+                }
+            }
+            eprintln!(
+                "ckpt slurm: {} checkpointed into {} (periodic, {:.1} s), running on",
+                app.target,
+                app.target.place(dir, &name),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Err(e) => eprintln!(
+            "ckpt slurm: periodic checkpoint of {} failed, the application keeps running: {e:#}",
+            app.target
+        ),
+    }
+}
+
+/// Checkpoints the application and commits the checkpoint; returns its
+/// name. On failure nothing is committed.
+fn checkpoint(a: &SlurmArgs, dir: &Path, app: &App, then: Then) -> anyhow::Result<String> {
     let how = Checkpointing {
         keep: a.keep,
         signal: a.signal,
         image_key: a.image_key.as_deref(),
+        then,
+        background: a.background,
+        incremental: a.incremental,
     };
     match &app.target {
         Target::Tree(t) => Ok(tree::checkpoint(dir, *t, &how)?),

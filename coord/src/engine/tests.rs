@@ -1101,3 +1101,106 @@ fn root_blames_a_silent_relay_after_the_grace() {
     let (_, ab) = abort(&h.feed(Event::Tick));
     assert_eq!(ab.node, "sub-coordinator sub0 (1 of 1 nodes late)");
 }
+
+const BACKGROUND: RoundKind = RoundKind::BackgroundCheckpoint;
+
+#[test]
+fn background_round_thaws_only_after_every_node_captured() {
+    let mut h = Harness::root(3, Some(4));
+    h.agents(3);
+    h.trigger(BACKGROUND);
+    let a = h.feed(Event::EpochReserved { epoch: 5 });
+    let (_, cmd) = phase_cmd(&a);
+    assert_eq!((cmd.phase, cmd.kind), (Phase::Freeze, BACKGROUND));
+    assert_eq!(phases(&h.all_arrive(5, Phase::Freeze)), vec![Phase::Drain]);
+    assert_eq!(phases(&h.all_arrive(5, Phase::Drain)), vec![Phase::Capture]);
+    // DUMP (the signal to thaw) waits for the last node's frozen state.
+    let cs = h.agent_conns();
+    assert!(phases(&h.arrive(cs[0], 5, Phase::Capture, PhaseInfo::None)).is_empty());
+    assert!(phases(&h.arrive(cs[1], 5, Phase::Capture, PhaseInfo::None)).is_empty());
+    let a = h.arrive(cs[2], 5, Phase::Capture, PhaseInfo::None);
+    let (to, cmd) = phase_cmd(&a);
+    assert_eq!((to, cmd.phase), (cs.clone(), Phase::Dump));
+    // The epoch commits only once every node's pages are written.
+    let a = h.all_arrive(5, Phase::Dump);
+    assert!(
+        a.iter()
+            .any(|a| matches!(a, Action::Commit { epoch: 5, .. }))
+    );
+    let a = h.feed(Event::CommitWritten { epoch: 5 });
+    assert_eq!(phases(&a), vec![Phase::Commit, Phase::Resume]);
+    let over = round_over(&h.all_arrive(5, Phase::Resume));
+    assert_eq!((over.kind, over.outcome), (BACKGROUND, Outcome::Committed));
+    assert_eq!(h.engine.last_committed(), Some(5));
+}
+
+#[test]
+fn background_round_starts_when_every_agent_asks_for_it() {
+    let mut h = Harness::root(2, None);
+    h.join(FIRST_AGENT, Role::Agent, "a", Intent::BackgroundCheckpoint);
+    let a = h.join(
+        FIRST_AGENT + 1,
+        Role::Agent,
+        "b",
+        Intent::BackgroundCheckpoint,
+    );
+    assert!(a.iter().any(|a| matches!(a, Action::ReserveEpoch { .. })));
+    let (_, cmd) = phase_cmd(&h.feed(Event::EpochReserved { epoch: 1 }));
+    assert_eq!(cmd.kind, BACKGROUND);
+}
+
+#[test]
+fn failure_after_the_thaw_aborts_and_keeps_the_last_commit() {
+    let mut h = Harness::root(2, Some(3));
+    h.agents(2);
+    h.trigger(BACKGROUND);
+    h.feed(Event::EpochReserved { epoch: 4 });
+    h.all_arrive(4, Phase::Freeze);
+    h.all_arrive(4, Phase::Drain);
+    h.all_arrive(4, Phase::Capture);
+    let cs = h.agent_conns();
+    h.arrive(
+        cs[0],
+        4,
+        Phase::Dump,
+        PhaseInfo::Dump {
+            image_dir: "/ckpt/n00/4".into(),
+            manifest_crc32c: 1,
+        },
+    );
+    // The other node loses its pages' writer after its tree runs again.
+    let a = h.msg(
+        cs[1],
+        Message::Fail(Fail {
+            epoch: 4,
+            phase: Phase::Dump,
+            node: "n01".into(),
+            reason: "disk full".into(),
+        }),
+    );
+    let (to, ab) = abort(&a);
+    assert_eq!(to, cs);
+    assert_eq!(
+        (ab.epoch, ab.phase, ab.node.as_str()),
+        (4, Phase::Dump, "n01")
+    );
+    assert!(!a.iter().any(|a| matches!(a, Action::Commit { .. })));
+    assert_eq!(h.running(), None);
+    assert_eq!(h.engine.last_committed(), Some(3));
+}
+
+#[test]
+fn relay_mirrors_a_background_round() {
+    let mut h = relay_with(2);
+    parent_phase(&mut h, 1, Phase::Freeze, BACKGROUND);
+    h.all_arrive(1, Phase::Freeze);
+    parent_phase(&mut h, 1, Phase::Drain, BACKGROUND);
+    h.all_arrive(1, Phase::Drain);
+    let a = parent_phase(&mut h, 1, Phase::Capture, BACKGROUND);
+    assert_eq!(phases(&a), vec![Phase::Capture]);
+    let up = sent_up(&h.all_arrive(1, Phase::Capture));
+    assert!(
+        matches!(&up[..], [Message::Arrive(a)] if a.phase == Phase::Capture && a.count == 2),
+        "{up:?}"
+    );
+}

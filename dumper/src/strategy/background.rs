@@ -46,6 +46,7 @@ impl PageStrategy for Background {
             ms_since(started)
         );
         // Nothing else needs the tree stopped: let it run.
+        super::before_thaw(opts, procs.first().map_or(0, |c| c.pid))?;
         tree.thaw_early()?;
         log::info!(
             "background: tree running again after {:.3} ms frozen",

@@ -54,6 +54,7 @@ impl PageStrategy for BackgroundIncremental {
             started,
         };
         let held = frozen.read(memory)?;
+        super::before_thaw(opts, procs.first().map_or(0, |c| c.pid))?;
         tree.thaw_early()?;
         log::info!(
             "background: {} bytes written since the pre-dump {}, tree running again after {:.3} ms frozen",
@@ -119,7 +120,7 @@ impl<'p> Plan<'p> {
             .iter()
             .map(|c| {
                 opts.prev.zip(c.written.as_ref()).and_then(|(prev, since)| {
-                    let before = prev.process(c.pid)?;
+                    let before = prev.process(c.saved_pid)?;
                     Some(predump::Sources::split(
                         &c.vmas,
                         prev,

@@ -24,7 +24,7 @@ fn copy_reusing(one: &OneProcess<'_, '_>, stats: &mut DumpStats) -> Result<Vec<P
     let before = one
         .opts
         .prev
-        .and_then(|prev| Some((prev, prev.process(c.pid)?)));
+        .and_then(|prev| Some((prev, prev.process(c.saved_pid)?)));
     let (Some((prev, before)), Some(since)) = (before, &c.written) else {
         return copy_whole(one, stats);
     };

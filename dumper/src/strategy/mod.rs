@@ -125,3 +125,13 @@ fn sinks<'w>(
         .map(|(pw, c)| pages::Sink::new(pw, compress, c.pages_bytes))
         .collect()
 }
+
+/// Asks the caller's [`WriteOptions::before_thaw`] whether the tree of
+/// `root` may thaw now (everything frozen is captured).
+fn before_thaw(opts: &WriteOptions<'_>, root: i32) -> Result<()> {
+    ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::BeforeThaw);
+    match opts.before_thaw {
+        Some(gate) => gate().map_err(|reason| crate::DumpError::ThawRefused { pid: root, reason }),
+        None => Ok(()),
+    }
+}

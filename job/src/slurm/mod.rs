@@ -38,4 +38,33 @@ pub struct Checkpointing<'a> {
     pub signal: Signal,
     /// The site's image key file, if given.
     pub image_key: Option<&'a Path>,
+    /// What the checkpoint leaves of the application.
+    pub then: Then,
+    /// A checkpoint that lets the application run on is taken in the
+    /// background (`--background`): frozen only for what cannot be
+    /// written while it runs.
+    pub background: bool,
+    /// Checkpoints after the first read only what changed since the last
+    /// committed one (`--incremental`).
+    pub incremental: bool,
+}
+
+/// What a checkpoint leaves of the application.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Then {
+    /// Killed once committed: the warning's checkpoint, before the requeue.
+    Kill,
+    /// Running on: a periodic checkpoint (`--every`).
+    Resume,
+}
+
+/// The regular files this process has as fds 0-2, as /proc names them:
+/// the job's output, which grows after a checkpoint and is reopened at its
+/// end at the restart.
+pub fn stdio_files() -> Vec<std::path::PathBuf> {
+    [0, 1, 2]
+        .iter()
+        .filter_map(|fd| std::fs::read_link(format!("/proc/self/fd/{fd}")).ok())
+        .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()))
+        .collect()
 }

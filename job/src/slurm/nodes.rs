@@ -22,7 +22,7 @@ use ckpt_coord::store::StoreError;
 use nix::unistd::Pid;
 
 use super::budget;
-use super::{Checkpointing, Warn};
+use super::{Checkpointing, Then, Warn};
 use crate::dir::{DirError, JobDir};
 use crate::sys::{ChildSignals, child_signals, close_inherited_fds};
 
@@ -199,6 +199,12 @@ impl Parts {
     /// the worst part's status.
     pub fn restore(&self, image_key: Option<&Path>) -> Result<Pid> {
         let mut cmd = self.ckpt(&["job", "restore", "--launch", "srun"], ChildSignals::None)?;
+        // The job's output file grew since the checkpoint (the parts ran on
+        // after a periodic one, and this wrapper writes there too): the
+        // parts continue at its end, as on one node.
+        for f in super::stdio_files() {
+            cmd.arg("--allow-changed").arg(f);
+        }
         if let Some(k) = image_key {
             cmd.arg("--image-key").arg(k);
         }
@@ -209,16 +215,21 @@ impl Parts {
         pid_of(&child)
     }
 
-    /// Checkpoints every part with `--kill`; `ckpt job dump` commits the
-    /// epoch and prunes to `--keep`. Returns the epoch's name.
+    /// Checkpoints every part (then kills them, or lets them run on);
+    /// `ckpt job dump` commits the epoch and prunes to `--keep`. Returns the
+    /// epoch's name.
     pub fn checkpoint(&self, a: &Checkpointing<'_>, dir: &Path) -> Result<String> {
         let keep = a.keep.to_string();
-        let mut cmd = self.ckpt(
-            &[
-                "job", "dump", "--launch", "srun", "--kill", "--json", "--keep", &keep,
-            ],
-            ChildSignals::Dump(a.signal),
-        )?;
+        let mut args = vec!["job", "dump", "--launch", "srun", "--json", "--keep", &keep];
+        match a.then {
+            Then::Kill => args.push("--kill"),
+            Then::Resume if a.background => args.push("--background"),
+            Then::Resume => {}
+        }
+        if a.incremental {
+            args.push("--incremental");
+        }
+        let mut cmd = self.ckpt(&args, ChildSignals::Dump(a.signal))?;
         if let Some(k) = a.image_key {
             cmd.arg("--image-key").arg(k);
         }

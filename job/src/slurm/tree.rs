@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use nix::unistd::Pid;
 
+use super::checkpoints::committed;
 use super::checkpoints::{CheckpointsError, commit, next_number};
-use super::{CKPT_PREFIX, Checkpointing};
+use super::{CKPT_PREFIX, Checkpointing, Then};
 use crate::sys::{ChildSignals, child_signals, close_inherited_fds};
 
 /// How long `ckpt run` may take to start the namespace's init.
@@ -131,8 +132,25 @@ pub fn checkpoint(dir: &Path, tree: Pid, how: &Checkpointing<'_>) -> Result<Stri
         .arg("--tree")
         .arg(tree.to_string())
         .arg("--dir")
-        .arg(&target)
-        .arg("--kill");
+        .arg(&target);
+    match how.then {
+        Then::Kill => {
+            cmd.arg("--kill");
+        }
+        Then::Resume if how.background => {
+            cmd.arg("--background");
+        }
+        // Tracking is left for the next one to read only what changed.
+        Then::Resume if how.incremental => {
+            cmd.arg("--track");
+        }
+        Then::Resume => {}
+    }
+    if how.incremental
+        && let Some(prev) = committed(dir)?
+    {
+        cmd.arg("--prev").arg(dir.join(prev));
+    }
     if let Some(k) = how.image_key {
         cmd.arg("--image-key").arg(k);
     }
