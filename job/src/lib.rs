@@ -1,8 +1,11 @@
 //! Multi-node job orchestration, as a library: the `ckpt` CLI is a thin
 //! layer over it (arguments in, messages and exit codes out).
 //!
-//! Errors are typed ([`JobError`]); each names what it is about, and keeps
-//! the failing call's error as its source so a caller can classify it.
+//! Errors are typed: [`JobError`] for becoming a job's user, and one enum
+//! per module ([`DirError`], [`LaunchError`], [`RoundError`],
+//! [`AgentError`], [`part::PartError`], the `slurm` modules' own); each
+//! names the part, node, file or pid it is about, and keeps the failing
+//! call's error as its source so a caller can classify it.
 
 pub mod agent;
 pub mod dir;
