@@ -152,7 +152,9 @@ round() {
     export CKPT_COORD_SECRET=$(cat "$S/coord-$T/$T.secret")
     ./ckpt run --ib -- ibv_rc_pingpong -d rxe0 -g 1 -n $ITERS "$@" >$T-s.out 2>&1 </dev/null &
     PS=$!
-    sleep 0.5
+    # The client connects once: wait until the server listens on its
+    # port (18515, 0x4853; state 0A), however slow the emulated CPU.
+    i=0; while ! grep -qE ':4853 [0-9A-F]+:0000 0A' /proc/net/tcp /proc/net/tcp6 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
     ./ckpt run --ib -- ibv_rc_pingpong -d rxe0 -g 1 -n $ITERS "$@" 127.0.0.1 >$T-c.out 2>&1 </dev/null &
     PC=$!
     sleep 3
