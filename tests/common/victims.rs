@@ -315,30 +315,12 @@ impl Victim {
     /// work dir and inherited fds closed. It speaks no victim protocol: its
     /// arguments name the work dir if it reports there.
     pub fn spawn_program(env: &TestEnv, program: &Path, args: &[&str]) -> Victim {
-        let stdout = File::create(env.work.join("stdout")).expect("create stdout file");
-        let stderr = File::create(env.work.join("stderr")).expect("create stderr file");
-        let mut cmd = Command::new(program);
-        cmd.args(args)
-            .current_dir(&env.work)
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr);
-        cloexec_inherited_fds(&mut cmd, true);
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {}: {e}", program.display()));
-        Victim {
-            pid: child.id() as i32,
-            bin: program.to_path_buf(),
-            work: env.work.clone(),
-            name: program.display().to_string(),
-            incarnation: None,
-            child: Some(child),
-        }
+        Victim::spawn_program_full(env, program, args, None, &[])
     }
 
     /// Like [`Victim::spawn_program`], run by `user` (stdout and stderr
-    /// files and the work dir theirs) with `vars` added to its environment.
+    /// files and the work dir theirs) with `vars` added to its environment
+    /// and no image key of the test's.
     pub fn spawn_program_as(
         env: &TestEnv,
         program: &Path,
@@ -346,19 +328,29 @@ impl Victim {
         user: &TestUser,
         vars: &[(&str, &str)],
     ) -> Victim {
+        Victim::spawn_program_full(env, program, args, Some(user), vars)
+    }
+
+    fn spawn_program_full(
+        env: &TestEnv,
+        program: &Path,
+        args: &[&str],
+        user: Option<&TestUser>,
+        vars: &[(&str, &str)],
+    ) -> Victim {
         let stdout = File::create(env.work.join("stdout")).expect("create stdout file");
         let stderr = File::create(env.work.join("stderr")).expect("create stderr file");
-        env.give_work_to(user);
         let mut cmd = Command::new(program);
         cmd.args(args)
             .current_dir(&env.work)
             .envs(vars.iter().copied())
-            .env_remove("CKPT_IMAGE_KEY")
-            .uid(user.uid)
-            .gid(user.gid)
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr);
+        if let Some(u) = user {
+            env.give_work_to(u);
+            cmd.env_remove("CKPT_IMAGE_KEY").uid(u.uid).gid(u.gid);
+        }
         cloexec_inherited_fds(&mut cmd, true);
         let child = cmd
             .spawn()

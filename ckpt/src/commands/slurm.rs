@@ -375,16 +375,7 @@ fn supervise(
             match checkpoint(a, dir, app, Then::Kill) {
                 Ok(name) => {
                     let (took, lead) = attempt.committed(dir, &name, &warn);
-                    if let Target::Tree(_) = app.target {
-                        // `ckpt job dump` prunes a job's epochs itself.
-                        for f in prune(dir, a.keep) {
-                            eprintln!(
-                                "ckpt slurm: {}: cannot remove old checkpoint: {}",
-                                f.path.display(),
-                                f.error
-                            );
-                        }
-                    }
+                    prune_tree_checkpoints(a, dir, app);
                     eprintln!(
                         "ckpt slurm: {} checkpointed into {} and committed {:.1} s after the signal{}",
                         app.target,
@@ -446,21 +437,28 @@ fn forward(app: &App, sig: Signal) {
     let _ = kill(target, sig);
 }
 
+/// Keeps the newest `--keep` checkpoints of a single-node application
+/// (`ckpt job dump` prunes a job's epochs itself), one line per one it
+/// could not remove.
+fn prune_tree_checkpoints(a: &SlurmArgs, dir: &Path, app: &App) {
+    if let Target::Tree(_) = app.target {
+        for f in prune(dir, a.keep) {
+            eprintln!(
+                "ckpt slurm: {}: cannot remove old checkpoint: {}",
+                f.path.display(),
+                f.error
+            );
+        }
+    }
+}
+
 /// A periodic checkpoint (`--every`): the application runs on whatever
 /// happens; a failure is one line, and the last committed checkpoint stays.
 fn periodic(a: &SlurmArgs, dir: &Path, app: &App) {
     let started = std::time::Instant::now();
     match checkpoint(a, dir, app, Then::Resume) {
         Ok(name) => {
-            if let Target::Tree(_) = app.target {
-                for f in prune(dir, a.keep) {
-                    eprintln!(
-                        "ckpt slurm: {}: cannot remove old checkpoint: {}",
-                        f.path.display(),
-                        f.error
-                    );
-                }
-            }
+            prune_tree_checkpoints(a, dir, app);
             eprintln!(
                 "ckpt slurm: {} checkpointed into {} (periodic, {:.1} s), running on",
                 app.target,

@@ -6,23 +6,11 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signal::SigSet;
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use super::wire::{self, WireError};
-use super::{ServiceError, socket_path};
-
-/// Signals that, while the service runs the command, go to it instead of
-/// ending this client (Ctrl-C, a scheduler's warning or time limit),
-/// unless this process started with them blocked.
-const FORWARDED: [Signal; 6] = [
-    Signal::SIGINT,
-    Signal::SIGTERM,
-    Signal::SIGHUP,
-    Signal::SIGQUIT,
-    Signal::SIGUSR1,
-    Signal::SIGUSR2,
-];
+use super::{PASSED_SIGNALS, ServiceError, socket_path};
 
 /// Whether this command should go to the service: ckpt is not root, and
 /// the command needs root unless the user brought their own key (then it
@@ -73,7 +61,10 @@ pub fn delegate(command: &'static str) -> anyhow::Result<ExitCode> {
     // SIGTERM at the end does not cut a checkpoint short.
     let inherited = SigSet::thread_get_mask().context("read the signal mask")?;
     let mut mask = SigSet::empty();
-    for s in FORWARDED.into_iter().filter(|s| !inherited.contains(*s)) {
+    for s in PASSED_SIGNALS
+        .into_iter()
+        .filter(|s| !inherited.contains(*s))
+    {
         mask.add(s);
     }
     mask.thread_block().context("block signals")?;

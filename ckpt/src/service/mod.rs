@@ -67,6 +67,18 @@ pub enum ServiceError {
     NotRoot,
 }
 
+/// Signals that pass from a client to its worker: the ones a terminal or
+/// a scheduler sends to stop a command or warn it (the client forwards
+/// them, the service delivers only these).
+pub const PASSED_SIGNALS: [nix::sys::signal::Signal; 6] = [
+    nix::sys::signal::Signal::SIGINT,
+    nix::sys::signal::Signal::SIGTERM,
+    nix::sys::signal::Signal::SIGHUP,
+    nix::sys::signal::Signal::SIGQUIT,
+    nix::sys::signal::Signal::SIGUSR1,
+    nix::sys::signal::Signal::SIGUSR2,
+];
+
 /// The socket the client uses.
 pub fn socket_path() -> PathBuf {
     std::env::var_os(SOCKET_ENV)

@@ -12,11 +12,10 @@ use std::time::Duration;
 use anyhow::Context;
 use ckpt_image::Caller;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::signal::Signal;
 
 use super::wire::{self, ClientMessage, PeerIds, WireError};
 use super::worker::{CALLER_ENV, CGROUP_ENV, JOB_ENV_PREFIX};
-use super::{DEFAULT_SOCKET, ServiceError};
+use super::{DEFAULT_SOCKET, PASSED_SIGNALS, ServiceError};
 
 /// Arguments of `ckpt serve`.
 #[derive(clap::Args, Debug)]
@@ -297,17 +296,6 @@ fn cgroup_dir(pid: i32) -> Option<PathBuf> {
     let rel = rel.trim_start_matches('/');
     Some(Path::new("/sys/fs/cgroup").join(rel))
 }
-
-/// Signals a client may pass on to its worker: the ones a terminal or a
-/// scheduler sends to stop a command.
-const PASSED_SIGNALS: [Signal; 6] = [
-    Signal::SIGINT,
-    Signal::SIGTERM,
-    Signal::SIGHUP,
-    Signal::SIGQUIT,
-    Signal::SIGUSR1,
-    Signal::SIGUSR2,
-];
 
 /// Waits for the worker, passing on the client's signals; returns its exit
 /// code (128 + signal if killed, as a shell reports it).
