@@ -75,6 +75,17 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Under an MPI launcher's part, this executable is also its `srun`.
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    if ckpt_job::slurm::daemons::invoked_as_standin(&argv0) {
+        let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+        return finish(
+            ckpt_job::slurm::daemons::standin(&args)
+                .map(ExitCode::from)
+                .map_err(anyhow::Error::from),
+            false,
+        );
+    }
     // Known before parsing, so even a usage error can be JSON.
     let json = std::env::args().skip(1).any(|a| a == "--json");
     let cli = match Cli::try_parse() {

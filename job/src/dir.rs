@@ -39,6 +39,8 @@ const ROOT_PID: &str = "root.pid";
 const LAST_COMMITTED: &str = "last-committed";
 /// The part's node file.
 const NODE: &str = "node";
+/// The part's exit file: how its tree ended last on its node.
+const EXIT: &str = "exit";
 /// Longest part or node name.
 const MAX_NAME: usize = 64;
 /// Longest root.pid or node file read back.
@@ -147,6 +149,14 @@ pub enum DirError {
         /// What it holds.
         text: String,
     },
+    /// An exit file that holds no exit code.
+    #[error("{}: {text:?} is not an exit code, refused", path.display())]
+    NotAnExit {
+        /// The file.
+        path: PathBuf,
+        /// What it holds.
+        text: String,
+    },
     /// A part without a root.pid file.
     #[error("part {part}: {} missing: the part was not started with `ckpt job run`", path.display())]
     NoRootPid {
@@ -234,6 +244,15 @@ fn io(path: &Path, step: &'static str) -> impl FnOnce(std::io::Error) -> DirErro
 #[derive(Debug, Clone)]
 pub struct JobDir {
     root: PathBuf,
+}
+
+/// How a part's tree ended, as its node recorded it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartExit {
+    /// Its exit code, as a shell reports it (128 + signal if killed).
+    pub code: i32,
+    /// When it was recorded.
+    pub at: std::time::SystemTime,
 }
 
 /// One part of the job as its files say.
@@ -561,6 +580,37 @@ impl JobDir {
             })?;
         }
         Ok(node)
+    }
+
+    /// Records that `part`'s tree ended with `code` on this node (`ckpt job
+    /// run`, or a restore's agent, once the tree exits): what a launcher
+    /// waiting for its daemons learns from.
+    pub fn record_exit(&self, part: &str, code: i32) -> Result<(), DirError> {
+        write_atomic(&self.part_dir(part).join(EXIT), &code.to_string())
+    }
+
+    /// Forgets how `part` ended before (it starts or is restored again).
+    pub fn clear_exit(&self, part: &str) -> Result<(), DirError> {
+        let path = self.part_dir(part).join(EXIT);
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(&path, "remove")(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// How `part`'s tree ended last, if it is recorded.
+    pub fn exit_of(&self, part: &str) -> Result<Option<PartExit>> {
+        let path = self.part_dir(part).join(EXIT);
+        let Some(text) = read_small(&path)? else {
+            return Ok(None);
+        };
+        let at = fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .map_err(io(&path, ""))?;
+        match text.parse::<i32>() {
+            Ok(code) => Ok(Some(PartExit { code, at })),
+            Err(_) => Err(DirError::NotAnExit { path, text }),
+        }
     }
 
     /// The recorded root pid of `part`, if any (not checked against the

@@ -108,27 +108,44 @@ pub fn this_node() -> String {
         })
 }
 
+/// A part that starts on this node now (`ckpt job run`).
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// The job directory.
+    pub dir: JobDir,
+    /// The part.
+    pub part: String,
+    /// This node.
+    pub node: String,
+    /// Where the part's root pid is to be written.
+    pub pidfile: PathBuf,
+}
+
 /// Records that a part starts on this node now (`ckpt job run`), unless
 /// it already runs there: `part` (default: named after the node) on
 /// `node` (default: [`this_node`]) in the job directory `root` (created
-/// if this is the job's first command). Returns where the part's root pid
-/// is to be written.
-pub fn claim(root: &Path, part: Option<&str>, node: Option<&str>) -> Result<PathBuf> {
+/// if this is the job's first command). How it ended before is forgotten.
+pub fn claim(root: &Path, part: Option<&str>, node: Option<&str>) -> Result<Claimed> {
     let node = node.map_or_else(this_node, str::to_string);
     check_name("node", &node)?;
-    let part = part.unwrap_or(&node);
-    let node = node.as_str();
+    let part = part.unwrap_or(&node).to_string();
     let dir = JobDir::create_or_open(root)?;
-    dir.ensure_part(part)?;
-    if dir.node_of(part)?.as_deref() == Some(node)
-        && let Some(pid) = dir.root_of(part)?
+    dir.ensure_part(&part)?;
+    if dir.node_of(&part)?.as_deref() == Some(node.as_str())
+        && let Some(pid) = dir.root_of(&part)?
         && is_ckpt_init(pid)?
     {
-        let (part, node) = (part.to_string(), node.to_string());
         return Err(PartError::Running { part, node, pid });
     }
-    dir.set_node(part, node)?;
-    Ok(dir.root_pid_path(part))
+    dir.set_node(&part, &node)?;
+    dir.clear_exit(&part)?;
+    let pidfile = dir.root_pid_path(&part);
+    Ok(Claimed {
+        dir,
+        part,
+        node,
+        pidfile,
+    })
 }
 
 /// How an agent of `ckpt job dump|restore` finds its part.

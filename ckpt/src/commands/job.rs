@@ -136,6 +136,12 @@ struct RunArgs {
     /// namespace this runs in, else the host name).
     #[arg(long, value_name = "NAME")]
     node: Option<String>,
+    /// Run the part in a UTS namespace of its own whose host name is the
+    /// node's name: on nodes that share a host (or a part restored on
+    /// another node) `gethostname()` still names the part's node, which
+    /// MPI launchers match against the allocation's node list.
+    #[arg(long)]
+    uts: bool,
     /// The command and its arguments.
     #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -340,12 +346,26 @@ fn os(words: &[&str]) -> Vec<OsString> {
 }
 
 fn run_part(a: RunArgs) -> anyhow::Result<ExitCode> {
-    let pidfile = part::claim(&a.dir, a.part.as_deref(), a.node.as_deref())?;
+    let claimed = part::claim(&a.dir, a.part.as_deref(), a.node.as_deref())?;
     let mut argv = os(&["run", "--pidns", "--pidfile"]);
-    argv.push(pidfile.into_os_string());
+    argv.push(claimed.pidfile.clone().into_os_string());
+    if a.uts {
+        argv.push("--hostname".into());
+        argv.push(claimed.node.clone().into());
+    }
     argv.push("--".into());
     argv.extend(a.command);
-    super::run::run(parse_as(&argv)?)
+    let code = super::run::status(parse_as(&argv)?)?;
+    record_exit(&claimed.dir, &claimed.part, code);
+    Ok(ExitCode::from(code))
+}
+
+/// Records how a part's tree ended (a launcher's wrapper waits for its
+/// daemons' parts by it); a failure is only logged, the exit stands.
+fn record_exit(dir: &JobDir, part: &str, code: u8) {
+    if let Err(e) = dir.record_exit(part, i32::from(code)) {
+        log::warn!("part {part}: cannot record its exit {code}: {e}");
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -831,7 +851,12 @@ fn agent_restore(a: AgentRestoreArgs) -> anyhow::Result<ExitCode> {
         argv.push("--allow-changed".into());
         argv.push(p.into());
     }
-    super::restore::run(parse_as(&argv)?)
+    r.dir.clear_exit(&r.part)?;
+    let code = super::restore::status(parse_as(&argv)?)?;
+    if !a.detach {
+        record_exit(&r.dir, &r.part, code);
+    }
+    Ok(ExitCode::from(code))
 }
 
 #[cfg(test)]

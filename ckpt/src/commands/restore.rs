@@ -189,6 +189,11 @@ fn address_map(pairs: &[AddressPair]) -> anyhow::Result<AddressMap> {
 /// Runs `ckpt restore`: exits 0 once the process runs with `--detach`,
 /// otherwise waits and exits with its status (128+signal if killed).
 pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
+    status(a).map(ExitCode::from)
+}
+
+/// [`run`]'s exit code.
+pub fn status(a: RestoreArgs) -> anyhow::Result<u8> {
     // As PID 1 of a PID namespace (`unshare --pid --fork`), ckpt is the
     // namespace's init: if it exited, the kernel would kill every process
     // in the namespace, the restored tree included.
@@ -287,7 +292,7 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
         eprintln!("ckpt: restored pid {}", r.pid);
     }
     if a.detach {
-        return Ok(ExitCode::SUCCESS);
+        return Ok(0);
     }
     // As a namespace's init, orphans of the tree are reparented to ckpt:
     // reap them all, and end with the root.
@@ -299,10 +304,10 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
     loop {
         match waitpid(wait_for, None) {
             Ok(WaitStatus::Exited(p, code)) if p.as_raw() == r.pid => {
-                return Ok(ExitCode::from(code as u8));
+                return Ok(code as u8);
             }
             Ok(WaitStatus::Signaled(p, sig, _)) if p.as_raw() == r.pid => {
-                return Ok(ExitCode::from(128 + sig as u8));
+                return Ok(128 + sig as u8);
             }
             Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(e).context(format!("waiting for pid {}", r.pid)),

@@ -25,6 +25,11 @@ pub struct RunArgs {
     /// and set again at restore.
     #[arg(long)]
     utsns: bool,
+    /// With a new UTS namespace (implied): its host name, set before the
+    /// command starts (the parts of a job whose nodes share one host tell
+    /// their node by it, as MPI launchers do).
+    #[arg(long, value_name = "NAME", value_parser = parse_hostname)]
+    hostname: Option<ckpt_restorer::run::Hostname>,
     /// Run the command in a new IPC namespace: SysV objects of its own,
     /// saved with their ids and recreated at restore, whatever ids the
     /// host uses meanwhile.
@@ -69,7 +74,7 @@ impl RunArgs {
     /// Whether the command needs root: a namespace of its own (`--ib` alone
     /// only preloads a library).
     pub fn needs_root(&self) -> bool {
-        self.pidns || self.utsns || self.ipcns || self.timens
+        self.pidns || self.utsns || self.hostname.is_some() || self.ipcns || self.timens
     }
 
     /// Whether this process is a namespace's init (started by `ckpt run`
@@ -82,6 +87,11 @@ impl RunArgs {
 /// Runs `ckpt run`: exits with the command's status (128+signal if a
 /// signal killed it).
 pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
+    status(a).map(ExitCode::from)
+}
+
+/// [`run`]'s exit code.
+pub fn status(a: RunArgs) -> anyhow::Result<u8> {
     if a.pidns_init {
         let preload = a.preload.iter().map(|p| ("LD_PRELOAD".into(), p.clone()));
         let caller = ckpt_image::caller::acting_for();
@@ -108,15 +118,18 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
                 a.command[0].to_string_lossy()
             )
         })?;
-        return Ok(ExitCode::from(code as u8));
+        return Ok(code as u8);
     }
     let ns = ckpt_restorer::run::JobNamespaces {
-        uts: a.utsns,
+        uts: a.utsns || a.hostname.is_some(),
+        hostname: a.hostname.clone(),
         ipc: a.ipcns,
         time: a.timens.then_some(a.clock_offset.unwrap_or(0)),
     };
     if !a.pidns && !ns.any() && !a.ib {
-        anyhow::bail!("ckpt run needs at least one of --pidns, --utsns, --ipcns, --timens, --ib");
+        anyhow::bail!(
+            "ckpt run needs at least one of --pidns, --utsns, --hostname, --ipcns, --timens, --ib"
+        );
     }
     // Checked before the job starts: a path through a user's symlink
     // fails the run, not the job once it runs.
@@ -133,7 +146,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
         None
     };
     if !a.pidns {
-        ckpt_restorer::run::enter_namespaces(ns).context("creating the job's namespaces")?;
+        ckpt_restorer::run::enter_namespaces(&ns).context("creating the job's namespaces")?;
         return exec_in_place(&a, preload, pidfile);
     }
     let mut args: Vec<OsString> = vec!["run".into(), "--pidns-init".into()];
@@ -143,7 +156,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     }
     args.push("--".into());
     args.extend(a.command.iter().cloned());
-    let mut init = ckpt_restorer::run::spawn_init(&me, &args, ns)
+    let mut init = ckpt_restorer::run::spawn_init(&me, &args, &ns)
         .context("starting the init of a new PID namespace")?;
     log::info!("run: pid namespace init is host pid {}", init.id());
     if let Some(parent) = &pidfile {
@@ -155,7 +168,13 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let status = init.wait().context("waiting for the namespace's init")?;
-    Ok(ExitCode::from(ckpt_restorer::run::exit_code(status) as u8))
+    Ok(ckpt_restorer::run::exit_code(status) as u8)
+}
+
+/// `--hostname`: what the kernel takes as a host name.
+fn parse_hostname(s: &str) -> Result<ckpt_restorer::run::Hostname, String> {
+    ckpt_restorer::run::Hostname::new(s)
+        .ok_or_else(|| format!("{s:?}: not a host name (1 to 64 bytes)"))
 }
 
 /// The verbs layer's file: $CKPT_IB_LAYER, else libckpt_ibverbs.so beside
@@ -190,7 +209,7 @@ fn exec_in_place(
     a: &RunArgs,
     preload: Option<OsString>,
     pidfile: Option<TrustedParent>,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<u8> {
     use std::os::unix::process::CommandExt;
     if let Some(parent) = pidfile {
         super::restore::write_pidfile(&parent, std::process::id() as i32)?;

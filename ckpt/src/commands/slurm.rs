@@ -12,7 +12,9 @@
 //!
 //! In an allocation of several nodes the application runs once per node
 //! instead, as the parts of a `ckpt job` in `DIR/job`, checkpointed and
-//! restored as a whole ([`nodes`]).
+//! restored as a whole ([`nodes`]); an MPI launcher (`mpirun`) runs once,
+//! and the daemons it starts through Slurm are the other nodes' parts
+//! ([`daemons`]).
 //!
 //! Every checkpoint is timed against the lead Slurm gives it
 //! ([`budget`]), and the job registers its signal and directory in its
@@ -39,6 +41,7 @@ use nix::unistd::{Pid, getpgid, getpgrp};
 use ckpt_job::slurm::checkpoints::{committed, prune};
 use ckpt_job::slurm::client;
 use ckpt_job::slurm::client::parse_signal;
+use ckpt_job::slurm::daemons::{self, Daemons, LaunchDir, Serve};
 use ckpt_job::slurm::nodes;
 use ckpt_job::slurm::{Checkpointing, Then, tree};
 use ckpt_job::slurm::{budget, nodes::NodesError};
@@ -95,8 +98,18 @@ pub struct SlurmArgs {
     /// longer, from the signal to its commit, is reported in one line.
     #[arg(long, value_name = "SECS")]
     lead: Option<u64>,
+    /// In an allocation of several nodes: the application is an MPI
+    /// launcher, run once as this node's part, whose daemons (started
+    /// through Slurm) are the other nodes' parts. The default when it is
+    /// mpirun, mpiexec or orterun.
+    #[arg(long, conflicts_with = "per_node")]
+    launcher: bool,
+    /// In an allocation of several nodes: run the application once per
+    /// node, even when it is an MPI launcher.
+    #[arg(long)]
+    per_node: bool,
     /// The application and its arguments (run once per node in an
-    /// allocation of several nodes).
+    /// allocation of several nodes, unless it is an MPI launcher).
     #[arg(last = true, required = true, value_name = "APP")]
     app: Vec<OsString>,
 }
@@ -153,6 +166,18 @@ struct Job {
     restart_count: u32,
 }
 
+impl SlurmArgs {
+    /// Whether the application is an MPI launcher to run once.
+    fn is_launcher(&self) -> bool {
+        self.launcher
+            || (!self.per_node
+                && self
+                    .app
+                    .first()
+                    .is_some_and(|p| daemons::is_mpi_launcher(p)))
+    }
+}
+
 impl Job {
     fn from_env() -> anyhow::Result<Job> {
         let id = std::env::var("SLURM_JOB_ID")
@@ -177,6 +202,24 @@ struct App {
     pid: Pid,
     /// What a checkpoint saves.
     target: Target,
+    /// An MPI launcher's daemons' launches, served for its stand-in.
+    daemons: Option<Daemons>,
+}
+
+impl App {
+    /// Before a checkpoint: the daemons' ends wait.
+    fn hold(&self) {
+        if let Some(d) = &self.daemons {
+            d.hold();
+        }
+    }
+
+    /// After it: `ended_job` if it killed the application.
+    fn release(&self, ended_job: bool) {
+        if let Some(d) = &self.daemons {
+            d.release(ended_job);
+        }
+    }
 }
 
 /// What a checkpoint saves.
@@ -285,10 +328,16 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
             App {
                 pid: started.run,
                 target: Target::Tree(started.tree),
+                daemons: None,
             }
         }
         (Some(p), Some(epoch)) => {
             let since = std::time::SystemTime::now();
+            let daemons = if a.is_launcher() {
+                Some(serve_restored_daemons(&dir, &p, since)?)
+            } else {
+                None
+            };
             let pid = p.restore(a.image_key.as_deref())?;
             eprintln!(
                 "ckpt slurm: job {} restart {}: restoring {p} from {}",
@@ -300,6 +349,17 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
             App {
                 pid,
                 target: Target::Parts(p),
+                daemons,
+            }
+        }
+        (Some(p), None) if a.is_launcher() => {
+            let since = std::time::SystemTime::now();
+            let (pid, daemons) = start_launcher(&a, &dir, &p)?;
+            p.wait_running(since, pid, &warn);
+            App {
+                pid,
+                target: Target::Parts(p),
+                daemons: Some(daemons),
             }
         }
         (Some(p), None) => {
@@ -309,10 +369,48 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
             App {
                 pid,
                 target: Target::Parts(p),
+                daemons: None,
             }
         }
     };
     supervise(&a, &job, &dir, &app, &signals)
+}
+
+/// Starts an MPI launcher once, as this node's part, and serves its
+/// daemons' launches with the real srun.
+fn start_launcher(
+    a: &SlurmArgs,
+    dir: &Path,
+    parts: &nodes::Parts,
+) -> anyhow::Result<(Pid, Daemons)> {
+    let node = ckpt_job::part::this_node();
+    let launch = LaunchDir::create(dir, &node)?;
+    let srun = launch.real_srun()?;
+    let (env, added) = launch.launcher_env(parts.jobdir())?;
+    eprintln!(
+        "ckpt slurm: {} runs once, as node {node}'s part; the daemons it starts through Slurm are the other nodes' parts (set: {added})",
+        a.app[0].to_string_lossy()
+    );
+    let daemons = Daemons::serve(launch, Serve::Fresh { srun }, warn)?;
+    let pid = parts.start_launcher(&a.app, &env)?;
+    Ok((pid, daemons))
+}
+
+/// After a restart of an MPI launcher's job: its stand-in, restored
+/// waiting for its daemons, hears of their end from the restored parts.
+fn serve_restored_daemons(
+    dir: &Path,
+    parts: &nodes::Parts,
+    since: std::time::SystemTime,
+) -> anyhow::Result<Daemons> {
+    let launch = LaunchDir::of(dir);
+    launch.forget_exits()?;
+    let jobdir = ckpt_job::JobDir::open(parts.jobdir())?;
+    Ok(Daemons::serve(
+        launch,
+        Serve::Restored { jobdir, since },
+        warn,
+    )?)
 }
 
 /// Restores `ckpt` as a child of this process. The job's output file is the
@@ -350,6 +448,7 @@ fn restore(a: &SlurmArgs, job: &Job, ckpt: &Path) -> anyhow::Result<App> {
     Ok(App {
         pid: Pid::from_raw(r.pid),
         target: Target::Tree(Pid::from_raw(r.pid)),
+        daemons: None,
     })
 }
 
@@ -372,7 +471,10 @@ fn supervise(
         if sig == a.signal {
             let lead = a.lead.map(Duration::from_secs);
             let attempt = budget::Attempt::begin(dir, &job.id, lead, &warn);
-            match checkpoint(a, dir, app, Then::Kill) {
+            app.hold();
+            let done = checkpoint(a, dir, app, Then::Kill);
+            app.release(done.is_ok());
+            match done {
                 Ok(name) => {
                     let (took, lead) = attempt.committed(dir, &name, &warn);
                     prune_tree_checkpoints(a, dir, app);
@@ -456,7 +558,10 @@ fn prune_tree_checkpoints(a: &SlurmArgs, dir: &Path, app: &App) {
 /// happens; a failure is one line, and the last committed checkpoint stays.
 fn periodic(a: &SlurmArgs, dir: &Path, app: &App) {
     let started = std::time::Instant::now();
-    match checkpoint(a, dir, app, Then::Resume) {
+    app.hold();
+    let done = checkpoint(a, dir, app, Then::Resume);
+    app.release(false);
+    match done {
         Ok(name) => {
             prune_tree_checkpoints(a, dir, app);
             eprintln!(

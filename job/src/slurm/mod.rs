@@ -4,11 +4,13 @@
 //! checkpoint directory of a single-node job ([`checkpoints`]), the
 //! dump-time budget against the lead Slurm gives ([`budget`]), the
 //! application of a single-node job ([`tree`]), the parts of a job
-//! spanning several nodes ([`nodes`]) and the site's hooks ([`site`]).
+//! spanning several nodes ([`nodes`]), an MPI launcher's daemons as those
+//! parts ([`daemons`]) and the site's hooks ([`site`]).
 
 pub mod budget;
 pub mod checkpoints;
 pub mod client;
+pub mod daemons;
 pub mod nodes;
 pub mod site;
 pub mod tree;

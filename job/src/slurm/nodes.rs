@@ -194,6 +194,28 @@ impl Parts {
         pid_of(&child)
     }
 
+    /// Starts an MPI launcher (`app`) once, here, as this node's part, in a
+    /// UTS namespace named after the node, with `env` added (the daemons'
+    /// launch through `launch`'s stand-in, [`super::daemons`]): its daemons
+    /// become the other nodes' parts. Returns the pid of its `ckpt job
+    /// run`.
+    pub fn start_launcher(&self, app: &[OsString], env: &[(OsString, OsString)]) -> Result<Pid> {
+        let mut cmd = self.ckpt(&["job", "run", "--uts"], ChildSignals::None)?;
+        cmd.arg("--")
+            .args(app)
+            .envs(env.iter().map(|(k, v)| (k, v)));
+        let child = cmd.spawn().map_err(|source| NodesError::Spawn {
+            what: "cannot start the MPI launcher's part",
+            source,
+        })?;
+        pid_of(&child)
+    }
+
+    /// The job directory of the parts.
+    pub fn jobdir(&self) -> &Path {
+        &self.jobdir
+    }
+
     /// Restarts every part from the last committed epoch in the
     /// foreground: returns the pid of `ckpt job restore`, which exits with
     /// the worst part's status.

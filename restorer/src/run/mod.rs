@@ -35,15 +35,34 @@ pub const FORWARDED: [libc::c_int; 5] = [
 ];
 
 /// Namespaces `ckpt run` gives the job besides PID and mount.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct JobNamespaces {
     /// A UTS namespace (hostname, domainname) of its own.
     pub uts: bool,
+    /// The host name set in that namespace before the command starts (the
+    /// parent's otherwise): a part of a job whose nodes share one host
+    /// still tells its node by `gethostname()`, as MPI launchers do.
+    pub hostname: Option<Hostname>,
     /// An IPC namespace (SysV objects, POSIX message queues) of its own.
     pub ipc: bool,
     /// A time namespace of its own, its CLOCK_MONOTONIC and CLOCK_BOOTTIME
     /// this many seconds ahead of the host's (negative: behind).
     pub time: Option<i64>,
+}
+
+/// A host name checked for `sethostname`: 1 to 64 bytes, no NUL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hostname(Vec<u8>);
+
+/// The kernel's limit on a host name (`__NEW_UTS_LEN`).
+const HOSTNAME_MAX: usize = 64;
+
+impl Hostname {
+    /// `name`, if the kernel takes it as a host name.
+    pub fn new(name: &str) -> Option<Hostname> {
+        let ok = !name.is_empty() && name.len() <= HOSTNAME_MAX && !name.contains('\0');
+        ok.then(|| Hostname(name.as_bytes().to_vec()))
+    }
 }
 
 impl JobNamespaces {
@@ -68,10 +87,13 @@ impl JobNamespaces {
 /// Puts this process in the UTS and IPC namespaces `ns` asks for, and the
 /// program it execs in its time namespace: for a job ckpt execs in place
 /// (no --pidns).
-pub fn enter_namespaces(ns: JobNamespaces) -> io::Result<()> {
+pub fn enter_namespaces(ns: &JobNamespaces) -> io::Result<()> {
     let flags = ns.uts_ipc_flags();
     if flags != 0 {
         sys::unshare(flags)?;
+    }
+    if let Some(name) = &ns.hostname {
+        sys::sethostname(&name.0)?;
     }
     enter_time_for_children(ns)
 }
@@ -79,7 +101,7 @@ pub fn enter_namespaces(ns: JobNamespaces) -> io::Result<()> {
 /// Puts the children this process forks from now on (and the program it
 /// execs) in a new time namespace when `ns` asks for one, with its offsets:
 /// the kernel takes them only until a process is in it.
-fn enter_time_for_children(ns: JobNamespaces) -> io::Result<()> {
+fn enter_time_for_children(ns: &JobNamespaces) -> io::Result<()> {
     if let Some(secs) = ns.time {
         sys::unshare(libc::CLONE_NEWTIME)?;
         // The file is the main thread's, which `ckpt run` runs on.
@@ -104,18 +126,23 @@ const SIGNALED_STATUS_BASE: i32 = 128;
 /// closed, and passes [`FORWARDED`] signals this process receives on to
 /// it. Returns the init, whose `id()` is its pid on the host. This process
 /// stays in its UTS and IPC namespaces (so the job's end with the job).
-pub fn spawn_init(program: &Path, args: &[OsString], ns: JobNamespaces) -> io::Result<Child> {
+pub fn spawn_init(program: &Path, args: &[OsString], ns: &JobNamespaces) -> io::Result<Child> {
     sys::unshare_pid_namespace()?;
     enter_time_for_children(ns)?;
     let flags = ns.uts_ipc_flags();
+    let hostname = ns.hostname.clone();
     let mut cmd = Command::new(program);
     cmd.args(args);
     // SAFETY: the hook runs between fork and exec and makes raw syscalls
-    // only (unshare, mount, setsid, close_range): no allocation, no locks.
+    // only (unshare, sethostname, mount, setsid, close_range): no
+    // allocation, no locks.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
             if flags != 0 {
                 sys::unshare(flags)?;
+            }
+            if let Some(name) = &hostname {
+                sys::sethostname(&name.0)?;
             }
             sys::enter_private_proc_and_session()
         });

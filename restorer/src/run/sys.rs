@@ -16,6 +16,14 @@ fn check(rc: libc::c_int) -> io::Result<()> {
     }
 }
 
+/// Sets the host name of this process's UTS namespace (no allocation:
+/// safe between fork and exec).
+pub fn sethostname(name: &[u8]) -> io::Result<()> {
+    // SAFETY: the pointer and length describe `name`, which outlives the
+    // call; the kernel copies at most `len` bytes.
+    check(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) })
+}
+
 /// Puts the children this process creates from now on into a new PID
 /// namespace (the first one becomes its PID 1).
 pub fn unshare_pid_namespace() -> io::Result<()> {
