@@ -672,3 +672,119 @@ fn periodic_background_checkpoints_of_two_nodes_restart_from_the_newest() {
         job.diag()
     );
 }
+
+/// Rounds of tests/c/mpi_job.c: a few seconds at its pace, long enough that
+/// the warning comes while every rank is busy.
+const MPI_ROUNDS: u64 = 4000;
+
+/// The job environment of a two-node allocation as Slurm gives a batch
+/// script (what Open MPI's `mpirun` reads to find its nodes and slots),
+/// plus Open MPI's settings for nodes that share this host: TCP between
+/// ranks, on loopback.
+fn mpi_allocation_vars(nodes: &str, srun_log: &Path) -> Vec<(&'static str, String)> {
+    vec![
+        ("SLURM_JOB_NUM_NODES", "2".into()),
+        ("SLURM_NNODES", "2".into()),
+        ("SLURM_JOBID", FAKE_JOB.into()),
+        ("SLURM_JOB_NODELIST", "n[1-2]".into()),
+        ("SLURM_NODELIST", "n[1-2]".into()),
+        ("SLURM_TASKS_PER_NODE", "2(x2)".into()),
+        ("SLURM_JOB_CPUS_PER_NODE", "2(x2)".into()),
+        ("SLURMD_NODENAME", "n1".into()),
+        ("FAKE_SRUN_NODES", nodes.into()),
+        ("FAKE_SRUN_LOG", path_str(srun_log).into()),
+        ("OMPI_ALLOW_RUN_AS_ROOT", "1".into()),
+        ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1".into()),
+        ("OMPI_MCA_btl", "self,tcp".into()),
+        ("OMPI_MCA_btl_tcp_if_include", "lo".into()),
+        ("OMPI_MCA_oob_tcp_if_include", "lo".into()),
+    ]
+}
+
+/// `ckpt slurm -- mpirun -np 4 mpi_job` in an allocation of two "nodes" (a
+/// fake `srun` running the step's tasks here): mpirun runs once, as node
+/// n1's part with two ranks, and the `orted` it launches through srun (for
+/// node n2 only: in its own UTS namespace mpirun finds n1 in the
+/// allocation) is node n2's part with the other two. The warning
+/// checkpoints both parts and requeues; the restart restores them on
+/// swapped nodes, mpirun's stand-in for srun learns that its daemon ended
+/// from the restored part, and the ring's result is right.
+#[test]
+fn mpi_launcher_runs_once_and_its_daemon_is_the_other_part_across_a_restart() {
+    let job = FakeJob::new("slurm-mpirun");
+    write_executable(&job.bin.join("srun"), FAKE_SRUN);
+    let srun_log = job.env.root.join("srun.log");
+    let bin = mpi_victim_bin("mpi_job");
+    let work = job.env.work.display().to_string();
+    let rounds = MPI_ROUNDS.to_string();
+    let app = [
+        "mpirun",
+        "-np",
+        "4",
+        bin.to_str().expect("utf-8 path"),
+        work.as_str(),
+        rounds.as_str(),
+    ];
+    let progress = || -> u64 {
+        read_to_string_lossy(&job.env.work.join("progress"))
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    };
+    let diag = || {
+        format!(
+            "{}\n--- srun.log ---\n{}\nprogress {}",
+            job.diag(),
+            read_to_string_lossy(&srun_log),
+            progress()
+        )
+    };
+    let first = mpi_allocation_vars("n1,n2", &srun_log);
+    let vars: Vec<(&str, &str)> = first.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let run = job.start_with(0, &[], Some(&app), Stdio::null(), &vars);
+    assert!(
+        wait_until(WRAPPER_TIMEOUT, || progress() >= 500),
+        "the ring does not run\n{}",
+        diag()
+    );
+    let launches: Vec<String> = read_to_string_lossy(&srun_log)
+        .lines()
+        .filter(|l| l.contains(" orted "))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(launches.len(), 1, "one daemon launch\n{}", diag());
+    assert!(
+        launches[0].contains("--nodelist=n2") && launches[0].contains("job run --dir"),
+        "the daemon goes to n2 only, as a part\n{}",
+        diag()
+    );
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(run.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1).expect("send SIGUSR1");
+    assert_eq!(job.wait(run), 0, "{}", diag());
+    let at_dump = progress();
+    let calls = read_to_string_lossy(&job.env.root.join("scontrol.log"));
+    assert!(calls.contains(&format!("requeue {FAKE_JOB}")), "{}", diag());
+    assert!(
+        !job.env.work.join("result").exists(),
+        "the ring ended before its checkpoint\n{}",
+        diag()
+    );
+
+    let swapped = mpi_allocation_vars("n2,n1", &srun_log);
+    let vars: Vec<(&str, &str)> = swapped.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let run = job.start_with(1, &[], Some(&app), Stdio::null(), &vars);
+    assert_eq!(job.wait(run), 0, "{}", diag());
+    let result = read_to_string_lossy(&job.env.work.join("result"));
+    assert!(
+        result.starts_with("PASS"),
+        "ring after a restore at round {at_dump}: {result}\n{}",
+        diag()
+    );
+    let node_of_mpirun = read_to_string_lossy(&job.dir.join("job/parts/n1/node"));
+    assert_eq!(node_of_mpirun.trim(), "n2", "restored on swapped nodes\n{}", diag());
+    let launches = read_to_string_lossy(&srun_log)
+        .lines()
+        .filter(|l| l.contains(" orted "))
+        .count();
+    assert_eq!(launches, 1, "no daemon launched again\n{}", diag());
+}
