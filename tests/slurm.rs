@@ -781,7 +781,12 @@ fn mpi_launcher_runs_once_and_its_daemon_is_the_other_part_across_a_restart() {
         diag()
     );
     let node_of_mpirun = read_to_string_lossy(&job.dir.join("job/parts/n1/node"));
-    assert_eq!(node_of_mpirun.trim(), "n2", "restored on swapped nodes\n{}", diag());
+    assert_eq!(
+        node_of_mpirun.trim(),
+        "n2",
+        "restored on swapped nodes\n{}",
+        diag()
+    );
     let launches = read_to_string_lossy(&srun_log)
         .lines()
         .filter(|l| l.contains(" orted "))

@@ -111,6 +111,57 @@ fn role_script(env: &TestEnv, node0: &str, node1: &str) -> std::path::PathBuf {
     role
 }
 
+/// Waits until `job` ends, within [`JOB_TIMEOUT`] of `started`, and
+/// checks that it completed with exit 0 after a requeue. Returns its last
+/// record and what `at_requeue` (the application's progress, and whether
+/// it had ended) said when the first requeue was seen.
+fn await_requeued_job<T>(
+    job: &str,
+    started: Instant,
+    diag: &dyn Fn() -> String,
+    at_requeue: impl Fn() -> T,
+) -> (String, Option<T>) {
+    let mut seen = None;
+    let mut last;
+    let ended = loop {
+        let out = Lab::Two
+            .client("scontrol")
+            .args(["show", "job", "-o", job])
+            .output()
+            .expect("run scontrol");
+        last = String::from_utf8_lossy(&out.stdout).into_owned();
+        let restarts: u32 = field(&last, "Restarts")
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(0);
+        if restarts >= 1 && seen.is_none() {
+            seen = Some(at_requeue());
+        }
+        if job_over(&last) {
+            break true;
+        }
+        if started.elapsed() > JOB_TIMEOUT {
+            break false;
+        }
+        std::thread::sleep(JOB_POLL);
+    };
+    if !ended {
+        let _ = Lab::Two.client("scancel").arg(job).status();
+        panic!("job {job} did not end within {JOB_TIMEOUT:?}\n{}", diag());
+    }
+    eprintln!(
+        "job {job} ended after {:.0} s: {}",
+        started.elapsed().as_secs_f64(),
+        field(&last, "JobState").unwrap_or("?")
+    );
+    assert_eq!(field(&last, "JobState"), Some("COMPLETED"), "{}", diag());
+    assert_eq!(field(&last, "ExitCode"), Some("0:0"), "{}", diag());
+    let restarts: u32 = field(&last, "Restarts")
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
+    assert!(restarts >= 1, "job was never requeued\n{}", diag());
+    (last, seen)
+}
+
 #[test]
 fn job_of_two_nodes_exchanging_over_tcp_is_checkpointed_requeued_and_restored() {
     let Some(lab) = Lab::Two.take() else {
@@ -166,47 +217,15 @@ fn job_of_two_nodes_exchanging_over_tcp_is_checkpointed_requeued_and_restored() 
 
     // Until the job record says it ended; the exchange's progress when
     // the job was first requeued says where the checkpoint fell.
-    let mut at_requeue = None;
-    let mut last;
-    let ended = loop {
-        let out = Lab::Two
-            .client("scontrol")
-            .args(["show", "job", "-o", &job])
-            .output()
-            .expect("run scontrol");
-        last = String::from_utf8_lossy(&out.stdout).into_owned();
-        let restarts: u32 = field(&last, "Restarts")
-            .and_then(|r| r.parse().ok())
-            .unwrap_or(0);
-        if restarts >= 1 && at_requeue.is_none() {
-            at_requeue = Some((
-                progress(&env.work),
-                env.work.join("result-server").exists() || env.work.join("result-client").exists(),
-            ));
-        }
-        if job_over(&last) {
-            break true;
-        }
-        if started.elapsed() > JOB_TIMEOUT {
-            break false;
-        }
-        std::thread::sleep(JOB_POLL);
-    };
-    if !ended {
-        let _ = Lab::Two.client("scancel").arg(&job).status();
-        panic!("job {job} did not end within {JOB_TIMEOUT:?}\n{}", diag());
-    }
-    eprintln!(
-        "job {job} ended after {:.0} s: {}",
-        started.elapsed().as_secs_f64(),
-        field(&last, "JobState").unwrap_or("?")
-    );
-    assert_eq!(field(&last, "JobState"), Some("COMPLETED"), "{}", diag());
-    assert_eq!(field(&last, "ExitCode"), Some("0:0"), "{}", diag());
+    let (last, at_requeue) = await_requeued_job(&job, started, &diag, || {
+        (
+            progress(&env.work),
+            env.work.join("result-server").exists() || env.work.join("result-client").exists(),
+        )
+    });
     let restarts: u32 = field(&last, "Restarts")
         .and_then(|r| r.parse().ok())
         .unwrap_or(0);
-    assert!(restarts >= 1, "job was never requeued\n{}", diag());
     let (progress_at_requeue, ended_at_requeue) =
         at_requeue.unwrap_or_else(|| panic!("the requeue was not seen\n{}", diag()));
     assert!(
@@ -269,6 +288,107 @@ fn job_of_two_nodes_exchanging_over_tcp_is_checkpointed_requeued_and_restored() 
         );
     }
 
+    if lab.started {
+        Lab::Two.down();
+    }
+}
+
+/// Rounds of tests/c/mpi_job.c's ring: about a minute in the lab (four
+/// ranks and Slurm share two cores), so the warning comes while every rank
+/// is busy.
+const MPI_ROUNDS: u64 = 6_000;
+
+/// An Open MPI job as users run it: `mpirun -np 4` inside a batch job of
+/// two nodes with two tasks each, under `ckpt slurm`. mpirun runs once,
+/// as node n1's part with two ranks; the `orted` it starts on n2 through
+/// Slurm's srun (behind ckpt's stand-in) is n2's part with the other two.
+/// The time-limit warning checkpoints both parts, the job is requeued and
+/// restored, and the ring (every value depending on every earlier message
+/// of every rank) ends with the result computed without MPI.
+#[test]
+fn open_mpi_job_launched_by_mpirun_across_two_nodes_is_checkpointed_requeued_and_restored() {
+    let Some(lab) = Lab::Two.take() else {
+        return;
+    };
+    let env = TestEnv::new("slurm-mpirun");
+    let bin = mpi_victim_bin("mpi_job");
+    let script = env.root.join("job.sh");
+    let output = env.root.join("job.out");
+    let dir = env.root.join("ckpt");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\n\
+             export CKPT_IMAGE_KEY={key}\n\
+             # Both fake nodes are this host: ranks talk TCP on loopback.\n\
+             export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\n\
+             export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo\n\
+             exec {ckpt} slurm --dir {dir} -- mpirun -np 4 {bin} {work} {MPI_ROUNDS}\n",
+            key = env.image_key().display(),
+            ckpt = CKPT,
+            dir = dir.display(),
+            bin = bin.display(),
+            work = env.work.display(),
+        ),
+    )
+    .expect("write batch script");
+    let progress = || -> u64 {
+        read_to_string_lossy(&env.work.join("progress"))
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    };
+    let started = Instant::now();
+    let job = Lab::Two.sbatch(&[
+        "--nodes=2",
+        "--ntasks-per-node=2",
+        "--requeue",
+        "--open-mode=append",
+        &format!("--signal=B:USR1@{WARN_LEAD_SECS}"),
+        &format!("--time={TIME_LIMIT}"),
+        "--job-name=ckpt-slurm-mpirun",
+        "--output",
+        path_str(&output),
+        path_str(&script),
+    ]);
+    let diag = || {
+        format!(
+            "job record: {}\nprogress {} result {:?}\n--- job output ---\n{}\n--- slurmctld.log (last 30 lines, newest first) ---\n{}",
+            Lab::Two.record(&job),
+            progress(),
+            read_to_string_lossy(&env.work.join("result")),
+            read_to_string_lossy(&output),
+            Lab::Two.ctld_log_tail(30)
+        )
+    };
+    let (_, at_requeue) = await_requeued_job(&job, started, &diag, || {
+        (progress(), env.work.join("result").exists())
+    });
+    let (at_requeue, ended) =
+        at_requeue.unwrap_or_else(|| panic!("the requeue was not seen\n{}", diag()));
+    assert!(
+        !ended,
+        "the checkpoint came after the ring ended (round {at_requeue})\n{}",
+        diag()
+    );
+    let result = read_to_string_lossy(&env.work.join("result"));
+    assert!(
+        result.starts_with("PASS"),
+        "ring restored at round {at_requeue}: {result}\n{}",
+        diag()
+    );
+    let text = read_to_string_lossy(&output);
+    assert!(
+        text.contains("ckpt slurm: mpirun runs once, as node n1's part"),
+        "{}",
+        diag()
+    );
+    assert!(
+        text.contains("ckpt slurm: the job's 2 parts checkpointed into "),
+        "{}",
+        diag()
+    );
+    assert!(!text.contains("ckpt slurm: checkpoint of"), "{}", diag());
     if lab.started {
         Lab::Two.down();
     }
