@@ -86,3 +86,17 @@ fn epoll_targets_events_and_sharing_survive() {
 
     restore_and_check(&env, &v);
 }
+
+/// An epoll that watches other epolls (as UCX, under MPICH, builds them):
+/// the inner epolls come back with their targets before the outer one
+/// adds them, whatever their fd numbers, and readiness flows through both
+/// levels after restore (tests/c/epoll_nested.c checks it from inside).
+#[test]
+fn epoll_inside_an_epoll_survives() {
+    let env = TestEnv::new("epoll-nested");
+    let mut v = Victim::spawn(&env, "epoll_nested", &[]);
+    v.wait_ready();
+    dump(&env, &v, &["--kill"]);
+    v.reap_killed(std::time::Duration::from_secs(10));
+    restore_and_check(&env, &v);
+}

@@ -75,12 +75,13 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    // Under an MPI launcher's part, this executable is also its `srun`.
+    // Under an MPI launcher's part, this executable is also its `srun`
+    // (Open MPI) or `ssh` (MPICH's hydra).
     let argv0 = std::env::args_os().next().unwrap_or_default();
-    if ckpt_job::slurm::daemons::invoked_as_standin(&argv0) {
+    if let Some(via) = ckpt_job::slurm::daemons::invoked_as_standin(&argv0) {
         let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
         return finish(
-            ckpt_job::slurm::daemons::standin(&args)
+            ckpt_job::slurm::daemons::standin(via, &args)
                 .map(ExitCode::from)
                 .map_err(anyhow::Error::from),
             false,

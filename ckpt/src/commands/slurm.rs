@@ -41,7 +41,7 @@ use nix::unistd::{Pid, getpgid, getpgrp};
 use ckpt_job::slurm::checkpoints::{committed, prune};
 use ckpt_job::slurm::client;
 use ckpt_job::slurm::client::parse_signal;
-use ckpt_job::slurm::daemons::{self, Daemons, LaunchDir, Serve};
+use ckpt_job::slurm::daemons::{Daemons, Flavor, LaunchDir, Serve};
 use ckpt_job::slurm::nodes;
 use ckpt_job::slurm::{Checkpointing, Then, tree};
 use ckpt_job::slurm::{budget, nodes::NodesError};
@@ -101,7 +101,7 @@ pub struct SlurmArgs {
     /// In an allocation of several nodes: the application is an MPI
     /// launcher, run once as this node's part, whose daemons (started
     /// through Slurm) are the other nodes' parts. The default when it is
-    /// mpirun, mpiexec or orterun.
+    /// Open MPI's mpirun, mpiexec or orterun, or MPICH's mpiexec.hydra.
     #[arg(long, conflicts_with = "per_node")]
     launcher: bool,
     /// In an allocation of several nodes: run the application once per
@@ -167,14 +167,16 @@ struct Job {
 }
 
 impl SlurmArgs {
-    /// Whether the application is an MPI launcher to run once.
-    fn is_launcher(&self) -> bool {
-        self.launcher
-            || (!self.per_node
-                && self
-                    .app
-                    .first()
-                    .is_some_and(|p| daemons::is_mpi_launcher(p)))
+    /// The MPI launcher to run once, if the application is one (or
+    /// `--launcher` says so: then Open MPI's unless its name says hydra).
+    fn mpi_launcher(&self) -> Option<Flavor> {
+        if self.per_node {
+            return None;
+        }
+        match self.app.first().and_then(|p| Flavor::of(p)) {
+            None if self.launcher => Some(Flavor::OpenMpi),
+            f => f,
+        }
     }
 }
 
@@ -333,10 +335,9 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
         }
         (Some(p), Some(epoch)) => {
             let since = std::time::SystemTime::now();
-            let daemons = if a.is_launcher() {
-                Some(serve_restored_daemons(&dir, &p, since)?)
-            } else {
-                None
+            let daemons = match a.mpi_launcher() {
+                Some(_) => Some(serve_restored_daemons(&dir, &p, since)?),
+                None => None,
             };
             let pid = p.restore(a.image_key.as_deref())?;
             eprintln!(
@@ -352,9 +353,10 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
                 daemons,
             }
         }
-        (Some(p), None) if a.is_launcher() => {
+        (Some(p), None) if a.mpi_launcher().is_some() => {
             let since = std::time::SystemTime::now();
-            let (pid, daemons) = start_launcher(&a, &dir, &p)?;
+            let flavor = a.mpi_launcher().unwrap_or(Flavor::OpenMpi);
+            let (pid, daemons) = start_launcher(&a, flavor, &dir, &p)?;
             p.wait_running(since, pid, &warn);
             App {
                 pid,
@@ -380,18 +382,20 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
 /// daemons' launches with the real srun.
 fn start_launcher(
     a: &SlurmArgs,
+    flavor: Flavor,
     dir: &Path,
     parts: &nodes::Parts,
 ) -> anyhow::Result<(Pid, Daemons)> {
     let node = ckpt_job::part::this_node();
     let launch = LaunchDir::create(dir, &node)?;
     let srun = launch.real_srun()?;
-    let (env, added) = launch.launcher_env(parts.jobdir())?;
+    let (env, added) = launch.launcher_env(flavor, parts.jobdir())?;
     eprintln!(
-        "ckpt slurm: {} runs once, as node {node}'s part; the daemons it starts through Slurm are the other nodes' parts (set: {added})",
+        "ckpt slurm: {} ({flavor}) runs once, as node {node}'s part; the daemons it starts on the other nodes are their parts (set: {added})",
         a.app[0].to_string_lossy()
     );
-    let daemons = Daemons::serve(launch, Serve::Fresh { srun }, warn)?;
+    let jobdir = parts.jobdir().to_path_buf();
+    let daemons = Daemons::serve(launch, Serve::Fresh { srun, jobdir }, warn)?;
     let pid = parts.start_launcher(&a.app, &env)?;
     Ok((pid, daemons))
 }

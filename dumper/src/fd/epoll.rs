@@ -181,10 +181,9 @@ fn resolve_all(tree: &TreeFiles, epoll: &Holder) -> Result<Vec<EpollTarget>> {
                 line.ino
             )));
         };
+        // An epoll target may be an epoll itself: restore rebuilds the
+        // inner one first.
         let file = tree.file(h.file_id);
-        if matches!(file.kind, Some(Kind::Epoll(_))) {
-            return Err(refuse("an epoll inside an epoll (not supported)".into()));
-        }
         // Restore adds a target from this process's fds or, failing that,
         // from the process that installed the file first, which must be
         // rebuilt before this one.

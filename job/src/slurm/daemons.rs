@@ -19,6 +19,13 @@
 //! finds its own node in the allocation by `gethostname()`, and the parts
 //! keep their node's name wherever they are restored.
 //!
+//! MPICH's `mpiexec` (hydra) is run with its ssh launcher instead, whose
+//! program is the stand-in under the name `ssh`: hydra forks the proxy of
+//! its own node inside its part (it knows the node by `gethostname()`,
+//! hence the UTS namespace again) and asks "ssh" for every other node's,
+//! which the wrapper starts with the real srun on that node, as its part,
+//! under `ckpt job run --uts`.
+//!
 //! After a restart the stand-in is restored waiting as it was, but the
 //! real `srun` is gone: the restored daemons' parts run under `ckpt job
 //! restore` instead. The wrapper then writes the request's status once
@@ -53,6 +60,14 @@ pub enum DaemonsError {
         "this srun is ckpt's stand-in for an MPI launcher under `ckpt slurm` ({LAUNCH_DIR_VAR} is not set); run the real srun"
     )]
     NotUnderWrapper,
+    /// The ssh stand-in was asked for something other than a hydra proxy.
+    #[error(
+        "ssh (ckpt's stand-in) runs only MPICH's hydra_pmi_proxy on a node of the job (`-x NODE hydra_pmi_proxy ...`), not `{argv}`"
+    )]
+    NotAProxy {
+        /// The command asked for.
+        argv: String,
+    },
     /// The stand-in was asked for something other than the daemons'
     /// launch `ckpt slurm` set up.
     #[error(
@@ -126,8 +141,10 @@ fn io(path: &Path, step: &'static str) -> impl FnOnce(std::io::Error) -> Daemons
 
 /// The variable that leads the stand-in to the launch directory.
 pub const LAUNCH_DIR_VAR: &str = "CKPT_SLURM_LAUNCH";
-/// The name the stand-in answers to.
-pub const STANDIN_NAME: &str = "srun";
+/// The name the stand-in answers to for Open MPI.
+const SRUN: &str = "srun";
+/// The name the stand-in answers to for MPICH's hydra.
+const SSH: &str = "ssh";
 /// The launch directory, relative to `ckpt slurm`'s `DIR`.
 const LAUNCH_SUBDIR: &str = "launch";
 /// The stand-in's directory in the launch directory, first on the
@@ -149,6 +166,13 @@ const MAX_STATUS: u64 = 64;
 /// How often the stand-in looks for its status, and the wrapper for
 /// requests and ends.
 const POLL: Duration = Duration::from_millis(100);
+/// Hydra's launcher, its program, and whether it forks the proxy of its
+/// own node itself.
+const HYDRA_LAUNCHER_VAR: &str = "HYDRA_LAUNCHER";
+const HYDRA_LAUNCHER_EXEC_VAR: &str = "HYDRA_LAUNCHER_EXEC";
+const HYDRA_AUTOFORK_VAR: &str = "HYDRA_LAUNCHER_AUTOFORK";
+/// The daemon hydra starts on every other node.
+const HYDRA_PROXY: &str = "hydra_pmi_proxy";
 /// Open MPI's launch agent: the words the daemon's command starts with.
 const OMPI_AGENT_VAR: &str = "OMPI_MCA_orte_launch_agent";
 /// The daemon Open MPI 4 starts on every other node.
@@ -172,26 +196,99 @@ const OMPI_SETTINGS: [(&str, &str); 4] = [
     ("OMPI_MCA_orte_debugger_check_rate", "3600"),
 ];
 
-/// Whether `program` (the application's first word) is an MPI launcher
-/// that starts its daemons through Slurm.
-pub fn is_mpi_launcher(program: &OsStr) -> bool {
-    const LAUNCHERS: [&str; 5] = [
-        "mpirun",
-        "mpiexec",
-        "orterun",
-        "mpirun.openmpi",
-        "mpiexec.openmpi",
-    ];
-    Path::new(program)
-        .file_name()
-        .and_then(OsStr::to_str)
-        .is_some_and(|n| LAUNCHERS.contains(&n))
+/// Which MPI launcher the application is: how its daemons are started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// Open MPI's `mpirun` (ORTE): `srun` runs the launch agent + `orted`.
+    OpenMpi,
+    /// MPICH's `mpiexec` (hydra): "ssh" runs `hydra_pmi_proxy` per node.
+    Hydra,
 }
 
-/// Whether this process was started as the stand-in (`argv[0]` named
-/// [`STANDIN_NAME`]).
-pub fn invoked_as_standin(argv0: &OsStr) -> bool {
-    Path::new(argv0).file_name() == Some(OsStr::new(STANDIN_NAME))
+impl std::fmt::Display for Flavor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Flavor::OpenMpi => "Open MPI",
+            Flavor::Hydra => "MPICH (hydra)",
+        })
+    }
+}
+
+impl Flavor {
+    /// The launcher `program` (the application's first word) is, if it is
+    /// one: told by its name, after following the links on PATH
+    /// (`mpirun` is whichever MPI the system's alternatives chose).
+    pub fn of(program: &OsStr) -> Option<Flavor> {
+        const OPEN_MPI: [&str; 5] = [
+            "mpirun.openmpi",
+            "mpiexec.openmpi",
+            "orterun",
+            "mpirun",
+            "mpiexec",
+        ];
+        const HYDRA: [&str; 3] = ["mpiexec.hydra", "mpiexec.mpich", "mpirun.mpich"];
+        let name = |p: &Path| p.file_name().and_then(OsStr::to_str).map(str::to_string);
+        let given = name(Path::new(program))?;
+        if !OPEN_MPI.contains(&given.as_str()) && !HYDRA.contains(&given.as_str()) {
+            return None;
+        }
+        let resolved = find_on_path(program)
+            .and_then(|p| std::fs::canonicalize(p).ok())
+            .and_then(|p| name(&p))
+            .unwrap_or_else(|| given.clone());
+        if HYDRA.contains(&given.as_str()) || HYDRA.contains(&resolved.as_str()) {
+            Some(Flavor::Hydra)
+        } else {
+            Some(Flavor::OpenMpi)
+        }
+    }
+}
+
+/// `program` as `execvp` finds it.
+fn find_on_path(program: &OsStr) -> Option<PathBuf> {
+    if program.as_bytes().contains(&b'/') {
+        return Some(PathBuf::from(program));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| is_executable(p))
+}
+
+/// Whether `p` is an executable regular file.
+fn is_executable(p: &Path) -> bool {
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// How a launch reaches the stand-in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// As `srun` (Open MPI).
+    Srun,
+    /// As `ssh` (hydra).
+    Ssh,
+}
+
+impl Via {
+    fn name(self) -> &'static str {
+        match self {
+            Via::Srun => SRUN,
+            Via::Ssh => SSH,
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Via> {
+        [Via::Srun, Via::Ssh].into_iter().find(|v| v.name() == name)
+    }
+}
+
+/// The stand-in this process was started as (`argv[0]` named `srun` or
+/// `ssh`), if it was.
+pub fn invoked_as_standin(argv0: &OsStr) -> Option<Via> {
+    Path::new(argv0)
+        .file_name()
+        .and_then(OsStr::to_str)
+        .and_then(Via::from_name)
 }
 
 /// The launch directory of a `ckpt slurm` job: requests, their statuses,
@@ -223,8 +320,10 @@ impl LaunchDir {
             .mode(0o700)
             .create(&bin)
             .map_err(io(&bin, "cannot create"))?;
-        let standin = bin.join(STANDIN_NAME);
-        std::os::unix::fs::symlink(&me, &standin).map_err(io(&standin, "cannot create"))?;
+        for via in [Via::Srun, Via::Ssh] {
+            let standin = bin.join(via.name());
+            std::os::unix::fs::symlink(&me, &standin).map_err(io(&standin, "cannot create"))?;
+        }
         write_file(&launch.path.join(LAUNCHER_PART), part)?;
         Ok(launch)
     }
@@ -295,45 +394,74 @@ impl LaunchDir {
         Ok(())
     }
 
-    /// What the launcher's part adds to its environment: the stand-in
-    /// first on PATH, the way to this directory, Open MPI's launch agent
-    /// (`ckpt job run` in the job directory `jobdir`) and
-    /// [`OMPI_SETTINGS`] the user did not set. Returns the variables and a
-    /// note of what was added, for the job's output.
-    pub fn launcher_env(&self, jobdir: &Path) -> Result<(Vec<(OsString, OsString)>, String)> {
-        let me = std::env::current_exe().map_err(DaemonsError::OwnExe)?;
-        for p in [&me, &jobdir.to_path_buf()] {
-            if p.as_os_str().as_bytes().iter().any(u8::is_ascii_whitespace) {
-                return Err(DaemonsError::SpaceInPath { path: p.clone() });
-            }
-        }
+    /// What the launcher's part adds to its environment for `flavor`: the
+    /// stand-in first on PATH and the way to this directory; for Open MPI
+    /// its launch agent (`ckpt job run` in the job directory `jobdir`) and
+    /// [`OMPI_SETTINGS`] the user did not set; for hydra the ssh launcher
+    /// through the stand-in. Returns the variables and a note of what was
+    /// set, for the job's output.
+    pub fn launcher_env(
+        &self,
+        flavor: Flavor,
+        jobdir: &Path,
+    ) -> Result<(Vec<(OsString, OsString)>, String)> {
         let mut path = self.bin().into_os_string();
         if let Some(old) = std::env::var_os("PATH") {
             path.push(":");
             path.push(old);
         }
-        let agent = format!(
-            "{} job run --dir {} --uts --",
-            me.display(),
-            jobdir.display()
-        );
         let mut vars: Vec<(OsString, OsString)> = vec![
             ("PATH".into(), path),
             (LAUNCH_DIR_VAR.into(), self.path.clone().into_os_string()),
         ];
-        let mut added = vec![format!("{OMPI_AGENT_VAR}=\"{agent} {OMPI_DAEMON}\"")];
-        vars.push((
-            OMPI_AGENT_VAR.into(),
-            format!("{agent} {OMPI_DAEMON}").into(),
-        ));
-        for (k, v) in OMPI_SETTINGS {
-            if std::env::var_os(k).is_none() {
-                vars.push((k.into(), v.into()));
-                added.push(format!("{k}={v}"));
+        let mut set: Vec<(String, String)> = Vec::new();
+        match flavor {
+            Flavor::OpenMpi => {
+                let agent = agent_words(jobdir)?
+                    .iter()
+                    .map(|w| w.to_string_lossy().into_owned())
+                    .chain([OMPI_DAEMON.to_string()])
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                set.push((OMPI_AGENT_VAR.into(), agent));
+                for (k, v) in OMPI_SETTINGS {
+                    if std::env::var_os(k).is_none() {
+                        set.push((k.into(), v.into()));
+                    }
+                }
+            }
+            Flavor::Hydra => {
+                let ssh = self.bin().join(SSH);
+                set.push((HYDRA_LAUNCHER_VAR.into(), SSH.into()));
+                set.push((HYDRA_LAUNCHER_EXEC_VAR.into(), ssh.display().to_string()));
+                set.push((HYDRA_AUTOFORK_VAR.into(), "1".into()));
             }
         }
-        Ok((vars, added.join(" ")))
+        let note = set
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        vars.extend(set.into_iter().map(|(k, v)| (k.into(), v.into())));
+        Ok((vars, note))
     }
+}
+
+/// The words a daemon's command is prefixed with to make it its node's
+/// part: `ckpt job run --dir JOBDIR --uts --`. Open MPI splits its launch
+/// agent at spaces, so neither path may hold one.
+fn agent_words(jobdir: &Path) -> Result<Vec<OsString>> {
+    let me = std::env::current_exe().map_err(DaemonsError::OwnExe)?;
+    for p in [&me, &jobdir.to_path_buf()] {
+        if p.as_os_str().as_bytes().iter().any(u8::is_ascii_whitespace) {
+            return Err(DaemonsError::SpaceInPath { path: p.clone() });
+        }
+    }
+    let mut words: Vec<OsString> = vec![me.into_os_string()];
+    words.extend(["job", "run", "--dir"].map(OsString::from));
+    words.push(jobdir.as_os_str().to_owned());
+    words.extend(["--uts", "--"].map(OsString::from));
+    Ok(words)
 }
 
 /// Writes `content` to `path` atomically (a temporary file renamed over
@@ -389,8 +517,10 @@ fn read_file(path: &Path, limit: u64) -> Result<Option<String>> {
 /// working directory, as the launcher gave them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Request {
-    /// srun's arguments (without `srun`), verbatim: Open MPI quotes its
-    /// `-mca` values and expects them back as they were.
+    /// How it came.
+    via: Via,
+    /// The stand-in's arguments (without its name), verbatim: Open MPI
+    /// quotes its `-mca` values and expects them back as they were.
     args: Vec<String>,
     /// The whole environment, `NAME=value`.
     env: Vec<String>,
@@ -408,7 +538,7 @@ fn text(word: &OsStr, what: impl FnOnce() -> String) -> Result<String> {
 impl Request {
     /// The request of this process: its arguments `args`, its environment
     /// and working directory.
-    fn capture(args: &[OsString]) -> Result<Request> {
+    fn capture(via: Via, args: &[OsString]) -> Result<Request> {
         let args = args
             .iter()
             .enumerate()
@@ -424,7 +554,60 @@ impl Request {
             })
             .collect::<Result<Vec<_>>>()?;
         let cwd = std::env::current_dir().map_err(io(Path::new("."), "cannot resolve"))?;
-        Ok(Request { args, env, cwd })
+        Ok(Request {
+            via,
+            args,
+            env,
+            cwd,
+        })
+    }
+
+    /// Checks that it is the daemons' launch `ckpt slurm` set up: for
+    /// srun, the launch agent's command in its environment; for ssh, a
+    /// hydra proxy on one node.
+    fn check(&self) -> Result<()> {
+        match self.via {
+            Via::Srun => {
+                let agent = self
+                    .env
+                    .iter()
+                    .find_map(|kv| kv.strip_prefix(OMPI_AGENT_VAR)?.strip_prefix('='))
+                    .unwrap_or_default();
+                if !self.starts_agent(agent) {
+                    return Err(DaemonsError::NotTheDaemons {
+                        agent: agent.to_string(),
+                        argv: self.args.join(" "),
+                    });
+                }
+            }
+            Via::Ssh => {
+                if self.ssh_node().is_none() {
+                    return Err(DaemonsError::NotAProxy {
+                        argv: self.args.join(" "),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// For hydra's `ssh -x NODE "PROXY" ARGS...`: the node, if the command
+    /// is a hydra proxy.
+    fn ssh_node(&self) -> Option<&str> {
+        let [x, node, program, ..] = self.args.as_slice() else {
+            return None;
+        };
+        let program = program.trim_matches('"');
+        let is_proxy = Path::new(program).file_name() == Some(OsStr::new(HYDRA_PROXY));
+        (x == "-x" && is_proxy && crate::dir::check_name("node", node).is_ok())
+            .then_some(node.as_str())
+    }
+
+    /// The parts its daemons are (after a restore, the request has ended
+    /// when they have): hydra's proxy is its node's part; Open MPI's one
+    /// srun starts every part but the launcher's (`None`).
+    fn parts(&self) -> Option<Vec<String>> {
+        self.ssh_node().map(|n| vec![n.to_string()])
     }
 
     /// Whether it starts the launch agent's command (the agent's words in
@@ -440,6 +623,7 @@ impl Request {
 
     fn to_json(&self) -> String {
         serde_json::json!({
+            "via": self.via.name(),
             "args": self.args,
             "env": self.env,
             "cwd": self.cwd.to_string_lossy(),
@@ -465,7 +649,12 @@ impl Request {
                 })
                 .collect()
         };
+        let via = v["via"]
+            .as_str()
+            .and_then(Via::from_name)
+            .ok_or_else(|| bad("no via"))?;
         Ok(Request {
+            via,
             args: strings("args")?,
             env: strings("env")?,
             cwd: PathBuf::from(v["cwd"].as_str().ok_or_else(|| bad("no cwd"))?),
@@ -475,14 +664,27 @@ impl Request {
     /// The real srun running it: the launcher's environment exactly, with
     /// [`OVERLAP`] (the batch step holds the allocation's resources), the
     /// job's stdout and stderr, no other fd, and a process group of its
-    /// own (Slurm's signals to the batch script are the wrapper's).
-    fn command(&self, srun: &Path) -> Command {
+    /// own (Slurm's signals to the batch script are the wrapper's). A
+    /// hydra proxy runs as `agent` (`ckpt job run`) on its node, its
+    /// command through a shell as ssh would run it.
+    fn command(&self, srun: &Path, agent: &[OsString]) -> Command {
         let mut cmd = Command::new(srun);
         if !self.args.iter().any(|a| a == OVERLAP) {
             cmd.arg(OVERLAP);
         }
-        cmd.args(&self.args)
-            .env_clear()
+        match self.ssh_node() {
+            Some(node) => {
+                cmd.args(["--nodes=1", "--ntasks=1", "--mpi=none"])
+                    .arg(format!("--nodelist={node}"))
+                    .args(agent)
+                    .args(["/bin/sh", "-c"])
+                    .arg(self.args[2..].join(" "));
+            }
+            None => {
+                cmd.args(&self.args);
+            }
+        }
+        cmd.env_clear()
             .envs(self.env.iter().filter_map(|kv| kv.split_once('=')))
             .current_dir(&self.cwd)
             .stdin(Stdio::null())
@@ -493,24 +695,19 @@ impl Request {
     }
 }
 
-/// The stand-in (`srun` on the launcher's PATH): records the launch it is
-/// asked for with `args` (srun's arguments) as the next request and waits
-/// until the wrapper writes the launch's exit status, which it returns.
-pub fn standin(args: &[OsString]) -> Result<u8> {
+/// The stand-in (`srun` or `ssh` for the launcher, as `via` says):
+/// records the launch it is asked for with `args` (its arguments) as the
+/// next request and waits until the wrapper writes the launch's exit
+/// status, which it returns.
+pub fn standin(via: Via, args: &[OsString]) -> Result<u8> {
     let dir = std::env::var_os(LAUNCH_DIR_VAR).ok_or(DaemonsError::NotUnderWrapper)?;
     let launch = LaunchDir {
         path: PathBuf::from(dir),
     };
-    let request = Request::capture(args)?;
-    let agent = std::env::var(OMPI_AGENT_VAR).unwrap_or_default();
-    if !request.starts_agent(&agent) {
-        return Err(DaemonsError::NotTheDaemons {
-            agent,
-            argv: request.args.join(" "),
-        });
-    }
+    let request = Request::capture(via, args)?;
+    request.check()?;
     let n = launch.submit(&request)?;
-    log::info!("srun stand-in: launch {n} recorded");
+    log::info!("{} stand-in: launch {n} recorded", via.name());
     loop {
         if let Some(code) = launch.exit_of(n)? {
             return Ok(code);
@@ -555,11 +752,8 @@ impl LaunchDir {
         let path = std::env::var_os("PATH").unwrap_or_default();
         std::env::split_paths(&path)
             .filter(|d| !d.as_os_str().is_empty() && *d != bin)
-            .map(|d| d.join(STANDIN_NAME))
-            .find(|p| {
-                std::fs::metadata(p)
-                    .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-            })
+            .map(|d| d.join(SRUN))
+            .find(|p| is_executable(p))
             .ok_or(DaemonsError::NoSrun { standin: bin })
     }
 }
@@ -571,6 +765,8 @@ pub enum Serve {
     Fresh {
         /// The real srun.
         srun: PathBuf,
+        /// The job directory, whose `ckpt job run` a hydra proxy runs under.
+        jobdir: PathBuf,
     },
     /// After a restore that started at `since`: the daemons already run
     /// again, restored as the parts of the job directory other than the
@@ -625,7 +821,7 @@ impl Daemons {
         let thread = std::thread::Builder::new()
             .name("mpi-daemons".into())
             .spawn(move || match how {
-                Serve::Fresh { srun } => serve_fresh(&s, &srun, warn),
+                Serve::Fresh { srun, jobdir } => serve_fresh(&s, &srun, &jobdir, warn),
                 Serve::Restored { jobdir, since } => serve_restored(&s, &jobdir, since, warn),
             })
             .map_err(DaemonsError::Thread)?;
@@ -686,7 +882,14 @@ fn status_code(status: std::process::ExitStatus) -> u8 {
 
 /// The first run: runs every new request with `srun` and writes its status
 /// when that srun ends.
-fn serve_fresh(s: &Shared, srun: &Path, warn: ThreadWarn) {
+fn serve_fresh(s: &Shared, srun: &Path, jobdir: &Path, warn: ThreadWarn) {
+    let agent = match agent_words(jobdir) {
+        Ok(a) => a,
+        Err(e) => {
+            warn(&format!("MPI daemons cannot be launched: {e}"));
+            return;
+        }
+    };
     let mut started: Vec<u32> = Vec::new();
     let mut running: Vec<(u32, Child)> = Vec::new();
     let mut ended: Vec<(u32, u8)> = Vec::new();
@@ -696,10 +899,11 @@ fn serve_fresh(s: &Shared, srun: &Path, warn: ThreadWarn) {
                 continue;
             }
             started.push(n);
-            let child = s
-                .launch
-                .request(n)
-                .and_then(|r| r.command(srun).spawn().map_err(io(srun, "cannot run")));
+            let child = s.launch.request(n).and_then(|r| {
+                r.command(srun, &agent)
+                    .spawn()
+                    .map_err(io(srun, "cannot run"))
+            });
             match child {
                 Ok(c) => running.push((n, c)),
                 Err(e) => {
@@ -725,39 +929,50 @@ fn serve_fresh(s: &Shared, srun: &Path, warn: ThreadWarn) {
     }
 }
 
-/// After a restore: a request without a status gets the worst exit of the
+/// After a restore: a request without a status gets the worst exit of its
 /// daemons' parts once each has recorded one since the restore started.
 fn serve_restored(s: &Shared, jobdir: &JobDir, since: SystemTime, warn: ThreadWarn) {
     let mut settled: Vec<u32> = Vec::new();
     while !s.stop.load(Ordering::Relaxed) {
-        match daemons_ended(s, jobdir, since) {
-            Ok(Some(code)) => {
-                for n in s.launch.requests() {
-                    if !settled.contains(&n)
-                        && matches!(s.launch.exit_of(n), Ok(None))
-                        && s.settle(n, code, warn)
-                    {
+        for n in s.launch.requests() {
+            if settled.contains(&n) || !matches!(s.launch.exit_of(n), Ok(None)) {
+                continue;
+            }
+            match request_ended(s, jobdir, n, since) {
+                Ok(Some(code)) => {
+                    if s.settle(n, code, warn) {
                         settled.push(n);
                     }
                 }
+                Ok(None) => {}
+                Err(e) => {
+                    warn(&format!("MPI daemons' launch {n}: {e}"));
+                    settled.push(n);
+                }
             }
-            Ok(None) => {}
-            Err(e) => warn(&format!("MPI daemons' parts: {e}")),
         }
         std::thread::sleep(POLL);
     }
 }
 
-/// The worst exit of the daemons' parts (every part but the launcher's),
-/// once all have ended since `since`.
-fn daemons_ended(s: &Shared, jobdir: &JobDir, since: SystemTime) -> Result<Option<u8>> {
-    let launcher = s.launch.launcher_part()?;
-    let mut worst = 0u8;
-    for p in jobdir.parts()? {
-        if Some(&p.name) == launcher.as_ref() {
-            continue;
+/// The worst exit of request `n`'s daemons' parts, once all have ended
+/// since `since`.
+fn request_ended(s: &Shared, jobdir: &JobDir, n: u32, since: SystemTime) -> Result<Option<u8>> {
+    let parts = match s.launch.request(n)?.parts() {
+        Some(p) => p,
+        None => {
+            let launcher = s.launch.launcher_part()?;
+            jobdir
+                .parts()?
+                .into_iter()
+                .map(|p| p.name)
+                .filter(|p| Some(p) != launcher.as_ref())
+                .collect()
         }
-        match jobdir.exit_of(&p.name)? {
+    };
+    let mut worst = 0u8;
+    for p in parts {
+        match jobdir.exit_of(&p)? {
             Some(e) if e.at >= since => {
                 worst = worst.max(u8::try_from(e.code).unwrap_or(u8::MAX));
             }
@@ -773,19 +988,75 @@ mod tests {
 
     #[test]
     fn launchers_are_told_by_their_name() {
-        for yes in ["mpirun", "/usr/bin/mpiexec", "orterun", "mpiexec.openmpi"] {
-            assert!(is_mpi_launcher(OsStr::new(yes)), "{yes}");
+        for open_mpi in ["/usr/bin/mpirun.openmpi", "orterun", "mpiexec.openmpi"] {
+            assert_eq!(
+                Flavor::of(OsStr::new(open_mpi)),
+                Some(Flavor::OpenMpi),
+                "{open_mpi}"
+            );
+        }
+        for hydra in ["mpiexec.hydra", "/usr/bin/mpiexec.mpich", "mpirun.mpich"] {
+            assert_eq!(
+                Flavor::of(OsStr::new(hydra)),
+                Some(Flavor::Hydra),
+                "{hydra}"
+            );
         }
         for no in ["srun", "./ring", "mpirun-wrapper", "python3"] {
-            assert!(!is_mpi_launcher(OsStr::new(no)), "{no}");
+            assert_eq!(Flavor::of(OsStr::new(no)), None, "{no}");
         }
-        assert!(invoked_as_standin(OsStr::new("/x/launch/bin/srun")));
-        assert!(!invoked_as_standin(OsStr::new("ckpt")));
+        assert_eq!(
+            invoked_as_standin(OsStr::new("/x/launch/bin/srun")),
+            Some(Via::Srun)
+        );
+        assert_eq!(invoked_as_standin(OsStr::new("ssh")), Some(Via::Ssh));
+        assert_eq!(invoked_as_standin(OsStr::new("ckpt")), None);
+    }
+
+    #[test]
+    fn a_hydra_proxy_runs_on_its_node_as_its_part() {
+        let r = Request {
+            via: Via::Ssh,
+            args: [
+                "-x",
+                "n2",
+                "\"/usr/bin/hydra_pmi_proxy\"",
+                "--control-port",
+                "127.0.0.1:5",
+                "--proxy-id",
+                "1",
+            ]
+            .map(String::from)
+            .to_vec(),
+            env: Vec::new(),
+            cwd: "/".into(),
+        };
+        r.check().expect("a proxy");
+        assert_eq!(r.parts(), Some(vec!["n2".to_string()]));
+        let agent: Vec<OsString> = ["ckpt", "job", "run", "--uts", "--"]
+            .map(OsString::from)
+            .to_vec();
+        let cmd = r.command(Path::new("/s/srun"), &agent);
+        let args: Vec<&OsStr> = cmd.get_args().collect();
+        assert!(args.contains(&OsStr::new("--nodelist=n2")), "{args:?}");
+        assert_eq!(
+            args.last().copied(),
+            Some(OsStr::new(
+                "\"/usr/bin/hydra_pmi_proxy\" --control-port 127.0.0.1:5 --proxy-id 1"
+            ))
+        );
+        let mut other = r.clone();
+        other.args[2] = "/bin/bash".into();
+        assert!(matches!(other.check(), Err(DaemonsError::NotAProxy { .. })));
+        other.args[2] = "hydra_pmi_proxy".into();
+        other.args[1] = "../n2".into();
+        assert!(matches!(other.check(), Err(DaemonsError::NotAProxy { .. })));
     }
 
     #[test]
     fn only_the_agents_launch_is_a_request() {
         let r = Request {
+            via: Via::Srun,
             args: [
                 "--ntasks=1",
                 "/c/ckpt",
@@ -818,6 +1089,7 @@ mod tests {
         let launch = LaunchDir::of(tmp.path());
         std::fs::create_dir(launch.path()).expect("mkdir");
         let r = Request {
+            via: Via::Srun,
             args: vec!["x".into()],
             env: Vec::new(),
             cwd: "/".into(),

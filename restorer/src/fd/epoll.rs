@@ -8,6 +8,10 @@
 //! taken from the process that installed it, closed again afterwards.
 //! Readiness is not saved: the kernel recomputes it on each add, so a
 //! ready edge-triggered target is reported once more after restore.
+//!
+//! An epoll may watch other epolls (libraries such as UCX nest one per
+//! subsystem): the inner ones are restored first ([`nesting`]), so each
+//! is complete when the outer one adds it.
 
 use ckpt_image::fd::File;
 use ckpt_image::fd::epoll::{EpollFile, EpollTarget};
@@ -52,6 +56,39 @@ impl FileRestorer for Epoll {
         Ok(epfd)
     }
 }
+
+/// How deep the epolls nest under file `id`: 0 for a file that is no
+/// epoll or watches no epoll, else one more than its deepest epoll target.
+/// Files are restored by increasing nesting. The kernel refuses loops and
+/// nests at most [`MAX_NESTING`] deep; an image claiming more stops
+/// counting there (its restore then fails on the missing inner epoll).
+pub fn nesting(files: &ckpt_image::fd::Files, id: u64) -> u32 {
+    fn depth(files: &ckpt_image::fd::Files, id: u64, budget: u32) -> u32 {
+        let Some(ckpt_image::fd::file::Kind::Epoll(e)) =
+            files.get(id).and_then(|f| f.kind.as_ref())
+        else {
+            return 0;
+        };
+        if budget == 0 {
+            return 0;
+        }
+        e.targets
+            .iter()
+            .filter(|t| {
+                matches!(
+                    files.get(t.file_id).and_then(|f| f.kind.as_ref()),
+                    Some(ckpt_image::fd::file::Kind::Epoll(_))
+                )
+            })
+            .map(|t| 1 + depth(files, t.file_id, budget - 1))
+            .max()
+            .unwrap_or(0)
+    }
+    depth(files, id, MAX_NESTING)
+}
+
+/// The kernel's limit on epolls inside epolls (`EP_MAX_NESTS`).
+const MAX_NESTING: u32 = 4;
 
 /// Registers target `t` in the epoll at `epfd` (to become fd `fd`).
 fn add_target(

@@ -417,8 +417,12 @@ pub fn restore(
         fs: creds::FsIdentity::of(creds),
     };
     let previous = cx.fs.as_ref().map(|i| i.assume(r)).transpose()?;
+    // An epoll registered in another epoll is rebuilt first: the outer one
+    // adds it as a complete file.
+    let mut order: Vec<&Fd> = table.fds.iter().collect();
+    order.sort_by_key(|fd| epoll::nesting(cx.shared.files, fd.file_id));
     for pass in [Pass::First, Pass::Last] {
-        for fd in &table.fds {
+        for fd in order.iter().copied() {
             let file = cx
                 .shared
                 .files
