@@ -26,6 +26,21 @@ fn pipe_between_parent_and_child_keeps_its_data() {
     restore_and_check(&env, &v);
 }
 
+/// Pipes whose other end no process holds (closed everywhere, one on fd
+/// 0) are saved, not refused as "outside": after restore the readers get
+/// their buffered bytes then EOF, and the writer EPIPE, as before the dump
+/// (victim: tests/c/pipe_closed.c checks it from inside).
+#[test]
+fn pipe_whose_other_end_is_closed_everywhere_keeps_data_and_eof() {
+    let env = TestEnv::new("pipe-closed");
+    let mut v = Victim::spawn(&env, "pipe_closed", &[]);
+    v.wait_ready();
+    let out = dump(&env, &v, &["--kill"]);
+    assert!(!out.stderr.contains("rebound"), "{}", out.stderr);
+    v.reap_killed(Duration::from_secs(10));
+    restore_and_check(&env, &v);
+}
+
 /// A pipe whose other end is outside the dumped tree, on an fd other than
 /// 0, 1 or 2, cannot be restored: the dump names pid, fd and `--external`,
 /// and leaves the process alone (victim: tests/c/outside_pipe.c).

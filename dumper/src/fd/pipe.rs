@@ -2,12 +2,19 @@
 //! pipe is copied without consuming it: ckpt opens another read end through
 //! `/proc/PID/fd/N`, `tee`s the buffer into a pipe of its own and reads that.
 //!
-//! A pipe whose other end is outside the tree is refused, except when only
-//! fds 0, 1 and 2 hold it (a launcher's pipe): it is marked `outside`, its
-//! data is not saved, and restore rebinds those fds to its own, as it does
-//! for terminals.
+//! A pipe with one end in the tree whose other end no process holds at
+//! all (closed everywhere: make's jobserver pipe once its writer exited, a
+//! child's stdin after its parent closed its end) is saved like any other:
+//! restore creates both ends, and the one nobody held closes when restore
+//! ends, so the reader sees the buffered data then EOF, and the writer
+//! EPIPE, as before.
+//!
+//! A pipe whose other end is held outside the tree is refused, except when
+//! only fds 0, 1 and 2 hold it (a launcher's pipe): it is marked `outside`,
+//! its data is not saved, and restore rebinds those fds to its own, as it
+//! does for terminals.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::OpenOptions;
 use std::io::Read;
 use std::os::fd::AsFd;
@@ -29,7 +36,7 @@ impl FileDumper for Pipe {
     }
 
     fn description(&self) -> &'static str {
-        "pipes with both ends in the tree, with their buffered data; a pipe to outside held only as fd 0-2 is rebound to restore's own fd (data not saved)"
+        "pipes with both ends in the tree (or the other end closed everywhere), with their buffered data; a pipe to outside held only as fd 0-2 is rebound to restore's own fd (data not saved)"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -53,7 +60,7 @@ impl FileDumper for Pipe {
     }
 
     fn check_tree(&self, tree: &TreeFiles) -> Result<()> {
-        for (pipe_id, ends) in pipes_of(tree) {
+        for (pipe_id, ends) in pipes_of(tree)? {
             let Some(h) = ends.refused() else {
                 continue;
             };
@@ -69,7 +76,10 @@ impl FileDumper for Pipe {
     }
 
     fn finish_tree(&self, tree: &mut TreeFiles) {
+        // check_tree read the same host a moment ago; if the look fails
+        // now, nothing is marked and the dump keeps every pipe's data.
         let outside: Vec<u64> = pipes_of(tree)
+            .unwrap_or_default()
             .into_iter()
             .filter(|(_, e)| !e.both() && e.refused().is_none())
             .map(|(id, _)| id)
@@ -97,14 +107,18 @@ const STDIO: std::ops::RangeInclusive<i32> = 0..=2;
 struct Ends {
     read: bool,
     write: bool,
+    /// The tree holds one end and no process outside it holds any: the
+    /// other end is closed everywhere.
+    other_closed: bool,
     /// Every fd of the tree holding an end, tree order.
     holders: Vec<Holder>,
 }
 
 impl Ends {
-    /// Both ends are in the tree.
+    /// Both ends are in the tree, or the one missing is closed everywhere:
+    /// the pipe is saved whole.
     fn both(&self) -> bool {
-        self.read && self.write
+        (self.read && self.write) || self.other_closed
     }
 
     /// The first fd that makes this pipe unsaveable: one end is outside
@@ -118,7 +132,7 @@ impl Ends {
 }
 
 /// Every pipe of the tree by pipe id, with its ends.
-fn pipes_of(tree: &TreeFiles) -> BTreeMap<u64, Ends> {
+fn pipes_of(tree: &TreeFiles) -> Result<BTreeMap<u64, Ends>> {
     let mut pipes: BTreeMap<u64, Ends> = BTreeMap::new();
     for h in tree.holders() {
         let file = tree.file(h.file_id);
@@ -130,7 +144,60 @@ fn pipes_of(tree: &TreeFiles) -> BTreeMap<u64, Ends> {
         ends.write |= file.writable();
         ends.holders.push(h);
     }
-    pipes
+    let half: Vec<u64> = pipes
+        .iter()
+        .filter(|(_, e)| !(e.read && e.write))
+        .map(|(id, _)| *id)
+        .collect();
+    if !half.is_empty() {
+        let tree_pids: Vec<i32> = tree.tables.iter().map(|(pid, _)| *pid).collect();
+        let held = held_outside(&tree_pids, &half)?;
+        for id in half {
+            if let Some(e) = pipes.get_mut(&id) {
+                e.other_closed = !held.contains(&id);
+            }
+        }
+    }
+    Ok(pipes)
+}
+
+/// Which of the pipes `ids` a process outside the tree (`tree_pids`) holds
+/// an fd of. A process whose fds cannot be read counts as holding every
+/// one: a pipe is taken as closed everywhere only when that is seen.
+fn held_outside(tree_pids: &[i32], ids: &[u64]) -> Result<BTreeSet<u64>> {
+    let names: BTreeMap<String, u64> = ids.iter().map(|id| (format!("pipe:[{id}]"), *id)).collect();
+    let mut held = BTreeSet::new();
+    let proc = std::fs::read_dir("/proc").map_err(|source| DumpError::Proc {
+        pid: 0,
+        path: "/proc".into(),
+        source,
+    })?;
+    for entry in proc.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if tree_pids.contains(&pid) {
+            continue;
+        }
+        let fds = match std::fs::read_dir(entry.path().join("fd")) {
+            Ok(d) => d,
+            // Gone meanwhile: it holds nothing now.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+            Err(_) => return Ok(ids.iter().copied().collect()),
+        };
+        for fd in fds.flatten() {
+            if let Ok(link) = std::fs::read_link(fd.path())
+                && let Some(id) = link.to_str().and_then(|l| names.get(l))
+            {
+                held.insert(*id);
+            }
+        }
+    }
+    Ok(held)
 }
 
 /// A pipe's buffer and capacity.
