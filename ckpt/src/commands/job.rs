@@ -335,6 +335,23 @@ fn parse_as<T: clap::Args + clap::FromArgMatches>(argv: &[OsString]) -> anyhow::
     Ok(T::from_arg_matches(&m)?)
 }
 
+/// For an ordinary user: replaces this process with `ckpt ARGV`, which
+/// hands the command to the ckpt service (it needs root); the service's
+/// worker acts for the user. Returns only if that cannot be started.
+/// `None` for root, who runs it in this process.
+fn delegated(argv: &[OsString]) -> Option<anyhow::Error> {
+    use std::os::unix::process::CommandExt;
+    if nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => return Some(anyhow::Error::new(e).context("finding the ckpt executable")),
+    };
+    let e = std::process::Command::new(&exe).args(argv).exec();
+    Some(anyhow::Error::new(e).context(format!("starting {}", exe.display())))
+}
+
 fn os(words: &[&str]) -> Vec<OsString> {
     words.iter().map(OsString::from).collect()
 }
@@ -345,6 +362,9 @@ fn run_part(a: RunArgs) -> anyhow::Result<ExitCode> {
     argv.push(pidfile.into_os_string());
     argv.push("--".into());
     argv.extend(a.command);
+    if let Some(e) = delegated(&argv) {
+        return Err(e);
+    }
     super::run::run(parse_as(&argv)?)
 }
 
@@ -810,6 +830,9 @@ fn agent_dump(a: AgentDumpArgs) -> anyhow::Result<ExitCode> {
     if a.incremental {
         argv.push("--incremental".into());
     }
+    if let Some(e) = delegated(&argv) {
+        return Err(e);
+    }
     super::dump::run(parse_as(&argv)?)
 }
 
@@ -830,6 +853,9 @@ fn agent_restore(a: AgentRestoreArgs) -> anyhow::Result<ExitCode> {
     for p in &a.allow_changed {
         argv.push("--allow-changed".into());
         argv.push(p.into());
+    }
+    if let Some(e) = delegated(&argv) {
+        return Err(e);
     }
     super::restore::run(parse_as(&argv)?)
 }
