@@ -15,7 +15,9 @@
 //!   (`ckpt-N` newer than `LATEST`, unfinished commits; the dumpers'
 //!   temporary directories are `ckpt gc`'s), never the committed
 //!   checkpoint; one line per action. Run by root with `--as-user`, it
-//!   reads the site's key and then does everything as the job's user.
+//!   reads the site's key (for an ordinary user's job, that user's key derived
+//!   from it, as the ckpt service sealed their images) and then does
+//!   everything as the job's user.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -103,6 +105,12 @@ pub fn epilog(a: EpilogArgs) -> anyhow::Result<ExitCode> {
     // key file, and must not get to, so it is kept until verification
     // needs it, and a failure only counts if it does.
     let key = ckpt_image::ImageKey::load(&ckpt_image::seal::key_path(a.image_key.as_deref()));
+    // An ordinary user's job was checkpointed by the ckpt service, which
+    // seals a user's images with that user's key, derived from the site's.
+    let key = match a.as_user {
+        Some(user) if user.uid != 0 => key.map(|k| k.for_user(user.uid)),
+        _ => key,
+    };
     if let Some(user) = a.as_user {
         user.become_it()?;
     }
