@@ -8,8 +8,8 @@ use ckpt_coord::protocol::{Intent, Phase as CoordPhase, PhaseInfo, RoundKind};
 use ckpt_dumper::{DumpReport, WriteOptions};
 
 use super::agent::{CoordOpts, Local, Session, epoch_dir};
-use ckpt_image::caller::with_caller_rights;
 use crate::scripts::{ActionScripts, Phase};
+use ckpt_image::caller::with_caller_rights;
 
 /// Arguments of `ckpt dump`.
 #[derive(clap::Args, Debug)]
