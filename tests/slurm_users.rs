@@ -255,7 +255,12 @@ fn users_job_is_checkpointed_at_its_warning_requeued_and_restored_through_the_se
         "never requeued\n{}",
         diag()
     );
-    assert_eq!(field(&end, "UserId").map(|u| u.starts_with("ckpt-test(")), Some(true), "{}", diag());
+    assert_eq!(
+        field(&end, "UserId").map(|u| u.starts_with("ckpt-test(")),
+        Some(true),
+        "{}",
+        diag()
+    );
     let text = job.output();
     assert_one_unbroken_run(&text, STEPS, &diag);
     let lines: Vec<&str> = text.lines().collect();
@@ -452,11 +457,21 @@ fn users_job_of_two_nodes_is_checkpointed_requeued_and_restored_through_the_serv
         let epochs: Vec<PathBuf> = std::fs::read_dir(&part)
             .unwrap_or_else(|e| panic!("{}: {e}\n{}", part.display(), diag()))
             .map(|e| e.unwrap().path())
-            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("epoch-"))
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("epoch-")
+            })
             .collect();
         assert!(!epochs.is_empty(), "part {node}: no epoch\n{}", diag());
         for e in epochs {
-            assert_eq!(std::fs::metadata(&e).unwrap().uid(), user.uid, "{}", e.display());
+            assert_eq!(
+                std::fs::metadata(&e).unwrap().uid(),
+                user.uid,
+                "{}",
+                e.display()
+            );
         }
     }
     if lab.started {
