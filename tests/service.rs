@@ -513,6 +513,28 @@ fn another_user_cannot_make_ckpt_touch_a_users_job() {
         1,
         "another user's commands left an epoch in the user's job"
     );
+    // No service: the user's own `ckpt job dump` says in one line what is
+    // missing and how a site grants it, before any agent starts.
+    let out = ckpt_as_user(
+        &env,
+        user,
+        &env.root.join("no-such.sock"),
+        &home,
+        &[
+            "job",
+            "dump",
+            "--dir",
+            jd,
+            "--launch",
+            "exec",
+            "--via",
+            VIA_LOCAL,
+            "--listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let line = refused(&out, PERMISSION);
+    assert!(line.contains("ckpt serve"), "{line}");
     // The user's job ran on through all of it, as the one that was dumped.
     assert!(v.ping(READY_TIMEOUT), "the job stopped: {}", v.diag());
     v.go();

@@ -352,6 +352,25 @@ fn delegated(argv: &[OsString]) -> Option<anyhow::Error> {
     Some(anyhow::Error::new(e).context(format!("starting {}", exe.display())))
 }
 
+/// For an ordinary user: whether the ckpt service answers here, before
+/// any agent starts (each agent hands its part to its node's service): a
+/// user without one is told in one line what is missing and how a site
+/// grants it, rather than by every agent.
+fn service_answers(command: &'static str) -> anyhow::Result<()> {
+    if nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    let socket = crate::service::socket_path();
+    crate::service::client::probe(&socket).map_err(|reason| {
+        crate::service::ServiceError::Unavailable {
+            command,
+            socket,
+            reason,
+        }
+        .into()
+    })
+}
+
 fn os(words: &[&str]) -> Vec<OsString> {
     words.iter().map(OsString::from).collect()
 }
@@ -440,6 +459,7 @@ fn part_frozen_ms(dir: &JobDir, part: &str, epoch: u64) -> Option<f64> {
 
 fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
     let register = register_timeout(&a.common.coord)?;
+    service_answers("job dump")?;
     let dir = JobDir::create_or_open(&a.dir)?;
     let _lock = dir.lock()?;
     let placed = a.common.launch.launcher().placements(&dir, true)?;
@@ -583,6 +603,7 @@ fn restore_agent_argv(dir: &JobDir, addr: &str, a: &RestoreArgs) -> Vec<OsString
 
 fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
     let register = register_timeout(&a.common.coord)?;
+    service_answers("job restore")?;
     let dir = JobDir::create_or_open(&a.dir)?;
     let lock = dir.lock()?;
     let placed = a.common.launch.launcher().placements(&dir, false)?;
