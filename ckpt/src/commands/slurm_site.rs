@@ -97,6 +97,35 @@ pub struct EpilogArgs {
     as_user: Option<JobUser>,
 }
 
+/// The key an ordinary user's committed checkpoint in `dir` was sealed
+/// with: the user's own, derived from the site's, when the ckpt service
+/// made it (its seal names that key), else the site's (a checkpoint root
+/// made of the user's job). Only the seal is looked at here; the Epilog
+/// verifies it and every checksum.
+fn users_checkpoint_key(
+    dir: &std::path::Path,
+    site: ckpt_image::ImageKey,
+    uid: u32,
+) -> ckpt_image::ImageKey {
+    let users = site.for_user(uid);
+    let Ok(Some(name)) = ckpt_job::slurm::checkpoints::committed(dir) else {
+        return site;
+    };
+    let ckpt = dir.join(name);
+    let read = |n: &str| std::fs::read(ckpt.join(n)).ok();
+    match (
+        read(ckpt_image::MANIFEST_NAME),
+        read(ckpt_image::seal::SEAL_NAME),
+    ) {
+        (Some(manifest), Some(seal))
+            if users.verify(&manifest, &seal) != Err(ckpt_image::seal::SealFailure::OtherKey) =>
+        {
+            users
+        }
+        _ => site,
+    }
+}
+
 /// `ckpt slurm epilog`: exit 0 when the directory holds a verified
 /// committed checkpoint, or none; 1 when the committed one fails
 /// verification (it is kept, for a human to look at).
@@ -105,12 +134,6 @@ pub fn epilog(a: EpilogArgs) -> anyhow::Result<ExitCode> {
     // key file, and must not get to, so it is kept until verification
     // needs it, and a failure only counts if it does.
     let key = ckpt_image::ImageKey::load(&ckpt_image::seal::key_path(a.image_key.as_deref()));
-    // An ordinary user's job was checkpointed by the ckpt service, which
-    // seals a user's images with that user's key, derived from the site's.
-    let key = match a.as_user {
-        Some(user) if user.uid != 0 => key.map(|k| k.for_user(user.uid)),
-        _ => key,
-    };
     if let Some(user) = a.as_user {
         user.become_it()?;
     }
@@ -137,6 +160,10 @@ pub fn epilog(a: EpilogArgs) -> anyhow::Result<ExitCode> {
         {
             log::warn!("ckpt slurm epilog: job {job}: {e:#}");
         }
+    };
+    let key = match (key, a.as_user) {
+        (Ok(site), Some(user)) if user.uid != 0 => Ok(users_checkpoint_key(&dir, site, user.uid)),
+        (key, _) => key,
     };
     let key = key.as_ref().map_err(ToString::to_string);
     let verified = Epilog {
