@@ -109,8 +109,10 @@ impl DumpArgs {
     }
 
     /// What of this command the ckpt service does not run for a user, if
-    /// anything: flags that would have root run a program, trust another
-    /// key, or take part in a job the service cannot check whole.
+    /// anything: flags that would have root run a program or trust another
+    /// key. `--coord` is the user's (what a coordinator can ask concerns
+    /// only the user's own processes and images; the secret is read with
+    /// the user's rights, `agent::join`).
     pub fn service_refusal(&self) -> Option<anyhow::Error> {
         use crate::service::worker::{ROOT_ONLY_HINT, refuse};
         if self.image_key.is_some() {
