@@ -11,7 +11,7 @@ use crate::common::*;
 
 /// Exit code of a refusal for lack of privilege (docs/usage.md).
 const PERMISSION: i32 = 4;
-/// Exit code of a checkpoint that is not valid here.
+/// Exit code of a checkpoint that is not valid (changed since its seal).
 const IMAGE_INVALID: i32 = 7;
 /// Exit code of what may go through next time.
 const CONFLICT: i32 = 8;
@@ -142,7 +142,7 @@ fn the_service_refuses_what_is_not_the_callers() {
         &home,
         &["restore", "--dir", site_img],
     );
-    let line = refused(&out, IMAGE_INVALID);
+    let line = refused(&out, PERMISSION);
     assert!(line.contains("sealed with another key"), "{line}");
     roots.assert_unharmed_and_passes("root's process after a user's restore");
     // The next victim shares the work dir.
@@ -237,7 +237,7 @@ fn the_service_refuses_what_is_not_the_callers() {
     ]);
     for args in [&["show", "img"][..], &["restore", "--dir", "img"][..]] {
         let out = ckpt_as_user(&env, other, &svc.socket, &theirs, args);
-        let line = refused(&out, IMAGE_INVALID);
+        let line = refused(&out, PERMISSION);
         assert!(line.contains("sealed with another key"), "{args:?}: {line}");
     }
     assert!(
@@ -354,4 +354,190 @@ fn users_namespaced_job_runs_and_comes_back_through_the_service() {
     );
     v.go();
     finish_restore(&v, restore);
+}
+
+/// A local "remote execution" for `ckpt job --launch exec`: every node is
+/// this host.
+const VIA_LOCAL: &str = "env CKPT_TEST_HOST={host}";
+
+/// An ordinary user's multi-node job (`ckpt job run`, `ckpt job dump`)
+/// goes through the service as theirs; another user cannot make ckpt
+/// touch it: not its tree, its images (in place, or copied into their own
+/// directory), its job directory (or a link to it), or its secret.
+#[test]
+fn another_user_cannot_make_ckpt_touch_a_users_job() {
+    let user = test_user();
+    let other = other_test_user();
+    let env = TestEnv::new("service-job");
+    let svc = Service::start(&env);
+    let home = user_dir(&env, user, "home");
+    let jobdir = home.join("job");
+    let jd = path_str(&jobdir);
+    let counter = victim_bin("counter");
+    let mut v = Victim::spawn_program_as(
+        &env,
+        std::path::Path::new(CKPT),
+        &[
+            "job",
+            "run",
+            "--dir",
+            jd,
+            "--part",
+            "a",
+            "--node",
+            "n1",
+            "--",
+            path_str(&counter),
+            path_str(&env.work),
+        ],
+        user,
+        &[("CKPT_SERVICE_SOCKET", path_str(&svc.socket))],
+    );
+    v.wait_ready();
+    let dumped = ckpt_as_user(
+        &env,
+        user,
+        &svc.socket,
+        &home,
+        &[
+            "job",
+            "dump",
+            "--dir",
+            jd,
+            "--launch",
+            "exec",
+            "--via",
+            VIA_LOCAL,
+            "--listen",
+            "127.0.0.1:0",
+            "--json",
+        ],
+    );
+    dumped.assert_success();
+    let epoch = jobdir.join("parts").join("a").join("epoch-1");
+    for entry in std::fs::read_dir(&epoch)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+    {
+        let m = std::fs::metadata(&entry).unwrap();
+        assert_eq!(m.uid(), user.uid, "{}", entry.display());
+    }
+    assert!(v.ping(READY_TIMEOUT), "the job stopped: {}", v.diag());
+    let init = read_to_string_lossy(&jobdir.join("parts").join("a").join("root.pid"));
+    let init = init.trim();
+
+    let theirs = user_dir(&env, other, "theirs");
+    let as_other = |args: &[&str]| ckpt_as_user(&env, other, &svc.socket, &theirs, args);
+    let mut refusals = Vec::new();
+    // The user's tree.
+    refusals.push(as_other(&["dump", "--tree", init, "--dir", "x"]));
+    // The user's images, in place and copied into the other's directory.
+    refusals.push(as_other(&["restore", "--dir", path_str(&epoch)]));
+    let copy = theirs.join("img");
+    let run = |cmd: &[&str]| {
+        assert!(
+            Command::new(cmd[0])
+                .args(&cmd[1..])
+                .status()
+                .unwrap()
+                .success()
+        )
+    };
+    run(&["cp", "-a", path_str(&epoch), path_str(&copy)]);
+    run(&[
+        "chown",
+        "-R",
+        &format!("{}:{}", other.uid, other.gid),
+        path_str(&copy),
+    ]);
+    refusals.push(as_other(&["restore", "--dir", "img"]));
+    // The user's job directory, by its name and by a link of the other's.
+    std::os::unix::fs::symlink(&jobdir, theirs.join("link")).unwrap();
+    nix::unistd::fchownat(
+        nix::fcntl::AT_FDCWD,
+        &theirs.join("link"),
+        Some(nix::unistd::Uid::from_raw(other.uid)),
+        None,
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .unwrap();
+    let link = theirs.join("link");
+    for dir in [jd, path_str(&link)] {
+        for verb in ["dump", "restore"] {
+            refusals.push(as_other(&[
+                "job",
+                verb,
+                "--dir",
+                dir,
+                "--launch",
+                "exec",
+                "--via",
+                VIA_LOCAL,
+                "--listen",
+                "127.0.0.1:0",
+                "--register-timeout",
+                "10",
+            ]));
+        }
+    }
+    // The user's job secret, named to a coordinated dump of the other's:
+    // the service reads it with the other's rights.
+    let secret = jobdir.join("secret");
+    refusals.push(as_other(&[
+        "dump",
+        "--tree",
+        init,
+        "--dir",
+        "y",
+        "--coord",
+        "127.0.0.1:9",
+        "--job",
+        "j",
+        "--secret-file",
+        path_str(&secret),
+    ]));
+    for out in &refusals {
+        refused(out, PERMISSION);
+    }
+    assert!(!theirs.join("x").exists() && !theirs.join("y").exists());
+    assert_eq!(
+        std::fs::read_dir(jobdir.join("parts").join("a"))
+            .unwrap()
+            .filter(|e| e
+                .as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("epoch-"))
+            .count(),
+        1,
+        "another user's commands left an epoch in the user's job"
+    );
+    // No service: the user's own `ckpt job dump` says in one line what is
+    // missing and how a site grants it, before any agent starts.
+    let out = ckpt_as_user(
+        &env,
+        user,
+        &env.root.join("no-such.sock"),
+        &home,
+        &[
+            "job",
+            "dump",
+            "--dir",
+            jd,
+            "--launch",
+            "exec",
+            "--via",
+            VIA_LOCAL,
+            "--listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let line = refused(&out, PERMISSION);
+    assert!(line.contains("ckpt serve"), "{line}");
+    // The user's job ran on through all of it, as the one that was dumped.
+    assert!(v.ping(READY_TIMEOUT), "the job stopped: {}", v.diag());
+    v.go();
+    assert_eq!(v.wait_result(DUMP_TIMEOUT), "PASS", "{}", v.diag());
+    drop(svc);
 }

@@ -42,6 +42,10 @@ static TWO_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// A lab held by one test (see [`Lab::take`]).
 pub struct Taken {
     _held: MutexGuard<'static, ()>,
+    /// The same across test processes (other worktrees' runs share the
+    /// lab): an exclusive lock on a file beside its state directory,
+    /// released when the process lets go of it.
+    _file_lock: nix::fcntl::Flock<std::fs::File>,
     /// This test brought the lab up (and brings it down when done).
     pub started: bool,
 }
@@ -86,8 +90,18 @@ impl Lab {
             Lab::Two => &TWO_AT_A_TIME,
         };
         let held = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let path = self.state().with_extension("lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let file_lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+            .unwrap_or_else(|(_, e)| panic!("{}: lock: {e}", path.display()));
         Some(Taken {
             _held: held,
+            _file_lock: file_lock,
             started: self.up(),
         })
     }

@@ -138,6 +138,17 @@ impl ErrorReport {
                 r.path = Some(k.path().display().to_string());
                 break;
             }
+            // A job directory, or an entry in it, that is not the user's
+            // own to trust (a link, another user's, writable by others).
+            if let Some(
+                ckpt_job::dir::DirError::SymLink { .. }
+                | ckpt_job::dir::DirError::NotOurs { .. }
+                | ckpt_job::dir::DirError::OthersWrite { .. },
+            ) = cause.downcast_ref::<ckpt_job::dir::DirError>()
+            {
+                r.kind = ErrorKind::Permission;
+                break;
+            }
             if let Some(s) = cause.downcast_ref::<crate::service::ServiceError>() {
                 // Busy may go through next time, as a conflict does.
                 r.kind = match s {
@@ -146,6 +157,18 @@ impl ErrorReport {
                 };
                 break;
             }
+        }
+        // What nothing above claimed but the kernel refused for want of
+        // rights (a job directory, a secret, a socket of another user's)
+        // is a permission problem too.
+        if r.kind == ErrorKind::Internal
+            && e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
+                    || c.is::<ckpt_image::caller::RightsError>()
+            })
+        {
+            r.kind = ErrorKind::Permission;
         }
         r.fd = r.fd.or_else(|| fd_in(&r.message));
         r
@@ -243,6 +266,18 @@ impl ErrorReport {
             },
             ImageError::Exists { path } => (ErrorKind::Usage, path),
             ImageError::NotListed { dir, .. } => (ErrorKind::ImageInvalid, dir),
+            // The ckpt service seals each user's images with that user's
+            // key: for a user, another key's are someone else's.
+            ImageError::NotSealed {
+                path,
+                why: ckpt_image::seal::SealFailure::OtherKey,
+                ..
+            } if ckpt_image::caller::acting_for().is_some() => {
+                self.message.push_str(
+                    " (the ckpt service seals each user's images with a key of their own: these are not yours)",
+                );
+                (ErrorKind::Permission, path)
+            }
             ImageError::BadMagic { path, .. }
             | ImageError::Version { path, .. }
             | ImageError::Size { path, .. }

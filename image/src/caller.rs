@@ -124,6 +124,34 @@ pub fn owner_uid() -> u32 {
     acting_for().map_or_else(crate::sys::euid, |c| c.uid)
 }
 
+/// The kernel would not let this thread take the caller's file access
+/// rights.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot take {caller}'s file access rights (setfsuid); refusing to act as root for it")]
+pub struct RightsError {
+    caller: String,
+}
+
+/// Runs `f` with the file access rights of the caller this process acts
+/// for (its filesystem uid and gid; root's supplementary groups stay), so
+/// that what root opens, creates, removes or connects to by a path the
+/// caller named is only what the caller could reach themselves: a link or
+/// directory of another user's then stops it as it would stop the caller.
+/// Not acting for a caller, `f` runs as is. This thread only: `f` must not
+/// hand the work to another thread.
+pub fn with_caller_rights<T>(f: impl FnOnce() -> T) -> Result<T, RightsError> {
+    let Some(c) = acting_for() else {
+        return Ok(f());
+    };
+    let (uid, gid) = crate::sys::set_fs_ids(c.uid, c.gid);
+    // A kernel that refused the switch would have `f` run as root: never.
+    let out = (crate::sys::fs_uid() == c.uid).then(f);
+    crate::sys::set_fs_ids(uid, gid);
+    out.ok_or_else(|| RightsError {
+        caller: c.to_string(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,8 +44,8 @@
 
 #![warn(missing_docs)]
 // Only `sys.rs` may use `unsafe`, for the one syscall no safe wrapper
-// offers (sync_file_range) and for mapping ckpt's own page files to hash
-// them.
+// offers (sync_file_range), for mapping ckpt's own page files to hash
+// them, and for taking a caller's file access rights (setfsuid).
 #![deny(unsafe_code)]
 
 pub mod caller;

@@ -499,3 +499,26 @@ fn is_zombie(pid: u32) -> bool {
         .and_then(|(_, rest)| rest.trim_start().chars().next());
     matches!(state, Some('Z' | 'X'))
 }
+
+/// Sets this thread's filesystem uid and gid (the ids the kernel checks
+/// file access against) and returns the previous ones. Leaving uid 0
+/// drops the filesystem capabilities (CAP_DAC_OVERRIDE, CAP_FOWNER, ...)
+/// from the effective set; returning to it restores them.
+#[allow(unsafe_code)]
+pub fn set_fs_ids(uid: u32, gid: u32) -> (u32, u32) {
+    // SAFETY: setfsgid/setfsuid take plain ids and change only this
+    // thread's credentials; they cannot fail in a way that harms memory.
+    unsafe {
+        let old_gid = libc::setfsgid(gid) as u32;
+        let old_uid = libc::setfsuid(uid) as u32;
+        (old_uid, old_gid)
+    }
+}
+
+/// This thread's filesystem uid.
+#[allow(unsafe_code)]
+pub fn fs_uid() -> u32 {
+    // SAFETY: setfsuid(-1) is invalid, so it changes nothing and returns
+    // the current filesystem uid.
+    unsafe { libc::setfsuid(u32::MAX) as u32 }
+}

@@ -50,6 +50,19 @@ impl CoordOpts {
     }
 }
 
+/// Joins the coordinator of `o` with `intent`. For a user of the ckpt
+/// service the job secret is read and a `unix:` coordinator's socket
+/// connected to with the user's own rights: the secret must be a file
+/// they can read (theirs, 0600), the socket one they could connect to.
+/// What the coordinator can then ask of this process concerns only the
+/// user's own processes and files (every one is checked as the caller's).
+pub fn join(o: &CoordOpts, intent: ckpt_coord::protocol::Intent) -> anyhow::Result<Session> {
+    let join = o.join()?;
+    Ok(ckpt_image::caller::with_caller_rights(|| {
+        Session::connect(&join, intent)
+    })??)
+}
+
 /// Running this node's part of the current phase.
 pub trait Local {
     /// Runs this node's part of the current phase; a failure is reported to

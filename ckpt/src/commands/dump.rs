@@ -9,6 +9,7 @@ use ckpt_dumper::{DumpReport, WriteOptions};
 
 use super::agent::{CoordOpts, Local, Session, epoch_dir};
 use crate::scripts::{ActionScripts, Phase};
+use ckpt_image::caller::with_caller_rights;
 
 /// Arguments of `ckpt dump`.
 #[derive(clap::Args, Debug)]
@@ -108,8 +109,10 @@ impl DumpArgs {
     }
 
     /// What of this command the ckpt service does not run for a user, if
-    /// anything: flags that would have root run a program, trust another
-    /// key, or take part in a job the service cannot check whole.
+    /// anything: flags that would have root run a program or trust another
+    /// key. `--coord` is the user's (what a coordinator can ask concerns
+    /// only the user's own processes and images; the secret is read with
+    /// the user's rights, `agent::join`).
     pub fn service_refusal(&self) -> Option<anyhow::Error> {
         use crate::service::worker::{ROOT_ONLY_HINT, refuse};
         if self.image_key.is_some() {
@@ -120,9 +123,6 @@ impl DumpArgs {
         }
         if !self.action_scripts.is_empty() {
             return Some(refuse("--action-script", ROOT_ONLY_HINT));
-        }
-        if self.coord.enabled() {
-            return Some(refuse("--coord", ROOT_ONLY_HINT));
         }
         None
     }
@@ -303,11 +303,11 @@ fn coordinated(
     } else {
         Intent::Checkpoint
     };
-    let mut s = Session::connect(&a.coord.join()?, intent)?;
+    let mut s = super::agent::join(&a.coord, intent)?;
     let step = s.wait(CoordPhase::Freeze)?;
     let dir = epoch_dir(&a.dir, step.epoch);
     let prev = if a.incremental {
-        previous_epoch(a, key, &s, step.last_committed)
+        with_caller_rights(|| previous_epoch(a, key, &s, step.last_committed))?
     } else {
         None
     };
@@ -331,10 +331,14 @@ fn coordinated(
     };
     // Any `Frozen`/`Written` is dropped by now: the tree is thawed as it
     // was. An epoch that did not commit leaves no images behind.
+    // A user's images are removed with the user's rights: the directory
+    // is a path they named.
     if r.is_err()
         && !committed
         && !foreign
-        && let Err(e) = std::fs::remove_dir_all(&dir)
+        && let Err(e) = with_caller_rights(|| std::fs::remove_dir_all(&dir))
+            .map_err(std::io::Error::other)
+            .flatten()
         && e.kind() != std::io::ErrorKind::NotFound
     {
         log::warn!(
@@ -442,9 +446,10 @@ fn previous_epoch(
     }
 }
 
-/// The checkpoint root, created if missing.
+/// The checkpoint root, created if missing (for a user of the ckpt
+/// service, with their rights: only where they could, and theirs).
 fn create_root(a: &DumpArgs) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&a.dir)
+    with_caller_rights(|| std::fs::create_dir_all(&a.dir))?
         .with_context(|| format!("creating the checkpoint root {}", a.dir.display()))
 }
 

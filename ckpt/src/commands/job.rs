@@ -341,6 +341,49 @@ fn parse_as<T: clap::Args + clap::FromArgMatches>(argv: &[OsString]) -> anyhow::
     Ok(T::from_arg_matches(&m)?)
 }
 
+/// For an ordinary user: runs `ckpt ARGV` as a child, which hands the
+/// command to the ckpt service (it needs root; the service's worker acts
+/// for the user), passes on the signals a job is asked to stop with, and
+/// returns its exit code. `None` for root, who runs it in this process.
+fn delegated(argv: &[OsString]) -> Option<anyhow::Result<u8>> {
+    if nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    let run = || -> anyhow::Result<u8> {
+        let exe = std::env::current_exe().context("finding the ckpt executable")?;
+        let mut child = std::process::Command::new(&exe)
+            .args(argv)
+            .spawn()
+            .with_context(|| format!("starting {}", exe.display()))?;
+        let pid = i32::try_from(child.id()).context("child pid out of range")?;
+        ckpt_restorer::run::forward_signals_to(pid).context("passing signals on")?;
+        let status = child
+            .wait()
+            .with_context(|| format!("waiting for {}", exe.display()))?;
+        Ok(u8::try_from(ckpt_restorer::run::exit_code(status)).unwrap_or(u8::MAX))
+    };
+    Some(run())
+}
+
+/// For an ordinary user: whether the ckpt service answers here, before
+/// any agent starts (each agent hands its part to its node's service): a
+/// user without one is told in one line what is missing and how a site
+/// grants it, rather than by every agent.
+fn service_answers(command: &'static str) -> anyhow::Result<()> {
+    if nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    let socket = crate::service::socket_path();
+    crate::service::client::probe(&socket).map_err(|reason| {
+        crate::service::ServiceError::Unavailable {
+            command,
+            socket,
+            reason,
+        }
+        .into()
+    })
+}
+
 fn os(words: &[&str]) -> Vec<OsString> {
     words.iter().map(OsString::from).collect()
 }
@@ -355,7 +398,10 @@ fn run_part(a: RunArgs) -> anyhow::Result<ExitCode> {
     }
     argv.push("--".into());
     argv.extend(a.command);
-    let code = super::run::status(parse_as(&argv)?)?;
+    let code = match delegated(&argv) {
+        Some(code) => code?,
+        None => super::run::status(parse_as(&argv)?)?,
+    };
     record_exit(&claimed.dir, &claimed.part, code);
     Ok(ExitCode::from(code))
 }
@@ -440,6 +486,7 @@ fn part_frozen_ms(dir: &JobDir, part: &str, epoch: u64) -> Option<f64> {
 
 fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
     let register = register_timeout(&a.common.coord)?;
+    service_answers("job dump")?;
     let dir = JobDir::create_or_open(&a.dir)?;
     let _lock = dir.lock()?;
     let placed = a.common.launch.launcher().placements(&dir, true)?;
@@ -583,6 +630,7 @@ fn restore_agent_argv(dir: &JobDir, addr: &str, a: &RestoreArgs) -> Vec<OsString
 
 fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
     let register = register_timeout(&a.common.coord)?;
+    service_answers("job restore")?;
     let dir = JobDir::create_or_open(&a.dir)?;
     let lock = dir.lock()?;
     let placed = a.common.launch.launcher().placements(&dir, false)?;
@@ -830,6 +878,9 @@ fn agent_dump(a: AgentDumpArgs) -> anyhow::Result<ExitCode> {
     if a.incremental {
         argv.push("--incremental".into());
     }
+    if let Some(code) = delegated(&argv) {
+        return code.map(ExitCode::from);
+    }
     super::dump::run(parse_as(&argv)?)
 }
 
@@ -852,7 +903,10 @@ fn agent_restore(a: AgentRestoreArgs) -> anyhow::Result<ExitCode> {
         argv.push(p.into());
     }
     r.dir.clear_exit(&r.part)?;
-    let code = super::restore::status(parse_as(&argv)?)?;
+    let code = match delegated(&argv) {
+        Some(code) => code?,
+        None => super::restore::status(parse_as(&argv)?)?,
+    };
     if !a.detach {
         record_exit(&r.dir, &r.part, code);
     }

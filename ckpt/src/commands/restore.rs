@@ -12,7 +12,7 @@ use ckpt_restorer::{AddressMap, FilePolicy, InheritFd, Rebound, RestoreOptions};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
 
-use super::agent::{CoordOpts, Local, NodeMove, Session, epoch_dir, route_source};
+use super::agent::{CoordOpts, Local, NodeMove, epoch_dir, route_source};
 use crate::scripts::{ActionScripts, Phase};
 
 /// Arguments of `ckpt restore`.
@@ -133,7 +133,6 @@ impl RestoreArgs {
         let flag = [
             (self.image_key.is_some(), "--image-key"),
             (!self.action_scripts.is_empty(), "--action-script"),
-            (self.coord.enabled(), "--coord"),
             (self.netns.is_some(), "--netns"),
             (self.mntns.is_some(), "--mntns"),
             (self.lazy, "--lazy"),
@@ -411,7 +410,7 @@ fn coordinated(
     opts: &mut RestoreOptions<'_>,
     bar: Option<&indicatif::ProgressBar>,
 ) -> anyhow::Result<ckpt_restorer::Restored> {
-    let mut s = Session::connect(&a.coord.join()?, Intent::Restart)?;
+    let mut s = super::agent::join(&a.coord, Intent::Restart)?;
     let step = s.wait(CoordPhase::Restore)?;
     let dir = s.local(match step.last_committed {
         None => Err(anyhow::anyhow!(

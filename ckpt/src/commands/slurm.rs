@@ -326,7 +326,7 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
     let app = match (parts, restart) {
         (None, Some(ckpt)) => restore(&a, &job, &dir.join(&ckpt))?,
         (None, None) => {
-            let started = tree::start(&a.app)?;
+            let started = tree::start(&a.app, &dir)?;
             App {
                 pid: started.run,
                 target: Target::Tree(started.tree),
@@ -422,6 +422,9 @@ fn serve_restored_daemons(
 /// fds on regular files are accepted as changed and reopened at their end,
 /// so the output continues where the new run writes.
 fn restore(a: &SlurmArgs, job: &Job, ckpt: &Path) -> anyhow::Result<App> {
+    if !nix::unistd::geteuid().is_root() {
+        return restore_through_service(job, ckpt);
+    }
     let key = ckpt_image::ImageKey::load(&ckpt_image::seal::key_path(a.image_key.as_deref()))
         .with_context(|| format!("restore from {} failed", ckpt.display()))?;
     let notice = |msg: &str| eprintln!("ckpt slurm: {msg}");
@@ -452,6 +455,27 @@ fn restore(a: &SlurmArgs, job: &Job, ckpt: &Path) -> anyhow::Result<App> {
     Ok(App {
         pid: Pid::from_raw(r.pid),
         target: Target::Tree(Pid::from_raw(r.pid)),
+        daemons: None,
+    })
+}
+
+/// [`restore`] for an ordinary user: a `ckpt restore` child, which the
+/// ckpt service runs for them, is what the wrapper waits for; the
+/// restored tree (the service's, not ours) is what a checkpoint saves.
+fn restore_through_service(job: &Job, ckpt: &Path) -> anyhow::Result<App> {
+    let dir = ckpt.parent().unwrap_or(Path::new("."));
+    let started = tree::restore_through_service(ckpt, dir, &ckpt_job::slurm::stdio_files())
+        .with_context(|| format!("restore from {} failed", ckpt.display()))?;
+    eprintln!(
+        "ckpt slurm: job {} restart {}: restored pid {} from {} through the ckpt service",
+        job.id,
+        job.restart_count,
+        started.tree,
+        ckpt.display()
+    );
+    Ok(App {
+        pid: started.run,
+        target: Target::Tree(started.tree),
         daemons: None,
     })
 }

@@ -15,7 +15,9 @@
 //!   (`ckpt-N` newer than `LATEST`, unfinished commits; the dumpers'
 //!   temporary directories are `ckpt gc`'s), never the committed
 //!   checkpoint; one line per action. Run by root with `--as-user`, it
-//!   reads the site's key and then does everything as the job's user.
+//!   reads the site's key (for an ordinary user's job, that user's key derived
+//!   from it, as the ckpt service sealed their images) and then does
+//!   everything as the job's user.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -95,6 +97,35 @@ pub struct EpilogArgs {
     as_user: Option<JobUser>,
 }
 
+/// The key an ordinary user's committed checkpoint in `dir` was sealed
+/// with: the user's own, derived from the site's, when the ckpt service
+/// made it (its seal names that key), else the site's (a checkpoint root
+/// made of the user's job). Only the seal is looked at here; the Epilog
+/// verifies it and every checksum.
+fn users_checkpoint_key(
+    dir: &std::path::Path,
+    site: ckpt_image::ImageKey,
+    uid: u32,
+) -> ckpt_image::ImageKey {
+    let users = site.for_user(uid);
+    let Ok(Some(name)) = ckpt_job::slurm::checkpoints::committed(dir) else {
+        return site;
+    };
+    let ckpt = dir.join(name);
+    let read = |n: &str| std::fs::read(ckpt.join(n)).ok();
+    match (
+        read(ckpt_image::MANIFEST_NAME),
+        read(ckpt_image::seal::SEAL_NAME),
+    ) {
+        (Some(manifest), Some(seal))
+            if users.verify(&manifest, &seal) != Err(ckpt_image::seal::SealFailure::OtherKey) =>
+        {
+            users
+        }
+        _ => site,
+    }
+}
+
 /// `ckpt slurm epilog`: exit 0 when the directory holds a verified
 /// committed checkpoint, or none; 1 when the committed one fails
 /// verification (it is kept, for a human to look at).
@@ -129,6 +160,10 @@ pub fn epilog(a: EpilogArgs) -> anyhow::Result<ExitCode> {
         {
             log::warn!("ckpt slurm epilog: job {job}: {e:#}");
         }
+    };
+    let key = match (key, a.as_user) {
+        (Ok(site), Some(user)) if user.uid != 0 => Ok(users_checkpoint_key(&dir, site, user.uid)),
+        (key, _) => key,
     };
     let key = key.as_ref().map_err(ToString::to_string);
     let verified = Epilog {

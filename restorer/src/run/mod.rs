@@ -152,6 +152,12 @@ pub fn spawn_init(program: &Path, args: &[OsString], ns: &JobNamespaces) -> io::
     Ok(child)
 }
 
+/// Passes the [`FORWARDED`] signals this process receives on to `pid` (a
+/// child that stands for it: a delegated `ckpt` command).
+pub fn forward_signals_to(pid: i32) -> io::Result<()> {
+    sys::forward_signals(&FORWARDED, pid)
+}
+
 /// A wait status as a shell reports it: the exit code, or 128 + the
 /// signal that killed the process.
 pub fn exit_code(status: std::process::ExitStatus) -> i32 {
