@@ -77,29 +77,39 @@ impl Objects {
     /// Gives every memfd open file of the tree the id of its object (the
     /// one its mappings have, if any), through the first fd holding it.
     /// An unlinked file held by an fd (saved as a ghost) that is also
-    /// mapped shared is refused: restore would make the ghost and the
-    /// mapping two files, and writes through one would no longer show in
-    /// the other.
+    /// mapped shared is saved as the object its mappings have instead, and
+    /// restored as the memfd that object becomes (a deleted file can be
+    /// opened by no one else, so only its name in `/proc/PID/fd` changes),
+    /// so that writes through one show in the other, as before: UCX's
+    /// shared-memory transport, under MPICH or Open MPI, keeps such files.
+    /// Any other shared object behind a ghost is refused: restore would
+    /// make the ghost and the mapping two files.
     pub fn link_files(&mut self, tree: &mut TreeFiles) -> Result<()> {
         let holders: Vec<_> = tree.holders().collect();
         let mut blocked = Vec::new();
+        let mut as_memfd: Vec<(u64, u64, String)> = Vec::new();
         for f in &tree.files.files {
             let Some(Kind::Reg(reg)) = &f.kind else {
                 continue;
             };
-            if reg.ghost.is_none() {
+            let Some(ghost) = &reg.ghost else {
                 continue;
-            }
+            };
             let Some(h) = holders.iter().find(|h| h.file_id == f.id) else {
                 continue;
             };
             let link = procfile::path(h.pid, &format!("fd/{}", h.fd));
             let st = std::fs::metadata(&link).map_err(|e| procfile::proc_err(h.pid, link, e))?;
-            if self
+            let Some(e) = self
                 .0
                 .iter()
-                .any(|e| e.mapped_shared && (e.dev, e.ino) == (st.dev(), st.ino()))
-            {
+                .find(|e| e.mapped_shared && (e.dev, e.ino) == (st.dev(), st.ino()))
+            else {
+                continue;
+            };
+            if e.object.kind == ShmemKind::DeletedFile as i32 {
+                as_memfd.push((f.id, e.object.id, ghost.clone()));
+            } else {
                 blocked.push(Blocker {
                     pid: h.pid,
                     what: format!(
@@ -111,6 +121,13 @@ impl Objects {
         }
         if !blocked.is_empty() {
             return Err(DumpError::Blocked { blockers: blocked });
+        }
+        for (file_id, shmem_id, ghost) in as_memfd {
+            // The object's data is saved once, with the object.
+            tree.blobs.remove(&ghost);
+            if let Some(f) = tree.files.files.iter_mut().find(|f| f.id == file_id) {
+                f.kind = Some(Kind::Memfd(ckpt_image::fd::memfd::MemfdFile { shmem_id }));
+            }
         }
         for f in tree.files.files.iter_mut() {
             let Some(Kind::Memfd(m)) = &mut f.kind else {

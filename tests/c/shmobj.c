@@ -8,7 +8,9 @@
  *            open when argv[3] is "fd" (name, offset, seals checked),
  *            next to a memfd made without MFD_ALLOW_SEALING;
  *   deleted  a file unlinked while mapped shared and private (its fd kept
- *            open when argv[3] is "fd", which the dump must refuse);
+ *            open when argv[3] is "fd": after restore a write through
+ *            the fd shows in the shared mapping and back, at the fd's
+ *            offset as it was);
  *   devzero  /dev/zero mapped shared and private;
  *   aio      an aio ring (io_setup), which the dump must refuse by name
  *            (nothing shared, no child);
@@ -112,6 +114,10 @@ static void setup_memfd(int keep_fd)
 	}
 }
 
+/* The deleted file's fd, when kept, and its offset at the dump. */
+static int deleted_fd = -1;
+#define DELETED_POS 777
+
 static void setup_deleted(int keep_fd)
 {
 	char path[PATH_MAX];
@@ -125,8 +131,26 @@ static void setup_deleted(int keep_fd)
 	add_shared("deleted shared", mmap(NULL, 4 * PG, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 4 * PG), 4 * PG, 4 * PG);
 	map_private(fd, "mmap private", object, 3, 98);
 	unlink(path);
-	if (!keep_fd)
+	if (!keep_fd) {
 		close(fd);
+		return;
+	}
+	deleted_fd = fd;
+	if (lseek(fd, DELETED_POS, SEEK_SET) != DELETED_POS)
+		die("lseek deleted.bin");
+}
+
+/* The deleted file's fd and its shared mapping are still one file. */
+static void check_deleted_fd(void)
+{
+	CHECK(lseek(deleted_fd, 0, SEEK_CUR) == DELETED_POS, "deleted file's offset lost");
+	unsigned char b = (unsigned char)(object[4 * PG + 300] ^ 0x33);
+	CHECK(pwrite(deleted_fd, &b, 1, 4 * PG + 300) == 1, "pwrite deleted file: %s", strerror(errno));
+	CHECK(shared[0].p[300] == b, "a write through the fd does not show in the mapping");
+	shared[0].p[301] ^= 0x44;
+	unsigned char c = 0;
+	CHECK(pread(deleted_fd, &c, 1, 4 * PG + 301) == 1 && c == shared[0].p[301],
+	      "a write through the mapping does not show through the fd");
 }
 
 static void setup_posix(const char *name)
@@ -272,6 +296,8 @@ int main(int argc, char **argv)
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child failed: status %#x", st);
 	const char *why = check_views();
 	CHECK(!why, "%s", why ? why : "");
+	if (deleted_fd >= 0)
+		check_deleted_fd();
 	if (nshared > 1 && shared[1].obj_off == 4 * PG) {
 		shared[1].p[200] ^= 0x5a;
 		CHECK(shared[0].p[4 * PG + 200] == (unsigned char)(object[4 * PG + 200] ^ 0x5a),
