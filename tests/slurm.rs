@@ -302,10 +302,12 @@ impl FakeJob {
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1).expect("send SIGUSR1");
     }
 
-    fn wait(&self, mut child: std::process::Child) -> i32 {
-        let ok = wait_until(WRAPPER_TIMEOUT, || {
-            child.try_wait().ok().flatten().is_some()
-        });
+    fn wait(&self, child: std::process::Child) -> i32 {
+        self.wait_within(child, WRAPPER_TIMEOUT)
+    }
+
+    fn wait_within(&self, mut child: std::process::Child, timeout: Duration) -> i32 {
+        let ok = wait_until(timeout, || child.try_wait().ok().flatten().is_some());
         if !ok {
             let _ = child.kill();
             panic!("ckpt slurm did not end\n{}", self.diag());
@@ -676,11 +678,12 @@ fn periodic_background_checkpoints_of_two_nodes_restart_from_the_newest() {
 /// Rounds of tests/c/mpi_job.c: a few seconds at its pace, long enough that
 /// the warning comes while every rank is busy.
 const MPI_ROUNDS: u64 = 4000;
+/// How long the rest of the ring may take after the restore: four ranks
+/// share two cores with whatever else the tests run.
+const MPI_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The job environment of a two-node allocation as Slurm gives a batch
-/// script (what Open MPI's `mpirun` reads to find its nodes and slots),
-/// plus Open MPI's settings for nodes that share this host: TCP between
-/// ranks, on loopback.
+/// script (what an MPI launcher reads to find its nodes and slots).
 fn mpi_allocation_vars(nodes: &str, srun_log: &Path) -> Vec<(&'static str, String)> {
     vec![
         ("SLURM_JOB_NUM_NODES", "2".into()),
@@ -693,32 +696,32 @@ fn mpi_allocation_vars(nodes: &str, srun_log: &Path) -> Vec<(&'static str, Strin
         ("SLURMD_NODENAME", "n1".into()),
         ("FAKE_SRUN_NODES", nodes.into()),
         ("FAKE_SRUN_LOG", path_str(srun_log).into()),
-        ("OMPI_ALLOW_RUN_AS_ROOT", "1".into()),
-        ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1".into()),
-        ("OMPI_MCA_btl", "self,tcp".into()),
-        ("OMPI_MCA_btl_tcp_if_include", "lo".into()),
-        ("OMPI_MCA_oob_tcp_if_include", "lo".into()),
     ]
 }
 
-/// `ckpt slurm -- mpirun -np 4 mpi_job` in an allocation of two "nodes" (a
-/// fake `srun` running the step's tasks here): mpirun runs once, as node
-/// n1's part with two ranks, and the `orted` it launches through srun (for
-/// node n2 only: in its own UTS namespace mpirun finds n1 in the
-/// allocation) is node n2's part with the other two. The warning
+/// An MPI launcher under `ckpt slurm` in an allocation of two "nodes" (a
+/// fake `srun` running the step's tasks here), `launcher -np 4 mpi_job`:
+/// the launcher runs once, as node n1's part with two ranks, and the
+/// daemon it starts for node n2 (only: in its own UTS namespace the
+/// launcher finds n1 in the allocation), through ckpt's stand-in for
+/// `via` (srun or ssh), is n2's part with the other two. The warning
 /// checkpoints both parts and requeues; the restart restores them on
-/// swapped nodes, mpirun's stand-in for srun learns that its daemon ended
-/// from the restored part, and the ring's result is right.
-#[test]
-fn mpi_launcher_runs_once_and_its_daemon_is_the_other_part_across_a_restart() {
-    let job = FakeJob::new("slurm-mpirun");
+/// swapped nodes, the stand-in learns that its daemon ended from the
+/// restored part, and the ring's result is right.
+fn mpi_launcher_across_a_restart(
+    test: &str,
+    launcher: &str,
+    bin: &Path,
+    daemon: &str,
+    mpi_vars: &[(&str, &str)],
+) {
+    let job = FakeJob::new(test);
     write_executable(&job.bin.join("srun"), FAKE_SRUN);
     let srun_log = job.env.root.join("srun.log");
-    let bin = mpi_victim_bin("mpi_job");
     let work = job.env.work.display().to_string();
     let rounds = MPI_ROUNDS.to_string();
     let app = [
-        "mpirun",
+        launcher,
         "-np",
         "4",
         bin.to_str().expect("utf-8 path"),
@@ -740,7 +743,11 @@ fn mpi_launcher_runs_once_and_its_daemon_is_the_other_part_across_a_restart() {
         )
     };
     let first = mpi_allocation_vars("n1,n2", &srun_log);
-    let vars: Vec<(&str, &str)> = first.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let vars: Vec<(&str, &str)> = first
+        .iter()
+        .map(|(k, v)| (*k, v.as_str()))
+        .chain(mpi_vars.iter().copied())
+        .collect();
     let run = job.start_with(0, &[], Some(&app), Stdio::null(), &vars);
     assert!(
         wait_until(WRAPPER_TIMEOUT, || progress() >= 500),
@@ -749,7 +756,7 @@ fn mpi_launcher_runs_once_and_its_daemon_is_the_other_part_across_a_restart() {
     );
     let launches: Vec<String> = read_to_string_lossy(&srun_log)
         .lines()
-        .filter(|l| l.contains(" orted "))
+        .filter(|l| l.contains(daemon))
         .map(str::to_string)
         .collect();
     assert_eq!(launches.len(), 1, "one daemon launch\n{}", diag());
@@ -771,9 +778,13 @@ fn mpi_launcher_runs_once_and_its_daemon_is_the_other_part_across_a_restart() {
     );
 
     let swapped = mpi_allocation_vars("n2,n1", &srun_log);
-    let vars: Vec<(&str, &str)> = swapped.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let vars: Vec<(&str, &str)> = swapped
+        .iter()
+        .map(|(k, v)| (*k, v.as_str()))
+        .chain(mpi_vars.iter().copied())
+        .collect();
     let run = job.start_with(1, &[], Some(&app), Stdio::null(), &vars);
-    assert_eq!(job.wait(run), 0, "{}", diag());
+    assert_eq!(job.wait_within(run, MPI_TIMEOUT), 0, "{}", diag());
     let result = read_to_string_lossy(&job.env.work.join("result"));
     assert!(
         result.starts_with("PASS"),
@@ -789,7 +800,41 @@ fn mpi_launcher_runs_once_and_its_daemon_is_the_other_part_across_a_restart() {
     );
     let launches = read_to_string_lossy(&srun_log)
         .lines()
-        .filter(|l| l.contains(" orted "))
+        .filter(|l| l.contains(daemon))
         .count();
     assert_eq!(launches, 1, "no daemon launched again\n{}", diag());
+}
+
+/// Open MPI's `mpirun`: its `orted` for n2 comes through the srun
+/// stand-in with ckpt's launch agent.
+#[test]
+fn mpi_launcher_runs_once_and_its_daemon_is_the_other_part_across_a_restart() {
+    let bin = mpi_victim_bin("mpi_job");
+    let vars = [
+        ("OMPI_ALLOW_RUN_AS_ROOT", "1"),
+        ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"),
+        ("OMPI_MCA_btl", "self,tcp"),
+        ("OMPI_MCA_btl_tcp_if_include", "lo"),
+        ("OMPI_MCA_oob_tcp_if_include", "lo"),
+    ];
+    mpi_launcher_across_a_restart("slurm-mpirun", "mpirun", &bin, " orted ", &vars);
+}
+
+/// MPICH's `mpiexec` (hydra): its proxy for n2 comes through the ssh
+/// stand-in, the one for n1 is forked inside mpiexec's part; the ranks
+/// talk through UCX (nested epolls, shared-memory segments, SysV).
+#[test]
+#[ignore = "after the restore, MPI_Finalize hangs in about half the runs: one rank's UCX TCP connection is closed by its peer with data unread"]
+fn mpich_launcher_runs_once_and_its_proxy_is_the_other_part_across_a_restart() {
+    let bin = mpich_victim_bin("mpi_job");
+    // The fake nodes' names resolve nowhere: hydra's proxies dial back
+    // on loopback.
+    let vars = [("HYDRA_IFACE", "lo")];
+    mpi_launcher_across_a_restart(
+        "slurm-mpich",
+        "mpiexec.mpich",
+        &bin,
+        "hydra_pmi_proxy",
+        &vars,
+    );
 }

@@ -379,7 +379,7 @@ fn open_mpi_job_launched_by_mpirun_across_two_nodes_is_checkpointed_requeued_and
     );
     let text = read_to_string_lossy(&output);
     assert!(
-        text.contains("ckpt slurm: mpirun runs once, as node n1's part"),
+        text.contains("ckpt slurm: mpirun (Open MPI) runs once, as node n1's part"),
         "{}",
         diag()
     );

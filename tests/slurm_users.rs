@@ -478,3 +478,113 @@ fn users_job_of_two_nodes_is_checkpointed_requeued_and_restored_through_the_serv
         Lab::Two.down();
     }
 }
+
+/// Rounds of tests/c/mpi_job.c's ring: about a minute in the lab.
+const MPI_ROUNDS: u64 = 6_000;
+
+/// An ordinary user's Open MPI job as they write it: `mpirun -np 4` in a
+/// batch job of two nodes with two tasks each. mpirun runs once, as node
+/// n1's part, its `orted` on n2 (started through ckpt's srun stand-in) is
+/// n2's part; every part's `ckpt job run`, dump and restore goes to the
+/// service. Checkpointed at the warning, requeued, restored; the ring ends
+/// with the result computed without MPI, and the images are the user's.
+#[test]
+fn users_open_mpi_job_across_two_nodes_is_checkpointed_requeued_and_restored() {
+    let Some(lab) = Lab::Two.take() else {
+        return;
+    };
+    let user = test_user();
+    let env = TestEnv::new("slurm-user-mpirun");
+    let svc = Service::start(&env);
+    let home = user_dir(&env, user, "home");
+    env.give_work_to(user);
+    let bin = mpi_victim_bin("mpi_job");
+    let dir = home.join("ckpt");
+    let output = home.join("job.out");
+    let script = env.root.join("job.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\n\
+             export CKPT_SERVICE_SOCKET={socket}\n\
+             # Both fake nodes are this host: ranks talk TCP on loopback.\n\
+             export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo\n\
+             exec {CKPT} slurm --dir {dir} -- mpirun -np 4 {bin} {work} {MPI_ROUNDS}\n",
+            socket = svc.socket.display(),
+            dir = dir.display(),
+            bin = bin.display(),
+            work = env.work.display(),
+        ),
+    )
+    .expect("write batch script");
+    let id = sbatch_as(
+        Lab::Two,
+        user,
+        &home,
+        &[
+            "--nodes=2",
+            "--ntasks-per-node=2",
+            "--requeue",
+            "--open-mode=append",
+            "--signal=B:USR1@75",
+            "--time=2:00",
+            "--job-name=ckpt-slurm-user-mpirun",
+            "--output",
+            path_str(&output),
+            path_str(&script),
+        ],
+    );
+    let diag = || {
+        format!(
+            "job record: {}\nprogress {:?} result {:?}\n--- job output ---\n{}\n--- ckpt serve log ---\n{}\n--- slurmctld.log (last 30 lines, newest first) ---\n{}",
+            Lab::Two.record(&id),
+            read_to_string_lossy(&env.work.join("progress")),
+            read_to_string_lossy(&env.work.join("result")),
+            read_to_string_lossy(&output),
+            read_to_string_lossy(&svc.log),
+            Lab::Two.ctld_log_tail(30)
+        )
+    };
+    let mut ended_before_requeue = None;
+    let end = wait_over(Lab::Two, &id, Duration::from_secs(330), &diag, |r| {
+        if ended_before_requeue.is_none() && field(r, "Restarts").is_some_and(|n| n != "0") {
+            ended_before_requeue = Some(env.work.join("result").exists());
+        }
+    });
+    assert_eq!(field(&end, "JobState"), Some("COMPLETED"), "{}", diag());
+    assert_eq!(field(&end, "ExitCode"), Some("0:0"), "{}", diag());
+    assert_eq!(
+        ended_before_requeue,
+        Some(false),
+        "requeued while the ring ran\n{}",
+        diag()
+    );
+    let result = read_to_string_lossy(&env.work.join("result"));
+    assert!(result.starts_with("PASS"), "ring: {result}\n{}", diag());
+    let text = read_to_string_lossy(&output);
+    assert!(
+        text.contains("ckpt slurm: mpirun (Open MPI) runs once, as node n1's part"),
+        "{}",
+        diag()
+    );
+    assert!(
+        text.contains("ckpt slurm: the job's 2 parts checkpointed into "),
+        "{}",
+        diag()
+    );
+    use std::os::unix::fs::MetadataExt;
+    let epoch = std::fs::read_dir(dir.join("job/parts/n2"))
+        .expect("part n2")
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with("epoch-"))
+        .unwrap_or_else(|| panic!("no epoch of n2\n{}", diag()));
+    assert_eq!(
+        epoch.metadata().expect("epoch").uid(),
+        user.uid,
+        "the orted part's images are the user's\n{}",
+        diag()
+    );
+    if lab.started {
+        Lab::Two.down();
+    }
+}

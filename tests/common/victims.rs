@@ -26,6 +26,12 @@ pub fn mpi_victim_bin(name: &str) -> PathBuf {
     compile_victim(name, "mpicc")
 }
 
+/// A victim built against MPICH (`mpicc.mpich`), whatever MPI the
+/// system's `mpicc` is.
+pub fn mpich_victim_bin(name: &str) -> PathBuf {
+    compile_victim(name, "mpicc.mpich")
+}
+
 pub(crate) fn compile_victim(name: &str, compiler: &str) -> PathBuf {
     let _guard = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let src = c_dir().join(format!("{name}.c"));

@@ -142,6 +142,12 @@ struct RunArgs {
     /// MPI launchers match against the allocation's node list.
     #[arg(long)]
     uts: bool,
+    /// Run the part in an IPC namespace of its own: its SysV objects (MPI
+    /// shared-memory transports make them) are saved with their ids and
+    /// recreated at restore whatever ids the node uses meanwhile, as on a
+    /// node of its own.
+    #[arg(long)]
+    ipcns: bool,
     /// The command and its arguments.
     #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -395,6 +401,9 @@ fn run_part(a: RunArgs) -> anyhow::Result<ExitCode> {
     if a.uts {
         argv.push("--hostname".into());
         argv.push(claimed.node.clone().into());
+    }
+    if a.ipcns {
+        argv.push("--ipcns".into());
     }
     argv.push("--".into());
     argv.extend(a.command);

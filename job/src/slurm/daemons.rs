@@ -14,17 +14,19 @@
 //! (`ckpt slurm`, outside every part) runs each request with the real
 //! `srun` ([`Daemons`]) and writes its status back when it ends. The
 //! launch agent Open MPI prefixes to the daemon's command
-//! (`orte_launch_agent`) is `ckpt job run --uts`, which makes each daemon
-//! the part of its node, in a UTS namespace named after the node: mpirun
-//! finds its own node in the allocation by `gethostname()`, and the parts
-//! keep their node's name wherever they are restored.
+//! (`orte_launch_agent`) is `ckpt job run --uts --ipcns`, which makes each
+//! daemon the part of its node, in a UTS namespace named after the node
+//! (mpirun finds its own node in the allocation by `gethostname()`, and
+//! the parts keep their node's name wherever they are restored) and an IPC
+//! namespace of its own (the SysV segments of MPI's shared-memory
+//! transports come back with their ids, whatever the node holds).
 //!
 //! MPICH's `mpiexec` (hydra) is run with its ssh launcher instead, whose
 //! program is the stand-in under the name `ssh`: hydra forks the proxy of
 //! its own node inside its part (it knows the node by `gethostname()`,
 //! hence the UTS namespace again) and asks "ssh" for every other node's,
 //! which the wrapper starts with the real srun on that node, as its part,
-//! under `ckpt job run --uts`.
+//! under `ckpt job run --uts --ipcns`.
 //!
 //! After a restart the stand-in is restored waiting as it was, but the
 //! real `srun` is gone: the restored daemons' parts run under `ckpt job
@@ -448,7 +450,8 @@ impl LaunchDir {
 }
 
 /// The words a daemon's command is prefixed with to make it its node's
-/// part: `ckpt job run --dir JOBDIR --uts --`. Open MPI splits its launch
+/// part: `ckpt job run --dir JOBDIR --uts --ipcns --`, a node of its
+/// own as far as host name and SysV objects go. Open MPI splits its launch
 /// agent at spaces, so neither path may hold one.
 fn agent_words(jobdir: &Path) -> Result<Vec<OsString>> {
     let me = std::env::current_exe().map_err(DaemonsError::OwnExe)?;
@@ -460,7 +463,7 @@ fn agent_words(jobdir: &Path) -> Result<Vec<OsString>> {
     let mut words: Vec<OsString> = vec![me.into_os_string()];
     words.extend(["job", "run", "--dir"].map(OsString::from));
     words.push(jobdir.as_os_str().to_owned());
-    words.extend(["--uts", "--"].map(OsString::from));
+    words.extend(["--uts", "--ipcns", "--"].map(OsString::from));
     Ok(words)
 }
 

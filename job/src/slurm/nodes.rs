@@ -195,12 +195,13 @@ impl Parts {
     }
 
     /// Starts an MPI launcher (`app`) once, here, as this node's part, in a
-    /// UTS namespace named after the node, with `env` added (the daemons'
+    /// UTS namespace named after the node and an IPC namespace of its own,
+    /// with `env` added (the daemons'
     /// launch through `launch`'s stand-in, [`super::daemons`]): its daemons
     /// become the other nodes' parts. Returns the pid of its `ckpt job
     /// run`.
     pub fn start_launcher(&self, app: &[OsString], env: &[(OsString, OsString)]) -> Result<Pid> {
-        let mut cmd = self.ckpt(&["job", "run", "--uts"], ChildSignals::None)?;
+        let mut cmd = self.ckpt(&["job", "run", "--uts", "--ipcns"], ChildSignals::None)?;
         cmd.arg("--")
             .args(app)
             .envs(env.iter().map(|(k, v)| (k, v)));
