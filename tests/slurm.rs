@@ -705,9 +705,10 @@ fn mpi_allocation_vars(nodes: &str, srun_log: &Path) -> Vec<(&'static str, Strin
 /// daemon it starts for node n2 (only: in its own UTS namespace the
 /// launcher finds n1 in the allocation), through ckpt's stand-in for
 /// `via` (srun or ssh), is n2's part with the other two. The warning
-/// checkpoints both parts and requeues; the restart restores them on
-/// swapped nodes, the stand-in learns that its daemon ended from the
-/// restored part, and the ring's result is right.
+/// checkpoints both parts (after at least one periodic checkpoint in the
+/// background, the ring running on) and requeues; the restart restores
+/// them on swapped nodes, the stand-in learns that its daemon ended from
+/// the restored part, and the ring's result is right.
 fn mpi_launcher_across_a_restart(
     test: &str,
     launcher: &str,
@@ -748,10 +749,28 @@ fn mpi_launcher_across_a_restart(
         .map(|(k, v)| (*k, v.as_str()))
         .chain(mpi_vars.iter().copied())
         .collect();
-    let run = job.start_with(0, &[], Some(&app), Stdio::null(), &vars);
+    // Periodic background checkpoints while the ring runs, then the
+    // warning's.
+    let run = job.start_with(
+        0,
+        &["--every", "2", "--background"],
+        Some(&app),
+        Stdio::null(),
+        &vars,
+    );
+    let periodic = || {
+        read_to_string_lossy(&job.env.root.join("wrapper.err"))
+            .matches("(periodic,")
+            .count()
+    };
     assert!(
-        wait_until(WRAPPER_TIMEOUT, || progress() >= 500),
-        "the ring does not run\n{}",
+        wait_until(WRAPPER_TIMEOUT, || progress() >= 500 && periodic() >= 1),
+        "the ring does not run, or no periodic checkpoint\n{}",
+        diag()
+    );
+    assert!(
+        !read_to_string_lossy(&job.env.root.join("wrapper.err")).contains("failed"),
+        "{}",
         diag()
     );
     let launches: Vec<String> = read_to_string_lossy(&srun_log)
