@@ -174,6 +174,9 @@ impl Parts {
         let mut cmd = Command::new(SRUN);
         cmd.args([
             "--overlap".to_string(),
+            // A site's MpiDefault=pmix would put a slurmstepd PMIx server
+            // behind every task, outside the job.
+            "--mpi=none".to_string(),
             format!("--nodes={}", self.nodes),
             format!("--ntasks={}", self.nodes),
             "--ntasks-per-node=1".to_string(),
