@@ -84,7 +84,7 @@ pub enum NodesError {
 /// The allocation's node count, as Slurm gives it to the batch script.
 const NUM_NODES_VAR: &str = "SLURM_JOB_NUM_NODES";
 /// The job directory of the parts, relative to `DIR`.
-const JOB_SUBDIR: &str = "job";
+pub(crate) const JOB_SUBDIR: &str = "job";
 /// Prefix of an epoch's name in `DIR`'s records (its timing file).
 const EPOCH_PREFIX: &str = "epoch-";
 /// `srun`, looked up on PATH.
