@@ -125,6 +125,13 @@ pub fn spawn_init(program: &Path, args: &[OsString], ns: JobNamespaces) -> io::R
     Ok(child)
 }
 
+/// From now on passes [`FORWARDED`] signals this process receives on to
+/// `pid`: what a namespace's init does for its command (`ckpt restore
+/// --pidns`, PID 1 of its namespace, for the restored root).
+pub fn forward_to(pid: i32) -> io::Result<()> {
+    sys::forward_signals(&FORWARDED, pid)
+}
+
 /// A wait status as a shell reports it: the exit code, or 128 + the
 /// signal that killed the process.
 pub fn exit_code(status: std::process::ExitStatus) -> i32 {
