@@ -281,6 +281,63 @@ fn connection_to_outside_needs_tcp_established_and_then_goes_on() {
     finish_restore(&v, restore);
 }
 
+/// ckpt's exit code for a dump it refuses (docs/usage.md).
+const EXIT_UNSUPPORTED: i32 = 3;
+
+/// A rank of `srun --mpi=pmix` as slurmstepd starts it: Slurm's PMIx
+/// namespace and server URIs in its environment, and a connection to the
+/// server's address. The test plays slurmstepd, outside the tree.
+#[test]
+fn srun_pmix_rank_is_refused_by_name_and_runs_on() {
+    let env = TestEnv::new("inet-srun-pmix");
+    let server = outside_listener();
+    let port = server.local_addr().expect("local_addr").port().to_string();
+    let uri = format!("pmix-server.{};tcp4://127.0.0.1:{port}", std::process::id());
+    let mut v = Victim::spawn_with_vars(
+        &env,
+        "inet",
+        &["outside", &port],
+        &[
+            ("PMIX_NAMESPACE", "slurm.pmix.4242.0"),
+            ("PMIX_RANK", "0"),
+            ("PMIX_SERVER_URI4", &uri),
+            ("PMIX_SERVER_URI41", &uri),
+        ],
+    );
+    let (_stream, _) = server.accept().expect("accept");
+    v.wait_ready();
+
+    // Saving the connection to an outside peer does not help: the server
+    // is gone with the step, so --tcp-established is refused the same way.
+    for extra in [&[][..], &["--tcp-established"][..]] {
+        let out = dump_outcome(&env, &v, extra);
+        let line = out.assert_error();
+        assert_eq!(out.code(), EXIT_UNSUPPORTED, "{}", out.stderr);
+        assert_eq!(
+            out.stderr
+                .lines()
+                .filter(|l| l.starts_with("ckpt: error:"))
+                .count(),
+            1,
+            "one line: {}",
+            out.stderr
+        );
+        assert!(
+            line.contains(&format!("pid {}: a rank of srun --mpi=pmix", v.pid))
+                && line.contains("slurmstepd")
+                && line.contains(&format!("pid {}", std::process::id()))
+                && line.contains("ckpt slurm -- mpirun"),
+            "the refusal names the rank, its server and the launch that works: {line}"
+        );
+        assert!(!env.img.exists(), "a refused dump leaves no checkpoint");
+        assert!(
+            v.ping(Duration::from_secs(10)),
+            "victim stopped: {}",
+            v.diag()
+        );
+    }
+}
+
 #[test]
 fn privileged_port_is_not_given_back_without_cap_net_bind_service() {
     let env = TestEnv::new("inet-privport");

@@ -529,7 +529,7 @@ fn srun_launch_dumps_and_restores_parts_on_swapped_nodes() {
     let first = first.lines().next().unwrap_or_default();
     assert!(
         first.starts_with(
-            "--overlap --nodes=2 --ntasks=2 --ntasks-per-node=1 --nodelist=fake1,fake2 "
+            "--overlap --mpi=none --nodes=2 --ntasks=2 --ntasks-per-node=1 --nodelist=fake1,fake2 "
         ) && first.contains(" job agent dump ")
             && first.ends_with(" --slurm --slurm-nodes=fake1,fake2"),
         "one srun step of one agent per node: {first}"
@@ -570,7 +570,7 @@ fn srun_launch_dumps_and_restores_parts_on_swapped_nodes() {
     let second = read_to_string_lossy(&log);
     let second = second.lines().nth(1).unwrap_or_default();
     assert!(
-        second.starts_with("--overlap --nodes=2 --ntasks=2 --ntasks-per-node=1 ")
+        second.starts_with("--overlap --mpi=none --nodes=2 --ntasks=2 --ntasks-per-node=1 ")
             && second.contains(" job agent restore ")
             && !second.contains("--nodelist"),
         "restore step: {second}"

@@ -248,6 +248,109 @@ fn namespace_restored_twice_at_once_with_the_same_pids() {
     );
 }
 
+/// A tree dumped on the host (not under `ckpt run --pidns`) restored twice
+/// at once: the first copy takes its pids back on the host, so a plain
+/// second restore is refused with advice a user can follow, and `ckpt
+/// restore --pidns` restores the second copy with the same pid and thread
+/// ids inside a new PID namespace whose init is that restore. Both copies
+/// pass their checks (each worker's tid, TLS counter, signal mask, name,
+/// alternate stack and a callee-saved register), and a SIGTERM to the
+/// second restore reaches its root through the init.
+#[test]
+fn host_dump_restored_beside_itself_with_pidns() {
+    let env = TestEnv::new("pidns-restore-host");
+    let mut v = Victim::spawn(&env, "threads", &[]);
+    v.wait_ready();
+    let tids = |host: i32| -> Vec<i32> {
+        let mut t: Vec<i32> = std::fs::read_dir(format!("/proc/{host}/task"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().parse().unwrap())
+            .map(inner_pid)
+            .collect();
+        t.sort_unstable();
+        t
+    };
+    let dumped_tids = tids(v.pid);
+    dump_kill_reap(&env, &mut v);
+    let mut first = spawn_restore(&env, &[]);
+    wait_restored_and_running(&v, &mut first);
+    assert_eq!(tids(v.pid), dumped_tids, "the first copy's threads");
+
+    let out = ckpt(
+        &env,
+        &["restore", "--dir", path_str(&env.img), "--pid-wait", "1"],
+        FAIL_TIMEOUT,
+    );
+    let line = out.assert_error();
+    assert!(
+        dumped_tids
+            .iter()
+            .any(|t| line.contains(&format!("pid {t} is in use")))
+            && line.contains("ckpt restore --pidns"),
+        "the refusal names a pid the first copy holds and the way out: {line}"
+    );
+
+    let second = spawn_restore(&env, &["--pidns"]);
+    let mut inits = Inits::default();
+    assert_eq!(restored_root_pid(&second), v.pid, "the pid inside");
+    // The launcher, the init (the restore again, PID 1), the root.
+    let tree = host_tree_of(second.pid());
+    assert_eq!(tree.len(), 3, "launcher, init and root: {tree:?}");
+    let (init, root) = (tree[1], tree[2]);
+    inits.0.push(init);
+    assert_eq!(inner_pid(init), 1, "the restore is the namespace's init");
+    assert_eq!(inner_pid(root), v.pid, "the dumped pid, inside");
+    assert_ne!(
+        root, v.pid,
+        "another process than the first copy on the host"
+    );
+    assert_eq!(tids(root), dumped_tids, "the second copy's threads, inside");
+
+    // The copies share the work dir: the second sees another one in its
+    // private mount namespace, so each reports on its own.
+    let other = own_work_dir_in(&env, root);
+    write_atomic(&other.join("ping"), "ping");
+    assert!(
+        wait_until(READY_TIMEOUT, || other.join("pong").exists()),
+        "the second copy does not answer: {}",
+        second.stderr_now()
+    );
+    v.go();
+    finish_restore(&v, first);
+    write_atomic(&other.join("go"), "go");
+    let out = second.wait_with(RESULT_TIMEOUT, || v.diag());
+    assert_eq!(out.code(), 0, "second copy: {}", out.stderr);
+    assert_eq!(
+        read_to_string_lossy(&other.join("result")),
+        "PASS",
+        "second copy's checks"
+    );
+    assert_eq!(
+        Some(read_to_string_lossy(&other.join("incarnation.final"))),
+        v.incarnation,
+        "the second copy is the dumped process, restored"
+    );
+
+    // A signal for the job reaches the root through the init.
+    let env2 = TestEnv::new("pidns-restore-host-term");
+    let mut w = Victim::spawn(&env2, "threads", &[]);
+    w.wait_ready();
+    dump_kill_reap(&env2, &mut w);
+    let mut third = spawn_restore(&env2, &["--pidns"]);
+    wait_restored_and_running(&w, &mut third);
+    if let Some(&init) = host_tree_of(third.pid()).get(1) {
+        inits.0.push(init);
+    }
+    kill(Pid::from_raw(third.pid()), Signal::SIGTERM).expect("SIGTERM the restore");
+    let out = third.wait(RESULT_TIMEOUT);
+    assert_eq!(
+        out.code(),
+        128 + Signal::SIGTERM as i32,
+        "the root died of the SIGTERM: {}",
+        out.stderr
+    );
+}
+
 /// A process inside a namespace it is not the init of cannot be dumped on
 /// its own (its pids there could not be given back): refused naming it,
 /// the job runs on and passes.

@@ -170,6 +170,155 @@ fn epilog_verifies_the_committed_checkpoint_and_removes_only_partial_ones() {
     assert!(dir.join("ckpt-2").is_dir());
 }
 
+/// A job of several nodes as `ckpt slurm` leaves it in DIR/job: two parts
+/// started with `ckpt job run` (nodes n1 and n2, both this host), two
+/// epochs committed by `ckpt job dump` (the second with `--kill`). The
+/// agents go through `--launch exec` to this host: the job directory is
+/// the one `--launch srun` writes. The dumps run in `main` (its image key).
+fn two_part_job(main: &TestEnv, dir: &Path) -> Vec<TestEnv> {
+    let jobdir = dir.join("job");
+    let jd = path_str(&jobdir);
+    let mut envs = Vec::new();
+    let mut parts = Vec::new();
+    for (part, node) in [("a", "n1"), ("b", "n2")] {
+        let env = TestEnv::new(&format!("slurm-epilog-nodes-{part}"));
+        let work = path_str(&env.work).to_string();
+        let bin = victim_bin("counter");
+        let mut v = Victim::spawn_program(
+            &env,
+            Path::new(CKPT),
+            &[
+                "job",
+                "run",
+                "--dir",
+                jd,
+                "--part",
+                part,
+                "--node",
+                node,
+                "--",
+                path_str(&bin),
+                &work,
+            ],
+        );
+        v.wait_ready();
+        parts.push(v);
+        envs.push(env);
+    }
+    for kill in [false, true] {
+        let mut args = vec![
+            "job",
+            "dump",
+            "--dir",
+            jd,
+            "--keep",
+            "2",
+            "--launch",
+            "exec",
+            "--via",
+            "env CKPT_TEST_HOST={host}",
+        ];
+        if kill {
+            args.push("--kill");
+        }
+        ckpt(main, &args, DUMP_TIMEOUT).assert_success();
+    }
+    for v in &mut parts {
+        v.wait_original_exit(DUMP_TIMEOUT);
+    }
+    envs
+}
+
+#[test]
+fn epilog_verifies_every_part_of_the_last_committed_epoch() {
+    let env = TestEnv::new("slurm-epilog-nodes");
+    let dir = env.root.join("ckpt");
+    std::fs::create_dir(&dir).expect("mkdir");
+    let _parts = two_part_job(&env, &dir);
+    let epoch_dir = |part: &str, epoch: u64| {
+        dir.join("job")
+            .join("parts")
+            .join(part)
+            .join(format!("epoch-{epoch}"))
+    };
+    let prefix = format!("ckpt slurm epilog: job {FAKE_JOB}: ");
+    let said = |out: &CkptOutput, part: &str| -> String {
+        let path = format!("{prefix}{}: part {part} ", epoch_dir(part, 2).display());
+        let lines: Vec<&str> = out
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with(&path))
+            .collect();
+        assert_eq!(lines.len(), 1, "one line for part {part}: {}", out.stdout);
+        lines[0].to_string()
+    };
+
+    let out = epilog(&env, &dir);
+    out.assert_success();
+    for part in ["a", "b"] {
+        assert!(
+            said(&out, part).contains("of committed epoch 2 verified (seal and checksums of"),
+            "{}",
+            out.stdout
+        );
+    }
+    assert_eq!(
+        out.stdout.lines().count(),
+        2,
+        "one line per part: {}",
+        out.stdout
+    );
+    assert!(!out.stdout.contains("nothing committed"), "{}", out.stdout);
+
+    // Part b's images of epoch 2 replaced by its epoch 1: each is sealed
+    // and whole, but not what epoch 2's record names.
+    let b2 = epoch_dir("b", 2);
+    std::fs::rename(&b2, dir.join("b2-aside")).unwrap();
+    let ok = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(epoch_dir("b", 1))
+        .arg(&b2)
+        .status()
+        .expect("cp");
+    assert!(ok.success());
+    let out = epilog(&env, &dir);
+    assert_eq!(out.code(), 1, "{}{}", out.stdout, out.stderr);
+    assert!(said(&out, "a").contains("verified"), "{}", out.stdout);
+    assert!(
+        said(&out, "b").contains(
+            "fails verification, kept: its manifest is not the one the epoch's record names"
+        ),
+        "{}",
+        out.stdout
+    );
+
+    // A damaged page image of part a fails its checksum; it is kept.
+    std::fs::remove_dir_all(&b2).unwrap();
+    std::fs::rename(dir.join("b2-aside"), &b2).unwrap();
+    let pages = std::fs::read_dir(epoch_dir("a", 2))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("pages-"))
+        })
+        .expect("a pages image");
+    let mut bytes = std::fs::read(&pages).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&pages, bytes).unwrap();
+    let out = epilog(&env, &dir);
+    assert_eq!(out.code(), 1, "{}{}", out.stdout, out.stderr);
+    assert!(
+        said(&out, "a").contains("of committed epoch 2 fails verification, kept: "),
+        "{}",
+        out.stdout
+    );
+    assert!(said(&out, "b").contains("verified"), "{}", out.stdout);
+    assert!(epoch_dir("a", 2).is_dir(), "a failing part is kept");
+}
+
 /// `ckpt slurm` with the job's environment set by hand and a fake
 /// `scontrol` that logs its calls and answers `show job` with a record
 /// saying the job is preempted in partition `tiny`, whose GraceTime is 0.

@@ -193,9 +193,9 @@ impl ErrorReport {
                 self.set(ErrorKind::TargetGone, Some(*pid))
             }
             DumpError::Permission { pid, .. } => self.set(ErrorKind::Permission, Some(*pid)),
-            DumpError::Unsupported { pid, .. } | DumpError::Ib { pid, .. } => {
-                self.set(ErrorKind::Unsupported, Some(*pid))
-            }
+            DumpError::Unsupported { pid, .. }
+            | DumpError::Ib { pid, .. }
+            | DumpError::SrunPmixRank { pid, .. } => self.set(ErrorKind::Unsupported, Some(*pid)),
             DumpError::Blocked { blockers } => {
                 self.set(ErrorKind::Unsupported, None);
                 self.blockers = blockers.clone();

@@ -99,6 +99,20 @@ pub enum DumpError {
         /// What went wrong.
         what: String,
     },
+    /// A rank of `srun --mpi=pmix`: its PMIx server lives in slurmstepd,
+    /// outside the tree, and PMIx clients cannot reconnect to another one.
+    #[error(
+        "pid {pid}: a rank of srun --mpi=pmix: its PMIx server is slurmstepd (pid {}, connected on fd {fd}), outside the job, and cannot be saved; launch the ranks with mpirun inside the allocation (ckpt slurm -- mpirun ...)",
+        .server.map_or_else(|| "unknown".to_string(), |p| p.to_string())
+    )]
+    SrunPmixRank {
+        /// The rank.
+        pid: i32,
+        /// The fd of its connection to the server.
+        fd: i32,
+        /// The server's pid, as its URI names it.
+        server: Option<i32>,
+    },
     /// Controlling the process failed.
     #[error(transparent)]
     Parasite(#[from] ParasiteError),

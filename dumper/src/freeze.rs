@@ -10,7 +10,7 @@ use nix::errno::Errno;
 use crate::blockers::Blockers;
 use crate::error::{DumpError, Result};
 use crate::stats::ms_since;
-use crate::{Frozen, pidns, procfile, stopped, tree};
+use crate::{Frozen, pidns, procfile, srun_pmix, stopped, tree};
 
 /// Freezes `root` and every descendant (see [`crate::freeze`]).
 pub(crate) fn tree(root: i32) -> Result<Frozen> {
@@ -31,7 +31,8 @@ pub(crate) fn tree(root: i32) -> Result<Frozen> {
     // check before the seize spares it, the one after the freeze decides.
     let check = |pid| {
         precheck(pid, ns)?;
-        caller.map_or(Ok(()), |c| crate::caller::check_task(pid, pid, c))
+        caller.map_or(Ok(()), |c| crate::caller::check_task(pid, pid, c))?;
+        srun_pmix::refuse_rank(pid, root)
     };
     let procs = tree::freeze(root, check, seize_error, &mut blockers)?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::AfterSeize);

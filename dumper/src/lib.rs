@@ -52,6 +52,7 @@ mod sched;
 mod seccomp;
 mod shapes;
 mod shmem;
+mod srun_pmix;
 mod stats;
 mod stopped;
 mod strategy;

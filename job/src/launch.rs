@@ -276,6 +276,9 @@ fn srun(me: &PathBuf, agent: &[OsString], placements: &[Placement]) -> Result<La
     let mut cmd = Command::new(SRUN);
     cmd.args([
         "--overlap".to_string(),
+        // A site's MpiDefault=pmix would put a slurmstepd PMIx server behind
+        // every agent, outside the job.
+        "--mpi=none".to_string(),
         format!("--nodes={k}"),
         format!("--ntasks={k}"),
         "--ntasks-per-node=1".to_string(),

@@ -13,7 +13,7 @@ pub enum RestoreError {
     Image(#[from] ImageError),
     /// The pid is held by a live process.
     #[error(
-        "pid {pid} is in use by a running process ({comm}); stop that process or restore on another node (a job started under `ckpt run --pidns` is restored in a PID namespace of its own, where this cannot happen)"
+        "pid {pid} is in use by a running process ({comm}); stop that process, restore on another node, or restore into a PID namespace of its own with `ckpt restore --pidns` (a job started under `ckpt run --pidns` always is)"
     )]
     PidInUse {
         /// The pid.

@@ -201,17 +201,51 @@ impl Victim {
         )
     }
 
+    /// Like [`Victim::spawn`], with the variables `vars` added to its
+    /// environment.
+    pub fn spawn_with_vars(
+        env: &TestEnv,
+        name: &str,
+        extra_args: &[&str],
+        vars: &[(&str, &str)],
+    ) -> Victim {
+        let stdout = File::create(env.work.join("stdout")).expect("create stdout file");
+        let stderr = File::create(env.work.join("stderr")).expect("create stderr file");
+        Victim::spawn_full_with_vars(
+            env,
+            victim_bin(name),
+            name,
+            extra_args,
+            [Stdio::null(), stdout.into(), stderr.into()],
+            None,
+            vars,
+        )
+    }
+
     fn spawn_full(
+        env: &TestEnv,
+        bin: PathBuf,
+        name: &str,
+        extra_args: &[&str],
+        stdio: [Stdio; 3],
+        user: Option<&TestUser>,
+    ) -> Victim {
+        Victim::spawn_full_with_vars(env, bin, name, extra_args, stdio, user, &[])
+    }
+
+    fn spawn_full_with_vars(
         env: &TestEnv,
         bin: PathBuf,
         name: &str,
         extra_args: &[&str],
         [stdin, stdout, stderr]: [Stdio; 3],
         user: Option<&TestUser>,
+        vars: &[(&str, &str)],
     ) -> Victim {
         let mut cmd = Command::new(&bin);
         cmd.arg(&env.work)
             .args(extra_args)
+            .envs(vars.iter().copied())
             .stdin(stdin)
             .stdout(stdout)
             .stderr(stderr);

@@ -362,7 +362,7 @@ fn delegated(argv: &[OsString]) -> Option<anyhow::Result<u8>> {
             .spawn()
             .with_context(|| format!("starting {}", exe.display()))?;
         let pid = i32::try_from(child.id()).context("child pid out of range")?;
-        ckpt_restorer::run::forward_signals_to(pid).context("passing signals on")?;
+        ckpt_restorer::run::forward_to(pid).context("passing signals on")?;
         let status = child
             .wait()
             .with_context(|| format!("waiting for {}", exe.display()))?;

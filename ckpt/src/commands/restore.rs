@@ -26,6 +26,14 @@ pub struct RestoreArgs {
     /// when ckpt is PID 1 of a PID namespace, whose end would kill the tree).
     #[arg(long, short = 'd')]
     detach: bool,
+    /// Restore into a new PID namespace, whose PID 1 is this command (it
+    /// reaps, passes SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 on to the
+    /// restored root, and exits with the root's status, which ends the
+    /// namespace): the dumped pids are free there even when processes on
+    /// the host hold them, e.g. to run a second copy beside the first. Not
+    /// with --detach, --pidfile or --coord.
+    #[arg(long)]
+    pidns: bool,
     /// Seconds to wait for a zombie that still holds the pid.
     #[arg(long, default_value_t = 30, value_name = "SECS")]
     pid_wait: u64,
@@ -137,6 +145,7 @@ impl RestoreArgs {
             (self.mntns.is_some(), "--mntns"),
             (self.lazy, "--lazy"),
             (self.shell_job, "--shell-job"),
+            (self.pidns, "--pidns"),
         ]
         .into_iter()
         .find_map(|(set, flag)| set.then_some(flag));
@@ -193,6 +202,9 @@ pub fn run(a: RestoreArgs) -> anyhow::Result<ExitCode> {
 
 /// [`run`]'s exit code.
 pub fn status(a: RestoreArgs) -> anyhow::Result<u8> {
+    if a.pidns {
+        return in_new_pidns(&a);
+    }
     // As PID 1 of a PID namespace (`unshare --pid --fork`), ckpt is the
     // namespace's init: if it exited, the kernel would kill every process
     // in the namespace, the restored tree included.
@@ -294,8 +306,12 @@ pub fn status(a: RestoreArgs) -> anyhow::Result<u8> {
         return Ok(0);
     }
     // As a namespace's init, orphans of the tree are reparented to ckpt:
-    // reap them all, and end with the root.
+    // reap them all, and end with the root. The kernel keeps from an init
+    // every signal it has no handler for, so the root would never see a
+    // SIGTERM meant for the job: pass them on.
     let wait_for = if ns_init {
+        ckpt_restorer::run::forward_to(r.pid)
+            .with_context(|| format!("passing signals on to pid {}", r.pid))?;
         Pid::from_raw(-1)
     } else {
         Pid::from_raw(r.pid)
@@ -312,6 +328,38 @@ pub fn status(a: RestoreArgs) -> anyhow::Result<u8> {
             Err(e) => return Err(e).context(format!("waiting for pid {}", r.pid)),
         }
     }
+}
+
+/// `ckpt restore --pidns`: this same command again, without `--pidns`, as
+/// PID 1 of a new PID namespace (with its own /proc and session, see
+/// [`ckpt_restorer::run::spawn_init`]), where it restores the tree with its
+/// dumped pids and stays as the namespace's init. This process passes the
+/// job's signals on to it and exits with its status.
+fn in_new_pidns(a: &RestoreArgs) -> anyhow::Result<u8> {
+    let refused = [
+        (
+            a.detach,
+            "--detach (the namespace ends with its init, this command)",
+        ),
+        (
+            a.pidfile.is_some(),
+            "--pidfile (the restored pids are the namespace's, not the host's)",
+        ),
+        (a.coord.enabled(), "--coord"),
+    ];
+    if let Some((_, what)) = refused.iter().find(|(set, _)| *set) {
+        anyhow::bail!("--pidns cannot be used with {what}");
+    }
+    let me = std::env::current_exe().context("the ckpt executable")?;
+    let args: Vec<std::ffi::OsString> = std::env::args_os()
+        .skip(1)
+        .filter(|arg| arg != "--pidns")
+        .collect();
+    let mut init = ckpt_restorer::run::spawn_init(&me, &args, &Default::default())
+        .context("starting ckpt restore as the init of a new PID namespace")?;
+    log::info!("restore: pid namespace init is host pid {}", init.id());
+    let status = init.wait().context("waiting for the namespace's init")?;
+    Ok(ckpt_restorer::run::exit_code(status) as u8)
 }
 
 /// The page service of `ckpt restore --lazy`: in this process until every

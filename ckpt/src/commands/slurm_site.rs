@@ -11,7 +11,8 @@
 //!   checkpoint now by sending its signal to the wrapper
 //!   (`scancel --batch --signal=SIG JOB`).
 //! - `ckpt slurm epilog`: the node Epilog's logic: verifies the committed
-//!   checkpoint (seal and checksums) and removes what a killed dump left
+//!   checkpoint (seal and checksums; for a job of several nodes every part
+//!   of the last committed epoch in `DIR/job`) and removes what a killed dump left
 //!   (`ckpt-N` newer than `LATEST`, unfinished commits; the dumpers'
 //!   temporary directories are `ckpt gc`'s), never the committed
 //!   checkpoint; one line per action. Run by root with `--as-user`, it

@@ -547,6 +547,27 @@ fn find_established(pids: &[i32]) -> Result<Vec<Found>> {
     Ok(found)
 }
 
+/// An established TCP connection of a running process: its fd and where
+/// it goes.
+pub(crate) struct TcpPeer {
+    /// The fd that holds it.
+    pub fd: i32,
+    /// The other end's address.
+    pub peer: SocketAddr,
+}
+
+/// Every established TCP connection process `pid` holds, read without
+/// stopping it (checks before the freeze look at these).
+pub(crate) fn established_peers(pid: i32) -> Result<Vec<TcpPeer>> {
+    Ok(find_established(&[pid])?
+        .into_iter()
+        .map(|f| TcpPeer {
+            fd: f.fd,
+            peer: f.peer,
+        })
+        .collect())
+}
+
 /// Fd `fd` of process `pid`, if it is an established TCP connection not
 /// in `seen` (which it joins). Whatever cannot be read here is refused,
 /// with its reason, when the fd is collected.

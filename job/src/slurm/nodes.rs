@@ -84,7 +84,7 @@ pub enum NodesError {
 /// The allocation's node count, as Slurm gives it to the batch script.
 const NUM_NODES_VAR: &str = "SLURM_JOB_NUM_NODES";
 /// The job directory of the parts, relative to `DIR`.
-const JOB_SUBDIR: &str = "job";
+pub(crate) const JOB_SUBDIR: &str = "job";
 /// Prefix of an epoch's name in `DIR`'s records (its timing file).
 const EPOCH_PREFIX: &str = "epoch-";
 /// `srun`, looked up on PATH.
@@ -174,6 +174,9 @@ impl Parts {
         let mut cmd = Command::new(SRUN);
         cmd.args([
             "--overlap".to_string(),
+            // A site's MpiDefault=pmix would put a slurmstepd PMIx server
+            // behind every task, outside the job.
+            "--mpi=none".to_string(),
             format!("--nodes={}", self.nodes),
             format!("--ntasks={}", self.nodes),
             "--ntasks-per-node=1".to_string(),

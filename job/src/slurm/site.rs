@@ -2,7 +2,8 @@
 //! program of a controller-side `strigger`: asks a registered, running job
 //! to checkpoint now by sending its signal to its batch step) and the node
 //! Epilog's tidying of a job's checkpoint directory (the committed
-//! checkpoint verified and kept, what a killed dump left removed).
+//! checkpoint verified and kept, what a killed dump left removed; for a job
+//! of several nodes, every part of its last committed epoch verified).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -13,7 +14,10 @@ use ckpt_image::{ImageDir, ImageKey};
 use super::budget::TIMING_SUFFIX;
 use super::checkpoints::{CheckpointsError, committed, number_of};
 use super::client::{JobRecord, RegistrationError, SlurmError};
+use super::nodes::JOB_SUBDIR;
 use super::{ATTEMPT, LATEST};
+use crate::agent::epoch_dir;
+use crate::dir::{DirError, JobDir, check_name};
 
 /// What went wrong in a site hook; each names the job and file.
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +97,16 @@ pub enum SiteError {
         /// Why.
         #[source]
         source: CheckpointsError,
+    },
+    /// The job directory of a job of several nodes (`DIR/job`) cannot be
+    /// read.
+    #[error("job {job}")]
+    JobDir {
+        /// The job.
+        job: String,
+        /// Why.
+        #[source]
+        source: DirError,
     },
     /// The image key, needed to verify the committed checkpoint, did not
     /// load. Its error is part of the message, not a cause below it: a
@@ -238,9 +252,93 @@ impl Epilog<'_> {
             job: self.job.to_string(),
             source,
         })?;
-        let verified = self.verify(committed.as_deref(), key)?;
+        let jobdir = self.dir.join(JOB_SUBDIR);
+        let verified = if committed.is_none() && jobdir.is_dir() {
+            self.verify_epoch(&jobdir, key)?
+        } else {
+            self.verify(committed.as_deref(), key)?
+        };
         self.sweep(committed.as_deref().and_then(number_of))?;
         Ok(verified)
+    }
+
+    /// Verifies every part of the last committed epoch of the job of
+    /// several nodes in `jobdir` (`DIR/job`, `ckpt job`'s directory): each
+    /// part's images as a restore takes them, and that they are the images
+    /// the epoch's record names (the crc32c of their manifest). Returns
+    /// whether every part verified; those that fail are kept.
+    fn verify_epoch(&self, jobdir: &Path, key: Result<&ImageKey, String>) -> Result<bool> {
+        let job_err = |source| SiteError::JobDir {
+            job: self.job.to_string(),
+            source,
+        };
+        let dir = JobDir::open(jobdir).map_err(job_err)?;
+        let last = dir
+            .epochs()
+            .map_err(job_err)?
+            .into_iter()
+            .find(|e| e.last_committed);
+        let record = match last {
+            Some(e) => dir.store().map_err(job_err)?.load(e.epoch),
+            None => None,
+        };
+        let Some(record) = record else {
+            (self.say)(&format!("{}: nothing committed", jobdir.display()));
+            return Ok(true);
+        };
+        let key = key.map_err(|reason| SiteError::NoKey { reason })?;
+        let epoch = record.epoch;
+        let mut verified = true;
+        for part in &record.nodes {
+            let line = match self.verify_part(&dir, epoch, part, key) {
+                Ok(line) => line,
+                Err(line) => {
+                    verified = false;
+                    line
+                }
+            };
+            (self.say)(&line);
+        }
+        Ok(verified)
+    }
+
+    /// Verifies one part of committed epoch `epoch`: the line to say, as
+    /// `Err` when it fails.
+    fn verify_part(
+        &self,
+        dir: &JobDir,
+        epoch: u64,
+        part: &ckpt_coord::store::NodeManifest,
+        key: &ImageKey,
+    ) -> Result<String, String> {
+        let name = &part.node;
+        if let Err(e) = check_name("part", name) {
+            return Err(format!(
+                "{}: committed epoch {epoch} names a part that cannot be: {e}",
+                dir.path().display()
+            ));
+        }
+        let path = epoch_dir(&dir.part_dir(name), epoch);
+        let fails = |why: String| {
+            format!(
+                "{}: part {name} of committed epoch {epoch} fails verification, kept: {why}",
+                path.display()
+            )
+        };
+        let images = ImageDir::open(&path, key).map_err(|e| fails(e.to_string()))?;
+        let manifest = path.join(ckpt_image::MANIFEST_NAME);
+        let bytes = std::fs::read(&manifest)
+            .map_err(|e| fails(format!("reading {}: {e}", manifest.display())))?;
+        if crc32c::crc32c(&bytes) != part.manifest_crc32c {
+            return Err(fails(
+                "its manifest is not the one the epoch's record names".into(),
+            ));
+        }
+        Ok(format!(
+            "{}: part {name} of committed epoch {epoch} verified (seal and checksums of {} files)",
+            path.display(),
+            images.manifest().files.len()
+        ))
     }
 
     /// Whether the directory is there, refusing one that is not ours.

@@ -152,9 +152,11 @@ pub fn spawn_init(program: &Path, args: &[OsString], ns: &JobNamespaces) -> io::
     Ok(child)
 }
 
-/// Passes the [`FORWARDED`] signals this process receives on to `pid` (a
-/// child that stands for it: a delegated `ckpt` command).
-pub fn forward_signals_to(pid: i32) -> io::Result<()> {
+/// From now on passes [`FORWARDED`] signals this process receives on to
+/// `pid`: what a namespace's init does for its command (`ckpt restore
+/// --pidns`, PID 1 of its namespace, for the restored root), or a process
+/// for the child that stands for it (a delegated `ckpt` command).
+pub fn forward_to(pid: i32) -> io::Result<()> {
     sys::forward_signals(&FORWARDED, pid)
 }
 

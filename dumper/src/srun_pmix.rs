@@ -1,0 +1,184 @@
+//! Ranks of `srun --mpi=pmix`, refused by name before anything is frozen.
+//!
+//! Under direct launch each rank's PMIx server is Slurm's slurmstepd: the
+//! rank holds a TCP connection to it (the address of its
+//! `PMIX_SERVER_URI*`), maps the server's dstore files and inherits its
+//! listening socket. None of it is in the dumped tree, it all ends with the
+//! job step, and a PMIx client cannot reconnect to another server. A rank
+//! is told so, with the launch that works instead, rather than failing on
+//! one of those resources later with a less helpful reason.
+//!
+//! The environment alone is not enough: a process started by `srun
+//! --mpi=pmix` that never called `PMIx_Init` (e.g. `ckpt run` itself) holds
+//! the variables but no connection, and nothing ties it to slurmstepd.
+
+use std::net::SocketAddr;
+
+use crate::error::{DumpError, Result};
+use crate::fd::inet;
+use crate::procfile;
+
+/// The namespace prefix Slurm's `mpi/pmix` plugin gives every job step
+/// (`slurm.pmix.<job>.<step>`).
+const SLURM_NAMESPACE_PREFIX: &str = "slurm.pmix.";
+
+/// Every version of the server URI variable (`PMIX_SERVER_URI`, `...2`,
+/// `...21`, `...3`, `...4`, `...41`) starts so.
+const SERVER_URI_PREFIX: &str = "PMIX_SERVER_URI";
+
+/// The PMIx server a process was started to talk to, as its environment
+/// says.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct SlurmPmixServer {
+    /// The server's pid (the `pmix-server.<pid>` of its URIs).
+    pid: Option<i32>,
+    /// The TCP addresses its URIs name.
+    addrs: Vec<SocketAddr>,
+}
+
+/// The server named by an environment (`/proc/PID/environ`, NUL-separated
+/// `KEY=VALUE`), if its PMIx namespace is one of Slurm's.
+fn server_of(environ: &[u8]) -> Option<SlurmPmixServer> {
+    let mut slurm = false;
+    let mut server = SlurmPmixServer::default();
+    for var in environ.split(|&b| b == 0) {
+        let var = String::from_utf8_lossy(var);
+        let Some((key, value)) = var.split_once('=') else {
+            continue;
+        };
+        if key == "PMIX_NAMESPACE" {
+            slurm = value.starts_with(SLURM_NAMESPACE_PREFIX);
+        } else if key.starts_with(SERVER_URI_PREFIX) {
+            parse_uri(value, &mut server);
+        }
+    }
+    (slurm && !server.addrs.is_empty()).then_some(server)
+}
+
+/// Adds what a server URI says to `server`: `pmix-server.<pid>;tcp4://<ip>:<port>`
+/// (or `tcp6://[<ip>]:<port>`). Other transports have no TCP address.
+fn parse_uri(uri: &str, server: &mut SlurmPmixServer) {
+    let Some((name, addr)) = uri.split_once(';') else {
+        return;
+    };
+    if let Some(pid) = name
+        .rsplit_once('.')
+        .and_then(|(_, pid)| pid.parse::<i32>().ok())
+    {
+        server.pid = Some(pid);
+    }
+    let Some(addr) = addr
+        .strip_prefix("tcp4://")
+        .or_else(|| addr.strip_prefix("tcp6://"))
+        .and_then(|a| a.parse::<SocketAddr>().ok())
+    else {
+        return;
+    };
+    if !server.addrs.contains(&addr) {
+        server.addrs.push(addr);
+    }
+}
+
+/// Whether `pid` is `root` or one of its descendants (by the parent links
+/// of `/proc/PID/stat`; a pid that vanished is not).
+fn in_tree(pid: i32, root: i32) -> bool {
+    let mut at = pid;
+    // Parent links end at pid 1 or at 0 (outside our PID namespace).
+    while at > 1 {
+        if at == root {
+            return true;
+        }
+        at = match procfile::stat_fields(at) {
+            Ok(f) => f.get(procfile::stat_index(4)).copied().unwrap_or(0) as i32,
+            Err(_) => return false,
+        };
+    }
+    at == root
+}
+
+/// Refuses `pid` if it is a rank of `srun --mpi=pmix` connected to its
+/// server, and that server is not in the tree of `root`.
+pub(crate) fn refuse_rank(pid: i32, root: i32) -> Result<()> {
+    // Another user's environment may not be readable; the seize decides
+    // about such a process, with its own error.
+    let Ok(environ) = procfile::read_bytes(pid, "environ") else {
+        return Ok(());
+    };
+    let Some(server) = server_of(&environ) else {
+        return Ok(());
+    };
+    if server.pid.is_some_and(|s| in_tree(s, root)) {
+        return Ok(());
+    }
+    let connected = inet::established_peers(pid)?
+        .into_iter()
+        .find(|c| server.addrs.contains(&c.peer));
+    match connected {
+        Some(c) => Err(DumpError::SrunPmixRank {
+            pid,
+            fd: c.fd,
+            server: server.pid,
+        }),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn environ(vars: &[&str]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for v in vars {
+            out.extend_from_slice(v.as_bytes());
+            out.push(0);
+        }
+        out
+    }
+
+    #[test]
+    fn a_slurm_step_namespace_with_tcp_uris_names_its_server() {
+        let env = environ(&[
+            "PATH=/usr/bin",
+            "PMIX_NAMESPACE=slurm.pmix.42.0",
+            "PMIX_RANK=1",
+            "PMIX_SERVER_URI4=pmix-server.3120;tcp4://127.0.0.1:40001",
+            "PMIX_SERVER_URI41=pmix-server.3120;tcp4://127.0.0.1:40001",
+            "PMIX_SERVER_URI3=pmix-server.3120;tcp6://[::1]:40002",
+            "PMIX_SERVER_URI=pmix-server:3120:/var/spool/slurmd/pmix.42.0/pmix-3120",
+        ]);
+        assert_eq!(
+            server_of(&env),
+            Some(SlurmPmixServer {
+                pid: Some(3120),
+                addrs: vec![
+                    "127.0.0.1:40001".parse().unwrap(),
+                    "[::1]:40002".parse().unwrap()
+                ],
+            })
+        );
+    }
+
+    #[test]
+    fn another_servers_namespace_or_no_tcp_uri_is_not_slurms() {
+        // mpirun's own server (inside the job) names its namespace otherwise.
+        let ompi = environ(&[
+            "PMIX_NAMESPACE=2795044865",
+            "PMIX_SERVER_URI4=pmix-server.77;tcp4://127.0.0.1:40001",
+        ]);
+        assert_eq!(server_of(&ompi), None);
+        let no_tcp = environ(&[
+            "PMIX_NAMESPACE=slurm.pmix.42.0",
+            "PMIX_SERVER_URI=pmix-server:3120:/var/spool/slurmd/pmix-3120",
+        ]);
+        assert_eq!(server_of(&no_tcp), None);
+        assert_eq!(server_of(&environ(&["HOME=/root"])), None);
+    }
+
+    #[test]
+    fn the_process_itself_and_its_ancestors_chain() {
+        let me = std::process::id() as i32;
+        assert!(in_tree(me, me));
+        assert!(!in_tree(1, me), "init is not below this process");
+    }
+}
