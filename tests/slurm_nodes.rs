@@ -23,7 +23,7 @@ use crate::slurm_lab::*;
 
 /// Rounds of the exchange: about 60 s at netpeer's pace (1 ms a round
 /// plus the work), long enough that the warning always comes during it.
-const ROUNDS: u64 = 52_000;
+pub(crate) const ROUNDS: u64 = 52_000;
 /// Bytes of a message after its sequence number (netpeer.c `PAYLOAD`).
 const PAYLOAD: usize = 4000;
 /// The server's port on 127.0.0.1 (both fake nodes are this host).
@@ -52,7 +52,7 @@ fn mix(mut h: u64, v: u64) -> u64 {
 /// The digest both sides report after `rounds` rounds of an exchange in
 /// which nothing was lost, repeated or reordered (netpeer.c's loop: each
 /// message's last payload byte, from `fill`, enters the digest).
-fn expected_digest(rounds: u64) -> String {
+pub(crate) fn expected_digest(rounds: u64) -> String {
     let mut digest: u64 = 1_469_598_103_934_665_603;
     for seq in 0..rounds {
         let mut seed = mix(digest, seq);

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 use crate::slurm_lab::*;
+use crate::slurm_nodes::ROUNDS;
 
 /// How often a job's state or output is looked at.
 const JOB_POLL: Duration = Duration::from_secs(2);
@@ -329,38 +330,9 @@ fn site_trigger_checkpoints_a_users_job_which_is_restored_through_the_service() 
     }
 }
 
-/// netpeer.c's rounds: about 60 s at its pace, so the warning always
-/// comes during the exchange (as tests/slurm_nodes.rs).
-const ROUNDS: u64 = 52_000;
-/// netpeer.c's `PAYLOAD`.
-const PAYLOAD: usize = 4000;
 /// The server's port on 127.0.0.1 (both fake nodes are this host); not
 /// tests/slurm_nodes.rs's, should both labs' tests overlap.
 const PORT: u16 = 47133;
-
-/// netpeer.c's `mix`.
-fn netpeer_mix(mut h: u64, v: u64) -> u64 {
-    h ^= v
-        .wrapping_add(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add(h << 6)
-        .wrapping_add(h >> 2);
-    h.wrapping_mul(0x100_0000_01b3)
-}
-
-/// The digest both sides report after `rounds` rounds of an exchange in
-/// which nothing was lost, repeated or reordered.
-fn netpeer_digest(rounds: u64) -> String {
-    let mut digest: u64 = 1_469_598_103_934_665_603;
-    for seq in 0..rounds {
-        let mut seed = netpeer_mix(digest, seq);
-        for i in 0..PAYLOAD as u64 {
-            seed = netpeer_mix(seed, i);
-        }
-        let last = (seed >> 24) & 0xff;
-        digest = netpeer_mix(digest, netpeer_mix(seq, last));
-    }
-    format!("PASS {digest:016x}")
-}
 
 #[test]
 fn users_job_of_two_nodes_is_checkpointed_requeued_and_restored_through_the_service() {
@@ -398,7 +370,7 @@ fn users_job_of_two_nodes_is_checkpointed_requeued_and_restored_through_the_serv
         &svc,
         &format!("--dir {} -- /bin/sh {}", dir.display(), role.display()),
     );
-    let expected = std::thread::spawn(|| netpeer_digest(ROUNDS));
+    let expected = std::thread::spawn(|| crate::slurm_nodes::expected_digest(ROUNDS));
     let id = sbatch_as(
         Lab::Two,
         user,
