@@ -1,8 +1,8 @@
 #!/bin/bash
 # Stops the lab of lab-up.sh by its pid files (never by process name):
 # slurmd first (it retries "epilog complete" while the controller is gone),
-# then slurmctld, then munged if lab-up.sh started it for this lab and the
-# other lab does not run (it then takes munged over).
+# then slurmctld, then munged if a lab's lab-up.sh started it and the
+# other lab does not use it.
 # `lab-down.sh --nodes 2` stops the two-node lab ($CKPT_SLURM_LAB2).
 set -uo pipefail
 case "${1:-}" in
@@ -32,11 +32,13 @@ for pidfile in "$LAB"/run/slurmd.pid "$LAB"/run/slurmd-*.pid; do
 	[ -e "$pidfile" ] && stop "$pidfile"
 done
 stop "$LAB/run/slurmctld.pid"
-if [ -e "$LAB/run/munged.ours" ]; then
-	if [ -s "$OTHER/run/slurmctld.pid" ] && kill -0 "$(cat "$OTHER/run/slurmctld.pid")" 2>/dev/null; then
-		mv "$LAB/run/munged.ours" "$OTHER/run/munged.ours"
-	else
-		stop /run/munge/munged.pid
-		rm -f "$LAB/run/munged.ours"
-	fi
+# munged: under lab-up.sh's lock; stopped only if a lab script started it
+# and the other lab does not use it.
+exec 9>/run/lock/ckpt-slurm-lab-munge.lock
+flock 9
+rm -f "$LAB/run/munge.user" "$LAB/run/munged.ours"
+if [ -e /run/munge/ckpt-lab.ours ] && [ ! -e "$OTHER/run/munge.user" ]; then
+	stop /run/munge/munged.pid && rm -f /run/munge/ckpt-lab.ours
 fi
+flock -u 9
+exec 9>&-

@@ -41,21 +41,7 @@ done
 [ "$(id -u)" = 0 ] || { echo "lab-up: must run as root" >&2; exit 2; }
 
 alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-
-# munge: one per host, shared with anything else using it.
-if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
-	if [ ! -s /etc/munge/munge.key ]; then
-		install -d -o munge -g munge -m 0700 /etc/munge
-		dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
-		chown munge:munge /etc/munge/munge.key
-		chmod 0400 /etc/munge/munge.key
-	fi
-	install -d -o munge -g munge -m 0755 /run/munge
-	runuser -u munge -- munged
-	install -d "$LAB/run"
-	touch "$LAB/run/munged.ours"
-	for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
-fi
+MUNGE_LOCK=/run/lock/ckpt-slurm-lab-munge.lock
 
 install -d -m 0755 "$LAB" "$LAB/run" "$LAB/ctld" "$LAB/d" "$LAB/log" "$LAB/hooks"
 for hook in prolog-slurmctld trigger epilog; do
@@ -83,6 +69,30 @@ mv "$LAB/slurm.conf.new" "$LAB/slurm.conf"
 if [ "$changed" = yes ] && alive "$LAB/run/slurmctld.pid"; then
 	"$HERE/lab-down.sh" --nodes "$NODES"
 fi
+# munge: one per host, shared by both labs and anything else using it.
+# Both labs' scripts take the same lock around munged, so one lab's
+# lab-down.sh never stops it while the other's lab-up.sh counts on it, and
+# a munged still shutting down is waited for before another one starts.
+# $LAB/run/munge.user says this lab uses it; /run/munge/ckpt-lab.ours that
+# a lab script started it (then the last lab down stops it).
+exec 9>"$MUNGE_LOCK"
+flock 9
+if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
+	if [ ! -s /etc/munge/munge.key ]; then
+		install -d -o munge -g munge -m 0700 /etc/munge
+		dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
+		chown munge:munge /etc/munge/munge.key
+		chmod 0400 /etc/munge/munge.key
+	fi
+	install -d -o munge -g munge -m 0755 /run/munge
+	for _ in $(seq 60); do alive /run/munge/munged.pid || break; sleep 0.5; done
+	runuser -u munge -- munged
+	touch /run/munge/ckpt-lab.ours
+	for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
+fi
+touch "$LAB/run/munge.user"
+flock -u 9
+exec 9>&-
 state=up
 if ! alive "$LAB/run/slurmctld.pid"; then
 	slurmctld -f "$SLURM_CONF"
