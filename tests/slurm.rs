@@ -700,11 +700,11 @@ fn mpi_allocation_vars(nodes: &str, srun_log: &Path) -> Vec<(&'static str, Strin
 }
 
 /// An MPI launcher under `ckpt slurm` in an allocation of two "nodes" (a
-/// fake `srun` running the step's tasks here), `launcher -np 4 mpi_job`:
-/// the launcher runs once, as node n1's part with two ranks, and the
-/// daemon it starts for node n2 (only: in its own UTS namespace the
-/// launcher finds n1 in the allocation), through ckpt's stand-in for
-/// `via` (srun or ssh), is n2's part with the other two. The warning
+/// fake `srun` running the step's tasks here), `launcher PLACEMENT
+/// mpi_job`: the launcher runs once, as node n1's part with its ranks,
+/// and the daemon it starts for node n2 (only: in its own UTS namespace
+/// the launcher finds n1 in the allocation), through ckpt's stand-in for
+/// `via` (srun or ssh), is n2's part with the others. The warning
 /// checkpoints both parts (after at least one periodic checkpoint in the
 /// background, the ring running on) and requeues; the restart restores
 /// them on swapped nodes, the stand-in learns that its daemon ended from
@@ -712,6 +712,7 @@ fn mpi_allocation_vars(nodes: &str, srun_log: &Path) -> Vec<(&'static str, Strin
 fn mpi_launcher_across_a_restart(
     test: &str,
     launcher: &str,
+    placement: &[&str],
     bin: &Path,
     daemon: &str,
     mpi_vars: &[(&str, &str)],
@@ -721,14 +722,14 @@ fn mpi_launcher_across_a_restart(
     let srun_log = job.env.root.join("srun.log");
     let work = job.env.work.display().to_string();
     let rounds = MPI_ROUNDS.to_string();
-    let app = [
-        launcher,
-        "-np",
-        "4",
-        bin.to_str().expect("utf-8 path"),
-        work.as_str(),
-        rounds.as_str(),
-    ];
+    let app: Vec<&str> = std::iter::once(launcher)
+        .chain(placement.iter().copied())
+        .chain([
+            bin.to_str().expect("utf-8 path"),
+            work.as_str(),
+            rounds.as_str(),
+        ])
+        .collect();
     let progress = || -> u64 {
         read_to_string_lossy(&job.env.work.join("progress"))
             .trim()
@@ -754,7 +755,7 @@ fn mpi_launcher_across_a_restart(
     let run = job.start_with(
         0,
         &["--every", "2", "--background"],
-        Some(&app),
+        Some(app.as_slice()),
         Stdio::null(),
         &vars,
     );
@@ -802,7 +803,7 @@ fn mpi_launcher_across_a_restart(
         .map(|(k, v)| (*k, v.as_str()))
         .chain(mpi_vars.iter().copied())
         .collect();
-    let run = job.start_with(1, &[], Some(&app), Stdio::null(), &vars);
+    let run = job.start_with(1, &[], Some(app.as_slice()), Stdio::null(), &vars);
     assert_eq!(job.wait_within(run, MPI_TIMEOUT), 0, "{}", diag());
     let result = read_to_string_lossy(&job.env.work.join("result"));
     assert!(
@@ -836,14 +837,24 @@ fn mpi_launcher_runs_once_and_its_daemon_is_the_other_part_across_a_restart() {
         ("OMPI_MCA_btl_tcp_if_include", "lo"),
         ("OMPI_MCA_oob_tcp_if_include", "lo"),
     ];
-    mpi_launcher_across_a_restart("slurm-mpirun", "mpirun", &bin, " orted ", &vars);
+    mpi_launcher_across_a_restart(
+        "slurm-mpirun",
+        "mpirun",
+        &["-np", "4"],
+        &bin,
+        " orted ",
+        &vars,
+    );
 }
 
 /// MPICH's `mpiexec` (hydra): its proxy for n2 comes through the ssh
 /// stand-in, the one for n1 is forked inside mpiexec's part; the ranks
-/// talk through UCX (nested epolls, shared-memory segments, SysV).
+/// talk through UCX (nested epolls, shared-memory segments, SysV). One
+/// rank per node: with more, MPICH 4.0 over UCX 1.13's TCP transport
+/// hangs in `MPI_Finalize` in most runs, with or without ckpt (a rank
+/// closing its endpoints waits for a peer already blocked in the PMI
+/// barrier; `UCX_TLS=tcp,self mpiexec -np 4` on one host shows it).
 #[test]
-#[ignore = "after the restore, MPI_Finalize hangs in about half the runs: one rank's UCX TCP connection is closed by its peer with data unread"]
 fn mpich_launcher_runs_once_and_its_proxy_is_the_other_part_across_a_restart() {
     let bin = mpich_victim_bin("mpi_job");
     // The fake nodes' names resolve nowhere: hydra's proxies dial back
@@ -852,6 +863,7 @@ fn mpich_launcher_runs_once_and_its_proxy_is_the_other_part_across_a_restart() {
     mpi_launcher_across_a_restart(
         "slurm-mpich",
         "mpiexec.mpich",
+        &["-ppn", "1", "-np", "2"],
         &bin,
         "hydra_pmi_proxy",
         &vars,
