@@ -25,6 +25,8 @@ mod timerfd;
 mod tty;
 mod unix;
 
+pub use pty::link_controlling_terminals;
+
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 

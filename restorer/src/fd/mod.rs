@@ -33,7 +33,7 @@ mod unix;
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
 
-use ckpt_image::task::Creds;
+use ckpt_image::task::{ControllingTerminal, Creds};
 
 use ckpt_image::ImageDir;
 use ckpt_image::fd::{Fd, FdTable, File, Files, file::Kind};
@@ -406,6 +406,7 @@ pub fn restore(
     r: &Remote<'_>,
     table: &FdTable,
     creds: Option<&Creds>,
+    ctty: Option<&ControllingTerminal>,
 ) -> Result<()> {
     let pid = r.t.pid();
     let cx = &mut Context {
@@ -434,6 +435,11 @@ pub fn restore(
     if let Some(p) = previous {
         p.restore(r)?;
     }
+    // Every process of the tree exists in its group: the session leader
+    // gives its terminal the foreground group it had.
+    if let Some(ctty) = ctty {
+        pty::restore_foreground(cx, r, ctty)?;
+    }
     // What the restorer passed down and the process did not have.
     for fd in std::mem::take(&mut cx.inherited) {
         if !table.fds.iter().any(|f| f.fd == fd) {
@@ -443,6 +449,26 @@ pub fn restore(
     // Last: closing any fd of a file releases the process's POSIX locks on it.
     lock::retake(r, &table.locks)?;
     Ok(())
+}
+
+/// Gives the session the process behind `r` has just become the leader
+/// of its controlling terminal again, before the process forks anything
+/// (see `pty::take_controlling_terminal`).
+pub fn take_controlling_terminal(
+    shared: &mut RestoreContext<'_>,
+    tables: &mut Tables,
+    r: &Remote<'_>,
+    ctty: &ControllingTerminal,
+) -> Result<()> {
+    let cx = &mut Context {
+        shared,
+        tables,
+        here: HashMap::new(),
+        pid: r.t.pid(),
+        inherited: Vec::new(),
+        fs: None,
+    };
+    pty::take_controlling_terminal(cx, r, ctty)
 }
 
 /// Installs one fd: shares the description if an earlier fd got it, else
