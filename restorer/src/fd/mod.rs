@@ -341,6 +341,20 @@ impl Context<'_, '_> {
         allowed && self.inherited.contains(&fd)
     }
 
+    /// A launcher gave the restorer a stream of its own as fd `fd` (a pipe
+    /// or socket, which the process inherited), or the user handed that
+    /// fd over (`--inherit-fd`): it takes the place of the process's old
+    /// stdio pipe.
+    pub fn launcher_gave(&self, fd: i32) -> bool {
+        use std::os::unix::fs::FileTypeExt;
+        if self.policy().inherit_fds.contains(&InheritFd::Terminal(fd)) {
+            return true;
+        }
+        self.inherited.contains(&fd)
+            && std::fs::metadata(format!("/proc/self/fd/{fd}"))
+                .is_ok_and(|m| m.file_type().is_fifo() || m.file_type().is_socket())
+    }
+
     /// The restorer's fd the user handed over for external `key`.
     pub fn external_fd(&self, key: &str) -> Option<i32> {
         self.policy().inherit_fds.iter().find_map(|i| match i {
