@@ -37,7 +37,7 @@ impl FileDumper for Pipe {
     }
 
     fn description(&self) -> &'static str {
-        "pipes with both ends in the tree (or the other end closed everywhere), with their buffered data; a pipe to outside held only as fd 0-2 is rebound to restore's own fd (data not saved)"
+        "pipes with both ends in the tree (or the other end closed everywhere), with their buffered data; a pipe to outside held only as fd 0-2 is kept while the process outside holds it, else rebound to restore's own fd (data not saved)"
     }
 
     fn claims(&self, p: &FdParams) -> bool {

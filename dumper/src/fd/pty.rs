@@ -52,7 +52,7 @@ impl FileDumper for Pty {
     }
 
     fn description(&self) -> &'static str {
-        "pseudo-terminal pairs whose master the tree holds, with their line settings and window size (recreated)"
+        "pseudo-terminal pairs whose master the tree holds, with their line settings, window size, slave owner and bytes in flight both ways (recreated); a session's controlling terminal and foreground group among them"
     }
 
     fn claims(&self, p: &FdParams) -> bool {

@@ -17,8 +17,17 @@ impl super::Describe for PtyFile {
             );
         }
         let line = self.line.clone().unwrap_or_default();
+        let in_flight = if line.input.is_empty() && line.output.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", {} bytes of input and {} of output in flight",
+                line.input.len(),
+                line.output.len()
+            )
+        };
         format!(
-            "pty master of /dev/pts/{} ({}x{}{}{})",
+            "pty master of /dev/pts/{} ({}x{}{}{}{in_flight})",
             self.index,
             line.cols,
             line.rows,
