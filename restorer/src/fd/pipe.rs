@@ -88,7 +88,7 @@ impl FileRestorer for StdioPipe {
         if cx.launcher_gave(fd) {
             return cx.bind_to_restorer(r, file, fd, BoundKind::StdioPipe);
         }
-        let Some((peer_fd, pipe)) = reopen_from_peer(image, file) else {
+        let Some((peer_fd, pipe)) = reopen_from_peer(image, file, cx.fs_uid()) else {
             return cx.bind_to_restorer(r, file, fd, BoundKind::StdioPipe);
         };
         let got = take_from(r, std::process::id() as i32, pipe.as_raw_fd())?;
@@ -105,11 +105,18 @@ impl FileRestorer for StdioPipe {
 /// the tree that held it at dump time, if that process (same pid, same
 /// start time) still holds it: its fd number and the restorer's new
 /// description, with `file`'s access mode. Opening `/proc/PID/fd/N` of a
-/// pipe gives a new description of the same pipe, either end.
-fn reopen_from_peer(image: &PipeFile, file: &File) -> Option<(i32, OsFile)> {
-    use std::os::unix::fs::OpenOptionsExt;
+/// pipe gives a new description of the same pipe, either end. Only a
+/// peer of the process's own user (`uid`; any for root) lends it: the
+/// restorer opens it with its own rights, which a user's restore must not
+/// extend to another user's process.
+fn reopen_from_peer(image: &PipeFile, file: &File, uid: Option<u32>) -> Option<(i32, OsFile)> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let pid = image.peer_pid;
     if pid <= 0 {
+        return None;
+    }
+    let peer_uid = std::fs::metadata(format!("/proc/{pid}")).ok()?.uid();
+    if !matches!(uid, Some(u) if u == 0 || u == peer_uid) {
         return None;
     }
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
