@@ -219,7 +219,8 @@ fn stamp(file: &Path) -> String {
 /// foreground (a loop that sleeps), dumped with `--kill` and restored:
 /// the pane's pty comes back as bash's controlling terminal with the job
 /// as its foreground group, so `tmux send-keys C-c` interrupts the job
-/// (its INT trap writes a marker), as it would have before the dump.
+/// (its INT trap writes a marker), as it would have before the dump, and
+/// bash, in front again, runs the next command typed.
 #[test]
 fn tmux_pane_job_is_interrupted_by_ctrl_c_after_restore() {
     let env = TestEnv::new("tmux");
@@ -282,15 +283,23 @@ fn tmux_pane_job_is_interrupted_by_ctrl_c_after_restore() {
     );
     assert!(!marker.exists(), "interrupted before any ^C");
     tmux(&sock, &["send-keys", "-t", "ck", "C-c"]);
-    let got = wait_until(Duration::from_secs(10), || marker.exists());
+    let interrupted = wait_until(Duration::from_secs(10), || marker.exists());
+    // bash takes the terminal back and reads the next command.
+    let back = work.join("back");
+    let echo = format!("echo back > {}", back.display());
+    if interrupted {
+        tmux(&sock, &["send-keys", "-t", "ck", &echo, "Enter"]);
+    }
+    let prompt = interrupted && wait_until(Duration::from_secs(10), || back.exists());
     let _ = std::process::Command::new(TMUX)
         .arg("-S")
         .arg(&sock)
         .arg("kill-server")
         .status();
     assert!(
-        got,
+        interrupted,
         "C-c sent through tmux did not interrupt the job after restore\n{}",
         restored.stderr
     );
+    assert!(prompt, "bash did not read a command after the job ended");
 }
