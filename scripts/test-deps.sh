@@ -32,8 +32,9 @@ have_cmd ip || need+=(iproute2)
 have_cmd unshare || need+=(util-linux)
 have_cmd useradd || need+=(passwd)
 if [ "$lab" = 1 ]; then
-	# Real programs (tests/programs.rs): Debian's Python, redis, Open MPI.
+	# Real programs (tests/programs.rs): Debian's Python, redis, Open MPI, tmux.
 	have_cmd redis-server || need+=(redis-server)
+	have_cmd tmux || need+=(tmux)
 	have_cmd mpirun || need+=(openmpi-bin)
 	have_cmd mpicc || need+=(libopenmpi-dev)
 	# The Slurm lab (scripts/slurm/lab-up.sh).
