@@ -32,9 +32,11 @@ have_cmd ip || need+=(iproute2)
 have_cmd unshare || need+=(util-linux)
 have_cmd useradd || need+=(passwd)
 if [ "$lab" = 1 ]; then
-	# Real programs (tests/programs.rs): Debian's Python, redis, Open MPI;
-	# MPICH beside it (tests/slurm.rs; Open MPI stays the default mpirun).
+	# Real programs (tests/programs.rs): Debian's Python, redis, Open MPI,
+	# tmux; MPICH beside Open MPI (tests/slurm.rs; Open MPI stays the
+	# default mpirun).
 	have_cmd redis-server || need+=(redis-server)
+	have_cmd tmux || need+=(tmux)
 	have_cmd mpirun || need+=(openmpi-bin)
 	have_cmd mpicc || need+=(libopenmpi-dev)
 	have_cmd mpiexec.mpich || need+=(mpich)

@@ -104,3 +104,55 @@ fn stdio_pipe_to_launcher_is_rebound_to_restore() {
     );
     assert_ticks_carry_on(&mut r2, last, &v);
 }
+
+/// A process whose stdin is a pipe from its parent outside the tree (a
+/// child of make), restored while that parent still holds the pipe and
+/// restore's own stdin is no stream: the process is on the very same pipe
+/// again, with what sat in it, and the parent's later writes reach it;
+/// restore says so in one line and rebinds nothing (victim:
+/// tests/c/stdin_pipe.c).
+#[test]
+fn stdin_pipe_from_a_living_parent_is_kept() {
+    use std::io::Write;
+    let env = TestEnv::new("pipe-stdin-kept");
+    // Close-on-exec: no other test's child may hold the parent's end.
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
+    let mut parent_end = std::fs::File::from(w);
+    let mut v = Victim::spawn_with(
+        &env,
+        "stdin_pipe",
+        &[],
+        std::process::Stdio::from(r),
+        std::process::Stdio::null(),
+        std::process::Stdio::null(),
+    );
+    v.wait_ready();
+    parent_end.write_all(b"before\n").expect("write before");
+    dump(&env, &v, &["--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+
+    let stderr_path = env.work.join("restore.stderr");
+    let status = env
+        .ckpt_command()
+        .args(["restore", "--detach", "--dir", path_str(&env.img)])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .status()
+        .expect("run restore");
+    let notice = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    assert!(status.success(), "restore failed: {notice}");
+    assert!(
+        notice.contains(&format!(
+            "pid {} fd 0: pipe to outside the tree kept: pid {} still holds it",
+            v.pid,
+            std::process::id()
+        )),
+        "restore should say it kept fd 0: {notice}"
+    );
+    assert!(!notice.contains("rebound"), "{notice}");
+    parent_end.write_all(b"after\n").expect("write after");
+    v.go();
+    v.wait_result(Duration::from_secs(10));
+    v.assert_pass();
+}

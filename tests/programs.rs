@@ -188,3 +188,118 @@ fn open_mpi_shared_memory_job_finishes_after_restore() {
 fn open_mpi_tcp_job_finishes_after_restore() {
     mpi_job("mpi-tcp", "self,tcp");
 }
+
+const TMUX: &str = "/usr/bin/tmux";
+
+/// Runs `tmux` on the test's own server socket `sock`; returns its stdout.
+fn tmux(sock: &Path, args: &[&str]) -> String {
+    let mut cmd = std::process::Command::new(TMUX);
+    cmd.arg("-S")
+        .arg(sock)
+        .args(["-f", "/dev/null"])
+        .args(args)
+        .stdin(std::process::Stdio::null());
+    // The server it may start must not keep what the test runner leaked.
+    cloexec_inherited_fds(&mut cmd, false);
+    let out = cmd.output().expect("run tmux");
+    assert!(
+        out.status.success(),
+        "tmux {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The loop's progress file: its last timestamp, or nothing yet.
+fn stamp(file: &Path) -> String {
+    fs::read_to_string(file).unwrap_or_default()
+}
+
+/// A tmux server whose pane runs an interactive bash with a job in the
+/// foreground (a loop that sleeps), dumped with `--kill` and restored:
+/// the pane's pty comes back as bash's controlling terminal with the job
+/// as its foreground group, so `tmux send-keys C-c` interrupts the job
+/// (its INT trap writes a marker), as it would have before the dump, and
+/// bash, in front again, runs the next command typed.
+#[test]
+fn tmux_pane_job_is_interrupted_by_ctrl_c_after_restore() {
+    let env = TestEnv::new("tmux");
+    let work = env.work.clone();
+    let sock = work.join("tmux.sock");
+    let progress = work.join("progress");
+    let marker = work.join("interrupted");
+    tmux(
+        &sock,
+        &[
+            "new-session",
+            "-d",
+            "-s",
+            "ck",
+            "-x",
+            "80",
+            "-y",
+            "24",
+            "bash --norc --noprofile -i",
+        ],
+    );
+    let job = format!(
+        "sh -c 'trap \"echo interrupted > {m}; exit 0\" INT; while :; do date +%s%N > {p}; sleep 0.2; done'",
+        m = marker.display(),
+        p = progress.display()
+    );
+    tmux(&sock, &["send-keys", "-t", "ck", &job, "Enter"]);
+    assert!(
+        wait_until(PROGRESS_TIMEOUT, || !stamp(&progress).is_empty()),
+        "the job in the tmux pane did not start"
+    );
+    let server = tmux(&sock, &["display-message", "-p", "#{pid}"])
+        .trim()
+        .to_string();
+    let dumped = ckpt(
+        &env,
+        &[
+            "dump",
+            "--tree",
+            &server,
+            "--dir",
+            path_str(&env.img),
+            "--kill",
+        ],
+        FINISH_TIMEOUT,
+    );
+    dumped.assert_success();
+    let restored = ckpt(
+        &env,
+        &["restore", "--detach", "--dir", path_str(&env.img)],
+        FINISH_TIMEOUT,
+    );
+    restored.assert_success();
+    // The job runs on.
+    let at_restore = stamp(&progress);
+    assert!(
+        wait_until(PROGRESS_TIMEOUT, || stamp(&progress) != at_restore),
+        "the job did not run on after restore\n{}",
+        restored.stderr
+    );
+    assert!(!marker.exists(), "interrupted before any ^C");
+    tmux(&sock, &["send-keys", "-t", "ck", "C-c"]);
+    let interrupted = wait_until(Duration::from_secs(10), || marker.exists());
+    // bash takes the terminal back and reads the next command.
+    let back = work.join("back");
+    let echo = format!("echo back > {}", back.display());
+    if interrupted {
+        tmux(&sock, &["send-keys", "-t", "ck", &echo, "Enter"]);
+    }
+    let prompt = interrupted && wait_until(Duration::from_secs(10), || back.exists());
+    let _ = std::process::Command::new(TMUX)
+        .arg("-S")
+        .arg(&sock)
+        .arg("kill-server")
+        .status();
+    assert!(
+        interrupted,
+        "C-c sent through tmux did not interrupt the job after restore\n{}",
+        restored.stderr
+    );
+    assert!(prompt, "bash did not read a command after the job ended");
+}

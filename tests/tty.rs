@@ -52,6 +52,45 @@ fn shell_job_rebinds_silently() {
     assert!(!log.contains("rebound"), "--shell-job still printed: {log}");
 }
 
+/// A session leader whose controlling terminal's master is outside the
+/// tree (the test's, as sshd's for a login) is restored without one, and
+/// restore says so in one line naming pid, fd and kind; its fds follow the
+/// terminal rule (victim: tests/c/ctty_outside.c).
+#[test]
+fn controlling_terminal_from_outside_is_reported_not_restored() {
+    let env = TestEnv::new("tty-ctty-outside");
+    let (_master, slave) = openpty();
+    let stdio = || Stdio::from(slave.try_clone().unwrap());
+    let mut v = Victim::spawn_with(&env, "ctty_outside", &[], stdio(), stdio(), stdio());
+    v.wait_ready();
+    let pts = std::fs::read_link(format!("/proc/{}/fd/0", v.pid)).unwrap();
+    dump(&env, &v, &["--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+    let log = env.work.join("restore.log");
+    let status = env
+        .ckpt_command()
+        .args(["restore", "--dir", path_str(&env.img), "--detach"])
+        .stdin(Stdio::null())
+        .stdout(File::create(&log).unwrap())
+        .stderr(File::create(&log).unwrap())
+        .status()
+        .unwrap();
+    let text = read_to_string_lossy(&log);
+    assert!(status.success(), "restore failed: {text}");
+    let want = format!(
+        "ckpt: pid {} fd 0: controlling terminal {} (tty) not restored: its master was outside the checkpoint",
+        v.pid,
+        pts.display()
+    );
+    assert!(
+        text.lines().filter(|l| l.starts_with(&want)).count() == 1,
+        "expected one line starting {want:?}:\n{text}"
+    );
+    v.go();
+    v.wait_result(Duration::from_secs(10));
+    v.assert_pass();
+}
+
 /// Runs a victim on a pty, dumps it (with `--shell-job`, a no-op), restores it with
 /// `restore_extra` and fds 0-2 = /dev/null and a log file, checks the
 /// victim got those and passes; returns the restore's output.

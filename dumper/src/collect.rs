@@ -166,6 +166,7 @@ pub(crate) fn tree(frozen: &mut Frozen, opts: &WriteOptions<'_>) -> Result<Colle
     let mut files = collect_files(root, &procs, &namespaces, opts, &mut blockers)?;
     blockers.absorb(objects.link_files(&mut files))?;
     blockers.absorb(check_shapes(&procs, &frozen.procs))?;
+    fd::link_controlling_terminals(procs.iter_mut().map(|c| &mut c.core), &files);
     if let Some(map) = &pids {
         let cores = procs.iter_mut().map(|c| HostCore {
             pid: c.pid,

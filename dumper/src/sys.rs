@@ -1138,3 +1138,39 @@ pub fn clock_ns(clock: libc::clockid_t) -> std::io::Result<i64> {
 
 /// Nanoseconds in a second.
 pub const NANOS_PER_SEC: i64 = 1_000_000_000;
+
+/// Sets a terminal's line settings (`TCSETS`, at once: nothing is
+/// drained or flushed).
+pub fn set_termios(
+    fd: std::os::fd::BorrowedFd<'_>,
+    termios: &libc::termios,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: TCSETS reads one struct termios from the pointer, a live
+    // reference.
+    if unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TCSETS,
+            termios as *const libc::termios,
+        )
+    } < 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Opens the slave of pty master `fd` (`TIOCGPTPEER`), without making it a
+/// controlling terminal and without a path lookup.
+pub fn open_pty_peer(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let flags = libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC | libc::O_NONBLOCK;
+    // SAFETY: TIOCGPTPEER takes its flags by value and returns a new fd.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGPTPEER, flags) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the ioctl returned a new fd that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(r) })
+}

@@ -2,7 +2,8 @@
 //! timers, credentials, limits and identity.
 
 use ckpt_image::task::{
-    AltStack, Core, GpRegs, ITimer, PendingSignal, Rlimit, RobustList, Rseq, SigAction, ThreadCore,
+    AltStack, ControllingTerminal, Core, GpRegs, ITimer, PendingSignal, Rlimit, RobustList, Rseq,
+    SigAction, ThreadCore,
 };
 use ckpt_parasite::proto::MiscState;
 use ckpt_parasite::{Infection, Regs, ThreadState, Tracee};
@@ -196,6 +197,28 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
         seccomp: None,
         seccomp_filters: Vec::new(),
         job_stop: None,
+        ctty: controlling_terminal(pid, &stat),
+    })
+}
+
+/// The controlling terminal of the session `pid` leads, if it has one
+/// (members share the leader's; only the leader can take it back). Which
+/// pair it is, and the leader's fd on it, are filled in once the tree's
+/// files are known (`pty::link_controlling_terminals`).
+fn controlling_terminal(pid: i32, stat: &[u64]) -> Option<ControllingTerminal> {
+    let sid = stat[procfile::stat_index(6)] as i32;
+    let rdev = stat[procfile::stat_index(7)];
+    if sid != pid || rdev == 0 {
+        return None;
+    }
+    // tpgid is -1 when the terminal has no foreground group.
+    let foreground_pgid = (stat[procfile::stat_index(8)] as i64).max(0) as i32;
+    Some(ControllingTerminal {
+        rdev,
+        path: String::new(),
+        pty_master_file_id: 0,
+        foreground_pgid,
+        fd: -1,
     })
 }
 

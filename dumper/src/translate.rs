@@ -41,6 +41,10 @@ pub(crate) fn translate_pids<'c>(
         core.pid = map.of_tree(pid, core.pid, "pid")?;
         core.pgid = map.of_tree(pid, core.pgid, "process group")?;
         core.sid = map.of_tree(pid, core.sid, "session")?;
+        if let Some(ctty) = core.ctty.as_mut().filter(|c| c.foreground_pgid != 0) {
+            ctty.foreground_pgid =
+                map.of_tree(pid, ctty.foreground_pgid, "foreground process group")?;
+        }
         for t in core.threads.iter_mut() {
             t.tid = map.of_tree(pid, t.tid, "thread")?;
         }

@@ -6,6 +6,6 @@
 //! them their Rust path.
 
 pub use crate::pb::{
-    AltStack, Core, Creds, GpRegs, ITimer, JobStop, LockedRange, MmFields, PendingSignal, Prctl,
-    Rlimit, RobustList, Rseq, Sched, SigAction, ThreadCore,
+    AltStack, ControllingTerminal, Core, Creds, GpRegs, ITimer, JobStop, LockedRange, MmFields,
+    PendingSignal, Prctl, Rlimit, RobustList, Rseq, Sched, SigAction, ThreadCore,
 };

@@ -1078,3 +1078,14 @@ unsafe fn keeper_main(from: i32, buf: *mut [i32; 2], cap: usize) -> ! {
         libc::_exit(0)
     }
 }
+
+/// Bytes waiting to be read from a terminal fd (`FIONREAD`).
+pub fn readable_bytes(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<i32> {
+    use std::os::fd::AsRawFd;
+    let mut v: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int into the live local `v`.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &mut v as *mut libc::c_int) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(v)
+}

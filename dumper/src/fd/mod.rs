@@ -25,6 +25,8 @@ mod timerfd;
 mod tty;
 mod unix;
 
+pub use pty::link_controlling_terminals;
+
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 
@@ -89,7 +91,11 @@ pub static REFUSED: &[(&str, &str)] = &[
     ),
     (
         "pipe to outside the tree",
-        "a pipe whose other end no process of the tree holds, unless only fds 0-2 hold it (rebound to restore's stdio) or it is declared with --external",
+        "a pipe whose other end no process of the tree holds, unless only fds 0-2 hold it (kept while the process outside holds it, else rebound to restore's stdio) or it is declared with --external",
+    ),
+    (
+        "pty output in packet mode",
+        "bytes a pty slave wrote that its master, in packet mode (TIOCPKT), has not read yet",
     ),
     ("fanotify", "fanotify instances"),
     (

@@ -14,7 +14,7 @@
 //! its data is not saved, and restore rebinds those fds to its own, as it
 //! does for terminals.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::io::Read;
 use std::os::fd::AsFd;
@@ -26,6 +26,7 @@ use nix::fcntl::{FcntlArg, SpliceFFlags, fcntl, tee};
 
 use super::{Blobs, FdParams, FileDumper, Holder, TreeFiles};
 use crate::error::{DumpError, Result};
+use crate::procfile;
 
 /// Anonymous pipes (`pipe:[ino]`).
 pub struct Pipe;
@@ -36,7 +37,7 @@ impl FileDumper for Pipe {
     }
 
     fn description(&self) -> &'static str {
-        "pipes with both ends in the tree (or the other end closed everywhere), with their buffered data; a pipe to outside held only as fd 0-2 is rebound to restore's own fd (data not saved)"
+        "pipes with both ends in the tree (or the other end closed everywhere), with their buffered data; a pipe to outside held only as fd 0-2 is kept while the process outside holds it, else rebound to restore's own fd (data not saved)"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -56,6 +57,8 @@ impl FileDumper for Pipe {
             capacity: buffered.capacity,
             // Known once the whole tree is seen (finish_tree).
             outside: false,
+            peer_pid: 0,
+            peer_start_time: 0,
         }))
     }
 
@@ -78,21 +81,26 @@ impl FileDumper for Pipe {
     fn finish_tree(&self, tree: &mut TreeFiles) {
         // check_tree read the same host a moment ago; if the look fails
         // now, nothing is marked and the dump keeps every pipe's data.
-        let outside: Vec<u64> = pipes_of(tree)
+        let outside: BTreeMap<u64, Option<Peer>> = pipes_of(tree)
             .unwrap_or_default()
             .into_iter()
             .filter(|(_, e)| !e.both() && e.refused().is_none())
-            .map(|(id, _)| id)
+            .map(|(id, e)| (id, e.outside_holder.and_then(Peer::of)))
             .collect();
         for file in &mut tree.files.files {
             if let Some(Kind::Pipe(p)) = &mut file.kind
-                && outside.contains(&p.pipe_id)
+                && let Some(peer) = outside.get(&p.pipe_id)
             {
                 p.outside = true;
+                if let Some(peer) = peer {
+                    p.peer_pid = peer.pid;
+                    p.peer_start_time = peer.start_time;
+                }
             }
         }
-        // What sits in a launcher's pipe is the old launcher's to read.
-        for id in outside {
+        // What sits in a launcher's pipe is the old launcher's to read (or
+        // the process's again, on the same pipe).
+        for id in outside.into_keys() {
             tree.blobs.remove(&ckpt_image::pipe_data_name(id));
         }
     }
@@ -112,6 +120,24 @@ struct Ends {
     other_closed: bool,
     /// Every fd of the tree holding an end, tree order.
     holders: Vec<Holder>,
+    /// A process outside the tree that holds it.
+    outside_holder: Option<i32>,
+}
+
+/// A process outside the tree by pid and start time.
+struct Peer {
+    pid: i32,
+    start_time: u64,
+}
+
+impl Peer {
+    /// `pid` with its start time, if it can still be read.
+    fn of(pid: i32) -> Option<Peer> {
+        let start_time = *procfile::stat_fields(pid)
+            .ok()?
+            .get(procfile::stat_index(22))?;
+        Some(Peer { pid, start_time })
+    }
 }
 
 impl Ends {
@@ -154,7 +180,8 @@ fn pipes_of(tree: &TreeFiles) -> Result<BTreeMap<u64, Ends>> {
         let held = held_outside(&tree_pids, &half)?;
         for id in half {
             if let Some(e) = pipes.get_mut(&id) {
-                e.other_closed = !held.contains(&id);
+                e.outside_holder = held.get(&id).copied().flatten();
+                e.other_closed = !held.contains_key(&id);
             }
         }
     }
@@ -162,11 +189,12 @@ fn pipes_of(tree: &TreeFiles) -> Result<BTreeMap<u64, Ends>> {
 }
 
 /// Which of the pipes `ids` a process outside the tree (`tree_pids`) holds
-/// an fd of. A process whose fds cannot be read counts as holding every
-/// one: a pipe is taken as closed everywhere only when that is seen.
-fn held_outside(tree_pids: &[i32], ids: &[u64]) -> Result<BTreeSet<u64>> {
+/// an fd of, with the first such process seen. A process whose fds cannot
+/// be read counts as holding every one (with no process named): a pipe is
+/// taken as closed everywhere only when that is seen.
+fn held_outside(tree_pids: &[i32], ids: &[u64]) -> Result<BTreeMap<u64, Option<i32>>> {
     let names: BTreeMap<String, u64> = ids.iter().map(|id| (format!("pipe:[{id}]"), *id)).collect();
-    let mut held = BTreeSet::new();
+    let mut held = BTreeMap::new();
     let proc = std::fs::read_dir("/proc").map_err(|source| DumpError::Proc {
         pid: 0,
         path: "/proc".into(),
@@ -187,13 +215,13 @@ fn held_outside(tree_pids: &[i32], ids: &[u64]) -> Result<BTreeSet<u64>> {
             Ok(d) => d,
             // Gone meanwhile: it holds nothing now.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
-            Err(_) => return Ok(ids.iter().copied().collect()),
+            Err(_) => return Ok(ids.iter().map(|id| (*id, None)).collect()),
         };
         for fd in fds.flatten() {
             if let Ok(link) = std::fs::read_link(fd.path())
                 && let Some(id) = link.to_str().and_then(|l| names.get(l))
             {
-                held.insert(*id);
+                held.entry(*id).or_insert(Some(pid));
             }
         }
     }

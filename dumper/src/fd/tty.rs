@@ -18,7 +18,7 @@ impl FileDumper for Tty {
     }
 
     fn description(&self) -> &'static str {
-        "terminals: pty slaves, virtual consoles, /dev/tty, /dev/console (rebound on restore)"
+        "terminals: pty slaves, virtual consoles, /dev/tty, /dev/console (rebound on restore; as a session's controlling terminal, not restored, one line)"
     }
 
     fn claims(&self, p: &FdParams) -> bool {

@@ -33,7 +33,7 @@ mod unix;
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
 
-use ckpt_image::task::Creds;
+use ckpt_image::task::{ControllingTerminal, Creds};
 
 use ckpt_image::ImageDir;
 use ckpt_image::fd::{Fd, FdTable, File, Files, file::Kind};
@@ -341,6 +341,20 @@ impl Context<'_, '_> {
         allowed && self.inherited.contains(&fd)
     }
 
+    /// A launcher gave the restorer a stream of its own as fd `fd` (a pipe
+    /// or socket, which the process inherited), or the user handed that
+    /// fd over (`--inherit-fd`): it takes the place of the process's old
+    /// stdio pipe.
+    pub fn launcher_gave(&self, fd: i32) -> bool {
+        use std::os::unix::fs::FileTypeExt;
+        if self.policy().inherit_fds.contains(&InheritFd::Terminal(fd)) {
+            return true;
+        }
+        self.inherited.contains(&fd)
+            && std::fs::metadata(format!("/proc/self/fd/{fd}"))
+                .is_ok_and(|m| m.file_type().is_fifo() || m.file_type().is_socket())
+    }
+
     /// The restorer's fd the user handed over for external `key`.
     pub fn external_fd(&self, key: &str) -> Option<i32> {
         self.policy().inherit_fds.iter().find_map(|i| match i {
@@ -406,6 +420,7 @@ pub fn restore(
     r: &Remote<'_>,
     table: &FdTable,
     creds: Option<&Creds>,
+    ctty: Option<&ControllingTerminal>,
 ) -> Result<()> {
     let pid = r.t.pid();
     let cx = &mut Context {
@@ -434,6 +449,11 @@ pub fn restore(
     if let Some(p) = previous {
         p.restore(r)?;
     }
+    // Every process of the tree exists in its group: the session leader
+    // gives its terminal the foreground group it had.
+    if let Some(ctty) = ctty {
+        pty::restore_foreground(cx, r, ctty)?;
+    }
     // What the restorer passed down and the process did not have.
     for fd in std::mem::take(&mut cx.inherited) {
         if !table.fds.iter().any(|f| f.fd == fd) {
@@ -443,6 +463,26 @@ pub fn restore(
     // Last: closing any fd of a file releases the process's POSIX locks on it.
     lock::retake(r, &table.locks)?;
     Ok(())
+}
+
+/// Gives the session the process behind `r` has just become the leader
+/// of its controlling terminal again, before the process forks anything
+/// (see `pty::take_controlling_terminal`).
+pub fn take_controlling_terminal(
+    shared: &mut RestoreContext<'_>,
+    tables: &mut Tables,
+    r: &Remote<'_>,
+    ctty: &ControllingTerminal,
+) -> Result<()> {
+    let cx = &mut Context {
+        shared,
+        tables,
+        here: HashMap::new(),
+        pid: r.t.pid(),
+        inherited: Vec::new(),
+        fs: None,
+    };
+    pty::take_controlling_terminal(cx, r, ctty)
 }
 
 /// Installs one fd: shares the description if an earlier fd got it, else

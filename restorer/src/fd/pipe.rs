@@ -2,8 +2,10 @@
 //! an end is needed, refills the data that was buffered in it, and every
 //! process that owned an end takes that end from the restorer with
 //! `pidfd_getfd` (run inside it). The restorer's copies close when the
-//! restore ends. A stdio pipe to outside the tree follows the terminal
-//! rule instead ([`StdioPipe`]).
+//! restore ends. A stdio pipe to outside the tree is kept when the
+//! process outside that held it still does (and no new launcher gave
+//! restore a stream of its own for that fd), else follows the terminal
+//! rule ([`StdioPipe`]).
 
 use std::collections::HashMap;
 use std::fs::File as OsFile;
@@ -59,9 +61,14 @@ impl FileRestorer for Pipe {
 }
 
 /// Pipes whose other end was outside the tree, held only as fds 0, 1 and
-/// 2: by the terminal rule, each such fd is the restorer's own fd of its
-/// number (so a new launcher's pipe takes the old one's place), or
-/// `/dev/null` if the restorer has none. Nothing was saved of their data.
+/// 2. If the process outside that held the pipe at dump time still lives
+/// and holds it (a child of make reading its parent's pipe, restored while
+/// make waits), the fd is that very pipe again, data and all, unless the
+/// restorer's own fd of that number is a pipe or socket (a new launcher's,
+/// which takes the old one's place) or the user handed that fd over
+/// (`--inherit-fd`). Else, by the terminal rule, each such fd is the
+/// restorer's own fd of its number, or `/dev/null` if the restorer has
+/// none. Nothing was saved of their data.
 pub struct StdioPipe;
 
 impl FileRestorer for StdioPipe {
@@ -75,11 +82,73 @@ impl FileRestorer for StdioPipe {
         cx: &mut Context<'_, '_>,
         r: &Remote<'_>,
         file: &File,
-        _image: &PipeFile,
+        image: &PipeFile,
         fd: i32,
     ) -> Result<i32> {
-        cx.bind_to_restorer(r, file, fd, BoundKind::StdioPipe)
+        if cx.launcher_gave(fd) {
+            return cx.bind_to_restorer(r, file, fd, BoundKind::StdioPipe);
+        }
+        let Some((peer_fd, pipe)) = reopen_from_peer(image, file, cx.fs_uid()) else {
+            return cx.bind_to_restorer(r, file, fd, BoundKind::StdioPipe);
+        };
+        let got = take_from(r, std::process::id() as i32, pipe.as_raw_fd())?;
+        set_status_flags(r, got, file.flags)?;
+        (cx.shared.options.notice)(&format!(
+            "pid {} fd {fd}: pipe to outside the tree kept: pid {} still holds it (its fd {peer_fd}), so it is not bound to this command's fd {fd}",
+            cx.pid, image.peer_pid
+        ));
+        Ok(got)
     }
+}
+
+/// The pipe of `image` opened anew through the fd of the process outside
+/// the tree that held it at dump time, if that process (same pid, same
+/// start time) still holds it: its fd number and the restorer's new
+/// description, with `file`'s access mode. Opening `/proc/PID/fd/N` of a
+/// pipe gives a new description of the same pipe, either end. Only a
+/// peer of the process's own user (`uid`; any for root) lends it: the
+/// restorer opens it with its own rights, which a user's restore must not
+/// extend to another user's process.
+fn reopen_from_peer(image: &PipeFile, file: &File, uid: Option<u32>) -> Option<(i32, OsFile)> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let pid = image.peer_pid;
+    if pid <= 0 {
+        return None;
+    }
+    let peer_uid = std::fs::metadata(format!("/proc/{pid}")).ok()?.uid();
+    if !matches!(uid, Some(u) if u == 0 || u == peer_uid) {
+        return None;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22 of proc(5), the 20th after the command name.
+    let start: u64 = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()?;
+    if start != image.peer_start_time {
+        return None;
+    }
+    let name = format!("pipe:[{}]", image.pipe_id);
+    let peer_fd = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()?
+        .flatten()
+        .find(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == name.as_str()))?
+        .file_name()
+        .to_str()?
+        .parse::<i32>()
+        .ok()?;
+    let access = file.flags as i32 & libc::O_ACCMODE;
+    std::fs::OpenOptions::new()
+        .read(access != libc::O_WRONLY)
+        .write(access != libc::O_RDONLY)
+        // Never wait for a peer here: with none, the terminal rule applies.
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(format!("/proc/{pid}/fd/{peer_fd}"))
+        .ok()
+        .map(|f| (peer_fd, f))
 }
 
 /// Creates the pipe with its capacity and buffered data.

@@ -47,6 +47,7 @@ pub(super) fn build_tree(
     let procs = &ck.procs;
     let (root, base) = prepare_root(host_root, ck)?;
     let session = task::restore_session(&Remote { t: &root, base }, &procs[0].core, true)?;
+    take_controlling_terminal(&Remote { t: &root, base }, &procs[0].core, b)?;
     // Tree order: a parent's memory is back before its children are forked
     // from it, so private pages they still shared at the dump are shared
     // again (one copy, as after the original fork). Everything else is
@@ -76,7 +77,7 @@ pub(super) fn build_tree(
             p.pid,
             ms_since(started)
         );
-        for (j, child) in fork_children(&r, p, ck, adopted)? {
+        for (j, child) in fork_children(&r, p, ck, adopted, b)? {
             slots[j] = Some(child);
         }
     }
@@ -130,6 +131,7 @@ fn fork_children(
     p: &ProcessImages,
     ck: &Checkpoint,
     adopted: Option<i32>,
+    b: &mut Build<'_>,
 ) -> Result<Vec<(usize, Held)>> {
     let base = r.base;
     let zombies = || ck.zombies.iter().filter(|z| z.ppid == p.pid);
@@ -140,6 +142,7 @@ fn fork_children(
         let child = Held::new(leaders.fork_member(r, &p.core, c.pid, &c.core)?);
         shapes::ensure_group(&Remote { t: &child, base }, &c.core, adopted)?;
         task::restore_session(&Remote { t: &child, base }, &c.core, false)?;
+        take_controlling_terminal(&Remote { t: &child, base }, &c.core, b)?;
         forked.push((j, child));
     }
     let mut early = leaders.finish(r)?;
@@ -155,6 +158,21 @@ fn fork_children(
         tree::make_zombie(&zr, z.status)?;
     }
     Ok(forked)
+}
+
+/// A session leader's controlling terminal, taken back as soon as it
+/// leads its session: the processes it forks after inherit it.
+fn take_controlling_terminal(
+    r: &Remote<'_>,
+    core: &ckpt_image::task::Core,
+    b: &mut Build<'_>,
+) -> Result<()> {
+    match &core.ctty {
+        Some(ctty) if core.sid == core.pid => {
+            fd::take_controlling_terminal(&mut b.cx, &mut b.fds, r, ctty)
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Rebuilds every process past its memory, tree order.

@@ -169,7 +169,7 @@ pub(super) fn rebuild_process(
         let kind = cx.files.get(f.file_id).map_or("missing", |x| x.kind_name());
         log::debug!("pid {pid}: fd {}: {kind} (open file {})", f.fd, f.file_id);
     }
-    fd::restore(cx, fds, r, &p.fds, core.creds.as_ref())?;
+    fd::restore(cx, fds, r, &p.fds, core.creds.as_ref(), core.ctty.as_ref())?;
     task::restore_misc(r, core)?;
     task::restore_sigactions(r, core)?;
     task::queue_pending(r, pid, &core.pending)?;
