@@ -6,6 +6,23 @@ use std::time::Duration;
 
 use crate::common::*;
 
+/// Runs `ckpt restore --detach` with no stdin and `stdout` as its stdout,
+/// checks that it succeeded and returns what it said on stderr.
+fn restore_detached(env: &TestEnv, stdout: std::process::Stdio) -> String {
+    let stderr_path = env.work.join("restore.stderr");
+    let status = env
+        .ckpt_command()
+        .args(["restore", "--detach", "--dir", path_str(&env.img)])
+        .stdin(std::process::Stdio::null())
+        .stdout(stdout)
+        .stderr(std::fs::File::create(&stderr_path).expect("create restore.stderr"))
+        .status()
+        .expect("run restore");
+    let notice = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    assert!(status.success(), "restore failed: {notice}");
+    notice
+}
+
 #[test]
 fn pipe_between_parent_and_child_keeps_its_data() {
     let env = TestEnv::new("pipes");
@@ -83,18 +100,7 @@ fn stdio_pipe_to_launcher_is_rebound_to_restore() {
     assert!(!saved, "a launcher's pipe data must not be saved");
 
     let (mut r2, w2) = launcher_pipe();
-    let stderr_path = env.work.join("restore.stderr");
-    let stderr = std::fs::File::create(&stderr_path).unwrap();
-    let status = env
-        .ckpt_command()
-        .args(["restore", "--detach", "--dir", path_str(&env.img)])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::from(w2))
-        .stderr(stderr)
-        .status()
-        .expect("run restore");
-    let notice = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-    assert!(status.success(), "restore failed: {notice}");
+    let notice = restore_detached(&env, std::process::Stdio::from(w2));
     assert!(
         notice.contains(&format!(
             "pid {} fd 1: pipe to outside the tree rebound",
@@ -131,17 +137,7 @@ fn stdin_pipe_from_a_living_parent_is_kept() {
     dump(&env, &v, &["--kill"]);
     v.reap_killed(Duration::from_secs(10));
 
-    let stderr_path = env.work.join("restore.stderr");
-    let status = env
-        .ckpt_command()
-        .args(["restore", "--detach", "--dir", path_str(&env.img)])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&stderr_path).unwrap())
-        .status()
-        .expect("run restore");
-    let notice = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-    assert!(status.success(), "restore failed: {notice}");
+    let notice = restore_detached(&env, std::process::Stdio::null());
     assert!(
         notice.contains(&format!(
             "pid {} fd 0: pipe to outside the tree kept: pid {} still holds it",

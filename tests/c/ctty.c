@@ -155,20 +155,6 @@ static int leader_main(const char *slave_path)
 	return WEXITSTATUS(status) == 0 ? 0 : 110 + WEXITSTATUS(status) % 100;
 }
 
-static int read_exact(int fd, char *buf, size_t len)
-{
-	size_t got = 0;
-	while (got < len) {
-		ssize_t n = read(fd, buf + got, len - got);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return -1;
-		got += (size_t)n;
-	}
-	return 0;
-}
-
 int main(int argc, char **argv)
 {
 	victim_init(argc, argv);
@@ -192,7 +178,7 @@ int main(int argc, char **argv)
 	victim_ready_and_wait(NULL);
 
 	char buf[8] = { 0 };
-	CHECK(read_exact(master, buf, 5) == 0 && memcmp(buf, "out\r\n", 5) == 0,
+	CHECK(victim_read_exact(master, buf, 5) == 0 && memcmp(buf, "out\r\n", 5) == 0,
 	      "output in flight not read back through the master: '%.5s'", buf);
 	CHECK(write(master, "way\n", 4) == 4, "type way: %s", strerror(errno));
 	victim_wait_for("job-armed");

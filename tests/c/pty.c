@@ -13,20 +13,6 @@
 #include <sys/wait.h>
 #include <termios.h>
 
-static int read_exact(int fd, char *buf, size_t len)
-{
-	size_t got = 0;
-	while (got < len) {
-		ssize_t n = read(fd, buf + got, len - got);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return -1;
-		got += (size_t)n;
-	}
-	return 0;
-}
-
 static int child_main(void)
 {
 	struct termios t;
@@ -46,7 +32,7 @@ static int child_main(void)
 		return 73;
 	if (ws.ws_row != 33 || ws.ws_col != 101)
 		return 74;
-	if (read_exact(1, buf, 5) != 0 || memcmp(buf, "ping\n", 5) != 0)
+	if (victim_read_exact(1, buf, 5) != 0 || memcmp(buf, "ping\n", 5) != 0)
 		return 75;
 	if (write(1, "pong\n", 5) != 5)
 		return 76;
@@ -98,7 +84,7 @@ int main(int argc, char **argv)
 	CHECK(ioctl(other, TIOCGPTLCK, &lck) == 0 && lck == 1, "slave of the second pair unlocked (%d)", lck);
 	CHECK(write(master, "ping\n", 5) == 5, "write ping: %s", strerror(errno));
 	char buf[8] = { 0 };
-	CHECK(read_exact(master, buf, 6) == 0 && memcmp(buf, "pong\r\n", 6) == 0,
+	CHECK(victim_read_exact(master, buf, 6) == 0 && memcmp(buf, "pong\r\n", 6) == 0,
 	      "pong not read back through the master: '%.6s'", buf);
 	int st;
 	CHECK(waitpid(child, &st, 0) == child, "waitpid: %s", strerror(errno));

@@ -65,6 +65,22 @@ static inline void victim_write_all(int fd, const char *s, size_t len)
 }
 
 /* Write WORKDIR/name atomically: the harness must never see a partial file. */
+/* Reads exactly len bytes, retrying after signals; -1 on end of file or
+ * an error. */
+static inline int victim_read_exact(int fd, char *buf, size_t len)
+{
+	size_t got = 0;
+	while (got < len) {
+		ssize_t n = read(fd, buf + got, len - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return -1;
+		got += (size_t)n;
+	}
+	return 0;
+}
+
 static inline void victim_write_file(const char *name, const char *content)
 {
 	char tmp[PATH_MAX], dst[PATH_MAX];
