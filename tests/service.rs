@@ -5,6 +5,7 @@
 //! are each refused in one line (victim: tests/c/counter.c).
 
 use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::process::Command;
 
 use crate::common::*;
@@ -104,6 +105,97 @@ fn users_own_job_is_dumped_and_restored_through_the_service() {
     v.go();
     // The restored job's exit code reaches the user's client.
     finish_restore(&v, restore);
+}
+
+/// A v1 hierarchy of this host (`pids`) to place a test's client in, if
+/// it has one.
+const V1_PIDS: &str = "/sys/fs/cgroup/pids";
+
+/// The line of `/proc/PID/cgroup` for the hierarchy with `controller`.
+fn cgroup_line(pid: i32, controller: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .expect("read cgroup")
+        .lines()
+        .find(|l| l.split(':').nth(1) == Some(controller))
+        .unwrap_or_else(|| panic!("pid {pid}: no {controller} line"))
+        .to_string()
+}
+
+/// The user's client runs in a cgroup of its own (as a batch job's
+/// processes do under Slurm's proctrack/cgroup on a v1 host): the job the
+/// service restores for it lands there too, not in the service's cgroup,
+/// so the scheduler accounts, limits and kills it as the user's job.
+#[test]
+fn users_restored_job_joins_the_callers_cgroups() {
+    let mounted = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.contains(&format!(" {V1_PIDS} ")) && l.contains(" - cgroup "));
+    if !mounted {
+        eprintln!("SKIPPED: no v1 pids hierarchy at {V1_PIDS}");
+        return;
+    }
+    let user = test_user();
+    let env = TestEnv::new("service-cgroup");
+    let svc = Service::start(&env);
+    let home = user_dir(&env, user, "home");
+    let cgroup = Path::new(V1_PIDS).join(format!("ckpt-test-{}", std::process::id()));
+    std::fs::create_dir(&cgroup).expect("create the job's cgroup");
+    let _cleanup = RemoveCgroup(cgroup.clone());
+    nix::unistd::chown(
+        &cgroup.join("cgroup.procs"),
+        Some(nix::unistd::Uid::from_raw(user.uid)),
+        None,
+    )
+    .expect("delegate cgroup.procs");
+
+    let mut v = Victim::spawn_as(&env, "counter", &[], user);
+    v.wait_ready();
+    let pid = v.pid.to_string();
+    ckpt_as_user(
+        &env,
+        user,
+        &svc.socket,
+        &home,
+        &["dump", "--tree", &pid, "--dir", "img", "--kill"],
+    )
+    .assert_success();
+    v.reap_killed(DUMP_TIMEOUT);
+    let mut restore = CkptCmd::spawn_as_user_in_cgroup(
+        &env,
+        user,
+        &svc.socket,
+        &home,
+        &["restore", "--dir", "img"],
+        &cgroup,
+    );
+    wait_restored_and_running(&v, &mut restore);
+    let want = format!("pids:/{}", cgroup.file_name().unwrap().to_string_lossy());
+    let line = cgroup_line(v.pid, "pids");
+    assert!(
+        line.ends_with(&want),
+        "the restored job is in {line}, not the client's {want}"
+    );
+    assert_ne!(
+        cgroup_line(v.pid, "pids"),
+        cgroup_line(i32::try_from(std::process::id()).unwrap(), "pids"),
+    );
+    v.go();
+    finish_restore(&v, restore);
+}
+
+/// Removes a test's cgroup once its processes are gone.
+struct RemoveCgroup(std::path::PathBuf);
+
+impl Drop for RemoveCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
 }
 
 #[test]

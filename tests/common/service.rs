@@ -62,15 +62,55 @@ impl CkptCmd {
         cwd: &Path,
         args: &[&str],
     ) -> CkptCmd {
-        let mut cmd = Command::new(CKPT);
-        cmd.args(args)
-            .current_dir(cwd)
-            .env_remove("CKPT_IMAGE_KEY")
-            .env("CKPT_SERVICE_SOCKET", socket)
-            .uid(user.uid)
-            .gid(user.gid);
+        CkptCmd::spawn_command(env, user_command(user, socket, cwd, args), args)
+    }
+
+    /// [`CkptCmd::spawn_as_user`] from inside the cgroup `cgroup` (a v1
+    /// cgroup whose `cgroup.procs` the user may write: the client moves
+    /// itself there before it execs, as a job's processes are placed by
+    /// their scheduler).
+    pub fn spawn_as_user_in_cgroup(
+        env: &TestEnv,
+        user: &TestUser,
+        socket: &Path,
+        cwd: &Path,
+        args: &[&str],
+        cgroup: &Path,
+    ) -> CkptCmd {
+        let mut cmd = user_command(user, socket, cwd, args);
+        use std::os::unix::ffi::OsStrExt;
+        let procs = std::ffi::CString::new(cgroup.join("cgroup.procs").as_os_str().as_bytes())
+            .expect("cgroup path without NUL");
+        let join = move || -> nix::Result<()> {
+            let fd = nix::fcntl::open(
+                procs.as_c_str(),
+                nix::fcntl::OFlag::O_WRONLY,
+                nix::sys::stat::Mode::empty(),
+            )?;
+            nix::unistd::write(&fd, b"0\n")?;
+            Ok(())
+        };
+        // SAFETY: the closure runs in the forked child of a threaded test
+        // process before exec: it allocates nothing (the path is built
+        // here), only opens and writes a file.
+        unsafe {
+            cmd.pre_exec(move || join().map_err(io::Error::from));
+        }
         CkptCmd::spawn_command(env, cmd, args)
     }
+}
+
+/// `ckpt ARGS` as `user` (no supplementary groups, no image key), in
+/// `cwd`, reaching the service at `socket`.
+fn user_command(user: &TestUser, socket: &Path, cwd: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(CKPT);
+    cmd.args(args)
+        .current_dir(cwd)
+        .env_remove("CKPT_IMAGE_KEY")
+        .env("CKPT_SERVICE_SOCKET", socket)
+        .uid(user.uid)
+        .gid(user.gid);
+    cmd
 }
 
 /// `ckpt ARGS` as `user` through the service, to its end.

@@ -19,6 +19,7 @@
 //! a job `run` starts for the user is the user's. The design and its limits: docs/security.md, "Users
 //! checkpointing their own jobs".
 
+mod cgroup;
 pub mod client;
 pub mod serve;
 mod wire;

@@ -281,20 +281,13 @@ fn spawn_worker(
     for (i, entry) in request.env.iter().enumerate() {
         cmd.env(format!("{JOB_ENV_PREFIX}{i}"), entry);
     }
-    if let Some(cg) = cgroup_dir(peer.pid).filter(|_| peer.still_alive()) {
-        cmd.env(CGROUP_ENV, cg);
+    let cgroups = super::cgroup::dirs_of(peer.pid);
+    if !cgroups.is_empty() && peer.still_alive() {
+        cmd.env(CGROUP_ENV, super::cgroup::encode(&cgroups));
     }
     let child = cmd.spawn().context("spawn the worker")?;
     drop(request.cwd);
     Ok(child)
-}
-
-/// The cgroup (v2) directory of process `pid`, if it has one.
-fn cgroup_dir(pid: i32) -> Option<PathBuf> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let rel = rel.trim_start_matches('/');
-    Some(Path::new("/sys/fs/cgroup").join(rel))
 }
 
 /// Waits for the worker, passing on the client's signals; returns its exit

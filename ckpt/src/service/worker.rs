@@ -1,9 +1,6 @@
 //! The service's worker: the `ckpt` process that does one user's request,
 //! as root, acting for that user.
 
-use std::path::Path;
-
-use anyhow::Context;
 use ckpt_image::Caller;
 
 use super::ServiceError;
@@ -11,7 +8,8 @@ use super::ServiceError;
 /// The caller's ids, `UID:GID:G1,...`, set by the service only (its worker
 /// starts with an empty environment plus this).
 pub const CALLER_ENV: &str = "CKPT_SERVICE_CALLER";
-/// The caller's cgroup directory, which the worker joins before any work.
+/// The caller's cgroup directories, one per mounted hierarchy and line,
+/// which the worker joins before any work.
 pub const CGROUP_ENV: &str = "CKPT_SERVICE_CGROUP";
 
 /// Prefix of the variables that carry the client's environment, one
@@ -55,16 +53,11 @@ pub fn enter() -> anyhow::Result<Option<&'static Caller>> {
         return Ok(None);
     }
     let caller = Caller::decode(&text.to_string_lossy())?;
-    if let Some(dir) = std::env::var_os(CGROUP_ENV) {
-        join_cgroup(Path::new(&dir))?;
+    if let Some(dirs) = std::env::var_os(CGROUP_ENV) {
+        super::cgroup::join(&super::cgroup::decode(&dirs))?;
     }
     ckpt_image::caller::act_for(caller).map_err(|c| anyhow::anyhow!("already acting for {c}"))?;
     Ok(ckpt_image::caller::acting_for())
-}
-
-fn join_cgroup(dir: &Path) -> anyhow::Result<()> {
-    let procs = dir.join("cgroup.procs");
-    std::fs::write(&procs, b"0\n").with_context(|| format!("{}: join", procs.display()))
 }
 
 /// Refuses, for a worker, a command or flag the service does not run for
