@@ -237,3 +237,13 @@ fn memory_maps_identical_from_outside() {
 fn adjacent_anonymous_vmas_are_not_merged() {
     standard_cycle("memory-adjacent", "adjacent", &[]);
 }
+
+/// Regions advised MADV_DONTFORK, MADV_WIPEONFORK, MADV_DONTDUMP,
+/// MADV_HUGEPAGE and MADV_NOHUGEPAGE keep their advice: tests/c/madvise.c
+/// checks each region's VmFlags and bytes from inside, and that a child
+/// forked after the restore does not get the DONTFORK region and gets the
+/// WIPEONFORK one zeroed.
+#[test]
+fn memory_advice_comes_back() {
+    standard_cycle("memory-madvise", "madvise", &[]);
+}

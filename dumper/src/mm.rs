@@ -202,6 +202,15 @@ fn apply_vm_flags(pid: i32, v: &mut Vma, vm_flags: &[String]) -> Result<()> {
     if has("dd") {
         v.flags |= vma_flags::DONTDUMP;
     }
+    if has("wf") {
+        v.flags |= vma_flags::WIPEONFORK;
+    }
+    if has("hg") {
+        v.flags |= vma_flags::HUGEPAGE;
+    }
+    if has("nh") {
+        v.flags |= vma_flags::NOHUGEPAGE;
+    }
     if has("mw") && matches!(kind, VmaKind::FileShared | VmaKind::Shmem) {
         v.flags |= vma_flags::MAYWRITE;
     }

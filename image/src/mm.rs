@@ -53,6 +53,12 @@ pub mod vma_flags {
     pub const DONTFORK: u32 = 16;
     /// `MADV_DONTDUMP` was applied.
     pub const DONTDUMP: u32 = 32;
+    /// `MADV_WIPEONFORK` was applied.
+    pub const WIPEONFORK: u32 = 64;
+    /// `MADV_HUGEPAGE` was applied.
+    pub const HUGEPAGE: u32 = 128;
+    /// `MADV_NOHUGEPAGE` was applied.
+    pub const NOHUGEPAGE: u32 = 256;
 }
 
 impl FileId {

@@ -16,7 +16,7 @@
 use std::os::unix::fs::FileExt;
 
 use ckpt_image::ipc::{Ipc, IpcPerm, MODE_BITS, ShmSegment};
-use ckpt_image::mm::{Vma, prot, vma_flags};
+use ckpt_image::mm::{Vma, prot};
 use ckpt_image::{ImageDir, ImageError, ImageKind, PAGE_SIZE};
 use ckpt_parasite::remote::Remote;
 
@@ -646,10 +646,7 @@ pub fn attach(r: &Remote<'_>, v: &Vma) -> Result<()> {
             [v.start, v.len(), v.prot as u64, 0, 0, 0],
         )?;
     }
-    for (flag, advice) in [
-        (vma_flags::DONTFORK, libc::MADV_DONTFORK),
-        (vma_flags::DONTDUMP, libc::MADV_DONTDUMP),
-    ] {
+    for (flag, advice) in crate::mm::ADVICE {
         if v.flags & flag != 0 {
             r.call(
                 "madvise (shm)",

@@ -469,24 +469,35 @@ fn map_flags(v: &Vma, flags: i32) -> i32 {
     }
 }
 
+/// The advice (`madvise`) each advice flag of a VMA stands for.
+pub(crate) const ADVICE: [(u32, i32); 5] = [
+    (vma_flags::DONTFORK, libc::MADV_DONTFORK),
+    (vma_flags::DONTDUMP, libc::MADV_DONTDUMP),
+    (vma_flags::WIPEONFORK, libc::MADV_WIPEONFORK),
+    (vma_flags::HUGEPAGE, libc::MADV_HUGEPAGE),
+    (vma_flags::NOHUGEPAGE, libc::MADV_NOHUGEPAGE),
+];
+
 /// The `madvise` calls that give `v` its advice flags back.
 fn advice(v: &Vma) -> impl Iterator<Item = batch::Call> + '_ {
-    [
-        (vma_flags::DONTFORK, libc::MADV_DONTFORK),
-        (vma_flags::DONTDUMP, libc::MADV_DONTDUMP),
-    ]
-    .into_iter()
-    .filter(move |(flag, _)| v.flags & flag != 0)
-    .map(move |(_, advice)| batch::Call {
-        name: "madvise",
-        nr: libc::SYS_madvise,
-        args: [v.start, v.len(), advice as u64, 0, 0, 0],
-    })
+    ADVICE
+        .into_iter()
+        .filter(move |(flag, _)| v.flags & flag != 0)
+        .map(move |(_, advice)| batch::Call {
+            name: "madvise",
+            nr: libc::SYS_madvise,
+            args: [v.start, v.len(), advice as u64, 0, 0, 0],
+        })
 }
 
 /// Flags of an anonymous VMA that the restore gives it and that decide,
 /// with the protection, whether the kernel merges two neighbours.
-const MERGE_FLAGS: u32 = vma_flags::GROWSDOWN | vma_flags::DONTFORK | vma_flags::DONTDUMP;
+const MERGE_FLAGS: u32 = vma_flags::GROWSDOWN
+    | vma_flags::DONTFORK
+    | vma_flags::DONTDUMP
+    | vma_flags::WIPEONFORK
+    | vma_flags::HUGEPAGE
+    | vma_flags::NOHUGEPAGE;
 
 /// Whether `a` and `b` (in this order) would become one VMA if both were
 /// simply mapped: adjacent anonymous private memory with the same
