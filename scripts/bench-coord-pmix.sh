@@ -45,6 +45,10 @@ cleanup() {
 	[ "$started" = no ] || scripts/slurm/lab-down.sh --nodes 2
 }
 trap cleanup EXIT
+# sh runs the EXIT trap on a signal only if the signal is trapped too.
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
 
 # min, median and max of the numbers on stdin, one per line.
 stats() {
