@@ -41,6 +41,27 @@ fn refused(out: &CkptOutput, code: i32) -> String {
     line
 }
 
+/// `user` dumps their victim `v` through the service into `home/img`,
+/// killing it; it is reaped.
+fn dump_as_user_and_kill(
+    env: &TestEnv,
+    user: &TestUser,
+    svc: &Service,
+    home: &Path,
+    v: &mut Victim,
+) {
+    let pid = v.pid.to_string();
+    ckpt_as_user(
+        env,
+        user,
+        &svc.socket,
+        home,
+        &["dump", "--tree", &pid, "--dir", "img", "--kill"],
+    )
+    .assert_success();
+    v.reap_killed(DUMP_TIMEOUT);
+}
+
 #[test]
 fn users_own_job_is_dumped_and_restored_through_the_service() {
     let user = test_user();
@@ -52,15 +73,7 @@ fn users_own_job_is_dumped_and_restored_through_the_service() {
     let before = creds(v.pid);
     let home = user_dir(&env, user, "home");
     let pid = v.pid.to_string();
-    ckpt_as_user(
-        &env,
-        user,
-        &svc.socket,
-        &home,
-        &["dump", "--tree", &pid, "--dir", "img", "--kill"],
-    )
-    .assert_success();
-    v.reap_killed(DUMP_TIMEOUT);
+    dump_as_user_and_kill(&env, user, &svc, &home, &mut v);
 
     // The checkpoint is the user's: theirs to read, move and delete.
     let img = home.join("img");
@@ -151,16 +164,7 @@ fn users_restored_job_joins_the_callers_cgroups() {
 
     let mut v = Victim::spawn_as(&env, "counter", &[], user);
     v.wait_ready();
-    let pid = v.pid.to_string();
-    ckpt_as_user(
-        &env,
-        user,
-        &svc.socket,
-        &home,
-        &["dump", "--tree", &pid, "--dir", "img", "--kill"],
-    )
-    .assert_success();
-    v.reap_killed(DUMP_TIMEOUT);
+    dump_as_user_and_kill(&env, user, &svc, &home, &mut v);
     let mut restore = CkptCmd::spawn_as_user_in_cgroup(
         &env,
         user,
@@ -297,15 +301,7 @@ fn the_service_refuses_what_is_not_the_callers() {
     assert!(!env.root.join("sneaky").exists());
 
     // The user's own checkpoint, changed by the user: refused, nothing runs.
-    ckpt_as_user(
-        &env,
-        user,
-        &svc.socket,
-        &home,
-        &["dump", "--tree", &pid, "--dir", "img", "--kill"],
-    )
-    .assert_success();
-    v.reap_killed(DUMP_TIMEOUT);
+    dump_as_user_and_kill(&env, user, &svc, &home, &mut v);
 
     // Another user handed that checkpoint: it verifies for its user only.
     let other = other_test_user();
