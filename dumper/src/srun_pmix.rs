@@ -11,8 +11,15 @@
 //! The environment alone is not enough: a process started by `srun
 //! --mpi=pmix` that never called `PMIx_Init` (e.g. `ckpt run` itself) holds
 //! the variables but no connection, and nothing ties it to slurmstepd.
+//!
+//! With [`FreezeOptions::pmix_reconnect`](crate::FreezeOptions) a rank is
+//! dumped instead: its connection to the server is saved as a
+//! [`PmixLink`] (`fd/inet.rs`), which a restore in a new step of the same
+//! job replaces by a new connection to that step's server.
 
 use std::net::SocketAddr;
+
+use ckpt_image::fd::inet::PmixLink;
 
 use crate::error::{DumpError, Result};
 use crate::fd::inet;
@@ -34,6 +41,10 @@ struct SlurmPmixServer {
     pid: Option<i32>,
     /// The TCP addresses its URIs name.
     addrs: Vec<SocketAddr>,
+    /// The client's namespace (`PMIX_NAMESPACE`).
+    nspace: String,
+    /// The client's rank (`PMIX_RANK`), if the environment says.
+    rank: Option<u32>,
 }
 
 /// The server named by an environment (`/proc/PID/environ`, NUL-separated
@@ -48,6 +59,9 @@ fn server_of(environ: &[u8]) -> Option<SlurmPmixServer> {
         };
         if key == "PMIX_NAMESPACE" {
             slurm = value.starts_with(SLURM_NAMESPACE_PREFIX);
+            server.nspace = value.to_string();
+        } else if key == "PMIX_RANK" {
+            server.rank = value.parse().ok();
         } else if key.starts_with(SERVER_URI_PREFIX) {
             parse_uri(value, &mut server);
         }
@@ -96,9 +110,27 @@ fn in_tree(pid: i32, root: i32) -> bool {
     at == root
 }
 
+/// The identity `pid` connected to its Slurm PMIx server with, if `peer`
+/// (the other end of one of its TCP connections) is that server; `uid`
+/// and `gid` are the process's effective ids.
+pub(crate) fn link_to(pid: i32, peer: SocketAddr, uid: u32, gid: u32) -> Option<PmixLink> {
+    let environ = procfile::read_bytes(pid, "environ").ok()?;
+    let server = server_of(&environ)?;
+    if !server.addrs.contains(&peer) {
+        return None;
+    }
+    Some(PmixLink {
+        nspace: server.nspace,
+        rank: server.rank?,
+        uid,
+        gid,
+    })
+}
+
 /// Refuses `pid` if it is a rank of `srun --mpi=pmix` connected to its
-/// server, and that server is not in the tree of `root`.
-pub(crate) fn refuse_rank(pid: i32, root: i32) -> Result<()> {
+/// server, and that server is not in the tree of `root`, unless
+/// `reconnect` (the connection is then saved as a [`PmixLink`]).
+pub(crate) fn refuse_rank(pid: i32, root: i32, reconnect: bool) -> Result<()> {
     // Another user's environment may not be readable; the seize decides
     // about such a process, with its own error.
     let Ok(environ) = procfile::read_bytes(pid, "environ") else {
@@ -114,6 +146,14 @@ pub(crate) fn refuse_rank(pid: i32, root: i32) -> Result<()> {
         .into_iter()
         .find(|c| server.addrs.contains(&c.peer));
     match connected {
+        Some(c) if reconnect => {
+            log::info!(
+                "pid {pid}: a rank of srun --mpi=pmix (namespace {}): its connection to slurmstepd on fd {} is saved for a reconnect at restore",
+                server.nspace,
+                c.fd
+            );
+            Ok(())
+        }
         Some(c) => Err(DumpError::SrunPmixRank {
             pid,
             fd: c.fd,
@@ -155,6 +195,8 @@ mod tests {
                     "127.0.0.1:40001".parse().unwrap(),
                     "[::1]:40002".parse().unwrap()
                 ],
+                nspace: "slurm.pmix.42.0".into(),
+                rank: Some(1),
             })
         );
     }

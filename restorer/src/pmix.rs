@@ -93,6 +93,20 @@ pub enum PmixError {
         /// The variable missing.
         var: &'static str,
     },
+    /// The step serves another rank than the one restored.
+    #[error(
+        "this step's task is rank {here_rank} of {here_nspace}, the image holds rank {rank} of {nspace}: restore in the requeued job's first step, with the task layout of the dumped one"
+    )]
+    OtherRank {
+        /// The namespace the image holds.
+        nspace: String,
+        /// The rank the image holds.
+        rank: u32,
+        /// The namespace of the restoring task.
+        here_nspace: String,
+        /// The rank of the restoring task.
+        here_rank: u32,
+    },
     /// A socket operation with the server failed.
     #[error("PMIx server {server}: {what}: {source}")]
     Io {
@@ -234,6 +248,32 @@ impl PmixServer {
         let index = handshake(&mut stream, server, client)?;
         Ok(Connected { stream, index })
     }
+}
+
+/// The server of the job step this process is a task of (its own
+/// environment), checked to serve `client`'s namespace and rank.
+pub fn server_for(client: &PmixClient) -> Result<PmixServer> {
+    let vars: Vec<(String, String)> = std::env::vars().collect();
+    let (server, here) = PmixServer::from_env(
+        vars.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        client.uid,
+        client.gid,
+    )?;
+    same_rank(client, &here)?;
+    Ok(server)
+}
+
+/// Refuses a restoring task (`here`) that is not the rank restored.
+fn same_rank(client: &PmixClient, here: &PmixClient) -> Result<()> {
+    if here.nspace != client.nspace || here.rank != client.rank {
+        return Err(PmixError::OtherRank {
+            nspace: client.nspace.clone(),
+            rank: client.rank,
+            here_nspace: here.nspace.clone(),
+            here_rank: here.rank,
+        });
+    }
+    Ok(())
 }
 
 /// Performs the handshake on `stream`, connected to `server`: returns the
@@ -413,6 +453,29 @@ mod tests {
             PmixServer::from_env(no_rank.iter().copied(), 0, 0),
             Err(PmixError::MissingVar { var: "PMIX_RANK" })
         ));
+    }
+
+    #[test]
+    fn a_task_of_another_step_or_rank_is_refused_naming_both() {
+        let here = PmixClient {
+            nspace: "slurm.pmix.42.1".into(),
+            ..client()
+        };
+        let e = same_rank(&client(), &here).unwrap_err();
+        assert!(
+            e.to_string().contains("rank 1 of slurm.pmix.42.1")
+                && e.to_string().contains("rank 1 of slurm.pmix.42.0"),
+            "{e}"
+        );
+        let other = PmixClient {
+            rank: 0,
+            ..client()
+        };
+        assert!(matches!(
+            same_rank(&client(), &other),
+            Err(PmixError::OtherRank { here_rank: 0, .. })
+        ));
+        assert!(same_rank(&client(), &client()).is_ok());
     }
 
     /// A server that reads one connect message and answers `reply` words
