@@ -12,9 +12,19 @@
 //! a rank that had not finalized makes Slurm cancel the step).
 //!
 //! Takes about 10 s.
+//!
+//! Then the whole of it (1 to 3 minutes): an Open MPI ring of two ranks,
+//! one a node, launched by `srun --mpi=pmix` inside a batch job, each rank
+//! under its node's `ckpt job run`, is checkpointed mid-ring with `ckpt
+//! job dump --pmix-reconnect --kill`, the job requeued, and the restarted
+//! batch script's first step restores it (`ckpt job restore --pmix`): each
+//! rank gets a connection to its node's new slurmstepd, the ring ends with
+//! the result computed without MPI, and MPI_Finalize's fence and finalize
+//! go through the new servers.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ckpt_restorer::pmix::{PmixError, PmixServer};
@@ -204,6 +214,138 @@ fn slurmstepd_accepts_a_ranks_connection_made_by_ckpts_pmix_handshake() {
         status.success(),
         "the step ends cleanly after its ranks finalized over ckpt's connections ({status}):\n{stderr}"
     );
+    if lab.started {
+        Lab::Two.down();
+    }
+}
+
+/// Rounds of tests/c/mpi_job.c's ring (2 ms a round at least): long
+/// enough that the checkpoint comes mid-ring.
+const RING_ROUNDS: u64 = 10_000;
+/// The checkpoint is taken once the ring has done this many.
+const DUMP_AT: u64 = 2_000;
+/// Both runs, the requeue delay and scheduling, with slack.
+const RING_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The batch script: the first run starts the ring, checkpoints it and
+/// requeues the job; the restarted one restores it in its first step.
+fn ring_script(env: &TestEnv, bin: &Path, jobdir: &Path) -> String {
+    format!(
+        "#!/bin/bash\n\
+         export CKPT_IMAGE_KEY={key}\n\
+         export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\n\
+         export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo\n\
+         # No data store of slurmstepd's mapped into the ranks.\n\
+         export PMIX_MCA_gds=hash\n\
+         W={work}\n\
+         if [ \"${{SLURM_RESTART_COUNT:-0}}\" = 0 ]; then\n\
+           srun --mpi=pmix --nodes=2 --ntasks=2 --ntasks-per-node=1 {ckpt} job run --dir {jobdir} -- {bin} $W {RING_ROUNDS} &\n\
+           until [ \"$(cat $W/progress 2>/dev/null || echo 0)\" -ge {DUMP_AT} ] || [ -e $W/result ]; do sleep 0.5; done\n\
+           echo \"checkpoint at round $(cat $W/progress)\"\n\
+           {ckpt} job dump --dir {jobdir} --launch srun --kill --pmix-reconnect\n\
+           echo \"dump exit $?\"\n\
+           scontrol requeue $SLURM_JOB_ID\n\
+           sleep 300\n\
+         else\n\
+           {ckpt} job restore --dir {jobdir} --launch srun --pmix\n\
+           echo \"restore exit $?\"\n\
+         fi\n",
+        key = env.image_key().display(),
+        work = env.work.display(),
+        ckpt = CKPT,
+        jobdir = jobdir.display(),
+        bin = bin.display(),
+    )
+}
+
+#[test]
+fn open_mpi_ring_launched_by_srun_mpi_pmix_is_checkpointed_requeued_and_reconnected() {
+    let Some(lab) = Lab::Two.take() else {
+        return;
+    };
+    let env = TestEnv::new("slurm-pmix-ring");
+    let bin = mpi_victim_bin("mpi_job");
+    let script = env.root.join("job.sh");
+    let output = env.root.join("job.out");
+    std::fs::write(&script, ring_script(&env, &bin, &env.root.join("job")))
+        .expect("write the batch script");
+    let job = Lab::Two.sbatch(&[
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--requeue",
+        "--open-mode=append",
+        "--time=6",
+        "--job-name=ckpt-slurm-pmix",
+        "--output",
+        path_str(&output),
+        path_str(&script),
+    ]);
+    let diag = || {
+        format!(
+            "job record: {}\n--- job output ---\n{}\n--- slurmctld.log (last 20 lines) ---\n{}",
+            Lab::Two.record(&job),
+            read_to_string_lossy(&output),
+            Lab::Two.ctld_log_tail(20)
+        )
+    };
+    let started = Instant::now();
+    let result = env.work.join("result");
+    while !read_to_string_lossy(&output).contains("restore exit") {
+        assert!(
+            started.elapsed() < RING_TIMEOUT,
+            "the job did not end its restored run\n{}",
+            diag()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let _ = Lab::Two.client("scancel").arg(&job).status();
+    let text = read_to_string_lossy(&output);
+    assert!(text.contains("dump exit 0"), "{}", diag());
+    assert!(text.contains("restore exit 0"), "{}", diag());
+    let at: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("checkpoint at round "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no checkpoint line\n{}", diag()));
+    assert!(at < RING_ROUNDS, "checkpointed mid-ring\n{}", diag());
+    let result = read_to_string_lossy(&result);
+    assert!(
+        result.starts_with("PASS"),
+        "ring restored at round {at}: {result}\n{}",
+        diag()
+    );
+    // Each part's images hold its rank's link to slurmstepd, not a TCP
+    // connection.
+    let parts = env.root.join("job").join("parts");
+    let mut links = Vec::new();
+    for part in std::fs::read_dir(&parts).expect("the job's parts") {
+        let part = part.expect("a part").path();
+        for epoch in std::fs::read_dir(&part).expect("a part's epochs") {
+            let epoch = epoch.expect("an epoch").path();
+            if !epoch
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("epoch-"))
+            {
+                continue;
+            }
+            let out = std::process::Command::new(CKPT)
+                .arg("show")
+                .arg(&epoch)
+                .arg("--image-key")
+                .arg(env.image_key())
+                .output()
+                .expect("run ckpt show");
+            let text = String::from_utf8_lossy(&out.stdout);
+            links.extend(
+                text.lines()
+                    .filter(|l| l.contains("PMIx server link"))
+                    .map(|l| l.trim().to_string()),
+            );
+        }
+    }
+    let nspace = format!("of slurm.pmix.{job}.0");
+    assert_eq!(links.len(), 2, "one link a rank: {links:?}");
+    assert!(links.iter().all(|l| l.ends_with(&nspace)), "{links:?}");
     if lab.started {
         Lab::Two.down();
     }
