@@ -13,7 +13,12 @@
 //!
 //! Takes about 10 s.
 //!
-//! Then the whole of it (1 to 3 minutes): an Open MPI ring of two ranks,
+//! And as users run it (2 to 6 minutes): `ckpt slurm -- srun --mpi=pmix
+//! RING` in a batch job of two nodes, checkpointed on the time-limit
+//! warning, requeued and restored by the wrapper, the ring ending with the
+//! right result.
+//!
+//! Then the whole of it by hand (1 to 3 minutes): an Open MPI ring of two ranks,
 //! one a node, launched by `srun --mpi=pmix` inside a batch job, each rank
 //! under its node's `ckpt job run`, is checkpointed mid-ring with `ckpt
 //! job dump --pmix-reconnect --kill`, the job requeued, and the restarted
@@ -346,6 +351,96 @@ fn open_mpi_ring_launched_by_srun_mpi_pmix_is_checkpointed_requeued_and_reconnec
     let nspace = format!("of slurm.pmix.{job}.0");
     assert_eq!(links.len(), 2, "one link a rank: {links:?}");
     assert!(links.iter().all(|l| l.ends_with(&nspace)), "{links:?}");
+    if lab.started {
+        Lab::Two.down();
+    }
+}
+
+/// Rounds of the ring under `ckpt slurm`: about a minute, so Slurm's
+/// warning (15-45 s into a run, later if its look is late) comes mid-ring.
+const WRAPPED_ROUNDS: u64 = 30_000;
+/// Time limit and warning lead, as tests/slurm_nodes.rs has them.
+const WRAPPED_TIME_LIMIT: &str = "2:00";
+const WRAPPED_WARN_LEAD_SECS: u32 = 75;
+/// Every run (a restored one may be checkpointed again), requeue delays
+/// and scheduling, with slack.
+const WRAPPED_TIMEOUT: Duration = Duration::from_secs(480);
+
+#[test]
+fn ckpt_slurm_srun_mpi_pmix_ring_is_checkpointed_on_the_warning_requeued_and_restored() {
+    let Some(lab) = Lab::Two.take() else {
+        return;
+    };
+    let env = TestEnv::new("slurm-pmix-wrapped");
+    let bin = mpi_victim_bin("mpi_job");
+    let script = env.root.join("job.sh");
+    let output = env.root.join("job.out");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\n\
+             export CKPT_IMAGE_KEY={key}\n\
+             export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\n\
+             export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo\n\
+             exec {ckpt} slurm --dir {dir} -- srun --mpi=pmix {bin} {work} {WRAPPED_ROUNDS}\n",
+            key = env.image_key().display(),
+            ckpt = CKPT,
+            dir = env.root.join("ckpt").display(),
+            bin = bin.display(),
+            work = env.work.display(),
+        ),
+    )
+    .expect("write the batch script");
+    let job = Lab::Two.sbatch(&[
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--requeue",
+        "--open-mode=append",
+        &format!("--signal=B:USR1@{WRAPPED_WARN_LEAD_SECS}"),
+        &format!("--time={WRAPPED_TIME_LIMIT}"),
+        "--job-name=ckpt-slurm-pmix-wrapped",
+        "--output",
+        path_str(&output),
+        path_str(&script),
+    ]);
+    let diag = || {
+        format!(
+            "job record: {}\nprogress {}\n--- job output ---\n{}\n--- slurmctld.log (last 20 lines) ---\n{}",
+            Lab::Two.record(&job),
+            read_to_string_lossy(&env.work.join("progress")),
+            read_to_string_lossy(&output),
+            Lab::Two.ctld_log_tail(20)
+        )
+    };
+    let started = Instant::now();
+    let result = env.work.join("result");
+    while !(result.exists() && job_over(&Lab::Two.record(&job))) {
+        assert!(
+            started.elapsed() < WRAPPED_TIMEOUT,
+            "the ring did not end\n{}",
+            diag()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let result = read_to_string_lossy(&result);
+    assert!(result.starts_with("PASS"), "{result}\n{}", diag());
+    let text = read_to_string_lossy(&output);
+    assert!(
+        text.contains("ckpt slurm: srun --mpi=pmix: one rank a node"),
+        "{}",
+        diag()
+    );
+    assert!(
+        text.contains("ckpt slurm: the job's 2 parts checkpointed into "),
+        "{}",
+        diag()
+    );
+    assert!(
+        text.contains("restoring the job's 2 parts from"),
+        "the ring was restored before it ended\n{}",
+        diag()
+    );
+    assert!(!text.contains("ckpt slurm: checkpoint of"), "{}", diag());
     if lab.started {
         Lab::Two.down();
     }
