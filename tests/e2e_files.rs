@@ -14,6 +14,7 @@ mod inotify;
 mod locks;
 mod memfd;
 mod pipes;
+mod pmix_link;
 mod pty;
 mod shmem;
 mod signalfd;

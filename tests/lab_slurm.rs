@@ -7,5 +7,6 @@ mod common;
 mod slurm;
 mod slurm_lab;
 mod slurm_nodes;
+mod slurm_pmix;
 mod slurm_site;
 mod slurm_users;

@@ -248,6 +248,11 @@ impl ErrorReport {
                 }
             }
             RestoreError::Os { pid, .. } => self.set(ErrorKind::Internal, Some(*pid)),
+            // The job step around the restore is not the one the rank needs.
+            RestoreError::Pmix { pid, fd, .. } => {
+                self.set(ErrorKind::Conflict, Some(*pid));
+                self.fd = Some(*fd);
+            }
             // As the death of the process's leader (`ParasiteError::Died`).
             RestoreError::ThreadDied { pid, .. } => self.set(ErrorKind::TargetGone, Some(*pid)),
             RestoreError::Parasite(p) => self.classify_parasite(p),

@@ -9,11 +9,12 @@ use nix::errno::Errno;
 
 use crate::blockers::Blockers;
 use crate::error::{DumpError, Result};
+use crate::options::FreezeOptions;
 use crate::stats::ms_since;
 use crate::{Frozen, pidns, procfile, srun_pmix, stopped, tree};
 
-/// Freezes `root` and every descendant (see [`crate::freeze`]).
-pub(crate) fn tree(root: i32) -> Result<Frozen> {
+/// Freezes `root` and every descendant (see [`crate::freeze_with`]).
+pub(crate) fn tree(root: i32, opts: FreezeOptions) -> Result<Frozen> {
     if root <= 0 {
         return Err(DumpError::NoProcess { pid: root });
     }
@@ -32,7 +33,7 @@ pub(crate) fn tree(root: i32) -> Result<Frozen> {
     let check = |pid| {
         precheck(pid, ns)?;
         caller.map_or(Ok(()), |c| crate::caller::check_task(pid, pid, c))?;
-        srun_pmix::refuse_rank(pid, root)
+        srun_pmix::refuse_rank(pid, root, opts.pmix_reconnect)
     };
     let procs = tree::freeze(root, check, seize_error, &mut blockers)?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::AfterSeize);

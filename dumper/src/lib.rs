@@ -72,7 +72,9 @@ use ckpt_image::{Committed, ImageKey};
 pub use background::BackgroundStats;
 pub use error::{Blocker, DumpError, Result};
 pub use held::{HeldBuf, HeldMemory};
-pub use options::{DrainOptions, DumpOptions, FinalState, LOG_NAME, STATS_NAME, WriteOptions};
+pub use options::{
+    DrainOptions, DumpOptions, FinalState, FreezeOptions, LOG_NAME, STATS_NAME, WriteOptions,
+};
 pub use predump::Previous;
 pub use stats::{DumpReport, DumpStats, PhaseTimes};
 
@@ -94,7 +96,13 @@ pub fn dump(opts: &DumpOptions<'_>) -> Result<DumpReport> {
 /// dropped; dropping it (e.g. on any later error) thaws the tree exactly
 /// as it was.
 pub fn freeze(root: i32) -> Result<Frozen> {
-    freeze::tree(root)
+    freeze::tree(root, FreezeOptions::default())
+}
+
+/// [`freeze`] with choices about what the checks before the freeze let
+/// through.
+pub fn freeze_with(root: i32, opts: FreezeOptions) -> Result<Frozen> {
+    freeze::tree(root, opts)
 }
 
 /// A frozen process tree (phase 1 of a dump).

@@ -29,6 +29,16 @@ pub struct DumpOptions<'a> {
     pub drain: DrainOptions,
 }
 
+/// Options of [`freeze_with`](crate::freeze_with).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FreezeOptions {
+    /// A rank of `srun --mpi=pmix` is dumped, its connection to its PMIx
+    /// server in slurmstepd saved as the identity it connected with, for a
+    /// restore in a new step of the same job to reconnect it (`ckpt dump
+    /// --pmix-reconnect`); without it such a rank is refused.
+    pub pmix_reconnect: bool,
+}
+
 /// Options of [`Frozen::drain`](crate::Frozen::drain).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DrainOptions {

@@ -121,6 +121,11 @@ pub struct Launcher {
     pub nodes: Vec<String>,
     /// With [`LaunchKind::Exec`]: the command template naming `{host}`.
     pub via: Option<String>,
+    /// With [`LaunchKind::Srun`]: the agents' step has slurmstepd's PMIx
+    /// server (`--mpi=pmix`), for restoring ranks of `srun --mpi=pmix`
+    /// dumped with `--pmix-reconnect` (the step must be the requeued job's
+    /// first, with the dumped task layout, to serve their namespace).
+    pub srun_pmix: bool,
 }
 
 impl Launcher {
@@ -225,7 +230,7 @@ pub fn exit_code(s: std::process::ExitStatus) -> i32 {
 pub fn launch(o: &Launcher, agent: &[OsString], placements: &[Placement]) -> Result<Vec<Launched>> {
     let me = std::env::current_exe().map_err(LaunchError::OwnExe)?;
     match o.kind {
-        LaunchKind::Srun => Ok(vec![srun(&me, agent, placements)?]),
+        LaunchKind::Srun => Ok(vec![srun(&me, agent, placements, o.srun_pmix)?]),
         LaunchKind::Netns | LaunchKind::Exec => {
             let mut out = Vec::new();
             for p in placements {
@@ -270,15 +275,21 @@ fn via_command(via: Option<&str>, node: &str) -> Result<Command> {
     Ok(c)
 }
 
-/// One `srun --overlap` step with one agent task per node.
-fn srun(me: &PathBuf, agent: &[OsString], placements: &[Placement]) -> Result<Launched> {
+/// One `srun --overlap` step with one agent task per node; with `pmix`,
+/// a step with slurmstepd's PMIx server.
+fn srun(
+    me: &PathBuf,
+    agent: &[OsString],
+    placements: &[Placement],
+    pmix: bool,
+) -> Result<Launched> {
     let k = placements.len();
     let mut cmd = Command::new(SRUN);
     cmd.args([
         "--overlap".to_string(),
-        // A site's MpiDefault=pmix would put a slurmstepd PMIx server behind
-        // every agent, outside the job.
-        "--mpi=none".to_string(),
+        // Otherwise a site's MpiDefault=pmix would put a slurmstepd PMIx
+        // server behind every agent, outside the job.
+        if pmix { "--mpi=pmix" } else { "--mpi=none" }.to_string(),
         format!("--nodes={k}"),
         format!("--ntasks={k}"),
         "--ntasks-per-node=1".to_string(),

@@ -86,6 +86,18 @@ pub enum RestoreError {
         /// How it died.
         how: String,
     },
+    /// A rank's link to its PMIx server cannot be made again here.
+    #[error(
+        "pid {pid} fd {fd}: cannot reconnect the rank to the PMIx server of this job step: {source}"
+    )]
+    Pmix {
+        /// The pid being restored.
+        pid: i32,
+        /// The fd of the link.
+        fd: i32,
+        /// Why.
+        source: crate::pmix::PmixError,
+    },
     /// This kernel or address space cannot host the process as dumped.
     #[error("pid {pid}: cannot restore here: {what}")]
     Host {

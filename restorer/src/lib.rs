@@ -46,6 +46,7 @@ mod options;
 mod outcome;
 mod pages;
 mod pid;
+pub mod pmix;
 mod prctl;
 mod read;
 mod rebuild;

@@ -97,6 +97,13 @@ pub struct DumpArgs {
     /// the stream. Connections with both ends in the tree are always saved.
     #[arg(long)]
     tcp_established: bool,
+    /// Dump a rank of `srun --mpi=pmix` instead of refusing it: its
+    /// connection to its PMIx server in slurmstepd is saved as the identity
+    /// it connected with, and a restore inside a new `srun --mpi=pmix` step
+    /// of the same job connects it to that step's server (docs/slurm.md,
+    /// "MPI launchers").
+    #[arg(long)]
+    pmix_reconnect: bool,
     /// Coordinated checkpoint of a multi-node job.
     #[command(flatten)]
     coord: CoordOpts,
@@ -242,6 +249,13 @@ fn print_report(
     Ok(())
 }
 
+/// What the checks before the freeze let through.
+fn freeze_options(a: &DumpArgs) -> ckpt_dumper::FreezeOptions {
+    ckpt_dumper::FreezeOptions {
+        pmix_reconnect: a.pmix_reconnect,
+    }
+}
+
 /// The engine's phases with the action scripts between them.
 fn phases(
     a: &DumpArgs,
@@ -255,7 +269,7 @@ fn phases(
         held: Some(&held),
         ..write.clone()
     };
-    let mut frozen = ckpt_dumper::freeze(a.pid)?;
+    let mut frozen = ckpt_dumper::freeze_with(a.pid, freeze_options(a))?;
     if a.pre_dump {
         let report = frozen.pre_dump(write)?;
         scripts.run(Phase::PostDump, Some(a.pid))?;
@@ -368,7 +382,7 @@ fn coordinated_phases(
     }
     let scripts = ActionScripts::new(a.action_scripts.clone(), dir);
     s.local(scripts.run(Phase::PreDump, Some(a.pid)))?;
-    let mut frozen = s.local(ckpt_dumper::freeze(a.pid))?;
+    let mut frozen = s.local(ckpt_dumper::freeze_with(a.pid, freeze_options(a)))?;
     s.done(PhaseInfo::None)?;
 
     s.wait(CoordPhase::Drain)?;

@@ -74,6 +74,7 @@ impl LaunchOpts {
             kind,
             nodes: self.nodes.clone(),
             via: self.via.clone(),
+            srun_pmix: false,
         }
     }
 }
@@ -211,6 +212,10 @@ struct DumpArgs {
     /// last committed epoch (every epoch stays complete on its own).
     #[arg(long)]
     incremental: bool,
+    /// Dump ranks of `srun --mpi=pmix` (`ckpt dump --pmix-reconnect`), to
+    /// be restored with `ckpt job restore --pmix`.
+    #[arg(long)]
+    pmix_reconnect: bool,
     #[command(flatten)]
     common: RoundOpts,
 }
@@ -232,6 +237,12 @@ struct RestoreArgs {
     /// which grows while the job runs on after a checkpoint.
     #[arg(long = "allow-changed", value_name = "PATH")]
     allow_changed: Vec<PathBuf>,
+    /// With `--launch srun`: the agents' step is `srun --mpi=pmix`, whose
+    /// PMIx servers the ranks dumped with `ckpt job dump --pmix-reconnect`
+    /// are reconnected to; it must be the requeued job's first step, with
+    /// the dumped task layout (one task a node).
+    #[arg(long)]
+    pmix: bool,
     #[command(flatten)]
     common: RoundOpts,
 }
@@ -304,6 +315,9 @@ struct AgentDumpArgs {
     /// Chain this part's epochs (`ckpt dump --incremental`).
     #[arg(long)]
     incremental: bool,
+    /// Passed on to `ckpt dump`.
+    #[arg(long)]
+    pmix_reconnect: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -523,6 +537,9 @@ fn dump(a: DumpArgs) -> anyhow::Result<ExitCode> {
     if a.incremental {
         argv.push("--incremental".into());
     }
+    if a.pmix_reconnect {
+        argv.push("--pmix-reconnect".into());
+    }
     let mut agents = launch(&a.common.launch.launcher(), &argv, &placed)?;
     let over = round.wait("job dump", &mut agents, register);
     for ag in agents.iter_mut() {
@@ -666,7 +683,11 @@ fn restore(a: RestoreArgs) -> anyhow::Result<ExitCode> {
         .round(state, placed.len(), RoundKind::Restart);
     let mut round = Round::start(&dir, &round)?;
     let argv = restore_agent_argv(&dir, &round.agent_addr, &a);
-    let mut agents = launch(&a.common.launch.launcher(), &argv, &placed)?;
+    let launcher = Launcher {
+        srun_pmix: a.pmix,
+        ..a.common.launch.launcher()
+    };
+    let mut agents = launch(&launcher, &argv, &placed)?;
     let over = round.wait("job restore", &mut agents, register);
     let over = match over {
         Ok(o) => o,
@@ -886,6 +907,9 @@ fn agent_dump(a: AgentDumpArgs) -> anyhow::Result<ExitCode> {
     }
     if a.incremental {
         argv.push("--incremental".into());
+    }
+    if a.pmix_reconnect {
+        argv.push("--pmix-reconnect".into());
     }
     if let Some(code) = delegated(&argv) {
         return code.map(ExitCode::from);

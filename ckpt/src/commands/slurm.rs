@@ -166,7 +166,41 @@ struct Job {
     restart_count: u32,
 }
 
+/// srun's options `ckpt slurm -- srun OPTIONS PROG ARGS` takes: the ranks
+/// of its step are the parts, one a node.
+const SRUN_PMIX: &str = "--mpi=pmix";
+
 impl SlurmArgs {
+    /// `PROG ARGS` of `srun --mpi=pmix PROG ARGS`, if the application is
+    /// that; an error for srun with other options (the parts' step is
+    /// ckpt's: one task a node).
+    fn srun_pmix_app(&self) -> anyhow::Result<Option<Vec<OsString>>> {
+        let Some(first) = self.app.first() else {
+            return Ok(None);
+        };
+        if Path::new(first).file_name() != Some(std::ffi::OsStr::new("srun")) {
+            return Ok(None);
+        }
+        let options: Vec<&OsString> = self.app[1..]
+            .iter()
+            .take_while(|a| a.to_string_lossy().starts_with('-'))
+            .collect();
+        if !options.iter().any(|o| *o == SRUN_PMIX) {
+            return Ok(None);
+        }
+        if options.len() != 1 || self.app.len() < 3 {
+            anyhow::bail!(
+                "ckpt slurm -- srun {SRUN_PMIX} PROG ARGS: srun takes no other option here (ckpt runs the step, one rank a node), got {}",
+                self.app
+                    .iter()
+                    .map(|a| a.to_string_lossy())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+        }
+        Ok(Some(self.app[2..].to_vec()))
+    }
+
     /// The MPI launcher to run once, if the application is one (or
     /// `--launcher` says so: then Open MPI's unless its name says hydra).
     fn mpi_launcher(&self) -> Option<Flavor> {
@@ -304,9 +338,13 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
     );
 
     let node_count = nodes::allocation_nodes()?;
-    let parts = match node_count {
-        1 => None,
-        n => Some(nodes::Parts::open(&dir, n)?),
+    let srun_pmix = a.srun_pmix_app()?;
+    // Ranks of srun --mpi=pmix are parts even on one node: their tree is
+    // under slurmstepd, not under this wrapper.
+    let parts = match (node_count, &srun_pmix) {
+        (1, None) => None,
+        (n, None) => Some(nodes::Parts::open(&dir, n)?),
+        (n, Some(_)) => Some(nodes::Parts::open(&dir, n)?.srun_pmix()),
     };
     let committed = match &parts {
         None => committed(&dir)?,
@@ -366,7 +404,12 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
         }
         (Some(p), None) => {
             let since = std::time::SystemTime::now();
-            let pid = p.start(&a.app)?;
+            if srun_pmix.is_some() {
+                eprintln!(
+                    "ckpt slurm: srun {SRUN_PMIX}: one rank a node, each its node's part; a checkpoint saves their links to slurmstepd's PMIx servers for the requeued job's first step"
+                );
+            }
+            let pid = p.start(srun_pmix.as_deref().unwrap_or(&a.app))?;
             p.wait_running(since, pid, &warn);
             App {
                 pid,

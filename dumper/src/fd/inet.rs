@@ -28,14 +28,14 @@ use std::os::unix::fs::MetadataExt;
 
 use ckpt_image::fd::file::Kind;
 use ckpt_image::fd::inet::{
-    InetAddr, InetFamily, InetFile, InetOptions, InetProtocol, InetState, TcpConnection,
+    InetAddr, InetFamily, InetFile, InetOptions, InetProtocol, InetState, PmixLink, TcpConnection,
     tcp_data_name,
 };
 
 use super::{Blobs, FdParams, FileDumper, TreeFiles};
 use crate::error::{DumpError, Result};
-use crate::procfile;
 use crate::sys::{self, SockEnd, TcpInfo, TcpRepairWindow};
+use crate::{procfile, srun_pmix};
 
 /// `socket:[INO]` of an IPv4 or IPv6 socket.
 pub struct Inet;
@@ -190,6 +190,7 @@ impl FileDumper for Inet {
             backlog: 0,
             tcp: None,
             may_bind_privileged: may_bind_privileged(p.pid)?,
+            pmix: None,
         };
         let name = |a: &Option<SocketAddr>| a.map_or("-".to_string(), |a| a.to_string());
         match id.protocol {
@@ -221,6 +222,20 @@ impl FileDumper for Inet {
                         }
                         image.state = InetState::Listen as i32;
                         image.backlog = info.sacked;
+                    }
+                    tcp_state::ESTABLISHED if !in_repair(sock) && peer.is_some() => {
+                        // Not saved by the drain: only a rank's link to its
+                        // PMIx server outside the tree gets this far
+                        // (`srun_pmix`), the rest is refused as before.
+                        let Some(link) = pmix_link(p, sock, peer.expect("checked"))? else {
+                            return Err(p.unsupported(&format!(
+                                "TCP connection {} -> {} to a peer outside the tree (dump with --tcp-established to save it)",
+                                name(&local),
+                                name(&peer)
+                            )));
+                        };
+                        image.state = InetState::Connected as i32;
+                        image.pmix = Some(link);
                     }
                     tcp_state::ESTABLISHED => {
                         // The receive side is read by `link_tree`, after
@@ -474,6 +489,46 @@ fn peek_all(sock: BorrowedFd<'_>, len: usize) -> std::io::Result<Vec<u8>> {
     Ok(got)
 }
 
+/// Whether `sock` is in TCP repair mode (the drain put it there).
+fn in_repair(sock: BorrowedFd<'_>) -> bool {
+    sys::getsockopt_int(sock, libc::IPPROTO_TCP, libc::TCP_REPAIR).is_ok_and(|v| v != 0)
+}
+
+/// The rank's link to its Slurm PMIx server, if the connection `sock` to
+/// `peer` is one; refused while a request or an answer is in flight on it
+/// (the new server would never see the one nor send the other).
+fn pmix_link(p: &FdParams, sock: BorrowedFd<'_>, peer: SocketAddr) -> Result<Option<PmixLink>> {
+    let status = procfile::read(p.pid, "status")?;
+    let effective = |key: &str| {
+        procfile::status_field(&status, key)
+            .and_then(|v| v.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u32>().ok())
+            .ok_or_else(|| DumpError::Parse {
+                pid: p.pid,
+                path: format!("/proc/{}/status", p.pid),
+                what: format!("no effective id in {key}"),
+            })
+    };
+    let (uid, gid) = (effective("Uid")?, effective("Gid")?);
+    let Some(link) = srun_pmix::link_to(p.pid, peer, uid, gid) else {
+        return Ok(None);
+    };
+    let os = |what: &str, e: std::io::Error| DumpError::Proc {
+        pid: p.pid,
+        path: format!("fd {}: {what}", p.fd).into(),
+        source: e,
+    };
+    let unsent = sys::ioctl_int(sock, SIOCOUTQ).map_err(|e| os("SIOCOUTQ", e))?;
+    let unread = sys::ioctl_int(sock, SIOCINQ).map_err(|e| os("SIOCINQ", e))?;
+    if unsent > 0 || unread > 0 {
+        return Err(p.unsupported(&format!(
+            "the PMIx connection of rank {} of {} to {peer} has a request or an answer in flight ({unsent} bytes unsent, {unread} unread): checkpoint again once the rank is out of its PMIx call",
+            link.rank, link.nspace
+        )));
+    }
+    Ok(Some(link))
+}
+
 /// The process has CAP_NET_BIND_SERVICE in its effective set.
 fn may_bind_privileged(pid: i32) -> Result<bool> {
     let status = procfile::read(pid, "status")?;
@@ -611,6 +666,16 @@ fn chosen(found: Vec<Found>, policy: TcpPolicy) -> Result<Vec<Repaired>> {
     let mut socks = Vec::new();
     for f in found {
         let inside = ends.contains(&(f.peer, f.local));
+        if !inside && srun_pmix::link_to(f.pid, f.peer, 0, 0).is_some() {
+            log::debug!(
+                "pid {} fd {}: TCP {} -> {}: a rank's link to its PMIx server, saved as such",
+                f.pid,
+                f.fd,
+                f.local,
+                f.peer
+            );
+            continue;
+        }
         if !inside && !policy.established {
             log::debug!(
                 "pid {} fd {}: TCP {} -> {}: peer outside the tree, not saved without --tcp-established",

@@ -6,7 +6,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
 pub use crate::pb::{
-    InetAddr, InetFamily, InetFile, InetOptions, InetProtocol, InetState, TcpConnection,
+    InetAddr, InetFamily, InetFile, InetOptions, InetProtocol, InetState, PmixLink, TcpConnection,
 };
 
 /// The most bytes one queue of a connection may hold in an image: the
@@ -91,6 +91,7 @@ impl super::Describe for InetFile {
         let state = match InetState::try_from(self.state) {
             Ok(InetState::Listen) => format!("listen backlog {}", self.backlog),
             Ok(InetState::Connected) if self.tcp.is_some() => "established".into(),
+            Ok(InetState::Connected) if self.pmix.is_some() => "PMIx server link".into(),
             Ok(InetState::Connected) => "connected".into(),
             Ok(InetState::Closed) if self.local.is_some() => "bound".into(),
             Ok(InetState::Closed) => "unbound".into(),
@@ -102,6 +103,9 @@ impl super::Describe for InetFile {
         }
         if let Some(p) = &self.peer {
             s.push_str(&format!(" -> {p}"));
+        }
+        if let Some(l) = &self.pmix {
+            s.push_str(&format!(" rank {} of {}", l.rank, l.nspace));
         }
         if let Some(t) = &self.tcp {
             s.push_str(&format!(

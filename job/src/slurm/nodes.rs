@@ -129,6 +129,11 @@ pub struct Parts {
     jobdir: PathBuf,
     /// One part per node.
     nodes: u32,
+    /// Each part is a rank of `srun --mpi=pmix`, whose PMIx server is the
+    /// step's slurmstepd: the parts' step has one, their dumps save the
+    /// ranks' links to it and the restore reconnects them to the restore
+    /// step's (docs/slurm.md, "MPI launchers").
+    srun_pmix: bool,
 }
 
 impl std::fmt::Display for Parts {
@@ -143,7 +148,19 @@ impl Parts {
     pub fn open(dir: &Path, nodes: u32) -> Result<Parts> {
         let jobdir = dir.join(JOB_SUBDIR);
         JobDir::create_or_open(&jobdir)?;
-        Ok(Parts { jobdir, nodes })
+        Ok(Parts {
+            jobdir,
+            nodes,
+            srun_pmix: false,
+        })
+    }
+
+    /// The parts are the ranks of `srun --mpi=pmix`, one a node.
+    pub fn srun_pmix(self) -> Parts {
+        Parts {
+            srun_pmix: true,
+            ..self
+        }
     }
 
     /// The last committed epoch's name (`epoch-E`), if any.
@@ -172,11 +189,21 @@ impl Parts {
     pub fn start(&self, app: &[OsString]) -> Result<Pid> {
         let exe = std::env::current_exe().map_err(NodesError::OwnExe)?;
         let mut cmd = Command::new(SRUN);
+        if self.srun_pmix {
+            // The ranks' data store in their own memory, none of
+            // slurmstepd's files mapped into them.
+            cmd.env("PMIX_MCA_gds", "hash");
+        }
         cmd.args([
             "--overlap".to_string(),
-            // A site's MpiDefault=pmix would put a slurmstepd PMIx server
-            // behind every task, outside the job.
-            "--mpi=none".to_string(),
+            // Otherwise a site's MpiDefault=pmix would put a slurmstepd PMIx
+            // server behind every task, outside the job.
+            if self.srun_pmix {
+                "--mpi=pmix"
+            } else {
+                "--mpi=none"
+            }
+            .to_string(),
             format!("--nodes={}", self.nodes),
             format!("--ntasks={}", self.nodes),
             "--ntasks-per-node=1".to_string(),
@@ -225,6 +252,9 @@ impl Parts {
     /// the worst part's status.
     pub fn restore(&self, image_key: Option<&Path>) -> Result<Pid> {
         let mut cmd = self.ckpt(&["job", "restore", "--launch", "srun"], ChildSignals::None)?;
+        if self.srun_pmix {
+            cmd.arg("--pmix");
+        }
         // The job's output file grew since the checkpoint (the parts ran on
         // after a periodic one, and this wrapper writes there too): the
         // parts continue at its end, as on one node.
@@ -254,6 +284,9 @@ impl Parts {
         }
         if a.incremental {
             args.push("--incremental");
+        }
+        if self.srun_pmix {
+            args.push("--pmix-reconnect");
         }
         let mut cmd = self.ckpt(&args, ChildSignals::Dump(a.signal))?;
         if let Some(k) = a.image_key {

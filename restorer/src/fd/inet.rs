@@ -25,12 +25,13 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use ckpt_image::fd::File;
 use ckpt_image::fd::file::Kind;
 use ckpt_image::fd::inet::{
-    InetFamily, InetFile, InetOptions, InetProtocol, InetState, TcpConnection, tcp_data_name,
+    InetFamily, InetFile, InetOptions, InetProtocol, InetState, PmixLink, TcpConnection,
+    tcp_data_name,
 };
 
 use super::{Context, FileRestorer, set_status_flags};
 use crate::error::{RestoreError, Result};
-use crate::sys;
+use crate::{pmix, sys};
 use ckpt_parasite::remote::Remote;
 
 /// TCP and UDP sockets.
@@ -230,6 +231,11 @@ impl FileRestorer for Inet {
         };
         let options = plan.options;
         set_options(sock, &plan, &options).map_err(os("setsockopt"))?;
+        if let Some(link) = &image.pmix {
+            reconnect_pmix(pid, fd, sock, link)?;
+            set_status_flags(r, got, file.flags)?;
+            return Ok(got);
+        }
         match (&plan.tcp, plan.state) {
             (Some(conn), _) => {
                 restore_connection(cx, sock, &plan, conn, file.id, fd)?;
@@ -304,6 +310,40 @@ impl FileRestorer for Inet {
     }
 }
 
+/// Connects `sock` (the rank's new socket, through the restorer's copy) to
+/// the PMIx server of the job step this restore runs in, and performs the
+/// client handshake as the rank `link` names: the rank's library then goes
+/// on with it as with its old server (`crate::pmix`).
+fn reconnect_pmix(pid: i32, fd: i32, sock: BorrowedFd<'_>, link: &PmixLink) -> Result<()> {
+    let pmix_err = |source| RestoreError::Pmix { pid, fd, source };
+    let client = pmix::PmixClient {
+        nspace: link.nspace.clone(),
+        rank: link.rank,
+        uid: link.uid,
+        gid: link.gid,
+    };
+    let server = pmix::server_for(&client).map_err(pmix_err)?;
+    sys::connect(sock, &server.addr).map_err(|e| {
+        RestoreError::os(
+            pid,
+            format!("fd {fd}: connect PMIx server {}", server.addr),
+            e,
+        )
+    })?;
+    let copy = sock
+        .try_clone_to_owned()
+        .map_err(|e| RestoreError::os(pid, format!("fd {fd}: dup"), e))?;
+    let mut stream = std::net::TcpStream::from(copy);
+    let index = pmix::handshake(&mut stream, server.addr, &client).map_err(pmix_err)?;
+    log::info!(
+        "pid {pid} fd {fd}: rank {} of {} reconnected to the PMIx server at {} (client index {index})",
+        client.rank,
+        client.nspace,
+        server.addr
+    );
+    Ok(())
+}
+
 /// A socket's image, checked.
 struct Plan {
     family: InetFamily,
@@ -369,6 +409,8 @@ impl Plan {
             (_, InetState::Connected) if peer.is_none() => {
                 return Err(bad("connected without a peer address"));
             }
+            // A link to a PMIx server is made anew (`reconnect_pmix`).
+            (InetProtocol::Tcp, InetState::Connected) if image.pmix.is_some() => {}
             (InetProtocol::Tcp, InetState::Connected) => {
                 let mut conn = image
                     .tcp
