@@ -13,6 +13,7 @@ mod inet;
 mod inotify;
 mod locks;
 mod memfd;
+mod opath;
 mod pipes;
 mod pmix_link;
 mod pty;

@@ -1,6 +1,7 @@
 //! Job-control-stopped processes (state T) are dumped and come back
 //! stopped: only SIGCONT lets them run, their parent's waitpid(WUNTRACED)
-//! reports the stop with its signal, and they continue where they were.
+//! reports the stop with its signal, and they continue where they were,
+//! taking then the signals sent to them while stopped.
 //! A process held by another tracer (a debugger) is refused by name
 //! (victim: tests/c/stopped.c).
 
@@ -110,4 +111,34 @@ fn process_under_a_debugger_is_refused_by_name() {
     );
     assert_eq!(tracer_pid(x), Some(y), "the debugger lost its tracee");
     v.assert_unharmed_and_passes("after a refused dump");
+}
+
+/// A stopped process with signals pending (one it handles, one it
+/// blocks) is dumped and comes back stopped with both still pending; on
+/// SIGCONT it takes the handled one once, where it stopped.
+#[test]
+fn stopped_with_signals_pending_comes_back_with_them() {
+    let env = TestEnv::new("stopped-pending");
+    let mut v = Victim::spawn(&env, "stopped", &["pending"]);
+    let c: i32 = v.wait_ready().trim().parse().unwrap();
+    let out = dump(&env, &v, &["--kill"]);
+    assert!(out.stderr.contains("2 processes"), "{}", out.stderr);
+    v.reap_killed(Duration::from_secs(10));
+    let mut restore = spawn_restore(&env, &[]);
+    wait_restored_and_running(&v, &mut restore);
+    assert_stopped(c, "after restore");
+    v.go();
+    finish_restore(&v, restore);
+}
+
+/// A dump that leaves the tree running leaves the signals of a stopped
+/// process pending and the process stopped.
+#[test]
+fn dump_leaves_pending_signals_of_a_stopped_process() {
+    let env = TestEnv::new("stopped-pending-leave");
+    let mut v = Victim::spawn(&env, "stopped", &["pending"]);
+    let c: i32 = v.wait_ready().trim().parse().unwrap();
+    dump(&env, &v, &[]);
+    assert_stopped(c, "after a dump without --kill");
+    v.assert_unharmed_and_passes("after a dump without --kill");
 }

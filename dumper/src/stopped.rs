@@ -48,11 +48,74 @@ pub fn collect(leader: &Tracee) -> Result<Option<JobStop>> {
 /// stop the first remote syscall. Interrupting again and continuing
 /// consumes it: the task re-traps inside the kernel's signal path without
 /// running an instruction of its own, and nothing is left pending.
+///
+/// A SIGSTOP sent while the process was stopped stays pending (nothing
+/// dequeues it until SIGCONT, which discards it): no mask holds it back,
+/// so it is taken and dropped here, every other signal blocked meanwhile
+/// so that only it can be dequeued. Blockable signals stay pending, and
+/// are saved and restored as such.
 pub fn settle(tasks: &[Tracee]) -> Result<()> {
     for t in tasks {
         t.park_with(&t.regs()?)?;
     }
+    for t in tasks {
+        drop_pending_sigstop(t)?;
+    }
     Ok(())
+}
+
+/// How many times a task is resumed to take a pending SIGSTOP before the
+/// dump gives up: one take is enough unless someone keeps sending it.
+const SIGSTOP_TAKES: usize = 8;
+
+/// How long a task resumed to take its pending SIGSTOP may take to reach
+/// it: the kernel dequeues it at once, unless a SIGCONT dropped it meanwhile.
+const SIGSTOP_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Takes the SIGSTOP pending to task `t` (its own or its process's).
+fn drop_pending_sigstop(t: &Tracee) -> Result<()> {
+    let tid = t.pid();
+    if !sigstop_pending(tid)? {
+        return Ok(());
+    }
+    let mask = t.sigmask()?;
+    t.set_sigmask(!0)?;
+    let mut taken = Ok(());
+    for _ in 0..SIGSTOP_TAKES {
+        if let Err(e) = t.take_pending_sigstop(SIGSTOP_PATIENCE) {
+            taken = Err(e.into());
+            break;
+        }
+        match sigstop_pending(tid) {
+            Ok(false) => break,
+            Ok(true) => {}
+            Err(e) => {
+                taken = Err(e);
+                break;
+            }
+        }
+    }
+    t.set_sigmask(mask)?;
+    taken?;
+    if sigstop_pending(tid)? {
+        return Err(DumpError::Unsupported {
+            pid: tid,
+            what: "SIGSTOP sent again and again while it is stopped".into(),
+        });
+    }
+    log::debug!("pid {tid}: pending SIGSTOP dropped (SIGCONT would drop it)");
+    Ok(())
+}
+
+/// Whether SIGSTOP is pending to task `tid`, to it or to its process.
+fn sigstop_pending(tid: i32) -> Result<bool> {
+    let status = crate::procfile::read(tid, "status")?;
+    let bit = 1u64 << (libc::SIGSTOP - 1);
+    Ok(["SigPnd", "ShdPnd"].iter().any(|field| {
+        crate::procfile::status_field(&status, field)
+            .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .is_some_and(|m| m & bit != 0)
+    }))
 }
 
 /// The signals whose default action stops a process.

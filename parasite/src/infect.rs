@@ -566,6 +566,10 @@ impl Infection<'_> {
 
     fn do_cure(&self) -> Result<()> {
         let t = self.tracee;
+        // Parked for another thread, the task holds its own mask again: a
+        // signal pending to it (one that came while it was stopped by job
+        // control) would be delivered at the munmap below.
+        t.set_sigmask(!0)?;
         let ret = t.syscall_stop_at_exit(
             self.base + BLOB.trampoline as u64,
             libc::SYS_munmap,

@@ -747,6 +747,72 @@ impl Tracee {
         }
     }
 
+    /// From an interrupt stop, lets the kernel dequeue one signal the task
+    /// does not block and discards it if it is SIGSTOP, which no mask can
+    /// hold back: a job-stopped task may have one pending, and it would
+    /// stop the first remote syscall. The caller blocks every other signal
+    /// first and knows SIGSTOP is pending; if it is gone by then (a SIGCONT
+    /// came), the task is interrupted again after `patience`. Returns
+    /// whether a SIGSTOP was taken; the task is in an interrupt stop.
+    pub fn take_pending_sigstop(&self, patience: std::time::Duration) -> Result<bool> {
+        let what = "taking a pending SIGSTOP";
+        let unexpected = |status: String| ParasiteError::UnexpectedStop {
+            pid: self.pid(),
+            what,
+            status,
+        };
+        ptrace::cont(self.pid, None).map_err(self.ptrace_err("cont"))?;
+        let deadline = std::time::Instant::now() + patience;
+        match self.wait_any_by(what, Some(deadline))? {
+            Some(sys::Waited::Status(WaitStatus::Stopped(_, Signal::SIGSTOP))) => {
+                // Resumed without it, the task meets the interrupt next,
+                // before any signal or code of its own.
+                ptrace::interrupt(self.pid).map_err(self.ptrace_err("interrupt"))?;
+                ptrace::cont(self.pid, None).map_err(self.ptrace_err("cont"))?;
+                match self.wait(what)? {
+                    WaitStatus::PtraceEvent(_, _, libc::PTRACE_EVENT_STOP) => Ok(true),
+                    other => Err(unexpected(format!("{other:?}"))),
+                }
+            }
+            None => {
+                self.interrupt_and_wait()?;
+                Ok(false)
+            }
+            Some(sys::Waited::Status(other)) => Err(unexpected(format!("{other:?}"))),
+            Some(sys::Waited::RtSignalStop(sig)) => Err(unexpected(format!(
+                "signal-delivery stop of real-time signal {sig}"
+            ))),
+        }
+    }
+
+    /// From a stop with stop signal `sig` pending and every other signal
+    /// blocked, lets the task take `sig` and enter the group stop it
+    /// starts; the task stays traced, in that stop.
+    pub fn take_stop_signal(&self, sig: Signal) -> Result<()> {
+        let what = "entering a job-control stop";
+        ptrace::cont(self.pid, None).map_err(self.ptrace_err("cont"))?;
+        match self.wait(what)? {
+            WaitStatus::Stopped(_, s) if s == sig => {}
+            other => {
+                return Err(ParasiteError::UnexpectedStop {
+                    pid: self.pid(),
+                    what,
+                    status: format!("{other:?}"),
+                });
+            }
+        }
+        ptrace::cont(self.pid, Some(sig)).map_err(self.ptrace_err("cont"))?;
+        match self.wait(what)? {
+            WaitStatus::Stopped(_, s) if s == sig => Ok(()),
+            WaitStatus::PtraceEvent(_, _, libc::PTRACE_EVENT_STOP) => Ok(()),
+            other => Err(ParasiteError::UnexpectedStop {
+                pid: self.pid(),
+                what,
+                status: format!("{other:?}"),
+            }),
+        }
+    }
+
     /// Makes the task die of signal `sig` with its default action (the mask
     /// is cleared first), as if it had received it; waits until it is gone.
     pub fn die_by(&self, sig: Signal) -> Result<()> {

@@ -34,6 +34,8 @@ pub struct Held {
     leader: Option<Tracee>,
     /// The process's other threads.
     threads: Vec<Tracee>,
+    /// The signal of the job-control stop it is let go into, if any.
+    job_stop: Option<nix::sys::signal::Signal>,
 }
 
 impl Held {
@@ -42,6 +44,7 @@ impl Held {
         Held {
             leader: Some(leader),
             threads: Vec::new(),
+            job_stop: None,
         }
     }
 
@@ -50,12 +53,21 @@ impl Held {
         self.threads.append(&mut threads.threads);
     }
 
+    /// Lets the process go into a job-control stop by `signal` (already
+    /// queued) rather than run.
+    pub fn stop_on_release(&mut self, signal: Option<nix::sys::signal::Signal>) {
+        self.job_stop = signal;
+    }
+
     /// Lets the process run: its threads first, then the leader. A
     /// failure leaves the rest to [`Drop`], which kills the process; a
     /// task found dead (killed meanwhile) is collected and named.
     pub fn release(mut self) -> Result<()> {
         let until = Instant::now() + DEATH_WAIT;
         let pid = self.pid();
+        if let Some(signal) = self.job_stop {
+            crate::stopped::enter_group_stop(&self, signal).map_err(|e| e.of_process(pid))?;
+        }
         while let Some(t) = self.threads.pop() {
             t.detach_or_collect(until)
                 .map_err(|e| RestoreError::from(e).of_process(pid))?;

@@ -107,6 +107,10 @@ pub static REFUSED: &[(&str, &str)] = &[
         "character and block devices other than the ones above",
     ),
     (
+        "unlinked symbolic link",
+        "an O_PATH|O_NOFOLLOW fd of a symbolic link removed since it was opened",
+    ),
+    (
         "file lease",
         "leases (F_SETLEASE) and delegations, mandatory locks of old kernels, and locks on files not reopened by path (the process is refused)",
     ),
@@ -185,6 +189,15 @@ impl FdParams {
         })
     }
 
+    /// Whether the fd was opened `O_PATH`: it names a file without
+    /// opening it, so it has no offset and reads nothing.
+    pub fn is_o_path(&self) -> bool {
+        self.info_field("flags")
+            .ok()
+            .and_then(|f| i64::from_str_radix(f, 8).ok())
+            .is_some_and(|f| f & libc::O_PATH as i64 != 0)
+    }
+
     /// `/proc/PID/fd/N`, through which ckpt can open the same object.
     pub fn proc_path(&self) -> std::path::PathBuf {
         procfile::path(self.pid, &format!("fd/{}", self.fd))
@@ -204,6 +217,7 @@ impl FdParams {
                 Err(_) => "socket".into(),
             },
             libc::S_IFBLK => "block device".into(),
+            libc::S_IFLNK => format!("unlinked symbolic link {}", self.link),
             libc::S_IFCHR => {
                 let rdev = self.meta.rdev();
                 format!(

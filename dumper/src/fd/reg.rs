@@ -1,5 +1,6 @@
 //! Regular files and directories, including files unlinked while open
-//! (saved whole as ghost images, recreated and unlinked again on restore).
+//! (saved whole as ghost images, recreated and unlinked again on restore),
+//! and `O_PATH` fds of them or of symbolic links.
 
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
@@ -22,13 +23,16 @@ impl FileDumper for Reg {
     }
 
     fn description(&self) -> &'static str {
-        "regular files and directories, also unlinked while open (contents saved)"
+        "regular files and directories, also unlinked while open (contents saved); O_PATH fds of them and of symbolic links"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
         match p.meta.mode() & libc::S_IFMT {
             libc::S_IFREG => !p.link.starts_with("/memfd:"),
             libc::S_IFDIR => true,
+            // Only an `O_PATH | O_NOFOLLOW` open names a symbolic link
+            // itself; one unlinked since has no contents to save.
+            libc::S_IFLNK => p.is_o_path() && !p.link.ends_with(DELETED),
             _ => false,
         }
     }

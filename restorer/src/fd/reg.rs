@@ -35,6 +35,10 @@ impl FileRestorer for Reg {
             None => reopen(cx, r, file, image, fd)?,
             Some(ghost) => recreate_ghost(cx, r, file, image, ghost)?,
         };
+        // An O_PATH fd has no offset (lseek fails on it).
+        if file.flags as i32 & libc::O_PATH != 0 {
+            return Ok(got);
+        }
         // A file the user allowed to change is picked up at its end, where
         // an append-only log continues; its old offset means nothing now.
         let (pos, whence) = if image.ghost.is_none() && cx.may_change(&image.path) {
@@ -63,7 +67,15 @@ fn reopen(
     let changed = |what: String| RestoreError::fd_changed(pid, fd, &image.path, what);
     // /proc resolved every symbolic link of the dumped path, so a link in
     // the last component now was put there since.
-    let mut flags = reopen_flags(file) | libc::O_NOFOLLOW;
+    // An O_PATH fd keeps O_NOFOLLOW in its flags (it says whether a link
+    // itself is named), so it is opened with exactly its own; a link put
+    // in place of a file since is then told by its inode.
+    let o_path = file.flags as i32 & libc::O_PATH != 0;
+    let mut flags = if o_path {
+        reopen_flags(file) | (file.flags as i32 & libc::O_NOFOLLOW)
+    } else {
+        reopen_flags(file) | libc::O_NOFOLLOW
+    };
     if image.is_dir() {
         flags |= libc::O_DIRECTORY;
     }

@@ -189,6 +189,7 @@ fn rebuild_each(
         let threads = process::rebuild_process(&r, p, &mut b.cx, &mut b.fds, opts)
             .map_err(|e| e.of_process(t.pid()))?;
         t.hold_threads(threads);
+        t.stop_on_release(crate::stopped::signal_of(p.pid, p.core.job_stop.as_ref())?);
         log::info!(
             "rebuild pid {} ({}): {} threads, {} VMAs, {} bytes of pages, {} fds ({:.3} ms)",
             p.pid,
