@@ -287,3 +287,28 @@ rc=0
 for p in $pids; do wait $p || rc=$?; done
 exit $rc
 "#;
+
+/// What `ckpt slurm` said in the output of a two-node job checkpointed at
+/// its warning and restored after the requeue: how it launched the job
+/// (`launched`, if the test knows), that both parts were checkpointed and
+/// then restored, and no failed checkpoint.
+pub fn assert_two_parts_checkpointed_and_restored(
+    output: &str,
+    launched: Option<&str>,
+    diag: &dyn Fn() -> String,
+) {
+    if let Some(line) = launched {
+        assert!(output.contains(line), "no `{line}`\n{}", diag());
+    }
+    for said in [
+        "ckpt slurm: the job's 2 parts checkpointed into ",
+        ": restoring the job's 2 parts from ",
+    ] {
+        assert!(output.contains(said), "no `{said}`\n{}", diag());
+    }
+    assert!(
+        !output.contains("ckpt slurm: checkpoint of"),
+        "a checkpoint failed\n{}",
+        diag()
+    );
+}

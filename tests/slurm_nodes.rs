@@ -377,18 +377,11 @@ fn open_mpi_job_launched_by_mpirun_across_two_nodes_is_checkpointed_requeued_and
         "ring restored at round {at_requeue}: {result}\n{}",
         diag()
     );
-    let text = read_to_string_lossy(&output);
-    assert!(
-        text.contains("ckpt slurm: mpirun (Open MPI) runs once, as node n1's part"),
-        "{}",
-        diag()
+    assert_two_parts_checkpointed_and_restored(
+        &read_to_string_lossy(&output),
+        Some("ckpt slurm: mpirun (Open MPI) runs once, as node n1's part"),
+        &diag,
     );
-    assert!(
-        text.contains("ckpt slurm: the job's 2 parts checkpointed into "),
-        "{}",
-        diag()
-    );
-    assert!(!text.contains("ckpt slurm: checkpoint of"), "{}", diag());
     if lab.started {
         Lab::Two.down();
     }

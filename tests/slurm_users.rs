@@ -410,18 +410,7 @@ fn users_job_of_two_nodes_is_checkpointed_requeued_and_restored_through_the_serv
         let got = read_to_string_lossy(&env.work.join(format!("result-{r}")));
         assert_eq!(got, expected, "{r}'s result\n{}", diag());
     }
-    let text = read_to_string_lossy(&output);
-    assert!(
-        text.contains("ckpt slurm: the job's 2 parts checkpointed into "),
-        "{}",
-        diag()
-    );
-    assert!(
-        text.contains(": restoring the job's 2 parts from "),
-        "{}",
-        diag()
-    );
-    assert!(!text.contains("ckpt slurm: checkpoint of"), "{}", diag());
+    assert_two_parts_checkpointed_and_restored(&read_to_string_lossy(&output), None, &diag);
     // Every part's images are the user's.
     use std::os::unix::fs::MetadataExt;
     for node in ["n1", "n2"] {
@@ -548,12 +537,10 @@ fn users_mpi_job_across_two_nodes(job: &UsersMpiJob) {
     );
     let result = read_to_string_lossy(&env.work.join("result"));
     assert!(result.starts_with("PASS"), "ring: {result}\n{}", diag());
-    let text = read_to_string_lossy(&output);
-    assert!(text.contains(job.runs_once), "{}", diag());
-    assert!(
-        text.contains("ckpt slurm: the job's 2 parts checkpointed into "),
-        "{}",
-        diag()
+    assert_two_parts_checkpointed_and_restored(
+        &read_to_string_lossy(&output),
+        Some(job.runs_once),
+        &diag,
     );
     use std::os::unix::fs::MetadataExt;
     let epoch = std::fs::read_dir(dir.join("job/parts/n2"))
