@@ -41,6 +41,23 @@ fn refused(out: &CkptOutput, code: i32) -> String {
     line
 }
 
+/// `ckpt job VERB --dir DIR` with the local launch and a coordinator on
+/// any free port of loopback, as the job tests run it.
+fn job_args<'a>(verb: &'a str, dir: &'a str) -> [&'a str; 10] {
+    [
+        "job",
+        verb,
+        "--dir",
+        dir,
+        "--launch",
+        "exec",
+        "--via",
+        VIA_LOCAL,
+        "--listen",
+        "127.0.0.1:0",
+    ]
+}
+
 /// `user` dumps their victim `v` through the service into `home/img`,
 /// killing it; it is reaped.
 fn dump_as_user_and_kill(
@@ -487,19 +504,7 @@ fn another_user_cannot_make_ckpt_touch_a_users_job() {
         user,
         &svc.socket,
         &home,
-        &[
-            "job",
-            "dump",
-            "--dir",
-            jd,
-            "--launch",
-            "exec",
-            "--via",
-            VIA_LOCAL,
-            "--listen",
-            "127.0.0.1:0",
-            "--json",
-        ],
+        &[job_args("dump", jd).as_slice(), &["--json"]].concat(),
     );
     dumped.assert_success();
     let epoch = jobdir.join("parts").join("a").join("epoch-1");
@@ -552,20 +557,13 @@ fn another_user_cannot_make_ckpt_touch_a_users_job() {
     let link = theirs.join("link");
     for dir in [jd, path_str(&link)] {
         for verb in ["dump", "restore"] {
-            refusals.push(as_other(&[
-                "job",
-                verb,
-                "--dir",
-                dir,
-                "--launch",
-                "exec",
-                "--via",
-                VIA_LOCAL,
-                "--listen",
-                "127.0.0.1:0",
-                "--register-timeout",
-                "10",
-            ]));
+            refusals.push(as_other(
+                &[
+                    job_args(verb, dir).as_slice(),
+                    &["--register-timeout", "10"],
+                ]
+                .concat(),
+            ));
         }
     }
     // The user's job secret, named to a coordinated dump of the other's:
@@ -608,18 +606,7 @@ fn another_user_cannot_make_ckpt_touch_a_users_job() {
         user,
         &env.root.join("no-such.sock"),
         &home,
-        &[
-            "job",
-            "dump",
-            "--dir",
-            jd,
-            "--launch",
-            "exec",
-            "--via",
-            VIA_LOCAL,
-            "--listen",
-            "127.0.0.1:0",
-        ],
+        &job_args("dump", jd),
     );
     let line = refused(&out, PERMISSION);
     assert!(line.contains("ckpt serve"), "{line}");
