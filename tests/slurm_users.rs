@@ -461,6 +461,11 @@ struct UsersMpiJob {
     victim: fn(&str) -> PathBuf,
     /// How `ckpt slurm` names the launcher it runs once.
     runs_once: &'static str,
+    /// The ring's pause after each round, in microseconds: with its
+    /// rounds, a floor under the job's length, so that the warning comes
+    /// while the ring runs (two ranks over MPICH do a round in little more
+    /// than the pause).
+    pause_us: u32,
 }
 
 fn users_mpi_job_across_two_nodes(job: &UsersMpiJob) {
@@ -482,13 +487,14 @@ fn users_mpi_job_across_two_nodes(job: &UsersMpiJob) {
             "#!/bin/bash\n\
              export CKPT_SERVICE_SOCKET={socket}\n\
              export {exports}\n\
-             exec {CKPT} slurm --dir {dir} -- {launch} {bin} {work} {MPI_ROUNDS}\n",
+             exec {CKPT} slurm --dir {dir} -- {launch} {bin} {work} {MPI_ROUNDS} {pause}\n",
             socket = svc.socket.display(),
             exports = job.exports,
             launch = job.launch,
             dir = dir.display(),
             bin = bin.display(),
             work = env.work.display(),
+            pause = job.pause_us,
         ),
     )
     .expect("write batch script");
@@ -567,6 +573,7 @@ fn users_open_mpi_job_across_two_nodes_is_checkpointed_requeued_and_restored() {
         launch: "mpirun -np 4",
         victim: mpi_victim_bin,
         runs_once: "ckpt slurm: mpirun (Open MPI) runs once, as node n1's part",
+        pause_us: 2_000,
     });
 }
 
@@ -582,5 +589,6 @@ fn users_mpich_job_across_two_nodes_is_checkpointed_requeued_and_restored() {
         launch: "mpiexec.mpich -ppn 1 -np 2",
         victim: mpich_victim_bin,
         runs_once: "ckpt slurm: mpiexec.mpich (MPICH (hydra)) runs once, as node n1's part",
+        pause_us: 10_000,
     });
 }

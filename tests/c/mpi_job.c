@@ -1,12 +1,14 @@
 /*
  * An MPI job (Open MPI, 4 ranks) for the real-program tests. Run as
- * `mpirun -np 4 mpi_job WORKDIR ROUNDS`. Each round every rank passes a
+ * `mpirun -np 4 mpi_job WORKDIR ROUNDS [PAUSE_US]`. Each round every rank passes a
  * token around the ring (MPI_Sendrecv) and the ranks agree on a sum
  * (MPI_Allreduce); every value depends on the previous round, so a lost,
  * repeated or reordered message changes the end result. Rank 0 writes
  * WORKDIR/progress (rounds done) now and then and, at the end,
  * WORKDIR/result: "PASS <checksum>" if the result equals the one computed
- * locally without MPI, else "FAIL ...".
+ * locally without MPI, else "FAIL ...". Every round ends with a pause
+ * (PAUSE_US microseconds, 2000 unless given), which sets a floor under the
+ * job's length however fast the transport is.
  */
 #include <mpi.h>
 #include <stdint.h>
@@ -69,6 +71,7 @@ int main(int argc, char **argv)
 		MPI_Abort(MPI_COMM_WORLD, 2);
 	const char *dir = argv[1];
 	long rounds = atol(argv[2]);
+	useconds_t pause_us = argc > 3 ? (useconds_t)atol(argv[3]) : 2000;
 	uint64_t v = 1000 + (uint64_t)rank;
 	int right = (rank + 1) % size, left = (rank + size - 1) % size;
 	for (long i = 0; i < rounds; i++) {
@@ -84,7 +87,7 @@ int main(int argc, char **argv)
 			snprintf(buf, sizeof buf, "%ld", i);
 			write_file(dir, "progress", buf);
 		}
-		usleep(2000);
+		usleep(pause_us);
 	}
 	uint64_t total;
 	MPI_Reduce(&v, &total, 1, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
