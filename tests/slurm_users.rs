@@ -15,7 +15,7 @@
 //!   (`ckpt job dump` with agents started by srun, each handing its
 //!   coordinated dump to the service), requeued and restored.
 //!
-//! Each takes 2-4 minutes (Slurm's 30 s timers, the lab's 30 s credential
+//! Each takes 2-4 minutes (Slurm's 30 s timers, the lab's 10 s credential
 //! lifetime before a requeued job runs). Victims: tests/c/slurm_steps.c,
 //! tests/c/netpeer.c.
 
@@ -589,6 +589,22 @@ fn users_mpich_job_across_two_nodes_is_checkpointed_requeued_and_restored() {
         launch: "mpiexec.mpich -ppn 1 -np 2",
         victim: mpich_victim_bin,
         runs_once: "ckpt slurm: mpiexec.mpich (MPICH (hydra)) runs once, as node n1's part",
+        pause_us: 10_000,
+    });
+}
+
+/// `srun --mpi=pmix`, one rank a node: the ranks are the parts, each
+/// started by slurmstepd as the user, linked to its node's PMIx server
+/// (inside slurmstepd), which checks the user of every connection; the
+/// restored ranks' links are made again for the requeued job's step.
+#[test]
+fn users_srun_mpi_pmix_job_across_two_nodes_is_checkpointed_requeued_and_restored() {
+    users_mpi_job_across_two_nodes(&UsersMpiJob {
+        name: "slurm-user-pmix",
+        exports: "OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo",
+        launch: "srun --mpi=pmix",
+        victim: mpi_victim_bin,
+        runs_once: "ckpt slurm: srun --mpi=pmix: one rank a node",
         pause_us: 10_000,
     });
 }

@@ -32,6 +32,9 @@ pub struct RestoreOptions<'a> {
     /// The mount namespace to restore the tree into (`--mntns`); `None`:
     /// the restorer's, which a tree dumped in one of its own refuses.
     pub mntns: Option<ns::MntTarget>,
+    /// The PMIx server of the job step the restore runs in, for ranks of
+    /// `srun --mpi=pmix` whose link to their old server is made anew.
+    pub pmix_step: crate::pmix::StepEnv,
 }
 
 /// What the user running the restore allows to reach the restored

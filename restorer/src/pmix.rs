@@ -250,17 +250,45 @@ impl PmixServer {
     }
 }
 
-/// The server of the job step this process is a task of (its own
-/// environment), checked to serve `client`'s namespace and rank.
-pub fn server_for(client: &PmixClient) -> Result<PmixServer> {
-    let vars: Vec<(String, String)> = std::env::vars().collect();
-    let (server, here) = PmixServer::from_env(
-        vars.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-        client.uid,
-        client.gid,
-    )?;
-    same_rank(client, &here)?;
-    Ok(server)
+/// The PMIx variables (`PMIX_*`) of the job step a restore runs in: what
+/// slurmstepd gave the task that runs the restore. Taken from the process
+/// that asked for the restore, which is not the restorer itself when a
+/// service restores for a user.
+#[derive(Debug, Clone, Default)]
+pub struct StepEnv {
+    vars: Vec<(String, String)>,
+}
+
+impl StepEnv {
+    /// The PMIx variables of this process's environment.
+    pub fn of_this_process() -> StepEnv {
+        StepEnv::from_vars(std::env::vars_os())
+    }
+
+    /// The PMIx variables among `vars` (others, and any not UTF-8, are
+    /// left out).
+    pub fn from_vars(
+        vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+    ) -> StepEnv {
+        let vars = vars
+            .into_iter()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .filter(|(k, _)| k.starts_with("PMIX_"))
+            .collect();
+        StepEnv { vars }
+    }
+
+    /// The server of this step, checked to serve `client`'s namespace and
+    /// rank.
+    pub fn server_for(&self, client: &PmixClient) -> Result<PmixServer> {
+        let (server, here) = PmixServer::from_env(
+            self.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            client.uid,
+            client.gid,
+        )?;
+        same_rank(client, &here)?;
+        Ok(server)
+    }
 }
 
 /// Refuses a restoring task (`here`) that is not the rank restored.
@@ -380,6 +408,33 @@ mod tests {
         let s = String::from_utf8(b[*at..end].to_vec()).expect("utf-8");
         *at = end + 1;
         s
+    }
+
+    #[test]
+    fn a_step_is_read_from_the_pmix_variables_handed_over_and_checked_for_the_rank() {
+        let vars = [
+            ("PATH", "/usr/bin"),
+            ("PMIX_SERVER_URI41", "pmix-server.77;tcp4://127.0.0.1:4242"),
+            ("PMIX_NAMESPACE", "slurm.pmix.42.0"),
+            ("PMIX_RANK", "1"),
+        ]
+        .map(|(k, v)| (k.into(), v.into()));
+        let step = StepEnv::from_vars(vars);
+        assert!(step.vars.iter().all(|(k, _)| k.starts_with("PMIX_")));
+        let server = step.server_for(&client()).expect("the step serves rank 1");
+        assert_eq!(server.addr, "127.0.0.1:4242".parse().unwrap());
+        let other = PmixClient {
+            rank: 0,
+            ..client()
+        };
+        assert!(matches!(
+            step.server_for(&other),
+            Err(PmixError::OtherRank { here_rank: 1, .. })
+        ));
+        assert!(matches!(
+            StepEnv::default().server_for(&client()),
+            Err(PmixError::MissingVar { .. })
+        ));
     }
 
     #[test]

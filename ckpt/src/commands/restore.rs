@@ -263,6 +263,7 @@ pub fn status(a: RestoreArgs) -> anyhow::Result<u8> {
             .map(ckpt_restorer::ns::MntTarget::open)
             .transpose()
             .with_context(|| format!("restore from {} failed", a.dir.display()))?,
+        pmix_step: pmix_step(),
     };
     if let Some(addr) = a.coord.addr.as_deref().filter(|_| !a.peers.is_empty()) {
         // Before joining the round: this node's address comes from its
@@ -615,6 +616,17 @@ fn dumped_form(p: &std::path::Path) -> anyhow::Result<PathBuf> {
     std::fs::canonicalize(p).or_else(|_| {
         std::path::absolute(p).with_context(|| format!("--allow-changed {}", p.display()))
     })
+}
+
+/// The PMIx variables of the job step this restore runs in: the caller's,
+/// when the service restores for a user (its worker has only what the
+/// service handed over), else this process's own.
+fn pmix_step() -> ckpt_restorer::pmix::StepEnv {
+    if ckpt_image::caller::acting_for().is_some() {
+        ckpt_restorer::pmix::StepEnv::from_vars(crate::service::worker::job_env())
+    } else {
+        ckpt_restorer::pmix::StepEnv::of_this_process()
+    }
 }
 
 #[cfg(test)]

@@ -485,6 +485,7 @@ fn restore(a: &SlurmArgs, job: &Job, ckpt: &Path) -> anyhow::Result<App> {
         lazy: false,
         netns: None,
         mntns: None,
+        pmix_step: ckpt_restorer::pmix::StepEnv::default(),
     };
     let r = ckpt_restorer::restore(&opts)
         .with_context(|| format!("restore from {} failed", ckpt.display()))?;

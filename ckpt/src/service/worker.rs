@@ -13,11 +13,12 @@ pub const CALLER_ENV: &str = "CKPT_SERVICE_CALLER";
 pub const CGROUP_ENV: &str = "CKPT_SERVICE_CGROUP";
 
 /// Prefix of the variables that carry the client's environment, one
-/// `KEY=VALUE` each, to the job a worker's `ckpt run` starts.
+/// `KEY=VALUE` each: the environment of the job a worker's `ckpt run`
+/// starts, and the job step's PMIx variables a worker's `ckpt restore`
+/// reconnects ranks with.
 pub const JOB_ENV_PREFIX: &str = "CKPT_JOB_ENV_";
 
-/// The environment of the job a worker's `ckpt run` starts: the client's,
-/// as the service handed it over.
+/// The client's environment, as the service handed it over.
 pub fn job_env() -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
     use std::os::unix::ffi::OsStrExt;
     let mut numbered: Vec<(usize, std::ffi::OsString)> = std::env::vars_os()

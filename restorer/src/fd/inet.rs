@@ -232,7 +232,7 @@ impl FileRestorer for Inet {
         let options = plan.options;
         set_options(sock, &plan, &options).map_err(os("setsockopt"))?;
         if let Some(link) = &image.pmix {
-            reconnect_pmix(pid, fd, sock, link)?;
+            reconnect_pmix(pid, fd, sock, link, &cx.shared.options.pmix_step)?;
             set_status_flags(r, got, file.flags)?;
             return Ok(got);
         }
@@ -314,7 +314,13 @@ impl FileRestorer for Inet {
 /// the PMIx server of the job step this restore runs in, and performs the
 /// client handshake as the rank `link` names: the rank's library then goes
 /// on with it as with its old server (`crate::pmix`).
-fn reconnect_pmix(pid: i32, fd: i32, sock: BorrowedFd<'_>, link: &PmixLink) -> Result<()> {
+fn reconnect_pmix(
+    pid: i32,
+    fd: i32,
+    sock: BorrowedFd<'_>,
+    link: &PmixLink,
+    step: &pmix::StepEnv,
+) -> Result<()> {
     let pmix_err = |source| RestoreError::Pmix { pid, fd, source };
     let client = pmix::PmixClient {
         nspace: link.nspace.clone(),
@@ -322,7 +328,7 @@ fn reconnect_pmix(pid: i32, fd: i32, sock: BorrowedFd<'_>, link: &PmixLink) -> R
         uid: link.uid,
         gid: link.gid,
     };
-    let server = pmix::server_for(&client).map_err(pmix_err)?;
+    let server = step.server_for(&client).map_err(pmix_err)?;
     sys::connect(sock, &server.addr).map_err(|e| {
         RestoreError::os(
             pid,
