@@ -5,7 +5,7 @@
 //! file shows one unbroken run (victim: tests/c/slurm_steps.c).
 //!
 //! Takes about 3 minutes: Slurm's warning comes on a 30 s timer, and a
-//! requeued job waits the lab's credential lifetime (10 s) before it runs.
+//! requeued job waits the lab's credential lifetime (30 s) before it runs.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

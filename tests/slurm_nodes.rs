@@ -8,7 +8,7 @@
 //! digest of the whole uninterrupted exchange.
 //!
 //! Takes 2-4 minutes: Slurm's warning comes on a 30 s timer, and a
-//! requeued job waits the lab's credential lifetime (10 s) before it runs.
+//! requeued job waits the lab's credential lifetime (30 s) before it runs.
 //!
 //! Without Slurm (a fake `srun` and `scontrol`, seconds): a part that
 //! cannot be dumped makes the checkpoint fail in one line naming the part,
