@@ -15,7 +15,7 @@
 //!   (`ckpt job dump` with agents started by srun, each handing its
 //!   coordinated dump to the service), requeued and restored.
 //!
-//! Each takes 2-4 minutes (Slurm's 30 s timers, the lab's 10 s credential
+//! Each takes 2-4 minutes (Slurm's 30 s timers, the lab's 30 s credential
 //! lifetime before a requeued job runs). Victims: tests/c/slurm_steps.c,
 //! tests/c/netpeer.c.
 
