@@ -247,3 +247,12 @@ fn adjacent_anonymous_vmas_are_not_merged() {
 fn memory_advice_comes_back() {
     standard_cycle("memory-madvise", "madvise", &[]);
 }
+
+/// Memory the process cannot read: guard pages (MADV_GUARD_INSTALL) inside
+/// a mapping still fault after the restore and the pages around them keep
+/// their bytes; a PROT_NONE region keeps the bytes written before it was
+/// closed (tests/c/guard.c checks from inside, with a SIGSEGV handler).
+#[test]
+fn guard_pages_and_prot_none_memory_come_back() {
+    standard_cycle("memory-guard", "guard", &[]);
+}

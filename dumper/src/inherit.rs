@@ -63,6 +63,8 @@ struct ParentVma {
     prot: u32,
     flags: u32,
     pages: Vec<PageRange>,
+    /// Whether it has guard pages.
+    guarded: bool,
 }
 
 /// Marks every private anonymous VMA of a child that still shares pages
@@ -84,6 +86,7 @@ pub fn share_with_parents(procs: &mut [ProcessVmas<'_>]) -> Result<(Vec<i32>, Sh
                     prot: v.prot,
                     flags: v.flags,
                     pages: v.pages.clone(),
+                    guarded: !v.guards.is_empty(),
                 })
                 .collect();
             (p.pid, vmas)
@@ -97,9 +100,13 @@ pub fn share_with_parents(procs: &mut [ProcessVmas<'_>]) -> Result<(Vec<i32>, Sh
         };
         let mut maps: Option<(File, File)> = None;
         for vma in child.vmas.iter_mut().filter(|v| is_private_anon(v)) {
+            // A mapping with guard pages is saved whole: which guards a
+            // child shares with its parent over fork is not worth telling.
             let Some(pv) = parent_vmas.iter().find(|p| {
                 (p.start, p.end, p.prot) == (vma.start, vma.end, vma.prot)
                     && p.flags & vma_flags::DONTFORK == 0
+                    && !p.guarded
+                    && vma.guards.is_empty()
             }) else {
                 continue;
             };

@@ -5,7 +5,7 @@ use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 
 use ckpt_image::PAGE_SIZE;
-use ckpt_image::mm::{FileId, PageRange, VdsoInfo, Vma, VmaKind, prot, vma_flags};
+use ckpt_image::mm::{FileId, PageRange, PageSpan, VdsoInfo, Vma, VmaKind, prot, vma_flags};
 use ckpt_image::task::MmFields;
 use ckpt_parasite::Tracee;
 
@@ -19,6 +19,8 @@ const PM_PRESENT: u64 = 1 << 63;
 const PM_SWAPPED: u64 = 1 << 62;
 /// pagemap: page is a file page or shared anonymous (not a private anon page).
 const PM_FILE: u64 = 1 << 61;
+/// pagemap: page is a guard page (`MADV_GUARD_INSTALL`).
+const PM_GUARD: u64 = 1 << 58;
 
 /// How `/proc/PID/maps` names a memfd's mapping (`/memfd:NAME (deleted)`).
 pub const MEMFD_PREFIX: &str = "/memfd:";
@@ -250,6 +252,7 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
         sysv_shmid: 0,
         inherited: false,
         dropped: Vec::new(),
+        guards: Vec::new(),
     };
     let kind = match e.path.as_str() {
         "[vdso]" => VmaKind::Vdso,
@@ -447,6 +450,10 @@ impl HashCache {
 /// Whether a page with PAGEMAP_SCAN categories `cats` must be saved.
 fn keep(kind: VmaKind, cats: u64) -> bool {
     use page_is::*;
+    // A guard page has nothing to read (the kernel shows it as swapped).
+    if cats & GUARD != 0 {
+        return false;
+    }
     match kind {
         // A page that is only the shared zero page reads back as zeros
         // without being saved.
@@ -466,7 +473,7 @@ fn keep(kind: VmaKind, cats: u64) -> bool {
 /// walks each page table entry, which dominates a big process's freeze.
 const SCAN_PIECE: u64 = 256 << 20;
 
-fn scan_runs(pagemap: &File, vma: &Vma, kind: VmaKind) -> std::io::Result<Vec<(u64, u64)>> {
+fn scan_runs(pagemap: &File, vma: &Vma, kind: VmaKind) -> std::io::Result<Runs> {
     use page_is::*;
     use rayon::prelude::*;
     let pieces: Vec<(u64, u64)> = (0..(vma.end - vma.start).div_ceil(SCAN_PIECE))
@@ -478,8 +485,8 @@ fn scan_runs(pagemap: &File, vma: &Vma, kind: VmaKind) -> std::io::Result<Vec<(u
     // Asking whether a page is a file's makes the kernel look at every
     // page's struct page (a cache miss each); anonymous memory has none.
     let report = match kind {
-        VmaKind::Anon => PRESENT | SWAPPED | PFNZERO,
-        _ => PRESENT | SWAPPED | FILE | PFNZERO,
+        VmaKind::Anon => PRESENT | SWAPPED | PFNZERO | GUARD,
+        _ => PRESENT | SWAPPED | FILE | PFNZERO | GUARD,
     };
     let scan = |&(start, end): &(u64, u64)| {
         let mut regions = Vec::new();
@@ -496,22 +503,37 @@ fn scan_runs(pagemap: &File, vma: &Vma, kind: VmaKind) -> std::io::Result<Vec<(u
             .map(scan)
             .collect::<std::io::Result<Vec<_>>>()?
     };
-    let mut runs: Vec<(u64, u64)> = Vec::new();
-    for r in scanned
-        .iter()
-        .flatten()
-        .filter(|r| keep(kind, r.categories))
-    {
-        push_run(&mut runs, r.start, (r.end - r.start) / PAGE_SIZE);
+    let mut runs = Runs::default();
+    for r in scanned.iter().flatten() {
+        runs.add(kind, r.categories, r.start, (r.end - r.start) / PAGE_SIZE);
     }
     Ok(runs)
 }
 
+/// The pages of a VMA to save and its guard pages, each as runs of
+/// (address, pages) in address order.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Runs {
+    saved: Vec<(u64, u64)>,
+    guards: Vec<(u64, u64)>,
+}
+
+impl Runs {
+    /// Files `pages` pages at `addr` of categories `cats`.
+    fn add(&mut self, kind: VmaKind, cats: u64, addr: u64, pages: u64) {
+        if cats & page_is::GUARD != 0 {
+            push_run(&mut self.guards, addr, pages);
+        } else if keep(kind, cats) {
+            push_run(&mut self.saved, addr, pages);
+        }
+    }
+}
+
 /// The same from `/proc/PID/pagemap` entries, read in bounded chunks (for
 /// kernels without PAGEMAP_SCAN).
-fn read_runs(pid: i32, pagemap: &File, vma: &Vma, kind: VmaKind) -> Result<Vec<(u64, u64)>> {
+fn read_runs(pid: i32, pagemap: &File, vma: &Vma, kind: VmaKind) -> Result<Runs> {
     const CHUNK_PAGES: u64 = 32 * 1024;
-    let mut runs = Vec::new();
+    let mut runs = Runs::default();
     let mut buf = vec![0u8; (CHUNK_PAGES * 8) as usize];
     let mut addr = vma.start;
     while addr < vma.end {
@@ -532,9 +554,10 @@ fn read_runs(pid: i32, pagemap: &File, vma: &Vma, kind: VmaKind) -> Result<Vec<(
             if e & PM_FILE != 0 {
                 cats |= page_is::FILE;
             }
-            if keep(kind, cats) {
-                push_run(&mut runs, addr + i as u64 * PAGE_SIZE, 1);
+            if e & PM_GUARD != 0 {
+                cats |= page_is::GUARD;
             }
+            runs.add(kind, cats, addr + i as u64 * PAGE_SIZE, 1);
         }
         addr += n * PAGE_SIZE;
     }
@@ -576,7 +599,7 @@ pub fn plan_pages(pid: i32, vmas: &mut [Vma]) -> Result<u64> {
         } else {
             read_runs(pid, &pagemap, vma, kind)?
         };
-        for (addr, nr_pages) in runs {
+        for (addr, nr_pages) in runs.saved {
             vma.pages.push(PageRange {
                 addr,
                 nr_pages,
@@ -584,6 +607,11 @@ pub fn plan_pages(pid: i32, vmas: &mut [Vma]) -> Result<u64> {
             });
             offset += nr_pages * PAGE_SIZE;
         }
+        vma.guards = runs
+            .guards
+            .into_iter()
+            .map(|(addr, nr_pages)| PageSpan { addr, nr_pages })
+            .collect();
     }
     Ok(offset)
 }
@@ -735,6 +763,17 @@ mod tests {
                 }
             }
         }
+        // The last page, written, becomes a guard page: not saved, listed.
+        let guard = p as u64 + 63 * 4096;
+        // SAFETY: madvise on a page of the mapping made above.
+        let guarded = unsafe {
+            libc::madvise(
+                guard as *mut libc::c_void,
+                4096,
+                ckpt_image::mm::MADV_GUARD_INSTALL,
+            )
+        };
+        assert_eq!(guarded, 0, "{}", std::io::Error::last_os_error());
         let vma = Vma {
             start: p as u64,
             end: p as u64 + len as u64,
@@ -746,9 +785,11 @@ mod tests {
         let read = read_runs(me, &f, &vma, VmaKind::Anon).unwrap();
         let pages = |runs: &[(u64, u64)]| runs.iter().map(|r| r.1).sum::<u64>();
         // Written pages are saved either way; the scan also skips zero pages.
-        assert_eq!(pages(&scanned), 22, "{scanned:?}");
-        assert!(pages(&read) >= 22);
-        for (a, n) in &scanned {
+        assert_eq!(pages(&scanned.saved), 21, "{scanned:?}");
+        assert!(pages(&read.saved) >= 21);
+        assert_eq!(scanned.guards, [(guard, 1)]);
+        assert_eq!(read.guards, [(guard, 1)]);
+        for (a, n) in &scanned.saved {
             for k in 0..*n {
                 assert_eq!((a + k * 4096 - p as u64) / 4096 % 3, 0);
             }

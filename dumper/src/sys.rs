@@ -149,6 +149,9 @@ pub mod page_is {
     pub const SWAPPED: u64 = 1 << 4;
     /// The page is the shared zero page (read-faulted, never written).
     pub const PFNZERO: u64 = 1 << 5;
+    /// The page is a guard page (`MADV_GUARD_INSTALL`, Linux 6.14+ in
+    /// the scan): any touch faults, there is nothing to read.
+    pub const GUARD: u64 = 1 << 8;
 }
 
 /// The kernel's `struct pm_scan_arg`.

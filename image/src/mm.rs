@@ -109,6 +109,10 @@ impl PageRange {
 /// kernels map 2 pages (8 KiB).
 pub const MAX_VDSO_LEN: u64 = 1 << 20;
 
+/// The `madvise` advice that makes guard pages (Linux 6.13+, uapi
+/// `asm-generic/mman-common.h`; the libc crate does not name it yet).
+pub const MADV_GUARD_INSTALL: i32 = 102;
+
 /// Most page data one LZ4 block may hold once decompressed; the restorer
 /// allocates a block's buffer only after checking this (the dumper writes
 /// blocks of at most 1 MiB).

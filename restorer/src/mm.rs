@@ -5,6 +5,7 @@
 //! (the saved pages are copied in by `pages`), and set the kernel's mm
 //! fields.
 
+use ckpt_image::PAGE_SIZE;
 use ckpt_image::mm::{Mm, VdsoInfo, Vma, VmaKind, vma_flags};
 use ckpt_image::task::MmFields;
 use std::os::unix::fs::MetadataExt;
@@ -478,16 +479,80 @@ pub(crate) const ADVICE: [(u32, i32); 5] = [
     (vma_flags::NOHUGEPAGE, libc::MADV_NOHUGEPAGE),
 ];
 
-/// The `madvise` calls that give `v` its advice flags back.
+/// The `madvise` calls that give `v` its advice flags and its guard pages
+/// back. Guards hold no data and no saved page lies in one (checked by
+/// [`validate_guards`]), so they may come before the pages are written.
 fn advice(v: &Vma) -> impl Iterator<Item = batch::Call> + '_ {
-    ADVICE
+    let flags = ADVICE
         .into_iter()
         .filter(move |(flag, _)| v.flags & flag != 0)
         .map(move |(_, advice)| batch::Call {
             name: "madvise",
             nr: libc::SYS_madvise,
             args: [v.start, v.len(), advice as u64, 0, 0, 0],
-        })
+        });
+    let guards = v.guards.iter().map(|g| batch::Call {
+        name: "madvise(MADV_GUARD_INSTALL)",
+        nr: libc::SYS_madvise,
+        args: [
+            g.addr,
+            g.nr_pages * PAGE_SIZE,
+            ckpt_image::mm::MADV_GUARD_INSTALL as u64,
+            0,
+            0,
+            0,
+        ],
+    });
+    flags.chain(guards)
+}
+
+/// Checks every VMA's guard pages: page aligned, in order, inside a
+/// private mapping made by the restore (not inherited over fork), and
+/// apart from its saved pages.
+pub fn validate_guards(mm: &Mm) -> std::result::Result<(), String> {
+    for v in mm.vmas.iter().filter(|v| !v.guards.is_empty()) {
+        let at = || format!("mapping {:#x}-{:#x}", v.start, v.end);
+        let private = [VmaKind::Anon, VmaKind::FilePrivate, VmaKind::ShmemPrivate]
+            .iter()
+            .any(|&k| v.kind == k as i32);
+        if !private || v.inherited {
+            return Err(format!(
+                "{}: guard pages in a shared or inherited mapping",
+                at()
+            ));
+        }
+        let mut next = v.start;
+        for g in &v.guards {
+            let end = g
+                .nr_pages
+                .checked_mul(PAGE_SIZE)
+                .and_then(|len| g.addr.checked_add(len));
+            let overlaps_saved = |end: u64| {
+                v.pages
+                    .iter()
+                    .any(|p| p.addr < end && g.addr < p.addr.saturating_add(p.len()))
+            };
+            match end {
+                Some(end)
+                    if g.nr_pages > 0
+                        && g.addr % PAGE_SIZE == 0
+                        && g.addr >= next
+                        && end <= v.end
+                        && !overlaps_saved(end) =>
+                {
+                    next = end
+                }
+                _ => {
+                    return Err(format!(
+                        "{}: guard pages at {:#x} outside it, unordered or over saved pages",
+                        at(),
+                        g.addr
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Flags of an anonymous VMA that the restore gives it and that decide,
@@ -902,6 +967,44 @@ mod tests {
             assert!(g + (1 << 20) <= s || g >= e);
         }
         assert!(g >= LOWEST);
+    }
+
+    #[test]
+    fn guard_pages_must_lie_inside_their_mapping_apart_from_saved_pages() {
+        use ckpt_image::mm::{PageRange, PageSpan};
+        let with = |kind: VmaKind, guards: Vec<PageSpan>| Mm {
+            vmas: vec![Vma {
+                start: 0x10_000,
+                end: 0x18_000,
+                kind: kind as i32,
+                pages: vec![PageRange {
+                    addr: 0x10_000,
+                    nr_pages: 2,
+                    offset: 0,
+                }],
+                guards,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let span = |addr, nr_pages| PageSpan { addr, nr_pages };
+        let ok = |mm: Mm| validate_guards(&mm).is_ok();
+        assert!(ok(with(
+            VmaKind::Anon,
+            vec![span(0x12_000, 1), span(0x17_000, 1)]
+        )));
+        // Over a saved page, past the end, unordered, unaligned, empty.
+        assert!(!ok(with(VmaKind::Anon, vec![span(0x11_000, 1)])));
+        assert!(!ok(with(VmaKind::Anon, vec![span(0x17_000, 2)])));
+        assert!(!ok(with(
+            VmaKind::Anon,
+            vec![span(0x16_000, 1), span(0x13_000, 1)]
+        )));
+        assert!(!ok(with(VmaKind::Anon, vec![span(0x12_800, 1)])));
+        assert!(!ok(with(VmaKind::Anon, vec![span(0x12_000, 0)])));
+        assert!(!ok(with(VmaKind::Anon, vec![span(!0xfff, 2)])));
+        // Only in private mappings the restore makes itself.
+        assert!(!ok(with(VmaKind::FileShared, vec![span(0x12_000, 1)])));
     }
 
     #[test]
