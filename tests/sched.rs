@@ -81,3 +81,11 @@ fn sched_deadline_is_refused_by_name() {
     );
     v.assert_unharmed_and_passes("after the refused dump");
 }
+
+/// The audit login uid a login set comes back for the process and its
+/// thread (tests/c/loginuid.c), though the restore's own is another (never
+/// set here).
+#[test]
+fn loginuid_comes_back() {
+    standard_cycle("sched-loginuid", "loginuid", &[]);
+}

@@ -616,3 +616,22 @@ fn another_user_cannot_make_ckpt_touch_a_users_job() {
     assert_eq!(v.wait_result(DUMP_TIMEOUT), "PASS", "{}", v.diag());
     drop(svc);
 }
+
+/// A user's process that set its audit login uid (4242, while it had none:
+/// the kernel lets it) gets it back through the service, whose worker has
+/// none to pass on (tests/c/loginuid.c checks the process and its thread).
+#[test]
+fn users_process_gets_its_login_uid_back_through_the_service() {
+    let user = test_user();
+    let env = TestEnv::new("service-loginuid");
+    let svc = Service::start(&env);
+    let home = user_dir(&env, user, "home");
+    let mut v = Victim::spawn_as(&env, "loginuid", &[], user);
+    v.wait_ready();
+    dump_as_user_and_kill(&env, user, &svc, &home, &mut v);
+    let mut restore =
+        CkptCmd::spawn_as_user(&env, user, &svc.socket, &home, &["restore", "--dir", "img"]);
+    wait_restored_and_running(&v, &mut restore);
+    v.go();
+    finish_restore(&v, restore);
+}

@@ -38,6 +38,7 @@ mod ib;
 mod inherit;
 mod ipc;
 mod kill;
+mod loginuid;
 mod manifest;
 pub mod mm;
 mod ns;

@@ -194,6 +194,7 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
             ..tm.prctl.prctl.clone()
         }),
         oom_score_adj: crate::sched::oom_score_adj(pid)?,
+        loginuid: crate::loginuid::collect(pid)?,
         seccomp: None,
         seccomp_filters: Vec::new(),
         job_stop: None,

@@ -40,6 +40,7 @@ mod identity;
 mod inherit;
 mod ipc;
 pub mod lazy;
+mod loginuid;
 mod mm;
 pub mod ns;
 mod options;
