@@ -89,3 +89,11 @@ fn sched_deadline_is_refused_by_name() {
 fn loginuid_comes_back() {
     standard_cycle("sched-loginuid", "loginuid", &[]);
 }
+
+/// membarrier registrations come back: the expedited barriers the process
+/// registered for still work and GET_REGISTRATIONS reports the same set
+/// (tests/c/membarrier.c).
+#[test]
+fn membarrier_registrations_come_back() {
+    standard_cycle("sched-membarrier", "membarrier", &[]);
+}

@@ -40,6 +40,7 @@ mod ipc;
 mod kill;
 mod loginuid;
 mod manifest;
+mod membarrier;
 pub mod mm;
 mod ns;
 mod options;

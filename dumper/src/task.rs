@@ -60,6 +60,8 @@ pub struct TaskMisc {
     pub securebits: i64,
     /// The prctl getters' answers (asked in the leader only).
     pub prctl: crate::prctl::Asked,
+    /// The process's membarrier registrations.
+    pub membarrier: u32,
 }
 
 /// Runs the parasite's collection command in the process's leader (and
@@ -81,9 +83,11 @@ pub fn run_parasite(
         [libc::PR_GET_SECUREBITS as u64, 0, 0, 0, 0, 0],
     )? as i64;
     let prctl = crate::prctl::ask(&inf)?;
+    let membarrier = crate::membarrier::ask(&inf)?;
     let out = TaskMisc {
         securebits,
         prctl,
+        membarrier,
         posix_timers,
         regs: *inf.saved_regs(),
         xstate: inf.saved_xstate().to_vec(),
@@ -195,6 +199,7 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
         }),
         oom_score_adj: crate::sched::oom_score_adj(pid)?,
         loginuid: crate::loginuid::collect(pid)?,
+        membarrier_registrations: tm.membarrier,
         seccomp: None,
         seccomp_filters: Vec::new(),
         job_stop: None,

@@ -41,6 +41,7 @@ mod inherit;
 mod ipc;
 pub mod lazy;
 mod loginuid;
+mod membarrier;
 mod mm;
 pub mod ns;
 mod options;

@@ -11,8 +11,8 @@ use crate::error::Result;
 use crate::options::RestoreOptions;
 use crate::read::ProcessImages;
 use crate::{
-    creds, fd, held, inherit, lazy, loginuid, mm, pages, prctl, sched, seccomp, stopped, task,
-    thread, timer,
+    creds, fd, held, inherit, lazy, loginuid, membarrier, mm, pages, prctl, sched, seccomp,
+    stopped, task, thread, timer,
 };
 
 /// A lazily served process's share of the page server: the server, and
@@ -190,6 +190,7 @@ fn restore_threads_and_creds(
     let core = &p.core;
     // Before the threads, which inherit it, and any seccomp filter.
     loginuid::restore(r, core, opts.notice)?;
+    membarrier::restore(r, core)?;
     // Threads are created while the leader still has the privileges clone3
     // with set_tid needs; credentials are per thread in the kernel.
     let shared_filters = seccomp::install_shared(r, core)?;
