@@ -2,7 +2,8 @@
 //! offset, by the process itself with its own filesystem identity, never
 //! following a symbolic link in the last component, and checked to be the
 //! file it had. An unlinked file is recreated from its ghost image with its
-//! owner and mode (see `create`), opened, and unlinked again.
+//! owner and mode (see `create`), opened, and unlinked again; a removed
+//! directory is made again empty, opened and removed again.
 
 use std::os::unix::io::AsRawFd;
 
@@ -32,11 +33,13 @@ impl FileRestorer for Reg {
         fd: i32,
     ) -> Result<i32> {
         let got = match &image.ghost {
+            None if image.removed => recreate_removed_dir(cx, r, file, image)?,
             None => reopen(cx, r, file, image, fd)?,
             Some(ghost) => recreate_ghost(cx, r, file, image, ghost)?,
         };
-        // An O_PATH fd has no offset (lseek fails on it).
-        if file.flags as i32 & libc::O_PATH != 0 {
+        // An O_PATH fd has no offset (lseek fails on it), and a removed
+        // directory no entries to be at.
+        if file.flags as i32 & libc::O_PATH != 0 || image.removed {
             return Ok(got);
         }
         // A file the user allowed to change is picked up at its end, where
@@ -156,6 +159,23 @@ fn recreate_ghost(
     let handover = result?;
     unlinked?;
     take_from(r, std::process::id() as i32, handover.reopened.as_raw_fd())
+}
+
+/// Makes a directory removed while open again, empty, with its owner and
+/// mode, opens it with the dumped flags and removes it again.
+fn recreate_removed_dir(
+    cx: &mut Context<'_, '_>,
+    r: &Remote<'_>,
+    file: &File,
+    image: &RegFile,
+) -> Result<i32> {
+    let own = Ownership {
+        uid: image.uid,
+        gid: image.gid,
+        mode: image.mode,
+    };
+    create::check_owner(cx.fs_identity(), cx.pid(), &image.path, &own)?;
+    create::removed_dir(r, &image.path, &own, reopen_flags(file))
 }
 
 /// The restorer's two handles on a recreated ghost: the one it filled, and
