@@ -17,6 +17,7 @@ mod memfd;
 mod opath;
 mod pipes;
 mod pmix_link;
+mod privfiles;
 mod procfiles;
 mod pty;
 mod shmem;

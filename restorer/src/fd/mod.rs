@@ -23,6 +23,7 @@ mod lock;
 mod memfd;
 mod pidfd;
 mod pipe;
+mod privileged;
 mod proc;
 mod pty;
 pub(crate) mod reg;

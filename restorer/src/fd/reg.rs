@@ -14,6 +14,7 @@ use ckpt_parasite::remote::Remote;
 use nix::errno::Errno;
 
 use super::create::{self, Ownership};
+use super::privileged;
 use super::{Context, FileRestorer, reopen_flags, take_from};
 use crate::error::{RestoreError, Result};
 use crate::identity::{Contents, Expected, Inode};
@@ -82,9 +83,6 @@ fn reopen(
     if image.is_dir() {
         flags |= libc::O_DIRECTORY;
     }
-    let got = r
-        .open(&image.path, flags, 0)
-        .map_err(|e| changed(reopen_failure(e, "", cx.fs_uid())))?;
     let contents = if image.is_dir() || cx.may_change(&image.path) {
         Contents::Any
     } else {
@@ -104,12 +102,33 @@ fn reopen(
         },
         contents,
     };
+    let got = match r.open(&image.path, flags, 0) {
+        Ok(got) => got,
+        // Opened while the process had more privilege (see `privileged`).
+        Err(e) if is_permission_denied(&e) && !o_path => {
+            let denied = reopen_failure(e, "", cx.fs_uid());
+            return privileged::reopen(cx, r, file, image, &want)
+                .map_err(|refused| changed(format!("{denied}; {}", refused.0)));
+        }
+        Err(e) => return Err(changed(reopen_failure(e, "", cx.fs_uid()))),
+    };
     let opened = std::path::PathBuf::from(format!("/proc/{pid}/fd/{got}"));
     if let Err(m) = cx.shared.checks.verify(&opened, &want) {
         let _ = r.close(got);
         return Err(changed(m.0));
     }
     Ok(got)
+}
+
+/// The process's own open was refused for want of permission.
+fn is_permission_denied(e: &ParasiteError) -> bool {
+    matches!(
+        e,
+        ParasiteError::RemoteOpen {
+            errno: Errno::EACCES | Errno::EPERM,
+            ..
+        }
+    )
 }
 
 /// Says why a reopen of `object` (e.g. "" or " the FIFO", as it reads
