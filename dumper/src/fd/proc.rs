@@ -102,7 +102,7 @@ impl FileDumper for Proc {
 fn filesystem(p: &FdParams) -> Option<i64> {
     nix::sys::statfs::statfs(&p.proc_path())
         .ok()
-        .map(|fs| fs.filesystem_type().0 as i64)
+        .map(|fs| fs.filesystem_type().0)
 }
 
 /// `/proc/PID/NAME` split into PID and NAME.

@@ -72,7 +72,7 @@ impl FileRestorer for Proc {
         };
         let opened = format!("/proc/{pid}/fd/{got}");
         let wrong = match nix::sys::statfs::statfs(opened.as_str()) {
-            Ok(fs) if fs.filesystem_type().0 as i64 == want => None,
+            Ok(fs) if fs.filesystem_type().0 == want => None,
             Ok(_) => Some("what that path opens now is not a file of /proc".to_string()),
             Err(e) => Some(format!("cannot stat the reopened file: {e}")),
         };
