@@ -3,12 +3,14 @@
  *
  * "own": fd 20 is /proc/self/stat, fd 21 /proc/self/maps, fd 22
  *   /proc/CHILD/maps of a child of the victim (which waits on a pipe),
- *   fd 23 /proc/self/ns/net. After go each must describe the restored
+ *   fd 23 /proc/self/ns/net, fd 25 the directory /proc/self and fd 26
+ *   the directory /proc/self/fd. After go each must describe the restored
  *   processes: the stat read through fd 20 has the pid, parent and start
  *   time of a fresh read of /proc/self/stat (a process made again starts
  *   later than the dumped one), the maps read through fds 21 and 22 are
  *   the ones a fresh open reads, fd 23 is the network namespace the
- *   process is in, and every fd is the same inode as a fresh open.
+ *   process is in, "stat" under fd 25 is the restored process's, listing
+ *   fd 26 shows fd 26, and every fd is the same inode as a fresh open.
  * "gone": fd 24 is /proc/CHILD/stat of a child that has since exited and
  *   been reaped (the dump must be refused); after go reading it still
  *   fails with ESRCH.
@@ -24,6 +26,8 @@
 #define FD_CHILD_MAPS 22
 #define FD_NET 23
 #define FD_GONE_STAT 24
+#define FD_SELF_DIR 25
+#define FD_FD_DIR 26
 
 #define BIG 65536
 static char got[BIG], want[BIG];
@@ -108,6 +112,8 @@ static void own(void)
 	open_proc("/proc/self/maps", FD_MAPS);
 	open_proc(child_maps, FD_CHILD_MAPS);
 	open_proc("/proc/self/ns/net", FD_NET);
+	victim_fd_at(open("/proc/self", O_RDONLY | O_DIRECTORY), FD_SELF_DIR);
+	victim_fd_at(open("/proc/self/fd", O_RDONLY | O_DIRECTORY), FD_FD_DIR);
 	if (read_path("/proc/self/stat", want) < 0)
 		die("read stat");
 	long long start_before = stat_field(want, 22);
@@ -139,6 +145,19 @@ static void own(void)
 	same_inode(FD_CHILD_MAPS, child_maps);
 
 	same_inode(FD_NET, "/proc/self/ns/net");
+
+	same_inode(FD_SELF_DIR, "/proc/self");
+	CHECK(read_path("/proc/self/stat", want) > 0, "reading /proc/self/stat");
+	int st_fd = openat(FD_SELF_DIR, "stat", O_RDONLY | O_CLOEXEC);
+	CHECK(st_fd >= 0 && read_fd(st_fd, got) > 0 && atoi(got) == getpid() &&
+		      stat_field(got, 22) == stat_field(want, 22),
+	      "stat under fd %d is not the restored process's", FD_SELF_DIR);
+	if (st_fd >= 0)
+		close(st_fd);
+	same_inode(FD_FD_DIR, "/proc/self/fd");
+	struct stat fd_st;
+	CHECK(fstatat(FD_FD_DIR, "26", &fd_st, AT_SYMLINK_NOFOLLOW) == 0,
+	      "fd %d does not list fd 26 of the restored process", FD_FD_DIR);
 
 	close(hold[1]);
 	victim_check_child(child, "the child whose maps are open");

@@ -1,4 +1,4 @@
-//! Files of /proc/PID (stat, maps, ...) and namespace files (`ns/net`,
+//! Files and directories of /proc/PID (stat, maps, fd/, ...) and namespace files (`ns/net`,
 //! read as `net:[INODE]`) of processes of the tree: saved as the process
 //! and name they describe, to be opened again for the restored process.
 //! One of a process that is gone, outside the tree, or seen through a
@@ -26,19 +26,21 @@ impl FileDumper for Proc {
     }
 
     fn description(&self) -> &'static str {
-        "files of /proc/PID and namespace files (/proc/PID/ns/*) of processes of the tree, opened again for the restored process"
+        "files and directories of /proc/PID and namespace files (/proc/PID/ns/*) of processes of the tree, opened again for the restored process"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
-        // Only a file fd: an O_PATH fd or a directory of /proc is `reg`'s.
-        if p.is_o_path() || p.meta.mode() & libc::S_IFMT != libc::S_IFREG {
+        // Files and directories (/proc/PID, /proc/PID/fd); an O_PATH fd
+        // of /proc is `reg`'s.
+        let kind = p.meta.mode() & libc::S_IFMT;
+        if p.is_o_path() || (kind != libc::S_IFREG && kind != libc::S_IFDIR) {
             return false;
         }
         // Files of /proc that describe no process (meminfo, sys/...)
         // stay `reg`'s, reopened by path.
         match filesystem(p) {
             Some(PROC_SUPER_MAGIC) => proc_path(&p.link).is_some(),
-            Some(NSFS_MAGIC) => true,
+            Some(NSFS_MAGIC) => kind == libc::S_IFREG,
             _ => false,
         }
     }
@@ -105,11 +107,12 @@ fn filesystem(p: &FdParams) -> Option<i64> {
         .map(|fs| fs.filesystem_type().0)
 }
 
-/// `/proc/PID/NAME` split into PID and NAME.
+/// `/proc/PID/NAME` split into PID and NAME (empty for `/proc/PID`).
 fn proc_path(link: &str) -> Option<(i32, &str)> {
-    let (pid, name) = link.strip_prefix("/proc/")?.split_once('/')?;
+    let rest = link.strip_prefix("/proc/")?;
+    let (pid, name) = rest.split_once('/').unwrap_or((rest, ""));
     let pid = pid.parse().ok().filter(|&pid: &i32| pid > 0)?;
-    (!name.is_empty()).then_some((pid, name))
+    (!name.ends_with('/')).then_some((pid, name))
 }
 
 /// A namespace file (`net:[4026531840]`) of a namespace the holder is in:
@@ -148,6 +151,8 @@ mod tests {
         );
         assert_eq!(proc_path("/proc/meminfo"), None);
         assert_eq!(proc_path("/proc/sys/kernel/pid_max"), None);
+        assert_eq!(proc_path("/proc/12"), Some((12, "")));
+        assert_eq!(proc_path("/proc/12/fd"), Some((12, "fd")));
         assert_eq!(proc_path("/proc/12/"), None);
     }
 }

@@ -7,7 +7,11 @@ pub use crate::pb::ProcFile;
 impl ProcFile {
     /// Where the process finds the file again, in its own /proc.
     pub fn path(&self) -> String {
-        format!("/proc/{}/{}", self.pid, self.name)
+        if self.name.is_empty() {
+            format!("/proc/{}", self.pid)
+        } else {
+            format!("/proc/{}/{}", self.pid, self.name)
+        }
     }
 
     /// It is a namespace file (`ns/net`, ...).

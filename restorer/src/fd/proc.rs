@@ -38,8 +38,8 @@ impl FileRestorer for Proc {
             .processes
             .iter()
             .any(|p| p.pid == image.pid);
-        let name_ok = !image.name.is_empty()
-            && image
+        let name_ok = image.name.is_empty()
+            || image
                 .name
                 .split('/')
                 .all(|c| !c.is_empty() && c != "." && c != "..");
