@@ -110,9 +110,13 @@ fn filesystem(p: &FdParams) -> Option<i64> {
 /// `/proc/PID/NAME` split into PID and NAME (empty for `/proc/PID`).
 fn proc_path(link: &str) -> Option<(i32, &str)> {
     let rest = link.strip_prefix("/proc/")?;
-    let (pid, name) = rest.split_once('/').unwrap_or((rest, ""));
+    let (pid, name) = match rest.split_once('/') {
+        None => (rest, ""),
+        Some((_, "")) => return None,
+        Some(split) => split,
+    };
     let pid = pid.parse().ok().filter(|&pid: &i32| pid > 0)?;
-    (!name.ends_with('/')).then_some((pid, name))
+    Some((pid, name))
 }
 
 /// A namespace file (`net:[4026531840]`) of a namespace the holder is in:
