@@ -42,3 +42,16 @@ fn removed_root_directory_is_refused() {
     }
     v.assert_unharmed_and_passes("after a refused dump");
 }
+
+/// As the test user, the removed directory and working directory are made
+/// again by the user's own identity and come back the user's.
+#[test]
+fn removed_directories_of_a_user_survive() {
+    for mode in ["removed", "cwd"] {
+        let env = TestEnv::new(&format!("dirs-user-{mode}"));
+        let mut v = Victim::spawn_as(&env, "dirs", &[mode], test_user());
+        v.wait_ready();
+        dump_kill_reap(&env, &mut v);
+        restore_and_check(&env, &v);
+    }
+}
