@@ -4,6 +4,7 @@
 //! suite links a handful of binaries instead of one per file.
 
 mod common;
+mod dirs;
 mod epoll;
 mod eventfd;
 mod external;
@@ -16,6 +17,8 @@ mod memfd;
 mod opath;
 mod pipes;
 mod pmix_link;
+mod privfiles;
+mod procfiles;
 mod pty;
 mod shmem;
 mod signalfd;

@@ -2,11 +2,12 @@
 //! timers, credentials, limits and identity.
 
 use ckpt_image::task::{
-    AltStack, ControllingTerminal, Core, GpRegs, ITimer, PendingSignal, Rlimit, RobustList, Rseq,
-    SigAction, ThreadCore,
+    AltStack, ControllingTerminal, Core, GpRegs, ITimer, PendingSignal, RemovedDir, Rlimit,
+    RobustList, Rseq, SigAction, ThreadCore,
 };
 use ckpt_parasite::proto::MiscState;
 use ckpt_parasite::{Infection, Regs, ThreadState, Tracee};
+use std::os::unix::fs::MetadataExt;
 
 use crate::error::{DumpError, Result};
 use crate::procfile;
@@ -157,6 +158,7 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
         })
         .collect();
     let stat = procfile::stat_fields(pid)?;
+    let cwd = working_directory(pid)?;
 
     Ok(Core {
         ib: None,
@@ -165,8 +167,8 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
             .trim_end_matches('\n')
             .to_string(),
         exe: procfile::readlink(pid, "exe")?,
-        cwd: procfile::readlink(pid, "cwd")?,
-        root: procfile::readlink(pid, "root")?,
+        cwd: cwd.path,
+        root: root_directory(pid)?,
         umask: status.umask.unwrap_or(0o022),
         personality: u32::from_str_radix(procfile::read(pid, "personality")?.trim(), 16).map_err(
             |e| DumpError::Parse {
@@ -204,7 +206,58 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
         seccomp_filters: Vec::new(),
         job_stop: None,
         ctty: controlling_terminal(pid, &stat),
+        cwd_removed: cwd.removed,
     })
+}
+
+/// How `/proc/PID/cwd` and `/proc/PID/root` name a removed directory.
+const DELETED: &str = " (deleted)";
+
+/// A working directory as the image records it.
+struct WorkingDirectory {
+    /// Its path, without the suffix of a removed one.
+    path: String,
+    /// Owner and mode of a removed one, to make it again.
+    removed: Option<RemovedDir>,
+}
+
+/// The working directory; one removed while in use (no links left) is
+/// told by its inode, not by its name, which could end in " (deleted)".
+fn working_directory(pid: i32) -> Result<WorkingDirectory> {
+    let link = procfile::readlink(pid, "cwd")?;
+    let meta = dir_meta(pid, "cwd")?;
+    match link.strip_suffix(DELETED) {
+        Some(path) if meta.nlink() == 0 => Ok(WorkingDirectory {
+            path: path.to_string(),
+            removed: Some(RemovedDir {
+                mode: meta.mode(),
+                uid: meta.uid(),
+                gid: meta.gid(),
+            }),
+        }),
+        _ => Ok(WorkingDirectory {
+            path: link,
+            removed: None,
+        }),
+    }
+}
+
+/// The root directory; a removed one is refused (a process in it could
+/// reach nothing outside, and nothing is left inside to come back to).
+fn root_directory(pid: i32) -> Result<String> {
+    let link = procfile::readlink(pid, "root")?;
+    if link.ends_with(DELETED) && dir_meta(pid, "root")?.nlink() == 0 {
+        return Err(DumpError::Unsupported {
+            pid,
+            what: format!("root directory {link}: removed while the process is chrooted into it,"),
+        });
+    }
+    Ok(link)
+}
+
+fn dir_meta(pid: i32, name: &str) -> Result<std::fs::Metadata> {
+    let path = std::path::PathBuf::from(format!("/proc/{pid}/{name}"));
+    std::fs::metadata(&path).map_err(|source| DumpError::Proc { pid, path, source })
 }
 
 /// The controlling terminal of the session `pid` leads, if it has one

@@ -56,8 +56,14 @@ pub(crate) fn translate_pids<'c>(
         *pid = map.of_tree(*pid, *pid, "pid")?;
     }
     for f in files.files.files.iter_mut() {
-        if let Some(ckpt_image::fd::file::Kind::Pidfd(p)) = &mut f.kind {
-            p.pid = map.of_tree(p.pid, p.pid, "pidfd target")?;
+        match &mut f.kind {
+            Some(ckpt_image::fd::file::Kind::Pidfd(p)) => {
+                p.pid = map.of_tree(p.pid, p.pid, "pidfd target")?;
+            }
+            Some(ckpt_image::fd::file::Kind::Proc(p)) => {
+                p.pid = map.of_tree(p.pid, p.pid, "/proc file's process")?;
+            }
+            _ => {}
         }
     }
     // Informational (the kernel rewrites them on every operation): a pid

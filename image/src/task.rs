@@ -7,5 +7,5 @@
 
 pub use crate::pb::{
     AltStack, ControllingTerminal, Core, Creds, GpRegs, ITimer, JobStop, LockedRange, MmFields,
-    PendingSignal, Prctl, Rlimit, RobustList, Rseq, Sched, SigAction, ThreadCore,
+    PendingSignal, Prctl, RemovedDir, Rlimit, RobustList, Rseq, Sched, SigAction, ThreadCore,
 };

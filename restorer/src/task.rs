@@ -6,6 +6,8 @@ use ckpt_image::task::{AltStack, Core, GpRegs, PendingSignal, RobustList, Rseq};
 use ckpt_parasite::Regs;
 
 use crate::error::{RestoreError, Result};
+use crate::fd::create::{self, Ownership};
+use crate::fd::creds::FsIdentity;
 use crate::sys;
 use ckpt_parasite::batch;
 use ckpt_parasite::remote::Remote;
@@ -75,8 +77,10 @@ pub fn restore_misc(r: &Remote<'_>, core: &Core) -> Result<()> {
 /// symbolic link followed (the dumped paths came from /proc, links
 /// resolved), and the process moves to those very descriptors.
 fn restore_dirs(r: &Remote<'_>, core: &Core) -> Result<()> {
-    let identity = crate::fd::creds::FsIdentity::of(core.creds.as_ref());
-    let dirs = crate::fd::creds::as_user(identity.as_ref(), r, || open_dirs(r, core))??;
+    let identity = FsIdentity::of(core.creds.as_ref());
+    let dirs = crate::fd::creds::as_user(identity.as_ref(), r, || {
+        open_dirs(r, core, identity.as_ref())
+    })??;
     let moved = move_to(r, &dirs);
     for fd in [Some(dirs.cwd), dirs.root].into_iter().flatten() {
         r.close(fd)?;
@@ -91,12 +95,26 @@ struct DirFds {
     root: Option<i32>,
 }
 
-fn open_dirs(r: &Remote<'_>, core: &Core) -> Result<DirFds> {
+/// A removed working directory is made again, empty (see
+/// [`create::removed_dir`]).
+fn open_dirs(r: &Remote<'_>, core: &Core, identity: Option<&FsIdentity>) -> Result<DirFds> {
+    const FLAGS: i32 = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
     let open = |path: &str, role: &str| {
-        r.open_no_symlinks(path, libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        r.open_no_symlinks(path, FLAGS)
             .map_err(|e| dir_err(r, path, role, e))
     };
-    let cwd = open(&core.cwd, "working directory")?;
+    let cwd = match &core.cwd_removed {
+        None => open(&core.cwd, "working directory")?,
+        Some(removed) => {
+            let own = Ownership {
+                uid: removed.uid,
+                gid: removed.gid,
+                mode: removed.mode,
+            };
+            create::check_owner(identity, r.t.pid(), &core.cwd, &own)?;
+            create::removed_dir(r, &core.cwd, &own, FLAGS)?
+        }
+    };
     let root = if core.root == "/" {
         None
     } else {

@@ -18,6 +18,7 @@ mod lock;
 mod memfd;
 mod pidfd;
 mod pipe;
+mod proc;
 mod pty;
 mod reg;
 mod signalfd;
@@ -45,6 +46,8 @@ static KINDS: &[&dyn FileDumper] = &[
     &external::External,
     // Before dev: a verbs device is a character device too.
     &ib::Ib,
+    // Before reg: a /proc file is a regular file too.
+    &proc::Proc,
     &reg::Reg,
     &dev::Dev,
     &tty::Tty,

@@ -23,7 +23,7 @@ impl FileDumper for Reg {
     }
 
     fn description(&self) -> &'static str {
-        "regular files and directories, also unlinked while open (contents saved); O_PATH fds of them and of symbolic links"
+        "regular files and directories, also unlinked or removed while open (a file's contents saved, a removed directory made again empty); O_PATH fds of them and of symbolic links"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -50,13 +50,22 @@ impl FileDumper for Reg {
             ino: m.ino(),
             mtime_ns: m.mtime() * NANOS_PER_SEC + m.mtime_nsec(),
             ctime_ns: m.ctime() * NANOS_PER_SEC + m.ctime_nsec(),
+            removed: false,
         };
-        if let Some(path) = p.link.strip_suffix(DELETED)
-            && p.meta.nlink() == 0
-        {
+        let Some(path) = p.link.strip_suffix(DELETED) else {
+            return Ok(Kind::Reg(f));
+        };
+        if p.meta.nlink() != 0 {
+            return Ok(Kind::Reg(f));
+        }
+        f.path = path.to_string();
+        if p.meta.is_dir() {
+            // A removed directory is empty: nothing to save but its
+            // owner and mode, already recorded.
+            f.removed = true;
+        } else {
             let name = ckpt_image::ghost_name(file_id);
             blobs.add(name.clone(), read_contents(p)?);
-            f.path = path.to_string();
             f.ghost = Some(name);
         }
         Ok(Kind::Reg(f))

@@ -30,6 +30,7 @@ pub mod lock;
 pub mod memfd;
 pub mod pidfd;
 pub mod pipe;
+pub mod proc;
 pub mod pty;
 pub mod reg;
 pub mod signalfd;
@@ -95,6 +96,7 @@ fd_kinds! {
     Memfd => "memfd",
     Unix => "unix",
     Ib => "ib",
+    Proc => "proc",
 }
 
 impl File {

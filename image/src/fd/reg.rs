@@ -15,6 +15,7 @@ impl super::Describe for RegFile {
     fn describe(&self) -> String {
         match &self.ghost {
             Some(g) => format!("{} (deleted, contents in {g})", self.path),
+            None if self.removed => format!("{} (removed directory)", self.path),
             None => self.path.clone(),
         }
     }

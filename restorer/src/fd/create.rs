@@ -221,3 +221,146 @@ pub fn fill(file: &mut std::fs::File, own: &Ownership, contents: &[u8]) -> std::
     file.write_all(contents)?;
     file.set_permissions(std::fs::Permissions::from_mode(own.mode & PERMISSION_BITS))
 }
+
+/// Makes an empty directory like one removed while in use: at `path`, or
+/// beside it (`PATH.ckpt-ghost.N`) when that name is taken, created by the
+/// process behind `r` with its current filesystem identity (so only where
+/// its user may create), opened there with `flags`, given `own`'s owner
+/// and mode by the restorer, and removed again. Returns the process's fd
+/// of it, which then reads as removed, as the dumped one did.
+pub fn removed_dir(r: &Remote<'_>, path: &str, own: &Ownership, flags: i32) -> Result<i32> {
+    let pid = r.t.pid();
+    let err = |what: String| RestoreError::File {
+        pid,
+        path: path.to_string(),
+        what,
+    };
+    let p = Path::new(path);
+    let (Some(parent), Some(name)) = (p.parent(), p.file_name().and_then(|n| n.to_str())) else {
+        return Err(err(
+            "cannot make the removed directory again: not a path to one".into(),
+        ));
+    };
+    let parent = parent.to_str().unwrap_or("/");
+    let dir_fd = r
+        .open(
+            parent,
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0,
+        )
+        .map_err(|e| {
+            err(format!(
+                "cannot open its parent to make the removed directory again: {e}"
+            ))
+        })?;
+    let made = mkdir_exclusive(r, dir_fd, name)
+        .map_err(|e| err(format!("cannot make the removed directory again: {e}")));
+    let result = made.and_then(|made| {
+        let opened = open_made_dir(r, dir_fd, &made, own, flags);
+        // Whatever happened, the name goes.
+        let removed = remove_made_dir(r, dir_fd, &made);
+        let fd = opened.map_err(|what| err(format!("{what} (made as {})", made)))?;
+        if let Err(e) = removed {
+            let _ = r.close(fd);
+            return Err(err(format!("cannot remove the directory made again: {e}")));
+        }
+        Ok(fd)
+    });
+    let _ = r.close(dir_fd);
+    result
+}
+
+/// `mkdirat(dir_fd, name, 0700)`, or `NAME.ckpt-ghost.N` beside it when
+/// the name is taken; the name made.
+fn mkdir_exclusive(
+    r: &Remote<'_>,
+    dir_fd: i32,
+    name: &str,
+) -> std::result::Result<String, ParasiteError> {
+    let mkdir = |candidate: &str| {
+        let p = r.put_path(0, candidate)?;
+        r.call(
+            "mkdirat (removed directory)",
+            libc::SYS_mkdirat,
+            [dir_fd as u64, p, PRIVATE_DIR_MODE, 0, 0, 0],
+        )
+        .map(|_| candidate.to_string())
+    };
+    match mkdir(name) {
+        Err(ParasiteError::RemoteSyscall {
+            errno: Errno::EEXIST,
+            ..
+        }) => mkdir(&format!("{name}.ckpt-ghost.{}", std::process::id())),
+        other => other,
+    }
+}
+
+/// Mode a directory made again has until it is complete.
+const PRIVATE_DIR_MODE: u64 = 0o700;
+
+/// Opens the directory just made as `name` in `dir_fd` with `flags`,
+/// checks it is the empty one the process made, and gives it its owner
+/// and, last, its mode.
+fn open_made_dir(
+    r: &Remote<'_>,
+    dir_fd: i32,
+    name: &str,
+    own: &Ownership,
+    flags: i32,
+) -> std::result::Result<i32, String> {
+    let p = r.put_path(0, name).map_err(|e| e.to_string())?;
+    let flags = flags | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+    let fd = r
+        .call(
+            "openat (removed directory)",
+            libc::SYS_openat,
+            [dir_fd as u64, p, flags as u64, 0, 0, 0],
+        )
+        .map_err(|e| format!("cannot open the directory made again: {e}"))? as i32;
+    let finish = || -> std::result::Result<(), String> {
+        // Through /proc the restorer reaches the very inode the process
+        // holds (an O_PATH fd too), whatever the name points at now.
+        let here = std::fs::File::open(format!("/proc/{}/fd/{fd}", r.t.pid()))
+            .map_err(|e| format!("cannot open the directory made again: {e}"))?;
+        let m = here
+            .metadata()
+            .map_err(|e| format!("cannot stat the directory made again: {e}"))?;
+        let creator = r
+            .call(
+                "setfsuid (query)",
+                libc::SYS_setfsuid,
+                [u32::MAX as u64, 0, 0, 0, 0, 0],
+            )
+            .map_err(|e| e.to_string())? as u32;
+        let named = std::fs::symlink_metadata(format!("/proc/{}/fd/{dir_fd}/{name}", r.t.pid()))
+            .map_err(|e| format!("the directory made again is gone: {e}"))?;
+        if !m.is_dir() || m.uid() != creator || (named.dev(), named.ino()) != (m.dev(), m.ino()) {
+            return Err("the directory made again is not the one ckpt made".into());
+        }
+        std::os::unix::fs::fchown(here.as_fd(), Some(own.uid), Some(own.gid))
+            .map_err(|e| format!("cannot give the directory made again its owner: {e}"))?;
+        here.set_permissions(std::fs::Permissions::from_mode(own.mode & PERMISSION_BITS))
+            .map_err(|e| format!("cannot give the directory made again its mode: {e}"))
+    };
+    if let Err(e) = finish() {
+        let _ = r.close(fd);
+        return Err(e);
+    }
+    Ok(fd)
+}
+
+/// Removes the directory made again (`unlinkat(AT_REMOVEDIR)`), as the
+/// process, inside the directory it was made in.
+fn remove_made_dir(
+    r: &Remote<'_>,
+    dir_fd: i32,
+    name: &str,
+) -> std::result::Result<(), ParasiteError> {
+    let p = r.put_path(0, name)?;
+    r.call(
+        "unlinkat (removed directory)",
+        libc::SYS_unlinkat,
+        [dir_fd as u64, p, libc::AT_REMOVEDIR as u64, 0, 0, 0],
+    )?;
+    Ok(())
+}

@@ -23,6 +23,8 @@ mod lock;
 mod memfd;
 mod pidfd;
 mod pipe;
+mod privileged;
+mod proc;
 mod pty;
 pub(crate) mod reg;
 mod signalfd;
@@ -98,6 +100,7 @@ fn install_file(
         }
         Some(Kind::Unix(image)) => install(&unix::Unix, cx, r, file, image, fd, pass),
         Some(Kind::Ib(image)) => install(&ib::Ib, cx, r, file, image, fd, pass),
+        Some(Kind::Proc(image)) => install(&proc::Proc, cx, r, file, image, fd, pass),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
 }

@@ -2,7 +2,8 @@
 //! offset, by the process itself with its own filesystem identity, never
 //! following a symbolic link in the last component, and checked to be the
 //! file it had. An unlinked file is recreated from its ghost image with its
-//! owner and mode (see `create`), opened, and unlinked again.
+//! owner and mode (see `create`), opened, and unlinked again; a removed
+//! directory is made again empty, opened and removed again.
 
 use std::os::unix::io::AsRawFd;
 
@@ -13,6 +14,7 @@ use ckpt_parasite::remote::Remote;
 use nix::errno::Errno;
 
 use super::create::{self, Ownership};
+use super::privileged;
 use super::{Context, FileRestorer, reopen_flags, take_from};
 use crate::error::{RestoreError, Result};
 use crate::identity::{Contents, Expected, Inode};
@@ -32,11 +34,13 @@ impl FileRestorer for Reg {
         fd: i32,
     ) -> Result<i32> {
         let got = match &image.ghost {
+            None if image.removed => recreate_removed_dir(cx, r, file, image)?,
             None => reopen(cx, r, file, image, fd)?,
             Some(ghost) => recreate_ghost(cx, r, file, image, ghost)?,
         };
-        // An O_PATH fd has no offset (lseek fails on it).
-        if file.flags as i32 & libc::O_PATH != 0 {
+        // An O_PATH fd has no offset (lseek fails on it), and a removed
+        // directory no entries to be at.
+        if file.flags as i32 & libc::O_PATH != 0 || image.removed {
             return Ok(got);
         }
         // A file the user allowed to change is picked up at its end, where
@@ -79,9 +83,6 @@ fn reopen(
     if image.is_dir() {
         flags |= libc::O_DIRECTORY;
     }
-    let got = r
-        .open(&image.path, flags, 0)
-        .map_err(|e| changed(reopen_failure(e, "", cx.fs_uid())))?;
     let contents = if image.is_dir() || cx.may_change(&image.path) {
         Contents::Any
     } else {
@@ -101,12 +102,33 @@ fn reopen(
         },
         contents,
     };
+    let got = match r.open(&image.path, flags, 0) {
+        Ok(got) => got,
+        // Opened while the process had more privilege (see `privileged`).
+        Err(e) if is_permission_denied(&e) && !o_path => {
+            let denied = reopen_failure(e, "", cx.fs_uid());
+            return privileged::reopen(cx, r, file, image, &want)
+                .map_err(|refused| changed(format!("{denied}; {}", refused.0)));
+        }
+        Err(e) => return Err(changed(reopen_failure(e, "", cx.fs_uid()))),
+    };
     let opened = std::path::PathBuf::from(format!("/proc/{pid}/fd/{got}"));
     if let Err(m) = cx.shared.checks.verify(&opened, &want) {
         let _ = r.close(got);
         return Err(changed(m.0));
     }
     Ok(got)
+}
+
+/// The process's own open was refused for want of permission.
+fn is_permission_denied(e: &ParasiteError) -> bool {
+    matches!(
+        e,
+        ParasiteError::RemoteOpen {
+            errno: Errno::EACCES | Errno::EPERM,
+            ..
+        }
+    )
 }
 
 /// Says why a reopen of `object` (e.g. "" or " the FIFO", as it reads
@@ -156,6 +178,23 @@ fn recreate_ghost(
     let handover = result?;
     unlinked?;
     take_from(r, std::process::id() as i32, handover.reopened.as_raw_fd())
+}
+
+/// Makes a directory removed while open again, empty, with its owner and
+/// mode, opens it with the dumped flags and removes it again.
+fn recreate_removed_dir(
+    cx: &mut Context<'_, '_>,
+    r: &Remote<'_>,
+    file: &File,
+    image: &RegFile,
+) -> Result<i32> {
+    let own = Ownership {
+        uid: image.uid,
+        gid: image.gid,
+        mode: image.mode,
+    };
+    create::check_owner(cx.fs_identity(), cx.pid(), &image.path, &own)?;
+    create::removed_dir(r, &image.path, &own, reopen_flags(file))
 }
 
 /// The restorer's two handles on a recreated ghost: the one it filled, and
