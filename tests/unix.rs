@@ -74,17 +74,61 @@ fn an_unprivileged_users_sockets_stay_theirs() {
     cycle(&env, v);
 }
 
-/// A message carrying an fd (SCM_RIGHTS) is refused by name, and the
-/// victim later receives it and its fd intact (the peek took nothing).
+/// Files queued in SCM_RIGHTS messages and held by no fd (a pipe end, a
+/// regular file at an offset, one end of a socket pair with its queue)
+/// are saved as files of their own and sent again in order at restore;
+/// sent twice, they come back as one open file each.
 #[test]
-fn fds_in_flight_are_refused_and_left_in_place() {
+fn fds_in_flight_come_back_with_their_messages() {
     let env = TestEnv::new("unix-inflight");
     let mut v = Victim::spawn(&env, "unix", &["inflight"]);
     v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    let json = show_json(&env);
+    let objects: Vec<String> = fds_of_kind(&json, "unix")
+        .iter()
+        .filter_map(|f| f["object"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        objects.iter().any(|o| o.contains("files in flight")),
+        "no socket lists its files in flight: {objects:?}"
+    );
+    restore_and_check(&env, &v);
+}
+
+/// A pipe end in flight on a datagram socket, an empty datagram between
+/// two others, sockets never connected and a seqpacket socket whose peer
+/// closed: all dumped and back as they were.
+#[test]
+fn datagrams_with_fds_empty_datagrams_and_unconnected_sockets_come_back() {
+    let env = TestEnv::new("unix-inflight-dgram");
+    let mut v = Victim::spawn(&env, "unix", &["inflight_dgram"]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    restore_and_check(&env, &v);
+}
+
+/// A datagram queued on a socket with SO_PASSCRED keeps its sender's
+/// credentials (the child's pid, not the restorer's).
+#[test]
+fn credentials_of_queued_messages_are_the_senders() {
+    let env = TestEnv::new("unix-creds");
+    let mut v = Victim::spawn(&env, "unix", &["creds"]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    restore_and_check(&env, &v);
+}
+
+/// A socket in flight with a file in flight on it is refused by name,
+/// and the victim later receives both intact (the peeks took nothing).
+#[test]
+fn nested_fds_in_flight_are_refused_and_left_in_place() {
+    let env = TestEnv::new("unix-nested");
+    let mut v = Victim::spawn(&env, "unix", &["nested"]);
+    v.wait_ready();
     let err = dump_expect_error(&env, &v);
     assert!(
-        err.contains(&format!("pid {}", v.pid))
-            && err.contains("unix socket has file descriptors in flight (SCM_RIGHTS)"),
+        err.contains(&format!("pid {}", v.pid)) && err.contains("nested SCM_RIGHTS"),
         "{err}"
     );
     assert!(!env.img.exists(), "failed dump left {}", env.img.display());

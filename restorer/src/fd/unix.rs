@@ -30,8 +30,8 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
 use ckpt_image::fd::File;
 use ckpt_image::fd::file::Kind;
-use ckpt_image::fd::unix::UnixSocketFile;
-use nix::sys::socket::{MsgFlags, Shutdown, send, shutdown};
+use ckpt_image::fd::unix::{UnixAncillary, UnixSocketFile};
+use nix::sys::socket::{Shutdown, shutdown};
 
 use super::{Context, FileRestorer, set_status_flags, take_from};
 use crate::error::{RestoreError, Result};
@@ -169,7 +169,7 @@ impl FileRestorer for UnixConnect {
 /// the restorer sends through a copy of that socket, which is closed
 /// after. Their senders' addresses are not kept.
 fn refill_by_name(
-    cx: &Context<'_, '_>,
+    cx: &mut Context<'_, '_>,
     r: &Remote<'_>,
     file_id: u64,
     image: &UnixSocketFile,
@@ -633,9 +633,11 @@ fn peer_of(
 }
 
 /// Sends the messages dumped as queued for file `file_id` (`image`) from
-/// `sender`, the other end of its pair, one send per message.
+/// `sender`, the other end of its pair, one send per message. A queue
+/// carrying files waits for [`send_deferred`], once every file of the tree
+/// is open; the restorer keeps a copy of `sender` until then.
 fn refill(
-    cx: &Context<'_, '_>,
+    cx: &mut Context<'_, '_>,
     pid: i32,
     sender: BorrowedFd<'_>,
     file_id: u64,
@@ -646,27 +648,182 @@ fn refill(
     if image.queue.is_empty() {
         return Ok(());
     }
+    if image.has_files_in_flight() {
+        let sender = sender
+            .try_clone_to_owned()
+            .map_err(|e| RestoreError::os(pid, "dup (unix socket with files in flight)", e))?;
+        cx.state::<Deferred>().0.push(DeferredQueue {
+            pid,
+            fd,
+            file_id,
+            image: image.clone(),
+            stream,
+            sender,
+        });
+        return Ok(());
+    }
     let name = ckpt_image::unix_queue_name(file_id);
     let data = cx.shared.images.read_raw(&name)?;
     let messages = image
         .messages(&data)
         .map_err(|e| cx.invalid(fd, &format!("{name}: {e}")))?;
-    for m in messages {
-        let mut rest = m;
-        loop {
-            let n = send(
-                sender.as_raw_fd(),
-                rest,
-                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-            )
-            .map_err(|e| {
-                RestoreError::os(pid, format!("unix socket: refilling {name}"), e.into())
-            })?;
-            rest = &rest[n..];
-            // A datagram goes whole or not at all; a stream may take part.
-            if rest.is_empty() || !stream {
-                break;
+    for (i, m) in messages.into_iter().enumerate() {
+        send_message(pid, sender, &name, m, &[], image.ancillary_of(i), stream)?;
+    }
+    Ok(())
+}
+
+/// Queues whose messages carry files, sent once the whole tree's files
+/// are open ([`send_deferred`]).
+#[derive(Default)]
+struct Deferred(Vec<DeferredQueue>);
+
+/// One such queue: what [`refill`] would have sent, and from where.
+struct DeferredQueue {
+    /// The process holding the socket the queue is for, and its fd.
+    pid: i32,
+    fd: i32,
+    file_id: u64,
+    image: UnixSocketFile,
+    stream: bool,
+    /// The restorer's copy of the end that sends it.
+    sender: OwnedFd,
+}
+
+/// The restorer's copies of files the tree held only in flight, by file
+/// id: opened in the receiving socket's process, then closed there.
+#[derive(Default)]
+struct InFlightFiles(HashMap<u64, OwnedFd>);
+
+/// Moves the files process `r` opened only to send them (`in_flight`)
+/// to the restorer, closing them in the process.
+pub(super) fn hold_in_flight(
+    cx: &mut Context<'_, '_>,
+    r: &Remote<'_>,
+    in_flight: &[ckpt_image::fd::Fd],
+) -> Result<()> {
+    let pid = r.t.pid();
+    for f in in_flight {
+        let copy = sys::take_fd(pid, f.fd)
+            .map_err(|e| RestoreError::os(pid, "pidfd_getfd (file in flight)", e))?;
+        r.close(f.fd)?;
+        cx.here.remove(&f.fd);
+        cx.tables.installed.remove(&f.file_id);
+        cx.state::<InFlightFiles>().0.insert(f.file_id, copy);
+    }
+    Ok(())
+}
+
+/// Sends the queues that carry files, in order, each message with its
+/// files attached again: every process's fds are open by now, and the
+/// files held only in flight are the restorer's. The processes have not
+/// resumed, so none reads before its queue is whole.
+pub(super) fn send_deferred(
+    shared: &crate::context::RestoreContext<'_>,
+    tables: &mut super::Tables,
+) -> Result<()> {
+    let deferred = std::mem::take(&mut tables_state::<Deferred>(tables).0);
+    let held = std::mem::take(&mut tables_state::<InFlightFiles>(tables).0);
+    for q in deferred {
+        let name = ckpt_image::unix_queue_name(q.file_id);
+        let invalid = |what: String| {
+            RestoreError::Image(ckpt_image::ImageError::Invalid {
+                path: shared.images.path().join(ckpt_image::fds_name(q.pid)),
+                what: format!("fd {}: {name}: {what}", q.fd),
+            })
+        };
+        let data = shared.images.read_raw(&name)?;
+        let messages = q
+            .image
+            .messages(&data)
+            .map_err(|e| invalid(e.to_string()))?;
+        for (i, m) in messages.into_iter().enumerate() {
+            let ancillary = q.image.ancillary_of(i);
+            let ids = ancillary.map(|a| a.file_ids.as_slice()).unwrap_or_default();
+            let mut taken = Vec::new();
+            for id in ids {
+                if held.contains_key(id) {
+                    continue;
+                }
+                let at = tables
+                    .installed
+                    .get(id)
+                    .ok_or_else(|| invalid(format!("file {id} in flight is not open anywhere")))?;
+                let copy = sys::take_fd(at.pid, at.fd)
+                    .map_err(|e| RestoreError::os(at.pid, "pidfd_getfd (file in flight)", e))?;
+                taken.push((*id, copy));
             }
+            let files: Vec<BorrowedFd<'_>> = ids
+                .iter()
+                .map(|id| {
+                    held.get(id)
+                        .map(AsFd::as_fd)
+                        .or_else(|| taken.iter().find(|(t, _)| t == id).map(|(_, f)| f.as_fd()))
+                        .expect("every id was found above")
+                })
+                .collect();
+            send_message(
+                q.pid,
+                q.sender.as_fd(),
+                &name,
+                m,
+                &files,
+                ancillary,
+                q.stream,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// A kind's state of `tables` outside a process's [`Context`].
+fn tables_state<T: Default + 'static>(tables: &mut super::Tables) -> &mut T {
+    tables
+        .states
+        .entry(std::any::TypeId::of::<T>())
+        .or_insert_with(|| Box::new(T::default()))
+        .downcast_mut()
+        .expect("keyed by its own TypeId")
+}
+
+/// Sends one queued message `m` from `sender` with its files and, if
+/// dumped, its sender's credentials; a stream may take it in parts (the
+/// files go with the first).
+fn send_message(
+    pid: i32,
+    sender: BorrowedFd<'_>,
+    name: &str,
+    m: &[u8],
+    files: &[BorrowedFd<'_>],
+    ancillary: Option<&UnixAncillary>,
+    stream: bool,
+) -> Result<()> {
+    let creds = ancillary
+        .and_then(|a| a.creds.as_ref())
+        .map(|c| libc::ucred {
+            pid: c.pid,
+            uid: c.uid,
+            gid: c.gid,
+        });
+    let err = |e: std::io::Error| {
+        let what = match creds {
+            Some(c) if e.raw_os_error() == Some(libc::ESRCH) => format!(
+                "unix socket: refilling {name}: the sender of a queued message (pid {}) no longer exists to be named in its credentials",
+                c.pid
+            ),
+            _ => format!("unix socket: refilling {name}"),
+        };
+        RestoreError::os(pid, what, e)
+    };
+    let mut rest = m;
+    let mut files = files;
+    loop {
+        let n = sys::send_unix_message(sender, rest, files, creds).map_err(err)?;
+        rest = &rest[n..];
+        files = &[];
+        // A datagram goes whole or not at all; a stream may take part.
+        if rest.is_empty() || !stream {
+            break;
         }
     }
     Ok(())
