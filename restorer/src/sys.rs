@@ -384,15 +384,15 @@ pub fn send_unix_message(
     use std::os::fd::AsRawFd;
     // Room for SCM_MAX_FD (253) fds and one ucred, in 8-byte words.
     const CONTROL_WORDS: usize = 136;
-    let fds_len = std::mem::size_of_val(files);
-    // SAFETY: CMSG_SPACE only computes a size.
+    let fds_len = files.len() * std::mem::size_of::<libc::c_int>();
     let rights_space = if files.is_empty() {
         0
     } else {
+        // SAFETY: CMSG_SPACE only computes a size.
         unsafe { libc::CMSG_SPACE(fds_len as u32) as usize }
     };
-    // SAFETY: as above.
     let creds_space = if creds.is_some() {
+        // SAFETY: as above.
         unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::ucred>() as u32) as usize }
     } else {
         0

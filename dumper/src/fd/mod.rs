@@ -86,8 +86,8 @@ pub static REFUSED: &[(&str, &str)] = &[
         "a UNIX datagram socket connected one way to a socket without a name to connect to again, restored after it, or with datagrams queued for it; a bound datagram socket also connected both ways",
     ),
     (
-        "unix fds in flight",
-        "a UNIX socket with file descriptors queued in SCM_RIGHTS messages",
+        "unix nested fds in flight",
+        "a UNIX socket queued in an SCM_RIGHTS message that has file descriptors in flight itself; a file in flight of a kind ckpt refuses (named with its kind); a message credited (SO_PASSCRED) to a process outside the tree, or in a tree with a PID namespace of its own",
     ),
     (
         "pipe to outside the tree",

@@ -13,10 +13,13 @@
 //! listeners (path or abstract name, unlinked or not) with the
 //! connections not yet accepted whose clients are in the tree; bound
 //! sockets, a bound datagram socket with its queue, and datagram sockets
-//! connected one way to one in the tree. Refused by name: a peer outside
-//! the tree, data sent on a connection not yet accepted, messages carrying
-//! file descriptors, sockets in another network namespace, and the rarer
-//! shapes listed in `link_tree`.
+//! connected one way to one in the tree; the files queued messages carry
+//! (SCM_RIGHTS, see `link_in_flight`) and their senders' credentials
+//! (SO_PASSCRED); empty datagrams; sockets never bound nor connected.
+//! Refused by name: a peer outside the tree, data sent on a connection
+//! not yet accepted, a socket in flight with files in flight itself,
+//! sockets in another network namespace, and the rarer shapes listed in
+//! `link_tree`.
 
 mod diag;
 
@@ -57,7 +60,7 @@ impl FileDumper for Unix {
     }
 
     fn description(&self) -> &'static str {
-        "UNIX sockets (stream, datagram, seqpacket): pairs within the tree with the data queued both ways, listeners on a path or abstract name with their pending connections, bound and one-way datagram sockets; shutdown state and options"
+        "UNIX sockets (stream, datagram, seqpacket): pairs within the tree with the data queued both ways, the files in flight (SCM_RIGHTS) and senders' credentials (SO_PASSCRED) of queued messages, listeners on a path or abstract name with their pending connections, bound, one-way datagram and never connected sockets; shutdown state and options"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -133,6 +136,7 @@ impl FileDumper for Unix {
     }
 
     fn link_tree(&self, tree: &mut TreeFiles) -> Result<()> {
+        check_senders(tree)?;
         link_in_flight(tree)?;
         let holders = first_holders(tree);
         if holders.is_empty() {
@@ -147,6 +151,32 @@ impl FileDumper for Unix {
         apply_links(tree, &links);
         Ok(())
     }
+}
+
+/// Refuses a queued message whose sender's credentials (kept for a socket
+/// with SO_PASSCRED) name a process outside the tree: restore names the
+/// sender again by its pid, which only the tree's processes keep.
+fn check_senders(tree: &TreeFiles) -> Result<()> {
+    for (file_id, h) in first_holders(tree) {
+        let Some(Kind::Unix(u)) = &tree.file(file_id).kind else {
+            continue;
+        };
+        let outside = u
+            .ancillary
+            .iter()
+            .filter_map(|a| a.creds.as_ref())
+            .find(|c| !tree.tables.iter().any(|(pid, _)| *pid == c.pid));
+        if let Some(c) = outside {
+            return Err(refuse(
+                &h,
+                format!(
+                    "unix socket with SO_PASSCRED has a message queued from pid {}, outside the dumped tree (its credentials could not be given back)",
+                    c.pid
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Gives every file queued in a socket of the tree (SCM_RIGHTS) its file

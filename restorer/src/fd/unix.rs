@@ -18,8 +18,14 @@
 //! sockets connected one way connect again by name in the last pass
 //! ([`UnixConnect`]).
 //!
-//! Not restored: the credentials of queued messages (they are the
-//! restorer's, for a receiver with SO_PASSCRED), SO_PEERCRED (the process
+//! Queued messages carry their senders' credentials again when dumped
+//! (SO_PASSCRED; the restorer names them, for pids of the checkpoint
+//! only). A queue whose messages carry files (SCM_RIGHTS) is sent last,
+//! once every process has its fds ([`send_deferred`]): each file is taken
+//! from the fd holding it in the tree, or is one the receiving process
+//! opened with its own rights only to hand over ([`hold_in_flight`]).
+//!
+//! Not restored: SO_PEERCRED (the process
 //! that made the pair), the names of an accepted connection's ends when
 //! the process making it does not hold its listener ([`through_listener`]),
 //! and the senders' addresses of a bound datagram socket's queue.
@@ -663,6 +669,9 @@ fn refill(
         return Ok(());
     }
     let name = ckpt_image::unix_queue_name(file_id);
+    if let Some(what) = unknown_sender(cx.shared, image) {
+        return Err(cx.invalid(fd, &what));
+    }
     let data = cx.shared.images.read_raw(&name)?;
     let messages = image
         .messages(&data)
@@ -732,6 +741,9 @@ pub(super) fn send_deferred(
                 what: format!("fd {}: {name}: {what}", q.fd),
             })
         };
+        if let Some(what) = unknown_sender(shared, &q.image) {
+            return Err(invalid(what));
+        }
         let data = shared.images.read_raw(&name)?;
         let messages = q
             .image
@@ -774,6 +786,27 @@ pub(super) fn send_deferred(
         }
     }
     Ok(())
+}
+
+/// Why the senders' credentials listed for `image`'s queue cannot be given
+/// back: one names a pid that is no process of the checkpoint (the
+/// restorer, which may name any, names only the tree's own processes).
+fn unknown_sender(
+    shared: &crate::context::RestoreContext<'_>,
+    image: &UnixSocketFile,
+) -> Option<String> {
+    let processes = &shared.images.manifest().processes;
+    image
+        .ancillary
+        .iter()
+        .filter_map(|a| a.creds.as_ref())
+        .find(|c| !processes.iter().any(|p| p.pid == c.pid))
+        .map(|c| {
+            format!(
+                "queued message credited to pid {}, not a process of this checkpoint",
+                c.pid
+            )
+        })
 }
 
 /// A kind's state of `tables` outside a process's [`Context`].
