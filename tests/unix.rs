@@ -96,6 +96,17 @@ fn fds_in_flight_come_back_with_their_messages() {
     restore_and_check(&env, &v);
 }
 
+/// A dump left running peeks at the files in flight without taking them:
+/// the victim then receives every message with its files as sent.
+#[test]
+fn fds_in_flight_stay_in_place_after_a_dump_left_running() {
+    let env = TestEnv::new("unix-inflight-running");
+    let mut v = Victim::spawn(&env, "unix", &["inflight"]);
+    v.wait_ready();
+    dump(&env, &v, &[]);
+    v.assert_unharmed_and_passes("after a dump left running");
+}
+
 /// A pipe end in flight on a datagram socket, an empty datagram between
 /// two others, sockets never connected and a seqpacket socket whose peer
 /// closed: all dumped and back as they were.
