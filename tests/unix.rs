@@ -93,6 +93,20 @@ fn fds_in_flight_come_back_with_their_messages() {
         objects.iter().any(|o| o.contains("files in flight")),
         "no socket lists its files in flight: {objects:?}"
     );
+    // The pipe's read end, the file and the socket end: no fd holds them.
+    let mut kinds: Vec<String> = json["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .flat_map(|p| p["files_in_flight"].as_array().cloned().unwrap_or_default())
+        .filter_map(|f| f["kind"].as_str().map(str::to_string))
+        .collect();
+    kinds.sort_unstable();
+    assert_eq!(
+        kinds,
+        ["pipe", "reg", "unix"],
+        "files held only in flight: {json}"
+    );
     restore_and_check(&env, &v);
 }
 
