@@ -274,6 +274,28 @@ pub fn setsockopt_int(
     setsockopt_raw(fd, level, opt, &[val as libc::c_int])
 }
 
+/// `getsockopt` of an int option.
+pub fn getsockopt_int(
+    fd: std::os::fd::BorrowedFd<'_>,
+    level: i32,
+    opt: i32,
+) -> std::io::Result<i32> {
+    use std::os::fd::AsRawFd;
+    let mut val: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `val`, a live local.
+    check(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            opt,
+            (&mut val as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    })?;
+    Ok(val)
+}
+
 /// A socket address in the kernel's layout.
 struct RawAddr {
     storage: libc::sockaddr_storage,

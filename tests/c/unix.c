@@ -34,8 +34,10 @@
  * an empty datagram and another; a stream and a seqpacket socket never
  * connected; a seqpacket socket whose peer closed after sending. After go
  * every datagram arrives as it was.
- * `unix WORKDIR creds`: a child's datagram queued on a socket with
- * SO_PASSCRED; after go its credentials are still the child's.
+ * `unix WORKDIR creds`: a datagram carrying a pipe end sent before
+ * SO_PASSCRED, then a child's datagram queued on the socket with
+ * SO_PASSCRED; after go the first still has no credentials and the
+ * second the child's.
  * `unix WORKDIR nested`: a socket in flight with a pipe end in flight on
  * it; the dump must be refused, and after go both arrive intact.
  * `unix WORKDIR outside`: a stream socket whose peer is held by an
@@ -441,9 +443,12 @@ static void inflight_dgram(void)
  */
 static void creds(void)
 {
-	int dv[2];
-	if (socketpair(AF_UNIX, SOCK_DGRAM, 0, dv))
-		die("socketpair");
+	int dv[2], pp[2];
+	if (socketpair(AF_UNIX, SOCK_DGRAM, 0, dv) || pipe(pp))
+		die("socketpair/pipe");
+	/* Sent before SO_PASSCRED: no credentials, and a pipe end in flight. */
+	send_fds(dv[0], "pre", 3, &pp[0], 1);
+	close(pp[0]);
 	int on = 1;
 	if (setsockopt(dv[1], SOL_SOCKET, SO_PASSCRED, &on, sizeof(on)))
 		die("SO_PASSCRED");
@@ -463,14 +468,30 @@ static void creds(void)
 
 	victim_ready_and_wait(NULL);
 
-	char cbuf[CMSG_SPACE(sizeof(struct ucred))];
+	char cbuf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int))];
 	struct iovec iov = { .iov_base = msgbuf, .iov_len = sizeof(msgbuf) };
 	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
 			    .msg_controllen = sizeof(cbuf) };
+	struct ucred u = { 0 };
+	int fd_in_flight = -1;
+	CHECK(recvmsg(dv[1], &m, MSG_DONTWAIT) == 3 && memcmp(msgbuf, "pre", 3) == 0,
+	      "the datagram sent before SO_PASSCRED was lost");
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+		if (c->cmsg_type == SCM_CREDENTIALS)
+			memcpy(&u, CMSG_DATA(c), sizeof(u));
+		if (c->cmsg_type == SCM_RIGHTS)
+			memcpy(&fd_in_flight, CMSG_DATA(c), sizeof(int));
+	}
+	/* The kernel's "no credentials": pid 0, the overflow ids. */
+	CHECK(u.pid == 0, "the datagram sent before SO_PASSCRED is credited to pid %d", (int)u.pid);
+	CHECK(fd_in_flight >= 0 && write(pp[1], "q", 1) == 1 && read(fd_in_flight, msgbuf, 1) == 1 &&
+		      msgbuf[0] == 'q',
+	      "the pipe end in flight with it was lost");
+	m.msg_controllen = sizeof(cbuf);
+	u.pid = 0;
 	CHECK(recvmsg(dv[1], &m, MSG_DONTWAIT) == 4 && memcmp(msgbuf, "cred", 4) == 0,
 	      "the child's datagram was lost");
 	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-	struct ucred u = { 0 };
 	if (c && c->cmsg_type == SCM_CREDENTIALS)
 		memcpy(&u, CMSG_DATA(c), sizeof(u));
 	CHECK(u.pid == kid && u.uid == getuid() && u.gid == getgid(),

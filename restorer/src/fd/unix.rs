@@ -107,7 +107,7 @@ impl FileRestorer for Unix {
             }
             let here = take_socket(pid, s)?;
             if !image.queue.is_empty() {
-                refill_by_name(cx, r, file.id, image, fd)?;
+                refill_by_name(cx, r, here.as_fd(), file.id, image, fd)?;
             }
             configure(pid, here.as_fd(), image)?;
             s
@@ -177,6 +177,7 @@ impl FileRestorer for UnixConnect {
 fn refill_by_name(
     cx: &mut Context<'_, '_>,
     r: &Remote<'_>,
+    receiver: BorrowedFd<'_>,
     file_id: u64,
     image: &UnixSocketFile,
     fd: i32,
@@ -197,7 +198,11 @@ fn refill_by_name(
     connected?;
     let here = here?;
     force_refill_sndbuf(pid, here.as_fd())?;
-    refill(cx, pid, here.as_fd(), file_id, image, false, fd)
+    let ends = Ends {
+        sender: here.as_fd(),
+        receiver,
+    };
+    refill(cx, pid, ends, file_id, image, false, fd)
 }
 
 /// Argument slot of the scratch area for socket addresses (slot 0 holds
@@ -298,8 +303,16 @@ fn pair(
         None => socketpair(r, sock_type)?,
     };
     let stream = sock_type == libc::SOCK_STREAM as u64;
-    refill(cx, pid, theirs.as_fd(), file.id, image, stream, fd)?;
-    refill(cx, pid, mine.as_fd(), image.peer_file_id, &peer, stream, fd)?;
+    let to_mine = Ends {
+        sender: theirs.as_fd(),
+        receiver: mine.as_fd(),
+    };
+    let to_theirs = Ends {
+        sender: mine.as_fd(),
+        receiver: theirs.as_fd(),
+    };
+    refill(cx, pid, to_mine, file.id, image, stream, fd)?;
+    refill(cx, pid, to_theirs, image.peer_file_id, &peer, stream, fd)?;
     configure(pid, mine.as_fd(), image)?;
     configure(pid, theirs.as_fd(), &peer)?;
     cx.state::<Unclaimed>().0.insert(image.peer_file_id, theirs);
@@ -405,7 +418,11 @@ fn orphan(
     let pid = r.t.pid();
     let (a, mine, theirs) = socketpair(r, sock_type)?;
     let stream = sock_type == libc::SOCK_STREAM as u64;
-    refill(cx, pid, theirs.as_fd(), file.id, image, stream, fd)?;
+    let ends = Ends {
+        sender: theirs.as_fd(),
+        receiver: mine.as_fd(),
+    };
+    refill(cx, pid, ends, file.id, image, stream, fd)?;
     drop(theirs);
     configure(pid, mine.as_fd(), image)?;
     Ok(a)
@@ -638,14 +655,22 @@ fn peer_of(
     }
 }
 
+/// The restorer's copies of the socket a queue is refilled for and of the
+/// one that sends it.
+#[derive(Clone, Copy)]
+struct Ends<'f> {
+    sender: BorrowedFd<'f>,
+    receiver: BorrowedFd<'f>,
+}
+
 /// Sends the messages dumped as queued for file `file_id` (`image`) from
-/// `sender`, the other end of its pair, one send per message. A queue
-/// carrying files waits for [`send_deferred`], once every file of the tree
-/// is open; the restorer keeps a copy of `sender` until then.
+/// the other end of its pair, one send per message. A queue carrying
+/// files waits for [`send_deferred`], once every file of the tree is
+/// open; the restorer keeps copies of both ends until then.
 fn refill(
     cx: &mut Context<'_, '_>,
     pid: i32,
-    sender: BorrowedFd<'_>,
+    ends: Ends<'_>,
     file_id: u64,
     image: &UnixSocketFile,
     stream: bool,
@@ -655,9 +680,11 @@ fn refill(
         return Ok(());
     }
     if image.has_files_in_flight() {
-        let sender = sender
-            .try_clone_to_owned()
-            .map_err(|e| RestoreError::os(pid, "dup (unix socket with files in flight)", e))?;
+        let keep = |f: BorrowedFd<'_>| {
+            f.try_clone_to_owned()
+                .map_err(|e| RestoreError::os(pid, "dup (unix socket with files in flight)", e))
+        };
+        let (sender, receiver) = (keep(ends.sender)?, keep(ends.receiver)?);
         cx.state::<Deferred>().0.push(DeferredQueue {
             pid,
             fd,
@@ -665,6 +692,7 @@ fn refill(
             image: image.clone(),
             stream,
             sender,
+            receiver,
         });
         return Ok(());
     }
@@ -677,7 +705,15 @@ fn refill(
         .messages(&data)
         .map_err(|e| cx.invalid(fd, &format!("{name}: {e}")))?;
     for (i, m) in messages.into_iter().enumerate() {
-        send_message(pid, sender, &name, m, &[], image.ancillary_of(i), stream)?;
+        send_message(
+            pid,
+            ends.sender,
+            &name,
+            m,
+            &[],
+            image.ancillary_of(i),
+            stream,
+        )?;
     }
     Ok(())
 }
@@ -697,6 +733,8 @@ struct DeferredQueue {
     stream: bool,
     /// The restorer's copy of the end that sends it.
     sender: OwnedFd,
+    /// And of the socket it is for.
+    receiver: OwnedFd,
 }
 
 /// The restorer's copies of files the tree held only in flight, by file
@@ -734,56 +772,110 @@ pub(super) fn send_deferred(
     let deferred = std::mem::take(&mut tables_state::<Deferred>(tables).0);
     let held = std::mem::take(&mut tables_state::<InFlightFiles>(tables).0);
     for q in deferred {
-        let name = ckpt_image::unix_queue_name(q.file_id);
-        let invalid = |what: String| {
-            RestoreError::Image(ckpt_image::ImageError::Invalid {
-                path: shared.images.path().join(ckpt_image::fds_name(q.pid)),
-                what: format!("fd {}: {name}: {what}", q.fd),
-            })
+        let ends = Ends {
+            sender: q.sender.as_fd(),
+            receiver: q.receiver.as_fd(),
         };
-        if let Some(what) = unknown_sender(shared, &q.image) {
-            return Err(invalid(what));
+        // Both ends have their dumped options by now; a message dumped
+        // without credentials must go without, as the other queues did
+        // before SO_PASSCRED was set.
+        let quiet = PasscredOff::on(q.pid, ends)?;
+        let sent = send_queue(shared, &tables.installed, &held, &q);
+        quiet.put_back()?;
+        sent?;
+    }
+    Ok(())
+}
+
+/// SO_PASSCRED cleared on both ends of a queue while it is sent (with it
+/// on either, the kernel credits every message to the restorer), and the
+/// values it had put back after.
+struct PasscredOff<'f> {
+    pid: i32,
+    ends: Ends<'f>,
+    had: [i32; 2],
+}
+
+impl<'f> PasscredOff<'f> {
+    fn on(pid: i32, ends: Ends<'f>) -> Result<PasscredOff<'f>> {
+        let err = |e| RestoreError::os(pid, "unix socket: SO_PASSCRED (files in flight)", e);
+        let mut had = [0; 2];
+        for (f, h) in [ends.sender, ends.receiver].into_iter().zip(&mut had) {
+            *h = sys::getsockopt_int(f, libc::SOL_SOCKET, libc::SO_PASSCRED).map_err(err)?;
+            set_opt(f, libc::SO_PASSCRED, 0).map_err(err)?;
         }
-        let data = shared.images.read_raw(&name)?;
-        let messages = q
-            .image
-            .messages(&data)
-            .map_err(|e| invalid(e.to_string()))?;
-        for (i, m) in messages.into_iter().enumerate() {
-            let ancillary = q.image.ancillary_of(i);
-            let ids = ancillary.map(|a| a.file_ids.as_slice()).unwrap_or_default();
-            let mut taken = Vec::new();
-            for id in ids {
-                if held.contains_key(id) {
-                    continue;
-                }
-                let at = tables
-                    .installed
-                    .get(id)
-                    .ok_or_else(|| invalid(format!("file {id} in flight is not open anywhere")))?;
-                let copy = sys::take_fd(at.pid, at.fd)
-                    .map_err(|e| RestoreError::os(at.pid, "pidfd_getfd (file in flight)", e))?;
-                taken.push((*id, copy));
+        Ok(PasscredOff { pid, ends, had })
+    }
+
+    fn put_back(self) -> Result<()> {
+        let err = |e| RestoreError::os(self.pid, "unix socket: SO_PASSCRED (put back)", e);
+        for (f, h) in [self.ends.sender, self.ends.receiver]
+            .into_iter()
+            .zip(self.had)
+        {
+            set_opt(f, libc::SO_PASSCRED, h).map_err(err)?;
+        }
+        Ok(())
+    }
+}
+
+/// Sends one deferred queue, each message with its files: taken from the
+/// fd holding them in the tree (`installed`), or the restorer's copies of
+/// those held only in flight (`held`).
+fn send_queue(
+    shared: &crate::context::RestoreContext<'_>,
+    installed: &HashMap<u64, super::Installed>,
+    held: &HashMap<u64, OwnedFd>,
+    q: &DeferredQueue,
+) -> Result<()> {
+    let name = ckpt_image::unix_queue_name(q.file_id);
+    let invalid = |what: String| {
+        RestoreError::Image(ckpt_image::ImageError::Invalid {
+            path: shared.images.path().join(ckpt_image::fds_name(q.pid)),
+            what: format!("fd {}: {name}: {what}", q.fd),
+        })
+    };
+    if let Some(what) = unknown_sender(shared, &q.image) {
+        return Err(invalid(what));
+    }
+    let data = shared.images.read_raw(&name)?;
+    let messages = q
+        .image
+        .messages(&data)
+        .map_err(|e| invalid(e.to_string()))?;
+    for (i, m) in messages.into_iter().enumerate() {
+        let ancillary = q.image.ancillary_of(i);
+        let ids = ancillary.map(|a| a.file_ids.as_slice()).unwrap_or_default();
+        let mut taken = Vec::new();
+        for id in ids {
+            if held.contains_key(id) {
+                continue;
             }
-            let files: Vec<BorrowedFd<'_>> = ids
-                .iter()
-                .map(|id| {
-                    held.get(id)
-                        .map(AsFd::as_fd)
-                        .or_else(|| taken.iter().find(|(t, _)| t == id).map(|(_, f)| f.as_fd()))
-                        .expect("every id was found above")
-                })
-                .collect();
-            send_message(
-                q.pid,
-                q.sender.as_fd(),
-                &name,
-                m,
-                &files,
-                ancillary,
-                q.stream,
-            )?;
+            let at = installed
+                .get(id)
+                .ok_or_else(|| invalid(format!("file {id} in flight is not open anywhere")))?;
+            let copy = sys::take_fd(at.pid, at.fd)
+                .map_err(|e| RestoreError::os(at.pid, "pidfd_getfd (file in flight)", e))?;
+            taken.push((*id, copy));
         }
+        let files: Vec<BorrowedFd<'_>> = ids
+            .iter()
+            .map(|id| {
+                held.get(id)
+                    .map(AsFd::as_fd)
+                    .or_else(|| taken.iter().find(|(t, _)| t == id).map(|(_, f)| f.as_fd()))
+                    .expect("every id was found above")
+            })
+            .collect();
+        send_message(
+            q.pid,
+            q.sender.as_fd(),
+            &name,
+            m,
+            &files,
+            ancillary,
+            q.stream,
+        )?;
     }
     Ok(())
 }
