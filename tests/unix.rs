@@ -110,6 +110,20 @@ fn fds_in_flight_come_back_with_their_messages() {
     restore_and_check(&env, &v);
 }
 
+/// The same as an unprivileged user: the files held only in flight are
+/// reopened with the user's rights, and a child's message keeps its
+/// credentials.
+#[test]
+fn an_unprivileged_users_fds_and_credentials_in_flight_come_back() {
+    for mode in ["inflight", "creds"] {
+        let env = TestEnv::new(&format!("unix-user-{mode}"));
+        let mut v = Victim::spawn_as(&env, "unix", &[mode], test_user());
+        v.wait_ready();
+        dump_kill_reap(&env, &mut v);
+        restore_and_check(&env, &v);
+    }
+}
+
 /// A dump left running peeks at the files in flight without taking them:
 /// the victim then receives every message with its files as sent.
 #[test]

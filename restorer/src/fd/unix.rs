@@ -881,23 +881,35 @@ fn send_queue(
 }
 
 /// Why the senders' credentials listed for `image`'s queue cannot be given
-/// back: one names a pid that is no process of the checkpoint (the
-/// restorer, which may name any, names only the tree's own processes).
+/// back: one names a pid that is no process of the checkpoint, or a user
+/// or group that process did not have (real, effective or saved, as the
+/// kernel asks of a sender without privilege). The restorer may name any;
+/// it names only what the tree's own processes could.
 fn unknown_sender(
     shared: &crate::context::RestoreContext<'_>,
     image: &UnixSocketFile,
 ) -> Option<String> {
+    /// Real, effective and saved ids of a manifest entry's four.
+    const SENDER_IDS: usize = 3;
     let processes = &shared.images.manifest().processes;
     image
         .ancillary
         .iter()
         .filter_map(|a| a.creds.as_ref())
-        .find(|c| !processes.iter().any(|p| p.pid == c.pid))
-        .map(|c| {
-            format!(
-                "queued message credited to pid {}, not a process of this checkpoint",
-                c.pid
-            )
+        .find_map(|c| {
+            let Some(p) = processes.iter().find(|p| p.pid == c.pid) else {
+                return Some(format!(
+                    "queued message credited to pid {}, not a process of this checkpoint",
+                    c.pid
+                ));
+            };
+            let has = |ids: &[u32], id| ids.iter().take(SENDER_IDS).any(|&x| x == id);
+            (!has(&p.uids, c.uid) || !has(&p.gids, c.gid)).then(|| {
+                format!(
+                    "queued message credited to pid {} as uid {} gid {}, which that process did not have",
+                    c.pid, c.uid, c.gid
+                )
+            })
         })
 }
 
