@@ -136,8 +136,9 @@ impl FileDumper for Unix {
     }
 
     fn link_tree(&self, tree: &mut TreeFiles) -> Result<()> {
-        check_senders(tree)?;
         link_in_flight(tree)?;
+        // After: a socket held only in flight has a queue too.
+        check_senders(tree)?;
         let holders = first_holders(tree);
         if holders.is_empty() {
             return Ok(());
