@@ -473,8 +473,9 @@ pub fn restore(
         pty::restore_foreground(cx, r, ctty)?;
     }
     // What the restorer passed down and the process did not have.
+    // (A file in flight took and closed its number already.)
     for fd in std::mem::take(&mut cx.inherited) {
-        if !table.fds.iter().any(|f| f.fd == fd) {
+        if !table.fds.iter().chain(&table.in_flight).any(|f| f.fd == fd) {
             r.close(fd)?;
         }
     }
