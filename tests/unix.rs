@@ -124,6 +124,20 @@ fn an_unprivileged_users_fds_and_credentials_in_flight_come_back() {
     }
 }
 
+/// Restored into a new PID namespace (the restorer outside it), the files
+/// in flight are still sent from where the tree holds them.
+#[test]
+fn fds_in_flight_come_back_in_a_new_pid_namespace() {
+    let env = TestEnv::new("unix-inflight-pidns");
+    let mut v = Victim::spawn(&env, "unix", &["inflight"]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    let mut restore = spawn_restore(&env, &["--pidns"]);
+    wait_restored_and_running(&v, &mut restore);
+    v.go();
+    finish_restore(&v, restore);
+}
+
 /// A dump left running peeks at the files in flight without taking them:
 /// the victim then receives every message with its files as sent.
 #[test]
