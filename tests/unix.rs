@@ -74,17 +74,114 @@ fn an_unprivileged_users_sockets_stay_theirs() {
     cycle(&env, v);
 }
 
-/// A message carrying an fd (SCM_RIGHTS) is refused by name, and the
-/// victim later receives it and its fd intact (the peek took nothing).
+/// Files queued in SCM_RIGHTS messages and held by no fd (a pipe end, a
+/// regular file at an offset, one end of a socket pair with its queue)
+/// are saved as files of their own and sent again in order at restore;
+/// sent twice, they come back as one open file each.
 #[test]
-fn fds_in_flight_are_refused_and_left_in_place() {
+fn fds_in_flight_come_back_with_their_messages() {
     let env = TestEnv::new("unix-inflight");
     let mut v = Victim::spawn(&env, "unix", &["inflight"]);
     v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    let json = show_json(&env);
+    let objects: Vec<String> = fds_of_kind(&json, "unix")
+        .iter()
+        .filter_map(|f| f["object"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        objects.iter().any(|o| o.contains("files in flight")),
+        "no socket lists its files in flight: {objects:?}"
+    );
+    // The pipe's read end, the file and the socket end: no fd holds them.
+    let mut kinds: Vec<String> = json["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .flat_map(|p| p["files_in_flight"].as_array().cloned().unwrap_or_default())
+        .filter_map(|f| f["kind"].as_str().map(str::to_string))
+        .collect();
+    kinds.sort_unstable();
+    assert_eq!(
+        kinds,
+        ["pipe", "reg", "unix"],
+        "files held only in flight: {json}"
+    );
+    restore_and_check(&env, &v);
+}
+
+/// The same as an unprivileged user: the files held only in flight are
+/// reopened with the user's rights, and a child's message keeps its
+/// credentials.
+#[test]
+fn an_unprivileged_users_fds_and_credentials_in_flight_come_back() {
+    for mode in ["inflight", "creds"] {
+        let env = TestEnv::new(&format!("unix-user-{mode}"));
+        let mut v = Victim::spawn_as(&env, "unix", &[mode], test_user());
+        v.wait_ready();
+        dump_kill_reap(&env, &mut v);
+        restore_and_check(&env, &v);
+    }
+}
+
+/// Restored into a new PID namespace (the restorer outside it), the files
+/// in flight are still sent from where the tree holds them.
+#[test]
+fn fds_in_flight_come_back_in_a_new_pid_namespace() {
+    let env = TestEnv::new("unix-inflight-pidns");
+    let mut v = Victim::spawn(&env, "unix", &["inflight"]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    let mut restore = spawn_restore(&env, &["--pidns"]);
+    wait_restored_and_running(&v, &mut restore);
+    v.go();
+    finish_restore(&v, restore);
+}
+
+/// A dump left running peeks at the files in flight without taking them:
+/// the victim then receives every message with its files as sent.
+#[test]
+fn fds_in_flight_stay_in_place_after_a_dump_left_running() {
+    let env = TestEnv::new("unix-inflight-running");
+    let mut v = Victim::spawn(&env, "unix", &["inflight"]);
+    v.wait_ready();
+    dump(&env, &v, &[]);
+    v.assert_unharmed_and_passes("after a dump left running");
+}
+
+/// A pipe end in flight on a datagram socket, an empty datagram between
+/// two others, sockets never connected and a seqpacket socket whose peer
+/// closed: all dumped and back as they were.
+#[test]
+fn datagrams_with_fds_empty_datagrams_and_unconnected_sockets_come_back() {
+    let env = TestEnv::new("unix-inflight-dgram");
+    let mut v = Victim::spawn(&env, "unix", &["inflight_dgram"]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    restore_and_check(&env, &v);
+}
+
+/// A datagram queued on a socket with SO_PASSCRED keeps its sender's
+/// credentials (the child's pid, not the restorer's).
+#[test]
+fn credentials_of_queued_messages_are_the_senders() {
+    let env = TestEnv::new("unix-creds");
+    let mut v = Victim::spawn(&env, "unix", &["creds"]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    restore_and_check(&env, &v);
+}
+
+/// A socket in flight with a file in flight on it is refused by name,
+/// and the victim later receives both intact (the peeks took nothing).
+#[test]
+fn nested_fds_in_flight_are_refused_and_left_in_place() {
+    let env = TestEnv::new("unix-nested");
+    let mut v = Victim::spawn(&env, "unix", &["nested"]);
+    v.wait_ready();
     let err = dump_expect_error(&env, &v);
     assert!(
-        err.contains(&format!("pid {}", v.pid))
-            && err.contains("unix socket has file descriptors in flight (SCM_RIGHTS)"),
+        err.contains(&format!("pid {}", v.pid)) && err.contains("nested SCM_RIGHTS"),
         "{err}"
     );
     assert!(!env.img.exists(), "failed dump left {}", env.img.display());

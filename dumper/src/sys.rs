@@ -782,26 +782,58 @@ pub fn queued_bytes(pid: i32, fd: i32) -> std::io::Result<u32> {
     readable_bytes(std::os::fd::AsFd::as_fd(&copy)).map(|n| n as u32)
 }
 
+/// The events of `events` ready on `fd` now (`poll` without waiting);
+/// raw `revents`, since nix drops bits it has no name for (`POLLRDHUP`).
+pub fn poll_now(
+    fd: std::os::fd::BorrowedFd<'_>,
+    events: libc::c_short,
+) -> std::io::Result<libc::c_short> {
+    let mut pfd = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
+        events,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, a live local, and its true count.
+    if unsafe { libc::poll(&mut pfd, 1, 0) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(pfd.revents)
+}
+
 /// What one `MSG_PEEK` of a UNIX socket saw.
 pub struct Peeked {
     /// The message's (datagram) or the copied (stream) length.
     pub len: usize,
     /// The kernel had ancillary data that did not fit the control buffer.
     pub ctrunc: bool,
+    /// The files passed with it (SCM_RIGHTS), now installed in ckpt.
+    pub fds: Vec<std::os::fd::OwnedFd>,
+    /// The sender's credentials (SCM_CREDENTIALS).
+    pub creds: Option<libc::ucred>,
+    /// The type of the first other control message (SCM_SECURITY,
+    /// SCM_PIDFD), which ckpt does not keep.
+    pub other: Option<i32>,
 }
 
+/// SCM_PIDFD (Linux 6.5+; not in every libc): a pidfd of the sender.
+const SCM_PIDFD: i32 = 0x4c;
+
+/// Room for the most fds one message carries (SCM_MAX_FD, 253), the
+/// sender's credentials and one more control message, in 8-byte words.
+const PEEK_CONTROL_WORDS: usize = 160;
+
 /// Peeks at the next message of `fd` (`MSG_PEEK | MSG_DONTWAIT`, plus
-/// `MSG_TRUNC` for `whole`) into `buf`, with a control buffer of exactly
-/// `control_len` bytes (at most 64). Room for credentials only, so file
-/// descriptors in flight are never installed into ckpt (whose close could
-/// block on a user's FUSE file): the kernel reports them as `MSG_CTRUNC`.
+/// `MSG_TRUNC` for `whole`) into `buf`, with its ancillary data. File
+/// descriptors in flight are installed into ckpt (close-on-exec) as the
+/// receiver would get them; closing them is what closing a dup does,
+/// since the queue keeps its own references.
 pub fn peek_message(
     fd: std::os::fd::BorrowedFd<'_>,
     buf: &mut [u8],
     whole: bool,
-    control_len: usize,
 ) -> std::io::Result<Peeked> {
-    let mut control = [0u64; 8];
+    use std::os::fd::FromRawFd;
+    let mut control = [0u64; PEEK_CONTROL_WORDS];
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -811,7 +843,7 @@ pub fn peek_message(
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = control_len.min(std::mem::size_of_val(&control));
+    msg.msg_controllen = std::mem::size_of_val(&control);
     let mut flags = libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC;
     if whole {
         flags |= libc::MSG_TRUNC;
@@ -822,10 +854,49 @@ pub fn peek_message(
     if n < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(Peeked {
+    let mut out = Peeked {
         len: n as usize,
         ctrunc: msg.msg_flags & libc::MSG_CTRUNC != 0,
-    })
+        fds: Vec::new(),
+        creds: None,
+        other: None,
+    };
+    // SAFETY: `msg` is the header recvmsg filled; the CMSG_* macros walk
+    // its control buffer within msg_controllen, and each payload is read
+    // unaligned within its cmsg_len.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            let data = libc::CMSG_DATA(c);
+            let payload = (*c).cmsg_len as usize - (data as usize - c as usize);
+            match ((*c).cmsg_level, (*c).cmsg_type) {
+                (libc::SOL_SOCKET, libc::SCM_RIGHTS) => {
+                    let count = payload / std::mem::size_of::<libc::c_int>();
+                    for i in 0..count {
+                        let raw = std::ptr::read_unaligned(data.cast::<libc::c_int>().add(i));
+                        out.fds.push(std::os::fd::OwnedFd::from_raw_fd(raw));
+                    }
+                }
+                (libc::SOL_SOCKET, libc::SCM_CREDENTIALS)
+                    if payload >= std::mem::size_of::<libc::ucred>() =>
+                {
+                    out.creds = Some(std::ptr::read_unaligned(data.cast::<libc::ucred>()));
+                }
+                (level, other) => {
+                    if (level, other) == (libc::SOL_SOCKET, SCM_PIDFD)
+                        && payload >= std::mem::size_of::<libc::c_int>()
+                    {
+                        // Installed like SCM_RIGHTS: closed with this.
+                        let raw = std::ptr::read_unaligned(data.cast::<libc::c_int>());
+                        drop(std::os::fd::OwnedFd::from_raw_fd(raw));
+                    }
+                    out.other.get_or_insert(other);
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok(out)
 }
 
 /// `msgrcv` flag: copy the message at an index instead of receiving it

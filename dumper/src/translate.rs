@@ -1,7 +1,7 @@
 //! Pids as the image records them: the host's in ckpt's PID namespace, the
 //! tree namespace's for a tree that fills its own (see [`crate::pidns`]).
 
-use crate::error::Result;
+use crate::error::{DumpError, Result};
 use crate::{fd, pidns};
 
 /// The pids an image records for host pids: the same in ckpt's namespace,
@@ -37,6 +37,23 @@ pub(crate) fn translate_pids<'c>(
     files: &mut fd::TreeFiles,
     ipc: &mut ckpt_image::ipc::Ipc,
 ) -> Result<()> {
+    // The restorer, outside a new namespace, could not name a sender by
+    // the namespace's pid.
+    let with_creds = files.files.files.iter().find(|f| {
+        matches!(&f.kind, Some(ckpt_image::fd::file::Kind::Unix(u))
+            if u.ancillary.iter().any(|a| a.creds.is_some()))
+    });
+    if let Some(f) = with_creds
+        && let Some(h) = files.holders().find(|h| h.file_id == f.id)
+    {
+        return Err(DumpError::Unsupported {
+            pid: h.pid,
+            what: format!(
+                "fd {}: unix socket with SO_PASSCRED and messages queued with their senders' credentials, in a tree with a PID namespace of its own",
+                h.fd
+            ),
+        });
+    }
     for HostCore { pid, core } in procs {
         core.pid = map.of_tree(pid, core.pid, "pid")?;
         core.pgid = map.of_tree(pid, core.pgid, "process group")?;
@@ -66,6 +83,7 @@ pub(crate) fn translate_pids<'c>(
             _ => {}
         }
     }
+
     // Informational (the kernel rewrites them on every operation): a pid
     // outside the namespace reads as 0 there, as the kernel shows it.
     for s in ipc.sem.iter_mut() {

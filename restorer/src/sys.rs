@@ -274,6 +274,28 @@ pub fn setsockopt_int(
     setsockopt_raw(fd, level, opt, &[val as libc::c_int])
 }
 
+/// `getsockopt` of an int option.
+pub fn getsockopt_int(
+    fd: std::os::fd::BorrowedFd<'_>,
+    level: i32,
+    opt: i32,
+) -> std::io::Result<i32> {
+    use std::os::fd::AsRawFd;
+    let mut val: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `val`, a live local.
+    check(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            opt,
+            (&mut val as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    })?;
+    Ok(val)
+}
+
 /// A socket address in the kernel's layout.
 struct RawAddr {
     storage: libc::sockaddr_storage,
@@ -371,6 +393,90 @@ pub fn send_all(fd: std::os::fd::BorrowedFd<'_>, mut data: &[u8]) -> std::io::Re
     }
     Ok(())
 }
+/// Sends one message on a UNIX socket without blocking, with the files
+/// `files` attached (SCM_RIGHTS) and, given, the credentials `creds`
+/// (SCM_CREDENTIALS, which needs the privilege to name another process or
+/// user). Returns the bytes sent (a stream may take fewer).
+pub fn send_unix_message(
+    fd: std::os::fd::BorrowedFd<'_>,
+    data: &[u8],
+    files: &[std::os::fd::BorrowedFd<'_>],
+    creds: Option<libc::ucred>,
+) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // Room for SCM_MAX_FD (253) fds and one ucred, in 8-byte words.
+    const CONTROL_WORDS: usize = 136;
+    let fds_len = files.len() * std::mem::size_of::<libc::c_int>();
+    let rights_space = if files.is_empty() {
+        0
+    } else {
+        // SAFETY: CMSG_SPACE only computes a size.
+        unsafe { libc::CMSG_SPACE(fds_len as u32) as usize }
+    };
+    let creds_space = if creds.is_some() {
+        // SAFETY: as above.
+        unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::ucred>() as u32) as usize }
+    } else {
+        0
+    };
+    let mut control = [0u64; CONTROL_WORDS];
+    if rights_space + creds_space > std::mem::size_of_val(&control) {
+        return Err(std::io::Error::from_raw_os_error(libc::E2BIG));
+    }
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr().cast_mut().cast(),
+        iov_len: data.len(),
+    };
+    // SAFETY: msghdr is plain old data; all zeroes is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if rights_space + creds_space > 0 {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = rights_space + creds_space;
+    }
+    // SAFETY: the control buffer holds `rights_space + creds_space` bytes
+    // (checked above); CMSG_FIRSTHDR/NXTHDR stay within msg_controllen and
+    // each payload is written unaligned within its cmsg_len.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        if !files.is_empty() {
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(fds_len as u32) as _;
+            let at = libc::CMSG_DATA(c).cast::<libc::c_int>();
+            for (i, f) in files.iter().enumerate() {
+                std::ptr::write_unaligned(at.add(i), f.as_raw_fd());
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+        if let Some(creds) = creds {
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_CREDENTIALS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::ucred>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::ucred>(), creds);
+        }
+    }
+    loop {
+        // SAFETY: every pointer in `msg` is to a live local or to `data`,
+        // with their true lengths; the kernel only reads them.
+        let n = unsafe {
+            libc::sendmsg(
+                fd.as_raw_fd(),
+                &msg,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// An ioctl whose argument is an int passed by pointer (`TIOCPKT`,
 /// `TIOCSPTLCK`).
 pub fn ioctl_set_int(

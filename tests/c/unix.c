@@ -26,9 +26,20 @@
  * then the root and the child play ping-pong over every cross-process
  * pair; the root reaps the child (exit 0 = all its checks passed).
  *
- * `unix WORKDIR inflight`: a stream pair whose queue holds a message with
- * an fd (SCM_RIGHTS); the dump must be refused, and after go the message
- * and its fd arrive intact.
+ * `unix WORKDIR inflight`: a stream pair whose queue holds messages with
+ * fds (SCM_RIGHTS) no fd of the tree holds: a pipe's read end, a regular
+ * file, one end of a socket pair, then the pipe end and the file again;
+ * after go each arrives with its message, the same open file as before.
+ * `unix WORKDIR inflight_dgram`: a datagram pair with a pipe end in flight,
+ * an empty datagram and another; a stream and a seqpacket socket never
+ * connected; a seqpacket socket whose peer closed after sending. After go
+ * every datagram arrives as it was.
+ * `unix WORKDIR creds`: a datagram carrying a pipe end sent before
+ * SO_PASSCRED, then a child's datagram queued on the socket with
+ * SO_PASSCRED; after go the first still has no credentials and the
+ * second the child's.
+ * `unix WORKDIR nested`: a socket in flight with a pipe end in flight on
+ * it; the dump must be refused, and after go both arrive intact.
  * `unix WORKDIR outside`: a stream socket whose peer is held by an
  * orphaned grandchild (outside the tree); the dump must be refused, and
  * after go the pair still works both ways.
@@ -276,40 +287,238 @@ static void child(int st, int dg, int sq, int sh, int pend, int acc_client, int 
 	_exit(0);
 }
 
+/* Sends `text` on `s` with the fds `fds` (SCM_RIGHTS; none if n == 0). */
+static void send_fds(int s, const char *text, size_t len, const int *fds, int n)
+{
+	char cbuf[CMSG_SPACE(4 * sizeof(int))];
+	struct iovec iov = { .iov_base = (void *)text, .iov_len = len };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+	if (n > 0) {
+		m.msg_control = cbuf;
+		m.msg_controllen = CMSG_SPACE(n * sizeof(int));
+		struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(n * sizeof(int));
+		memcpy(CMSG_DATA(c), fds, n * sizeof(int));
+	}
+	if (sendmsg(s, &m, 0) != (ssize_t)len)
+		die("sendmsg SCM_RIGHTS");
+}
+
+/*
+ * Receives one message of `want` bytes into msgbuf with at most 4 fds in
+ * `fds`; returns how many fds came (-1 if the message was not that).
+ */
+static int recv_fds(int s, const char *want, size_t len, int *fds)
+{
+	char cbuf[CMSG_SPACE(4 * sizeof(int))];
+	struct iovec iov = { .iov_base = msgbuf, .iov_len = sizeof(msgbuf) };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+			    .msg_controllen = sizeof(cbuf) };
+	ssize_t got = recvmsg(s, &m, MSG_DONTWAIT);
+	if (got != (ssize_t)len || memcmp(msgbuf, want, len) != 0)
+		return -1;
+	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+	if (!c || c->cmsg_type != SCM_RIGHTS)
+		return 0;
+	int n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+	memcpy(fds, CMSG_DATA(c), n * sizeof(int));
+	return n;
+}
+
+/*
+ * A stream pair whose queue holds, in order: a pipe's read end (its write
+ * end kept, data buffered), a regular file read to offset 4, one end of a
+ * socket pair whose other end is kept (bytes queued for the end in
+ * flight), then the pipe's read end and the file again in one message.
+ * None of them is held by any fd but the queue's.
+ */
 static void inflight(void)
 {
-	int sv[2], pp[2];
-	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) || pipe(pp))
+	int sv[2], pp[2], sp[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) || pipe(pp) ||
+	    socketpair(AF_UNIX, SOCK_STREAM, 0, sp))
 		die("socketpair/pipe");
 	if (write(pp[1], "through the pipe", 16) != 16)
 		die("write pipe");
-	char cbuf[CMSG_SPACE(sizeof(int))];
-	struct iovec iov = { .iov_base = "fd!", .iov_len = 3 };
+	char path[PATH_MAX];
+	victim_path(path, sizeof(path), "inflight.txt");
+	int file = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+	if (file < 0 || write(file, "0123456789", 10) != 10 || lseek(file, 4, SEEK_SET) != 4)
+		die("inflight.txt");
+	if (write(sp[1], "to the end in flight", 20) != 20)
+		die("write sp");
+	send_fds(sv[0], "fd!", 3, &pp[0], 1);
+	send_fds(sv[0], "file", 4, &file, 1);
+	send_fds(sv[0], "sock", 4, &sp[0], 1);
+	int both[2] = { pp[0], file };
+	send_fds(sv[0], "both", 4, both, 2);
+	close(pp[0]);
+	close(file);
+	close(sp[0]);
+
+	victim_ready_and_wait(NULL);
+
+	int fds[4] = { -1, -1, -1, -1 };
+	int pipe_end, file_fd, sock_end;
+	CHECK(recv_fds(sv[1], "fd!", 3, fds) == 1, "message with the pipe end lost");
+	pipe_end = fds[0];
+	CHECK(pipe_end >= 0 && read(pipe_end, msgbuf, 16) == 16 &&
+		      memcmp(msgbuf, "through the pipe", 16) == 0,
+	      "the pipe end in flight was lost or changed");
+	CHECK(recv_fds(sv[1], "file", 4, fds) == 1, "message with the file lost");
+	file_fd = fds[0];
+	CHECK(file_fd >= 0 && read(file_fd, msgbuf, 2) == 2 && memcmp(msgbuf, "45", 2) == 0,
+	      "the file in flight lost its offset or contents");
+	CHECK(recv_fds(sv[1], "sock", 4, fds) == 1, "message with the socket lost");
+	sock_end = fds[0];
+	CHECK(sock_end >= 0 && recv(sock_end, msgbuf, 20, MSG_DONTWAIT) == 20 &&
+		      memcmp(msgbuf, "to the end in flight", 20) == 0,
+	      "the socket in flight lost its queue");
+	CHECK(sock_end >= 0 && write(sock_end, "back", 4) == 4 &&
+		      recv(sp[1], msgbuf, 4, MSG_DONTWAIT) == 4 && memcmp(msgbuf, "back", 4) == 0,
+	      "the socket in flight is no longer connected to its peer");
+	CHECK(recv_fds(sv[1], "both", 4, fds) == 2, "message with two fds lost");
+	/* The same descriptions again: the file's offset is shared. */
+	CHECK(read(fds[1], msgbuf, 2) == 2 && memcmp(msgbuf, "67", 2) == 0,
+	      "the file sent twice is no longer one open file");
+	CHECK(write(pp[1], "x", 1) == 1 && read(fds[0], msgbuf, 1) == 1 && msgbuf[0] == 'x',
+	      "the pipe end sent twice is no longer the kept write end's pipe");
+	victim_finish();
+}
+
+/*
+ * A datagram pair with "a" carrying a pipe's read end, an empty datagram
+ * and "c"; a socket never bound nor connected of each type; a seqpacket
+ * socket whose peer closed after sending "last".
+ */
+static void inflight_dgram(void)
+{
+	int dv[2], pp[2], sq[2];
+	if (socketpair(AF_UNIX, SOCK_DGRAM, 0, dv) || pipe(pp) ||
+	    socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sq))
+		die("socketpair/pipe");
+	if (write(pp[1], "p", 1) != 1)
+		die("write pipe");
+	send_fds(dv[0], "a", 1, &pp[0], 1);
+	if (send(dv[0], "", 0, 0) != 0 || send(dv[0], "c", 1, 0) != 1)
+		die("send dgram");
+	close(pp[0]);
+	int lone_stream = socket(AF_UNIX, SOCK_STREAM, 0);
+	int lone_seq = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+	if (lone_stream < 0 || lone_seq < 0)
+		die("socket");
+	if (send(sq[0], "last", 4, 0) != 4)
+		die("send seqpacket");
+	close(sq[0]);
+
+	victim_ready_and_wait(NULL);
+
+	int fds[4] = { -1, -1, -1, -1 };
+	CHECK(recv_fds(dv[1], "a", 1, fds) == 1, "datagram with the pipe end lost");
+	CHECK(fds[0] >= 0 && read(fds[0], msgbuf, 1) == 1 && msgbuf[0] == 'p',
+	      "the pipe end in flight was lost or changed");
+	CHECK(recv(dv[1], msgbuf, sizeof(msgbuf), MSG_DONTWAIT) == 0, "the empty datagram was lost");
+	CHECK(recv(dv[1], msgbuf, sizeof(msgbuf), MSG_DONTWAIT) == 1 && msgbuf[0] == 'c',
+	      "the datagram after the empty one was lost");
+	CHECK(recv(dv[1], msgbuf, sizeof(msgbuf), MSG_DONTWAIT) < 0 && errno == EAGAIN,
+	      "more datagrams than were sent");
+	int type = 0;
+	socklen_t tlen = sizeof(type);
+	CHECK(getsockopt(lone_stream, SOL_SOCKET, SO_TYPE, &type, &tlen) == 0 && type == SOCK_STREAM,
+	      "the lone stream socket is gone");
+	CHECK(getsockopt(lone_seq, SOL_SOCKET, SO_TYPE, &type, &tlen) == 0 && type == SOCK_SEQPACKET,
+	      "the lone seqpacket socket is gone");
+	CHECK(recv(sq[1], msgbuf, sizeof(msgbuf), MSG_DONTWAIT) == 4 && memcmp(msgbuf, "last", 4) == 0,
+	      "the message of the closed seqpacket peer was lost");
+	CHECK(recv(sq[1], msgbuf, sizeof(msgbuf), MSG_DONTWAIT) == 0,
+	      "the seqpacket socket whose peer closed does not read its end");
+	victim_finish();
+}
+
+/*
+ * A child sends a datagram to the parent's socket, which has SO_PASSCRED:
+ * after restore the parent still sees the child's pid, uid and gid.
+ */
+static void creds(void)
+{
+	int dv[2], pp[2];
+	if (socketpair(AF_UNIX, SOCK_DGRAM, 0, dv) || pipe(pp))
+		die("socketpair/pipe");
+	/* Sent before SO_PASSCRED: no credentials, and a pipe end in flight. */
+	send_fds(dv[0], "pre", 3, &pp[0], 1);
+	close(pp[0]);
+	int on = 1;
+	if (setsockopt(dv[1], SOL_SOCKET, SO_PASSCRED, &on, sizeof(on)))
+		die("SO_PASSCRED");
+	pid_t kid = fork();
+	if (kid < 0)
+		die("fork");
+	if (kid == 0) {
+		if (send(dv[0], "cred", 4, 0) != 4)
+			_exit(100);
+		victim_child_wait_go(101);
+		_exit(0);
+	}
+	/* The child's datagram is queued before ready. */
+	struct pollfd pfd = { .fd = dv[1], .events = POLLIN };
+	if (poll(&pfd, 1, 10000) != 1)
+		die("poll");
+
+	victim_ready_and_wait(NULL);
+
+	char cbuf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int))];
+	struct iovec iov = { .iov_base = msgbuf, .iov_len = sizeof(msgbuf) };
 	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
 			    .msg_controllen = sizeof(cbuf) };
+	struct ucred u = { 0 };
+	int fd_in_flight = -1;
+	CHECK(recvmsg(dv[1], &m, MSG_DONTWAIT) == 3 && memcmp(msgbuf, "pre", 3) == 0,
+	      "the datagram sent before SO_PASSCRED was lost");
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+		if (c->cmsg_type == SCM_CREDENTIALS)
+			memcpy(&u, CMSG_DATA(c), sizeof(u));
+		if (c->cmsg_type == SCM_RIGHTS)
+			memcpy(&fd_in_flight, CMSG_DATA(c), sizeof(int));
+	}
+	/* The kernel's "no credentials": pid 0, the overflow ids. */
+	CHECK(u.pid == 0, "the datagram sent before SO_PASSCRED is credited to pid %d", (int)u.pid);
+	CHECK(fd_in_flight >= 0 && write(pp[1], "q", 1) == 1 && read(fd_in_flight, msgbuf, 1) == 1 &&
+		      msgbuf[0] == 'q',
+	      "the pipe end in flight with it was lost");
+	m.msg_controllen = sizeof(cbuf);
+	u.pid = 0;
+	CHECK(recvmsg(dv[1], &m, MSG_DONTWAIT) == 4 && memcmp(msgbuf, "cred", 4) == 0,
+	      "the child's datagram was lost");
 	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-	c->cmsg_level = SOL_SOCKET;
-	c->cmsg_type = SCM_RIGHTS;
-	c->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(c), &pp[0], sizeof(int));
-	if (sendmsg(sv[0], &m, 0) != 3)
-		die("sendmsg SCM_RIGHTS");
+	if (c && c->cmsg_type == SCM_CREDENTIALS)
+		memcpy(&u, CMSG_DATA(c), sizeof(u));
+	CHECK(u.pid == kid && u.uid == getuid() && u.gid == getgid(),
+	      "the datagram's credentials are pid %d uid %u gid %u, not the child's %d", (int)u.pid,
+	      u.uid, u.gid, (int)kid);
+	victim_check_child(kid, "sender");
+	victim_finish();
+}
+
+/* A socket in flight that has an fd in flight itself: refused by name. */
+static void nested(void)
+{
+	int outer[2], inner[2], pp[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, outer) || socketpair(AF_UNIX, SOCK_STREAM, 0, inner) ||
+	    pipe(pp))
+		die("socketpair/pipe");
+	send_fds(inner[1], "p", 1, &pp[0], 1);
+	send_fds(outer[0], "s", 1, &inner[0], 1);
+	close(inner[0]);
 	close(pp[0]);
 
 	victim_ready_and_wait(NULL);
 
-	char data[4] = { 0 };
-	iov.iov_base = data;
-	iov.iov_len = sizeof(data);
-	m.msg_controllen = sizeof(cbuf);
-	CHECK(recvmsg(sv[1], &m, MSG_DONTWAIT) == 3 && memcmp(data, "fd!", 3) == 0,
-	      "message with the fd lost");
-	c = CMSG_FIRSTHDR(&m);
-	int got = -1;
-	if (c && c->cmsg_type == SCM_RIGHTS)
-		memcpy(&got, CMSG_DATA(c), sizeof(int));
-	CHECK(got >= 0 && read(got, msgbuf, 16) == 16 && memcmp(msgbuf, "through the pipe", 16) == 0,
-	      "the fd in flight was lost or changed");
+	int fds[4] = { -1, -1, -1, -1 };
+	CHECK(recv_fds(outer[1], "s", 1, fds) == 1, "message with the socket lost");
+	int in = fds[0];
+	CHECK(in >= 0 && recv_fds(in, "p", 1, fds) == 1, "message in the socket in flight lost");
 	victim_finish();
 }
 
@@ -412,6 +621,12 @@ int main(int argc, char **argv)
 	victim_init(argc, argv);
 	if (argc > 2 && strcmp(argv[2], "inflight") == 0)
 		inflight();
+	if (argc > 2 && strcmp(argv[2], "inflight_dgram") == 0)
+		inflight_dgram();
+	if (argc > 2 && strcmp(argv[2], "creds") == 0)
+		creds();
+	if (argc > 2 && strcmp(argv[2], "nested") == 0)
+		nested();
 	if (argc > 2 && strcmp(argv[2], "outside") == 0)
 		outside();
 	if (argc > 2 && strcmp(argv[2], "pendingdata") == 0)

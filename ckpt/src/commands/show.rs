@@ -168,6 +168,19 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
                 })
             })
             .collect();
+        // Files held by no fd, queued in a UNIX socket the process holds.
+        let in_flight: Vec<Value> = table
+            .in_flight
+            .iter()
+            .map(|f| {
+                let file = files.get(f.file_id);
+                json!({
+                    "file_id": f.file_id,
+                    "kind": file.map_or("missing", |x| x.kind_name()),
+                    "object": file.map(File::describe).unwrap_or_default(),
+                })
+            })
+            .collect();
         procs.push(json!({
             "pid": p.pid,
             "ppid": p.ppid,
@@ -197,6 +210,7 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
             "security": security_lines(&core),
             "vmas": vmas,
             "fds": fds,
+            "files_in_flight": in_flight,
             // Left by `dump --track` in the running process, for the next
             // dump's `--prev`; not part of what a restore rebuilds.
             "tracking": mm.tracking.map(|t| json!({"fd": t.fd, "inode": t.inode})),
@@ -562,6 +576,15 @@ fn render_text(v: &Value) -> String {
                 } else {
                     ""
                 },
+                f["object"].as_str().unwrap_or("")
+            );
+        }
+        for f in p["files_in_flight"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                s,
+                "    in flight file {:<4} {:<8} {}",
+                f["file_id"],
+                f["kind"].as_str().unwrap_or(""),
                 f["object"].as_str().unwrap_or("")
             );
         }

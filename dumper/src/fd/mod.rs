@@ -89,8 +89,8 @@ pub static REFUSED: &[(&str, &str)] = &[
         "a UNIX datagram socket connected one way to a socket without a name to connect to again, restored after it, or with datagrams queued for it; a bound datagram socket also connected both ways",
     ),
     (
-        "unix fds in flight",
-        "a UNIX socket with file descriptors queued in SCM_RIGHTS messages",
+        "unix nested fds in flight",
+        "a UNIX socket queued in an SCM_RIGHTS message that has file descriptors in flight itself; a file in flight of a kind ckpt refuses (named with its kind); a message credited (SO_PASSCRED) to a process outside the tree, or in a tree with a PID namespace of its own",
     ),
     (
         "pipe to outside the tree",
@@ -249,9 +249,15 @@ fn socket_family(proto: &str) -> String {
 }
 
 /// Raw image files produced while collecting (written beside the
-/// metadata, checksummed like it).
+/// metadata, checksummed like it), and the files a collected UNIX socket
+/// has in flight, held until the whole tree is seen.
 #[derive(Default)]
-pub struct Blobs(Vec<Blob>);
+pub struct Blobs(Vec<Blob>, HashMap<u64, FilesInFlight>);
+
+/// The files each queued message of one socket carries (SCM_RIGHTS), as
+/// ckpt's own fds: a message may be seen by one peek only (an empty
+/// datagram is skipped once peeked), so they are kept from that peek.
+pub type FilesInFlight = Vec<Vec<std::os::fd::OwnedFd>>;
 
 /// One raw image file.
 pub struct Blob {
@@ -286,6 +292,16 @@ impl Blobs {
         self.0.iter().any(|b| b.name == name)
     }
 
+    /// Keeps the files in flight on the socket of file `file_id`.
+    pub fn keep_in_flight(&mut self, file_id: u64, files: FilesInFlight) {
+        self.1.insert(file_id, files);
+    }
+
+    /// Takes the files in flight kept for file `file_id`.
+    pub fn take_in_flight(&mut self, file_id: u64) -> Option<FilesInFlight> {
+        self.1.remove(&file_id)
+    }
+
     /// The raw images, in the order they were added.
     pub fn iter(&self) -> impl Iterator<Item = &Blob> {
         self.0.iter()
@@ -313,15 +329,45 @@ pub struct TreeFiles {
 }
 
 impl TreeFiles {
-    /// Every fd of the tree with its process, tree order.
+    /// Every fd of the tree with its process, tree order, then the files
+    /// only in flight (`FdTable::in_flight`, numbers no fd has).
     pub fn holders(&self) -> impl Iterator<Item = Holder> + '_ {
-        self.tables.iter().flat_map(|(pid, t)| {
+        let fds = self.tables.iter().flat_map(|(pid, t)| {
             t.fds.iter().map(|f| Holder {
                 pid: *pid,
                 fd: f.fd,
                 file_id: f.file_id,
             })
-        })
+        });
+        let in_flight = self.tables.iter().flat_map(|(pid, t)| {
+            t.in_flight.iter().map(|f| Holder {
+                pid: *pid,
+                fd: f.fd,
+                file_id: f.file_id,
+            })
+        });
+        fds.chain(in_flight)
+    }
+
+    /// Records file `file_id`, queued in a socket process `pid` holds and
+    /// held by no fd of the tree, in that process's table: restore opens
+    /// it there at a number above its fds, sends it and closes it.
+    pub fn add_in_flight(&mut self, pid: i32, file_id: u64) {
+        let Some((_, table)) = self.tables.iter_mut().find(|(p, _)| *p == pid) else {
+            return;
+        };
+        let above = table
+            .fds
+            .iter()
+            .chain(&table.in_flight)
+            .map(|f| f.fd)
+            .max()
+            .unwrap_or(-1);
+        table.in_flight.push(Fd {
+            fd: above + 1,
+            cloexec: true,
+            file_id,
+        });
     }
 
     /// The file with this id (ids come from this collection).

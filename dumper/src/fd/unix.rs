@@ -13,20 +13,25 @@
 //! listeners (path or abstract name, unlinked or not) with the
 //! connections not yet accepted whose clients are in the tree; bound
 //! sockets, a bound datagram socket with its queue, and datagram sockets
-//! connected one way to one in the tree. Refused by name: a peer outside
-//! the tree, data sent on a connection not yet accepted, messages carrying
-//! file descriptors, sockets in another network namespace, and the rarer
-//! shapes listed in `link_tree`.
+//! connected one way to one in the tree; the files queued messages carry
+//! (SCM_RIGHTS, see `link_in_flight`) and their senders' credentials
+//! (SO_PASSCRED); empty datagrams; sockets never bound nor connected.
+//! Refused by name: a peer outside the tree, data sent on a connection
+//! not yet accepted, a socket in flight with files in flight itself,
+//! sockets in another network namespace, and the rarer shapes listed in
+//! `link_tree`.
 
 mod diag;
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 
 use ckpt_image::fd::file::Kind;
-use ckpt_image::fd::unix::{MAX_QUEUE_BYTES, MAX_QUEUE_MESSAGES, UnixBoundFile, UnixSocketFile};
+use ckpt_image::fd::unix::{
+    MAX_QUEUE_BYTES, MAX_QUEUE_MESSAGES, UnixAncillary, UnixBoundFile, UnixCreds, UnixSocketFile,
+};
 use nix::sys::socket::MsgFlags;
 
 use diag::UnixDiag;
@@ -43,13 +48,6 @@ pub struct Unix;
 /// `UNIX-STREAM`).
 const UNIX_PROTOCOL: &str = "UNIX";
 
-/// `sizeof(struct cmsghdr)`: a control buffer of this size holds no
-/// ancillary data at all.
-const CMSGHDR_LEN: usize = std::mem::size_of::<libc::cmsghdr>();
-
-/// `CMSG_SPACE(sizeof(struct ucred))`: room for SCM_CREDENTIALS only.
-const CREDS_SPACE: usize = CMSGHDR_LEN + std::mem::size_of::<libc::ucred>().next_multiple_of(8);
-
 /// SO_PASSPIDFD (Linux 6.5+; not in every libc): a pidfd with each message.
 const SO_PASSPIDFD: i32 = 76;
 
@@ -62,7 +60,7 @@ impl FileDumper for Unix {
     }
 
     fn description(&self) -> &'static str {
-        "UNIX sockets (stream, datagram, seqpacket): pairs within the tree with the data queued both ways, listeners on a path or abstract name with their pending connections, bound and one-way datagram sockets; shutdown state and options"
+        "UNIX sockets (stream, datagram, seqpacket): pairs within the tree with the data queued both ways, the files in flight (SCM_RIGHTS) and senders' credentials (SO_PASSCRED) of queued messages, listeners on a path or abstract name with their pending connections, bound, one-way datagram and never connected sockets; shutdown state and options"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -89,6 +87,8 @@ impl FileDumper for Unix {
             Queue {
                 lengths: Vec::new(),
                 data: Vec::new(),
+                ancillary: Vec::new(),
+                files: Vec::new(),
                 peek_off: opt("SO_PEEK_OFF", libc::SO_PEEK_OFF)?,
             }
         } else {
@@ -123,7 +123,12 @@ impl FileDumper for Unix {
             backlog: 0,
             connect_to_file_id: 0,
             peer_closed: false,
+            ancillary: queue.ancillary,
         };
+        // The files in flight are identified once the whole tree is seen.
+        if image.has_files_in_flight() {
+            blobs.keep_in_flight(file_id, queue.files);
+        }
         if !queue.data.is_empty() {
             blobs.add(ckpt_image::unix_queue_name(file_id), queue.data);
         }
@@ -131,6 +136,9 @@ impl FileDumper for Unix {
     }
 
     fn link_tree(&self, tree: &mut TreeFiles) -> Result<()> {
+        link_in_flight(tree)?;
+        // After: a socket held only in flight has a queue too.
+        check_senders(tree)?;
         let holders = first_holders(tree);
         if holders.is_empty() {
             return Ok(());
@@ -143,6 +151,186 @@ impl FileDumper for Unix {
         let links = Linker::new(tree, &holders, &kernel).links()?;
         apply_links(tree, &links);
         Ok(())
+    }
+}
+
+/// Refuses a queued message whose sender's credentials (kept for a socket
+/// with SO_PASSCRED) name a process outside the tree: restore names the
+/// sender again by its pid, which only the tree's processes keep.
+fn check_senders(tree: &TreeFiles) -> Result<()> {
+    for (file_id, h) in first_holders(tree) {
+        let Some(Kind::Unix(u)) = &tree.file(file_id).kind else {
+            continue;
+        };
+        let outside = u
+            .ancillary
+            .iter()
+            .filter_map(|a| a.creds.as_ref())
+            .find(|c| !tree.tables.iter().any(|(pid, _)| *pid == c.pid));
+        if let Some(c) = outside {
+            return Err(refuse(
+                &h,
+                format!(
+                    "unix socket with SO_PASSCRED has a message queued from pid {}, outside the dumped tree (its credentials could not be given back)",
+                    c.pid
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Gives every file queued in a socket of the tree (SCM_RIGHTS) its file
+/// id: the file of the fd of the tree that shares its description, else a
+/// file of its own, collected by its kind like any fd and opened at
+/// restore by the receiving socket's process just to be sent again.
+/// ckpt's copies of the files, kept from the peeks of `collect`, close
+/// when this returns.
+fn link_in_flight(tree: &mut TreeFiles) -> Result<()> {
+    let carriers: Vec<(u64, Holder)> = first_holders(tree)
+        .into_iter()
+        .filter(|(id, _)| {
+            matches!(&tree.file(*id).kind, Some(Kind::Unix(u)) if u.has_files_in_flight())
+        })
+        .collect();
+    if carriers.is_empty() {
+        return Ok(());
+    }
+    let mut known = KnownFiles::of(tree)?;
+    for (file_id, h) in carriers {
+        let Some(files) = tree.blobs.take_in_flight(file_id) else {
+            continue;
+        };
+        let mut ids = Vec::with_capacity(files.len());
+        for message in &files {
+            let mut these = Vec::with_capacity(message.len());
+            for f in message {
+                these.push(known.identify(tree, &h, f.as_fd())?);
+            }
+            ids.push(these);
+        }
+        let carrier = tree.files.files.iter_mut().find(|f| f.id == file_id);
+        let Some(Kind::Unix(u)) = carrier.and_then(|f| f.kind.as_mut()) else {
+            unreachable!("carriers are unix sockets of the tree");
+        };
+        for (a, these) in u.ancillary.iter_mut().zip(ids) {
+            a.file_ids = these;
+        }
+    }
+    Ok(())
+}
+
+/// The files of the tree by identity, to find a file in flight among
+/// them, and those found only in flight.
+struct KnownFiles {
+    /// Every fd of the tree, by the inode of its file.
+    by_inode: HashMap<(u64, u64), Vec<Holder>>,
+    /// Files collected from ckpt's copy of a file in flight, with that
+    /// copy (compared with `kcmp`).
+    in_flight: Vec<(OwnedFd, u64)>,
+}
+
+impl KnownFiles {
+    fn of(tree: &TreeFiles) -> Result<KnownFiles> {
+        let mut by_inode: HashMap<(u64, u64), Vec<Holder>> = HashMap::new();
+        for h in tree.holders() {
+            let path = procfile::path(h.pid, &format!("fd/{}", h.fd));
+            let meta = std::fs::metadata(&path).map_err(|s| procfile::proc_err(h.pid, path, s))?;
+            by_inode
+                .entry((meta.dev(), meta.ino()))
+                .or_default()
+                .push(h);
+        }
+        Ok(KnownFiles {
+            by_inode,
+            in_flight: Vec::new(),
+        })
+    }
+
+    /// The file id of `f`, a file in flight to the socket `to` holds:
+    /// collected now if no fd of the tree shares its description.
+    fn identify(&mut self, tree: &mut TreeFiles, to: &Holder, f: BorrowedFd<'_>) -> Result<u64> {
+        let me = std::process::id() as i32;
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&f);
+        let path = procfile::path(me, &format!("fd/{raw}"));
+        let meta = std::fs::metadata(&path).map_err(|s| procfile::proc_err(me, path, s))?;
+        let same = |pid: i32, fd: i32| {
+            sys::same_file_description_of(me, raw, pid, fd).map_err(|source| DumpError::Proc {
+                pid: to.pid,
+                path: format!(
+                    "kcmp of a file in flight to fd {} with pid {pid} fd {fd}",
+                    to.fd
+                )
+                .into(),
+                source,
+            })
+        };
+        for h in self
+            .by_inode
+            .get(&(meta.dev(), meta.ino()))
+            .into_iter()
+            .flatten()
+        {
+            if same(h.pid, h.fd)? {
+                return Ok(h.file_id);
+            }
+        }
+        for (copy, id) in &self.in_flight {
+            if same(me, std::os::fd::AsRawFd::as_raw_fd(copy))? {
+                return Ok(*id);
+            }
+        }
+        let p = super::params(me, raw, &[])?;
+        let id = tree.files.files.len() as u64 + 1;
+        let collected = match super::KINDS.iter().find(|k| k.claims(&p)) {
+            Some(k) => k.collect(&p, id, &mut tree.blobs),
+            None => Err(p.unsupported(&p.describe())),
+        };
+        let kind = collected.map_err(|e| in_flight_error(to, e))?;
+        if let Kind::Unix(u) = &kind
+            && u.has_files_in_flight()
+        {
+            return Err(refuse(
+                to,
+                "unix socket has a unix socket in flight that has file descriptors in flight itself (nested SCM_RIGHTS)".into(),
+            ));
+        }
+        let file = ckpt_image::fd::File {
+            id,
+            flags: p.flags & !(libc::O_CLOEXEC as u32),
+            pos: p.pos,
+            kind: Some(kind),
+        };
+        log::debug!(
+            "pid {}: fd {}: {} {} in flight (open file {id})",
+            to.pid,
+            to.fd,
+            file.kind_name(),
+            p.link
+        );
+        tree.files.files.push(file);
+        tree.add_in_flight(to.pid, id);
+        let copy = f
+            .try_clone_to_owned()
+            .map_err(|e| os_err(&p, "dup of a file in flight", e))?;
+        self.in_flight.push((copy, id));
+        Ok(id)
+    }
+}
+
+/// An error about a file in flight, said of the socket it is queued in
+/// (not of ckpt, which held it to look at it).
+fn in_flight_error(to: &Holder, e: DumpError) -> DumpError {
+    let what = match e {
+        DumpError::Unsupported { what, .. } => what,
+        other => other.to_string(),
+    };
+    DumpError::Unsupported {
+        pid: to.pid,
+        what: format!(
+            "fd {}: unix socket has a file in flight that ckpt cannot save: {what}",
+            to.fd
+        ),
     }
 }
 
@@ -538,6 +726,11 @@ impl Timeval {
 struct Queue {
     lengths: Vec<u32>,
     data: Vec<u8>,
+    /// What each message carries besides its bytes (empty if none does);
+    /// file ids are 0 until `link_tree` knows them.
+    ancillary: Vec<UnixAncillary>,
+    /// The files each message carries, installed in ckpt by the peek.
+    files: Vec<Vec<OwnedFd>>,
     /// SO_PEEK_OFF as the process had it.
     peek_off: i32,
 }
@@ -549,11 +742,12 @@ fn peek_queue(p: &FdParams, fd: BorrowedFd<'_>, sock_type: i32) -> Result<Queue>
         .map_err(|e| os_err(p, "SO_PEEK_OFF", e))?;
     sys::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, 0)
         .map_err(|e| os_err(p, "SO_PEEK_OFF", e))?;
-    let walked = walk(p, fd, sock_type == libc::SOCK_STREAM);
+    let walked = walk(p, fd, sock_type);
     let put_back = sys::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, old)
         .map_err(|e| os_err(p, "SO_PEEK_OFF (put back)", e));
-    let (lengths, data) = walked?;
+    let mut queue = walked?;
     put_back?;
+    queue.peek_off = old;
     // A stream's out-of-band byte (MSG_OOB) is peeked inline, and sending
     // it back inline would hand the reader a byte it never reads.
     if sock_type == libc::SOCK_STREAM {
@@ -570,78 +764,118 @@ fn peek_queue(p: &FdParams, fd: BorrowedFd<'_>, sock_type: i32) -> Result<Queue>
     // What the peeks saw must be the whole queue.
     if sock_type != libc::SOCK_DGRAM {
         let queued = sys::socket_inq(fd).map_err(|e| os_err(p, "SIOCINQ", e))?;
-        if queued != data.len() as u64 {
+        if queued != queue.data.len() as u64 {
             return Err(p.unsupported(&format!(
                 "unix socket queue not readable whole ({} of {queued} bytes)",
-                data.len()
+                queue.data.len()
             )));
         }
     }
-    Ok(Queue {
-        lengths,
-        data,
-        peek_off: old,
-    })
+    Ok(queue)
 }
 
-/// Why a peek's ancillary data did not fit: fds in flight, unless the
-/// socket also asks for data ckpt does not read.
-fn in_flight(fd: BorrowedFd<'_>) -> String {
+/// Why a peek's ancillary data cannot be kept: options asking for data
+/// ckpt does not restore, or more than its control buffer holds.
+fn unkept_ancillary(fd: BorrowedFd<'_>) -> String {
     let on = |opt| sys::getsockopt_int(fd, libc::SOL_SOCKET, opt).is_ok_and(|v| v != 0);
     if on(SO_PASSPIDFD) || on(libc::SO_PASSSEC) {
         "unix socket with SO_PASSPIDFD or SO_PASSSEC and messages queued (ancillary data ckpt does not read)".into()
     } else {
-        "unix socket has file descriptors in flight (SCM_RIGHTS)".into()
+        "unix socket with a queued message whose ancillary data does not fit ckpt's control buffer"
+            .into()
     }
 }
 
+/// The socket is shut down for reading: a read of 0 bytes is its end,
+/// not an empty message.
+fn read_shut_down(fd: BorrowedFd<'_>) -> bool {
+    sys::poll_now(fd, libc::POLLRDHUP).is_ok_and(|r| r & libc::POLLRDHUP != 0)
+}
+
 /// The peeks themselves: one message at a time for datagrams and
-/// seqpackets, what comes for a stream.
-fn walk(p: &FdParams, fd: BorrowedFd<'_>, stream: bool) -> Result<(Vec<u32>, Vec<u8>)> {
-    let mut lengths = Vec::new();
-    let mut data = Vec::new();
+/// seqpackets, what comes for a stream (a chunk ends at a message
+/// carrying files).
+fn walk(p: &FdParams, fd: BorrowedFd<'_>, sock_type: i32) -> Result<Queue> {
+    let stream = sock_type == libc::SOCK_STREAM;
+    let mut q = Queue {
+        lengths: Vec::new(),
+        data: Vec::new(),
+        ancillary: Vec::new(),
+        files: Vec::new(),
+        peek_off: 0,
+    };
     let mut buf = vec![0u8; PEEK_CHUNK];
-    // Room for the credentials SO_PASSCRED attaches and nothing more: fds
-    // in flight then show as MSG_CTRUNC instead of landing in ckpt.
     let passcred = sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PASSCRED)
         .map_err(|e| os_err(p, "SO_PASSCRED", e))?
         != 0;
-    let control_len = if passcred { CREDS_SPACE } else { CMSGHDR_LEN };
+    let shut = read_shut_down(fd);
     loop {
-        let peeked = match sys::peek_message(fd, &mut buf, !stream, control_len) {
+        let peeked = match sys::peek_message(fd, &mut buf, !stream) {
             Ok(m) => m,
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => break,
+            // A stream or seqpacket socket never connected has no queue
+            // to read (EINVAL, ENOTCONN).
+            Err(e)
+                if q.lengths.is_empty()
+                    && !stream_or_dgram_connected(fd, sock_type)
+                    && matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOTCONN)) =>
+            {
+                break;
+            }
             Err(e) => return Err(os_err(p, "recvmsg(MSG_PEEK)", e)),
         };
         let len = peeked.len;
-        if peeked.ctrunc {
-            return Err(p.unsupported(&in_flight(fd)));
+        if peeked.ctrunc || peeked.other.is_some() {
+            return Err(p.unsupported(&unkept_ancillary(fd)));
         }
-        if stream && len == 0 {
-            // End of stream: the peer shut down its sending side.
+        if len == 0 && (stream || shut) && peeked.fds.is_empty() {
+            // End of the queue: the peer shut down its sending side.
             break;
         }
         if len > buf.len() {
             // A datagram larger than the buffer: the peek offset moved by
             // what was copied; step back and peek it whole.
-            let at = i32::try_from(data.len()).map_err(|_| too_large(p))?;
+            let at = i32::try_from(q.data.len()).map_err(|_| too_large(p))?;
             sys::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, at)
                 .map_err(|e| os_err(p, "SO_PEEK_OFF", e))?;
             buf.resize(len, 0);
             continue;
         }
-        if data.len() + len > MAX_QUEUE_BYTES || lengths.len() >= MAX_QUEUE_MESSAGES {
+        if q.data.len() + len > MAX_QUEUE_BYTES || q.lengths.len() >= MAX_QUEUE_MESSAGES {
             return Err(too_large(p));
         }
-        data.extend_from_slice(&buf[..len]);
-        lengths.push(len as u32);
-        if !stream && len == 0 {
-            // A zero-length datagram does not move the peek offset: the
-            // next peek would return it again.
-            return Err(p.unsupported("unix socket with an empty datagram queued"));
-        }
+        q.data.extend_from_slice(&buf[..len]);
+        q.lengths.push(len as u32);
+        q.ancillary.push(UnixAncillary {
+            // Known once the whole tree is seen (link_tree).
+            file_ids: vec![0; peeked.fds.len()],
+            // pid 0: no credentials were attached when it was sent
+            // (neither end had SO_PASSCRED); sent again the same way.
+            creds: peeked
+                .creds
+                .filter(|c| passcred && c.pid != 0)
+                .map(|c| UnixCreds {
+                    pid: c.pid,
+                    uid: c.uid,
+                    gid: c.gid,
+                }),
+        });
+        q.files.push(peeked.fds);
+        // An empty datagram is marked peeked by the kernel and skipped by
+        // the next peek, which goes on to the one after it.
     }
-    Ok((lengths, data))
+    if q.ancillary
+        .iter()
+        .all(|a| a.file_ids.is_empty() && a.creds.is_none())
+    {
+        q.ancillary.clear();
+    }
+    Ok(q)
+}
+
+/// A datagram socket, or a stream or seqpacket one that has a peer.
+fn stream_or_dgram_connected(fd: BorrowedFd<'_>, sock_type: i32) -> bool {
+    sock_type == libc::SOCK_DGRAM || sys::unix_peername(fd).is_some()
 }
 
 fn too_large(p: &FdParams) -> DumpError {

@@ -4,7 +4,11 @@
 //!
 //! The message is defined in `image/proto/fd_unix.proto`.
 
-pub use crate::pb::{UnixBoundFile, UnixSocketFile};
+pub use crate::pb::{UnixAncillary, UnixBoundFile, UnixCreds, UnixSocketFile};
+
+/// Most files one message may carry (the kernel's SCM_MAX_FD): a bound on
+/// what an image may ask the restorer to send.
+pub const MAX_FILES_PER_MESSAGE: usize = 253;
 
 /// Most bytes a socket's queue image may hold. The kernel caps a queue by
 /// the buffer sizes (SO_SNDBUF up to `wmem_max`, or forced by root); this
@@ -25,6 +29,21 @@ pub enum QueueError {
         listed: u64,
         /// Bytes in the image.
         held: u64,
+    },
+    /// The ancillary data is listed for a different number of messages
+    /// than the queue holds.
+    #[error("ancillary data listed for {listed} messages but {queued} are queued")]
+    Ancillary {
+        /// Entries of `ancillary`.
+        listed: usize,
+        /// Entries of `queue`.
+        queued: usize,
+    },
+    /// A message carries more files than the kernel passes in one.
+    #[error("a queued message carries {files} files (at most {MAX_FILES_PER_MESSAGE})")]
+    TooManyFiles {
+        /// Files listed for that message.
+        files: usize,
     },
     /// More than [`MAX_QUEUE_BYTES`] or [`MAX_QUEUE_MESSAGES`].
     #[error("queue of {messages} messages, {bytes} bytes is larger than ckpt accepts")]
@@ -80,6 +99,21 @@ impl UnixSocketFile {
                 held: data.len() as u64,
             });
         }
+        if !self.ancillary.is_empty() && self.ancillary.len() != self.queue.len() {
+            return Err(QueueError::Ancillary {
+                listed: self.ancillary.len(),
+                queued: self.queue.len(),
+            });
+        }
+        if let Some(a) = self
+            .ancillary
+            .iter()
+            .find(|a| a.file_ids.len() > MAX_FILES_PER_MESSAGE)
+        {
+            return Err(QueueError::TooManyFiles {
+                files: a.file_ids.len(),
+            });
+        }
         let mut rest = data;
         let mut out = Vec::with_capacity(self.queue.len());
         for &len in &self.queue {
@@ -88,6 +122,18 @@ impl UnixSocketFile {
             rest = tail;
         }
         Ok(out)
+    }
+}
+
+impl UnixSocketFile {
+    /// Some queued message carries files (SCM_RIGHTS).
+    pub fn has_files_in_flight(&self) -> bool {
+        self.ancillary.iter().any(|a| !a.file_ids.is_empty())
+    }
+
+    /// The ancillary data of queued message `i` (none if not listed).
+    pub fn ancillary_of(&self, i: usize) -> Option<&UnixAncillary> {
+        self.ancillary.get(i)
     }
 }
 
@@ -137,7 +183,19 @@ impl super::Describe for UnixSocketFile {
             s += &format!(" shutdown {}", self.shutdown);
         }
         let bytes: u64 = self.queue.iter().map(|&l| u64::from(l)).sum();
-        s + &format!(" queued {} messages {bytes} bytes", self.queue.len())
+        s += &format!(" queued {} messages {bytes} bytes", self.queue.len());
+        let in_flight: Vec<String> = self
+            .ancillary
+            .iter()
+            .flat_map(|a| a.file_ids.iter().map(u64::to_string))
+            .collect();
+        if !in_flight.is_empty() {
+            s += &format!(" files in flight {}", in_flight.join(","));
+        }
+        if self.ancillary.iter().any(|a| a.creds.is_some()) {
+            s += " with senders' credentials";
+        }
+        s
     }
 }
 
@@ -165,5 +223,30 @@ mod tests {
             ..Default::default()
         };
         assert!(huge.messages(b"").is_err());
+    }
+
+    #[test]
+    fn ancillary_must_match_the_queue_and_the_kernel_bound() {
+        let one = |n: usize| UnixAncillary {
+            file_ids: vec![1; n],
+            creds: None,
+        };
+        let mut s = UnixSocketFile {
+            queue: vec![1, 1],
+            ancillary: vec![one(1), one(0)],
+            ..Default::default()
+        };
+        assert!(s.messages(b"ab").is_ok());
+        assert!(s.has_files_in_flight());
+        s.ancillary.pop();
+        assert_eq!(
+            s.messages(b"ab"),
+            Err(QueueError::Ancillary {
+                listed: 1,
+                queued: 2
+            })
+        );
+        s.ancillary = vec![one(MAX_FILES_PER_MESSAGE + 1), one(0)];
+        assert!(s.messages(b"ab").is_err());
     }
 }

@@ -401,6 +401,21 @@ pub fn validate(images: &ImageDir, pid: i32, table: &FdTable, files: &Files) -> 
             )));
         }
     }
+    for f in &table.in_flight {
+        if f.fd <= last {
+            return Err(invalid(format!(
+                "file in flight at fd {}: not above every fd",
+                f.fd
+            )));
+        }
+        last = f.fd;
+        if files.get(f.file_id).is_none() {
+            return Err(invalid(format!(
+                "file in flight at fd {}: no file {} in files.img",
+                f.fd, f.file_id
+            )));
+        }
+    }
     for l in &table.locks {
         if !table.fds.iter().any(|f| f.fd == l.fd) {
             return Err(invalid(format!("lock on fd {}, not in the table", l.fd)));
@@ -437,7 +452,9 @@ pub fn restore(
     let previous = cx.fs.as_ref().map(|i| i.assume(r)).transpose()?;
     // An epoll registered in another epoll is rebuilt first: the outer one
     // adds it as a complete file.
-    let mut order: Vec<&Fd> = table.fds.iter().collect();
+    // Files held only in flight are opened like fds, at numbers above
+    // them, then handed to the restorer to be sent.
+    let mut order: Vec<&Fd> = table.fds.iter().chain(&table.in_flight).collect();
     order.sort_by_key(|fd| epoll::nesting(cx.shared.files, fd.file_id));
     for pass in [Pass::First, Pass::Last] {
         for fd in order.iter().copied() {
@@ -449,6 +466,7 @@ pub fn restore(
             install_file(cx, r, file, fd, pass)?;
         }
     }
+    unix::hold_in_flight(cx, r, &table.in_flight)?;
     if let Some(p) = previous {
         p.restore(r)?;
     }
@@ -458,14 +476,21 @@ pub fn restore(
         pty::restore_foreground(cx, r, ctty)?;
     }
     // What the restorer passed down and the process did not have.
+    // (A file in flight took and closed its number already.)
     for fd in std::mem::take(&mut cx.inherited) {
-        if !table.fds.iter().any(|f| f.fd == fd) {
+        if !table.fds.iter().chain(&table.in_flight).any(|f| f.fd == fd) {
             r.close(fd)?;
         }
     }
     // Last: closing any fd of a file releases the process's POSIX locks on it.
     lock::retake(r, &table.locks)?;
     Ok(())
+}
+
+/// Sends the UNIX socket queues that carry files (SCM_RIGHTS), once every
+/// process of the tree has its fds: before any process resumes.
+pub fn send_in_flight(shared: &mut RestoreContext<'_>, tables: &mut Tables) -> Result<()> {
+    unix::send_deferred(shared, tables)
 }
 
 /// Gives the session the process behind `r` has just become the leader

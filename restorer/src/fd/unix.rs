@@ -18,8 +18,14 @@
 //! sockets connected one way connect again by name in the last pass
 //! ([`UnixConnect`]).
 //!
-//! Not restored: the credentials of queued messages (they are the
-//! restorer's, for a receiver with SO_PASSCRED), SO_PEERCRED (the process
+//! Queued messages carry their senders' credentials again when dumped
+//! (SO_PASSCRED; the restorer names them, for pids of the checkpoint
+//! only). A queue whose messages carry files (SCM_RIGHTS) is sent last,
+//! once every process has its fds ([`send_deferred`]): each file is taken
+//! from the fd holding it in the tree, or is one the receiving process
+//! opened with its own rights only to hand over ([`hold_in_flight`]).
+//!
+//! Not restored: SO_PEERCRED (the process
 //! that made the pair), the names of an accepted connection's ends when
 //! the process making it does not hold its listener ([`through_listener`]),
 //! and the senders' addresses of a bound datagram socket's queue.
@@ -30,8 +36,8 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
 use ckpt_image::fd::File;
 use ckpt_image::fd::file::Kind;
-use ckpt_image::fd::unix::UnixSocketFile;
-use nix::sys::socket::{MsgFlags, Shutdown, send, shutdown};
+use ckpt_image::fd::unix::{UnixAncillary, UnixSocketFile};
+use nix::sys::socket::{Shutdown, shutdown};
 
 use super::{Context, FileRestorer, set_status_flags, take_from};
 use crate::error::{RestoreError, Result};
@@ -101,7 +107,7 @@ impl FileRestorer for Unix {
             }
             let here = take_socket(pid, s)?;
             if !image.queue.is_empty() {
-                refill_by_name(cx, r, file.id, image, fd)?;
+                refill_by_name(cx, r, here.as_fd(), file.id, image, fd)?;
             }
             configure(pid, here.as_fd(), image)?;
             s
@@ -169,8 +175,9 @@ impl FileRestorer for UnixConnect {
 /// the restorer sends through a copy of that socket, which is closed
 /// after. Their senders' addresses are not kept.
 fn refill_by_name(
-    cx: &Context<'_, '_>,
+    cx: &mut Context<'_, '_>,
     r: &Remote<'_>,
+    receiver: BorrowedFd<'_>,
     file_id: u64,
     image: &UnixSocketFile,
     fd: i32,
@@ -191,7 +198,11 @@ fn refill_by_name(
     connected?;
     let here = here?;
     force_refill_sndbuf(pid, here.as_fd())?;
-    refill(cx, pid, here.as_fd(), file_id, image, false, fd)
+    let ends = Ends {
+        sender: here.as_fd(),
+        receiver,
+    };
+    refill(cx, pid, ends, file_id, image, false, fd)
 }
 
 /// Argument slot of the scratch area for socket addresses (slot 0 holds
@@ -292,8 +303,16 @@ fn pair(
         None => socketpair(r, sock_type)?,
     };
     let stream = sock_type == libc::SOCK_STREAM as u64;
-    refill(cx, pid, theirs.as_fd(), file.id, image, stream, fd)?;
-    refill(cx, pid, mine.as_fd(), image.peer_file_id, &peer, stream, fd)?;
+    let to_mine = Ends {
+        sender: theirs.as_fd(),
+        receiver: mine.as_fd(),
+    };
+    let to_theirs = Ends {
+        sender: mine.as_fd(),
+        receiver: theirs.as_fd(),
+    };
+    refill(cx, pid, to_mine, file.id, image, stream, fd)?;
+    refill(cx, pid, to_theirs, image.peer_file_id, &peer, stream, fd)?;
     configure(pid, mine.as_fd(), image)?;
     configure(pid, theirs.as_fd(), &peer)?;
     cx.state::<Unclaimed>().0.insert(image.peer_file_id, theirs);
@@ -399,7 +418,11 @@ fn orphan(
     let pid = r.t.pid();
     let (a, mine, theirs) = socketpair(r, sock_type)?;
     let stream = sock_type == libc::SOCK_STREAM as u64;
-    refill(cx, pid, theirs.as_fd(), file.id, image, stream, fd)?;
+    let ends = Ends {
+        sender: theirs.as_fd(),
+        receiver: mine.as_fd(),
+    };
+    refill(cx, pid, ends, file.id, image, stream, fd)?;
     drop(theirs);
     configure(pid, mine.as_fd(), image)?;
     Ok(a)
@@ -632,12 +655,22 @@ fn peer_of(
     }
 }
 
+/// The restorer's copies of the socket a queue is refilled for and of the
+/// one that sends it.
+#[derive(Clone, Copy)]
+struct Ends<'f> {
+    sender: BorrowedFd<'f>,
+    receiver: BorrowedFd<'f>,
+}
+
 /// Sends the messages dumped as queued for file `file_id` (`image`) from
-/// `sender`, the other end of its pair, one send per message.
+/// the other end of its pair, one send per message. A queue carrying
+/// files waits for [`send_deferred`], once every file of the tree is
+/// open; the restorer keeps copies of both ends until then.
 fn refill(
-    cx: &Context<'_, '_>,
+    cx: &mut Context<'_, '_>,
     pid: i32,
-    sender: BorrowedFd<'_>,
+    ends: Ends<'_>,
     file_id: u64,
     image: &UnixSocketFile,
     stream: bool,
@@ -646,27 +679,288 @@ fn refill(
     if image.queue.is_empty() {
         return Ok(());
     }
+    if image.has_files_in_flight() {
+        let keep = |f: BorrowedFd<'_>| {
+            f.try_clone_to_owned()
+                .map_err(|e| RestoreError::os(pid, "dup (unix socket with files in flight)", e))
+        };
+        let (sender, receiver) = (keep(ends.sender)?, keep(ends.receiver)?);
+        cx.state::<Deferred>().0.push(DeferredQueue {
+            pid,
+            fd,
+            file_id,
+            image: image.clone(),
+            stream,
+            sender,
+            receiver,
+        });
+        return Ok(());
+    }
     let name = ckpt_image::unix_queue_name(file_id);
+    if let Some(what) = unknown_sender(cx.shared, image) {
+        return Err(cx.invalid(fd, &what));
+    }
     let data = cx.shared.images.read_raw(&name)?;
     let messages = image
         .messages(&data)
         .map_err(|e| cx.invalid(fd, &format!("{name}: {e}")))?;
-    for m in messages {
-        let mut rest = m;
-        loop {
-            let n = send(
-                sender.as_raw_fd(),
-                rest,
-                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-            )
-            .map_err(|e| {
-                RestoreError::os(pid, format!("unix socket: refilling {name}"), e.into())
-            })?;
-            rest = &rest[n..];
-            // A datagram goes whole or not at all; a stream may take part.
-            if rest.is_empty() || !stream {
-                break;
+    for (i, m) in messages.into_iter().enumerate() {
+        send_message(
+            pid,
+            ends.sender,
+            &name,
+            m,
+            &[],
+            image.ancillary_of(i),
+            stream,
+        )?;
+    }
+    Ok(())
+}
+
+/// Queues whose messages carry files, sent once the whole tree's files
+/// are open ([`send_deferred`]).
+#[derive(Default)]
+struct Deferred(Vec<DeferredQueue>);
+
+/// One such queue: what [`refill`] would have sent, and from where.
+struct DeferredQueue {
+    /// The process holding the socket the queue is for, and its fd.
+    pid: i32,
+    fd: i32,
+    file_id: u64,
+    image: UnixSocketFile,
+    stream: bool,
+    /// The restorer's copy of the end that sends it.
+    sender: OwnedFd,
+    /// And of the socket it is for.
+    receiver: OwnedFd,
+}
+
+/// The restorer's copies of files the tree held only in flight, by file
+/// id: opened in the receiving socket's process, then closed there.
+#[derive(Default)]
+struct InFlightFiles(HashMap<u64, OwnedFd>);
+
+/// Moves the files process `r` opened only to send them (`in_flight`)
+/// to the restorer, closing them in the process.
+pub(super) fn hold_in_flight(
+    cx: &mut Context<'_, '_>,
+    r: &Remote<'_>,
+    in_flight: &[ckpt_image::fd::Fd],
+) -> Result<()> {
+    let pid = r.t.pid();
+    for f in in_flight {
+        let copy = sys::take_fd(pid, f.fd)
+            .map_err(|e| RestoreError::os(pid, "pidfd_getfd (file in flight)", e))?;
+        r.close(f.fd)?;
+        cx.here.remove(&f.fd);
+        cx.tables.installed.remove(&f.file_id);
+        cx.state::<InFlightFiles>().0.insert(f.file_id, copy);
+    }
+    Ok(())
+}
+
+/// Sends the queues that carry files, in order, each message with its
+/// files attached again: every process's fds are open by now, and the
+/// files held only in flight are the restorer's. The processes have not
+/// resumed, so none reads before its queue is whole.
+pub(super) fn send_deferred(
+    shared: &crate::context::RestoreContext<'_>,
+    tables: &mut super::Tables,
+) -> Result<()> {
+    let deferred = std::mem::take(&mut tables_state::<Deferred>(tables).0);
+    let held = std::mem::take(&mut tables_state::<InFlightFiles>(tables).0);
+    for q in deferred {
+        let ends = Ends {
+            sender: q.sender.as_fd(),
+            receiver: q.receiver.as_fd(),
+        };
+        // Both ends have their dumped options by now; a message dumped
+        // without credentials must go without, as the other queues did
+        // before SO_PASSCRED was set.
+        let quiet = PasscredOff::on(q.pid, ends)?;
+        let sent = send_queue(shared, &tables.installed, &held, &q);
+        quiet.put_back()?;
+        sent?;
+    }
+    Ok(())
+}
+
+/// SO_PASSCRED cleared on both ends of a queue while it is sent (with it
+/// on either, the kernel credits every message to the restorer), and the
+/// values it had put back after.
+struct PasscredOff<'f> {
+    pid: i32,
+    ends: Ends<'f>,
+    had: [i32; 2],
+}
+
+impl<'f> PasscredOff<'f> {
+    fn on(pid: i32, ends: Ends<'f>) -> Result<PasscredOff<'f>> {
+        let err = |e| RestoreError::os(pid, "unix socket: SO_PASSCRED (files in flight)", e);
+        let mut had = [0; 2];
+        for (f, h) in [ends.sender, ends.receiver].into_iter().zip(&mut had) {
+            *h = sys::getsockopt_int(f, libc::SOL_SOCKET, libc::SO_PASSCRED).map_err(err)?;
+            set_opt(f, libc::SO_PASSCRED, 0).map_err(err)?;
+        }
+        Ok(PasscredOff { pid, ends, had })
+    }
+
+    fn put_back(self) -> Result<()> {
+        let err = |e| RestoreError::os(self.pid, "unix socket: SO_PASSCRED (put back)", e);
+        for (f, h) in [self.ends.sender, self.ends.receiver]
+            .into_iter()
+            .zip(self.had)
+        {
+            set_opt(f, libc::SO_PASSCRED, h).map_err(err)?;
+        }
+        Ok(())
+    }
+}
+
+/// Sends one deferred queue, each message with its files: taken from the
+/// fd holding them in the tree (`installed`), or the restorer's copies of
+/// those held only in flight (`held`).
+fn send_queue(
+    shared: &crate::context::RestoreContext<'_>,
+    installed: &HashMap<u64, super::Installed>,
+    held: &HashMap<u64, OwnedFd>,
+    q: &DeferredQueue,
+) -> Result<()> {
+    let name = ckpt_image::unix_queue_name(q.file_id);
+    let invalid = |what: String| {
+        RestoreError::Image(ckpt_image::ImageError::Invalid {
+            path: shared.images.path().join(ckpt_image::fds_name(q.pid)),
+            what: format!("fd {}: {name}: {what}", q.fd),
+        })
+    };
+    if let Some(what) = unknown_sender(shared, &q.image) {
+        return Err(invalid(what));
+    }
+    let data = shared.images.read_raw(&name)?;
+    let messages = q
+        .image
+        .messages(&data)
+        .map_err(|e| invalid(e.to_string()))?;
+    for (i, m) in messages.into_iter().enumerate() {
+        let ancillary = q.image.ancillary_of(i);
+        let ids = ancillary.map(|a| a.file_ids.as_slice()).unwrap_or_default();
+        let mut taken = Vec::new();
+        for id in ids {
+            if held.contains_key(id) {
+                continue;
             }
+            let at = installed
+                .get(id)
+                .ok_or_else(|| invalid(format!("file {id} in flight is not open anywhere")))?;
+            let copy = sys::take_fd(at.pid, at.fd)
+                .map_err(|e| RestoreError::os(at.pid, "pidfd_getfd (file in flight)", e))?;
+            taken.push((*id, copy));
+        }
+        let files: Vec<BorrowedFd<'_>> = ids
+            .iter()
+            .map(|id| {
+                held.get(id)
+                    .map(AsFd::as_fd)
+                    .or_else(|| taken.iter().find(|(t, _)| t == id).map(|(_, f)| f.as_fd()))
+                    .expect("every id was found above")
+            })
+            .collect();
+        send_message(
+            q.pid,
+            q.sender.as_fd(),
+            &name,
+            m,
+            &files,
+            ancillary,
+            q.stream,
+        )?;
+    }
+    Ok(())
+}
+
+/// Why the senders' credentials listed for `image`'s queue cannot be given
+/// back: one names a pid that is no process of the checkpoint, or a user
+/// or group that process did not have (real, effective or saved, as the
+/// kernel asks of a sender without privilege). The restorer may name any;
+/// it names only what the tree's own processes could.
+fn unknown_sender(
+    shared: &crate::context::RestoreContext<'_>,
+    image: &UnixSocketFile,
+) -> Option<String> {
+    /// Real, effective and saved ids of a manifest entry's four.
+    const SENDER_IDS: usize = 3;
+    let processes = &shared.images.manifest().processes;
+    image
+        .ancillary
+        .iter()
+        .filter_map(|a| a.creds.as_ref())
+        .find_map(|c| {
+            let Some(p) = processes.iter().find(|p| p.pid == c.pid) else {
+                return Some(format!(
+                    "queued message credited to pid {}, not a process of this checkpoint",
+                    c.pid
+                ));
+            };
+            let has = |ids: &[u32], id| ids.iter().take(SENDER_IDS).any(|&x| x == id);
+            (!has(&p.uids, c.uid) || !has(&p.gids, c.gid)).then(|| {
+                format!(
+                    "queued message credited to pid {} as uid {} gid {}, which that process did not have",
+                    c.pid, c.uid, c.gid
+                )
+            })
+        })
+}
+
+/// A kind's state of `tables` outside a process's [`Context`].
+fn tables_state<T: Default + 'static>(tables: &mut super::Tables) -> &mut T {
+    tables
+        .states
+        .entry(std::any::TypeId::of::<T>())
+        .or_insert_with(|| Box::new(T::default()))
+        .downcast_mut()
+        .expect("keyed by its own TypeId")
+}
+
+/// Sends one queued message `m` from `sender` with its files and, if
+/// dumped, its sender's credentials; a stream may take it in parts (the
+/// files go with the first).
+fn send_message(
+    pid: i32,
+    sender: BorrowedFd<'_>,
+    name: &str,
+    m: &[u8],
+    files: &[BorrowedFd<'_>],
+    ancillary: Option<&UnixAncillary>,
+    stream: bool,
+) -> Result<()> {
+    let creds = ancillary
+        .and_then(|a| a.creds.as_ref())
+        .map(|c| libc::ucred {
+            pid: c.pid,
+            uid: c.uid,
+            gid: c.gid,
+        });
+    let err = |e: std::io::Error| {
+        let what = match creds {
+            Some(c) if e.raw_os_error() == Some(libc::ESRCH) => format!(
+                "unix socket: refilling {name}: the sender of a queued message (pid {}) no longer exists to be named in its credentials",
+                c.pid
+            ),
+            _ => format!("unix socket: refilling {name}"),
+        };
+        RestoreError::os(pid, what, e)
+    };
+    let mut rest = m;
+    let mut files = files;
+    loop {
+        let n = sys::send_unix_message(sender, rest, files, creds).map_err(err)?;
+        rest = &rest[n..];
+        files = &[];
+        // A datagram goes whole or not at all; a stream may take part.
+        if rest.is_empty() || !stream {
+            break;
         }
     }
     Ok(())

@@ -201,5 +201,5 @@ fn rebuild_each(
             ms_since(started)
         );
     }
-    Ok(())
+    fd::send_in_flight(&mut b.cx, &mut b.fds)
 }

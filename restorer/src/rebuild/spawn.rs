@@ -27,7 +27,7 @@ impl RestorerPidfd {
         use std::os::fd::AsRawFd;
         let above = procs
             .iter()
-            .flat_map(|p| p.fds.fds.iter().map(|f| f.fd))
+            .flat_map(|p| p.fds.fds.iter().chain(&p.fds.in_flight).map(|f| f.fd))
             .max()
             .map_or(0, |m| m.saturating_add(1));
         let fd = sys::own_pidfd_at_least(above)
