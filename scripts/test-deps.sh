@@ -7,8 +7,9 @@
 #                                 is built by `cargo test --workspace`),
 #                                 python3, iproute2, util-linux, passwd
 #   scripts/test-deps.sh --lab    also the lab tier: Slurm and munge, Open MPI
-#                                 and libpmix, redis, perftest, and the
+#                                 and libpmix, redis, tmux, make, perftest, the
 #                                 SoftRoCE QEMU guests (scripts/ib-vm.sh setup)
+#                                 and Lua's source (scripts/fetch-src.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +38,7 @@ if [ "$lab" = 1 ]; then
 	# default mpirun).
 	have_cmd redis-server || need+=(redis-server)
 	have_cmd tmux || need+=(tmux)
+	have_cmd make || need+=(make)
 	have_cmd mpirun || need+=(openmpi-bin)
 	have_cmd mpicc || need+=(libopenmpi-dev)
 	have_cmd mpiexec.mpich || need+=(mpich)
@@ -68,4 +70,6 @@ if [ "$lab" = 1 ]; then
 	# 6.12; the default guest stays 6.1).
 	scripts/ib-vm.sh setup
 	scripts/ib-vm.sh setup --kernel 6.12
+	# A real C project for `make -j4` under ckpt (tests/programs.rs).
+	scripts/fetch-src.sh lua5.4 >/dev/null
 fi

@@ -303,3 +303,179 @@ fn tmux_pane_job_is_interrupted_by_ctrl_c_after_restore() {
     );
     assert!(prompt, "bash did not read a command after the job ended");
 }
+
+/// Lua's source, unpacked by scripts/fetch-src.sh (which
+/// scripts/test-deps.sh --lab runs; here it only prints the cached
+/// directory, or fetches it once).
+fn lua_source() -> std::path::PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/fetch-src.sh");
+    let out = std::process::Command::new(&script)
+        .arg("lua5.4")
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "scripts/fetch-src.sh lua5.4 failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// Files in `dir` whose names end in `.ext`.
+fn with_extension(dir: &Path, ext: &str) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(&format!(".{ext}")))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// A Lua program whose output checks the interpreter: arithmetic, strings,
+/// tables, sorting, closures and coroutines.
+const LUA_CHECK: &str = "local s = 0 for i = 1, 1000000 do s = s + i end \
+    local t = {} for i = 1, 1000 do t[i] = (i * 7919) % 1000 end table.sort(t) \
+    local co = coroutine.wrap(function() for i = 1, 3 do coroutine.yield(i * i) end end) \
+    local sq = co() + co() + co() \
+    print(string.format('%d %d %d %s', s, t[1] + t[1000], sq, ('lua'):rep(2):upper()))";
+
+/// `make -j4` building Lua (a real C project nobody here wrote, fetched as
+/// Debian's source package): a recursive make with its jobserver pipe and
+/// up to four gcc pipelines (driver, cc1, as, their temporary files),
+/// dumped with `--kill` mid-build and restored: the build finishes, every
+/// source file has its object, and the interpreter built runs a program
+/// correctly.
+#[test]
+fn make_j4_builds_lua_to_the_end_after_restore() {
+    let env = TestEnv::new("make-lua");
+    let tree = env.work.join("lua");
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(lua_source())
+        .arg(&tree)
+        .status()
+        .expect("cp");
+    assert!(copied.success(), "copy Lua's source");
+    let src = tree.join("src");
+    let sources = with_extension(&src, "c");
+    assert!(sources.len() > 20, "Lua's sources: {sources:?}");
+    let mut v = Victim::spawn_program(
+        &env,
+        Path::new("/usr/bin/make"),
+        &["-C", path_str(&tree), "-j4", "linux"],
+    );
+    let built = || with_extension(&src, "o").len();
+    assert!(
+        wait_until(PROGRESS_TIMEOUT, || built() >= 4),
+        "the build did not get going: {} objects\n{}",
+        built(),
+        v.diag()
+    );
+    dump_kill_reap(&env, &mut v);
+    let at_dump = built();
+    assert!(
+        !src.join("lua").exists() && at_dump < sources.len(),
+        "the build was over at the dump ({at_dump} of {} objects)",
+        sources.len()
+    );
+    let out = spawn_restore(&env, &[]).wait_with(FINISH_TIMEOUT, || v.diag());
+    assert_eq!(
+        out.code(),
+        0,
+        "the restored make should finish with exit code 0; got {}\nrestore stderr:\n{}\n{}",
+        out.status,
+        out.stderr,
+        v.diag()
+    );
+    let objects: Vec<String> = sources.iter().map(|c| c.replace(".c", ".o")).collect();
+    assert_eq!(
+        with_extension(&src, "o"),
+        objects,
+        "every source file has its object (restored at {at_dump})"
+    );
+    let run = std::process::Command::new(src.join("lua"))
+        .args(["-e", LUA_CHECK])
+        .output()
+        .expect("run the lua built");
+    assert_eq!(
+        String::from_utf8_lossy(&run.stdout).trim(),
+        "500000500000 999 14 LUALUA",
+        "the interpreter built across the restore: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
+/// Appends lines `from..=to` ("line N") to `log`.
+fn append_lines(log: &Path, from: u32, to: u32) {
+    use std::io::Write;
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(log)
+        .expect("open the followed file");
+    for n in from..=to {
+        writeln!(f, "line {n}").expect("append");
+    }
+}
+
+/// `tail -f` of a file written by a process outside the tree: dumped with
+/// `--kill` while lines keep coming, restored, it prints what was written
+/// while it was gone and what comes after, each line once and in order.
+/// coreutils' tail sleeps in `poll` on an inotify instance, whose watch
+/// comes back; the events queued at the dump do not, so it reads the lines
+/// written while it was gone at the next write.
+#[test]
+fn tail_f_follows_its_file_after_restore() {
+    let env = TestEnv::new("tail-f");
+    let log = env.work.join("log");
+    let printed = env.work.join("stdout");
+    append_lines(&log, 1, 100);
+    let mut v = Victim::spawn_program(
+        &env,
+        Path::new("/usr/bin/tail"),
+        &["-n", "+1", "-f", path_str(&log)],
+    );
+    let lines = || {
+        fs::read_to_string(&printed)
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    };
+    assert!(
+        wait_until(PROGRESS_TIMEOUT, || lines() == 100),
+        "tail printed {} lines of 100",
+        lines()
+    );
+    append_lines(&log, 101, 200);
+    assert!(
+        wait_until(PROGRESS_TIMEOUT, || lines() == 200),
+        "tail followed {} lines of 200",
+        lines()
+    );
+    dump_kill_reap(&env, &mut v);
+    append_lines(&log, 201, 300);
+    let restore = spawn_restore(&env, &[]);
+    restored_root_pid(&restore);
+    append_lines(&log, 301, 400);
+    let followed = wait_until(PROGRESS_TIMEOUT, || lines() == 400);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(v.pid),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let out = restore.wait_with(FINISH_TIMEOUT, || v.diag());
+    assert!(
+        followed,
+        "tail printed {} lines after the restore (100 written while it was gone, 400 in all)\nrestore stderr:\n{}",
+        lines(),
+        out.stderr
+    );
+    let want: String = (1..=400).map(|n| format!("line {n}\n")).collect();
+    assert_eq!(
+        fs::read_to_string(&printed).unwrap_or_default(),
+        want,
+        "every line once, in order"
+    );
+}

@@ -608,7 +608,12 @@ fn as_restored(alt: AltStack) -> AltStack {
 /// re-execute the syscall, so do what it does. `same_process` tells whether
 /// the kernel's restart block still belongs to this task; a restored process
 /// has none, so `restart_syscall` would return EINTR anyway and the
-/// interrupted call returns EINTR, as under CRIU.
+/// interrupted call returns EINTR, as under CRIU, with one exception: a
+/// `poll` without a timeout (which the kernel also restarts through its
+/// restart block) is simply made again with the same arguments, which is
+/// exactly what the restart block would have done. Programs that wait
+/// forever in `poll` often take EINTR as fatal (`tail -f`); a call with a
+/// timeout returns EINTR, as its remaining time is lost with the block.
 pub fn restart_regs(regs: &Regs, same_process: bool) -> Regs {
     const ERESTARTSYS: i64 = -512;
     const ERESTARTNOINTR: i64 = -513;
@@ -625,6 +630,12 @@ pub fn restart_regs(regs: &Regs, same_process: bool) -> Regs {
         }
         ERESTART_RESTARTBLOCK if same_process => {
             r.rax = libc::SYS_restart_syscall as u64;
+            r.rip -= 2;
+        }
+        // poll(fds, nfds, timeout): the arguments are still in rdi, rsi
+        // and rdx (a syscall leaves them as they were).
+        ERESTART_RESTARTBLOCK if r.orig_rax == libc::SYS_poll as u64 && (r.rdx as i32) < 0 => {
+            r.rax = r.orig_rax;
             r.rip -= 2;
         }
         ERESTART_RESTARTBLOCK => r.rax = (-libc::EINTR) as i64 as u64,
@@ -661,4 +672,40 @@ pub fn first_exec_addr(pid: i32) -> Result<u64> {
             pid,
             what: "no executable mapping to run the first remote syscall from".into(),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A task stopped at the exit of syscall `nr`, which returned `ret`.
+    fn stopped_in(nr: i64, ret: i64, timeout: i32) -> Regs {
+        // SAFETY: user_regs_struct is plain integers; all-zero is valid.
+        let mut r: Regs = unsafe { std::mem::zeroed() };
+        r.orig_rax = nr as u64;
+        r.rax = ret as u64;
+        r.rip = 0x1002;
+        r.rdx = timeout as i64 as u64;
+        r
+    }
+
+    #[test]
+    fn interrupted_syscalls_are_made_again_or_return_eintr() {
+        const ERESTARTNOHAND: i64 = -514;
+        const ERESTART_RESTARTBLOCK: i64 = -516;
+        let again = |r: Regs, nr: i64| r.rip == 0x1000 && r.rax == nr as u64;
+        let eintr = |r: Regs| r.rip == 0x1002 && r.rax as i64 == -(libc::EINTR as i64);
+        let read = stopped_in(libc::SYS_read, ERESTARTNOHAND, 0);
+        assert!(again(restart_regs(&read, false), libc::SYS_read));
+        // poll waiting forever: made again; with a timeout: EINTR.
+        let forever = stopped_in(libc::SYS_poll, ERESTART_RESTARTBLOCK, -1);
+        assert!(again(restart_regs(&forever, false), libc::SYS_poll));
+        let timed = stopped_in(libc::SYS_poll, ERESTART_RESTARTBLOCK, 500);
+        assert!(eintr(restart_regs(&timed, false)));
+        let sleep = stopped_in(libc::SYS_clock_nanosleep, ERESTART_RESTARTBLOCK, 0);
+        assert!(eintr(restart_regs(&sleep, false)));
+        // In the same process, the kernel's block is still there.
+        let r = restart_regs(&timed, true);
+        assert!(r.rip == 0x1000 && r.rax == libc::SYS_restart_syscall as u64);
+    }
 }

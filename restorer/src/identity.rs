@@ -51,6 +51,16 @@ pub enum Contents<'a> {
         /// Status change time, ns since the epoch, if recorded.
         ctime_ns: Option<i64>,
     },
+    /// At least as long as it was, its times free to move: a file the
+    /// process only reads (a log it follows, as `tail -f` does), which
+    /// others may have appended to since; the process reads on from its
+    /// offset, as it would have had it run on. A shorter file is refused:
+    /// what the process had read is gone and its offset may lie past the
+    /// end.
+    Grown {
+        /// Size in bytes at the dump.
+        size: u64,
+    },
     /// Same bytes (private mappings of code and libraries). Owner, mode,
     /// inode and times are not compared: the bytes are all that reaches
     /// the process, and a byte-identical copy is as good as the original.
@@ -146,6 +156,14 @@ impl FileChecks {
             return Err(Mismatch(format!(
                 "replaced by another file since the dump (inode {} -> {})",
                 want.inode.ino, inode.ino
+            )));
+        }
+        if let Contents::Grown { size } = want.contents
+            && found.size() < size
+        {
+            return Err(Mismatch(format!(
+                "shorter than at the dump (size {size} -> {})",
+                found.size()
             )));
         }
         if let Contents::Unmodified {

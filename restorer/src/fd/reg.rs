@@ -83,8 +83,11 @@ fn reopen(
     if image.is_dir() {
         flags |= libc::O_DIRECTORY;
     }
+    let read_only = file.flags as i32 & libc::O_ACCMODE == libc::O_RDONLY && !o_path;
     let contents = if image.is_dir() || cx.may_change(&image.path) {
         Contents::Any
+    } else if read_only {
+        Contents::Grown { size: image.size }
     } else {
         Contents::Unmodified {
             size: image.size,
@@ -117,7 +120,35 @@ fn reopen(
         let _ = r.close(got);
         return Err(changed(m.0));
     }
+    if let Contents::Grown { size } = want.contents {
+        note_growth(cx, fd, image, &opened, size);
+    }
     Ok(got)
+}
+
+/// Says so when a file the process only reads changed since the dump
+/// (appended to, or modified): it reads on from its offset, and what it
+/// reads there is not what it would have read at the dump.
+fn note_growth(
+    cx: &Context<'_, '_>,
+    fd: i32,
+    image: &RegFile,
+    opened: &std::path::Path,
+    size: u64,
+) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(now) = std::fs::metadata(opened) else {
+        return;
+    };
+    let mtime_ns = now.mtime() * 1_000_000_000 + now.mtime_nsec();
+    if now.size() != size || mtime_ns != image.mtime_ns {
+        (cx.shared.options.notice)(&format!(
+            "pid {} fd {fd}: {} changed since the dump (size {size} -> {}), read on from its offset",
+            cx.pid(),
+            image.path,
+            now.size()
+        ));
+    }
 }
 
 /// The process's own open was refused for want of permission.
