@@ -231,9 +231,8 @@ fn connection_to_outside_needs_tcp_established_and_then_goes_on() {
         sent: 0,
         rcvd: 0,
     };
-    // Bytes the victim has not read yet, within its receive window: a peer
-    // with bytes it cannot send would probe the window while the victim is
-    // down, and be answered with a reset (ckpt has no network lock).
+    // Bytes the victim has not read yet, within its receive window (the
+    // network lock keeps a window probe meanwhile from being reset).
     let queued: Vec<u8> = (0..OUTSIDE_QUEUED).map(|i| stream_byte(0, i)).collect();
     end.s
         .write_all(&queued)
@@ -271,8 +270,8 @@ fn connection_to_outside_needs_tcp_established_and_then_goes_on() {
         "{objects:?}"
     );
 
-    // Nothing may reach the victim's port before its socket is back (no
-    // network lock: the kernel would answer with a reset).
+    // The network lock drops whatever reaches the victim's port before its
+    // socket is back.
     let mut restore = spawn_restore(&env, &[]);
     wait_restored_and_running(&v, &mut restore);
     v.go();
@@ -567,6 +566,14 @@ fn dumper_killed_at_any_moment_never_fails_a_live_connection() {
         if status.success() || (committed && proc_state(v.pid).is_none_or(|s| s == 'Z')) {
             assert!(committed, "the victim was killed without a checkpoint");
             v.reap_killed(Duration::from_secs(10));
+            // The checkpoint holds its connection under the network lock
+            // until a restore; none comes, so it is deleted by hand.
+            let table = format!("ckpt-{}", v.pid);
+            assert!(
+                lock_tables().contains(&table),
+                "a committed dump killed the victim without its network lock"
+            );
+            unlock_by_hand(&table);
             stop_echo();
             echo.join().expect("echo thread");
             return;
@@ -577,4 +584,137 @@ fn dumper_killed_at_any_moment_never_fails_a_live_connection() {
     v.go_and_pass();
     stop_echo();
     echo.join().expect("echo thread");
+}
+
+/// Bytes the test sends the `server` victim before the dump, and while
+/// it is down (`SERVER_BEFORE`, `SERVER_GAP` in inet.c).
+const SERVER_BEFORE: u64 = 1000;
+const SERVER_GAP: u64 = 1500;
+/// How long the test's segments go unanswered while the tree is down:
+/// past the client's first retransmission timeouts (200 ms, doubling).
+const DOWN_TIME: Duration = Duration::from_millis(1500);
+
+/// The test as the `server` victim's outside client: connected, with the
+/// bytes before the dump sent and the victim ready.
+fn server_and_client(env: &TestEnv) -> (Victim, TcpStream) {
+    let mut v = Victim::spawn(env, "inet", &["server"]);
+    assert!(
+        wait_for_file(&v.path("port"), Duration::from_secs(10)),
+        "the victim never listened: {}",
+        v.diag()
+    );
+    let port = read_to_string_lossy(&v.path("port"));
+    let mut client = TcpStream::connect(format!("127.0.0.1:{}", port.trim())).expect("connect");
+    let before: Vec<u8> = (0..SERVER_BEFORE).map(|i| stream_byte(0, i)).collect();
+    client.write_all(&before).expect("send before the dump");
+    v.wait_ready();
+    (v, client)
+}
+
+/// Sends the bytes of the gap while the victim is down, and gives the
+/// kernel time to answer them (with a reset, were there no lock).
+fn send_while_down(client: &mut TcpStream) {
+    let gap: Vec<u8> = (SERVER_BEFORE..SERVER_BEFORE + SERVER_GAP)
+        .map(|i| stream_byte(0, i))
+        .collect();
+    client.write_all(&gap).expect("send while the tree is down");
+    std::thread::sleep(DOWN_TIME);
+}
+
+/// The nftables tables ckpt's network lock has in place.
+fn lock_tables() -> Vec<String> {
+    let out = std::process::Command::new("nft")
+        .args(["list", "tables"])
+        .output()
+        .expect("run nft (scripts/test-deps.sh installs it)");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("table inet "))
+        .filter(|t| t.starts_with("ckpt-"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Deletes a network lock the way docs/usage.md tells a user to.
+fn unlock_by_hand(table: &str) {
+    let st = std::process::Command::new("nft")
+        .args(["delete", "table", "inet", table])
+        .status()
+        .expect("run nft");
+    assert!(st.success(), "nft delete table inet {table}: {st}");
+    assert!(!lock_tables().iter().any(|t| t == table));
+}
+
+/// An outside client of a server dumped with --kill and restored keeps
+/// its connection: what it sends while the server is down is dropped by
+/// the network lock (no reset), retransmitted, and read by the restored
+/// server, which sends it back; the restore deletes the lock.
+#[test]
+fn outside_client_of_a_killed_server_sees_a_delay_not_a_reset() {
+    let env = TestEnv::new("inet-netlock");
+    let (mut v, mut client) = server_and_client(&env);
+    let table = format!("ckpt-{}", v.pid);
+    dump(&env, &v, &["--tcp-established", "--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+    assert!(
+        lock_tables().contains(&table),
+        "no lock table {table} after the dump: {:?}",
+        lock_tables()
+    );
+
+    send_while_down(&mut client);
+    client.set_nonblocking(true).expect("nonblocking");
+    let mut probe = [0u8; 1];
+    match client.read(&mut probe) {
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+        other => panic!("the client's connection while the tree is down: {other:?}"),
+    }
+    client.set_nonblocking(false).expect("blocking");
+
+    let mut restore = spawn_restore(&env, &[]);
+    wait_restored_and_running(&v, &mut restore);
+    assert!(
+        !lock_tables().contains(&table),
+        "the restore left the lock {table} in place"
+    );
+    v.go();
+    client
+        .set_read_timeout(Some(PUMP_TIMEOUT))
+        .expect("read timeout");
+    let mut back = vec![0u8; SERVER_GAP as usize];
+    client
+        .read_exact(&mut back)
+        .expect("read back what was sent while the tree was down");
+    let want: Vec<u8> = (SERVER_BEFORE..SERVER_BEFORE + SERVER_GAP)
+        .map(|i| stream_byte(0, i))
+        .collect();
+    assert!(back == want, "the restored server sent back other bytes");
+    finish_restore(&v, restore);
+}
+
+/// Without the lock the same client gets a reset: what the lock is for.
+#[test]
+fn outside_client_of_a_killed_server_is_reset_without_the_network_lock() {
+    let env = TestEnv::new("inet-no-netlock");
+    let (mut v, mut client) = server_and_client(&env);
+    dump(
+        &env,
+        &v,
+        &["--tcp-established", "--network-lock=none", "--kill"],
+    );
+    v.reap_killed(Duration::from_secs(10));
+    assert!(
+        !lock_tables().contains(&format!("ckpt-{}", v.pid)),
+        "--network-lock=none put a lock in place"
+    );
+    send_while_down(&mut client);
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    let mut probe = [0u8; 1];
+    let got = client.read(&mut probe);
+    assert!(
+        matches!(&got, Err(e) if e.kind() == ErrorKind::ConnectionReset),
+        "the client was not reset: {got:?}"
+    );
 }

@@ -25,6 +25,12 @@
  *                          it is always in a send or receive on it; any
  *                          failure (EINVAL or EPERM of a connection left in
  *                          repair mode) fails it at once.
+ *   inet WORKDIR server    a server on 127.0.0.1 (its port in the file
+ *                          "port") whose one client is the test, outside
+ *                          the tree: reads SERVER_BEFORE bytes, then after
+ *                          go the SERVER_GAP bytes the test sent while the
+ *                          tree was down, each checked against its offset,
+ *                          and sends those back.
  */
 #include "victim.h"
 
@@ -579,6 +585,44 @@ static void privport(void)
 	victim_finish();
 }
 
+/* Bytes the test sends the server before the dump, and while it is down
+ * (SERVER_BEFORE and SERVER_GAP in tests/inet.rs). */
+#define SERVER_BEFORE 1000
+#define SERVER_GAP 1500
+
+static void server(void)
+{
+	char buf[SERVER_GAP], port[16];
+	struct sockaddr_in a;
+	socklen_t len = sizeof(a);
+	int l = listener(AF_INET);
+
+	if (getsockname(l, (struct sockaddr *)&a, &len) != 0)
+		die("getsockname");
+	snprintf(port, sizeof(port), "%d", ntohs(a.sin_port));
+	victim_write_file("port", port);
+	int c = accept(l, NULL, NULL);
+	if (c < 0)
+		die("accept");
+	if (victim_read_exact(c, buf, SERVER_BEFORE) != 0)
+		die("read the bytes before the dump");
+	for (int i = 0; i < SERVER_BEFORE; i++)
+		CHECK((uint8_t)buf[i] == stream_byte(0, (uint64_t)i), "byte %d before the dump", i);
+
+	victim_ready_and_wait(NULL);
+
+	if (victim_read_exact(c, buf, SERVER_GAP) != 0) {
+		fail("read the bytes sent while the tree was down: %s", strerror(errno));
+		victim_finish();
+	}
+	for (int i = 0; i < SERVER_GAP; i++)
+		CHECK((uint8_t)buf[i] == stream_byte(0, (uint64_t)(SERVER_BEFORE + i)),
+		      "byte %d sent while the tree was down", SERVER_BEFORE + i);
+	if (send(c, buf, SERVER_GAP, MSG_NOSIGNAL) != SERVER_GAP)
+		fail("send back: %s", strerror(errno));
+	victim_finish();
+}
+
 /* What ckpt refuses by name: a listening socket with a connection not
  * accepted yet, and a half-closed connection (FIN_WAIT2 on the side that
  * shut down writing, CLOSE_WAIT on the other). All keep working. */
@@ -627,6 +671,8 @@ int main(int argc, char **argv)
 		outside(argv[3]);
 	else if (strcmp(mode, "chatter") == 0 && argc > 3)
 		chatter(argv[3]);
+	else if (strcmp(mode, "server") == 0)
+		server();
 	errno = EINVAL;
-	die("usage: inet WORKDIR tcp|udp|outside PORT");
+	die("usage: inet WORKDIR tcp|udp|refused|privport|server|outside PORT|chatter PORT");
 }

@@ -17,6 +17,14 @@
 //! between two ends in repair mode, so every send queue is read before
 //! any receive queue (`read_receive_sides`).
 //!
+//! A connection to a peer outside the tree (`--tcp-established`) has no
+//! socket behind it from the kill to the restore; the kernel would answer
+//! the peer's segments with a reset. Unless told otherwise
+//! (`--network-lock=none`), [`TcpRepair`] first puts a network lock
+//! (`ckpt_netlock`) in place that drops them; the peer retransmits, and
+//! the restore deletes the lock once the connection is back. A tree that
+//! goes on after the dump (or whose dumper died) gets it deleted at once.
+//!
 //! UDP datagrams queued at dump time are not saved (as in CRIU: UDP may
 //! lose datagrams, and putting them back would need their senders'
 //! addresses): the dump logs how many bytes it drops.
@@ -34,6 +42,7 @@ use ckpt_image::fd::inet::{
 
 use super::{Blobs, FdParams, FileDumper, TreeFiles};
 use crate::error::{DumpError, Result};
+use crate::options::NetworkLock;
 use crate::sys::{self, SockEnd, TcpInfo, TcpRepairWindow};
 use crate::{procfile, srun_pmix};
 
@@ -549,6 +558,10 @@ pub struct TcpPolicy {
     /// --tcp-established`); those with both ends in the tree are always
     /// saved.
     pub established: bool,
+    /// How the peers outside the tree are kept from seeing resets.
+    pub lock: NetworkLock,
+    /// The tree's root, which names its lock ([`ckpt_netlock::Table`]).
+    pub root: i32,
 }
 
 /// One connection ckpt switched to repair mode, through its own copy.
@@ -556,6 +569,9 @@ struct Repaired {
     pid: i32,
     fd: i32,
     sock: OwnedFd,
+    /// Its addresses when the peer is outside the tree (the network lock
+    /// holds it); `None` for a peer in the tree.
+    outside: Option<ckpt_netlock::Connection>,
     /// SO_REUSEADDR before repair mode, which overrides it (and switching
     /// repair off clears it).
     reuseaddr: bool,
@@ -572,6 +588,9 @@ pub struct TcpRepair {
     /// Processes whose every thread holds a SIGSTOP of ckpt's
     /// ([`TcpRepair::hold`]).
     held: HashSet<i32>,
+    /// The network lock put in place for the connections to outside
+    /// peers, if any.
+    lock: Option<ckpt_netlock::Table>,
 }
 
 /// The guard process and the pipe that keeps it waiting.
@@ -710,6 +729,10 @@ fn chosen(found: Vec<Found>, policy: TcpPolicy) -> Result<Vec<Repaired>> {
             pid: f.pid,
             fd: f.fd,
             sock: f.sock,
+            outside: (!inside).then_some(ckpt_netlock::Connection {
+                local: f.local,
+                peer: f.peer,
+            }),
             reuseaddr,
         });
     }
@@ -743,12 +766,41 @@ impl TcpRepair {
             .iter()
             .map(|r| (std::os::fd::AsRawFd::as_raw_fd(&r.sock), r.reuseaddr))
             .collect();
-        let (pid, tx) = sys::fork_repair_guard(&socks, running).map_err(|e| DumpError::Proc {
-            pid: std::process::id() as i32,
-            path: "fork (TCP repair guard)".into(),
-            source: e,
-        })?;
+        let outside: Vec<ckpt_netlock::Connection> =
+            repair.socks.iter().filter_map(|r| r.outside).collect();
+        let lock_err = |source| DumpError::NetworkLock {
+            pid: policy.root,
+            source,
+        };
+        let table = match policy.lock {
+            NetworkLock::Nftables if !outside.is_empty() => {
+                Some(ckpt_netlock::Table::for_tree(policy.root))
+            }
+            _ => None,
+        };
+        // Resolved before the fork: the guard can only exec.
+        let unlock = table
+            .as_ref()
+            .map(ckpt_netlock::unlock_argv)
+            .transpose()
+            .map_err(lock_err)?;
+        let (pid, tx) =
+            sys::fork_repair_guard(&socks, running, unlock).map_err(|e| DumpError::Proc {
+                pid: std::process::id() as i32,
+                path: "fork (TCP repair guard)".into(),
+                source: e,
+            })?;
         repair.guard = Some(Guard { pid, tx });
+        if let Some(table) = table {
+            // Before repair mode: from then on until the restore, a
+            // segment of the peer must find no socket to answer it.
+            ckpt_netlock::lock(&table, &outside).map_err(lock_err)?;
+            log::info!(
+                "network lock {table}: {} connections to outside peers",
+                outside.len()
+            );
+            repair.lock = Some(table);
+        }
         hold_first(&mut repair)?;
         // On error `repair` drops: every socket leaves repair mode (one
         // never switched on just gets its SO_REUSEADDR set again).
@@ -812,7 +864,17 @@ impl TcpRepair {
     /// Switches repair mode off again (the tree goes on).
     pub fn release(&mut self) {
         self.release_own();
+        self.unlock();
         self.dismiss_guard();
+    }
+
+    /// Deletes the network lock: the connections are live again.
+    fn unlock(&mut self) {
+        if let Some(table) = self.lock.take()
+            && let Err(e) = ckpt_netlock::unlock(&table)
+        {
+            log::warn!("{e}; delete it by hand: {}", table.unlock_hint());
+        }
     }
 
     fn dismiss_guard(&mut self) {
@@ -847,9 +909,29 @@ impl TcpRepair {
     /// Closes ckpt's copies still in repair mode (the tree was killed): a
     /// socket closed in repair mode sends neither FIN nor RST, so the peer
     /// never learns the connection went away and a restore can continue it.
+    /// The network lock stays until the restore deletes it.
     pub fn abandon(&mut self) {
         self.socks.clear();
+        if let Some(table) = self.lock.take() {
+            log::info!(
+                "network lock {table} stays until the restore (by hand: {})",
+                table.unlock_hint()
+            );
+        }
         self.dismiss_guard();
+    }
+
+    /// Records the network lock in the image of every connection to an
+    /// outside peer of `tree` (after [`Inet::link_tree`] found which).
+    pub fn record_lock(&self, tree: &mut TreeFiles) {
+        let Some(table) = &self.lock else { return };
+        for f in &mut tree.files.files {
+            if let Some(Kind::Inet(InetFile { tcp: Some(tcp), .. })) = &mut f.kind
+                && tcp.peer_file_id == 0
+            {
+                tcp.network_lock = table.name().to_string();
+            }
+        }
     }
 }
 

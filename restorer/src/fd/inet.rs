@@ -118,6 +118,9 @@ struct Held {
     /// SO_SNDBUF as dumped.
     sndbuf: u32,
     unsent: Vec<u8>,
+    /// The network lock dropping the outside peer's segments, deleted
+    /// once the connection is out of repair mode.
+    lock: Option<ckpt_netlock::Table>,
 }
 
 /// Per byte put back into a queue, room for the kernel's per-buffer
@@ -246,6 +249,8 @@ impl FileRestorer for Inet {
                     reuseaddr: options.reuseaddr,
                     sndbuf: options.sndbuf,
                     unsent: plan.unsent,
+                    lock: (!conn.network_lock.is_empty())
+                        .then(|| ckpt_netlock::Table::named(&conn.network_lock)),
                 };
                 finish_or_wait(cx, held, file.id, conn.peer_file_id)?;
             }
@@ -414,6 +419,7 @@ impl Plan {
             (InetProtocol::Tcp, InetState::Connected) => {
                 let mut conn = image
                     .tcp
+                    .clone()
                     .ok_or_else(|| bad("established TCP without its connection state"))?;
                 if local.is_none() {
                     return Err(bad("established TCP without a local address"));
@@ -764,8 +770,23 @@ impl OutsidePeers {
     /// Switches repair off on each (the tree is about to run; in a
     /// coordinated restart every node has rebuilt its part), with the
     /// process's address reuse back, and sends what had never been sent.
+    /// Then the network lock that held them goes: the peers' segments find
+    /// their sockets again. A lock that cannot be deleted is only logged,
+    /// with the command that deletes it, as the tree is in place.
     pub fn release(self) -> Result<()> {
         switch_off(&self.0)?;
+        let mut tables: Vec<&ckpt_netlock::Table> = Vec::new();
+        for table in self.0.iter().filter_map(|h| h.lock.as_ref()) {
+            if !tables.contains(&table) {
+                tables.push(table);
+            }
+        }
+        for table in tables {
+            match ckpt_netlock::unlock(table) {
+                Ok(()) => log::info!("network lock {table} deleted"),
+                Err(e) => log::warn!("{e}; delete it by hand: {}", table.unlock_hint()),
+            }
+        }
         for h in &self.0 {
             sys::setsockopt_int(
                 h.sock.as_fd(),
