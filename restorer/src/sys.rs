@@ -343,6 +343,34 @@ pub fn listen(fd: std::os::fd::BorrowedFd<'_>, backlog: i32) -> std::io::Result<
     check(unsafe { libc::listen(fd.as_raw_fd(), backlog) })
 }
 
+/// `shutdown(SHUT_WR)`: the socket sends its FIN after what it queued.
+pub fn shutdown_write(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: integer arguments only.
+    check(unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_WR) })
+}
+
+/// The TCP state of a socket (`tcpi_state`, the first byte of TCP_INFO).
+pub fn tcp_state(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<u8> {
+    use std::os::fd::AsRawFd;
+    // Room for the start of `struct tcp_info`; the kernel copies at most
+    // the length given.
+    let mut info = [0u8; 8];
+    let mut len = info.len() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into the live local
+    // array and updates `len`.
+    check(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    })?;
+    Ok(info[0])
+}
+
 /// Sends all of `data` without blocking (`MSG_DONTWAIT`: the socket's
 /// description is the process's, whose blocking mode ckpt leaves alone).
 pub fn send_all(fd: std::os::fd::BorrowedFd<'_>, mut data: &[u8]) -> std::io::Result<()> {

@@ -52,7 +52,9 @@ pub struct Inet;
 /// Kernel TCP states (include/net/tcp_states.h), as TCP_INFO reports them.
 mod tcp_state {
     pub const ESTABLISHED: u8 = 1;
+    pub const FIN_WAIT2: u8 = 5;
     pub const CLOSE: u8 = 7;
+    pub const CLOSE_WAIT: u8 = 8;
     pub const LISTEN: u8 = 10;
 
     /// The state's name, for refusals.
@@ -157,7 +159,7 @@ impl FileDumper for Inet {
     }
 
     fn description(&self) -> &'static str {
-        "TCP and UDP sockets (IPv4, IPv6): bound, connected, listening, established TCP with its queues (TCP_REPAIR)"
+        "TCP and UDP sockets (IPv4, IPv6): bound, connected, listening, established and half-closed (FIN_WAIT2, CLOSE_WAIT) TCP with its queues (TCP_REPAIR), peers outside the tree held off by a network lock"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -232,6 +234,20 @@ impl FileDumper for Inet {
                         image.state = InetState::Listen as i32;
                         image.backlog = info.sacked;
                     }
+                    tcp_state::CLOSE_WAIT if !in_repair(sock) => {
+                        return Err(p.unsupported(&format!(
+                            "TCP connection {} -> {} in state CLOSE_WAIT to a peer outside the tree: the peer's FIN cannot be given back (half-closed connections are saved with both ends in the tree, or in FIN_WAIT2)",
+                            name(&local),
+                            name(&peer)
+                        )));
+                    }
+                    tcp_state::FIN_WAIT2 if !in_repair(sock) => {
+                        return Err(p.unsupported(&format!(
+                            "TCP connection {} -> {} in state FIN_WAIT2 to a peer outside the tree (dump with --tcp-established to save it)",
+                            name(&local),
+                            name(&peer)
+                        )));
+                    }
                     tcp_state::ESTABLISHED if !in_repair(sock) && peer.is_some() => {
                         // Not saved by the drain: only a rank's link to its
                         // PMIx server outside the tree gets this far
@@ -246,17 +262,28 @@ impl FileDumper for Inet {
                         image.state = InetState::Connected as i32;
                         image.pmix = Some(link);
                     }
-                    tcp_state::ESTABLISHED => {
+                    state @ (tcp_state::ESTABLISHED
+                    | tcp_state::FIN_WAIT2
+                    | tcp_state::CLOSE_WAIT) => {
                         // The receive side is read by `link_tree`, after
                         // every send queue of the tree (`read_receive_side`).
-                        let (conn, data) = read_send_side(p, sock, &info, &local, &peer)?;
+                        let (mut conn, data) = read_send_side(p, sock, &info, &local, &peer)?;
+                        // The FINs take a sequence number each but are no
+                        // data: the image counts none (`TcpConnection`).
+                        // FIN_WAIT2's was acknowledged, so the send queue
+                        // holds only the sequence number.
+                        if state == tcp_state::FIN_WAIT2 {
+                            conn.fin_sent = true;
+                            conn.send_seq = conn.send_seq.wrapping_sub(1);
+                        }
+                        conn.fin_received = state == tcp_state::CLOSE_WAIT;
                         blobs.add(tcp_data_name(file_id), data);
                         image.state = InetState::Connected as i32;
                         image.tcp = Some(conn);
                     }
                     other => {
                         return Err(p.unsupported(&format!(
-                            "TCP socket {} -> {} in state {} (only listening and established connections are supported)",
+                            "TCP socket {} -> {} in state {} (only listening, established, FIN_WAIT2 and CLOSE_WAIT connections are supported)",
                             name(&local),
                             name(&peer),
                             tcp_state::name(other)
@@ -457,6 +484,11 @@ fn read_receive_sides(tree: &mut TreeFiles) -> Result<()> {
             .map_err(|e| os("TCP_REPAIR_QUEUE", e))?;
         conn.recv_seq = sys::getsockopt_int(sock, tcp, libc::TCP_QUEUE_SEQ)
             .map_err(|e| os("TCP_QUEUE_SEQ (receive)", e))? as u32;
+        if conn.fin_received {
+            // rcv_nxt counts the peer's FIN; the window too, when it was
+            // last advertised after it (its right edge stays put).
+            conn.recv_seq = conn.recv_seq.wrapping_sub(1);
+        }
         conn.recv_len = sys::ioctl_int(sock, SIOCINQ)
             .map(|v| v.max(0) as u32)
             .map_err(|e| os("SIOCINQ", e))?;
@@ -469,6 +501,10 @@ fn read_receive_sides(tree: &mut TreeFiles) -> Result<()> {
         conn.max_window = window.max_window;
         conn.rcv_wnd = window.rcv_wnd;
         conn.rcv_wup = window.rcv_wup;
+        if conn.fin_received && seq_after(conn.rcv_wup, conn.recv_seq) {
+            conn.rcv_wup = conn.rcv_wup.wrapping_sub(1);
+            conn.rcv_wnd = conn.rcv_wnd.wrapping_add(1);
+        }
         let name = tcp_data_name(f.id);
         tree.blobs.append(&name, &data);
         if conn.send_len == 0 && conn.recv_len == 0 {
@@ -477,6 +513,11 @@ fn read_receive_sides(tree: &mut TreeFiles) -> Result<()> {
         log::debug!("pid {pid} fd {fd}: TCP: {} bytes received", conn.recv_len);
     }
     Ok(())
+}
+
+/// Whether sequence number `a` comes after `b` (modulo 2^32).
+fn seq_after(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) > 0
 }
 
 /// Peeks of a send queue that acknowledgments keep shortening before one
@@ -599,13 +640,16 @@ struct Guard {
     tx: OwnedFd,
 }
 
-/// An established connection found in the tree.
+/// An established or half-closed (FIN_WAIT2, CLOSE_WAIT) connection
+/// found in the tree.
 struct Found {
     pid: i32,
     fd: i32,
     sock: OwnedFd,
     local: SocketAddr,
     peer: SocketAddr,
+    /// Its TCP state: ESTABLISHED, FIN_WAIT2 or CLOSE_WAIT.
+    state: u8,
 }
 
 /// Every established TCP connection the processes `pids` hold, each
@@ -642,7 +686,8 @@ pub(crate) fn established_peers(pid: i32) -> Result<Vec<TcpPeer>> {
         .collect())
 }
 
-/// Fd `fd` of process `pid`, if it is an established TCP connection not
+/// Fd `fd` of process `pid`, if it is an established or half-closed
+/// (FIN_WAIT2, CLOSE_WAIT) TCP connection not
 /// in `seen` (which it joins). Whatever cannot be read here is refused,
 /// with its reason, when the fd is collected.
 fn established(pid: i32, fd: i32, seen: &mut HashSet<u64>) -> Option<Found> {
@@ -662,7 +707,14 @@ fn established(pid: i32, fd: i32, seen: &mut HashSet<u64>) -> Option<Found> {
             ..
         })))
     );
-    if !tcp || !tcp_info(sock.as_fd()).is_ok_and(|i| i.state == tcp_state::ESTABLISHED) {
+    if !tcp {
+        return None;
+    }
+    let state = tcp_info(sock.as_fd()).ok()?.state;
+    if !matches!(
+        state,
+        tcp_state::ESTABLISHED | tcp_state::FIN_WAIT2 | tcp_state::CLOSE_WAIT
+    ) {
         return None;
     }
     let addr = |end| sys::sock_addr(sock.as_fd(), end).ok().flatten();
@@ -675,6 +727,7 @@ fn established(pid: i32, fd: i32, seen: &mut HashSet<u64>) -> Option<Found> {
         sock,
         local,
         peer,
+        state,
     })
 }
 
@@ -688,6 +741,16 @@ fn chosen(found: Vec<Found>, policy: TcpPolicy) -> Result<Vec<Repaired>> {
         if !inside && srun_pmix::link_to(f.pid, f.peer, 0, 0).is_some() {
             log::debug!(
                 "pid {} fd {}: TCP {} -> {}: a rank's link to its PMIx server, saved as such",
+                f.pid,
+                f.fd,
+                f.local,
+                f.peer
+            );
+            continue;
+        }
+        if !inside && f.state == tcp_state::CLOSE_WAIT {
+            log::debug!(
+                "pid {} fd {}: TCP {} -> {}: CLOSE_WAIT with the peer outside the tree, not saved",
                 f.pid,
                 f.fd,
                 f.local,

@@ -121,6 +121,12 @@ struct Held {
     /// The network lock dropping the outside peer's segments, deleted
     /// once the connection is out of repair mode.
     lock: Option<ckpt_netlock::Table>,
+    /// This end had shut down writing (FIN_WAIT2): its FIN is sent again
+    /// once repair is off.
+    fin_sent: bool,
+    /// The peer's FIN had arrived (CLOSE_WAIT): the peer, in the tree,
+    /// sends it again.
+    fin_received: bool,
 }
 
 /// Per byte put back into a queue, room for the kernel's per-buffer
@@ -251,6 +257,8 @@ impl FileRestorer for Inet {
                     unsent: plan.unsent,
                     lock: (!conn.network_lock.is_empty())
                         .then(|| ckpt_netlock::Table::named(&conn.network_lock)),
+                    fin_sent: conn.fin_sent,
+                    fin_received: conn.fin_received,
                 };
                 finish_or_wait(cx, held, file.id, conn.peer_file_id)?;
             }
@@ -787,6 +795,8 @@ impl OutsidePeers {
                 Err(e) => log::warn!("{e}; delete it by hand: {}", table.unlock_hint()),
             }
         }
+        // The peer acknowledges the FIN again (it had it already).
+        send_fins(&self.0)?;
         for h in &self.0 {
             sys::setsockopt_int(
                 h.sock.as_fd(),
@@ -817,6 +827,8 @@ impl OutsidePeers {
 /// tree is rebuilt (`DeferredReuse`).
 fn finish(cx: &mut Context<'_, '_>, ends: Vec<Held>) -> Result<()> {
     switch_off(&ends)?;
+    send_fins(&ends)?;
+    await_fins(&ends);
     let deferred = &mut cx.state::<DeferredReuse>().0;
     deferred.extend(ends.into_iter().map(|h| (h.sock, h.reuseaddr)));
     Ok(())
@@ -854,6 +866,65 @@ fn switch_off(ends: &[Held]) -> Result<()> {
     }
     Ok(())
 }
+
+/// Shuts down writing again on each end that had (FIN_WAIT2), out of
+/// repair mode: the FIN goes out after what is queued, and the socket is
+/// back in FIN_WAIT2 once the peer acknowledges it.
+fn send_fins(ends: &[Held]) -> Result<()> {
+    for h in ends.iter().filter(|h| h.fin_sent) {
+        sys::shutdown_write(h.sock.as_fd()).map_err(|e| {
+            RestoreError::os(h.pid, format!("fd {}: TCP: shutdown (send FIN)", h.fd), e)
+        })?;
+        log::debug!("pid {} fd {}: TCP: FIN sent again", h.pid, h.fd);
+    }
+    Ok(())
+}
+
+/// How long the ends of a half-closed connection in the tree wait for the
+/// FIN sent again (`send_fins`) and its acknowledgment: on one host the
+/// FIN takes microseconds, the acknowledgment a delayed ACK (at most
+/// 200 ms).
+const FIN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Waits until both ends of a half-closed connection in the tree are in
+/// their states again (CLOSE_WAIT: the peer's FIN is there; FIN_WAIT2: its
+/// own FIN is acknowledged), so the process finds its connection as it
+/// left it: its reader sees the end of the stream at once. Not there in
+/// time, it is logged: the connection gets there, later.
+fn await_fins(ends: &[Held]) {
+    let until = std::time::Instant::now() + FIN_WAIT;
+    let wanted = ends.iter().filter_map(|h| {
+        if h.fin_received {
+            Some((h, TCP_CLOSE_WAIT))
+        } else if h.fin_sent {
+            Some((h, TCP_FIN_WAIT2))
+        } else {
+            None
+        }
+    });
+    for (h, want) in wanted {
+        loop {
+            match sys::tcp_state(h.sock.as_fd()) {
+                Ok(state) if state == want => break,
+                Ok(_) if std::time::Instant::now() < until => {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                other => {
+                    log::warn!(
+                        "pid {} fd {}: TCP: the half-closed connection is not back in state {want} yet ({other:?}); it gets there later",
+                        h.pid,
+                        h.fd
+                    );
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// `TCP_FIN_WAIT2` and `TCP_CLOSE_WAIT` of include/net/tcp_states.h.
+const TCP_FIN_WAIT2: u8 = 5;
+const TCP_CLOSE_WAIT: u8 = 8;
 
 #[cfg(test)]
 mod tests {
