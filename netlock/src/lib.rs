@@ -28,7 +28,7 @@ pub use nft::program;
 pub enum LockError {
     /// No `nft` program to run.
     #[error(
-        "the network lock needs the nft program (Debian package nftables), not found in PATH: install it, or dump with --network-lock=none"
+        "the network lock needs the nft program (Debian package nftables), found neither in PATH nor in /usr/sbin or /sbin: install it, or dump with --network-lock=none"
     )]
     NftMissing,
     /// `nft` could not be started or waited for.
