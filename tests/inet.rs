@@ -632,7 +632,20 @@ fn send_while_down(client: &mut TcpStream) {
 
 /// The nftables tables ckpt's network lock has in place.
 fn lock_tables() -> Vec<String> {
-    let out = std::process::Command::new("nft")
+    lock_tables_in(None)
+}
+
+/// The same in the named network namespace `netns` (None: the test's).
+fn lock_tables_in(netns: Option<&str>) -> Vec<String> {
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = std::process::Command::new("ip");
+            c.args(["netns", "exec", ns, "nft"]);
+            c
+        }
+        None => std::process::Command::new("nft"),
+    };
+    let out = cmd
         .args(["list", "tables"])
         .output()
         .expect("run nft (scripts/test-deps.sh installs it)");
@@ -782,4 +795,69 @@ fn close_wait_to_outside_is_refused_by_name() {
         out.stderr
     );
     assert!(!env.img.exists(), "a refused dump leaves no checkpoint");
+}
+
+/// Runs `f` on a thread in the network namespace `/run/netns/NAME`: a
+/// socket it creates stays in that namespace.
+fn in_netns<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/run/netns/{name}");
+    std::thread::spawn(move || {
+        let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        // SAFETY: setns on an fd this thread owns; it moves only this thread.
+        let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .expect("thread in the namespace")
+}
+
+/// A server in a network namespace of its own: the lock goes into that
+/// namespace, where its client's segments pass (one in ckpt's own would
+/// never see them, and the client would be reset).
+#[test]
+fn network_lock_goes_into_the_trees_network_namespace() {
+    let env = TestEnv::new("inet-netlock-netns");
+    let nodes = NetNodes::new("nlk", 1);
+    let ns = nodes.names[0].clone();
+    let mut v = Victim::spawn_in_netns(&env, "inet", &["server"], &ns);
+    assert!(
+        wait_for_file(&v.path("port"), Duration::from_secs(10)),
+        "the victim never listened: {}",
+        v.diag()
+    );
+    let addr = format!("127.0.0.1:{}", read_to_string_lossy(&v.path("port")).trim());
+    let mut client = in_netns(&ns, move || TcpStream::connect(addr).expect("connect"));
+    let before: Vec<u8> = (0..SERVER_BEFORE).map(|i| stream_byte(0, i)).collect();
+    client.write_all(&before).expect("send before the dump");
+    v.wait_ready();
+    let table = format!("ckpt-{}", v.pid);
+    dump(&env, &v, &["--tcp-established", "--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+    assert!(
+        lock_tables_in(Some(&ns)).contains(&table) && !lock_tables().contains(&table),
+        "the lock {table} is not in the tree's namespace only"
+    );
+
+    send_while_down(&mut client);
+    let ns_path = format!("/run/netns/{ns}");
+    let mut restore = spawn_restore(&env, &["--netns", &ns_path]);
+    wait_restored_and_running(&v, &mut restore);
+    assert!(
+        !lock_tables_in(Some(&ns)).contains(&table),
+        "the restore left the lock {table} in place"
+    );
+    v.go();
+    client
+        .set_read_timeout(Some(PUMP_TIMEOUT))
+        .expect("read timeout");
+    let mut back = vec![0u8; SERVER_GAP as usize];
+    client
+        .read_exact(&mut back)
+        .expect("read back what was sent while the tree was down");
+    let want: Vec<u8> = (SERVER_BEFORE..SERVER_BEFORE + SERVER_GAP)
+        .map(|i| stream_byte(0, i))
+        .collect();
+    assert!(back == want, "the restored server sent back other bytes");
+    finish_restore(&v, restore);
 }

@@ -5,8 +5,8 @@
 //! sees a delay.
 //!
 //! Each lock is an nftables table of ckpt's own, `inet ckpt-<PID>` (PID:
-//! the dumped tree's root), with one rule per connection and direction
-//! matching its four-tuple. The dumper adds it before the connections go
+//! the dumped tree's root), in the tree's network namespace, with one rule
+//! per connection and direction matching its four-tuple. The dumper adds it before the connections go
 //! into repair mode; the restorer deletes it once they are back and out
 //! of repair mode, the dumper when the tree goes on after the dump. By
 //! hand: `nft delete table inet ckpt-<PID>`.
@@ -17,7 +17,7 @@
 mod nft;
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
@@ -38,6 +38,16 @@ pub enum LockError {
         table: String,
         /// The `nft` it ran.
         program: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The network namespace to lock in cannot be opened.
+    #[error("network lock {table}: opening {}: {source}", path.display())]
+    NetNs {
+        /// The table it was about.
+        table: String,
+        /// The namespace's `/proc/PID/ns/net`.
+        path: PathBuf,
         /// Why.
         source: std::io::Error,
     },
@@ -103,9 +113,16 @@ const FAMILY: &str = "inet";
 /// and any filter, so nothing else sees a dropped segment.
 const PRIORITY_RAW: i32 = -300;
 
-/// Adds `conns` to `table`'s lock (creating the table), in one
-/// transaction: either every connection is locked or none.
-pub fn lock(table: &Table, conns: &[Connection]) -> Result<()> {
+/// The network namespace of process `pid`, where its connections' lock
+/// goes.
+pub fn netns_of(pid: i32) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/ns/net"))
+}
+
+/// Adds `conns` to `table`'s lock (creating the table) in the network
+/// namespace `netns` ([`netns_of`]), in one transaction: either every
+/// connection is locked or none.
+pub fn lock(table: &Table, netns: &Path, conns: &[Connection]) -> Result<()> {
     let mut cmds = vec![json!({"add": {"table": {"family": FAMILY, "name": table.name()}}})];
     for (chain, hook) in [("input", "input"), ("output", "output")] {
         cmds.push(json!({"add": {"chain": {
@@ -118,19 +135,25 @@ pub fn lock(table: &Table, conns: &[Connection]) -> Result<()> {
         cmds.push(drop_rule(table, "input", c.peer, c.local));
         cmds.push(drop_rule(table, "output", c.local, c.peer));
     }
-    nft::run(table, "add the lock's rules", &json!({"nftables": cmds}))
+    nft::run(
+        table,
+        netns,
+        "add the lock's rules",
+        &json!({"nftables": cmds}),
+    )
 }
 
-/// Deletes `table`, if it exists (adding it first makes one transaction
-/// that succeeds either way).
-pub fn unlock(table: &Table) -> Result<()> {
+/// Deletes `table` of the network namespace `netns`, if it exists (adding
+/// it first makes one transaction that succeeds either way).
+pub fn unlock(table: &Table, netns: &Path) -> Result<()> {
     let t = json!({"family": FAMILY, "name": table.name()});
     let cmds = json!({"nftables": [{"add": {"table": t}}, {"delete": {"table": t}}]});
-    nft::run(table, "delete the table", &cmds)
+    nft::run(table, netns, "delete the table", &cmds)
 }
 
 /// The program and arguments that delete `table`, for a process that can
-/// only exec (the dumper's TCP repair guard, after a fork).
+/// only exec (the dumper's TCP repair guard, after a fork; it enters the
+/// lock's network namespace itself).
 pub fn unlock_argv(table: &Table) -> Result<(PathBuf, Vec<String>)> {
     let prog = program()?;
     let argv = ["nft", "delete", "table", FAMILY, table.name()]

@@ -1,7 +1,9 @@
 //! Runs the `nft` program: the lock's one place that executes a command.
 
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
@@ -24,9 +26,16 @@ pub fn program() -> Result<PathBuf> {
         .ok_or(LockError::NftMissing)
 }
 
-/// Feeds `doc` to `nft -j -f -`; `what` names the change for errors.
-pub(crate) fn run(table: &Table, what: &'static str, doc: &Value) -> Result<()> {
+/// Feeds `doc` to `nft -j -f -` in the network namespace `netns` (a
+/// `/proc/PID/ns/net`); `what` names the change for errors.
+pub(crate) fn run(table: &Table, netns: &Path, what: &'static str, doc: &Value) -> Result<()> {
     let prog = program()?;
+    let ns = std::fs::File::open(netns).map_err(|e| LockError::NetNs {
+        table: table.to_string(),
+        path: netns.to_path_buf(),
+        source: e,
+    })?;
+    let ns_fd = ns.as_raw_fd();
     let spawn_err = |e| LockError::Spawn {
         table: table.to_string(),
         program: prog.clone(),
@@ -36,11 +45,16 @@ pub(crate) fn run(table: &Table, what: &'static str, doc: &Value) -> Result<()> 
     // Dies with the thread that runs it: a dumper killed meanwhile has its
     // repair guard delete the lock, which an nft still on its way could
     // otherwise put back after it.
+    // The rules must be where the connections' segments pass: the
+    // namespace of the tree, which need not be ckpt's.
     // SAFETY: the closure runs in the child between fork and exec and
-    // makes one async-signal-safe system call.
+    // makes async-signal-safe system calls only, on `ns_fd`, which stays
+    // open (`ns` lives) until the child is spawned.
     unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
+                || libc::setns(ns_fd, libc::CLONE_NEWNET) != 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

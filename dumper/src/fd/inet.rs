@@ -631,7 +631,14 @@ pub struct TcpRepair {
     held: HashSet<i32>,
     /// The network lock put in place for the connections to outside
     /// peers, if any.
-    lock: Option<ckpt_netlock::Table>,
+    lock: Option<Lock>,
+}
+
+/// A network lock in place: its table, in the tree's network namespace.
+struct Lock {
+    table: ckpt_netlock::Table,
+    /// `/proc/ROOT/ns/net`.
+    netns: std::path::PathBuf,
 }
 
 /// The guard process and the pipe that keeps it waiting.
@@ -841,12 +848,24 @@ impl TcpRepair {
             }
             _ => None,
         };
+        let netns = ckpt_netlock::netns_of(policy.root);
         // Resolved before the fork: the guard can only exec.
-        let unlock = table
-            .as_ref()
-            .map(ckpt_netlock::unlock_argv)
-            .transpose()
-            .map_err(lock_err)?;
+        let unlock = match &table {
+            Some(t) => {
+                let (program, argv) = ckpt_netlock::unlock_argv(t).map_err(lock_err)?;
+                let netns = std::fs::File::open(&netns).map_err(|e| DumpError::Proc {
+                    pid: policy.root,
+                    path: "ns/net".into(),
+                    source: e,
+                })?;
+                Some(sys::GuardUnlock {
+                    program,
+                    argv,
+                    netns,
+                })
+            }
+            None => None,
+        };
         let (pid, tx) =
             sys::fork_repair_guard(&socks, running, unlock).map_err(|e| DumpError::Proc {
                 pid: std::process::id() as i32,
@@ -857,12 +876,12 @@ impl TcpRepair {
         if let Some(table) = table {
             // Before repair mode: from then on until the restore, a
             // segment of the peer must find no socket to answer it.
-            ckpt_netlock::lock(&table, &outside).map_err(lock_err)?;
+            ckpt_netlock::lock(&table, &netns, &outside).map_err(lock_err)?;
             log::info!(
                 "network lock {table}: {} connections to outside peers",
                 outside.len()
             );
-            repair.lock = Some(table);
+            repair.lock = Some(Lock { table, netns });
         }
         hold_first(&mut repair)?;
         // On error `repair` drops: every socket leaves repair mode (one
@@ -933,10 +952,10 @@ impl TcpRepair {
 
     /// Deletes the network lock: the connections are live again.
     fn unlock(&mut self) {
-        if let Some(table) = self.lock.take()
-            && let Err(e) = ckpt_netlock::unlock(&table)
+        if let Some(lock) = self.lock.take()
+            && let Err(e) = ckpt_netlock::unlock(&lock.table, &lock.netns)
         {
-            log::warn!("{e}; delete it by hand: {}", table.unlock_hint());
+            log::warn!("{e}; delete it by hand: {}", lock.table.unlock_hint());
         }
     }
 
@@ -975,10 +994,11 @@ impl TcpRepair {
     /// The network lock stays until the restore deletes it.
     pub fn abandon(&mut self) {
         self.socks.clear();
-        if let Some(table) = self.lock.take() {
+        if let Some(lock) = self.lock.take() {
             log::info!(
-                "network lock {table} stays until the restore (by hand: {})",
-                table.unlock_hint()
+                "network lock {} stays until the restore (by hand: {})",
+                lock.table,
+                lock.table.unlock_hint()
             );
         }
         self.dismiss_guard();
@@ -987,7 +1007,9 @@ impl TcpRepair {
     /// Records the network lock in the image of every connection to an
     /// outside peer of `tree` (after [`Inet::link_tree`] found which).
     pub fn record_lock(&self, tree: &mut TreeFiles) {
-        let Some(table) = &self.lock else { return };
+        let Some(Lock { table, .. }) = &self.lock else {
+            return;
+        };
         for f in &mut tree.files.files {
             if let Some(Kind::Inet(InetFile { tcp: Some(tcp), .. })) = &mut f.kind
                 && tcp.peer_file_id == 0

@@ -783,14 +783,17 @@ impl OutsidePeers {
     /// with the command that deletes it, as the tree is in place.
     pub fn release(self) -> Result<()> {
         switch_off(&self.0)?;
-        let mut tables: Vec<&ckpt_netlock::Table> = Vec::new();
-        for table in self.0.iter().filter_map(|h| h.lock.as_ref()) {
-            if !tables.contains(&table) {
-                tables.push(table);
+        // Each table once, in the namespace of a process it held.
+        let mut tables: Vec<(&ckpt_netlock::Table, i32)> = Vec::new();
+        for h in &self.0 {
+            if let Some(table) = &h.lock
+                && !tables.iter().any(|(t, _)| *t == table)
+            {
+                tables.push((table, h.pid));
             }
         }
-        for table in tables {
-            match ckpt_netlock::unlock(table) {
+        for (table, pid) in tables {
+            match ckpt_netlock::unlock(table, &ckpt_netlock::netns_of(pid)) {
                 Ok(()) => log::info!("network lock {table} deleted"),
                 Err(e) => log::warn!("{e}; delete it by hand: {}", table.unlock_hint()),
             }
