@@ -776,25 +776,51 @@ fn half_closed_connection_to_outside_comes_back_in_fin_wait2() {
 }
 
 /// A connection the peer outside the tree closed, with bytes the victim
-/// has not read (CLOSE_WAIT): the peer's FIN cannot be given back, so it
-/// is refused by name even with --tcp-established.
+/// has not read (CLOSE_WAIT: "closed by the peer with unread data"):
+/// refused by name without --tcp-established; with it, killed and
+/// restored, the victim is in CLOSE_WAIT again, reads its bytes and then
+/// the end of the stream, and still writes (the peer's FIN is given back
+/// through the network lock).
 #[test]
-fn close_wait_to_outside_is_refused_by_name() {
+fn close_wait_to_outside_comes_back_with_unread_bytes_then_eof() {
     let env = TestEnv::new("inet-close-wait-outside");
-    let (v, client) = server_and_client(&env);
+    let mut v = Victim::spawn(&env, "inet", &["closedby"]);
+    assert!(
+        wait_for_file(&v.path("port"), Duration::from_secs(10)),
+        "the victim never listened: {}",
+        v.diag()
+    );
+    let port = read_to_string_lossy(&v.path("port"));
+    let mut client = TcpStream::connect(format!("127.0.0.1:{}", port.trim())).expect("connect");
+    let before: Vec<u8> = (0..SERVER_BEFORE).map(|i| stream_byte(0, i)).collect();
+    client.write_all(&before).expect("send");
     client.shutdown(Shutdown::Write).expect("shutdown");
-    std::thread::sleep(Duration::from_millis(200));
-    let out = dump_outcome(&env, &v, &["--tcp-established"]);
-    let line = out.assert_error();
+    v.wait_ready();
+
+    let out = dump_outcome(&env, &v, &[]);
+    out.assert_error();
     assert!(
         out.stderr
             .lines()
             .any(|l| l.contains(&format!("pid {}", v.pid))
-                && l.contains("in state CLOSE_WAIT to a peer outside the tree")),
-        "no line names the CLOSE_WAIT connection: {line}\n{}",
+                && l.contains("in state CLOSE_WAIT to a peer outside the tree")
+                && l.contains("--tcp-established")),
+        "no line names the CLOSE_WAIT connection:\n{}",
         out.stderr
     );
     assert!(!env.img.exists(), "a refused dump leaves no checkpoint");
+
+    dump(&env, &v, &["--tcp-established", "--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+    let restore = spawn_restore(&env, &[]);
+    v.go();
+    client
+        .set_read_timeout(Some(PUMP_TIMEOUT))
+        .expect("read timeout");
+    let mut bye = Vec::new();
+    client.read_to_end(&mut bye).expect("read the victim's bye");
+    assert_eq!(bye, b"bye", "the victim wrote in CLOSE_WAIT");
+    finish_restore(&v, restore);
 }
 
 /// Runs `f` on a thread in the network namespace `/run/netns/NAME`: a

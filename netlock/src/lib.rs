@@ -107,6 +107,11 @@ pub struct Connection {
     pub peer: SocketAddr,
 }
 
+/// The packet mark (SO_MARK) of segments ckpt itself hands a restored
+/// socket (the peer's FIN of a CLOSE_WAIT connection): the lock lets them
+/// pass.
+pub const INJECTED_MARK: u32 = 0x636b_7074;
+
 /// nftables family of the tables: IPv4 and IPv6 in one.
 const FAMILY: &str = "inet";
 /// Hook priority of the lock's chains: `raw`, before connection tracking
@@ -131,7 +136,8 @@ pub fn lock(table: &Table, netns: &Path, conns: &[Connection]) -> Result<()> {
         }}}));
     }
     for c in conns {
-        // What the peer sends us, and what we would send it.
+        // What the peer sends us (except what ckpt hands the socket), and
+        // what we would send it.
         cmds.push(drop_rule(table, "input", c.peer, c.local));
         cmds.push(drop_rule(table, "output", c.local, c.peer));
     }
@@ -179,6 +185,7 @@ fn drop_rule(table: &Table, chain: &str, src: SocketAddr, dst: SocketAddr) -> Va
     json!({"add": {"rule": {
         "family": FAMILY, "table": table.name(), "chain": chain,
         "expr": [
+            {"match": {"op": "!=", "left": {"meta": {"key": "mark"}}, "right": INJECTED_MARK}},
             is(proto, "saddr", json!(s.to_string())),
             is(proto, "daddr", json!(d.to_string())),
             is("tcp", "sport", json!(src.port())),
@@ -202,9 +209,9 @@ mod tests {
             "[::ffff:10.0.0.2]:9".parse().unwrap(),
         );
         let expr = &r["add"]["rule"]["expr"];
-        assert_eq!(expr[0]["match"]["left"]["payload"]["protocol"], "ip");
-        assert_eq!(expr[0]["match"]["right"], "10.0.0.1");
-        assert_eq!(expr[3]["match"]["right"], 9);
+        assert_eq!(expr[1]["match"]["left"]["payload"]["protocol"], "ip");
+        assert_eq!(expr[1]["match"]["right"], "10.0.0.1");
+        assert_eq!(expr[4]["match"]["right"], 9);
         assert_eq!(r["add"]["rule"]["table"], "ckpt-7");
     }
 
@@ -217,7 +224,7 @@ mod tests {
             "[fe80::1]:6".parse().unwrap(),
         );
         assert_eq!(
-            r["add"]["rule"]["expr"][1]["match"]["left"]["payload"]["protocol"],
+            r["add"]["rule"]["expr"][2]["match"]["left"]["payload"]["protocol"],
             "ip6"
         );
     }

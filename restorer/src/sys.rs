@@ -336,6 +336,32 @@ pub fn connect(fd: std::os::fd::BorrowedFd<'_>, a: &std::net::SocketAddr) -> std
     check(unsafe { libc::connect(fd.as_raw_fd(), (&raw const raw.storage).cast(), raw.len) })
 }
 
+/// `sendto(2)` of one datagram `buf` to `ip` (port 0: a raw socket's).
+pub fn send_to(
+    fd: std::os::fd::BorrowedFd<'_>,
+    buf: &[u8],
+    ip: std::net::IpAddr,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let raw = raw_addr(&std::net::SocketAddr::new(ip, 0));
+    // SAFETY: the kernel reads `buf.len()` bytes of `buf` and `len` bytes
+    // of the live local address.
+    let n = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            buf.as_ptr().cast(),
+            buf.len(),
+            0,
+            (&raw const raw.storage).cast(),
+            raw.len,
+        )
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// `listen(2)`.
 pub fn listen(fd: std::os::fd::BorrowedFd<'_>, backlog: i32) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;

@@ -39,6 +39,11 @@
  *                          go the SERVER_GAP bytes the test sent while the
  *                          tree was down, each checked against its offset,
  *                          and sends those back.
+ *   inet WORKDIR closedby  like server, but the test shuts down writing
+ *                          after its SERVER_BEFORE bytes, which the victim
+ *                          leaves unread (CLOSE_WAIT); after go it is in
+ *                          CLOSE_WAIT again, reads them, then the end of
+ *                          the stream, and sends "bye".
  *   inet WORKDIR shutout PORT
  *                          one connection to 127.0.0.1:PORT (the test,
  *                          outside the tree) over which it sent HALF_DATA
@@ -721,6 +726,36 @@ static void check_stream(int fd, int dir, int len, const char *name)
 		}
 }
 
+static void closedby(void)
+{
+	char buf[SERVER_BEFORE], port[16], b = 0;
+	struct sockaddr_in a;
+	socklen_t len = sizeof(a);
+	int l = listener(AF_INET);
+
+	if (getsockname(l, (struct sockaddr *)&a, &len) != 0)
+		die("getsockname");
+	snprintf(port, sizeof(port), "%d", ntohs(a.sin_port));
+	victim_write_file("port", port);
+	int c = accept(l, NULL, NULL);
+	if (c < 0)
+		die("accept");
+	await_state(c, TCP_CLOSE_WAIT, SERVER_BEFORE);
+
+	victim_ready_and_wait(NULL);
+
+	CHECK(tcp_state(c) == TCP_CLOSE_WAIT, "not in CLOSE_WAIT again but in %d", tcp_state(c));
+	if (victim_read_exact(c, buf, SERVER_BEFORE) != 0) {
+		fail("read the unread bytes: %s", strerror(errno));
+		victim_finish();
+	}
+	for (int i = 0; i < SERVER_BEFORE; i++)
+		CHECK((uint8_t)buf[i] == stream_byte(0, (uint64_t)i), "unread byte %d", i);
+	CHECK(recv(c, &b, 1, 0) == 0, "no end of stream after the unread bytes");
+	CHECK(send(c, "bye", 3, MSG_NOSIGNAL) == 3, "send in CLOSE_WAIT: %s", strerror(errno));
+	victim_finish();
+}
+
 static void shutout(const char *port)
 {
 	struct sockaddr_in a = { .sin_family = AF_INET };
@@ -812,8 +847,10 @@ int main(int argc, char **argv)
 		server();
 	else if (strcmp(mode, "halfclosed") == 0)
 		halfclosed();
+	else if (strcmp(mode, "closedby") == 0)
+		closedby();
 	else if (strcmp(mode, "shutout") == 0 && argc > 3)
 		shutout(argv[3]);
 	errno = EINVAL;
-	die("usage: inet WORKDIR tcp|udp|refused|privport|server|halfclosed|outside PORT|chatter PORT|shutout PORT");
+	die("usage: inet WORKDIR tcp|udp|refused|privport|server|halfclosed|outside PORT|chatter PORT|shutout PORT|closedby");
 }

@@ -234,18 +234,12 @@ impl FileDumper for Inet {
                         image.state = InetState::Listen as i32;
                         image.backlog = info.sacked;
                     }
-                    tcp_state::CLOSE_WAIT if !in_repair(sock) => {
+                    state @ (tcp_state::CLOSE_WAIT | tcp_state::FIN_WAIT2) if !in_repair(sock) => {
                         return Err(p.unsupported(&format!(
-                            "TCP connection {} -> {} in state CLOSE_WAIT to a peer outside the tree: the peer's FIN cannot be given back (half-closed connections are saved with both ends in the tree, or in FIN_WAIT2)",
+                            "TCP connection {} -> {} in state {} to a peer outside the tree (dump with --tcp-established to save it)",
                             name(&local),
-                            name(&peer)
-                        )));
-                    }
-                    tcp_state::FIN_WAIT2 if !in_repair(sock) => {
-                        return Err(p.unsupported(&format!(
-                            "TCP connection {} -> {} in state FIN_WAIT2 to a peer outside the tree (dump with --tcp-established to save it)",
-                            name(&local),
-                            name(&peer)
+                            name(&peer),
+                            tcp_state::name(state)
                         )));
                     }
                     tcp_state::ESTABLISHED if !in_repair(sock) && peer.is_some() => {
@@ -655,8 +649,6 @@ struct Found {
     sock: OwnedFd,
     local: SocketAddr,
     peer: SocketAddr,
-    /// Its TCP state: ESTABLISHED, FIN_WAIT2 or CLOSE_WAIT.
-    state: u8,
 }
 
 /// Every established TCP connection the processes `pids` hold, each
@@ -734,7 +726,6 @@ fn established(pid: i32, fd: i32, seen: &mut HashSet<u64>) -> Option<Found> {
         sock,
         local,
         peer,
-        state,
     })
 }
 
@@ -748,16 +739,6 @@ fn chosen(found: Vec<Found>, policy: TcpPolicy) -> Result<Vec<Repaired>> {
         if !inside && srun_pmix::link_to(f.pid, f.peer, 0, 0).is_some() {
             log::debug!(
                 "pid {} fd {}: TCP {} -> {}: a rank's link to its PMIx server, saved as such",
-                f.pid,
-                f.fd,
-                f.local,
-                f.peer
-            );
-            continue;
-        }
-        if !inside && f.state == tcp_state::CLOSE_WAIT {
-            log::debug!(
-                "pid {} fd {}: TCP {} -> {}: CLOSE_WAIT with the peer outside the tree, not saved",
                 f.pid,
                 f.fd,
                 f.local,

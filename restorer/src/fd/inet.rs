@@ -16,6 +16,7 @@
 //! sent are then sent normally. The restored process never holds a socket
 //! in repair mode.
 
+mod fin;
 mod timewait;
 
 use std::collections::HashMap;
@@ -124,8 +125,8 @@ struct Held {
     /// This end had shut down writing (FIN_WAIT2): its FIN is sent again
     /// once repair is off.
     fin_sent: bool,
-    /// The peer's FIN had arrived (CLOSE_WAIT): the peer, in the tree,
-    /// sends it again.
+    /// The peer's FIN had arrived (CLOSE_WAIT): a peer in the tree sends
+    /// it again; one outside had it handed back (`give_back_fin`).
     fin_received: bool,
 }
 
@@ -248,6 +249,9 @@ impl FileRestorer for Inet {
         match (&plan.tcp, plan.state) {
             (Some(conn), _) => {
                 restore_connection(cx, sock, &plan, conn, file.id, fd)?;
+                if conn.fin_received && conn.peer_file_id == 0 {
+                    give_back_fin(r, pid, fd, sock, &plan, conn)?;
+                }
                 let held = Held {
                     pid,
                     fd,
@@ -741,6 +745,84 @@ fn restore_connection(
         plan.received.len()
     );
     Ok(())
+}
+
+/// Hands the rebuilt socket `sock` (fd `fd` of `pid`, in repair mode) the
+/// FIN its peer outside the tree had sent (see `fin`), and waits until it
+/// is in CLOSE_WAIT again.
+fn give_back_fin(
+    r: &Remote<'_>,
+    pid: i32,
+    fd: i32,
+    sock: BorrowedFd<'_>,
+    plan: &Plan,
+    conn: &TcpConnection,
+) -> Result<()> {
+    let err = |what: &str, e: std::io::Error| {
+        RestoreError::os(
+            pid,
+            format!("fd {fd}: TCP: give back the peer's FIN: {what}"),
+            e,
+        )
+    };
+    let segment = fin::Fin {
+        from: plan.peer.expect("checked by Plan::of"),
+        to: plan.local.expect("checked by Plan::of"),
+        seq: conn.recv_seq,
+        ack: conn.send_seq.wrapping_sub(conn.send_len),
+        window: u16::try_from(conn.snd_wnd >> conn.snd_wscale.min(TCP_MAX_WSCALE))
+            .unwrap_or(u16::MAX),
+    };
+    let Some((packet, dst)) = fin::packet(&segment) else {
+        return Err(err(
+            "addresses",
+            std::io::Error::other("local and peer addresses of different families"),
+        ));
+    };
+    let domain = if dst.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // Made by the process, so in its network namespace.
+    let raw = r.call(
+        "socket",
+        libc::SYS_socket,
+        [
+            domain as u64,
+            (libc::SOCK_RAW | libc::SOCK_CLOEXEC) as u64,
+            libc::IPPROTO_RAW as u64,
+            0,
+            0,
+            0,
+        ],
+    )? as i32;
+    let copy = sys::take_fd(pid, raw).map_err(|e| err("pidfd_getfd", e));
+    r.call("close", libc::SYS_close, [raw as u64, 0, 0, 0, 0, 0])?;
+    let copy = copy?;
+    sys::setsockopt_int(
+        copy.as_fd(),
+        libc::SOL_SOCKET,
+        libc::SO_MARK,
+        ckpt_netlock::INJECTED_MARK as i32,
+    )
+    .map_err(|e| err("SO_MARK", e))?;
+    sys::send_to(copy.as_fd(), &packet, dst).map_err(|e| err("sendto", e))?;
+    let until = std::time::Instant::now() + FIN_WAIT;
+    loop {
+        let state = sys::tcp_state(sock).map_err(|e| err("TCP_INFO", e))?;
+        if state == TCP_CLOSE_WAIT {
+            log::debug!("pid {pid} fd {fd}: TCP: the peer's FIN given back");
+            return Ok(());
+        }
+        if std::time::Instant::now() >= until {
+            return Err(err(
+                "state",
+                std::io::Error::other(format!("still in state {state}, not CLOSE_WAIT")),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
 
 /// Switches repair off once both ends of an in-tree connection are
