@@ -783,15 +783,25 @@ fn half_closed_connection_to_outside_comes_back_in_fin_wait2() {
 /// through the network lock).
 #[test]
 fn close_wait_to_outside_comes_back_with_unread_bytes_then_eof() {
-    let env = TestEnv::new("inet-close-wait-outside");
-    let mut v = Victim::spawn(&env, "inet", &["closedby"]);
+    close_wait_to_outside("inet-close-wait-outside", "v4", "127.0.0.1");
+}
+
+/// The same over IPv6.
+#[test]
+fn close_wait_to_outside_over_ipv6_comes_back_too() {
+    close_wait_to_outside("inet-close-wait-outside-v6", "v6", "[::1]");
+}
+
+fn close_wait_to_outside(test: &str, family: &str, host: &str) {
+    let env = TestEnv::new(test);
+    let mut v = Victim::spawn(&env, "inet", &["closedby", family]);
     assert!(
         wait_for_file(&v.path("port"), Duration::from_secs(10)),
         "the victim never listened: {}",
         v.diag()
     );
     let port = read_to_string_lossy(&v.path("port"));
-    let mut client = TcpStream::connect(format!("127.0.0.1:{}", port.trim())).expect("connect");
+    let mut client = TcpStream::connect(format!("{host}:{}", port.trim())).expect("connect");
     let before: Vec<u8> = (0..SERVER_BEFORE).map(|i| stream_byte(0, i)).collect();
     client.write_all(&before).expect("send");
     client.shutdown(Shutdown::Write).expect("shutdown");

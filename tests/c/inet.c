@@ -39,7 +39,9 @@
  *                          go the SERVER_GAP bytes the test sent while the
  *                          tree was down, each checked against its offset,
  *                          and sends those back.
- *   inet WORKDIR closedby  like server, but the test shuts down writing
+ *   inet WORKDIR closedby [v6]
+ *                          like server (on ::1 with v6), but the test
+ *                          shuts down writing
  *                          after its SERVER_BEFORE bytes, which the victim
  *                          leaves unread (CLOSE_WAIT); after go it is in
  *                          CLOSE_WAIT again, reads them, then the end of
@@ -726,16 +728,16 @@ static void check_stream(int fd, int dir, int len, const char *name)
 		}
 }
 
-static void closedby(void)
+static void closedby(int family)
 {
 	char buf[SERVER_BEFORE], port[16], b = 0;
-	struct sockaddr_in a;
-	socklen_t len = sizeof(a);
-	int l = listener(AF_INET);
+	struct sockaddr_storage a;
+	int l = listener(family);
 
-	if (getsockname(l, (struct sockaddr *)&a, &len) != 0)
-		die("getsockname");
-	snprintf(port, sizeof(port), "%d", ntohs(a.sin_port));
+	local_addr(l, &a);
+	snprintf(port, sizeof(port), "%d",
+		 ntohs(family == AF_INET6 ? ((struct sockaddr_in6 *)&a)->sin6_port :
+					    ((struct sockaddr_in *)&a)->sin_port));
 	victim_write_file("port", port);
 	int c = accept(l, NULL, NULL);
 	if (c < 0)
@@ -848,9 +850,9 @@ int main(int argc, char **argv)
 	else if (strcmp(mode, "halfclosed") == 0)
 		halfclosed();
 	else if (strcmp(mode, "closedby") == 0)
-		closedby();
+		closedby(argc > 3 && strcmp(argv[3], "v6") == 0 ? AF_INET6 : AF_INET);
 	else if (strcmp(mode, "shutout") == 0 && argc > 3)
 		shutout(argv[3]);
 	errno = EINVAL;
-	die("usage: inet WORKDIR tcp|udp|refused|privport|server|halfclosed|outside PORT|chatter PORT|shutout PORT|closedby");
+	die("usage: inet WORKDIR tcp|udp|refused|privport|server|halfclosed|outside PORT|chatter PORT|shutout PORT|closedby [v6]");
 }
