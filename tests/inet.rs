@@ -384,6 +384,15 @@ fn half_closed_connections_come_back_with_unread_bytes_then_eof() {
     standard_cycle("inet-half-closed", "inet", &["halfclosed"]);
 }
 
+/// Connections whose writer shut down writing with bytes still queued
+/// behind a full window (FIN_WAIT1, over IPv4 and IPv6): every byte
+/// arrives after the restore, then the end of the stream, and the writer
+/// reaches FIN_WAIT2 (checked by the victim).
+#[test]
+fn fin_wait1_with_queued_bytes_comes_back() {
+    standard_cycle("inet-fin-wait1", "inet", &["finwait1"]);
+}
+
 /// Dumped without --kill, half-closed connections go on as they were.
 #[test]
 fn half_closed_connections_go_on_after_a_dump_without_kill() {

@@ -39,6 +39,13 @@
  *                          go the SERVER_GAP bytes the test sent while the
  *                          tree was down, each checked against its offset,
  *                          and sends those back.
+ *   inet WORKDIR finwait1  connections over 127.0.0.1 and ::1 whose writer
+ *                          filled the reader's window and its own buffer,
+ *                          then shut down writing: its FIN waits behind
+ *                          unsent bytes (FIN_WAIT1); after go the reader
+ *                          reads every byte, each checked, then the end of
+ *                          the stream, the writer reaches FIN_WAIT2 and
+ *                          still reads.
  *   inet WORKDIR closedby [v6]
  *                          like server (on ::1 with v6), but the test
  *                          shuts down writing
@@ -784,6 +791,84 @@ static void shutout(const char *port)
 	victim_finish();
 }
 
+/* The most a writer can queue towards a small reader (bounds its buffer). */
+#define FINWAIT1_MAX (1 << 20)
+
+static void finwait1(void)
+{
+	const int families[2] = { AF_INET, AF_INET6 };
+	const char *names[2] = { "v4", "v6" };
+	int writer[2], reader[2];
+	size_t queued[2];
+	char *buf = malloc(FINWAIT1_MAX);
+
+	if (!buf)
+		die("malloc");
+	for (int f = 0; f < 2; f++) {
+		int l = listener(families[f]);
+
+		writer[f] = connect_to(l, 1);
+		reader[f] = accept(l, NULL, NULL);
+		if (reader[f] < 0)
+			die("accept");
+		close(l);
+		nonblock(writer[f]);
+		for (size_t i = 0; i < FINWAIT1_MAX; i++)
+			buf[i] = (char)stream_byte(0, i);
+		queued[f] = 0;
+		for (;;) {
+			ssize_t n = send(writer[f], buf + queued[f], FINWAIT1_MAX - queued[f],
+					 MSG_NOSIGNAL);
+			if (n > 0) {
+				queued[f] += (size_t)n;
+				continue;
+			}
+			if (n < 0 && errno == EAGAIN) {
+				/* Until the window closed for good. */
+				usleep(20000);
+				n = send(writer[f], buf + queued[f], FINWAIT1_MAX - queued[f],
+					 MSG_NOSIGNAL);
+				if (n > 0) {
+					queued[f] += (size_t)n;
+					continue;
+				}
+				if (n < 0 && errno == EAGAIN)
+					break;
+			}
+			die("fill the writer");
+		}
+		if (shutdown(writer[f], SHUT_WR) != 0)
+			die("shutdown");
+		await_state(writer[f], TCP_FIN_WAIT1, 0);
+	}
+
+	victim_ready_and_wait(NULL);
+
+	for (int f = 0; f < 2; f++) {
+		char b = 0;
+
+		if (victim_read_exact(reader[f], buf, queued[f]) != 0) {
+			fail("%s: read the %zu bytes queued: %s", names[f], queued[f], strerror(errno));
+			continue;
+		}
+		for (size_t i = 0; i < queued[f]; i++)
+			if ((uint8_t)buf[i] != stream_byte(0, i)) {
+				fail("%s: byte %zu lost or changed", names[f], i);
+				break;
+			}
+		CHECK(recv(reader[f], &b, 1, 0) == 0, "%s: no end of stream after %zu bytes",
+		      names[f], queued[f]);
+		CHECK(reaches_state(writer[f], TCP_FIN_WAIT2, ANY_UNREAD),
+		      "%s: the writer is in state %d, not FIN_WAIT2", names[f], tcp_state(writer[f]));
+		CHECK(send(reader[f], "r", 1, MSG_NOSIGNAL) == 1 &&
+			      reaches_state(writer[f], TCP_FIN_WAIT2, 1) &&
+			      recv(writer[f], &b, 1, 0) == 1 && b == 'r',
+		      "%s: the writer no longer reads", names[f]);
+	}
+	free(buf);
+	victim_finish();
+}
+
 static void halfclosed(void)
 {
 	const int families[2] = { AF_INET, AF_INET6 };
@@ -849,10 +934,12 @@ int main(int argc, char **argv)
 		server();
 	else if (strcmp(mode, "halfclosed") == 0)
 		halfclosed();
+	else if (strcmp(mode, "finwait1") == 0)
+		finwait1();
 	else if (strcmp(mode, "closedby") == 0)
 		closedby(argc > 3 && strcmp(argv[3], "v6") == 0 ? AF_INET6 : AF_INET);
 	else if (strcmp(mode, "shutout") == 0 && argc > 3)
 		shutout(argv[3]);
 	errno = EINVAL;
-	die("usage: inet WORKDIR tcp|udp|refused|privport|server|halfclosed|outside PORT|chatter PORT|shutout PORT|closedby [v6]");
+	die("usage: inet WORKDIR tcp|udp|refused|privport|server|halfclosed|outside PORT|chatter PORT|shutout PORT|closedby [v6]|finwait1");
 }

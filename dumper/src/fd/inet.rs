@@ -52,6 +52,7 @@ pub struct Inet;
 /// Kernel TCP states (include/net/tcp_states.h), as TCP_INFO reports them.
 mod tcp_state {
     pub const ESTABLISHED: u8 = 1;
+    pub const FIN_WAIT1: u8 = 4;
     pub const FIN_WAIT2: u8 = 5;
     pub const CLOSE: u8 = 7;
     pub const CLOSE_WAIT: u8 = 8;
@@ -159,7 +160,7 @@ impl FileDumper for Inet {
     }
 
     fn description(&self) -> &'static str {
-        "TCP and UDP sockets (IPv4, IPv6): bound, connected, listening, established and half-closed (FIN_WAIT2, CLOSE_WAIT) TCP with its queues (TCP_REPAIR), peers outside the tree held off by a network lock"
+        "TCP and UDP sockets (IPv4, IPv6): bound, connected, listening, established and half-closed (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) TCP with its queues (TCP_REPAIR), peers outside the tree held off by a network lock"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -234,7 +235,11 @@ impl FileDumper for Inet {
                         image.state = InetState::Listen as i32;
                         image.backlog = info.sacked;
                     }
-                    state @ (tcp_state::CLOSE_WAIT | tcp_state::FIN_WAIT2) if !in_repair(sock) => {
+                    state @ (tcp_state::CLOSE_WAIT
+                    | tcp_state::FIN_WAIT1
+                    | tcp_state::FIN_WAIT2)
+                        if !in_repair(sock) =>
+                    {
                         return Err(p.unsupported(&format!(
                             "TCP connection {} -> {} in state {} to a peer outside the tree (dump with --tcp-established to save it)",
                             name(&local),
@@ -257,16 +262,18 @@ impl FileDumper for Inet {
                         image.pmix = Some(link);
                     }
                     state @ (tcp_state::ESTABLISHED
+                    | tcp_state::FIN_WAIT1
                     | tcp_state::FIN_WAIT2
                     | tcp_state::CLOSE_WAIT) => {
                         // The receive side is read by `link_tree`, after
                         // every send queue of the tree (`read_receive_side`).
-                        let (mut conn, data) = read_send_side(p, sock, &info, &local, &peer)?;
+                        // FIN_WAIT1's FIN is still in its send queue.
+                        let fin_queued = state == tcp_state::FIN_WAIT1;
+                        let (mut conn, data) =
+                            read_send_side(p, sock, &info, &local, &peer, fin_queued)?;
                         // The FINs take a sequence number each but are no
                         // data: the image counts none (`TcpConnection`).
-                        // FIN_WAIT2's was acknowledged, so the send queue
-                        // holds only the sequence number.
-                        if state == tcp_state::FIN_WAIT2 {
+                        if matches!(state, tcp_state::FIN_WAIT1 | tcp_state::FIN_WAIT2) {
                             conn.fin_sent = true;
                             conn.send_seq = conn.send_seq.wrapping_sub(1);
                         }
@@ -277,7 +284,7 @@ impl FileDumper for Inet {
                     }
                     other => {
                         return Err(p.unsupported(&format!(
-                            "TCP socket {} -> {} in state {} (only listening, established, FIN_WAIT2 and CLOSE_WAIT connections are supported)",
+                            "TCP socket {} -> {} in state {} (only listening, established, FIN_WAIT1, FIN_WAIT2 and CLOSE_WAIT connections are supported)",
                             name(&local),
                             name(&peer),
                             tcp_state::name(other)
@@ -358,6 +365,7 @@ fn read_send_side(
     info: &TcpInfo,
     local: &Option<SocketAddr>,
     peer: &Option<SocketAddr>,
+    fin_queued: bool,
 ) -> Result<(TcpConnection, Vec<u8>)> {
     let os = |what: &str, e: std::io::Error| DumpError::Proc {
         pid: p.pid,
@@ -395,8 +403,11 @@ fn read_send_side(
     let (send_len, unsent_len, data) = loop {
         let before = len(SIOCOUTQ, "SIOCOUTQ")?;
         let data = sys::recv_peek(sock, before as usize).map_err(|e| os("peek send queue", e))?;
-        let after = len(SIOCOUTQ, "SIOCOUTQ")?;
-        let unsent = len(libc::SIOCOUTQNSD, "SIOCOUTQNSD")?;
+        // A FIN queued counts in both lengths (it is last: unsent if
+        // anything is) but peeks as no byte.
+        let fin = u32::from(fin_queued);
+        let after = len(SIOCOUTQ, "SIOCOUTQ")?.saturating_sub(fin);
+        let unsent = len(libc::SIOCOUTQNSD, "SIOCOUTQNSD")?.saturating_sub(fin);
         if data.len() == after as usize {
             break (after, unsent.min(after), data);
         }
@@ -641,7 +652,7 @@ struct Guard {
     tx: OwnedFd,
 }
 
-/// An established or half-closed (FIN_WAIT2, CLOSE_WAIT) connection
+/// An established or half-closed (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) connection
 /// found in the tree.
 struct Found {
     pid: i32,
@@ -686,7 +697,7 @@ pub(crate) fn established_peers(pid: i32) -> Result<Vec<TcpPeer>> {
 }
 
 /// Fd `fd` of process `pid`, if it is an established or half-closed
-/// (FIN_WAIT2, CLOSE_WAIT) TCP connection not
+/// (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) TCP connection not
 /// in `seen` (which it joins). Whatever cannot be read here is refused,
 /// with its reason, when the fd is collected.
 fn established(pid: i32, fd: i32, seen: &mut HashSet<u64>) -> Option<Found> {
@@ -712,7 +723,10 @@ fn established(pid: i32, fd: i32, seen: &mut HashSet<u64>) -> Option<Found> {
     let state = tcp_info(sock.as_fd()).ok()?.state;
     if !matches!(
         state,
-        tcp_state::ESTABLISHED | tcp_state::FIN_WAIT2 | tcp_state::CLOSE_WAIT
+        tcp_state::ESTABLISHED
+            | tcp_state::FIN_WAIT1
+            | tcp_state::FIN_WAIT2
+            | tcp_state::CLOSE_WAIT
     ) {
         return None;
     }

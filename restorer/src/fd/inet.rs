@@ -122,9 +122,12 @@ struct Held {
     /// The network lock dropping the outside peer's segments, deleted
     /// once the connection is out of repair mode.
     lock: Option<ckpt_netlock::Table>,
-    /// This end had shut down writing (FIN_WAIT2): its FIN is sent again
-    /// once repair is off.
+    /// This end had shut down writing (FIN_WAIT1, FIN_WAIT2): its FIN is
+    /// sent again once repair is off.
     fin_sent: bool,
+    /// Its FIN goes out at once, nothing queued before it: an in-tree
+    /// peer acknowledges it before the tree runs (FIN_WAIT2).
+    fin_acked_at_once: bool,
     /// The peer's FIN had arrived (CLOSE_WAIT): a peer in the tree sends
     /// it again; one outside had it handed back (`give_back_fin`).
     fin_received: bool,
@@ -262,6 +265,7 @@ impl FileRestorer for Inet {
                     lock: (!conn.network_lock.is_empty())
                         .then(|| ckpt_netlock::Table::named(&conn.network_lock)),
                     fin_sent: conn.fin_sent,
+                    fin_acked_at_once: conn.fin_sent && conn.send_len == 0,
                     fin_received: conn.fin_received,
                 };
                 finish_or_wait(cx, held, file.id, conn.peer_file_id)?;
@@ -952,9 +956,9 @@ fn switch_off(ends: &[Held]) -> Result<()> {
     Ok(())
 }
 
-/// Shuts down writing again on each end that had (FIN_WAIT2), out of
-/// repair mode: the FIN goes out after what is queued, and the socket is
-/// back in FIN_WAIT2 once the peer acknowledges it.
+/// Shuts down writing again on each end that had (FIN_WAIT1, FIN_WAIT2),
+/// out of repair mode: the FIN goes out after what is queued (FIN_WAIT1),
+/// and the socket is in FIN_WAIT2 once the peer acknowledges it.
 fn send_fins(ends: &[Held]) -> Result<()> {
     for h in ends.iter().filter(|h| h.fin_sent) {
         sys::shutdown_write(h.sock.as_fd()).map_err(|e| {
@@ -981,7 +985,7 @@ fn await_fins(ends: &[Held]) {
     let wanted = ends.iter().filter_map(|h| {
         if h.fin_received {
             Some((h, TCP_CLOSE_WAIT))
-        } else if h.fin_sent {
+        } else if h.fin_acked_at_once {
             Some((h, TCP_FIN_WAIT2))
         } else {
             None
