@@ -644,6 +644,8 @@ struct Lock {
     table: ckpt_netlock::Table,
     /// `/proc/ROOT/ns/net`.
     netns: std::path::PathBuf,
+    /// That namespace's inode, for the image.
+    netns_inode: u64,
 }
 
 /// The guard process and the pipe that keeps it waiting.
@@ -876,7 +878,13 @@ impl TcpRepair {
                 "network lock {table}: {} connections to outside peers",
                 outside.len()
             );
-            repair.lock = Some(Lock { table, netns });
+            // Read while the root is frozen: the namespace it is in.
+            let netns_inode = std::fs::metadata(&netns).map(|m| m.ino()).unwrap_or(0);
+            repair.lock = Some(Lock {
+                table,
+                netns,
+                netns_inode,
+            });
         }
         hold_first(&mut repair)?;
         // On error `repair` drops: every socket leaves repair mode (one
@@ -1002,7 +1010,10 @@ impl TcpRepair {
     /// Records the network lock in the image of every connection to an
     /// outside peer of `tree` (after [`Inet::link_tree`] found which).
     pub fn record_lock(&self, tree: &mut TreeFiles) {
-        let Some(Lock { table, .. }) = &self.lock else {
+        let Some(Lock {
+            table, netns_inode, ..
+        }) = &self.lock
+        else {
             return;
         };
         for f in &mut tree.files.files {
@@ -1010,6 +1021,7 @@ impl TcpRepair {
                 && tcp.peer_file_id == 0
             {
                 tcp.network_lock = table.name().to_string();
+                tcp.network_lock_netns = *netns_inode;
             }
         }
     }

@@ -22,6 +22,7 @@ mod timewait;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 
 use ckpt_image::fd::File;
 use ckpt_image::fd::file::Kind;
@@ -122,6 +123,8 @@ struct Held {
     /// The network lock dropping the outside peer's segments, deleted
     /// once the connection is out of repair mode.
     lock: Option<ckpt_netlock::Table>,
+    /// The inode of the network namespace the lock was put in.
+    lock_netns: u64,
     /// This end had shut down writing (FIN_WAIT1, FIN_WAIT2): its FIN is
     /// sent again once repair is off.
     fin_sent: bool,
@@ -264,6 +267,7 @@ impl FileRestorer for Inet {
                     unsent: plan.unsent,
                     lock: (!conn.network_lock.is_empty())
                         .then(|| ckpt_netlock::Table::named(&conn.network_lock)),
+                    lock_netns: conn.network_lock_netns,
                     fin_sent: conn.fin_sent,
                     fin_acked_at_once: conn.fin_sent && conn.send_len == 0,
                     fin_received: conn.fin_received,
@@ -870,16 +874,26 @@ impl OutsidePeers {
     pub fn release(self) -> Result<()> {
         switch_off(&self.0)?;
         // Each table once, in the namespace of a process it held.
-        let mut tables: Vec<(&ckpt_netlock::Table, i32)> = Vec::new();
+        let mut tables: Vec<&Held> = Vec::new();
         for h in &self.0 {
             if let Some(table) = &h.lock
-                && !tables.iter().any(|(t, _)| *t == table)
+                && !tables.iter().any(|t| t.lock.as_ref() == Some(table))
             {
-                tables.push((table, h.pid));
+                tables.push(h);
             }
         }
-        for (table, pid) in tables {
-            match ckpt_netlock::unlock(table, &ckpt_netlock::netns_of(pid)) {
+        for h in tables {
+            let table = h.lock.as_ref().expect("chosen for its lock");
+            let netns = ckpt_netlock::netns_of(h.pid);
+            let here = std::fs::metadata(&netns).map(|m| m.ino()).unwrap_or(0);
+            if h.lock_netns != 0 && here != h.lock_netns {
+                log::warn!(
+                    "network lock {table} stays in the network namespace the tree was dumped in (inode {}), not this one: delete it there by hand: {}",
+                    h.lock_netns,
+                    table.unlock_hint()
+                );
+            }
+            match ckpt_netlock::unlock(table, &netns) {
                 Ok(()) => log::info!("network lock {table} deleted"),
                 Err(e) => log::warn!("{e}; delete it by hand: {}", table.unlock_hint()),
             }
