@@ -5,7 +5,8 @@
 #                                 test victims, the parasite blob),
 #                                 libibverbs headers (the verbs shadow layer
 #                                 is built by `cargo test --workspace`),
-#                                 python3, iproute2, util-linux, passwd
+#                                 python3, iproute2, util-linux, passwd,
+#                                 nftables (the TCP network lock)
 #   scripts/test-deps.sh --lab    also the lab tier: Slurm and munge, Open MPI
 #                                 and libpmix, redis, tmux, make, perftest, the
 #                                 SoftRoCE QEMU guests (scripts/ib-vm.sh setup)
@@ -30,6 +31,7 @@ have_cmd gcc || need+=(gcc)
 [ -e /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
 [ -x /usr/bin/python3 ] || need+=(python3)
 have_cmd ip || need+=(iproute2)
+[ -x /usr/sbin/nft ] || have_cmd nft || need+=(nftables)
 have_cmd unshare || need+=(util-linux)
 have_cmd useradd || need+=(passwd)
 if [ "$lab" = 1 ]; then

@@ -231,9 +231,8 @@ fn connection_to_outside_needs_tcp_established_and_then_goes_on() {
         sent: 0,
         rcvd: 0,
     };
-    // Bytes the victim has not read yet, within its receive window: a peer
-    // with bytes it cannot send would probe the window while the victim is
-    // down, and be answered with a reset (ckpt has no network lock).
+    // Bytes the victim has not read yet, within its receive window (the
+    // network lock keeps a window probe meanwhile from being reset).
     let queued: Vec<u8> = (0..OUTSIDE_QUEUED).map(|i| stream_byte(0, i)).collect();
     end.s
         .write_all(&queued)
@@ -271,8 +270,8 @@ fn connection_to_outside_needs_tcp_established_and_then_goes_on() {
         "{objects:?}"
     );
 
-    // Nothing may reach the victim's port before its socket is back (no
-    // network lock: the kernel would answer with a reset).
+    // The network lock drops whatever reaches the victim's port before its
+    // socket is back.
     let mut restore = spawn_restore(&env, &[]);
     wait_restored_and_running(&v, &mut restore);
     v.go();
@@ -359,26 +358,49 @@ fn privileged_port_is_not_given_back_without_cap_net_bind_service() {
 }
 
 #[test]
-fn unaccepted_and_half_closed_connections_are_refused_by_name() {
+fn unaccepted_connections_are_refused_by_name() {
     let env = TestEnv::new("inet-refused");
     let mut v = Victim::spawn(&env, "inet", &["refused"]);
     v.wait_ready();
     let out = dump_outcome(&env, &v, &[]);
     out.assert_error();
-    for what in [
-        "with 1 connection(s) not accepted yet",
-        "in state FIN_WAIT2",
-        "in state CLOSE_WAIT",
-    ] {
-        assert!(
-            out.stderr
-                .lines()
-                .any(|l| l.contains(&format!("pid {}", v.pid)) && l.contains(what)),
-            "no line for {what}:\n{}",
-            out.stderr
-        );
-    }
+    let what = "with 1 connection(s) not accepted yet";
+    assert!(
+        out.stderr
+            .lines()
+            .any(|l| l.contains(&format!("pid {}", v.pid)) && l.contains(what)),
+        "no line for {what}:\n{}",
+        out.stderr
+    );
     v.assert_unharmed_and_passes("after a refused dump");
+}
+
+/// Half-closed connections in the tree (FIN_WAIT2 and CLOSE_WAIT, over
+/// IPv4 and IPv6) come back in their states, each end with its unread
+/// bytes; the CLOSE_WAIT end reads the end of the stream after them and
+/// still writes (checked by the victim).
+#[test]
+fn half_closed_connections_come_back_with_unread_bytes_then_eof() {
+    standard_cycle("inet-half-closed", "inet", &["halfclosed"]);
+}
+
+/// Connections whose writer shut down writing with bytes still queued
+/// behind a full window (FIN_WAIT1, over IPv4 and IPv6): every byte
+/// arrives after the restore, then the end of the stream, and the writer
+/// reaches FIN_WAIT2 (checked by the victim).
+#[test]
+fn fin_wait1_with_queued_bytes_comes_back() {
+    standard_cycle("inet-fin-wait1", "inet", &["finwait1"]);
+}
+
+/// Dumped without --kill, half-closed connections go on as they were.
+#[test]
+fn half_closed_connections_go_on_after_a_dump_without_kill() {
+    let env = TestEnv::new("inet-half-closed-live");
+    let mut v = Victim::spawn(&env, "inet", &["halfclosed"]);
+    v.wait_ready();
+    dump(&env, &v, &[]);
+    v.assert_unharmed_and_passes("after a dump that left it running");
 }
 
 #[test]
@@ -567,6 +589,9 @@ fn dumper_killed_at_any_moment_never_fails_a_live_connection() {
         if status.success() || (committed && proc_state(v.pid).is_none_or(|s| s == 'Z')) {
             assert!(committed, "the victim was killed without a checkpoint");
             v.reap_killed(Duration::from_secs(10));
+            // No restore comes for this checkpoint: its network lock goes
+            // by hand (unless the guard of the killed dumper deleted it).
+            unlock_by_hand(&format!("ckpt-{}", v.pid));
             stop_echo();
             echo.join().expect("echo thread");
             return;
@@ -577,4 +602,307 @@ fn dumper_killed_at_any_moment_never_fails_a_live_connection() {
     v.go_and_pass();
     stop_echo();
     echo.join().expect("echo thread");
+}
+
+/// Bytes the test sends the `server` victim before the dump, and while
+/// it is down (`SERVER_BEFORE`, `SERVER_GAP` in inet.c).
+const SERVER_BEFORE: u64 = 1000;
+const SERVER_GAP: u64 = 1500;
+/// How long the test's segments go unanswered while the tree is down:
+/// past the client's first retransmission timeouts (200 ms, doubling).
+const DOWN_TIME: Duration = Duration::from_millis(1500);
+
+/// The test as the `server` victim's outside client: connected, with the
+/// bytes before the dump sent and the victim ready.
+fn server_and_client(env: &TestEnv) -> (Victim, TcpStream) {
+    let mut v = Victim::spawn(env, "inet", &["server"]);
+    assert!(
+        wait_for_file(&v.path("port"), Duration::from_secs(10)),
+        "the victim never listened: {}",
+        v.diag()
+    );
+    let port = read_to_string_lossy(&v.path("port"));
+    let mut client = TcpStream::connect(format!("127.0.0.1:{}", port.trim())).expect("connect");
+    let before: Vec<u8> = (0..SERVER_BEFORE).map(|i| stream_byte(0, i)).collect();
+    client.write_all(&before).expect("send before the dump");
+    v.wait_ready();
+    (v, client)
+}
+
+/// Sends the bytes of the gap while the victim is down, and gives the
+/// kernel time to answer them (with a reset, were there no lock).
+fn send_while_down(client: &mut TcpStream) {
+    let gap: Vec<u8> = (SERVER_BEFORE..SERVER_BEFORE + SERVER_GAP)
+        .map(|i| stream_byte(0, i))
+        .collect();
+    client.write_all(&gap).expect("send while the tree is down");
+    std::thread::sleep(DOWN_TIME);
+}
+
+/// The nftables tables ckpt's network lock has in place.
+fn lock_tables() -> Vec<String> {
+    lock_tables_in(None)
+}
+
+/// The same in the named network namespace `netns` (None: the test's).
+fn lock_tables_in(netns: Option<&str>) -> Vec<String> {
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = std::process::Command::new("ip");
+            c.args(["netns", "exec", ns, "nft"]);
+            c
+        }
+        None => std::process::Command::new("nft"),
+    };
+    let out = cmd
+        .args(["list", "tables"])
+        .output()
+        .expect("run nft (scripts/test-deps.sh installs it)");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("table inet "))
+        .filter(|t| t.starts_with("ckpt-"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Deletes a network lock, if there, the way docs/usage.md tells a user.
+fn unlock_by_hand(table: &str) {
+    if lock_tables().iter().any(|t| t == table) {
+        // It may go between the look and the delete (a dumper's guard).
+        let _ = std::process::Command::new("nft")
+            .args(["delete", "table", "inet", table])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+    assert!(!lock_tables().iter().any(|t| t == table));
+}
+
+/// An outside client of a server dumped with --kill and restored keeps
+/// its connection: what it sends while the server is down is dropped by
+/// the network lock (no reset), retransmitted, and read by the restored
+/// server, which sends it back; the restore deletes the lock.
+#[test]
+fn outside_client_of_a_killed_server_sees_a_delay_not_a_reset() {
+    let env = TestEnv::new("inet-netlock");
+    let (mut v, mut client) = server_and_client(&env);
+    let table = format!("ckpt-{}", v.pid);
+    dump(&env, &v, &["--tcp-established", "--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+    assert!(
+        lock_tables().contains(&table),
+        "no lock table {table} after the dump: {:?}",
+        lock_tables()
+    );
+
+    send_while_down(&mut client);
+    client.set_nonblocking(true).expect("nonblocking");
+    let mut probe = [0u8; 1];
+    match client.read(&mut probe) {
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+        other => panic!("the client's connection while the tree is down: {other:?}"),
+    }
+    client.set_nonblocking(false).expect("blocking");
+
+    let mut restore = spawn_restore(&env, &[]);
+    wait_restored_and_running(&v, &mut restore);
+    assert!(
+        !lock_tables().contains(&table),
+        "the restore left the lock {table} in place"
+    );
+    v.go();
+    client
+        .set_read_timeout(Some(PUMP_TIMEOUT))
+        .expect("read timeout");
+    let mut back = vec![0u8; SERVER_GAP as usize];
+    client
+        .read_exact(&mut back)
+        .expect("read back what was sent while the tree was down");
+    let want: Vec<u8> = (SERVER_BEFORE..SERVER_BEFORE + SERVER_GAP)
+        .map(|i| stream_byte(0, i))
+        .collect();
+    assert!(back == want, "the restored server sent back other bytes");
+    finish_restore(&v, restore);
+}
+
+/// Without the lock the same client gets a reset: what the lock is for.
+#[test]
+fn outside_client_of_a_killed_server_is_reset_without_the_network_lock() {
+    let env = TestEnv::new("inet-no-netlock");
+    let (mut v, mut client) = server_and_client(&env);
+    dump(
+        &env,
+        &v,
+        &["--tcp-established", "--network-lock=none", "--kill"],
+    );
+    v.reap_killed(Duration::from_secs(10));
+    assert!(
+        !lock_tables().contains(&format!("ckpt-{}", v.pid)),
+        "--network-lock=none put a lock in place"
+    );
+    send_while_down(&mut client);
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    let mut probe = [0u8; 1];
+    let got = client.read(&mut probe);
+    assert!(
+        matches!(&got, Err(e) if e.kind() == ErrorKind::ConnectionReset),
+        "the client was not reset: {got:?}"
+    );
+}
+
+/// Unread bytes of each end in the `halfclosed` and `shutout` victims
+/// (`HALF_DATA` in inet.c).
+const HALF_DATA: u64 = 3000;
+
+/// A connection the victim shut down writing to the test, outside the
+/// tree (FIN_WAIT2), dumped with --tcp-established and --kill: the test
+/// sends while it is down, and the restored end is in FIN_WAIT2 again,
+/// reads those bytes and then the test's FIN (checked by the victim).
+#[test]
+fn half_closed_connection_to_outside_comes_back_in_fin_wait2() {
+    let env = TestEnv::new("inet-shutout");
+    let listener = outside_listener();
+    let port = listener.local_addr().expect("addr").port().to_string();
+    let mut v = Victim::spawn(&env, "inet", &["shutout", &port]);
+    let (mut end, _) = listener.accept().expect("accept");
+    let mut got = Vec::new();
+    end.read_to_end(&mut got)
+        .expect("read the victim's bytes and FIN");
+    let want: Vec<u8> = (0..HALF_DATA).map(|i| stream_byte(0, i)).collect();
+    assert!(got == want, "the victim sent other bytes");
+    v.wait_ready();
+    dump(&env, &v, &["--tcp-established", "--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+
+    let data: Vec<u8> = (0..HALF_DATA).map(|i| stream_byte(1, i)).collect();
+    end.write_all(&data).expect("send while the victim is down");
+    let restore = spawn_restore(&env, &[]);
+    v.go();
+    end.shutdown(Shutdown::Write).expect("shutdown");
+    finish_restore(&v, restore);
+}
+
+/// A connection the peer outside the tree closed, with bytes the victim
+/// has not read (CLOSE_WAIT: "closed by the peer with unread data"):
+/// refused by name without --tcp-established; with it, killed and
+/// restored, the victim is in CLOSE_WAIT again, reads its bytes and then
+/// the end of the stream, and still writes (the peer's FIN is given back
+/// through the network lock).
+#[test]
+fn close_wait_to_outside_comes_back_with_unread_bytes_then_eof() {
+    close_wait_to_outside("inet-close-wait-outside", "v4", "127.0.0.1");
+}
+
+/// The same over IPv6.
+#[test]
+fn close_wait_to_outside_over_ipv6_comes_back_too() {
+    close_wait_to_outside("inet-close-wait-outside-v6", "v6", "[::1]");
+}
+
+fn close_wait_to_outside(test: &str, family: &str, host: &str) {
+    let env = TestEnv::new(test);
+    let mut v = Victim::spawn(&env, "inet", &["closedby", family]);
+    assert!(
+        wait_for_file(&v.path("port"), Duration::from_secs(10)),
+        "the victim never listened: {}",
+        v.diag()
+    );
+    let port = read_to_string_lossy(&v.path("port"));
+    let mut client = TcpStream::connect(format!("{host}:{}", port.trim())).expect("connect");
+    let before: Vec<u8> = (0..SERVER_BEFORE).map(|i| stream_byte(0, i)).collect();
+    client.write_all(&before).expect("send");
+    client.shutdown(Shutdown::Write).expect("shutdown");
+    v.wait_ready();
+
+    let out = dump_outcome(&env, &v, &[]);
+    out.assert_error();
+    assert!(
+        out.stderr
+            .lines()
+            .any(|l| l.contains(&format!("pid {}", v.pid))
+                && l.contains("in state CLOSE_WAIT to a peer outside the tree")
+                && l.contains("--tcp-established")),
+        "no line names the CLOSE_WAIT connection:\n{}",
+        out.stderr
+    );
+    assert!(!env.img.exists(), "a refused dump leaves no checkpoint");
+
+    dump(&env, &v, &["--tcp-established", "--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+    let restore = spawn_restore(&env, &[]);
+    v.go();
+    client
+        .set_read_timeout(Some(PUMP_TIMEOUT))
+        .expect("read timeout");
+    let mut bye = Vec::new();
+    client.read_to_end(&mut bye).expect("read the victim's bye");
+    assert_eq!(bye, b"bye", "the victim wrote in CLOSE_WAIT");
+    finish_restore(&v, restore);
+}
+
+/// Runs `f` on a thread in the network namespace `/run/netns/NAME`: a
+/// socket it creates stays in that namespace.
+fn in_netns<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/run/netns/{name}");
+    std::thread::spawn(move || {
+        let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        // SAFETY: setns on an fd this thread owns; it moves only this thread.
+        let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .expect("thread in the namespace")
+}
+
+/// A server in a network namespace of its own: the lock goes into that
+/// namespace, where its client's segments pass (one in ckpt's own would
+/// never see them, and the client would be reset).
+#[test]
+fn network_lock_goes_into_the_trees_network_namespace() {
+    let env = TestEnv::new("inet-netlock-netns");
+    let nodes = NetNodes::new("nlk", 1);
+    let ns = nodes.names[0].clone();
+    let mut v = Victim::spawn_in_netns(&env, "inet", &["server"], &ns);
+    assert!(
+        wait_for_file(&v.path("port"), Duration::from_secs(10)),
+        "the victim never listened: {}",
+        v.diag()
+    );
+    let addr = format!("127.0.0.1:{}", read_to_string_lossy(&v.path("port")).trim());
+    let mut client = in_netns(&ns, move || TcpStream::connect(addr).expect("connect"));
+    let before: Vec<u8> = (0..SERVER_BEFORE).map(|i| stream_byte(0, i)).collect();
+    client.write_all(&before).expect("send before the dump");
+    v.wait_ready();
+    let table = format!("ckpt-{}", v.pid);
+    dump(&env, &v, &["--tcp-established", "--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+    assert!(
+        lock_tables_in(Some(&ns)).contains(&table) && !lock_tables().contains(&table),
+        "the lock {table} is not in the tree's namespace only"
+    );
+
+    send_while_down(&mut client);
+    let ns_path = format!("/run/netns/{ns}");
+    let mut restore = spawn_restore(&env, &["--netns", &ns_path]);
+    wait_restored_and_running(&v, &mut restore);
+    assert!(
+        !lock_tables_in(Some(&ns)).contains(&table),
+        "the restore left the lock {table} in place"
+    );
+    v.go();
+    client
+        .set_read_timeout(Some(PUMP_TIMEOUT))
+        .expect("read timeout");
+    let mut back = vec![0u8; SERVER_GAP as usize];
+    client
+        .read_exact(&mut back)
+        .expect("read back what was sent while the tree was down");
+    let want: Vec<u8> = (SERVER_BEFORE..SERVER_BEFORE + SERVER_GAP)
+        .map(|i| stream_byte(0, i))
+        .collect();
+    assert!(back == want, "the restored server sent back other bytes");
+    finish_restore(&v, restore);
 }

@@ -195,7 +195,8 @@ impl ErrorReport {
             DumpError::Permission { pid, .. } => self.set(ErrorKind::Permission, Some(*pid)),
             DumpError::Unsupported { pid, .. }
             | DumpError::Ib { pid, .. }
-            | DumpError::SrunPmixRank { pid, .. } => self.set(ErrorKind::Unsupported, Some(*pid)),
+            | DumpError::SrunPmixRank { pid, .. }
+            | DumpError::NetworkLock { pid, .. } => self.set(ErrorKind::Unsupported, Some(*pid)),
             DumpError::Blocked { blockers } => {
                 self.set(ErrorKind::Unsupported, None);
                 self.blockers = blockers.clone();

@@ -149,6 +149,7 @@ pub(crate) fn tree(frozen: &mut Frozen, opts: &WriteOptions<'_>) -> Result<Colle
     // Every parasite is gone: the connections may go into repair mode now,
     // with the tree held (their state is read with the files below).
     frozen.tcp = Some(repair_tcp(
+        root,
         &frozen.procs,
         frozen.drain_opts.unwrap_or_default(),
     )?);
@@ -164,6 +165,9 @@ pub(crate) fn tree(frozen: &mut Frozen, opts: &WriteOptions<'_>) -> Result<Colle
         .unwrap_or_default();
     let fds_started = Instant::now();
     let mut files = collect_files(root, &procs, &namespaces, opts, &mut blockers)?;
+    if let Some(tcp) = &frozen.tcp {
+        tcp.record_lock(&mut files);
+    }
     blockers.absorb(objects.link_files(&mut files))?;
     blockers.absorb(check_shapes(&procs, &frozen.procs))?;
     fd::link_controlling_terminals(procs.iter_mut().map(|c| &mut c.core), &files);
@@ -483,7 +487,11 @@ fn untouched_bytes(pid: i32, vmas: &[Vma]) -> u64 {
 /// (`TcpRepair::hold`), so none runs its own code while a connection is in
 /// repair mode even if ckpt dies; nothing may run code in the tree from
 /// here on (no parasite), which would take the hold.
-fn repair_tcp(procs: &[tree::FrozenProcess], opts: DrainOptions) -> Result<fd::inet::TcpRepair> {
+fn repair_tcp(
+    root: i32,
+    procs: &[tree::FrozenProcess],
+    opts: DrainOptions,
+) -> Result<fd::inet::TcpRepair> {
     let live: Vec<i32> = procs
         .iter()
         .filter(|p| p.zombie_status.is_none())
@@ -496,6 +504,8 @@ fn repair_tcp(procs: &[tree::FrozenProcess], opts: DrainOptions) -> Result<fd::i
     let running_pids: Vec<i32> = running.iter().map(|p| p.pid).collect();
     let policy = fd::inet::TcpPolicy {
         established: opts.tcp_established,
+        lock: opts.network_lock,
+        root,
     };
     let hold = |tcp: &mut fd::inet::TcpRepair| -> Result<()> {
         for p in &running {

@@ -8,6 +8,15 @@ use ckpt_parasite::ParasiteError;
 /// Why a dump failed. The target is left running as it was in every case.
 #[derive(Debug, thiserror::Error)]
 pub enum DumpError {
+    /// The network lock of the tree whose root is `pid` could not be put
+    /// in place (nothing was dumped).
+    #[error("pid {pid}: {source}")]
+    NetworkLock {
+        /// The tree's root.
+        pid: i32,
+        /// Why.
+        source: ckpt_netlock::LockError,
+    },
     /// No process with that pid.
     #[error("pid {pid}: no such process")]
     NoProcess {

@@ -153,6 +153,18 @@ pub fn probe() -> Vec<Feature> {
             Err("no /proc/sys/kernel/*_next_id: SysV IPC objects cannot be restored".into())
         },
     );
+    add(
+        "network lock",
+        Need::Later,
+        ckpt_netlock::program()
+            .map(|p| {
+                format!(
+                    "{}: peers of TCP connections saved with --tcp-established see no reset",
+                    p.display()
+                )
+            })
+            .map_err(|e| e.to_string()),
+    );
     out
 }
 

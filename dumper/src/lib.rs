@@ -75,7 +75,8 @@ pub use background::BackgroundStats;
 pub use error::{Blocker, DumpError, Result};
 pub use held::{HeldBuf, HeldMemory};
 pub use options::{
-    DrainOptions, DumpOptions, FinalState, FreezeOptions, LOG_NAME, STATS_NAME, WriteOptions,
+    DrainOptions, DumpOptions, FinalState, FreezeOptions, LOG_NAME, NetworkLock, STATS_NAME,
+    WriteOptions,
 };
 pub use predump::Previous;
 pub use stats::{DumpReport, DumpStats, PhaseTimes};

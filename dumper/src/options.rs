@@ -46,6 +46,23 @@ pub struct DrainOptions {
     /// too (`ckpt dump --tcp-established`); without it they are refused.
     /// Connections with both ends in the tree are always saved.
     pub tcp_established: bool,
+    /// What keeps the peers of those outside connections from being
+    /// answered with resets while their sockets are gone (`ckpt dump
+    /// --network-lock`).
+    pub network_lock: NetworkLock,
+}
+
+/// How the peers of saved connections to outside the tree are kept from
+/// seeing a reset between the dump and the restore.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NetworkLock {
+    /// nftables rules of ckpt's own drop their segments
+    /// (`ckpt_netlock`): the peer retransmits and just sees a delay.
+    #[default]
+    Nftables,
+    /// Nothing: a segment arriving while the socket is gone is answered
+    /// with a reset (for a peer known to stay silent meanwhile).
+    None,
 }
 
 /// Options of [`Frozen::write`](crate::Frozen::write).

@@ -596,13 +596,38 @@ pub struct TcpRepairWindow {
 /// the read end of a pipe whose write end is returned. A byte means the
 /// dumper has dealt with them itself (the guard exits, closing its copies
 /// as they are); end of file means the dumper died: the guard switches
-/// repair off and puts SO_REUSEADDR back, so the tree's connections go on.
+/// repair off and puts SO_REUSEADDR back, so the tree's connections go on,
+/// and then execs `unlock` (program and argv: the command deleting the
+/// network lock), which would otherwise keep dropping their segments.
 /// Returns the guard's pid and the write end.
 pub fn fork_repair_guard(
     socks: &[(std::os::fd::RawFd, bool)],
     running: &[i32],
+    unlock: Option<GuardUnlock>,
 ) -> std::io::Result<(i32, std::os::fd::OwnedFd)> {
+    use std::ffi::CString;
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let cstr = |b: &[u8]| CString::new(b).map_err(std::io::Error::other);
+    // Built before the fork: the child may not allocate.
+    let unlock = match unlock {
+        Some(u) => {
+            let prog = cstr(u.program.as_os_str().as_bytes())?;
+            let argv = u
+                .argv
+                .iter()
+                .map(|a| cstr(a.as_bytes()))
+                .collect::<std::io::Result<Vec<_>>>()?;
+            Some((prog, argv, u.netns))
+        }
+        None => None,
+    };
+    let unlock_ptrs: Option<Vec<*const libc::c_char>> = unlock.as_ref().map(|(_, argv, _)| {
+        argv.iter()
+            .map(|a| a.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect()
+    });
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: pipe2 writes two fds into the live local array.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -611,7 +636,7 @@ pub fn fork_repair_guard(
     // SAFETY: pipe2 returned two new fds that nothing else owns.
     let (rx, tx) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     // SAFETY: the child runs only async-signal-safe system calls (close,
-    // read, setsockopt, _exit) on data prepared before the fork, and never
+    // read, setsockopt, kill, setns, execv, _exit) on data prepared before the fork, and never
     // returns, so no lock or allocator state of other threads matters.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
@@ -652,12 +677,28 @@ pub fn fork_repair_guard(
                 for &pid in running {
                     libc::kill(pid, libc::SIGCONT);
                 }
+                if let (Some((prog, _, netns)), Some(argv)) = (&unlock, &unlock_ptrs)
+                    && libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) == 0
+                {
+                    libc::execv(prog.as_ptr(), argv.as_ptr());
+                }
             }
             libc::_exit(0);
         }
     }
     drop(rx);
     Ok((pid, tx))
+}
+
+/// What the guard of [`fork_repair_guard`] runs to delete the network
+/// lock: `program` with `argv`, in the network namespace `netns`.
+pub struct GuardUnlock {
+    /// The `nft` to exec.
+    pub program: std::path::PathBuf,
+    /// Its arguments, `argv[0]` included.
+    pub argv: Vec<String>,
+    /// The lock's network namespace, opened beforehand.
+    pub netns: std::fs::File,
 }
 
 /// `TCP_REPAIR_OFF_NO_WP`: repair off without a window probe.

@@ -358,11 +358,65 @@ pub fn connect(fd: std::os::fd::BorrowedFd<'_>, a: &std::net::SocketAddr) -> std
     check(unsafe { libc::connect(fd.as_raw_fd(), (&raw const raw.storage).cast(), raw.len) })
 }
 
+/// `sendto(2)` of one datagram `buf` to `ip` (port 0: a raw socket's).
+pub fn send_to(
+    fd: std::os::fd::BorrowedFd<'_>,
+    buf: &[u8],
+    ip: std::net::IpAddr,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let raw = raw_addr(&std::net::SocketAddr::new(ip, 0));
+    // SAFETY: the kernel reads `buf.len()` bytes of `buf` and `len` bytes
+    // of the live local address.
+    let n = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            buf.as_ptr().cast(),
+            buf.len(),
+            0,
+            (&raw const raw.storage).cast(),
+            raw.len,
+        )
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// `listen(2)`.
 pub fn listen(fd: std::os::fd::BorrowedFd<'_>, backlog: i32) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: integer arguments only.
     check(unsafe { libc::listen(fd.as_raw_fd(), backlog) })
+}
+
+/// `shutdown(SHUT_WR)`: the socket sends its FIN after what it queued.
+pub fn shutdown_write(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: integer arguments only.
+    check(unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_WR) })
+}
+
+/// The TCP state of a socket (`tcpi_state`, the first byte of TCP_INFO).
+pub fn tcp_state(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<u8> {
+    use std::os::fd::AsRawFd;
+    // Room for the start of `struct tcp_info`; the kernel copies at most
+    // the length given.
+    let mut info = [0u8; 8];
+    let mut len = info.len() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into the live local
+    // array and updates `len`.
+    check(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    })?;
+    Ok(info[0])
 }
 
 /// Sends all of `data` without blocking (`MSG_DONTWAIT`: the socket's

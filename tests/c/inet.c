@@ -11,8 +11,16 @@
  *                          listening sockets accept new connections.
  *   inet WORKDIR udp       bound and connected UDP pairs (v4, v6) with
  *                          their options; datagrams flow again after go.
- *   inet WORKDIR refused   a connection not accepted yet and a half-closed
- *                          one: refused by name, and they go on.
+ *   inet WORKDIR refused   a connection not accepted yet: refused by name,
+ *                          and it goes on.
+ *   inet WORKDIR halfclosed
+ *                          half-closed connections over 127.0.0.1 and ::1:
+ *                          one end shut down writing (FIN_WAIT2), the other
+ *                          has the FIN (CLOSE_WAIT), each with HALF_DATA
+ *                          unread bytes; after go both states are as they
+ *                          were, each reads its bytes, the CLOSE_WAIT end
+ *                          then the end of the stream, and it still
+ *                          writes.
  *   inet WORKDIR privport  (root) a UDP socket on a port below 1024, kept
  *                          after dropping CAP_NET_BIND_SERVICE.
  *   inet WORKDIR outside PORT
@@ -25,6 +33,33 @@
  *                          it is always in a send or receive on it; any
  *                          failure (EINVAL or EPERM of a connection left in
  *                          repair mode) fails it at once.
+ *   inet WORKDIR server    a server on 127.0.0.1 (its port in the file
+ *                          "port") whose one client is the test, outside
+ *                          the tree: reads SERVER_BEFORE bytes, then after
+ *                          go the SERVER_GAP bytes the test sent while the
+ *                          tree was down, each checked against its offset,
+ *                          and sends those back.
+ *   inet WORKDIR finwait1  connections over 127.0.0.1 and ::1 whose writer
+ *                          filled the reader's window and its own buffer,
+ *                          then shut down writing: its FIN waits behind
+ *                          unsent bytes (FIN_WAIT1); after go the reader
+ *                          reads every byte, each checked, then the end of
+ *                          the stream, the writer reaches FIN_WAIT2 and
+ *                          still reads.
+ *   inet WORKDIR closedby [v6]
+ *                          like server (on ::1 with v6), but the test
+ *                          shuts down writing
+ *                          after its SERVER_BEFORE bytes, which the victim
+ *                          leaves unread (CLOSE_WAIT); after go it is in
+ *                          CLOSE_WAIT again, reads them, then the end of
+ *                          the stream, and sends "bye".
+ *   inet WORKDIR shutout PORT
+ *                          one connection to 127.0.0.1:PORT (the test,
+ *                          outside the tree) over which it sent HALF_DATA
+ *                          bytes and shut down writing (FIN_WAIT2); after
+ *                          go it is in FIN_WAIT2 again and reads the
+ *                          HALF_DATA bytes the test sends, then the end of
+ *                          the stream.
  */
 #include "victim.h"
 
@@ -32,6 +67,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -522,7 +558,7 @@ static void chatter(const char *port)
 				break;
 			victim_poll_ping();
 		}
-		if (send(fd, &n, sizeof(n), 0) != (ssize_t)sizeof(n)) {
+		if (send(fd, &n, sizeof(n), MSG_NOSIGNAL) != (ssize_t)sizeof(n)) {
 			fail("send of exchange %llu: %s", (unsigned long long)n, strerror(errno));
 			victim_finish();
 		}
@@ -579,25 +615,51 @@ static void privport(void)
 	victim_finish();
 }
 
+/* Bytes the test sends the server before the dump, and while it is down
+ * (SERVER_BEFORE and SERVER_GAP in tests/inet.rs). */
+#define SERVER_BEFORE 1000
+#define SERVER_GAP 1500
+
+static void server(void)
+{
+	char buf[SERVER_GAP], port[16];
+	struct sockaddr_in a;
+	socklen_t len = sizeof(a);
+	int l = listener(AF_INET);
+
+	if (getsockname(l, (struct sockaddr *)&a, &len) != 0)
+		die("getsockname");
+	snprintf(port, sizeof(port), "%d", ntohs(a.sin_port));
+	victim_write_file("port", port);
+	int c = accept(l, NULL, NULL);
+	if (c < 0)
+		die("accept");
+	if (victim_read_exact(c, buf, SERVER_BEFORE) != 0)
+		die("read the bytes before the dump");
+	for (int i = 0; i < SERVER_BEFORE; i++)
+		CHECK((uint8_t)buf[i] == stream_byte(0, (uint64_t)i), "byte %d before the dump", i);
+
+	victim_ready_and_wait(NULL);
+
+	if (victim_read_exact(c, buf, SERVER_GAP) != 0) {
+		fail("read the bytes sent while the tree was down: %s", strerror(errno));
+		victim_finish();
+	}
+	for (int i = 0; i < SERVER_GAP; i++)
+		CHECK((uint8_t)buf[i] == stream_byte(0, (uint64_t)(SERVER_BEFORE + i)),
+		      "byte %d sent while the tree was down", SERVER_BEFORE + i);
+	if (send(c, buf, SERVER_GAP, MSG_NOSIGNAL) != SERVER_GAP)
+		fail("send back: %s", strerror(errno));
+	victim_finish();
+}
+
 /* What ckpt refuses by name: a listening socket with a connection not
- * accepted yet, and a half-closed connection (FIN_WAIT2 on the side that
- * shut down writing, CLOSE_WAIT on the other). All keep working. */
+ * accepted yet. It keeps working. */
 static void refused(void)
 {
 	int l = listener(AF_INET);
 	int pending = connect_to(l, 0);
-	int l2 = listener(AF_INET);
-	int closer = connect_to(l2, 0);
-	int other = accept(l2, NULL, NULL);
 	char b = 0;
-
-	if (other < 0)
-		die("accept");
-	if (shutdown(closer, SHUT_WR) != 0)
-		die("shutdown");
-	/* Wait until the FIN arrived. */
-	if (recv(other, &b, 1, 0) != 0)
-		die("FIN");
 
 	victim_ready_and_wait(NULL);
 
@@ -605,8 +667,249 @@ static void refused(void)
 	CHECK(got >= 0, "pending connection lost: %s", strerror(errno));
 	CHECK(send(pending, "p", 1, MSG_NOSIGNAL) == 1 && recv(got, &b, 1, 0) == 1 && b == 'p',
 	      "pending connection broken");
-	CHECK(send(other, "o", 1, MSG_NOSIGNAL) == 1 && recv(closer, &b, 1, 0) == 1 && b == 'o',
-	      "half-closed connection broken");
+	victim_finish();
+}
+
+/* Unread bytes each end of a half-closed connection holds. */
+#define HALF_DATA 3000
+/* How long the victim waits for a connection to reach a state. */
+#define STATE_WAIT_MS 5000
+
+static int tcp_state(int fd)
+{
+	struct tcp_info ti;
+	socklen_t len = sizeof(ti);
+
+	if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0)
+		die("TCP_INFO");
+	return ti.tcpi_state;
+}
+
+/* Whether fd reaches TCP state want with unread bytes queued (ANY_UNREAD:
+ * whatever is queued) within STATE_WAIT_MS. */
+#define ANY_UNREAD (-1)
+static int reaches_state(int fd, int want, int unread)
+{
+	for (int ms = 0; ms < STATE_WAIT_MS; ms++) {
+		int queued = 0;
+
+		if (ioctl(fd, FIONREAD, &queued) != 0)
+			die("FIONREAD");
+		if (tcp_state(fd) == want && (unread == ANY_UNREAD || queued == unread))
+			return 1;
+		usleep(1000);
+	}
+	return 0;
+}
+
+static void await_state(int fd, int want, int unread)
+{
+	if (!reaches_state(fd, want, unread)) {
+		errno = ETIMEDOUT;
+		die("half-closed connection never settled");
+	}
+}
+
+static void send_stream(int fd, int dir, int len)
+{
+	char buf[HALF_DATA];
+
+	for (int i = 0; i < len; i++)
+		buf[i] = (char)stream_byte(dir, (uint64_t)i);
+	if (send(fd, buf, (size_t)len, MSG_NOSIGNAL) != len)
+		die("send");
+}
+
+static void check_stream(int fd, int dir, int len, const char *name)
+{
+	char buf[HALF_DATA];
+
+	if (victim_read_exact(fd, buf, (size_t)len) != 0) {
+		fail("%s: read %d unread bytes: %s", name, len, strerror(errno));
+		return;
+	}
+	for (int i = 0; i < len; i++)
+		if ((uint8_t)buf[i] != stream_byte(dir, (uint64_t)i)) {
+			fail("%s: byte %d lost or changed", name, i);
+			return;
+		}
+}
+
+static void closedby(int family)
+{
+	char buf[SERVER_BEFORE], port[16], b = 0;
+	struct sockaddr_storage a;
+	int l = listener(family);
+
+	local_addr(l, &a);
+	snprintf(port, sizeof(port), "%d",
+		 ntohs(family == AF_INET6 ? ((struct sockaddr_in6 *)&a)->sin6_port :
+					    ((struct sockaddr_in *)&a)->sin_port));
+	victim_write_file("port", port);
+	int c = accept(l, NULL, NULL);
+	if (c < 0)
+		die("accept");
+	await_state(c, TCP_CLOSE_WAIT, SERVER_BEFORE);
+
+	victim_ready_and_wait(NULL);
+
+	CHECK(tcp_state(c) == TCP_CLOSE_WAIT, "not in CLOSE_WAIT again but in %d", tcp_state(c));
+	if (victim_read_exact(c, buf, SERVER_BEFORE) != 0) {
+		fail("read the unread bytes: %s", strerror(errno));
+		victim_finish();
+	}
+	for (int i = 0; i < SERVER_BEFORE; i++)
+		CHECK((uint8_t)buf[i] == stream_byte(0, (uint64_t)i), "unread byte %d", i);
+	CHECK(recv(c, &b, 1, 0) == 0, "no end of stream after the unread bytes");
+	CHECK(send(c, "bye", 3, MSG_NOSIGNAL) == 3, "send in CLOSE_WAIT: %s", strerror(errno));
+	victim_finish();
+}
+
+static void shutout(const char *port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	char b = 0;
+
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	a.sin_port = htons((uint16_t)atoi(port));
+	if (fd < 0)
+		die("socket");
+	if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0)
+		die("connect");
+	send_stream(fd, 0, HALF_DATA);
+	if (shutdown(fd, SHUT_WR) != 0)
+		die("shutdown");
+	await_state(fd, TCP_FIN_WAIT2, 0);
+
+	victim_ready_and_wait(NULL);
+
+	CHECK(reaches_state(fd, TCP_FIN_WAIT2, ANY_UNREAD), "not in FIN_WAIT2 again but in %d",
+	      tcp_state(fd));
+	check_stream(fd, 1, HALF_DATA, "FIN_WAIT2 end");
+	CHECK(recv(fd, &b, 1, 0) == 0, "no end of stream after the test's bytes");
+	victim_finish();
+}
+
+/* The most a writer can queue towards a small reader (bounds its buffer). */
+#define FINWAIT1_MAX (1 << 20)
+
+static void finwait1(void)
+{
+	const int families[2] = { AF_INET, AF_INET6 };
+	const char *names[2] = { "v4", "v6" };
+	int writer[2], reader[2];
+	size_t queued[2];
+	char *buf = malloc(FINWAIT1_MAX);
+
+	if (!buf)
+		die("malloc");
+	for (int f = 0; f < 2; f++) {
+		int l = listener(families[f]);
+
+		writer[f] = connect_to(l, 1);
+		reader[f] = accept(l, NULL, NULL);
+		if (reader[f] < 0)
+			die("accept");
+		close(l);
+		nonblock(writer[f]);
+		for (size_t i = 0; i < FINWAIT1_MAX; i++)
+			buf[i] = (char)stream_byte(0, i);
+		queued[f] = 0;
+		for (;;) {
+			ssize_t n = send(writer[f], buf + queued[f], FINWAIT1_MAX - queued[f],
+					 MSG_NOSIGNAL);
+			if (n > 0) {
+				queued[f] += (size_t)n;
+				continue;
+			}
+			if (n < 0 && errno == EAGAIN) {
+				/* Until the window closed for good. */
+				usleep(20000);
+				n = send(writer[f], buf + queued[f], FINWAIT1_MAX - queued[f],
+					 MSG_NOSIGNAL);
+				if (n > 0) {
+					queued[f] += (size_t)n;
+					continue;
+				}
+				if (n < 0 && errno == EAGAIN)
+					break;
+			}
+			die("fill the writer");
+		}
+		if (shutdown(writer[f], SHUT_WR) != 0)
+			die("shutdown");
+		await_state(writer[f], TCP_FIN_WAIT1, 0);
+	}
+
+	victim_ready_and_wait(NULL);
+
+	for (int f = 0; f < 2; f++) {
+		char b = 0;
+
+		if (victim_read_exact(reader[f], buf, queued[f]) != 0) {
+			fail("%s: read the %zu bytes queued: %s", names[f], queued[f], strerror(errno));
+			continue;
+		}
+		for (size_t i = 0; i < queued[f]; i++)
+			if ((uint8_t)buf[i] != stream_byte(0, i)) {
+				fail("%s: byte %zu lost or changed", names[f], i);
+				break;
+			}
+		CHECK(recv(reader[f], &b, 1, 0) == 0, "%s: no end of stream after %zu bytes",
+		      names[f], queued[f]);
+		CHECK(reaches_state(writer[f], TCP_FIN_WAIT2, ANY_UNREAD),
+		      "%s: the writer is in state %d, not FIN_WAIT2", names[f], tcp_state(writer[f]));
+		CHECK(send(reader[f], "r", 1, MSG_NOSIGNAL) == 1 &&
+			      reaches_state(writer[f], TCP_FIN_WAIT2, 1) &&
+			      recv(writer[f], &b, 1, 0) == 1 && b == 'r',
+		      "%s: the writer no longer reads", names[f]);
+	}
+	free(buf);
+	victim_finish();
+}
+
+static void halfclosed(void)
+{
+	const int families[2] = { AF_INET, AF_INET6 };
+	const char *names[2] = { "v4", "v6" };
+	int closer[2], other[2];
+
+	for (int i = 0; i < 2; i++) {
+		int l = listener(families[i]);
+
+		closer[i] = connect_to(l, 0);
+		other[i] = accept(l, NULL, NULL);
+		if (other[i] < 0)
+			die("accept");
+		close(l);
+		send_stream(closer[i], 0, HALF_DATA);
+		if (shutdown(closer[i], SHUT_WR) != 0)
+			die("shutdown");
+		send_stream(other[i], 1, HALF_DATA);
+		await_state(other[i], TCP_CLOSE_WAIT, HALF_DATA);
+		await_state(closer[i], TCP_FIN_WAIT2, HALF_DATA);
+	}
+
+	victim_ready_and_wait(NULL);
+
+	for (int i = 0; i < 2; i++) {
+		char b = 0;
+
+		CHECK(tcp_state(other[i]) == TCP_CLOSE_WAIT, "%s: the reader is in state %d",
+		      names[i], tcp_state(other[i]));
+		CHECK(tcp_state(closer[i]) == TCP_FIN_WAIT2, "%s: the closer is in state %d",
+		      names[i], tcp_state(closer[i]));
+		check_stream(other[i], 0, HALF_DATA, "CLOSE_WAIT end");
+		CHECK(recv(other[i], &b, 1, 0) == 0, "%s: no end of stream after the unread bytes",
+		      names[i]);
+		check_stream(closer[i], 1, HALF_DATA, "FIN_WAIT2 end");
+		CHECK(send(other[i], "o", 1, MSG_NOSIGNAL) == 1 && recv(closer[i], &b, 1, 0) == 1 &&
+			      b == 'o',
+		      "%s: the CLOSE_WAIT end no longer writes", names[i]);
+		CHECK(shutdown(other[i], SHUT_WR) == 0 && recv(closer[i], &b, 1, 0) == 0,
+		      "%s: the FIN_WAIT2 end sees no end of stream", names[i]);
+	}
 	victim_finish();
 }
 
@@ -627,6 +930,16 @@ int main(int argc, char **argv)
 		outside(argv[3]);
 	else if (strcmp(mode, "chatter") == 0 && argc > 3)
 		chatter(argv[3]);
+	else if (strcmp(mode, "server") == 0)
+		server();
+	else if (strcmp(mode, "halfclosed") == 0)
+		halfclosed();
+	else if (strcmp(mode, "finwait1") == 0)
+		finwait1();
+	else if (strcmp(mode, "closedby") == 0)
+		closedby(argc > 3 && strcmp(argv[3], "v6") == 0 ? AF_INET6 : AF_INET);
+	else if (strcmp(mode, "shutout") == 0 && argc > 3)
+		shutout(argv[3]);
 	errno = EINVAL;
-	die("usage: inet WORKDIR tcp|udp|outside PORT");
+	die("usage: inet WORKDIR tcp|udp|refused|privport|server|halfclosed|outside PORT|chatter PORT|shutout PORT|closedby [v6]|finwait1");
 }

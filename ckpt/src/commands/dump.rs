@@ -97,6 +97,16 @@ pub struct DumpArgs {
     /// the stream. Connections with both ends in the tree are always saved.
     #[arg(long)]
     tcp_established: bool,
+    /// How the peers of connections saved with `--tcp-established` are
+    /// kept from seeing a reset while the sockets are gone (after `--kill`,
+    /// until the restore): `nftables` (the default) drops their segments
+    /// with rules of ckpt's own (table `inet ckpt-PID`, PID the tree's
+    /// root), which the restore deletes: the peer retransmits and just sees
+    /// a delay; it needs the `nft` program. `none` leaves the peer to get a
+    /// reset if it sends meanwhile. Delete a lock of a checkpoint that will
+    /// not be restored by hand: `nft delete table inet ckpt-PID`.
+    #[arg(long, value_enum, value_name = "HOW", default_value_t = NetworkLockArg::Nftables)]
+    network_lock: NetworkLockArg,
     /// Dump a rank of `srun --mpi=pmix` instead of refusing it: its
     /// connection to its PMIx server in slurmstepd is saved as the identity
     /// it connected with, and a restore inside a new `srun --mpi=pmix` step
@@ -277,6 +287,7 @@ fn phases(
     }
     frozen.drain(&ckpt_dumper::DrainOptions {
         tcp_established: a.tcp_established,
+        network_lock: a.network_lock.into(),
     })?;
     let written = frozen.write(write)?;
     if let Err(e) = scripts.run(Phase::PostDump, Some(a.pid)) {
@@ -389,6 +400,7 @@ fn coordinated_phases(
     // Only TCP for now; InfiniBand queue pairs will be drained here too.
     s.local(frozen.drain(&ckpt_dumper::DrainOptions {
         tcp_established: a.tcp_established,
+        network_lock: a.network_lock.into(),
     }))?;
     s.done(PhaseInfo::None)?;
 
@@ -530,6 +542,25 @@ fn dump_info(dir: &std::path::Path) -> anyhow::Result<PhaseInfo> {
         image_dir: image_dir.display().to_string(),
         manifest_crc32c: crc32c::crc32c(&bytes),
     })
+}
+
+/// How the peers of saved outside connections are kept from seeing resets
+/// (`ckpt dump --network-lock`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetworkLockArg {
+    /// nftables rules drop their segments until the restore.
+    Nftables,
+    /// No lock.
+    None,
+}
+
+impl From<NetworkLockArg> for ckpt_dumper::NetworkLock {
+    fn from(a: NetworkLockArg) -> Self {
+        match a {
+            NetworkLockArg::Nftables => ckpt_dumper::NetworkLock::Nftables,
+            NetworkLockArg::None => ckpt_dumper::NetworkLock::None,
+        }
+    }
 }
 
 /// How page data is stored (`ckpt dump --compress`).

@@ -17,6 +17,14 @@
 //! between two ends in repair mode, so every send queue is read before
 //! any receive queue (`read_receive_sides`).
 //!
+//! A connection to a peer outside the tree (`--tcp-established`) has no
+//! socket behind it from the kill to the restore; the kernel would answer
+//! the peer's segments with a reset. Unless told otherwise
+//! (`--network-lock=none`), [`TcpRepair`] first puts a network lock
+//! (`ckpt_netlock`) in place that drops them; the peer retransmits, and
+//! the restore deletes the lock once the connection is back. A tree that
+//! goes on after the dump (or whose dumper died) gets it deleted at once.
+//!
 //! UDP datagrams queued at dump time are not saved (as in CRIU: UDP may
 //! lose datagrams, and putting them back would need their senders'
 //! addresses): the dump logs how many bytes it drops.
@@ -34,6 +42,7 @@ use ckpt_image::fd::inet::{
 
 use super::{Blobs, FdParams, FileDumper, TreeFiles};
 use crate::error::{DumpError, Result};
+use crate::options::NetworkLock;
 use crate::sys::{self, SockEnd, TcpInfo, TcpRepairWindow};
 use crate::{procfile, srun_pmix};
 
@@ -43,7 +52,10 @@ pub struct Inet;
 /// Kernel TCP states (include/net/tcp_states.h), as TCP_INFO reports them.
 mod tcp_state {
     pub const ESTABLISHED: u8 = 1;
+    pub const FIN_WAIT1: u8 = 4;
+    pub const FIN_WAIT2: u8 = 5;
     pub const CLOSE: u8 = 7;
+    pub const CLOSE_WAIT: u8 = 8;
     pub const LISTEN: u8 = 10;
 
     /// The state's name, for refusals.
@@ -148,7 +160,7 @@ impl FileDumper for Inet {
     }
 
     fn description(&self) -> &'static str {
-        "TCP and UDP sockets (IPv4, IPv6): bound, connected, listening, established TCP with its queues (TCP_REPAIR)"
+        "TCP and UDP sockets (IPv4, IPv6): bound, connected, listening, established and half-closed (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) TCP with its queues (TCP_REPAIR), peers outside the tree held off by a network lock"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -223,6 +235,18 @@ impl FileDumper for Inet {
                         image.state = InetState::Listen as i32;
                         image.backlog = info.sacked;
                     }
+                    state @ (tcp_state::CLOSE_WAIT
+                    | tcp_state::FIN_WAIT1
+                    | tcp_state::FIN_WAIT2)
+                        if !in_repair(sock) =>
+                    {
+                        return Err(p.unsupported(&format!(
+                            "TCP connection {} -> {} in state {} to a peer outside the tree (dump with --tcp-established to save it)",
+                            name(&local),
+                            name(&peer),
+                            tcp_state::name(state)
+                        )));
+                    }
                     tcp_state::ESTABLISHED if !in_repair(sock) && peer.is_some() => {
                         // Not saved by the drain: only a rank's link to its
                         // PMIx server outside the tree gets this far
@@ -237,17 +261,30 @@ impl FileDumper for Inet {
                         image.state = InetState::Connected as i32;
                         image.pmix = Some(link);
                     }
-                    tcp_state::ESTABLISHED => {
+                    state @ (tcp_state::ESTABLISHED
+                    | tcp_state::FIN_WAIT1
+                    | tcp_state::FIN_WAIT2
+                    | tcp_state::CLOSE_WAIT) => {
                         // The receive side is read by `link_tree`, after
                         // every send queue of the tree (`read_receive_side`).
-                        let (conn, data) = read_send_side(p, sock, &info, &local, &peer)?;
+                        // FIN_WAIT1's FIN is still in its send queue.
+                        let fin_queued = state == tcp_state::FIN_WAIT1;
+                        let (mut conn, data) =
+                            read_send_side(p, sock, &info, &local, &peer, fin_queued)?;
+                        // The FINs take a sequence number each but are no
+                        // data: the image counts none (`TcpConnection`).
+                        if matches!(state, tcp_state::FIN_WAIT1 | tcp_state::FIN_WAIT2) {
+                            conn.fin_sent = true;
+                            conn.send_seq = conn.send_seq.wrapping_sub(1);
+                        }
+                        conn.fin_received = state == tcp_state::CLOSE_WAIT;
                         blobs.add(tcp_data_name(file_id), data);
                         image.state = InetState::Connected as i32;
                         image.tcp = Some(conn);
                     }
                     other => {
                         return Err(p.unsupported(&format!(
-                            "TCP socket {} -> {} in state {} (only listening and established connections are supported)",
+                            "TCP socket {} -> {} in state {} (only listening, established, FIN_WAIT1, FIN_WAIT2 and CLOSE_WAIT connections are supported)",
                             name(&local),
                             name(&peer),
                             tcp_state::name(other)
@@ -328,6 +365,7 @@ fn read_send_side(
     info: &TcpInfo,
     local: &Option<SocketAddr>,
     peer: &Option<SocketAddr>,
+    fin_queued: bool,
 ) -> Result<(TcpConnection, Vec<u8>)> {
     let os = |what: &str, e: std::io::Error| DumpError::Proc {
         pid: p.pid,
@@ -365,8 +403,11 @@ fn read_send_side(
     let (send_len, unsent_len, data) = loop {
         let before = len(SIOCOUTQ, "SIOCOUTQ")?;
         let data = sys::recv_peek(sock, before as usize).map_err(|e| os("peek send queue", e))?;
-        let after = len(SIOCOUTQ, "SIOCOUTQ")?;
-        let unsent = len(libc::SIOCOUTQNSD, "SIOCOUTQNSD")?;
+        // A FIN queued counts in both lengths (it is last: unsent if
+        // anything is) but peeks as no byte.
+        let fin = u32::from(fin_queued);
+        let after = len(SIOCOUTQ, "SIOCOUTQ")?.saturating_sub(fin);
+        let unsent = len(libc::SIOCOUTQNSD, "SIOCOUTQNSD")?.saturating_sub(fin);
         if data.len() == after as usize {
             break (after, unsent.min(after), data);
         }
@@ -448,6 +489,11 @@ fn read_receive_sides(tree: &mut TreeFiles) -> Result<()> {
             .map_err(|e| os("TCP_REPAIR_QUEUE", e))?;
         conn.recv_seq = sys::getsockopt_int(sock, tcp, libc::TCP_QUEUE_SEQ)
             .map_err(|e| os("TCP_QUEUE_SEQ (receive)", e))? as u32;
+        if conn.fin_received {
+            // rcv_nxt counts the peer's FIN; the window too, when it was
+            // last advertised after it (its right edge stays put).
+            conn.recv_seq = conn.recv_seq.wrapping_sub(1);
+        }
         conn.recv_len = sys::ioctl_int(sock, SIOCINQ)
             .map(|v| v.max(0) as u32)
             .map_err(|e| os("SIOCINQ", e))?;
@@ -460,6 +506,10 @@ fn read_receive_sides(tree: &mut TreeFiles) -> Result<()> {
         conn.max_window = window.max_window;
         conn.rcv_wnd = window.rcv_wnd;
         conn.rcv_wup = window.rcv_wup;
+        if conn.fin_received && seq_after(conn.rcv_wup, conn.recv_seq) {
+            conn.rcv_wup = conn.rcv_wup.wrapping_sub(1);
+            conn.rcv_wnd = conn.rcv_wnd.wrapping_add(1);
+        }
         let name = tcp_data_name(f.id);
         tree.blobs.append(&name, &data);
         if conn.send_len == 0 && conn.recv_len == 0 {
@@ -468,6 +518,11 @@ fn read_receive_sides(tree: &mut TreeFiles) -> Result<()> {
         log::debug!("pid {pid} fd {fd}: TCP: {} bytes received", conn.recv_len);
     }
     Ok(())
+}
+
+/// Whether sequence number `a` comes after `b` (modulo 2^32).
+fn seq_after(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) > 0
 }
 
 /// Peeks of a send queue that acknowledgments keep shortening before one
@@ -549,6 +604,10 @@ pub struct TcpPolicy {
     /// --tcp-established`); those with both ends in the tree are always
     /// saved.
     pub established: bool,
+    /// How the peers outside the tree are kept from seeing resets.
+    pub lock: NetworkLock,
+    /// The tree's root, which names its lock ([`ckpt_netlock::Table`]).
+    pub root: i32,
 }
 
 /// One connection ckpt switched to repair mode, through its own copy.
@@ -556,6 +615,9 @@ struct Repaired {
     pid: i32,
     fd: i32,
     sock: OwnedFd,
+    /// Its addresses when the peer is outside the tree (the network lock
+    /// holds it); `None` for a peer in the tree.
+    outside: Option<ckpt_netlock::Connection>,
     /// SO_REUSEADDR before repair mode, which overrides it (and switching
     /// repair off clears it).
     reuseaddr: bool,
@@ -572,6 +634,18 @@ pub struct TcpRepair {
     /// Processes whose every thread holds a SIGSTOP of ckpt's
     /// ([`TcpRepair::hold`]).
     held: HashSet<i32>,
+    /// The network lock put in place for the connections to outside
+    /// peers, if any.
+    lock: Option<Lock>,
+}
+
+/// A network lock in place: its table, in the tree's network namespace.
+struct Lock {
+    table: ckpt_netlock::Table,
+    /// `/proc/ROOT/ns/net`.
+    netns: std::path::PathBuf,
+    /// That namespace's inode, for the image.
+    netns_inode: u64,
 }
 
 /// The guard process and the pipe that keeps it waiting.
@@ -580,7 +654,8 @@ struct Guard {
     tx: OwnedFd,
 }
 
-/// An established connection found in the tree.
+/// An established or half-closed (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) connection
+/// found in the tree.
 struct Found {
     pid: i32,
     fd: i32,
@@ -623,7 +698,8 @@ pub(crate) fn established_peers(pid: i32) -> Result<Vec<TcpPeer>> {
         .collect())
 }
 
-/// Fd `fd` of process `pid`, if it is an established TCP connection not
+/// Fd `fd` of process `pid`, if it is an established or half-closed
+/// (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) TCP connection not
 /// in `seen` (which it joins). Whatever cannot be read here is refused,
 /// with its reason, when the fd is collected.
 fn established(pid: i32, fd: i32, seen: &mut HashSet<u64>) -> Option<Found> {
@@ -643,7 +719,17 @@ fn established(pid: i32, fd: i32, seen: &mut HashSet<u64>) -> Option<Found> {
             ..
         })))
     );
-    if !tcp || !tcp_info(sock.as_fd()).is_ok_and(|i| i.state == tcp_state::ESTABLISHED) {
+    if !tcp {
+        return None;
+    }
+    let state = tcp_info(sock.as_fd()).ok()?.state;
+    if !matches!(
+        state,
+        tcp_state::ESTABLISHED
+            | tcp_state::FIN_WAIT1
+            | tcp_state::FIN_WAIT2
+            | tcp_state::CLOSE_WAIT
+    ) {
         return None;
     }
     let addr = |end| sys::sock_addr(sock.as_fd(), end).ok().flatten();
@@ -710,6 +796,10 @@ fn chosen(found: Vec<Found>, policy: TcpPolicy) -> Result<Vec<Repaired>> {
             pid: f.pid,
             fd: f.fd,
             sock: f.sock,
+            outside: (!inside).then_some(ckpt_netlock::Connection {
+                local: f.local,
+                peer: f.peer,
+            }),
             reuseaddr,
         });
     }
@@ -743,12 +833,59 @@ impl TcpRepair {
             .iter()
             .map(|r| (std::os::fd::AsRawFd::as_raw_fd(&r.sock), r.reuseaddr))
             .collect();
-        let (pid, tx) = sys::fork_repair_guard(&socks, running).map_err(|e| DumpError::Proc {
-            pid: std::process::id() as i32,
-            path: "fork (TCP repair guard)".into(),
-            source: e,
-        })?;
+        let outside: Vec<ckpt_netlock::Connection> =
+            repair.socks.iter().filter_map(|r| r.outside).collect();
+        let lock_err = |source| DumpError::NetworkLock {
+            pid: policy.root,
+            source,
+        };
+        let table = match policy.lock {
+            NetworkLock::Nftables if !outside.is_empty() => {
+                Some(ckpt_netlock::Table::for_tree(policy.root))
+            }
+            _ => None,
+        };
+        let netns = ckpt_netlock::netns_of(policy.root);
+        // Resolved before the fork: the guard can only exec.
+        let unlock = match &table {
+            Some(t) => {
+                let (program, argv) = ckpt_netlock::unlock_argv(t).map_err(lock_err)?;
+                let netns = std::fs::File::open(&netns).map_err(|e| DumpError::Proc {
+                    pid: policy.root,
+                    path: "ns/net".into(),
+                    source: e,
+                })?;
+                Some(sys::GuardUnlock {
+                    program,
+                    argv,
+                    netns,
+                })
+            }
+            None => None,
+        };
+        let (pid, tx) =
+            sys::fork_repair_guard(&socks, running, unlock).map_err(|e| DumpError::Proc {
+                pid: std::process::id() as i32,
+                path: "fork (TCP repair guard)".into(),
+                source: e,
+            })?;
         repair.guard = Some(Guard { pid, tx });
+        if let Some(table) = table {
+            // Before repair mode: from then on until the restore, a
+            // segment of the peer must find no socket to answer it.
+            ckpt_netlock::lock(&table, &netns, &outside).map_err(lock_err)?;
+            log::info!(
+                "network lock {table}: {} connections to outside peers",
+                outside.len()
+            );
+            // Read while the root is frozen: the namespace it is in.
+            let netns_inode = std::fs::metadata(&netns).map(|m| m.ino()).unwrap_or(0);
+            repair.lock = Some(Lock {
+                table,
+                netns,
+                netns_inode,
+            });
+        }
         hold_first(&mut repair)?;
         // On error `repair` drops: every socket leaves repair mode (one
         // never switched on just gets its SO_REUSEADDR set again).
@@ -812,7 +949,17 @@ impl TcpRepair {
     /// Switches repair mode off again (the tree goes on).
     pub fn release(&mut self) {
         self.release_own();
+        self.unlock();
         self.dismiss_guard();
+    }
+
+    /// Deletes the network lock: the connections are live again.
+    fn unlock(&mut self) {
+        if let Some(lock) = self.lock.take()
+            && let Err(e) = ckpt_netlock::unlock(&lock.table, &lock.netns)
+        {
+            log::warn!("{e}; delete it by hand: {}", lock.table.unlock_hint());
+        }
     }
 
     fn dismiss_guard(&mut self) {
@@ -847,9 +994,36 @@ impl TcpRepair {
     /// Closes ckpt's copies still in repair mode (the tree was killed): a
     /// socket closed in repair mode sends neither FIN nor RST, so the peer
     /// never learns the connection went away and a restore can continue it.
+    /// The network lock stays until the restore deletes it.
     pub fn abandon(&mut self) {
         self.socks.clear();
+        if let Some(lock) = self.lock.take() {
+            log::info!(
+                "network lock {} stays until the restore (by hand: {})",
+                lock.table,
+                lock.table.unlock_hint()
+            );
+        }
         self.dismiss_guard();
+    }
+
+    /// Records the network lock in the image of every connection to an
+    /// outside peer of `tree` (after [`Inet::link_tree`] found which).
+    pub fn record_lock(&self, tree: &mut TreeFiles) {
+        let Some(Lock {
+            table, netns_inode, ..
+        }) = &self.lock
+        else {
+            return;
+        };
+        for f in &mut tree.files.files {
+            if let Some(Kind::Inet(InetFile { tcp: Some(tcp), .. })) = &mut f.kind
+                && tcp.peer_file_id == 0
+            {
+                tcp.network_lock = table.name().to_string();
+                tcp.network_lock_netns = *netns_inode;
+            }
+        }
     }
 }
 

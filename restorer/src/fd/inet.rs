@@ -16,11 +16,13 @@
 //! sent are then sent normally. The restored process never holds a socket
 //! in repair mode.
 
+mod fin;
 mod timewait;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 
 use ckpt_image::fd::File;
 use ckpt_image::fd::file::Kind;
@@ -118,6 +120,20 @@ struct Held {
     /// SO_SNDBUF as dumped.
     sndbuf: u32,
     unsent: Vec<u8>,
+    /// The network lock dropping the outside peer's segments, deleted
+    /// once the connection is out of repair mode.
+    lock: Option<ckpt_netlock::Table>,
+    /// The inode of the network namespace the lock was put in.
+    lock_netns: u64,
+    /// This end had shut down writing (FIN_WAIT1, FIN_WAIT2): its FIN is
+    /// sent again once repair is off.
+    fin_sent: bool,
+    /// Its FIN goes out at once, nothing queued before it: an in-tree
+    /// peer acknowledges it before the tree runs (FIN_WAIT2).
+    fin_acked_at_once: bool,
+    /// The peer's FIN had arrived (CLOSE_WAIT): a peer in the tree sends
+    /// it again; one outside had it handed back (`give_back_fin`).
+    fin_received: bool,
 }
 
 /// Per byte put back into a queue, room for the kernel's per-buffer
@@ -239,6 +255,9 @@ impl FileRestorer for Inet {
         match (&plan.tcp, plan.state) {
             (Some(conn), _) => {
                 restore_connection(cx, sock, &plan, conn, file.id, fd)?;
+                if conn.fin_received && conn.peer_file_id == 0 {
+                    give_back_fin(r, pid, fd, sock, &plan, conn)?;
+                }
                 let held = Held {
                     pid,
                     fd,
@@ -246,6 +265,12 @@ impl FileRestorer for Inet {
                     reuseaddr: options.reuseaddr,
                     sndbuf: options.sndbuf,
                     unsent: plan.unsent,
+                    lock: (!conn.network_lock.is_empty())
+                        .then(|| ckpt_netlock::Table::named(&conn.network_lock)),
+                    lock_netns: conn.network_lock_netns,
+                    fin_sent: conn.fin_sent,
+                    fin_acked_at_once: conn.fin_sent && conn.send_len == 0,
+                    fin_received: conn.fin_received,
                 };
                 finish_or_wait(cx, held, file.id, conn.peer_file_id)?;
             }
@@ -420,6 +445,7 @@ impl Plan {
             (InetProtocol::Tcp, InetState::Connected) => {
                 let mut conn = image
                     .tcp
+                    .clone()
                     .ok_or_else(|| bad("established TCP without its connection state"))?;
                 if local.is_none() {
                     return Err(bad("established TCP without a local address"));
@@ -735,6 +761,84 @@ fn restore_connection(
     Ok(())
 }
 
+/// Hands the rebuilt socket `sock` (fd `fd` of `pid`, in repair mode) the
+/// FIN its peer outside the tree had sent (see `fin`), and waits until it
+/// is in CLOSE_WAIT again.
+fn give_back_fin(
+    r: &Remote<'_>,
+    pid: i32,
+    fd: i32,
+    sock: BorrowedFd<'_>,
+    plan: &Plan,
+    conn: &TcpConnection,
+) -> Result<()> {
+    let err = |what: &str, e: std::io::Error| {
+        RestoreError::os(
+            pid,
+            format!("fd {fd}: TCP: give back the peer's FIN: {what}"),
+            e,
+        )
+    };
+    let segment = fin::Fin {
+        from: plan.peer.expect("checked by Plan::of"),
+        to: plan.local.expect("checked by Plan::of"),
+        seq: conn.recv_seq,
+        ack: conn.send_seq.wrapping_sub(conn.send_len),
+        window: u16::try_from(conn.snd_wnd >> conn.snd_wscale.min(TCP_MAX_WSCALE))
+            .unwrap_or(u16::MAX),
+    };
+    let Some((packet, dst)) = fin::packet(&segment) else {
+        return Err(err(
+            "addresses",
+            std::io::Error::other("local and peer addresses of different families"),
+        ));
+    };
+    let domain = if dst.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // Made by the process, so in its network namespace.
+    let raw = r.call(
+        "socket",
+        libc::SYS_socket,
+        [
+            domain as u64,
+            (libc::SOCK_RAW | libc::SOCK_CLOEXEC) as u64,
+            libc::IPPROTO_RAW as u64,
+            0,
+            0,
+            0,
+        ],
+    )? as i32;
+    let copy = sys::take_fd(pid, raw).map_err(|e| err("pidfd_getfd", e));
+    r.call("close", libc::SYS_close, [raw as u64, 0, 0, 0, 0, 0])?;
+    let copy = copy?;
+    sys::setsockopt_int(
+        copy.as_fd(),
+        libc::SOL_SOCKET,
+        libc::SO_MARK,
+        ckpt_netlock::INJECTED_MARK as i32,
+    )
+    .map_err(|e| err("SO_MARK", e))?;
+    sys::send_to(copy.as_fd(), &packet, dst).map_err(|e| err("sendto", e))?;
+    let until = std::time::Instant::now() + FIN_WAIT;
+    loop {
+        let state = sys::tcp_state(sock).map_err(|e| err("TCP_INFO", e))?;
+        if state == TCP_CLOSE_WAIT {
+            log::debug!("pid {pid} fd {fd}: TCP: the peer's FIN given back");
+            return Ok(());
+        }
+        if std::time::Instant::now() >= until {
+            return Err(err(
+                "state",
+                std::io::Error::other(format!("still in state {state}, not CLOSE_WAIT")),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Switches repair off once both ends of an in-tree connection are
 /// rebuilt (or at once for a peer outside).
 fn finish_or_wait(
@@ -770,8 +874,38 @@ impl OutsidePeers {
     /// Switches repair off on each (the tree is about to run; in a
     /// coordinated restart every node has rebuilt its part), with the
     /// process's address reuse back, and sends what had never been sent.
+    /// Then the network lock that held them goes: the peers' segments find
+    /// their sockets again. A lock that cannot be deleted is only logged,
+    /// with the command that deletes it, as the tree is in place.
     pub fn release(self) -> Result<()> {
         switch_off(&self.0)?;
+        // Each table once, in the namespace of a process it held.
+        let mut tables: Vec<&Held> = Vec::new();
+        for h in &self.0 {
+            if let Some(table) = &h.lock
+                && !tables.iter().any(|t| t.lock.as_ref() == Some(table))
+            {
+                tables.push(h);
+            }
+        }
+        for h in tables {
+            let table = h.lock.as_ref().expect("chosen for its lock");
+            let netns = ckpt_netlock::netns_of(h.pid);
+            let here = std::fs::metadata(&netns).map(|m| m.ino()).unwrap_or(0);
+            if h.lock_netns != 0 && here != h.lock_netns {
+                log::warn!(
+                    "network lock {table} stays in the network namespace the tree was dumped in (inode {}), not this one: delete it there by hand: {}",
+                    h.lock_netns,
+                    table.unlock_hint()
+                );
+            }
+            match ckpt_netlock::unlock(table, &netns) {
+                Ok(()) => log::info!("network lock {table} deleted"),
+                Err(e) => log::warn!("{e}; delete it by hand: {}", table.unlock_hint()),
+            }
+        }
+        // The peer acknowledges the FIN again (it had it already).
+        send_fins(&self.0)?;
         for h in &self.0 {
             sys::setsockopt_int(
                 h.sock.as_fd(),
@@ -802,6 +936,8 @@ impl OutsidePeers {
 /// tree is rebuilt (`DeferredReuse`).
 fn finish(cx: &mut Context<'_, '_>, ends: Vec<Held>) -> Result<()> {
     switch_off(&ends)?;
+    send_fins(&ends)?;
+    await_fins(&ends);
     let deferred = &mut cx.state::<DeferredReuse>().0;
     deferred.extend(ends.into_iter().map(|h| (h.sock, h.reuseaddr)));
     Ok(())
@@ -839,6 +975,65 @@ fn switch_off(ends: &[Held]) -> Result<()> {
     }
     Ok(())
 }
+
+/// Shuts down writing again on each end that had (FIN_WAIT1, FIN_WAIT2),
+/// out of repair mode: the FIN goes out after what is queued (FIN_WAIT1),
+/// and the socket is in FIN_WAIT2 once the peer acknowledges it.
+fn send_fins(ends: &[Held]) -> Result<()> {
+    for h in ends.iter().filter(|h| h.fin_sent) {
+        sys::shutdown_write(h.sock.as_fd()).map_err(|e| {
+            RestoreError::os(h.pid, format!("fd {}: TCP: shutdown (send FIN)", h.fd), e)
+        })?;
+        log::debug!("pid {} fd {}: TCP: FIN sent again", h.pid, h.fd);
+    }
+    Ok(())
+}
+
+/// How long the ends of a half-closed connection in the tree wait for the
+/// FIN sent again (`send_fins`) and its acknowledgment: on one host the
+/// FIN takes microseconds, the acknowledgment a delayed ACK (at most
+/// 200 ms).
+const FIN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Waits until both ends of a half-closed connection in the tree are in
+/// their states again (CLOSE_WAIT: the peer's FIN is there; FIN_WAIT2: its
+/// own FIN is acknowledged), so the process finds its connection as it
+/// left it: its reader sees the end of the stream at once. Not there in
+/// time, it is logged: the connection gets there, later.
+fn await_fins(ends: &[Held]) {
+    let until = std::time::Instant::now() + FIN_WAIT;
+    let wanted = ends.iter().filter_map(|h| {
+        if h.fin_received {
+            Some((h, TCP_CLOSE_WAIT))
+        } else if h.fin_acked_at_once {
+            Some((h, TCP_FIN_WAIT2))
+        } else {
+            None
+        }
+    });
+    for (h, want) in wanted {
+        loop {
+            match sys::tcp_state(h.sock.as_fd()) {
+                Ok(state) if state == want => break,
+                Ok(_) if std::time::Instant::now() < until => {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                other => {
+                    log::warn!(
+                        "pid {} fd {}: TCP: the half-closed connection is not back in state {want} yet ({other:?}); it gets there later",
+                        h.pid,
+                        h.fd
+                    );
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// `TCP_FIN_WAIT2` and `TCP_CLOSE_WAIT` of include/net/tcp_states.h.
+const TCP_FIN_WAIT2: u8 = 5;
+const TCP_CLOSE_WAIT: u8 = 8;
 
 #[cfg(test)]
 mod tests {
