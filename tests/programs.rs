@@ -479,3 +479,96 @@ fn tail_f_follows_its_file_after_restore() {
         "every line once, in order"
     );
 }
+
+/// Sends one RESP command (`words`) on `conn` and reads its one-line reply.
+fn redis_call(conn: &mut std::io::BufReader<std::net::TcpStream>, words: &[&str]) -> String {
+    use std::io::{BufRead, Write};
+    let mut cmd = format!("*{}\r\n", words.len());
+    for w in words {
+        cmd.push_str(&format!("${}\r\n{w}\r\n", w.len()));
+    }
+    conn.get_mut()
+        .write_all(cmd.as_bytes())
+        .unwrap_or_else(|e| panic!("send {words:?}: {e}"));
+    let mut line = String::new();
+    conn.read_line(&mut line)
+        .unwrap_or_else(|e| panic!("reply to {words:?}: {e}"));
+    line.trim_end().to_string()
+}
+
+/// `redis-server` alone in the tree, its client outside (this test, one
+/// TCP connection): dumped with `--tcp-established --kill`, the client
+/// sends a command while the server is gone, and once it is restored gets
+/// the answer on the same connection, then goes on. The network lock drops
+/// the client's packets meanwhile, so its TCP retransmits instead of
+/// getting a reset: a delay, nothing lost, nothing done twice.
+#[test]
+fn redis_outside_client_keeps_its_connection_through_dump_and_restore() {
+    let env = TestEnv::new("redis-outside");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("pick a free port")
+        .port();
+    let port_arg = port.to_string();
+    let mut v = Victim::spawn_program(
+        &env,
+        Path::new("/usr/bin/redis-server"),
+        &[
+            "--port",
+            &port_arg,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            path_str(&env.work),
+        ],
+    );
+    let stream = (0..200)
+        .find_map(|_| {
+            std::net::TcpStream::connect(("127.0.0.1", port))
+                .ok()
+                .or_else(|| {
+                    std::thread::sleep(Duration::from_millis(50));
+                    None
+                })
+        })
+        .unwrap_or_else(|| panic!("redis-server did not listen\n{}", v.diag()));
+    stream
+        .set_read_timeout(Some(FINISH_TIMEOUT))
+        .expect("read timeout");
+    let mut conn = std::io::BufReader::new(stream);
+    for n in 1..=100 {
+        assert_eq!(redis_call(&mut conn, &["INCR", "n"]), format!(":{n}"));
+    }
+    dump(&env, &v, &["--tcp-established", "--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+    // Sent while the server is gone: the lock drops it, TCP sends it again.
+    let pending = std::thread::spawn(move || {
+        let reply = redis_call(&mut conn, &["INCR", "n"]);
+        (conn, reply)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let restore = spawn_restore(&env, &[]);
+    restored_root_pid(&restore);
+    let (mut conn, reply) = pending.join().expect("the client's thread");
+    assert_eq!(reply, ":101", "the command sent while the server was gone");
+    for n in 102..=200 {
+        assert_eq!(redis_call(&mut conn, &["INCR", "n"]), format!(":{n}"));
+    }
+    assert_eq!(redis_call(&mut conn, &["GET", "n"]), "$3");
+    let mut value = String::new();
+    std::io::BufRead::read_line(&mut conn, &mut value).expect("GET's value");
+    assert_eq!(value.trim_end(), "200", "every INCR done exactly once");
+    // No reply: the server closes the connection as it exits.
+    let _ = redis_call(&mut conn, &["SHUTDOWN", "NOSAVE"]);
+    let out = restore.wait_with(FINISH_TIMEOUT, || v.diag());
+    assert!(
+        out.code() == 0,
+        "the restored redis-server did not shut down cleanly: {}\n{}",
+        out.status,
+        out.stderr
+    );
+}
