@@ -4,8 +4,13 @@
 //! Sequence:
 //! 1. save registers, xstate and the signal mask; block every signal so no
 //!    handler runs on the parasite's stack;
-//! 2. poke `syscall; int3` over the first 3 bytes of the first executable
-//!    mapping, run `mmap` there, and put the original bytes back at once;
+//! 2. poke `syscall; mov $15, %eax; syscall` over the first bytes of the
+//!    first executable mapping, write a signal frame of the task's own state
+//!    below its stack pointer, and run `mmap` there with the stack pointer
+//!    at that frame: a dumper killed now leaves a task that runs on into
+//!    `rt_sigreturn` and is back where it was (with its alternate signal
+//!    stack disabled, as it is not known yet; with no room below the stack
+//!    pointer, the plain `syscall; int3` is used, unprotected);
 //! 3. copy the relocated blob into the new area, and behind it an
 //!    `rt_sigframe` holding the task's own state ([`crate::sigframe`]);
 //! 4. commands and syscalls run under PTRACE_SYSCALL and always end with the
@@ -13,9 +18,11 @@
 //!    "done" marker syscall, or at the exit of a trampoline syscall. If the
 //!    dumper dies (even by SIGKILL), the kernel detaches and the task runs on
 //!    into the rescue path: `rt_sigreturn` on that frame puts it back where
-//!    it was (the 20 KiB area stays mapped). Only two windows of a single
-//!    syscall each are not covered: the bootstrap `mmap` (step 2) and the
-//!    final `munmap` (step 5);
+//!    it was (the 20 KiB area stays mapped). The bootstrap code of step 2
+//!    is put back once the task is in the area (a dumper killed before
+//!    leaves those few bytes of code, normally `_init`'s, changed). One
+//!    window of a single syscall is not covered: the final `munmap`
+//!    (step 5);
 //! 5. cure: `munmap` the area from its own trampoline, stopping at the
 //!    syscall's exit (the next instruction no longer exists), then put back
 //!    the original registers and move the task into an interrupt stop
@@ -109,7 +116,12 @@ impl Tracee {
         let saved_xstate = self.xstate()?;
         let saved_mask = self.sigmask()?;
         self.set_sigmask(!0)?;
-        let (base, len) = match self.map_blob(&saved_xstate) {
+        let own = OwnState {
+            regs: &saved_regs,
+            xstate: &saved_xstate,
+            mask: saved_mask,
+        };
+        let (base, len, poke) = match self.map_blob(&own) {
             Ok(area) => area,
             Err(e) => {
                 let _ = self.set_regs(&saved_regs);
@@ -133,27 +145,154 @@ impl Tracee {
             }),
             frame_owner: std::cell::Cell::new(FrameOwner::Infected),
         };
-        // From here on, dropping `inf` cures the task.
-        inf.arm_rescue()?;
+        // From here on, dropping `inf` cures the task. The bootstrap code
+        // goes once the task is inside the area, whose rescue path then
+        // stands in for the bootstrap's.
+        let armed = inf.arm_rescue();
+        let unpoked = poke.undo(self);
+        armed?;
+        unpoked?;
         Ok(inf)
     }
 
-    fn map_blob(&self, xstate: &[u8]) -> Result<(u64, u64)> {
+    /// Maps the area and copies the blob into it. Returns the area and the
+    /// bootstrap code still poked into the task, to take out once the
+    /// task is in the area ([`Poke::undo`]).
+    fn map_blob(&self, own: &OwnState<'_>) -> Result<(u64, u64, Poke)> {
         let frame_off = (BLOB.mem_size as u64).next_multiple_of(64);
-        let len = (frame_off + sigframe::frame_len(xstate.len()) as u64).next_multiple_of(PAGE);
+        let len = (frame_off + sigframe::frame_len(own.xstate.len()) as u64).next_multiple_of(PAGE);
         let site = first_exec_addr(self.pid())?;
-        let base = self.bootstrap_mmap(
-            site,
-            "mmap (parasite)",
+        let args = [
             0,
             len,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-        )?;
-        if let Err(e) = self.write_mem(base, &BLOB.relocated(base)) {
-            let _ = self.syscall_at(site, libc::SYS_munmap, [base, len, 0, 0, 0, 0]);
-            return Err(e);
+            (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64,
+            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+            u64::MAX,
+            0,
+        ];
+        let Some((poke, ret)) = self.rescued_syscall(site, own, libc::SYS_mmap, args)? else {
+            // No room for a frame below the stack pointer: the plain
+            // bootstrap, unprotected for the one syscall.
+            let base = self.bootstrap_mmap(
+                site,
+                "mmap (parasite)",
+                0,
+                len,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            )?;
+            if let Err(e) = self.write_mem(base, &BLOB.relocated(base)) {
+                let _ = self.syscall_at(site, libc::SYS_munmap, [base, len, 0, 0, 0, 0]);
+                return Err(e);
+            }
+            return Ok((base, len, Poke::none(site)));
+        };
+        let mapped = crate::tracee::check_ret(self.pid(), "mmap (parasite)", ret)
+            .and_then(|base| self.write_mem(base, &BLOB.relocated(base)).map(|()| base));
+        match mapped {
+            Ok(base) => Ok((base, len, poke)),
+            Err(e) => {
+                if ret >= 0 {
+                    let munmap = [ret as u64, len, 0, 0, 0, 0];
+                    let _ = self.syscall_from(&self.regs()?, site, libc::SYS_munmap, munmap);
+                }
+                let _ = poke.undo(self);
+                Err(e)
+            }
         }
-        Ok((base, len))
+    }
+
+    /// Runs syscall `nr` at `site` (the first executable mapping) with the
+    /// task's own state saved where the task itself can get it back: a
+    /// signal frame below its stack pointer (past the red zone, where a
+    /// signal would put one), and behind the `syscall` at `site` an
+    /// `rt_sigreturn`. A dumper that dies at any moment then leaves a task
+    /// that runs the syscall's `rt_sigreturn` and goes on where it was, its
+    /// alternate signal stack disabled (not known yet here). Returns the
+    /// code poked (still there) and the raw result, the task stopped at
+    /// the syscall's exit; `None` (nothing changed) when the stack has no
+    /// room for the frame.
+    fn rescued_syscall(
+        &self,
+        site: u64,
+        own: &OwnState<'_>,
+        nr: i64,
+        args: [u64; 6],
+    ) -> Result<Option<(Poke, i64)>> {
+        let frame_len = sigframe::frame_len(own.xstate.len()) as u64;
+        let Some(frame_at) = own
+            .regs
+            .rsp
+            .checked_sub(RED_ZONE + frame_len)
+            .map(|a| a & !63)
+        else {
+            return Ok(None);
+        };
+        let disabled = AltStack {
+            sp: 0,
+            flags: libc::SS_DISABLE,
+            size: 0,
+        };
+        let frame = sigframe::build(
+            frame_at,
+            &restart_regs(own.regs, true),
+            own.xstate,
+            own.mask,
+            disabled,
+        );
+        if self.write_mem(frame_at, &frame).is_err() {
+            return Ok(None);
+        }
+        let mut orig = vec![0u8; RESCUED_SYSCALL.len()];
+        self.read_mem(site, &mut orig)?;
+        let poke = Poke { site, orig };
+        self.write_mem(site, &RESCUED_SYSCALL)?;
+        let mut base = *own.regs;
+        base.rsp = frame_at + sigframe::RESCUE_SP_OFFSET;
+        match self.syscall_from(&base, site, nr, args) {
+            Ok(ret) => Ok(Some((poke, ret))),
+            Err(e) => {
+                let _ = poke.undo(self);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// What the x86-64 ABI lets a function keep below its stack pointer.
+const RED_ZONE: u64 = 128;
+
+/// `syscall; mov $15, %eax; syscall`: a syscall followed by `rt_sigreturn`.
+const RESCUED_SYSCALL: [u8; 9] = [0x0f, 0x05, 0xb8, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
+
+/// The task's own state as the infection found it.
+struct OwnState<'a> {
+    regs: &'a Regs,
+    xstate: &'a [u8],
+    mask: u64,
+}
+
+/// Code poked over the task's first executable mapping, and what was
+/// there.
+struct Poke {
+    site: u64,
+    orig: Vec<u8>,
+}
+
+impl Poke {
+    /// Nothing poked (the plain bootstrap puts its bytes back itself).
+    fn none(site: u64) -> Poke {
+        Poke {
+            site,
+            orig: Vec::new(),
+        }
+    }
+
+    /// Puts the original bytes back.
+    fn undo(&self, t: &Tracee) -> Result<()> {
+        if self.orig.is_empty() {
+            return Ok(());
+        }
+        t.write_mem(self.site, &self.orig)
     }
 }
 
