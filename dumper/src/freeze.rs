@@ -56,13 +56,7 @@ pub(crate) fn tree(root: i32, opts: FreezeOptions) -> Result<Frozen> {
         retired: Vec::new(),
     };
     // On failure, dropping `frozen` thaws the tree untouched.
-    let live: Vec<i32> = frozen
-        .procs
-        .iter()
-        .filter(|p| p.zombie_status.is_none())
-        .map(|p| p.pid)
-        .collect();
-    crate::shared_tables::check(&live, &mut frozen.blockers)?;
+    crate::shared_tables::mark(&mut frozen.procs, &mut frozen.blockers)?;
     if let Some(c) = caller {
         // On failure, dropping `frozen` thaws the tree untouched.
         crate::caller::check(&frozen.procs, c)?;

@@ -1,13 +1,24 @@
 //! Processes that share an fd table (`clone(CLONE_FILES)`) or their fs
 //! info (`CLONE_FS`: cwd, root, umask) without being threads of one
-//! process. A restore creates every process with tables of its own, so
-//! the sharing would come back silently broken (an fd one opens no longer
-//! seen by the other): such trees are refused before anything is saved,
-//! naming both processes and what they share.
+//! process. A process sharing its parent's is marked so (restore creates
+//! it sharing the restored parent's); any other sharing (between
+//! siblings, with a process other than the parent) is refused before
+//! anything is saved, naming both processes and what they share, since a
+//! restore would give each its own and break the sharing silently.
 
 use crate::blockers::Blockers;
 use crate::error::{DumpError, Result};
 use crate::sys;
+use crate::tree::FrozenProcess;
+
+/// What a process shares with its parent without being its thread.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SharedWithParent {
+    /// The fd table (`CLONE_FILES`).
+    pub files: bool,
+    /// The cwd, root and umask (`CLONE_FS`).
+    pub fs: bool,
+}
 
 /// What two processes can share without being threads of one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,29 +45,52 @@ impl Shared {
             Shared::Fs => "cwd, root and umask (CLONE_FS)",
         }
     }
+
+    fn mark(self, on: &mut SharedWithParent) {
+        match self {
+            Shared::Files => on.files = true,
+            Shared::Fs => on.fs = true,
+        }
+    }
 }
 
-/// Refuses (into `blockers`) every live process of `pids` that shares its
-/// fd table or fs info with another process of the tree, naming the first
+/// Marks every live process of `procs` (parents first) that shares its
+/// fd table or fs info with its parent; refuses (into `blockers`) one
+/// that shares either with another process only, naming the first
 /// process holding that table.
-pub(crate) fn check(pids: &[i32], blockers: &mut Blockers) -> Result<()> {
+pub(crate) fn mark(procs: &mut [FrozenProcess], blockers: &mut Blockers) -> Result<()> {
     for shared in Shared::ALL {
         // The first process seen with each distinct table: a process is
         // compared with these only, not with every other.
         let mut holders: Vec<i32> = Vec::new();
-        for &pid in pids {
-            match holder_of(pid, &holders, shared)? {
-                Some(holder) => {
-                    blockers.absorb::<()>(Err(DumpError::Unsupported {
-                        pid,
-                        what: format!(
-                            "{} shared with pid {holder} without being its thread",
-                            shared.what()
-                        ),
-                    }))?;
-                }
-                None => holders.push(pid),
+        for i in 0..procs.len() {
+            let p = &procs[i];
+            if p.zombie_status.is_some() {
+                continue;
             }
+            let (pid, ppid) = (p.pid, p.ppid);
+            let Some(holder) = holder_of(pid, &holders, shared)? else {
+                holders.push(pid);
+                continue;
+            };
+            let parent_live = procs
+                .iter()
+                .any(|q| q.pid == ppid && q.zombie_status.is_none());
+            if parent_live && same(ppid, pid, shared)? {
+                shared.mark(&mut procs[i].shared_with_parent);
+                log::info!(
+                    "freeze: pid {pid} shares its parent {ppid}'s {}",
+                    shared.what()
+                );
+                continue;
+            }
+            blockers.absorb::<()>(Err(DumpError::Unsupported {
+                pid,
+                what: format!(
+                    "{} shared with pid {holder}, not its parent, without being its thread",
+                    shared.what()
+                ),
+            }))?;
         }
     }
     Ok(())
@@ -65,16 +99,18 @@ pub(crate) fn check(pids: &[i32], blockers: &mut Blockers) -> Result<()> {
 /// The process of `holders` whose table `pid` shares, if any.
 fn holder_of(pid: i32, holders: &[i32], shared: Shared) -> Result<Option<i32>> {
     for &holder in holders {
-        let same = sys::same_object_of(holder, pid, shared.kcmp_kind()).map_err(|source| {
-            DumpError::Proc {
-                pid,
-                path: format!("kcmp {:?} with pid {holder}", shared).into(),
-                source,
-            }
-        })?;
-        if same {
+        if same(holder, pid, shared)? {
             return Ok(Some(holder));
         }
     }
     Ok(None)
+}
+
+/// Whether `holder` and `pid` hold one table of `shared`'s kind.
+fn same(holder: i32, pid: i32, shared: Shared) -> Result<bool> {
+    sys::same_object_of(holder, pid, shared.kcmp_kind()).map_err(|source| DumpError::Proc {
+        pid,
+        path: format!("kcmp {shared:?} with pid {holder}").into(),
+        source,
+    })
 }

@@ -207,6 +207,9 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
         job_stop: None,
         ctty: controlling_terminal(pid, &stat),
         cwd_removed: cwd.removed,
+        // Known only across the tree: set by the caller.
+        shares_files_with_parent: false,
+        shares_fs_with_parent: false,
     })
 }
 
