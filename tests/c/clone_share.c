@@ -9,7 +9,11 @@
  * have brought back both the fds and cwd/umask each process had and the
  * sharing itself.
  *
- *   clone_share WORKDIR      ready file: "P F S B" (the four pids)
+ *   clone_share WORKDIR            ready file: "P F S B" (the four pids)
+ *   clone_share WORKDIR siblings   P clones A and C with CLONE_FILES and
+ *                                  CLONE_FS, then unshares both: A and C
+ *                                  share with each other, not with their
+ *                                  parent. Ready file: "P A C".
  */
 #include "victim.h"
 
@@ -296,6 +300,37 @@ static pid_t clone_role(enum role role, unsigned long flags)
 	_exit(turns->abort ? 1 : 0);
 }
 
+/* The siblings shape: after go, each process just ends (P reaps A, C). */
+static void run_siblings(void)
+{
+	const unsigned long share = CLONE_FILES | CLONE_FS;
+	pid_t kids[2];
+
+	for (int i = 0; i < 2; i++) {
+		kids[i] = (pid_t)syscall(SYS_clone, share | SIGCHLD, NULL, NULL, NULL, NULL);
+		if (kids[i] < 0)
+			die("clone");
+		if (kids[i] == 0) {
+			victim_child_wait_go(90);
+			_exit(0);
+		}
+	}
+	if (unshare(share))
+		die("unshare");
+	snprintf(ready_line, sizeof(ready_line), "%d %d %d", (int)getpid(), (int)kids[0],
+		 (int)kids[1]);
+	victim_ready_and_wait(ready_line);
+	for (int i = 0; i < 2; i++) {
+		int st = 0;
+		if (waitpid(kids[i], &st, 0) != kids[i])
+			fail("waitpid: %s", strerror(errno));
+		else
+			CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child %d ended with status %#x",
+			      i, st);
+	}
+	victim_finish();
+}
+
 int main(int argc, char **argv)
 {
 	char sub[PATH_MAX];
@@ -306,6 +341,8 @@ int main(int argc, char **argv)
 	if (!realpath(victim_workdir, workdir_abs))
 		die("realpath");
 	victim_workdir = workdir_abs;
+	if (argc > 2 && strcmp(argv[2], "siblings") == 0)
+		run_siblings();
 	for (int i = 1; i <= 2; i++) {
 		snprintf(sub, sizeof(sub), "%s/s%d", workdir_abs, i);
 		if (mkdir(sub, 0755) && errno != EEXIST)
