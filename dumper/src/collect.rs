@@ -378,8 +378,7 @@ fn collect_core(
     log::debug!("pid {pid}: parasite done ({:.3} ms)", ms_since(started));
     let mut core = task::collect(leader, &misc)?;
     core.job_stop = p.job_stop;
-    core.shares_files_with_parent = p.shared_with_parent.files;
-    core.shares_fs_with_parent = p.shared_with_parent.fs;
+    core.shared_with_parent = p.shared_with_parent;
     core.ib = inside.ib.take();
     for (t, state) in p.tasks[1..].iter().zip(threads) {
         core.threads.push(task::collect_thread(t, pid, state)?);

@@ -6,19 +6,12 @@
 //! anything is saved, naming both processes and what they share, since a
 //! restore would give each its own and break the sharing silently.
 
+use ckpt_image::task::SharedWithParent;
+
 use crate::blockers::Blockers;
 use crate::error::{DumpError, Result};
 use crate::sys;
 use crate::tree::FrozenProcess;
-
-/// What a process shares with its parent without being its thread.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SharedWithParent {
-    /// The fd table (`CLONE_FILES`).
-    pub files: bool,
-    /// The cwd, root and umask (`CLONE_FS`).
-    pub fs: bool,
-}
 
 /// What two processes can share without being threads of one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,7 +70,7 @@ pub(crate) fn mark(procs: &mut [FrozenProcess], blockers: &mut Blockers) -> Resu
                 .iter()
                 .any(|q| q.pid == ppid && q.zombie_status.is_none());
             if parent_live && same(ppid, pid, shared)? {
-                shared.mark(&mut procs[i].shared_with_parent);
+                shared.mark(procs[i].shared_with_parent.get_or_insert_default());
                 log::info!(
                     "freeze: pid {pid} shares its parent {ppid}'s {}",
                     shared.what()

@@ -208,8 +208,7 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
         ctty: controlling_terminal(pid, &stat),
         cwd_removed: cwd.removed,
         // Known only across the tree: set by the caller.
-        shares_files_with_parent: false,
-        shares_fs_with_parent: false,
+        shared_with_parent: None,
     })
 }
 

@@ -26,11 +26,13 @@ pub fn fork_child_sharing(r: &Remote<'_>, pid: i32, core: &Core) -> Result<Trace
 /// The clone flags of what `core` shared with its parent.
 pub fn sharing_flags(core: &Core) -> u64 {
     let mut flags = 0;
-    if core.shares_files_with_parent {
-        flags |= libc::CLONE_FILES as u64;
-    }
-    if core.shares_fs_with_parent {
-        flags |= libc::CLONE_FS as u64;
+    if let Some(shared) = &core.shared_with_parent {
+        if shared.files {
+            flags |= libc::CLONE_FILES as u64;
+        }
+        if shared.fs {
+            flags |= libc::CLONE_FS as u64;
+        }
     }
     flags
 }

@@ -173,7 +173,7 @@ pub(super) fn rebuild_process(
     // A table shared with the parent was restored with the parent's
     // (created sharing it, rebuilt before): installing its copy again
     // would only redo it.
-    if core.shares_files_with_parent {
+    if core.shared_with_parent.is_some_and(|s| s.files) {
         log::debug!("pid {pid}: fds are its parent's table, restored with it");
     } else {
         fd::restore(cx, fds, r, &p.fds, core.creds.as_ref(), core.ctty.as_ref())?;
