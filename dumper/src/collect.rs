@@ -18,7 +18,7 @@ use crate::stats::ms_since;
 use crate::translate::{HostCore, SavedPids, translate_pids};
 use crate::{
     DrainOptions, Frozen, WriteOptions, background, fd, ib, inherit, ipc, mm, pages, pidns,
-    predump, seccomp, shapes, shmem, task, tree,
+    predump, seccomp, shapes, shared_tables, shmem, task, tree,
 };
 
 /// Everything collected about one frozen process, ready to be written.
@@ -166,6 +166,16 @@ pub(crate) fn tree(frozen: &mut Frozen, opts: &WriteOptions<'_>) -> Result<Colle
     let mut files = collect_files(root, &procs, &namespaces, opts, &mut blockers)?;
     blockers.absorb(objects.link_files(&mut files))?;
     blockers.absorb(check_shapes(&procs, &frozen.procs))?;
+    let in_sessions: Vec<shared_tables::InSession> = procs
+        .iter()
+        .map(|c| shared_tables::InSession {
+            pid: c.pid,
+            ppid: c.ppid,
+            sid: c.core.sid,
+            shared: c.core.shared_with_parent,
+        })
+        .collect();
+    shared_tables::check_sessions(&in_sessions, &mut blockers)?;
     fd::link_controlling_terminals(procs.iter_mut().map(|c| &mut c.core), &files);
     if let Some(map) = &pids {
         let cores = procs.iter_mut().map(|c| HostCore {

@@ -107,3 +107,83 @@ fn same(holder: i32, pid: i32, shared: Shared) -> Result<bool> {
         source,
     })
 }
+
+/// A live process as [`check_sessions`] reads it.
+pub(crate) struct InSession {
+    /// Its pid.
+    pub pid: i32,
+    /// Its parent's.
+    pub ppid: i32,
+    /// Its session.
+    pub sid: i32,
+    /// What it shares with its parent.
+    pub shared: Option<SharedWithParent>,
+}
+
+/// Refuses (into `blockers`) a process sharing its parent's tables in a
+/// session neither its parent's nor its own: restore forks such a process
+/// through a helper of that session, whose tables are not the parent's.
+pub(crate) fn check_sessions(procs: &[InSession], blockers: &mut Blockers) -> Result<()> {
+    for p in procs.iter().filter(|p| p.shared.is_some()) {
+        let parent_sid = procs.iter().find(|q| q.pid == p.ppid).map(|q| q.sid);
+        if p.sid == p.pid || parent_sid == Some(p.sid) {
+            continue;
+        }
+        blockers.absorb::<()>(Err(DumpError::Unsupported {
+            pid: p.pid,
+            what: format!(
+                "fd table or cwd shared with its parent {} from session {}, neither the parent's nor its own",
+                p.ppid, p.sid
+            ),
+        }))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILES: SharedWithParent = SharedWithParent {
+        files: true,
+        fs: false,
+    };
+
+    fn member(pid: i32, ppid: i32, sid: i32, shared: Option<SharedWithParent>) -> InSession {
+        InSession {
+            pid,
+            ppid,
+            sid,
+            shared,
+        }
+    }
+
+    #[test]
+    fn a_sharer_in_its_parents_session_or_its_own_passes() {
+        let mut b = Blockers::default();
+        let procs = [
+            member(10, 1, 10, None),
+            member(11, 10, 10, Some(FILES)),
+            member(12, 10, 12, Some(FILES)),
+        ];
+        check_sessions(&procs, &mut b).unwrap();
+        assert!(b.into_result().is_ok());
+    }
+
+    #[test]
+    fn a_sharer_in_another_session_is_refused_naming_its_parent() {
+        let mut b = Blockers::default();
+        let procs = [
+            member(10, 1, 10, None),
+            member(11, 10, 20, Some(FILES)),
+            member(13, 10, 20, None),
+        ];
+        check_sessions(&procs, &mut b).unwrap();
+        match b.into_result() {
+            Err(DumpError::Unsupported { pid: 11, what }) => {
+                assert!(what.contains("parent 10 from session 20"), "{what}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
