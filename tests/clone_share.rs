@@ -34,10 +34,12 @@ fn same(a: i32, b: i32, kind: libc::c_int) -> bool {
     r == 0
 }
 
-#[test]
-fn fd_table_and_fs_shared_with_the_parent_come_back_shared() {
-    let env = TestEnv::new("clone-share");
-    let mut v = Victim::spawn(&env, "clone_share", &[]);
+fn shared_cycle(test: &str, user: Option<&TestUser>) {
+    let env = TestEnv::new(test);
+    let mut v = match user {
+        Some(u) => Victim::spawn_as(&env, "clone_share", &[], u),
+        None => Victim::spawn(&env, "clone_share", &[]),
+    };
     let ids = pids(&v.wait_ready());
     assert_eq!(ids.len(), 4, "ready file: {ids:?}");
     let out = dump(&env, &v, &["--kill"]);
@@ -65,6 +67,18 @@ fn fd_table_and_fs_shared_with_the_parent_come_back_shared() {
     }
     v.go();
     finish_restore(&v, restore);
+}
+
+#[test]
+fn fd_table_and_fs_shared_with_the_parent_come_back_shared() {
+    shared_cycle("clone-share", None);
+}
+
+/// Restored for an ordinary user: the parent's `clone3` with
+/// `CLONE_FILES`/`CLONE_FS` needs no privilege of its own.
+#[test]
+fn fd_table_and_fs_shared_with_the_parent_come_back_shared_for_a_user() {
+    shared_cycle("clone-share-user", Some(test_user()));
 }
 
 #[test]
