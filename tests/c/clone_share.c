@@ -27,6 +27,8 @@
 enum { FD_FILE = 61, FD_ZERO = 62, FD_DUP = 64, FD_DUP2 = 65, FD_NULL = 66 };
 
 enum role { ROLE_P, ROLE_F, ROLE_S, ROLE_B };
+/* The step before the first turn: P is still cloning the others. */
+enum { STEP_CLONING = -1 };
 static const char *const role_names[] = { "P", "F", "S", "B" };
 
 /* Turn taking between the four processes, in memory they all share. */
@@ -194,6 +196,9 @@ static void run_f(void)
 	char ffile[PATH_MAX];
 
 	file_path(ffile, sizeof(ffile));
+	/* Only once S has its own copy of the table, made at its clone. */
+	if (await_step(0))
+		return;
 	victim_fd_at(open(ffile, O_RDWR | O_CREAT, 0600), FD_FILE);
 	next_step();
 	if (await_step(2))
@@ -356,8 +361,10 @@ int main(int argc, char **argv)
 	if (turns == MAP_FAILED)
 		die("mmap");
 	me = ROLE_P;
+	turns->step = STEP_CLONING;
 	for (int i = 0; i < 3; i++)
 		kids[i] = clone_role((enum role)(ROLE_F + i), flags[i]);
+	next_step();
 	snprintf(ready_line, sizeof(ready_line), "%d %d %d %d", (int)getpid(), (int)kids[0],
 		 (int)kids[1], (int)kids[2]);
 	/* Signals ready between the turns before the dump and those after. */
