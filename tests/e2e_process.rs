@@ -3,6 +3,7 @@
 //! One test binary for several test files (each a module below), so the
 //! suite links a handful of binaries instead of one per file.
 
+mod clone_share;
 mod common;
 mod cow;
 mod creds;

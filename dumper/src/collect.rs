@@ -18,7 +18,7 @@ use crate::stats::ms_since;
 use crate::translate::{HostCore, SavedPids, translate_pids};
 use crate::{
     DrainOptions, Frozen, WriteOptions, background, fd, ib, inherit, ipc, mm, pages, pidns,
-    predump, seccomp, shapes, shmem, task, tree,
+    predump, seccomp, shapes, shared_tables, shmem, task, tree,
 };
 
 /// Everything collected about one frozen process, ready to be written.
@@ -170,6 +170,16 @@ pub(crate) fn tree(frozen: &mut Frozen, opts: &WriteOptions<'_>) -> Result<Colle
     }
     blockers.absorb(objects.link_files(&mut files))?;
     blockers.absorb(check_shapes(&procs, &frozen.procs))?;
+    let in_sessions: Vec<shared_tables::InSession> = procs
+        .iter()
+        .map(|c| shared_tables::InSession {
+            pid: c.pid,
+            ppid: c.ppid,
+            sid: c.core.sid,
+            shared: c.core.shared_with_parent,
+        })
+        .collect();
+    shared_tables::check_sessions(&in_sessions, &mut blockers)?;
     fd::link_controlling_terminals(procs.iter_mut().map(|c| &mut c.core), &files);
     if let Some(map) = &pids {
         let cores = procs.iter_mut().map(|c| HostCore {
@@ -382,6 +392,7 @@ fn collect_core(
     log::debug!("pid {pid}: parasite done ({:.3} ms)", ms_since(started));
     let mut core = task::collect(leader, &misc)?;
     core.job_stop = p.job_stop;
+    core.shared_with_parent = p.shared_with_parent;
     core.ib = inside.ib.take();
     for (t, state) in p.tasks[1..].iter().zip(threads) {
         core.threads.push(task::collect_thread(t, pid, state)?);

@@ -43,7 +43,7 @@ pub(crate) fn tree(root: i32, opts: FreezeOptions) -> Result<Frozen> {
         procs.len(),
         procs.iter().map(|p| p.tasks.len()).sum::<usize>()
     );
-    let frozen = Frozen {
+    let mut frozen = Frozen {
         root,
         ns,
         procs,
@@ -55,6 +55,8 @@ pub(crate) fn tree(root: i32, opts: FreezeOptions) -> Result<Frozen> {
         thawed_after: None,
         retired: Vec::new(),
     };
+    // On failure, dropping `frozen` thaws the tree untouched.
+    crate::shared_tables::mark(&mut frozen.procs, &mut frozen.blockers)?;
     if let Some(c) = caller {
         // On failure, dropping `frozen` thaws the tree untouched.
         crate::caller::check(&frozen.procs, c)?;

@@ -53,6 +53,7 @@ mod procfile;
 mod sched;
 mod seccomp;
 mod shapes;
+mod shared_tables;
 mod shmem;
 mod srun_pmix;
 mod stats;

@@ -207,6 +207,8 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
         job_stop: None,
         ctty: controlling_terminal(pid, &stat),
         cwd_removed: cwd.removed,
+        // Known only across the tree: set by the caller.
+        shared_with_parent: None,
     })
 }
 

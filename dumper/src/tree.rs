@@ -22,6 +22,9 @@ pub struct FrozenProcess {
     pub zombie_status: Option<i32>,
     /// The job-control stop it was in when frozen (see [`stopped`]).
     pub job_stop: Option<ckpt_image::task::JobStop>,
+    /// What it shares with its parent without being its thread (see
+    /// [`crate::shared_tables`]).
+    pub shared_with_parent: Option<ckpt_image::task::SharedWithParent>,
 }
 
 /// A live process, frozen: its threads and the stop it was in.
@@ -36,6 +39,7 @@ fn frozen(pid: i32, ppid: i32, tasks: Vec<Tracee>) -> Result<FrozenProcess> {
         tasks,
         zombie_status: None,
         job_stop,
+        shared_with_parent: None,
     })
 }
 
@@ -118,6 +122,7 @@ pub fn freeze(
                     tasks: Vec::new(),
                     zombie_status: Some(status),
                     job_stop: None,
+                    shared_with_parent: None,
                 });
                 continue;
             }

@@ -7,5 +7,6 @@
 
 pub use crate::pb::{
     AltStack, ControllingTerminal, Core, Creds, GpRegs, ITimer, JobStop, LockedRange, MmFields,
-    PendingSignal, Prctl, RemovedDir, Rlimit, RobustList, Rseq, Sched, SigAction, ThreadCore,
+    PendingSignal, Prctl, RemovedDir, Rlimit, RobustList, Rseq, Sched, SharedWithParent, SigAction,
+    ThreadCore,
 };

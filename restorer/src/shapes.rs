@@ -89,7 +89,17 @@ impl Leaders {
     ) -> Result<Tracee> {
         let sid = core.sid;
         if sid == parent.sid || sid == pid {
-            return tree::fork_child(r, pid);
+            return tree::fork_child_sharing(r, pid, core);
+        }
+        // Forked through a helper below, it could share only the helper's.
+        if tree::sharing_flags(core) != 0 {
+            return Err(RestoreError::Host {
+                pid,
+                what: format!(
+                    "shares its parent's fd table or cwd but is in session {sid}, \
+                     neither its parent's nor its own"
+                ),
+            });
         }
         let i = match self.helpers.iter().position(|h| h.pid == sid) {
             Some(i) => i,

@@ -4,6 +4,7 @@
 //! and starts stopped before running any code. It is rebuilt afterwards like
 //! any other process.
 
+use ckpt_image::task::Core;
 use ckpt_parasite::Tracee;
 
 use crate::error::{RestoreError, Result};
@@ -13,6 +14,27 @@ use ckpt_parasite::remote::Remote;
 /// Forks a child with pid `pid` from the process behind `r`.
 pub fn fork_child(r: &Remote<'_>, pid: i32) -> Result<Tracee> {
     fork_with(r, pid, 0, libc::SIGCHLD as u64)
+}
+
+/// Like [`fork_child`], the child sharing what `core` says it shared with
+/// its parent without being its thread: the fd table (`CLONE_FILES`), the
+/// cwd, root and umask (`CLONE_FS`).
+pub fn fork_child_sharing(r: &Remote<'_>, pid: i32, core: &Core) -> Result<Tracee> {
+    fork_with(r, pid, sharing_flags(core), libc::SIGCHLD as u64)
+}
+
+/// The clone flags of what `core` shared with its parent.
+pub fn sharing_flags(core: &Core) -> u64 {
+    let mut flags = 0;
+    if let Some(shared) = &core.shared_with_parent {
+        if shared.files {
+            flags |= libc::CLONE_FILES as u64;
+        }
+        if shared.fs {
+            flags |= libc::CLONE_FS as u64;
+        }
+    }
+    flags
 }
 
 /// Forks a process with pid `pid` from the process behind `r` as a child

@@ -170,7 +170,14 @@ pub(super) fn rebuild_process(
         let kind = cx.files.get(f.file_id).map_or("missing", |x| x.kind_name());
         log::debug!("pid {pid}: fd {}: {kind} (open file {})", f.fd, f.file_id);
     }
-    fd::restore(cx, fds, r, &p.fds, core.creds.as_ref(), core.ctty.as_ref())?;
+    // A table shared with the parent was restored with the parent's
+    // (created sharing it, rebuilt before): installing its copy again
+    // would only redo it.
+    if core.shared_with_parent.is_some_and(|s| s.files) {
+        log::debug!("pid {pid}: fds are its parent's table, restored with it");
+    } else {
+        fd::restore(cx, fds, r, &p.fds, core.creds.as_ref(), core.ctty.as_ref())?;
+    }
     task::restore_misc(r, core)?;
     task::restore_sigactions(r, core)?;
     task::queue_pending(r, pid, &core.pending)?;
