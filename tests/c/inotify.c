@@ -1,5 +1,5 @@
 /*
- * inotify victim. `inotify WORKDIR [fanotify]`.
+ * inotify victim. `inotify WORKDIR [deleted|queued]`.
  * Before the dump: an inotify instance (non-blocking) at fd 10 watching
  * WORKDIR (wd 1, removed again, its IN_IGNORED read), WORKDIR/dir for
  * IN_CREATE|IN_DELETE (wd 2) and WORKDIR/file for IN_MODIFY|IN_CLOSE_WRITE
@@ -8,20 +8,17 @@
  * IN_CREATE on wd 2 named new.txt, writing and closing file gives IN_MODIFY
  * and IN_CLOSE_WRITE on wd 3 (and nothing for wd 2); removing new.txt gives
  * IN_DELETE on wd 2; a new watch gets wd 4 (numbering goes on after 3).
- * With "fanotify": fd 11 is also a fanotify instance; with "deleted": fd 11
- * is an open file, watched (wd 4), whose name was removed. The dump must
- * refuse either; the victim then passes untouched. With "queued": an
+ * With "deleted": fd 11 is an open file, watched (wd 4), whose name was
+ * removed. The dump must refuse it; the victim then passes untouched. With "queued": an
  * IN_CREATE event (dir/queued.txt) is left unread at dump time; it is lost
  * (the dump warns), so after go nothing is queued either.
  */
 #include "victim.h"
 #include <poll.h>
-#include <sys/fanotify.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 
 #define FD_INOTIFY 10
-#define FD_FANOTIFY 11
 #define FD_DELETED 11
 #define DIR_MASK (IN_CREATE | IN_DELETE)
 #define FILE_MASK (IN_MODIFY | IN_CLOSE_WRITE)
@@ -79,7 +76,6 @@ static void expect(const struct seen *s, int wd, uint32_t mask, const char *name
 int main(int argc, char **argv)
 {
 	char dir[PATH_MAX], file[PATH_MAX], newf[PATH_MAX];
-	int fanotify = argc > 2 && strcmp(argv[2], "fanotify") == 0;
 	int deleted = argc > 2 && strcmp(argv[2], "deleted") == 0;
 	int queued = argc > 2 && strcmp(argv[2], "queued") == 0;
 	struct seen ev[16];
@@ -105,8 +101,6 @@ int main(int argc, char **argv)
 		die("inotify_rm_watch");
 	if (read_events(ev, 16, 1) != 1 || ev[0].mask != IN_IGNORED)
 		die("IN_IGNORED of the removed watch");
-	if (fanotify)
-		at(fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC, O_RDONLY), FD_FANOTIFY);
 	int wd_deleted = -1;
 	if (deleted) {
 		char gone[PATH_MAX];

@@ -77,19 +77,42 @@ impl FileDumper for Inotify {
 /// A path naming the watched inode, through the process's mounts of its
 /// filesystem.
 fn path_of(p: &FdParams, line: &WatchLine, mountinfo: &str) -> Result<String> {
-    let refuse = |why: &str| {
+    let handle = Handle {
+        ino: line.ino,
+        major: line.major(),
+        minor: line.minor(),
+        handle_type: line.handle_type,
+        bytes: &line.handle,
+    };
+    path_of_handle(p, &handle, mountinfo).map_err(|why| {
         p.unsupported(&format!(
             "inotify watch wd {} on inode {} of device {}:{}: {why}",
-            line.wd,
-            line.ino,
-            line.major(),
-            line.minor()
+            line.wd, line.ino, handle.major, handle.minor
         ))
-    };
-    if line.handle.is_empty() {
-        return Err(refuse("its filesystem gives no file handle"));
+    })
+}
+
+/// An inode as fdinfo names it: number, device, file handle.
+pub(super) struct Handle<'a> {
+    pub ino: u64,
+    pub major: u32,
+    pub minor: u32,
+    pub handle_type: i32,
+    pub bytes: &'a [u8],
+}
+
+/// A path naming the inode `h`, found by opening its file handle through
+/// the process's mounts of its filesystem, and checked to name that
+/// inode; `Err` says why there is none.
+pub(super) fn path_of_handle(
+    p: &FdParams,
+    h: &Handle<'_>,
+    mountinfo: &str,
+) -> std::result::Result<String, String> {
+    if h.bytes.is_empty() {
+        return Err("its filesystem gives no file handle".into());
     }
-    let dev = format!("{}:{}", line.major(), line.minor());
+    let dev = format!("{}:{}", h.major, h.minor);
     let mut last_error = String::from("no mount of the process reaches it");
     for mount_point in mount_points(mountinfo, &dev) {
         // open_by_handle_at takes no O_PATH fd: the mount point is opened
@@ -99,7 +122,7 @@ fn path_of(p: &FdParams, line: &WatchLine, mountinfo: &str) -> Result<String> {
             .read(true)
             .custom_flags(libc::O_DIRECTORY)
             .open(&at)
-            .and_then(|mount| sys::open_by_handle(&mount, line.handle_type, &line.handle));
+            .and_then(|mount| sys::open_by_handle(&mount, h.handle_type, h.bytes));
         let found = match opened {
             Ok(found) => found,
             Err(e) => {
@@ -118,21 +141,22 @@ fn path_of(p: &FdParams, line: &WatchLine, mountinfo: &str) -> Result<String> {
         };
         // The link of an inode with no name left reads "PATH (deleted)".
         let names_it = std::fs::symlink_metadata(&path).is_ok_and(|m| {
-            m.ino() == line.ino
-                && libc::major(m.dev()) == line.major()
-                && libc::minor(m.dev()) == line.minor()
+            m.ino() == h.ino && libc::major(m.dev()) == h.major && libc::minor(m.dev()) == h.minor
         });
         if names_it {
             return Ok(path);
         }
-        return Err(refuse(&format!("no path names it any more ({path})")));
+        return Err(format!("no path names it any more ({path})"));
     }
-    Err(refuse(&last_error))
+    Err(last_error)
 }
 
 /// The mount points (fifth field of mountinfo, octal escapes undone) of the
 /// mounts of device `dev` ("major:minor").
-fn mount_points<'a>(mountinfo: &'a str, dev: &'a str) -> impl Iterator<Item = String> + 'a {
+pub(super) fn mount_points<'a>(
+    mountinfo: &'a str,
+    dev: &'a str,
+) -> impl Iterator<Item = String> + 'a {
     mountinfo.lines().filter_map(move |l| {
         let f: Vec<&str> = l.split(' ').collect();
         (f.get(2) == Some(&dev)).then(|| unescape(f.get(4).copied().unwrap_or("/")))
@@ -140,7 +164,7 @@ fn mount_points<'a>(mountinfo: &'a str, dev: &'a str) -> impl Iterator<Item = St
 }
 
 /// Undoes mountinfo's `\NNN` octal escapes (space, tab, newline, backslash).
-fn unescape(s: &str) -> String {
+pub(super) fn unescape(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

@@ -10,6 +10,7 @@ mod dev;
 mod epoll;
 mod eventfd;
 mod external;
+mod fanotify;
 mod fifo;
 mod ib;
 pub(crate) mod inet;
@@ -60,6 +61,7 @@ static KINDS: &[&dyn FileDumper] = &[
     &pty::Pty,
     &inet::Inet,
     &inotify::Inotify,
+    &fanotify::Fanotify,
     &pidfd::Pidfd,
     &memfd::Memfd,
     &unix::Unix,
@@ -100,7 +102,10 @@ pub static REFUSED: &[(&str, &str)] = &[
         "pty output in packet mode",
         "bytes a pty slave wrote that its master, in packet mode (TIOCPKT), has not read yet",
     ),
-    ("fanotify", "fanotify instances"),
+    (
+        "unprivileged fanotify",
+        "fanotify groups of a process without CAP_SYS_ADMIN, and marks whose inode no path names any more",
+    ),
     (
         "hugetlb memfd",
         "memfds made with MFD_HUGETLB (fds and mappings)",
