@@ -120,7 +120,7 @@ pub static REFUSED: &[(&str, &str)] = &[
     ),
     (
         "file lease",
-        "leases (F_SETLEASE) and delegations, mandatory locks of old kernels, and locks on files not reopened by path (the process is refused)",
+        "leases being broken or signalled to another process than their holder (F_SETOWN), delegations, mandatory locks of old kernels, and locks on files not reopened by path (the process is refused)",
     ),
 ];
 

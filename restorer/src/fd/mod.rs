@@ -431,7 +431,10 @@ pub fn validate(images: &ImageDir, pid: i32, table: &FdTable, files: &Files) -> 
             return Err(invalid(format!("lock on fd {}, not in the table", l.fd)));
         }
         let in_range = i64::try_from(l.start).is_ok() && i64::try_from(l.len).is_ok();
-        if l.class() == ckpt_image::fd::lock::LockClass::Unspecified || !in_range {
+        let lease = l.class() == ckpt_image::fd::lock::LockClass::Lease;
+        let signal_ok =
+            (0..=libc::SIGRTMAX()).contains(&l.lease_signal) && (lease || l.lease_signal == 0);
+        if l.class() == ckpt_image::fd::lock::LockClass::Unspecified || !in_range || !signal_ok {
             return Err(invalid(format!("fd {}: bad lock {}", l.fd, l.describe())));
         }
     }
@@ -494,7 +497,11 @@ pub fn restore(
         }
     }
     // Last: closing any fd of a file releases the process's POSIX locks on it.
-    lock::retake(r, &table.locks)?;
+    let rights = lock::LeaseRights {
+        fs_uid: cx.fs_uid(),
+        cap_lease: cx.dumped_with_cap(lock::CAP_LEASE),
+    };
+    lock::retake(r, &table.locks, &rights)?;
     Ok(())
 }
 
