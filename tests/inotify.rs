@@ -2,7 +2,9 @@
 //! on the same directory and file: events arrive with the right wd and
 //! names, nothing stray is queued, numbering goes on (victim:
 //! tests/c/inotify.c); fanotify groups come back with their marks, an
-//! ordinary user's is refused by name (victim: tests/c/fanotify.c).
+//! ordinary user's is refused by name (victim: tests/c/fanotify.c). A
+//! watched inode whose name is gone comes back through its file handle if
+//! another name is left, and is refused by name otherwise.
 
 use std::time::Duration;
 
@@ -43,6 +45,28 @@ fn watch_on_a_deleted_file_is_refused_by_name() {
         assert!(line.contains(w), "error should name {w:?}: {line}");
     }
     v.assert_unharmed_and_passes("after a dump refused for a deleted watched file");
+}
+
+/// A watched file whose watched name was removed while another name of
+/// it stays: no path reaches it through the name the kernel gives, yet the
+/// inode lives, so the watch comes back through its file handle and
+/// delivers events of writes through the other name.
+#[test]
+fn watch_on_a_file_with_another_name_left_comes_back() {
+    let env = TestEnv::new("inotify-linked");
+    let mut v = Victim::spawn(&env, "inotify", &["linked"]);
+    v.wait_ready();
+    dump(&env, &v, &["--kill"]);
+    v.reap_killed(Duration::from_secs(10));
+    let json = show_json(&env);
+    let object = fds_of_kind(&json, "inotify")[0]["object"]
+        .as_str()
+        .expect("object")
+        .to_string();
+    // Saved under the name it had: only its handle reaches it.
+    let gone = format!("wd 4 mask 0x2 {} (deleted)", v.path("gone").display());
+    assert!(object.contains(&gone), "{gone:?} missing: {object}");
+    restore_and_check(&env, &v);
 }
 
 /// Events queued and not read cannot be queued again: the dump says how

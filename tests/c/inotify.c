@@ -9,7 +9,12 @@
  * and IN_CLOSE_WRITE on wd 3 (and nothing for wd 2); removing new.txt gives
  * IN_DELETE on wd 2; a new watch gets wd 4 (numbering goes on after 3).
  * With "deleted": fd 11 is an open file, watched (wd 4), whose name was
- * removed. The dump must refuse it; the victim then passes untouched. With "queued": an
+ * removed. The dump must refuse it; with "linked": the watched file was
+ * made as a second name of WORKDIR/kept, which stays, and is held open
+ * (until go) by a process outside the tree instead of fd 11, so its removed
+ * name is what a file handle opens to: the watch comes back (through the
+ * handle) and writing kept gives IN_MODIFY on wd 4. Otherwise the dump
+ * must refuse it; the victim then passes untouched. With "queued": an
  * IN_CREATE event (dir/queued.txt) is left unread at dump time; it is lost
  * (the dump warns), so after go nothing is queued either.
  */
@@ -73,10 +78,41 @@ static void expect(const struct seen *s, int wd, uint32_t mask, const char *name
 	      s->name, wd, mask, name);
 }
 
+/* A process outside the tree (a grandchild, orphaned) holding `path` open
+ * until go, so its name's dentry outlives the unlink. */
+static void hold_outside(const char *path)
+{
+	int ready[2];
+	char c;
+
+	if (pipe(ready))
+		die("pipe");
+	pid_t child = fork();
+	if (child < 0)
+		die("fork");
+	if (child == 0) {
+		if (fork() != 0)
+			_exit(0);
+		close(ready[0]);
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0 || write(ready[1], "k", 1) != 1)
+			_exit(1);
+		close(ready[1]);
+		victim_child_wait_go(1);
+		_exit(0);
+	}
+	close(ready[1]);
+	if (waitpid(child, NULL, 0) != child || read(ready[0], &c, 1) != 1)
+		die("holder");
+	close(ready[0]);
+}
+
 int main(int argc, char **argv)
 {
 	char dir[PATH_MAX], file[PATH_MAX], newf[PATH_MAX];
-	int deleted = argc > 2 && strcmp(argv[2], "deleted") == 0;
+	int linked = argc > 2 && strcmp(argv[2], "linked") == 0;
+	int deleted = linked || (argc > 2 && strcmp(argv[2], "deleted") == 0);
+	char kept[PATH_MAX];
 	int queued = argc > 2 && strcmp(argv[2], "queued") == 0;
 	struct seen ev[16];
 
@@ -106,7 +142,19 @@ int main(int argc, char **argv)
 		char gone[PATH_MAX];
 
 		victim_path(gone, sizeof(gone), "gone");
-		at(open(gone, O_RDWR | O_CREAT, 0600), FD_DELETED);
+		victim_path(kept, sizeof(kept), "kept");
+		if (linked) {
+			/* gone's name is the inode's newest: a file handle opens
+			 * to it, not to kept. */
+			f = open(kept, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+			if (f < 0 || link(kept, gone))
+				die("link kept");
+			close(f);
+		}
+		if (linked)
+			hold_outside(gone);
+		else
+			at(open(gone, O_RDWR | O_CREAT, 0600), FD_DELETED);
 		wd_deleted = inotify_add_watch(FD_INOTIFY, gone, IN_MODIFY);
 		if (wd_deleted != 4 || unlink(gone))
 			die("watch a deleted file");
@@ -147,6 +195,16 @@ int main(int argc, char **argv)
 	if (n >= 2) {
 		expect(&ev[0], wd_file, IN_MODIFY, "");
 		expect(&ev[1], wd_file, IN_CLOSE_WRITE, "");
+	}
+
+	if (linked) {
+		f = open(kept, O_WRONLY | O_APPEND | O_CLOEXEC);
+		CHECK(f >= 0 && write(f, "x", 1) == 1, "write %s: %s", kept, strerror(errno));
+		close(f);
+		n = read_events(ev, 16, 1);
+		CHECK(n == 1, "%d events after writing kept, want 1", n);
+		if (n >= 1)
+			expect(&ev[0], wd_deleted, IN_MODIFY, "");
 	}
 
 	CHECK(unlink(newf) == 0, "unlink: %s", strerror(errno));

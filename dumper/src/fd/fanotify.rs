@@ -13,7 +13,7 @@
 use ckpt_image::fd::fanotify::{self, FanotifyFile, FanotifyMark, FanotifyMarkKind, MarkLine};
 use ckpt_image::fd::file::Kind;
 
-use super::inotify::{Handle, mount_points, path_of_handle};
+use super::inotify::{Found, Handle, mount_points, path_of_handle};
 use super::{Blobs, FdParams, FileDumper};
 use crate::error::{DumpError, Result};
 use crate::{procfile, sys};
@@ -117,12 +117,17 @@ fn path_of(p: &FdParams, line: &MarkLine, mountinfo: &str) -> Result<String> {
                 handle_type: line.handle_type,
                 bytes: &line.handle,
             };
-            path_of_handle(p, &handle, mountinfo).map_err(|why| {
-                refuse(format!(
-                    "inode {} of device {}:{}: {why}",
-                    line.ino, handle.major, handle.minor
-                ))
-            })
+            let why = match path_of_handle(p, &handle, mountinfo) {
+                Ok(Found::Path(path)) => return Ok(path),
+                Ok(Found::HandleOnly { shown, .. }) => {
+                    format!("no path names it any more ({shown})")
+                }
+                Err(why) => why,
+            };
+            Err(refuse(format!(
+                "inode {} of device {}:{}: {why}",
+                line.ino, handle.major, handle.minor
+            )))
         }
         FanotifyMarkKind::Mount => mount_point_of_id(mountinfo, line.mnt_id).ok_or_else(|| {
             refuse(format!(
