@@ -89,7 +89,8 @@ fn queued_events_are_dropped_with_a_warning() {
     restore_and_check(&env, &v);
 }
 
-/// A fanotify group comes back with its flags and inode marks: writing
+/// A fanotify group comes back with its flags and inode and mount marks
+/// (the restore checks each in fdinfo): writing
 /// the watched file and opening a child of the watched directory deliver
 /// their events to the restored group (victim: tests/c/fanotify.c).
 #[test]
@@ -113,6 +114,7 @@ fn fanotify_group_keeps_its_marks_and_delivers_events() {
             "inode mark mask 0x8000020 ignored 0x0 {}",
             v.path("dir").display()
         ),
+        "mount mark mask 0x0 ignored 0x1 ".to_string(),
     ] {
         assert!(object.contains(&w), "{w:?} missing: {object}");
     }

@@ -3,7 +3,10 @@
  * Before the dump (as root): a fanotify group (notification class,
  * non-blocking) at fd 10 with an inode mark on WORKDIR/file for
  * FAN_MODIFY|FAN_CLOSE_WRITE and one on WORKDIR/dir for FAN_OPEN of its
- * children (FAN_EVENT_ON_CHILD); nothing queued. After go: still
+ * children (FAN_EVENT_ON_CHILD); a mark on WORKDIR's mount that only
+ * ignores FAN_ACCESS (surviving modification), so no one else's events
+ * reach the group, and one on its filesystem ignoring it until the next
+ * modification (which empties it); nothing queued. After go: still
  * non-blocking, nothing queued; writing file gives FAN_MODIFY and
  * FAN_CLOSE_WRITE with an fd of file; opening dir/child gives FAN_OPEN
  * with an fd of child; a new mark can be added.
@@ -80,6 +83,15 @@ int main(int argc, char **argv)
 		die("mark file");
 	if (!user && fanotify_mark(FD_FANOTIFY, FAN_MARK_ADD, DIR_MASK, AT_FDCWD, dir))
 		die("mark dir");
+	if (!user && fanotify_mark(FD_FANOTIFY,
+				   FAN_MARK_ADD | FAN_MARK_MOUNT | FAN_MARK_IGNORED_MASK |
+					   FAN_MARK_IGNORED_SURV_MODIFY,
+				   FAN_ACCESS, AT_FDCWD, victim_workdir))
+		die("mark mount");
+	if (!user && fanotify_mark(FD_FANOTIFY,
+				   FAN_MARK_ADD | FAN_MARK_FILESYSTEM | FAN_MARK_IGNORED_MASK, FAN_ACCESS,
+				   AT_FDCWD, victim_workdir))
+		die("mark filesystem");
 
 	victim_ready_and_wait(NULL);
 

@@ -3,7 +3,9 @@
 //! its file handle (as for inotify watches); for a mount, its mount point;
 //! for a filesystem, a mount point of it. Events queued and not read are
 //! not saved (the kernel offers no way to queue them again): they are
-//! counted and logged as dropped.
+//! counted and logged as dropped. A mark left with no events at all (its
+//! ignored events cleared by a modification) has no effect and cannot be
+//! added again: it is not saved.
 //!
 //! Restoring a group takes CAP_SYS_ADMIN (fanotify_init), which the
 //! restorer lends the process; so only a process that holds CAP_SYS_ADMIN
@@ -51,6 +53,18 @@ impl FileDumper for Fanotify {
         let mounts = procfile::read(p.pid, "mountinfo")?;
         let mut marks = Vec::new();
         for line in &info.marks {
+            if line.mask == 0 && line.ignored_mask == 0 {
+                // Its ignored events were cleared by a modification (no
+                // FAN_MARK_IGNORED_SURV_MODIFY): it changes no event, and
+                // the kernel offers no way to add an empty mark.
+                log::debug!(
+                    "pid {}: fd {}: empty fanotify {} mark not saved",
+                    p.pid,
+                    p.fd,
+                    line.kind.label()
+                );
+                continue;
+            }
             let path = path_of(p, line, &mounts)?;
             let mark = FanotifyMark {
                 kind: line.kind.into(),

@@ -125,6 +125,9 @@ fn add_mark(r: &Remote<'_>, gfd: i32, fd: i32, mark: &FanotifyMark) -> Result<()
 }
 
 /// What a rebuilt mark is compared on (`same_host`: also what it is on).
+/// Ignored events that do not survive modification may be cleared by any
+/// write to the object between the mark and the check, so they are left
+/// out.
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct MarkKey {
     kind: i32,
@@ -142,7 +145,7 @@ impl MarkKey {
             kind: m.kind,
             mflags: m.mflags,
             mask: m.mask,
-            ignored_mask: m.ignored_mask,
+            ignored_mask: lasting_ignored(m.mflags, m.ignored_mask),
             ino: if same_host { m.ino } else { 0 },
             sdev: if same_host { m.sdev } else { 0 },
             mnt_id: if same_host { m.mnt_id } else { 0 },
@@ -154,11 +157,20 @@ impl MarkKey {
             kind: l.kind as i32,
             mflags: l.mflags,
             mask: l.mask,
-            ignored_mask: l.ignored_mask,
+            ignored_mask: lasting_ignored(l.mflags, l.ignored_mask),
             ino: if same_host { l.ino } else { 0 },
             sdev: if same_host { l.sdev } else { 0 },
             mnt_id: if same_host { l.mnt_id } else { 0 },
         }
+    }
+}
+
+/// The ignored events a mark keeps whatever is written meanwhile.
+fn lasting_ignored(mflags: u32, ignored_mask: u32) -> u32 {
+    if mflags & libc::FAN_MARK_IGNORED_SURV_MODIFY != 0 {
+        ignored_mask
+    } else {
+        0
     }
 }
 
