@@ -9,7 +9,8 @@
 //!   left; a mapped binary is compared by contents, not mtime;
 //! - the restorer's own fds never reach a terminal fd beyond 0-2 unless
 //!   passed with `--inherit-fd`;
-//! - a process holding a lease is refused at dump time, unharmed.
+//! - a read lease comes back and breaks with SIGIO; one being broken is
+//!   refused at dump time, the process unharmed.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
@@ -282,20 +283,37 @@ fn grown_log_is_refused_unless_allowed_then_continues_at_its_end() {
     assert_eq!(text, "line1\nwritten after the dump\nline2\n");
 }
 
-/// Leases are not saved: a process holding one is refused by name, and
-/// keeps running with its lease (file locks proper are re-taken at restore,
-/// tests/locks.rs).
+/// A read lease comes back on the reopened file: F_GETLEASE says F_RDLCK
+/// and a writer makes the restored process get its lease-break signal.
 #[test]
-fn lease_is_refused_at_dump() {
+fn lease_is_taken_again_and_breaks_with_sigio() {
     let env = TestEnv::new("sec-lease");
     let mut v = spawn_user_victim(&env, &["lease"]);
+    dump_kill_reap(&env, &mut v);
+    let json = show_json(&env);
+    assert!(
+        json.to_string().contains("LEASE READ"),
+        "lease not saved: {json}"
+    );
+    let restore = spawn_restore(&env, &[]);
+    v.go();
+    finish_restore(&v, restore);
+}
+
+/// A lease being broken (a writer is waiting for it) cannot be made to
+/// break again: refused by name, and the process keeps running.
+#[test]
+fn lease_being_broken_is_refused_at_dump() {
+    let env = TestEnv::new("sec-lease-breaking");
+    let mut v = spawn_user_victim(&env, &["lease", "breaking"]);
     let line = dump_expect_error(&env, &v);
     assert_mentions(
         &line,
         &[
             &v.pid.to_string(),
             &format!("fd {FD_LOCK}"),
-            "file lease (LEASE READ)",
+            "file lease (BREAKING",
+            "being broken",
             "/db",
         ],
     );
@@ -304,7 +322,7 @@ fn lease_is_refused_at_dump() {
         "a refused dump left {}",
         env.img.display()
     );
-    v.assert_unharmed_and_passes("after a dump refused for a lease");
+    v.assert_unharmed_and_passes("after a dump refused for a lease being broken");
 }
 
 /// Proves the reopen runs with the user's credentials, before any identity

@@ -316,6 +316,32 @@ pub fn take_fd(pid: i32, fd: i32) -> std::io::Result<std::os::fd::OwnedFd> {
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(got as i32) })
 }
 
+/// `F_GETSIG` (the same on every Linux architecture; libc lacks it).
+const F_GETSIG: libc::c_int = 11;
+
+/// Where an open file description's I/O and lease-break signals go.
+pub struct FileOwner {
+    /// `F_GETOWN`: a pid, minus a process group, or 0 for no one.
+    pub owner: i32,
+    /// `F_GETSIG`: the signal sent, 0 for SIGIO.
+    pub signal: i32,
+}
+
+/// The owner and signal of fd `fd` of `pid`, asked of a `pidfd_getfd`
+/// copy (both belong to the open file description).
+pub fn file_owner(pid: i32, fd: i32) -> std::io::Result<FileOwner> {
+    use std::os::fd::AsRawFd;
+    let copy = take_fd(pid, fd)?;
+    // SAFETY: fcntl commands that take no argument, on an fd we own.
+    let owner = unsafe { libc::fcntl(copy.as_raw_fd(), libc::F_GETOWN) };
+    // SAFETY: as above.
+    let signal = unsafe { libc::fcntl(copy.as_raw_fd(), F_GETSIG) };
+    if signal < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(FileOwner { owner, signal })
+}
+
 /// `getsockopt` of a plain-old-data value `T` (an int, `struct tcp_info`).
 /// Returns the value and how many bytes the kernel filled (older kernels
 /// fill less of a growing struct).

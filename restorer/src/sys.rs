@@ -193,6 +193,51 @@ pub fn add_seals(fd: i32, seals: u32) -> std::io::Result<()> {
     }
 }
 
+/// Largest file handle the kernel hands out (`MAX_HANDLE_SZ`).
+const MAX_HANDLE_SZ: usize = 128;
+
+/// `struct file_handle` with room for the largest handle.
+#[repr(C)]
+struct FileHandle {
+    handle_bytes: u32,
+    handle_type: i32,
+    f_handle: [u8; MAX_HANDLE_SZ],
+}
+
+/// `open_by_handle_at(mount_fd, handle, O_PATH)`: the inode a file handle
+/// names, on the filesystem of `mount_fd` (needs CAP_DAC_READ_SEARCH).
+pub fn open_by_handle(
+    mount_fd: std::os::fd::BorrowedFd<'_>,
+    handle_type: i32,
+    bytes: &[u8],
+) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    if bytes.len() > MAX_HANDLE_SZ {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let mut h = FileHandle {
+        handle_bytes: bytes.len() as u32,
+        handle_type,
+        f_handle: [0; MAX_HANDLE_SZ],
+    };
+    h.f_handle[..bytes.len()].copy_from_slice(bytes);
+    // SAFETY: the handle is a live local struct of the kernel's layout with
+    // handle_bytes no larger than its buffer; the kernel only reads it.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            mount_fd.as_raw_fd(),
+            &mut h as *mut FileHandle,
+            libc::O_PATH | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd to us, and nothing else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
 /// `pidfd_open(pid)` + `pidfd_getfd(fd)` run by the restorer: its own copy
 /// of fd `fd` of process `pid` (the same open file description).
 pub fn take_fd(pid: i32, fd: i32) -> std::io::Result<std::os::fd::OwnedFd> {

@@ -1,13 +1,17 @@
 /*
  * Victim holding three kinds of things ckpt cannot save yet, in two
  * processes: the root two netlink sockets and a hugetlb memfd, its child
- * a fanotify instance. A dump must list all four fds at once and leave
+ * a fanotify group it made as root before giving up its effective
+ * capabilities (as a daemon dropping privileges would), which ckpt could
+ * restore only by lending it CAP_SYS_ADMIN. A dump must list all four fds at once and leave
  * both running; after go the
  * child exits and the root checks its objects still work.
  */
 #include "victim.h"
 
+#include <linux/capability.h>
 #include <sys/fanotify.h>
+#include <sys/syscall.h>
 #include <sys/mman.h>
 #include <linux/netlink.h>
 #include <sys/socket.h>
@@ -42,6 +46,14 @@ int main(int argc, char **argv)
 		int in = fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC, O_RDONLY);
 		if (in < 0)
 			_exit(70);
+		struct __user_cap_header_struct hdr = { .version = _LINUX_CAPABILITY_VERSION_3 };
+		struct __user_cap_data_struct caps[_LINUX_CAPABILITY_U32S_3];
+		if (syscall(SYS_capget, &hdr, caps))
+			_exit(73);
+		for (int i = 0; i < _LINUX_CAPABILITY_U32S_3; i++)
+			caps[i].effective = 0;
+		if (syscall(SYS_capset, &hdr, caps))
+			_exit(74);
 		if (write(setup[1], "k", 1) != 1)
 			_exit(72);
 		close(setup[1]);

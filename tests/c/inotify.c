@@ -1,5 +1,5 @@
 /*
- * inotify victim. `inotify WORKDIR [fanotify]`.
+ * inotify victim. `inotify WORKDIR [deleted|queued]`.
  * Before the dump: an inotify instance (non-blocking) at fd 10 watching
  * WORKDIR (wd 1, removed again, its IN_IGNORED read), WORKDIR/dir for
  * IN_CREATE|IN_DELETE (wd 2) and WORKDIR/file for IN_MODIFY|IN_CLOSE_WRITE
@@ -8,20 +8,22 @@
  * IN_CREATE on wd 2 named new.txt, writing and closing file gives IN_MODIFY
  * and IN_CLOSE_WRITE on wd 3 (and nothing for wd 2); removing new.txt gives
  * IN_DELETE on wd 2; a new watch gets wd 4 (numbering goes on after 3).
- * With "fanotify": fd 11 is also a fanotify instance; with "deleted": fd 11
- * is an open file, watched (wd 4), whose name was removed. The dump must
- * refuse either; the victim then passes untouched. With "queued": an
+ * With "deleted": fd 11 is an open file, watched (wd 4), whose name was
+ * removed. The dump must refuse it; with "linked": the watched file was
+ * made as a second name of WORKDIR/kept, which stays, and is held open
+ * (until go) by a process outside the tree instead of fd 11, so its removed
+ * name is what a file handle opens to: the watch comes back (through the
+ * handle) and writing kept gives IN_MODIFY on wd 4. Otherwise the dump
+ * must refuse it; the victim then passes untouched. With "queued": an
  * IN_CREATE event (dir/queued.txt) is left unread at dump time; it is lost
  * (the dump warns), so after go nothing is queued either.
  */
 #include "victim.h"
 #include <poll.h>
-#include <sys/fanotify.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 
 #define FD_INOTIFY 10
-#define FD_FANOTIFY 11
 #define FD_DELETED 11
 #define DIR_MASK (IN_CREATE | IN_DELETE)
 #define FILE_MASK (IN_MODIFY | IN_CLOSE_WRITE)
@@ -76,11 +78,41 @@ static void expect(const struct seen *s, int wd, uint32_t mask, const char *name
 	      s->name, wd, mask, name);
 }
 
+/* A process outside the tree (a grandchild, orphaned) holding `path` open
+ * until go, so its name's dentry outlives the unlink. */
+static void hold_outside(const char *path)
+{
+	int ready[2];
+	char c;
+
+	if (pipe(ready))
+		die("pipe");
+	pid_t child = fork();
+	if (child < 0)
+		die("fork");
+	if (child == 0) {
+		if (fork() != 0)
+			_exit(0);
+		close(ready[0]);
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0 || write(ready[1], "k", 1) != 1)
+			_exit(1);
+		close(ready[1]);
+		victim_child_wait_go(1);
+		_exit(0);
+	}
+	close(ready[1]);
+	if (waitpid(child, NULL, 0) != child || read(ready[0], &c, 1) != 1)
+		die("holder");
+	close(ready[0]);
+}
+
 int main(int argc, char **argv)
 {
 	char dir[PATH_MAX], file[PATH_MAX], newf[PATH_MAX];
-	int fanotify = argc > 2 && strcmp(argv[2], "fanotify") == 0;
-	int deleted = argc > 2 && strcmp(argv[2], "deleted") == 0;
+	int linked = argc > 2 && strcmp(argv[2], "linked") == 0;
+	int deleted = linked || (argc > 2 && strcmp(argv[2], "deleted") == 0);
+	char kept[PATH_MAX];
 	int queued = argc > 2 && strcmp(argv[2], "queued") == 0;
 	struct seen ev[16];
 
@@ -105,14 +137,24 @@ int main(int argc, char **argv)
 		die("inotify_rm_watch");
 	if (read_events(ev, 16, 1) != 1 || ev[0].mask != IN_IGNORED)
 		die("IN_IGNORED of the removed watch");
-	if (fanotify)
-		at(fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC, O_RDONLY), FD_FANOTIFY);
 	int wd_deleted = -1;
 	if (deleted) {
 		char gone[PATH_MAX];
 
 		victim_path(gone, sizeof(gone), "gone");
-		at(open(gone, O_RDWR | O_CREAT, 0600), FD_DELETED);
+		victim_path(kept, sizeof(kept), "kept");
+		if (linked) {
+			/* gone's name is the inode's newest: a file handle opens
+			 * to it, not to kept. */
+			f = open(kept, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+			if (f < 0 || link(kept, gone))
+				die("link kept");
+			close(f);
+		}
+		if (linked)
+			hold_outside(gone);
+		else
+			at(open(gone, O_RDWR | O_CREAT, 0600), FD_DELETED);
 		wd_deleted = inotify_add_watch(FD_INOTIFY, gone, IN_MODIFY);
 		if (wd_deleted != 4 || unlink(gone))
 			die("watch a deleted file");
@@ -153,6 +195,16 @@ int main(int argc, char **argv)
 	if (n >= 2) {
 		expect(&ev[0], wd_file, IN_MODIFY, "");
 		expect(&ev[1], wd_file, IN_CLOSE_WRITE, "");
+	}
+
+	if (linked) {
+		f = open(kept, O_WRONLY | O_APPEND | O_CLOEXEC);
+		CHECK(f >= 0 && write(f, "x", 1) == 1, "write %s: %s", kept, strerror(errno));
+		close(f);
+		n = read_events(ev, 16, 1);
+		CHECK(n == 1, "%d events after writing kept, want 1", n);
+		if (n >= 1)
+			expect(&ev[0], wd_deleted, IN_MODIFY, "");
 	}
 
 	CHECK(unlink(newf) == 0, "unlink: %s", strerror(errno));

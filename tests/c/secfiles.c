@@ -12,7 +12,14 @@
  *           have and put the offset at its end).
  *   tty7    fd 7: a pty slave (the master is closed). With ARG "null",
  *           after go fd 7 must be /dev/null.
- *   lease   fd 5: WORKDIR/db read-only holding a read lease (F_SETLEASE).
+ *   lease   fd 5: WORKDIR/db read-only holding a read lease (F_SETLEASE),
+ *           its break signal SIGIO caught. After go F_GETLEASE must say
+ *           F_RDLCK, and a process opening db for writing (non-blocking,
+ *           so it fails with EWOULDBLOCK) must make the victim get SIGIO;
+ *           the victim then gives the lease up and the writer gets in.
+ *           With ARG "breaking", that writer runs before the dump, so the
+ *           lease is being broken then, and after go the victim only
+ *           gives it up.
  *   shm     maps the tmpfs file ARG (another user's, mode 0666) shared and
  *           writes its data there, keeping no fd. After go the mapping
  *           must still hold that data.
@@ -21,6 +28,7 @@
  */
 #include "victim.h"
 
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -127,19 +135,84 @@ static void check_tty_is_null(void)
 	      minor(st.st_rdev));
 }
 
-static void setup_lease(void)
+static volatile sig_atomic_t lease_broken;
+
+static void on_sigio(int sig)
+{
+	(void)sig;
+	lease_broken = 1;
+}
+
+/* Forks a process that opens db for writing without waiting; returns
+ * its exit status: 0 if the open failed with EWOULDBLOCK (a lease is
+ * held), 1 if it got in, 2 on any other error. */
+static int try_writer(void)
+{
+	char p[PATH_MAX];
+	int st;
+
+	victim_path(p, sizeof(p), "db");
+	pid_t w = fork();
+	if (w < 0)
+		return -1;
+	if (w == 0) {
+		int fd = open(p, O_WRONLY | O_NONBLOCK);
+		_exit(fd >= 0 ? 1 : errno == EWOULDBLOCK ? 0 : 2);
+	}
+	/* The lease-break signal may arrive while waiting. */
+	pid_t got;
+	while ((got = waitpid(w, &st, 0)) < 0 && errno == EINTR)
+		;
+	if (got != w || !WIFEXITED(st))
+		return -1;
+	return WEXITSTATUS(st);
+}
+
+/* Waits up to 2 s for the lease-break signal. */
+static int wait_lease_broken(void)
+{
+	for (int i = 0; i < 200 && !lease_broken; i++)
+		usleep(10000);
+	return lease_broken;
+}
+
+static void setup_lease(const char *arg)
 {
 	char p[PATH_MAX];
 	int fd;
+	struct sigaction sa = { .sa_handler = on_sigio };
 
 	victim_path(p, sizeof(p), "db");
 	fd = open(p, O_RDWR | O_CREAT, 0600);
 	if (fd < 0)
 		die("create db");
 	close(fd);
+	if (sigaction(SIGIO, &sa, NULL))
+		die("sigaction");
 	victim_fd_at(open(p, O_RDONLY), FD_LOCK);
 	if (fcntl(FD_LOCK, F_SETLEASE, F_RDLCK))
 		die("F_SETLEASE");
+	if (strcmp(arg, "breaking") == 0 && (try_writer() != 0 || !wait_lease_broken()))
+		die("break the lease");
+}
+
+static void check_lease(const char *arg)
+{
+	int w;
+
+	if (strcmp(arg, "breaking") == 0)
+		goto give_up;
+	CHECK(fcntl(FD_LOCK, F_GETLEASE) == F_RDLCK, "F_GETLEASE is %d, want F_RDLCK",
+	      fcntl(FD_LOCK, F_GETLEASE));
+	CHECK(!lease_broken, "lease-break signal before any writer");
+	w = try_writer();
+	CHECK(w == 0, "a writer got status %d, want 0 (EWOULDBLOCK)", w);
+	CHECK(wait_lease_broken(), "no SIGIO for the writer");
+give_up:
+	CHECK(fcntl(FD_LOCK, F_SETLEASE, F_UNLCK) == 0, "give the lease up: %s",
+	      strerror(errno));
+	w = try_writer();
+	CHECK(w == 1, "a writer after the lease got status %d, want 1", w);
 }
 
 static const char shm_data[] = "the job's data\n";
@@ -199,7 +272,7 @@ int main(int argc, char **argv)
 	else if (strcmp(mode, "tty7") == 0)
 		setup_tty();
 	else if (strcmp(mode, "lease") == 0)
-		setup_lease();
+		setup_lease(arg);
 	else if (strcmp(mode, "cwd") == 0)
 		setup_cwd();
 	else if (strcmp(mode, "shm") == 0)
@@ -219,6 +292,8 @@ int main(int argc, char **argv)
 		check_tty_is_null();
 	else if (strcmp(mode, "cwd") == 0)
 		check_cwd();
+	else if (strcmp(mode, "lease") == 0)
+		check_lease(arg);
 	else if (strcmp(mode, "shm") == 0)
 		check_shm();
 	victim_finish();

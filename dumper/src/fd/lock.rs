@@ -1,7 +1,10 @@
-//! File locks, dump side: flock, POSIX and OFD locks are saved with the fd
-//! table of the process that re-takes them at restore; leases (and the
-//! mandatory locks of old kernels) are refused by name, since a process
-//! restored without them would carry on as if it still had them.
+//! File locks, dump side: flock, POSIX and OFD locks and leases are saved
+//! with the fd table of the process that re-takes them at restore; leases
+//! being broken, delegations (and the mandatory locks of old kernels) are
+//! refused by name, since a process restored without them would carry on
+//! as if it still had them. A lease's break signal (`F_SETSIG`) is saved
+//! with it; one whose signals go to another process than its holder's is
+//! refused, since taking it again makes the taker the owner.
 //!
 //! The locks come from the `lock:` lines of `/proc/PID/fdinfo/N`, which list
 //! the locks taken through that open file by this process (POSIX) or by this
@@ -15,6 +18,7 @@ use ckpt_image::fd::lock::{FileLock, LockClass};
 
 use super::FdParams;
 use crate::error::{DumpError, Result};
+use crate::sys;
 
 /// What fdinfo prints in the end column of a lock running to the end of the
 /// file.
@@ -22,6 +26,8 @@ const TO_EOF: &str = "EOF";
 /// The only locking mode Linux has had since 5.15 (mandatory locks were
 /// removed); anything else is refused.
 const ADVISORY: &str = "ADVISORY";
+/// The state of a lease nobody is breaking.
+const LEASE_ACTIVE: &str = "ACTIVE";
 /// Kinds of file whose locks ckpt re-takes: files it reopens itself. A lock
 /// on a file handed over at restore (a terminal, an external file) would be
 /// taken on whatever restore hands over.
@@ -145,7 +151,8 @@ fn to_image(p: &FdParams, held: &HeldLock) -> Result<FileLock> {
         "FLOCK" => LockClass::Flock,
         "POSIX" => LockClass::Posix,
         "OFDLCK" => LockClass::Ofd,
-        "LEASE" | "DELEG" => return refuse("file lease"),
+        "LEASE" => return lease(p, held),
+        "DELEG" => return refuse("file lease (delegation)"),
         _ => return refuse("file lock"),
     };
     if held.mode != ADVISORY {
@@ -167,6 +174,44 @@ fn to_image(p: &FdParams, held: &HeldLock) -> Result<FileLock> {
         write,
         start,
         len,
+        lease_signal: 0,
+    })
+}
+
+/// A lease (whole file): its type, and the signal its break sends.
+fn lease(p: &FdParams, held: &HeldLock) -> Result<FileLock> {
+    let refuse = |what: &str| {
+        Err(p.unsupported(&format!(
+            "file lease ({} {}) on {}: {what}",
+            held.mode, held.access, p.link
+        )))
+    };
+    if held.mode != LEASE_ACTIVE {
+        return refuse("being broken (the kernel cannot be made to break it again)");
+    }
+    let write = match held.access.as_str() {
+        "WRITE" => true,
+        "READ" => false,
+        _ => return refuse("of an unknown type"),
+    };
+    let owner = sys::file_owner(p.pid, p.fd).map_err(|e| DumpError::Proc {
+        pid: p.pid,
+        path: format!("fd/{} (F_GETOWN, F_GETSIG)", p.fd).into(),
+        source: e,
+    })?;
+    if owner.owner != p.pid {
+        return refuse(&format!(
+            "its break is signalled to {} (F_SETOWN), not to its holder",
+            owner.owner
+        ));
+    }
+    Ok(FileLock {
+        fd: p.fd,
+        class: LockClass::Lease as i32,
+        write,
+        start: 0,
+        len: 0,
+        lease_signal: owner.signal,
     })
 }
 

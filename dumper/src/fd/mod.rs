@@ -10,6 +10,7 @@ mod dev;
 mod epoll;
 mod eventfd;
 mod external;
+mod fanotify;
 mod fifo;
 mod ib;
 pub(crate) mod inet;
@@ -60,6 +61,7 @@ static KINDS: &[&dyn FileDumper] = &[
     &pty::Pty,
     &inet::Inet,
     &inotify::Inotify,
+    &fanotify::Fanotify,
     &pidfd::Pidfd,
     &memfd::Memfd,
     &unix::Unix,
@@ -100,7 +102,10 @@ pub static REFUSED: &[(&str, &str)] = &[
         "pty output in packet mode",
         "bytes a pty slave wrote that its master, in packet mode (TIOCPKT), has not read yet",
     ),
-    ("fanotify", "fanotify instances"),
+    (
+        "unprivileged fanotify",
+        "fanotify groups of a process without CAP_SYS_ADMIN, and marks whose inode no path names any more",
+    ),
     (
         "hugetlb memfd",
         "memfds made with MFD_HUGETLB (fds and mappings)",
@@ -115,7 +120,7 @@ pub static REFUSED: &[(&str, &str)] = &[
     ),
     (
         "file lease",
-        "leases (F_SETLEASE) and delegations, mandatory locks of old kernels, and locks on files not reopened by path (the process is refused)",
+        "leases being broken or signalled to another process than their holder (F_SETOWN), delegations, mandatory locks of old kernels, and locks on files not reopened by path (the process is refused)",
     ),
 ];
 

@@ -4,7 +4,7 @@
 //!
 //! The messages are defined in `image/proto/fd_inotify.proto`.
 
-pub use crate::pb::{InotifyFile, InotifyWatch};
+pub use crate::pb::{InotifyFile, InotifyHandle, InotifyWatch};
 
 /// One `inotify wd:… ino:… sdev:… mask:… …` line of fdinfo (numbers in
 /// hex, as the kernel prints them).

@@ -1,5 +1,6 @@
 //! File locks a process holds (`FdTable::locks`): flock, POSIX and OFD
-//! locks, re-taken at restore once the process's fds are installed.
+//! locks and leases, re-taken at restore once the process's fds are
+//! installed.
 //!
 //! The message is defined in `image/proto/fd_lock.proto`.
 
@@ -13,10 +14,11 @@ impl FileLock {
             LockClass::Flock => "FLOCK",
             LockClass::Posix => "POSIX",
             LockClass::Ofd => "OFD",
+            LockClass::Lease => "LEASE",
             LockClass::Unspecified => "unknown",
         };
         let access = if self.write { "WRITE" } else { "READ" };
-        if self.class() == LockClass::Flock {
+        if matches!(self.class(), LockClass::Flock | LockClass::Lease) {
             return format!("{class} {access}");
         }
         match self.last_byte() {
@@ -47,6 +49,7 @@ mod tests {
             write: true,
             start: 10,
             len: 5,
+            lease_signal: 0,
         };
         assert_eq!(l.describe(), "POSIX WRITE 10-14");
         l.len = 0;
@@ -54,5 +57,7 @@ mod tests {
         l.class = LockClass::Flock as i32;
         l.write = false;
         assert_eq!(l.describe(), "FLOCK READ");
+        l.class = LockClass::Lease as i32;
+        assert_eq!(l.describe(), "LEASE READ");
     }
 }

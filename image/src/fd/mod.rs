@@ -22,6 +22,7 @@ pub mod dev;
 pub mod epoll;
 pub mod eventfd;
 pub mod external;
+pub mod fanotify;
 pub mod fifo;
 pub mod ib;
 pub mod inet;
@@ -92,6 +93,7 @@ fd_kinds! {
     Pty => "pty",
     Inet => "inet",
     Inotify => "inotify",
+    Fanotify => "fanotify",
     Pidfd => "pidfd",
     Memfd => "memfd",
     Unix => "unix",

@@ -7,12 +7,26 @@
 //! `IN_IGNORED` events those removals queue are read out before the
 //! process runs. What was rebuilt is then checked in `/proc/PID/fdinfo`:
 //! every wd with its mask, and on the dumping host its inode.
+//!
+//! A watched inode no path names any more but that still has links (a
+//! hard link elsewhere) is reached through its file handle: the restorer
+//! opens it (`open_by_handle_at`, on the dumping host, checked to be the
+//! dumped inode), hands the process that fd, and the process adds the
+//! watch through `/proc/self/fd/N` with its own filesystem identity. This
+//! skips the directory permissions a path would have been checked
+//! against, so it is done only when the restorer acts for itself, not for
+//! a user of the ckpt service.
 
 use ckpt_image::fd::File;
 use ckpt_image::fd::inotify::{self, InotifyFile, InotifyWatch};
 use ckpt_parasite::remote::Remote;
 
-use super::{Context, FileRestorer, set_status_flags};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+
+use ckpt_image::fd::inotify::InotifyHandle;
+
+use super::{Context, FileRestorer, set_status_flags, take_from};
 use crate::error::{RestoreError, Result};
 
 /// inotify instances.
@@ -55,7 +69,33 @@ impl FileRestorer for Inotify {
         )? as i32;
         let mut removed = 0u64;
         for (i, w) in image.watches.iter().enumerate() {
-            removed += add_at_wd(r, ifd, fd, w, &image.watches[..i])?;
+            let Some(h) = &w.by_handle else {
+                let target = Target {
+                    path: &w.path,
+                    flags: IN_DONT_FOLLOW,
+                };
+                removed += add_at_wd(r, ifd, fd, w, &target, &image.watches[..i])?;
+                continue;
+            };
+            let opened = open_handle(cx, w, h).map_err(|why| {
+                RestoreError::fd_changed(
+                    pid,
+                    fd,
+                    &w.path,
+                    format!("inotify wd {} through its file handle: {why}", w.wd),
+                )
+            })?;
+            let there = take_from(r, std::process::id() as i32, opened.as_raw_fd())?;
+            drop(opened);
+            // Following the /proc magic link reaches the inode itself.
+            let path = format!("/proc/self/fd/{there}");
+            let target = Target {
+                path: &path,
+                flags: 0,
+            };
+            let added = add_at_wd(r, ifd, fd, w, &target, &image.watches[..i]);
+            r.close(there)?;
+            removed += added?;
         }
         if removed > 0 {
             log::debug!("pid {pid}: fd {fd}: {removed} wds skipped");
@@ -67,6 +107,58 @@ impl FileRestorer for Inotify {
     }
 }
 
+/// Opens the inode of watch `w` from its file handle, as the restorer, and
+/// checks it is the dumped one; `Err` says why not.
+fn open_handle(
+    cx: &Context<'_, '_>,
+    w: &InotifyWatch,
+    h: &InotifyHandle,
+) -> std::result::Result<OwnedFd, String> {
+    if ckpt_image::caller::acting_for().is_some() {
+        return Err(
+            "its name is gone, and ckpt opens a file handle only when restoring as itself, not for a user of the ckpt service".into(),
+        );
+    }
+    if !cx.shared.checks.same_host {
+        return Err(
+            "its name is gone, and a file handle is opened only on the host of the dump".into(),
+        );
+    }
+    if !super::privileged::same_mount_namespace(cx.pid()) {
+        return Err("the process sees other files than ckpt (another mount namespace)".into());
+    }
+    // The mount point as the process sees it, from its root.
+    let at = format!(
+        "/proc/{}/root/{}",
+        cx.pid(),
+        h.mount_point.trim_start_matches('/')
+    );
+    let mount = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(&at)
+        .map_err(|e| format!("cannot open mount {}: {e}", h.mount_point))?;
+    let opened = crate::sys::open_by_handle(mount.as_fd(), h.handle_type, &h.handle)
+        .map_err(|e| format!("cannot open it through {}: {e}", h.mount_point))?;
+    let m = std::fs::metadata(format!("/proc/self/fd/{}", opened.as_raw_fd()))
+        .map_err(|e| format!("cannot look at it: {e}"))?;
+    let sdev = (libc::major(m.dev()) << MINOR_BITS) | libc::minor(m.dev());
+    if m.ino() != w.ino || sdev != w.sdev {
+        return Err("the handle names another inode now".into());
+    }
+    Ok(opened)
+}
+
+/// Bits of the kernel's dev_t encoding (fdinfo's sdev) that hold the minor.
+const MINOR_BITS: u32 = 20;
+
+/// What `inotify_add_watch` is given for a watch.
+struct Target<'a> {
+    path: &'a str,
+    /// Extra flags (`IN_DONT_FOLLOW`, or none to follow a /proc link).
+    flags: u32,
+}
+
 /// Adds watch `w` until it gets its wd; returns how many times it was
 /// removed to skip lower numbers.
 fn add_at_wd(
@@ -74,24 +166,18 @@ fn add_at_wd(
     ifd: i32,
     fd: i32,
     w: &InotifyWatch,
+    target: &Target<'_>,
     earlier: &[InotifyWatch],
 ) -> Result<u64> {
     let pid = r.t.pid();
     let changed = |what: String| RestoreError::fd_changed(pid, fd, &w.path, what);
-    let path = r.put_path(PATH_SLOT, &w.path)?;
+    let path = r.put_path(PATH_SLOT, target.path)?;
     let mut removed = 0;
     loop {
         let got = r.t.syscall_at(
             r.base,
             libc::SYS_inotify_add_watch,
-            [
-                ifd as u64,
-                path,
-                u64::from(w.mask | IN_DONT_FOLLOW),
-                0,
-                0,
-                0,
-            ],
+            [ifd as u64, path, u64::from(w.mask | target.flags), 0, 0, 0],
         )?;
         if got < 0 {
             let e = std::io::Error::from_raw_os_error(-got as i32);

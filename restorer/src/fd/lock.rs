@@ -7,6 +7,13 @@
 //! someone took since the dump fails the restore, naming the lock and,
 //! where the kernel tells, its holder: the process must not run believing
 //! it holds a lock it does not.
+//!
+//! A lease is taken with `F_SETLEASE` (after `F_SETSIG` if it had a break
+//! signal of its own), which makes the process the owner its break is
+//! signalled to. The process still runs with the restorer's privileges
+//! here, which would pass the kernel's check (own the file or have
+//! CAP_LEASE) for any file; so ckpt checks it first, with the dumped
+//! filesystem uid and capabilities.
 
 use ckpt_image::fd::lock::{FileLock, LockClass};
 use ckpt_parasite::error::ParasiteError;
@@ -25,15 +32,58 @@ const FLOCK_PID: usize = 24;
 /// Argument slot of the scratch area for the `struct flock`.
 const FLOCK_SLOT: u64 = 0;
 
+/// `F_SETSIG` (the same on every Linux architecture; libc lacks it).
+const F_SETSIG: i32 = 10;
+
+/// `CAP_LEASE`: leases on files the process does not own.
+pub const CAP_LEASE: u32 = 28;
+
+/// What the dumped process could lease: the kernel's rule, checked by ckpt
+/// since the process has more privileges while it is rebuilt.
+pub struct LeaseRights {
+    /// Its filesystem uid (`None`: the image has no credentials).
+    pub fs_uid: Option<u32>,
+    /// It had CAP_LEASE in its effective set.
+    pub cap_lease: bool,
+}
+
 /// Re-takes every lock of the process behind `r`.
-pub fn retake(r: &Remote<'_>, locks: &[FileLock]) -> Result<()> {
+pub fn retake(r: &Remote<'_>, locks: &[FileLock], rights: &LeaseRights) -> Result<()> {
     for lock in locks {
         log::debug!("pid {}: fd {}: {}", r.t.pid(), lock.fd, lock.describe());
+        if lock.class() == LockClass::Lease {
+            check_lease_right(r.t.pid(), lock, rights)?;
+        }
         if let Err(e) = take(r, lock) {
             return Err(explain(r, lock, e));
         }
     }
     Ok(())
+}
+
+/// The process owns the file it leases, or had CAP_LEASE.
+fn check_lease_right(pid: i32, lock: &FileLock, rights: &LeaseRights) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    if rights.cap_lease {
+        return Ok(());
+    }
+    let at = format!("/proc/{pid}/fd/{}", lock.fd);
+    let meta =
+        std::fs::metadata(&at).map_err(|e| RestoreError::os(pid, format!("stat {at}"), e))?;
+    if rights.fs_uid == Some(meta.uid()) {
+        return Ok(());
+    }
+    let path = std::fs::read_link(&at).map_or_else(|_| "?".into(), |p| p.display().to_string());
+    Err(RestoreError::fd_changed(
+        pid,
+        lock.fd,
+        path,
+        format!(
+            "{}: the file's owner is uid {}, not the process's, and it had no CAP_LEASE",
+            lock.describe(),
+            meta.uid()
+        ),
+    ))
 }
 
 fn take(r: &Remote<'_>, lock: &FileLock) -> std::result::Result<(), ParasiteError> {
@@ -55,6 +105,25 @@ fn take(r: &Remote<'_>, lock: &FileLock) -> std::result::Result<(), ParasiteErro
             let arg = r.put(FLOCK_SLOT, &flock_bytes(lock))?;
             let (name, cmd) = set_cmd(lock.class());
             r.call(name, libc::SYS_fcntl, [fd, cmd as u64, arg, 0, 0, 0])?;
+        }
+        LockClass::Lease => {
+            if lock.lease_signal != 0 {
+                r.call(
+                    "fcntl(F_SETSIG)",
+                    libc::SYS_fcntl,
+                    [fd, F_SETSIG as u64, lock.lease_signal as u64, 0, 0, 0],
+                )?;
+            }
+            let kind = if lock.write {
+                libc::F_WRLCK
+            } else {
+                libc::F_RDLCK
+            };
+            r.call(
+                "fcntl(F_SETLEASE)",
+                libc::SYS_fcntl,
+                [fd, libc::F_SETLEASE as u64, kind as u64, 0, 0, 0],
+            )?;
         }
         LockClass::Unspecified => unreachable!("validated"),
     }
@@ -124,7 +193,7 @@ fn explain(r: &Remote<'_>, lock: &FileLock, e: ParasiteError) -> RestoreError {
 /// The pid holding a lock that conflicts with `lock` (fcntl locks only;
 /// an OFD holder has none).
 fn holder(r: &Remote<'_>, lock: &FileLock) -> Option<i32> {
-    if lock.class() == LockClass::Flock {
+    if matches!(lock.class(), LockClass::Flock | LockClass::Lease) {
         return None;
     }
     let arg = r.put(FLOCK_SLOT, &flock_bytes(lock)).ok()?;

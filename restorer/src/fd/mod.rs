@@ -13,6 +13,7 @@ mod dev;
 mod epoll;
 mod eventfd;
 mod external;
+mod fanotify;
 mod fifo;
 mod ib;
 
@@ -93,6 +94,7 @@ fn install_file(
         Some(Kind::Pty(image)) => install(&pty::Pty, cx, r, file, image, fd, pass),
         Some(Kind::Inet(image)) => install(&inet::Inet, cx, r, file, image, fd, pass),
         Some(Kind::Inotify(image)) => install(&inotify::Inotify, cx, r, file, image, fd, pass),
+        Some(Kind::Fanotify(image)) => install(&fanotify::Fanotify, cx, r, file, image, fd, pass),
         Some(Kind::Pidfd(image)) => install(&pidfd::Pidfd, cx, r, file, image, fd, pass),
         Some(Kind::Memfd(image)) => install(&memfd::Memfd, cx, r, file, image, fd, pass),
         Some(Kind::Unix(image)) if image.connect_to_file_id != 0 => {
@@ -168,6 +170,9 @@ pub struct Context<'c, 'a> {
     inherited: Vec<i32>,
     /// The filesystem uid its files are reopened with, once known.
     fs: Option<creds::FsIdentity>,
+    /// The effective capabilities the process was dumped with (none if
+    /// the image has no credentials).
+    cap_eff: u64,
 }
 
 /// A stdio fd of a restored process that got `/dev/null` because the
@@ -330,6 +335,11 @@ impl Context<'_, '_> {
         }
     }
 
+    /// The process had capability `cap` in its effective set at the dump.
+    pub fn dumped_with_cap(&self, cap: u32) -> bool {
+        self.cap_eff & (1u64 << cap) != 0
+    }
+
     /// The process being rebuilt.
     pub fn pid(&self) -> i32 {
         self.pid
@@ -421,7 +431,10 @@ pub fn validate(images: &ImageDir, pid: i32, table: &FdTable, files: &Files) -> 
             return Err(invalid(format!("lock on fd {}, not in the table", l.fd)));
         }
         let in_range = i64::try_from(l.start).is_ok() && i64::try_from(l.len).is_ok();
-        if l.class() == ckpt_image::fd::lock::LockClass::Unspecified || !in_range {
+        let lease = l.class() == ckpt_image::fd::lock::LockClass::Lease;
+        let signal_ok =
+            (0..=libc::SIGRTMAX()).contains(&l.lease_signal) && (lease || l.lease_signal == 0);
+        if l.class() == ckpt_image::fd::lock::LockClass::Unspecified || !in_range || !signal_ok {
             return Err(invalid(format!("fd {}: bad lock {}", l.fd, l.describe())));
         }
     }
@@ -448,6 +461,7 @@ pub fn restore(
         pid,
         inherited: inherited_fds(pid)?,
         fs: creds::FsIdentity::of(creds),
+        cap_eff: creds.map_or(0, |c| c.cap_eff),
     };
     let previous = cx.fs.as_ref().map(|i| i.assume(r)).transpose()?;
     // An epoll registered in another epoll is rebuilt first: the outer one
@@ -483,7 +497,11 @@ pub fn restore(
         }
     }
     // Last: closing any fd of a file releases the process's POSIX locks on it.
-    lock::retake(r, &table.locks)?;
+    let rights = lock::LeaseRights {
+        fs_uid: cx.fs_uid(),
+        cap_lease: cx.dumped_with_cap(lock::CAP_LEASE),
+    };
+    lock::retake(r, &table.locks, &rights)?;
     Ok(())
 }
 
@@ -509,6 +527,7 @@ pub fn take_controlling_terminal(
         pid: r.t.pid(),
         inherited: Vec::new(),
         fs: None,
+        cap_eff: 0,
     };
     pty::take_controlling_terminal(cx, r, ctty)
 }

@@ -102,7 +102,7 @@ fn open_trusted(path: &str, flags: i32, image: &RegFile) -> std::result::Result<
 
 /// The process behind `pid` and the restorer resolve paths in the same
 /// mount namespace.
-fn same_mount_namespace(pid: i32) -> bool {
+pub(super) fn same_mount_namespace(pid: i32) -> bool {
     let ns = |p: String| std::fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
     let ours = ns("/proc/self/ns/mnt".into());
     ours.is_some() && ours == ns(format!("/proc/{pid}/ns/mnt"))
