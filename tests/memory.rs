@@ -256,3 +256,12 @@ fn memory_advice_comes_back() {
 fn guard_pages_and_prot_none_memory_come_back() {
     standard_cycle("memory-guard", "guard", &[]);
 }
+
+/// aio contexts come back on their old ids: the completions left unreaped
+/// at the dump are reaped after the restore (exactly them, in order, one
+/// ring gone round past its end), new reads complete, and io_destroy
+/// works (tests/c/aio.c).
+#[test]
+fn aio() {
+    standard_cycle("memory-aio", "aio", &[]);
+}
