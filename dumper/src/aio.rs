@@ -27,12 +27,22 @@ pub struct RingSpan {
     pub end: u64,
 }
 
-/// How long completions may keep arriving before the dump gives up.
-const SETTLE_BOUND: Duration = Duration::from_secs(2);
-/// How long the tail must stay still to count as settled.
-const SETTLED_FOR: Duration = Duration::from_millis(50);
-/// Between two looks at the tail.
-const POLL: Duration = Duration::from_millis(5);
+/// How long the dump watches a ring for completions still arriving.
+#[derive(Debug, Clone, Copy)]
+struct Settle {
+    /// How long completions may keep arriving before the dump gives up.
+    bound: Duration,
+    /// How long the positions must stay still to count as settled.
+    still_for: Duration,
+    /// Between two looks at them.
+    poll: Duration,
+}
+
+const SETTLE: Settle = Settle {
+    bound: Duration::from_secs(2),
+    still_for: Duration::from_millis(50),
+    poll: Duration::from_millis(5),
+};
 
 /// The aio rings of the frozen process `pid`, each once its requests in
 /// flight have completed.
@@ -45,6 +55,50 @@ pub fn collect(pid: i32) -> Result<Vec<AioRing>> {
     let mem = File::open(&path).map_err(|s| procfile::proc_err(pid, path.clone(), s))?;
     let ring = Reader { pid, mem: &mem };
     spans.iter().map(|s| ring.collect(*s)).collect()
+}
+
+/// Why a ring did not settle.
+enum Unsettled {
+    /// Reading it failed.
+    Read(DumpError),
+    /// Completions still arrived after the bound.
+    StillCompleting(Duration),
+}
+
+impl Unsettled {
+    fn into_dump_error(self, refused: impl FnOnce(String) -> DumpError) -> DumpError {
+        match self {
+            Unsettled::Read(e) => e,
+            Unsettled::StillCompleting(bound) => refused(format!(
+                "requests still in flight after {} ms",
+                bound.as_millis()
+            )),
+        }
+    }
+}
+
+/// The positions `look` reports once they have stayed the same for
+/// `s.still_for`, or [`Unsettled::StillCompleting`] if they still move
+/// after `s.bound`: completions of requests in flight move the tail.
+fn settled(
+    s: Settle,
+    mut look: impl FnMut() -> Result<Positions>,
+) -> std::result::Result<Positions, Unsettled> {
+    let started = Instant::now();
+    let mut seen = look().map_err(Unsettled::Read)?;
+    let mut still_since = Instant::now();
+    while still_since.elapsed() < s.still_for {
+        if started.elapsed() > s.bound {
+            return Err(Unsettled::StillCompleting(s.bound));
+        }
+        std::thread::sleep(s.poll);
+        let now = look().map_err(Unsettled::Read)?;
+        if now != seen {
+            seen = now;
+            still_since = Instant::now();
+        }
+    }
+    Ok(seen)
 }
 
 /// Reads rings through `/proc/PID/mem`.
@@ -109,31 +163,10 @@ impl Reader<'_> {
         })
     }
 
-    /// Where the ring is once no completion has arrived for
-    /// [`SETTLED_FOR`]; refused if completions still arrive after
-    /// [`SETTLE_BOUND`].
+    /// Where the ring is once it has settled (see [`settled`]).
     fn settled(&self, span: RingSpan) -> Result<Positions> {
-        let started = Instant::now();
-        let mut seen = self.positions(span)?;
-        let mut still_since = Instant::now();
-        while still_since.elapsed() < SETTLED_FOR {
-            if started.elapsed() > SETTLE_BOUND {
-                return Err(self.refused(
-                    span,
-                    format!(
-                        "requests still completing after {} s",
-                        SETTLE_BOUND.as_secs()
-                    ),
-                ));
-            }
-            std::thread::sleep(POLL);
-            let now = self.positions(span)?;
-            if now != seen {
-                seen = now;
-                still_since = Instant::now();
-            }
-        }
-        Ok(seen)
+        settled(SETTLE, || self.positions(span))
+            .map_err(|e| e.into_dump_error(|why| self.refused(span, why)))
     }
 
     fn positions(&self, span: RingSpan) -> Result<Positions> {
@@ -166,5 +199,50 @@ impl Reader<'_> {
             pid: self.pid,
             what: format!("aio context {:#x}: {why}", span.start),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QUICK: Settle = Settle {
+        bound: Duration::from_millis(100),
+        still_for: Duration::from_millis(10),
+        poll: Duration::from_millis(1),
+    };
+
+    #[test]
+    fn a_ring_is_taken_once_its_completions_stop() {
+        let mut tail = 0;
+        let at = settled(QUICK, || {
+            tail = (tail + 1).min(3);
+            Ok(Positions { head: 0, tail })
+        });
+        assert!(matches!(at, Ok(Positions { head: 0, tail: 3 })));
+    }
+
+    #[test]
+    fn a_ring_still_completing_is_refused_naming_pid_and_context() {
+        let mut tail = 0;
+        let err = settled(QUICK, || {
+            tail += 1;
+            Ok(Positions { head: 0, tail })
+        })
+        .expect_err("never settles");
+        let r = Reader {
+            pid: 42,
+            mem: &File::open("/dev/null").unwrap(),
+        };
+        let span = RingSpan {
+            start: 0x7f00_0000_0000,
+            end: 0x7f00_0000_3000,
+        };
+        let msg = err.into_dump_error(|why| r.refused(span, why)).to_string();
+        assert!(
+            msg.contains("42") && msg.contains("aio context 0x7f0000000000"),
+            "{msg}"
+        );
+        assert!(msg.contains("in flight"), "{msg}");
     }
 }
