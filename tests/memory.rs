@@ -261,7 +261,26 @@ fn guard_pages_and_prot_none_memory_come_back() {
 /// at the dump are reaped after the restore (exactly them, in order, one
 /// ring gone round past its end), new reads complete, and io_destroy
 /// works (tests/c/aio.c).
+/// `ckpt show --json` lists both rings with the four completions each
+/// left, one gone round past its end.
 #[test]
 fn aio() {
-    standard_cycle("memory-aio", "aio", &[]);
+    let env = TestEnv::new("memory-aio");
+    let mut v = Victim::spawn(&env, "aio", &[]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    let show = ckpt(&env, &["show", "--json", path_str(&env.img)], FAIL_TIMEOUT);
+    let j: serde_json::Value = serde_json::from_str(&show.assert_success().stdout).unwrap();
+    let rings = j["processes"][0]["aio_rings"]
+        .as_array()
+        .expect("aio_rings");
+    assert_eq!(rings.len(), 2, "{rings:?}");
+    assert!(rings.iter().all(|r| r["unreaped"] == 4), "{rings:?}");
+    assert!(
+        rings
+            .iter()
+            .any(|r| r["tail"].as_u64() < r["head"].as_u64()),
+        "no ring went round: {rings:?}"
+    );
+    restore_and_check(&env, &v);
 }
