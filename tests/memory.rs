@@ -284,3 +284,19 @@ fn aio() {
     );
     restore_and_check(&env, &v);
 }
+
+/// A child forked after io_setup maps its parent's ring without the
+/// context: the dump refuses it naming the context, and both go on
+/// unharmed (tests/c/aio.c "inherited").
+#[test]
+fn aio_ring_inherited_without_its_context_is_refused() {
+    let env = TestEnv::new("memory-aio-inherited");
+    let mut v = Victim::spawn(&env, "aio", &["inherited"]);
+    v.wait_ready();
+    let err = dump_expect_error(&env, &v);
+    assert!(
+        err.contains("aio context 0x") && err.contains("inherited from a parent"),
+        "{err}"
+    );
+    v.assert_unharmed_and_passes("after the refused dump");
+}

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use ckpt_image::aio::{self, AioEvent, AioRing, header};
 
+use ckpt_parasite::{Infection, ParasiteError};
+
 use crate::error::{DumpError, Result};
 use crate::procfile;
 
@@ -43,6 +45,37 @@ const SETTLE: Settle = Settle {
     still_for: Duration::from_millis(50),
     poll: Duration::from_millis(5),
 };
+
+/// Refuses a ring the process maps without owning its context: a child
+/// forked after `io_setup` inherits the mapping, never the context, and
+/// restore could only give it one of its own. Asked inside the process:
+/// `io_getevents` for no event fails with EINVAL on a context of another
+/// process and reaps nothing on its own.
+pub fn check_owned(inf: &Infection<'_>, pid: i32) -> Result<()> {
+    for span in crate::mm::aio_ring_spans(pid)? {
+        match inf.syscall(
+            "io_getevents (aio context probe)",
+            libc::SYS_io_getevents,
+            [span.start, 0, 0, 0, 0, 0],
+        ) {
+            Ok(_) => {}
+            Err(ParasiteError::RemoteSyscall {
+                errno: nix::errno::Errno::EINVAL,
+                ..
+            }) => {
+                return Err(DumpError::Unsupported {
+                    pid,
+                    what: format!(
+                        "aio context {:#x}: ring inherited from a parent, which owns the context",
+                        span.start
+                    ),
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
 
 /// The aio rings of the frozen process `pid`, each once its requests in
 /// flight have completed.

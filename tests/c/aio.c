@@ -6,6 +6,11 @@
  * left (their data, obj and res, in order) on the old context ids, new
  * reads submitted there complete with the file's bytes, and io_destroy
  * succeeds.
+ *
+ * With argv[2] "inherited": a child forked after io_setup maps the ring
+ * but has no context (the dump must refuse it by name); after go the
+ * child's io_getevents still fails with EINVAL and the parent's context
+ * still works.
  */
 #include "victim.h"
 
@@ -86,6 +91,29 @@ static void empty(const char *when, aio_context_t ctx)
 	CHECK(got == 0, "%s: %ld completions more than left", when, got);
 }
 
+static void inherited(void)
+{
+	aio_context_t ctx = 0;
+	if (io_setup(4, &ctx))
+		die("io_setup");
+	pid_t child = fork();
+	if (child < 0)
+		die("fork");
+	if (child == 0) {
+		victim_child_wait_go(70);
+		struct io_event ev[1];
+		_exit(io_getevents(ctx, 0, 1, ev) == -1 && errno == EINVAL ? 0 : 71);
+	}
+	victim_ready_and_wait("ready");
+	int st;
+	CHECK(waitpid(child, &st, 0) == child && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	      "child: status %#x", st);
+	submit(ctx, 0, 2, 0x6000);
+	reap("after the refused dump", ctx, 0, 2, 0x6000);
+	CHECK(syscall(SYS_io_destroy, ctx) == 0, "io_destroy: %s", strerror(errno));
+	victim_finish();
+}
+
 int main(int argc, char **argv)
 {
 	victim_init(argc, argv);
@@ -100,6 +128,8 @@ int main(int argc, char **argv)
 			block[j] = pattern(b, j);
 		victim_write_all(fd, block, BLOCK);
 	}
+	if (argc > 2 && !strcmp(argv[2], "inherited"))
+		inherited();
 
 	aio_context_t plain = 0, wrapped = 0;
 	if (io_setup(128, &plain) || io_setup(16, &wrapped))
