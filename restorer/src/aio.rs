@@ -21,19 +21,27 @@ const POINTERS_OFFSET: u64 = 2 * IOCB_LEN;
 /// The address ranges the rings take, which nothing else may be put at
 /// while the process is rebuilt.
 pub fn spans(mm: &Mm) -> impl Iterator<Item = (u64, u64)> + '_ {
-    mm.aio_rings.iter().map(|a| (a.id, a.id + a.ring_len))
+    mm.aio_rings
+        .iter()
+        .map(|a| (a.id, a.id.saturating_add(a.ring_len)))
 }
 
 /// Checks every ring of the image (see [`AioRing::validate`]) and that no
-/// ring overlaps a VMA.
+/// ring overlaps a VMA or another ring (moving a ring over it would unmap
+/// it).
 pub fn validate(mm: &Mm) -> std::result::Result<(), String> {
-    for a in &mm.aio_rings {
+    for (i, a) in mm.aio_rings.iter().enumerate() {
         a.validate()?;
-        let end = a.id + a.ring_len;
-        if let Some(v) = mm.vmas.iter().find(|v| v.start < end && a.id < v.end) {
+        let end = a.id.saturating_add(a.ring_len);
+        let taken = mm
+            .vmas
+            .iter()
+            .map(|v| (v.start, v.end))
+            .chain(spans(mm).take(i));
+        if let Some((start, stop)) = taken.into_iter().find(|&(s, e)| s < end && a.id < e) {
             return Err(format!(
-                "aio ring {:#x} overlaps mapping {:#x}-{:#x}",
-                a.id, v.start, v.end
+                "aio ring {:#x} overlaps mapping {start:#x}-{stop:#x}",
+                a.id
             ));
         }
     }
@@ -191,7 +199,7 @@ mod tests {
     use ckpt_image::aio;
 
     #[test]
-    fn a_ring_over_a_mapping_is_refused() {
+    fn a_ring_over_a_mapping_or_another_ring_is_refused() {
         let ring = AioRing {
             id: 0x10000,
             ring_len: 0x3000,
@@ -210,5 +218,8 @@ mod tests {
         };
         assert_eq!(validate(&mm(Vec::new())), Ok(()));
         assert!(validate(&mm(vec![vma])).is_err());
+        let mut twice = mm(Vec::new());
+        twice.aio_rings.push(ring.clone());
+        assert!(validate(&twice).is_err());
     }
 }
