@@ -11,12 +11,21 @@ use crate::error::{RestoreError, Result};
 
 /// `IOCB_CMD_PWRITE`.
 const IOCB_CMD_PWRITE: u16 = 1;
-/// Bytes of `struct iocb`.
-const IOCB_LEN: u64 = 64;
+
+/// `struct iocb` (`linux/aio_abi.h`): its size and the offsets of the
+/// fields a request to /dev/null sets.
+mod iocb {
+    pub const LEN: u64 = 64;
+    pub const LIO_OPCODE: usize = 16;
+    pub const FILDES: usize = 20;
+    pub const BUF: usize = 24;
+    pub const NBYTES: usize = 32;
+}
+
 /// Where in the scratch buffer the one byte the requests write sits, and
 /// where the array of iocb pointers starts.
-const BYTE_OFFSET: u64 = IOCB_LEN;
-const POINTERS_OFFSET: u64 = 2 * IOCB_LEN;
+const BYTE_OFFSET: u64 = iocb::LEN;
+const POINTERS_OFFSET: u64 = 2 * iocb::LEN;
 
 /// The address ranges the rings take, which nothing else may be put at
 /// while the process is rebuilt.
@@ -135,14 +144,13 @@ fn advance_tail(r: &Remote<'_>, ring: u64, a: &AioRing) -> Result<()> {
     let room = (buf_len as u64 - POINTERS_OFFSET) / 8;
     let batch = u64::from(a.nr - 1).min(room);
     let fd = r.open("/dev/null", libc::O_WRONLY | libc::O_CLOEXEC, 0)?;
-    let mut iocb = [0u8; IOCB_LEN as usize];
-    // struct iocb: aio_lio_opcode at 16, aio_fildes at 20, aio_buf at 24,
-    // aio_nbytes at 32.
-    iocb[16..18].copy_from_slice(&IOCB_CMD_PWRITE.to_ne_bytes());
-    iocb[20..24].copy_from_slice(&(fd as u32).to_ne_bytes());
-    iocb[24..32].copy_from_slice(&(buf + BYTE_OFFSET).to_ne_bytes());
-    iocb[32..40].copy_from_slice(&1u64.to_ne_bytes());
-    r.t.write_mem(buf, &iocb)?;
+    let mut request = [0u8; iocb::LEN as usize];
+    let mut set = |at: usize, bytes: &[u8]| request[at..at + bytes.len()].copy_from_slice(bytes);
+    set(iocb::LIO_OPCODE, &IOCB_CMD_PWRITE.to_ne_bytes());
+    set(iocb::FILDES, &(fd as u32).to_ne_bytes());
+    set(iocb::BUF, &(buf + BYTE_OFFSET).to_ne_bytes());
+    set(iocb::NBYTES, &1u64.to_ne_bytes());
+    r.t.write_mem(buf, &request)?;
     let pointers: Vec<u8> = (0..batch).flat_map(|_| buf.to_ne_bytes()).collect();
     r.t.write_mem(buf + POINTERS_OFFSET, &pointers)?;
     let mut done = 0u32;
