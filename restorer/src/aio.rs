@@ -68,6 +68,27 @@ pub fn restore(r: &Remote<'_>, mm: &Mm) -> Result<()> {
 
 fn restore_one(r: &Remote<'_>, a: &AioRing) -> Result<()> {
     let pid = r.t.pid();
+    // The old address is free, so the kernel could put the new ring
+    // there or across it, where no mremap can move it: held until the
+    // ring replaces the hold.
+    let held = r.call(
+        "mmap (aio ring's place)",
+        libc::SYS_mmap,
+        [
+            a.id,
+            a.ring_len,
+            libc::PROT_NONE as u64,
+            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64,
+            u64::MAX,
+            0,
+        ],
+    )?;
+    if held != a.id {
+        return Err(RestoreError::Host {
+            pid,
+            what: format!("aio context {:#x}: its place is taken", a.id),
+        });
+    }
     let (buf, _) = r.scratch_buffer();
     r.t.write_mem(buf, &0u64.to_ne_bytes())?;
     r.call(
