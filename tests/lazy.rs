@@ -260,10 +260,15 @@ fn without_a_userfaultfd_lazy_restore_refuses_by_name() {
 /// Every kind of mapping of the memory victim (read-only and inaccessible
 /// anonymous memory, private file pages, shared memory, sparse regions),
 /// and a process tree whose children inherit private pages: the parts that
-/// stay eager and the lazily served ones come back byte for byte.
+/// stay eager and the lazily served ones come back byte for byte. aio
+/// contexts come back too, their rings never served lazily.
 #[test]
 fn every_mapping_kind_and_a_tree_come_back_under_lazy() {
-    for (name, compress) in [("memory", "--compress=lz4"), ("tree", "--compress=none")] {
+    for (name, compress) in [
+        ("memory", "--compress=lz4"),
+        ("tree", "--compress=none"),
+        ("aio", "--compress=lz4"),
+    ] {
         let env = TestEnv::new(&format!("lazy-{name}"));
         let mut v = Victim::spawn(&env, name, &[]);
         v.wait_ready();

@@ -256,3 +256,47 @@ fn memory_advice_comes_back() {
 fn guard_pages_and_prot_none_memory_come_back() {
     standard_cycle("memory-guard", "guard", &[]);
 }
+
+/// aio contexts come back on their old ids: the completions left unreaped
+/// at the dump are reaped after the restore (exactly them, in order, one
+/// ring gone round past its end), new reads complete, and io_destroy
+/// works (tests/c/aio.c).
+/// `ckpt show --json` lists both rings with the four completions each
+/// left, one gone round past its end.
+#[test]
+fn aio() {
+    let env = TestEnv::new("memory-aio");
+    let mut v = Victim::spawn(&env, "aio", &[]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    let show = ckpt(&env, &["show", "--json", path_str(&env.img)], FAIL_TIMEOUT);
+    let j: serde_json::Value = serde_json::from_str(&show.assert_success().stdout).unwrap();
+    let rings = j["processes"][0]["aio_rings"]
+        .as_array()
+        .expect("aio_rings");
+    assert_eq!(rings.len(), 2, "{rings:?}");
+    assert!(rings.iter().all(|r| r["unreaped"] == 4), "{rings:?}");
+    assert!(
+        rings
+            .iter()
+            .any(|r| r["tail"].as_u64() < r["head"].as_u64()),
+        "no ring went round: {rings:?}"
+    );
+    restore_and_check(&env, &v);
+}
+
+/// A child forked after io_setup maps its parent's ring without the
+/// context: the dump refuses it naming the context, and both go on
+/// unharmed (tests/c/aio.c "inherited").
+#[test]
+fn aio_ring_inherited_without_its_context_is_refused() {
+    let env = TestEnv::new("memory-aio-inherited");
+    let mut v = Victim::spawn(&env, "aio", &["inherited"]);
+    v.wait_ready();
+    let err = dump_expect_error(&env, &v);
+    assert!(
+        err.contains("aio context 0x") && err.contains("inherited from a parent"),
+        "{err}"
+    );
+    v.assert_unharmed_and_passes("after the refused dump");
+}

@@ -193,19 +193,6 @@ fn posix_shm_kept_gets_the_checkpoint_contents() {
     );
 }
 
-#[test]
-fn aio_ring_is_refused_by_name() {
-    let env = TestEnv::new("shmem-aio");
-    let mut v = Victim::spawn(&env, "shmobj", &["aio"]);
-    v.wait_ready();
-    let err = dump_expect_error(&env, &v);
-    assert!(
-        err.contains(&format!("pid {}", v.pid)) && err.contains("aio ring"),
-        "{err}"
-    );
-    v.assert_unharmed_and_passes("after the refused dump");
-}
-
 /// A deleted file held by an fd and mapped shared (what UCX's
 /// shared-memory transport keeps): the fd comes back as the memfd the
 /// mapping's object becomes, so writes through either show in the other

@@ -31,6 +31,8 @@ pub(crate) struct Collected {
     pub core: ckpt_image::task::Core,
     pub vmas: Vec<ckpt_image::mm::Vma>,
     pub vdso: Option<ckpt_image::mm::VdsoInfo>,
+    /// Its aio contexts' rings, saved apart from the VMAs.
+    pub aio_rings: Vec<ckpt_image::aio::AioRing>,
     pub pages_bytes: u64,
     /// Bytes of dumpable VMAs the plan leaves out.
     pub untouched_bytes: u64,
@@ -309,6 +311,7 @@ pub(crate) fn collect_process(
     let (core, mut inside) = collect_core(p, mode, saved.pid(p.pid), started)?;
     let (vmas, pages_bytes, armed) = plan_memory(pid, mode, inside.uffd.as_ref(), started)?;
     let vdso = mm::vdso_info(leader, &vmas)?;
+    let aio_rings = crate::aio::collect(pid)?;
     // Only through a tracking userfaultfd that is still the pre-dump's:
     // without it the written bits would be nobody's (or the job's own
     // userfaultfd's), and everything is read from the process.
@@ -349,6 +352,7 @@ pub(crate) fn collect_process(
         core,
         vmas,
         vdso,
+        aio_rings,
         pages_bytes,
         untouched_bytes,
         mem: pages::Memory::of(leader)?,

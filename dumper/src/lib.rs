@@ -24,6 +24,7 @@
 
 #![warn(missing_docs)]
 
+mod aio;
 mod background;
 mod blockers;
 mod caller;

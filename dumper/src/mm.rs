@@ -27,7 +27,26 @@ pub const MEMFD_PREFIX: &str = "/memfd:";
 /// How it marks a mapping of a file unlinked since.
 pub const DELETED_SUFFIX: &str = " (deleted)";
 /// The ring of an aio context (io_setup(2)), which only the kernel creates.
-const AIO_RING: &str = "/[aio] (deleted)";
+pub const AIO_RING: &str = "/[aio] (deleted)";
+
+/// Mappings that are not VMAs of the image: rings of aio contexts
+/// (`aio.rs` saves them) and verbs device pages (`ib.rs`).
+fn kept_apart(path: &str) -> bool {
+    path == AIO_RING || crate::ib::is_device_mapping(path)
+}
+
+/// Where the aio rings of `pid` are, from `/proc/PID/maps`.
+pub fn aio_ring_spans(pid: i32) -> Result<Vec<crate::aio::RingSpan>> {
+    let text = procfile::read(pid, "maps")?;
+    Ok(parse_smaps(pid, &text)?
+        .into_iter()
+        .filter(|e| e.path == AIO_RING)
+        .map(|e| crate::aio::RingSpan {
+            start: e.start,
+            end: e.end,
+        })
+        .collect())
+}
 
 /// One line of smaps with the details the dumper needs.
 #[derive(Debug, Clone)]
@@ -96,6 +115,7 @@ pub fn collect_vmas(pid: i32) -> Result<Vec<Vma>> {
     let entries = parse_smaps(pid, &text)?;
     entries
         .iter()
+        .filter(|e| !kept_apart(&e.path))
         .map(|e| {
             let mut v = classify(pid, e)?;
             apply_vm_flags(pid, &mut v, &e.vm_flags)?;
@@ -115,7 +135,7 @@ pub fn collect_vmas_unflagged(pid: i32) -> Result<Vec<Vma>> {
     let entries = parse_smaps(pid, &text)?;
     entries
         .iter()
-        .filter(|e| !crate::ib::is_device_mapping(&e.path))
+        .filter(|e| !kept_apart(&e.path))
         .map(|e| classify(pid, e))
         .collect()
 }
@@ -132,7 +152,7 @@ pub fn read_vm_flags(pid: i32) -> Result<Vec<VmFlagsOf>> {
     let text = procfile::read(pid, "smaps")?;
     Ok(parse_smaps(pid, &text)?
         .into_iter()
-        .filter(|e| !crate::ib::is_device_mapping(&e.path))
+        .filter(|e| !kept_apart(&e.path))
         .map(|e| VmFlagsOf {
             start: e.start,
             end: e.end,
@@ -290,7 +310,8 @@ fn classify(pid: i32, e: &SmapsEntry) -> Result<Vma> {
             vma.file_offset = e.offset;
             VmaKind::SysvShm
         }
-        AIO_RING => return Err(unsupported("aio ring of io_setup".into())),
+        // Saved apart (`aio.rs`): never a VMA of the image.
+        AIO_RING => return Err(unsupported("aio ring taken for memory".into())),
         path if path.starts_with(MEMFD_PREFIX) || path.ends_with(DELETED_SUFFIX) => {
             // The object (its id and data) is collected by `shmem`.
             vma.path = path.to_string();

@@ -85,6 +85,7 @@ pub fn run_parasite(
     )? as i64;
     let prctl = crate::prctl::ask(&inf)?;
     let membarrier = crate::membarrier::ask(&inf)?;
+    crate::aio::check_owned(&inf, leader.pid())?;
     let out = TaskMisc {
         securebits,
         prctl,

@@ -271,6 +271,7 @@ impl ProcessImages<'_, '_> {
                 compressed: self.compress,
                 chunks: blocks,
                 tracking: c.tracking,
+                aio_rings: c.aio_rings,
             };
             w.write_meta(&ckpt_image::mm_name(pid), ImageKind::Mm, &mm)?;
             if self.cores {

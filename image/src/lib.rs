@@ -48,6 +48,7 @@
 // them, and for taking a caller's file access rights (setfsuid).
 #![deny(unsafe_code)]
 
+pub mod aio;
 pub mod caller;
 pub mod digest;
 pub mod dir;

@@ -30,6 +30,7 @@
 pub mod error;
 
 mod addresses;
+mod aio;
 mod caller;
 mod context;
 mod creds;

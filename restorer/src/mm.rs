@@ -196,6 +196,7 @@ pub fn clear_and_move_specials(r: &Remote<'_>, child: &[MapLine], mm: &Mm) -> Re
         })
         .collect();
     let mut busy: Vec<(u64, u64)> = mm.vmas.iter().map(|v| (v.start, v.end)).collect();
+    busy.extend(crate::aio::spans(mm));
     busy.extend(child.iter().map(|m| (m.start, m.end)));
     busy.push(scratch);
     for s in specials.iter_mut() {
@@ -251,11 +252,14 @@ pub fn clear_and_park_specials(r: &Remote<'_>, child: &[MapLine], mm: &Mm) -> Re
     let clear = mm
         .vmas
         .iter()
-        .all(|v| v.end.saturating_add(MARGIN) <= lo || hi.saturating_add(MARGIN) <= v.start);
+        .map(|v| (v.start, v.end))
+        .chain(crate::aio::spans(mm))
+        .all(|(start, end)| end.saturating_add(MARGIN) <= lo || hi.saturating_add(MARGIN) <= start);
     if clear {
         return Ok(vdso.start);
     }
     let mut busy: Vec<(u64, u64)> = mm.vmas.iter().map(|v| (v.start, v.end)).collect();
+    busy.extend(crate::aio::spans(mm));
     busy.extend(child.iter().map(|m| (m.start, m.end)));
     busy.push((r.base, r.base + SCRATCH_LEN));
     let to = find_gap(&busy, hi - lo).ok_or_else(|| RestoreError::Host {
@@ -613,6 +617,7 @@ impl Apart {
             return Ok(Apart { window: None });
         };
         let mut busy: Vec<(u64, u64)> = mm.vmas.iter().map(|v| (v.start, v.end)).collect();
+        busy.extend(crate::aio::spans(mm));
         // What the child has now: the scratch area, inherited memory, and
         // this kernel's vDSO where a proxy left it.
         busy.extend(read_maps(r.t.pid())?.iter().map(|m| (m.start, m.end)));

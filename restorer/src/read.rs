@@ -344,6 +344,7 @@ fn validate(images: &ImageDir, pid: i32, p: &ProcessImages) -> Result<()> {
     ckpt_image::seccomp::validate(&p.core)?;
     mm::validate_vdso(&p.mm).map_err(|what| invalid(ckpt_image::mm_name(pid), what.as_str()))?;
     mm::validate_guards(&p.mm).map_err(|what| invalid(ckpt_image::mm_name(pid), what.as_str()))?;
+    crate::aio::validate(&p.mm).map_err(|what| invalid(ckpt_image::mm_name(pid), what.as_str()))?;
     let pages_len = images.digest(&ckpt_image::pages_name(pid))?.size;
     pages::plan(pid, &p.mm, pages_len)?;
     Ok(())

@@ -12,8 +12,6 @@
  *            the fd shows in the shared mapping and back, at the fd's
  *            offset as it was);
  *   devzero  /dev/zero mapped shared and private;
- *   aio      an aio ring (io_setup), which the dump must refuse by name
- *            (nothing shared, no child);
  *   posix    a POSIX shm object (shm_open NAME = argv[3], in /dev/shm)
  *            mapped shared, its fd closed.
  * After go the parent and the child each write a token the other must see
@@ -26,7 +24,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <linux/aio_abi.h>
 #include <sys/wait.h>
 
 #define PG 4096ul
@@ -248,14 +245,6 @@ int main(int argc, char **argv)
 {
 	victim_init(argc, argv);
 	const char *mode = argc > 2 ? argv[2] : "";
-	if (!strcmp(mode, "aio")) {
-		aio_context_t ctx = 0;
-		if (syscall(SYS_io_setup, 1, &ctx))
-			die("io_setup");
-		victim_ready_and_wait(NULL);
-		CHECK(syscall(SYS_io_destroy, ctx) == 0, "aio context lost: %s", strerror(errno));
-		victim_finish();
-	}
 	if (!strcmp(mode, "partial"))
 		setup_anon(0, 1);
 	else if (!strcmp(mode, "devzero"))

@@ -209,6 +209,13 @@ fn summarize(dir: &ImageDir) -> Result<Value, ImageError> {
             "prctl": core.prctl.as_ref().map(|p| p.describe()).unwrap_or_default(),
             "security": security_lines(&core),
             "vmas": vmas,
+            "aio_rings": mm.aio_rings.iter().map(|a| json!({
+                "id": a.id,
+                "nr": a.nr,
+                "head": a.head,
+                "tail": a.tail,
+                "unreaped": a.events.len(),
+            })).collect::<Vec<_>>(),
             "fds": fds,
             "files_in_flight": in_flight,
             // Left by `dump --track` in the running process, for the next

@@ -106,6 +106,7 @@ fn prepare_root(host_root: i32, ck: &Checkpoint) -> Result<(Tracee, u64)> {
             .iter()
             .flat_map(|p| p.mm.vmas.iter().map(|v| (v.start, v.end))),
     );
+    busy.extend(ck.procs.iter().flat_map(|p| crate::aio::spans(&p.mm)));
     let no_room = |what: &str| RestoreError::Incompatible {
         dir: ck.images.path().into(),
         what: what.into(),

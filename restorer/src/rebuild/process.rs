@@ -11,7 +11,7 @@ use crate::error::Result;
 use crate::options::RestoreOptions;
 use crate::read::ProcessImages;
 use crate::{
-    creds, fd, held, inherit, lazy, loginuid, membarrier, mm, pages, prctl, sched, seccomp,
+    aio, creds, fd, held, inherit, lazy, loginuid, membarrier, mm, pages, prctl, sched, seccomp,
     stopped, task, thread, timer,
 };
 
@@ -170,6 +170,9 @@ pub(super) fn rebuild_process(
         let kind = cx.files.get(f.file_id).map_or("missing", |x| x.kind_name());
         log::debug!("pid {pid}: fd {}: {kind} (open file {})", f.fd, f.file_id);
     }
+    // Before the files: the /dev/null it opens for a while takes no fd
+    // number a file needs.
+    aio::restore(r, &p.mm)?;
     // A table shared with the parent was restored with the parent's
     // (created sharing it, rebuilt before): installing its copy again
     // would only redo it.
