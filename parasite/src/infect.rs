@@ -20,14 +20,13 @@
 //!    into the rescue path: `rt_sigreturn` on that frame puts it back where
 //!    it was (the 20 KiB area stays mapped). The bootstrap code of step 2
 //!    is put back once the task is in the area (a dumper killed before
-//!    leaves those few bytes of code, normally `_init`'s, changed). One
-//!    window of a single syscall is not covered: the final `munmap`
-//!    (step 5);
-//! 5. cure: `munmap` the area from its own trampoline, stopping at the
-//!    syscall's exit (the next instruction no longer exists), then put back
+//!    leaves those few bytes of code, normally `_init`'s, changed);
+//! 5. cure: `munmap` the area as the bootstrap ran its `mmap` (from the
+//!    first executable mapping, the task's state in a frame on its stack,
+//!    `rt_sigreturn` behind), stopping at the syscall's exit, then put back
 //!    the original registers and move the task into an interrupt stop
 //!    ([`Tracee::park_with`]) so the kernel's own syscall-restart step still
-//!    runs when it resumes; then xstate and mask.
+//!    runs when it resumes; then xstate, mask and the bytes of code.
 
 use crate::blob::BLOB;
 use crate::error::{ParasiteError, Result};
@@ -170,7 +169,14 @@ impl Tracee {
             u64::MAX,
             0,
         ];
-        let Some((poke, ret)) = self.rescued_syscall(site, own, libc::SYS_mmap, args)? else {
+        // The alternate stack is not known yet: the frame disables it.
+        let disabled = AltStack {
+            sp: 0,
+            flags: libc::SS_DISABLE,
+            size: 0,
+        };
+        let Some((poke, ret)) = self.rescued_syscall(site, own, disabled, libc::SYS_mmap, args)?
+        else {
             // No room for a frame below the stack pointer: the plain
             // bootstrap, unprotected for the one syscall.
             let base = self.bootstrap_mmap(
@@ -206,8 +212,8 @@ impl Tracee {
     /// signal frame below its stack pointer (past the red zone, where a
     /// signal would put one), and behind the `syscall` at `site` an
     /// `rt_sigreturn`. A dumper that dies at any moment then leaves a task
-    /// that runs the syscall's `rt_sigreturn` and goes on where it was, its
-    /// alternate signal stack disabled (not known yet here). Returns the
+    /// that runs the syscall's `rt_sigreturn` and goes on where it was, with
+    /// `alt` as its alternate signal stack. Returns the
     /// code poked (still there) and the raw result, the task stopped at
     /// the syscall's exit; `None` (nothing changed) when the stack has no
     /// room for the frame.
@@ -215,6 +221,7 @@ impl Tracee {
         &self,
         site: u64,
         own: &OwnState<'_>,
+        alt: AltStack,
         nr: i64,
         args: [u64; 6],
     ) -> Result<Option<(Poke, i64)>> {
@@ -227,24 +234,32 @@ impl Tracee {
         else {
             return Ok(None);
         };
-        let disabled = AltStack {
-            sp: 0,
-            flags: libc::SS_DISABLE,
-            size: 0,
-        };
         let frame = sigframe::build(
             frame_at,
             &restart_regs(own.regs, true),
             own.xstate,
             own.mask,
-            disabled,
+            alt,
         );
-        if self.write_mem(frame_at, &frame).is_err() {
+        // What the frame covers goes back with the code: no trace is left
+        // below the stack pointer either.
+        let mut below_sp = vec![0u8; frame.len()];
+        if self.read_mem(frame_at, &mut below_sp).is_err()
+            || self.write_mem(frame_at, &frame).is_err()
+        {
             return Ok(None);
         }
         let mut orig = vec![0u8; RESCUED_SYSCALL.len()];
-        self.read_mem(site, &mut orig)?;
-        let poke = Poke { site, orig };
+        let poke = Poke {
+            site,
+            orig: Vec::new(),
+            stack: Some((frame_at, below_sp)),
+        };
+        if let Err(e) = self.read_mem(site, &mut orig) {
+            let _ = poke.undo(self);
+            return Err(e);
+        }
+        let poke = Poke { orig, ..poke };
         self.write_mem(site, &RESCUED_SYSCALL)?;
         let mut base = *own.regs;
         base.rsp = frame_at + sigframe::RESCUE_SP_OFFSET;
@@ -271,11 +286,13 @@ struct OwnState<'a> {
     mask: u64,
 }
 
-/// Code poked over the task's first executable mapping, and what was
-/// there.
+/// Code poked over the task's first executable mapping and the frame
+/// written below its stack pointer, with what was there.
 struct Poke {
     site: u64,
     orig: Vec<u8>,
+    /// Where the frame went, and the stack's bytes it covered.
+    stack: Option<(u64, Vec<u8>)>,
 }
 
 impl Poke {
@@ -284,15 +301,19 @@ impl Poke {
         Poke {
             site,
             orig: Vec::new(),
+            stack: None,
         }
     }
 
     /// Puts the original bytes back.
     fn undo(&self, t: &Tracee) -> Result<()> {
-        if self.orig.is_empty() {
-            return Ok(());
+        if !self.orig.is_empty() {
+            t.write_mem(self.site, &self.orig)?;
         }
-        t.write_mem(self.site, &self.orig)
+        if let Some((at, bytes)) = &self.stack {
+            t.write_mem(*at, bytes)?;
+        }
+        Ok(())
     }
 }
 
@@ -709,15 +730,40 @@ impl Infection<'_> {
         // signal pending to it (one that came while it was stopped by job
         // control) would be delivered at the munmap below.
         t.set_sigmask(!0)?;
-        let ret = t.syscall_stop_at_exit(
-            self.base + BLOB.trampoline as u64,
-            libc::SYS_munmap,
-            [self.base, self.len, 0, 0, 0, 0],
-        );
-        // Whatever happened, give the task its own state back, exactly.
+        let munmap = [self.base, self.len, 0, 0, 0, 0];
+        let own = OwnState {
+            regs: &self.saved_regs,
+            xstate: &self.saved_xstate,
+            mask: self.saved_mask,
+        };
+        // Run from the first executable mapping with the task's state in a
+        // frame on its stack, as the bootstrap was: a dumper killed once
+        // the area is gone leaves a task that returns through that frame.
+        let rescued = first_exec_addr(t.pid()).and_then(|site| {
+            t.rescued_syscall(site, &own, self.altstack.get(), libc::SYS_munmap, munmap)
+        });
+        let (ret, poke) = match rescued {
+            Ok(Some((poke, ret))) => (Ok(ret), Some(poke)),
+            // No room below the stack pointer: from the area's own
+            // trampoline, unprotected for the one syscall.
+            Ok(None) => (
+                t.syscall_stop_at_exit(
+                    self.base + BLOB.trampoline as u64,
+                    libc::SYS_munmap,
+                    munmap,
+                ),
+                None,
+            ),
+            Err(e) => (Err(e), None),
+        };
+        // Whatever happened, give the task its own state back, exactly,
+        // and only then the bytes of code the munmap ran from.
         t.park_with(&self.saved_regs)?;
         t.set_xstate(&self.saved_xstate)?;
         t.set_sigmask(self.saved_mask)?;
+        if let Some(p) = poke {
+            p.undo(t)?;
+        }
         crate::tracee::check_ret(t.pid(), "munmap (parasite)", ret?)?;
         Ok(())
     }
