@@ -12,18 +12,28 @@ use serde_json::Value;
 use crate::{LockError, Result, Table};
 
 /// Where `nft` is: the first executable `nft` in PATH, or in the sbin
-/// directories a root shell has (PATH may lack them under sudo or cron).
+/// directories a root shell has (PATH may lack them under sudo or cron),
+/// that only root can have put there: ckpt runs it as root, often for
+/// another user's job, so a file another user owns or may write (a PATH
+/// entry of theirs) is passed over.
 pub fn program() -> Result<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
         .map(|d| d.join("nft"))
-        .find(|p| {
-            use std::os::unix::fs::PermissionsExt;
-            p.metadata()
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
+        .find(|p| p.metadata().is_ok_and(|m| root_executable(&m)))
         .ok_or(LockError::NftMissing)
+}
+
+/// An executable regular file of root's that no one else may write.
+fn root_executable(m: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    const EXECUTABLE: u32 = 0o111;
+    const GROUP_OR_OTHER_WRITABLE: u32 = 0o022;
+    m.is_file()
+        && m.uid() == 0
+        && m.mode() & EXECUTABLE != 0
+        && m.mode() & GROUP_OR_OTHER_WRITABLE == 0
 }
 
 /// Feeds `doc` to `nft -j -f -` in the network namespace `netns` (a
@@ -85,4 +95,32 @@ pub(crate) fn run(table: &Table, netns: &Path, what: &'static str, doc: &Value) 
     }
     log::debug!("network lock {table}: {what}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_roots_unwritable_executables_are_run() {
+        let dir = std::env::temp_dir().join(format!("ckpt-netlock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("nft");
+        std::fs::write(&f, b"#!/bin/sh\n").unwrap();
+        let with_mode = |mode: u32| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            root_executable(&f.metadata().unwrap())
+        };
+        // The file is its creator's: root's when the tests run as root.
+        let root = {
+            use std::os::unix::fs::MetadataExt;
+            f.metadata().unwrap().uid() == 0
+        };
+        assert_eq!(with_mode(0o755), root);
+        assert!(!with_mode(0o775), "group-writable");
+        assert!(!with_mode(0o757), "world-writable");
+        assert!(!with_mode(0o644), "not executable");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
