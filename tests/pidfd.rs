@@ -1,7 +1,8 @@
 //! pidfds of processes of the tree come back on the same pids with their
 //! flags: a parent polls and waits for its child through one, and reaps a
-//! zombie child through another; a pidfd of a process outside the tree is
-//! refused by name (victim: tests/c/pidfd.c).
+//! zombie child through another; one of a child already reaped still
+//! refers to no process; a pidfd of a process outside the tree is refused
+//! by name (victim: tests/c/pidfd.c).
 
 use std::time::Duration;
 
@@ -18,10 +19,11 @@ fn pidfds_of_the_tree_come_back() {
 
     let json = show_json(&env);
     let fds = fds_of_kind(&json, "pidfd");
-    assert_eq!(fds.len(), 3, "the parent's three pidfds: {json}");
+    assert_eq!(fds.len(), 4, "the parent's four pidfds: {json}");
     let objects: Vec<&str> = fds.iter().filter_map(|f| f["object"].as_str()).collect();
     assert!(
-        objects.contains(&format!("pidfd of pid {}", v.pid).as_str()),
+        objects.contains(&format!("pidfd of pid {}", v.pid).as_str())
+            && objects.contains(&"pidfd of a process that exited and was reaped"),
         "{objects:?}"
     );
 

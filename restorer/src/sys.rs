@@ -36,6 +36,50 @@ unsafe fn fork_like_clone3(args: &CloneArgs) -> libc::c_long {
     }
 }
 
+/// A pidfd of a process that has exited and been reaped, with
+/// `O_NONBLOCK` (PIDFD_NONBLOCK) if `nonblock`: a child made for it
+/// (clone3 with CLONE_PIDFD, so the pidfd exists before anything could
+/// reap the child) exits at once and is reaped here.
+pub fn reaped_pidfd(nonblock: bool) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let mut pidfd: libc::c_int = -1;
+    let args = CloneArgs {
+        flags: libc::CLONE_PIDFD as u64,
+        pidfd: &mut pidfd as *mut libc::c_int as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        ..Default::default()
+    };
+    // SAFETY: the child makes one raw syscall, exit.
+    let r = unsafe { fork_like_clone3(&args) };
+    match r {
+        0 => {
+            // SAFETY: in the child: exit at once, nothing of ours runs.
+            unsafe { libc::syscall(libc::SYS_exit, 0) };
+            unreachable!("exit returned");
+        }
+        r if r < 0 => Err(std::io::Error::last_os_error()),
+        child => {
+            // SAFETY: CLONE_PIDFD put a new fd nobody else owns in `pidfd`.
+            let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(pidfd) };
+            let child = nix::unistd::Pid::from_raw(child as i32);
+            loop {
+                match nix::sys::wait::waitpid(child, None) {
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(e) => return Err(e.into()),
+                    Ok(_) => break,
+                }
+            }
+            if nonblock {
+                let flags = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL)?;
+                let flags =
+                    nix::fcntl::OFlag::from_bits_retain(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+                nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(flags))?;
+            }
+            Ok(fd)
+        }
+    }
+}
+
 /// Creates a child with pid `pid` (fork semantics: a copy of this process).
 /// In the child it calls `PTRACE_TRACEME` and stops itself with SIGSTOP, so
 /// the parent holds it before it runs any code of its own; it never returns

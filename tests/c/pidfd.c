@@ -8,6 +8,10 @@
  * poll says fd 10 is readable, and waitid(P_PIDFD) reaps it with status 42.
  * fd 13 = pidfd_open of a second child that exited with 7 before the dump
  * and was not reaped (a zombie): waitid(P_PIDFD, WNOHANG) reaps it with 7.
+ * fd 14 = pidfd_open(PIDFD_NONBLOCK) of a third child that exited and was
+ * reaped before the dump: after go it still refers to no process (fdinfo
+ * Pid: -1), is readable, non-blocking, has no child to wait for (ECHILD)
+ * and no one to signal (ESRCH).
  * With "outside": fd 12 is also a pidfd of the victim's parent (outside the
  * tree), which the dump must refuse; the victim then passes untouched.
  */
@@ -21,6 +25,7 @@
 #define FD_SELF 11
 #define FD_OUTSIDE 12
 #define FD_ZOMBIE 13
+#define FD_REAPED 14
 #define ZOMBIE_STATUS 7
 #define CHILD_STATUS 42
 #define WAIT_MS 5000
@@ -82,6 +87,18 @@ int main(int argc, char **argv)
 	if (waitid(P_PID, zombie, &si, WEXITED | WNOWAIT))
 		die("waitid WNOWAIT");
 	at(pidfd_open(zombie, 0), FD_ZOMBIE);
+	pid_t gone = fork();
+	if (gone < 0)
+		die("fork");
+	if (gone == 0)
+		_exit(0);
+	/* Exited, not reaped yet: the pidfd is opened, then it is reaped. */
+	memset(&si, 0, sizeof(si));
+	if (waitid(P_PID, gone, &si, WEXITED | WNOWAIT))
+		die("waitid WNOWAIT");
+	at(pidfd_open(gone, PIDFD_NONBLOCK), FD_REAPED);
+	if (waitpid(gone, NULL, 0) != gone)
+		die("waitpid");
 	at(pidfd_open(kid, PIDFD_NONBLOCK), FD_CHILD);
 	at(pidfd_open(getpid(), 0), FD_SELF);
 	if (outside)
@@ -108,6 +125,17 @@ int main(int argc, char **argv)
 		      si.si_code == CLD_EXITED && si.si_status == ZOMBIE_STATUS,
 	      "zombie: pid %d code %d status %d, want %d exited %d", si.si_pid, si.si_code,
 	      si.si_status, zombie, ZOMBIE_STATUS);
+
+	CHECK(fdinfo_pid(FD_REAPED) == -1, "fd %d Pid: %d, want -1 (reaped)", FD_REAPED,
+	      fdinfo_pid(FD_REAPED));
+	CHECK(fcntl(FD_REAPED, F_GETFL) & O_NONBLOCK, "fd %d lost PIDFD_NONBLOCK", FD_REAPED);
+	struct pollfd reaped = { .fd = FD_REAPED, .events = POLLIN };
+	CHECK(poll(&reaped, 1, 0) == 1 && (reaped.revents & POLLIN), "reaped pidfd not readable");
+	memset(&si, 0, sizeof(si));
+	CHECK(waitid(P_PIDFD, FD_REAPED, &si, WEXITED | WNOHANG) == -1 && errno == ECHILD,
+	      "waitid on the reaped pidfd: %s, want ECHILD", strerror(errno));
+	CHECK(syscall(SYS_pidfd_send_signal, FD_REAPED, 0, NULL, 0) == -1 && errno == ESRCH,
+	      "signal through the reaped pidfd: %s, want ESRCH", strerror(errno));
 
 	victim_write_file("exit", "exit");
 	struct pollfd p = { .fd = FD_CHILD, .events = POLLIN };

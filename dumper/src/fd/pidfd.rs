@@ -1,7 +1,9 @@
 //! pidfds: the process they refer to (`Pid:` of `/proc/PID/fdinfo`), which
 //! must be a process of the tree or an unreaped (zombie) child of one
-//! (restored with the same pid, then opened again with `pidfd_open`). A pidfd of a process outside the tree,
-//! of one already reaped (`Pid: -1`) or in another pid namespace
+//! (restored with the same pid, then opened again with `pidfd_open`), or
+//! one already reaped (`Pid: -1`: it refers to no process any more, and
+//! comes back as a pidfd of another process that exited and was reaped).
+//! A pidfd of a process outside the tree or in another pid namespace
 //! (`Pid: 0`) is refused by name.
 
 use ckpt_image::fd::file::Kind;
@@ -26,7 +28,7 @@ impl FileDumper for Pidfd {
     }
 
     fn description(&self) -> &'static str {
-        "pidfds of processes of the tree, with PIDFD_NONBLOCK and PIDFD_THREAD"
+        "pidfds of processes of the tree, with PIDFD_NONBLOCK and PIDFD_THREAD, and of processes already reaped"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -41,9 +43,12 @@ impl FileDumper for Pidfd {
             what: format!("Pid: {field} is not a number"),
         })?;
         match pid {
-            REAPED => Err(p.unsupported("pidfd of a process that has exited and was reaped")),
+            REAPED => Ok(Kind::Pidfd(PidfdFile {
+                pid: 0,
+                reaped: true,
+            })),
             OTHER_NAMESPACE => Err(p.unsupported("pidfd of a process in another pid namespace")),
-            pid => Ok(Kind::Pidfd(PidfdFile { pid })),
+            pid => Ok(Kind::Pidfd(PidfdFile { pid, reaped: false })),
         }
     }
 
@@ -53,6 +58,9 @@ impl FileDumper for Pidfd {
             let Some(Kind::Pidfd(pf)) = &tree.file(h.file_id).kind else {
                 continue;
             };
+            if pf.reaped {
+                continue;
+            }
             let live = tree.tables.iter().any(|(pid, _)| *pid == pf.pid);
             if !live && !zombie_child_of(tree, pf.pid) {
                 refused.push(Blocker {

@@ -6,6 +6,10 @@ pub use crate::pb::PidfdFile;
 
 impl super::Describe for PidfdFile {
     fn describe(&self) -> String {
-        format!("pidfd of pid {}", self.pid)
+        if self.reaped {
+            "pidfd of a process that exited and was reaped".into()
+        } else {
+            format!("pidfd of pid {}", self.pid)
+        }
     }
 }
