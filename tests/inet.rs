@@ -629,13 +629,35 @@ fn server_and_client(env: &TestEnv) -> (Victim, TcpStream) {
     (v, client)
 }
 
+/// The bytes of the stream the client sends while the tree is down.
+fn gap_bytes() -> Vec<u8> {
+    (SERVER_BEFORE..SERVER_BEFORE + SERVER_GAP)
+        .map(|i| stream_byte(0, i))
+        .collect()
+}
+
+/// Reads from the restored server the echo of what
+/// [`send_while_down`] sent, and checks it byte for byte.
+fn read_back_what_was_sent_while_down(client: &mut TcpStream) {
+    client
+        .set_read_timeout(Some(PUMP_TIMEOUT))
+        .expect("read timeout");
+    let mut back = vec![0u8; SERVER_GAP as usize];
+    client
+        .read_exact(&mut back)
+        .expect("read back what was sent while the tree was down");
+    assert!(
+        back == gap_bytes(),
+        "the restored server sent back other bytes"
+    );
+}
+
 /// Sends the bytes of the gap while the victim is down, and gives the
 /// kernel time to answer them (with a reset, were there no lock).
 fn send_while_down(client: &mut TcpStream) {
-    let gap: Vec<u8> = (SERVER_BEFORE..SERVER_BEFORE + SERVER_GAP)
-        .map(|i| stream_byte(0, i))
-        .collect();
-    client.write_all(&gap).expect("send while the tree is down");
+    client
+        .write_all(&gap_bytes())
+        .expect("send while the tree is down");
     std::thread::sleep(DOWN_TIME);
 }
 
@@ -711,17 +733,7 @@ fn outside_client_of_a_killed_server_sees_a_delay_not_a_reset() {
         "the restore left the lock {table} in place"
     );
     v.go();
-    client
-        .set_read_timeout(Some(PUMP_TIMEOUT))
-        .expect("read timeout");
-    let mut back = vec![0u8; SERVER_GAP as usize];
-    client
-        .read_exact(&mut back)
-        .expect("read back what was sent while the tree was down");
-    let want: Vec<u8> = (SERVER_BEFORE..SERVER_BEFORE + SERVER_GAP)
-        .map(|i| stream_byte(0, i))
-        .collect();
-    assert!(back == want, "the restored server sent back other bytes");
+    read_back_what_was_sent_while_down(&mut client);
     finish_restore(&v, restore);
 }
 
@@ -893,16 +905,6 @@ fn network_lock_goes_into_the_trees_network_namespace() {
         "the restore left the lock {table} in place"
     );
     v.go();
-    client
-        .set_read_timeout(Some(PUMP_TIMEOUT))
-        .expect("read timeout");
-    let mut back = vec![0u8; SERVER_GAP as usize];
-    client
-        .read_exact(&mut back)
-        .expect("read back what was sent while the tree was down");
-    let want: Vec<u8> = (SERVER_BEFORE..SERVER_BEFORE + SERVER_GAP)
-        .map(|i| stream_byte(0, i))
-        .collect();
-    assert!(back == want, "the restored server sent back other bytes");
+    read_back_what_was_sent_while_down(&mut client);
     finish_restore(&v, restore);
 }

@@ -72,6 +72,20 @@ pub fn proc_err(pid: i32, path: PathBuf, source: std::io::Error) -> DumpError {
     }
 }
 
+/// Whether process `pid` has `cap` in its effective set (`CapEff` of
+/// `/proc/PID/status`).
+pub fn has_effective_cap(pid: i32, cap: caps::Capability) -> Result<bool> {
+    let status = read(pid, "status")?;
+    let eff = status_field(&status, "CapEff")
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .ok_or_else(|| DumpError::Parse {
+            pid,
+            path: format!("/proc/{pid}/status"),
+            what: "no CapEff".into(),
+        })?;
+    Ok(eff & cap.bitmask() != 0)
+}
+
 /// A `Key:\tvalue` field of `/proc/PID/status`.
 pub fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
     status.lines().find_map(|l| {

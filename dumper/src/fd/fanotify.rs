@@ -23,9 +23,6 @@ use crate::{procfile, sys};
 /// `anon_inode:[fanotify]`.
 pub struct Fanotify;
 
-/// `CAP_SYS_ADMIN`, the capability fanotify_init wants of a full group.
-const CAP_SYS_ADMIN: u32 = 21;
-
 impl FileDumper for Fanotify {
     fn name(&self) -> &'static str {
         "fanotify"
@@ -40,7 +37,8 @@ impl FileDumper for Fanotify {
     }
 
     fn collect(&self, p: &FdParams, _file_id: u64, _blobs: &mut Blobs) -> Result<Kind> {
-        if !has_sys_admin(p.pid)? {
+        // fanotify_init wants CAP_SYS_ADMIN of a full group.
+        if !procfile::has_effective_cap(p.pid, caps::Capability::CAP_SYS_ADMIN)? {
             return Err(p.unsupported(
                 "fanotify group of a process without CAP_SYS_ADMIN (restoring it would take privileges the process does not have)",
             ));
@@ -98,19 +96,6 @@ impl FileDumper for Fanotify {
             marks,
         }))
     }
-}
-
-/// The process has CAP_SYS_ADMIN in its effective set.
-fn has_sys_admin(pid: i32) -> Result<bool> {
-    let status = procfile::read(pid, "status")?;
-    let eff = procfile::status_field(&status, "CapEff")
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .ok_or_else(|| DumpError::Parse {
-            pid,
-            path: format!("/proc/{pid}/status"),
-            what: "no CapEff".into(),
-        })?;
-    Ok(eff & (1 << CAP_SYS_ADMIN) != 0)
 }
 
 /// A path reaching what the mark is on.

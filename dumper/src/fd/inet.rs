@@ -93,8 +93,6 @@ const TCPI_OPT_WSCALE: u8 = 4;
 /// `SIOCINQ` / `SIOCOUTQ` (FIONREAD / TIOCOUTQ for sockets).
 const SIOCINQ: libc::c_ulong = libc::FIONREAD;
 const SIOCOUTQ: libc::c_ulong = libc::TIOCOUTQ;
-/// `CAP_NET_BIND_SERVICE`, a bit of `CapEff`.
-const CAP_NET_BIND_SERVICE: u32 = 10;
 
 /// What getsockopt says a socket is.
 struct Identity {
@@ -201,7 +199,10 @@ impl FileDumper for Inet {
             options: Some(options),
             backlog: 0,
             tcp: None,
-            may_bind_privileged: may_bind_privileged(p.pid)?,
+            may_bind_privileged: procfile::has_effective_cap(
+                p.pid,
+                caps::Capability::CAP_NET_BIND_SERVICE,
+            )?,
             pmix: None,
         };
         let name = |a: &Option<SocketAddr>| a.map_or("-".to_string(), |a| a.to_string());
@@ -582,19 +583,6 @@ fn pmix_link(p: &FdParams, sock: BorrowedFd<'_>, peer: SocketAddr) -> Result<Opt
         )));
     }
     Ok(Some(link))
-}
-
-/// The process has CAP_NET_BIND_SERVICE in its effective set.
-fn may_bind_privileged(pid: i32) -> Result<bool> {
-    let status = procfile::read(pid, "status")?;
-    let eff = procfile::status_field(&status, "CapEff")
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .ok_or_else(|| DumpError::Parse {
-            pid,
-            path: format!("/proc/{pid}/status"),
-            what: "no CapEff".into(),
-        })?;
-    Ok(eff & (1 << CAP_NET_BIND_SERVICE) != 0)
 }
 
 /// What [`crate::Frozen::drain`] does with TCP connections.

@@ -191,11 +191,7 @@ fn recreate_ghost(
     image: &RegFile,
     ghost: &str,
 ) -> Result<i32> {
-    let own = Ownership {
-        uid: image.uid,
-        gid: image.gid,
-        mode: image.mode,
-    };
+    let own = ownership(image);
     create::check_owner(cx.fs_identity(), cx.pid(), &image.path, &own)?;
     let data = cx.shared.images.read_raw(ghost)?;
     let created = create::create_exclusive(r, &image.path)?;
@@ -211,6 +207,15 @@ fn recreate_ghost(
     take_from(r, std::process::id() as i32, handover.reopened.as_raw_fd())
 }
 
+/// The owner, group and mode a file recreated for `image` ends up with.
+fn ownership(image: &RegFile) -> Ownership {
+    Ownership {
+        uid: image.uid,
+        gid: image.gid,
+        mode: image.mode,
+    }
+}
+
 /// Makes a directory removed while open again, empty, with its owner and
 /// mode, opens it with the dumped flags and removes it again.
 fn recreate_removed_dir(
@@ -219,11 +224,7 @@ fn recreate_removed_dir(
     file: &File,
     image: &RegFile,
 ) -> Result<i32> {
-    let own = Ownership {
-        uid: image.uid,
-        gid: image.gid,
-        mode: image.mode,
-    };
+    let own = ownership(image);
     create::check_owner(cx.fs_identity(), cx.pid(), &image.path, &own)?;
     create::removed_dir(r, &image.path, &own, reopen_flags(file))
 }
@@ -252,11 +253,7 @@ fn fill_and_open(
         .fs_uid()
         .unwrap_or_else(|| nix::unistd::geteuid().as_raw());
     let mut here = created.open_here(creator)?;
-    let own = Ownership {
-        uid: image.uid,
-        gid: image.gid,
-        mode: image.mode,
-    };
+    let own = ownership(image);
     create::fill(&mut here, &own, data)
         .map_err(|e| err(format!("cannot write the unlinked file's contents: {e}")))?;
     // The dumped access mode may be one the final mode no longer grants
