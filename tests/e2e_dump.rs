@@ -7,6 +7,7 @@ mod background;
 mod cli;
 mod common;
 mod failures;
+mod ib_layer;
 mod incremental;
 mod killed_dumper;
 mod lazy;

@@ -88,7 +88,9 @@ connected plain.out
 ./ckpt dump --tree $P --dir plain-img >refused.out 2>&1; echo "plain dump exit $?"
 wait $P; echo "plain job exit $?"
 
-CKPT_IB_LAYER=$S/libckpt_ibverbs.so ./ckpt run --ib -- ./rc_pingpong rxe0 LONG_MESSAGES >job.out 2>&1 </dev/null &
+# Launched by a shell, as a batch script would: the shell has the layer
+# and no verbs object (nor libibverbs).
+CKPT_IB_LAYER=$S/libckpt_ibverbs.so ./ckpt run --ib -- sh -c './rc_pingpong rxe0 LONG_MESSAGES; echo "launcher: job exit $?"' >job.out 2>&1 </dev/null &
 P=$!
 connected job.out
 ./ckpt -v dump --tree $P --dir img --kill >dump.out 2>&1; echo "dump exit $?"
@@ -133,6 +135,40 @@ R1=$!
 ./ckpt -v restore --dir n2 --coord 127.0.0.1:7420 --job J --node n2 --peers n1,n2 >restore2.out 2>&1; echo "restore2 exit $?"
 wait $R1; echo "restore1 exit $?"
 kill $C
+"#;
+
+/// Two ranks launched by Open MPI's `mpirun` (not MPI programs: each
+/// is one side of the ping-pong, by its rank), the whole launch under
+/// `ckpt run --ib`: mpirun, its ranks' shells and the ranks all have the
+/// layer, only the ranks a verbs object. Dumped mid-stream, restored.
+const MPIRUN_SCRIPT: &str = r#"#!/bin/sh
+S=$CKPT_IB_SCRATCH
+cd "$S"
+export CKPT_IMAGE_KEY=$S/key
+(umask 077; head -c 32 /dev/urandom >"$CKPT_IMAGE_KEY")
+export CKPT_IB_LAYER=$S/libckpt_ibverbs.so
+# The guest boots without a host name, which Open MPI refuses ("(none)").
+hostname ibguest
+cat >rank.sh <<'RANK'
+#!/bin/sh
+if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then
+    ./rc_pingpong rxe0 LONG_MESSAGES --server 7600 >rank0.out 2>&1
+else
+    ./rc_pingpong rxe0 LONG_MESSAGES --client 7600 >rank1.out 2>&1
+fi
+echo "rank $OMPI_COMM_WORLD_RANK exit $?"
+RANK
+chmod +x rank.sh
+MPIRUN="mpirun --allow-run-as-root --oversubscribe -np 2 --mca btl self,tcp --mca plm isolated"
+$MPIRUN ./rank.sh >ref-mpirun.out 2>&1 </dev/null; echo "reference exit $?"
+mv rank0.out ref-rank0.out; mv rank1.out ref-rank1.out
+./ckpt run --ib -- $MPIRUN ./rank.sh >mpirun.out 2>&1 </dev/null &
+P=$!
+i=0; while [ "$(cat rank0.out rank1.out 2>/dev/null | grep -c qp_num)" -lt 2 ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+sleep 1
+./ckpt -v dump --tree $P --dir img --kill >dump.out 2>&1; echo "dump exit $?"
+wait $P
+./ckpt -v restore --dir img >restore.out 2>&1; echo "restore exit $?"
 "#;
 
 /// ibv_rc_pingpong as two nodes: `round TAG PORT ITERS [-e]` runs a
@@ -261,28 +297,6 @@ done
 wait $W; echo "held exit $?"
 "#;
 
-/// libckpt_ibverbs.so beside the ckpt binary; built if a narrower
-/// `cargo test` did not build it.
-fn shadow_library() -> PathBuf {
-    let dir = Path::new(CKPT).parent().expect("target dir").to_path_buf();
-    let lib = dir.join("libckpt_ibverbs.so");
-    if !lib.exists() {
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "-p", "ckpt-ib-shadow"]);
-        if dir.ends_with("release") {
-            cmd.arg("--release");
-        }
-        let out = cmd.output().expect("run cargo build -p ckpt-ib-shadow");
-        assert!(
-            out.status.success(),
-            "cargo build -p ckpt-ib-shadow: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    assert!(lib.exists(), "{} not built", lib.display());
-    lib
-}
-
 /// One test's guests at a time: more TCG guests than cores each run at a
 /// fraction of the speed, past their timeouts.
 static ONE_GUEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -343,7 +357,7 @@ fn run_in_guest_with(script_text: &str, files: &[&str], programs: &[&str]) -> Gu
     let scratch = guest::scratch("ckpt-ib-ckpt.");
     let s = scratch.path();
     guest::copy_executable(Path::new(CKPT), &s.join("ckpt"));
-    fs::copy(shadow_library(), s.join("libckpt_ibverbs.so")).expect("copy the layer");
+    fs::copy(verbs_layer_library(), s.join("libckpt_ibverbs.so")).expect("copy the layer");
     compile_pingpong(&s.join("rc_pingpong"));
     for p in programs {
         compile(&format!("tests/c/ib/{p}.c"), &s.join(p));
@@ -435,6 +449,10 @@ fn a_verbs_job_is_dumped_mid_stream_and_finishes_it_after_restore() {
         "{all}"
     );
     let job = read("job.out");
+    assert!(
+        job.contains("launcher: job exit 0"),
+        "the launching shell, restored with the layer and no verbs object: {all}"
+    );
     assert_eq!(
         checksums(&job),
         reference,
@@ -443,6 +461,51 @@ fn a_verbs_job_is_dumped_mid_stream_and_finishes_it_after_restore() {
     // Dumped mid-stream: the job had not finished when it was killed (its
     // two "stream ok" lines come from the restored processes).
     assert!(!dump.contains("no such process"), "{all}");
+}
+
+#[test]
+fn verbs_ranks_launched_by_mpirun_are_dumped_and_restored_with_their_launcher() {
+    let g = run_in_guest(
+        MPIRUN_SCRIPT,
+        &[
+            "ref-mpirun.out",
+            "ref-rank0.out",
+            "ref-rank1.out",
+            "mpirun.out",
+            "rank0.out",
+            "rank1.out",
+            "dump.out",
+            "restore.out",
+        ],
+    );
+    let (stdout, all) = (&g.stdout, &g.all);
+    let reference: Vec<String> = ["ref-rank0.out", "ref-rank1.out"]
+        .iter()
+        .flat_map(|f| checksums(&g.read(f)))
+        .collect();
+    assert!(
+        stdout.contains("reference exit 0") && reference.len() == 2 && reference[0] == reference[1],
+        "the uninterrupted run under mpirun: {all}"
+    );
+    let dump = g.read("dump.out");
+    assert!(
+        stdout.contains("dump exit 0") && dump.contains("verbs drained") && dump.contains("killed"),
+        "{all}"
+    );
+    assert!(stdout.contains("restore exit 0"), "{all}");
+    let restored: Vec<String> = ["rank0.out", "rank1.out"]
+        .iter()
+        .flat_map(|f| checksums(&g.read(f)))
+        .collect();
+    assert_eq!(
+        restored, reference,
+        "the restored ranks' streams differ from the uninterrupted ones: {all}"
+    );
+    let launched = g.read("mpirun.out");
+    assert!(
+        launched.contains("rank 0 exit 0") && launched.contains("rank 1 exit 0"),
+        "mpirun, restored, forwards its ranks' ends: {all}"
+    );
 }
 
 #[test]
@@ -528,7 +591,7 @@ fn a_verbs_job_on_two_guests_restarts_across_their_link() {
     let scratch = guest::scratch("ckpt-ib-link.");
     let s = scratch.path();
     guest::copy_executable(Path::new(CKPT), &s.join("ckpt"));
-    fs::copy(shadow_library(), s.join("libckpt_ibverbs.so")).expect("copy the layer");
+    fs::copy(verbs_layer_library(), s.join("libckpt_ibverbs.so")).expect("copy the layer");
     compile_pingpong(&s.join("rc_pingpong"));
     // One image key for both nodes.
     let key: Vec<u8> = (0..32u8)

@@ -79,3 +79,26 @@ pub use poll::*;
 pub use procfs::*;
 pub use service::*;
 pub use victims::*;
+
+/// The verbs layer, `libckpt_ibverbs.so`, beside the ckpt executable
+/// (where `ckpt run --ib` looks first), built if it is not there yet:
+/// `cargo test` builds the workspace's binaries, not its cdylibs.
+pub fn verbs_layer_library() -> PathBuf {
+    let dir = Path::new(CKPT).parent().expect("target dir").to_path_buf();
+    let lib = dir.join("libckpt_ibverbs.so");
+    if !lib.exists() {
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "-p", "ckpt-ib-shadow"]);
+        if dir.ends_with("release") {
+            cmd.arg("--release");
+        }
+        let out = cmd.output().expect("run cargo build -p ckpt-ib-shadow");
+        assert!(
+            out.status.success(),
+            "cargo build -p ckpt-ib-shadow: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(lib.exists(), "{} not built", lib.display());
+    lib
+}

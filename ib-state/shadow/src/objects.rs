@@ -274,6 +274,14 @@ pub struct Registry {
     pub ahs: Vec<Ptr<Ah>>,
 }
 
+impl Registry {
+    /// Whether the process holds no verbs object: every other object
+    /// hangs off a device context, so none is open.
+    pub fn is_empty(&self) -> bool {
+        self.contexts.is_empty()
+    }
+}
+
 /// The registry.
 pub fn registry() -> MutexGuard<'static, Registry> {
     static REGISTRY: Mutex<Registry> = Mutex::new(Registry {

@@ -435,6 +435,13 @@ pub fn restart_local(retire_old: bool) -> Result<Blob, Failure> {
         return Err(fail(libc::EBUSY, "a thread is inside a verbs call"));
     }
     let reg = registry();
+    // A process the layer is preloaded into without a verbs object of its
+    // own (the batch shell, `mpirun`, a launcher's daemons) may not even
+    // have libibverbs loaded: it has nothing to recreate, and resolving
+    // the real verbs would abort it.
+    if reg.is_empty() {
+        return Ok(Blob::default());
+    }
     if retire_old {
         teardown(&reg);
     }
@@ -669,6 +676,11 @@ pub fn restart_connect(all: &[u8]) -> Result<(), Failure> {
         }
     }
     let reg = registry();
+    // Nothing of this process's to reconnect (see `restart_local`); the
+    // peers' ids above are kept for objects it creates later.
+    if reg.is_empty() {
+        return Ok(());
+    }
     let r = real();
     let ids_now = ids().read().unwrap_or_else(|e| e.into_inner());
     // SAFETY (for the blocks below): registry pointers are live shadows;
