@@ -297,12 +297,23 @@ pub fn assert_two_parts_checkpointed_and_restored(
     launched: Option<&str>,
     diag: &dyn Fn() -> String,
 ) {
+    assert_parts_checkpointed_and_restored(output, 2, launched, diag);
+}
+
+/// [`assert_two_parts_checkpointed_and_restored`] for a job of `parts`
+/// parts (ranks of `srun --mpi=pmix`, several a node).
+pub fn assert_parts_checkpointed_and_restored(
+    output: &str,
+    parts: usize,
+    launched: Option<&str>,
+    diag: &dyn Fn() -> String,
+) {
     if let Some(line) = launched {
         assert!(output.contains(line), "no `{line}`\n{}", diag());
     }
     for said in [
-        "ckpt slurm: the job's 2 parts checkpointed into ",
-        ": restoring the job's 2 parts from ",
+        format!("ckpt slurm: the job's {parts} parts checkpointed into "),
+        format!(": restoring the job's {parts} parts from "),
     ] {
         assert!(output.contains(said), "no `{said}`\n{}", diag());
     }

@@ -426,7 +426,7 @@ fn ckpt_slurm_srun_mpi_pmix_ring_is_checkpointed_on_the_warning_requeued_and_res
     assert!(result.starts_with("PASS"), "{result}\n{}", diag());
     assert_two_parts_checkpointed_and_restored(
         &read_to_string_lossy(&output),
-        Some("ckpt slurm: srun --mpi=pmix: one rank a node"),
+        Some("ckpt slurm: srun --mpi=pmix: the allocation's tasks, each rank a part"),
         &diag,
     );
     if lab.started {

@@ -466,6 +466,10 @@ struct UsersMpiJob {
     /// while the ring runs (two ranks over MPICH do a round in little more
     /// than the pause).
     pause_us: u32,
+    /// How many parts the job has (a node's, or a rank's each).
+    parts: usize,
+    /// A part that runs on n2, whose images must be the user's.
+    part_on_n2: &'static str,
 }
 
 fn users_mpi_job_across_two_nodes(job: &UsersMpiJob) {
@@ -543,14 +547,15 @@ fn users_mpi_job_across_two_nodes(job: &UsersMpiJob) {
     );
     let result = read_to_string_lossy(&env.work.join("result"));
     assert!(result.starts_with("PASS"), "ring: {result}\n{}", diag());
-    assert_two_parts_checkpointed_and_restored(
+    assert_parts_checkpointed_and_restored(
         &read_to_string_lossy(&output),
+        job.parts,
         Some(job.runs_once),
         &diag,
     );
     use std::os::unix::fs::MetadataExt;
-    let epoch = std::fs::read_dir(dir.join("job/parts/n2"))
-        .expect("part n2")
+    let epoch = std::fs::read_dir(dir.join("job/parts").join(job.part_on_n2))
+        .unwrap_or_else(|e| panic!("part {}: {e}\n{}", job.part_on_n2, diag()))
         .flatten()
         .find(|e| e.file_name().to_string_lossy().starts_with("epoch-"))
         .unwrap_or_else(|| panic!("no epoch of n2\n{}", diag()));
@@ -574,6 +579,8 @@ fn users_open_mpi_job_across_two_nodes_is_checkpointed_requeued_and_restored() {
         victim: mpi_victim_bin,
         runs_once: "ckpt slurm: mpirun (Open MPI) runs once, as node n1's part",
         pause_us: 2_000,
+        parts: 2,
+        part_on_n2: "n2",
     });
 }
 
@@ -590,13 +597,17 @@ fn users_mpich_job_across_two_nodes_is_checkpointed_requeued_and_restored() {
         victim: mpich_victim_bin,
         runs_once: "ckpt slurm: mpiexec.mpich (MPICH (hydra)) runs once, as node n1's part",
         pause_us: 10_000,
+        parts: 2,
+        part_on_n2: "n2",
     });
 }
 
-/// `srun --mpi=pmix`, one rank a node: the ranks are the parts, each
-/// started by slurmstepd as the user, linked to its node's PMIx server
-/// (inside slurmstepd), which checks the user of every connection; the
-/// restored ranks' links are made again for the requeued job's step.
+/// `srun --mpi=pmix`, two ranks a node (the allocation's tasks): the
+/// ranks are the parts, each started by slurmstepd as the user, linked to
+/// its node's PMIx server (inside slurmstepd), which checks the user of
+/// every connection; each restored rank comes back as the same task of
+/// the requeued job's first step, its link made again to that step's
+/// server.
 #[test]
 fn users_srun_mpi_pmix_job_across_two_nodes_is_checkpointed_requeued_and_restored() {
     users_mpi_job_across_two_nodes(&UsersMpiJob {
@@ -604,7 +615,9 @@ fn users_srun_mpi_pmix_job_across_two_nodes_is_checkpointed_requeued_and_restore
         exports: "OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo",
         launch: "srun --mpi=pmix",
         victim: mpi_victim_bin,
-        runs_once: "ckpt slurm: srun --mpi=pmix: one rank a node",
+        runs_once: "ckpt slurm: srun --mpi=pmix: the allocation's tasks, each rank a part",
         pause_us: 10_000,
+        parts: 4,
+        part_on_n2: "task-000002",
     });
 }

@@ -41,14 +41,25 @@ pub enum LaunchError {
         /// The template given.
         via: String,
     },
-    /// srun places one task per node, and these parts share nodes.
+    /// srun places the same number of agents on every node, in part
+    /// order, and these parts' nodes are not laid out so.
     #[error(
-        "--launch srun runs one agent per node, but the parts' nodes are {}: use --launch netns or exec",
+        "--launch srun runs {per_node} agent(s) a node on consecutive parts, but the parts' nodes are {}: use --tasks-per-node, or --launch netns or exec",
         nodes.join(",")
     )]
     SharedNodes {
         /// The parts' nodes, in part order.
         nodes: Vec<String>,
+        /// The agents a node asked for.
+        per_node: u32,
+    },
+    /// A number of parts srun cannot split evenly over the nodes.
+    #[error("--launch srun with {per_node} agent(s) a node cannot run {parts} parts")]
+    UnevenTasks {
+        /// How many parts.
+        parts: usize,
+        /// The agents a node asked for.
+        per_node: u32,
     },
     /// A launcher did not start.
     #[error("starting {label}: {program:?}")]
@@ -126,6 +137,10 @@ pub struct Launcher {
     /// dumped with `--pmix-reconnect` (the step must be the requeued job's
     /// first, with the dumped task layout, to serve their namespace).
     pub srun_pmix: bool,
+    /// With [`LaunchKind::Srun`]: agents a node (at least 1), the parts
+    /// laid out on the nodes as Slurm's block distribution lays out tasks
+    /// (`srun --ntasks-per-node`): consecutive parts on one node.
+    pub tasks_per_node: u32,
 }
 
 impl Launcher {
@@ -230,7 +245,7 @@ pub fn exit_code(s: std::process::ExitStatus) -> i32 {
 pub fn launch(o: &Launcher, agent: &[OsString], placements: &[Placement]) -> Result<Vec<Launched>> {
     let me = std::env::current_exe().map_err(LaunchError::OwnExe)?;
     match o.kind {
-        LaunchKind::Srun => Ok(vec![srun(&me, agent, placements, o.srun_pmix)?]),
+        LaunchKind::Srun => Ok(vec![srun(&me, agent, placements, o)?]),
         LaunchKind::Netns | LaunchKind::Exec => {
             let mut out = Vec::new();
             for p in placements {
@@ -275,44 +290,58 @@ fn via_command(via: Option<&str>, node: &str) -> Result<Command> {
     Ok(c)
 }
 
-/// One `srun --overlap` step with one agent task per node; with `pmix`,
-/// a step with slurmstepd's PMIx server.
-fn srun(
-    me: &PathBuf,
-    agent: &[OsString],
-    placements: &[Placement],
-    pmix: bool,
-) -> Result<Launched> {
+/// One `srun --overlap` step of agents, `o.tasks_per_node` a node, in
+/// block distribution; with `o.srun_pmix`, a step with slurmstepd's PMIx
+/// server.
+fn srun(me: &PathBuf, agent: &[OsString], placements: &[Placement], o: &Launcher) -> Result<Launched> {
     let k = placements.len();
+    let per_node = o.tasks_per_node.max(1);
+    let per = per_node as usize;
+    if !k.is_multiple_of(per) {
+        return Err(LaunchError::UnevenTasks {
+            parts: k,
+            per_node,
+        });
+    }
     let mut cmd = Command::new(SRUN);
     cmd.args([
         "--overlap".to_string(),
         // Otherwise a site's MpiDefault=pmix would put a slurmstepd PMIx
         // server behind every agent, outside the job.
-        if pmix { "--mpi=pmix" } else { "--mpi=none" }.to_string(),
-        format!("--nodes={k}"),
+        if o.srun_pmix { "--mpi=pmix" } else { "--mpi=none" }.to_string(),
+        format!("--nodes={}", k / per),
         format!("--ntasks={k}"),
-        "--ntasks-per-node=1".to_string(),
+        format!("--ntasks-per-node={per_node}"),
+        // Task i on the (i / per)-th node: how the agents find their part.
+        "--distribution=block".to_string(),
     ]);
     let nodes: Vec<&str> = placements
         .iter()
         .filter_map(|p| p.node.as_deref())
         .collect();
+    let mut distinct: Vec<&str> = Vec::new();
     if !nodes.is_empty() {
-        let mut distinct = nodes.clone();
-        distinct.sort_unstable();
-        distinct.dedup();
-        if distinct.len() != nodes.len() || nodes.len() != k {
+        let chunks: Vec<&[&str]> = nodes.chunks(per).collect();
+        let laid_out = nodes.len() == k
+            && chunks.iter().all(|c| c.iter().all(|n| *n == c[0]))
+            && {
+                distinct = chunks.iter().map(|c| c[0]).collect();
+                let mut sorted = distinct.clone();
+                sorted.sort_unstable();
+                sorted.dedup();
+                sorted.len() == distinct.len()
+            };
+        if !laid_out {
             let nodes = nodes.iter().map(|n| n.to_string()).collect();
-            return Err(LaunchError::SharedNodes { nodes });
+            return Err(LaunchError::SharedNodes { nodes, per_node });
         }
-        cmd.arg(format!("--nodelist={}", nodes.join(",")));
+        cmd.arg(format!("--nodelist={}", distinct.join(",")));
     }
     cmd.arg(me).args(agent).arg("--slurm");
-    if !nodes.is_empty() {
+    if !distinct.is_empty() {
         // Slurm numbers the step's nodes in its own order: the agents find
         // their part by their node's place in ours.
-        cmd.arg(format!("--slurm-nodes={}", nodes.join(",")));
+        cmd.arg(format!("--slurm-nodes={}", distinct.join(",")));
     }
     spawn(cmd, format!("srun step of {k} agents"))
 }
@@ -339,4 +368,49 @@ fn spawn(mut cmd: Command, label: String) -> Result<Launched> {
         child,
         exit: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn placed(nodes: &[&str]) -> Vec<Placement> {
+        nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| Placement {
+                part: format!("task-{i:06}"),
+                node: Some(n.to_string()),
+            })
+            .collect()
+    }
+
+    fn srun_launcher(tasks_per_node: u32) -> Launcher {
+        Launcher {
+            kind: LaunchKind::Srun,
+            nodes: Vec::new(),
+            via: None,
+            srun_pmix: false,
+            tasks_per_node,
+        }
+    }
+
+    /// srun's block distribution puts consecutive tasks on one node: parts
+    /// laid out otherwise, or not filling every node alike, are refused
+    /// before any step starts.
+    #[test]
+    fn an_srun_step_needs_the_parts_laid_out_as_its_tasks() {
+        let me = PathBuf::from("/nonexistent/ckpt");
+        for (nodes, per_node) in [
+            (&["n1", "n2", "n1", "n2"][..], 2),
+            (&["n1", "n1", "n1", "n2"][..], 2),
+            (&["n1", "n1"][..], 1),
+            (&["n1", "n1", "n2", "n2", "n1", "n1"][..], 2),
+        ] {
+            let err = srun(&me, &[], &placed(nodes), &srun_launcher(per_node)).unwrap_err();
+            assert!(matches!(err, LaunchError::SharedNodes { .. }), "{nodes:?}: {err}");
+        }
+        let err = srun(&me, &[], &placed(&["n1", "n1", "n2"]), &srun_launcher(2)).unwrap_err();
+        assert!(matches!(err, LaunchError::UnevenTasks { parts: 3, per_node: 2 }), "{err}");
+    }
 }

@@ -40,23 +40,35 @@ pub enum PartError {
         nodes: Vec<String>,
     },
     /// `--slurm` outside a Slurm step.
-    #[error("--slurm: SLURM_NODEID is not set")]
-    NoNodeId(#[source] std::env::VarError),
-    /// A node index that is no number.
-    #[error("SLURM_NODEID={id}: not a number")]
-    NodeIdNotNumber {
-        /// What Slurm set.
-        id: String,
-        /// The parse error.
-        #[source]
-        source: std::num::ParseIntError,
+    #[error("--slurm: {var} is not set")]
+    NoStepVar {
+        /// The variable Slurm sets for a task.
+        var: &'static str,
     },
-    /// A node index beyond the parts.
-    #[error("SLURM_NODEID={index}, but the job has {parts} parts")]
-    NodeIdBeyond {
-        /// The node's index in the step.
+    /// A task's variable that is no number.
+    #[error("{var}={value}: not a number")]
+    StepVarNotNumber {
+        /// The variable.
+        var: &'static str,
+        /// What Slurm set.
+        value: String,
+    },
+    /// A task's place beyond the parts.
+    #[error("this agent is task {index} of its step, but the job has {parts} parts")]
+    TaskBeyond {
+        /// The agent's place in the step.
         index: usize,
         /// How many parts the job has.
+        parts: usize,
+    },
+    /// More agents on a node than parts recorded there.
+    #[error("node {node}: agent {local} of this node, but {parts} parts run here")]
+    LocalBeyond {
+        /// This node.
+        node: String,
+        /// The agent's place on the node (SLURM_LOCALID).
+        local: usize,
+        /// How many parts run on the node.
         parts: usize,
     },
     /// A dump agent on another node than its part's.
@@ -106,6 +118,38 @@ pub fn this_node() -> String {
                 .map(|s| s.trim().to_string())
                 .unwrap_or_else(|_| "node".to_string())
         })
+}
+
+/// The prefix of a part named after its Slurm task (`ckpt job run
+/// --slurm-task`).
+const TASK_PART_PREFIX: &str = "task-";
+
+/// The part of this Slurm task: `task-` and SLURM_PROCID, zero-padded so
+/// that the parts' order (by name) is the tasks' order, which a restore
+/// step with the same layout reproduces (a rank of `srun --mpi=pmix` must
+/// come back as the same task).
+pub fn slurm_task_part() -> Result<String> {
+    let id = step_var("SLURM_PROCID")?.ok_or(PartError::NoStepVar {
+        var: "SLURM_PROCID",
+    })?;
+    Ok(format!("{TASK_PART_PREFIX}{id:06}"))
+}
+
+/// A number Slurm sets for each task of a step, if set.
+fn step_var(var: &'static str) -> Result<Option<usize>> {
+    match std::env::var(var) {
+        Ok(value) => value
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| PartError::StepVarNotNumber { var, value }),
+        Err(_) => Ok(None),
+    }
+}
+
+/// This task's place among its node's tasks in the step (0 outside one).
+fn local_id() -> Result<usize> {
+    Ok(step_var("SLURM_LOCALID")?.unwrap_or(0))
 }
 
 /// A part that starts on this node now (`ckpt job run`).
@@ -171,26 +215,41 @@ pub struct AgentPart {
 }
 
 impl AgentPart {
-    /// Resolves the agent's part: `--part`, or under srun the part on this
-    /// node (`by_node`: a dump) or the SLURM_NODEID-th part (a restore:
-    /// parts may move).
+    /// Resolves the agent's part: `--part`, or under srun, with
+    /// SLURM_LOCALID the agent's place among its node's agents: that
+    /// place among the parts on this node (`by_node`: a dump), or the
+    /// part at the agent's place in the step (a restore: parts may move).
     pub fn resolve(dir: JobDir, c: &PartChoice, by_node: bool) -> Result<AgentPart> {
         let node = c.node.clone().unwrap_or_else(this_node);
         check_name("node", &node)?;
         let part = match &c.part {
             Some(p) => p.clone(),
-            None if by_node => dir
-                .parts()?
-                .into_iter()
-                .find(|p| p.node.as_deref() == Some(node.as_str()))
-                .map(|p| p.name)
-                .ok_or_else(|| PartError::NoPartHere { node: node.clone() })?,
+            None if by_node => {
+                let here: Vec<String> = dir
+                    .parts()?
+                    .into_iter()
+                    .filter(|p| p.node.as_deref() == Some(node.as_str()))
+                    .map(|p| p.name)
+                    .collect();
+                if here.is_empty() {
+                    return Err(PartError::NoPartHere { node });
+                }
+                let local = local_id()?;
+                let parts = here.len();
+                here.into_iter()
+                    .nth(local)
+                    .ok_or(PartError::LocalBeyond {
+                        node: node.clone(),
+                        local,
+                        parts,
+                    })?
+            }
             None => {
                 let index = step_index(c, &node)?;
                 let parts = dir.parts()?;
                 let n = parts.len();
                 let nth = parts.into_iter().nth(index).map(|p| p.name);
-                nth.ok_or(PartError::NodeIdBeyond { index, parts: n })?
+                nth.ok_or(PartError::TaskBeyond { index, parts: n })?
             }
         };
         dir.ensure_part(&part)?;
@@ -211,19 +270,26 @@ impl AgentPart {
     }
 }
 
-/// This node's index in the srun step: its place in the launcher's node
-/// list, else SLURM_NODEID.
+/// This agent's place in the srun step: its node's place in the
+/// launcher's node list (else SLURM_NODEID) times the step's agents a
+/// node, plus its place on the node. Slurm's block distribution numbers
+/// the tasks the same way, so with one agent a node this is SLURM_NODEID
+/// and with several, SLURM_PROCID of the task that ran the part.
 fn step_index(c: &PartChoice, node: &str) -> Result<usize> {
-    if let Some(i) = c.slurm_nodes.iter().position(|n| n == node) {
-        return Ok(i);
-    }
-    if !c.slurm_nodes.is_empty() {
+    let node_index = if let Some(i) = c.slurm_nodes.iter().position(|n| n == node) {
+        i
+    } else if !c.slurm_nodes.is_empty() {
         return Err(PartError::NotStepNode {
             node: node.to_string(),
             nodes: c.slurm_nodes.clone(),
         });
-    }
-    let id = std::env::var("SLURM_NODEID").map_err(PartError::NoNodeId)?;
-    id.parse()
-        .map_err(|source| PartError::NodeIdNotNumber { id, source })
+    } else {
+        step_var("SLURM_NODEID")?.ok_or(PartError::NoStepVar {
+            var: "SLURM_NODEID",
+        })?
+    };
+    let tasks = step_var("SLURM_STEP_NUM_TASKS")?.unwrap_or(1);
+    let nodes = step_var("SLURM_STEP_NUM_NODES")?.unwrap_or(1).max(1);
+    let per_node = (tasks / nodes).max(1);
+    Ok(node_index * per_node + local_id()?)
 }

@@ -60,6 +60,11 @@ struct LaunchOpts {
     /// e.g. `srun --overlap --nodes=1 --ntasks=1 --nodelist={host}` (split on spaces, no shell).
     #[arg(long, value_name = "CMD")]
     via: Option<String>,
+    /// With `--launch srun`: agents a node, on consecutive parts (as
+    /// `srun --ntasks-per-node` lays out tasks: parts of `ckpt job run
+    /// --slurm-task` started so).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), value_name = "K")]
+    tasks_per_node: u32,
 }
 
 impl LaunchOpts {
@@ -75,6 +80,7 @@ impl LaunchOpts {
             nodes: self.nodes.clone(),
             via: self.via.clone(),
             srun_pmix: false,
+            tasks_per_node: self.tasks_per_node,
         }
     }
 }
@@ -131,8 +137,13 @@ struct RunArgs {
     #[arg(long, short = 'D', value_name = "JOBDIR")]
     dir: PathBuf,
     /// This part's name, unique in the job (default: the node name).
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", conflicts_with = "slurm_task")]
     part: Option<String>,
+    /// Started by srun with several tasks a node: the part is this task's,
+    /// named `task-` and its SLURM_PROCID (zero-padded), so that a restore
+    /// step of the same layout brings each task back as itself.
+    #[arg(long)]
+    slurm_task: bool,
     /// This node's name (default: $SLURMD_NODENAME, else the named network
     /// namespace this runs in, else the host name).
     #[arg(long, value_name = "NAME")]
@@ -409,7 +420,12 @@ fn os(words: &[&str]) -> Vec<OsString> {
 }
 
 fn run_part(a: RunArgs) -> anyhow::Result<ExitCode> {
-    let claimed = part::claim(&a.dir, a.part.as_deref(), a.node.as_deref())?;
+    let task_part = a.slurm_task.then(part::slurm_task_part).transpose()?;
+    let claimed = part::claim(
+        &a.dir,
+        task_part.as_deref().or(a.part.as_deref()),
+        a.node.as_deref(),
+    )?;
     let mut argv = os(&["run", "--pidns", "--pidfile"]);
     argv.push(claimed.pidfile.clone().into_os_string());
     if a.uts {

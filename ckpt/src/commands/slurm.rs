@@ -167,13 +167,13 @@ struct Job {
 }
 
 /// srun's options `ckpt slurm -- srun OPTIONS PROG ARGS` takes: the ranks
-/// of its step are the parts, one a node.
+/// of its step are the parts, the allocation's tasks a node.
 const SRUN_PMIX: &str = "--mpi=pmix";
 
 impl SlurmArgs {
     /// `PROG ARGS` of `srun --mpi=pmix PROG ARGS`, if the application is
     /// that; an error for srun with other options (the parts' step is
-    /// ckpt's: one task a node).
+    /// ckpt's: the allocation's tasks).
     fn srun_pmix_app(&self) -> anyhow::Result<Option<Vec<OsString>>> {
         let Some(first) = self.app.first() else {
             return Ok(None);
@@ -190,7 +190,7 @@ impl SlurmArgs {
         }
         if options.len() != 1 || self.app.len() < 3 {
             anyhow::bail!(
-                "ckpt slurm -- srun {SRUN_PMIX} PROG ARGS: srun takes no other option here (ckpt runs the step, one rank a node), got {}",
+                "ckpt slurm -- srun {SRUN_PMIX} PROG ARGS: srun takes no other option here (ckpt runs the step: the allocation's tasks, each rank a part), got {}",
                 self.app
                     .iter()
                     .map(|a| a.to_string_lossy())
@@ -344,7 +344,10 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
     let parts = match (node_count, &srun_pmix) {
         (1, None) => None,
         (n, None) => Some(nodes::Parts::open(&dir, n)?),
-        (n, Some(_)) => Some(nodes::Parts::open(&dir, n)?.srun_pmix()),
+        (n, Some(_)) => {
+            let per_node = nodes::allocation_tasks_per_node()?;
+            Some(nodes::Parts::open(&dir, n)?.srun_pmix(per_node))
+        }
     };
     let committed = match &parts {
         None => committed(&dir)?,
@@ -406,7 +409,7 @@ pub fn run(a: SlurmArgs) -> anyhow::Result<ExitCode> {
             let since = std::time::SystemTime::now();
             if srun_pmix.is_some() {
                 eprintln!(
-                    "ckpt slurm: srun {SRUN_PMIX}: one rank a node, each its node's part; a checkpoint saves their links to slurmstepd's PMIx servers for the requeued job's first step"
+                    "ckpt slurm: srun {SRUN_PMIX}: the allocation's tasks, each rank a part; a checkpoint saves their links to slurmstepd's PMIx servers for the requeued job's first step"
                 );
             }
             let pid = p.start(srun_pmix.as_deref().unwrap_or(&a.app))?;

@@ -73,6 +73,12 @@ pub enum NodesError {
     /// `ckpt job dump --json` printed no JSON.
     #[error("ckpt job dump --json printed no JSON")]
     NoJson(#[source] serde_json::Error),
+    /// Slurm's tasks a node are not the same on every node.
+    #[error("{TASKS_PER_NODE_VAR}={value}: not the same number of tasks on every node, which srun --mpi=pmix under ckpt needs")]
+    UnevenTasks {
+        /// What Slurm set.
+        value: String,
+    },
     /// `ckpt job dump --json` printed no epoch.
     #[error("ckpt job dump --json printed no epoch: {json}")]
     NoEpoch {
@@ -83,6 +89,9 @@ pub enum NodesError {
 
 /// The allocation's node count, as Slurm gives it to the batch script.
 const NUM_NODES_VAR: &str = "SLURM_JOB_NUM_NODES";
+/// The allocation's tasks on each node (`2(x3),1`), as Slurm gives it
+/// to the batch script.
+const TASKS_PER_NODE_VAR: &str = "SLURM_TASKS_PER_NODE";
 /// The job directory of the parts, relative to `DIR`.
 pub(crate) const JOB_SUBDIR: &str = "job";
 /// Prefix of an epoch's name in `DIR`'s records (its timing file).
@@ -109,6 +118,28 @@ pub fn allocation_nodes() -> Result<u32> {
     }
 }
 
+/// How many tasks the allocation has on each node (1 when Slurm does not
+/// say); an error if that differs between nodes.
+pub fn allocation_tasks_per_node() -> Result<u32> {
+    match std::env::var(TASKS_PER_NODE_VAR) {
+        Ok(s) if !s.is_empty() => {
+            uniform_tasks_per_node(&s).ok_or(NodesError::UnevenTasks { value: s })
+        }
+        _ => Ok(1),
+    }
+}
+
+/// The one count of Slurm's compressed list of tasks a node (`2(x3)`,
+/// `2,2`), if every node has the same.
+fn uniform_tasks_per_node(list: &str) -> Option<u32> {
+    let mut counts = list.split(',').map(|entry| {
+        let count = entry.split_once('(').map_or(entry, |(count, _)| count);
+        count.trim().parse::<u32>().ok().filter(|&n| n >= 1)
+    });
+    let first = counts.next()??;
+    counts.all(|c| c == Some(first)).then_some(first)
+}
+
 /// The name `DIR`'s records give epoch `e`.
 fn epoch_name(e: u64) -> String {
     format!("{EPOCH_PREFIX}{e}")
@@ -127,8 +158,11 @@ fn epoch_of(name: &str) -> Option<u64> {
 pub struct Parts {
     /// `DIR/job`.
     jobdir: PathBuf,
-    /// One part per node.
+    /// Nodes of the allocation.
     nodes: u32,
+    /// Parts a node: 1, or with `srun --mpi=pmix` the allocation's tasks a
+    /// node (each rank a part, named after its task).
+    tasks_per_node: u32,
     /// Each part is a rank of `srun --mpi=pmix`, whose PMIx server is the
     /// step's slurmstepd: the parts' step has one, their dumps save the
     /// ranks' links to it and the restore reconnects them to the restore
@@ -138,7 +172,7 @@ pub struct Parts {
 
 impl std::fmt::Display for Parts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "the job's {} parts", self.nodes)
+        write!(f, "the job's {} parts", self.count())
     }
 }
 
@@ -151,16 +185,29 @@ impl Parts {
         Ok(Parts {
             jobdir,
             nodes,
+            tasks_per_node: 1,
             srun_pmix: false,
         })
     }
 
-    /// The parts are the ranks of `srun --mpi=pmix`, one a node.
-    pub fn srun_pmix(self) -> Parts {
+    /// The parts are the ranks of `srun --mpi=pmix`, `tasks_per_node` a
+    /// node (the allocation's).
+    pub fn srun_pmix(self, tasks_per_node: u32) -> Parts {
         Parts {
             srun_pmix: true,
+            tasks_per_node: tasks_per_node.max(1),
             ..self
         }
+    }
+
+    /// How many parts the job has.
+    fn count(&self) -> u32 {
+        self.nodes.saturating_mul(self.tasks_per_node)
+    }
+
+    /// `--tasks-per-node K` for `ckpt job dump|restore`.
+    fn tasks_per_node_args(&self) -> [String; 2] {
+        ["--tasks-per-node".into(), self.tasks_per_node.to_string()]
     }
 
     /// The last committed epoch's name (`epoch-E`), if any.
@@ -205,13 +252,20 @@ impl Parts {
             }
             .to_string(),
             format!("--nodes={}", self.nodes),
-            format!("--ntasks={}", self.nodes),
-            "--ntasks-per-node=1".to_string(),
+            format!("--ntasks={}", self.count()),
+            format!("--ntasks-per-node={}", self.tasks_per_node),
+            // The tasks' order is the parts' (see `AgentPart::resolve`).
+            "--distribution=block".to_string(),
         ])
         .arg(exe)
         .args(["job", "run", "--dir"])
-        .arg(&self.jobdir)
-        .arg("--")
+        .arg(&self.jobdir);
+        if self.srun_pmix {
+            // Ranks are tasks: each comes back as the same task of a step
+            // with the same layout, which the PMIx server requires.
+            cmd.arg("--slurm-task");
+        }
+        cmd.arg("--")
         .args(app)
         .process_group(0)
         .stdin(Stdio::null());
@@ -252,6 +306,7 @@ impl Parts {
     /// the worst part's status.
     pub fn restore(&self, image_key: Option<&Path>) -> Result<Pid> {
         let mut cmd = self.ckpt(&["job", "restore", "--launch", "srun"], ChildSignals::None)?;
+        cmd.args(self.tasks_per_node_args());
         if self.srun_pmix {
             cmd.arg("--pmix");
         }
@@ -289,6 +344,7 @@ impl Parts {
             args.push("--pmix-reconnect");
         }
         let mut cmd = self.ckpt(&args, ChildSignals::Dump(a.signal))?;
+        cmd.args(self.tasks_per_node_args());
         if let Some(k) = a.image_key {
             cmd.arg("--image-key").arg(k);
         }
@@ -356,13 +412,13 @@ impl Parts {
             });
             // Taking the lock (and dropping it at once) tells that the
             // restore's round is over.
-            if u32::try_from(running).is_ok_and(|r| r >= self.nodes) && dir.lock().is_ok() {
+            if u32::try_from(running).is_ok_and(|r| r >= self.count()) && dir.lock().is_ok() {
                 return;
             }
             if Instant::now() >= deadline {
                 warn(&format!(
                     "{running} of {} parts recorded as running after {} s; a checkpoint before they all run fails",
-                    self.nodes,
+                    self.count(),
                     PARTS_START.as_secs()
                 ));
                 return;
@@ -435,6 +491,16 @@ mod tests {
         assert_eq!(epoch_of("epoch-7"), Some(7));
         for bad in ["epoch-", "epoch-x", "ckpt-7", "epoch--1"] {
             assert_eq!(epoch_of(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn slurms_tasks_a_node_are_read_when_the_same_everywhere() {
+        assert_eq!(uniform_tasks_per_node("2(x2)"), Some(2));
+        assert_eq!(uniform_tasks_per_node("4"), Some(4));
+        assert_eq!(uniform_tasks_per_node("3,3(x2)"), Some(3));
+        for uneven in ["2,1", "2(x3),1", "", "x", "0"] {
+            assert_eq!(uniform_tasks_per_node(uneven), None, "{uneven}");
         }
     }
 }
