@@ -315,7 +315,7 @@ pub fn assert_parts_checkpointed_and_restored(
         format!("ckpt slurm: the job's {parts} parts checkpointed into "),
         format!(": restoring the job's {parts} parts from "),
     ] {
-        assert!(output.contains(said), "no `{said}`\n{}", diag());
+        assert!(output.contains(&said), "no `{said}`\n{}", diag());
     }
     assert!(
         !output.contains("ckpt slurm: checkpoint of"),
