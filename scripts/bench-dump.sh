@@ -5,17 +5,24 @@
 # all measured in the same run, interleaved (the machines are noisy: compare
 # the ratios, not the absolute figures). Needs root.
 #
-#   scripts/bench-dump.sh [--quick] [--runs N] [--workloads a,b] [--storage disk,tmpfs]
-#                         [--disk-dir DIR] [--json FILE] [--no-criu] [--short-freezes]
+#   scripts/bench-dump.sh [--quick] [--scale] [--runs N] [--workloads a,b] [--storage disk,tmpfs]
+#                         [--disk-dir DIR] [--json FILE] [--no-criu] [--short-freezes] [--load N]
 # Environment: CKPT (a ckpt binary; default: build this tree's), CRIU.
 #
 # Workloads (scripts/demo/benchload.c): mem1g-mixed mem1g-random mem4g-mixed
 # mem4g-random tree16x256m vmas20k ("mixed": 1/4 mapped but never written,
 # 1/4 repetitive text, 1/2 random; "random": incompressible; the tree is 16
 # processes of 256 MiB mixed; vmas20k is one process with 20,000 one-page
-# VMAs of alternating protections). Storage: "disk" (a directory under
-# --disk-dir, default /var/tmp) and "tmpfs" (a tmpfs mounted for the run).
-# --quick: mem1g-mixed on disk, one run. Default: everything, 3 runs (median).
+# VMAs of alternating protections). Where the work is objects, not bytes
+# (--scale: these, on disk): threads2000 (one process of 2,000 sleeping
+# threads, each checking a word on its stack), vmas30k, tree64x64m (64
+# processes of 64 MiB mixed), tree256x1m (256 small processes). Storage:
+# "disk" (a directory under --disk-dir, default /var/tmp) and "tmpfs" (a
+# tmpfs mounted for the run).
+# --quick: mem1g-mixed on disk, one run. Default: the memory workloads and
+# vmas20k, 3 runs (median).
+# --load N: N CPU-bound processes (busy loops) run beside everything timed,
+# as on a busy compute node; the table's header says so.
 #
 # Per workload, storage and run: ckpt dump --kill (durable: ckpt fsyncs) wall
 # time, its frozen time (stats.frozen_ms) and image size; caches dropped;
@@ -40,10 +47,13 @@ disk_root=/var/tmp
 json_out=
 use_criu=1
 short_freezes=0
+load=0
 usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
 	case $1 in
 	--quick) runs=1 workloads=mem1g-mixed storages=disk ;;
+	--scale) workloads=threads2000,vmas30k,tree64x64m,tree256x1m storages=disk ;;
+	--load) load=$2; shift ;;
 	--runs) runs=$2; shift ;;
 	--workloads) workloads=$2; shift ;;
 	--storage) storages=$2; shift ;;
@@ -80,10 +90,21 @@ wl_args() {
 	mem4g-random) echo "mem 4096 random" ;;
 	tree16x256m) echo "tree 16 256 mixed" ;;
 	vmas20k) echo "vmas 20000" ;;
+	vmas30k) echo "vmas 30000" ;;
+	threads2000) echo "threads 2000" ;;
+	tree64x64m) echo "tree 64 64 mixed" ;;
+	tree256x1m) echo "tree 256 1 mixed" ;;
 	*) log "unknown workload $1"; exit 2 ;;
 	esac
 }
-wl_procs() { case $1 in tree16x256m) echo 16 ;; *) echo 1 ;; esac; }
+wl_procs() {
+	case $1 in
+	tree16x256m) echo 16 ;;
+	tree64x64m) echo 64 ;;
+	tree256x1m) echo 256 ;;
+	*) echo 1 ;;
+	esac
+}
 wl_bytes() {
 	case $1 in
 	mem1g-mixed) echo $((1024 * MIB * 3 / 4)) ;;
@@ -92,6 +113,10 @@ wl_bytes() {
 	mem4g-random) echo $((4096 * MIB)) ;;
 	tree16x256m) echo $((16 * 256 * MIB * 3 / 4)) ;;
 	vmas20k) echo $((20000 * PAGE)) ;;
+	vmas30k) echo $((30000 * PAGE)) ;;
+	threads2000) echo $((4 * MIB * 3 / 4)) ;;
+	tree64x64m) echo $((64 * 64 * MIB * 3 / 4)) ;;
+	tree256x1m) echo $((256 * MIB * 3 / 4)) ;;
 	esac
 }
 for w in ${workloads//,/ }; do wl_args "$w" >/dev/null; done
@@ -109,15 +134,18 @@ base=$(mktemp -d "$disk_root/ckpt-bench.XXXXXX")
 tmpfs_dir=$base/tmpfs
 # The workload (or restored tree) alive now, a process group of its own.
 wl_pid=
+# The --load busy loops.
+hogs=()
 cleanup() {
 	if [ -n "$wl_pid" ]; then kill -9 -- "-$wl_pid" 2>/dev/null || true; fi
+	if [ ${#hogs[@]} -gt 0 ]; then kill -9 "${hogs[@]}" 2>/dev/null || true; fi
 	mountpoint -q "$tmpfs_dir" && umount "$tmpfs_dir"
 	rm -rf "$base"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 BL=$base/benchload
-gcc -O2 -o "$BL" scripts/demo/benchload.c
+gcc -O2 -o "$BL" scripts/demo/benchload.c -lpthread
 
 CRIU=${CRIU:-/var/tmp/ckpt-criu/criu/criu/criu}
 have_criu=0
@@ -379,6 +407,12 @@ run_baselines() {
 }
 
 # --- the runs -------------------------------------------------------------
+for ((i = 0; i < load; i++)); do
+	# Each in its own session: not part of any dumped tree.
+	setsid sh -c 'while :; do :; done' </dev/null >/dev/null 2>&1 &
+	hogs+=($!)
+done
+[ "$load" -gt 0 ] && log "$load CPU-bound processes run beside the benchmark"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 log "load average before: $load_before; $(nproc) CPUs; runs: $runs"
 started=$(now)
@@ -412,7 +446,7 @@ sort -k1,1 -k2,2 -k3,3 -k4,4 -k5,5g "$results" | awk -F'\t' -v OFS='\t' '
 	END { flush() }' >"$base/medians.tsv"
 
 echo "ckpt $(git -C "$repo" describe --always --dirty 2>/dev/null || echo '?'), CRIU ${criu_version:-absent}; $(nproc) CPUs, $(uname -r);" \
-	"load average $load_before before, $load_after after; median of $runs run(s)"
+	"load average $load_before before, $load_after after; $load CPU-bound process(es) beside; median of $runs run(s)"
 for st in ${storages//,/ }; do
 	echo
 	echo "storage: $st ($([ "$st" = disk ] && echo "$base/disk on $(df --output=source "$base" | tail -1)" || echo tmpfs))"
@@ -482,9 +516,10 @@ if [ -n "$json_out" ]; then
 	jq -n --rawfile tsv "$base/medians.tsv" \
 		--arg ckpt "$(git -C "$repo" describe --always --dirty 2>/dev/null || echo '?')" \
 		--arg criu "$criu_version" --arg kernel "$(uname -r)" --argjson cpus "$(nproc)" \
-		--arg load_before "$load_before" --arg load_after "$load_after" --argjson runs "$runs" '
+		--arg load_before "$load_before" --arg load_after "$load_after" --argjson runs "$runs" \
+		--argjson hogs "$load" '
 		{ ckpt: $ckpt, criu: (if $criu == "" then null else $criu end), kernel: $kernel, cpus: $cpus,
-		  load_before: $load_before, load_after: $load_after, runs: $runs,
+		  load_before: $load_before, load_after: $load_after, cpu_bound_beside: $hogs, runs: $runs,
 		  results: [ $tsv | split("\n")[] | select(length > 0) | split("\t")
 			| { storage: .[0], workload: .[1], tool: .[2], metric: .[3],
 			    median: (.[4] | tonumber), values: (.[6] | split(",") | map(tonumber)) } ] }' >"$json_out"

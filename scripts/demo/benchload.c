@@ -6,6 +6,8 @@
  *   benchload mem MIB mixed|random    one process
  *   benchload tree N MIB mixed|random N processes (the root and N-1 children)
  *   benchload vmas N                  N one-page VMAs of alternating protections
+ *   benchload threads N               one process of N threads (each asleep, with a
+ *                                     word of its own on its stack that it checks)
  *   benchload memcpy MIB              prints the seconds memcpy takes for MIB
  *
  * "mixed": 1/4 mapped but never written, 1/4 repetitive text, 1/2 random
@@ -17,6 +19,8 @@
  * REWRITE_PART throughout. It takes its checksum again and prints
  * "rewrote" (for the incremental dump: pre-dump, rewrite, dump). */
 #define _GNU_SOURCE
+#include <dirent.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -32,6 +36,10 @@ enum { MIB_SHIFT = 20, MAX_PROCS = 1024, MEMCPY_CHUNK_MIB = 256, REWRITE_PART = 
 static const char TEXT[] = "ckpt benchmark: the quick brown fox jumps over the lazy dog 0123456789\n";
 
 static volatile sig_atomic_t verify_asked, rewrite_asked;
+/* threads mode: how many threads the process must have, and how many of
+ * its workers found their stack word changed. */
+static size_t expected_threads;
+static volatile size_t threads_bad;
 
 static void on_usr1(int sig) { (void)sig; verify_asked = 1; }
 static void on_usr2(int sig) { (void)sig; rewrite_asked = 1; }
@@ -131,6 +139,32 @@ static void say(const char *line)
 		exit(1);
 }
 
+/* The entries of /proc/self/task. */
+static size_t count_threads(void)
+{
+	DIR *d = opendir("/proc/self/task");
+	size_t n = 0;
+	if (!d)
+		return 0;
+	for (struct dirent *e; (e = readdir(d));)
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
+/* A worker: a word of its own on its stack, checked after every wakeup. */
+static void *worker(void *arg)
+{
+	volatile uint64_t mine = (uint64_t)(uintptr_t)arg * 0x9e3779b97f4a7c15ull;
+	for (;;) {
+		struct timespec t = { .tv_sec = 1 };
+		nanosleep(&t, NULL);
+		if (mine != (uint64_t)(uintptr_t)arg * 0x9e3779b97f4a7c15ull)
+			threads_bad++;
+	}
+	return NULL;
+}
+
 /* Sleeps; each SIGUSR1 checks the regions, each SIGUSR2 rewrites 5 % of
  * them (both passed on to children). */
 static void serve(struct region *rs, size_t n, const pid_t *kids, size_t nkids)
@@ -153,6 +187,8 @@ static void serve(struct region *rs, size_t n, const pid_t *kids, size_t nkids)
 		int ok = 1;
 		for (size_t i = 0; i < n; i++)
 			ok &= region_ok(&rs[i]);
+		if (expected_threads)
+			ok &= count_threads() == expected_threads && !threads_bad;
 		say(ok ? "verify ok\n" : "verify BAD\n");
 	}
 }
@@ -176,7 +212,7 @@ static double now(void)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: benchload mem MIB mixed|random | tree N MIB mixed|random | vmas N | memcpy MIB\n");
+	fprintf(stderr, "usage: benchload mem MIB mixed|random | tree N MIB mixed|random | vmas N | threads N | memcpy MIB\n");
 	exit(2);
 }
 
@@ -257,6 +293,30 @@ int main(int argc, char **argv)
 				die("mprotect");
 		struct region r = { .p = (uint64_t *)p, .bytes = n * page };
 		r.sum = checksum(r.p, r.bytes / 8);
+		say_ready();
+		serve(&r, 1, NULL, 0);
+	}
+	if (!strcmp(mode, "threads") && argc == 3) {
+		size_t n = strtoull(argv[2], NULL, 10);
+		if (n < 1)
+			usage();
+		/* Signals go to the main thread, which serves them. */
+		sigset_t block, old;
+		sigemptyset(&block);
+		sigaddset(&block, SIGUSR1);
+		sigaddset(&block, SIGUSR2);
+		pthread_sigmask(SIG_BLOCK, &block, &old);
+		pthread_attr_t attr;
+		pthread_attr_init(&attr);
+		pthread_attr_setstacksize(&attr, 64 << 10);
+		for (size_t i = 1; i < n; i++) {
+			pthread_t t;
+			if (pthread_create(&t, &attr, worker, (void *)(uintptr_t)i))
+				die("pthread_create");
+		}
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		expected_threads = n;
+		struct region r = setup_mem(4, 1, getpid());
 		say_ready();
 		serve(&r, 1, NULL, 0);
 	}
