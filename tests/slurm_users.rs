@@ -618,8 +618,9 @@ fn users_srun_mpi_pmix_job_across_two_nodes_is_checkpointed_requeued_and_restore
         launch: "srun --mpi=pmix",
         victim: mpi_victim_bin,
         runs_once: "ckpt slurm: srun --mpi=pmix: the allocation's tasks, each rank a part",
-        // Four ranks: a round is four hops.
-        pause_us: 5_000,
+        // Four ranks: a round is four hops; 42 s of pauses keep a quiet
+        // machine's ring running past the first warning.
+        pause_us: 7_000,
         parts: 4,
         part_on_n2: "task-000002",
     });
