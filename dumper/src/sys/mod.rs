@@ -18,13 +18,15 @@ pub fn same_file_description_of(pid_a: i32, a: i32, pid_b: i32, b: i32) -> std::
     }
 }
 
+/// `kcmp` type: compare two processes' address spaces (`CLONE_VM`).
+pub const KCMP_VM: libc::c_int = 1;
 /// `kcmp` type: compare two processes' fd tables (`CLONE_FILES`).
 pub const KCMP_FILES: libc::c_int = 2;
 /// `kcmp` type: compare two processes' fs info: cwd, root, umask (`CLONE_FS`).
 pub const KCMP_FS: libc::c_int = 3;
 
 /// True when `pid_a` and `pid_b` hold one kernel object of `kind`
-/// ([`KCMP_FILES`] or [`KCMP_FS`]), per `kcmp(2)`.
+/// ([`KCMP_VM`], [`KCMP_FILES`] or [`KCMP_FS`]), per `kcmp(2)`.
 pub fn same_object_of(pid_a: i32, pid_b: i32, kind: libc::c_int) -> std::io::Result<bool> {
     // SAFETY: kcmp takes only integers and touches no memory of ours.
     let r = unsafe { libc::syscall(libc::SYS_kcmp, pid_a, pid_b, kind, 0, 0) };
