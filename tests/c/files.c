@@ -1,7 +1,8 @@
 /*
  * Files victim: regular files at known offsets with every access mode,
  * O_APPEND, O_CLOEXEC, a directory fd, /dev/null, two fds sharing one open
- * file description, and an unlinked-but-open file.  All fds are moved to
+ * file description, and unlinked-but-open files (one of them sparse, with
+ * its own mode and times, which must come back with its holes).  All fds are moved to
  * fixed numbers so the harness and the checks know them.  After go it checks
  * offsets, flags, targets and contents, and that I/O continues correctly.
  *
@@ -28,6 +29,7 @@
 #define FD_SHARED_A 17
 #define FD_SHARED_B 40 /* dup of 17, deliberately far away */
 #define FD_DELETED 18
+#define FD_SPARSE 19 /* unlinked, sparse, with its own mode and times */
 
 #define OFF_RO 1234
 #define OFF_WO 77
@@ -35,6 +37,13 @@
 #define OFF_SHARED 300
 #define OFF_DELETED 555
 #define FILE_LEN 4096
+/* The sparse unlinked file: 8 MiB, data only at its head and at 6 MiB. */
+#define SPARSE_LEN (8L << 20)
+#define SPARSE_TAIL (6L << 20)
+#define SPARSE_MODE 0640
+#define SPARSE_ATIME 1000000000L
+#define SPARSE_MTIME 1200000000L
+#define SPARSE_NSEC 123456789L
 
 static char content[FILE_LEN];
 static char del_content[FILE_LEN];
@@ -134,6 +143,59 @@ static void check_file_content(const char *name, off_t off, const char *want, si
 		close(fd);
 }
 
+/* An unlinked file mostly holes, with a mode and times of its own. */
+static void make_sparse(void)
+{
+	char p[PATH_MAX];
+	struct timespec times[2] = { { SPARSE_ATIME, SPARSE_NSEC }, { SPARSE_MTIME, SPARSE_NSEC } };
+
+	open_at(FD_SPARSE, "sparse.bin", O_RDWR | O_CREAT | O_TRUNC, 0);
+	if (ftruncate(FD_SPARSE, SPARSE_LEN) || pwrite(FD_SPARSE, "head", 4, 0) != 4 ||
+	    pwrite(FD_SPARSE, "tail", 4, SPARSE_TAIL) != 4)
+		die("write sparse.bin");
+	if (fchmod(FD_SPARSE, SPARSE_MODE) || futimens(FD_SPARSE, times))
+		die("fchmod/futimens sparse.bin");
+	wpath(p, "sparse.bin");
+	if (unlink(p))
+		die("unlink sparse.bin");
+}
+
+/* The sparse file keeps its size, holes, mode and times (checked before
+ * anything reads it, which could move its access time). */
+static void verify_sparse(void)
+{
+	struct stat st;
+	char buf[4];
+	off_t hole;
+
+	if (fstat(FD_SPARSE, &st)) {
+		fail("sparse file: fstat: %s", strerror(errno));
+		return;
+	}
+	CHECK(st.st_nlink == 0 && st.st_size == SPARSE_LEN, "sparse file: nlink %lu size %ld",
+	      (unsigned long)st.st_nlink, (long)st.st_size);
+	CHECK((st.st_mode & 07777) == SPARSE_MODE, "sparse file: mode %o, want %o",
+	      st.st_mode & 07777, SPARSE_MODE);
+	CHECK(st.st_uid == getuid(), "sparse file: owner %u, want %u", st.st_uid, getuid());
+	CHECK(st.st_atim.tv_sec == SPARSE_ATIME && st.st_atim.tv_nsec == SPARSE_NSEC,
+	      "sparse file: atime %ld.%09ld, want %ld.%09ld", (long)st.st_atim.tv_sec,
+	      st.st_atim.tv_nsec, SPARSE_ATIME, SPARSE_NSEC);
+	CHECK(st.st_mtim.tv_sec == SPARSE_MTIME && st.st_mtim.tv_nsec == SPARSE_NSEC,
+	      "sparse file: mtime %ld.%09ld, want %ld.%09ld", (long)st.st_mtim.tv_sec,
+	      st.st_mtim.tv_nsec, SPARSE_MTIME, SPARSE_NSEC);
+	/* Two extents of a block or so each, not 8 MiB of zeros. */
+	CHECK((long)st.st_blocks * 512 < (1L << 20), "sparse file: %ld bytes allocated, holes lost",
+	      (long)st.st_blocks * 512);
+	hole = lseek(FD_SPARSE, 0, SEEK_HOLE);
+	CHECK(hole > 0 && hole < SPARSE_TAIL, "sparse file: first hole at %ld", (long)hole);
+	CHECK(pread(FD_SPARSE, buf, 4, 0) == 4 && memcmp(buf, "head", 4) == 0,
+	      "sparse file: head lost");
+	CHECK(pread(FD_SPARSE, buf, 4, SPARSE_TAIL) == 4 && memcmp(buf, "tail", 4) == 0,
+	      "sparse file: tail lost");
+	CHECK(pread(FD_SPARSE, buf, 4, SPARSE_TAIL / 2) == 4 && memcmp(buf, "\0\0\0\0", 4) == 0,
+	      "sparse file: a hole reads as data");
+}
+
 static void setup(void)
 {
 	char p[PATH_MAX];
@@ -180,6 +242,7 @@ static void setup(void)
 	if (unlink(p))
 		die("unlink deleted.txt");
 
+	make_sparse();
 	list_fds(fd_open_before);
 	for (int i = 0; i < 64; i++)
 		if (fd_open_before[i])
@@ -344,6 +407,7 @@ int main(int argc, char **argv)
 	victim_ready_and_wait(NULL);
 	/* The fd table first: the checks below open and close temporary fds. */
 	verify_table();
+	verify_sparse();
 	verify_modes();
 	verify_offsets_and_io();
 	verify_mapping();

@@ -2,7 +2,7 @@
 //!
 //! The message is defined in `image/proto/fd_reg.proto`.
 
-pub use crate::pb::RegFile;
+pub use crate::pb::{GhostExtent, RegFile};
 
 impl RegFile {
     /// It is a directory.

@@ -2,7 +2,7 @@
 //! offset, by the process itself with its own filesystem identity, never
 //! following a symbolic link in the last component, and checked to be the
 //! file it had. An unlinked file is recreated from its ghost image with its
-//! owner and mode (see `create`), opened, and unlinked again; a removed
+//! holes, owner, mode and times (see `create`), opened, and unlinked again; a removed
 //! directory is made again empty, opened and removed again.
 
 use std::os::unix::io::AsRawFd;
@@ -254,7 +254,20 @@ fn fill_and_open(
         .unwrap_or_else(|| nix::unistd::geteuid().as_raw());
     let mut here = created.open_here(creator)?;
     let own = ownership(image);
-    create::fill(&mut here, &own, data)
+    let contents = if image.ghost_extents_only {
+        create::Filling::Sparse {
+            size: image.size,
+            extents: &image.ghost_extents,
+            data,
+        }
+    } else {
+        create::Filling::Whole(data)
+    };
+    let times = create::Times {
+        atime_ns: image.atime_ns,
+        mtime_ns: image.mtime_ns,
+    };
+    create::fill(&mut here, &own, &contents, &times)
         .map_err(|e| err(format!("cannot write the unlinked file's contents: {e}")))?;
     // The dumped access mode may be one the final mode no longer grants
     // (opened, then chmod-ed): the restorer opens it as root and passes
