@@ -2,7 +2,9 @@
  * Files victim: regular files at known offsets with every access mode,
  * O_APPEND, O_CLOEXEC, a directory fd, /dev/null, two fds sharing one open
  * file description, and unlinked-but-open files (one of them sparse, with
- * its own mode and times, which must come back with its holes).  All fds are moved to
+ * its own mode and times, which must come back with its holes; one a hard
+ * link of a file whose other name is kept, which must come back that very
+ * file).  All fds are moved to
  * fixed numbers so the harness and the checks know them.  After go it checks
  * offsets, flags, targets and contents, and that I/O continues correctly.
  *
@@ -30,6 +32,8 @@
 #define FD_SHARED_B 40 /* dup of 17, deliberately far away */
 #define FD_DELETED 18
 #define FD_SPARSE 19 /* unlinked, sparse, with its own mode and times */
+#define FD_LINKED 20 /* one hard link removed, the other kept */
+#define OFF_LINKED 100
 
 #define OFF_RO 1234
 #define OFF_WO 77
@@ -143,6 +147,51 @@ static void check_file_content(const char *name, off_t off, const char *want, si
 		close(fd);
 }
 
+/* linked-a.txt opened, linked as linked-b.txt, and its first name removed:
+ * the fd now names a file that lives on under another name. */
+static void make_linked(void)
+{
+	char a[PATH_MAX], b[PATH_MAX];
+
+	open_at(FD_LINKED, "linked-a.txt", O_RDWR | O_CREAT | O_TRUNC, 0);
+	if (write(FD_LINKED, content, FILE_LEN) != FILE_LEN)
+		die("write linked-a.txt");
+	if (lseek(FD_LINKED, OFF_LINKED, SEEK_SET) != OFF_LINKED)
+		die("lseek linked");
+	wpath(a, "linked-a.txt");
+	wpath(b, "linked-b.txt");
+	unlink(b);
+	if (link(a, b) || unlink(a))
+		die("link linked-b.txt, unlink linked-a.txt");
+}
+
+/* The fd is the very file still named linked-b.txt: one inode, a write
+ * through the fd seen through the name, at the saved offset. */
+static void verify_linked(void)
+{
+	char b[PATH_MAX], buf[4];
+	struct stat fd_st, name_st;
+	int fd;
+
+	wpath(b, "linked-b.txt");
+	if (fstat(FD_LINKED, &fd_st) || stat(b, &name_st)) {
+		fail("linked file: stat: %s", strerror(errno));
+		return;
+	}
+	CHECK(fd_st.st_dev == name_st.st_dev && fd_st.st_ino == name_st.st_ino,
+	      "linked file: the fd is inode %lu, linked-b.txt inode %lu",
+	      (unsigned long)fd_st.st_ino, (unsigned long)name_st.st_ino);
+	CHECK(fd_st.st_nlink == 1, "linked file: nlink %lu, want 1", (unsigned long)fd_st.st_nlink);
+	CHECK(cur(FD_LINKED) == OFF_LINKED, "linked file offset %ld, want %d",
+	      (long)cur(FD_LINKED), OFF_LINKED);
+	CHECK(write(FD_LINKED, "LNKD", 4) == 4, "linked file: write: %s", strerror(errno));
+	fd = open(b, O_RDONLY | O_CLOEXEC);
+	CHECK(fd >= 0 && pread(fd, buf, 4, OFF_LINKED) == 4 && memcmp(buf, "LNKD", 4) == 0,
+	      "linked file: a write through the fd is not seen through linked-b.txt");
+	if (fd >= 0)
+		close(fd);
+}
+
 /* An unlinked file mostly holes, with a mode and times of its own. */
 static void make_sparse(void)
 {
@@ -243,6 +292,7 @@ static void setup(void)
 		die("unlink deleted.txt");
 
 	make_sparse();
+	make_linked();
 	list_fds(fd_open_before);
 	for (int i = 0; i < 64; i++)
 		if (fd_open_before[i])
@@ -408,6 +458,7 @@ int main(int argc, char **argv)
 	/* The fd table first: the checks below open and close temporary fds. */
 	verify_table();
 	verify_sparse();
+	verify_linked();
 	verify_modes();
 	verify_offsets_and_io();
 	verify_mapping();

@@ -1,13 +1,15 @@
 //! Regular files and directories, including files unlinked while open
 //! (their data extents saved as ghost images, with their holes, times,
 //! owner and mode, recreated and unlinked again on restore), and `O_PATH`
-//! fds of them or of symbolic links.
+//! fds of them or of symbolic links. A file one of whose hard links was
+//! removed while open, and which lives on under another, is saved with
+//! its file handle, by which restore opens it again.
 
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 
 use ckpt_image::fd::file::Kind;
-use ckpt_image::fd::reg::{GhostExtent, RegFile};
+use ckpt_image::fd::reg::{FileHandle, GhostExtent, RegFile};
 
 use super::{Blobs, FdParams, FileDumper};
 use crate::error::{DumpError, Result};
@@ -25,7 +27,7 @@ impl FileDumper for Reg {
     }
 
     fn description(&self) -> &'static str {
-        "regular files and directories, also unlinked or removed while open (a file's data saved with its holes, mode, owner and times, a removed directory made again empty); O_PATH fds of them and of symbolic links"
+        "regular files and directories, also unlinked or removed while open (a file's data saved with its holes, mode, owner and times; a name of a hard-linked file removed, the file found again by its file handle; a removed directory made again empty); O_PATH fds of them and of symbolic links"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -56,11 +58,18 @@ impl FileDumper for Reg {
             removed: false,
             ghost_extents_only: false,
             ghost_extents: Vec::new(),
+            handle: None,
         };
         let Some(path) = p.link.strip_suffix(DELETED) else {
             return Ok(Kind::Reg(f));
         };
         if p.meta.nlink() != 0 {
+            if p.meta.is_file() {
+                // One name of a hard-linked file removed: the file lives
+                // on under another, which nothing tells cheaply.
+                f.path = path.to_string();
+                f.handle = Some(handle_of(p, path)?);
+            }
             return Ok(Kind::Reg(f));
         }
         f.path = path.to_string();
@@ -78,6 +87,21 @@ impl FileDumper for Reg {
         }
         Ok(Kind::Reg(f))
     }
+}
+
+/// The handle restore finds the file of `p` again by, whose name `path`
+/// was removed while other hard links to it remain.
+fn handle_of(p: &FdParams, path: &str) -> Result<FileHandle> {
+    let handle = sys::file_handle_of(&p.proc_path()).map_err(|e| {
+        p.unsupported(&format!(
+            "regular file {path}: its name was removed while other hard links remain, \
+             and its filesystem gives no file handle to find it again by ({e})"
+        ))
+    })?;
+    Ok(FileHandle {
+        handle_type: handle.handle_type,
+        bytes: handle.bytes,
+    })
 }
 
 /// The data extents of the unlinked file `p` holds, up to `size`, and
