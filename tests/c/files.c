@@ -34,6 +34,7 @@
 #define FD_SPARSE 19 /* unlinked, sparse, with its own mode and times */
 #define FD_LINKED 20 /* one hard link removed, the other kept */
 #define OFF_LINKED 100
+#define FD_MAPPED 21 /* unlinked, also mapped privately */
 
 #define OFF_RO 1234
 #define OFF_WO 77
@@ -192,6 +193,43 @@ static void verify_linked(void)
 		close(fd);
 }
 
+/* mapped.bin mapped privately (one page written through the mapping, one
+ * not), its fd kept, then unlinked. */
+static char *mapped_deleted;
+
+static void make_mapped_deleted(void)
+{
+	char p[PATH_MAX];
+
+	open_at(FD_MAPPED, "mapped.bin", O_RDWR | O_CREAT | O_TRUNC, 0);
+	if (write(FD_MAPPED, del_content, FILE_LEN) != FILE_LEN ||
+	    write(FD_MAPPED, content, FILE_LEN) != FILE_LEN)
+		die("write mapped.bin");
+	mapped_deleted = mmap(NULL, 2 * FILE_LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE, FD_MAPPED, 0);
+	if (mapped_deleted == MAP_FAILED)
+		die("mmap mapped.bin");
+	mapped_deleted[0] = 'P'; /* the first page is the process's own now */
+	wpath(p, "mapped.bin");
+	if (unlink(p))
+		die("unlink mapped.bin");
+}
+
+/* One file behind the fd and the mapping: a write through the fd shows in
+ * the page the mapping never wrote, not in the one it did. */
+static void verify_mapped_deleted(void)
+{
+	CHECK(mapped_deleted[0] == 'P' && !memcmp(mapped_deleted + 1, del_content + 1, FILE_LEN - 1),
+	      "mapped deleted file: the page written through the mapping changed");
+	CHECK(!memcmp(mapped_deleted + FILE_LEN, content, FILE_LEN),
+	      "mapped deleted file: the page not written changed");
+	CHECK(pwrite(FD_MAPPED, "MAPD", 4, FILE_LEN + 8) == 4 && pwrite(FD_MAPPED, "FDFD", 4, 8) == 4,
+	      "mapped deleted file: pwrite: %s", strerror(errno));
+	CHECK(!memcmp(mapped_deleted + FILE_LEN + 8, "MAPD", 4),
+	      "mapped deleted file: a write through the fd does not show in the mapping");
+	CHECK(memcmp(mapped_deleted + 8, "FDFD", 4) != 0,
+	      "mapped deleted file: a write through the fd shows in a page the mapping made its own");
+}
+
 /* An unlinked file mostly holes, with a mode and times of its own. */
 static void make_sparse(void)
 {
@@ -293,6 +331,7 @@ static void setup(void)
 
 	make_sparse();
 	make_linked();
+	make_mapped_deleted();
 	list_fds(fd_open_before);
 	for (int i = 0; i < 64; i++)
 		if (fd_open_before[i])
@@ -311,6 +350,15 @@ static void verify_table(void)
 		if (!open_after[i] || !fd_open_before[i])
 			continue;
 		fd_target(i, now);
+		if (i == FD_MAPPED) {
+			/* One file with its mapping: the memfd that holds both,
+			 * named after the file ("/memfd:NAME (deleted)"). */
+			const char *base = strrchr(paths[i], '/');
+
+			CHECK(base && !strncmp(now, "/memfd:", 7) && !strcmp(now + 7, base + 1),
+			      "fd %d points to '%s', want the memfd of '%s'", i, now, paths[i]);
+			continue;
+		}
 		CHECK(strcmp(now, paths[i]) == 0, "fd %d points to '%s', was '%s'", i, now,
 		      paths[i]);
 	}
@@ -459,6 +507,7 @@ int main(int argc, char **argv)
 	verify_table();
 	verify_sparse();
 	verify_linked();
+	verify_mapped_deleted();
 	verify_modes();
 	verify_offsets_and_io();
 	verify_mapping();
