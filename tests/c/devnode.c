@@ -10,6 +10,8 @@
  *                          which the test made mode 0666, read-write at
  *                          fd 40; the test then makes it 0600 and unlinks
  *                          it: restore must refuse to make it again.
+ *   devnode WORKDIR kept   (root) as the first, the node left in place
+ *                          (the test replaces it with another device).
  */
 #include "victim.h"
 
@@ -23,6 +25,7 @@ int main(int argc, char **argv)
 {
 	char path[PATH_MAX], target[PATH_MAX], buf[8];
 	int user = argc > 2 && strcmp(argv[2], "user") == 0;
+	int kept = argc > 2 && strcmp(argv[2], "kept") == 0;
 	struct stat st;
 	ssize_t n;
 
@@ -34,7 +37,7 @@ int main(int argc, char **argv)
 			die("mknod null-node");
 	}
 	victim_fd_at(open(path, O_RDWR), FD_NODE);
-	if (!user && unlink(path))
+	if (!user && !kept && unlink(path))
 		die("unlink null-node");
 	victim_ready_and_wait(NULL);
 

@@ -1,4 +1,5 @@
-//! Stateless character devices, reopened by path. A node unlinked while
+//! Stateless character devices, reopened by path and checked to be the
+//! same device number. A node unlinked while
 //! open (`mknod /tmp/x c 1 3`, opened, removed) has no path left: a node
 //! of the same device number is made again beside the dumped path by the
 //! restorer (`mknod` wants CAP_MKNOD, which no ordinary user has), inside
@@ -38,7 +39,25 @@ impl FileRestorer for Dev {
         if image.deleted {
             return recreate(cx, r, file, image, fd);
         }
-        Ok(r.open(&image.path, reopen_flags(file), 0)?)
+        let got = r.open(&image.path, reopen_flags(file), 0)?;
+        // Whatever is at the path now must be that device.
+        let pid = cx.pid();
+        let same = std::fs::metadata(format!("/proc/{pid}/fd/{got}"))
+            .is_ok_and(|m| m.mode() & libc::S_IFMT == libc::S_IFCHR && m.rdev() == image.rdev);
+        if !same {
+            let _ = r.close(got);
+            return Err(RestoreError::fd_changed(
+                pid,
+                fd,
+                &image.path,
+                format!(
+                    "is no longer the character device {}:{}",
+                    libc::major(image.rdev),
+                    libc::minor(image.rdev)
+                ),
+            ));
+        }
+        Ok(got)
     }
 }
 
