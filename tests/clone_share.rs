@@ -4,7 +4,9 @@
 //! the restore, that opens, closes, dup2s, chdirs and umasks of one show
 //! in the others of its table or fs and in no other, and that each has
 //! the fds, cwd and umask it had. Any other sharing would come back
-//! broken, so the dump refuses it naming both processes.
+//! broken, so the dump refuses it naming both processes, as it refuses
+//! two processes sharing one address space (`CLONE_VM`) without being
+//! threads.
 
 use crate::common::*;
 
@@ -100,6 +102,28 @@ fn sharing_between_siblings_is_refused_naming_both_pids() {
             out.stderr
         );
     }
+    assert!(!env.img.exists(), "refused dump left {}", env.img.display());
+    v.assert_unharmed_and_passes("after the refused dump");
+}
+
+#[test]
+fn memory_shared_without_being_threads_is_refused_naming_both_pids() {
+    let env = TestEnv::new("clone-share-vm");
+    let mut v = Victim::spawn(&env, "clone_share", &["vm"]);
+    let ids = pids(&v.wait_ready());
+    let [parent, child] = ids[..] else {
+        panic!("ready file: {ids:?}");
+    };
+    let out = dump_outcome(&env, &v, &["--kill"]);
+    assert_eq!(out.code(), UNSUPPORTED, "{}", out.stderr);
+    let why = format!("pid {child}: shares its memory with pid {parent} without being a thread");
+    assert!(
+        out.stderr
+            .lines()
+            .any(|l| l.starts_with("ckpt: error: ") && l.contains(&why)),
+        "no error line with `{why}`: {}",
+        out.stderr
+    );
     assert!(!env.img.exists(), "refused dump left {}", env.img.display());
     v.assert_unharmed_and_passes("after the refused dump");
 }

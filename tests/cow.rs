@@ -1,7 +1,8 @@
 //! Private memory a forked tree still shares copy-on-write is saved once
 //! and stays one copy after restore (victim: tests/c/cow.c: 256 MiB shared
 //! by a root, three children and a grandchild, each with a few changes of
-//! its own).
+//! its own), private anonymous memory or the written pages of a private
+//! file mapping.
 
 use std::fs;
 
@@ -46,8 +47,17 @@ fn tree_pss(root: i32) -> u64 {
 
 #[test]
 fn forked_tree_keeps_sharing_its_private_memory() {
-    let env = TestEnv::new("cow");
-    let mut v = Victim::spawn(&env, "cow", &[]);
+    cow_cycle("cow", &[]);
+}
+
+#[test]
+fn forked_tree_keeps_sharing_its_private_file_mapping() {
+    cow_cycle("cow-file", &["file"]);
+}
+
+fn cow_cycle(test: &str, args: &[&str]) {
+    let env = TestEnv::new(test);
+    let mut v = Victim::spawn(&env, "cow", args);
     v.wait_ready();
     assert_eq!(
         tree_of(v.pid).len(),

@@ -4,6 +4,7 @@
 //! suite links a handful of binaries instead of one per file.
 
 mod common;
+mod devnode;
 mod dirs;
 mod epoll;
 mod eventfd;

@@ -88,3 +88,12 @@ fn memfd_fd_and_mappings_are_one_object() {
     }
     restore_and_check(&env, &v);
 }
+
+/// Memfds sealed against writes (F_SEAL_WRITE with a read-only mapping,
+/// F_SEAL_FUTURE_WRITE after a writable one), a memfd mapped twice after
+/// its fd was closed, and /dev/zero mapped shared with its fd kept: each
+/// comes back as it was (victim: tests/c/memfd_edge.c checks from inside).
+#[test]
+fn sealed_and_closed_memfds_and_dev_zero_come_back() {
+    standard_cycle("memfd-edge", "memfd_edge", &[]);
+}

@@ -152,7 +152,8 @@ fn dumps_succeed_under_a_flood_of_real_time_signals() {
 
 /// Real-time signals queued several times with payloads, to the process
 /// and to single threads, come back in order with their values, codes and
-/// senders, each in its own queue (victim: tests/c/rtsig.c).
+/// senders, each in its own queue, and so does a SIGTRAP pending for the
+/// process and one for a thread (victim: tests/c/rtsig.c).
 fn rt_cycle(test: &str, user: Option<&TestUser>) {
     let env = TestEnv::new(test);
     let mut v = match user {
@@ -163,7 +164,7 @@ fn rt_cycle(test: &str, user: Option<&TestUser>) {
     dump_kill_reap(&env, &mut v);
     let show = show_json(&env);
     assert_eq!(
-        show["processes"][0]["pending_signals"], 4,
+        show["processes"][0]["pending_signals"], 5,
         "process-wide and main thread's pending signals in `ckpt show`"
     );
     restore_and_check(&env, &v);

@@ -10,7 +10,11 @@
 //! same address is not saved with the child: its VMA is marked
 //! `inherited`, the restorer forks the child from the parent once the
 //! parent's memory is back, and the child keeps that mapping and writes
-//! only the pages it has of its own.
+//! only the pages it has of its own. The same holds for the pages of a
+//! private file mapping the parent wrote before the fork (its private
+//! copies of the file's pages): the mapping must be of the same file at
+//! the same offset, and a page the child still reads from the file is one
+//! it drops back to the file's.
 //!
 //! Pages are compared by page frame number (or swap slot) from
 //! `/proc/PID/pagemap`, which the kernel shows to a reader with
@@ -65,9 +69,13 @@ struct ParentVma {
     pages: Vec<PageRange>,
     /// Whether it has guard pages.
     guarded: bool,
+    /// Its kind, file and offset in it (a file mapping's).
+    kind: i32,
+    path: String,
+    file_offset: u64,
 }
 
-/// Marks every private anonymous VMA of a child that still shares pages
+/// Marks every private anonymous or private file VMA of a child that still shares pages
 /// with the same VMA of its parent, and drops those pages from the child's
 /// plan. Returns the pids whose page layout changed, and the totals.
 pub fn share_with_parents(procs: &mut [ProcessVmas<'_>]) -> Result<(Vec<i32>, Shared)> {
@@ -79,7 +87,7 @@ pub fn share_with_parents(procs: &mut [ProcessVmas<'_>]) -> Result<(Vec<i32>, Sh
             let vmas = p
                 .vmas
                 .iter()
-                .filter(|v| is_private_anon(v))
+                .filter(|v| is_private(v))
                 .map(|v| ParentVma {
                     start: v.start,
                     end: v.end,
@@ -87,6 +95,9 @@ pub fn share_with_parents(procs: &mut [ProcessVmas<'_>]) -> Result<(Vec<i32>, Sh
                     flags: v.flags,
                     pages: v.pages.clone(),
                     guarded: !v.guards.is_empty(),
+                    kind: v.kind,
+                    path: v.path.clone(),
+                    file_offset: v.file_offset,
                 })
                 .collect();
             (p.pid, vmas)
@@ -99,11 +110,13 @@ pub fn share_with_parents(procs: &mut [ProcessVmas<'_>]) -> Result<(Vec<i32>, Sh
             continue;
         };
         let mut maps: Option<(File, File)> = None;
-        for vma in child.vmas.iter_mut().filter(|v| is_private_anon(v)) {
+        for vma in child.vmas.iter_mut().filter(|v| is_private(v)) {
             // A mapping with guard pages is saved whole: which guards a
             // child shares with its parent over fork is not worth telling.
             let Some(pv) = parent_vmas.iter().find(|p| {
                 (p.start, p.end, p.prot) == (vma.start, vma.end, vma.prot)
+                    && (p.kind, p.path.as_str(), p.file_offset)
+                        == (vma.kind, vma.path.as_str(), vma.file_offset)
                     && p.flags & vma_flags::DONTFORK == 0
                     && !p.guarded
                     && vma.guards.is_empty()
@@ -131,8 +144,10 @@ pub fn share_with_parents(procs: &mut [ProcessVmas<'_>]) -> Result<(Vec<i32>, Sh
     Ok((changed, total))
 }
 
-fn is_private_anon(v: &Vma) -> bool {
-    v.kind == VmaKind::Anon as i32
+/// Private memory whose written pages are copies fork shares: anonymous
+/// memory, or a private file mapping's.
+fn is_private(v: &Vma) -> bool {
+    v.kind == VmaKind::Anon as i32 || v.kind == VmaKind::FilePrivate as i32
 }
 
 fn open_pagemap(pid: i32) -> Result<File> {

@@ -5,6 +5,10 @@
 //! siblings, with a process other than the parent) is refused before
 //! anything is saved, naming both processes and what they share, since a
 //! restore would give each its own and break the sharing silently.
+//! Processes sharing one address space (`CLONE_VM` without
+//! `CLONE_THREAD`, as `vfork` children and some runtimes make) are
+//! refused whoever they are: each would come back with a copy of its own,
+//! and a write of one would no longer show in the other.
 
 use ckpt_image::task::SharedWithParent;
 
@@ -52,6 +56,7 @@ impl Shared {
 /// that shares either with another process only, naming the first
 /// process holding that table.
 pub(crate) fn mark(procs: &mut [FrozenProcess], blockers: &mut Blockers) -> Result<()> {
+    refuse_shared_memory(procs, blockers)?;
     for shared in Shared::ALL {
         // The first process seen with each distinct table: a process is
         // compared with these only, not with every other.
@@ -87,6 +92,39 @@ pub(crate) fn mark(procs: &mut [FrozenProcess], blockers: &mut Blockers) -> Resu
         }
     }
     Ok(())
+}
+
+/// Refuses (into `blockers`) every live process of `procs` sharing its
+/// address space with an earlier one, naming that one.
+fn refuse_shared_memory(procs: &[FrozenProcess], blockers: &mut Blockers) -> Result<()> {
+    let mut holders: Vec<i32> = Vec::new();
+    for p in procs.iter().filter(|p| p.zombie_status.is_none()) {
+        let mut holder = None;
+        for &h in &holders {
+            if same_memory(h, p.pid)? {
+                holder = Some(h);
+                break;
+            }
+        }
+        let Some(holder) = holder else {
+            holders.push(p.pid);
+            continue;
+        };
+        blockers.absorb::<()>(Err(DumpError::Unsupported {
+            pid: p.pid,
+            what: format!("shares its memory with pid {holder} without being a thread (CLONE_VM)"),
+        }))?;
+    }
+    Ok(())
+}
+
+/// Whether `holder` and `pid` have one address space.
+fn same_memory(holder: i32, pid: i32) -> Result<bool> {
+    sys::same_object_of(holder, pid, sys::KCMP_VM).map_err(|source| DumpError::Proc {
+        pid,
+        path: format!("kcmp VM with pid {holder}").into(),
+        source,
+    })
 }
 
 /// The process of `holders` whose table `pid` shares, if any.

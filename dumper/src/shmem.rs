@@ -39,8 +39,6 @@ struct Entry {
     file: File,
     link: PathBuf,
     pid: i32,
-    /// Some VMA maps it shared (not only privately).
-    mapped_shared: bool,
 }
 
 /// Every shared memory object of the tree, in the order first seen (tree
@@ -65,11 +63,6 @@ impl Objects {
                 &v.path
             };
             v.shmem_id = self.object(pid, link, path)?;
-            if kind == VmaKind::Shmem
-                && let Some(e) = self.0.iter_mut().find(|e| e.object.id == v.shmem_id)
-            {
-                e.mapped_shared = true;
-            }
         }
         Ok(())
     }
@@ -77,7 +70,8 @@ impl Objects {
     /// Gives every memfd open file of the tree the id of its object (the
     /// one its mappings have, if any), through the first fd holding it.
     /// An unlinked file held by an fd (saved as a ghost) that is also
-    /// mapped shared is saved as the object its mappings have instead, and
+    /// mapped, shared or privately, is saved as the object its mappings
+    /// have instead, and
     /// restored as the memfd that object becomes (a deleted file can be
     /// opened by no one else, so only its name in `/proc/PID/fd` changes),
     /// so that writes through one show in the other, as before: UCX's
@@ -100,10 +94,12 @@ impl Objects {
             };
             let link = procfile::path(h.pid, &format!("fd/{}", h.fd));
             let st = std::fs::metadata(&link).map_err(|e| procfile::proc_err(h.pid, link, e))?;
+            // Mapped privately only, it is one file all the same: pages the
+            // mapping never wrote show what is written through the fd.
             let Some(e) = self
                 .0
                 .iter()
-                .find(|e| e.mapped_shared && (e.dev, e.ino) == (st.dev(), st.ino()))
+                .find(|e| (e.dev, e.ino) == (st.dev(), st.ino()))
             else {
                 continue;
             };
@@ -113,7 +109,7 @@ impl Objects {
                 blocked.push(Blocker {
                     pid: h.pid,
                     what: format!(
-                        "fd {}: deleted file {} also mapped shared (the fd and the mapping would come back as two files)",
+                        "fd {}: deleted file {} also mapped (the fd and the mapping would come back as two files)",
                         h.fd, reg.path
                     ),
                 });
@@ -196,7 +192,6 @@ impl Objects {
             file,
             link,
             pid,
-            mapped_shared: false,
         });
         Ok(id)
     }

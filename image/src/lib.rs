@@ -11,7 +11,7 @@
 //! DIR/mm-PID.img       header + Mm: every VMA and where its saved pages live
 //! DIR/fds-PID.img      header + FdTable: fd number -> open file id
 //! DIR/files.img        header + Files: every open file description, once
-//! DIR/ghost-ID.img     raw contents of open-but-unlinked file ID
+//! DIR/ghost-ID.img     data extents of open-but-unlinked file ID
 //! DIR/unix-ID.img      messages queued for UNIX socket (open file) ID
 //! DIR/pipe-ID.img      raw data buffered in pipe ID
 //! DIR/ipc.img         header + Ipc: the SysV IPC objects of the job (when it has any)

@@ -1,7 +1,8 @@
 //! Private memory still shared copy-on-write since fork, restore side.
 //!
 //! A VMA the dumper marked `inherited` is the parent's private anonymous
-//! mapping at the same address, whose pages the child had not written.
+//! mapping at the same address, or its private mapping of the same file,
+//! whose pages the child had not written.
 //! The tree builder forks a child only after its parent's memory is back
 //! (`rebuild/build.rs`, `build_tree`), so the child starts with that mapping and its
 //! pages shared with the parent, exactly as after the original fork. Here
@@ -17,22 +18,25 @@ use ckpt_parasite::remote::Remote;
 use crate::error::{RestoreError, Result};
 
 /// Checks a process's inherited VMAs against its parent's image before any
-/// process is created: each must be a private anonymous mapping the parent
-/// has at the same place with the same protection and passes on over fork,
+/// process is created: each must be a private anonymous mapping, or a
+/// private mapping of the same file at the same offset, the parent has at
+/// the same place with the same protection and passes on over fork,
 /// and its dropped pages must lie inside it, in order.
 pub fn check(pid: i32, mm: &Mm, parent: Option<&Mm>) -> Result<()> {
     for v in mm.vmas.iter().filter(|v| v.inherited) {
-        if v.kind != VmaKind::Anon as i32 || v.shmem_owner.is_some() {
+        let private = v.kind == VmaKind::Anon as i32 || v.kind == VmaKind::FilePrivate as i32;
+        if !private || v.shmem_owner.is_some() {
             return Err(RestoreError::vma(
                 pid,
                 v,
-                "only private anonymous memory is inherited",
+                "only private anonymous memory and private file mappings are inherited",
             ));
         }
         let from_parent = parent.is_some_and(|p| {
             p.vmas.iter().any(|pv| {
-                pv.kind == VmaKind::Anon as i32
+                pv.kind == v.kind
                     && (pv.start, pv.end, pv.prot) == (v.start, v.end, v.prot)
+                    && (pv.path.as_str(), pv.file_offset) == (v.path.as_str(), v.file_offset)
                     && pv.flags & vma_flags::DONTFORK == 0
             })
         });
@@ -94,7 +98,8 @@ pub fn unmap_except_inherited(r: &Remote<'_>, mm: &Mm, start: u64, end: u64) -> 
 }
 
 /// Drops the pages of inherited VMAs the process did not have: private
-/// anonymous pages read as zeros again after `MADV_DONTNEED`.
+/// anonymous pages read as zeros again after `MADV_DONTNEED`, a private
+/// file mapping's as the file's again.
 pub fn drop_pages(r: &Remote<'_>, mm: &Mm) -> Result<()> {
     for s in kept(mm).flat_map(|v| v.dropped.iter()) {
         r.call(

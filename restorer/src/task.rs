@@ -332,34 +332,92 @@ pub fn restore_rlimits(pid: i32, core: &Core, warn: &dyn Fn(&str)) -> Result<()>
 /// Re-queues the signals that were pending at dump time, from the thread
 /// `r` runs in (queuing to oneself is allowed for any si_code). The mask is
 /// still all-blocked here, so nothing is delivered before the process runs.
+/// A pending SIGTRAP waits for [`queue_traps`]: every remote syscall ends
+/// on ckpt's own breakpoint, whose SIGTRAP the kernel forces through the
+/// mask and would merge with it, so it would be taken for the breakpoint
+/// and lost.
 pub fn queue_pending(r: &Remote<'_>, tgid: i32, pending: &[PendingSignal]) -> Result<()> {
-    if pending.is_empty() {
+    for p in pending {
+        if signo_of(tgid, p)? != libc::SIGTRAP {
+            queue_one(r, tgid, p, Stop::Breakpoint)?;
+        }
+    }
+    Ok(())
+}
+
+/// Re-queues the pending SIGTRAPs held back by [`queue_pending`], once no
+/// breakpoint will run in the thread of `r` any more: each by a syscall
+/// stopped at its exit (no breakpoint), with every signal blocked (the
+/// breakpoints before unblocked SIGTRAP). The caller sets the thread's
+/// own mask afterwards.
+pub fn queue_traps(r: &Remote<'_>, tgid: i32, pending: &[PendingSignal]) -> Result<()> {
+    let traps: Vec<&PendingSignal> = pending
+        .iter()
+        .filter(|p| signo_of(tgid, p).is_ok_and(|s| s == libc::SIGTRAP))
+        .collect();
+    if traps.is_empty() {
         return Ok(());
     }
+    r.t.set_sigmask(ALL_BLOCKED)?;
+    for p in traps {
+        queue_one(r, tgid, p, Stop::SyscallExit)?;
+    }
+    Ok(())
+}
+
+/// A mask blocking every signal (the kernel ignores SIGKILL's and
+/// SIGSTOP's bits).
+const ALL_BLOCKED: u64 = u64::MAX;
+
+/// How a remote syscall hands the thread back.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// On ckpt's breakpoint after it.
+    Breakpoint,
+    /// At its exit (`PTRACE_SYSCALL`).
+    SyscallExit,
+}
+
+/// The signal number of pending signal `p` of process `tgid`.
+fn signo_of(tgid: i32, p: &PendingSignal) -> Result<i32> {
+    if p.siginfo.len() != ckpt_parasite::SIGINFO_SIZE {
+        return Err(RestoreError::Image(ckpt_image::ImageError::Invalid {
+            path: ckpt_image::core_name(tgid).into(),
+            what: "pending signal with a short siginfo".into(),
+        }));
+    }
+    Ok(i32::from_le_bytes(
+        p.siginfo[..4].try_into().expect("4 bytes"),
+    ))
+}
+
+/// Queues `p` to the process (shared) or to the thread of `r`.
+fn queue_one(r: &Remote<'_>, tgid: i32, p: &PendingSignal, stop: Stop) -> Result<()> {
     // The syscalls run inside the process: its own namespace's ids.
     let tid = crate::pid::inner(r.t.pid())? as u64;
-    let tgid_inside = crate::pid::inner(tgid)?;
-    for p in pending {
-        if p.siginfo.len() != ckpt_parasite::SIGINFO_SIZE {
-            return Err(RestoreError::Image(ckpt_image::ImageError::Invalid {
-                path: ckpt_image::core_name(tgid).into(),
-                what: "pending signal with a short siginfo".into(),
-            }));
+    let tgid_inside = crate::pid::inner(tgid)? as u64;
+    let signo = signo_of(tgid, p)? as u64;
+    let info = r.put(0, &p.siginfo)?;
+    let (name, nr, args) = if p.shared {
+        (
+            "rt_sigqueueinfo",
+            libc::SYS_rt_sigqueueinfo,
+            [tgid_inside, signo, info, 0, 0, 0],
+        )
+    } else {
+        (
+            "rt_tgsigqueueinfo",
+            libc::SYS_rt_tgsigqueueinfo,
+            [tgid_inside, tid, signo, info, 0, 0],
+        )
+    };
+    match stop {
+        Stop::Breakpoint => {
+            r.call(name, nr, args)?;
         }
-        let signo = i32::from_le_bytes(p.siginfo[..4].try_into().expect("4 bytes")) as u64;
-        let info = r.put(0, &p.siginfo)?;
-        if p.shared {
-            r.call(
-                "rt_sigqueueinfo",
-                libc::SYS_rt_sigqueueinfo,
-                [tgid_inside as u64, signo, info, 0, 0, 0],
-            )?;
-        } else {
-            r.call(
-                "rt_tgsigqueueinfo",
-                libc::SYS_rt_tgsigqueueinfo,
-                [tgid_inside as u64, tid, signo, info, 0, 0],
-            )?;
+        Stop::SyscallExit => {
+            let ret = r.t.syscall_stop_at_exit(r.base, nr, args)?;
+            ckpt_parasite::check_ret(r.t.pid(), name, ret)?;
         }
     }
     Ok(())

@@ -78,9 +78,19 @@ pub fn spawn(r: &Remote<'_>, core: &Core) -> Result<NewThreads> {
 /// credentials are set after `spawn`): with its mask in place a pending
 /// signal (queued from the image, or a timer that fired) would stop a
 /// remote syscall, and every remote syscall clobbers the registers.
-pub fn finish(threads: &[Tracee], core: &Core) -> Result<()> {
+/// Its pending SIGTRAPs are queued here, last (see [`task::queue_traps`]);
+/// `leader` gives the scratch area the syscalls run from.
+pub fn finish(leader: &Remote<'_>, threads: &[Tracee], core: &Core) -> Result<()> {
     let tgid = core.pid;
     for (t, tc) in threads.iter().zip(&core.threads) {
+        task::queue_traps(
+            &Remote {
+                t,
+                base: leader.base,
+            },
+            leader.t.pid(),
+            &tc.pending,
+        )?;
         let regs = tc.regs.as_ref().ok_or_else(|| {
             RestoreError::Image(ckpt_image::ImageError::Invalid {
                 path: ckpt_image::core_name(tgid).into(),

@@ -14,6 +14,10 @@
  *                                  CLONE_FS, then unshares both: A and C
  *                                  share with each other, not with their
  *                                  parent. Ready file: "P A C".
+ *   clone_share WORKDIR vm         P clones M with CLONE_VM only: M runs
+ *                                  on its own stack in P's address space.
+ *                                  Ready file: "P M". After go M writes a
+ *                                  word P must see, then both end.
  */
 #include "victim.h"
 
@@ -336,6 +340,35 @@ static void run_siblings(void)
 	victim_finish();
 }
 
+/* The vm shape: the word M writes and P waits for in their one memory. */
+static volatile int vm_written;
+static char vm_stack[64 * 1024] __attribute__((aligned(16)));
+
+static int run_vm_child(void *arg)
+{
+	(void)arg;
+	victim_child_wait_go(90);
+	vm_written = 1;
+	return 0;
+}
+
+static void run_vm(void)
+{
+	pid_t m = clone(run_vm_child, vm_stack + sizeof(vm_stack), CLONE_VM | SIGCHLD, NULL);
+	int st = 0;
+
+	if (m < 0)
+		die("clone CLONE_VM");
+	snprintf(ready_line, sizeof(ready_line), "%d %d", (int)getpid(), (int)m);
+	victim_ready_and_wait(ready_line);
+	if (waitpid(m, &st, 0) != m)
+		fail("waitpid: %s", strerror(errno));
+	else
+		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "M ended with status %#x", st);
+	CHECK(vm_written == 1, "M's write to the shared memory is not seen by P");
+	victim_finish();
+}
+
 int main(int argc, char **argv)
 {
 	char sub[PATH_MAX];
@@ -348,6 +381,8 @@ int main(int argc, char **argv)
 	victim_workdir = workdir_abs;
 	if (argc > 2 && strcmp(argv[2], "siblings") == 0)
 		run_siblings();
+	if (argc > 2 && strcmp(argv[2], "vm") == 0)
+		run_vm();
 	for (int i = 1; i <= 2; i++) {
 		snprintf(sub, sizeof(sub), "%s/s%d", workdir_abs, i);
 		if (mkdir(sub, 0755) && errno != EEXIST)

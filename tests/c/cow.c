@@ -7,6 +7,12 @@
  * pages it dropped (zeros) and the untouched pages it still shared are all
  * where they were. The test checks from outside that the tree's memory
  * (sum of PSS) stays near one copy of the region after restore.
+ *
+ *   cow WORKDIR        the region is private anonymous memory
+ *   cow WORKDIR file   the region is a private mapping of a file of zeros
+ *                      (WORKDIR/cow.bin), every page written before the
+ *                      fork: the copies the processes share are of the
+ *                      file's pages (a dropped page reads the file again)
  */
 #include "victim.h"
 
@@ -60,7 +66,18 @@ int main(int argc, char **argv)
 {
 	victim_init(argc, argv);
 	settled = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	unsigned char *m = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	unsigned char *m;
+	if (argc > 2 && strcmp(argv[2], "file") == 0) {
+		char path[PATH_MAX];
+		victim_path(path, sizeof(path), "cow.bin");
+		int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		if (fd < 0 || ftruncate(fd, LEN) != 0)
+			die("cow.bin");
+		m = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+		close(fd);
+	} else {
+		m = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	}
 	if (m == MAP_FAILED || settled == MAP_FAILED)
 		die("mmap");
 	fill((uint64_t *)m, LEN / 8, 42);

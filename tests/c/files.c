@@ -1,7 +1,10 @@
 /*
  * Files victim: regular files at known offsets with every access mode,
  * O_APPEND, O_CLOEXEC, a directory fd, /dev/null, two fds sharing one open
- * file description, and an unlinked-but-open file.  All fds are moved to
+ * file description, and unlinked-but-open files (one of them sparse, with
+ * its own mode and times, which must come back with its holes; one a hard
+ * link of a file whose other name is kept, which must come back that very
+ * file).  All fds are moved to
  * fixed numbers so the harness and the checks know them.  After go it checks
  * offsets, flags, targets and contents, and that I/O continues correctly.
  *
@@ -28,6 +31,10 @@
 #define FD_SHARED_A 17
 #define FD_SHARED_B 40 /* dup of 17, deliberately far away */
 #define FD_DELETED 18
+#define FD_SPARSE 19 /* unlinked, sparse, with its own mode and times */
+#define FD_LINKED 20 /* one hard link removed, the other kept */
+#define OFF_LINKED 100
+#define FD_MAPPED 21 /* unlinked, also mapped privately */
 
 #define OFF_RO 1234
 #define OFF_WO 77
@@ -35,6 +42,13 @@
 #define OFF_SHARED 300
 #define OFF_DELETED 555
 #define FILE_LEN 4096
+/* The sparse unlinked file: 8 MiB, data only at its head and at 6 MiB. */
+#define SPARSE_LEN (8L << 20)
+#define SPARSE_TAIL (6L << 20)
+#define SPARSE_MODE 0640
+#define SPARSE_ATIME 1000000000L
+#define SPARSE_MTIME 1200000000L
+#define SPARSE_NSEC 123456789L
 
 static char content[FILE_LEN];
 static char del_content[FILE_LEN];
@@ -134,6 +148,141 @@ static void check_file_content(const char *name, off_t off, const char *want, si
 		close(fd);
 }
 
+/* linked-a.txt opened, linked as linked-b.txt, and its first name removed:
+ * the fd now names a file that lives on under another name. */
+static void make_linked(void)
+{
+	char a[PATH_MAX], b[PATH_MAX];
+
+	open_at(FD_LINKED, "linked-a.txt", O_RDWR | O_CREAT | O_TRUNC, 0);
+	if (write(FD_LINKED, content, FILE_LEN) != FILE_LEN)
+		die("write linked-a.txt");
+	if (lseek(FD_LINKED, OFF_LINKED, SEEK_SET) != OFF_LINKED)
+		die("lseek linked");
+	wpath(a, "linked-a.txt");
+	wpath(b, "linked-b.txt");
+	unlink(b);
+	if (link(a, b) || unlink(a))
+		die("link linked-b.txt, unlink linked-a.txt");
+}
+
+/* The fd is the very file still named linked-b.txt: one inode, a write
+ * through the fd seen through the name, at the saved offset. */
+static void verify_linked(void)
+{
+	char b[PATH_MAX], buf[4];
+	struct stat fd_st, name_st;
+	int fd;
+
+	wpath(b, "linked-b.txt");
+	if (fstat(FD_LINKED, &fd_st) || stat(b, &name_st)) {
+		fail("linked file: stat: %s", strerror(errno));
+		return;
+	}
+	CHECK(fd_st.st_dev == name_st.st_dev && fd_st.st_ino == name_st.st_ino,
+	      "linked file: the fd is inode %lu, linked-b.txt inode %lu",
+	      (unsigned long)fd_st.st_ino, (unsigned long)name_st.st_ino);
+	CHECK(fd_st.st_nlink == 1, "linked file: nlink %lu, want 1", (unsigned long)fd_st.st_nlink);
+	CHECK(cur(FD_LINKED) == OFF_LINKED, "linked file offset %ld, want %d",
+	      (long)cur(FD_LINKED), OFF_LINKED);
+	CHECK(write(FD_LINKED, "LNKD", 4) == 4, "linked file: write: %s", strerror(errno));
+	fd = open(b, O_RDONLY | O_CLOEXEC);
+	CHECK(fd >= 0 && pread(fd, buf, 4, OFF_LINKED) == 4 && memcmp(buf, "LNKD", 4) == 0,
+	      "linked file: a write through the fd is not seen through linked-b.txt");
+	if (fd >= 0)
+		close(fd);
+}
+
+/* mapped.bin mapped privately (one page written through the mapping, one
+ * not), its fd kept, then unlinked. */
+static char *mapped_deleted;
+
+static void make_mapped_deleted(void)
+{
+	char p[PATH_MAX];
+
+	open_at(FD_MAPPED, "mapped.bin", O_RDWR | O_CREAT | O_TRUNC, 0);
+	if (write(FD_MAPPED, del_content, FILE_LEN) != FILE_LEN ||
+	    write(FD_MAPPED, content, FILE_LEN) != FILE_LEN)
+		die("write mapped.bin");
+	mapped_deleted = mmap(NULL, 2 * FILE_LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE, FD_MAPPED, 0);
+	if (mapped_deleted == MAP_FAILED)
+		die("mmap mapped.bin");
+	mapped_deleted[0] = 'P'; /* the first page is the process's own now */
+	wpath(p, "mapped.bin");
+	if (unlink(p))
+		die("unlink mapped.bin");
+}
+
+/* One file behind the fd and the mapping: a write through the fd shows in
+ * the page the mapping never wrote, not in the one it did. */
+static void verify_mapped_deleted(void)
+{
+	CHECK(mapped_deleted[0] == 'P' && !memcmp(mapped_deleted + 1, del_content + 1, FILE_LEN - 1),
+	      "mapped deleted file: the page written through the mapping changed");
+	CHECK(!memcmp(mapped_deleted + FILE_LEN, content, FILE_LEN),
+	      "mapped deleted file: the page not written changed");
+	CHECK(pwrite(FD_MAPPED, "MAPD", 4, FILE_LEN + 8) == 4 && pwrite(FD_MAPPED, "FDFD", 4, 8) == 4,
+	      "mapped deleted file: pwrite: %s", strerror(errno));
+	CHECK(!memcmp(mapped_deleted + FILE_LEN + 8, "MAPD", 4),
+	      "mapped deleted file: a write through the fd does not show in the mapping");
+	CHECK(memcmp(mapped_deleted + 8, "FDFD", 4) != 0,
+	      "mapped deleted file: a write through the fd shows in a page the mapping made its own");
+}
+
+/* An unlinked file mostly holes, with a mode and times of its own. */
+static void make_sparse(void)
+{
+	char p[PATH_MAX];
+	struct timespec times[2] = { { SPARSE_ATIME, SPARSE_NSEC }, { SPARSE_MTIME, SPARSE_NSEC } };
+
+	open_at(FD_SPARSE, "sparse.bin", O_RDWR | O_CREAT | O_TRUNC, 0);
+	if (ftruncate(FD_SPARSE, SPARSE_LEN) || pwrite(FD_SPARSE, "head", 4, 0) != 4 ||
+	    pwrite(FD_SPARSE, "tail", 4, SPARSE_TAIL) != 4)
+		die("write sparse.bin");
+	if (fchmod(FD_SPARSE, SPARSE_MODE) || futimens(FD_SPARSE, times))
+		die("fchmod/futimens sparse.bin");
+	wpath(p, "sparse.bin");
+	if (unlink(p))
+		die("unlink sparse.bin");
+}
+
+/* The sparse file keeps its size, holes, mode and times (checked before
+ * anything reads it, which could move its access time). */
+static void verify_sparse(void)
+{
+	struct stat st;
+	char buf[4];
+	off_t hole;
+
+	if (fstat(FD_SPARSE, &st)) {
+		fail("sparse file: fstat: %s", strerror(errno));
+		return;
+	}
+	CHECK(st.st_nlink == 0 && st.st_size == SPARSE_LEN, "sparse file: nlink %lu size %ld",
+	      (unsigned long)st.st_nlink, (long)st.st_size);
+	CHECK((st.st_mode & 07777) == SPARSE_MODE, "sparse file: mode %o, want %o",
+	      st.st_mode & 07777, SPARSE_MODE);
+	CHECK(st.st_uid == getuid(), "sparse file: owner %u, want %u", st.st_uid, getuid());
+	CHECK(st.st_atim.tv_sec == SPARSE_ATIME && st.st_atim.tv_nsec == SPARSE_NSEC,
+	      "sparse file: atime %ld.%09ld, want %ld.%09ld", (long)st.st_atim.tv_sec,
+	      st.st_atim.tv_nsec, SPARSE_ATIME, SPARSE_NSEC);
+	CHECK(st.st_mtim.tv_sec == SPARSE_MTIME && st.st_mtim.tv_nsec == SPARSE_NSEC,
+	      "sparse file: mtime %ld.%09ld, want %ld.%09ld", (long)st.st_mtim.tv_sec,
+	      st.st_mtim.tv_nsec, SPARSE_MTIME, SPARSE_NSEC);
+	/* Two extents of a block or so each, not 8 MiB of zeros. */
+	CHECK((long)st.st_blocks * 512 < (1L << 20), "sparse file: %ld bytes allocated, holes lost",
+	      (long)st.st_blocks * 512);
+	hole = lseek(FD_SPARSE, 0, SEEK_HOLE);
+	CHECK(hole > 0 && hole < SPARSE_TAIL, "sparse file: first hole at %ld", (long)hole);
+	CHECK(pread(FD_SPARSE, buf, 4, 0) == 4 && memcmp(buf, "head", 4) == 0,
+	      "sparse file: head lost");
+	CHECK(pread(FD_SPARSE, buf, 4, SPARSE_TAIL) == 4 && memcmp(buf, "tail", 4) == 0,
+	      "sparse file: tail lost");
+	CHECK(pread(FD_SPARSE, buf, 4, SPARSE_TAIL / 2) == 4 && memcmp(buf, "\0\0\0\0", 4) == 0,
+	      "sparse file: a hole reads as data");
+}
+
 static void setup(void)
 {
 	char p[PATH_MAX];
@@ -180,6 +329,9 @@ static void setup(void)
 	if (unlink(p))
 		die("unlink deleted.txt");
 
+	make_sparse();
+	make_linked();
+	make_mapped_deleted();
 	list_fds(fd_open_before);
 	for (int i = 0; i < 64; i++)
 		if (fd_open_before[i])
@@ -198,6 +350,15 @@ static void verify_table(void)
 		if (!open_after[i] || !fd_open_before[i])
 			continue;
 		fd_target(i, now);
+		if (i == FD_MAPPED) {
+			/* One file with its mapping: the memfd that holds both,
+			 * named after the file ("/memfd:NAME (deleted)"). */
+			const char *base = strrchr(paths[i], '/');
+
+			CHECK(base && !strncmp(now, "/memfd:", 7) && !strcmp(now + 7, base + 1),
+			      "fd %d points to '%s', want the memfd of '%s'", i, now, paths[i]);
+			continue;
+		}
 		CHECK(strcmp(now, paths[i]) == 0, "fd %d points to '%s', was '%s'", i, now,
 		      paths[i]);
 	}
@@ -344,6 +505,9 @@ int main(int argc, char **argv)
 	victim_ready_and_wait(NULL);
 	/* The fd table first: the checks below open and close temporary fds. */
 	verify_table();
+	verify_sparse();
+	verify_linked();
+	verify_mapped_deleted();
 	verify_modes();
 	verify_offsets_and_io();
 	verify_mapping();

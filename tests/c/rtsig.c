@@ -2,9 +2,10 @@
  * Queued real-time signals with payloads, to the process and to single
  * threads. All are blocked in both threads:
  *
- *   process: SIGRTMIN+5 three times (values 0x100, 0x101, 0x102);
+ *   process: SIGRTMIN+5 three times (values 0x100, 0x101, 0x102) and a
+ *            kill'd SIGTRAP (ckpt's own breakpoints trap with SIGTRAP);
  *   thread T: SIGRTMIN+6 twice (0x200, 0x201), SIGRTMIN+5 once (0x300)
- *             and a pthread_kill'd SIGUSR1 (SI_TKILL);
+ *             and a pthread_kill'd SIGUSR1 and SIGTRAP (SI_TKILL);
  *   main thread: SIGRTMIN+6 once (0x400).
  *
  * After go each thread takes its own with sigtimedwait: same order, same
@@ -70,6 +71,7 @@ static void *thread_t(void *arg)
 	 */
 	take("thread", SIGUSR1, 0, SI_USER);
 	none_left("thread", SIGUSR1);
+	take("thread", SIGTRAP, 0, SI_USER);
 	return NULL;
 }
 
@@ -83,6 +85,7 @@ int main(int argc, char **argv)
 	sigaddset(&block, RT1);
 	sigaddset(&block, RT2);
 	sigaddset(&block, SIGUSR1);
+	sigaddset(&block, SIGTRAP);
 	if (sigprocmask(SIG_BLOCK, &block, NULL))
 		die("sigprocmask");
 	pthread_t t;
@@ -103,8 +106,10 @@ int main(int argc, char **argv)
 	v.sival_int = 0x300;
 	if (pthread_sigqueue(t, RT1, v))
 		die("pthread_sigqueue");
-	if (pthread_kill(t, SIGUSR1))
+	if (pthread_kill(t, SIGUSR1) || pthread_kill(t, SIGTRAP))
 		die("pthread_kill");
+	if (kill(me, SIGTRAP))
+		die("kill SIGTRAP");
 	v.sival_int = 0x400;
 	if (pthread_sigqueue(pthread_self(), RT2, v))
 		die("pthread_sigqueue self");
@@ -118,5 +123,7 @@ int main(int argc, char **argv)
 	take("main", RT1, 0x101, SI_QUEUE);
 	take("main", RT1, 0x102, SI_QUEUE);
 	none_left("main", RT1);
+	take("main", SIGTRAP, 0, SI_USER);
+	none_left("main", SIGTRAP);
 	victim_finish();
 }

@@ -3,8 +3,9 @@
  *
  * Before ready: SIGUSR1 handler (SA_RESTART|SA_SIGINFO, mask {SIGQUIT}),
  * SIGUSR2 handler (mask {SIGINT}), SIGINT ignored, SIGHUP handler with
- * SA_RESETHAND, SIGTERM and SIGRTMIN+3 blocked, two queued SIGRTMIN+3 with
- * distinct si_value.  The harness sends SIGTERM (blocked, so it stays
+ * SA_RESETHAND, SIGTERM, SIGTRAP and SIGRTMIN+3 blocked, two queued
+ * SIGRTMIN+3 with distinct si_value, a SIGTRAP raised to itself (pending
+ * for the thread: ckpt's own breakpoints trap with SIGTRAP too).  The harness sends SIGTERM (blocked, so it stays
  * pending) before dumping.
  *
  * Protocol after restore:
@@ -102,8 +103,11 @@ static void setup(void)
 	sigemptyset(&block);
 	sigaddset(&block, SIGTERM);
 	sigaddset(&block, RTSIG);
+	sigaddset(&block, SIGTRAP);
 	if (sigprocmask(SIG_BLOCK, &block, NULL))
 		die("sigprocmask");
+	if (raise(SIGTRAP))
+		die("raise SIGTRAP");
 
 	/* Two queued instances of a blocked RT signal, each with its own value. */
 	v.sival_int = 0x1234;
@@ -160,8 +164,9 @@ static void verify_table(void)
 	sigpending(&pending);
 	CHECK(sigismember(&pending, SIGTERM), "SIGTERM sent before the dump is no longer pending");
 	CHECK(sigismember(&pending, RTSIG), "queued SIGRTMIN+3 is no longer pending");
+	CHECK(sigismember(&pending, SIGTRAP), "SIGTRAP raised before the dump is no longer pending");
 	for (int s = 1; s < NSIG_CHECK; s++)
-		CHECK(s == SIGTERM || s == RTSIG || !sigismember(&pending, s),
+		CHECK(s == SIGTERM || s == RTSIG || s == SIGTRAP || !sigismember(&pending, s),
 		      "unexpected pending signal %d", s);
 }
 
@@ -214,6 +219,14 @@ static void verify_delivery(void)
 	CHECK(sigtimedwait(&rt, &si, &zero) == RTSIG && si.si_value.sival_int == 0x5678,
 	      "second queued SIGRTMIN+3 lost or changed (value %#x)", si.si_value.sival_int);
 	CHECK(sigtimedwait(&rt, &si, &zero) < 0, "extra SIGRTMIN+3 instance queued");
+
+	/* The SIGTRAP is the one raised (sent by a process: code SI_USER or
+	 * SI_TKILL, by itself), not one of ckpt's breakpoints (SI_KERNEL). */
+	sigemptyset(&rt);
+	sigaddset(&rt, SIGTRAP);
+	CHECK(sigtimedwait(&rt, &si, &zero) == SIGTRAP && si.si_code <= 0 &&
+		      si.si_pid == getpid(),
+	      "the raised SIGTRAP lost or changed (code %d, pid %d)", si.si_code, (int)si.si_pid);
 }
 
 int main(int argc, char **argv)

@@ -1,6 +1,8 @@
 //! Raw syscalls of the dumper that neither nix nor the parasite crate wrap.
 
+mod handle;
 mod ipc;
+pub use handle::*;
 pub use ipc::*;
 
 /// `kcmp` type: compare two file descriptors' open file descriptions.
@@ -18,13 +20,15 @@ pub fn same_file_description_of(pid_a: i32, a: i32, pid_b: i32, b: i32) -> std::
     }
 }
 
+/// `kcmp` type: compare two processes' address spaces (`CLONE_VM`).
+pub const KCMP_VM: libc::c_int = 1;
 /// `kcmp` type: compare two processes' fd tables (`CLONE_FILES`).
 pub const KCMP_FILES: libc::c_int = 2;
 /// `kcmp` type: compare two processes' fs info: cwd, root, umask (`CLONE_FS`).
 pub const KCMP_FS: libc::c_int = 3;
 
 /// True when `pid_a` and `pid_b` hold one kernel object of `kind`
-/// ([`KCMP_FILES`] or [`KCMP_FS`]), per `kcmp(2)`.
+/// ([`KCMP_VM`], [`KCMP_FILES`] or [`KCMP_FS`]), per `kcmp(2)`.
 pub fn same_object_of(pid_a: i32, pid_b: i32, kind: libc::c_int) -> std::io::Result<bool> {
     // SAFETY: kcmp takes only integers and touches no memory of ours.
     let r = unsafe { libc::syscall(libc::SYS_kcmp, pid_a, pid_b, kind, 0, 0) };
@@ -816,50 +820,6 @@ pub fn pty_packet_mode(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<bool>
 /// Whether a pty master's slave is locked (`TIOCGPTLCK`).
 pub fn pty_locked(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<bool> {
     ioctl_int(fd, libc::TIOCGPTLCK).map(|v| v != 0)
-}
-/// Largest file handle the kernel hands out (`MAX_HANDLE_SZ`).
-const MAX_HANDLE_SZ: usize = 128;
-
-/// `struct file_handle` with room for the largest handle.
-#[repr(C)]
-struct FileHandle {
-    handle_bytes: u32,
-    handle_type: i32,
-    f_handle: [u8; MAX_HANDLE_SZ],
-}
-
-/// `open_by_handle_at(mount_fd, handle, O_PATH)`: the inode a file handle
-/// names, on the filesystem of `mount_fd` (needs CAP_DAC_READ_SEARCH).
-pub fn open_by_handle(
-    mount_fd: &impl std::os::fd::AsRawFd,
-    handle_type: i32,
-    bytes: &[u8],
-) -> std::io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
-    if bytes.len() > MAX_HANDLE_SZ {
-        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    let mut h = FileHandle {
-        handle_bytes: bytes.len() as u32,
-        handle_type,
-        f_handle: [0; MAX_HANDLE_SZ],
-    };
-    h.f_handle[..bytes.len()].copy_from_slice(bytes);
-    // SAFETY: the handle is a live local struct of the kernel's layout with
-    // handle_bytes no larger than its buffer; the kernel only reads it.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_by_handle_at,
-            mount_fd.as_raw_fd(),
-            &mut h as *mut FileHandle,
-            libc::O_PATH | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just returned this fd to us, and nothing else owns it.
-    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// Bytes waiting to be read in fd `fd` of `pid` (`FIONREAD` on a copy taken

@@ -6,6 +6,10 @@ pub use crate::pb::DevFile;
 
 impl super::Describe for DevFile {
     fn describe(&self) -> String {
-        self.path.clone()
+        if self.deleted {
+            format!("{} (deleted device node)", self.path)
+        } else {
+            self.path.clone()
+        }
     }
 }

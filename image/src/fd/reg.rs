@@ -2,7 +2,7 @@
 //!
 //! The message is defined in `image/proto/fd_reg.proto`.
 
-pub use crate::pb::RegFile;
+pub use crate::pb::{FileHandle, GhostExtent, RegFile};
 
 impl RegFile {
     /// It is a directory.
@@ -16,6 +16,9 @@ impl super::Describe for RegFile {
         match &self.ghost {
             Some(g) => format!("{} (deleted, contents in {g})", self.path),
             None if self.removed => format!("{} (removed directory)", self.path),
+            None if self.handle.is_some() => {
+                format!("{} (name removed, other hard links left)", self.path)
+            }
             None => self.path.clone(),
         }
     }

@@ -16,9 +16,10 @@
 
 use std::io::Write;
 use std::os::fd::AsFd;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use ckpt_image::fd::reg::GhostExtent;
 use ckpt_parasite::ParasiteError;
 use ckpt_parasite::remote::Remote;
 use nix::errno::Errno;
@@ -215,11 +216,81 @@ impl Created {
     }
 }
 
-/// Gives a file ckpt created its owner, contents and, last, its mode.
-pub fn fill(file: &mut std::fs::File, own: &Ownership, contents: &[u8]) -> std::io::Result<()> {
+/// What a recreated file holds.
+pub enum Filling<'a> {
+    /// All its bytes, from offset 0.
+    Whole(&'a [u8]),
+    /// A file of `size` bytes with `data` at `extents` (their bytes one
+    /// after another) and holes everywhere else.
+    Sparse {
+        /// Its length.
+        size: u64,
+        /// Where the data goes, in order.
+        extents: &'a [GhostExtent],
+        /// The extents' bytes.
+        data: &'a [u8],
+    },
+}
+
+/// A file's access and modification times.
+pub struct Times {
+    /// Last access, nanoseconds since the epoch.
+    pub atime_ns: i64,
+    /// Last modification, likewise.
+    pub mtime_ns: i64,
+}
+
+/// Gives a file ckpt created its owner, contents, times and, last, its
+/// mode.
+pub fn fill(
+    file: &mut std::fs::File,
+    own: &Ownership,
+    contents: &Filling<'_>,
+    times: &Times,
+) -> std::io::Result<()> {
     std::os::unix::fs::fchown(file.as_fd(), Some(own.uid), Some(own.gid))?;
-    file.write_all(contents)?;
-    file.set_permissions(std::fs::Permissions::from_mode(own.mode & PERMISSION_BITS))
+    match contents {
+        Filling::Whole(data) => file.write_all(data)?,
+        Filling::Sparse {
+            size,
+            extents,
+            data,
+        } => {
+            // Set first, the length leaves every byte not written a hole.
+            file.set_len(*size)?;
+            let mut at = 0usize;
+            for e in extents.iter() {
+                let len = usize::try_from(e.len).map_err(std::io::Error::other)?;
+                let bytes = data.get(at..at + len).ok_or_else(|| {
+                    std::io::Error::other("the ghost image is shorter than its extents")
+                })?;
+                file.write_all_at(bytes, e.offset)?;
+                at += len;
+            }
+            if at != data.len() {
+                return Err(std::io::Error::other(
+                    "the ghost image is longer than its extents",
+                ));
+            }
+        }
+    }
+    file.set_permissions(std::fs::Permissions::from_mode(own.mode & PERMISSION_BITS))?;
+    // Last: writing the contents moved the modification time.
+    file.set_times(
+        std::fs::FileTimes::new()
+            .set_accessed(system_time(times.atime_ns))
+            .set_modified(system_time(times.mtime_ns)),
+    )
+}
+
+/// `ns` nanoseconds after (or, negative, before) the epoch.
+fn system_time(ns: i64) -> std::time::SystemTime {
+    let since = std::time::Duration::from_nanos(ns.unsigned_abs());
+    if ns >= 0 {
+        std::time::UNIX_EPOCH + since
+    } else {
+        std::time::UNIX_EPOCH - since
+    }
 }
 
 /// Makes an empty directory like one removed while in use: at `path`, or

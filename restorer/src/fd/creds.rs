@@ -63,6 +63,28 @@ impl FsIdentity {
         self.uid == 0 || (uid == self.uid && (gid == self.gid || self.groups.contains(&gid)))
     }
 
+    /// Whether this identity may open a file of owner `uid`, group `gid`
+    /// and mode `mode` for `access` (`O_RDONLY`, `O_WRONLY` or `O_RDWR`),
+    /// by the permission bits alone, as the kernel checks them (root may).
+    pub fn may_open(&self, uid: u32, gid: u32, mode: u32, access: i32) -> bool {
+        if self.uid == 0 {
+            return true;
+        }
+        let bits = if uid == self.uid {
+            mode >> 6
+        } else if gid == self.gid || self.groups.contains(&gid) {
+            mode >> 3
+        } else {
+            mode
+        } & 0o7;
+        let want = match access & libc::O_ACCMODE {
+            libc::O_RDONLY => 0o4,
+            libc::O_WRONLY => 0o2,
+            _ => 0o6,
+        };
+        bits & want == want
+    }
+
     /// Runs `f` while the process behind `r` checks file access as this
     /// identity, then gives it back its own fs ids, whatever `f` returned
     /// (its result comes back untouched for the caller to judge).

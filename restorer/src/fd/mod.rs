@@ -20,6 +20,7 @@ mod ib;
 pub(crate) mod inet;
 pub use inet::OutsidePeers;
 mod inotify;
+mod linked;
 mod lock;
 mod memfd;
 mod pidfd;

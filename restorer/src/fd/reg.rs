@@ -2,8 +2,10 @@
 //! offset, by the process itself with its own filesystem identity, never
 //! following a symbolic link in the last component, and checked to be the
 //! file it had. An unlinked file is recreated from its ghost image with its
-//! owner and mode (see `create`), opened, and unlinked again; a removed
-//! directory is made again empty, opened and removed again.
+//! holes, owner, mode and times (see `create`), opened, and unlinked again; a removed
+//! directory is made again empty, opened and removed again. A file whose
+//! name was removed but which has other hard links is opened again by its
+//! file handle (see `linked`).
 
 use std::os::unix::io::AsRawFd;
 
@@ -14,8 +16,8 @@ use ckpt_parasite::remote::Remote;
 use nix::errno::Errno;
 
 use super::create::{self, Ownership};
-use super::privileged;
 use super::{Context, FileRestorer, reopen_flags, take_from};
+use super::{linked, privileged};
 use crate::error::{RestoreError, Result};
 use crate::identity::{Contents, Expected, Inode};
 
@@ -35,7 +37,10 @@ impl FileRestorer for Reg {
     ) -> Result<i32> {
         let got = match &image.ghost {
             None if image.removed => recreate_removed_dir(cx, r, file, image)?,
-            None => reopen(cx, r, file, image, fd)?,
+            None => match &image.handle {
+                Some(handle) => linked::reopen(cx, r, file, image, handle, fd)?,
+                None => reopen(cx, r, file, image, fd)?,
+            },
             Some(ghost) => recreate_ghost(cx, r, file, image, ghost)?,
         };
         // An O_PATH fd has no offset (lseek fails on it), and a removed
@@ -83,28 +88,7 @@ fn reopen(
     if image.is_dir() {
         flags |= libc::O_DIRECTORY;
     }
-    let read_only = file.flags as i32 & libc::O_ACCMODE == libc::O_RDONLY && !o_path;
-    let contents = if image.is_dir() || cx.may_change(&image.path) {
-        Contents::Any
-    } else if read_only {
-        Contents::Grown { size: image.size }
-    } else {
-        Contents::Unmodified {
-            size: image.size,
-            mtime_ns: image.mtime_ns,
-            ctime_ns: Some(image.ctime_ns),
-        }
-    };
-    let want = Expected {
-        mode: image.mode,
-        uid: image.uid,
-        gid: image.gid,
-        inode: Inode {
-            dev: image.dev,
-            ino: image.ino,
-        },
-        contents,
-    };
+    let want = expected(cx, file, image);
     let got = match r.open(&image.path, flags, 0) {
         Ok(got) => got,
         // Opened while the process had more privilege (see `privileged`).
@@ -124,6 +108,34 @@ fn reopen(
         note_growth(cx, fd, image, &opened, size);
     }
     Ok(got)
+}
+
+/// What the reopened file must be: the recorded inode, owner and mode,
+/// and contents as the user allowed them to change.
+pub(super) fn expected<'a>(cx: &Context<'_, '_>, file: &File, image: &'a RegFile) -> Expected<'a> {
+    let o_path = file.flags as i32 & libc::O_PATH != 0;
+    let read_only = file.flags as i32 & libc::O_ACCMODE == libc::O_RDONLY && !o_path;
+    let contents = if image.is_dir() || cx.may_change(&image.path) {
+        Contents::Any
+    } else if read_only {
+        Contents::Grown { size: image.size }
+    } else {
+        Contents::Unmodified {
+            size: image.size,
+            mtime_ns: image.mtime_ns,
+            ctime_ns: Some(image.ctime_ns),
+        }
+    };
+    Expected {
+        mode: image.mode,
+        uid: image.uid,
+        gid: image.gid,
+        inode: Inode {
+            dev: image.dev,
+            ino: image.ino,
+        },
+        contents,
+    }
 }
 
 /// Says so when a file the process only reads changed since the dump
@@ -254,7 +266,20 @@ fn fill_and_open(
         .unwrap_or_else(|| nix::unistd::geteuid().as_raw());
     let mut here = created.open_here(creator)?;
     let own = ownership(image);
-    create::fill(&mut here, &own, data)
+    let contents = if image.ghost_extents_only {
+        create::Filling::Sparse {
+            size: image.size,
+            extents: &image.ghost_extents,
+            data,
+        }
+    } else {
+        create::Filling::Whole(data)
+    };
+    let times = create::Times {
+        atime_ns: image.atime_ns,
+        mtime_ns: image.mtime_ns,
+    };
+    create::fill(&mut here, &own, &contents, &times)
         .map_err(|e| err(format!("cannot write the unlinked file's contents: {e}")))?;
     // The dumped access mode may be one the final mode no longer grants
     // (opened, then chmod-ed): the restorer opens it as root and passes

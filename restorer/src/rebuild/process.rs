@@ -230,7 +230,7 @@ fn restore_threads_and_creds(
     }
     timer::arm(r, &core.posix_timers)?;
     prctl::restore_after_creds(r, &threads, core)?;
-    thread::finish(&threads, core)?;
+    thread::finish(r, &threads, core)?;
     Ok(threads)
 }
 
@@ -246,6 +246,8 @@ fn seal_registers(r: &Remote<'_>, p: &ProcessImages) -> Result<()> {
         &task::regs_from_image(core.regs.as_ref().expect("validated")),
         false,
     );
+    // Its pending SIGTRAPs go in only now, with no breakpoint left to run.
+    task::queue_traps(r, pid, &core.pending)?;
     let ret = t.syscall_stop_at_exit(
         r.base,
         libc::SYS_munmap,
