@@ -394,14 +394,16 @@ fn collect_core(
     };
     let (misc, threads) = task::run_parasite(leader, &p.tasks[1..], &mut with_parasite)?;
     log::debug!("pid {pid}: parasite done ({:.3} ms)", ms_since(started));
-    let mut core = task::collect(leader, &misc)?;
+    let tids: Vec<i32> = p.tasks.iter().map(|t| t.pid()).collect();
+    let texts = crate::procfile::task_texts(pid, &tids)?;
+    let mut core = task::collect(leader, &misc, &texts[0])?;
     core.job_stop = p.job_stop;
     core.shared_with_parent = p.shared_with_parent;
     core.ib = inside.ib.take();
-    for (t, state) in p.tasks[1..].iter().zip(threads) {
-        core.threads.push(task::collect_thread(t, pid, state)?);
+    for ((t, state), x) in p.tasks[1..].iter().zip(threads).zip(&texts[1..]) {
+        core.threads.push(task::collect_thread(t, pid, state, x)?);
     }
-    seccomp::collect(pid, &p.tasks, &mut core)?;
+    seccomp::collect(pid, &p.tasks, &texts, &mut core)?;
     Ok((core, inside))
 }
 

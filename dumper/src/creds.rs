@@ -7,14 +7,13 @@ use ckpt_image::task::Creds;
 
 use crate::error::{DumpError, Result};
 
-/// The credentials of thread `tid` of process `pid`; `securebits` is what
-/// `prctl(PR_GET_SECUREBITS)` returned inside the thread.
-pub fn collect(pid: i32, tid: i32, securebits: i64) -> Result<Creds> {
+/// The credentials of thread `tid` of process `pid` from its `status`
+/// text (read once, see [`crate::procfile::task_texts`], and parsed by
+/// procfs); `securebits` is what `prctl(PR_GET_SECUREBITS)` returned
+/// inside the thread.
+pub fn collect(pid: i32, tid: i32, status: &str, securebits: i64) -> Result<Creds> {
     let file = format!("task/{tid}/status");
-    // One read of the file, parsed by procfs (its own opening reads the
-    // process and task directories first, three opens a thread).
-    let text = crate::procfile::read_bytes(pid, &file)?;
-    let status = <procfs::process::Status as procfs::FromRead>::from_read(text.as_slice())
+    let status = <procfs::process::Status as procfs::FromRead>::from_read(status.as_bytes())
         .map_err(|e| DumpError::Parse {
             pid,
             path: file.clone(),

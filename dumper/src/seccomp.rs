@@ -27,9 +27,14 @@ const MAX_FILTERS: u64 = (MAX_PATH_INSNS / 5) as u64;
 /// A numeric field of thread `tid`'s status (`Seccomp`, `Seccomp_filters`),
 /// 0 when the kernel does not show it.
 fn status_number(pid: i32, tid: i32, key: &str) -> Result<u64> {
+    let status = procfile::read(pid, &format!("task/{tid}/status"))?;
+    status_text_number(pid, tid, &status, key)
+}
+
+/// [`status_number`] from a `status` text already read.
+fn status_text_number(pid: i32, tid: i32, status: &str, key: &str) -> Result<u64> {
     let file = format!("task/{tid}/status");
-    let status = procfile::read(pid, &file)?;
-    procfile::status_field(&status, key)
+    procfile::status_field(status, key)
         .unwrap_or("0")
         .parse()
         .map_err(|e: std::num::ParseIntError| DumpError::Parse {
@@ -73,20 +78,37 @@ pub fn suspend(pid: i32, t: &Tracee) -> Result<()> {
 }
 
 /// Fills the seccomp state of the leader (`tasks[0]`) and every thread of
-/// `core` (in the order of `tasks[1..]`) and the shared filter table.
-pub fn collect(pid: i32, tasks: &[Tracee], core: &mut Core) -> Result<()> {
+/// `core` (in the order of `tasks[1..]`) and the shared filter table;
+/// `texts` are the tasks' /proc texts, in the same order.
+pub fn collect(
+    pid: i32,
+    tasks: &[Tracee],
+    texts: &[procfile::TaskTexts],
+    core: &mut Core,
+) -> Result<()> {
     let mut table = Vec::new();
-    core.seccomp = of_thread(pid, &tasks[0], &mut table)?;
-    for (t, tc) in tasks[1..].iter().zip(core.threads.iter_mut()) {
-        tc.seccomp = of_thread(pid, t, &mut table)?;
+    core.seccomp = of_thread(pid, &tasks[0], &texts[0].status, &mut table)?;
+    for ((t, tc), x) in tasks[1..]
+        .iter()
+        .zip(core.threads.iter_mut())
+        .zip(&texts[1..])
+    {
+        tc.seccomp = of_thread(pid, t, &x.status, &mut table)?;
     }
     core.seccomp_filters = table;
     Ok(())
 }
 
-fn of_thread(pid: i32, t: &Tracee, table: &mut Vec<SeccompFilter>) -> Result<Option<Seccomp>> {
+/// The seccomp state of task `t`, whose `status` text (read while it is
+/// frozen, so still true) gives its mode and filter count.
+fn of_thread(
+    pid: i32,
+    t: &Tracee,
+    status: &str,
+    table: &mut Vec<SeccompFilter>,
+) -> Result<Option<Seccomp>> {
     let tid = t.pid();
-    let mode = mode(pid, tid)?;
+    let mode = status_text_number(pid, tid, status, "Seccomp")? as u32;
     match mode {
         MODE_DISABLED => return Ok(None),
         MODE_STRICT => {
@@ -136,7 +158,7 @@ fn of_thread(pid: i32, t: &Tracee, table: &mut Vec<SeccompFilter>) -> Result<Opt
     }
     // The kernel's own count of the chain: a mismatch means the filters
     // were not all read.
-    let counted = status_number(pid, tid, "Seccomp_filters")?;
+    let counted = status_text_number(pid, tid, status, "Seccomp_filters")?;
     if counted != oldest_first.len() as u64 {
         return Err(DumpError::Parse {
             pid,

@@ -124,7 +124,7 @@ fn quiet_signal(actions: &[ckpt_parasite::proto::KernelSigaction]) -> Option<i32
 }
 
 /// Builds the core image of a frozen task.
-pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
+pub fn collect(t: &Tracee, tm: &TaskMisc, texts: &procfile::TaskTexts) -> Result<Core> {
     let pid = t.pid();
     let proc = procfs::process::Process::new(pid).map_err(|e| procfs_err(pid, "", e))?;
     let status = proc.status().map_err(|e| procfs_err(pid, "status", e))?;
@@ -178,7 +178,12 @@ pub fn collect(t: &Tracee, tm: &TaskMisc) -> Result<Core> {
                 what: e.to_string(),
             },
         )?,
-        creds: Some(crate::creds::collect(pid, pid, tm.securebits)?),
+        creds: Some(crate::creds::collect(
+            pid,
+            pid,
+            &texts.status,
+            tm.securebits,
+        )?),
         regs: Some(gp_regs(&tm.regs)),
         xstate: tm.xstate.clone(),
         sigmask: tm.sigmask,
@@ -285,7 +290,12 @@ fn controlling_terminal(pid: i32, stat: &[u64]) -> Option<ControllingTerminal> {
 }
 
 /// Builds the image of a thread other than the leader.
-pub fn collect_thread(t: &Tracee, pid: i32, ts: ThreadState) -> Result<ThreadCore> {
+pub fn collect_thread(
+    t: &Tracee,
+    pid: i32,
+    ts: ThreadState,
+    texts: &procfile::TaskTexts,
+) -> Result<ThreadCore> {
     let tid = t.pid();
     let sched = crate::sched::collect(pid, tid, ts.timer_slack_ret)?;
     let prctl = crate::prctl::thread(ts.pdeath_sig, ts.pdeath_sig_ret, pid, tid)?;
@@ -293,9 +303,7 @@ pub fn collect_thread(t: &Tracee, pid: i32, ts: ThreadState) -> Result<ThreadCor
         tid,
         sched: Some(sched),
         prctl: Some(prctl),
-        comm: procfile::read(pid, &format!("task/{tid}/comm"))?
-            .trim_end_matches('\n')
-            .to_string(),
+        comm: texts.comm.clone(),
         regs: Some(gp_regs(&ts.regs)),
         sigmask: ts.sigmask,
         pending: pending_signals(t, false)?,
@@ -314,7 +322,12 @@ pub fn collect_thread(t: &Tracee, pid: i32, ts: ThreadState) -> Result<ThreadCor
         xstate: ts.xstate,
         robust_list: robust_list(t)?,
         rseq: rseq(t)?,
-        creds: Some(crate::creds::collect(pid, tid, ts.securebits)?),
+        creds: Some(crate::creds::collect(
+            pid,
+            tid,
+            &texts.status,
+            ts.securebits,
+        )?),
         seccomp: None,
     })
 }

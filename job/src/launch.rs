@@ -293,22 +293,29 @@ fn via_command(via: Option<&str>, node: &str) -> Result<Command> {
 /// One `srun --overlap` step of agents, `o.tasks_per_node` a node, in
 /// block distribution; with `o.srun_pmix`, a step with slurmstepd's PMIx
 /// server.
-fn srun(me: &PathBuf, agent: &[OsString], placements: &[Placement], o: &Launcher) -> Result<Launched> {
+fn srun(
+    me: &PathBuf,
+    agent: &[OsString],
+    placements: &[Placement],
+    o: &Launcher,
+) -> Result<Launched> {
     let k = placements.len();
     let per_node = o.tasks_per_node.max(1);
     let per = per_node as usize;
     if !k.is_multiple_of(per) {
-        return Err(LaunchError::UnevenTasks {
-            parts: k,
-            per_node,
-        });
+        return Err(LaunchError::UnevenTasks { parts: k, per_node });
     }
     let mut cmd = Command::new(SRUN);
     cmd.args([
         "--overlap".to_string(),
         // Otherwise a site's MpiDefault=pmix would put a slurmstepd PMIx
         // server behind every agent, outside the job.
-        if o.srun_pmix { "--mpi=pmix" } else { "--mpi=none" }.to_string(),
+        if o.srun_pmix {
+            "--mpi=pmix"
+        } else {
+            "--mpi=none"
+        }
+        .to_string(),
         format!("--nodes={}", k / per),
         format!("--ntasks={k}"),
         format!("--ntasks-per-node={per_node}"),
@@ -322,15 +329,13 @@ fn srun(me: &PathBuf, agent: &[OsString], placements: &[Placement], o: &Launcher
     let mut distinct: Vec<&str> = Vec::new();
     if !nodes.is_empty() {
         let chunks: Vec<&[&str]> = nodes.chunks(per).collect();
-        let laid_out = nodes.len() == k
-            && chunks.iter().all(|c| c.iter().all(|n| *n == c[0]))
-            && {
-                distinct = chunks.iter().map(|c| c[0]).collect();
-                let mut sorted = distinct.clone();
-                sorted.sort_unstable();
-                sorted.dedup();
-                sorted.len() == distinct.len()
-            };
+        let laid_out = nodes.len() == k && chunks.iter().all(|c| c.iter().all(|n| *n == c[0])) && {
+            distinct = chunks.iter().map(|c| c[0]).collect();
+            let mut sorted = distinct.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            sorted.len() == distinct.len()
+        };
         if !laid_out {
             let nodes = nodes.iter().map(|n| n.to_string()).collect();
             return Err(LaunchError::SharedNodes { nodes, per_node });
@@ -408,9 +413,21 @@ mod tests {
             (&["n1", "n1", "n2", "n2", "n1", "n1"][..], 2),
         ] {
             let err = srun(&me, &[], &placed(nodes), &srun_launcher(per_node)).unwrap_err();
-            assert!(matches!(err, LaunchError::SharedNodes { .. }), "{nodes:?}: {err}");
+            assert!(
+                matches!(err, LaunchError::SharedNodes { .. }),
+                "{nodes:?}: {err}"
+            );
         }
         let err = srun(&me, &[], &placed(&["n1", "n1", "n2"]), &srun_launcher(2)).unwrap_err();
-        assert!(matches!(err, LaunchError::UnevenTasks { parts: 3, per_node: 2 }), "{err}");
+        assert!(
+            matches!(
+                err,
+                LaunchError::UnevenTasks {
+                    parts: 3,
+                    per_node: 2
+                }
+            ),
+            "{err}"
+        );
     }
 }

@@ -236,13 +236,11 @@ impl AgentPart {
                 }
                 let local = local_id()?;
                 let parts = here.len();
-                here.into_iter()
-                    .nth(local)
-                    .ok_or(PartError::LocalBeyond {
-                        node: node.clone(),
-                        local,
-                        parts,
-                    })?
+                here.into_iter().nth(local).ok_or(PartError::LocalBeyond {
+                    node: node.clone(),
+                    local,
+                    parts,
+                })?
             }
             None => {
                 let index = step_index(c, &node)?;

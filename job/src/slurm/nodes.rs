@@ -74,7 +74,9 @@ pub enum NodesError {
     #[error("ckpt job dump --json printed no JSON")]
     NoJson(#[source] serde_json::Error),
     /// Slurm's tasks a node are not the same on every node.
-    #[error("{TASKS_PER_NODE_VAR}={value}: not the same number of tasks on every node, which srun --mpi=pmix under ckpt needs")]
+    #[error(
+        "{TASKS_PER_NODE_VAR}={value}: not the same number of tasks on every node, which srun --mpi=pmix under ckpt needs"
+    )]
     UnevenTasks {
         /// What Slurm set.
         value: String,
@@ -266,9 +268,9 @@ impl Parts {
             cmd.arg("--slurm-task");
         }
         cmd.arg("--")
-        .args(app)
-        .process_group(0)
-        .stdin(Stdio::null());
+            .args(app)
+            .process_group(0)
+            .stdin(Stdio::null());
         close_inherited_fds(&mut cmd);
         child_signals(&mut cmd, ChildSignals::None);
         let child = cmd.spawn().map_err(|source| NodesError::Spawn {
