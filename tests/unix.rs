@@ -279,19 +279,45 @@ fn an_outside_socket_declared_external_is_handed_over() {
 }
 
 /// Data a client sent on a connection not yet accepted sits on a socket
-/// no fd reaches, and reading it would accept the connection: refused by
-/// name; after go the listener accepts it with its data.
+/// no fd reaches, which only accepting shows: a dump leaving the tree
+/// running refuses it by name and leaves it in place; a dump with `--kill`
+/// takes it, and after restore the listener accepts the connections in
+/// order, each with its data and message boundaries, still connected to
+/// its client.
 #[test]
-fn data_on_a_connection_not_yet_accepted_is_refused() {
+fn data_on_a_connection_not_yet_accepted_comes_back_after_a_kill() {
     let env = TestEnv::new("unix-pendingdata");
     let mut v = Victim::spawn(&env, "unix", &["pendingdata"]);
     v.wait_ready();
     let err = dump_expect_error(&env, &v);
     assert!(
-        err.contains(&format!("pid {}", v.pid)) && err.contains("not yet accepted"),
+        err.contains(&format!("pid {}", v.pid))
+            && err.contains("not yet accepted")
+            && err.contains("--kill"),
         "{err}"
     );
+    assert!(!env.img.exists(), "failed dump left {}", env.img.display());
     v.assert_unharmed_and_passes("after a refused dump");
+
+    let env = TestEnv::new("unix-pendingdata-kill");
+    let mut v = Victim::spawn(&env, "unix", &["pendingdata"]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    let json = show_json(&env);
+    let objects: Vec<String> = fds_of_kind(&json, "unix")
+        .iter()
+        .filter_map(|f| f["object"].as_str().map(str::to_owned))
+        .collect();
+    for what in [
+        "messages 10 bytes before accept",
+        "sent 2 messages 9 bytes before accept",
+    ] {
+        assert!(
+            objects.iter().any(|o| o.contains(what)),
+            "no `{what}` in {objects:?}"
+        );
+    }
+    restore_and_check(&env, &v);
 }
 
 /// Restore binds a socket path only in place of a stale socket of the

@@ -260,6 +260,7 @@ fn collect_files(
             &procs.iter().map(|c| c.pid).collect::<Vec<_>>(),
             opts.externals,
             &|pid, fd| kept.get(&pid) == Some(&fd),
+            opts.kill_after,
             blockers,
         )
     })

@@ -43,9 +43,11 @@
  * `unix WORKDIR outside`: a stream socket whose peer is held by an
  * orphaned grandchild (outside the tree); the dump must be refused, and
  * after go the pair still works both ways.
- * `unix WORKDIR pendingdata`: a client sent data on a connection its
- * listener has not accepted; the dump must be refused, and after go the
- * listener accepts it and gets the data.
+ * `unix WORKDIR pendingdata`: on a stream listener two connections
+ * pending, the first having sent data in two writes, the second nothing;
+ * on an abstract seqpacket listener one that sent two records. After go
+ * the listener accepts them in order, each with its data and boundaries,
+ * and each still talks with its client both ways.
  * `unix WORKDIR oob`: a stream pair with "abc", an out-of-band "X" and
  * "def" queued; the dump must be refused, and after go the reader still
  * gets "abc", the urgent byte, then "def".
@@ -560,15 +562,39 @@ static void outside(void)
 static void pendingdata(void)
 {
 	victim_path(srv_path, sizeof(srv_path), "srv.sock");
+	snprintf(abs_name, sizeof(abs_name), "ckpt-unix-test-pd-%d", (int)getpid());
 	int srv = listener(SOCK_STREAM, srv_path, 0);
-	int c = connect_to(SOCK_STREAM, srv_path, 0);
-	if (write(c, "early", 5) != 5)
-		die("write");
+	int sq = listener(SOCK_SEQPACKET, abs_name, 1);
+	/* Two connections pending in order: the first sent data in two
+	 * writes, the second nothing; a seqpacket one sent two records. */
+	int c1 = connect_to(SOCK_STREAM, srv_path, 0);
+	int c2 = connect_to(SOCK_STREAM, srv_path, 0);
+	int cs = connect_to(SOCK_SEQPACKET, abs_name, 1);
+	if (write(c1, "early", 5) != 5 || write(c1, "-more", 5) != 5 || send(cs, "one", 3, 0) != 3 ||
+	    send(cs, "second", 6, 0) != 6)
+		die("write before accept");
 
 	victim_ready_and_wait(NULL);
 
-	int conn = accept_wait(srv);
-	CHECK(conn >= 0 && read_stream(conn, "early", 5), "the data sent before accept was lost");
+	int conn1 = accept_wait(srv);
+	CHECK(conn1 >= 0 && read_stream(conn1, "early-more", 10), "the data sent before accept was lost");
+	CHECK(conn1 >= 0 && write(conn1, "reply", 5) == 5 && read_stream(c1, "reply", 5),
+	      "the first client no longer hears the connection it opened");
+	CHECK(conn1 >= 0 && write(c1, "late", 4) == 4 && read_stream(conn1, "late", 4),
+	      "the first client can no longer send on its connection");
+	int conn2 = accept_wait(srv);
+	CHECK(conn2 >= 0 && write(c2, "two", 3) == 3 && read_stream(conn2, "two", 3),
+	      "the second pending connection (no data) is not the next accepted");
+	struct pollfd more = { .fd = srv, .events = POLLIN };
+	CHECK(poll(&more, 1, 100) == 0, "a third connection appeared on the listener");
+	int sconn = accept_wait(sq);
+	char rec[16];
+	CHECK(sconn >= 0 && recv_wait(sconn, rec, sizeof(rec), 0) == 3 && memcmp(rec, "one", 3) == 0,
+	      "the first record sent before accept");
+	CHECK(sconn >= 0 && recv_wait(sconn, rec, sizeof(rec), 0) == 6 && memcmp(rec, "second", 6) == 0,
+	      "the second record sent before accept");
+	CHECK(sconn >= 0 && send(sconn, "ok", 2, 0) == 2 && recv_wait(cs, rec, sizeof(rec), 0) == 2,
+	      "the seqpacket client no longer hears its connection");
 	victim_finish();
 }
 

@@ -84,7 +84,7 @@ pub static REFUSED: &[(&str, &str)] = &[
     ),
     (
         "unix data before accept",
-        "data a client sent on a UNIX connection its listener has not accepted (the kernel shows it only by accepting), or a pending connection from outside the tree",
+        "data a client sent on a UNIX connection its listener has not accepted, in a dump that leaves the tree running (the kernel shows it only by accepting; a dump with --kill takes it), or sent there with files or credentials; a pending connection from outside the tree",
     ),
     (
         "unix datagram connected one way",
@@ -331,6 +331,9 @@ pub struct TreeFiles {
     pub files: Files,
     /// Raw images (ghost contents, pipe buffers).
     pub blobs: Blobs,
+    /// The tree is killed once this dump commits: a kind may take what it
+    /// cannot give back (a UNIX connection's data before accept).
+    pub killed_after: bool,
 }
 
 impl TreeFiles {
@@ -394,17 +397,20 @@ struct Inode {
 /// Collects the fd tables of a frozen tree (`pids` in tree order, parents
 /// first) and every open file description behind them, once; fds for
 /// which `ckpts_own(pid, fd)` holds (write tracking ckpt left there) are
-/// not the job's and are left out.
+/// not the job's and are left out; `killed_after`: see
+/// [`TreeFiles::killed_after`].
 pub fn collect_tree(
     pids: &[i32],
     externals: &[String],
     ckpts_own: &dyn Fn(i32, i32) -> bool,
+    killed_after: bool,
     blockers: &mut Blockers,
 ) -> Result<TreeFiles> {
     let mut out = TreeFiles {
         tables: Vec::new(),
         files: Files::default(),
         blobs: Blobs::default(),
+        killed_after,
     };
     let mut seen: HashMap<Inode, Vec<Holder>> = HashMap::new();
     let mut seen_locks = lock::SeenLocks::default();

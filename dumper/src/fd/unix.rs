@@ -11,19 +11,21 @@
 //! or a client and the connection a server accepted), of every type, with
 //! the data queued in both directions; sockets whose peer closed;
 //! listeners (path or abstract name, unlinked or not) with the
-//! connections not yet accepted whose clients are in the tree; bound
+//! connections not yet accepted whose clients are in the tree (and, in a
+//! dump that kills the tree, the data they sent, see `unaccepted`); bound
 //! sockets, a bound datagram socket with its queue, and datagram sockets
 //! connected one way to one in the tree; the files queued messages carry
 //! (SCM_RIGHTS, see `link_in_flight`) and their senders' credentials
 //! (SO_PASSCRED); empty datagrams; sockets never bound nor connected.
 //! Refused by name: a peer outside the tree, data sent on a connection
-//! not yet accepted, a socket in flight with files in flight itself,
+//! not yet accepted by a dump leaving the tree running, a socket in flight with files in flight itself,
 //! sockets in another network namespace, and the rarer shapes listed in
 //! `link_tree`.
 
 mod diag;
+mod unaccepted;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -60,7 +62,7 @@ impl FileDumper for Unix {
     }
 
     fn description(&self) -> &'static str {
-        "UNIX sockets (stream, datagram, seqpacket): pairs within the tree with the data queued both ways, the files in flight (SCM_RIGHTS) and senders' credentials (SO_PASSCRED) of queued messages, listeners on a path or abstract name with their pending connections, bound, one-way datagram and never connected sockets; shutdown state and options"
+        "UNIX sockets (stream, datagram, seqpacket): pairs within the tree with the data queued both ways, the files in flight (SCM_RIGHTS) and senders' credentials (SO_PASSCRED) of queued messages, listeners on a path or abstract name with their pending connections (and, with --kill, the data sent on them), bound, one-way datagram and never connected sockets; shutdown state and options"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -124,6 +126,8 @@ impl FileDumper for Unix {
             connect_to_file_id: 0,
             peer_closed: false,
             ancillary: queue.ancillary,
+            // Taken once the whole tree is seen (link_tree).
+            unaccepted_queue: Vec::new(),
         };
         // The files in flight are identified once the whole tree is seen.
         if image.has_files_in_flight() {
@@ -150,7 +154,12 @@ impl FileDumper for Unix {
         })?;
         let links = Linker::new(tree, &holders, &kernel).links()?;
         apply_links(tree, &links);
-        Ok(())
+        let drained: BTreeSet<u64> = links
+            .values()
+            .filter(|l| l.sent_before_accept)
+            .map(|l| l.connect_to)
+            .collect();
+        unaccepted::take(tree, &holders, &drained)
     }
 }
 
@@ -431,6 +440,7 @@ impl<'t> Linker<'t> {
             let listener = self.unaccepted(h, u, me)?;
             *pending.entry(listener).or_default() += 1;
             link.connect_to = listener;
+            link.sent_before_accept = me.wqueue != 0;
         } else if me.state == diag::TCP_ESTABLISHED && u.connected {
             // Its peer closed: the socket keeps its queue and shutdown.
             // (A datagram socket others connected to is ESTABLISHED
@@ -563,15 +573,6 @@ impl<'t> Linker<'t> {
                 ),
             ));
         }
-        if me.wqueue != 0 {
-            return Err(refuse(
-                h,
-                format!(
-                    "unix socket sent data on a connection to {} not yet accepted (the kernel cannot show it without accepting)",
-                    printable(&u.peer_name)
-                ),
-            ));
-        }
         if let Some(Kind::Unix(l)) = &self.tree.file(*listener_id).kind
             && l.bound.as_ref().is_some_and(|b| b.unlinked)
         {
@@ -579,6 +580,15 @@ impl<'t> Linker<'t> {
                 h,
                 format!(
                     "unix socket with a connection not yet accepted by {} (whose name was unlinked)",
+                    printable(&u.peer_name)
+                ),
+            ));
+        }
+        if me.wqueue != 0 && !self.tree.killed_after {
+            return Err(refuse(
+                h,
+                format!(
+                    "unix socket sent data on a connection to {} not yet accepted (the kernel shows it only by accepting, which a dump leaving the tree running must not do; dump with --kill)",
                     printable(&u.peer_name)
                 ),
             ));
@@ -662,6 +672,9 @@ struct Link {
     connect_to: u64,
     /// Its peer has closed.
     peer_closed: bool,
+    /// A connection not yet accepted on which it sent data: its listener
+    /// is drained by [`unaccepted::take`].
+    sent_before_accept: bool,
 }
 
 /// The socket file of a path-bound socket: owner, mode, and whether the

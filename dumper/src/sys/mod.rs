@@ -2,6 +2,8 @@
 
 mod ipc;
 pub use ipc::*;
+mod socket;
+pub use socket::*;
 
 /// `kcmp` type: compare two file descriptors' open file descriptions.
 const KCMP_FILE: libc::c_int = 0;

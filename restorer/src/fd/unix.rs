@@ -16,7 +16,8 @@
 //! datagram socket refilled from a socket connected to its name
 //! ([`refill_by_name`]). Connections not yet accepted and datagram
 //! sockets connected one way connect again by name in the last pass
-//! ([`UnixConnect`]).
+//! ([`UnixConnect`]); a client sends again what it had sent before its
+//! connection was accepted.
 //!
 //! Queued messages carry their senders' credentials again when dumped
 //! (SO_PASSCRED; the restorer names them, for pids of the checkpoint
@@ -164,10 +165,43 @@ impl FileRestorer for UnixConnect {
             "connect (pending unix connection)",
         )?;
         let here = take_socket(pid, s)?;
+        if !image.unaccepted_queue.is_empty() {
+            send_unaccepted(cx, pid, here.as_fd(), file.id, image, fd)?;
+        }
         configure(pid, here.as_fd(), image)?;
         set_status_flags(r, s, file.flags)?;
         Ok(s)
     }
+}
+
+/// Sends again what a client had sent on a connection its listener had
+/// not accepted, now that it is connected again: the listener's next
+/// accept finds it queued, as it was.
+fn send_unaccepted(
+    cx: &Context<'_, '_>,
+    pid: i32,
+    client: BorrowedFd<'_>,
+    file_id: u64,
+    image: &UnixSocketFile,
+    fd: i32,
+) -> Result<()> {
+    if image.sock_type == libc::SOCK_DGRAM as u32 {
+        return Err(cx.invalid(
+            fd,
+            "unix datagram socket with messages sent before accept (only a connection has them)",
+        ));
+    }
+    let name = ckpt_image::unix_unaccepted_name(file_id);
+    let data = cx.shared.images.read_raw(&name)?;
+    let messages = image
+        .unaccepted_messages(&data)
+        .map_err(|e| cx.invalid(fd, &format!("{name}: {e}")))?;
+    force_refill_sndbuf(pid, client)?;
+    let stream = image.sock_type == libc::SOCK_STREAM as u32;
+    for m in messages {
+        send_message(pid, client, &name, m, &[], None, stream)?;
+    }
+    Ok(())
 }
 
 /// Sends the datagrams queued for a bound, unconnected socket back to it
