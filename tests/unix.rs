@@ -320,6 +320,19 @@ fn data_on_a_connection_not_yet_accepted_comes_back_after_a_kill() {
     restore_and_check(&env, &v);
 }
 
+/// Names unlinked since bind are connected to again through the socket
+/// file (a listener's pending connection, a datagram socket connected one
+/// way, a bound socket's queue) and stay unlinked; a bound datagram pair
+/// connected both ways keeps both names (victim mode `names`).
+#[test]
+fn unlinked_names_and_bound_datagram_pairs_come_back() {
+    let env = TestEnv::new("unix-names");
+    let mut v = Victim::spawn(&env, "unix", &["names"]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    restore_and_check(&env, &v);
+}
+
 /// Restore binds a socket path only in place of a stale socket of the
 /// process's user: a regular file of the user's at the name fails the
 /// restore naming the path and stays as it was; once it is gone the

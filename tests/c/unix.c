@@ -48,6 +48,14 @@
  * on an abstract seqpacket listener one that sent two records. After go
  * the listener accepts them in order, each with its data and boundaries,
  * and each still talks with its client both ways.
+ * `unix WORKDIR names`: a listener whose path was unlinked, with a
+ * connection pending that sent data, and a new listener at that path; a
+ * bound datagram socket with a datagram queued, a socket connected to it
+ * one way, its path unlinked; a datagram pair both bound and connected
+ * both ways, one path unlinked, a datagram queued each way. After go each
+ * keeps its name, the unlinked paths stay gone, the pending connection
+ * is the old listener's, the path leads to the new one, and every queued
+ * datagram arrives.
  * `unix WORKDIR oob`: a stream pair with "abc", an out-of-band "X" and
  * "def" queued; the dump must be refused, and after go the reader still
  * gets "abc", the urgent byte, then "def".
@@ -598,6 +606,86 @@ static void pendingdata(void)
 	victim_finish();
 }
 
+static int bound_dgram(const char *path)
+{
+	struct sockaddr_un a;
+	socklen_t len = unix_addr(&a, path, 0);
+	int s = socket(AF_UNIX, SOCK_DGRAM, 0);
+	if (s < 0 || bind(s, (struct sockaddr *)&a, len))
+		die("bound datagram socket");
+	return s;
+}
+
+static int gone(const char *path)
+{
+	struct stat st;
+	return lstat(path, &st) != 0 && errno == ENOENT;
+}
+
+static void names(void)
+{
+	char old_path[PATH_MAX], dg_path[PATH_MAX], a_path[PATH_MAX], b_path[PATH_MAX];
+	victim_path(old_path, sizeof(old_path), "old.sock");
+	victim_path(dg_path, sizeof(dg_path), "dg.sock");
+	victim_path(a_path, sizeof(a_path), "pair-a.sock");
+	victim_path(b_path, sizeof(b_path), "pair-b.sock");
+	/* A listener with a pending connection (which sent data), its path
+	 * unlinked, then a new listener at the same path. */
+	int old = listener(SOCK_STREAM, old_path, 0);
+	int c = connect_to(SOCK_STREAM, old_path, 0);
+	if (write(c, "hi", 2) != 2 || unlink(old_path))
+		die("unlinked listener");
+	int fresh = listener(SOCK_STREAM, old_path, 0);
+	/* A bound datagram socket with a datagram queued, a socket connected
+	 * to it one way, then its path unlinked. */
+	int d = bound_dgram(dg_path);
+	int dc = connect_to(SOCK_DGRAM, dg_path, 0);
+	if (send(dc, "q1", 2, 0) != 2 || unlink(dg_path))
+		die("unlinked datagram socket");
+	/* A datagram pair, both bound, connected both ways, one name
+	 * unlinked, a datagram queued each way. */
+	int pa = bound_dgram(a_path), pb = bound_dgram(b_path);
+	struct sockaddr_un aa, ab;
+	socklen_t la = unix_addr(&aa, a_path, 0), lb = unix_addr(&ab, b_path, 0);
+	if (connect(pa, (struct sockaddr *)&ab, lb) || connect(pb, (struct sockaddr *)&aa, la) ||
+	    send(pa, "to-b", 4, 0) != 4 || send(pb, "to-a", 4, 0) != 4 || unlink(b_path))
+		die("bound pair");
+
+	victim_ready_and_wait(NULL);
+
+	CHECK(named(old, old_path, 0) && sock_int(old, SO_ACCEPTCONN) == 1, "unlinked listener lost its name");
+	int conn = accept_wait(old);
+	CHECK(conn >= 0 && read_stream(conn, "hi", 2), "the unlinked listener's pending connection");
+	CHECK(conn >= 0 && write(conn, "yo", 2) == 2 && read_stream(c, "yo", 2),
+	      "the client of the unlinked listener no longer hears its connection");
+	struct pollfd more = { .fd = fresh, .events = POLLIN };
+	CHECK(poll(&more, 1, 100) == 0, "the new listener at the path got the old one's connection");
+	int c2 = connect_to(SOCK_STREAM, old_path, 0);
+	int conn2 = accept_wait(fresh);
+	CHECK(conn2 >= 0 && write(c2, "new", 3) == 3 && read_stream(conn2, "new", 3),
+	      "the path no longer leads to the new listener");
+
+	char buf[16];
+	CHECK(named(d, dg_path, 0) && gone(dg_path), "unlinked datagram socket: name or path");
+	CHECK(recv_wait(d, buf, sizeof(buf), 0) == 2 && memcmp(buf, "q1", 2) == 0, "datagram queued before");
+	CHECK(send(dc, "q2", 2, 0) == 2 && recv_wait(d, buf, sizeof(buf), 0) == 2 && memcmp(buf, "q2", 2) == 0,
+	      "the one-way socket no longer reaches the unlinked one");
+	struct sockaddr_un got;
+	socklen_t glen = sizeof(got);
+	CHECK(getpeername(dc, (struct sockaddr *)&got, &glen) == 0 && strcmp(got.sun_path, dg_path) == 0,
+	      "the one-way socket's peer name");
+
+	CHECK(named(pa, a_path, 0) && named(pb, b_path, 0), "the bound pair lost its names");
+	CHECK(!gone(a_path) && gone(b_path), "the bound pair's paths: one linked, one unlinked");
+	CHECK(recv_wait(pb, buf, sizeof(buf), 0) == 4 && memcmp(buf, "to-b", 4) == 0, "datagram queued for b");
+	CHECK(recv_wait(pa, buf, sizeof(buf), 0) == 4 && memcmp(buf, "to-a", 4) == 0, "datagram queued for a");
+	glen = sizeof(got);
+	CHECK(getpeername(pa, (struct sockaddr *)&got, &glen) == 0 && strcmp(got.sun_path, b_path) == 0,
+	      "a's peer name");
+	CHECK(send(pa, "again", 5, 0) == 5 && recv_wait(pb, buf, sizeof(buf), 0) == 5, "the pair after restore");
+	victim_finish();
+}
+
 static void oob(void)
 {
 	int sv[2];
@@ -659,6 +747,8 @@ int main(int argc, char **argv)
 		pendingdata();
 	if (argc > 2 && strcmp(argv[2], "oob") == 0)
 		oob();
+	if (argc > 2 && strcmp(argv[2], "names") == 0)
+		names();
 	if (argc > 2 && strcmp(argv[2], "netns") == 0)
 		netns();
 	if (argc > 2 && strcmp(argv[2], "listen") == 0)

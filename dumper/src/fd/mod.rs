@@ -88,7 +88,7 @@ pub static REFUSED: &[(&str, &str)] = &[
     ),
     (
         "unix datagram connected one way",
-        "a UNIX datagram socket connected one way to a socket without a name to connect to again, restored after it, or with datagrams queued for it; a bound datagram socket also connected both ways",
+        "a UNIX datagram socket connected one way to a socket without a name, or restored after it, or with datagrams queued for itself",
     ),
     (
         "unix nested fds in flight",

@@ -13,8 +13,9 @@
 //! listeners (path or abstract name, unlinked or not) with the
 //! connections not yet accepted whose clients are in the tree (and, in a
 //! dump that kills the tree, the data they sent, see `unaccepted`); bound
-//! sockets, a bound datagram socket with its queue, and datagram sockets
-//! connected one way to one in the tree; the files queued messages carry
+//! sockets (a name unlinked since bind too), a bound datagram socket with
+//! its queue, datagram sockets connected one way to one in the tree, and
+//! datagram pairs whose ends are bound; the files queued messages carry
 //! (SCM_RIGHTS, see `link_in_flight`) and their senders' credentials
 //! (SO_PASSCRED); empty datagrams; sockets never bound nor connected.
 //! Refused by name: a peer outside the tree, data sent on a connection
@@ -446,9 +447,7 @@ impl<'t> Linker<'t> {
             // (A datagram socket others connected to is ESTABLISHED
             // too, but has no peer of its own.)
             link.peer_closed = true;
-        } else if !u.queue.is_empty()
-            && (stream || u.name.is_empty() || u.bound.as_ref().is_some_and(|b| b.unlinked))
-        {
+        } else if !u.queue.is_empty() && (stream || u.name.is_empty()) {
             return Err(refuse(
                 h,
                 "unix socket with data queued, not connected and no name to send it to again"
@@ -485,15 +484,6 @@ impl<'t> Linker<'t> {
             link.connect_to = self.one_way(h, u, me, peer_file, stream)?;
             return Ok(Some(link));
         }
-        if !stream && !u.name.is_empty() {
-            return Err(refuse(
-                h,
-                format!(
-                    "unix datagram socket bound to {} and connected both ways",
-                    printable(&u.name)
-                ),
-            ));
-        }
         link.peer = Some((peer_file, me.peer));
         Ok(Some(link))
     }
@@ -514,8 +504,9 @@ impl<'t> Linker<'t> {
             .iter()
             .find(|(id, _)| *id == peer_file)
             .map(|(_, t)| t);
-        let reachable = target
-            .is_some_and(|t| !t.name.is_empty() && !t.bound.as_ref().is_some_and(|b| b.unlinked));
+        // A path unlinked since bind is reached again through the socket
+        // file restore keeps open.
+        let reachable = target.is_some_and(|t| !t.name.is_empty());
         if stream || !reachable {
             return Err(refuse(
                 h,
@@ -550,10 +541,16 @@ impl<'t> Linker<'t> {
     /// A stream socket connected to a connection its listener has not
     /// accepted: returns the listener's file id.
     fn unaccepted(&self, h: &Holder, u: &UnixSocketFile, me: &UnixDiag) -> Result<u64> {
-        let listener = self
-            .sockets
-            .iter()
-            .find(|(_, l)| l.listening && !l.name.is_empty() && l.name == u.peer_name);
+        // The listener whose queue holds it: by the kernel's list, not by
+        // name (a name unlinked may since name another listener).
+        let listener = self.sockets.iter().find(|(_, l)| {
+            l.listening
+                && !l.name.is_empty()
+                && self
+                    .kernel
+                    .get(&l.ino)
+                    .is_some_and(|k| k.pending_clients.contains(&u.ino))
+        });
         let Some((listener_id, _)) = listener else {
             return Err(refuse(
                 h,
@@ -570,17 +567,6 @@ impl<'t> Linker<'t> {
                 format!(
                     "unix socket with a connection not yet accepted by pid {} fd {} (a process restored after it)",
                     lh.pid, lh.fd
-                ),
-            ));
-        }
-        if let Some(Kind::Unix(l)) = &self.tree.file(*listener_id).kind
-            && l.bound.as_ref().is_some_and(|b| b.unlinked)
-        {
-            return Err(refuse(
-                h,
-                format!(
-                    "unix socket with a connection not yet accepted by {} (whose name was unlinked)",
-                    printable(&u.peer_name)
                 ),
             ));
         }

@@ -12,7 +12,7 @@
 //! Other sockets are made with `socket` inside their process, bound to
 //! their name (a path under the rules of [`bind`]: the process's own
 //! rights, a parent not reached through a link, only a stale socket of
-//! the same user replaced, the recorded owner and mode set last), listening with their backlog, a bound
+//! the recorded owner replaced, the recorded owner and mode set last), listening with their backlog, a bound
 //! datagram socket refilled from a socket connected to its name
 //! ([`refill_by_name`]). Connections not yet accepted and datagram
 //! sockets connected one way connect again by name in the last pass
@@ -47,6 +47,12 @@ use ckpt_parasite::remote::Remote;
 
 /// UNIX sockets.
 pub struct Unix;
+
+/// The socket files of sockets whose path was unlinked again, by file id:
+/// what connects to them goes through `/proc/self/fd` of a copy, the
+/// name leading nowhere.
+#[derive(Default)]
+struct UnlinkedNames(HashMap<u64, std::fs::File>);
 
 /// Second ends of pairs made for an earlier fd, kept by the restorer until
 /// their process takes them, by file id.
@@ -96,9 +102,11 @@ impl FileRestorer for Unix {
                 );
             }
             let s = new_socket(r, sock_type, 0)?;
-            if !image.name.is_empty() {
-                bind(cx, r, s, image)?;
-            }
+            let file_of_name = if image.name.is_empty() {
+                None
+            } else {
+                bind(cx, r, s, image)?
+            };
             if image.listening {
                 r.call(
                     "listen",
@@ -108,7 +116,14 @@ impl FileRestorer for Unix {
             }
             let here = take_socket(pid, s)?;
             if !image.queue.is_empty() {
-                refill_by_name(cx, r, here.as_fd(), file.id, image, fd)?;
+                let to = Receiver {
+                    socket: here.as_fd(),
+                    file_of_name: file_of_name.as_ref(),
+                };
+                refill_by_name(cx, r, to, file.id, image, fd)?;
+            }
+            if let Some(f) = file_of_name {
+                cx.state::<UnlinkedNames>().0.insert(file.id, f);
             }
             configure(pid, here.as_fd(), image)?;
             s
@@ -139,7 +154,7 @@ impl FileRestorer for UnixConnect {
     ) -> Result<i32> {
         let pid = r.t.pid();
         let sock_type = checked_type(cx, image, fd)?;
-        match cx
+        let unlinked = match cx
             .shared
             .files
             .get(image.connect_to_file_id)
@@ -147,23 +162,30 @@ impl FileRestorer for UnixConnect {
         {
             Some(Kind::Unix(t))
                 if t.name == image.peer_name
-                    && (t.listening || t.sock_type == libc::SOCK_DGRAM as u32) => {}
+                    && (t.listening || t.sock_type == libc::SOCK_DGRAM as u32) =>
+            {
+                t.bound.as_ref().is_some_and(|b| b.unlinked)
+            }
             _ => {
                 return Err(cx.invalid(
                     fd,
                     "unix socket connects to a file that is not a listener or datagram socket of its peer's name",
                 ));
             }
-        }
+        };
         // Never block on a full backlog; the dumped flags come after.
-        let s = connected_socket(
-            cx,
-            r,
-            sock_type,
-            fd,
-            &image.peer_name,
-            "connect (pending unix connection)",
-        )?;
+        let s = if unlinked {
+            connect_unlinked(cx, r, image, sock_type, fd)?
+        } else {
+            connected_socket(
+                cx,
+                r,
+                sock_type,
+                fd,
+                &image.peer_name,
+                "connect (pending unix connection)",
+            )?
+        };
         let here = take_socket(pid, s)?;
         if !image.unaccepted_queue.is_empty() {
             send_unaccepted(cx, pid, here.as_fd(), file.id, image, fd)?;
@@ -172,6 +194,42 @@ impl FileRestorer for UnixConnect {
         set_status_flags(r, s, file.flags)?;
         Ok(s)
     }
+}
+
+/// A new non-blocking socket of the process connected to a socket whose
+/// path was unlinked: through the socket file itself, which the restorer
+/// kept when it unlinked the name, lent to the process for the connect
+/// (`/proc/self/fd/N` leads to that file, nothing the user can swap).
+/// getpeername still reports the name it was bound to.
+fn connect_unlinked(
+    cx: &mut Context<'_, '_>,
+    r: &Remote<'_>,
+    image: &UnixSocketFile,
+    sock_type: u64,
+    fd: i32,
+) -> Result<i32> {
+    let Some(file_of_name) = cx
+        .state::<UnlinkedNames>()
+        .0
+        .get(&image.connect_to_file_id)
+        .map(std::os::fd::AsRawFd::as_raw_fd)
+    else {
+        return Err(cx.invalid(
+            fd,
+            "unix socket connects to a socket whose unlinked path was not restored before it",
+        ));
+    };
+    let lent = take_from(r, std::process::id() as i32, file_of_name)?;
+    let s = connected_socket(
+        cx,
+        r,
+        sock_type,
+        fd,
+        format!("/proc/self/fd/{lent}").as_bytes(),
+        "connect (to a unix socket whose path was unlinked)",
+    );
+    r.close(lent)?;
+    s
 }
 
 /// Sends again what a client had sent on a connection its listener had
@@ -211,20 +269,33 @@ fn send_unaccepted(
 fn refill_by_name(
     cx: &mut Context<'_, '_>,
     r: &Remote<'_>,
-    receiver: BorrowedFd<'_>,
+    to: Receiver<'_>,
     file_id: u64,
     image: &UnixSocketFile,
     fd: i32,
 ) -> Result<()> {
     let pid = r.t.pid();
     let sender = new_socket(r, u64::from(image.sock_type), libc::SOCK_NONBLOCK)?;
-    let addr = sockaddr(cx, fd, &image.name)?;
+    // A name unlinked again is reached through its socket file, lent to
+    // the process for the connect.
+    let lent = to
+        .file_of_name
+        .map(|f| take_from(r, std::process::id() as i32, f.as_raw_fd()))
+        .transpose()?;
+    let name = match lent {
+        Some(n) => format!("/proc/self/fd/{n}").into_bytes(),
+        None => image.name.clone(),
+    };
+    let addr = sockaddr(cx, fd, &name)?;
     let at = r.put(ADDR_SLOT, &addr)?;
     let connected = r.call(
         "connect (refilling a bound socket)",
         libc::SYS_connect,
         [sender as u64, at, addr.len() as u64, 0, 0, 0],
     );
+    if let Some(n) = lent {
+        r.close(n)?;
+    }
     // Taken before the close, checked after it: the process's copy is
     // closed whatever connect and pidfd_getfd did.
     let here = take_socket(pid, sender);
@@ -234,9 +305,17 @@ fn refill_by_name(
     force_refill_sndbuf(pid, here.as_fd())?;
     let ends = Ends {
         sender: here.as_fd(),
-        receiver,
+        receiver: to.socket,
     };
     refill(cx, pid, ends, file_id, image, false, fd)
+}
+
+/// A bound socket whose queue is refilled by name: the restorer's copy,
+/// and its socket file when the name was unlinked again.
+#[derive(Clone, Copy)]
+struct Receiver<'f> {
+    socket: BorrowedFd<'f>,
+    file_of_name: Option<&'f std::fs::File>,
 }
 
 /// Argument slot of the scratch area for socket addresses (slot 0 holds
@@ -336,6 +415,9 @@ fn pair(
         Some(via) => through_listener(cx, r, via, sock_type, fd)?,
         None => socketpair(r, sock_type)?,
     };
+    if sock_type == libc::SOCK_DGRAM as u64 {
+        bind_pair(cx, r, file.id, image, a, &peer, theirs.as_fd())?;
+    }
     let stream = sock_type == libc::SOCK_STREAM as u64;
     let to_mine = Ends {
         sender: theirs.as_fd(),
@@ -351,6 +433,36 @@ fn pair(
     configure(pid, theirs.as_fd(), &peer)?;
     cx.state::<Unclaimed>().0.insert(image.peer_file_id, theirs);
     Ok(a)
+}
+
+/// Binds the ends of a datagram pair that were bound, in the process
+/// making the pair, with its rights (the second end lent to it for the
+/// bind): a socketpair's sockets take a name like any other, and each
+/// end's getpeername then reports the other's.
+fn bind_pair(
+    cx: &mut Context<'_, '_>,
+    r: &Remote<'_>,
+    file_id: u64,
+    image: &UnixSocketFile,
+    first: i32,
+    peer: &UnixSocketFile,
+    second: BorrowedFd<'_>,
+) -> Result<()> {
+    if !image.name.is_empty()
+        && let Some(f) = bind(cx, r, first, image)?
+    {
+        cx.state::<UnlinkedNames>().0.insert(file_id, f);
+    }
+    if peer.name.is_empty() {
+        return Ok(());
+    }
+    let lent = take_from(r, std::process::id() as i32, second.as_raw_fd())?;
+    let bound = bind(cx, r, lent, peer);
+    r.close(lent)?;
+    if let Some(f) = bound? {
+        cx.state::<UnlinkedNames>().0.insert(image.peer_file_id, f);
+    }
+    Ok(())
 }
 
 /// The listener a connected pair was made through (one end accepted by
@@ -506,14 +618,20 @@ fn sockaddr(cx: &Context<'_, '_>, fd: i32, name: &[u8]) -> Result<Vec<u8>> {
 /// Binds socket `s` of the process to the dumped name: an abstract name as
 /// is; a path by the process itself, with its filesystem identity, inside
 /// its directory opened without following a symbolic link, replacing only
-/// a stale socket of the same user, then given the dumped mode (and
+/// a stale socket of the recorded owner, then given the dumped mode (and
 /// unlinked again if it was).
-fn bind(cx: &Context<'_, '_>, r: &Remote<'_>, s: i32, image: &UnixSocketFile) -> Result<()> {
+/// Returns the socket file (`O_PATH`) when the name was unlinked again.
+fn bind(
+    cx: &Context<'_, '_>,
+    r: &Remote<'_>,
+    s: i32,
+    image: &UnixSocketFile,
+) -> Result<Option<std::fs::File>> {
     let pid = r.t.pid();
     if image.name.first() == Some(&0) {
         let addr = sockaddr(cx, s, &image.name)?;
         call_with_addr(r, "bind (abstract unix name)", libc::SYS_bind, s, &addr)?;
-        return Ok(());
+        return Ok(None);
     }
     let path = String::from_utf8(image.name.clone())
         .map_err(|_| cx.invalid(s, "unix socket path is not UTF-8"))?;
@@ -546,7 +664,7 @@ fn bind_in(
     name: &str,
     image: &UnixSocketFile,
     err: &dyn Fn(String) -> RestoreError,
-) -> Result<()> {
+) -> Result<Option<std::fs::File>> {
     let pid = r.t.pid();
     // Bound by its full path (getsockname reports what bind was given),
     // and checked below to have landed in the directory opened without
@@ -559,7 +677,11 @@ fn bind_in(
             errno: nix::errno::Errno::EADDRINUSE,
             ..
         }) => {
-            remove_stale(cx, r, dir, name, &addr, err)?;
+            let owner = match &image.bound {
+                Some(b) => b.uid,
+                None => cx.fs_uid().unwrap_or(0),
+            };
+            remove_stale(r, dir, name, &addr, owner, err)?;
             try_bind().map_err(|e| err(format!("cannot bind: {e}")))?;
         }
         Err(e) => return Err(err(format!("cannot bind: {e}"))),
@@ -577,7 +699,7 @@ fn bind_in(
         ));
     }
     let Some(bound) = &image.bound else {
-        return Ok(());
+        return Ok(None);
     };
     // Owner, then mode, on exactly the file bind made (its O_PATH fd,
     // never the name): the recorded ones, as for files ckpt creates.
@@ -598,28 +720,31 @@ fn bind_in(
             libc::SYS_unlinkat,
             [dir as u64, n, 0, 0, 0, 0],
         )?;
+        return Ok(Some(made_file));
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Removes the name in the way of a bind if, and only if, it is a socket
-/// file of the process's own filesystem user that nothing listens on any
-/// more (a connect is refused): the socket the dumped process left behind.
+/// file of `owner` (the owner the image records for the socket file, else
+/// the process's filesystem user) that nothing listens on any more (a
+/// connect is refused): the socket the dumped process left behind. The
+/// name is looked at in the directory opened without following a link,
+/// and never followed itself.
 fn remove_stale(
-    cx: &Context<'_, '_>,
     r: &Remote<'_>,
     dir: i32,
     name: &str,
     addr: &[u8],
+    owner: u32,
     err: &dyn Fn(String) -> RestoreError,
 ) -> Result<()> {
     let pid = r.t.pid();
     let there = std::fs::symlink_metadata(format!("/proc/{pid}/fd/{dir}/{name}"))
         .map_err(|e| err(format!("cannot bind, and cannot stat what is there: {e}")))?;
-    let owner = cx.fs_uid().unwrap_or(0);
     if !there.file_type().is_socket() || there.uid() != owner {
         return Err(err(format!(
-            "cannot bind: the name exists and is not a socket file of uid {owner} (ckpt replaces only a stale socket of the process's user)"
+            "cannot bind: the name exists and is not a socket file of uid {owner} (ckpt replaces only a stale socket of the owner the image records)"
         )));
     }
     let probe = new_socket(r, u64::from(libc::SOCK_STREAM as u32), libc::SOCK_NONBLOCK)?;
