@@ -51,7 +51,8 @@
  * `unix WORKDIR names`: a listener whose path was unlinked, with a
  * connection pending that sent data, and a new listener at that path; a
  * bound datagram socket with a datagram queued, a socket connected to it
- * one way, its path unlinked; a datagram pair both bound and connected
+ * one way and a bound one with a datagram queued for itself connected to
+ * it one way, its path unlinked; a datagram pair both bound and connected
  * both ways, one path unlinked, a datagram queued each way. After go each
  * keeps its name, the unlinked paths stay gone, the pending connection
  * is the old listener's, the path leads to the new one, and every queued
@@ -640,6 +641,16 @@ static void names(void)
 	 * to it one way, then its path unlinked. */
 	int d = bound_dgram(dg_path);
 	int dc = connect_to(SOCK_DGRAM, dg_path, 0);
+	/* A bound datagram socket with a datagram queued for it, connected
+	 * one way to the same one. */
+	char own_path[PATH_MAX];
+	victim_path(own_path, sizeof(own_path), "own.sock");
+	int own = bound_dgram(own_path);
+	struct sockaddr_un ao, ad;
+	socklen_t lo = unix_addr(&ao, own_path, 0), ld = unix_addr(&ad, dg_path, 0);
+	if (sendto(d, "for-own", 7, 0, (struct sockaddr *)&ao, lo) != 7 ||
+	    connect(own, (struct sockaddr *)&ad, ld))
+		die("own datagram socket");
 	if (send(dc, "q1", 2, 0) != 2 || unlink(dg_path))
 		die("unlinked datagram socket");
 	/* A datagram pair, both bound, connected both ways, one name
@@ -674,6 +685,11 @@ static void names(void)
 	socklen_t glen = sizeof(got);
 	CHECK(getpeername(dc, (struct sockaddr *)&got, &glen) == 0 && strcmp(got.sun_path, dg_path) == 0,
 	      "the one-way socket's peer name");
+	CHECK(named(own, own_path, 0), "the bound one-way socket lost its name");
+	CHECK(recv_wait(own, buf, sizeof(buf), 0) == 7 && memcmp(buf, "for-own", 7) == 0,
+	      "the datagram queued for the bound one-way socket");
+	CHECK(send(own, "o2", 2, 0) == 2 && recv_wait(d, buf, sizeof(buf), 0) == 2 && memcmp(buf, "o2", 2) == 0,
+	      "the bound one-way socket no longer reaches the unlinked one");
 
 	CHECK(named(pa, a_path, 0) && named(pb, b_path, 0), "the bound pair lost its names");
 	CHECK(!gone(a_path) && gone(b_path), "the bound pair's paths: one linked, one unlinked");

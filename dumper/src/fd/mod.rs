@@ -88,7 +88,7 @@ pub static REFUSED: &[(&str, &str)] = &[
     ),
     (
         "unix datagram connected one way",
-        "a UNIX datagram socket connected one way to a socket without a name, or restored after it, or with datagrams queued for itself",
+        "a UNIX datagram socket connected one way to a socket without a name, or restored after it, or with datagrams queued for itself and no name of its own",
     ),
     (
         "unix nested fds in flight",

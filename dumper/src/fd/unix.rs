@@ -516,11 +516,12 @@ impl<'t> Linker<'t> {
                 ),
             ));
         }
-        if !u.queue.is_empty() {
+        // Its own queue is sent again to its name before it connects.
+        if !u.queue.is_empty() && u.name.is_empty() {
             return Err(refuse(
                 h,
                 format!(
-                    "unix datagram socket connected one way to {} with datagrams queued for it",
+                    "unix datagram socket connected one way to {} with datagrams queued for it and no name of its own to send them to again",
                     printable(&u.peer_name)
                 ),
             ));

@@ -174,19 +174,33 @@ impl FileRestorer for UnixConnect {
             }
         };
         // Never block on a full backlog; the dumped flags come after.
-        let s = if unlinked {
-            connect_unlinked(cx, r, image, sock_type, fd)?
-        } else {
-            connected_socket(
-                cx,
-                r,
-                sock_type,
-                fd,
-                &image.peer_name,
-                "connect (pending unix connection)",
-            )?
-        };
+        let s = new_socket(r, sock_type, libc::SOCK_NONBLOCK)?;
         let here = take_socket(pid, s)?;
+        // Its own name first, and the datagrams queued for it sent to
+        // that name while it is not connected yet (once connected, it
+        // takes datagrams from its peer only).
+        let file_of_name = if image.name.is_empty() {
+            None
+        } else {
+            bind(cx, r, s, image)?
+        };
+        if !image.queue.is_empty() {
+            if image.name.is_empty() || sock_type != libc::SOCK_DGRAM as u64 {
+                return Err(cx.invalid(
+                    fd,
+                    "unix socket connected one way with a queue but no name to refill it by",
+                ));
+            }
+            let to = Receiver {
+                socket: here.as_fd(),
+                file_of_name: file_of_name.as_ref(),
+            };
+            refill_by_name(cx, r, to, file.id, image, fd)?;
+        }
+        if let Some(f) = file_of_name {
+            cx.state::<UnlinkedNames>().0.insert(file.id, f);
+        }
+        connect_again(cx, r, s, image, unlinked, fd)?;
         if !image.unaccepted_queue.is_empty() {
             send_unaccepted(cx, pid, here.as_fd(), file.id, image, fd)?;
         }
@@ -196,18 +210,25 @@ impl FileRestorer for UnixConnect {
     }
 }
 
-/// A new non-blocking socket of the process connected to a socket whose
-/// path was unlinked: through the socket file itself, which the restorer
-/// kept when it unlinked the name, lent to the process for the connect
-/// (`/proc/self/fd/N` leads to that file, nothing the user can swap).
-/// getpeername still reports the name it was bound to.
-fn connect_unlinked(
+/// Connects the process's socket `s` to what `image` connects to: by its
+/// name, or, when that path was unlinked, through the socket file
+/// itself, which the restorer kept when it unlinked the name, lent to the
+/// process for the connect (`/proc/self/fd/N` leads to that file, nothing
+/// the user can swap). getpeername reports the name it was bound to
+/// either way.
+fn connect_again(
     cx: &mut Context<'_, '_>,
     r: &Remote<'_>,
+    s: i32,
     image: &UnixSocketFile,
-    sock_type: u64,
+    unlinked: bool,
     fd: i32,
-) -> Result<i32> {
+) -> Result<()> {
+    if !unlinked {
+        let addr = sockaddr(cx, fd, &image.peer_name)?;
+        call_with_addr(r, "connect (unix socket)", libc::SYS_connect, s, &addr)?;
+        return Ok(());
+    }
     let Some(file_of_name) = cx
         .state::<UnlinkedNames>()
         .0
@@ -220,16 +241,19 @@ fn connect_unlinked(
         ));
     };
     let lent = take_from(r, std::process::id() as i32, file_of_name)?;
-    let s = connected_socket(
-        cx,
-        r,
-        sock_type,
-        fd,
-        format!("/proc/self/fd/{lent}").as_bytes(),
-        "connect (to a unix socket whose path was unlinked)",
-    );
+    let addr = sockaddr(cx, fd, format!("/proc/self/fd/{lent}").as_bytes());
+    let connected = addr.and_then(|addr| {
+        call_with_addr(
+            r,
+            "connect (to a unix socket whose path was unlinked)",
+            libc::SYS_connect,
+            s,
+            &addr,
+        )
+        .map_err(RestoreError::from)
+    });
     r.close(lent)?;
-    s
+    connected.map(drop)
 }
 
 /// Sends again what a client had sent on a connection its listener had
