@@ -39,7 +39,8 @@
  * SO_PASSCRED; after go the first still has no credentials and the
  * second the child's.
  * `unix WORKDIR nested`: a socket in flight with a pipe end in flight on
- * it; the dump must be refused, and after go both arrive intact.
+ * it; after go both arrive, the pipe end still the pipe's and the socket
+ * still its pair's other end.
  * `unix WORKDIR outside`: a stream socket whose peer is held by an
  * orphaned grandchild (outside the tree); the dump must be refused, and
  * after go the pair still works both ways.
@@ -530,6 +531,11 @@ static void nested(void)
 	CHECK(recv_fds(outer[1], "s", 1, fds) == 1, "message with the socket lost");
 	int in = fds[0];
 	CHECK(in >= 0 && recv_fds(in, "p", 1, fds) == 1, "message in the socket in flight lost");
+	int rd = fds[0];
+	CHECK(rd >= 0 && write(pp[1], "z", 1) == 1 && read(rd, msgbuf, 1) == 1 && msgbuf[0] == 'z',
+	      "the pipe end in flight in the socket in flight is not the pipe's");
+	CHECK(in >= 0 && write(inner[1], "w", 1) == 1 && read_stream(in, "w", 1),
+	      "the socket in flight is no longer its pair's other end");
 	victim_finish();
 }
 

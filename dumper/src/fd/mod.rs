@@ -92,7 +92,7 @@ pub static REFUSED: &[(&str, &str)] = &[
     ),
     (
         "unix nested fds in flight",
-        "a UNIX socket queued in an SCM_RIGHTS message that has file descriptors in flight itself; a file in flight of a kind ckpt refuses (named with its kind); a message credited (SO_PASSCRED) to a process outside the tree, or in a tree with a PID namespace of its own",
+        "a file in flight (SCM_RIGHTS, also in a socket in flight) of a kind ckpt refuses (named with its kind); a message credited (SO_PASSCRED) to a process outside the tree, or in a tree with a PID namespace of its own",
     ),
     (
         "pipe to outside the tree",

@@ -18,8 +18,10 @@
 //! datagram pairs whose ends are bound; the files queued messages carry
 //! (SCM_RIGHTS, see `link_in_flight`) and their senders' credentials
 //! (SO_PASSCRED); empty datagrams; sockets never bound nor connected.
+//! Sockets in flight with files in flight themselves (nested SCM_RIGHTS)
+//! are walked the same way, to any depth.
 //! Refused by name: a peer outside the tree, data sent on a connection
-//! not yet accepted by a dump leaving the tree running, a socket in flight with files in flight itself,
+//! not yet accepted by a dump leaving the tree running,
 //! sockets in another network namespace, and the rarer shapes listed in
 //! `link_tree`.
 
@@ -197,7 +199,7 @@ fn check_senders(tree: &TreeFiles) -> Result<()> {
 /// ckpt's copies of the files, kept from the peeks of `collect`, close
 /// when this returns.
 fn link_in_flight(tree: &mut TreeFiles) -> Result<()> {
-    let carriers: Vec<(u64, Holder)> = first_holders(tree)
+    let mut carriers: std::collections::VecDeque<(u64, Holder)> = first_holders(tree)
         .into_iter()
         .filter(|(id, _)| {
             matches!(&tree.file(*id).kind, Some(Kind::Unix(u)) if u.has_files_in_flight())
@@ -207,7 +209,9 @@ fn link_in_flight(tree: &mut TreeFiles) -> Result<()> {
         return Ok(());
     }
     let mut known = KnownFiles::of(tree)?;
-    for (file_id, h) in carriers {
+    // A socket in flight with files in flight itself joins the carriers
+    // (nested SCM_RIGHTS): its files are opened by the same process.
+    while let Some((file_id, h)) = carriers.pop_front() {
         let Some(files) = tree.blobs.take_in_flight(file_id) else {
             continue;
         };
@@ -226,6 +230,7 @@ fn link_in_flight(tree: &mut TreeFiles) -> Result<()> {
         for (a, these) in u.ancillary.iter_mut().zip(ids) {
             a.file_ids = these;
         }
+        carriers.extend(known.nested.drain(..));
     }
     Ok(())
 }
@@ -238,6 +243,9 @@ struct KnownFiles {
     /// Files collected from ckpt's copy of a file in flight, with that
     /// copy (compared with `kcmp`).
     in_flight: Vec<(OwnedFd, u64)>,
+    /// Sockets found in flight that carry files in flight themselves, not
+    /// yet walked, with the fd their files arrive through.
+    nested: Vec<(u64, Holder)>,
 }
 
 impl KnownFiles {
@@ -254,6 +262,7 @@ impl KnownFiles {
         Ok(KnownFiles {
             by_inode,
             in_flight: Vec::new(),
+            nested: Vec::new(),
         })
     }
 
@@ -300,9 +309,13 @@ impl KnownFiles {
         if let Kind::Unix(u) = &kind
             && u.has_files_in_flight()
         {
-            return Err(refuse(
-                to,
-                "unix socket has a unix socket in flight that has file descriptors in flight itself (nested SCM_RIGHTS)".into(),
+            self.nested.push((
+                id,
+                Holder {
+                    pid: to.pid,
+                    fd: to.fd,
+                    file_id: id,
+                },
             ));
         }
         let file = ckpt_image::fd::File {
