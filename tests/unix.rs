@@ -336,6 +336,37 @@ fn unlinked_names_and_bound_datagram_pairs_come_back() {
     restore_and_check(&env, &v);
 }
 
+/// A stale socket file at a bound path is replaced only when its owner
+/// is the one the image records for the socket file (here a user root
+/// gave it to), not the restoring process's: one of another owner fails
+/// the restore naming the path and stays; the dumped process's own stale
+/// socket, that user's, is replaced and the name bound again.
+#[test]
+fn a_stale_socket_is_replaced_only_when_its_owner_is_the_recorded_one() {
+    let env = TestEnv::new("unix-stale-owner");
+    let user = test_user();
+    let uid = user.uid.to_string();
+    let mut v = Victim::spawn(&env, "unix", &["listen", &uid]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+
+    let path = v.path("srv.sock");
+    let stale = std::fs::symlink_metadata(&path).expect("the killed listener's socket file");
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&stale), user.uid);
+    std::os::unix::fs::chown(&path, Some(0), Some(0)).expect("chown to root");
+    let err = restore_expect_error(&env);
+    assert!(
+        err.contains(path_str(&path)) && err.contains(&format!("not a socket file of uid {uid}")),
+        "{err}"
+    );
+    let meta = std::fs::symlink_metadata(&path).expect("root's socket is still there");
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), 0);
+    assert!(!pid_exists(v.pid), "a half-restored process survived");
+
+    std::os::unix::fs::chown(&path, Some(user.uid), None).expect("chown back");
+    restore_and_check(&env, &v);
+}
+
 /// Restore binds a socket path only in place of a stale socket of the
 /// process's user: a regular file of the user's at the name fails the
 /// restore naming the path and stays as it was; once it is gone the

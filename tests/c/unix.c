@@ -64,8 +64,9 @@
  * `unix WORKDIR netns`: a socket pair made in a network namespace of its
  * own (unshare, as root); after go (in whatever namespace the restore put
  * it) the pair still carries bytes.
- * `unix WORKDIR listen`: only a listener at WORKDIR/srv.sock; after go it
- * still has its name and serves a new connection.
+ * `unix WORKDIR listen [UID]`: only a listener at WORKDIR/srv.sock (its
+ * socket file given to UID); after go it still has its name (and owner)
+ * and serves a new connection.
  */
 #include "victim.h"
 
@@ -736,14 +737,19 @@ static void netns(void)
 	victim_finish();
 }
 
-static void listen_only(void)
+static void listen_only(int owner)
 {
 	victim_path(srv_path, sizeof(srv_path), "srv.sock");
 	int srv = listener(SOCK_STREAM, srv_path, 0);
+	if (owner >= 0 && chown(srv_path, (uid_t)owner, (gid_t)-1))
+		die("chown the socket file");
 
 	victim_ready_and_wait(NULL);
 
 	CHECK(named(srv, srv_path, 0), "listener lost its name");
+	struct stat st;
+	CHECK(owner < 0 || (stat(srv_path, &st) == 0 && st.st_uid == (uid_t)owner),
+	      "the socket file's owner is not the one it was given");
 	int c = connect_to(SOCK_STREAM, srv_path, 0);
 	int conn = accept_wait(srv);
 	CHECK(conn >= 0 && write(c, "hi", 2) == 2 && read_stream(conn, "hi", 2), "new connection");
@@ -774,7 +780,7 @@ int main(int argc, char **argv)
 	if (argc > 2 && strcmp(argv[2], "netns") == 0)
 		netns();
 	if (argc > 2 && strcmp(argv[2], "listen") == 0)
-		listen_only();
+		listen_only(argc > 3 ? atoi(argv[3]) : -1);
 	if (socketpair(AF_UNIX, SOCK_STREAM, 0, st) || socketpair(AF_UNIX, SOCK_DGRAM, 0, dg) ||
 	    socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sq) || socketpair(AF_UNIX, SOCK_STREAM, 0, sh) ||
 	    socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, lo))
