@@ -247,6 +247,29 @@ mod tests {
     }
 
     #[test]
+    fn data_sent_before_accept_splits_by_its_own_lengths() {
+        let s = UnixSocketFile {
+            queue: vec![],
+            unaccepted_queue: vec![5, 3],
+            ..Default::default()
+        };
+        assert_eq!(
+            s.unaccepted_messages(b"earlyone").unwrap(),
+            vec![&b"early"[..], &b"one"[..]]
+        );
+        assert_eq!(
+            s.unaccepted_messages(b"early"),
+            Err(QueueError::Length { listed: 8, held: 5 })
+        );
+        assert!(s.messages(b"").unwrap().is_empty());
+        use crate::fd::Describe;
+        assert!(
+            s.describe()
+                .contains("sent 2 messages 8 bytes before accept")
+        );
+    }
+
+    #[test]
     fn ancillary_must_match_the_queue_and_the_kernel_bound() {
         let one = |n: usize| UnixAncillary {
             file_ids: vec![1; n],
