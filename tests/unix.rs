@@ -323,6 +323,20 @@ fn data_on_a_connection_not_yet_accepted_comes_back_after_a_kill() {
     restore_and_check(&env, &v);
 }
 
+/// A dump with `--kill` refused for something else takes no connection
+/// first: the listener later accepts each, with its data, as if no dump
+/// had been tried.
+#[test]
+fn a_refused_kill_dump_leaves_unaccepted_connections_in_place() {
+    let env = TestEnv::new("unix-pendingdata-refused");
+    let mut v = Victim::spawn(&env, "unix", &["pendingdata", "refused"]);
+    v.wait_ready();
+    let err = dump_outcome(&env, &v, &["--kill"]).assert_error();
+    assert!(err.contains("out-of-band data queued (MSG_OOB)"), "{err}");
+    assert!(!env.img.exists(), "failed dump left {}", env.img.display());
+    v.assert_unharmed_and_passes("after a refused dump with --kill");
+}
+
 /// Names unlinked since bind are connected to again through the socket
 /// file (a listener's pending connection, a datagram socket connected one
 /// way, a bound socket's queue) and stay unlinked; a bound datagram pair

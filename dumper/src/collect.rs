@@ -199,6 +199,8 @@ pub(crate) fn tree(frozen: &mut Frozen, opts: &WriteOptions<'_>) -> Result<Colle
     let mut all = frozen.blockers.clone();
     all.extend(blockers);
     all.into_result()?;
+    // Only now, nothing refusing the dump: this cannot be given back.
+    namespaces.in_net(root, || fd::take_unaccepted(&mut files))?;
     Ok(CollectedTree {
         procs,
         threads,

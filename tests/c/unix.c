@@ -48,7 +48,8 @@
  * pending, the first having sent data in two writes, the second nothing;
  * on an abstract seqpacket listener one that sent two records. After go
  * the listener accepts them in order, each with its data and boundaries,
- * and each still talks with its client both ways.
+ * and each still talks with its client both ways. With `refused` also an
+ * out-of-band byte queued on a pair, which fails every dump.
  * `unix WORKDIR names`: a listener whose path was unlinked, with a
  * connection pending that sent data, and a new listener at that path; a
  * bound datagram socket with a datagram queued, a socket connected to it
@@ -575,8 +576,13 @@ static void outside(void)
 	victim_finish();
 }
 
-static void pendingdata(void)
+static void pendingdata(int with_refused)
 {
+	/* Something every dump refuses (an out-of-band byte queued), so a
+	 * dump with --kill fails after the unix sockets are linked. */
+	int sv[2];
+	if (with_refused && (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) || send(sv[0], "X", 1, MSG_OOB) != 1))
+		die("out-of-band byte");
 	victim_path(srv_path, sizeof(srv_path), "srv.sock");
 	snprintf(abs_name, sizeof(abs_name), "ckpt-unix-test-pd-%d", (int)getpid());
 	int srv = listener(SOCK_STREAM, srv_path, 0);
@@ -772,7 +778,7 @@ int main(int argc, char **argv)
 	if (argc > 2 && strcmp(argv[2], "outside") == 0)
 		outside();
 	if (argc > 2 && strcmp(argv[2], "pendingdata") == 0)
-		pendingdata();
+		pendingdata(argc > 3 && strcmp(argv[3], "refused") == 0);
 	if (argc > 2 && strcmp(argv[2], "oob") == 0)
 		oob();
 	if (argc > 2 && strcmp(argv[2], "names") == 0)

@@ -28,8 +28,9 @@ mod tty;
 mod unix;
 
 pub use pty::link_controlling_terminals;
+pub use unix::take_unaccepted;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::os::unix::fs::MetadataExt;
 
 use ckpt_image::fd::{Fd, FdTable, File, Files, file};
@@ -334,6 +335,10 @@ pub struct TreeFiles {
     /// The tree is killed once this dump commits: a kind may take what it
     /// cannot give back (a UNIX connection's data before accept).
     pub killed_after: bool,
+    /// UNIX listeners (file ids) whose pending connections carry data the
+    /// dump takes by accepting them ([`take_unaccepted`]), once nothing
+    /// refuses the dump.
+    pub unaccepted_listeners: BTreeSet<u64>,
 }
 
 impl TreeFiles {
@@ -411,6 +416,7 @@ pub fn collect_tree(
         files: Files::default(),
         blobs: Blobs::default(),
         killed_after,
+        unaccepted_listeners: BTreeSet::new(),
     };
     let mut seen: HashMap<Inode, Vec<Holder>> = HashMap::new();
     let mut seen_locks = lock::SeenLocks::default();

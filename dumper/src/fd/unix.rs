@@ -28,7 +28,7 @@
 mod diag;
 mod unaccepted;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -157,13 +157,23 @@ impl FileDumper for Unix {
         })?;
         let links = Linker::new(tree, &holders, &kernel).links()?;
         apply_links(tree, &links);
-        let drained: BTreeSet<u64> = links
+        tree.unaccepted_listeners = links
             .values()
             .filter(|l| l.sent_before_accept)
             .map(|l| l.connect_to)
             .collect();
-        unaccepted::take(tree, &holders, &drained)
+        Ok(())
     }
+}
+
+/// Takes the data clients of the tree sent on connections their listener
+/// had not accepted (`TreeFiles::unaccepted_listeners`), by accepting
+/// them: called once the whole tree is known to be saved, in the tree's
+/// network namespace, since nothing gives those connections back.
+pub fn take_unaccepted(tree: &mut TreeFiles) -> Result<()> {
+    let listeners = std::mem::take(&mut tree.unaccepted_listeners);
+    let holders = first_holders(tree);
+    unaccepted::take(tree, &holders, &listeners)
 }
 
 /// Refuses a queued message whose sender's credentials (kept for a socket
@@ -673,7 +683,7 @@ struct Link {
     /// Its peer has closed.
     peer_closed: bool,
     /// A connection not yet accepted on which it sent data: its listener
-    /// is drained by [`unaccepted::take`].
+    /// is drained by [`take_unaccepted`].
     sent_before_accept: bool,
 }
 

@@ -2,7 +2,8 @@
 //! sits in the receive queue of the socket the kernel made for the server
 //! end, queued on the listener, which no fd reaches and no interface
 //! shows: the only way to it is `accept`. A dump that kills the tree
-//! (`killed_after`) accepts every pending connection of such a listener
+//! (`killed_after`), once nothing in the tree refuses it, accepts every
+//! pending connection of such a listener
 //! on its copy of the listener, in the kernel's order, peeks what each
 //! holds and records it with the client, whose restore connects again
 //! and sends it again. The accepted ends close with ckpt: were the dump to
