@@ -350,6 +350,22 @@ fn unlinked_names_and_bound_datagram_pairs_come_back() {
     restore_and_check(&env, &v);
 }
 
+/// The same names and connections of an ordinary user's, and the data its
+/// clients sent before accept, made again with that user's rights.
+#[test]
+fn an_unprivileged_users_unlinked_names_and_unaccepted_data_come_back() {
+    for (test, mode) in [
+        ("unix-names-user", "names"),
+        ("unix-pendingdata-user", "pendingdata"),
+    ] {
+        let env = TestEnv::new(test);
+        let mut v = Victim::spawn_as(&env, "unix", &[mode], test_user());
+        v.wait_ready();
+        dump_kill_reap(&env, &mut v);
+        restore_and_check(&env, &v);
+    }
+}
+
 /// A stale socket file at a bound path is replaced only when its owner
 /// is the one the image records for the socket file (here a user root
 /// gave it to), not the restoring process's: one of another owner fails
