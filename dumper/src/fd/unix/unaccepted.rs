@@ -64,17 +64,16 @@ pub(super) fn take(
             .metadata()
             .map_err(|e| accept_err(listener, e))?
             .ino();
-        let client = kernel
+        let found = kernel
             .get(&ino)
             .and_then(|d| by_ino.get(&d.peer))
-            .copied()
-            .ok_or_else(|| {
-                refuse(
-                    listener,
-                    "listening unix socket had a connection not yet accepted whose client ckpt cannot find in the tree".into(),
-                )
-            })?;
-        let ch = &holders[&client];
+            .and_then(|client| Some((*client, holders.get(client)?)));
+        let Some((client, ch)) = found else {
+            return Err(refuse(
+                listener,
+                "listening unix socket had a connection not yet accepted whose client ckpt cannot find in the tree".into(),
+            ));
+        };
         let p = super::super::params(ch.pid, ch.fd, &[])?;
         let Some(Kind::Unix(u)) = &tree.file(client).kind else {
             unreachable!("by_ino lists unix sockets only");
