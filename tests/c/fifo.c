@@ -128,7 +128,8 @@ static int no_leftover(const char *prefix)
 }
 
 /* `fifo WORKDIR ghost`: a FIFO the root holds O_RDWR and O_RDONLY and its
- * child O_WRONLY, unlinked while open with "buffered" in it. After go the
+ * child O_WRONLY, unlinked while open with "buffered" in it; and a linked
+ * FIFO held only O_RDWR with "kept" in it. After go the
  * path is still gone and nothing was left in the directory; each end has
  * its access mode, the root's two are one FIFO (mode 0640, no link), the
  * root reads "buffered", then what the child and its own O_RDWR end write. */
@@ -141,6 +142,13 @@ static void ghost(void)
 	int rd = open(fifo_path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
 	if (rw < 0 || rd < 0)
 		die("open ghost fifo");
+	/* A FIFO still linked, held only O_RDWR, with data in it. */
+	char linked_path[PATH_MAX];
+	victim_path(linked_path, sizeof(linked_path), "linked.fifo");
+	int both = -1;
+	if (mkfifo(linked_path, 0600) || (both = open(linked_path, O_RDWR | O_NONBLOCK | O_CLOEXEC)) < 0 ||
+	    write(both, "kept", 4) != 4)
+		die("linked fifo");
 	int sync[2];
 	if (pipe(sync))
 		die("pipe");
@@ -179,6 +187,11 @@ static void ghost(void)
 	victim_check_child(child, "the writer child");
 	CHECK(read_exactly(rd, "from-child"), "what the child wrote after restore");
 	CHECK(write(rw, "self", 4) == 4 && read_exactly(rd, "self"), "the O_RDWR end writing to the reader");
+	struct stat l;
+	CHECK(fstat(both, &a) == 0 && stat(linked_path, &l) == 0 && a.st_ino == l.st_ino &&
+	      (fcntl(both, F_GETFL) & O_ACCMODE) == O_RDWR,
+	      "the linked FIFO's O_RDWR end is not the FIFO at its path, or not O_RDWR");
+	CHECK(read_exactly(both, "kept"), "the data in the linked FIFO held O_RDWR");
 	victim_finish();
 }
 
