@@ -98,3 +98,48 @@ fn fifo_with_reader_outside_keeps_its_data() {
     v.go();
     finish_restore(&v, restore);
 }
+
+/// A FIFO unlinked while open, held O_RDWR and O_RDONLY by a process and
+/// O_WRONLY by its child, with data buffered: made again in its directory
+/// and unlinked, one FIFO for the three ends, each with its access mode,
+/// the data back, the path still gone and no temporary name left; a
+/// linked FIFO held only O_RDWR keeps its data (victim mode `ghost`). As
+/// root and as an ordinary user.
+#[test]
+fn an_unlinked_fifo_comes_back_unlinked_with_its_data() {
+    let env = TestEnv::new("fifo-ghost");
+    let mut v = Victim::spawn(&env, "fifo", &["ghost"]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    let json = show_json(&env);
+    let fifos = fds_of_kind(&json, "fifo");
+    let unlinked: Vec<serde_json::Value> = fifos
+        .iter()
+        .filter(|f| {
+            f["object"]
+                .as_str()
+                .is_some_and(|o| o.contains("(unlinked)"))
+        })
+        .cloned()
+        .collect();
+    assert_eq!(
+        file_ids(&unlinked).len(),
+        3,
+        "three open ends unlinked: {json}"
+    );
+    assert_eq!(
+        file_ids(&fifos).len(),
+        4,
+        "and one of a linked FIFO: {json}"
+    );
+    restore_and_check(&env, &v);
+}
+
+#[test]
+fn an_unprivileged_users_unlinked_fifo_comes_back() {
+    let env = TestEnv::new("fifo-ghost-user");
+    let mut v = Victim::spawn_as(&env, "fifo", &["ghost"], test_user());
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    restore_and_check(&env, &v);
+}

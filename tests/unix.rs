@@ -172,20 +172,23 @@ fn credentials_of_queued_messages_are_the_senders() {
     restore_and_check(&env, &v);
 }
 
-/// A socket in flight with a file in flight on it is refused by name,
-/// and the victim later receives both intact (the peeks took nothing).
+/// A socket in flight with a file in flight on it (nested SCM_RIGHTS):
+/// left in place by a dump leaving the tree running, and after a dump with
+/// `--kill` both come back in their messages, the pipe end still the
+/// pipe's, the socket still its pair's other end.
 #[test]
-fn nested_fds_in_flight_are_refused_and_left_in_place() {
+fn nested_fds_in_flight_come_back() {
     let env = TestEnv::new("unix-nested");
     let mut v = Victim::spawn(&env, "unix", &["nested"]);
     v.wait_ready();
-    let err = dump_expect_error(&env, &v);
-    assert!(
-        err.contains(&format!("pid {}", v.pid)) && err.contains("nested SCM_RIGHTS"),
-        "{err}"
-    );
-    assert!(!env.img.exists(), "failed dump left {}", env.img.display());
-    v.assert_unharmed_and_passes("after a refused dump");
+    dump(&env, &v, &[]);
+    v.assert_unharmed_and_passes("after a dump left running");
+
+    let env = TestEnv::new("unix-nested-kill");
+    let mut v = Victim::spawn(&env, "unix", &["nested"]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    restore_and_check(&env, &v);
 }
 
 /// An out-of-band byte would be peeked inline and come back inline:
@@ -279,19 +282,119 @@ fn an_outside_socket_declared_external_is_handed_over() {
 }
 
 /// Data a client sent on a connection not yet accepted sits on a socket
-/// no fd reaches, and reading it would accept the connection: refused by
-/// name; after go the listener accepts it with its data.
+/// no fd reaches, which only accepting shows: a dump leaving the tree
+/// running refuses it by name and leaves it in place; a dump with `--kill`
+/// takes it, and after restore the listener accepts the connections in
+/// order, each with its data and message boundaries, still connected to
+/// its client.
 #[test]
-fn data_on_a_connection_not_yet_accepted_is_refused() {
+fn data_on_a_connection_not_yet_accepted_comes_back_after_a_kill() {
     let env = TestEnv::new("unix-pendingdata");
     let mut v = Victim::spawn(&env, "unix", &["pendingdata"]);
     v.wait_ready();
     let err = dump_expect_error(&env, &v);
     assert!(
-        err.contains(&format!("pid {}", v.pid)) && err.contains("not yet accepted"),
+        err.contains(&format!("pid {}", v.pid))
+            && err.contains("not yet accepted")
+            && err.contains("--kill"),
         "{err}"
     );
+    assert!(!env.img.exists(), "failed dump left {}", env.img.display());
     v.assert_unharmed_and_passes("after a refused dump");
+
+    let env = TestEnv::new("unix-pendingdata-kill");
+    let mut v = Victim::spawn(&env, "unix", &["pendingdata"]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    let json = show_json(&env);
+    let objects: Vec<String> = fds_of_kind(&json, "unix")
+        .iter()
+        .filter_map(|f| f["object"].as_str().map(str::to_owned))
+        .collect();
+    for what in [
+        "messages 10 bytes before accept",
+        "sent 2 messages 9 bytes before accept",
+    ] {
+        assert!(
+            objects.iter().any(|o| o.contains(what)),
+            "no `{what}` in {objects:?}"
+        );
+    }
+    restore_and_check(&env, &v);
+}
+
+/// A dump with `--kill` refused for something else takes no connection
+/// first: the listener later accepts each, with its data, as if no dump
+/// had been tried.
+#[test]
+fn a_refused_kill_dump_leaves_unaccepted_connections_in_place() {
+    let env = TestEnv::new("unix-pendingdata-refused");
+    let mut v = Victim::spawn(&env, "unix", &["pendingdata", "refused"]);
+    v.wait_ready();
+    let err = dump_outcome(&env, &v, &["--kill"]).assert_error();
+    assert!(err.contains("out-of-band data queued (MSG_OOB)"), "{err}");
+    assert!(!env.img.exists(), "failed dump left {}", env.img.display());
+    v.assert_unharmed_and_passes("after a refused dump with --kill");
+}
+
+/// Names unlinked since bind are connected to again through the socket
+/// file (a listener's pending connection, a datagram socket connected one
+/// way, a bound socket's queue) and stay unlinked; a bound datagram pair
+/// connected both ways keeps both names (victim mode `names`).
+#[test]
+fn unlinked_names_and_bound_datagram_pairs_come_back() {
+    let env = TestEnv::new("unix-names");
+    let mut v = Victim::spawn(&env, "unix", &["names"]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    restore_and_check(&env, &v);
+}
+
+/// The same names and connections of an ordinary user's, and the data its
+/// clients sent before accept, made again with that user's rights.
+#[test]
+fn an_unprivileged_users_unlinked_names_and_unaccepted_data_come_back() {
+    for (test, mode) in [
+        ("unix-names-user", "names"),
+        ("unix-pendingdata-user", "pendingdata"),
+    ] {
+        let env = TestEnv::new(test);
+        let mut v = Victim::spawn_as(&env, "unix", &[mode], test_user());
+        v.wait_ready();
+        dump_kill_reap(&env, &mut v);
+        restore_and_check(&env, &v);
+    }
+}
+
+/// A stale socket file at a bound path is replaced only when its owner
+/// is the one the image records for the socket file (here a user root
+/// gave it to), not the restoring process's: one of another owner fails
+/// the restore naming the path and stays; the dumped process's own stale
+/// socket, that user's, is replaced and the name bound again.
+#[test]
+fn a_stale_socket_is_replaced_only_when_its_owner_is_the_recorded_one() {
+    let env = TestEnv::new("unix-stale-owner");
+    let user = test_user();
+    let uid = user.uid.to_string();
+    let mut v = Victim::spawn(&env, "unix", &["listen", &uid]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+
+    let path = v.path("srv.sock");
+    let stale = std::fs::symlink_metadata(&path).expect("the killed listener's socket file");
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&stale), user.uid);
+    std::os::unix::fs::chown(&path, Some(0), Some(0)).expect("chown to root");
+    let err = restore_expect_error(&env);
+    assert!(
+        err.contains(path_str(&path)) && err.contains(&format!("not a socket file of uid {uid}")),
+        "{err}"
+    );
+    let meta = std::fs::symlink_metadata(&path).expect("root's socket is still there");
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), 0);
+    assert!(!pid_exists(v.pid), "a half-restored process survived");
+
+    std::os::unix::fs::chown(&path, Some(user.uid), None).expect("chown back");
+    restore_and_check(&env, &v);
 }
 
 /// Restore binds a socket path only in place of a stale socket of the

@@ -199,6 +199,8 @@ pub(crate) fn tree(frozen: &mut Frozen, opts: &WriteOptions<'_>) -> Result<Colle
     let mut all = frozen.blockers.clone();
     all.extend(blockers);
     all.into_result()?;
+    // Only now, nothing refusing the dump: this cannot be given back.
+    namespaces.in_net(root, || fd::take_unaccepted(&mut files))?;
     Ok(CollectedTree {
         procs,
         threads,
@@ -260,6 +262,7 @@ fn collect_files(
             &procs.iter().map(|c| c.pid).collect::<Vec<_>>(),
             opts.externals,
             &|pid, fd| kept.get(&pid) == Some(&fd),
+            opts.kill_after,
             blockers,
         )
     })

@@ -108,6 +108,11 @@ pub struct WriteOptions<'a> {
     /// Memory reserved before the freeze for the pages a `--prev
     /// --background` dump reads while frozen ([`HeldMemory::for_dump`](crate::HeldMemory::for_dump)).
     pub held: Option<&'a HeldMemory>,
+    /// The tree is killed once this dump commits (`--kill`): the dump may
+    /// then take what it cannot give back, the connections a UNIX
+    /// listener has not accepted, whose data only accepting shows. A dump
+    /// that fails after taking them leaves the tree running without them.
+    pub kill_after: bool,
 }
 
 /// Name of the dump's log in the checkpoint directory.

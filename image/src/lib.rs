@@ -13,6 +13,7 @@
 //! DIR/files.img        header + Files: every open file description, once
 //! DIR/ghost-ID.img     data extents of open-but-unlinked file ID
 //! DIR/unix-ID.img      messages queued for UNIX socket (open file) ID
+//! DIR/unix-unaccepted-ID.img  messages UNIX socket ID sent on a connection not yet accepted
 //! DIR/pipe-ID.img      raw data buffered in pipe ID
 //! DIR/ipc.img         header + Ipc: the SysV IPC objects of the job (when it has any)
 //! DIR/ipc-shm-ID.img  raw contents of SysV shared memory segment ID (its saved pages)
@@ -120,6 +121,12 @@ pub fn pipe_data_name(pipe_id: u64) -> String {
 /// File name of the messages queued for UNIX socket `file_id` to read.
 pub fn unix_queue_name(file_id: u64) -> String {
     format!("unix-{file_id}.img")
+}
+
+/// File name of the messages UNIX socket `file_id` sent on a connection
+/// its listener had not accepted.
+pub fn unix_unaccepted_name(file_id: u64) -> String {
+    format!("unix-unaccepted-{file_id}.img")
 }
 
 /// File name of the data buffered in the FIFO on device `dev`, inode

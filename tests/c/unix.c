@@ -39,21 +39,35 @@
  * SO_PASSCRED; after go the first still has no credentials and the
  * second the child's.
  * `unix WORKDIR nested`: a socket in flight with a pipe end in flight on
- * it; the dump must be refused, and after go both arrive intact.
+ * it; after go both arrive, the pipe end still the pipe's and the socket
+ * still its pair's other end.
  * `unix WORKDIR outside`: a stream socket whose peer is held by an
  * orphaned grandchild (outside the tree); the dump must be refused, and
  * after go the pair still works both ways.
- * `unix WORKDIR pendingdata`: a client sent data on a connection its
- * listener has not accepted; the dump must be refused, and after go the
- * listener accepts it and gets the data.
+ * `unix WORKDIR pendingdata`: on a stream listener two connections
+ * pending, the first having sent data in two writes, the second nothing;
+ * on an abstract seqpacket listener one that sent two records. After go
+ * the listener accepts them in order, each with its data and boundaries,
+ * and each still talks with its client both ways. With `refused` also an
+ * out-of-band byte queued on a pair, which fails every dump.
+ * `unix WORKDIR names`: a listener whose path was unlinked, with a
+ * connection pending that sent data, and a new listener at that path; a
+ * bound datagram socket with a datagram queued, a socket connected to it
+ * one way and a bound one with a datagram queued for itself connected to
+ * it one way, its path unlinked; a datagram pair both bound and connected
+ * both ways, one path unlinked, a datagram queued each way. After go each
+ * keeps its name, the unlinked paths stay gone, the pending connection
+ * is the old listener's, the path leads to the new one, and every queued
+ * datagram arrives.
  * `unix WORKDIR oob`: a stream pair with "abc", an out-of-band "X" and
  * "def" queued; the dump must be refused, and after go the reader still
  * gets "abc", the urgent byte, then "def".
  * `unix WORKDIR netns`: a socket pair made in a network namespace of its
  * own (unshare, as root); after go (in whatever namespace the restore put
  * it) the pair still carries bytes.
- * `unix WORKDIR listen`: only a listener at WORKDIR/srv.sock; after go it
- * still has its name and serves a new connection.
+ * `unix WORKDIR listen [UID]`: only a listener at WORKDIR/srv.sock (its
+ * socket file given to UID); after go it still has its name (and owner)
+ * and serves a new connection.
  */
 #include "victim.h"
 
@@ -519,6 +533,11 @@ static void nested(void)
 	CHECK(recv_fds(outer[1], "s", 1, fds) == 1, "message with the socket lost");
 	int in = fds[0];
 	CHECK(in >= 0 && recv_fds(in, "p", 1, fds) == 1, "message in the socket in flight lost");
+	int rd = fds[0];
+	CHECK(rd >= 0 && write(pp[1], "z", 1) == 1 && read(rd, msgbuf, 1) == 1 && msgbuf[0] == 'z',
+	      "the pipe end in flight in the socket in flight is not the pipe's");
+	CHECK(in >= 0 && write(inner[1], "w", 1) == 1 && read_stream(in, "w", 1),
+	      "the socket in flight is no longer its pair's other end");
 	victim_finish();
 }
 
@@ -557,18 +576,142 @@ static void outside(void)
 	victim_finish();
 }
 
-static void pendingdata(void)
+static void pendingdata(int with_refused)
 {
+	/* Something every dump refuses (an out-of-band byte queued), so a
+	 * dump with --kill fails after the unix sockets are linked. */
+	int sv[2];
+	if (with_refused && (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) || send(sv[0], "X", 1, MSG_OOB) != 1))
+		die("out-of-band byte");
 	victim_path(srv_path, sizeof(srv_path), "srv.sock");
+	snprintf(abs_name, sizeof(abs_name), "ckpt-unix-test-pd-%d", (int)getpid());
 	int srv = listener(SOCK_STREAM, srv_path, 0);
-	int c = connect_to(SOCK_STREAM, srv_path, 0);
-	if (write(c, "early", 5) != 5)
-		die("write");
+	int sq = listener(SOCK_SEQPACKET, abs_name, 1);
+	/* Two connections pending in order: the first sent data in two
+	 * writes, the second nothing; a seqpacket one sent two records. */
+	int c1 = connect_to(SOCK_STREAM, srv_path, 0);
+	int c2 = connect_to(SOCK_STREAM, srv_path, 0);
+	int cs = connect_to(SOCK_SEQPACKET, abs_name, 1);
+	if (write(c1, "early", 5) != 5 || write(c1, "-more", 5) != 5 || send(cs, "one", 3, 0) != 3 ||
+	    send(cs, "second", 6, 0) != 6)
+		die("write before accept");
 
 	victim_ready_and_wait(NULL);
 
-	int conn = accept_wait(srv);
-	CHECK(conn >= 0 && read_stream(conn, "early", 5), "the data sent before accept was lost");
+	int conn1 = accept_wait(srv);
+	CHECK(conn1 >= 0 && read_stream(conn1, "early-more", 10), "the data sent before accept was lost");
+	CHECK(conn1 >= 0 && write(conn1, "reply", 5) == 5 && read_stream(c1, "reply", 5),
+	      "the first client no longer hears the connection it opened");
+	CHECK(conn1 >= 0 && write(c1, "late", 4) == 4 && read_stream(conn1, "late", 4),
+	      "the first client can no longer send on its connection");
+	int conn2 = accept_wait(srv);
+	CHECK(conn2 >= 0 && write(c2, "two", 3) == 3 && read_stream(conn2, "two", 3),
+	      "the second pending connection (no data) is not the next accepted");
+	struct pollfd more = { .fd = srv, .events = POLLIN };
+	CHECK(poll(&more, 1, 100) == 0, "a third connection appeared on the listener");
+	int sconn = accept_wait(sq);
+	char rec[16];
+	CHECK(sconn >= 0 && recv_wait(sconn, rec, sizeof(rec), 0) == 3 && memcmp(rec, "one", 3) == 0,
+	      "the first record sent before accept");
+	CHECK(sconn >= 0 && recv_wait(sconn, rec, sizeof(rec), 0) == 6 && memcmp(rec, "second", 6) == 0,
+	      "the second record sent before accept");
+	CHECK(sconn >= 0 && send(sconn, "ok", 2, 0) == 2 && recv_wait(cs, rec, sizeof(rec), 0) == 2,
+	      "the seqpacket client no longer hears its connection");
+	victim_finish();
+}
+
+static int bound_dgram(const char *path)
+{
+	struct sockaddr_un a;
+	socklen_t len = unix_addr(&a, path, 0);
+	int s = socket(AF_UNIX, SOCK_DGRAM, 0);
+	if (s < 0 || bind(s, (struct sockaddr *)&a, len))
+		die("bound datagram socket");
+	return s;
+}
+
+static int gone(const char *path)
+{
+	struct stat st;
+	return lstat(path, &st) != 0 && errno == ENOENT;
+}
+
+static void names(void)
+{
+	char old_path[PATH_MAX], dg_path[PATH_MAX], a_path[PATH_MAX], b_path[PATH_MAX];
+	victim_path(old_path, sizeof(old_path), "old.sock");
+	victim_path(dg_path, sizeof(dg_path), "dg.sock");
+	victim_path(a_path, sizeof(a_path), "pair-a.sock");
+	victim_path(b_path, sizeof(b_path), "pair-b.sock");
+	/* A listener with a pending connection (which sent data), its path
+	 * unlinked, then a new listener at the same path. */
+	int old = listener(SOCK_STREAM, old_path, 0);
+	int c = connect_to(SOCK_STREAM, old_path, 0);
+	if (write(c, "hi", 2) != 2 || unlink(old_path))
+		die("unlinked listener");
+	int fresh = listener(SOCK_STREAM, old_path, 0);
+	/* A bound datagram socket with a datagram queued, a socket connected
+	 * to it one way, then its path unlinked. */
+	int d = bound_dgram(dg_path);
+	int dc = connect_to(SOCK_DGRAM, dg_path, 0);
+	/* A bound datagram socket with a datagram queued for it, connected
+	 * one way to the same one. */
+	char own_path[PATH_MAX];
+	victim_path(own_path, sizeof(own_path), "own.sock");
+	int own = bound_dgram(own_path);
+	struct sockaddr_un ao, ad;
+	socklen_t lo = unix_addr(&ao, own_path, 0), ld = unix_addr(&ad, dg_path, 0);
+	if (sendto(d, "for-own", 7, 0, (struct sockaddr *)&ao, lo) != 7 ||
+	    connect(own, (struct sockaddr *)&ad, ld))
+		die("own datagram socket");
+	if (send(dc, "q1", 2, 0) != 2 || unlink(dg_path))
+		die("unlinked datagram socket");
+	/* A datagram pair, both bound, connected both ways, one name
+	 * unlinked, a datagram queued each way. */
+	int pa = bound_dgram(a_path), pb = bound_dgram(b_path);
+	struct sockaddr_un aa, ab;
+	socklen_t la = unix_addr(&aa, a_path, 0), lb = unix_addr(&ab, b_path, 0);
+	if (connect(pa, (struct sockaddr *)&ab, lb) || connect(pb, (struct sockaddr *)&aa, la) ||
+	    send(pa, "to-b", 4, 0) != 4 || send(pb, "to-a", 4, 0) != 4 || unlink(b_path))
+		die("bound pair");
+
+	victim_ready_and_wait(NULL);
+
+	CHECK(named(old, old_path, 0) && sock_int(old, SO_ACCEPTCONN) == 1, "unlinked listener lost its name");
+	int conn = accept_wait(old);
+	CHECK(conn >= 0 && read_stream(conn, "hi", 2), "the unlinked listener's pending connection");
+	CHECK(conn >= 0 && write(conn, "yo", 2) == 2 && read_stream(c, "yo", 2),
+	      "the client of the unlinked listener no longer hears its connection");
+	struct pollfd more = { .fd = fresh, .events = POLLIN };
+	CHECK(poll(&more, 1, 100) == 0, "the new listener at the path got the old one's connection");
+	int c2 = connect_to(SOCK_STREAM, old_path, 0);
+	int conn2 = accept_wait(fresh);
+	CHECK(conn2 >= 0 && write(c2, "new", 3) == 3 && read_stream(conn2, "new", 3),
+	      "the path no longer leads to the new listener");
+
+	char buf[16];
+	CHECK(named(d, dg_path, 0) && gone(dg_path), "unlinked datagram socket: name or path");
+	CHECK(recv_wait(d, buf, sizeof(buf), 0) == 2 && memcmp(buf, "q1", 2) == 0, "datagram queued before");
+	CHECK(send(dc, "q2", 2, 0) == 2 && recv_wait(d, buf, sizeof(buf), 0) == 2 && memcmp(buf, "q2", 2) == 0,
+	      "the one-way socket no longer reaches the unlinked one");
+	struct sockaddr_un got;
+	socklen_t glen = sizeof(got);
+	CHECK(getpeername(dc, (struct sockaddr *)&got, &glen) == 0 && strcmp(got.sun_path, dg_path) == 0,
+	      "the one-way socket's peer name");
+	CHECK(named(own, own_path, 0), "the bound one-way socket lost its name");
+	CHECK(recv_wait(own, buf, sizeof(buf), 0) == 7 && memcmp(buf, "for-own", 7) == 0,
+	      "the datagram queued for the bound one-way socket");
+	CHECK(send(own, "o2", 2, 0) == 2 && recv_wait(d, buf, sizeof(buf), 0) == 2 && memcmp(buf, "o2", 2) == 0,
+	      "the bound one-way socket no longer reaches the unlinked one");
+
+	CHECK(named(pa, a_path, 0) && named(pb, b_path, 0), "the bound pair lost its names");
+	CHECK(!gone(a_path) && gone(b_path), "the bound pair's paths: one linked, one unlinked");
+	CHECK(recv_wait(pb, buf, sizeof(buf), 0) == 4 && memcmp(buf, "to-b", 4) == 0, "datagram queued for b");
+	CHECK(recv_wait(pa, buf, sizeof(buf), 0) == 4 && memcmp(buf, "to-a", 4) == 0, "datagram queued for a");
+	glen = sizeof(got);
+	CHECK(getpeername(pa, (struct sockaddr *)&got, &glen) == 0 && strcmp(got.sun_path, b_path) == 0,
+	      "a's peer name");
+	CHECK(send(pa, "again", 5, 0) == 5 && recv_wait(pb, buf, sizeof(buf), 0) == 5, "the pair after restore");
 	victim_finish();
 }
 
@@ -600,14 +743,19 @@ static void netns(void)
 	victim_finish();
 }
 
-static void listen_only(void)
+static void listen_only(int owner)
 {
 	victim_path(srv_path, sizeof(srv_path), "srv.sock");
 	int srv = listener(SOCK_STREAM, srv_path, 0);
+	if (owner >= 0 && chown(srv_path, (uid_t)owner, (gid_t)-1))
+		die("chown the socket file");
 
 	victim_ready_and_wait(NULL);
 
 	CHECK(named(srv, srv_path, 0), "listener lost its name");
+	struct stat st;
+	CHECK(owner < 0 || (stat(srv_path, &st) == 0 && st.st_uid == (uid_t)owner),
+	      "the socket file's owner is not the one it was given");
 	int c = connect_to(SOCK_STREAM, srv_path, 0);
 	int conn = accept_wait(srv);
 	CHECK(conn >= 0 && write(c, "hi", 2) == 2 && read_stream(conn, "hi", 2), "new connection");
@@ -630,13 +778,15 @@ int main(int argc, char **argv)
 	if (argc > 2 && strcmp(argv[2], "outside") == 0)
 		outside();
 	if (argc > 2 && strcmp(argv[2], "pendingdata") == 0)
-		pendingdata();
+		pendingdata(argc > 3 && strcmp(argv[3], "refused") == 0);
 	if (argc > 2 && strcmp(argv[2], "oob") == 0)
 		oob();
+	if (argc > 2 && strcmp(argv[2], "names") == 0)
+		names();
 	if (argc > 2 && strcmp(argv[2], "netns") == 0)
 		netns();
 	if (argc > 2 && strcmp(argv[2], "listen") == 0)
-		listen_only();
+		listen_only(argc > 3 ? atoi(argv[3]) : -1);
 	if (socketpair(AF_UNIX, SOCK_STREAM, 0, st) || socketpair(AF_UNIX, SOCK_DGRAM, 0, dg) ||
 	    socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sq) || socketpair(AF_UNIX, SOCK_STREAM, 0, sh) ||
 	    socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, lo))

@@ -26,6 +26,8 @@ pub struct DumpArgs {
     leave_running: bool,
     /// Kill the process once the images are complete and synced (with
     /// --coord: once the epoch is committed, whatever the round says).
+    /// Lets the dump take what it cannot give back: the data a UNIX
+    /// client sent on a connection not yet accepted.
     #[arg(long)]
     kill: bool,
     /// How page data is stored: `auto` (the default) and `lz4` compress it
@@ -216,6 +218,7 @@ fn write_options<'a>(
         track: false,
         held: None,
         before_thaw: None,
+        kill_after: a.kill,
     }
 }
 

@@ -2,7 +2,9 @@
 //! its capacity, and the data buffered in it, copied once per FIFO without
 //! consuming it (as for pipes: `tee` from a read end reopened through
 //! `/proc/PID/fd/N`). Either end may be outside the tree: a FIFO has a
-//! name, so an outside peer reopens it by path after the restore.
+//! name, so an outside peer reopens it by path after the restore. A FIFO
+//! unlinked while open is recorded as such, with the name it had: restore
+//! makes it again, unlinked, in that directory.
 
 use std::os::unix::fs::MetadataExt;
 
@@ -25,7 +27,7 @@ impl FileDumper for Fifo {
     }
 
     fn description(&self) -> &'static str {
-        "named pipes (FIFOs) opened by path, with their buffered data; reopened at their path, which must still be the same FIFO"
+        "named pipes (FIFOs) opened by path, with their buffered data; reopened at their path, which must still be the same FIFO, or, unlinked while open, made again in their directory and unlinked"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -34,12 +36,19 @@ impl FileDumper for Fifo {
 
     fn collect(&self, p: &FdParams, _file_id: u64, blobs: &mut Blobs) -> Result<Kind> {
         let m = &p.meta;
-        // Restore reopens a FIFO by its name and never creates one, so a
-        // FIFO without a name cannot come back.
-        if m.nlink() == 0 || !p.link.starts_with('/') {
+        // A FIFO unlinked while open is made again under its directory
+        // at restore; one with no path at all (on a filesystem not
+        // reachable from the root) cannot be.
+        let unlinked = m.nlink() == 0;
+        let path = if unlinked {
+            p.link.strip_suffix(DELETED).unwrap_or(&p.link)
+        } else {
+            &p.link
+        };
+        if !path.starts_with('/') {
             return Err(p.unsupported(&format!(
-                "named pipe (FIFO) {} was unlinked while open",
-                p.link.trim_end_matches(DELETED)
+                "named pipe (FIFO) {} has no path to make it again at",
+                p.link
             )));
         }
         let data = ckpt_image::fifo_data_name(m.dev(), m.ino());
@@ -49,7 +58,7 @@ impl FileDumper for Fifo {
             blobs.add(data.clone(), buffered.data);
         }
         Ok(Kind::Fifo(FifoFile {
-            path: p.link.clone(),
+            path: path.to_owned(),
             mode: m.mode(),
             uid: m.uid(),
             gid: m.gid(),
@@ -57,6 +66,7 @@ impl FileDumper for Fifo {
             ino: m.ino(),
             capacity: buffered.capacity,
             data,
+            unlinked,
         }))
     }
 }

@@ -28,8 +28,9 @@ mod tty;
 mod unix;
 
 pub use pty::link_controlling_terminals;
+pub use unix::take_unaccepted;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::os::unix::fs::MetadataExt;
 
 use ckpt_image::fd::{Fd, FdTable, File, Files, file};
@@ -84,15 +85,15 @@ pub static REFUSED: &[(&str, &str)] = &[
     ),
     (
         "unix data before accept",
-        "data a client sent on a UNIX connection its listener has not accepted (the kernel shows it only by accepting), or a pending connection from outside the tree",
+        "data a client sent on a UNIX connection its listener has not accepted, in a dump that leaves the tree running (the kernel shows it only by accepting; a dump with --kill takes it), or sent there with files or credentials; a pending connection from outside the tree",
     ),
     (
         "unix datagram connected one way",
-        "a UNIX datagram socket connected one way to a socket without a name to connect to again, restored after it, or with datagrams queued for it; a bound datagram socket also connected both ways",
+        "a UNIX datagram socket connected one way to a socket without a name, or restored after it, or with datagrams queued for itself and no name of its own",
     ),
     (
         "unix nested fds in flight",
-        "a UNIX socket queued in an SCM_RIGHTS message that has file descriptors in flight itself; a file in flight of a kind ckpt refuses (named with its kind); a message credited (SO_PASSCRED) to a process outside the tree, or in a tree with a PID namespace of its own",
+        "a file in flight (SCM_RIGHTS, also in a socket in flight) of a kind ckpt refuses (named with its kind); a message credited (SO_PASSCRED) to a process outside the tree, or in a tree with a PID namespace of its own",
     ),
     (
         "pipe to outside the tree",
@@ -331,6 +332,13 @@ pub struct TreeFiles {
     pub files: Files,
     /// Raw images (ghost contents, pipe buffers).
     pub blobs: Blobs,
+    /// The tree is killed once this dump commits: a kind may take what it
+    /// cannot give back (a UNIX connection's data before accept).
+    pub killed_after: bool,
+    /// UNIX listeners (file ids) whose pending connections carry data the
+    /// dump takes by accepting them ([`take_unaccepted`]), once nothing
+    /// refuses the dump.
+    pub unaccepted_listeners: BTreeSet<u64>,
 }
 
 impl TreeFiles {
@@ -394,17 +402,21 @@ struct Inode {
 /// Collects the fd tables of a frozen tree (`pids` in tree order, parents
 /// first) and every open file description behind them, once; fds for
 /// which `ckpts_own(pid, fd)` holds (write tracking ckpt left there) are
-/// not the job's and are left out.
+/// not the job's and are left out; `killed_after`: see
+/// [`TreeFiles::killed_after`].
 pub fn collect_tree(
     pids: &[i32],
     externals: &[String],
     ckpts_own: &dyn Fn(i32, i32) -> bool,
+    killed_after: bool,
     blockers: &mut Blockers,
 ) -> Result<TreeFiles> {
     let mut out = TreeFiles {
         tables: Vec::new(),
         files: Files::default(),
         blobs: Blobs::default(),
+        killed_after,
+        unaccepted_listeners: BTreeSet::new(),
     };
     let mut seen: HashMap<Inode, Vec<Holder>> = HashMap::new();
     let mut seen_locks = lock::SeenLocks::default();

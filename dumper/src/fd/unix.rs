@@ -11,17 +11,22 @@
 //! or a client and the connection a server accepted), of every type, with
 //! the data queued in both directions; sockets whose peer closed;
 //! listeners (path or abstract name, unlinked or not) with the
-//! connections not yet accepted whose clients are in the tree; bound
-//! sockets, a bound datagram socket with its queue, and datagram sockets
-//! connected one way to one in the tree; the files queued messages carry
+//! connections not yet accepted whose clients are in the tree (and, in a
+//! dump that kills the tree, the data they sent, see `unaccepted`); bound
+//! sockets (a name unlinked since bind too), a bound datagram socket with
+//! its queue, datagram sockets connected one way to one in the tree, and
+//! datagram pairs whose ends are bound; the files queued messages carry
 //! (SCM_RIGHTS, see `link_in_flight`) and their senders' credentials
 //! (SO_PASSCRED); empty datagrams; sockets never bound nor connected.
+//! Sockets in flight with files in flight themselves (nested SCM_RIGHTS)
+//! are walked the same way, to any depth.
 //! Refused by name: a peer outside the tree, data sent on a connection
-//! not yet accepted, a socket in flight with files in flight itself,
+//! not yet accepted by a dump leaving the tree running,
 //! sockets in another network namespace, and the rarer shapes listed in
 //! `link_tree`.
 
 mod diag;
+mod unaccepted;
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -60,7 +65,7 @@ impl FileDumper for Unix {
     }
 
     fn description(&self) -> &'static str {
-        "UNIX sockets (stream, datagram, seqpacket): pairs within the tree with the data queued both ways, the files in flight (SCM_RIGHTS) and senders' credentials (SO_PASSCRED) of queued messages, listeners on a path or abstract name with their pending connections, bound, one-way datagram and never connected sockets; shutdown state and options"
+        "UNIX sockets (stream, datagram, seqpacket): pairs within the tree with the data queued both ways, the files in flight (SCM_RIGHTS) and senders' credentials (SO_PASSCRED) of queued messages, listeners on a path or abstract name with their pending connections (and, with --kill, the data sent on them), bound, one-way datagram and never connected sockets; shutdown state and options"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -124,6 +129,8 @@ impl FileDumper for Unix {
             connect_to_file_id: 0,
             peer_closed: false,
             ancillary: queue.ancillary,
+            // Taken once the whole tree is seen (link_tree).
+            unaccepted_queue: Vec::new(),
         };
         // The files in flight are identified once the whole tree is seen.
         if image.has_files_in_flight() {
@@ -150,8 +157,23 @@ impl FileDumper for Unix {
         })?;
         let links = Linker::new(tree, &holders, &kernel).links()?;
         apply_links(tree, &links);
+        tree.unaccepted_listeners = links
+            .values()
+            .filter(|l| l.sent_before_accept)
+            .map(|l| l.connect_to)
+            .collect();
         Ok(())
     }
+}
+
+/// Takes the data clients of the tree sent on connections their listener
+/// had not accepted (`TreeFiles::unaccepted_listeners`), by accepting
+/// them: called once the whole tree is known to be saved, in the tree's
+/// network namespace, since nothing gives those connections back.
+pub fn take_unaccepted(tree: &mut TreeFiles) -> Result<()> {
+    let listeners = std::mem::take(&mut tree.unaccepted_listeners);
+    let holders = first_holders(tree);
+    unaccepted::take(tree, &holders, &listeners)
 }
 
 /// Refuses a queued message whose sender's credentials (kept for a socket
@@ -187,7 +209,7 @@ fn check_senders(tree: &TreeFiles) -> Result<()> {
 /// ckpt's copies of the files, kept from the peeks of `collect`, close
 /// when this returns.
 fn link_in_flight(tree: &mut TreeFiles) -> Result<()> {
-    let carriers: Vec<(u64, Holder)> = first_holders(tree)
+    let mut carriers: std::collections::VecDeque<(u64, Holder)> = first_holders(tree)
         .into_iter()
         .filter(|(id, _)| {
             matches!(&tree.file(*id).kind, Some(Kind::Unix(u)) if u.has_files_in_flight())
@@ -197,7 +219,9 @@ fn link_in_flight(tree: &mut TreeFiles) -> Result<()> {
         return Ok(());
     }
     let mut known = KnownFiles::of(tree)?;
-    for (file_id, h) in carriers {
+    // A socket in flight with files in flight itself joins the carriers
+    // (nested SCM_RIGHTS): its files are opened by the same process.
+    while let Some((file_id, h)) = carriers.pop_front() {
         let Some(files) = tree.blobs.take_in_flight(file_id) else {
             continue;
         };
@@ -216,6 +240,7 @@ fn link_in_flight(tree: &mut TreeFiles) -> Result<()> {
         for (a, these) in u.ancillary.iter_mut().zip(ids) {
             a.file_ids = these;
         }
+        carriers.extend(known.nested.drain(..));
     }
     Ok(())
 }
@@ -228,6 +253,9 @@ struct KnownFiles {
     /// Files collected from ckpt's copy of a file in flight, with that
     /// copy (compared with `kcmp`).
     in_flight: Vec<(OwnedFd, u64)>,
+    /// Sockets found in flight that carry files in flight themselves, not
+    /// yet walked, with the fd their files arrive through.
+    nested: Vec<(u64, Holder)>,
 }
 
 impl KnownFiles {
@@ -244,6 +272,7 @@ impl KnownFiles {
         Ok(KnownFiles {
             by_inode,
             in_flight: Vec::new(),
+            nested: Vec::new(),
         })
     }
 
@@ -290,9 +319,13 @@ impl KnownFiles {
         if let Kind::Unix(u) = &kind
             && u.has_files_in_flight()
         {
-            return Err(refuse(
-                to,
-                "unix socket has a unix socket in flight that has file descriptors in flight itself (nested SCM_RIGHTS)".into(),
+            self.nested.push((
+                id,
+                Holder {
+                    pid: to.pid,
+                    fd: to.fd,
+                    file_id: id,
+                },
             ));
         }
         let file = ckpt_image::fd::File {
@@ -431,14 +464,13 @@ impl<'t> Linker<'t> {
             let listener = self.unaccepted(h, u, me)?;
             *pending.entry(listener).or_default() += 1;
             link.connect_to = listener;
+            link.sent_before_accept = me.wqueue != 0;
         } else if me.state == diag::TCP_ESTABLISHED && u.connected {
             // Its peer closed: the socket keeps its queue and shutdown.
             // (A datagram socket others connected to is ESTABLISHED
             // too, but has no peer of its own.)
             link.peer_closed = true;
-        } else if !u.queue.is_empty()
-            && (stream || u.name.is_empty() || u.bound.as_ref().is_some_and(|b| b.unlinked))
-        {
+        } else if !u.queue.is_empty() && (stream || u.name.is_empty()) {
             return Err(refuse(
                 h,
                 "unix socket with data queued, not connected and no name to send it to again"
@@ -475,15 +507,6 @@ impl<'t> Linker<'t> {
             link.connect_to = self.one_way(h, u, me, peer_file, stream)?;
             return Ok(Some(link));
         }
-        if !stream && !u.name.is_empty() {
-            return Err(refuse(
-                h,
-                format!(
-                    "unix datagram socket bound to {} and connected both ways",
-                    printable(&u.name)
-                ),
-            ));
-        }
         link.peer = Some((peer_file, me.peer));
         Ok(Some(link))
     }
@@ -504,8 +527,9 @@ impl<'t> Linker<'t> {
             .iter()
             .find(|(id, _)| *id == peer_file)
             .map(|(_, t)| t);
-        let reachable = target
-            .is_some_and(|t| !t.name.is_empty() && !t.bound.as_ref().is_some_and(|b| b.unlinked));
+        // A path unlinked since bind is reached again through the socket
+        // file restore keeps open.
+        let reachable = target.is_some_and(|t| !t.name.is_empty());
         if stream || !reachable {
             return Err(refuse(
                 h,
@@ -515,11 +539,12 @@ impl<'t> Linker<'t> {
                 ),
             ));
         }
-        if !u.queue.is_empty() {
+        // Its own queue is sent again to its name before it connects.
+        if !u.queue.is_empty() && u.name.is_empty() {
             return Err(refuse(
                 h,
                 format!(
-                    "unix datagram socket connected one way to {} with datagrams queued for it",
+                    "unix datagram socket connected one way to {} with datagrams queued for it and no name of its own to send them to again",
                     printable(&u.peer_name)
                 ),
             ));
@@ -540,10 +565,16 @@ impl<'t> Linker<'t> {
     /// A stream socket connected to a connection its listener has not
     /// accepted: returns the listener's file id.
     fn unaccepted(&self, h: &Holder, u: &UnixSocketFile, me: &UnixDiag) -> Result<u64> {
-        let listener = self
-            .sockets
-            .iter()
-            .find(|(_, l)| l.listening && !l.name.is_empty() && l.name == u.peer_name);
+        // The listener whose queue holds it: by the kernel's list, not by
+        // name (a name unlinked may since name another listener).
+        let listener = self.sockets.iter().find(|(_, l)| {
+            l.listening
+                && !l.name.is_empty()
+                && self
+                    .kernel
+                    .get(&l.ino)
+                    .is_some_and(|k| k.pending_clients.contains(&u.ino))
+        });
         let Some((listener_id, _)) = listener else {
             return Err(refuse(
                 h,
@@ -563,22 +594,11 @@ impl<'t> Linker<'t> {
                 ),
             ));
         }
-        if me.wqueue != 0 {
+        if me.wqueue != 0 && !self.tree.killed_after {
             return Err(refuse(
                 h,
                 format!(
-                    "unix socket sent data on a connection to {} not yet accepted (the kernel cannot show it without accepting)",
-                    printable(&u.peer_name)
-                ),
-            ));
-        }
-        if let Some(Kind::Unix(l)) = &self.tree.file(*listener_id).kind
-            && l.bound.as_ref().is_some_and(|b| b.unlinked)
-        {
-            return Err(refuse(
-                h,
-                format!(
-                    "unix socket with a connection not yet accepted by {} (whose name was unlinked)",
+                    "unix socket sent data on a connection to {} not yet accepted (the kernel shows it only by accepting, which a dump leaving the tree running must not do; dump with --kill)",
                     printable(&u.peer_name)
                 ),
             ));
@@ -662,6 +682,9 @@ struct Link {
     connect_to: u64,
     /// Its peer has closed.
     peer_closed: bool,
+    /// A connection not yet accepted on which it sent data: its listener
+    /// is drained by [`take_unaccepted`].
+    sent_before_accept: bool,
 }
 
 /// The socket file of a path-bound socket: owner, mode, and whether the

@@ -4,6 +4,8 @@ mod handle;
 mod ipc;
 pub use handle::*;
 pub use ipc::*;
+mod socket;
+pub use socket::*;
 
 /// `kcmp` type: compare two file descriptors' open file descriptions.
 const KCMP_FILE: libc::c_int = 0;

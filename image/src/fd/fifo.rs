@@ -6,6 +6,11 @@ pub use crate::pb::FifoFile;
 
 impl super::Describe for FifoFile {
     fn describe(&self) -> String {
-        format!("fifo {} capacity {}", self.path, self.capacity)
+        format!(
+            "fifo {}{} capacity {}",
+            self.path,
+            if self.unlinked { " (unlinked)" } else { "" },
+            self.capacity
+        )
     }
 }

@@ -1,6 +1,8 @@
 //! UNIX domain sockets: type, peer (by file id), address, shutdown state,
 //! options, and the messages queued for the socket to read (raw image
-//! `unix-FILE_ID.img`, see [`crate::unix_queue_name`]).
+//! `unix-FILE_ID.img`, see [`crate::unix_queue_name`]) or, on a
+//! connection not yet accepted, those it sent (`unix-unaccepted-FILE_ID.img`,
+//! [`crate::unix_unaccepted_name`]).
 //!
 //! The message is defined in `image/proto/fd_unix.proto`.
 
@@ -86,19 +88,6 @@ impl UnixSocketFile {
     /// Splits the queue image `data` into the queued messages, in order,
     /// after checking it holds exactly the listed lengths.
     pub fn messages<'d>(&self, data: &'d [u8]) -> Result<Vec<&'d [u8]>, QueueError> {
-        if data.len() > MAX_QUEUE_BYTES || self.queue.len() > MAX_QUEUE_MESSAGES {
-            return Err(QueueError::TooLarge {
-                messages: self.queue.len(),
-                bytes: data.len(),
-            });
-        }
-        let listed: u64 = self.queue.iter().map(|&l| u64::from(l)).sum();
-        if listed != data.len() as u64 {
-            return Err(QueueError::Length {
-                listed,
-                held: data.len() as u64,
-            });
-        }
         if !self.ancillary.is_empty() && self.ancillary.len() != self.queue.len() {
             return Err(QueueError::Ancillary {
                 listed: self.ancillary.len(),
@@ -114,15 +103,40 @@ impl UnixSocketFile {
                 files: a.file_ids.len(),
             });
         }
-        let mut rest = data;
-        let mut out = Vec::with_capacity(self.queue.len());
-        for &len in &self.queue {
-            let (m, tail) = rest.split_at(len as usize);
-            out.push(m);
-            rest = tail;
-        }
-        Ok(out)
+        split(&self.queue, data)
     }
+
+    /// Splits the image of the messages it sent on a connection not yet
+    /// accepted (`unaccepted_queue`) likewise.
+    pub fn unaccepted_messages<'d>(&self, data: &'d [u8]) -> Result<Vec<&'d [u8]>, QueueError> {
+        split(&self.unaccepted_queue, data)
+    }
+}
+
+/// Splits `data` into messages of `lengths`, checking it holds exactly
+/// them and stays within the bounds ckpt accepts.
+fn split<'d>(lengths: &[u32], data: &'d [u8]) -> Result<Vec<&'d [u8]>, QueueError> {
+    if data.len() > MAX_QUEUE_BYTES || lengths.len() > MAX_QUEUE_MESSAGES {
+        return Err(QueueError::TooLarge {
+            messages: lengths.len(),
+            bytes: data.len(),
+        });
+    }
+    let listed: u64 = lengths.iter().map(|&l| u64::from(l)).sum();
+    if listed != data.len() as u64 {
+        return Err(QueueError::Length {
+            listed,
+            held: data.len() as u64,
+        });
+    }
+    let mut rest = data;
+    let mut out = Vec::with_capacity(lengths.len());
+    for &len in lengths {
+        let (m, tail) = rest.split_at(len as usize);
+        out.push(m);
+        rest = tail;
+    }
+    Ok(out)
 }
 
 impl UnixSocketFile {
@@ -168,6 +182,13 @@ impl super::Describe for UnixSocketFile {
                 },
                 self.connect_to_file_id,
                 self.peer_name_printable()
+            );
+        }
+        if !self.unaccepted_queue.is_empty() {
+            let sent: u64 = self.unaccepted_queue.iter().map(|&l| u64::from(l)).sum();
+            s += &format!(
+                " sent {} messages {sent} bytes before accept",
+                self.unaccepted_queue.len()
             );
         }
         if self.peer_closed {
@@ -223,6 +244,29 @@ mod tests {
             ..Default::default()
         };
         assert!(huge.messages(b"").is_err());
+    }
+
+    #[test]
+    fn data_sent_before_accept_splits_by_its_own_lengths() {
+        let s = UnixSocketFile {
+            queue: vec![],
+            unaccepted_queue: vec![5, 3],
+            ..Default::default()
+        };
+        assert_eq!(
+            s.unaccepted_messages(b"earlyone").unwrap(),
+            vec![&b"early"[..], &b"one"[..]]
+        );
+        assert_eq!(
+            s.unaccepted_messages(b"early"),
+            Err(QueueError::Length { listed: 8, held: 5 })
+        );
+        assert!(s.messages(b"").unwrap().is_empty());
+        use crate::fd::Describe;
+        assert!(
+            s.describe()
+                .contains("sent 2 messages 8 bytes before accept")
+        );
     }
 
     #[test]

@@ -12,6 +12,9 @@
 //! O_NONBLOCK`, which never blocks either. The file status flags are the
 //! dumped ones at the end.
 //!
+//! A FIFO unlinked while open is made again, as CRIU does for ghost
+//! files: see [`ghost`].
+//!
 //! The data buffered at dump time is written back once per FIFO, by the
 //! first description restored. If the other end was outside the tree, the
 //! outside peer reopens the FIFO by path and finds that data there.
@@ -27,6 +30,8 @@ use ckpt_parasite::ParasiteError;
 use ckpt_parasite::remote::Remote;
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, fcntl};
+
+mod ghost;
 
 use super::{Context, FileRestorer, set_status_flags};
 use crate::error::{RestoreError, Result};
@@ -53,6 +58,9 @@ impl FileRestorer for Fifo {
         image: &FifoFile,
         fd: i32,
     ) -> Result<i32> {
+        if image.unlinked {
+            return ghost::open(cx, r, file, image, fd);
+        }
         let pid = cx.pid();
         let changed = |what: String| RestoreError::fd_changed(pid, fd, &image.path, what);
         let dumped_access = file.flags as i32 & ACCESS_MODE;
@@ -128,6 +136,22 @@ fn settle(
         .checks
         .verify(&opened, &want)
         .map_err(|m| Settle::Mismatch(m.0))?;
+    finish(cx, r, file, image, got, dumped_access)
+}
+
+/// Refills the FIFO opened at `got` if it is the first of its FIFO, gives
+/// it the dumped access mode and status flags; returns the process's fd
+/// of the final description.
+fn finish(
+    cx: &mut Context<'_, '_>,
+    r: &Remote<'_>,
+    file: &File,
+    image: &FifoFile,
+    got: i32,
+    dumped_access: i32,
+) -> std::result::Result<i32, Settle> {
+    let pid = cx.pid();
+    let opened = std::path::PathBuf::from(format!("/proc/{pid}/fd/{got}"));
     if !cx.state::<Refilled>().0.contains(&image.data) {
         refill(cx, image, &opened)?;
         cx.state::<Refilled>().0.insert(image.data.clone());

@@ -12,11 +12,12 @@
 //! Other sockets are made with `socket` inside their process, bound to
 //! their name (a path under the rules of [`bind`]: the process's own
 //! rights, a parent not reached through a link, only a stale socket of
-//! the same user replaced, the recorded owner and mode set last), listening with their backlog, a bound
+//! the recorded owner replaced, the recorded owner and mode set last), listening with their backlog, a bound
 //! datagram socket refilled from a socket connected to its name
 //! ([`refill_by_name`]). Connections not yet accepted and datagram
 //! sockets connected one way connect again by name in the last pass
-//! ([`UnixConnect`]).
+//! ([`UnixConnect`]); a client sends again what it had sent before its
+//! connection was accepted.
 //!
 //! Queued messages carry their senders' credentials again when dumped
 //! (SO_PASSCRED; the restorer names them, for pids of the checkpoint
@@ -32,12 +33,15 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
 use ckpt_image::fd::File;
 use ckpt_image::fd::file::Kind;
 use ckpt_image::fd::unix::{UnixAncillary, UnixSocketFile};
 use nix::sys::socket::{Shutdown, shutdown};
+
+mod names;
+
+use names::{UnlinkedNames, bind, connect_again};
 
 use super::{Context, FileRestorer, set_status_flags, take_from};
 use crate::error::{RestoreError, Result};
@@ -95,9 +99,11 @@ impl FileRestorer for Unix {
                 );
             }
             let s = new_socket(r, sock_type, 0)?;
-            if !image.name.is_empty() {
-                bind(cx, r, s, image)?;
-            }
+            let file_of_name = if image.name.is_empty() {
+                None
+            } else {
+                bind(cx, r, s, image)?
+            };
             if image.listening {
                 r.call(
                     "listen",
@@ -107,7 +113,14 @@ impl FileRestorer for Unix {
             }
             let here = take_socket(pid, s)?;
             if !image.queue.is_empty() {
-                refill_by_name(cx, r, here.as_fd(), file.id, image, fd)?;
+                let to = Receiver {
+                    socket: here.as_fd(),
+                    file_of_name: file_of_name.as_ref(),
+                };
+                refill_by_name(cx, r, to, file.id, image, fd)?;
+            }
+            if let Some(f) = file_of_name {
+                cx.state::<UnlinkedNames>().0.insert(file.id, f);
             }
             configure(pid, here.as_fd(), image)?;
             s
@@ -138,7 +151,7 @@ impl FileRestorer for UnixConnect {
     ) -> Result<i32> {
         let pid = r.t.pid();
         let sock_type = checked_type(cx, image, fd)?;
-        match cx
+        let unlinked = match cx
             .shared
             .files
             .get(image.connect_to_file_id)
@@ -146,28 +159,82 @@ impl FileRestorer for UnixConnect {
         {
             Some(Kind::Unix(t))
                 if t.name == image.peer_name
-                    && (t.listening || t.sock_type == libc::SOCK_DGRAM as u32) => {}
+                    && (t.listening || t.sock_type == libc::SOCK_DGRAM as u32) =>
+            {
+                t.bound.as_ref().is_some_and(|b| b.unlinked)
+            }
             _ => {
                 return Err(cx.invalid(
                     fd,
                     "unix socket connects to a file that is not a listener or datagram socket of its peer's name",
                 ));
             }
-        }
+        };
         // Never block on a full backlog; the dumped flags come after.
-        let s = connected_socket(
-            cx,
-            r,
-            sock_type,
-            fd,
-            &image.peer_name,
-            "connect (pending unix connection)",
-        )?;
+        let s = new_socket(r, sock_type, libc::SOCK_NONBLOCK)?;
         let here = take_socket(pid, s)?;
+        // Its own name first, and the datagrams queued for it sent to
+        // that name while it is not connected yet (once connected, it
+        // takes datagrams from its peer only).
+        let file_of_name = if image.name.is_empty() {
+            None
+        } else {
+            bind(cx, r, s, image)?
+        };
+        if !image.queue.is_empty() {
+            if image.name.is_empty() || sock_type != libc::SOCK_DGRAM as u64 {
+                return Err(cx.invalid(
+                    fd,
+                    "unix socket connected one way with a queue but no name to refill it by",
+                ));
+            }
+            let to = Receiver {
+                socket: here.as_fd(),
+                file_of_name: file_of_name.as_ref(),
+            };
+            refill_by_name(cx, r, to, file.id, image, fd)?;
+        }
+        if let Some(f) = file_of_name {
+            cx.state::<UnlinkedNames>().0.insert(file.id, f);
+        }
+        connect_again(cx, r, s, image, unlinked, fd)?;
+        if !image.unaccepted_queue.is_empty() {
+            send_unaccepted(cx, pid, here.as_fd(), file.id, image, fd)?;
+        }
         configure(pid, here.as_fd(), image)?;
         set_status_flags(r, s, file.flags)?;
         Ok(s)
     }
+}
+
+/// Sends again what a client had sent on a connection its listener had
+/// not accepted, now that it is connected again: the listener's next
+/// accept finds it queued, as it was.
+fn send_unaccepted(
+    cx: &Context<'_, '_>,
+    pid: i32,
+    client: BorrowedFd<'_>,
+    file_id: u64,
+    image: &UnixSocketFile,
+    fd: i32,
+) -> Result<()> {
+    if image.sock_type == libc::SOCK_DGRAM as u32 {
+        return Err(cx.invalid(
+            fd,
+            "unix datagram socket with messages sent before accept (only a connection has them)",
+        ));
+    }
+    let name = ckpt_image::unix_unaccepted_name(file_id);
+    let data = cx.shared.images.read_raw(&name)?;
+    let messages = image
+        .unaccepted_messages(&data)
+        .map_err(|e| cx.invalid(fd, &format!("{name}: {e}")))?;
+    force_refill_sndbuf(pid, client)?;
+    let stream = image.sock_type == libc::SOCK_STREAM as u32;
+    for m in messages {
+        send_message(pid, client, &name, m, &[], None, stream)?;
+    }
+    Ok(())
 }
 
 /// Sends the datagrams queued for a bound, unconnected socket back to it
@@ -177,20 +244,33 @@ impl FileRestorer for UnixConnect {
 fn refill_by_name(
     cx: &mut Context<'_, '_>,
     r: &Remote<'_>,
-    receiver: BorrowedFd<'_>,
+    to: Receiver<'_>,
     file_id: u64,
     image: &UnixSocketFile,
     fd: i32,
 ) -> Result<()> {
     let pid = r.t.pid();
     let sender = new_socket(r, u64::from(image.sock_type), libc::SOCK_NONBLOCK)?;
-    let addr = sockaddr(cx, fd, &image.name)?;
+    // A name unlinked again is reached through its socket file, lent to
+    // the process for the connect.
+    let lent = to
+        .file_of_name
+        .map(|f| take_from(r, std::process::id() as i32, f.as_raw_fd()))
+        .transpose()?;
+    let name = match lent {
+        Some(n) => format!("/proc/self/fd/{n}").into_bytes(),
+        None => image.name.clone(),
+    };
+    let addr = sockaddr(cx, fd, &name)?;
     let at = r.put(ADDR_SLOT, &addr)?;
     let connected = r.call(
         "connect (refilling a bound socket)",
         libc::SYS_connect,
         [sender as u64, at, addr.len() as u64, 0, 0, 0],
     );
+    if let Some(n) = lent {
+        r.close(n)?;
+    }
     // Taken before the close, checked after it: the process's copy is
     // closed whatever connect and pidfd_getfd did.
     let here = take_socket(pid, sender);
@@ -200,9 +280,17 @@ fn refill_by_name(
     force_refill_sndbuf(pid, here.as_fd())?;
     let ends = Ends {
         sender: here.as_fd(),
-        receiver,
+        receiver: to.socket,
     };
     refill(cx, pid, ends, file_id, image, false, fd)
+}
+
+/// A bound socket whose queue is refilled by name: the restorer's copy,
+/// and its socket file when the name was unlinked again.
+#[derive(Clone, Copy)]
+struct Receiver<'f> {
+    socket: BorrowedFd<'f>,
+    file_of_name: Option<&'f std::fs::File>,
 }
 
 /// Argument slot of the scratch area for socket addresses (slot 0 holds
@@ -302,6 +390,9 @@ fn pair(
         Some(via) => through_listener(cx, r, via, sock_type, fd)?,
         None => socketpair(r, sock_type)?,
     };
+    if sock_type == libc::SOCK_DGRAM as u64 {
+        bind_pair(cx, r, file.id, image, a, &peer, theirs.as_fd())?;
+    }
     let stream = sock_type == libc::SOCK_STREAM as u64;
     let to_mine = Ends {
         sender: theirs.as_fd(),
@@ -317,6 +408,36 @@ fn pair(
     configure(pid, theirs.as_fd(), &peer)?;
     cx.state::<Unclaimed>().0.insert(image.peer_file_id, theirs);
     Ok(a)
+}
+
+/// Binds the ends of a datagram pair that were bound, in the process
+/// making the pair, with its rights (the second end lent to it for the
+/// bind): a socketpair's sockets take a name like any other, and each
+/// end's getpeername then reports the other's.
+fn bind_pair(
+    cx: &mut Context<'_, '_>,
+    r: &Remote<'_>,
+    file_id: u64,
+    image: &UnixSocketFile,
+    first: i32,
+    peer: &UnixSocketFile,
+    second: BorrowedFd<'_>,
+) -> Result<()> {
+    if !image.name.is_empty()
+        && let Some(f) = bind(cx, r, first, image)?
+    {
+        cx.state::<UnlinkedNames>().0.insert(file_id, f);
+    }
+    if peer.name.is_empty() {
+        return Ok(());
+    }
+    let lent = take_from(r, std::process::id() as i32, second.as_raw_fd())?;
+    let bound = bind(cx, r, lent, peer);
+    r.close(lent)?;
+    if let Some(f) = bound? {
+        cx.state::<UnlinkedNames>().0.insert(image.peer_file_id, f);
+    }
+    Ok(())
 }
 
 /// The listener a connected pair was made through (one end accepted by
@@ -468,156 +589,6 @@ fn sockaddr(cx: &Context<'_, '_>, fd: i32, name: &[u8]) -> Result<Vec<u8>> {
     }
     Ok(addr)
 }
-
-/// Binds socket `s` of the process to the dumped name: an abstract name as
-/// is; a path by the process itself, with its filesystem identity, inside
-/// its directory opened without following a symbolic link, replacing only
-/// a stale socket of the same user, then given the dumped mode (and
-/// unlinked again if it was).
-fn bind(cx: &Context<'_, '_>, r: &Remote<'_>, s: i32, image: &UnixSocketFile) -> Result<()> {
-    let pid = r.t.pid();
-    if image.name.first() == Some(&0) {
-        let addr = sockaddr(cx, s, &image.name)?;
-        call_with_addr(r, "bind (abstract unix name)", libc::SYS_bind, s, &addr)?;
-        return Ok(());
-    }
-    let path = String::from_utf8(image.name.clone())
-        .map_err(|_| cx.invalid(s, "unix socket path is not UTF-8"))?;
-    let err = |what: String| RestoreError::File {
-        pid,
-        path: path.clone(),
-        what,
-    };
-    let p = std::path::Path::new(&path);
-    let (Some(parent), Some(name)) = (p.parent(), p.file_name().and_then(|n| n.to_str())) else {
-        return Err(err("cannot bind: not a path to a file".into()));
-    };
-    let dir = r
-        .open(
-            parent.to_str().unwrap_or("/"),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            0,
-        )
-        .map_err(|e| err(format!("cannot open its directory to bind the socket: {e}")))?;
-    let result = bind_in(cx, r, s, dir, name, image, &err);
-    let _ = r.close(dir);
-    result
-}
-
-fn bind_in(
-    cx: &Context<'_, '_>,
-    r: &Remote<'_>,
-    s: i32,
-    dir: i32,
-    name: &str,
-    image: &UnixSocketFile,
-    err: &dyn Fn(String) -> RestoreError,
-) -> Result<()> {
-    let pid = r.t.pid();
-    // Bound by its full path (getsockname reports what bind was given),
-    // and checked below to have landed in the directory opened without
-    // following a link; bind never follows one at the name itself.
-    let addr = sockaddr(cx, s, &image.name)?;
-    let try_bind = || call_with_addr(r, "bind (unix path)", libc::SYS_bind, s, &addr);
-    match try_bind() {
-        Ok(_) => {}
-        Err(ckpt_parasite::ParasiteError::RemoteSyscall {
-            errno: nix::errno::Errno::EADDRINUSE,
-            ..
-        }) => {
-            remove_stale(cx, r, dir, name, &addr, err)?;
-            try_bind().map_err(|e| err(format!("cannot bind: {e}")))?;
-        }
-        Err(e) => return Err(err(format!("cannot bind: {e}"))),
-    }
-    let here = take_socket(pid, s)?;
-    let made_file = sys::unix_bound_file(here.as_fd())
-        .map_err(|e| err(format!("cannot find the socket file bind made: {e}")))?;
-    let made = made_file
-        .metadata()
-        .map_err(|e| err(format!("cannot find the socket file bind made: {e}")))?;
-    let named = std::fs::symlink_metadata(format!("/proc/{pid}/fd/{dir}/{name}"));
-    if !named.is_ok_and(|m| (m.dev(), m.ino()) == (made.dev(), made.ino())) {
-        return Err(err(
-            "the socket file was not made in the directory ckpt opened (its path changed during the restore)".into(),
-        ));
-    }
-    let Some(bound) = &image.bound else {
-        return Ok(());
-    };
-    // Owner, then mode, on exactly the file bind made (its O_PATH fd,
-    // never the name): the recorded ones, as for files ckpt creates.
-    let exact = format!("/proc/self/fd/{}", made_file.as_raw_fd());
-    if (made.uid(), made.gid()) != (bound.uid, bound.gid) {
-        std::os::unix::fs::chown(&exact, Some(bound.uid), Some(bound.gid))
-            .map_err(|e| err(format!("cannot give the socket file its owner: {e}")))?;
-    }
-    std::fs::set_permissions(
-        &exact,
-        std::os::unix::fs::PermissionsExt::from_mode(bound.mode & PERMISSION_BITS),
-    )
-    .map_err(|e| err(format!("cannot set the socket file's mode: {e}")))?;
-    let n = r.put_path(0, name)?;
-    if bound.unlinked {
-        r.call(
-            "unlinkat (socket file unlinked at dump time)",
-            libc::SYS_unlinkat,
-            [dir as u64, n, 0, 0, 0, 0],
-        )?;
-    }
-    Ok(())
-}
-
-/// Removes the name in the way of a bind if, and only if, it is a socket
-/// file of the process's own filesystem user that nothing listens on any
-/// more (a connect is refused): the socket the dumped process left behind.
-fn remove_stale(
-    cx: &Context<'_, '_>,
-    r: &Remote<'_>,
-    dir: i32,
-    name: &str,
-    addr: &[u8],
-    err: &dyn Fn(String) -> RestoreError,
-) -> Result<()> {
-    let pid = r.t.pid();
-    let there = std::fs::symlink_metadata(format!("/proc/{pid}/fd/{dir}/{name}"))
-        .map_err(|e| err(format!("cannot bind, and cannot stat what is there: {e}")))?;
-    let owner = cx.fs_uid().unwrap_or(0);
-    if !there.file_type().is_socket() || there.uid() != owner {
-        return Err(err(format!(
-            "cannot bind: the name exists and is not a socket file of uid {owner} (ckpt replaces only a stale socket of the process's user)"
-        )));
-    }
-    let probe = new_socket(r, u64::from(libc::SOCK_STREAM as u32), libc::SOCK_NONBLOCK)?;
-    let at = r.put(ADDR_SLOT, addr)?;
-    let tried = r.call(
-        "connect (stale socket probe)",
-        libc::SYS_connect,
-        [probe as u64, at, addr.len() as u64, 0, 0, 0],
-    );
-    r.close(probe)?;
-    match tried {
-        Err(ckpt_parasite::ParasiteError::RemoteSyscall {
-            errno: nix::errno::Errno::ECONNREFUSED,
-            ..
-        }) => {}
-        _ => {
-            return Err(err(
-                "cannot bind: a socket is still listening on that name".into()
-            ));
-        }
-    }
-    let n = r.put_path(0, name)?;
-    r.call(
-        "unlinkat (stale socket)",
-        libc::SYS_unlinkat,
-        [dir as u64, n, 0, 0, 0, 0],
-    )?;
-    Ok(())
-}
-
-/// Permission bits of a file mode.
-const PERMISSION_BITS: u32 = 0o7777;
 
 /// The socket type, if it is one ckpt makes.
 fn checked_type(cx: &Context<'_, '_>, image: &UnixSocketFile, fd: i32) -> Result<u64> {

@@ -23,9 +23,11 @@ pub struct UnixDiag {
     pub shutdown: u8,
     /// Bound name (`sun_path` bytes; leading NUL when abstract).
     pub name: Vec<u8>,
-    /// Connections waiting to be accepted (listening only; their inodes
-    /// are 0 until accepted).
+    /// Connections waiting to be accepted (listening only).
     pub pending: usize,
+    /// The inodes of their clients, in the order `accept` takes them (0
+    /// for a client already closed).
+    pub pending_clients: Vec<u64>,
     /// Listening: the backlog; otherwise bytes (truesize) it sent that
     /// its peer has not read.
     pub wqueue: u32,
@@ -178,7 +180,13 @@ fn parse_socket(m: &[u8]) -> std::io::Result<UnixDiag> {
             UNIX_DIAG_NAME => d.name = data.to_vec(),
             UNIX_DIAG_PEER => d.peer = u64::from(u32_at(data, 0)?),
             UNIX_DIAG_SHUTDOWN => d.shutdown = *data.first().ok_or_else(|| bad("shutdown"))?,
-            UNIX_DIAG_ICONS => d.pending = data.len() / 4,
+            UNIX_DIAG_ICONS => {
+                d.pending_clients = data
+                    .chunks_exact(4)
+                    .map(|c| u64::from(u32::from_ne_bytes([c[0], c[1], c[2], c[3]])))
+                    .collect();
+                d.pending = d.pending_clients.len();
+            }
             UNIX_DIAG_RQLEN => d.wqueue = u32_at(data, 4)?,
             _ => {}
         }
