@@ -393,6 +393,26 @@ fn fin_wait1_with_queued_bytes_comes_back() {
     standard_cycle("inet-fin-wait1", "inet", &["finwait1"]);
 }
 
+/// Connections whose reader shut down first and whose writer then
+/// answered with its own FIN behind bytes the reader's full window holds
+/// back (LAST_ACK, over IPv4 and IPv6): the writer is in LAST_ACK again
+/// and reads the end of the stream, the reader gets every byte exactly
+/// once and then the end of the stream (checked by the victim).
+#[test]
+fn last_ack_with_queued_bytes_comes_back() {
+    standard_cycle("inet-last-ack", "tcpclose", &["lastack"]);
+}
+
+/// Connections whose writer's FIN, queued behind a full window, was
+/// crossed by the reader's (CLOSING, over IPv4 and IPv6): the writer is in
+/// CLOSING again and reads the end of the stream, the reader gets every
+/// byte and then the end of the stream, and the writer's FIN is
+/// acknowledged (checked by the victim).
+#[test]
+fn closing_with_queued_bytes_comes_back() {
+    standard_cycle("inet-closing", "tcpclose", &["closing"]);
+}
+
 /// Dumped without --kill, half-closed connections go on as they were.
 #[test]
 fn half_closed_connections_go_on_after_a_dump_without_kill() {

@@ -56,7 +56,34 @@ mod tcp_state {
     pub const FIN_WAIT2: u8 = 5;
     pub const CLOSE: u8 = 7;
     pub const CLOSE_WAIT: u8 = 8;
+    pub const LAST_ACK: u8 = 9;
     pub const LISTEN: u8 = 10;
+    pub const CLOSING: u8 = 11;
+
+    /// The states of a connection saved in repair mode: established, or
+    /// closing with at least one FIN not yet through both ends.
+    pub fn repairable(s: u8) -> bool {
+        matches!(
+            s,
+            ESTABLISHED | FIN_WAIT1 | FIN_WAIT2 | CLOSE_WAIT | LAST_ACK | CLOSING
+        )
+    }
+
+    /// This end has shut down writing: its FIN is sent or queued.
+    pub fn fin_sent(s: u8) -> bool {
+        matches!(s, FIN_WAIT1 | FIN_WAIT2 | LAST_ACK | CLOSING)
+    }
+
+    /// This end's FIN counts in its send queue: it is not acknowledged
+    /// yet (maybe not even sent, behind queued bytes).
+    pub fn fin_unacked(s: u8) -> bool {
+        matches!(s, FIN_WAIT1 | LAST_ACK | CLOSING)
+    }
+
+    /// The peer's FIN has arrived.
+    pub fn fin_received(s: u8) -> bool {
+        matches!(s, CLOSE_WAIT | LAST_ACK | CLOSING)
+    }
 
     /// The state's name, for refusals.
     pub fn name(s: u8) -> &'static str {
@@ -158,7 +185,7 @@ impl FileDumper for Inet {
     }
 
     fn description(&self) -> &'static str {
-        "TCP and UDP sockets (IPv4, IPv6): bound, connected, listening, established and half-closed (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) TCP with its queues (TCP_REPAIR), peers outside the tree held off by a network lock"
+        "TCP and UDP sockets (IPv4, IPv6): bound, connected, listening, established, half-closed (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) and closing (LAST_ACK, CLOSING) TCP with its queues (TCP_REPAIR), peers outside the tree held off by a network lock"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -236,10 +263,10 @@ impl FileDumper for Inet {
                         image.state = InetState::Listen as i32;
                         image.backlog = info.sacked;
                     }
-                    state @ (tcp_state::CLOSE_WAIT
-                    | tcp_state::FIN_WAIT1
-                    | tcp_state::FIN_WAIT2)
-                        if !in_repair(sock) =>
+                    state
+                        if state != tcp_state::ESTABLISHED
+                            && tcp_state::repairable(state)
+                            && !in_repair(sock) =>
                     {
                         return Err(p.unsupported(&format!(
                             "TCP connection {} -> {} in state {} to a peer outside the tree (dump with --tcp-established to save it)",
@@ -262,30 +289,29 @@ impl FileDumper for Inet {
                         image.state = InetState::Connected as i32;
                         image.pmix = Some(link);
                     }
-                    state @ (tcp_state::ESTABLISHED
-                    | tcp_state::FIN_WAIT1
-                    | tcp_state::FIN_WAIT2
-                    | tcp_state::CLOSE_WAIT) => {
+                    state if tcp_state::repairable(state) => {
                         // The receive side is read by `link_tree`, after
                         // every send queue of the tree (`read_receive_side`).
-                        // FIN_WAIT1's FIN is still in its send queue.
-                        let fin_queued = state == tcp_state::FIN_WAIT1;
+                        // A FIN not acknowledged yet is still in the send
+                        // queue.
+                        let fin_queued = tcp_state::fin_unacked(state);
                         let (mut conn, data) =
                             read_send_side(p, sock, &info, &local, &peer, fin_queued)?;
                         // The FINs take a sequence number each but are no
                         // data: the image counts none (`TcpConnection`).
-                        if matches!(state, tcp_state::FIN_WAIT1 | tcp_state::FIN_WAIT2) {
+                        if tcp_state::fin_sent(state) {
                             conn.fin_sent = true;
                             conn.send_seq = conn.send_seq.wrapping_sub(1);
                         }
-                        conn.fin_received = state == tcp_state::CLOSE_WAIT;
+                        conn.fin_received = tcp_state::fin_received(state);
+                        conn.fin_first = state == tcp_state::CLOSING;
                         blobs.add(tcp_data_name(file_id), data);
                         image.state = InetState::Connected as i32;
                         image.tcp = Some(conn);
                     }
                     other => {
                         return Err(p.unsupported(&format!(
-                            "TCP socket {} -> {} in state {} (only listening, established, FIN_WAIT1, FIN_WAIT2 and CLOSE_WAIT connections are supported)",
+                            "TCP socket {} -> {} in state {} (only listening, established, FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT, LAST_ACK and CLOSING connections are supported)",
                             name(&local),
                             name(&peer),
                             tcp_state::name(other)
@@ -642,8 +668,7 @@ struct Guard {
     tx: OwnedFd,
 }
 
-/// An established or half-closed (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) connection
-/// found in the tree.
+/// An established, half-closed or closing connection found in the tree.
 struct Found {
     pid: i32,
     fd: i32,
@@ -686,8 +711,9 @@ pub(crate) fn established_peers(pid: i32) -> Result<Vec<TcpPeer>> {
         .collect())
 }
 
-/// Fd `fd` of process `pid`, if it is an established or half-closed
-/// (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) TCP connection not
+/// Fd `fd` of process `pid`, if it is an established, half-closed
+/// (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) or closing (LAST_ACK, CLOSING) TCP
+/// connection not
 /// in `seen` (which it joins). Whatever cannot be read here is refused,
 /// with its reason, when the fd is collected.
 fn established(pid: i32, fd: i32, seen: &mut HashSet<u64>) -> Option<Found> {
@@ -710,14 +736,7 @@ fn established(pid: i32, fd: i32, seen: &mut HashSet<u64>) -> Option<Found> {
     if !tcp {
         return None;
     }
-    let state = tcp_info(sock.as_fd()).ok()?.state;
-    if !matches!(
-        state,
-        tcp_state::ESTABLISHED
-            | tcp_state::FIN_WAIT1
-            | tcp_state::FIN_WAIT2
-            | tcp_state::CLOSE_WAIT
-    ) {
+    if !tcp_state::repairable(tcp_info(sock.as_fd()).ok()?.state) {
         return None;
     }
     let addr = |end| sys::sock_addr(sock.as_fd(), end).ok().flatten();

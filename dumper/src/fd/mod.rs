@@ -76,7 +76,7 @@ pub static REFUSED: &[(&str, &str)] = &[
     ),
     (
         "TCP in other states",
-        "TCP connections opening or closing with a FIN not yet acknowledged (SYN_SENT, SYN_RECV, LAST_ACK, CLOSING), listening sockets with connections not accepted yet, connections to a peer outside the tree without --tcp-established",
+        "TCP connections opening (SYN_SENT, SYN_RECV), listening sockets with connections not accepted yet, connections to a peer outside the tree without --tcp-established",
     ),
     (
         "unix socket to outside the tree",

@@ -16,6 +16,7 @@
 //! sent are then sent normally. The restored process never holds a socket
 //! in repair mode.
 
+mod closing;
 mod fin;
 mod timewait;
 
@@ -125,15 +126,10 @@ struct Held {
     lock: Option<ckpt_netlock::Table>,
     /// The inode of the network namespace the lock was put in.
     lock_netns: u64,
-    /// This end had shut down writing (FIN_WAIT1, FIN_WAIT2): its FIN is
-    /// sent again once repair is off.
-    fin_sent: bool,
-    /// Its FIN goes out at once, nothing queued before it: an in-tree
-    /// peer acknowledges it before the tree runs (FIN_WAIT2).
-    fin_acked_at_once: bool,
-    /// The peer's FIN had arrived (CLOSE_WAIT): a peer in the tree sends
-    /// it again; one outside had it handed back (`give_back_fin`).
-    fin_received: bool,
+    /// How far it had got in closing: its FIN is sent again once repair
+    /// is off; the peer's FIN comes from a peer in the tree the same way,
+    /// from one outside it was handed back (`give_back_fin`).
+    close: closing::Close,
 }
 
 /// Per byte put back into a queue, room for the kernel's per-buffer
@@ -268,9 +264,7 @@ impl FileRestorer for Inet {
                     lock: (!conn.network_lock.is_empty())
                         .then(|| ckpt_netlock::Table::named(&conn.network_lock)),
                     lock_netns: conn.network_lock_netns,
-                    fin_sent: conn.fin_sent,
-                    fin_acked_at_once: conn.fin_sent && conn.send_len == 0,
-                    fin_received: conn.fin_received,
+                    close: closing::Close::of(conn),
                 };
                 finish_or_wait(cx, held, file.id, conn.peer_file_id)?;
             }
@@ -822,7 +816,7 @@ fn give_back_fin(
     )
     .map_err(|e| err("SO_MARK", e))?;
     sys::send_to(copy.as_fd(), &packet, dst).map_err(|e| err("sendto", e))?;
-    let until = std::time::Instant::now() + FIN_WAIT;
+    let until = std::time::Instant::now() + closing::FIN_WAIT;
     loop {
         let state = sys::tcp_state(sock).map_err(|e| err("TCP_INFO", e))?;
         if state == TCP_CLOSE_WAIT {
@@ -905,7 +899,7 @@ impl OutsidePeers {
             }
         }
         // The peer acknowledges the FIN again (it had it already).
-        send_fins(&self.0)?;
+        closing::send_fins(&self.0)?;
         for h in &self.0 {
             sys::setsockopt_int(
                 h.sock.as_fd(),
@@ -936,8 +930,8 @@ impl OutsidePeers {
 /// tree is rebuilt (`DeferredReuse`).
 fn finish(cx: &mut Context<'_, '_>, ends: Vec<Held>) -> Result<()> {
     switch_off(&ends)?;
-    send_fins(&ends)?;
-    await_fins(&ends);
+    closing::send_fins(&ends)?;
+    closing::await_fins(&ends);
     let deferred = &mut cx.state::<DeferredReuse>().0;
     deferred.extend(ends.into_iter().map(|h| (h.sock, h.reuseaddr)));
     Ok(())
@@ -976,63 +970,7 @@ fn switch_off(ends: &[Held]) -> Result<()> {
     Ok(())
 }
 
-/// Shuts down writing again on each end that had (FIN_WAIT1, FIN_WAIT2),
-/// out of repair mode: the FIN goes out after what is queued (FIN_WAIT1),
-/// and the socket is in FIN_WAIT2 once the peer acknowledges it.
-fn send_fins(ends: &[Held]) -> Result<()> {
-    for h in ends.iter().filter(|h| h.fin_sent) {
-        sys::shutdown_write(h.sock.as_fd()).map_err(|e| {
-            RestoreError::os(h.pid, format!("fd {}: TCP: shutdown (send FIN)", h.fd), e)
-        })?;
-        log::debug!("pid {} fd {}: TCP: FIN sent again", h.pid, h.fd);
-    }
-    Ok(())
-}
-
-/// How long the ends of a half-closed connection in the tree wait for the
-/// FIN sent again (`send_fins`) and its acknowledgment: on one host the
-/// FIN takes microseconds, the acknowledgment a delayed ACK (at most
-/// 200 ms).
-const FIN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Waits until both ends of a half-closed connection in the tree are in
-/// their states again (CLOSE_WAIT: the peer's FIN is there; FIN_WAIT2: its
-/// own FIN is acknowledged), so the process finds its connection as it
-/// left it: its reader sees the end of the stream at once. Not there in
-/// time, it is logged: the connection gets there, later.
-fn await_fins(ends: &[Held]) {
-    let until = std::time::Instant::now() + FIN_WAIT;
-    let wanted = ends.iter().filter_map(|h| {
-        if h.fin_received {
-            Some((h, TCP_CLOSE_WAIT))
-        } else if h.fin_acked_at_once {
-            Some((h, TCP_FIN_WAIT2))
-        } else {
-            None
-        }
-    });
-    for (h, want) in wanted {
-        loop {
-            match sys::tcp_state(h.sock.as_fd()) {
-                Ok(state) if state == want => break,
-                Ok(_) if std::time::Instant::now() < until => {
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
-                other => {
-                    log::warn!(
-                        "pid {} fd {}: TCP: the half-closed connection is not back in state {want} yet ({other:?}); it gets there later",
-                        h.pid,
-                        h.fd
-                    );
-                    break;
-                }
-            }
-        }
-    }
-}
-
-/// `TCP_FIN_WAIT2` and `TCP_CLOSE_WAIT` of include/net/tcp_states.h.
-const TCP_FIN_WAIT2: u8 = 5;
+/// `TCP_CLOSE_WAIT` of include/net/tcp_states.h.
 const TCP_CLOSE_WAIT: u8 = 8;
 
 #[cfg(test)]
