@@ -357,14 +357,17 @@ fn privileged_port_is_not_given_back_without_cap_net_bind_service() {
     assert!(!pid_exists(v.pid), "nothing of the refused restore runs");
 }
 
+/// A connection not accepted yet whose server end holds bytes the client
+/// sent (only accept(2) shows them) is refused, naming them; the tree goes
+/// on with it.
 #[test]
-fn unaccepted_connections_are_refused_by_name() {
+fn unaccepted_connections_holding_bytes_are_refused_by_name() {
     let env = TestEnv::new("inet-refused");
     let mut v = Victim::spawn(&env, "inet", &["refused"]);
     v.wait_ready();
     let out = dump_outcome(&env, &v, &[]);
     out.assert_error();
-    let what = "with 1 connection(s) not accepted yet";
+    let what = "not accepted yet by its listener in the tree: the listener holds 5 bytes of it";
     assert!(
         out.stderr
             .lines()
@@ -411,6 +414,27 @@ fn last_ack_with_queued_bytes_comes_back() {
 #[test]
 fn closing_with_queued_bytes_comes_back() {
     standard_cycle("inet-closing", "tcpclose", &["closing"]);
+}
+
+/// Connections a listener has not accepted yet, their clients in the tree
+/// (one shut down writing), over IPv4 and IPv6: after the restore the
+/// listener accepts exactly them, from the clients' addresses, and they
+/// carry bytes both ways; the shut down one reads the end of the stream
+/// (checked by the victim).
+#[test]
+fn unaccepted_connections_of_clients_in_the_tree_come_back() {
+    standard_cycle("inet-unaccepted", "tcppending", &[]);
+}
+
+/// Dumped without --kill, connections not accepted yet go on as they
+/// were: the clients left repair mode, the listener accepts them.
+#[test]
+fn unaccepted_connections_go_on_after_a_dump_without_kill() {
+    let env = TestEnv::new("inet-unaccepted-live");
+    let mut v = Victim::spawn(&env, "tcppending", &[]);
+    v.wait_ready();
+    dump(&env, &v, &[]);
+    v.assert_unharmed_and_passes("after a dump that left it running");
 }
 
 /// Dumped without --kill, half-closed connections go on as they were.

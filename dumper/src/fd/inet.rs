@@ -29,6 +29,8 @@
 //! lose datagrams, and putting them back would need their senders'
 //! addresses): the dump logs how many bytes it drops.
 
+mod pending;
+
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -185,7 +187,7 @@ impl FileDumper for Inet {
     }
 
     fn description(&self) -> &'static str {
-        "TCP and UDP sockets (IPv4, IPv6): bound, connected, listening, established, half-closed (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) and closing (LAST_ACK, CLOSING) TCP with its queues (TCP_REPAIR), peers outside the tree held off by a network lock"
+        "TCP and UDP sockets (IPv4, IPv6): bound, connected, listening, established, half-closed (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) and closing (LAST_ACK, CLOSING) TCP with its queues (TCP_REPAIR), connections not accepted yet whose client is in the tree, peers outside the tree held off by a network lock"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -231,6 +233,7 @@ impl FileDumper for Inet {
                 caps::Capability::CAP_NET_BIND_SERVICE,
             )?,
             pmix: None,
+            pending: 0,
         };
         let name = |a: &Option<SocketAddr>| a.map_or("-".to_string(), |a| a.to_string());
         match id.protocol {
@@ -253,15 +256,11 @@ impl FileDumper for Inet {
                 match info.state {
                     tcp_state::CLOSE => {}
                     tcp_state::LISTEN => {
-                        if info.unacked > 0 {
-                            return Err(p.unsupported(&format!(
-                                "listening TCP socket {} with {} connection(s) not accepted yet",
-                                name(&local),
-                                info.unacked
-                            )));
-                        }
+                        // Each connection not accepted yet must have its
+                        // client in the tree (`pending::link`).
                         image.state = InetState::Listen as i32;
                         image.backlog = info.sacked;
+                        image.pending = info.unacked;
                     }
                     state
                         if state != tcp_state::ESTABLISHED
@@ -350,7 +349,7 @@ impl FileDumper for Inet {
                     .unwrap_or(0);
             }
         }
-        Ok(())
+        pending::link(tree)
     }
 }
 
@@ -754,11 +753,15 @@ fn established(pid: i32, fd: i32, seen: &mut HashSet<u64>) -> Option<Found> {
 
 /// The connections of `found` that are saved: those whose peer is in the
 /// tree too, and with `policy.established` every one.
-fn chosen(found: Vec<Found>, policy: TcpPolicy) -> Result<Vec<Repaired>> {
+///
+/// A client of a listener of the tree (`listeners`) counts as in the tree:
+/// its server end may wait in the accept queue (`pending`).
+fn chosen(found: Vec<Found>, policy: TcpPolicy, listeners: &[SocketAddr]) -> Result<Vec<Repaired>> {
     let ends: HashSet<(SocketAddr, SocketAddr)> = found.iter().map(|f| (f.local, f.peer)).collect();
     let mut socks = Vec::new();
     for f in found {
-        let inside = ends.contains(&(f.peer, f.local));
+        let inside = ends.contains(&(f.peer, f.local))
+            || listeners.iter().any(|l| pending::accepts(*l, f.peer));
         if !inside && srun_pmix::link_to(f.pid, f.peer, 0, 0).is_some() {
             log::debug!(
                 "pid {} fd {}: TCP {} -> {}: a rank's link to its PMIx server, saved as such",
@@ -829,7 +832,8 @@ impl TcpRepair {
         hold_first: impl FnOnce(&mut TcpRepair) -> Result<()>,
     ) -> Result<TcpRepair> {
         let mut repair = TcpRepair::default();
-        repair.socks = chosen(find_established(pids)?, policy)?;
+        let listeners = pending::listeners(pids)?;
+        repair.socks = chosen(find_established(pids)?, policy, &listeners)?;
         if repair.socks.is_empty() {
             return Ok(repair);
         }
@@ -1026,6 +1030,7 @@ impl TcpRepair {
         for f in &mut tree.files.files {
             if let Some(Kind::Inet(InetFile { tcp: Some(tcp), .. })) = &mut f.kind
                 && tcp.peer_file_id == 0
+                && tcp.unaccepted_by == 0
             {
                 tcp.network_lock = table.name().to_string();
                 tcp.network_lock_netns = *netns_inode;

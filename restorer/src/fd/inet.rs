@@ -18,6 +18,7 @@
 
 mod closing;
 mod fin;
+mod reconnect;
 mod timewait;
 
 use std::collections::HashMap;
@@ -249,6 +250,25 @@ impl FileRestorer for Inet {
             return Ok(got);
         }
         match (&plan.tcp, plan.state) {
+            (Some(conn), _) if conn.unaccepted_by != 0 => {
+                let local = plan.local.expect("checked by Plan::of");
+                reconnect::bind(pid, fd, sock, local)?;
+                let mut queued = plan.sent;
+                queued.extend_from_slice(&plan.unsent);
+                cx.shared
+                    .outside_peers
+                    .reconnects
+                    .push(reconnect::Reconnect {
+                        pid,
+                        fd,
+                        sock: copy,
+                        peer: plan.peer.expect("checked by Plan::of"),
+                        queued,
+                        fin_sent: conn.fin_sent,
+                        sndbuf: options.sndbuf,
+                        reuseaddr: options.reuseaddr,
+                    });
+            }
             (Some(conn), _) => {
                 restore_connection(cx, sock, &plan, conn, file.id, fd)?;
                 if conn.fin_received && conn.peer_file_id == 0 {
@@ -842,7 +862,7 @@ fn finish_or_wait(
     peer_file_id: u64,
 ) -> Result<()> {
     if peer_file_id == 0 {
-        cx.shared.outside_peers.0.push(held);
+        cx.shared.outside_peers.held.push(held);
         return Ok(());
     }
     match cx.state::<Waiting>().0.remove(&peer_file_id) {
@@ -861,8 +881,15 @@ fn finish_or_wait(
 /// not exist yet would be answered with a reset. Dropped unreleased (the
 /// restore failed, the tree is killed), they close in repair mode: the
 /// peer sees nothing.
+///
+/// With them wait the clients whose server end a listener of the tree had
+/// not accepted (`reconnect`): they connect anew once every listener is
+/// back.
 #[derive(Default)]
-pub struct OutsidePeers(Vec<Held>);
+pub struct OutsidePeers {
+    held: Vec<Held>,
+    reconnects: Vec<reconnect::Reconnect>,
+}
 
 impl OutsidePeers {
     /// Switches repair off on each (the tree is about to run; in a
@@ -872,10 +899,13 @@ impl OutsidePeers {
     /// their sockets again. A lock that cannot be deleted is only logged,
     /// with the command that deletes it, as the tree is in place.
     pub fn release(self) -> Result<()> {
-        switch_off(&self.0)?;
+        for r in &self.reconnects {
+            r.connect()?;
+        }
+        switch_off(&self.held)?;
         // Each table once, in the namespace of a process it held.
         let mut tables: Vec<&Held> = Vec::new();
-        for h in &self.0 {
+        for h in &self.held {
             if let Some(table) = &h.lock
                 && !tables.iter().any(|t| t.lock.as_ref() == Some(table))
             {
@@ -899,8 +929,8 @@ impl OutsidePeers {
             }
         }
         // The peer acknowledges the FIN again (it had it already).
-        closing::send_fins(&self.0)?;
-        for h in &self.0 {
+        closing::send_fins(&self.held)?;
+        for h in &self.held {
             sys::setsockopt_int(
                 h.sock.as_fd(),
                 libc::SOL_SOCKET,
@@ -916,12 +946,12 @@ impl OutsidePeers {
 
     /// How many connections wait.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.held.len() + self.reconnects.len()
     }
 
     /// None wait.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.held.is_empty() && self.reconnects.is_empty()
     }
 }
 
