@@ -423,7 +423,16 @@ fn closing_with_queued_bytes_comes_back() {
 /// (checked by the victim).
 #[test]
 fn unaccepted_connections_of_clients_in_the_tree_come_back() {
-    standard_cycle("inet-unaccepted", "tcppending", &[]);
+    standard_cycle("inet-unaccepted", "tcppending", &["pending"]);
+}
+
+/// Non-blocking connects under way (SYN_SENT, over IPv4 and IPv6) to a
+/// listener whose full accept queue drops their SYN: after the restore
+/// they are still under way, and complete (POLLOUT, SO_ERROR 0) once the
+/// listener accepts its pending connection (checked by the victim).
+#[test]
+fn connects_under_way_complete_after_the_restore() {
+    standard_cycle("inet-syn-sent", "tcppending", &["synsent"]);
 }
 
 /// Dumped without --kill, connections not accepted yet go on as they
@@ -431,7 +440,7 @@ fn unaccepted_connections_of_clients_in_the_tree_come_back() {
 #[test]
 fn unaccepted_connections_go_on_after_a_dump_without_kill() {
     let env = TestEnv::new("inet-unaccepted-live");
-    let mut v = Victim::spawn(&env, "tcppending", &[]);
+    let mut v = Victim::spawn(&env, "tcppending", &["pending"]);
     v.wait_ready();
     dump(&env, &v, &[]);
     v.assert_unharmed_and_passes("after a dump that left it running");

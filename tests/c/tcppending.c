@@ -2,7 +2,8 @@
  * Connections a listening socket has not accepted yet, their clients in
  * the tree (tests/inet.rs), over 127.0.0.1 and ::1.
  *
- *   tcppending WORKDIR     per family a listener and two clients it has
+ *   tcppending WORKDIR pending
+ *                          per family a listener and two clients it has
  *                          not accepted: one connected, one connected and
  *                          shut down writing. After go the listener
  *                          accepts exactly two connections, from the
@@ -10,13 +11,32 @@
  *                          the second reads the end of the stream at once
  *                          and still receives; the listener then accepts a
  *                          new connection.
+ *   tcppending WORKDIR synsent
+ *                          per family a listener with a backlog of 0, one
+ *                          client it has not accepted, which fills it, and
+ *                          a non-blocking connect whose SYN it drops
+ *                          (SYN_SENT). After go the connect is still under
+ *                          way; once the listener accepts the first client
+ *                          it completes (POLLOUT, SO_ERROR 0) and the
+ *                          listener accepts it from its address.
  */
 #include "victim.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
+
+static int tcp_state(int fd)
+{
+	struct tcp_info ti;
+	socklen_t len = sizeof(ti);
+
+	if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0)
+		die("TCP_INFO");
+	return ti.tcpi_state;
+}
 
 static socklen_t loopback(int family, struct sockaddr_storage *ss)
 {
@@ -61,22 +81,83 @@ static int from(int server, int client)
 	return plen == clen && memcmp(&p, &c, plen) == 0;
 }
 
-int main(int argc, char **argv)
+static int listener(int family, int backlog)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = loopback(family, &ss);
+	int one = 1, fd = socket(family, SOCK_STREAM, 0);
+
+	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+	    bind(fd, (struct sockaddr *)&ss, len) != 0 || listen(fd, backlog) != 0)
+		die("listener");
+	return fd;
+}
+
+/* How long a connect under way may take once the listener has room: the
+ * SYN is sent again after 1, 3, 7 s. */
+#define CONNECT_MS 10000
+
+static void synsent(void)
+{
+	const int families[2] = { AF_INET, AF_INET6 };
+	const char *names[2] = { "v4", "v6" };
+	int l[2], first[2], waiting[2];
+
+	for (int f = 0; f < 2; f++) {
+		struct sockaddr_storage ss;
+		socklen_t len = sizeof(ss);
+
+		l[f] = listener(families[f], 0);
+		first[f] = client_of(l[f]);
+		if (getsockname(l[f], (struct sockaddr *)&ss, &len) != 0)
+			die("getsockname");
+		waiting[f] = socket(families[f], SOCK_STREAM | SOCK_NONBLOCK, 0);
+		if (waiting[f] < 0)
+			die("socket");
+		if (connect(waiting[f], (struct sockaddr *)&ss, len) == 0 || errno != EINPROGRESS)
+			die("connect under way");
+	}
+	usleep(200000);
+	for (int f = 0; f < 2; f++)
+		if (tcp_state(waiting[f]) != TCP_SYN_SENT) {
+			errno = EAGAIN;
+			die("the connect is not in SYN_SENT");
+		}
+
+	victim_ready_and_wait(NULL);
+
+	for (int f = 0; f < 2; f++) {
+		struct pollfd p = { .fd = waiting[f], .events = POLLOUT };
+		int err = -1;
+		socklen_t elen = sizeof(err);
+
+		CHECK(tcp_state(waiting[f]) == TCP_SYN_SENT, "%s: the connect is in state %d",
+		      names[f], tcp_state(waiting[f]));
+		int a = accept(l[f], NULL, NULL);
+
+		CHECK(a >= 0 && from(a, first[f]), "%s: the first client is not accepted", names[f]);
+		CHECK(poll(&p, 1, CONNECT_MS) == 1 && (p.revents & POLLOUT),
+		      "%s: the connect never completed", names[f]);
+		CHECK(getsockopt(waiting[f], SOL_SOCKET, SO_ERROR, &err, &elen) == 0 && err == 0,
+		      "%s: the connect failed: %s", names[f], strerror(err));
+		int b = accept(l[f], NULL, NULL);
+
+		CHECK(b >= 0 && from(b, waiting[f]), "%s: the completed connect is not accepted",
+		      names[f]);
+		CHECK(send(waiting[f], "w", 1, MSG_NOSIGNAL) == 1, "%s: no send after the connect",
+		      names[f]);
+	}
+	victim_finish();
+}
+
+static void pending(void)
 {
 	const int families[2] = { AF_INET, AF_INET6 };
 	const char *names[2] = { "v4", "v6" };
 	int l[2], talker[2], closer[2];
 
-	victim_init(argc, argv);
 	for (int f = 0; f < 2; f++) {
-		struct sockaddr_storage ss;
-		socklen_t len = loopback(families[f], &ss);
-		int one = 1;
-
-		l[f] = socket(families[f], SOCK_STREAM, 0);
-		if (l[f] < 0 || setsockopt(l[f], SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
-		    bind(l[f], (struct sockaddr *)&ss, len) != 0 || listen(l[f], 8) != 0)
-			die("listener");
+		l[f] = listener(families[f], 8);
 		talker[f] = client_of(l[f]);
 		closer[f] = client_of(l[f]);
 		if (shutdown(closer[f], SHUT_WR) != 0)
@@ -125,4 +206,17 @@ int main(int argc, char **argv)
 		close(c);
 	}
 	victim_finish();
+}
+
+int main(int argc, char **argv)
+{
+	victim_init(argc, argv);
+	const char *mode = argc > 2 ? argv[2] : "";
+
+	if (strcmp(mode, "pending") == 0)
+		pending();
+	else if (strcmp(mode, "synsent") == 0)
+		synsent();
+	errno = EINVAL;
+	die("usage: tcppending WORKDIR pending|synsent");
 }

@@ -29,6 +29,7 @@
 //! lose datagrams, and putting them back would need their senders'
 //! addresses): the dump logs how many bytes it drops.
 
+mod connecting;
 mod pending;
 
 use std::collections::{HashMap, HashSet};
@@ -54,6 +55,7 @@ pub struct Inet;
 /// Kernel TCP states (include/net/tcp_states.h), as TCP_INFO reports them.
 mod tcp_state {
     pub const ESTABLISHED: u8 = 1;
+    pub const SYN_SENT: u8 = 2;
     pub const FIN_WAIT1: u8 = 4;
     pub const FIN_WAIT2: u8 = 5;
     pub const CLOSE: u8 = 7;
@@ -187,7 +189,7 @@ impl FileDumper for Inet {
     }
 
     fn description(&self) -> &'static str {
-        "TCP and UDP sockets (IPv4, IPv6): bound, connected, listening, established, half-closed (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) and closing (LAST_ACK, CLOSING) TCP with its queues (TCP_REPAIR), connections not accepted yet whose client is in the tree, peers outside the tree held off by a network lock"
+        "TCP and UDP sockets (IPv4, IPv6): bound, connected, listening, established, half-closed (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) and closing (LAST_ACK, CLOSING) TCP with its queues (TCP_REPAIR), connections not accepted yet whose client is in the tree, connects under way (SYN_SENT), peers outside the tree held off by a network lock"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -255,6 +257,16 @@ impl FileDumper for Inet {
                 let info = tcp_info(sock).map_err(|e| os("TCP_INFO", e))?;
                 match info.state {
                     tcp_state::CLOSE => {}
+                    tcp_state::SYN_SENT => {
+                        let Some(to) = connecting::peer(p.pid, p.meta.ino(), id.family)? else {
+                            return Err(p.unsupported(&format!(
+                                "TCP socket {} in state SYN_SENT missing from the network namespace's table",
+                                name(&local)
+                            )));
+                        };
+                        image.state = InetState::Connecting as i32;
+                        image.peer = Some(InetAddr::from_socket_addr(&to));
+                    }
                     tcp_state::LISTEN => {
                         // Each connection not accepted yet must have its
                         // client in the tree (`pending::link`).
@@ -310,7 +322,7 @@ impl FileDumper for Inet {
                     }
                     other => {
                         return Err(p.unsupported(&format!(
-                            "TCP socket {} -> {} in state {} (only listening, established, FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT, LAST_ACK and CLOSING connections are supported)",
+                            "TCP socket {} -> {} in state {} (only listening, connecting (SYN_SENT), established, FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT, LAST_ACK and CLOSING connections are supported)",
                             name(&local),
                             name(&peer),
                             tcp_state::name(other)

@@ -104,6 +104,7 @@ impl super::Describe for InetFile {
             Ok(InetState::Connected) if let Some(t) = &self.tcp => t.state_name().into(),
             Ok(InetState::Connected) if self.pmix.is_some() => "PMIx server link".into(),
             Ok(InetState::Connected) => "connected".into(),
+            Ok(InetState::Connecting) => "connecting (SYN_SENT)".into(),
             Ok(InetState::Closed) if self.local.is_some() => "bound".into(),
             Ok(InetState::Closed) => "unbound".into(),
             _ => "?".into(),

@@ -267,6 +267,7 @@ impl FileRestorer for Inet {
                         fin_sent: conn.fin_sent,
                         sndbuf: options.sndbuf,
                         reuseaddr: options.reuseaddr,
+                        in_progress: false,
                     });
             }
             (Some(conn), _) => {
@@ -339,6 +340,25 @@ impl FileRestorer for Inet {
                     InetState::Connected => {
                         let peer = plan.peer.expect("checked by Plan::of");
                         sys::connect(sock, &peer).map_err(os(&format!("connect {peer}")))?;
+                    }
+                    InetState::Connecting => {
+                        // Once every listener of the tree is back.
+                        cx.shared
+                            .outside_peers
+                            .reconnects
+                            .push(reconnect::Reconnect {
+                                pid,
+                                fd,
+                                sock: copy,
+                                peer: plan.peer.expect("checked by Plan::of"),
+                                queued: Vec::new(),
+                                fin_sent: false,
+                                sndbuf: options.sndbuf,
+                                reuseaddr: options.reuseaddr,
+                                in_progress: true,
+                            });
+                        set_status_flags(r, got, file.flags)?;
+                        return Ok(got);
                     }
                     _ => {}
                 }
@@ -451,8 +471,11 @@ impl Plan {
         };
         match (protocol, state) {
             (InetProtocol::Udp, InetState::Listen) => return Err(bad("listening UDP socket")),
-            (_, InetState::Connected) if peer.is_none() => {
+            (_, InetState::Connected | InetState::Connecting) if peer.is_none() => {
                 return Err(bad("connected without a peer address"));
+            }
+            (InetProtocol::Udp, InetState::Connecting) => {
+                return Err(bad("connecting UDP socket"));
             }
             // A link to a PMIx server is made anew (`reconnect_pmix`).
             (InetProtocol::Tcp, InetState::Connected) if image.pmix.is_some() => {}
@@ -899,7 +922,11 @@ impl OutsidePeers {
     /// their sockets again. A lock that cannot be deleted is only logged,
     /// with the command that deletes it, as the tree is in place.
     pub fn release(self) -> Result<()> {
-        for r in &self.reconnects {
+        // Connects under way last: a listener's accept queue is for the
+        // connections it had.
+        let (made, under_way): (Vec<_>, Vec<_>) =
+            self.reconnects.iter().partition(|r| !r.in_progress);
+        for r in made.into_iter().chain(under_way) {
             r.connect()?;
         }
         switch_off(&self.held)?;

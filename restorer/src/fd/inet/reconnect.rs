@@ -9,6 +9,11 @@
 //! the client had queued are sent and its FIN if it had shut down
 //! writing; the program accepts the connection and reads the same
 //! stream.
+//!
+//! A socket whose connect was under way (SYN_SENT) is bound and connected
+//! anew the same way, after those (a listener of the tree whose accept
+//! queue they fill drops its SYN, as it did): its connect completes
+//! when the peer answers.
 
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
@@ -41,6 +46,9 @@ pub(super) struct Reconnect {
     pub sndbuf: u32,
     /// SO_REUSEADDR as the process had it.
     pub reuseaddr: bool,
+    /// Its connect was under way (SYN_SENT): it is started again and not
+    /// waited for; the program sees it complete when the peer answers.
+    pub in_progress: bool,
 }
 
 /// Binds `sock` (fd `fd` of `pid`) to `local`, allowing address reuse for
@@ -72,6 +80,11 @@ impl Reconnect {
             }
         };
         let s = self.sock.as_fd();
+        if self.in_progress {
+            sys::connect_nonblocking(s, &peer).map_err(os(format!("connect {peer}")))?;
+            log::debug!("pid {pid} fd {fd}: TCP: connect to {peer} under way again");
+            return Ok(());
+        }
         match sys::connect(s, &peer) {
             Ok(()) => {}
             // The process's socket may be non-blocking.
