@@ -435,6 +435,16 @@ fn connects_under_way_complete_after_the_restore() {
     standard_cycle("inet-syn-sent", "tcppending", &["synsent"]);
 }
 
+/// Options a program set and reads back (SO_BINDTODEVICE, SO_BUF_LOCK,
+/// SO_LINGER, keepalive and its timing, TCP_NODELAY, TCP_CORK,
+/// IP_FREEBIND, IP_TOS/IPV6_TCLASS, IPV6_V6ONLY, TCP_USER_TIMEOUT,
+/// TCP_CONGESTION, a classic BPF filter) on an established connection and
+/// a listener read back as set after the restore (checked by the victim).
+#[test]
+fn socket_options_read_back_as_set() {
+    standard_cycle("inet-options", "tcpopts", &[]);
+}
+
 /// Dumped without --kill, connections not accepted yet go on as they
 /// were: the clients left repair mode, the listener accepts them.
 #[test]

@@ -39,8 +39,8 @@ use std::os::unix::fs::MetadataExt;
 
 use ckpt_image::fd::file::Kind;
 use ckpt_image::fd::inet::{
-    InetAddr, InetFamily, InetFile, InetOptions, InetProtocol, InetState, PmixLink, TcpConnection,
-    tcp_data_name,
+    InetAddr, InetFamily, InetFile, InetOptions, InetProtocol, InetState, PmixLink, SockFilterInsn,
+    TcpConnection, options, tcp_data_name,
 };
 
 use super::{Blobs, FdParams, FileDumper, TreeFiles};
@@ -365,30 +365,53 @@ impl FileDumper for Inet {
     }
 }
 
+/// The socket's options: those of the table ([`options::NUMERIC`],
+/// [`options::NAMED`]) that apply to it, buffer sizes, SO_LINGER and the
+/// classic BPF filter. An option this kernel does not know (ENOPROTOOPT)
+/// stays at its default.
 fn read_options(sock: BorrowedFd<'_>, id: &Identity) -> std::io::Result<InetOptions> {
+    let known = |r: std::io::Result<()>| match r {
+        Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => Ok(()),
+        other => other,
+    };
     let sol = libc::SOL_SOCKET;
     let mut o = InetOptions {
-        reuseaddr: flag(sock, sol, libc::SO_REUSEADDR)?,
-        reuseport: flag(sock, sol, libc::SO_REUSEPORT)?,
-        broadcast: flag(sock, sol, libc::SO_BROADCAST)?,
-        keepalive: flag(sock, sol, libc::SO_KEEPALIVE)?,
         sndbuf: uint(sock, sol, libc::SO_SNDBUF)?,
         rcvbuf: uint(sock, sol, libc::SO_RCVBUF)?,
         ..InetOptions::default()
     };
-    if id.family == InetFamily::Ipv6 {
-        o.v6only = flag(sock, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY)?;
-        o.tos = uint(sock, libc::IPPROTO_IPV6, libc::IPV6_TCLASS)?;
-    } else {
-        o.tos = uint(sock, libc::IPPROTO_IP, libc::IP_TOS)?;
+    for n in options::NUMERIC
+        .iter()
+        .filter(|n| n.applies.to(id.family, id.protocol))
+    {
+        known(sys::getsockopt_int(sock, n.level, n.opt).map(|v| n.set(&mut o, v)))?;
     }
-    if id.protocol == InetProtocol::Tcp {
-        let tcp = libc::IPPROTO_TCP;
-        o.nodelay = flag(sock, tcp, libc::TCP_NODELAY)?;
-        o.keepidle = uint(sock, tcp, libc::TCP_KEEPIDLE)?;
-        o.keepintvl = uint(sock, tcp, libc::TCP_KEEPINTVL)?;
-        o.keepcnt = uint(sock, tcp, libc::TCP_KEEPCNT)?;
+    for n in options::NAMED
+        .iter()
+        .filter(|n| n.applies.to(id.family, id.protocol))
+    {
+        known(
+            sys::getsockopt_raw::<[u8; options::NAME_MAX]>(sock, n.level, n.opt).map(
+                |(name, len)| {
+                    let name = &name[..len.min(name.len())];
+                    let name = name.split(|b| *b == 0).next().unwrap_or_default();
+                    (n.set)(&mut o, String::from_utf8_lossy(name).into_owned());
+                },
+            ),
+        )?;
     }
+    let (linger, _) = sys::getsockopt_raw::<sys::Linger>(sock, sol, libc::SO_LINGER)?;
+    o.linger_on = linger.onoff != 0;
+    o.linger_secs = linger.secs.max(0) as u32;
+    o.filter = sys::socket_filter(sock)?
+        .into_iter()
+        .map(|i| SockFilterInsn {
+            code: u32::from(i.code),
+            jt: u32::from(i.jt),
+            jf: u32::from(i.jf),
+            k: i.k,
+        })
+        .collect();
     Ok(o)
 }
 

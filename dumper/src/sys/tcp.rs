@@ -65,3 +65,63 @@ pub struct TcpRepairWindow {
     pub rcv_wnd: u32,
     pub rcv_wup: u32,
 }
+
+/// The kernel's `struct linger` (SO_LINGER).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct Linger {
+    pub onoff: i32,
+    pub secs: i32,
+}
+
+/// One instruction of a classic BPF program (`struct sock_filter`).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct SockFilter {
+    pub code: u16,
+    pub jt: u8,
+    pub jf: u8,
+    pub k: u32,
+}
+
+/// The classic BPF filter attached to socket `fd` (SO_GET_FILTER), empty
+/// without one. SO_GET_FILTER counts in instructions, not bytes: asked
+/// with length 0 it tells how many there are.
+pub fn socket_filter(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Vec<SockFilter>> {
+    use std::os::fd::AsRawFd;
+    let mut count: libc::socklen_t = 0;
+    // SAFETY: with a length of 0 the kernel writes nothing to the buffer,
+    // only the count into the live local `count`.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_GET_FILTER,
+            std::ptr::null_mut(),
+            &mut count,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut prog = vec![SockFilter::default(); count as usize];
+    if prog.is_empty() {
+        return Ok(prog);
+    }
+    // SAFETY: the kernel writes at most `count` instructions into `prog`,
+    // which holds that many.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_GET_FILTER,
+            prog.as_mut_ptr().cast(),
+            &mut count,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    prog.truncate(count as usize);
+    Ok(prog)
+}

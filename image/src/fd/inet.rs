@@ -5,8 +5,11 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
+pub mod options;
+
 pub use crate::pb::{
-    InetAddr, InetFamily, InetFile, InetOptions, InetProtocol, InetState, PmixLink, TcpConnection,
+    InetAddr, InetFamily, InetFile, InetOptions, InetProtocol, InetState, PmixLink, SockFilterInsn,
+    TcpConnection,
 };
 
 /// The most bytes one queue of a connection may hold in an image: the

@@ -18,6 +18,7 @@
 
 mod closing;
 mod fin;
+mod options;
 mod reconnect;
 mod timewait;
 
@@ -121,6 +122,8 @@ struct Held {
     reuseaddr: bool,
     /// SO_SNDBUF as dumped.
     sndbuf: u32,
+    /// SO_BUF_LOCK as dumped.
+    buf_lock: u32,
     unsent: Vec<u8>,
     /// The network lock dropping the outside peer's segments, deleted
     /// once the connection is out of repair mode.
@@ -242,8 +245,9 @@ impl FileRestorer for Inet {
             let what = what.to_string();
             move |e: std::io::Error| RestoreError::os(pid, format!("fd {fd}: {what}"), e)
         };
-        let options = plan.options;
-        set_options(sock, &plan, &options).map_err(os("setsockopt"))?;
+        let options = plan.options.clone();
+        options::set(sock, plan.family, plan.protocol, &options)
+            .map_err(|(name, e)| os(&format!("setsockopt {name}"))(e))?;
         if let Some(link) = &image.pmix {
             reconnect_pmix(pid, fd, sock, link, &cx.shared.options.pmix_step)?;
             set_status_flags(r, got, file.flags)?;
@@ -266,6 +270,7 @@ impl FileRestorer for Inet {
                         queued,
                         fin_sent: conn.fin_sent,
                         sndbuf: options.sndbuf,
+                        buf_lock: options.buf_lock,
                         reuseaddr: options.reuseaddr,
                         in_progress: false,
                     });
@@ -281,6 +286,7 @@ impl FileRestorer for Inet {
                     sock: copy,
                     reuseaddr: options.reuseaddr,
                     sndbuf: options.sndbuf,
+                    buf_lock: options.buf_lock,
                     unsent: plan.unsent,
                     lock: (!conn.network_lock.is_empty())
                         .then(|| ckpt_netlock::Table::named(&conn.network_lock)),
@@ -354,6 +360,7 @@ impl FileRestorer for Inet {
                                 queued: Vec::new(),
                                 fin_sent: false,
                                 sndbuf: options.sndbuf,
+                                buf_lock: options.buf_lock,
                                 reuseaddr: options.reuseaddr,
                                 in_progress: true,
                             });
@@ -464,7 +471,7 @@ impl Plan {
             local,
             peer,
             tcp: None,
-            options: image.options.unwrap_or_default(),
+            options: image.options.clone().unwrap_or_default(),
             sent: Vec::new(),
             unsent: Vec::new(),
             received: Vec::new(),
@@ -651,50 +658,6 @@ fn check_privileged_port(pid: i32, fd: i32, local: &SocketAddr, allowed: bool) -
     Ok(())
 }
 
-/// Options that must be in place before bind (address reuse, v6only) and
-/// the rest that getsockopt reported.
-fn set_options(sock: BorrowedFd<'_>, plan: &Plan, o: &InetOptions) -> std::io::Result<()> {
-    let sol = libc::SOL_SOCKET;
-    let set = |level, opt, v: bool| sys::setsockopt_int(sock, level, opt, i32::from(v));
-    set(sol, libc::SO_REUSEADDR, o.reuseaddr)?;
-    set(sol, libc::SO_REUSEPORT, o.reuseport)?;
-    set(sol, libc::SO_BROADCAST, o.broadcast)?;
-    set(sol, libc::SO_KEEPALIVE, o.keepalive)?;
-    // getsockopt reports twice what was set; the FORCE variants take what
-    // the dump saw even above the sysctl limits (it is what the socket
-    // had, no more).
-    for (opt, val) in [
-        (libc::SO_SNDBUFFORCE, o.sndbuf),
-        (libc::SO_RCVBUFFORCE, o.rcvbuf),
-    ] {
-        if val > 0 {
-            force_buffer(sock, opt, val)?;
-        }
-    }
-    if plan.family == InetFamily::Ipv6 {
-        set(libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, o.v6only)?;
-        if o.tos != 0 {
-            sys::setsockopt_int(sock, libc::IPPROTO_IPV6, libc::IPV6_TCLASS, o.tos as i32)?;
-        }
-    } else if o.tos != 0 {
-        sys::setsockopt_int(sock, libc::IPPROTO_IP, libc::IP_TOS, o.tos as i32)?;
-    }
-    if plan.protocol == InetProtocol::Tcp {
-        let tcp = libc::IPPROTO_TCP;
-        set(tcp, libc::TCP_NODELAY, o.nodelay)?;
-        for (opt, val) in [
-            (libc::TCP_KEEPIDLE, o.keepidle),
-            (libc::TCP_KEEPINTVL, o.keepintvl),
-            (libc::TCP_KEEPCNT, o.keepcnt),
-        ] {
-            if val > 0 {
-                sys::setsockopt_int(sock, tcp, opt, i32::try_from(val).unwrap_or(i32::MAX))?;
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Rebuilds an established connection in repair mode, up to (not
 /// including) switching repair off and sending what was never sent.
 fn restore_connection(
@@ -761,7 +724,7 @@ fn restore_connection(
         sys::setsockopt_int(sock, tcp, libc::TCP_TIMESTAMP, conn.timestamp as i32)
             .map_err(os("TCP_TIMESTAMP"))?;
     }
-    let options = plan.options;
+    let options = &plan.options;
     force_buffer(
         sock,
         libc::SO_SNDBUFFORCE,
@@ -789,6 +752,7 @@ fn restore_connection(
     // the bytes never sent are queued too.
     force_buffer(sock, libc::SO_RCVBUFFORCE, options.rcvbuf.max(1))
         .map_err(os("SO_RCVBUFFORCE"))?;
+    options::lock_buffers(sock, options.buf_lock).map_err(os("SO_BUF_LOCK"))?;
     log::debug!(
         "pid {pid} fd {fd}: TCP {local} -> {peer} rebuilt (open file {file_id}): {} bytes sent, {} unsent, {} received",
         plan.sent.len(),
@@ -1023,6 +987,7 @@ fn switch_off(ends: &[Held]) -> Result<()> {
             &format!("send the {} bytes never sent", h.unsent.len()),
         ))?;
         force_buffer(s, libc::SO_SNDBUFFORCE, h.sndbuf.max(1)).map_err(os(h, "SO_SNDBUFFORCE"))?;
+        options::lock_buffers(s, h.buf_lock).map_err(os(h, "SO_BUF_LOCK"))?;
     }
     Ok(())
 }

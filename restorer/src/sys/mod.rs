@@ -1,7 +1,9 @@
 //! Raw syscalls of the restorer: clone3 with `set_tid`, prlimit, mapping the pages file.
 
 mod ipc;
+mod sockopt;
 pub use ipc::*;
+pub use sockopt::*;
 
 /// The kernel's `struct clone_args` (clone3(2)), up to `set_tid_size`.
 #[repr(C)]

@@ -44,6 +44,8 @@ pub(super) struct Reconnect {
     pub fin_sent: bool,
     /// SO_SNDBUF as dumped.
     pub sndbuf: u32,
+    /// SO_BUF_LOCK as dumped.
+    pub buf_lock: u32,
     /// SO_REUSEADDR as the process had it.
     pub reuseaddr: bool,
     /// Its connect was under way (SYN_SENT): it is started again and not
@@ -112,6 +114,7 @@ impl Reconnect {
             .map_err(os(format!("send the {} bytes queued", self.queued.len())))?;
         super::force_buffer(s, libc::SO_SNDBUFFORCE, self.sndbuf.max(1))
             .map_err(os("SO_SNDBUFFORCE".into()))?;
+        super::options::lock_buffers(s, self.buf_lock).map_err(os("SO_BUF_LOCK".into()))?;
         sys::setsockopt_int(
             s,
             libc::SOL_SOCKET,
