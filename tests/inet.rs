@@ -445,6 +445,13 @@ fn socket_options_read_back_as_set() {
     standard_cycle("inet-options", "tcpopts", &[]);
 }
 
+/// Two listeners sharing a port with SO_REUSEPORT both come back on it
+/// and between them accept every new connection (checked by the victim).
+#[test]
+fn reuseport_listeners_share_their_port_again() {
+    standard_cycle("inet-reuseport", "tcpopts", &["reuseport"]);
+}
+
 /// Dumped without --kill, connections not accepted yet go on as they
 /// were: the clients left repair mode, the listener accepts them.
 #[test]

@@ -12,6 +12,11 @@
  *                          After go each reads back as set (the filter
  *                          with SO_GET_FILTER), and the connection and the
  *                          listener still work.
+ *   tcpopts WORKDIR reuseport
+ *                          two listeners on one port of 127.0.0.1 with
+ *                          SO_REUSEPORT; after go both are on it still, and
+ *                          REUSEPORT_CLIENTS connections are all accepted,
+ *                          by one or the other.
  */
 #include "victim.h"
 
@@ -134,6 +139,51 @@ static socklen_t loopback(int family, struct sockaddr_storage *ss)
 	return sizeof(*a);
 }
 
+#define REUSEPORT_CLIENTS 16
+
+static void reuseport(void)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = loopback(AF_INET, &ss);
+	int one = 1, l[2], port[2], accepted = 0;
+
+	for (int i = 0; i < 2; i++) {
+		l[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+		if (l[i] < 0 || setsockopt(l[i], SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0 ||
+		    bind(l[i], (struct sockaddr *)&ss, len) != 0 || listen(l[i], REUSEPORT_CLIENTS) != 0 ||
+		    getsockname(l[i], (struct sockaddr *)&ss, &len) != 0)
+			die("listener");
+		port[i] = ((struct sockaddr_in *)&ss)->sin_port;
+	}
+
+	victim_ready_and_wait(NULL);
+
+	for (int i = 0; i < 2; i++) {
+		int v = 0;
+		socklen_t vlen = sizeof(v);
+
+		len = sizeof(ss);
+		CHECK(getsockname(l[i], (struct sockaddr *)&ss, &len) == 0 &&
+			      ((struct sockaddr_in *)&ss)->sin_port == port[0] && port[i] == port[0],
+		      "listener %d left the shared port", i);
+		CHECK(getsockopt(l[i], SOL_SOCKET, SO_REUSEPORT, &v, &vlen) == 0 && v == 1,
+		      "listener %d: SO_REUSEPORT is %d", i, v);
+	}
+	for (int n = 0; n < REUSEPORT_CLIENTS; n++) {
+		int c = socket(AF_INET, SOCK_STREAM, 0);
+
+		if (c < 0 || connect(c, (struct sockaddr *)&ss, len) != 0)
+			die("connect");
+	}
+	usleep(100000);
+	for (int i = 0; i < 2; i++)
+		while (accept(l[i], NULL, NULL) >= 0)
+			accepted++;
+	CHECK(accepted == REUSEPORT_CLIENTS, "%d of %d connections accepted", accepted,
+	      REUSEPORT_CLIENTS);
+	victim_finish();
+}
+
 int main(int argc, char **argv)
 {
 	struct sockaddr_storage ss;
@@ -141,6 +191,8 @@ int main(int argc, char **argv)
 	char b[2] = { 0 };
 
 	victim_init(argc, argv);
+	if (argc > 2 && strcmp(argv[2], "reuseport") == 0)
+		reuseport();
 	/* An established connection over IPv4, its client with the options. */
 	int l4 = socket(AF_INET, SOCK_STREAM, 0);
 	len = loopback(AF_INET, &ss);

@@ -133,7 +133,7 @@ struct Held {
     /// How far it had got in closing: its FIN is sent again once repair
     /// is off; the peer's FIN comes from a peer in the tree the same way,
     /// from one outside it was handed back (`give_back_fin`).
-    close: closing::Close,
+    close: closing::Fins,
 }
 
 /// Per byte put back into a queue, room for the kernel's per-buffer
@@ -291,7 +291,7 @@ impl FileRestorer for Inet {
                     lock: (!conn.network_lock.is_empty())
                         .then(|| ckpt_netlock::Table::named(&conn.network_lock)),
                     lock_netns: conn.network_lock_netns,
-                    close: closing::Close::of(conn),
+                    close: closing::Fins::of(conn),
                 };
                 finish_or_wait(cx, held, file.id, conn.peer_file_id)?;
             }

@@ -32,7 +32,7 @@ mod tcp_state {
 
 /// How far a connection had got in closing at dump time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Close {
+pub(super) enum Fins {
     /// Neither end had shut down (ESTABLISHED).
     Open,
     /// This end had shut down writing and the peer had not (FIN_WAIT1,
@@ -53,17 +53,17 @@ pub(super) enum Close {
     Closing,
 }
 
-impl Close {
+impl Fins {
     /// What the image says of `conn`.
-    pub(super) fn of(conn: &TcpConnection) -> Close {
+    pub(super) fn of(conn: &TcpConnection) -> Fins {
         match (conn.fin_sent, conn.fin_received) {
-            (false, false) => Close::Open,
-            (true, false) => Close::FinWait {
+            (false, false) => Fins::Open,
+            (true, false) => Fins::FinWait {
                 acked_at_once: conn.send_len == 0,
             },
-            (false, true) => Close::CloseWait,
-            (true, true) if conn.fin_first => Close::Closing,
-            (true, true) => Close::LastAck,
+            (false, true) => Fins::CloseWait,
+            (true, true) if conn.fin_first => Fins::Closing,
+            (true, true) => Fins::LastAck,
         }
     }
 
@@ -75,13 +75,13 @@ impl Close {
     fn settled_in(self) -> Option<&'static [u8]> {
         use tcp_state::*;
         match self {
-            Close::CloseWait => Some(&[CLOSE_WAIT]),
-            Close::FinWait {
+            Fins::CloseWait => Some(&[CLOSE_WAIT]),
+            Fins::FinWait {
                 acked_at_once: true,
             } => Some(&[FIN_WAIT2]),
-            Close::LastAck => Some(&[LAST_ACK, CLOSE]),
-            Close::Closing => Some(&[CLOSING, TIME_WAIT, CLOSE]),
-            Close::Open | Close::FinWait { .. } => None,
+            Fins::LastAck => Some(&[LAST_ACK, CLOSE]),
+            Fins::Closing => Some(&[CLOSING, TIME_WAIT, CLOSE]),
+            Fins::Open | Fins::FinWait { .. } => None,
         }
     }
 }
@@ -117,14 +117,14 @@ pub(super) fn send_fins(ends: &[Held]) -> Result<()> {
         log::debug!("pid {} fd {}: TCP: FIN sent again", h.pid, h.fd);
         Ok::<(), RestoreError>(())
     };
-    let first = ends.iter().filter(|h| h.close == Close::Closing);
+    let first = ends.iter().filter(|h| h.close == Fins::Closing);
     let then = ends
         .iter()
-        .filter(|h| matches!(h.close, Close::FinWait { .. }));
+        .filter(|h| matches!(h.close, Fins::FinWait { .. }));
     for h in first.chain(then) {
         shutdown(h)?;
     }
-    for h in ends.iter().filter(|h| h.close == Close::LastAck) {
+    for h in ends.iter().filter(|h| h.close == Fins::LastAck) {
         if let Err(state) = reaches(h, &[tcp_state::CLOSE_WAIT], Instant::now()) {
             log::warn!(
                 "pid {} fd {}: TCP: the peer's FIN is not back ({state:?}); this end's goes first and it comes back in CLOSING, not LAST_ACK",
@@ -138,7 +138,7 @@ pub(super) fn send_fins(ends: &[Held]) -> Result<()> {
 }
 
 /// Waits until every end of a connection in the tree is in its state
-/// again ([`Close::settled_in`]), so the process finds its connection as
+/// again ([`Fins::settled_in`]), so the process finds its connection as
 /// it left it. Not there in time, it is logged: the connection gets
 /// there, later.
 pub(super) fn await_fins(ends: &[Held]) {
@@ -162,8 +162,8 @@ pub(super) fn await_fins(ends: &[Held]) {
 mod tests {
     use super::*;
 
-    fn conn(fin_sent: bool, fin_received: bool, fin_first: bool, send_len: u32) -> Close {
-        Close::of(&TcpConnection {
+    fn conn(fin_sent: bool, fin_received: bool, fin_first: bool, send_len: u32) -> Fins {
+        Fins::of(&TcpConnection {
             fin_sent,
             fin_received,
             fin_first,
@@ -174,21 +174,21 @@ mod tests {
 
     #[test]
     fn the_image_names_each_closing_state() {
-        assert_eq!(conn(false, false, false, 5), Close::Open);
+        assert_eq!(conn(false, false, false, 5), Fins::Open);
         assert_eq!(
             conn(true, false, false, 0),
-            Close::FinWait {
+            Fins::FinWait {
                 acked_at_once: true
             }
         );
         assert_eq!(
             conn(true, false, false, 1),
-            Close::FinWait {
+            Fins::FinWait {
                 acked_at_once: false
             }
         );
-        assert_eq!(conn(false, true, false, 0), Close::CloseWait);
-        assert_eq!(conn(true, true, false, 9), Close::LastAck);
-        assert_eq!(conn(true, true, true, 9), Close::Closing);
+        assert_eq!(conn(false, true, false, 0), Fins::CloseWait);
+        assert_eq!(conn(true, true, false, 9), Fins::LastAck);
+        assert_eq!(conn(true, true, true, 9), Fins::Closing);
     }
 }
