@@ -25,6 +25,13 @@
 //! the restore deletes the lock once the connection is back. A tree that
 //! goes on after the dump (or whose dumper died) gets it deleted at once.
 //!
+//! Connections closing from one or both ends (FIN_WAIT1, FIN_WAIT2,
+//! CLOSE_WAIT, LAST_ACK, CLOSING) are saved like established ones, with
+//! which FINs were out. A connection a listener of the tree has not
+//! accepted yet is saved through its client (`pending`), a connect under
+//! way through its addresses (`connecting`); the options come from the
+//! image's one table of them (`read_options`).
+//!
 //! UDP datagrams queued at dump time are not saved (as in CRIU: UDP may
 //! lose datagrams, and putting them back would need their senders'
 //! addresses): the dump logs how many bytes it drops.

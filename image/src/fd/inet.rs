@@ -103,6 +103,10 @@ impl super::Describe for InetFile {
             _ => "?",
         };
         let state = match InetState::try_from(self.state) {
+            Ok(InetState::Listen) if self.pending > 0 => format!(
+                "listen backlog {} ({} not accepted yet)",
+                self.backlog, self.pending
+            ),
             Ok(InetState::Listen) => format!("listen backlog {}", self.backlog),
             Ok(InetState::Connected) if let Some(t) = &self.tcp => t.state_name().into(),
             Ok(InetState::Connected) if self.pmix.is_some() => "PMIx server link".into(),

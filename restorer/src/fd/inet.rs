@@ -14,7 +14,10 @@
 //! tree holds it (so neither end talks to a socket that does not exist
 //! yet), at once when the peer is outside; the bytes that had never been
 //! sent are then sent normally. The restored process never holds a socket
-//! in repair mode.
+//! in repair mode. The FINs of half-closed and closing connections are
+//! replayed in their order (`closing`); clients of connections not accepted
+//! yet and connects under way connect anew once the tree is rebuilt
+//! (`reconnect`); options come from the image's one table (`options`).
 
 mod closing;
 mod fin;
