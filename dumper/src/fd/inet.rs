@@ -796,14 +796,22 @@ fn established(pid: i32, fd: i32, seen: &mut HashSet<u64>) -> Option<Found> {
 /// The connections of `found` that are saved: those whose peer is in the
 /// tree too, and with `policy.established` every one.
 ///
-/// A client of a listener of the tree (`listeners`) counts as in the tree:
-/// its server end may wait in the accept queue (`pending`).
-fn chosen(found: Vec<Found>, policy: TcpPolicy, listeners: &[SocketAddr]) -> Result<Vec<Repaired>> {
+/// A client whose server end waits in the accept queue of a listener of
+/// the tree (`listeners`) counts as in the tree (`pending`); `unaccepted`
+/// are the connections waiting in an accept queue of its network
+/// namespace, as (server end, client) addresses.
+fn chosen(
+    found: Vec<Found>,
+    policy: TcpPolicy,
+    listeners: &[SocketAddr],
+    unaccepted: &[(SocketAddr, SocketAddr)],
+) -> Result<Vec<Repaired>> {
     let ends: HashSet<(SocketAddr, SocketAddr)> = found.iter().map(|f| (f.local, f.peer)).collect();
     let mut socks = Vec::new();
     for f in found {
         let inside = ends.contains(&(f.peer, f.local))
-            || listeners.iter().any(|l| pending::accepts(*l, f.peer));
+            || (unaccepted.contains(&(f.peer, f.local))
+                && listeners.iter().any(|l| pending::accepts(*l, f.peer)));
         if !inside && srun_pmix::link_to(f.pid, f.peer, 0, 0).is_some() {
             log::debug!(
                 "pid {} fd {}: TCP {} -> {}: a rank's link to its PMIx server, saved as such",
@@ -875,7 +883,11 @@ impl TcpRepair {
     ) -> Result<TcpRepair> {
         let mut repair = TcpRepair::default();
         let listeners = pending::listeners(pids)?;
-        repair.socks = chosen(find_established(pids)?, policy, &listeners)?;
+        let unaccepted = match (listeners.is_empty(), pids.first()) {
+            (false, Some(&pid)) => pending::unaccepted(pid)?,
+            _ => Vec::new(),
+        };
+        repair.socks = chosen(find_established(pids)?, policy, &listeners, &unaccepted)?;
         if repair.socks.is_empty() {
             return Ok(repair);
         }

@@ -23,24 +23,45 @@ pub(super) fn peer(pid: i32, ino: u64, family: InetFamily) -> Result<Option<Sock
         InetFamily::Ipv6 => "net/tcp6",
         _ => "net/tcp",
     };
+    Ok(entries(pid, table)?
+        .into_iter()
+        .find(|e| e.inode == ino)
+        .map(|e| e.remote))
+}
+
+/// One socket of the kernel's table.
+pub(super) struct Entry {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    /// 0 for a socket no file holds yet (one in an accept queue).
+    pub inode: u64,
+}
+
+/// The sockets of table `table` (`net/tcp`, `net/tcp6`) of process
+/// `pid`'s network namespace.
+pub(super) fn entries(pid: i32, table: &str) -> Result<Vec<Entry>> {
     let text = procfile::read(pid, table)?;
-    for line in text.lines().skip(1) {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        // sl local rem st tx:rx tr:when retrnsmt uid timeout inode ...
-        if fields.get(9).and_then(|f| f.parse::<u64>().ok()) != Some(ino) {
-            continue;
-        }
-        return fields
-            .get(2)
-            .and_then(|f| parse_addr(f))
-            .map(Some)
-            .ok_or_else(|| DumpError::Parse {
-                pid,
-                path: format!("/proc/{pid}/{table}"),
-                what: format!("the remote address of socket inode {ino}"),
-            });
-    }
-    Ok(None)
+    text.lines()
+        .skip(1)
+        .map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // sl local rem st tx:rx tr:when retrnsmt uid timeout inode ...
+            let addr = |i: usize| fields.get(i).and_then(|f| parse_addr(f));
+            let inode = fields.get(9).and_then(|f| f.parse::<u64>().ok());
+            match (addr(1), addr(2), inode) {
+                (Some(local), Some(remote), Some(inode)) => Ok(Entry {
+                    local,
+                    remote,
+                    inode,
+                }),
+                _ => Err(DumpError::Parse {
+                    pid,
+                    path: format!("/proc/{pid}/{table}"),
+                    what: format!("line {line:?}"),
+                }),
+            }
+        })
+        .collect()
 }
 
 /// An address of the table: `ADDR:PORT` in hexadecimal, the address as

@@ -3,7 +3,8 @@
 //! Such a connection's server end has no fd: it waits in the listener's
 //! accept queue, and the kernel shows its bytes only to accept(2), which
 //! would take it from the program. Repair mode cannot put a socket into
-//! an accept queue either. What can be saved is the client end, when the
+//! an accept queue either. It shows in the network namespace's table
+//! (`/proc/PID/net/tcp`) with inode 0: no file holds it yet. What can be saved is the client end, when the
 //! tree holds it and the server end holds none of its bytes (TCP_INFO's
 //! bytes_acked counts only the SYN, and the FIN when acknowledged): the
 //! restore then connects the client anew to the restored listener (a real
@@ -31,6 +32,34 @@ const SYN: u64 = 1;
 /// Whether a listener bound to `listener` takes connections to `peer`.
 pub(super) fn accepts(listener: SocketAddr, peer: SocketAddr) -> bool {
     listener.port() == peer.port() && (listener.ip() == peer.ip() || listener.ip().is_unspecified())
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 one (a dual-stack listener's
+/// connections from IPv4 clients).
+fn plain(a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(v4.into(), v6.port()),
+            None => a,
+        },
+        v4 => v4,
+    }
+}
+
+/// The connections waiting in an accept queue of the network namespace of
+/// process `pid` (sockets no file holds yet), each as (server end's local
+/// address, client's address).
+pub(super) fn unaccepted(pid: i32) -> Result<Vec<(SocketAddr, SocketAddr)>> {
+    let mut found = Vec::new();
+    for table in ["net/tcp", "net/tcp6"] {
+        found.extend(
+            super::connecting::entries(pid, table)?
+                .into_iter()
+                .filter(|e| e.inode == 0 && e.remote.port() != 0)
+                .map(|e| (plain(e.local), plain(e.remote))),
+        );
+    }
+    Ok(found)
 }
 
 /// The local addresses of the TCP listeners of the processes `pids` with
