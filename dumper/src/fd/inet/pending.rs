@@ -141,6 +141,11 @@ pub(super) fn link(tree: &mut TreeFiles) -> Result<()> {
         let &(pid, fd) = holders
             .get(&f.id)
             .expect("every collected file has a holder");
+        // A client of a server outside the tree on the listener's port is
+        // not one (`chosen` took it for what it is too).
+        if !unaccepted(pid)?.contains(&(plain(peer), plain(local))) {
+            continue;
+        }
         let refuse = |what: String| DumpError::Unsupported {
             pid,
             what: format!(
