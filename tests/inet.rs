@@ -357,14 +357,17 @@ fn privileged_port_is_not_given_back_without_cap_net_bind_service() {
     assert!(!pid_exists(v.pid), "nothing of the refused restore runs");
 }
 
+/// A connection not accepted yet whose server end holds bytes the client
+/// sent (only accept(2) shows them) is refused, naming them; the tree goes
+/// on with it.
 #[test]
-fn unaccepted_connections_are_refused_by_name() {
+fn unaccepted_connections_holding_bytes_are_refused_by_name() {
     let env = TestEnv::new("inet-refused");
     let mut v = Victim::spawn(&env, "inet", &["refused"]);
     v.wait_ready();
     let out = dump_outcome(&env, &v, &[]);
     out.assert_error();
-    let what = "with 1 connection(s) not accepted yet";
+    let what = "not accepted yet by its listener in the tree: the listener holds 5 bytes of it";
     assert!(
         out.stderr
             .lines()
@@ -391,6 +394,73 @@ fn half_closed_connections_come_back_with_unread_bytes_then_eof() {
 #[test]
 fn fin_wait1_with_queued_bytes_comes_back() {
     standard_cycle("inet-fin-wait1", "inet", &["finwait1"]);
+}
+
+/// Connections whose reader shut down first and whose writer then
+/// answered with its own FIN behind bytes the reader's full window holds
+/// back (LAST_ACK, over IPv4 and IPv6): the writer is in LAST_ACK again
+/// and reads the end of the stream, the reader gets every byte exactly
+/// once and then the end of the stream (checked by the victim).
+#[test]
+fn last_ack_with_queued_bytes_comes_back() {
+    standard_cycle("inet-last-ack", "tcpclose", &["lastack"]);
+}
+
+/// Connections whose writer's FIN, queued behind a full window, was
+/// crossed by the reader's (CLOSING, over IPv4 and IPv6): the writer is in
+/// CLOSING again and reads the end of the stream, the reader gets every
+/// byte and then the end of the stream, and the writer's FIN is
+/// acknowledged (checked by the victim).
+#[test]
+fn closing_with_queued_bytes_comes_back() {
+    standard_cycle("inet-closing", "tcpclose", &["closing"]);
+}
+
+/// Connections a listener has not accepted yet, their clients in the tree
+/// (one shut down writing), over IPv4 and IPv6: after the restore the
+/// listener accepts exactly them, from the clients' addresses, and they
+/// carry bytes both ways; the shut down one reads the end of the stream
+/// (checked by the victim).
+#[test]
+fn unaccepted_connections_of_clients_in_the_tree_come_back() {
+    standard_cycle("inet-unaccepted", "tcppending", &["pending"]);
+}
+
+/// Non-blocking connects under way (SYN_SENT, over IPv4 and IPv6) to a
+/// listener whose full accept queue drops their SYN: after the restore
+/// they are still under way, and complete (POLLOUT, SO_ERROR 0) once the
+/// listener accepts its pending connection (checked by the victim).
+#[test]
+fn connects_under_way_complete_after_the_restore() {
+    standard_cycle("inet-syn-sent", "tcppending", &["synsent"]);
+}
+
+/// Options a program set and reads back (SO_BINDTODEVICE, SO_BUF_LOCK,
+/// SO_LINGER, keepalive and its timing, TCP_NODELAY, TCP_CORK,
+/// IP_FREEBIND, IP_TOS/IPV6_TCLASS, IPV6_V6ONLY, TCP_USER_TIMEOUT,
+/// TCP_CONGESTION, a classic BPF filter) on an established connection and
+/// a listener read back as set after the restore (checked by the victim).
+#[test]
+fn socket_options_read_back_as_set() {
+    standard_cycle("inet-options", "tcpopts", &[]);
+}
+
+/// Two listeners sharing a port with SO_REUSEPORT both come back on it
+/// and between them accept every new connection (checked by the victim).
+#[test]
+fn reuseport_listeners_share_their_port_again() {
+    standard_cycle("inet-reuseport", "tcpopts", &["reuseport"]);
+}
+
+/// Dumped without --kill, connections not accepted yet go on as they
+/// were: the clients left repair mode, the listener accepts them.
+#[test]
+fn unaccepted_connections_go_on_after_a_dump_without_kill() {
+    let env = TestEnv::new("inet-unaccepted-live");
+    let mut v = Victim::spawn(&env, "tcppending", &["pending"]);
+    v.wait_ready();
+    dump(&env, &v, &[]);
+    v.assert_unharmed_and_passes("after a dump that left it running");
 }
 
 /// Dumped without --kill, half-closed connections go on as they were.

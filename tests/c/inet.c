@@ -11,8 +11,8 @@
  *                          listening sockets accept new connections.
  *   inet WORKDIR udp       bound and connected UDP pairs (v4, v6) with
  *                          their options; datagrams flow again after go.
- *   inet WORKDIR refused   a connection not accepted yet: refused by name,
- *                          and it goes on.
+ *   inet WORKDIR refused   a connection not accepted yet holding bytes its
+ *                          client sent: refused by name, and it goes on.
  *   inet WORKDIR halfclosed
  *                          half-closed connections over 127.0.0.1 and ::1:
  *                          one end shut down writing (FIN_WAIT2), the other
@@ -653,18 +653,23 @@ static void server(void)
 	victim_finish();
 }
 
-/* What ckpt refuses by name: a listening socket with a connection not
- * accepted yet. It keeps working. */
+/* What ckpt refuses by name: a connection not accepted yet whose server
+ * end holds bytes the client sent (only accept shows them). It keeps
+ * working. */
 static void refused(void)
 {
 	int l = listener(AF_INET);
 	int pending = connect_to(l, 0);
-	char b = 0;
+	char b = 0, early[6] = { 0 };
 
+	if (send(pending, "early", 5, MSG_NOSIGNAL) != 5)
+		die("send");
 	victim_ready_and_wait(NULL);
 
 	int got = accept(l, NULL, NULL);
 	CHECK(got >= 0, "pending connection lost: %s", strerror(errno));
+	CHECK(victim_read_exact(got, early, 5) == 0 && strcmp(early, "early") == 0,
+	      "the bytes sent before accept are lost");
 	CHECK(send(pending, "p", 1, MSG_NOSIGNAL) == 1 && recv(got, &b, 1, 0) == 1 && b == 'p',
 	      "pending connection broken");
 	victim_finish();

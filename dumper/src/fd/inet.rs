@@ -25,9 +25,19 @@
 //! the restore deletes the lock once the connection is back. A tree that
 //! goes on after the dump (or whose dumper died) gets it deleted at once.
 //!
+//! Connections closing from one or both ends (FIN_WAIT1, FIN_WAIT2,
+//! CLOSE_WAIT, LAST_ACK, CLOSING) are saved like established ones, with
+//! which FINs were out. A connection a listener of the tree has not
+//! accepted yet is saved through its client (`pending`), a connect under
+//! way through its addresses (`connecting`); the options come from the
+//! image's one table of them (`read_options`).
+//!
 //! UDP datagrams queued at dump time are not saved (as in CRIU: UDP may
 //! lose datagrams, and putting them back would need their senders'
 //! addresses): the dump logs how many bytes it drops.
+
+mod connecting;
+mod pending;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -36,8 +46,8 @@ use std::os::unix::fs::MetadataExt;
 
 use ckpt_image::fd::file::Kind;
 use ckpt_image::fd::inet::{
-    InetAddr, InetFamily, InetFile, InetOptions, InetProtocol, InetState, PmixLink, TcpConnection,
-    tcp_data_name,
+    InetAddr, InetFamily, InetFile, InetOptions, InetProtocol, InetState, PmixLink, SockFilterInsn,
+    TcpConnection, options, tcp_data_name,
 };
 
 use super::{Blobs, FdParams, FileDumper, TreeFiles};
@@ -52,11 +62,39 @@ pub struct Inet;
 /// Kernel TCP states (include/net/tcp_states.h), as TCP_INFO reports them.
 mod tcp_state {
     pub const ESTABLISHED: u8 = 1;
+    pub const SYN_SENT: u8 = 2;
     pub const FIN_WAIT1: u8 = 4;
     pub const FIN_WAIT2: u8 = 5;
     pub const CLOSE: u8 = 7;
     pub const CLOSE_WAIT: u8 = 8;
+    pub const LAST_ACK: u8 = 9;
     pub const LISTEN: u8 = 10;
+    pub const CLOSING: u8 = 11;
+
+    /// The states of a connection saved in repair mode: established, or
+    /// closing with at least one FIN not yet through both ends.
+    pub fn repairable(s: u8) -> bool {
+        matches!(
+            s,
+            ESTABLISHED | FIN_WAIT1 | FIN_WAIT2 | CLOSE_WAIT | LAST_ACK | CLOSING
+        )
+    }
+
+    /// This end has shut down writing: its FIN is sent or queued.
+    pub fn fin_sent(s: u8) -> bool {
+        matches!(s, FIN_WAIT1 | FIN_WAIT2 | LAST_ACK | CLOSING)
+    }
+
+    /// This end's FIN counts in its send queue: it is not acknowledged
+    /// yet (maybe not even sent, behind queued bytes).
+    pub fn fin_unacked(s: u8) -> bool {
+        matches!(s, FIN_WAIT1 | LAST_ACK | CLOSING)
+    }
+
+    /// The peer's FIN has arrived.
+    pub fn fin_received(s: u8) -> bool {
+        matches!(s, CLOSE_WAIT | LAST_ACK | CLOSING)
+    }
 
     /// The state's name, for refusals.
     pub fn name(s: u8) -> &'static str {
@@ -158,7 +196,7 @@ impl FileDumper for Inet {
     }
 
     fn description(&self) -> &'static str {
-        "TCP and UDP sockets (IPv4, IPv6): bound, connected, listening, established and half-closed (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) TCP with its queues (TCP_REPAIR), peers outside the tree held off by a network lock"
+        "TCP and UDP sockets (IPv4, IPv6): bound, connected, listening, established, half-closed (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) and closing (LAST_ACK, CLOSING) TCP with its queues (TCP_REPAIR), connections not accepted yet whose client is in the tree, connects under way (SYN_SENT), peers outside the tree held off by a network lock"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -204,6 +242,7 @@ impl FileDumper for Inet {
                 caps::Capability::CAP_NET_BIND_SERVICE,
             )?,
             pmix: None,
+            pending: 0,
         };
         let name = |a: &Option<SocketAddr>| a.map_or("-".to_string(), |a| a.to_string());
         match id.protocol {
@@ -225,21 +264,27 @@ impl FileDumper for Inet {
                 let info = tcp_info(sock).map_err(|e| os("TCP_INFO", e))?;
                 match info.state {
                     tcp_state::CLOSE => {}
-                    tcp_state::LISTEN => {
-                        if info.unacked > 0 {
+                    tcp_state::SYN_SENT => {
+                        let Some(to) = connecting::peer(p.pid, p.meta.ino(), id.family)? else {
                             return Err(p.unsupported(&format!(
-                                "listening TCP socket {} with {} connection(s) not accepted yet",
-                                name(&local),
-                                info.unacked
+                                "TCP socket {} in state SYN_SENT missing from the network namespace's table",
+                                name(&local)
                             )));
-                        }
+                        };
+                        image.state = InetState::Connecting as i32;
+                        image.peer = Some(InetAddr::from_socket_addr(&to));
+                    }
+                    tcp_state::LISTEN => {
+                        // Each connection not accepted yet must have its
+                        // client in the tree (`pending::link`).
                         image.state = InetState::Listen as i32;
                         image.backlog = info.sacked;
+                        image.pending = info.unacked;
                     }
-                    state @ (tcp_state::CLOSE_WAIT
-                    | tcp_state::FIN_WAIT1
-                    | tcp_state::FIN_WAIT2)
-                        if !in_repair(sock) =>
+                    state
+                        if state != tcp_state::ESTABLISHED
+                            && tcp_state::repairable(state)
+                            && !in_repair(sock) =>
                     {
                         return Err(p.unsupported(&format!(
                             "TCP connection {} -> {} in state {} to a peer outside the tree (dump with --tcp-established to save it)",
@@ -262,30 +307,29 @@ impl FileDumper for Inet {
                         image.state = InetState::Connected as i32;
                         image.pmix = Some(link);
                     }
-                    state @ (tcp_state::ESTABLISHED
-                    | tcp_state::FIN_WAIT1
-                    | tcp_state::FIN_WAIT2
-                    | tcp_state::CLOSE_WAIT) => {
+                    state if tcp_state::repairable(state) => {
                         // The receive side is read by `link_tree`, after
                         // every send queue of the tree (`read_receive_side`).
-                        // FIN_WAIT1's FIN is still in its send queue.
-                        let fin_queued = state == tcp_state::FIN_WAIT1;
+                        // A FIN not acknowledged yet is still in the send
+                        // queue.
+                        let fin_queued = tcp_state::fin_unacked(state);
                         let (mut conn, data) =
                             read_send_side(p, sock, &info, &local, &peer, fin_queued)?;
                         // The FINs take a sequence number each but are no
                         // data: the image counts none (`TcpConnection`).
-                        if matches!(state, tcp_state::FIN_WAIT1 | tcp_state::FIN_WAIT2) {
+                        if tcp_state::fin_sent(state) {
                             conn.fin_sent = true;
                             conn.send_seq = conn.send_seq.wrapping_sub(1);
                         }
-                        conn.fin_received = state == tcp_state::CLOSE_WAIT;
+                        conn.fin_received = tcp_state::fin_received(state);
+                        conn.fin_first = state == tcp_state::CLOSING;
                         blobs.add(tcp_data_name(file_id), data);
                         image.state = InetState::Connected as i32;
                         image.tcp = Some(conn);
                     }
                     other => {
                         return Err(p.unsupported(&format!(
-                            "TCP socket {} -> {} in state {} (only listening, established, FIN_WAIT1, FIN_WAIT2 and CLOSE_WAIT connections are supported)",
+                            "TCP socket {} -> {} in state {} (only listening, connecting (SYN_SENT), established, FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT, LAST_ACK and CLOSING connections are supported)",
                             name(&local),
                             name(&peer),
                             tcp_state::name(other)
@@ -324,34 +368,57 @@ impl FileDumper for Inet {
                     .unwrap_or(0);
             }
         }
-        Ok(())
+        pending::link(tree)
     }
 }
 
+/// The socket's options: those of the table ([`options::NUMERIC`],
+/// [`options::NAMED`]) that apply to it, buffer sizes, SO_LINGER and the
+/// classic BPF filter. An option this kernel does not know (ENOPROTOOPT)
+/// stays at its default.
 fn read_options(sock: BorrowedFd<'_>, id: &Identity) -> std::io::Result<InetOptions> {
+    let known = |r: std::io::Result<()>| match r {
+        Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => Ok(()),
+        other => other,
+    };
     let sol = libc::SOL_SOCKET;
     let mut o = InetOptions {
-        reuseaddr: flag(sock, sol, libc::SO_REUSEADDR)?,
-        reuseport: flag(sock, sol, libc::SO_REUSEPORT)?,
-        broadcast: flag(sock, sol, libc::SO_BROADCAST)?,
-        keepalive: flag(sock, sol, libc::SO_KEEPALIVE)?,
         sndbuf: uint(sock, sol, libc::SO_SNDBUF)?,
         rcvbuf: uint(sock, sol, libc::SO_RCVBUF)?,
         ..InetOptions::default()
     };
-    if id.family == InetFamily::Ipv6 {
-        o.v6only = flag(sock, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY)?;
-        o.tos = uint(sock, libc::IPPROTO_IPV6, libc::IPV6_TCLASS)?;
-    } else {
-        o.tos = uint(sock, libc::IPPROTO_IP, libc::IP_TOS)?;
+    for n in options::NUMERIC
+        .iter()
+        .filter(|n| n.applies.to(id.family, id.protocol))
+    {
+        known(sys::getsockopt_int(sock, n.level, n.opt).map(|v| n.set(&mut o, v)))?;
     }
-    if id.protocol == InetProtocol::Tcp {
-        let tcp = libc::IPPROTO_TCP;
-        o.nodelay = flag(sock, tcp, libc::TCP_NODELAY)?;
-        o.keepidle = uint(sock, tcp, libc::TCP_KEEPIDLE)?;
-        o.keepintvl = uint(sock, tcp, libc::TCP_KEEPINTVL)?;
-        o.keepcnt = uint(sock, tcp, libc::TCP_KEEPCNT)?;
+    for n in options::NAMED
+        .iter()
+        .filter(|n| n.applies.to(id.family, id.protocol))
+    {
+        known(
+            sys::getsockopt_raw::<[u8; options::NAME_MAX]>(sock, n.level, n.opt).map(
+                |(name, len)| {
+                    let name = &name[..len.min(name.len())];
+                    let name = name.split(|b| *b == 0).next().unwrap_or_default();
+                    (n.set)(&mut o, String::from_utf8_lossy(name).into_owned());
+                },
+            ),
+        )?;
     }
+    let (linger, _) = sys::getsockopt_raw::<sys::Linger>(sock, sol, libc::SO_LINGER)?;
+    o.linger_on = linger.onoff != 0;
+    o.linger_secs = linger.secs.max(0) as u32;
+    o.filter = sys::socket_filter(sock)?
+        .into_iter()
+        .map(|i| SockFilterInsn {
+            code: u32::from(i.code),
+            jt: u32::from(i.jt),
+            jf: u32::from(i.jf),
+            k: i.k,
+        })
+        .collect();
     Ok(o)
 }
 
@@ -642,8 +709,7 @@ struct Guard {
     tx: OwnedFd,
 }
 
-/// An established or half-closed (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) connection
-/// found in the tree.
+/// An established, half-closed or closing connection found in the tree.
 struct Found {
     pid: i32,
     fd: i32,
@@ -686,8 +752,9 @@ pub(crate) fn established_peers(pid: i32) -> Result<Vec<TcpPeer>> {
         .collect())
 }
 
-/// Fd `fd` of process `pid`, if it is an established or half-closed
-/// (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) TCP connection not
+/// Fd `fd` of process `pid`, if it is an established, half-closed
+/// (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) or closing (LAST_ACK, CLOSING) TCP
+/// connection not
 /// in `seen` (which it joins). Whatever cannot be read here is refused,
 /// with its reason, when the fd is collected.
 fn established(pid: i32, fd: i32, seen: &mut HashSet<u64>) -> Option<Found> {
@@ -710,14 +777,7 @@ fn established(pid: i32, fd: i32, seen: &mut HashSet<u64>) -> Option<Found> {
     if !tcp {
         return None;
     }
-    let state = tcp_info(sock.as_fd()).ok()?.state;
-    if !matches!(
-        state,
-        tcp_state::ESTABLISHED
-            | tcp_state::FIN_WAIT1
-            | tcp_state::FIN_WAIT2
-            | tcp_state::CLOSE_WAIT
-    ) {
+    if !tcp_state::repairable(tcp_info(sock.as_fd()).ok()?.state) {
         return None;
     }
     let addr = |end| sys::sock_addr(sock.as_fd(), end).ok().flatten();
@@ -735,11 +795,23 @@ fn established(pid: i32, fd: i32, seen: &mut HashSet<u64>) -> Option<Found> {
 
 /// The connections of `found` that are saved: those whose peer is in the
 /// tree too, and with `policy.established` every one.
-fn chosen(found: Vec<Found>, policy: TcpPolicy) -> Result<Vec<Repaired>> {
+///
+/// A client whose server end waits in the accept queue of a listener of
+/// the tree (`listeners`) counts as in the tree (`pending`); `unaccepted`
+/// are the connections waiting in an accept queue of its network
+/// namespace, as (server end, client) addresses.
+fn chosen(
+    found: Vec<Found>,
+    policy: TcpPolicy,
+    listeners: &[SocketAddr],
+    unaccepted: &[(SocketAddr, SocketAddr)],
+) -> Result<Vec<Repaired>> {
     let ends: HashSet<(SocketAddr, SocketAddr)> = found.iter().map(|f| (f.local, f.peer)).collect();
     let mut socks = Vec::new();
     for f in found {
-        let inside = ends.contains(&(f.peer, f.local));
+        let inside = ends.contains(&(f.peer, f.local))
+            || (unaccepted.contains(&(f.peer, f.local))
+                && listeners.iter().any(|l| pending::accepts(*l, f.peer)));
         if !inside && srun_pmix::link_to(f.pid, f.peer, 0, 0).is_some() {
             log::debug!(
                 "pid {} fd {}: TCP {} -> {}: a rank's link to its PMIx server, saved as such",
@@ -810,7 +882,12 @@ impl TcpRepair {
         hold_first: impl FnOnce(&mut TcpRepair) -> Result<()>,
     ) -> Result<TcpRepair> {
         let mut repair = TcpRepair::default();
-        repair.socks = chosen(find_established(pids)?, policy)?;
+        let listeners = pending::listeners(pids)?;
+        let unaccepted = match (listeners.is_empty(), pids.first()) {
+            (false, Some(&pid)) => pending::unaccepted(pid)?,
+            _ => Vec::new(),
+        };
+        repair.socks = chosen(find_established(pids)?, policy, &listeners, &unaccepted)?;
         if repair.socks.is_empty() {
             return Ok(repair);
         }
@@ -1007,6 +1084,7 @@ impl TcpRepair {
         for f in &mut tree.files.files {
             if let Some(Kind::Inet(InetFile { tcp: Some(tcp), .. })) = &mut f.kind
                 && tcp.peer_file_id == 0
+                && tcp.unaccepted_by == 0
             {
                 tcp.network_lock = table.name().to_string();
                 tcp.network_lock_netns = *netns_inode;

@@ -77,7 +77,7 @@ pub static REFUSED: &[(&str, &str)] = &[
     ),
     (
         "TCP in other states",
-        "TCP connections opening or closing with a FIN not yet acknowledged (SYN_SENT, SYN_RECV, LAST_ACK, CLOSING), listening sockets with connections not accepted yet, connections to a peer outside the tree without --tcp-established",
+        "TCP connections in SYN_RECV (a TCP Fast Open server's accepted socket before the handshake is done), connections not accepted yet whose client is outside the tree or whose server end holds bytes of it, connections to a peer outside the tree without --tcp-established",
     ),
     (
         "unix socket to outside the tree",

@@ -6,6 +6,8 @@ pub use handle::*;
 pub use ipc::*;
 mod socket;
 pub use socket::*;
+mod tcp;
+pub use tcp::*;
 
 /// `kcmp` type: compare two file descriptors' open file descriptions.
 const KCMP_FILE: libc::c_int = 0;
@@ -604,43 +606,6 @@ pub fn sock_addr(
         }
         _ => None,
     })
-}
-
-/// The start of the kernel's `struct tcp_info` (uapi linux/tcp.h), up to
-/// the fields ckpt reads.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub struct TcpInfo {
-    /// `TCP_ESTABLISHED`, `TCP_LISTEN`, ...
-    pub state: u8,
-    pub ca_state: u8,
-    pub retransmits: u8,
-    pub probes: u8,
-    pub backoff: u8,
-    /// `TCPI_OPT_*` bits.
-    pub options: u8,
-    /// Send window scale in the low nibble, receive in the high one.
-    pub wscale: u8,
-    pub flags: u8,
-    pub rto: u32,
-    pub ato: u32,
-    pub snd_mss: u32,
-    pub rcv_mss: u32,
-    /// Listening sockets: connections waiting in the accept queue.
-    pub unacked: u32,
-    /// Listening sockets: the backlog.
-    pub sacked: u32,
-}
-
-/// The kernel's `struct tcp_repair_window`.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub struct TcpRepairWindow {
-    pub snd_wl1: u32,
-    pub snd_wnd: u32,
-    pub max_window: u32,
-    pub rcv_wnd: u32,
-    pub rcv_wup: u32,
 }
 
 /// Forks the guard of sockets in TCP repair mode: a process that holds

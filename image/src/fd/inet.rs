@@ -5,8 +5,11 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
+pub mod options;
+
 pub use crate::pb::{
-    InetAddr, InetFamily, InetFile, InetOptions, InetProtocol, InetState, PmixLink, TcpConnection,
+    InetAddr, InetFamily, InetFile, InetOptions, InetProtocol, InetState, PmixLink, SockFilterInsn,
+    TcpConnection,
 };
 
 /// The most bytes one queue of a connection may hold in an image: the
@@ -63,6 +66,17 @@ impl std::fmt::Display for InetAddr {
 }
 
 impl TcpConnection {
+    /// The TCP state the connection was in, as its FIN flags tell.
+    pub fn state_name(&self) -> &'static str {
+        match (self.fin_sent, self.fin_received) {
+            (false, false) => "established",
+            (true, false) => "FIN_WAIT",
+            (false, true) => "CLOSE_WAIT",
+            (true, true) if self.fin_first => "CLOSING",
+            (true, true) => "LAST_ACK",
+        }
+    }
+
     /// Bytes of `tcp-ID.img` this connection needs, or `None` if a queue
     /// length is out of bounds or the unsent part exceeds the send queue.
     pub fn data_len(&self) -> Option<u64> {
@@ -89,10 +103,15 @@ impl super::Describe for InetFile {
             _ => "?",
         };
         let state = match InetState::try_from(self.state) {
+            Ok(InetState::Listen) if self.pending > 0 => format!(
+                "listen backlog {} ({} not accepted yet)",
+                self.backlog, self.pending
+            ),
             Ok(InetState::Listen) => format!("listen backlog {}", self.backlog),
-            Ok(InetState::Connected) if self.tcp.is_some() => "established".into(),
+            Ok(InetState::Connected) if let Some(t) = &self.tcp => t.state_name().into(),
             Ok(InetState::Connected) if self.pmix.is_some() => "PMIx server link".into(),
             Ok(InetState::Connected) => "connected".into(),
+            Ok(InetState::Connecting) => "connecting (SYN_SENT)".into(),
             Ok(InetState::Closed) if self.local.is_some() => "bound".into(),
             Ok(InetState::Closed) => "unbound".into(),
             _ => "?".into(),

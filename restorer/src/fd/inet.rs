@@ -14,9 +14,15 @@
 //! tree holds it (so neither end talks to a socket that does not exist
 //! yet), at once when the peer is outside; the bytes that had never been
 //! sent are then sent normally. The restored process never holds a socket
-//! in repair mode.
+//! in repair mode. The FINs of half-closed and closing connections are
+//! replayed in their order (`closing`); clients of connections not accepted
+//! yet and connects under way connect anew once the tree is rebuilt
+//! (`reconnect`); options come from the image's one table (`options`).
 
+mod closing;
 mod fin;
+mod options;
+mod reconnect;
 mod timewait;
 
 use std::collections::HashMap;
@@ -119,21 +125,18 @@ struct Held {
     reuseaddr: bool,
     /// SO_SNDBUF as dumped.
     sndbuf: u32,
+    /// SO_BUF_LOCK as dumped.
+    buf_lock: u32,
     unsent: Vec<u8>,
     /// The network lock dropping the outside peer's segments, deleted
     /// once the connection is out of repair mode.
     lock: Option<ckpt_netlock::Table>,
     /// The inode of the network namespace the lock was put in.
     lock_netns: u64,
-    /// This end had shut down writing (FIN_WAIT1, FIN_WAIT2): its FIN is
-    /// sent again once repair is off.
-    fin_sent: bool,
-    /// Its FIN goes out at once, nothing queued before it: an in-tree
-    /// peer acknowledges it before the tree runs (FIN_WAIT2).
-    fin_acked_at_once: bool,
-    /// The peer's FIN had arrived (CLOSE_WAIT): a peer in the tree sends
-    /// it again; one outside had it handed back (`give_back_fin`).
-    fin_received: bool,
+    /// How far it had got in closing: its FIN is sent again once repair
+    /// is off; the peer's FIN comes from a peer in the tree the same way,
+    /// from one outside it was handed back (`give_back_fin`).
+    close: closing::Fins,
 }
 
 /// Per byte put back into a queue, room for the kernel's per-buffer
@@ -245,14 +248,36 @@ impl FileRestorer for Inet {
             let what = what.to_string();
             move |e: std::io::Error| RestoreError::os(pid, format!("fd {fd}: {what}"), e)
         };
-        let options = plan.options;
-        set_options(sock, &plan, &options).map_err(os("setsockopt"))?;
+        let options = plan.options.clone();
+        options::set(sock, plan.family, plan.protocol, &options)
+            .map_err(|(name, e)| os(&format!("setsockopt {name}"))(e))?;
         if let Some(link) = &image.pmix {
             reconnect_pmix(pid, fd, sock, link, &cx.shared.options.pmix_step)?;
             set_status_flags(r, got, file.flags)?;
             return Ok(got);
         }
         match (&plan.tcp, plan.state) {
+            (Some(conn), _) if conn.unaccepted_by != 0 => {
+                let local = plan.local.expect("checked by Plan::of");
+                reconnect::bind(pid, fd, sock, local)?;
+                let mut queued = plan.sent;
+                queued.extend_from_slice(&plan.unsent);
+                cx.shared
+                    .outside_peers
+                    .reconnects
+                    .push(reconnect::Reconnect {
+                        pid,
+                        fd,
+                        sock: copy,
+                        peer: plan.peer.expect("checked by Plan::of"),
+                        queued,
+                        fin_sent: conn.fin_sent,
+                        sndbuf: options.sndbuf,
+                        buf_lock: options.buf_lock,
+                        reuseaddr: options.reuseaddr,
+                        in_progress: false,
+                    });
+            }
             (Some(conn), _) => {
                 restore_connection(cx, sock, &plan, conn, file.id, fd)?;
                 if conn.fin_received && conn.peer_file_id == 0 {
@@ -264,13 +289,12 @@ impl FileRestorer for Inet {
                     sock: copy,
                     reuseaddr: options.reuseaddr,
                     sndbuf: options.sndbuf,
+                    buf_lock: options.buf_lock,
                     unsent: plan.unsent,
                     lock: (!conn.network_lock.is_empty())
                         .then(|| ckpt_netlock::Table::named(&conn.network_lock)),
                     lock_netns: conn.network_lock_netns,
-                    fin_sent: conn.fin_sent,
-                    fin_acked_at_once: conn.fin_sent && conn.send_len == 0,
-                    fin_received: conn.fin_received,
+                    close: closing::Fins::of(conn),
                 };
                 finish_or_wait(cx, held, file.id, conn.peer_file_id)?;
             }
@@ -325,6 +349,26 @@ impl FileRestorer for Inet {
                     InetState::Connected => {
                         let peer = plan.peer.expect("checked by Plan::of");
                         sys::connect(sock, &peer).map_err(os(&format!("connect {peer}")))?;
+                    }
+                    InetState::Connecting => {
+                        // Once every listener of the tree is back.
+                        cx.shared
+                            .outside_peers
+                            .reconnects
+                            .push(reconnect::Reconnect {
+                                pid,
+                                fd,
+                                sock: copy,
+                                peer: plan.peer.expect("checked by Plan::of"),
+                                queued: Vec::new(),
+                                fin_sent: false,
+                                sndbuf: options.sndbuf,
+                                buf_lock: options.buf_lock,
+                                reuseaddr: options.reuseaddr,
+                                in_progress: true,
+                            });
+                        set_status_flags(r, got, file.flags)?;
+                        return Ok(got);
                     }
                     _ => {}
                 }
@@ -430,15 +474,18 @@ impl Plan {
             local,
             peer,
             tcp: None,
-            options: image.options.unwrap_or_default(),
+            options: image.options.clone().unwrap_or_default(),
             sent: Vec::new(),
             unsent: Vec::new(),
             received: Vec::new(),
         };
         match (protocol, state) {
             (InetProtocol::Udp, InetState::Listen) => return Err(bad("listening UDP socket")),
-            (_, InetState::Connected) if peer.is_none() => {
+            (_, InetState::Connected | InetState::Connecting) if peer.is_none() => {
                 return Err(bad("connected without a peer address"));
+            }
+            (InetProtocol::Udp, InetState::Connecting) => {
+                return Err(bad("connecting UDP socket"));
             }
             // A link to a PMIx server is made anew (`reconnect_pmix`).
             (InetProtocol::Tcp, InetState::Connected) if image.pmix.is_some() => {}
@@ -614,50 +661,6 @@ fn check_privileged_port(pid: i32, fd: i32, local: &SocketAddr, allowed: bool) -
     Ok(())
 }
 
-/// Options that must be in place before bind (address reuse, v6only) and
-/// the rest that getsockopt reported.
-fn set_options(sock: BorrowedFd<'_>, plan: &Plan, o: &InetOptions) -> std::io::Result<()> {
-    let sol = libc::SOL_SOCKET;
-    let set = |level, opt, v: bool| sys::setsockopt_int(sock, level, opt, i32::from(v));
-    set(sol, libc::SO_REUSEADDR, o.reuseaddr)?;
-    set(sol, libc::SO_REUSEPORT, o.reuseport)?;
-    set(sol, libc::SO_BROADCAST, o.broadcast)?;
-    set(sol, libc::SO_KEEPALIVE, o.keepalive)?;
-    // getsockopt reports twice what was set; the FORCE variants take what
-    // the dump saw even above the sysctl limits (it is what the socket
-    // had, no more).
-    for (opt, val) in [
-        (libc::SO_SNDBUFFORCE, o.sndbuf),
-        (libc::SO_RCVBUFFORCE, o.rcvbuf),
-    ] {
-        if val > 0 {
-            force_buffer(sock, opt, val)?;
-        }
-    }
-    if plan.family == InetFamily::Ipv6 {
-        set(libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, o.v6only)?;
-        if o.tos != 0 {
-            sys::setsockopt_int(sock, libc::IPPROTO_IPV6, libc::IPV6_TCLASS, o.tos as i32)?;
-        }
-    } else if o.tos != 0 {
-        sys::setsockopt_int(sock, libc::IPPROTO_IP, libc::IP_TOS, o.tos as i32)?;
-    }
-    if plan.protocol == InetProtocol::Tcp {
-        let tcp = libc::IPPROTO_TCP;
-        set(tcp, libc::TCP_NODELAY, o.nodelay)?;
-        for (opt, val) in [
-            (libc::TCP_KEEPIDLE, o.keepidle),
-            (libc::TCP_KEEPINTVL, o.keepintvl),
-            (libc::TCP_KEEPCNT, o.keepcnt),
-        ] {
-            if val > 0 {
-                sys::setsockopt_int(sock, tcp, opt, i32::try_from(val).unwrap_or(i32::MAX))?;
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Rebuilds an established connection in repair mode, up to (not
 /// including) switching repair off and sending what was never sent.
 fn restore_connection(
@@ -724,7 +727,7 @@ fn restore_connection(
         sys::setsockopt_int(sock, tcp, libc::TCP_TIMESTAMP, conn.timestamp as i32)
             .map_err(os("TCP_TIMESTAMP"))?;
     }
-    let options = plan.options;
+    let options = &plan.options;
     force_buffer(
         sock,
         libc::SO_SNDBUFFORCE,
@@ -752,6 +755,7 @@ fn restore_connection(
     // the bytes never sent are queued too.
     force_buffer(sock, libc::SO_RCVBUFFORCE, options.rcvbuf.max(1))
         .map_err(os("SO_RCVBUFFORCE"))?;
+    options::lock_buffers(sock, options.buf_lock).map_err(os("SO_BUF_LOCK"))?;
     log::debug!(
         "pid {pid} fd {fd}: TCP {local} -> {peer} rebuilt (open file {file_id}): {} bytes sent, {} unsent, {} received",
         plan.sent.len(),
@@ -822,7 +826,7 @@ fn give_back_fin(
     )
     .map_err(|e| err("SO_MARK", e))?;
     sys::send_to(copy.as_fd(), &packet, dst).map_err(|e| err("sendto", e))?;
-    let until = std::time::Instant::now() + FIN_WAIT;
+    let until = std::time::Instant::now() + closing::FIN_WAIT;
     loop {
         let state = sys::tcp_state(sock).map_err(|e| err("TCP_INFO", e))?;
         if state == TCP_CLOSE_WAIT {
@@ -848,7 +852,7 @@ fn finish_or_wait(
     peer_file_id: u64,
 ) -> Result<()> {
     if peer_file_id == 0 {
-        cx.shared.outside_peers.0.push(held);
+        cx.shared.outside_peers.held.push(held);
         return Ok(());
     }
     match cx.state::<Waiting>().0.remove(&peer_file_id) {
@@ -867,8 +871,15 @@ fn finish_or_wait(
 /// not exist yet would be answered with a reset. Dropped unreleased (the
 /// restore failed, the tree is killed), they close in repair mode: the
 /// peer sees nothing.
+///
+/// With them wait the clients whose server end a listener of the tree had
+/// not accepted (`reconnect`): they connect anew once every listener is
+/// back.
 #[derive(Default)]
-pub struct OutsidePeers(Vec<Held>);
+pub struct OutsidePeers {
+    held: Vec<Held>,
+    reconnects: Vec<reconnect::Reconnect>,
+}
 
 impl OutsidePeers {
     /// Switches repair off on each (the tree is about to run; in a
@@ -878,10 +889,17 @@ impl OutsidePeers {
     /// their sockets again. A lock that cannot be deleted is only logged,
     /// with the command that deletes it, as the tree is in place.
     pub fn release(self) -> Result<()> {
-        switch_off(&self.0)?;
+        // Connects under way last: a listener's accept queue is for the
+        // connections it had.
+        let (made, under_way): (Vec<_>, Vec<_>) =
+            self.reconnects.iter().partition(|r| !r.in_progress);
+        for r in made.into_iter().chain(under_way) {
+            r.connect()?;
+        }
+        switch_off(&self.held)?;
         // Each table once, in the namespace of a process it held.
         let mut tables: Vec<&Held> = Vec::new();
-        for h in &self.0 {
+        for h in &self.held {
             if let Some(table) = &h.lock
                 && !tables.iter().any(|t| t.lock.as_ref() == Some(table))
             {
@@ -905,8 +923,8 @@ impl OutsidePeers {
             }
         }
         // The peer acknowledges the FIN again (it had it already).
-        send_fins(&self.0)?;
-        for h in &self.0 {
+        closing::send_fins(&self.held)?;
+        for h in &self.held {
             sys::setsockopt_int(
                 h.sock.as_fd(),
                 libc::SOL_SOCKET,
@@ -922,12 +940,12 @@ impl OutsidePeers {
 
     /// How many connections wait.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.held.len() + self.reconnects.len()
     }
 
     /// None wait.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.held.is_empty() && self.reconnects.is_empty()
     }
 }
 
@@ -936,8 +954,8 @@ impl OutsidePeers {
 /// tree is rebuilt (`DeferredReuse`).
 fn finish(cx: &mut Context<'_, '_>, ends: Vec<Held>) -> Result<()> {
     switch_off(&ends)?;
-    send_fins(&ends)?;
-    await_fins(&ends);
+    closing::send_fins(&ends)?;
+    closing::await_fins(&ends);
     let deferred = &mut cx.state::<DeferredReuse>().0;
     deferred.extend(ends.into_iter().map(|h| (h.sock, h.reuseaddr)));
     Ok(())
@@ -972,67 +990,12 @@ fn switch_off(ends: &[Held]) -> Result<()> {
             &format!("send the {} bytes never sent", h.unsent.len()),
         ))?;
         force_buffer(s, libc::SO_SNDBUFFORCE, h.sndbuf.max(1)).map_err(os(h, "SO_SNDBUFFORCE"))?;
+        options::lock_buffers(s, h.buf_lock).map_err(os(h, "SO_BUF_LOCK"))?;
     }
     Ok(())
 }
 
-/// Shuts down writing again on each end that had (FIN_WAIT1, FIN_WAIT2),
-/// out of repair mode: the FIN goes out after what is queued (FIN_WAIT1),
-/// and the socket is in FIN_WAIT2 once the peer acknowledges it.
-fn send_fins(ends: &[Held]) -> Result<()> {
-    for h in ends.iter().filter(|h| h.fin_sent) {
-        sys::shutdown_write(h.sock.as_fd()).map_err(|e| {
-            RestoreError::os(h.pid, format!("fd {}: TCP: shutdown (send FIN)", h.fd), e)
-        })?;
-        log::debug!("pid {} fd {}: TCP: FIN sent again", h.pid, h.fd);
-    }
-    Ok(())
-}
-
-/// How long the ends of a half-closed connection in the tree wait for the
-/// FIN sent again (`send_fins`) and its acknowledgment: on one host the
-/// FIN takes microseconds, the acknowledgment a delayed ACK (at most
-/// 200 ms).
-const FIN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Waits until both ends of a half-closed connection in the tree are in
-/// their states again (CLOSE_WAIT: the peer's FIN is there; FIN_WAIT2: its
-/// own FIN is acknowledged), so the process finds its connection as it
-/// left it: its reader sees the end of the stream at once. Not there in
-/// time, it is logged: the connection gets there, later.
-fn await_fins(ends: &[Held]) {
-    let until = std::time::Instant::now() + FIN_WAIT;
-    let wanted = ends.iter().filter_map(|h| {
-        if h.fin_received {
-            Some((h, TCP_CLOSE_WAIT))
-        } else if h.fin_acked_at_once {
-            Some((h, TCP_FIN_WAIT2))
-        } else {
-            None
-        }
-    });
-    for (h, want) in wanted {
-        loop {
-            match sys::tcp_state(h.sock.as_fd()) {
-                Ok(state) if state == want => break,
-                Ok(_) if std::time::Instant::now() < until => {
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
-                other => {
-                    log::warn!(
-                        "pid {} fd {}: TCP: the half-closed connection is not back in state {want} yet ({other:?}); it gets there later",
-                        h.pid,
-                        h.fd
-                    );
-                    break;
-                }
-            }
-        }
-    }
-}
-
-/// `TCP_FIN_WAIT2` and `TCP_CLOSE_WAIT` of include/net/tcp_states.h.
-const TCP_FIN_WAIT2: u8 = 5;
+/// `TCP_CLOSE_WAIT` of include/net/tcp_states.h.
 const TCP_CLOSE_WAIT: u8 = 8;
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! Raw syscalls of the restorer: clone3 with `set_tid`, prlimit, mapping the pages file.
 
 mod ipc;
+mod sockopt;
 pub use ipc::*;
+pub use sockopt::*;
 
 /// The kernel's `struct clone_args` (clone3(2)), up to `set_tid_size`.
 #[repr(C)]
@@ -440,6 +442,32 @@ pub fn bind(fd: std::os::fd::BorrowedFd<'_>, a: &std::net::SocketAddr) -> std::i
     let raw = raw_addr(a);
     // SAFETY: the kernel reads `len` bytes of the live local address.
     check(unsafe { libc::bind(fd.as_raw_fd(), (&raw const raw.storage).cast(), raw.len) })
+}
+
+/// `connect(2)` without waiting for the handshake, whatever the blocking
+/// mode of the socket's description (shared with the process, and put
+/// back as it was): `Ok` once the SYN is sent (EINPROGRESS) or the
+/// connection is made.
+pub fn connect_nonblocking(
+    fd: std::os::fd::BorrowedFd<'_>,
+    a: &std::net::SocketAddr,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let raw_fd = fd.as_raw_fd();
+    // SAFETY: F_GETFL reads the description's flags and takes no pointer.
+    let flags = unsafe { libc::fcntl(raw_fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: F_SETFL takes an int, no pointer.
+    check(unsafe { libc::fcntl(raw_fd, libc::F_SETFL, flags | libc::O_NONBLOCK) })?;
+    let r = match connect(fd, a) {
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(()),
+        other => other,
+    };
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(raw_fd, libc::F_SETFL, flags) })?;
+    r
 }
 
 /// `connect(2)`.
