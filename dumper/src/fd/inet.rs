@@ -1,4 +1,4 @@
-//! TCP and UDP sockets over IPv4 and IPv6.
+//! TCP, UDP, UDP-Lite and ICMP ping sockets over IPv4 and IPv6.
 //!
 //! A socket is recognised by its `/proc/PID/fd/N` link (`socket:[INO]`);
 //! ckpt takes its own copy with `pidfd_getfd` (the same open file
@@ -27,7 +27,18 @@
 //!
 //! UDP datagrams queued at dump time are not saved (as in CRIU: UDP may
 //! lose datagrams, and putting them back would need their senders'
-//! addresses): the dump logs how many bytes it drops.
+//! addresses): the dump logs how many bytes it drops. A UDP socket's
+//! shutdown state comes from sock_diag ([`diag`]). Data a corked socket
+//! (UDP_CORK, or a send with MSG_MORE) holds back is not a datagram yet
+//! and could not be put back as it was: such a socket is refused by name;
+//! a corked one with nothing pending is saved with the option.
+//!
+//! A ping socket (ICMP / ICMPv6, SOCK_DGRAM) is saved like a UDP socket
+//! whose port is its echo identifier; where it is connected is read from
+//! the kernel's table of ping sockets ([`ping`]).
+
+mod diag;
+mod ping;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -90,6 +101,15 @@ const TCP_SEND_QUEUE: i32 = 2;
 const TCPI_OPT_TIMESTAMPS: u8 = 1;
 const TCPI_OPT_SACK: u8 = 2;
 const TCPI_OPT_WSCALE: u8 = 4;
+/// UDP-Lite checksum coverage options (`SOL_UDPLITE`, linux/udp.h).
+const SOL_UDPLITE: i32 = 136;
+const UDPLITE_SEND_CSCOV: i32 = 10;
+const UDPLITE_RECV_CSCOV: i32 = 11;
+/// How many times, `CORK_SETTLE` apart, bytes still charged to a UDP
+/// socket's send buffer are looked at before they count as pending: a
+/// datagram just handed to a device is freed within that.
+const CORK_TRIES: u32 = 20;
+const CORK_SETTLE: std::time::Duration = std::time::Duration::from_millis(5);
 /// `SIOCINQ` / `SIOCOUTQ` (FIONREAD / TIOCOUTQ for sockets).
 const SIOCINQ: libc::c_ulong = libc::FIONREAD;
 const SIOCOUTQ: libc::c_ulong = libc::TIOCOUTQ;
@@ -124,11 +144,19 @@ fn identify(
             family,
             protocol: InetProtocol::Udp,
         }),
+        (libc::SOCK_DGRAM, libc::IPPROTO_UDPLITE) => Ok(Identity {
+            family,
+            protocol: InetProtocol::Udplite,
+        }),
+        (libc::SOCK_DGRAM, libc::IPPROTO_ICMP) if family == InetFamily::Ipv4 => Ok(Identity {
+            family,
+            protocol: InetProtocol::Ping,
+        }),
+        (libc::SOCK_DGRAM, libc::IPPROTO_ICMPV6) if family == InetFamily::Ipv6 => Ok(Identity {
+            family,
+            protocol: InetProtocol::Ping,
+        }),
         (libc::SOCK_RAW, p) => Err(format!("raw {fam} socket (protocol {p})")),
-        (libc::SOCK_DGRAM, libc::IPPROTO_ICMP | libc::IPPROTO_ICMPV6) => {
-            Err(format!("{fam} ping (ICMP) socket"))
-        }
-        (libc::SOCK_DGRAM, libc::IPPROTO_UDPLITE) => Err(format!("{fam} UDP-Lite socket")),
         (_, p) => Err(format!("{fam} socket of type {ty}, protocol {p}")),
     }))
 }
@@ -158,7 +186,7 @@ impl FileDumper for Inet {
     }
 
     fn description(&self) -> &'static str {
-        "TCP and UDP sockets (IPv4, IPv6): bound, connected, listening, established and half-closed (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) TCP with its queues (TCP_REPAIR), peers outside the tree held off by a network lock"
+        "TCP, UDP, UDP-Lite and ICMP ping sockets (IPv4, IPv6): bound, connected, listening, established and half-closed (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) TCP with its queues (TCP_REPAIR), peers outside the tree held off by a network lock; UDP shut down (SHUT_RD, SHUT_WR) or corked with nothing pending, UDP-Lite checksum coverage, a ping socket's echo identifier"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -204,13 +232,26 @@ impl FileDumper for Inet {
                 caps::Capability::CAP_NET_BIND_SERVICE,
             )?,
             pmix: None,
+            shut_rd: false,
+            shut_wr: false,
         };
         let name = |a: &Option<SocketAddr>| a.map_or("-".to_string(), |a| a.to_string());
         match id.protocol {
-            InetProtocol::Udp => {
+            InetProtocol::Ping => {
+                let v6 = id.family == InetFamily::Ipv6;
+                if let Some(to) = ping::peer(p.pid, v6, p.meta.ino())? {
+                    image.peer = Some(InetAddr::from_socket_addr(&to));
+                    image.state = InetState::Connected as i32;
+                }
+            }
+            InetProtocol::Udp | InetProtocol::Udplite => {
                 if peer.is_some() {
                     image.state = InetState::Connected as i32;
                 }
+                refuse_pending_cork(p, sock, &local)?;
+                let (shut_rd, shut_wr) = udp_shutdown(p, &id)?;
+                image.shut_rd = shut_rd;
+                image.shut_wr = shut_wr;
                 let queued = sys::ioctl_int(sock, SIOCINQ).map_err(|e| os("SIOCINQ", e))?;
                 if queued > 0 {
                     log::warn!(
@@ -345,14 +386,81 @@ fn read_options(sock: BorrowedFd<'_>, id: &Identity) -> std::io::Result<InetOpti
     } else {
         o.tos = uint(sock, libc::IPPROTO_IP, libc::IP_TOS)?;
     }
-    if id.protocol == InetProtocol::Tcp {
-        let tcp = libc::IPPROTO_TCP;
-        o.nodelay = flag(sock, tcp, libc::TCP_NODELAY)?;
-        o.keepidle = uint(sock, tcp, libc::TCP_KEEPIDLE)?;
-        o.keepintvl = uint(sock, tcp, libc::TCP_KEEPINTVL)?;
-        o.keepcnt = uint(sock, tcp, libc::TCP_KEEPCNT)?;
+    match id.protocol {
+        InetProtocol::Tcp => {
+            let tcp = libc::IPPROTO_TCP;
+            o.nodelay = flag(sock, tcp, libc::TCP_NODELAY)?;
+            o.keepidle = uint(sock, tcp, libc::TCP_KEEPIDLE)?;
+            o.keepintvl = uint(sock, tcp, libc::TCP_KEEPINTVL)?;
+            o.keepcnt = uint(sock, tcp, libc::TCP_KEEPCNT)?;
+        }
+        InetProtocol::Udp => o.udp_cork = flag(sock, libc::SOL_UDP, libc::UDP_CORK)?,
+        InetProtocol::Udplite => {
+            o.udp_cork = flag(sock, libc::SOL_UDP, libc::UDP_CORK)?;
+            o.udplite_send_cscov = uint(sock, SOL_UDPLITE, UDPLITE_SEND_CSCOV)?;
+            o.udplite_recv_cscov = uint(sock, SOL_UDPLITE, UDPLITE_RECV_CSCOV)?;
+        }
+        _ => {}
     }
     Ok(o)
+}
+
+/// Whether a UDP or UDP-Lite socket is shut down for reading and for
+/// writing, as sock_diag tells (the collection runs in the tree's network
+/// namespace).
+fn udp_shutdown(p: &FdParams, id: &Identity) -> Result<(bool, bool)> {
+    let what = "sock_diag (NETLINK_SOCK_DIAG, inet)";
+    let os = |e| DumpError::Proc {
+        pid: p.pid,
+        path: format!("fd {}: {what}", p.fd).into(),
+        source: e,
+    };
+    let domain = match id.family {
+        InetFamily::Ipv6 => libc::AF_INET6,
+        _ => libc::AF_INET,
+    };
+    let transport = match id.protocol {
+        InetProtocol::Udplite => libc::IPPROTO_UDPLITE,
+        _ => libc::IPPROTO_UDP,
+    };
+    let bits = diag::shutdown_of(domain, transport, p.meta.ino())
+        .map_err(os)?
+        .ok_or_else(|| os(std::io::Error::other("no socket of that inode")))?;
+    Ok((
+        bits & diag::RCV_SHUTDOWN != 0,
+        bits & diag::SEND_SHUTDOWN != 0,
+    ))
+}
+
+/// Refuses a UDP socket holding back data of a datagram not sent yet
+/// (UDP_CORK, or a send with MSG_MORE): the pending bytes are charged to
+/// its send buffer until the datagram leaves, and a restore could not put
+/// them back as part of one datagram. Bytes of datagrams already on their
+/// way are let go first (the tree is frozen: nothing adds to them).
+fn refuse_pending_cork(
+    p: &FdParams,
+    sock: BorrowedFd<'_>,
+    local: &Option<SocketAddr>,
+) -> Result<()> {
+    let mut tries = 0;
+    loop {
+        let charged = sys::ioctl_int(sock, SIOCOUTQ).map_err(|e| DumpError::Proc {
+            pid: p.pid,
+            path: format!("fd {}: SIOCOUTQ", p.fd).into(),
+            source: e,
+        })?;
+        if charged <= 0 {
+            return Ok(());
+        }
+        tries += 1;
+        if tries == CORK_TRIES {
+            return Err(p.unsupported(&format!(
+                "corked UDP socket {} with {charged} bytes pending (UDP_CORK or MSG_MORE)",
+                local.map_or("-".to_string(), |a| a.to_string())
+            )));
+        }
+        std::thread::sleep(CORK_SETTLE);
+    }
 }
 
 /// Reads the send side of an established connection in repair mode

@@ -23,6 +23,7 @@ mod proc;
 mod pty;
 mod reg;
 mod signalfd;
+mod sockdiag;
 mod timerfd;
 mod tty;
 mod unix;
@@ -72,7 +73,11 @@ static KINDS: &[&dyn FileDumper] = &[
 pub static REFUSED: &[(&str, &str)] = &[
     (
         "other sockets",
-        "sockets of families other than UNIX and IPv4/IPv6 (netlink, packet, ...), named by family; raw, ping and UDP-Lite sockets",
+        "sockets of families other than UNIX and IPv4/IPv6 (netlink, packet, ...), named by family; raw IPv4/IPv6 sockets",
+    ),
+    (
+        "corked UDP with data pending",
+        "a UDP or UDP-Lite socket holding back the start of a datagram (UDP_CORK set, or a send with MSG_MORE, with bytes pending), named \"corked UDP socket\" with its address; corked with nothing pending is saved",
     ),
     (
         "TCP in other states",

@@ -1,4 +1,4 @@
-//! TCP and UDP sockets over IPv4 and IPv6.
+//! TCP, UDP, UDP-Lite and ICMP ping sockets over IPv4 and IPv6.
 //!
 //! The messages are defined in `image/proto/fd_inet.proto`. An established
 //! TCP connection's queued bytes live in [`tcp_data_name`].
@@ -73,7 +73,7 @@ impl TcpConnection {
     }
 }
 
-/// A TCP or UDP socket in one line: transport, family, state, addresses,
+/// An inet socket in one line: transport, family, state, addresses,
 /// and for an established connection its queued bytes and where its
 /// other end is.
 impl super::Describe for InetFile {
@@ -81,6 +81,8 @@ impl super::Describe for InetFile {
         let proto = match InetProtocol::try_from(self.protocol) {
             Ok(InetProtocol::Tcp) => "tcp",
             Ok(InetProtocol::Udp) => "udp",
+            Ok(InetProtocol::Udplite) => "udplite",
+            Ok(InetProtocol::Ping) => "ping",
             _ => "?",
         };
         let family = match InetFamily::try_from(self.family) {
@@ -103,6 +105,12 @@ impl super::Describe for InetFile {
         }
         if let Some(p) = &self.peer {
             s.push_str(&format!(" -> {p}"));
+        }
+        match (self.shut_rd, self.shut_wr) {
+            (true, true) => s.push_str(" shut down"),
+            (true, false) => s.push_str(" shut down for reading"),
+            (false, true) => s.push_str(" shut down for writing"),
+            (false, false) => {}
         }
         if let Some(l) = &self.pmix {
             s.push_str(&format!(" rank {} of {}", l.rank, l.nspace));

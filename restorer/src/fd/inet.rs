@@ -1,4 +1,4 @@
-//! TCP and UDP sockets over IPv4 and IPv6.
+//! TCP, UDP, UDP-Lite and ICMP ping sockets over IPv4 and IPv6.
 //!
 //! The socket is created inside the process (so it belongs to the
 //! process's filesystem identity, as its own `socket(2)` made it), and the
@@ -15,6 +15,13 @@
 //! yet), at once when the peer is outside; the bytes that had never been
 //! sent are then sent normally. The restored process never holds a socket
 //! in repair mode.
+//!
+//! A UDP socket is shut down again as it was, once bound and connected
+//! (on an unconnected one the kernel records the shutdown and answers
+//! ENOTCONN, as it did for the process). A ping socket is created inside
+//! the process like the others, so the kernel checks the process's group
+//! against `net.ipv4.ping_group_range` as it did for the process's own
+//! `socket(2)`; its echo identifier comes back as the port it binds.
 
 mod fin;
 mod timewait;
@@ -36,8 +43,13 @@ use crate::error::{RestoreError, Result};
 use crate::{pmix, sys};
 use ckpt_parasite::remote::Remote;
 
-/// TCP and UDP sockets.
+/// TCP, UDP, UDP-Lite and ping sockets.
 pub struct Inet;
+
+/// UDP-Lite checksum coverage options (`SOL_UDPLITE`, linux/udp.h).
+const SOL_UDPLITE: i32 = 136;
+const UDPLITE_SEND_CSCOV: i32 = 10;
+const UDPLITE_RECV_CSCOV: i32 = 11;
 
 /// `TCP_REPAIR` values.
 const TCP_REPAIR_ON: i32 = 1;
@@ -229,14 +241,24 @@ impl FileRestorer for Inet {
             InetFamily::Ipv6 => libc::AF_INET6,
             _ => libc::AF_INET,
         };
-        let ty = match plan.protocol {
-            InetProtocol::Tcp => libc::SOCK_STREAM,
-            _ => libc::SOCK_DGRAM,
+        let (ty, transport) = match (plan.protocol, plan.family) {
+            (InetProtocol::Tcp, _) => (libc::SOCK_STREAM, libc::IPPROTO_TCP),
+            (InetProtocol::Udplite, _) => (libc::SOCK_DGRAM, libc::IPPROTO_UDPLITE),
+            (InetProtocol::Ping, InetFamily::Ipv6) => (libc::SOCK_DGRAM, libc::IPPROTO_ICMPV6),
+            (InetProtocol::Ping, _) => (libc::SOCK_DGRAM, libc::IPPROTO_ICMP),
+            _ => (libc::SOCK_DGRAM, libc::IPPROTO_UDP),
         };
         let got = r.call(
             "socket",
             libc::SYS_socket,
-            [domain as u64, (ty | libc::SOCK_CLOEXEC) as u64, 0, 0, 0, 0],
+            [
+                domain as u64,
+                (ty | libc::SOCK_CLOEXEC) as u64,
+                transport as u64,
+                0,
+                0,
+                0,
+            ],
         )? as i32;
         let copy = sys::take_fd(pid, got)
             .map_err(|e| RestoreError::os(pid, format!("fd {fd}: pidfd_getfd"), e))?;
@@ -304,7 +326,11 @@ impl FileRestorer for Inet {
                         Ok::<(), std::io::Error>(())
                     };
                     match take_port() {
-                        Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => {
+                        // An echo identifier in use is no TCP port.
+                        Err(e)
+                            if e.raw_os_error() == Some(libc::EADDRINUSE)
+                                && plan.protocol != InetProtocol::Ping =>
+                        {
                             let dual = plan.family == InetFamily::Ipv6 && !options.v6only;
                             let cleared = timewait::clear(local, dual)
                                 .map_err(os(&format!("clear TIME_WAIT sockets on {local}")))?;
@@ -328,6 +354,7 @@ impl FileRestorer for Inet {
                     }
                     _ => {}
                 }
+                shut_down(sock, image, state).map_err(os("shutdown"))?;
             }
         }
         set_status_flags(r, got, file.flags)?;
@@ -436,7 +463,12 @@ impl Plan {
             received: Vec::new(),
         };
         match (protocol, state) {
-            (InetProtocol::Udp, InetState::Listen) => return Err(bad("listening UDP socket")),
+            (InetProtocol::Udp | InetProtocol::Udplite | InetProtocol::Ping, InetState::Listen) => {
+                return Err(bad("listening datagram socket"));
+            }
+            (InetProtocol::Tcp | InetProtocol::Ping, _) if image.shut_rd || image.shut_wr => {
+                return Err(bad("shutdown state on a socket other than UDP"));
+            }
             (_, InetState::Connected) if peer.is_none() => {
                 return Err(bad("connected without a peer address"));
             }
@@ -460,7 +492,9 @@ impl Plan {
             }
             _ => {}
         }
+        // A ping socket's "port" is its echo identifier, open to all.
         if plan.tcp.is_none()
+            && protocol != InetProtocol::Ping
             && let Some(local) = local
         {
             check_privileged_port(cx.pid(), fd, &local, image.may_bind_privileged)?;
@@ -642,6 +676,17 @@ fn set_options(sock: BorrowedFd<'_>, plan: &Plan, o: &InetOptions) -> std::io::R
     } else if o.tos != 0 {
         sys::setsockopt_int(sock, libc::IPPROTO_IP, libc::IP_TOS, o.tos as i32)?;
     }
+    if matches!(plan.protocol, InetProtocol::Udp | InetProtocol::Udplite) {
+        set(libc::SOL_UDP, libc::UDP_CORK, o.udp_cork)?;
+    }
+    if plan.protocol == InetProtocol::Udplite {
+        for (opt, val) in [
+            (UDPLITE_SEND_CSCOV, o.udplite_send_cscov),
+            (UDPLITE_RECV_CSCOV, o.udplite_recv_cscov),
+        ] {
+            sys::setsockopt_int(sock, SOL_UDPLITE, opt, i32::try_from(val).unwrap_or(i32::MAX))?;
+        }
+    }
     if plan.protocol == InetProtocol::Tcp {
         let tcp = libc::IPPROTO_TCP;
         set(tcp, libc::TCP_NODELAY, o.nodelay)?;
@@ -656,6 +701,23 @@ fn set_options(sock: BorrowedFd<'_>, plan: &Plan, o: &InetOptions) -> std::io::R
         }
     }
     Ok(())
+}
+
+/// Shuts a UDP socket down as it was at dump time. The kernel records a
+/// shutdown of an unconnected socket and answers ENOTCONN, as it did when
+/// the process asked.
+fn shut_down(sock: BorrowedFd<'_>, image: &InetFile, state: InetState) -> std::io::Result<()> {
+    use nix::sys::socket::Shutdown;
+    let how = match (image.shut_rd, image.shut_wr) {
+        (false, false) => return Ok(()),
+        (true, false) => Shutdown::Read,
+        (false, true) => Shutdown::Write,
+        (true, true) => Shutdown::Both,
+    };
+    match nix::sys::socket::shutdown(std::os::fd::AsRawFd::as_raw_fd(&sock), how) {
+        Err(nix::errno::Errno::ENOTCONN) if state != InetState::Connected => Ok(()),
+        other => other.map_err(std::io::Error::from),
+    }
 }
 
 /// Rebuilds an established connection in repair mode, up to (not
