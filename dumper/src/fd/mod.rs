@@ -17,6 +17,7 @@ pub(crate) mod inet;
 mod inotify;
 mod lock;
 mod memfd;
+mod netlink;
 mod pidfd;
 mod pipe;
 mod proc;
@@ -66,6 +67,7 @@ static KINDS: &[&dyn FileDumper] = &[
     &pidfd::Pidfd,
     &memfd::Memfd,
     &unix::Unix,
+    &netlink::Netlink,
 ];
 
 /// What ckpt refuses by name (an fd of these fails the dump, naming pid and
@@ -73,7 +75,7 @@ static KINDS: &[&dyn FileDumper] = &[
 pub static REFUSED: &[(&str, &str)] = &[
     (
         "other sockets",
-        "sockets of families other than UNIX and IPv4/IPv6 (netlink, packet, ...), named by family; raw IPv4/IPv6 sockets",
+        "sockets of families other than UNIX, IPv4/IPv6 and netlink (packet, ...), named by family; raw IPv4/IPv6 sockets; a netlink socket with a dump in progress",
     ),
     (
         "corked UDP with data pending",

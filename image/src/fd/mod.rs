@@ -29,6 +29,7 @@ pub mod inet;
 pub mod inotify;
 pub mod lock;
 pub mod memfd;
+pub mod netlink;
 pub mod pidfd;
 pub mod pipe;
 pub mod proc;
@@ -99,6 +100,7 @@ fd_kinds! {
     Unix => "unix",
     Ib => "ib",
     Proc => "proc",
+    Netlink => "netlink",
 }
 
 impl File {

@@ -22,6 +22,7 @@ pub use inet::OutsidePeers;
 mod inotify;
 mod lock;
 mod memfd;
+mod netlink;
 mod pidfd;
 mod pipe;
 mod privileged;
@@ -103,6 +104,7 @@ fn install_file(
         Some(Kind::Unix(image)) => install(&unix::Unix, cx, r, file, image, fd, pass),
         Some(Kind::Ib(image)) => install(&ib::Ib, cx, r, file, image, fd, pass),
         Some(Kind::Proc(image)) => install(&proc::Proc, cx, r, file, image, fd, pass),
+        Some(Kind::Netlink(image)) => install(&netlink::Netlink, cx, r, file, image, fd, pass),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
 }
