@@ -14,6 +14,7 @@ mod inet;
 mod inotify;
 mod locks;
 mod memfd;
+mod netlink;
 mod opath;
 mod pipes;
 mod pmix_link;

@@ -5,16 +5,20 @@
 //! sock_diag instead (`NETLINK_SOCK_DIAG`, `netlink_diag_req`, found by
 //! inode), which gives the port id, the destination, every group and the
 //! flags in one reply, and also whether a dump is in progress and how
-//! much is queued. Queued messages are dropped, as CRIU does: they are
+//! much is queued. The dump lists only sockets bound or in a group: one
+//! missing from it was never bound (getsockname says port id 0), never
+//! connected (which binds) and holds nothing. Queued messages are dropped, as CRIU does: they are
 //! answers and notifications the kernel would send again or that a
 //! listener must expect to lose (ENOBUFS). A socket in the middle of a
 //! dump (the kernel holds the rest of the answer for it) is refused.
 
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::MetadataExt;
 
 use ckpt_image::fd::file::Kind;
 use ckpt_image::fd::netlink::{MAX_GROUP_WORDS, NetlinkFile, NetlinkOptions, protocol_name};
+
+use nix::sys::socket::{NetlinkAddr, getsockname};
 
 use super::{Blobs, FdParams, FileDumper, sockdiag};
 use crate::error::{DumpError, Result};
@@ -41,16 +45,17 @@ const NETLINK_DIAG_MEMINFO: u16 = 0;
 const NETLINK_DIAG_GROUPS: u16 = 1;
 const NETLINK_DIAG_FLAGS: u16 = 4;
 const NDIAG_FLAG_CB_RUNNING: u32 = 0x1;
-const NDIAG_FLAG_PKTINFO: u32 = 0x2;
-const NDIAG_FLAG_BROADCAST_ERROR: u32 = 0x4;
-const NDIAG_FLAG_NO_ENOBUFS: u32 = 0x8;
-const NDIAG_FLAG_LISTEN_ALL_NSID: u32 = 0x10;
-const NDIAG_FLAG_CAP_ACK: u32 = 0x20;
 const SOL_NETLINK: i32 = 270;
+const NETLINK_PKTINFO: i32 = 3;
+const NETLINK_BROADCAST_ERROR: i32 = 4;
+const NETLINK_NO_ENOBUFS: i32 = 5;
+const NETLINK_LISTEN_ALL_NSID: i32 = 8;
+const NETLINK_CAP_ACK: i32 = 10;
 const NETLINK_EXT_ACK: i32 = 11;
 const NETLINK_GET_STRICT_CHK: i32 = 12;
 
-/// What sock_diag reports for one netlink socket.
+/// What sock_diag reports for one netlink socket (its flags are read with
+/// getsockopt, which answers for an unlisted socket too).
 #[derive(Debug, Default, PartialEq, Eq)]
 struct NetlinkDiag {
     protocol: u32,
@@ -142,14 +147,27 @@ impl FileDumper for Netlink {
         };
         let copy = sys::take_fd(p.pid, p.fd).map_err(|e| os("pidfd_getfd", e))?;
         let sock = copy.as_fd();
-        let diag = diag_of(p.meta.ino())
+        let protocol = sys::getsockopt_int(sock, libc::SOL_SOCKET, libc::SO_PROTOCOL)
+            .map_err(|e| os("getsockopt SO_PROTOCOL", e))?;
+        let diag = match diag_of(p.meta.ino())
             .map_err(|e| os("sock_diag (NETLINK_SOCK_DIAG, netlink)", e))?
-            .ok_or_else(|| {
-                os(
-                    "sock_diag (NETLINK_SOCK_DIAG, netlink)",
-                    std::io::Error::other("no socket of that inode"),
-                )
-            })?;
+        {
+            Some(d) => d,
+            None => {
+                let name: NetlinkAddr = getsockname(sock.as_raw_fd())
+                    .map_err(|e| os("getsockname", e.into()))?;
+                if name.pid() != 0 {
+                    return Err(os(
+                        "sock_diag (NETLINK_SOCK_DIAG, netlink)",
+                        std::io::Error::other("a bound socket missing from the dump"),
+                    ));
+                }
+                NetlinkDiag {
+                    protocol: protocol as u32,
+                    ..NetlinkDiag::default()
+                }
+            }
+        };
         let proto = protocol_name(diag.protocol);
         if diag.flags & NDIAG_FLAG_CB_RUNNING != 0 {
             return Err(p.unsupported(&format!(
@@ -170,7 +188,7 @@ impl FileDumper for Netlink {
                 diag.queued
             );
         }
-        let options = read_options(sock, diag.flags).map_err(|e| os("getsockopt", e))?;
+        let options = read_options(sock).map_err(|e| os("getsockopt", e))?;
         let sock_type = sys::getsockopt_int(sock, libc::SOL_SOCKET, libc::SO_TYPE)
             .map_err(|e| os("getsockopt SO_TYPE", e))?;
         Ok(Kind::Netlink(NetlinkFile {
@@ -186,15 +204,15 @@ impl FileDumper for Netlink {
     }
 }
 
-fn read_options(sock: BorrowedFd<'_>, flags: u32) -> std::io::Result<NetlinkOptions> {
+fn read_options(sock: BorrowedFd<'_>) -> std::io::Result<NetlinkOptions> {
     let flag = |opt| sys::getsockopt_int(sock, SOL_NETLINK, opt).map(|v| v != 0);
     let uint = |opt| sys::getsockopt_int(sock, libc::SOL_SOCKET, opt).map(|v| v.max(0) as u32);
     Ok(NetlinkOptions {
-        pktinfo: flags & NDIAG_FLAG_PKTINFO != 0,
-        broadcast_error: flags & NDIAG_FLAG_BROADCAST_ERROR != 0,
-        no_enobufs: flags & NDIAG_FLAG_NO_ENOBUFS != 0,
-        listen_all_nsid: flags & NDIAG_FLAG_LISTEN_ALL_NSID != 0,
-        cap_ack: flags & NDIAG_FLAG_CAP_ACK != 0,
+        pktinfo: flag(NETLINK_PKTINFO)?,
+        broadcast_error: flag(NETLINK_BROADCAST_ERROR)?,
+        no_enobufs: flag(NETLINK_NO_ENOBUFS)?,
+        listen_all_nsid: flag(NETLINK_LISTEN_ALL_NSID)?,
+        cap_ack: flag(NETLINK_CAP_ACK)?,
         ext_ack: flag(NETLINK_EXT_ACK)?,
         get_strict_chk: flag(NETLINK_GET_STRICT_CHK)?,
         sndbuf: uint(libc::SO_SNDBUF)?,
@@ -218,7 +236,7 @@ mod tests {
             m.extend_from_slice(data);
         };
         attr(&mut m, NETLINK_DIAG_GROUPS, &[1, 0, 0, 0, 0, 0, 0, 0]);
-        attr(&mut m, NETLINK_DIAG_FLAGS, &NDIAG_FLAG_NO_ENOBUFS.to_ne_bytes());
+        attr(&mut m, NETLINK_DIAG_FLAGS, &NDIAG_FLAG_CB_RUNNING.to_ne_bytes());
         let d = parse(&m, 9).unwrap().unwrap();
         assert_eq!(
             d,
@@ -226,7 +244,7 @@ mod tests {
                 protocol: 15,
                 portid: 77,
                 groups: vec![1],
-                flags: NDIAG_FLAG_NO_ENOBUFS,
+                flags: NDIAG_FLAG_CB_RUNNING,
                 ..NetlinkDiag::default()
             }
         );
