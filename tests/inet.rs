@@ -927,7 +927,10 @@ fn udp_shutdown_cork_and_udplite_come_back() {
         "udplite4 connected",
         "udplite6 connected",
     ] {
-        assert!(objects.iter().any(|o| o.contains(want)), "{want}: {objects:?}");
+        assert!(
+            objects.iter().any(|o| o.contains(want)),
+            "{want}: {objects:?}"
+        );
     }
     restore_and_check(&env, &v);
 }
@@ -943,9 +946,11 @@ fn corked_udp_with_data_pending_is_refused_by_name() {
         let out = dump_outcome(&env, &v, &["--kill"]);
         out.assert_error();
         assert!(
-            out.stderr.lines().any(|l| l.contains(&format!("pid {}", v.pid))
-                && l.contains("fd ")
-                && l.contains("corked UDP socket 127.0.0.1:")),
+            out.stderr
+                .lines()
+                .any(|l| l.contains(&format!("pid {}", v.pid))
+                    && l.contains("fd ")
+                    && l.contains("corked UDP socket 127.0.0.1:")),
             "{how:?}: no line naming pid, fd and the corked socket:\n{}",
             out.stderr
         );

@@ -154,8 +154,8 @@ impl FileDumper for Netlink {
         {
             Some(d) => d,
             None => {
-                let name: NetlinkAddr = getsockname(sock.as_raw_fd())
-                    .map_err(|e| os("getsockname", e.into()))?;
+                let name: NetlinkAddr =
+                    getsockname(sock.as_raw_fd()).map_err(|e| os("getsockname", e.into()))?;
                 if name.pid() != 0 {
                     return Err(os(
                         "sock_diag (NETLINK_SOCK_DIAG, netlink)",
@@ -236,7 +236,11 @@ mod tests {
             m.extend_from_slice(data);
         };
         attr(&mut m, NETLINK_DIAG_GROUPS, &[1, 0, 0, 0, 0, 0, 0, 0]);
-        attr(&mut m, NETLINK_DIAG_FLAGS, &NDIAG_FLAG_CB_RUNNING.to_ne_bytes());
+        attr(
+            &mut m,
+            NETLINK_DIAG_FLAGS,
+            &NDIAG_FLAG_CB_RUNNING.to_ne_bytes(),
+        );
         let d = parse(&m, 9).unwrap().unwrap();
         assert_eq!(
             d,

@@ -684,7 +684,12 @@ fn set_options(sock: BorrowedFd<'_>, plan: &Plan, o: &InetOptions) -> std::io::R
             (UDPLITE_SEND_CSCOV, o.udplite_send_cscov),
             (UDPLITE_RECV_CSCOV, o.udplite_recv_cscov),
         ] {
-            sys::setsockopt_int(sock, SOL_UDPLITE, opt, i32::try_from(val).unwrap_or(i32::MAX))?;
+            sys::setsockopt_int(
+                sock,
+                SOL_UDPLITE,
+                opt,
+                i32::try_from(val).unwrap_or(i32::MAX),
+            )?;
         }
     }
     if plan.protocol == InetProtocol::Tcp {

@@ -119,8 +119,7 @@ impl FileRestorer for Netlink {
             .map_err(|e| RestoreError::os(pid, format!("fd {fd}: pidfd_getfd"), e))?;
         let sock = copy.as_fd();
         let os = |what: String| move |e| RestoreError::os(pid, format!("fd {fd}: {what}"), e);
-        set_options(sock, &image.options.unwrap_or_default())
-            .map_err(os("setsockopt".into()))?;
+        set_options(sock, &image.options.unwrap_or_default()).map_err(os("setsockopt".into()))?;
         if image.portid != 0 {
             nix::sys::socket::bind(sock.as_raw_fd(), &NetlinkAddr::new(image.portid, 0))
                 .map_err(std::io::Error::from)
@@ -137,15 +136,12 @@ impl FileRestorer for Netlink {
                 g @ 1..=32 => 1u32 << (g - 1),
                 _ => return Err(cx.invalid(fd, "netlink socket: destination group past 32")),
             };
-            nix::sys::socket::connect(
-                sock.as_raw_fd(),
-                &NetlinkAddr::new(image.dst_portid, mask),
-            )
-            .map_err(std::io::Error::from)
-            .map_err(os(format!(
-                "connect to port id {} group {}",
-                image.dst_portid, image.dst_group
-            )))?;
+            nix::sys::socket::connect(sock.as_raw_fd(), &NetlinkAddr::new(image.dst_portid, mask))
+                .map_err(std::io::Error::from)
+                .map_err(os(format!(
+                    "connect to port id {} group {}",
+                    image.dst_portid, image.dst_group
+                )))?;
         }
         set_status_flags(r, got, file.flags)?;
         Ok(got)
@@ -197,7 +193,10 @@ mod tests {
             ..route.clone()
         };
         let e = check_privilege(1, 3, &mroute).unwrap_err().to_string();
-        assert!(e.contains("groups 30") && e.contains("CAP_NET_ADMIN"), "{e}");
+        assert!(
+            e.contains("groups 30") && e.contains("CAP_NET_ADMIN"),
+            "{e}"
+        );
         let diag = NetlinkFile {
             protocol: 4,
             groups: vec![1],

@@ -29,7 +29,10 @@ fn connected_to(line: &str, ino: u64) -> Option<SocketAddr> {
         return None;
     }
     let (addr, port) = f.get(2)?.split_once(':')?;
-    Some(SocketAddr::new(ip(addr)?, u16::from_str_radix(port, 16).ok()?))
+    Some(SocketAddr::new(
+        ip(addr)?,
+        u16::from_str_radix(port, 16).ok()?,
+    ))
 }
 
 /// An address as the table prints it: each 32-bit word of the address in
@@ -63,7 +66,10 @@ mod tests {
         let v4 = format!(
             "   12: {lo:08X}:0457 {lo:08X}:0000 01 00000000:00000000 00:00000000 00000000     0        0 4242 2 0000000000000000 0"
         );
-        assert_eq!(connected_to(&v4, 4242), Some("127.0.0.1:0".parse().unwrap()));
+        assert_eq!(
+            connected_to(&v4, 4242),
+            Some("127.0.0.1:0".parse().unwrap())
+        );
         assert_eq!(connected_to(&v4, 4243), None);
         let closed = v4.replacen(" 01 ", " 07 ", 1);
         assert_eq!(connected_to(&closed, 4242), None);
