@@ -35,10 +35,13 @@
 //!
 //! A ping socket (ICMP / ICMPv6, SOCK_DGRAM) is saved like a UDP socket
 //! whose port is its echo identifier; where it is connected is read from
-//! the kernel's table of ping sockets ([`ping`]).
+//! the kernel's table of ping sockets ([`peers`]). A raw socket is saved
+//! the same way, with its IP protocol, IP_HDRINCL and ICMP_FILTER, and
+//! whether the process had CAP_NET_RAW (a restore for a user makes one
+//! again only then).
 
 mod diag;
-mod ping;
+mod peers;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -105,6 +108,10 @@ const TCPI_OPT_WSCALE: u8 = 4;
 const SOL_UDPLITE: i32 = 136;
 const UDPLITE_SEND_CSCOV: i32 = 10;
 const UDPLITE_RECV_CSCOV: i32 = 11;
+/// IPV6_HDRINCL (linux/in6.h) and the raw ICMP filter (linux/icmp.h).
+const IPV6_HDRINCL: i32 = 36;
+const SOL_RAW: i32 = 255;
+const ICMP_FILTER: i32 = 1;
 /// How many times, `CORK_SETTLE` apart, bytes still charged to a UDP
 /// socket's send buffer are looked at before they count as pending: a
 /// datagram just handed to a device is freed within that.
@@ -156,7 +163,10 @@ fn identify(
             family,
             protocol: InetProtocol::Ping,
         }),
-        (libc::SOCK_RAW, p) => Err(format!("raw {fam} socket (protocol {p})")),
+        (libc::SOCK_RAW, _) => Ok(Identity {
+            family,
+            protocol: InetProtocol::Raw,
+        }),
         (_, p) => Err(format!("{fam} socket of type {ty}, protocol {p}")),
     }))
 }
@@ -186,7 +196,7 @@ impl FileDumper for Inet {
     }
 
     fn description(&self) -> &'static str {
-        "TCP, UDP, UDP-Lite and ICMP ping sockets (IPv4, IPv6): bound, connected, listening, established and half-closed (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) TCP with its queues (TCP_REPAIR), peers outside the tree held off by a network lock; UDP shut down (SHUT_RD, SHUT_WR) or corked with nothing pending, UDP-Lite checksum coverage, a ping socket's echo identifier"
+        "TCP, UDP, UDP-Lite and ICMP ping sockets (IPv4, IPv6): bound, connected, listening, established and half-closed (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) TCP with its queues (TCP_REPAIR), peers outside the tree held off by a network lock; UDP shut down (SHUT_RD, SHUT_WR) or corked with nothing pending, UDP-Lite checksum coverage, a ping socket's echo identifier; raw sockets with their protocol, IP_HDRINCL and ICMP_FILTER"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -234,12 +244,31 @@ impl FileDumper for Inet {
             pmix: None,
             shut_rd: false,
             shut_wr: false,
+            raw_protocol: 0,
+            may_net_raw: false,
         };
         let name = |a: &Option<SocketAddr>| a.map_or("-".to_string(), |a| a.to_string());
         match id.protocol {
-            InetProtocol::Ping => {
-                let v6 = id.family == InetFamily::Ipv6;
-                if let Some(to) = ping::peer(p.pid, v6, p.meta.ino())? {
+            InetProtocol::Ping | InetProtocol::Raw => {
+                let table = match (id.protocol, id.family) {
+                    (InetProtocol::Ping, InetFamily::Ipv6) => "icmp6",
+                    (InetProtocol::Ping, _) => "icmp",
+                    (_, InetFamily::Ipv6) => "raw6",
+                    _ => "raw",
+                };
+                if id.protocol == InetProtocol::Raw {
+                    image.raw_protocol = uint(sock, libc::SOL_SOCKET, libc::SO_PROTOCOL)
+                        .map_err(|e| os("getsockopt SO_PROTOCOL", e))?;
+                    image.may_net_raw =
+                        procfile::has_effective_cap(p.pid, caps::Capability::CAP_NET_RAW)?;
+                    // Its "port" is the protocol; an address unspecified
+                    // is no bind.
+                    image.local = local
+                        .filter(|a| !a.ip().is_unspecified())
+                        .as_ref()
+                        .map(InetAddr::from_socket_addr);
+                }
+                if let Some(to) = peers::peer(p.pid, table, p.meta.ino())? {
                     image.peer = Some(InetAddr::from_socket_addr(&to));
                     image.state = InetState::Connected as i32;
                 }
@@ -395,6 +424,15 @@ fn read_options(sock: BorrowedFd<'_>, id: &Identity) -> std::io::Result<InetOpti
             o.keepcnt = uint(sock, tcp, libc::TCP_KEEPCNT)?;
         }
         InetProtocol::Udp => o.udp_cork = flag(sock, libc::SOL_UDP, libc::UDP_CORK)?,
+        InetProtocol::Raw if id.family == InetFamily::Ipv6 => {
+            o.hdrincl = flag(sock, libc::IPPROTO_IPV6, IPV6_HDRINCL)?;
+        }
+        InetProtocol::Raw => {
+            o.hdrincl = flag(sock, libc::IPPROTO_IP, libc::IP_HDRINCL)?;
+            if uint(sock, libc::SOL_SOCKET, libc::SO_PROTOCOL)? == libc::IPPROTO_ICMP as u32 {
+                o.icmp_filter = uint(sock, SOL_RAW, ICMP_FILTER)?;
+            }
+        }
         InetProtocol::Udplite => {
             o.udp_cork = flag(sock, libc::SOL_UDP, libc::UDP_CORK)?;
             o.udplite_send_cscov = uint(sock, SOL_UDPLITE, UDPLITE_SEND_CSCOV)?;

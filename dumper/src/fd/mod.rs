@@ -18,6 +18,7 @@ mod inotify;
 mod lock;
 mod memfd;
 mod netlink;
+mod packet;
 mod pidfd;
 mod pipe;
 mod proc;
@@ -68,6 +69,7 @@ static KINDS: &[&dyn FileDumper] = &[
     &memfd::Memfd,
     &unix::Unix,
     &netlink::Netlink,
+    &packet::Packet,
 ];
 
 /// What ckpt refuses by name (an fd of these fails the dump, naming pid and
@@ -75,7 +77,7 @@ static KINDS: &[&dyn FileDumper] = &[
 pub static REFUSED: &[(&str, &str)] = &[
     (
         "other sockets",
-        "sockets of families other than UNIX, IPv4/IPv6 and netlink (packet, ...), named by family; raw IPv4/IPv6 sockets; a netlink socket with a dump in progress",
+        "sockets of families other than UNIX, IPv4/IPv6, netlink and packet (vsock, bluetooth, ...), named by family; a netlink socket with a dump in progress; a packet socket with a ring (PACKET_RX_RING, PACKET_TX_RING), in a fanout group or with memberships",
     ),
     (
         "corked UDP with data pending",

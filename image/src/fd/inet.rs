@@ -83,6 +83,7 @@ impl super::Describe for InetFile {
             Ok(InetProtocol::Udp) => "udp",
             Ok(InetProtocol::Udplite) => "udplite",
             Ok(InetProtocol::Ping) => "ping",
+            Ok(InetProtocol::Raw) => "raw",
             _ => "?",
         };
         let family = match InetFamily::try_from(self.family) {
@@ -100,6 +101,9 @@ impl super::Describe for InetFile {
             _ => "?".into(),
         };
         let mut s = format!("{proto}{family} {state}");
+        if self.protocol == InetProtocol::Raw as i32 {
+            s.push_str(&format!(" protocol {}", self.raw_protocol));
+        }
         if let Some(l) = &self.local {
             s.push_str(&format!(" {l}"));
         }

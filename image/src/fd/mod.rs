@@ -30,6 +30,7 @@ pub mod inotify;
 pub mod lock;
 pub mod memfd;
 pub mod netlink;
+pub mod packet;
 pub mod pidfd;
 pub mod pipe;
 pub mod proc;
@@ -101,6 +102,7 @@ fd_kinds! {
     Ib => "ib",
     Proc => "proc",
     Netlink => "netlink",
+    Packet => "packet",
 }
 
 impl File {

@@ -24,6 +24,7 @@
 //! `socket(2)`; its echo identifier comes back as the port it binds.
 
 mod fin;
+mod options;
 mod timewait;
 
 use std::collections::HashMap;
@@ -41,15 +42,12 @@ use ckpt_image::fd::inet::{
 use super::{Context, FileRestorer, set_status_flags};
 use crate::error::{RestoreError, Result};
 use crate::{pmix, sys};
+use options::{set_options, shut_down};
 use ckpt_parasite::remote::Remote;
 
 /// TCP, UDP, UDP-Lite and ping sockets.
 pub struct Inet;
 
-/// UDP-Lite checksum coverage options (`SOL_UDPLITE`, linux/udp.h).
-const SOL_UDPLITE: i32 = 136;
-const UDPLITE_SEND_CSCOV: i32 = 10;
-const UDPLITE_RECV_CSCOV: i32 = 11;
 
 /// `TCP_REPAIR` values.
 const TCP_REPAIR_ON: i32 = 1;
@@ -246,6 +244,7 @@ impl FileRestorer for Inet {
             (InetProtocol::Udplite, _) => (libc::SOCK_DGRAM, libc::IPPROTO_UDPLITE),
             (InetProtocol::Ping, InetFamily::Ipv6) => (libc::SOCK_DGRAM, libc::IPPROTO_ICMPV6),
             (InetProtocol::Ping, _) => (libc::SOCK_DGRAM, libc::IPPROTO_ICMP),
+            (InetProtocol::Raw, _) => (libc::SOCK_RAW, image.raw_protocol as i32),
             _ => (libc::SOCK_DGRAM, libc::IPPROTO_UDP),
         };
         let got = r.call(
@@ -329,7 +328,10 @@ impl FileRestorer for Inet {
                         // An echo identifier in use is no TCP port.
                         Err(e)
                             if e.raw_os_error() == Some(libc::EADDRINUSE)
-                                && plan.protocol != InetProtocol::Ping =>
+                                && !matches!(
+                                    plan.protocol,
+                                    InetProtocol::Ping | InetProtocol::Raw
+                                ) =>
                         {
                             let dual = plan.family == InetFamily::Ipv6 && !options.v6only;
                             let cleared = timewait::clear(local, dual)
@@ -463,10 +465,15 @@ impl Plan {
             received: Vec::new(),
         };
         match (protocol, state) {
-            (InetProtocol::Udp | InetProtocol::Udplite | InetProtocol::Ping, InetState::Listen) => {
+            (
+                InetProtocol::Udp | InetProtocol::Udplite | InetProtocol::Ping | InetProtocol::Raw,
+                InetState::Listen,
+            ) => {
                 return Err(bad("listening datagram socket"));
             }
-            (InetProtocol::Tcp | InetProtocol::Ping, _) if image.shut_rd || image.shut_wr => {
+            (InetProtocol::Tcp | InetProtocol::Ping | InetProtocol::Raw, _)
+                if image.shut_rd || image.shut_wr =>
+            {
                 return Err(bad("shutdown state on a socket other than UDP"));
             }
             (_, InetState::Connected) if peer.is_none() => {
@@ -492,9 +499,13 @@ impl Plan {
             }
             _ => {}
         }
-        // A ping socket's "port" is its echo identifier, open to all.
+        if protocol == InetProtocol::Raw {
+            check_raw(cx.pid(), fd, family, image)?;
+        }
+        // A ping socket's "port" is its echo identifier, open to all; a
+        // raw socket's is its protocol.
         if plan.tcp.is_none()
-            && protocol != InetProtocol::Ping
+            && !matches!(protocol, InetProtocol::Ping | InetProtocol::Raw)
             && let Some(local) = local
         {
             check_privileged_port(cx.pid(), fd, &local, image.may_bind_privileged)?;
@@ -628,6 +639,24 @@ fn check_peer(cx: &Context<'_, '_>, file: &File, conn: &TcpConnection, fd: i32) 
     Ok(())
 }
 
+/// A raw socket is made again for a user (the service's restore) only if
+/// the process had CAP_NET_RAW at dump time: the socket is the process's,
+/// but the restorer's own capabilities must not stand in for its.
+fn check_raw(pid: i32, fd: i32, family: InetFamily, image: &InetFile) -> Result<()> {
+    if image.may_net_raw || ckpt_image::caller::acting_for().is_none() {
+        return Ok(());
+    }
+    let fam = if family == InetFamily::Ipv6 { "IPv6" } else { "IPv4" };
+    Err(RestoreError::File {
+        pid,
+        path: format!("fd {fd}"),
+        what: format!(
+            "raw {fam} socket (protocol {}): needs CAP_NET_RAW, which the process did not have at dump time",
+            image.raw_protocol
+        ),
+    })
+}
+
 /// A port below `ip_unprivileged_port_start` is only given back to a
 /// process that could have bound it itself (the restorer binds as root).
 fn check_privileged_port(pid: i32, fd: i32, local: &SocketAddr, allowed: bool) -> Result<()> {
@@ -646,83 +675,6 @@ fn check_privileged_port(pid: i32, fd: i32, local: &SocketAddr, allowed: bool) -
         });
     }
     Ok(())
-}
-
-/// Options that must be in place before bind (address reuse, v6only) and
-/// the rest that getsockopt reported.
-fn set_options(sock: BorrowedFd<'_>, plan: &Plan, o: &InetOptions) -> std::io::Result<()> {
-    let sol = libc::SOL_SOCKET;
-    let set = |level, opt, v: bool| sys::setsockopt_int(sock, level, opt, i32::from(v));
-    set(sol, libc::SO_REUSEADDR, o.reuseaddr)?;
-    set(sol, libc::SO_REUSEPORT, o.reuseport)?;
-    set(sol, libc::SO_BROADCAST, o.broadcast)?;
-    set(sol, libc::SO_KEEPALIVE, o.keepalive)?;
-    // getsockopt reports twice what was set; the FORCE variants take what
-    // the dump saw even above the sysctl limits (it is what the socket
-    // had, no more).
-    for (opt, val) in [
-        (libc::SO_SNDBUFFORCE, o.sndbuf),
-        (libc::SO_RCVBUFFORCE, o.rcvbuf),
-    ] {
-        if val > 0 {
-            force_buffer(sock, opt, val)?;
-        }
-    }
-    if plan.family == InetFamily::Ipv6 {
-        set(libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, o.v6only)?;
-        if o.tos != 0 {
-            sys::setsockopt_int(sock, libc::IPPROTO_IPV6, libc::IPV6_TCLASS, o.tos as i32)?;
-        }
-    } else if o.tos != 0 {
-        sys::setsockopt_int(sock, libc::IPPROTO_IP, libc::IP_TOS, o.tos as i32)?;
-    }
-    if matches!(plan.protocol, InetProtocol::Udp | InetProtocol::Udplite) {
-        set(libc::SOL_UDP, libc::UDP_CORK, o.udp_cork)?;
-    }
-    if plan.protocol == InetProtocol::Udplite {
-        for (opt, val) in [
-            (UDPLITE_SEND_CSCOV, o.udplite_send_cscov),
-            (UDPLITE_RECV_CSCOV, o.udplite_recv_cscov),
-        ] {
-            sys::setsockopt_int(
-                sock,
-                SOL_UDPLITE,
-                opt,
-                i32::try_from(val).unwrap_or(i32::MAX),
-            )?;
-        }
-    }
-    if plan.protocol == InetProtocol::Tcp {
-        let tcp = libc::IPPROTO_TCP;
-        set(tcp, libc::TCP_NODELAY, o.nodelay)?;
-        for (opt, val) in [
-            (libc::TCP_KEEPIDLE, o.keepidle),
-            (libc::TCP_KEEPINTVL, o.keepintvl),
-            (libc::TCP_KEEPCNT, o.keepcnt),
-        ] {
-            if val > 0 {
-                sys::setsockopt_int(sock, tcp, opt, i32::try_from(val).unwrap_or(i32::MAX))?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Shuts a UDP socket down as it was at dump time. The kernel records a
-/// shutdown of an unconnected socket and answers ENOTCONN, as it did when
-/// the process asked.
-fn shut_down(sock: BorrowedFd<'_>, image: &InetFile, state: InetState) -> std::io::Result<()> {
-    use nix::sys::socket::Shutdown;
-    let how = match (image.shut_rd, image.shut_wr) {
-        (false, false) => return Ok(()),
-        (true, false) => Shutdown::Read,
-        (false, true) => Shutdown::Write,
-        (true, true) => Shutdown::Both,
-    };
-    match nix::sys::socket::shutdown(std::os::fd::AsRawFd::as_raw_fd(&sock), how) {
-        Err(nix::errno::Errno::ENOTCONN) if state != InetState::Connected => Ok(()),
-        other => other.map_err(std::io::Error::from),
-    }
 }
 
 /// Rebuilds an established connection in repair mode, up to (not

@@ -23,6 +23,7 @@ mod inotify;
 mod lock;
 mod memfd;
 mod netlink;
+mod packet;
 mod pidfd;
 mod pipe;
 mod privileged;
@@ -105,6 +106,7 @@ fn install_file(
         Some(Kind::Ib(image)) => install(&ib::Ib, cx, r, file, image, fd, pass),
         Some(Kind::Proc(image)) => install(&proc::Proc, cx, r, file, image, fd, pass),
         Some(Kind::Netlink(image)) => install(&netlink::Netlink, cx, r, file, image, fd, pass),
+        Some(Kind::Packet(image)) => install(&packet::Packet, cx, r, file, image, fd, pass),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
 }

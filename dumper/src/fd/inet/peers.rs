@@ -1,8 +1,8 @@
-//! Where a connected ICMP ping socket sends: getpeername only answers
-//! for a nonzero port, which a ping socket connected the usual way (port
-//! 0) has not, so the peer is read from the kernel's table of ping
-//! sockets of the process's network namespace (`/proc/PID/net/icmp`,
-//! `icmp6`), found by inode.
+//! Where a connected ICMP ping or raw socket sends: getpeername only
+//! answers for a nonzero port, which such a socket connected the usual
+//! way (port 0) has not, so the peer is read from the kernel's table of
+//! those sockets in the process's network namespace (`/proc/PID/net/icmp`,
+//! `icmp6`, `raw`, `raw6`), found by inode.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -12,10 +12,10 @@ use crate::procfile;
 /// `sk_state` of a connected datagram socket.
 const TCP_ESTABLISHED: u8 = 1;
 
-/// The address ping socket `ino` of process `pid` is connected to (`None`
-/// when it is not), `v6` for an ICMPv6 one.
-pub fn peer(pid: i32, v6: bool, ino: u64) -> Result<Option<SocketAddr>> {
-    let table = procfile::read(pid, if v6 { "net/icmp6" } else { "net/icmp" })?;
+/// The address socket `ino` of process `pid` is connected to (`None`
+/// when it is not), from table `net/NAME` (`icmp`, `icmp6`, `raw`, `raw6`).
+pub fn peer(pid: i32, table: &str, ino: u64) -> Result<Option<SocketAddr>> {
+    let table = procfile::read(pid, &format!("net/{table}"))?;
     Ok(table.lines().skip(1).find_map(|l| connected_to(l, ino)))
 }
 
