@@ -21,6 +21,7 @@ mod pmix_link;
 mod privfiles;
 mod procfiles;
 mod pty;
+mod rawsock;
 mod shmem;
 mod signalfd;
 mod timerfd;

@@ -430,7 +430,8 @@ fn read_options(sock: BorrowedFd<'_>, id: &Identity) -> std::io::Result<InetOpti
         InetProtocol::Raw => {
             o.hdrincl = flag(sock, libc::IPPROTO_IP, libc::IP_HDRINCL)?;
             if uint(sock, libc::SOL_SOCKET, libc::SO_PROTOCOL)? == libc::IPPROTO_ICMP as u32 {
-                o.icmp_filter = uint(sock, SOL_RAW, ICMP_FILTER)?;
+                // A mask: every bit counts, the sign one too.
+                o.icmp_filter = sys::getsockopt_int(sock, SOL_RAW, ICMP_FILTER)? as u32;
             }
         }
         InetProtocol::Udplite => {

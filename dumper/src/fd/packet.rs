@@ -8,13 +8,11 @@
 //! behind those is not saved. Queued packets are dropped, like UDP
 //! datagrams.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::MetadataExt;
 
 use ckpt_image::fd::file::Kind;
 use ckpt_image::fd::packet::{PacketFile, PacketOptions};
-use nix::sys::socket::{LinkAddr, getsockname};
-
 use super::{Blobs, FdParams, FileDumper, sockdiag};
 use crate::error::{DumpError, Result};
 use crate::{procfile, sys};
@@ -104,15 +102,14 @@ impl FileDumper for Packet {
         {
             return Err(p.unsupported(what));
         }
-        let name: LinkAddr =
-            getsockname(sock.as_raw_fd()).map_err(|e| os("getsockname", e.into()))?;
+        let name = sys::packet_name(sock).map_err(|e| os("getsockname", e))?;
         let sock_type = sys::getsockopt_int(sock, libc::SOL_SOCKET, libc::SO_TYPE)
             .map_err(|e| os("getsockopt SO_TYPE", e))?;
         let options = read_options(sock).map_err(|e| os("getsockopt", e))?;
         Ok(Kind::Packet(PacketFile {
             sock_type: sock_type as u32,
-            protocol: u32::from(name.protocol()),
-            ifindex: name.ifindex() as i32,
+            protocol: u32::from(name.protocol),
+            ifindex: name.ifindex,
             options: Some(options),
             may_net_raw: procfile::has_effective_cap(p.pid, caps::Capability::CAP_NET_RAW)?,
         }))

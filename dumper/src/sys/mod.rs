@@ -1,7 +1,9 @@
 //! Raw syscalls of the dumper that neither nix nor the parasite crate wrap.
 
 mod ipc;
+mod packet;
 pub use ipc::*;
+pub use packet::*;
 
 /// `kcmp` type: compare two file descriptors' open file descriptions.
 const KCMP_FILE: libc::c_int = 0;

@@ -408,6 +408,8 @@ fn reconnect_pmix(
 struct Plan {
     family: InetFamily,
     protocol: InetProtocol,
+    /// A raw socket's IP protocol.
+    raw_protocol: u32,
     state: InetState,
     local: Option<SocketAddr>,
     peer: Option<SocketAddr>,
@@ -455,6 +457,7 @@ impl Plan {
         let mut plan = Plan {
             family,
             protocol,
+            raw_protocol: image.raw_protocol,
             state,
             local,
             peer,

@@ -38,7 +38,11 @@ pub(super) fn set_options(sock: BorrowedFd<'_>, plan: &Plan, o: &InetOptions) ->
         }
     }
     if plan.family == InetFamily::Ipv6 {
-        set(libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, o.v6only)?;
+        // A raw socket has its "port" (the protocol) from the start, and
+        // the kernel takes IPV6_V6ONLY only before a port.
+        if plan.protocol != InetProtocol::Raw {
+            set(libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, o.v6only)?;
+        }
         if o.tos != 0 {
             sys::setsockopt_int(sock, libc::IPPROTO_IPV6, libc::IPV6_TCLASS, o.tos as i32)?;
         }
@@ -48,12 +52,16 @@ pub(super) fn set_options(sock: BorrowedFd<'_>, plan: &Plan, o: &InetOptions) ->
     if matches!(plan.protocol, InetProtocol::Udp | InetProtocol::Udplite) {
         set(libc::SOL_UDP, libc::UDP_CORK, o.udp_cork)?;
     }
-    if plan.protocol == InetProtocol::Raw {
+    // IPPROTO_RAW has the header included, and the kernel refuses the
+    // option on it.
+    if plan.protocol == InetProtocol::Raw && plan.raw_protocol != libc::IPPROTO_RAW as u32 {
         if plan.family == InetFamily::Ipv6 {
             set(libc::IPPROTO_IPV6, IPV6_HDRINCL, o.hdrincl)?;
         } else {
             set(libc::IPPROTO_IP, libc::IP_HDRINCL, o.hdrincl)?;
         }
+    }
+    if plan.protocol == InetProtocol::Raw {
         if o.icmp_filter != 0 {
             sys::setsockopt_int(sock, SOL_RAW, ICMP_FILTER, o.icmp_filter as i32)?;
         }
