@@ -57,7 +57,9 @@ fn packet_sockets_with_a_ring_or_fanout_are_refused_by_name() {
         assert!(
             out.stderr
                 .lines()
-                .any(|l| l.contains(&format!("pid {}", v.pid)) && l.contains("fd ") && l.contains(what)),
+                .any(|l| l.contains(&format!("pid {}", v.pid))
+                    && l.contains("fd ")
+                    && l.contains(what)),
             "no line for {what}:\n{}",
             out.stderr
         );

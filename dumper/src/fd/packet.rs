@@ -11,11 +11,11 @@
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::MetadataExt;
 
-use ckpt_image::fd::file::Kind;
-use ckpt_image::fd::packet::{PacketFile, PacketOptions};
 use super::{Blobs, FdParams, FileDumper, sockdiag};
 use crate::error::{DumpError, Result};
 use crate::{procfile, sys};
+use ckpt_image::fd::file::Kind;
+use ckpt_image::fd::packet::{PacketFile, PacketOptions};
 
 /// `socket:[INO]` of an AF_PACKET socket.
 pub struct Packet;
@@ -57,16 +57,18 @@ fn unsaved_state(ino: u64) -> std::io::Result<Option<&'static str>> {
         if u64::from(sockdiag::u32_at(&msg, MSG_INODE)?) != ino {
             continue;
         }
-        return Ok(sockdiag::attributes(&msg, MSG_LEN).find_map(|(kind, data)| match kind {
-            PACKET_DIAG_RX_RING | PACKET_DIAG_TX_RING => {
-                Some("packet socket with a ring (PACKET_RX_RING or PACKET_TX_RING)")
-            }
-            PACKET_DIAG_FANOUT => Some("packet socket in a fanout group (PACKET_FANOUT)"),
-            PACKET_DIAG_MCLIST if !data.is_empty() => {
-                Some("packet socket with memberships (PACKET_ADD_MEMBERSHIP)")
-            }
-            _ => None,
-        }));
+        return Ok(
+            sockdiag::attributes(&msg, MSG_LEN).find_map(|(kind, data)| match kind {
+                PACKET_DIAG_RX_RING | PACKET_DIAG_TX_RING => {
+                    Some("packet socket with a ring (PACKET_RX_RING or PACKET_TX_RING)")
+                }
+                PACKET_DIAG_FANOUT => Some("packet socket in a fanout group (PACKET_FANOUT)"),
+                PACKET_DIAG_MCLIST if !data.is_empty() => {
+                    Some("packet socket with memberships (PACKET_ADD_MEMBERSHIP)")
+                }
+                _ => None,
+            }),
+        );
     }
     Ok(None)
 }

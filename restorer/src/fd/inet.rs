@@ -42,12 +42,11 @@ use ckpt_image::fd::inet::{
 use super::{Context, FileRestorer, set_status_flags};
 use crate::error::{RestoreError, Result};
 use crate::{pmix, sys};
-use options::{set_options, shut_down};
 use ckpt_parasite::remote::Remote;
+use options::{set_options, shut_down};
 
 /// TCP, UDP, UDP-Lite and ping sockets.
 pub struct Inet;
-
 
 /// `TCP_REPAIR` values.
 const TCP_REPAIR_ON: i32 = 1;
@@ -649,7 +648,11 @@ fn check_raw(pid: i32, fd: i32, family: InetFamily, image: &InetFile) -> Result<
     if image.may_net_raw || ckpt_image::caller::acting_for().is_none() {
         return Ok(());
     }
-    let fam = if family == InetFamily::Ipv6 { "IPv6" } else { "IPv4" };
+    let fam = if family == InetFamily::Ipv6 {
+        "IPv6"
+    } else {
+        "IPv4"
+    };
     Err(RestoreError::File {
         pid,
         path: format!("fd {fd}"),

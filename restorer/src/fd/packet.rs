@@ -51,8 +51,9 @@ impl FileRestorer for Packet {
             return Err(RestoreError::File {
                 pid,
                 path: format!("fd {fd}"),
-                what: "packet socket: needs CAP_NET_RAW, which the process did not have at dump time"
-                    .into(),
+                what:
+                    "packet socket: needs CAP_NET_RAW, which the process did not have at dump time"
+                        .into(),
             });
         }
         let got = r.call(

@@ -19,7 +19,11 @@ const UDPLITE_RECV_CSCOV: i32 = 11;
 
 /// Options that must be in place before bind (address reuse, v6only) and
 /// the rest that getsockopt reported.
-pub(super) fn set_options(sock: BorrowedFd<'_>, plan: &Plan, o: &InetOptions) -> std::io::Result<()> {
+pub(super) fn set_options(
+    sock: BorrowedFd<'_>,
+    plan: &Plan,
+    o: &InetOptions,
+) -> std::io::Result<()> {
     let sol = libc::SOL_SOCKET;
     let set = |level, opt, v: bool| sys::setsockopt_int(sock, level, opt, i32::from(v));
     set(sol, libc::SO_REUSEADDR, o.reuseaddr)?;
@@ -61,10 +65,8 @@ pub(super) fn set_options(sock: BorrowedFd<'_>, plan: &Plan, o: &InetOptions) ->
             set(libc::IPPROTO_IP, libc::IP_HDRINCL, o.hdrincl)?;
         }
     }
-    if plan.protocol == InetProtocol::Raw {
-        if o.icmp_filter != 0 {
-            sys::setsockopt_int(sock, SOL_RAW, ICMP_FILTER, o.icmp_filter as i32)?;
-        }
+    if plan.protocol == InetProtocol::Raw && o.icmp_filter != 0 {
+        sys::setsockopt_int(sock, SOL_RAW, ICMP_FILTER, o.icmp_filter as i32)?;
     }
     if plan.protocol == InetProtocol::Udplite {
         for (opt, val) in [
@@ -98,7 +100,11 @@ pub(super) fn set_options(sock: BorrowedFd<'_>, plan: &Plan, o: &InetOptions) ->
 /// Shuts a UDP socket down as it was at dump time. The kernel records a
 /// shutdown of an unconnected socket and answers ENOTCONN, as it did when
 /// the process asked.
-pub(super) fn shut_down(sock: BorrowedFd<'_>, image: &InetFile, state: InetState) -> std::io::Result<()> {
+pub(super) fn shut_down(
+    sock: BorrowedFd<'_>,
+    image: &InetFile,
+    state: InetState,
+) -> std::io::Result<()> {
     use nix::sys::socket::Shutdown;
     let how = match (image.shut_rd, image.shut_wr) {
         (false, false) => return Ok(()),
