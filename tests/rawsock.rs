@@ -67,3 +67,44 @@ fn packet_sockets_with_a_ring_or_fanout_are_refused_by_name() {
     assert!(!env.img.exists(), "a refused dump leaves no checkpoint");
     v.assert_unharmed_and_passes("after a refused dump");
 }
+
+/// A restore for a user through the service does not make a raw socket
+/// for a process that could not have made one (it kept it from before it
+/// dropped to the user): refused in one line naming pid, fd and why.
+#[test]
+fn raw_socket_is_not_made_for_a_user_whose_process_lacked_cap_net_raw() {
+    let user = test_user();
+    let env = TestEnv::new("rawsock-user");
+    env.give_work_to(user);
+    let svc = Service::start(&env);
+    let (uid, gid) = (user.uid.to_string(), user.gid.to_string());
+    let mut v = Victim::spawn(&env, "rawsock", &["user", &uid, &gid]);
+    v.wait_ready();
+    let home = user_dir(&env, user, "home");
+    let pid = v.pid.to_string();
+    ckpt_as_user(
+        &env,
+        user,
+        &svc.socket,
+        &home,
+        &["dump", "--tree", &pid, "--dir", "img", "--kill"],
+    )
+    .assert_success();
+    v.reap_killed(std::time::Duration::from_secs(10));
+    let out = ckpt_as_user(
+        &env,
+        user,
+        &svc.socket,
+        &home,
+        &["restore", "--dir", "img"],
+    );
+    let line = out.assert_error();
+    assert!(
+        line.contains(&format!("pid {pid}"))
+            && line.contains("fd ")
+            && line.contains("raw IPv4 socket (protocol 253)")
+            && line.contains("CAP_NET_RAW"),
+        "{line}"
+    );
+    assert!(!pid_exists(v.pid), "nothing of the refused restore runs");
+}

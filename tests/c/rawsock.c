@@ -11,6 +11,10 @@
  *                          options, a datagram sent with send() on the
  *                          connected one reaches the bound one, and the
  *                          packet socket sees it pass on lo.
+ *   rawsock WORKDIR user UID GID
+ *                          (root) a raw socket of protocol 253, kept after
+ *                          becoming user UID (no capability left): a restore
+ *                          through the service for that user is refused.
  *   rawsock WORKDIR ring   a packet socket with a PACKET_RX_RING and one in
  *                          a fanout group: a dump is refused, naming both.
  */
@@ -23,6 +27,8 @@
 #include <netinet/in.h>
 #include <netinet/ip_icmp.h>
 #include <poll.h>
+#include <grp.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 
 #define PROTO 253
@@ -162,6 +168,23 @@ static void ring(void)
 	victim_finish();
 }
 
+static void user(uid_t uid, gid_t gid)
+{
+	int fd = raw(AF_INET, PROTO);
+
+	if (setgroups(0, NULL) != 0 || setresgid(gid, gid, gid) != 0 ||
+	    setresuid(uid, uid, uid) != 0)
+		die("become the user");
+	/* A change of uid made it undumpable; it runs no set-id program. */
+	if (prctl(PR_SET_DUMPABLE, 1) != 0)
+		die("PR_SET_DUMPABLE");
+
+	victim_ready_and_wait(NULL);
+
+	CHECK(get_int(fd, SOL_SOCKET, SO_PROTOCOL) == PROTO, "raw socket: protocol");
+	victim_finish();
+}
+
 int main(int argc, char **argv)
 {
 	victim_init(argc, argv);
@@ -171,5 +194,7 @@ int main(int argc, char **argv)
 		all();
 	else if (strcmp(mode, "ring") == 0)
 		ring();
-	die("usage: rawsock WORKDIR all|ring");
+	else if (strcmp(mode, "user") == 0 && argc > 4)
+		user((uid_t)atoi(argv[3]), (gid_t)atoi(argv[4]));
+	die("usage: rawsock WORKDIR all|ring|user UID GID");
 }
