@@ -80,6 +80,8 @@ fn raw_socket_is_not_made_for_a_user_whose_process_lacked_cap_net_raw() {
     let (uid, gid) = (user.uid.to_string(), user.gid.to_string());
     let mut v = Victim::spawn(&env, "rawsock", &["user", &uid, &gid]);
     v.wait_ready();
+    // Its output files too, made as root before it became the user.
+    env.give_work_to(user);
     let home = user_dir(&env, user, "home");
     let pid = v.pid.to_string();
     ckpt_as_user(
