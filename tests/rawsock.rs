@@ -93,13 +93,7 @@ fn raw_socket_is_not_made_for_a_user_whose_process_lacked_cap_net_raw() {
     )
     .assert_success();
     v.reap_killed(std::time::Duration::from_secs(10));
-    let out = ckpt_as_user(
-        &env,
-        user,
-        &svc.socket,
-        &home,
-        &["restore", "--dir", "img"],
-    );
+    let out = ckpt_as_user(&env, user, &svc.socket, &home, &["restore", "--dir", "img"]);
     let line = out.assert_error();
     assert!(
         line.contains(&format!("pid {pid}"))
