@@ -66,3 +66,26 @@ fn netlink_group_needing_cap_net_admin_is_not_given_back_without_it() {
     );
     assert!(!pid_exists(v.pid), "nothing of the refused restore runs");
 }
+
+/// A socket in the middle of a dump (the kernel holds the rest of its
+/// answer) is refused by name, and the process goes on and reads it all.
+#[test]
+fn netlink_socket_with_a_dump_in_progress_is_refused_by_name() {
+    let env = TestEnv::new("netlink-dumping");
+    let mut v = Victim::spawn(&env, "netlink", &["dumping"]);
+    v.wait_ready();
+    let out = dump_outcome(&env, &v, &["--kill"]);
+    out.assert_error();
+    let what = "netlink route socket with a dump in progress";
+    assert!(
+        out.stderr
+            .lines()
+            .any(|l| l.contains(&format!("pid {}", v.pid))
+                && l.contains("fd ")
+                && l.contains(what)),
+        "no line for {what}:\n{}",
+        out.stderr
+    );
+    assert!(!env.img.exists(), "a refused dump leaves no checkpoint");
+    v.assert_unharmed_and_passes("after a refused dump");
+}

@@ -13,6 +13,11 @@
  *                          says dropped or kept), a message sent with send()
  *                          reaches the first, and the kernel answers a
  *                          route request and a sock_diag request.
+ *   netlink WORKDIR dumping
+ *                          a route socket that asked for the links and read
+ *                          none of the answer (the kernel holds the rest of
+ *                          its dump): a dump is refused; after go it reads
+ *                          the answer to its end.
  *   netlink WORKDIR admin  (root) a NETLINK_SOCK_DIAG socket in group 1
  *                          (socket destruction events), kept after dropping
  *                          CAP_NET_ADMIN: a restore is refused.
@@ -139,24 +144,13 @@ static int comes(int fd, const char *note, int wait_ms)
 	return 0;
 }
 
-/* Sends a dump request and reads replies until NLMSG_DONE; returns how
- * many messages came (-1 on an error reply). */
-static int ask(int fd, uint16_t type, void *req, size_t req_len)
+/* Reads a dump's replies until NLMSG_DONE; returns how many messages came
+ * (-1 on an error reply). */
+static int answer(int fd)
 {
 	char buf[8192];
-	struct {
-		struct nlmsghdr h;
-		char body[64];
-	} m = { 0 };
 	int count = 0;
 
-	m.h.nlmsg_len = NLMSG_LENGTH(req_len);
-	m.h.nlmsg_type = type;
-	m.h.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
-	m.h.nlmsg_seq = 7;
-	memcpy(m.body, req, req_len);
-	if (send(fd, &m, m.h.nlmsg_len, 0) < 0)
-		return -1;
 	for (;;) {
 		ssize_t r = recv(fd, buf, sizeof(buf), 0);
 		if (r <= 0)
@@ -170,6 +164,29 @@ static int ask(int fd, uint16_t type, void *req, size_t req_len)
 			count++;
 		}
 	}
+}
+
+/* Sends a dump request; with `read` reads the replies (see answer()). */
+static int ask_only(int fd, uint16_t type, void *req, size_t req_len, int read)
+{
+	struct {
+		struct nlmsghdr h;
+		char body[64];
+	} m = { 0 };
+
+	m.h.nlmsg_len = NLMSG_LENGTH(req_len);
+	m.h.nlmsg_type = type;
+	m.h.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+	m.h.nlmsg_seq = 7;
+	memcpy(m.body, req, req_len);
+	if (send(fd, &m, m.h.nlmsg_len, 0) < 0)
+		return -1;
+	return read ? answer(fd) : 0;
+}
+
+static int ask(int fd, uint16_t type, void *req, size_t req_len)
+{
+	return ask_only(fd, type, req, req_len, 1);
 }
 
 static void all(void)
@@ -228,6 +245,20 @@ static void all(void)
 	victim_finish();
 }
 
+static void dumping(void)
+{
+	struct rtgenmsg link = { .rtgen_family = AF_UNSPEC };
+	int rt = nl_socket(SOCK_RAW, NETLINK_ROUTE);
+
+	if (ask_only(rt, RTM_GETLINK, &link, sizeof(link), 0) != 0)
+		die("ask for the links");
+
+	victim_ready_and_wait(NULL);
+
+	CHECK(answer(rt) > 0, "the answer did not come to its end");
+	victim_finish();
+}
+
 static void admin(void)
 {
 	struct __user_cap_header_struct h = { .version = _LINUX_CAPABILITY_VERSION_3 };
@@ -256,5 +287,7 @@ int main(int argc, char **argv)
 		all();
 	else if (strcmp(mode, "admin") == 0)
 		admin();
-	die("usage: netlink WORKDIR all|admin");
+	else if (strcmp(mode, "dumping") == 0)
+		dumping();
+	die("usage: netlink WORKDIR all|dumping|admin");
 }
