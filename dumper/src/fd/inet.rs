@@ -281,17 +281,26 @@ impl FileDumper for Inet {
                 let (shut_rd, shut_wr) = udp_shutdown(p, &id)?;
                 image.shut_rd = shut_rd;
                 image.shut_wr = shut_wr;
-                let queued = sys::ioctl_int(sock, SIOCINQ).map_err(|e| os("SIOCINQ", e))?;
-                if queued > 0 {
-                    log::warn!(
-                        "pid {} fd {}: UDP socket {}: dropping the queued datagrams (the first one has {queued} bytes); UDP may lose datagrams",
-                        p.pid,
-                        p.fd,
-                        name(&local)
-                    );
-                }
             }
-            _ => {
+            _ => {}
+        }
+        // UDP's and raw sockets' (ping sockets answer no SIOCINQ).
+        if matches!(
+            id.protocol,
+            InetProtocol::Udp | InetProtocol::Udplite | InetProtocol::Raw
+        ) {
+            let queued = sys::ioctl_int(sock, SIOCINQ).map_err(|e| os("SIOCINQ", e))?;
+            if queued > 0 {
+                log::warn!(
+                    "pid {} fd {}: datagram socket {}: dropping the queued datagrams (the first one has {queued} bytes); datagrams may be lost",
+                    p.pid,
+                    p.fd,
+                    name(&local)
+                );
+            }
+        }
+        match id.protocol {
+            InetProtocol::Tcp => {
                 let info = tcp_info(sock).map_err(|e| os("TCP_INFO", e))?;
                 match info.state {
                     tcp_state::CLOSE => {}
@@ -363,6 +372,7 @@ impl FileDumper for Inet {
                     }
                 }
             }
+            _ => {}
         }
         Ok(Kind::Inet(image))
     }

@@ -108,6 +108,14 @@ impl FileDumper for Packet {
         let sock_type = sys::getsockopt_int(sock, libc::SOL_SOCKET, libc::SO_TYPE)
             .map_err(|e| os("getsockopt SO_TYPE", e))?;
         let options = read_options(sock).map_err(|e| os("getsockopt", e))?;
+        let queued = sys::ioctl_int(sock, libc::FIONREAD).map_err(|e| os("SIOCINQ", e))?;
+        if queued > 0 {
+            log::warn!(
+                "pid {} fd {}: packet socket: dropping the queued packets (the first one has {queued} bytes)",
+                p.pid,
+                p.fd
+            );
+        }
         Ok(Kind::Packet(PacketFile {
             sock_type: sock_type as u32,
             protocol: u32::from(name.protocol),
