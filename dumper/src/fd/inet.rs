@@ -299,80 +299,75 @@ impl FileDumper for Inet {
                 );
             }
         }
-        match id.protocol {
-            InetProtocol::Tcp => {
-                let info = tcp_info(sock).map_err(|e| os("TCP_INFO", e))?;
-                match info.state {
-                    tcp_state::CLOSE => {}
-                    tcp_state::LISTEN => {
-                        if info.unacked > 0 {
-                            return Err(p.unsupported(&format!(
-                                "listening TCP socket {} with {} connection(s) not accepted yet",
-                                name(&local),
-                                info.unacked
-                            )));
-                        }
-                        image.state = InetState::Listen as i32;
-                        image.backlog = info.sacked;
-                    }
-                    state @ (tcp_state::CLOSE_WAIT
-                    | tcp_state::FIN_WAIT1
-                    | tcp_state::FIN_WAIT2)
-                        if !in_repair(sock) =>
-                    {
+        if id.protocol == InetProtocol::Tcp {
+            let info = tcp_info(sock).map_err(|e| os("TCP_INFO", e))?;
+            match info.state {
+                tcp_state::CLOSE => {}
+                tcp_state::LISTEN => {
+                    if info.unacked > 0 {
                         return Err(p.unsupported(&format!(
+                            "listening TCP socket {} with {} connection(s) not accepted yet",
+                            name(&local),
+                            info.unacked
+                        )));
+                    }
+                    image.state = InetState::Listen as i32;
+                    image.backlog = info.sacked;
+                }
+                state @ (tcp_state::CLOSE_WAIT | tcp_state::FIN_WAIT1 | tcp_state::FIN_WAIT2)
+                    if !in_repair(sock) =>
+                {
+                    return Err(p.unsupported(&format!(
                             "TCP connection {} -> {} in state {} to a peer outside the tree (dump with --tcp-established to save it)",
                             name(&local),
                             name(&peer),
                             tcp_state::name(state)
                         )));
-                    }
-                    tcp_state::ESTABLISHED if !in_repair(sock) && peer.is_some() => {
-                        // Not saved by the drain: only a rank's link to its
-                        // PMIx server outside the tree gets this far
-                        // (`srun_pmix`), the rest is refused as before.
-                        let Some(link) = pmix_link(p, sock, peer.expect("checked"))? else {
-                            return Err(p.unsupported(&format!(
+                }
+                tcp_state::ESTABLISHED if !in_repair(sock) && peer.is_some() => {
+                    // Not saved by the drain: only a rank's link to its
+                    // PMIx server outside the tree gets this far
+                    // (`srun_pmix`), the rest is refused as before.
+                    let Some(link) = pmix_link(p, sock, peer.expect("checked"))? else {
+                        return Err(p.unsupported(&format!(
                                 "TCP connection {} -> {} to a peer outside the tree (dump with --tcp-established to save it)",
                                 name(&local),
                                 name(&peer)
                             )));
-                        };
-                        image.state = InetState::Connected as i32;
-                        image.pmix = Some(link);
+                    };
+                    image.state = InetState::Connected as i32;
+                    image.pmix = Some(link);
+                }
+                state @ (tcp_state::ESTABLISHED
+                | tcp_state::FIN_WAIT1
+                | tcp_state::FIN_WAIT2
+                | tcp_state::CLOSE_WAIT) => {
+                    // The receive side is read by `link_tree`, after
+                    // every send queue of the tree (`read_receive_side`).
+                    // FIN_WAIT1's FIN is still in its send queue.
+                    let fin_queued = state == tcp_state::FIN_WAIT1;
+                    let (mut conn, data) =
+                        read_send_side(p, sock, &info, &local, &peer, fin_queued)?;
+                    // The FINs take a sequence number each but are no
+                    // data: the image counts none (`TcpConnection`).
+                    if matches!(state, tcp_state::FIN_WAIT1 | tcp_state::FIN_WAIT2) {
+                        conn.fin_sent = true;
+                        conn.send_seq = conn.send_seq.wrapping_sub(1);
                     }
-                    state @ (tcp_state::ESTABLISHED
-                    | tcp_state::FIN_WAIT1
-                    | tcp_state::FIN_WAIT2
-                    | tcp_state::CLOSE_WAIT) => {
-                        // The receive side is read by `link_tree`, after
-                        // every send queue of the tree (`read_receive_side`).
-                        // FIN_WAIT1's FIN is still in its send queue.
-                        let fin_queued = state == tcp_state::FIN_WAIT1;
-                        let (mut conn, data) =
-                            read_send_side(p, sock, &info, &local, &peer, fin_queued)?;
-                        // The FINs take a sequence number each but are no
-                        // data: the image counts none (`TcpConnection`).
-                        if matches!(state, tcp_state::FIN_WAIT1 | tcp_state::FIN_WAIT2) {
-                            conn.fin_sent = true;
-                            conn.send_seq = conn.send_seq.wrapping_sub(1);
-                        }
-                        conn.fin_received = state == tcp_state::CLOSE_WAIT;
-                        blobs.add(tcp_data_name(file_id), data);
-                        image.state = InetState::Connected as i32;
-                        image.tcp = Some(conn);
-                    }
-                    other => {
-                        return Err(p.unsupported(&format!(
+                    conn.fin_received = state == tcp_state::CLOSE_WAIT;
+                    blobs.add(tcp_data_name(file_id), data);
+                    image.state = InetState::Connected as i32;
+                    image.tcp = Some(conn);
+                }
+                other => {
+                    return Err(p.unsupported(&format!(
                             "TCP socket {} -> {} in state {} (only listening, established, FIN_WAIT1, FIN_WAIT2 and CLOSE_WAIT connections are supported)",
                             name(&local),
                             name(&peer),
                             tcp_state::name(other)
                         )));
-                    }
                 }
             }
-            _ => {}
         }
         Ok(Kind::Inet(image))
     }
