@@ -76,7 +76,8 @@ fn netlink_socket_with_a_dump_in_progress_is_refused_by_name() {
     v.wait_ready();
     let out = dump_outcome(&env, &v, &["--kill"]);
     out.assert_error();
-    let what = "netlink route socket with a dump in progress";
+    let what =
+        "dump in progress (the kernel holds the rest of its answer) on a route netlink socket";
     assert!(
         out.stderr
             .lines()

@@ -171,7 +171,7 @@ impl FileDumper for Netlink {
         let proto = protocol_name(diag.protocol);
         if diag.flags & NDIAG_FLAG_CB_RUNNING != 0 {
             return Err(p.unsupported(&format!(
-                "netlink {proto} socket with a dump in progress (the kernel holds the rest of its answer)"
+                "dump in progress (the kernel holds the rest of its answer) on a {proto} netlink socket"
             )));
         }
         if diag.groups.len() > MAX_GROUP_WORDS {
