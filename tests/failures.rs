@@ -36,7 +36,7 @@ fn dump_of_nonexistent_pid_fails() {
     );
 }
 
-/// A netlink socket (fd 42 in the victim) cannot be dumped: the dump must
+/// A netlink socket in the middle of a dump (fd 42 in the victim) cannot be dumped: the dump must
 /// fail cleanly with one line naming pid, fd and the family, and the
 /// victim must not notice anything.
 #[test]

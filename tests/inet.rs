@@ -978,3 +978,98 @@ fn network_lock_goes_into_the_trees_network_namespace() {
     read_back_what_was_sent_while_down(&mut client);
     finish_restore(&v, restore);
 }
+
+/// UDP sockets come back shut down as they were (one way, both ways, even
+/// unconnected), a corked one with nothing pending keeps its cork, and
+/// UDP-Lite sockets come back with their checksum coverage (victim:
+/// tests/c/dgram.c).
+#[test]
+fn udp_shutdown_cork_and_udplite_come_back() {
+    let env = TestEnv::new("inet-udpshut");
+    let mut v = Victim::spawn_as(&env, "dgram", &["udpshut"], test_user());
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    let objects = inet_objects(&env);
+    for want in [
+        "shut down for reading",
+        "shut down for writing",
+        "udp6 connected",
+        "udplite4 connected",
+        "udplite6 connected",
+    ] {
+        assert!(
+            objects.iter().any(|o| o.contains(want)),
+            "{want}: {objects:?}"
+        );
+    }
+    restore_and_check(&env, &v);
+}
+
+/// A UDP socket holding back the start of a datagram (UDP_CORK, MSG_MORE)
+/// is refused by name, and the tree goes on and sends it whole.
+#[test]
+fn corked_udp_with_data_pending_is_refused_by_name() {
+    for how in [&["udpcork"][..], &["udpcork", "more"][..]] {
+        let env = TestEnv::new("inet-udpcork");
+        let mut v = Victim::spawn(&env, "dgram", how);
+        v.wait_ready();
+        let out = dump_outcome(&env, &v, &["--kill"]);
+        out.assert_error();
+        assert!(
+            out.stderr
+                .lines()
+                .any(|l| l.contains(&format!("pid {}", v.pid))
+                    && l.contains("fd ")
+                    && l.contains("corked UDP socket 127.0.0.1:")),
+            "{how:?}: no line naming pid, fd and the corked socket:\n{}",
+            out.stderr
+        );
+        assert!(!env.img.exists(), "a refused dump leaves no checkpoint");
+        v.assert_unharmed_and_passes("after a refused dump");
+    }
+}
+
+/// Lets every group open ICMP ping sockets while it lives (root only),
+/// then puts the range back.
+struct PingGroups {
+    was: String,
+}
+
+const PING_GROUP_RANGE: &str = "/proc/sys/net/ipv4/ping_group_range";
+
+impl PingGroups {
+    fn open_to_all() -> PingGroups {
+        let was = read_to_string_lossy(std::path::Path::new(PING_GROUP_RANGE));
+        std::fs::write(PING_GROUP_RANGE, "0 2147483647").expect("set ping_group_range");
+        PingGroups { was }
+    }
+}
+
+impl Drop for PingGroups {
+    fn drop(&mut self) {
+        let _ = std::fs::write(PING_GROUP_RANGE, self.was.trim());
+    }
+}
+
+/// ICMP ping sockets (v4 bound and connected, v6 connected) come back with
+/// their echo identifiers, options and destinations: an echo sent after
+/// the restore with send() is answered to the same identifier.
+#[test]
+fn ping_sockets_come_back_with_their_identifiers() {
+    let _groups = PingGroups::open_to_all();
+    let env = TestEnv::new("inet-ping");
+    let mut v = Victim::spawn(&env, "dgram", &["ping"]);
+    v.wait_ready();
+    dump_kill_reap(&env, &mut v);
+    let objects = inet_objects(&env);
+    assert_eq!(
+        objects
+            .iter()
+            .filter(|o| o.starts_with("ping4 connected 127.0.0.1:")
+                || o.starts_with("ping6 connected [::"))
+            .count(),
+        2,
+        "{objects:?}"
+    );
+    restore_and_check(&env, &v);
+}

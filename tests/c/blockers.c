@@ -1,6 +1,7 @@
 /*
  * Victim holding three kinds of things ckpt cannot save yet, in two
- * processes: the root two netlink sockets and a hugetlb memfd, its child
+ * processes: the root two netlink sockets in the middle of a dump the
+ * kernel holds for them and a hugetlb memfd, its child
  * a fanotify group it made as root before giving up its effective
  * capabilities (as a daemon dropping privileges would), which ckpt could
  * restore only by lending it CAP_SYS_ADMIN. A dump must list all four fds at once and leave
@@ -15,7 +16,25 @@
 #include <sys/mman.h>
 #include <linux/netlink.h>
 #include <sys/socket.h>
+#include <linux/rtnetlink.h>
 #include <sys/wait.h>
+
+/* Asks the kernel for every link on netlink socket `fd` and reads none of
+ * the answer: the kernel holds the rest of its dump for the socket, which
+ * ckpt cannot save. */
+static void start_link_dump(int fd)
+{
+	struct {
+		struct nlmsghdr h;
+		struct rtgenmsg g;
+	} req = { .h = { .nlmsg_len = NLMSG_LENGTH(sizeof(struct rtgenmsg)),
+			 .nlmsg_type = RTM_GETLINK,
+			 .nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP },
+		  .g = { .rtgen_family = AF_UNSPEC } };
+
+	if (send(fd, &req, req.h.nlmsg_len, 0) != (ssize_t)req.h.nlmsg_len)
+		die("ask for the links");
+}
 
 int main(int argc, char **argv)
 {
@@ -26,6 +45,8 @@ int main(int argc, char **argv)
 	sv[1] = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_ROUTE);
 	if (sv[0] < 0 || sv[1] < 0)
 		die("netlink socket");
+	start_link_dump(sv[0]);
+	start_link_dump(sv[1]);
 	int mfd = memfd_create("ckpt-blocker", MFD_CLOEXEC | MFD_HUGETLB);
 	if (mfd < 0)
 		die("memfd_create");

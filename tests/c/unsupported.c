@@ -1,5 +1,6 @@
 /*
- * Victim holding an fd ckpt cannot dump (a netlink socket on fd 42) next
+ * Victim holding an fd ckpt cannot dump (a netlink socket on fd 42 in the
+ * middle of a dump the kernel holds for it) next
  * to ordinary memory.  A dump attempt must fail without disturbing it: after
  * go it checks its memory, its full /proc/self/maps, the socket, that no
  * signal was left pending and that nobody traces it.
@@ -9,12 +10,30 @@
 #include <signal.h>
 #include <linux/netlink.h>
 #include <sys/socket.h>
+#include <linux/rtnetlink.h>
 
 #define SOCK_FD 42
 #define BLOB_LEN (3UL << 20)
 
 static char maps_before[1 << 18], maps_after[1 << 18];
 static char status_buf[8192];
+
+/* Asks the kernel for every link on netlink socket `fd` and reads none of
+ * the answer: the kernel holds the rest of its dump for the socket, which
+ * ckpt cannot save. */
+static void start_link_dump(int fd)
+{
+	struct {
+		struct nlmsghdr h;
+		struct rtgenmsg g;
+	} req = { .h = { .nlmsg_len = NLMSG_LENGTH(sizeof(struct rtgenmsg)),
+			 .nlmsg_type = RTM_GETLINK,
+			 .nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP },
+		  .g = { .rtgen_family = AF_UNSPEC } };
+
+	if (send(fd, &req, req.h.nlmsg_len, 0) != (ssize_t)req.h.nlmsg_len)
+		die("ask for the links");
+}
 
 int main(int argc, char **argv)
 {
@@ -30,6 +49,7 @@ int main(int argc, char **argv)
 	if (s < 0 || dup2(s, SOCK_FD) != SOCK_FD)
 		die("socket");
 	close(s);
+	start_link_dump(SOCK_FD);
 	blob = malloc(BLOB_LEN);
 	if (!blob)
 		die("malloc");

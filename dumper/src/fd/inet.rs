@@ -1,4 +1,4 @@
-//! TCP and UDP sockets over IPv4 and IPv6.
+//! TCP, UDP, UDP-Lite and ICMP ping sockets over IPv4 and IPv6.
 //!
 //! A socket is recognised by its `/proc/PID/fd/N` link (`socket:[INO]`);
 //! ckpt takes its own copy with `pidfd_getfd` (the same open file
@@ -34,7 +34,21 @@
 //!
 //! UDP datagrams queued at dump time are not saved (as in CRIU: UDP may
 //! lose datagrams, and putting them back would need their senders'
-//! addresses): the dump logs how many bytes it drops.
+//! addresses): the dump logs how many bytes it drops. A UDP socket's
+//! shutdown state comes from sock_diag ([`diag`]). Data a corked socket
+//! (UDP_CORK, or a send with MSG_MORE) holds back is not a datagram yet
+//! and could not be put back as it was: such a socket is refused by name;
+//! a corked one with nothing pending is saved with the option.
+//!
+//! A ping socket (ICMP / ICMPv6, SOCK_DGRAM) is saved like a UDP socket
+//! whose port is its echo identifier; where it is connected is read from
+//! the kernel's table of ping sockets ([`peers`]). A raw socket is saved
+//! the same way, with its IP protocol, IP_HDRINCL and ICMP_FILTER, and
+//! whether the process had CAP_NET_RAW (a restore for a user makes one
+//! again only then).
+
+mod diag;
+mod peers;
 
 mod connecting;
 mod pending;
@@ -128,6 +142,19 @@ const TCP_SEND_QUEUE: i32 = 2;
 const TCPI_OPT_TIMESTAMPS: u8 = 1;
 const TCPI_OPT_SACK: u8 = 2;
 const TCPI_OPT_WSCALE: u8 = 4;
+/// UDP-Lite checksum coverage options (`SOL_UDPLITE`, linux/udp.h).
+const SOL_UDPLITE: i32 = 136;
+const UDPLITE_SEND_CSCOV: i32 = 10;
+const UDPLITE_RECV_CSCOV: i32 = 11;
+/// IPV6_HDRINCL (linux/in6.h) and the raw ICMP filter (linux/icmp.h).
+const IPV6_HDRINCL: i32 = 36;
+const SOL_RAW: i32 = 255;
+const ICMP_FILTER: i32 = 1;
+/// How many times, `CORK_SETTLE` apart, bytes still charged to a UDP
+/// socket's send buffer are looked at before they count as pending: a
+/// datagram just handed to a device is freed within that.
+const CORK_TRIES: u32 = 20;
+const CORK_SETTLE: std::time::Duration = std::time::Duration::from_millis(5);
 /// `SIOCINQ` / `SIOCOUTQ` (FIONREAD / TIOCOUTQ for sockets).
 const SIOCINQ: libc::c_ulong = libc::FIONREAD;
 const SIOCOUTQ: libc::c_ulong = libc::TIOCOUTQ;
@@ -162,11 +189,22 @@ fn identify(
             family,
             protocol: InetProtocol::Udp,
         }),
-        (libc::SOCK_RAW, p) => Err(format!("raw {fam} socket (protocol {p})")),
-        (libc::SOCK_DGRAM, libc::IPPROTO_ICMP | libc::IPPROTO_ICMPV6) => {
-            Err(format!("{fam} ping (ICMP) socket"))
-        }
-        (libc::SOCK_DGRAM, libc::IPPROTO_UDPLITE) => Err(format!("{fam} UDP-Lite socket")),
+        (libc::SOCK_DGRAM, libc::IPPROTO_UDPLITE) => Ok(Identity {
+            family,
+            protocol: InetProtocol::Udplite,
+        }),
+        (libc::SOCK_DGRAM, libc::IPPROTO_ICMP) if family == InetFamily::Ipv4 => Ok(Identity {
+            family,
+            protocol: InetProtocol::Ping,
+        }),
+        (libc::SOCK_DGRAM, libc::IPPROTO_ICMPV6) if family == InetFamily::Ipv6 => Ok(Identity {
+            family,
+            protocol: InetProtocol::Ping,
+        }),
+        (libc::SOCK_RAW, _) => Ok(Identity {
+            family,
+            protocol: InetProtocol::Raw,
+        }),
         (_, p) => Err(format!("{fam} socket of type {ty}, protocol {p}")),
     }))
 }
@@ -196,7 +234,7 @@ impl FileDumper for Inet {
     }
 
     fn description(&self) -> &'static str {
-        "TCP and UDP sockets (IPv4, IPv6): bound, connected, listening, established, half-closed (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) and closing (LAST_ACK, CLOSING) TCP with its queues (TCP_REPAIR), connections not accepted yet whose client is in the tree, connects under way (SYN_SENT), peers outside the tree held off by a network lock"
+        "TCP, UDP, UDP-Lite and ICMP ping sockets (IPv4, IPv6): bound, connected, listening, established, half-closed (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT) and closing (LAST_ACK, CLOSING) TCP with its queues (TCP_REPAIR), connections not accepted yet whose client is in the tree, connects under way (SYN_SENT), peers outside the tree held off by a network lock; UDP shut down (SHUT_RD, SHUT_WR) or corked with nothing pending, UDP-Lite checksum coverage, a ping socket's echo identifier; raw sockets with their protocol, IP_HDRINCL and ICMP_FILTER"
     }
 
     fn claims(&self, p: &FdParams) -> bool {
@@ -243,98 +281,137 @@ impl FileDumper for Inet {
             )?,
             pmix: None,
             pending: 0,
+            shut_rd: false,
+            shut_wr: false,
+            raw_protocol: 0,
+            may_net_raw: false,
         };
         let name = |a: &Option<SocketAddr>| a.map_or("-".to_string(), |a| a.to_string());
         match id.protocol {
-            InetProtocol::Udp => {
+            InetProtocol::Ping | InetProtocol::Raw => {
+                let table = match (id.protocol, id.family) {
+                    (InetProtocol::Ping, InetFamily::Ipv6) => "icmp6",
+                    (InetProtocol::Ping, _) => "icmp",
+                    (_, InetFamily::Ipv6) => "raw6",
+                    _ => "raw",
+                };
+                if id.protocol == InetProtocol::Raw {
+                    image.raw_protocol = uint(sock, libc::SOL_SOCKET, libc::SO_PROTOCOL)
+                        .map_err(|e| os("getsockopt SO_PROTOCOL", e))?;
+                    image.may_net_raw =
+                        procfile::has_effective_cap(p.pid, caps::Capability::CAP_NET_RAW)?;
+                    // Its "port" is the protocol; an address unspecified
+                    // is no bind.
+                    image.local = local
+                        .filter(|a| !a.ip().is_unspecified())
+                        .as_ref()
+                        .map(InetAddr::from_socket_addr);
+                }
+                if let Some(to) = peers::peer(p.pid, table, p.meta.ino())? {
+                    image.peer = Some(InetAddr::from_socket_addr(&to));
+                    image.state = InetState::Connected as i32;
+                }
+            }
+            InetProtocol::Udp | InetProtocol::Udplite => {
                 if peer.is_some() {
                     image.state = InetState::Connected as i32;
                 }
-                let queued = sys::ioctl_int(sock, SIOCINQ).map_err(|e| os("SIOCINQ", e))?;
-                if queued > 0 {
-                    log::warn!(
-                        "pid {} fd {}: UDP socket {}: dropping the queued datagrams (the first one has {queued} bytes); UDP may lose datagrams",
-                        p.pid,
-                        p.fd,
-                        name(&local)
-                    );
-                }
+                refuse_pending_cork(p, sock, &local)?;
+                let (shut_rd, shut_wr) = udp_shutdown(p, &id)?;
+                image.shut_rd = shut_rd;
+                image.shut_wr = shut_wr;
             }
-            _ => {
-                let info = tcp_info(sock).map_err(|e| os("TCP_INFO", e))?;
-                match info.state {
-                    tcp_state::CLOSE => {}
-                    tcp_state::SYN_SENT => {
-                        let Some(to) = connecting::peer(p.pid, p.meta.ino(), id.family)? else {
-                            return Err(p.unsupported(&format!(
-                                "TCP socket {} in state SYN_SENT missing from the network namespace's table",
-                                name(&local)
-                            )));
-                        };
-                        image.state = InetState::Connecting as i32;
-                        image.peer = Some(InetAddr::from_socket_addr(&to));
-                    }
-                    tcp_state::LISTEN => {
-                        // Each connection not accepted yet must have its
-                        // client in the tree (`pending::link`).
-                        image.state = InetState::Listen as i32;
-                        image.backlog = info.sacked;
-                        image.pending = info.unacked;
-                    }
-                    state
-                        if state != tcp_state::ESTABLISHED
-                            && tcp_state::repairable(state)
-                            && !in_repair(sock) =>
-                    {
+            _ => {}
+        }
+        // UDP's and raw sockets' (ping sockets answer no SIOCINQ).
+        if matches!(
+            id.protocol,
+            InetProtocol::Udp | InetProtocol::Udplite | InetProtocol::Raw
+        ) {
+            let queued = sys::ioctl_int(sock, SIOCINQ).map_err(|e| os("SIOCINQ", e))?;
+            if queued > 0 {
+                log::warn!(
+                    "pid {} fd {}: datagram socket {}: dropping the queued datagrams (the first one has {queued} bytes); datagrams may be lost",
+                    p.pid,
+                    p.fd,
+                    name(&local)
+                );
+            }
+        }
+        if id.protocol == InetProtocol::Tcp {
+            let info = tcp_info(sock).map_err(|e| os("TCP_INFO", e))?;
+            match info.state {
+                tcp_state::CLOSE => {}
+                tcp_state::SYN_SENT => {
+                    let Some(to) = connecting::peer(p.pid, p.meta.ino(), id.family)? else {
                         return Err(p.unsupported(&format!(
-                            "TCP connection {} -> {} in state {} to a peer outside the tree (dump with --tcp-established to save it)",
-                            name(&local),
-                            name(&peer),
-                            tcp_state::name(state)
+                            "TCP socket {} in state SYN_SENT missing from the network namespace's table",
+                            name(&local)
                         )));
-                    }
-                    tcp_state::ESTABLISHED if !in_repair(sock) && peer.is_some() => {
-                        // Not saved by the drain: only a rank's link to its
-                        // PMIx server outside the tree gets this far
-                        // (`srun_pmix`), the rest is refused as before.
-                        let Some(link) = pmix_link(p, sock, peer.expect("checked"))? else {
-                            return Err(p.unsupported(&format!(
-                                "TCP connection {} -> {} to a peer outside the tree (dump with --tcp-established to save it)",
-                                name(&local),
-                                name(&peer)
-                            )));
-                        };
-                        image.state = InetState::Connected as i32;
-                        image.pmix = Some(link);
-                    }
-                    state if tcp_state::repairable(state) => {
-                        // The receive side is read by `link_tree`, after
-                        // every send queue of the tree (`read_receive_side`).
-                        // A FIN not acknowledged yet is still in the send
-                        // queue.
-                        let fin_queued = tcp_state::fin_unacked(state);
-                        let (mut conn, data) =
-                            read_send_side(p, sock, &info, &local, &peer, fin_queued)?;
-                        // The FINs take a sequence number each but are no
-                        // data: the image counts none (`TcpConnection`).
-                        if tcp_state::fin_sent(state) {
-                            conn.fin_sent = true;
-                            conn.send_seq = conn.send_seq.wrapping_sub(1);
-                        }
-                        conn.fin_received = tcp_state::fin_received(state);
-                        conn.fin_first = state == tcp_state::CLOSING;
-                        blobs.add(tcp_data_name(file_id), data);
-                        image.state = InetState::Connected as i32;
-                        image.tcp = Some(conn);
-                    }
-                    other => {
+                    };
+                    image.state = InetState::Connecting as i32;
+                    image.peer = Some(InetAddr::from_socket_addr(&to));
+                }
+                tcp_state::LISTEN => {
+                    // Each connection not accepted yet must have its
+                    // client in the tree (`pending::link`).
+                    image.state = InetState::Listen as i32;
+                    image.backlog = info.sacked;
+                    image.pending = info.unacked;
+                }
+                state
+                    if state != tcp_state::ESTABLISHED
+                        && tcp_state::repairable(state)
+                        && !in_repair(sock) =>
+                {
+                    return Err(p.unsupported(&format!(
+                        "TCP connection {} -> {} in state {} to a peer outside the tree (dump with --tcp-established to save it)",
+                        name(&local),
+                        name(&peer),
+                        tcp_state::name(state)
+                    )));
+                }
+                tcp_state::ESTABLISHED if !in_repair(sock) && peer.is_some() => {
+                    // Not saved by the drain: only a rank's link to its
+                    // PMIx server outside the tree gets this far
+                    // (`srun_pmix`), the rest is refused as before.
+                    let Some(link) = pmix_link(p, sock, peer.expect("checked"))? else {
                         return Err(p.unsupported(&format!(
-                            "TCP socket {} -> {} in state {} (only listening, connecting (SYN_SENT), established, FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT, LAST_ACK and CLOSING connections are supported)",
+                            "TCP connection {} -> {} to a peer outside the tree (dump with --tcp-established to save it)",
                             name(&local),
-                            name(&peer),
-                            tcp_state::name(other)
+                            name(&peer)
                         )));
+                    };
+                    image.state = InetState::Connected as i32;
+                    image.pmix = Some(link);
+                }
+                state if tcp_state::repairable(state) => {
+                    // The receive side is read by `link_tree`, after
+                    // every send queue of the tree (`read_receive_side`).
+                    // A FIN not acknowledged yet is still in the send
+                    // queue.
+                    let fin_queued = tcp_state::fin_unacked(state);
+                    let (mut conn, data) =
+                        read_send_side(p, sock, &info, &local, &peer, fin_queued)?;
+                    // The FINs take a sequence number each but are no
+                    // data: the image counts none (`TcpConnection`).
+                    if tcp_state::fin_sent(state) {
+                        conn.fin_sent = true;
+                        conn.send_seq = conn.send_seq.wrapping_sub(1);
                     }
+                    conn.fin_received = tcp_state::fin_received(state);
+                    conn.fin_first = state == tcp_state::CLOSING;
+                    blobs.add(tcp_data_name(file_id), data);
+                    image.state = InetState::Connected as i32;
+                    image.tcp = Some(conn);
+                }
+                other => {
+                    return Err(p.unsupported(&format!(
+                        "TCP socket {} -> {} in state {} (only listening, connecting (SYN_SENT), established, FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT, LAST_ACK and CLOSING connections are supported)",
+                        name(&local),
+                        name(&peer),
+                        tcp_state::name(other)
+                    )));
                 }
             }
         }
@@ -407,6 +484,25 @@ fn read_options(sock: BorrowedFd<'_>, id: &Identity) -> std::io::Result<InetOpti
             ),
         )?;
     }
+    match id.protocol {
+        InetProtocol::Udp => o.udp_cork = flag(sock, libc::SOL_UDP, libc::UDP_CORK)?,
+        InetProtocol::Raw if id.family == InetFamily::Ipv6 => {
+            o.hdrincl = flag(sock, libc::IPPROTO_IPV6, IPV6_HDRINCL)?;
+        }
+        InetProtocol::Raw => {
+            o.hdrincl = flag(sock, libc::IPPROTO_IP, libc::IP_HDRINCL)?;
+            if uint(sock, libc::SOL_SOCKET, libc::SO_PROTOCOL)? == libc::IPPROTO_ICMP as u32 {
+                // A mask: every bit counts, the sign one too.
+                o.icmp_filter = sys::getsockopt_int(sock, SOL_RAW, ICMP_FILTER)? as u32;
+            }
+        }
+        InetProtocol::Udplite => {
+            o.udp_cork = flag(sock, libc::SOL_UDP, libc::UDP_CORK)?;
+            o.udplite_send_cscov = uint(sock, SOL_UDPLITE, UDPLITE_SEND_CSCOV)?;
+            o.udplite_recv_cscov = uint(sock, SOL_UDPLITE, UDPLITE_RECV_CSCOV)?;
+        }
+        _ => {}
+    }
     let (linger, _) = sys::getsockopt_raw::<sys::Linger>(sock, sol, libc::SO_LINGER)?;
     o.linger_on = linger.onoff != 0;
     o.linger_secs = linger.secs.max(0) as u32;
@@ -420,6 +516,64 @@ fn read_options(sock: BorrowedFd<'_>, id: &Identity) -> std::io::Result<InetOpti
         })
         .collect();
     Ok(o)
+}
+
+/// Whether a UDP or UDP-Lite socket is shut down for reading and for
+/// writing, as sock_diag tells (the collection runs in the tree's network
+/// namespace).
+fn udp_shutdown(p: &FdParams, id: &Identity) -> Result<(bool, bool)> {
+    let what = "sock_diag (NETLINK_SOCK_DIAG, inet)";
+    let os = |e| DumpError::Proc {
+        pid: p.pid,
+        path: format!("fd {}: {what}", p.fd).into(),
+        source: e,
+    };
+    let domain = match id.family {
+        InetFamily::Ipv6 => libc::AF_INET6,
+        _ => libc::AF_INET,
+    };
+    let transport = match id.protocol {
+        InetProtocol::Udplite => libc::IPPROTO_UDPLITE,
+        _ => libc::IPPROTO_UDP,
+    };
+    let bits = diag::shutdown_of(domain, transport, p.meta.ino())
+        .map_err(os)?
+        .ok_or_else(|| os(std::io::Error::other("no socket of that inode")))?;
+    Ok((
+        bits & diag::RCV_SHUTDOWN != 0,
+        bits & diag::SEND_SHUTDOWN != 0,
+    ))
+}
+
+/// Refuses a UDP socket holding back data of a datagram not sent yet
+/// (UDP_CORK, or a send with MSG_MORE): the pending bytes are charged to
+/// its send buffer until the datagram leaves, and a restore could not put
+/// them back as part of one datagram. Bytes of datagrams already on their
+/// way are let go first (the tree is frozen: nothing adds to them).
+fn refuse_pending_cork(
+    p: &FdParams,
+    sock: BorrowedFd<'_>,
+    local: &Option<SocketAddr>,
+) -> Result<()> {
+    let mut tries = 0;
+    loop {
+        let charged = sys::ioctl_int(sock, SIOCOUTQ).map_err(|e| DumpError::Proc {
+            pid: p.pid,
+            path: format!("fd {}: SIOCOUTQ", p.fd).into(),
+            source: e,
+        })?;
+        if charged <= 0 {
+            return Ok(());
+        }
+        tries += 1;
+        if tries == CORK_TRIES {
+            return Err(p.unsupported(&format!(
+                "corked UDP socket {} with {charged} bytes pending (UDP_CORK or MSG_MORE)",
+                local.map_or("-".to_string(), |a| a.to_string())
+            )));
+        }
+        std::thread::sleep(CORK_SETTLE);
+    }
 }
 
 /// Reads the send side of an established connection in repair mode

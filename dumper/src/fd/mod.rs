@@ -17,12 +17,15 @@ pub(crate) mod inet;
 mod inotify;
 mod lock;
 mod memfd;
+mod netlink;
+mod packet;
 mod pidfd;
 mod pipe;
 mod proc;
 mod pty;
 mod reg;
 mod signalfd;
+mod sockdiag;
 mod timerfd;
 mod tty;
 mod unix;
@@ -66,6 +69,8 @@ static KINDS: &[&dyn FileDumper] = &[
     &pidfd::Pidfd,
     &memfd::Memfd,
     &unix::Unix,
+    &netlink::Netlink,
+    &packet::Packet,
 ];
 
 /// What ckpt refuses by name (an fd of these fails the dump, naming pid and
@@ -73,7 +78,11 @@ static KINDS: &[&dyn FileDumper] = &[
 pub static REFUSED: &[(&str, &str)] = &[
     (
         "other sockets",
-        "sockets of families other than UNIX and IPv4/IPv6 (netlink, packet, ...), named by family; raw, ping and UDP-Lite sockets",
+        "sockets of families other than UNIX, IPv4/IPv6, netlink and packet (vsock, bluetooth, ...), named by family; a netlink socket with a dump in progress; a packet socket with a ring (PACKET_RX_RING, PACKET_TX_RING), in a fanout group or with memberships",
+    ),
+    (
+        "corked UDP with data pending",
+        "a UDP or UDP-Lite socket holding back the start of a datagram (UDP_CORK set, or a send with MSG_MORE, with bytes pending), named \"corked UDP socket\" with its address; corked with nothing pending is saved",
     ),
     (
         "TCP in other states",

@@ -4,6 +4,8 @@ mod handle;
 mod ipc;
 pub use handle::*;
 pub use ipc::*;
+mod packet;
+pub use packet::*;
 mod socket;
 pub use socket::*;
 mod tcp;

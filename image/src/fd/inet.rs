@@ -1,4 +1,4 @@
-//! TCP and UDP sockets over IPv4 and IPv6.
+//! TCP, UDP, UDP-Lite and ICMP ping sockets over IPv4 and IPv6.
 //!
 //! The messages are defined in `image/proto/fd_inet.proto`. An established
 //! TCP connection's queued bytes live in [`tcp_data_name`].
@@ -87,7 +87,7 @@ impl TcpConnection {
     }
 }
 
-/// A TCP or UDP socket in one line: transport, family, state, addresses,
+/// An inet socket in one line: transport, family, state, addresses,
 /// and for an established connection its queued bytes and where its
 /// other end is.
 impl super::Describe for InetFile {
@@ -95,6 +95,9 @@ impl super::Describe for InetFile {
         let proto = match InetProtocol::try_from(self.protocol) {
             Ok(InetProtocol::Tcp) => "tcp",
             Ok(InetProtocol::Udp) => "udp",
+            Ok(InetProtocol::Udplite) => "udplite",
+            Ok(InetProtocol::Ping) => "ping",
+            Ok(InetProtocol::Raw) => "raw",
             _ => "?",
         };
         let family = match InetFamily::try_from(self.family) {
@@ -117,11 +120,20 @@ impl super::Describe for InetFile {
             _ => "?".into(),
         };
         let mut s = format!("{proto}{family} {state}");
+        if self.protocol == InetProtocol::Raw as i32 {
+            s.push_str(&format!(" protocol {}", self.raw_protocol));
+        }
         if let Some(l) = &self.local {
             s.push_str(&format!(" {l}"));
         }
         if let Some(p) = &self.peer {
             s.push_str(&format!(" -> {p}"));
+        }
+        match (self.shut_rd, self.shut_wr) {
+            (true, true) => s.push_str(" shut down"),
+            (true, false) => s.push_str(" shut down for reading"),
+            (false, true) => s.push_str(" shut down for writing"),
+            (false, false) => {}
         }
         if let Some(l) = &self.pmix {
             s.push_str(&format!(" rank {} of {}", l.rank, l.nspace));

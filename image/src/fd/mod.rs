@@ -29,6 +29,8 @@ pub mod inet;
 pub mod inotify;
 pub mod lock;
 pub mod memfd;
+pub mod netlink;
+pub mod packet;
 pub mod pidfd;
 pub mod pipe;
 pub mod proc;
@@ -99,6 +101,8 @@ fd_kinds! {
     Unix => "unix",
     Ib => "ib",
     Proc => "proc",
+    Netlink => "netlink",
+    Packet => "packet",
 }
 
 impl File {

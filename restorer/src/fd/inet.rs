@@ -1,4 +1,4 @@
-//! TCP and UDP sockets over IPv4 and IPv6.
+//! TCP, UDP, UDP-Lite and ICMP ping sockets over IPv4 and IPv6.
 //!
 //! The socket is created inside the process (so it belongs to the
 //! process's filesystem identity, as its own `socket(2)` made it), and the
@@ -18,6 +18,13 @@
 //! replayed in their order (`closing`); clients of connections not accepted
 //! yet and connects under way connect anew once the tree is rebuilt
 //! (`reconnect`); options come from the image's one table (`options`).
+//!
+//! A UDP socket is shut down again as it was, once bound and connected
+//! (on an unconnected one the kernel records the shutdown and answers
+//! ENOTCONN, as it did for the process). A ping socket is created inside
+//! the process like the others, so the kernel checks the process's group
+//! against `net.ipv4.ping_group_range` as it did for the process's own
+//! `socket(2)`; its echo identifier comes back as the port it binds.
 
 mod closing;
 mod fin;
@@ -41,8 +48,9 @@ use super::{Context, FileRestorer, set_status_flags};
 use crate::error::{RestoreError, Result};
 use crate::{pmix, sys};
 use ckpt_parasite::remote::Remote;
+use options::shut_down;
 
-/// TCP and UDP sockets.
+/// TCP, UDP, UDP-Lite and ping sockets.
 pub struct Inet;
 
 /// `TCP_REPAIR` values.
@@ -232,14 +240,25 @@ impl FileRestorer for Inet {
             InetFamily::Ipv6 => libc::AF_INET6,
             _ => libc::AF_INET,
         };
-        let ty = match plan.protocol {
-            InetProtocol::Tcp => libc::SOCK_STREAM,
-            _ => libc::SOCK_DGRAM,
+        let (ty, transport) = match (plan.protocol, plan.family) {
+            (InetProtocol::Tcp, _) => (libc::SOCK_STREAM, libc::IPPROTO_TCP),
+            (InetProtocol::Udplite, _) => (libc::SOCK_DGRAM, libc::IPPROTO_UDPLITE),
+            (InetProtocol::Ping, InetFamily::Ipv6) => (libc::SOCK_DGRAM, libc::IPPROTO_ICMPV6),
+            (InetProtocol::Ping, _) => (libc::SOCK_DGRAM, libc::IPPROTO_ICMP),
+            (InetProtocol::Raw, _) => (libc::SOCK_RAW, image.raw_protocol as i32),
+            _ => (libc::SOCK_DGRAM, libc::IPPROTO_UDP),
         };
         let got = r.call(
             "socket",
             libc::SYS_socket,
-            [domain as u64, (ty | libc::SOCK_CLOEXEC) as u64, 0, 0, 0, 0],
+            [
+                domain as u64,
+                (ty | libc::SOCK_CLOEXEC) as u64,
+                transport as u64,
+                0,
+                0,
+                0,
+            ],
         )? as i32;
         let copy = sys::take_fd(pid, got)
             .map_err(|e| RestoreError::os(pid, format!("fd {fd}: pidfd_getfd"), e))?;
@@ -251,6 +270,7 @@ impl FileRestorer for Inet {
         let options = plan.options.clone();
         options::set(sock, plan.family, plan.protocol, &options)
             .map_err(|(name, e)| os(&format!("setsockopt {name}"))(e))?;
+        options::set_datagram(sock, &plan, &options).map_err(os("setsockopt"))?;
         if let Some(link) = &image.pmix {
             reconnect_pmix(pid, fd, sock, link, &cx.shared.options.pmix_step)?;
             set_status_flags(r, got, file.flags)?;
@@ -328,7 +348,14 @@ impl FileRestorer for Inet {
                         Ok::<(), std::io::Error>(())
                     };
                     match take_port() {
-                        Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => {
+                        // An echo identifier in use is no TCP port.
+                        Err(e)
+                            if e.raw_os_error() == Some(libc::EADDRINUSE)
+                                && !matches!(
+                                    plan.protocol,
+                                    InetProtocol::Ping | InetProtocol::Raw
+                                ) =>
+                        {
                             let dual = plan.family == InetFamily::Ipv6 && !options.v6only;
                             let cleared = timewait::clear(local, dual)
                                 .map_err(os(&format!("clear TIME_WAIT sockets on {local}")))?;
@@ -372,6 +399,7 @@ impl FileRestorer for Inet {
                     }
                     _ => {}
                 }
+                shut_down(sock, image, state).map_err(os("shutdown"))?;
             }
         }
         set_status_flags(r, got, file.flags)?;
@@ -423,6 +451,8 @@ fn reconnect_pmix(
 struct Plan {
     family: InetFamily,
     protocol: InetProtocol,
+    /// A raw socket's IP protocol.
+    raw_protocol: u32,
     state: InetState,
     local: Option<SocketAddr>,
     peer: Option<SocketAddr>,
@@ -470,6 +500,7 @@ impl Plan {
         let mut plan = Plan {
             family,
             protocol,
+            raw_protocol: image.raw_protocol,
             state,
             local,
             peer,
@@ -480,12 +511,25 @@ impl Plan {
             received: Vec::new(),
         };
         match (protocol, state) {
-            (InetProtocol::Udp, InetState::Listen) => return Err(bad("listening UDP socket")),
+            (
+                InetProtocol::Udp | InetProtocol::Udplite | InetProtocol::Ping | InetProtocol::Raw,
+                InetState::Listen,
+            ) => {
+                return Err(bad("listening datagram socket"));
+            }
+            (InetProtocol::Tcp | InetProtocol::Ping | InetProtocol::Raw, _)
+                if image.shut_rd || image.shut_wr =>
+            {
+                return Err(bad("shutdown state on a socket other than UDP"));
+            }
             (_, InetState::Connected | InetState::Connecting) if peer.is_none() => {
                 return Err(bad("connected without a peer address"));
             }
-            (InetProtocol::Udp, InetState::Connecting) => {
-                return Err(bad("connecting UDP socket"));
+            (
+                InetProtocol::Udp | InetProtocol::Udplite | InetProtocol::Ping | InetProtocol::Raw,
+                InetState::Connecting,
+            ) => {
+                return Err(bad("connecting datagram socket"));
             }
             // A link to a PMIx server is made anew (`reconnect_pmix`).
             (InetProtocol::Tcp, InetState::Connected) if image.pmix.is_some() => {}
@@ -507,7 +551,13 @@ impl Plan {
             }
             _ => {}
         }
+        if protocol == InetProtocol::Raw {
+            check_raw(cx.pid(), fd, family, image)?;
+        }
+        // A ping socket's "port" is its echo identifier, open to all; a
+        // raw socket's is its protocol.
         if plan.tcp.is_none()
+            && !matches!(protocol, InetProtocol::Ping | InetProtocol::Raw)
             && let Some(local) = local
         {
             check_privileged_port(cx.pid(), fd, &local, image.may_bind_privileged)?;
@@ -639,6 +689,28 @@ fn check_peer(cx: &Context<'_, '_>, file: &File, conn: &TcpConnection, fd: i32) 
         ));
     }
     Ok(())
+}
+
+/// A raw socket is made again for a user (the service's restore) only if
+/// the process had CAP_NET_RAW at dump time: the socket is the process's,
+/// but the restorer's own capabilities must not stand in for its.
+fn check_raw(pid: i32, fd: i32, family: InetFamily, image: &InetFile) -> Result<()> {
+    if image.may_net_raw || ckpt_image::caller::acting_for().is_none() {
+        return Ok(());
+    }
+    let fam = if family == InetFamily::Ipv6 {
+        "IPv6"
+    } else {
+        "IPv4"
+    };
+    Err(RestoreError::File {
+        pid,
+        path: format!("fd {fd}"),
+        what: format!(
+            "raw {fam} socket (protocol {}): needs CAP_NET_RAW, which the process did not have at dump time",
+            image.raw_protocol
+        ),
+    })
 }
 
 /// A port below `ip_unprivileged_port_start` is only given back to a

@@ -23,6 +23,8 @@ mod inotify;
 mod linked;
 mod lock;
 mod memfd;
+mod netlink;
+mod packet;
 mod pidfd;
 mod pipe;
 mod privileged;
@@ -104,6 +106,8 @@ fn install_file(
         Some(Kind::Unix(image)) => install(&unix::Unix, cx, r, file, image, fd, pass),
         Some(Kind::Ib(image)) => install(&ib::Ib, cx, r, file, image, fd, pass),
         Some(Kind::Proc(image)) => install(&proc::Proc, cx, r, file, image, fd, pass),
+        Some(Kind::Netlink(image)) => install(&netlink::Netlink, cx, r, file, image, fd, pass),
+        Some(Kind::Packet(image)) => install(&packet::Packet, cx, r, file, image, fd, pass),
         None => Err(cx.invalid(fd.fd, "file of unknown kind")),
     }
 }

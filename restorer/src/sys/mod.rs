@@ -470,6 +470,24 @@ pub fn connect_nonblocking(
     r
 }
 
+/// `bind(2)` of a packet socket to interface `ifindex` and ethertype
+/// `protocol` (host order).
+pub fn bind_packet(
+    fd: std::os::fd::BorrowedFd<'_>,
+    protocol: u16,
+    ifindex: i32,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: sockaddr_ll is plain old data.
+    let mut ll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    ll.sll_family = libc::AF_PACKET as u16;
+    ll.sll_protocol = protocol.to_be();
+    ll.sll_ifindex = ifindex;
+    let len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+    // SAFETY: the kernel reads `len` bytes of the live local address.
+    check(unsafe { libc::bind(fd.as_raw_fd(), (&raw const ll).cast(), len) })
+}
+
 /// `connect(2)`.
 pub fn connect(fd: std::os::fd::BorrowedFd<'_>, a: &std::net::SocketAddr) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;

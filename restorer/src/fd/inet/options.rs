@@ -1,12 +1,23 @@
 //! Socket options put back, from the image's one table of them
-//! (`ckpt_image::fd::inet::options`).
+//! (`ckpt_image::fd::inet::options`), those of datagram and raw sockets
+//! outside it, and the shutdown state of a UDP socket.
 
 use std::os::fd::BorrowedFd;
 
 use ckpt_image::fd::inet::options::{self, When};
-use ckpt_image::fd::inet::{InetFamily, InetOptions, InetProtocol};
+use ckpt_image::fd::inet::{InetFamily, InetFile, InetOptions, InetProtocol, InetState};
 
+use super::Plan;
 use crate::sys;
+
+/// IPV6_HDRINCL (linux/in6.h) and the raw ICMP filter (linux/icmp.h).
+const IPV6_HDRINCL: i32 = 36;
+const SOL_RAW: i32 = 255;
+const ICMP_FILTER: i32 = 1;
+/// UDP-Lite checksum coverage options (`SOL_UDPLITE`, linux/udp.h).
+const SOL_UDPLITE: i32 = 136;
+const UDPLITE_SEND_CSCOV: i32 = 10;
+const UDPLITE_RECV_CSCOV: i32 = 11;
 
 /// `SO_BUF_LOCK`, as in the table.
 const SO_BUF_LOCK: i32 = 72;
@@ -34,10 +45,13 @@ pub(super) fn set(
     o: &InetOptions,
 ) -> std::result::Result<(), (&'static str, std::io::Error)> {
     let applies = |a: options::Applies| a.to(family, protocol);
+    // A raw socket has its "port" (the protocol) from the start, and the
+    // kernel takes IPV6_V6ONLY only before a port.
+    let takes = move |opt: i32| !(protocol == InetProtocol::Raw && opt == libc::IPV6_V6ONLY);
     let numeric = |when: When| {
         options::NUMERIC
             .iter()
-            .filter(move |n| n.when == when && applies(n.applies))
+            .filter(move |n| n.when == when && applies(n.applies) && takes(n.opt))
     };
     for n in numeric(When::Always) {
         set_int(sock, n.level, n.opt, n.get(o)).map_err(|e| (n.name, e))?;
@@ -104,4 +118,60 @@ pub(super) fn lock_buffers(sock: BorrowedFd<'_>, buf_lock: u32) -> std::io::Resu
         SO_BUF_LOCK,
         i32::try_from(buf_lock).unwrap_or(0),
     )
+}
+
+/// The options of datagram and raw sockets the table does not hold:
+/// UDP_CORK, IP_HDRINCL, ICMP_FILTER and UDP-Lite's checksum coverage.
+pub(super) fn set_datagram(sock: BorrowedFd<'_>, plan: &Plan, o: &InetOptions) -> std::io::Result<()> {
+    let set = |level, opt, v: bool| sys::setsockopt_int(sock, level, opt, i32::from(v));
+    if matches!(plan.protocol, InetProtocol::Udp | InetProtocol::Udplite) {
+        set(libc::SOL_UDP, libc::UDP_CORK, o.udp_cork)?;
+    }
+    // IPPROTO_RAW has the header included, and the kernel refuses the
+    // option on it.
+    if plan.protocol == InetProtocol::Raw && plan.raw_protocol != libc::IPPROTO_RAW as u32 {
+        if plan.family == InetFamily::Ipv6 {
+            set(libc::IPPROTO_IPV6, IPV6_HDRINCL, o.hdrincl)?;
+        } else {
+            set(libc::IPPROTO_IP, libc::IP_HDRINCL, o.hdrincl)?;
+        }
+    }
+    if plan.protocol == InetProtocol::Raw && o.icmp_filter != 0 {
+        sys::setsockopt_int(sock, SOL_RAW, ICMP_FILTER, o.icmp_filter as i32)?;
+    }
+    if plan.protocol == InetProtocol::Udplite {
+        for (opt, val) in [
+            (UDPLITE_SEND_CSCOV, o.udplite_send_cscov),
+            (UDPLITE_RECV_CSCOV, o.udplite_recv_cscov),
+        ] {
+            sys::setsockopt_int(
+                sock,
+                SOL_UDPLITE,
+                opt,
+                i32::try_from(val).unwrap_or(i32::MAX),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Shuts a UDP socket down as it was at dump time. The kernel records a
+/// shutdown of an unconnected socket and answers ENOTCONN, as it did when
+/// the process asked.
+pub(super) fn shut_down(
+    sock: BorrowedFd<'_>,
+    image: &InetFile,
+    state: InetState,
+) -> std::io::Result<()> {
+    use nix::sys::socket::Shutdown;
+    let how = match (image.shut_rd, image.shut_wr) {
+        (false, false) => return Ok(()),
+        (true, false) => Shutdown::Read,
+        (false, true) => Shutdown::Write,
+        (true, true) => Shutdown::Both,
+    };
+    match nix::sys::socket::shutdown(std::os::fd::AsRawFd::as_raw_fd(&sock), how) {
+        Err(nix::errno::Errno::ENOTCONN) if state != InetState::Connected => Ok(()),
+        other => other.map_err(std::io::Error::from),
+    }
 }
