@@ -122,7 +122,11 @@ pub(super) fn lock_buffers(sock: BorrowedFd<'_>, buf_lock: u32) -> std::io::Resu
 
 /// The options of datagram and raw sockets the table does not hold:
 /// UDP_CORK, IP_HDRINCL, ICMP_FILTER and UDP-Lite's checksum coverage.
-pub(super) fn set_datagram(sock: BorrowedFd<'_>, plan: &Plan, o: &InetOptions) -> std::io::Result<()> {
+pub(super) fn set_datagram(
+    sock: BorrowedFd<'_>,
+    plan: &Plan,
+    o: &InetOptions,
+) -> std::io::Result<()> {
     let set = |level, opt, v: bool| sys::setsockopt_int(sock, level, opt, i32::from(v));
     if matches!(plan.protocol, InetProtocol::Udp | InetProtocol::Udplite) {
         set(libc::SOL_UDP, libc::UDP_CORK, o.udp_cork)?;
