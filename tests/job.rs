@@ -529,7 +529,7 @@ fn srun_launch_dumps_and_restores_parts_on_swapped_nodes() {
     let first = first.lines().next().unwrap_or_default();
     assert!(
         first.starts_with(
-            "--overlap --mpi=none --nodes=2 --ntasks=2 --ntasks-per-node=1 --nodelist=fake1,fake2 "
+            "--overlap --mpi=none --nodes=2 --ntasks=2 --ntasks-per-node=1 --distribution=block --nodelist=fake1,fake2 "
         ) && first.contains(" job agent dump ")
             && first.ends_with(" --slurm --slurm-nodes=fake1,fake2"),
         "one srun step of one agent per node: {first}"
