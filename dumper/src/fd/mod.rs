@@ -198,6 +198,19 @@ impl FdParams {
         }
     }
 
+    /// The address family of a socket fd (`SO_DOMAIN`, asked of ckpt's
+    /// own copy), or `None` for another file or a socket ckpt cannot copy.
+    pub fn socket_domain(&self) -> Option<i32> {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::MetadataExt;
+        if self.meta.mode() & libc::S_IFMT != libc::S_IFSOCK {
+            return None;
+        }
+        crate::sys::take_fd(self.pid, self.fd)
+            .and_then(|s| crate::sys::getsockopt_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_DOMAIN))
+            .ok()
+    }
+
     /// A field of the fdinfo text, or an error naming it.
     pub fn info_field(&self, key: &str) -> Result<&str> {
         procfile::status_field(&self.info, key).ok_or_else(|| DumpError::Parse {

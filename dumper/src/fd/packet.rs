@@ -83,12 +83,7 @@ impl FileDumper for Packet {
     }
 
     fn claims(&self, p: &FdParams) -> bool {
-        if p.meta.mode() & libc::S_IFMT != libc::S_IFSOCK {
-            return false;
-        }
-        sys::take_fd(p.pid, p.fd)
-            .and_then(|s| sys::getsockopt_int(s.as_fd(), libc::SOL_SOCKET, libc::SO_DOMAIN))
-            .is_ok_and(|d| d == libc::AF_PACKET)
+        p.socket_domain() == Some(libc::AF_PACKET)
     }
 
     fn collect(&self, p: &FdParams, _file_id: u64, _blobs: &mut Blobs) -> Result<Kind> {

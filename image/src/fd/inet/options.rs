@@ -32,6 +32,20 @@ impl Applies {
     }
 }
 
+/// UDP-Lite checksum coverage options (`SOL_UDPLITE`, linux/udp.h):
+/// outside the table, UDP-Lite's own.
+pub const SOL_UDPLITE: i32 = 136;
+/// `UDPLITE_SEND_CSCOV`.
+pub const UDPLITE_SEND_CSCOV: i32 = 10;
+/// `UDPLITE_RECV_CSCOV`.
+pub const UDPLITE_RECV_CSCOV: i32 = 11;
+/// `IPV6_HDRINCL` (linux/in6.h; libc lacks it).
+pub const IPV6_HDRINCL: i32 = 36;
+/// `SOL_RAW` and the raw ICMP socket's `ICMP_FILTER` (linux/icmp.h).
+pub const SOL_RAW: i32 = 255;
+/// `ICMP_FILTER`.
+pub const ICMP_FILTER: i32 = 1;
+
 /// Where an option's value lives in [`InetOptions`].
 #[derive(Clone, Copy)]
 pub enum Field {

@@ -4,20 +4,14 @@
 
 use std::os::fd::BorrowedFd;
 
-use ckpt_image::fd::inet::options::{self, When};
+use ckpt_image::fd::inet::options::{
+    self, ICMP_FILTER, IPV6_HDRINCL, SOL_RAW, SOL_UDPLITE, UDPLITE_RECV_CSCOV, UDPLITE_SEND_CSCOV,
+    When,
+};
 use ckpt_image::fd::inet::{InetFamily, InetFile, InetOptions, InetProtocol, InetState};
 
 use super::Plan;
 use crate::sys;
-
-/// IPV6_HDRINCL (linux/in6.h) and the raw ICMP filter (linux/icmp.h).
-const IPV6_HDRINCL: i32 = 36;
-const SOL_RAW: i32 = 255;
-const ICMP_FILTER: i32 = 1;
-/// UDP-Lite checksum coverage options (`SOL_UDPLITE`, linux/udp.h).
-const SOL_UDPLITE: i32 = 136;
-const UDPLITE_SEND_CSCOV: i32 = 10;
-const UDPLITE_RECV_CSCOV: i32 = 11;
 
 /// `SO_BUF_LOCK`, as in the table.
 const SO_BUF_LOCK: i32 = 72;
