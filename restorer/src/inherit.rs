@@ -13,6 +13,7 @@
 
 use ckpt_image::PAGE_SIZE;
 use ckpt_image::mm::{Mm, Vma, VmaKind, vma_flags};
+use ckpt_parasite::batch;
 use ckpt_parasite::remote::Remote;
 
 use crate::error::{RestoreError, Result};
@@ -75,37 +76,40 @@ pub fn kept(mm: &Mm) -> impl Iterator<Item = &Vma> {
     mm.vmas.iter().filter(|v| v.inherited)
 }
 
-/// Unmaps what the process inherited in `start..end`, except the parts of
-/// inherited VMAs.
-pub fn unmap_except_inherited(r: &Remote<'_>, mm: &Mm, start: u64, end: u64) -> Result<()> {
+/// The `munmap`s that remove what the process inherited in `start..end`,
+/// except the parts of inherited VMAs: run by the caller, in one batch
+/// with the other ranges'.
+pub fn unmaps_except_inherited(mm: &Mm, start: u64, end: u64) -> Vec<batch::Call> {
     let mut at = start;
     let mut keep: Vec<(u64, u64)> = kept(mm)
         .filter(|v| v.start < end && v.end > start)
         .map(|v| (v.start.max(start), v.end.min(end)))
         .collect();
     keep.sort_unstable();
+    let mut calls = Vec::new();
     for (ks, ke) in keep.into_iter().chain(std::iter::once((end, end))) {
         if ks > at {
-            r.call(
-                "munmap (inherited)",
-                libc::SYS_munmap,
-                [at, ks - at, 0, 0, 0, 0],
-            )?;
+            calls.push(batch::Call {
+                name: "munmap (inherited)",
+                nr: libc::SYS_munmap,
+                args: [at, ks - at, 0, 0, 0, 0],
+            });
         }
         at = at.max(ke);
     }
-    Ok(())
+    calls
 }
 
 /// Drops the pages of inherited VMAs the process did not have: private
 /// anonymous pages read as zeros again after `MADV_DONTNEED`, a private
 /// file mapping's as the file's again.
 pub fn drop_pages(r: &Remote<'_>, mm: &Mm) -> Result<()> {
-    for s in kept(mm).flat_map(|v| v.dropped.iter()) {
-        r.call(
-            "madvise (drop inherited pages)",
-            libc::SYS_madvise,
-            [
+    let calls: Vec<batch::Call> = kept(mm)
+        .flat_map(|v| v.dropped.iter())
+        .map(|s| batch::Call {
+            name: "madvise (drop inherited pages)",
+            nr: libc::SYS_madvise,
+            args: [
                 s.addr,
                 s.nr_pages * PAGE_SIZE,
                 libc::MADV_DONTNEED as u64,
@@ -113,7 +117,8 @@ pub fn drop_pages(r: &Remote<'_>, mm: &Mm) -> Result<()> {
                 0,
                 0,
             ],
-        )?;
-    }
+        })
+        .collect();
+    r.call_many(&calls)?;
     Ok(())
 }

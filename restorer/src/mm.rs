@@ -169,12 +169,12 @@ pub fn validate_vdso(mm: &Mm) -> std::result::Result<(), String> {
 /// kernel's special mappings and the parent's memory it keeps.
 fn clear_inherited(r: &Remote<'_>, child: &[MapLine], mm: &Mm) -> Result<()> {
     let scratch = (r.base, r.base + SCRATCH_LEN);
-    for m in child {
-        if special_kind(&m.path).is_some() || (m.start, m.end) == scratch {
-            continue;
-        }
-        crate::inherit::unmap_except_inherited(r, mm, m.start, m.end)?;
-    }
+    let calls: Vec<batch::Call> = child
+        .iter()
+        .filter(|m| special_kind(&m.path).is_none() && (m.start, m.end) != scratch)
+        .flat_map(|m| crate::inherit::unmaps_except_inherited(mm, m.start, m.end))
+        .collect();
+    r.call_many(&calls)?;
     Ok(())
 }
 
@@ -369,11 +369,29 @@ pub fn map_vmas(
     objects: &mut shmem::Objects,
     creds: Option<&Creds>,
 ) -> Result<()> {
+    let mut files = MappedFiles::default();
+    let mapped = map_all(r, mm, checks, images, objects, creds, &mut files);
+    // The files' fds go whatever happened: on success before any fd of the
+    // process is installed, whose numbers they may hold.
+    let closed = files.close_all(r);
+    mapped.and(closed)
+}
+
+/// [`map_vmas`], with the files it opens kept in `files`.
+fn map_all(
+    r: &Remote<'_>,
+    mm: &Mm,
+    checks: &mut FileChecks,
+    images: &ImageDir,
+    objects: &mut shmem::Objects,
+    creds: Option<&Creds>,
+    files: &mut MappedFiles,
+) -> Result<()> {
     let pid = r.t.pid();
-    // Anonymous VMAs (most of a large map) are mapped in batches, many
-    // syscalls per stop; a VMA with a file flushes the batch first, so
-    // every mapping is still made in the image's order.
-    let mut batch = AnonBatch::default();
+    // Mappings are made in batches, many syscalls per stop, in the image's
+    // order; only what needs a result first (opening a file, taking a
+    // shared memory object's fd, attaching SysV memory) runs on its own.
+    let mut batch = MapBatch::default();
     let apart = Apart::plan(r, mm)?;
     for (i, v) in mm.vmas.iter().enumerate() {
         let kind = VmaKind::try_from(v.kind).map_err(|_| invalid(pid, v, "unknown kind"))?;
@@ -381,18 +399,17 @@ pub fn map_vmas(
             continue;
         }
         let mut flags = libc::MAP_FIXED;
-        let p = v.prot as i32;
         if kind == VmaKind::Anon {
             let flags = map_flags(v, flags | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
             match apart.how(mm, i) {
-                Placement::Plain => batch.push(v, flags),
+                Placement::Plain => batch.push(v, flags, None),
                 Placement::OwnAnonVma { through } => batch.push_apart(v, flags, through),
             }
             continue;
         }
-        batch.flush(r)?;
-        let fd: i64 = match kind {
+        match kind {
             VmaKind::Shmem | VmaKind::ShmemPrivate => {
+                batch.flush(r)?;
                 let shared = kind == VmaKind::Shmem;
                 let writable = shared && v.flags & vma_flags::MAYWRITE != 0;
                 let at = shmem::AtPath {
@@ -407,7 +424,9 @@ pub fn map_vmas(
                 } else {
                     libc::MAP_PRIVATE
                 };
-                i64::from(take_from(r, std::process::id() as i32, mine)?)
+                let fd = take_from(r, std::process::id() as i32, mine)?;
+                batch.push(v, map_flags(v, flags), Some(fd));
+                batch.close_after(fd);
             }
             VmaKind::FilePrivate | VmaKind::FileShared => {
                 let shared = kind == VmaKind::FileShared;
@@ -417,52 +436,65 @@ pub fn map_vmas(
                 } else {
                     libc::MAP_PRIVATE
                 };
-                let mode = if writable {
-                    libc::O_RDWR
-                } else {
-                    libc::O_RDONLY
-                };
-                // /proc resolved the dumped path: a symbolic link at its
-                // end was put there since.
-                let opened = r
-                    .open(&v.path, mode | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0)
-                    .map_err(|e| changed(pid, v, format!("cannot reopen: {e}")))?;
-                if let Err(e) = check_file(pid, v, opened, checks) {
-                    r.close(opened)?;
-                    return Err(e);
-                }
-                i64::from(opened)
+                let fd = files.open(r, v, writable)?;
+                check_file(pid, v, fd, checks)?;
+                batch.push(v, map_flags(v, flags), Some(fd));
             }
             VmaKind::SysvShm => {
+                batch.flush(r)?;
                 crate::ipc::attach(r, v)?;
-                continue;
             }
-            _ => unreachable!("special kinds skipped and anonymous ones batched above"),
-        };
-        let flags = map_flags(v, flags);
-        let got = r.call(
-            "mmap",
-            libc::SYS_mmap,
-            [
-                v.start,
-                v.len(),
-                p as u64,
-                flags as u64,
-                fd as u64,
-                v.file_offset,
-            ],
-        );
-        if fd >= 0 {
-            r.close(fd as i32)?;
-        }
-        if got? != v.start {
-            return Err(invalid(pid, v, "mapped at a different address"));
-        }
-        for call in advice(v) {
-            r.call(call.name, call.nr, call.args)?;
+            _ => unreachable!("special and anonymous kinds handled above"),
         }
     }
     batch.flush(r)
+}
+
+/// The files a process's mappings are made from, each opened once inside
+/// it however many of its VMAs map it (a library has four or five), and
+/// closed once they are all mapped.
+#[derive(Default)]
+struct MappedFiles {
+    /// Path and whether it was opened for writing: its fd in the process.
+    open: std::collections::HashMap<(String, bool), i32>,
+}
+
+impl MappedFiles {
+    /// The fd of `v`'s file, opened now if no earlier VMA did.
+    fn open(&mut self, r: &Remote<'_>, v: &Vma, writable: bool) -> Result<i32> {
+        let key = (v.path.clone(), writable);
+        if let Some(&fd) = self.open.get(&key) {
+            return Ok(fd);
+        }
+        let mode = if writable {
+            libc::O_RDWR
+        } else {
+            libc::O_RDONLY
+        };
+        // /proc resolved the dumped path: a symbolic link at its end was
+        // put there since.
+        let fd = r
+            .open(&v.path, mode | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0)
+            .map_err(|e| changed(r.t.pid(), v, format!("cannot reopen: {e}")))?;
+        self.open.insert(key, fd);
+        Ok(fd)
+    }
+
+    /// Closes every fd, in one batch.
+    fn close_all(self, r: &Remote<'_>) -> Result<()> {
+        let calls: Vec<batch::Call> = self.open.into_values().map(close_call).collect();
+        r.call_many(&calls)?;
+        Ok(())
+    }
+}
+
+/// `close(fd)` as a batch entry.
+fn close_call(fd: i32) -> batch::Call {
+    batch::Call {
+        name: "close",
+        nr: libc::SYS_close,
+        args: [fd as u64, 0, 0, 0, 0, 0],
+    }
 }
 
 /// `flags` plus what the VMA's own flags ask of `mmap`.
@@ -656,16 +688,18 @@ impl Apart {
     }
 }
 
-/// Anonymous mappings waiting to be made in one batch of remote syscalls.
+/// Mappings (and the calls that go with them) waiting to be made in one
+/// batch of remote syscalls.
 #[derive(Default)]
-struct AnonBatch<'v> {
+struct MapBatch<'v> {
     calls: Vec<batch::Call>,
     /// Index in `calls` of each VMA's `mmap`, to check where it landed.
     maps: Vec<(usize, &'v Vma)>,
 }
 
-impl<'v> AnonBatch<'v> {
-    fn push(&mut self, v: &'v Vma, flags: i32) {
+impl<'v> MapBatch<'v> {
+    /// Maps `v` in place, from `fd` at its file offset (`None`: anonymous).
+    fn push(&mut self, v: &'v Vma, flags: i32, fd: Option<i32>) {
         self.maps.push((self.calls.len(), v));
         self.calls.push(batch::Call {
             name: "mmap",
@@ -675,11 +709,16 @@ impl<'v> AnonBatch<'v> {
                 v.len(),
                 u64::from(v.prot),
                 flags as u64,
-                u64::MAX,
-                0,
+                fd.map_or(u64::MAX, |fd| fd as u64),
+                if fd.is_some() { v.file_offset } else { 0 },
             ],
         });
         self.calls.extend(advice(v));
+    }
+
+    /// Closes `fd` right after the mappings pushed so far.
+    fn close_after(&mut self, fd: i32) {
+        self.calls.push(close_call(fd));
     }
 
     /// Maps `v` with an anon_vma of its own ([`Placement::OwnAnonVma`]):

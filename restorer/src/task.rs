@@ -15,24 +15,47 @@ use ckpt_parasite::remote::Remote;
 /// SIG_DFL for every signal not in the image: the child inherited the
 /// restorer's dispositions (Rust ignores SIGPIPE, for one).
 pub fn restore_sigactions(r: &Remote<'_>, core: &Core) -> Result<()> {
-    for signo in 1..=64u32 {
-        if signo == libc::SIGKILL as u32 || signo == libc::SIGSTOP as u32 {
-            continue;
-        }
+    // Every `struct sigaction` goes into slot 0 at once and all of them are
+    // set in one batch: one stop for the 62 signals instead of one each,
+    // which counts in a tree of hundreds of processes.
+    let signals: Vec<u32> = (1..=64u32)
+        .filter(|&s| s != libc::SIGKILL as u32 && s != libc::SIGSTOP as u32)
+        .collect();
+    let mut acts = Vec::with_capacity(signals.len() * SIGACTION_WORDS);
+    for &signo in &signals {
         let (handler, flags, restorer, mask) = core
             .sigactions
             .iter()
             .find(|s| s.signo == signo)
             .map_or((0, 0, 0, 0), |s| (s.handler, s.flags, s.restorer, s.mask));
-        let act = r.put_u64s(0, &[handler, flags, restorer, mask])?;
-        r.call(
-            "rt_sigaction",
-            libc::SYS_rt_sigaction,
-            [signo as u64, act, 0, 8, 0, 0],
-        )?;
+        acts.extend([handler, flags, restorer, mask]);
     }
+    let at = r.put_u64s(0, &acts)?;
+    let calls: Vec<batch::Call> = signals
+        .iter()
+        .enumerate()
+        .map(|(i, &signo)| batch::Call {
+            name: "rt_sigaction",
+            nr: libc::SYS_rt_sigaction,
+            args: [
+                u64::from(signo),
+                at + (i * SIGACTION_WORDS * 8) as u64,
+                0,
+                SIGSET_BYTES,
+                0,
+                0,
+            ],
+        })
+        .collect();
+    r.call_many(&calls)?;
     Ok(())
 }
+
+/// Words of the kernel's `struct sigaction` (handler, flags, restorer,
+/// mask).
+const SIGACTION_WORDS: usize = 4;
+/// Bytes of the kernel's signal set, rt_sigaction's last argument.
+const SIGSET_BYTES: u64 = 8;
 
 /// Interval timers, alternate stack, tid address, robust list, rseq,
 /// personality, umask, name, cwd and root.

@@ -13,6 +13,7 @@
 //! anyway.
 
 use ckpt_image::task::Creds;
+use ckpt_parasite::batch::Call;
 use ckpt_parasite::remote::Remote;
 
 use crate::error::{RestoreError, Result};
@@ -95,23 +96,27 @@ impl FsIdentity {
         Ok(out)
     }
 
-    /// Makes the process behind `r` check file access as this identity.
+    /// Makes the process behind `r` check file access as this identity:
+    /// the old ids read, the groups and ids set and read back, in one stop.
     pub fn assume(&self, r: &Remote<'_>) -> Result<Previous> {
-        let prev = Previous {
-            uid: r.call(
-                "setfsuid (query)",
-                libc::SYS_setfsuid,
-                [QUERY, 0, 0, 0, 0, 0],
-            )? as u32,
-            gid: r.call(
-                "setfsgid (query)",
-                libc::SYS_setfsgid,
-                [QUERY, 0, 0, 0, 0, 0],
-            )? as u32,
-        };
-        crate::creds::set_groups(r, &self.groups)?;
-        set_fs_ids(r, self.uid, self.gid)?;
-        Ok(prev)
+        let bytes: Vec<u8> = self.groups.iter().flat_map(|g| g.to_ne_bytes()).collect();
+        let groups_at = r.put(0, &bytes)?;
+        let mut calls = vec![
+            query("setfsuid (query)", libc::SYS_setfsuid),
+            query("setfsgid (query)", libc::SYS_setfsgid),
+            Call {
+                name: "setgroups",
+                nr: libc::SYS_setgroups,
+                args: [self.groups.len() as u64, groups_at, 0, 0, 0, 0],
+            },
+        ];
+        calls.extend(fs_id_calls(self.uid, self.gid));
+        let got = r.call_many(&calls)?;
+        check_fs_ids(r, self.uid, self.gid, &got[3..])?;
+        Ok(Previous {
+            uid: got[0] as u32,
+            gid: got[1] as u32,
+        })
     }
 }
 
@@ -138,20 +143,42 @@ impl Previous {
 }
 
 /// setfsgid + setfsuid, checked: both return the old value whatever
-/// happens, so the new one is read back.
+/// happens, so the new one is read back (one stop for the four calls).
 fn set_fs_ids(r: &Remote<'_>, uid: u32, gid: u32) -> Result<()> {
-    r.call("setfsgid", libc::SYS_setfsgid, [gid as u64, 0, 0, 0, 0, 0])?;
-    r.call("setfsuid", libc::SYS_setfsuid, [uid as u64, 0, 0, 0, 0, 0])?;
-    let got_gid = r.call(
-        "setfsgid (query)",
-        libc::SYS_setfsgid,
-        [QUERY, 0, 0, 0, 0, 0],
-    )? as u32;
-    let got_uid = r.call(
-        "setfsuid (query)",
-        libc::SYS_setfsuid,
-        [QUERY, 0, 0, 0, 0, 0],
-    )? as u32;
+    let got = r.call_many(&fs_id_calls(uid, gid))?;
+    check_fs_ids(r, uid, gid, &got)
+}
+
+/// setfsgid, setfsuid, then both read back.
+fn fs_id_calls(uid: u32, gid: u32) -> [Call; 4] {
+    [
+        Call {
+            name: "setfsgid",
+            nr: libc::SYS_setfsgid,
+            args: [gid as u64, 0, 0, 0, 0, 0],
+        },
+        Call {
+            name: "setfsuid",
+            nr: libc::SYS_setfsuid,
+            args: [uid as u64, 0, 0, 0, 0, 0],
+        },
+        query("setfsgid (query)", libc::SYS_setfsgid),
+        query("setfsuid (query)", libc::SYS_setfsuid),
+    ]
+}
+
+/// `setfsuid(-1)` or `setfsgid(-1)`: the current value.
+fn query(name: &'static str, nr: i64) -> Call {
+    Call {
+        name,
+        nr,
+        args: [QUERY, 0, 0, 0, 0, 0],
+    }
+}
+
+/// The results of [`fs_id_calls`] say the ids were taken.
+fn check_fs_ids(r: &Remote<'_>, uid: u32, gid: u32, results: &[u64]) -> Result<()> {
+    let (got_gid, got_uid) = (results[2] as u32, results[3] as u32);
     if (got_uid, got_gid) != (uid, gid) {
         return Err(RestoreError::Host {
             pid: r.t.pid(),

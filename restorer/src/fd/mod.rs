@@ -47,6 +47,7 @@ use ckpt_image::fd::{Fd, FdTable, File, Files, file::Kind};
 use crate::context::RestoreContext;
 use crate::error::{RestoreError, Result};
 use crate::options::{FilePolicy, InheritFd};
+use ckpt_parasite::batch;
 use ckpt_parasite::remote::Remote;
 
 /// One kind of open file, restore side.
@@ -496,11 +497,16 @@ pub fn restore(
     }
     // What the restorer passed down and the process did not have.
     // (A file in flight took and closed its number already.)
-    for fd in std::mem::take(&mut cx.inherited) {
-        if !table.fds.iter().chain(&table.in_flight).any(|f| f.fd == fd) {
-            r.close(fd)?;
-        }
-    }
+    let closes: Vec<batch::Call> = std::mem::take(&mut cx.inherited)
+        .into_iter()
+        .filter(|&fd| !table.fds.iter().chain(&table.in_flight).any(|f| f.fd == fd))
+        .map(|fd| batch::Call {
+            name: "close (inherited)",
+            nr: libc::SYS_close,
+            args: [fd as u64, 0, 0, 0, 0, 0],
+        })
+        .collect();
+    r.call_many(&closes)?;
     // Last: closing any fd of a file releases the process's POSIX locks on it.
     let rights = lock::LeaseRights {
         fs_uid: cx.fs_uid(),
@@ -570,15 +576,20 @@ fn install<K: FileRestorer>(
         set_cloexec(r, fd.fd, fd.cloexec)?;
     } else {
         let flags = if fd.cloexec { libc::O_CLOEXEC } else { 0 };
-        r.call(
-            "dup3",
-            libc::SYS_dup3,
-            [got as u64, fd.fd as u64, flags as u64, 0, 0, 0],
-        )?;
+        let mut calls = vec![batch::Call {
+            name: "dup3",
+            nr: libc::SYS_dup3,
+            args: [got as u64, fd.fd as u64, flags as u64, 0, 0, 0],
+        }];
         // A description installed earlier in this process stays where it is.
         if earlier.is_none_or(|at| at.pid != cx.pid) {
-            r.close(got)?;
+            calls.push(batch::Call {
+                name: "close",
+                nr: libc::SYS_close,
+                args: [got as u64, 0, 0, 0, 0, 0],
+            });
         }
+        r.call_many(&calls)?;
     }
     cx.here.insert(fd.fd, file.id);
     if !K::PER_FD && earlier.is_none() {
@@ -594,13 +605,13 @@ fn install<K: FileRestorer>(
 }
 
 /// Copies fd `fd` of process `owner` into the process behind `r`
-/// (pidfd_open + pidfd_getfd, run inside it): the same open file
-/// description, offset included.
+/// (`pidfd_getfd`, run inside it): the same open file description, offset
+/// included. The restorer's own fds are taken through the pidfd of it the
+/// process inherited ([`RESTORER_PIDFD`]), another process's through a
+/// pidfd opened and closed around the copy.
 pub fn take_from(r: &Remote<'_>, owner: i32, fd: i32) -> Result<i32> {
     let inherited = RESTORER_PIDFD.load(std::sync::atomic::Ordering::Relaxed);
     if owner == std::process::id() as i32 && inherited != NO_PIDFD {
-        // The restorer has no pid in the tree's new PID namespace: its
-        // pidfd, inherited over the forks, names it.
         return Ok(r.call(
             "pidfd_getfd",
             libc::SYS_pidfd_getfd,
@@ -613,23 +624,31 @@ pub fn take_from(r: &Remote<'_>, owner: i32, fd: i32) -> Result<i32> {
         "pidfd_open",
         libc::SYS_pidfd_open,
         [owner as u64, 0, 0, 0, 0, 0],
-    )? as i32;
-    let got = r.call(
-        "pidfd_getfd",
-        libc::SYS_pidfd_getfd,
-        [pidfd as u64, fd as u64, 0, 0, 0, 0],
-    );
-    r.close(pidfd)?;
-    Ok(got? as i32)
+    )?;
+    // Copy and close in one stop; a failed copy leaves the pidfd open in a
+    // process the failed restore kills.
+    let got = r.call_many(&[
+        batch::Call {
+            name: "pidfd_getfd",
+            nr: libc::SYS_pidfd_getfd,
+            args: [pidfd, fd as u64, 0, 0, 0, 0],
+        },
+        batch::Call {
+            name: "close (pidfd)",
+            nr: libc::SYS_close,
+            args: [pidfd, 0, 0, 0, 0, 0],
+        },
+    ])?;
+    Ok(got[0] as i32)
 }
 
 /// No inherited pidfd of the restorer ([`RESTORER_PIDFD`]).
 pub const NO_PIDFD: i32 = -1;
 
-/// While a tree is restored into a new PID namespace: the fd number at
-/// which its processes inherited a pidfd of the restorer (closed with the
-/// other inherited fds by [`restore`]), else [`NO_PIDFD`]. One restore
-/// into a new namespace at a time per restoring process.
+/// While a tree is rebuilt: the fd number at which its processes
+/// inherited a pidfd of the restorer (closed with the other inherited fds
+/// by [`restore`]), else [`NO_PIDFD`]. One rebuild at a time per restoring
+/// process.
 pub static RESTORER_PIDFD: std::sync::atomic::AtomicI32 =
     std::sync::atomic::AtomicI32::new(NO_PIDFD);
 

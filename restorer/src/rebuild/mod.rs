@@ -178,13 +178,12 @@ impl<'r, 'o> Steps<'r, 'o> {
         )?))
     }
 
-    /// In a new PID namespace, the restorer's pidfd the processes inherit.
-    fn restorer_pidfd(&self) -> Result<Option<RestorerPidfd>> {
-        if self.new_pidns {
-            Ok(Some(RestorerPidfd::new(&self.ck.procs)?))
-        } else {
-            Ok(None)
-        }
+    /// The restorer's pidfd the processes inherit: every file the
+    /// restorer opens for a process is taken with one `pidfd_getfd` on it,
+    /// instead of a `pidfd_open` and a `close` around each (in a new PID
+    /// namespace, where the restorer has no pid, it is the only way).
+    fn restorer_pidfd(&self) -> Result<RestorerPidfd> {
+        RestorerPidfd::new(&self.ck.procs)
     }
 
     /// Creates the root, stopped and traced, in the tree's time and

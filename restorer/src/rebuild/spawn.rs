@@ -14,8 +14,8 @@ use crate::options::RestoreOptions;
 use crate::read::ProcessImages;
 use crate::{fd, pid, sys};
 
-/// The restorer's pidfd, inherited by the processes of a tree restored into
-/// a new PID namespace (see [`fd::RESTORER_PIDFD`]), while it lives.
+/// The restorer's pidfd, inherited by the processes of the tree (see
+/// [`fd::RESTORER_PIDFD`]), while it lives.
 pub(super) struct RestorerPidfd {
     _fd: std::os::fd::OwnedFd,
 }
