@@ -60,6 +60,15 @@ fn dumper_killed_right_after_seize() {
     dumper_killed_at("after-seize");
 }
 
+/// The leader is set to run the collection command without syscall stops
+/// when the dumper dies: untraced, it runs the blob to its end, where the
+/// signal it stops itself with is one it ignores, dropped by the kernel,
+/// and the rescue path takes it home.
+#[test]
+fn dumper_killed_with_the_leader_in_the_parasite() {
+    dumper_killed_at("leader-in-parasite");
+}
+
 #[test]
 fn dumper_killed_with_parasite_loaded() {
     dumper_killed_at("parasite-loaded");

@@ -179,3 +179,28 @@ fn queued_rt_signals_to_process_and_threads_survive() {
 fn queued_rt_signals_of_a_user_survive() {
     rt_cycle("signals-rt-user", Some(test_user()));
 }
+
+/// ckpt's parasite ends its commands with a signal the process ignores:
+/// dumped twice (once left running, once killed and restored), a process
+/// that has two of those signals pending and blocked keeps both pending,
+/// and one that handles all three never sees one and keeps its handlers,
+/// in every thread (tests/c/quiet.c).
+#[test]
+fn the_parasites_stop_signals_take_nothing_from_the_process() {
+    for mode in ["pending", "caught"] {
+        let env = TestEnv::new(&format!("signals-quiet-{mode}"));
+        let mut v = Victim::spawn(&env, "quiet", &[mode]);
+        v.wait_ready();
+        let first = env.root.join("first");
+        let pid = v.pid.to_string();
+        ckpt(
+            &env,
+            &["dump", "--tree", &pid, "--dir", path_str(&first)],
+            Duration::from_secs(60),
+        )
+        .assert_success();
+        assert!(v.ping(Duration::from_secs(10)), "{mode}: {}", v.diag());
+        dump_kill_reap(&env, &mut v);
+        restore_and_check(&env, &v);
+    }
+}

@@ -395,10 +395,12 @@ fn collect_core(
         inside.continued = predump::retire(inf, pid, before)?;
         userfaults_in(inf, pid, mode, &mut inside)
     };
-    let (misc, threads) = task::run_parasite(leader, &p.tasks[1..], &mut with_parasite)?;
-    log::debug!("pid {pid}: parasite done ({:.3} ms)", ms_since(started));
+    // Before the parasite: what the frozen tasks' status says, including
+    // the signals each has pending, which the parasite must not take.
     let tids: Vec<i32> = p.tasks.iter().map(|t| t.pid()).collect();
     let texts = crate::procfile::task_texts(pid, &tids)?;
+    let (misc, threads) = task::run_parasite(leader, &p.tasks[1..], &texts, &mut with_parasite)?;
+    log::debug!("pid {pid}: parasite done ({:.3} ms)", ms_since(started));
     let mut core = task::collect(leader, &misc, &texts[0])?;
     core.job_stop = p.job_stop;
     core.shared_with_parent = p.shared_with_parent;

@@ -69,13 +69,17 @@ pub struct TaskMisc {
 /// asks for its POSIX timers), collects every other thread through the
 /// same infection ([`Infection::thread_state`]), runs `with_parasite`
 /// (what else a dump needs done inside the process), and cures the leader.
+/// `texts`: every task's status, the leader's first, read before the
+/// parasite (the signals they have pending tell which it may stop on).
 pub fn run_parasite(
     leader: &Tracee,
     threads: &[Tracee],
+    texts: &[procfile::TaskTexts],
     with_parasite: &mut dyn FnMut(&Infection<'_>) -> Result<()>,
 ) -> Result<(TaskMisc, Vec<ThreadState>)> {
+    let quiet_leader = quiet_signal_of_leader(&texts[0]);
     let inf: Infection<'_> = leader.infect().map_err(crate::prctl::infect_error)?;
-    let args = inf.call(ckpt_parasite::proto::CMD_DUMP_MISC)?;
+    let args = inf.dump_misc(quiet_leader)?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::ParasiteLoaded);
     let posix_timers = crate::timer::collect(&inf, leader.pid())?;
     let securebits = inf.syscall(
@@ -96,32 +100,49 @@ pub fn run_parasite(
         sigmask: inf.saved_sigmask(),
         misc: Box::new(args.misc),
     };
-    let quiet = quiet_signal(&args.misc.sigactions);
+    // A signal pending for the whole process could be the one a thread
+    // stops on: the leader's choice excludes those already.
     let threads = threads
         .iter()
-        .map(|t| inf.thread_state(t, quiet))
+        .zip(&texts[1..])
+        .map(|(t, text)| inf.thread_state(t, quiet_leader.filter(|&s| !pending_in(text, s))))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     with_parasite(&inf)?;
     inf.cure()?;
     Ok((out, threads))
 }
 
-/// A signal the process ignores (default action "ignore", or SIG_IGN),
-/// with which a thread can stop itself for ckpt and that the kernel drops
-/// if ckpt is gone ([`ckpt_parasite::proto::ThreadQuery`]); `None` if the
-/// process handles all of them (then each thread is asked syscall by
-/// syscall).
-fn quiet_signal(actions: &[ckpt_parasite::proto::KernelSigaction]) -> Option<i32> {
-    const SIG_DFL: u64 = 0;
-    const SIG_IGN: u64 = 1;
-    [libc::SIGURG, libc::SIGWINCH, libc::SIGCHLD]
+/// Before the blob has read the dispositions: a signal the process
+/// ignores, as the leader's status tells (not caught), and that neither the
+/// process nor its leader has pending, which the blob's own would take
+/// the place of. `None`: the leader's blob stops at its syscalls.
+fn quiet_signal_of_leader(leader: &procfile::TaskTexts) -> Option<i32> {
+    let caught = status_mask(leader, "SigCgt")?;
+    let shared = status_mask(leader, "ShdPnd")?;
+    QUIET_CANDIDATES
         .into_iter()
-        .find(|&sig| {
-            actions
-                .get(sig as usize - 1)
-                .is_some_and(|a| a.handler == SIG_DFL || a.handler == SIG_IGN)
-        })
+        .find(|&sig| (caught | shared) & sig_bit(sig) == 0 && !pending_in(leader, sig))
 }
+
+/// A signal mask field of a task's status (`None`: unreadable).
+fn status_mask(text: &procfile::TaskTexts, field: &str) -> Option<u64> {
+    procfile::status_field(&text.status, field).and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+}
+
+/// The bit of `sig` in a signal mask.
+fn sig_bit(sig: i32) -> u64 {
+    1u64 << (sig - 1)
+}
+
+/// Whether the thread whose status is `text` has `sig` pending: its stop
+/// would take that one's place. Unreadable: taken as pending.
+fn pending_in(text: &procfile::TaskTexts, sig: i32) -> bool {
+    status_mask(text, "SigPnd").is_none_or(|pnd| pnd & sig_bit(sig) != 0)
+}
+
+/// Signals whose default action is to be ignored, the least used first:
+/// what a task running ckpt's blob can stop itself with.
+const QUIET_CANDIDATES: [i32; 3] = [libc::SIGURG, libc::SIGWINCH, libc::SIGCHLD];
 
 /// Builds the core image of a frozen task.
 pub fn collect(t: &Tracee, tm: &TaskMisc, texts: &procfile::TaskTexts) -> Result<Core> {

@@ -170,6 +170,8 @@ unsafe fn dump_misc(m: *mut MiscState) -> i64 {
         (*m).tid_address_ret = r;
 
         (*m).brk = syscall4(SYS_BRK, 0, 0, 0, 0) as u64;
+        (&raw mut (*m).done).write_volatile(1);
+        stop_with(u64::from((*m).stop_signal));
     }
     0
 }
@@ -210,22 +212,35 @@ unsafe fn thread_query(q: *mut ThreadQuery) -> i64 {
         );
         (*q).securebits_ret = syscall4(SYS_PRCTL, PR_GET_SECUREBITS, 0, 0, 0);
         (&raw mut (*q).done).write_volatile(1);
-        let sig = u64::from((*q).stop_signal);
-        if sig != 0 {
-            let set: u64 = 1 << (sig - 1);
-            syscall4(
-                SYS_RT_SIGPROCMASK,
-                SIG_UNBLOCK,
-                &raw const set as u64,
-                0,
-                KERNEL_SIGSET_SIZE,
-            );
-            let tgid = syscall4(SYS_GETPID, 0, 0, 0, 0) as u64;
-            let tid = syscall4(SYS_GETTID, 0, 0, 0, 0) as u64;
-            syscall4(SYS_TGKILL, tgid, tid, sig, 0);
-        }
+        stop_with(u64::from((*q).stop_signal));
     }
     0
+}
+
+/// Ends a command run without syscall stops: unblocks `sig` and sends it to this thread, so
+/// the tracer stops the thread on its delivery (a dead tracer's thread has it dropped, `sig`
+/// being one the process ignores, and goes on to the rescue path). `sig` 0: nothing.
+///
+/// # Safety
+/// Only raw syscalls on local values; `sig` must be 0 or a signal number (1..=64).
+unsafe fn stop_with(sig: u64) {
+    if sig == 0 {
+        return;
+    }
+    // SAFETY: `set` lives across the call, the kernel reads 8 bytes of it.
+    unsafe {
+        let set: u64 = 1 << (sig - 1);
+        syscall4(
+            SYS_RT_SIGPROCMASK,
+            SIG_UNBLOCK,
+            &raw const set as u64,
+            0,
+            KERNEL_SIGSET_SIZE,
+        );
+        let tgid = syscall4(SYS_GETPID, 0, 0, 0, 0) as u64;
+        let tid = syscall4(SYS_GETTID, 0, 0, 0, 0) as u64;
+        syscall4(SYS_TGKILL, tgid, tid, sig, 0);
+    }
 }
 
 /// Raw x86_64 `syscall` with up to four arguments; returns the kernel's raw result.

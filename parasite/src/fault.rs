@@ -19,6 +19,10 @@ pub const PAUSE_LIMIT: Duration = Duration::from_secs(60);
 pub enum FaultPoint {
     /// Dump: right after the tree is seized and stopped.
     AfterSeize,
+    /// Dump: the leader is about to run the parasite's collection command
+    /// without syscall stops (registers set, not resumed yet): a dead
+    /// dumper leaves it to run the blob untraced, to the end.
+    LeaderInParasite,
     /// Dump: with the parasite loaded, after its collection command.
     ParasiteLoaded,
     /// Dump: a thread other than the leader is inside the parasite area
@@ -53,6 +57,7 @@ impl FaultPoint {
     pub fn name(self) -> &'static str {
         match self {
             FaultPoint::AfterSeize => "after-seize",
+            FaultPoint::LeaderInParasite => "leader-in-parasite",
             FaultPoint::ParasiteLoaded => "parasite-loaded",
             FaultPoint::ThreadInParasite => "thread-in-parasite",
             FaultPoint::DuringPages => "during-pages",

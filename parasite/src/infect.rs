@@ -636,23 +636,60 @@ impl Infection<'_> {
 
     /// Runs blob command `cmd` and returns the argument block it filled.
     pub fn call(&self, cmd: u32) -> Result<Box<proto::Args>> {
+        self.run_blob(proto::Args::new(cmd), None)
+    }
+
+    /// Runs [`proto::CMD_DUMP_MISC`]. With `quiet_signal` (a signal the
+    /// process ignores and has not pending, as for
+    /// [`Infection::thread_state`]) the blob runs without syscall stops and
+    /// ends on that signal: one stop instead of some 140.
+    pub fn dump_misc(&self, quiet_signal: Option<i32>) -> Result<Box<proto::Args>> {
+        let mut args = proto::Args::new(proto::CMD_DUMP_MISC);
+        args.misc.stop_signal = quiet_signal.map_or(0, |s| s as u32);
+        let out = self.run_blob(args, quiet_signal)?;
+        if out.misc.done != 1 {
+            return Err(ParasiteError::UnexpectedStop {
+                pid: self.tracee.pid(),
+                what: "running the parasite",
+                status: "stopped before the blob was done".into(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Runs the blob on `args` until its "done" marker, or with
+    /// `stop_signal` until the delivery stop of that signal, and returns
+    /// the argument block it filled.
+    fn run_blob(&self, args: proto::Args, stop_signal: Option<i32>) -> Result<Box<proto::Args>> {
         self.unpark()?;
         let t = self.tracee;
         let args_addr = self.base + BLOB.args_offset as u64;
-        let mut block = vec![0u8; std::mem::size_of::<proto::Args>()];
-        block[..8].copy_from_slice(&proto::ARGS_MAGIC.to_le_bytes());
-        block[8..12].copy_from_slice(&cmd.to_le_bytes());
-        t.write_mem(args_addr, &block)?;
+        // SAFETY: Args is #[repr(C)] plain old data made of integers with
+        // explicit padding (see proto.rs): its bytes are all initialized.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&raw const args).cast::<u8>(),
+                std::mem::size_of::<proto::Args>(),
+            )
+        };
+        t.write_mem(args_addr, bytes)?;
         let mut r = self.saved_regs;
         r.rip = self.base + BLOB.entry as u64;
         r.orig_rax = u64::MAX;
         r.eflags &= !EFLAGS_DF;
         t.set_regs(&r)?;
-        t.run_until_syscall_entry(
-            self.base + BLOB.done as u64,
-            MARKER_NR,
-            "running the parasite",
-        )?;
+        match stop_signal {
+            Some(sig) => {
+                crate::fault::inject(crate::fault::FaultPoint::LeaderInParasite);
+                t.run_until_signal(sig, "running the parasite")?
+            }
+            None => t.run_until_syscall_entry(
+                self.base + BLOB.done as u64,
+                MARKER_NR,
+                "running the parasite",
+            )?,
+        }
+        let mut block = vec![0u8; std::mem::size_of::<proto::Args>()];
         t.read_mem(args_addr, &mut block)?;
         // SAFETY: Args is #[repr(C)] plain old data made of integers (see
         // proto.rs), so any byte pattern of the right length is a valid
@@ -661,7 +698,7 @@ impl Infection<'_> {
         if args.ret < 0 {
             return Err(ParasiteError::Command {
                 pid: t.pid(),
-                cmd,
+                cmd: args.cmd,
                 errno: nix::errno::Errno::from_raw(-args.ret as i32),
             });
         }
