@@ -36,6 +36,12 @@
 //!   while a thread holds the C library's malloc lock (inside
 //!   `malloc_stats`, writing to a full pipe): refused by name, the program
 //!   goes on untouched and its later points dump and restore.
+//! - tests/c/ib/rc_atomic_restart.c (fetch-and-adds on a peer QP's
+//!   counter, applied by the responder, whose completions the layer's test
+//!   hook holds back from the drain) dumped and restored at two points,
+//!   signaled and unsignaled: the counter is exactly what was added, no
+//!   fetch-and-add executed again; held back past the drain's limit, the
+//!   dumps are refused by name and the program finishes untouched.
 //! - Two guests as two nodes (`scripts/ib-vm.sh run --link`: rxe over a
 //!   virtual link between them, RoCE between two kernels): the ping-pong's
 //!   server in guest 1 with the coordinator, its client in guest 2; both
@@ -780,7 +786,12 @@ fn rdma_ud_and_srq_programs_restart_through_ckpt_at_every_point() {
 fn fetch_and_adds_executed_before_a_dump_are_never_executed_again() {
     let g = run_in_guest_with(
         ATOMIC_SCRIPT,
-        &["atomic.out", "atomic-ckpt.out", "late.out", "late-refused.out"],
+        &[
+            "atomic.out",
+            "atomic-ckpt.out",
+            "late.out",
+            "late-refused.out",
+        ],
         &["rc_atomic_restart"],
     );
     let (stdout, all) = (&g.stdout, &g.all);
@@ -788,7 +799,8 @@ fn fetch_and_adds_executed_before_a_dump_are_never_executed_again() {
     // signaled one completed once with its own value.
     assert!(
         stdout.contains("atomic exit 0")
-            && g.read("atomic.out").contains("rc_atomic_restart: ok counter=16"),
+            && g.read("atomic.out")
+                .contains("rc_atomic_restart: ok counter=16"),
         "{all}"
     );
     assert_eq!(
@@ -813,7 +825,8 @@ fn fetch_and_adds_executed_before_a_dump_are_never_executed_again() {
     );
     assert!(
         stdout.contains("late exit 0")
-            && g.read("late.out").contains("rc_atomic_restart: ok counter=16"),
+            && g.read("late.out")
+                .contains("rc_atomic_restart: ok counter=16"),
         "{all}"
     );
 }

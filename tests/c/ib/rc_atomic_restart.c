@@ -216,6 +216,7 @@ int main(int argc, char **argv)
 	restart(1);
 	uint64_t ids[ATOMICS];
 	reap_a(ATOMICS, ids);
+	check_target(ATOMICS, 0);
 	uint64_t seen = 0;
 	for (int i = 0; i < ATOMICS; i++) {
 		if (ids[i] != (uint64_t)i)
@@ -224,7 +225,6 @@ int main(int argc, char **argv)
 			fail("fetch-and-add %d fetched %" PRIu64, i, local.fetched[i]);
 		seen |= 1ull << local.fetched[i];
 	}
-	check_target(ATOMICS, 0);
 	printf("point 1: counter %" PRIu64 "\n", local.seen.counter);
 	fflush(stdout);
 
