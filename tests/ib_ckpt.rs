@@ -36,6 +36,12 @@
 //!   while a thread holds the C library's malloc lock (inside
 //!   `malloc_stats`, writing to a full pipe): refused by name, the program
 //!   goes on untouched and its later points dump and restore.
+//! - tests/c/ib/rc_atomic_restart.c (fetch-and-adds on a peer QP's
+//!   counter, applied by the responder, whose completions the layer's test
+//!   hook holds back from the drain) dumped and restored at two points,
+//!   signaled and unsignaled: the counter is exactly what was added, no
+//!   fetch-and-add executed again; held back past the drain's limit, the
+//!   dumps are refused by name and the program finishes untouched.
 //! - Two guests as two nodes (`scripts/ib-vm.sh run --link`: rxe over a
 //!   virtual link between them, RoCE between two kernels): the ping-pong's
 //!   server in guest 1 with the coordinator, its client in guest 2; both
@@ -295,6 +301,46 @@ for n in 0 99; do
     touch $D/go-$n
 done
 wait $W; echo "held exit $?"
+"#;
+
+/// tests/c/ib/rc_atomic_restart.c restarted by ckpt at its two points:
+/// fetch-and-adds (signaled, then unsignaled with an RDMA write behind
+/// them) the responder executed and whose completions the drain does not
+/// see at first (the layer's test hook holds them back for 300 ms, longer
+/// than the quiet window). Then the same program with completions held
+/// back longer than the drain may wait: each dump is refused by name and
+/// the program goes on untouched.
+const ATOMIC_SCRIPT: &str = r#"#!/bin/sh
+S=$CKPT_IB_SCRATCH
+cd "$S"
+export CKPT_IMAGE_KEY=$S/key CKPT_IB_LAYER=$S/libckpt_ibverbs.so
+(umask 077; head -c 32 /dev/urandom >"$CKPT_IMAGE_KEY")
+ready() {
+    i=0; while [ ! -e $1 ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+}
+D=$S/pause-atomic; mkdir -p $D
+CKPT_IB_TEST_DRAIN_BLIND_MS=300 ./ckpt run --ib -- ./rc_atomic_restart rxe0 --pause $D >atomic.out 2>&1 </dev/null &
+W=$!; P=$W
+for n in 1 2; do
+    ready $D/ready-$n
+    ./ckpt -v dump --tree $P --dir img-atomic-$n --kill >>atomic-ckpt.out 2>&1 || { echo "atomic dump $n failed"; break; }
+    wait $W
+    ./ckpt -v restore --dir img-atomic-$n >>atomic-ckpt.out 2>&1 </dev/null &
+    W=$!
+    i=0; while [ "$(grep -c 'restored pid' atomic-ckpt.out)" -lt $n ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+    touch $D/go-$n
+done
+wait $W; echo "atomic exit $?"
+D=$S/pause-late; mkdir -p $D
+CKPT_IB_TEST_DRAIN_BLIND_MS=5000 ./ckpt run --ib -- ./rc_atomic_restart rxe0 --pause $D >late.out 2>&1 </dev/null &
+W=$!
+for n in 1 2; do
+    ready $D/ready-$n
+    ./ckpt -v dump --tree $W --dir img-late-$n --kill >>late-refused.out 2>&1; echo "late dump $n exit $?"
+    [ -e img-late-$n ] && echo "late dump $n left a directory"
+    touch $D/go-$n
+done
+wait $W; echo "late exit $?"
 "#;
 
 /// One test's guests at a time: more TCG guests than cores each run at a
@@ -732,6 +778,55 @@ fn rdma_ud_and_srq_programs_restart_through_ckpt_at_every_point() {
             && !stdout.contains("held dump 99 failed")
             && g.read("held.out").contains("the program went on")
             && g.read("held.out").contains("rc_restart: ok rounds=1"),
+        "{all}"
+    );
+}
+
+#[test]
+fn fetch_and_adds_executed_before_a_dump_are_never_executed_again() {
+    let g = run_in_guest_with(
+        ATOMIC_SCRIPT,
+        &[
+            "atomic.out",
+            "atomic-ckpt.out",
+            "late.out",
+            "late-refused.out",
+        ],
+        &["rc_atomic_restart"],
+    );
+    let (stdout, all) = (&g.stdout, &g.all);
+    // Completions seen late: every fetch-and-add applied once, each
+    // signaled one completed once with its own value.
+    assert!(
+        stdout.contains("atomic exit 0")
+            && g.read("atomic.out")
+                .contains("rc_atomic_restart: ok counter=16"),
+        "{all}"
+    );
+    assert_eq!(
+        g.read("atomic-ckpt.out").matches("verbs drained").count(),
+        2,
+        "{all}"
+    );
+    // Never seen within the drain: refused by name, the job untouched.
+    for n in 1..=2 {
+        assert!(
+            stdout.contains(&format!("late dump {n} exit "))
+                && !stdout.contains(&format!("late dump {n} exit 0"))
+                && !stdout.contains(&format!("late dump {n} left a directory")),
+            "{all}"
+        );
+    }
+    let refused = g.read("late-refused.out");
+    assert!(
+        refused.matches("not known to have executed").count() == 2
+            && refused.contains("fetch-and-add"),
+        "{all}"
+    );
+    assert!(
+        stdout.contains("late exit 0")
+            && g.read("late.out")
+                .contains("rc_atomic_restart: ok counter=16"),
         "{all}"
     );
 }

@@ -29,6 +29,8 @@ pub const IBV_SYSFS_PATH_MAX: usize = 256;
 pub const IBV_PORT_ACTIVE: c_uint = 4;
 /// `enum ibv_qp_type`: `IBV_QPT_RC`.
 pub const IBV_QPT_RC: c_uint = 2;
+/// `enum ibv_qp_type`: `IBV_QPT_UC`.
+pub const IBV_QPT_UC: c_uint = 3;
 /// `enum ibv_qp_type`: `IBV_QPT_UD`.
 pub const IBV_QPT_UD: c_uint = 4;
 /// `enum ibv_qp_state`: `IBV_QPS_RESET`.
@@ -63,6 +65,9 @@ pub const IBV_WR_RDMA_READ: c_uint = 4;
 pub const IBV_WR_ATOMIC_CMP_AND_SWP: c_uint = 5;
 /// `enum ibv_wr_opcode`: `IBV_WR_ATOMIC_FETCH_AND_ADD`.
 pub const IBV_WR_ATOMIC_FETCH_AND_ADD: c_uint = 6;
+/// `enum ibv_send_flags`: `IBV_SEND_FENCE` (waits for the RDMA reads and
+/// atomics before it).
+pub const IBV_SEND_FENCE: c_uint = 1 << 0;
 /// `enum ibv_send_flags`: `IBV_SEND_SIGNALED`.
 pub const IBV_SEND_SIGNALED: c_uint = 1 << 1;
 /// `enum ibv_send_flags`: `IBV_SEND_INLINE` (the payload is copied at post).

@@ -25,6 +25,41 @@ pub fn consumes_receive(opcode: u32) -> bool {
     )
 }
 
+/// Whether a request of this opcode changes the responder's memory without
+/// consuming a receive (RDMA WRITE, atomics): nothing at the peer counts
+/// it, so a restart may only re-post one known not to have executed
+/// (`restart::drain` makes sure none is left unknown). An RDMA READ
+/// changes nothing there, and a receive-consuming one is counted by the
+/// peer's receives.
+pub fn unreplayable(opcode: u32) -> bool {
+    matches!(
+        opcode,
+        IBV_WR_RDMA_WRITE | IBV_WR_ATOMIC_CMP_AND_SWP | IBV_WR_ATOMIC_FETCH_AND_ADD
+    )
+}
+
+/// A name for a request's opcode in messages.
+pub fn opcode_name(opcode: u32) -> &'static str {
+    match opcode {
+        IBV_WR_RDMA_WRITE => "RDMA write",
+        IBV_WR_RDMA_WRITE_WITH_IMM => "RDMA write with immediate",
+        IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_SEND_WITH_INV => "send",
+        IBV_WR_RDMA_READ => "RDMA read",
+        IBV_WR_ATOMIC_CMP_AND_SWP => "compare-and-swap",
+        IBV_WR_ATOMIC_FETCH_AND_ADD => "fetch-and-add",
+        _ => "request",
+    }
+}
+
+/// Whose a device completion is.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Owner {
+    /// The application's: returned by `poll_cq`.
+    Application,
+    /// The layer's own (a drain's fence): hidden.
+    Layer,
+}
+
 /// Whether the opcode's `wr` union holds an RDMA remote address and key
 /// (`rdma.rkey` in the second word), or an atomic's (`atomic.rkey` in the
 /// fourth).
@@ -125,7 +160,14 @@ pub unsafe extern "C" fn post_send(
             num_sge: sges.len(),
             inline_len: inline.len(),
             signaled: st.init.sq_sig_all || r.send_flags & IBV_SEND_SIGNALED != 0,
+            internal: false,
         };
+        if matches!(r.opcode, IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM) {
+            st.last_write = Some(RemoteWrite {
+                addr: r.wr[0],
+                rkey: (r.wr[1] & 0xffff_ffff) as u32,
+            });
+        }
         if st.sends.record(rec, sges, &inline).is_none() {
             for _ in 0..recorded {
                 st.sends.ring.pop_back();
@@ -504,27 +546,33 @@ pub unsafe extern "C" fn post_srq_recv(
     }
 }
 
-/// Retires what a device completion completes and rewrites its ids to the
-/// virtual ones. Called with the CQ's lock held.
-pub fn absorb(cq: &CqState, wc: &mut ibv_wc) {
+/// Retires what a device completion completes, rewrites its ids to the
+/// virtual ones and says whose it is. Called with the CQ's lock held.
+pub fn absorb(cq: &CqState, wc: &mut ibv_wc) -> Owner {
     let Some(qp) = cq.qps.get(&wc.qp_num).copied() else {
-        return;
+        return Owner::Application;
     };
     // SAFETY: QPs are unregistered from their CQs before they are freed,
     // under the CQ's lock, which the caller holds.
     let q = unsafe { &*qp.0 };
     let mut st = lock(&q.st);
     let ok = wc.status == IBV_WC_SUCCESS;
+    let mut owner = Owner::Application;
     if wc.opcode & IBV_WC_RECV == 0 {
         if !ok {
             // A flushed or failed request: each gets its own completion.
-            st.sends.ring.pop_front();
+            if st.sends.ring.pop_front().is_some_and(|r| r.internal) {
+                owner = Owner::Layer;
+            }
         } else {
             while let Some(rec) = st.sends.ring.pop_front() {
                 if consumes_receive(rec.opcode) {
                     st.consuming_sends_done += 1;
                 }
                 if rec.signaled {
+                    if rec.internal {
+                        owner = Owner::Layer;
+                    }
                     break;
                 }
             }
@@ -553,6 +601,7 @@ pub fn absorb(cq: &CqState, wc: &mut ibv_wc) {
             wc.src_qp = *v;
         }
     }
+    owner
 }
 
 /// `ibv_poll_cq` on a shadow CQ: drained completions first, then the
@@ -576,8 +625,8 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
         unsafe { *wc.add(got) = w };
         got += 1;
     }
-    // A kick's completion takes a slot of the device's batch and is
-    // hidden: the device is polled again for the slots it took. Else a
+    // A kick's or a fence's completion takes a slot of the device's batch
+    // and is hidden: the device is polled again for the slots it took. Else a
     // completion behind it would be left for an event that never comes
     // (the application armed the CQ before polling, with it already there).
     while got < want {
@@ -601,10 +650,9 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
         for i in got..got + n {
             // SAFETY: filled by the device just now (`kept <= i`).
             let w = unsafe { &mut *wc.add(i) };
-            if Kick::owns(&st.kicks, w.qp_num) {
+            if Kick::owns(&st.kicks, w.qp_num) || absorb(&st, w) == Owner::Layer {
                 continue;
             }
-            absorb(&st, w);
             // SAFETY: both within the caller's array.
             unsafe { *wc.add(kept) = *wc.add(i) };
             kept += 1;

@@ -15,6 +15,10 @@
 //! - a restart re-posts exactly the sends the peer has not received (the
 //!   peer's count of consumed receives says which were delivered), so
 //!   nothing is delivered twice and PSNs need not be reset;
+//! - RDMA writes and atomics, which the peer counts nowhere, are never
+//!   re-posted: the drain waits until each is proven executed (behind a
+//!   fence of its own where nothing else would complete) or refuses the
+//!   checkpoint;
 //! - GIDs (RoCE) are virtual too, and keys created after a restart never
 //!   collide with live virtual ones in the same domain.
 //!

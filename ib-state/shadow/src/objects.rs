@@ -247,6 +247,18 @@ pub struct QpState {
     pub recvs_consumed: u64,
     /// Set by a restart: the RC peer's keys.
     pub peer: Option<Peer>,
+    /// Where the application's last RDMA write on this QP went: the peer
+    /// grants remote writes there, so a drain's zero-length fence write
+    /// may go there too.
+    pub last_write: Option<RemoteWrite>,
+}
+
+/// The target of an RDMA write, as the application posted it (virtual
+/// rkey).
+#[derive(Clone, Copy, Debug)]
+pub struct RemoteWrite {
+    pub addr: u64,
+    pub rkey: u32,
 }
 
 /// `ibv_qp_init_attr` with the shadow objects it named.

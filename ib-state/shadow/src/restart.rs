@@ -5,7 +5,9 @@
 //!   outstanding or no completion came for a quiet window (the relaxed
 //!   window of "Checkpoint-Restart for a Network of Virtual Machines"'
 //!   InfiniBand follow-up on petascale jobs, instead of DMTCP's single
-//!   sweep). The state stays in the process's memory, which the dump saves.
+//!   sweep), but never ends with an RDMA write or atomic outstanding (it
+//!   fences them, or fails). The state stays in the process's memory,
+//!   which the dump saves.
 //! - [`restart_local`] (in the restored process, before its threads run):
 //!   the device is reopened and every object recreated with the creation
 //!   parameters recorded, MRs at their addresses; the descriptors the
@@ -25,9 +27,10 @@ use std::time::{Duration, Instant};
 
 use ckpt_ib_state::sys::*;
 
-use crate::datapath::{self, TranslatedRecvs, TranslatedSends, absorb};
+use crate::datapath::{self, Owner, TranslatedRecvs, TranslatedSends, absorb};
 use crate::objects::*;
 use crate::real::real;
+use crate::ring::{Ring, WorkRecord};
 use crate::verbs::{attach_to_cqs, create_real_qp, destination, translate_av, translate_modify};
 use crate::{IN_VERBS, errno};
 
@@ -52,8 +55,9 @@ fn fail(errno: c_int, what: impl Into<String>) -> Failure {
 pub struct DrainReport {
     /// Completions moved from the devices into the drained queues.
     pub completions: u64,
-    /// Sends still outstanding at the end (undelivered: the peer had no
-    /// receive posted, or the quiet window passed first).
+    /// Requests still outstanding at the end: sends the peer had no
+    /// receive for (or the quiet window passed first) and RDMA reads,
+    /// never an RDMA write or atomic (see [`drain`]).
     pub outstanding_sends: u64,
     /// Time spent, in microseconds.
     pub elapsed_us: u64,
@@ -64,19 +68,64 @@ const POLL_BATCH: usize = 16;
 /// Pause between sweeps while waiting for the quiet window.
 const SWEEP_PAUSE: Duration = Duration::from_micros(200);
 
-/// Drains every CQ (see the module doc). No allocation happens here: the
-/// process may be frozen with another thread inside malloc.
+/// Environment variable of the tests only: for this many milliseconds
+/// from its start, the drain does not poll the devices' CQs, as if every
+/// completion came back late (what a slow peer or network does).
+const TEST_BLIND_ENV: &CStr = c"CKPT_IB_TEST_DRAIN_BLIND_MS";
+
+/// The drain's blind window of [`TEST_BLIND_ENV`] (zero when unset). Reads
+/// the environment in place: the drain allocates nothing.
+fn test_blind_window() -> Duration {
+    // SAFETY: a nul-terminated name; getenv only reads the environment.
+    let value = unsafe { libc::getenv(TEST_BLIND_ENV.as_ptr()) };
+    if value.is_null() {
+        return Duration::ZERO;
+    }
+    // SAFETY: a nul-terminated string of the environment.
+    let digits = unsafe { CStr::from_ptr(value) }.to_bytes();
+    let ms = digits
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .fold(0u64, |n, b| {
+            n.saturating_mul(10).saturating_add(u64::from(b - b'0'))
+        });
+    Duration::from_millis(ms)
+}
+
+/// Drains every CQ (see the module doc). No allocation happens here but
+/// for a failure's message: the process may be frozen with another thread
+/// inside malloc.
+///
+/// Exactly once for what consumes no receive: a drain that ends leaves no
+/// RDMA write or atomic outstanding (see [`datapath::unreplayable`]),
+/// since nothing at the peer would tell a restart whether it executed.
+/// Where no completion of the application's would prove them executed (no
+/// signaled request after them), a fence is posted first
+/// ([`post_fence`]). When one is still outstanding at `max_wait`, the
+/// drain fails, naming it: the dump is refused rather than risk executing
+/// it twice, and the job goes on.
 pub fn drain(quiet: Duration, max_wait: Duration) -> Result<DrainReport, Failure> {
     if IN_VERBS.load(Ordering::SeqCst) != 0 {
         return Err(fail(libc::EBUSY, "a thread is inside a verbs call"));
     }
     let reg = registry();
     let start = Instant::now();
+    let blind_until = start + test_blind_window();
     let mut last_progress = start;
     let mut report = DrainReport::default();
+    for q in &reg.qps {
+        // SAFETY: registered QPs are live.
+        let qp = unsafe { &*q.0 };
+        post_fence(qp, &mut lock(&qp.st));
+    }
     loop {
         let mut got = 0u64;
-        for cq in &reg.cqs {
+        let cqs = if Instant::now() < blind_until {
+            &[][..]
+        } else {
+            &reg.cqs[..]
+        };
+        for cq in cqs {
             // SAFETY: registered CQs are live.
             let c = unsafe { &*cq.0 };
             let mut st = lock(&c.st);
@@ -93,10 +142,9 @@ pub fn drain(quiet: Duration, max_wait: Duration) -> Result<DrainReport, Failure
                 }
                 let n = n as usize;
                 for w in wc.iter_mut().take(n) {
-                    if Kick::owns(&st.kicks, w.qp_num) {
+                    if Kick::owns(&st.kicks, w.qp_num) || absorb(&st, w) == Owner::Layer {
                         continue;
                     }
-                    absorb(&st, w);
                     if st.drained.push(*w).is_err() {
                         return Err(fail(
                             libc::ENOSPC,
@@ -116,23 +164,160 @@ pub fn drain(quiet: Duration, max_wait: Duration) -> Result<DrainReport, Failure
         if got > 0 {
             last_progress = now;
         }
-        let outstanding: usize = reg
-            .qps
-            .iter()
-            // SAFETY: registered QPs are live.
-            .map(|q| lock(unsafe { &(*q.0).st }).sends.ring.len())
-            .sum();
-        report.outstanding_sends = outstanding as u64;
-        if outstanding == 0
-            || now.duration_since(last_progress) >= quiet
-            || now.duration_since(start) >= max_wait
-        {
-            break;
+        let (outstanding, unproven) = outstanding_work(&reg);
+        report.outstanding_sends = outstanding;
+        let waited = now.duration_since(start);
+        match unproven {
+            None if outstanding == 0
+                || now.duration_since(last_progress) >= quiet
+                || waited >= max_wait =>
+            {
+                break;
+            }
+            Some(u) if waited >= max_wait => return Err(u.refusal(waited)),
+            _ => {}
         }
         std::thread::sleep(SWEEP_PAUSE);
     }
     report.elapsed_us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
     Ok(report)
+}
+
+/// An application's RDMA write or atomic outstanding: the responder may
+/// have executed it or not.
+struct Unproven {
+    qp_num: u32,
+    wr_id: u64,
+    opcode: u32,
+}
+
+impl Unproven {
+    fn refusal(&self, waited: Duration) -> Failure {
+        fail(
+            libc::ETIMEDOUT,
+            format!(
+                "qp {}: its {} with wr_id {} is not known to have executed after {} ms (no completion came for it or a request after it): a restart would execute it again, so this dump is refused; the job goes on",
+                self.qp_num,
+                datapath::opcode_name(self.opcode),
+                self.wr_id,
+                waited.as_millis()
+            ),
+        )
+    }
+}
+
+/// How many requests are outstanding on every QP, and the first of the
+/// application's RDMA writes and atomics among them.
+fn outstanding_work(reg: &Registry) -> (u64, Option<Unproven>) {
+    let mut count = 0u64;
+    let mut first = None;
+    for q in &reg.qps {
+        // SAFETY: registered QPs are live.
+        let qp = unsafe { &*q.0 };
+        let st = lock(&qp.st);
+        let ring = &st.sends.ring;
+        count += ring.len() as u64;
+        if first.is_none() {
+            first = (0..ring.len())
+                .filter_map(|i| ring.get(i))
+                .find(|r| !r.internal && datapath::unreplayable(r.opcode))
+                .map(|r| Unproven {
+                    qp_num: qp.abi.qp_num,
+                    wr_id: r.wr_id,
+                    opcode: r.opcode,
+                });
+        }
+    }
+    (count, first)
+}
+
+/// `wr_id` of the layer's fences (never seen by the application).
+const FENCE_WR_ID: u64 = 0x636b_7074_6665_6e63;
+
+/// Whether the application's RDMA writes or atomics are outstanding in
+/// `ring` and neither the last of them nor a request after it is
+/// signaled (no completion would come to prove them executed).
+fn fence_needed(ring: &Ring<WorkRecord>) -> bool {
+    let Some(last) = (0..ring.len()).rev().find(|&i| {
+        ring.get(i)
+            .is_some_and(|r| !r.internal && datapath::unreplayable(r.opcode))
+    }) else {
+        return false;
+    };
+    !(last..ring.len()).any(|i| ring.get(i).is_some_and(|r| r.signaled))
+}
+
+/// Posts the layer's fence on `qp` if it needs one: the application's
+/// RDMA writes or atomics are outstanding and neither the last of them nor
+/// a request after it is signaled, so no completion would ever say whether
+/// they executed. The fence is a signaled zero-length RDMA write (with
+/// `IBV_SEND_FENCE` on RC: after the reads and atomics before it): RC
+/// executes a send queue in order and completes it in order, so its
+/// completion proves every request before it executed; on UC it proves
+/// them sent. Its completion retires them (their own, if signaled, go to
+/// the application) and is hidden ([`Owner::Layer`]).
+///
+/// It goes where the application's last RDMA write on the QP went (the
+/// peer grants remote writes there; zero bytes touch nothing). A QP that
+/// never wrote gets none (its peer may grant atomics only), nor does one
+/// whose send queue is full: the drain then waits for the application's
+/// own completions. Allocates nothing.
+fn post_fence(qp: &Qp, st: &mut QpState) {
+    if qp.abi.qp_type != IBV_QPT_RC && qp.abi.qp_type != IBV_QPT_UC {
+        return;
+    }
+    if !fence_needed(&st.sends.ring) {
+        return;
+    }
+    let Some(target) = st.last_write else {
+        return;
+    };
+    let fence_flag = if qp.abi.qp_type == IBV_QPT_RC {
+        IBV_SEND_FENCE
+    } else {
+        0
+    };
+    let rec = WorkRecord {
+        wr_id: FENCE_WR_ID,
+        opcode: IBV_WR_RDMA_WRITE,
+        send_flags: IBV_SEND_SIGNALED | fence_flag,
+        wr: [target.addr, u64::from(target.rkey), 0, 0],
+        signaled: true,
+        internal: true,
+        ..Default::default()
+    };
+    if st.sends.record(rec, &[], &[]).is_none() {
+        return;
+    }
+    let rkey = st
+        .peer
+        .as_ref()
+        .and_then(|p| p.rkeys.get(&target.rkey).copied())
+        .unwrap_or(target.rkey);
+    let mut wr = ibv_send_wr {
+        wr_id: rec.wr_id,
+        next: std::ptr::null_mut(),
+        sg_list: std::ptr::null_mut(),
+        num_sge: 0,
+        opcode: rec.opcode,
+        send_flags: rec.send_flags,
+        imm_data: 0,
+        // The `rdma` union: remote address, rkey.
+        wr: [target.addr, u64::from(rkey), 0, 0],
+        qp_type: 0,
+        bind_mw_or_tso: [0; 6],
+    };
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: the live real QP of this shadow.
+    let post = unsafe { (*(*st.real).context).ops.post_send };
+    // SAFETY: a valid one-request chain without a gather list on the
+    // live real QP.
+    let rc = post.map_or(libc::EOPNOTSUPP, |f| unsafe {
+        f(st.real, &mut wr, &mut bad)
+    });
+    if rc != 0 {
+        st.sends.ring.pop_back();
+    }
 }
 
 /// One port of this process, as the application knew it and as it is now.
@@ -789,7 +974,7 @@ pub fn restart_connect(all: &[u8]) -> Result<(), Failure> {
                     delivered -= 1;
                     st.consuming_sends_done += 1;
                 }
-                if rec.signaled {
+                if rec.signaled && !rec.internal {
                     made_up.push((
                         st.init.send_cq,
                         ibv_wc {
@@ -1042,6 +1227,42 @@ mod tests {
             }],
             rkeys: vec![(0x100, 0x200), (0x300, 0x400)],
         }
+    }
+
+    fn request(opcode: u32, signaled: bool, internal: bool) -> WorkRecord {
+        WorkRecord {
+            opcode,
+            signaled,
+            internal,
+            ..Default::default()
+        }
+    }
+
+    fn ring_of(requests: &[WorkRecord]) -> Ring<WorkRecord> {
+        let mut r = Ring::new(8);
+        for q in requests {
+            assert!(r.push(*q).is_ok(), "room");
+        }
+        r
+    }
+
+    #[test]
+    fn a_fence_follows_writes_and_atomics_nothing_would_complete() {
+        let faa = |signaled| request(IBV_WR_ATOMIC_FETCH_AND_ADD, signaled, false);
+        let write = |signaled| request(IBV_WR_RDMA_WRITE, signaled, false);
+        let send = |signaled| request(IBV_WR_SEND, signaled, false);
+        let read = |signaled| request(IBV_WR_RDMA_READ, signaled, false);
+        let fence = request(IBV_WR_RDMA_WRITE, true, true);
+        assert!(fence_needed(&ring_of(&[faa(false), write(false)])));
+        assert!(fence_needed(&ring_of(&[send(true), faa(false)])));
+        assert!(fence_needed(&ring_of(&[faa(false), send(false)])));
+        // A signaled request after them proves them executed when it completes.
+        assert!(!fence_needed(&ring_of(&[faa(false), send(true)])));
+        assert!(!fence_needed(&ring_of(&[faa(true)])));
+        // Nothing a replay would repeat, or a fence already behind it.
+        assert!(!fence_needed(&ring_of(&[send(false), read(false)])));
+        assert!(!fence_needed(&ring_of(&[write(false), fence])));
+        assert!(!fence_needed(&ring_of(&[])));
     }
 
     #[test]

@@ -101,6 +101,9 @@ pub struct WorkRecord {
     pub inline_len: usize,
     /// Whether the device will report a completion for it.
     pub signaled: bool,
+    /// Posted by the layer itself (a drain's fence, see
+    /// `restart::post_fence`): its completion is never the application's.
+    pub internal: bool,
 }
 
 /// Outstanding work requests of one queue with their gather lists (and

@@ -546,6 +546,7 @@ pub unsafe extern "C" fn ibv_create_qp(
             consuming_sends_done: 0,
             recvs_consumed: 0,
             peer: None,
+            last_write: None,
         }),
     });
     let rqp = create_real_qp(pd_real(pd), qp, &init);

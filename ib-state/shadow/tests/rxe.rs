@@ -15,6 +15,10 @@
 //!   through an address handle (the receiver must see the sender's QP
 //!   number as the program knows it) and an SRQ shared by two RC QPs with
 //!   receives missing: each message once, on its QP;
+//! - tests/c/ib/rc_atomic_restart.c restarts twice with fetch-and-adds
+//!   (and an RDMA write) the responder executed and whose completions the
+//!   drain does not see at first (its test hook holds them back): none is
+//!   executed again, the counter is exactly what the program added;
 //! - perftest's ib_send_bw and ib_write_bw (programs nobody here wrote,
 //!   Debian's perftest) run their client and server under the layer and
 //!   report their figures.
@@ -74,6 +78,7 @@ t2=$(date +%s%N)
 echo "plain_ns $((t1 - t0)) shadow_ns $((t2 - t1))"
 LD_PRELOAD=$S/libckpt_ibverbs.so ./rc_restart rxe0 ROUNDS > restart.out 2>&1; echo "restart exit $?"
 LD_PRELOAD=$S/libckpt_ibverbs.so ./ud_srq_restart rxe0 ROUNDS > udsrq.out 2>&1; echo "ud_srq exit $?"
+CKPT_IB_TEST_DRAIN_BLIND_MS=300 LD_PRELOAD=$S/libckpt_ibverbs.so ./rc_atomic_restart rxe0 > atomic.out 2>&1; echo "atomic exit $?"
 for t in ib_send_bw ib_write_bw; do
     LD_PRELOAD=$S/libckpt_ibverbs.so $t -d rxe0 -x 1 -n 500 -s 64 -F > $t-srv.out 2>&1 &
     sleep 0.5
@@ -117,6 +122,10 @@ fn shadow_layer_is_transparent_and_restarts_with_messages_in_flight() {
     compile("tests/c/ib/rc_pingpong.c", &dir.join("rc_pingpong"));
     compile("tests/c/ib/rc_restart.c", &dir.join("rc_restart"));
     compile("tests/c/ib/ud_srq_restart.c", &dir.join("ud_srq_restart"));
+    compile(
+        "tests/c/ib/rc_atomic_restart.c",
+        &dir.join("rc_atomic_restart"),
+    );
     fs::copy(shadow_library(), dir.join("libckpt_ibverbs.so")).expect("copy library");
     let script = dir.join("guest.sh");
     fs::write(
@@ -143,9 +152,9 @@ fn shadow_layer_is_transparent_and_restarts_with_messages_in_flight() {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let read = |name: &str| fs::read_to_string(dir.join(name)).unwrap_or_default();
     let (plain, shadow, restart) = (read("plain.out"), read("shadow.out"), read("restart.out"));
-    let udsrq = read("udsrq.out");
+    let (udsrq, atomic) = (read("udsrq.out"), read("atomic.out"));
     let all = format!(
-        "vm: {stdout}{}\n--- plain\n{plain}--- shadow\n{shadow}--- restart\n{restart}--- ud_srq\n{udsrq}",
+        "vm: {stdout}{}\n--- plain\n{plain}--- shadow\n{shadow}--- restart\n{restart}--- ud_srq\n{udsrq}--- atomic\n{atomic}",
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{all}");
@@ -174,6 +183,10 @@ fn shadow_layer_is_transparent_and_restarts_with_messages_in_flight() {
     assert!(
         stdout.contains("ud_srq exit 0")
             && udsrq.contains(&format!("ud_srq_restart: ok rounds={ROUNDS}")),
+        "{all}"
+    );
+    assert!(
+        stdout.contains("atomic exit 0") && atomic.contains("rc_atomic_restart: ok counter=16"),
         "{all}"
     );
     // Not asserted (speed is a benchmark's business); shown for the log.
