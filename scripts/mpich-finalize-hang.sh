@@ -17,7 +17,8 @@
 #   run hung.
 #
 # Debian 12 (MPICH 4.0.2, UCX 1.13.1), 4 ranks 2 a node: most runs hang, whatever was
-# set; 2 ranks 1 a node: none did. docs/slurm.md, "MPI jobs", says why.
+# set; 2 ranks 1 a node: none did. MPICH 5.0.2 from pip (--mpich), 4 ranks 2 a node:
+# none did. docs/slurm.md, "MPI jobs", says why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
