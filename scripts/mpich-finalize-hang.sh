@@ -7,37 +7,45 @@
 # transports inside a node and the nodes talk TCP, and MPICH's own shared memory joins
 # only the ranks of one node. A run that has not ended after TIMEOUT seconds is counted
 # as a hang, its stacks are printed once (with --stacks) and its process group killed.
-# VAR=VALUE words are set for mpiexec and the ranks, to try a setting.
+# VAR=VALUE words are set for mpiexec and the ranks, to try a setting. --mpich PREFIX
+# takes mpicc and mpiexec.hydra from PREFIX/bin (an MPICH built or pip-installed there)
+# instead of Debian's mpicc.mpich and mpiexec.mpich.
 #
-#   scripts/mpich-finalize-hang.sh [--runs R] [--np RANKS] [--ppn PPN] [--timeout S]
-#                                  [--stacks] [VAR=VALUE...]
-#   defaults: 10 runs, 4 ranks, 2 a node, 10 s. Exit status 0 if no run hung.
+#   scripts/mpich-finalize-hang.sh [--mpich PREFIX] [--runs R] [--np RANKS] [--ppn PPN]
+#                                  [--timeout S] [--stacks] [VAR=VALUE...]
+#   defaults: Debian's MPICH, 10 runs, 4 ranks, 2 a node, 10 s. Exit status 0 if no
+#   run hung.
 #
 # Debian 12 (MPICH 4.0.2, UCX 1.13.1), 4 ranks 2 a node: most runs hang, whatever was
-# set; 2 ranks 1 a node: none did. docs/slurm.md, "MPI jobs", says why.
+# set; 2 ranks 1 a node: none did. MPICH 5.0.2 from pip (--mpich), 4 ranks 2 a node:
+# none did. docs/slurm.md, "MPI jobs", says why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 runs=10 np=4 ppn=2 timeout=10 stacks=0
+mpicc=mpicc.mpich mpiexec=mpiexec.mpich
+usage="usage: $0 [--mpich PREFIX] [--runs R] [--np RANKS] [--ppn PPN] [--timeout S] [--stacks] [VAR=VALUE...]"
 while [ $# -gt 0 ]; do
 	case "$1" in
+	--mpich) mpicc=$2/bin/mpicc mpiexec=$2/bin/mpiexec.hydra; shift 2 ;;
 	--runs) runs=$2; shift 2 ;;
 	--np) np=$2; shift 2 ;;
 	--ppn) ppn=$2; shift 2 ;;
 	--timeout) timeout=$2; shift 2 ;;
 	--stacks) stacks=1; shift ;;
 	*=*) break ;;
-	*) echo "usage: $0 [--runs R] [--np RANKS] [--ppn PPN] [--timeout S] [--stacks] [VAR=VALUE...]" >&2; exit 2 ;;
+	*) echo "$usage" >&2; exit 2 ;;
 	esac
 done
 [ "$(id -u)" -eq 0 ] || { echo "$0: needs root (unshare for the fake nodes)" >&2; exit 1; }
-for tool in mpicc.mpich mpiexec.mpich unshare; do
+for tool in "$mpicc" "$mpiexec" unshare; do
 	command -v "$tool" >/dev/null || { echo "$0: no $tool on PATH" >&2; exit 1; }
 done
 
 work=$(mktemp -d /var/tmp/ckpt-mpich-finalize.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-mpicc.mpich -O1 -o "$work/ring" tests/c/mpi_job.c -lm -pthread
+version=$("$mpiexec" -info 2>/dev/null | sed -n 's/^ *Version: *//p' | head -1)
+"$mpicc" -O1 -o "$work/ring" tests/c/mpi_job.c -lm -pthread
 
 # hydra calls "ssh -x NODE PROXY ARGS...": the proxy runs here, in the node's namespaces.
 cat >"$work/ssh" <<'EOF'
@@ -56,7 +64,7 @@ for run in $(seq 1 "$runs"); do
 	rm -f "$work/result"
 	# Its own session, so a hung run's every process is killed by its group.
 	setsid env HYDRA_IFACE=lo HYDRA_LAUNCHER=ssh HYDRA_LAUNCHER_EXEC="$work/ssh" "$@" \
-		mpiexec.mpich -hosts "$hosts" -ppn "$ppn" -np "$np" "$work/ring" "$work" 200 1000 \
+		"$mpiexec" -hosts "$hosts" -ppn "$ppn" -np "$np" "$work/ring" "$work" 200 1000 \
 		</dev/null >"$work/out" 2>&1 &
 	job=$!
 	deadline=$(( SECONDS + timeout ))
@@ -83,5 +91,5 @@ for run in $(seq 1 "$runs"); do
 		tail -5 "$work/out"
 	fi
 done
-echo "$np ranks, $ppn a node${*:+, $*}: $ok ended, $hung hung, $failed failed"
+echo "MPICH ${version:-?}, $np ranks, $ppn a node${*:+, $*}: $ok ended, $hung hung, $failed failed"
 [ "$hung" -eq 0 ]

@@ -9,8 +9,10 @@
 #                                 nftables (the TCP network lock)
 #   scripts/test-deps.sh --lab    also the lab tier: Slurm and munge, Open MPI
 #                                 and libpmix, redis, tmux, make, perftest, the
-#                                 SoftRoCE QEMU guests (scripts/ib-vm.sh setup)
-#                                 and Lua's source (scripts/fetch-src.sh)
+#                                 SoftRoCE QEMU guests (scripts/ib-vm.sh setup),
+#                                 Lua's source (scripts/fetch-src.sh) and
+#                                 MPICH 5 from PyPI in a venv (CKPT_PIP_MPICH,
+#                                 default /opt/ckpt-mpich)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,6 +47,8 @@ if [ "$lab" = 1 ]; then
 	have_cmd mpicc || need+=(libopenmpi-dev)
 	have_cmd mpiexec.mpich || need+=(mpich)
 	have_cmd mpicc.mpich || need+=(libmpich-dev)
+	# The venv of MPICH from PyPI (below).
+	dpkg -s python3-venv >/dev/null 2>&1 || need+=(python3-venv)
 	# The Slurm lab (scripts/slurm/lab-up.sh).
 	[ -x /usr/sbin/slurmctld ] || need+=(slurm-wlm)
 	[ -x /usr/sbin/munged ] || need+=(munge)
@@ -74,4 +78,20 @@ if [ "$lab" = 1 ]; then
 	scripts/ib-vm.sh setup --kernel 6.12
 	# A real C project for `make -j4` under ckpt (tests/programs.rs).
 	scripts/fetch-src.sh lua5.4 >/dev/null
+	# MPICH 5 as users install it with pip, for two ranks a node
+	# (tests/slurm_users.rs), which Debian's MPICH 4.0 cannot finalize
+	# (docs/slurm.md, "MPI jobs"). The wheel is relocatable: its mpicc,
+	# mpiexec and hydra_pmi_proxy find their libraries from where they
+	# are. Readable by the lab's ordinary user whatever root's umask.
+	pip_mpich=${CKPT_PIP_MPICH:-/opt/ckpt-mpich}
+	pip_mpich_version=5.0.2
+	have=$("$pip_mpich/bin/mpichversion" 2>/dev/null | sed -n 's/^MPICH Version:[[:space:]]*//p')
+	if [ "$have" != "$pip_mpich_version" ]; then
+		echo "test-deps.sh: installing MPICH $pip_mpich_version from PyPI into $pip_mpich" >&2
+		(
+			umask 022
+			python3 -m venv "$pip_mpich"
+			"$pip_mpich/bin/python" -m pip install -q --disable-pip-version-check "mpich==$pip_mpich_version"
+		)
+	fi
 fi

@@ -32,6 +32,27 @@ pub fn mpich_victim_bin(name: &str) -> PathBuf {
     compile_victim(name, "mpicc.mpich")
 }
 
+/// Where `scripts/test-deps.sh --lab` installs MPICH from PyPI (a venv),
+/// a newer MPICH than Debian's (`CKPT_PIP_MPICH` there and here says
+/// elsewhere).
+pub fn pip_mpich_prefix() -> PathBuf {
+    std::env::var_os("CKPT_PIP_MPICH")
+        .filter(|p| !p.is_empty())
+        .map_or_else(|| PathBuf::from("/opt/ckpt-mpich"), PathBuf::from)
+}
+
+/// A victim built against pip's MPICH ([`pip_mpich_prefix`]), its
+/// libraries found by the runpath its `mpicc` sets.
+pub fn pip_mpich_victim_bin(name: &str) -> PathBuf {
+    let mpicc = pip_mpich_prefix().join("bin/mpicc");
+    assert!(
+        mpicc.exists(),
+        "{}: no MPICH from PyPI (scripts/test-deps.sh --lab installs it)",
+        mpicc.display()
+    );
+    compile_victim(name, path_str(&mpicc))
+}
+
 pub(crate) fn compile_victim(name: &str, compiler: &str) -> PathBuf {
     let _guard = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let src = c_dir().join(format!("{name}.c"));

@@ -101,7 +101,9 @@ pub struct SlurmArgs {
     /// In an allocation of several nodes: the application is an MPI
     /// launcher, run once as this node's part, whose daemons (started
     /// through Slurm) are the other nodes' parts. The default when it is
-    /// Open MPI's mpirun, mpiexec or orterun, or MPICH's mpiexec.hydra.
+    /// Open MPI's mpirun, mpiexec or orterun, or MPICH's mpiexec.hydra
+    /// (also an mpirun or mpiexec beside hydra_pmi_proxy, as pip installs
+    /// MPICH).
     #[arg(long, conflicts_with = "per_node")]
     launcher: bool,
     /// In an allocation of several nodes: run the application once per

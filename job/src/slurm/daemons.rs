@@ -219,32 +219,53 @@ impl std::fmt::Display for Flavor {
 impl Flavor {
     /// The launcher `program` (the application's first word) is, if it is
     /// one: told by its name, after following the links on PATH
-    /// (`mpirun` is whichever MPI the system's alternatives chose).
+    /// (`mpirun` is whichever MPI the system's alternatives chose). A
+    /// launcher whose file is plainly `mpirun` or `mpiexec` is hydra when
+    /// hydra's proxy lies beside it: MPICH installed by pip has its
+    /// `mpiexec` and `mpirun` as copies of `mpiexec.hydra`, not links.
     pub fn of(program: &OsStr) -> Option<Flavor> {
-        const OPEN_MPI: [&str; 5] = [
-            "mpirun.openmpi",
-            "mpiexec.openmpi",
-            "orterun",
-            "mpirun",
-            "mpiexec",
-        ];
-        const HYDRA: [&str; 3] = ["mpiexec.hydra", "mpiexec.mpich", "mpirun.mpich"];
         let name = |p: &Path| p.file_name().and_then(OsStr::to_str).map(str::to_string);
         let given = name(Path::new(program))?;
-        if !OPEN_MPI.contains(&given.as_str()) && !HYDRA.contains(&given.as_str()) {
+        if !GENERIC_LAUNCHERS.contains(&given.as_str()) && Flavor::named(&given).is_none() {
             return None;
         }
-        let resolved = find_on_path(program)
-            .and_then(|p| std::fs::canonicalize(p).ok())
-            .and_then(|p| name(&p))
-            .unwrap_or_else(|| given.clone());
-        if HYDRA.contains(&given.as_str()) || HYDRA.contains(&resolved.as_str()) {
+        let launcher = find_on_path(program).and_then(|p| std::fs::canonicalize(p).ok());
+        let flavor = launcher
+            .as_deref()
+            .and_then(name)
+            .and_then(|resolved| Flavor::named(&resolved))
+            .or_else(|| Flavor::named(&given))
+            .unwrap_or_else(|| {
+                let beside_proxy = launcher
+                    .as_deref()
+                    .and_then(Path::parent)
+                    .is_some_and(|dir| is_executable(&dir.join(HYDRA_PROXY)));
+                if beside_proxy {
+                    Flavor::Hydra
+                } else {
+                    Flavor::OpenMpi
+                }
+            });
+        Some(flavor)
+    }
+
+    /// The launcher a file name says, if it says one MPI's.
+    fn named(file_name: &str) -> Option<Flavor> {
+        const OPEN_MPI: [&str; 3] = ["mpirun.openmpi", "mpiexec.openmpi", "orterun"];
+        const HYDRA: [&str; 3] = ["mpiexec.hydra", "mpiexec.mpich", "mpirun.mpich"];
+        if OPEN_MPI.contains(&file_name) {
+            Some(Flavor::OpenMpi)
+        } else if HYDRA.contains(&file_name) {
             Some(Flavor::Hydra)
         } else {
-            Some(Flavor::OpenMpi)
+            None
         }
     }
 }
+
+/// Launcher names every MPI uses: Open MPI's unless hydra's proxy is
+/// beside the file.
+const GENERIC_LAUNCHERS: [&str; 2] = ["mpirun", "mpiexec"];
 
 /// `program` as `execvp` finds it.
 fn find_on_path(program: &OsStr) -> Option<PathBuf> {
@@ -1014,6 +1035,47 @@ mod tests {
         );
         assert_eq!(invoked_as_standin(OsStr::new("ssh")), Some(Via::Ssh));
         assert_eq!(invoked_as_standin(OsStr::new("ckpt")), None);
+    }
+
+    #[test]
+    fn a_plain_mpiexec_is_hydra_when_hydra_proxy_is_beside_it() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let install = |dir: &str, files: &[&str]| {
+            let bin = tmp.path().join(dir);
+            std::fs::create_dir(&bin).expect("bin dir");
+            for f in files {
+                let path = bin.join(f);
+                std::fs::write(&path, "#!/bin/sh\n").expect("launcher file");
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+                    .expect("chmod");
+            }
+            bin
+        };
+        // MPICH as pip installs it: mpiexec and mpirun are copies of
+        // mpiexec.hydra.
+        let pip = install("pip", &["mpiexec", "mpirun", "hydra_pmi_proxy"]);
+        // Open MPI 5 built from source: a plain mpirun, no proxy.
+        let ompi = install("ompi", &["mpirun", "mpiexec"]);
+        // A bin of both MPIs (Debian's /usr/bin): the name decides.
+        let both = install("both", &["orterun", "mpiexec.hydra", "hydra_pmi_proxy"]);
+        std::os::unix::fs::symlink("orterun", both.join("mpirun")).expect("mpirun link");
+        std::os::unix::fs::symlink("mpiexec.hydra", both.join("mpiexec")).expect("mpiexec link");
+        for (launcher, flavor) in [
+            (pip.join("mpiexec"), Flavor::Hydra),
+            (pip.join("mpirun"), Flavor::Hydra),
+            (ompi.join("mpirun"), Flavor::OpenMpi),
+            (ompi.join("mpiexec"), Flavor::OpenMpi),
+            (both.join("mpirun"), Flavor::OpenMpi),
+            (both.join("mpiexec"), Flavor::Hydra),
+        ] {
+            assert_eq!(
+                Flavor::of(launcher.as_os_str()),
+                Some(flavor),
+                "{}",
+                launcher.display()
+            );
+        }
+        assert_eq!(Flavor::of(pip.join("hydra_pmi_proxy").as_os_str()), None);
     }
 
     #[test]
