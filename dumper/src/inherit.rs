@@ -103,45 +103,62 @@ pub fn share_with_parents(procs: &mut [ProcessVmas<'_>]) -> Result<(Vec<i32>, Sh
             (p.pid, vmas)
         })
         .collect();
-    let mut changed = Vec::new();
-    let mut total = Shared::default();
-    for child in procs.iter_mut() {
-        let Some(parent_vmas) = parents.get(&child.ppid) else {
+    // Each child against its parent's plan, on the pool's threads: the
+    // pagemap reads are most of a tree of small processes' collect, and
+    // no child's work touches another's.
+    use rayon::prelude::*;
+    let per_child: Vec<u64> = procs
+        .par_iter_mut()
+        .map(|child| match parents.get(&child.ppid) {
+            Some(parent_vmas) => share_with_parent(child, parent_vmas),
+            None => Ok(0),
+        })
+        .collect::<Result<_>>()?;
+    let changed = procs
+        .iter()
+        .zip(&per_child)
+        .filter(|(_, bytes)| **bytes > 0)
+        .map(|(p, _)| p.pid)
+        .collect();
+    let total = Shared {
+        bytes: per_child.iter().sum(),
+    };
+    Ok((changed, total))
+}
+
+/// Leaves the pages of `child` still shared with its parent to the
+/// parent's plan (`parent_vmas`); returns the bytes left.
+fn share_with_parent(child: &mut ProcessVmas<'_>, parent_vmas: &[ParentVma]) -> Result<u64> {
+    let mut bytes = 0;
+    let mut maps: Option<(File, File)> = None;
+    for vma in child.vmas.iter_mut().filter(|v| is_private(v)) {
+        // A mapping with guard pages is saved whole: which guards a
+        // child shares with its parent over fork is not worth telling.
+        let Some(pv) = parent_vmas.iter().find(|p| {
+            (p.start, p.end, p.prot) == (vma.start, vma.end, vma.prot)
+                && (p.kind, p.path.as_str(), p.file_offset)
+                    == (vma.kind, vma.path.as_str(), vma.file_offset)
+                && p.flags & vma_flags::DONTFORK == 0
+                && !p.guarded
+                && vma.guards.is_empty()
+        }) else {
             continue;
         };
-        let mut maps: Option<(File, File)> = None;
-        for vma in child.vmas.iter_mut().filter(|v| is_private(v)) {
-            // A mapping with guard pages is saved whole: which guards a
-            // child shares with its parent over fork is not worth telling.
-            let Some(pv) = parent_vmas.iter().find(|p| {
-                (p.start, p.end, p.prot) == (vma.start, vma.end, vma.prot)
-                    && (p.kind, p.path.as_str(), p.file_offset)
-                        == (vma.kind, vma.path.as_str(), vma.file_offset)
-                    && p.flags & vma_flags::DONTFORK == 0
-                    && !p.guarded
-                    && vma.guards.is_empty()
-            }) else {
-                continue;
-            };
-            if maps.is_none() {
-                maps = Some((open_pagemap(child.pid)?, open_pagemap(child.ppid)?));
-            }
-            let (own, parents_map) = maps.as_ref().expect("opened above");
-            let kept = own_pages(child.pid, own, child.ppid, parents_map, &vma.pages)?;
-            let shared_pages = pages_in(&vma.pages) - pages_in(&kept);
-            if shared_pages == 0 {
-                continue;
-            }
-            vma.dropped = subtract(&pv.pages, &vma.pages);
-            vma.pages = kept;
-            vma.inherited = true;
-            total.bytes += shared_pages * PAGE_SIZE;
-            if !changed.contains(&child.pid) {
-                changed.push(child.pid);
-            }
+        if maps.is_none() {
+            maps = Some((open_pagemap(child.pid)?, open_pagemap(child.ppid)?));
         }
+        let (own, parents_map) = maps.as_ref().expect("opened above");
+        let kept = own_pages(child.pid, own, child.ppid, parents_map, &vma.pages)?;
+        let shared_pages = pages_in(&vma.pages) - pages_in(&kept);
+        if shared_pages == 0 {
+            continue;
+        }
+        vma.dropped = subtract(&pv.pages, &vma.pages);
+        vma.pages = kept;
+        vma.inherited = true;
+        bytes += shared_pages * PAGE_SIZE;
     }
-    Ok((changed, total))
+    Ok(bytes)
 }
 
 /// Private memory whose written pages are copies fork shares: anonymous

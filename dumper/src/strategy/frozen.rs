@@ -1,5 +1,5 @@
-//! Every page read from the tree as it stands, one process after the
-//! other: the plain dump (frozen throughout), and a pre-dump's copy once
+//! Every page read from the tree as it stands, several processes at a
+//! time: the plain dump (frozen throughout), and a pre-dump's copy once
 //! the tree runs again.
 
 use std::time::Instant;
@@ -42,10 +42,14 @@ pub(super) struct OneProcess<'a, 'o> {
 /// pages).
 pub(super) type CopyProcess = fn(&OneProcess<'_, '_>, &mut DumpStats) -> Result<Vec<PageChunk>>;
 
-/// Saves every process's pages with `copy`, one process after the other,
-/// syncing the pages files a batch at a time. Returns each one's LZ4 block
-/// list (empty for raw pages).
+/// Saves every process's pages with `copy`, several processes at once on
+/// the pool's threads (a tree of small processes is mostly per-process
+/// work: reading, compressing, hashing), syncing the pages files a batch
+/// at a time. Returns each one's LZ4 block list (empty for raw pages), in
+/// the order of `procs`.
 pub(super) fn save_each(job: PagesJob<'_, '_>, copy: CopyProcess) -> Result<Vec<Vec<PageChunk>>> {
+    use rayon::prelude::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
     let PagesJob {
         w,
         procs,
@@ -56,39 +60,70 @@ pub(super) fn save_each(job: PagesJob<'_, '_>, copy: CopyProcess) -> Result<Vec<
         ..
     } = job;
     let mut out = Vec::with_capacity(procs.len());
-    let mut written = 0u64;
-    // Page files copied but not synced yet: synced (and read back for their
-    // checksums) a batch at a time, together.
-    let mut unsynced = Vec::new();
-    for c in procs.iter() {
-        let started = Instant::now();
-        let name = ckpt_image::pages_name(saved(c.pid));
-        let pw = w.pages(&name)?;
-        let progress = page_progress(opts, written, total, c.pid);
-        let one = OneProcess {
-            c,
-            out: &pw,
-            opts,
-            progress: &progress,
-        };
-        let blocks = copy(&one, stats)?;
-        let on_disk = pw.written();
-        stats.pages_written_bytes += on_disk;
-        log::info!(
-            "write pages pid {}: {} bytes, {on_disk} on disk ({:.3} ms)",
-            c.pid,
-            c.pages_bytes,
-            ms_since(started)
-        );
-        unsynced.push(pw);
-        if unsynced.len() >= SYNC_BATCH {
-            w.finish_pages_all(std::mem::take(&mut unsynced))?;
+    // Bytes copied so far over all processes, for the progress line.
+    let copied = AtomicU64::new(0);
+    // Page files are copied a batch at a time, then synced (and read back
+    // for their checksums) together.
+    for batch in procs.chunks(SYNC_BATCH) {
+        let names: Vec<String> = batch
+            .iter()
+            .map(|c| ckpt_image::pages_name(saved(c.pid)))
+            .collect();
+        let done = batch
+            .par_iter()
+            .zip(&names)
+            .map(|(c, name)| -> Result<CopiedProcess> {
+                let started = Instant::now();
+                let pw = w.pages(name)?;
+                let report = page_progress(opts, 0, total, c.pid);
+                let mine = AtomicU64::new(0);
+                let progress = |done: u64| {
+                    let delta = done.saturating_sub(mine.swap(done, Ordering::Relaxed));
+                    report(copied.fetch_add(delta, Ordering::Relaxed) + delta);
+                };
+                let one = OneProcess {
+                    c,
+                    out: &pw,
+                    opts,
+                    progress: &progress,
+                };
+                let mut own = DumpStats::default();
+                let blocks = copy(&one, &mut own)?;
+                log::info!(
+                    "write pages pid {}: {} bytes, {} on disk ({:.3} ms)",
+                    c.pid,
+                    c.pages_bytes,
+                    pw.written(),
+                    ms_since(started)
+                );
+                Ok(CopiedProcess {
+                    pages: pw,
+                    blocks,
+                    reused_bytes: own.reused_bytes,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut unsynced = Vec::with_capacity(done.len());
+        for d in done {
+            stats.pages_written_bytes += d.pages.written();
+            if let Some(r) = d.reused_bytes {
+                *stats.reused_bytes.get_or_insert(0) += r;
+            }
+            unsynced.push(d.pages);
+            out.push(d.blocks);
         }
-        written += c.pages_bytes;
-        out.push(blocks);
+        w.finish_pages_all(unsynced)?;
     }
-    w.finish_pages_all(unsynced)?;
     Ok(out)
+}
+
+/// One process's pages, copied and not synced yet.
+struct CopiedProcess {
+    pages: PagesWriter,
+    blocks: Vec<PageChunk>,
+    /// What a copy from a pre-dump took from it (the only figure a
+    /// [`CopyProcess`] adds).
+    reused_bytes: Option<u64>,
 }
 
 /// Reads every planned page of the process.
