@@ -5,6 +5,7 @@
 //! have no /proc file: they run inside the process through the parasite.
 
 use ckpt_image::task::{LockedRange, Prctl};
+use ckpt_parasite::proto::Getters;
 use ckpt_parasite::{Infection, ParasiteError};
 use nix::errno::Errno;
 
@@ -31,43 +32,32 @@ pub struct Asked {
     pub timer_slack_ret: i64,
 }
 
-/// Runs the getters in the leader behind `inf`.
-pub fn ask(inf: &Infection<'_>) -> Result<Asked> {
+/// The leader's answers to the getters, asked by the parasite's collection
+/// command (`g`), and the `mlockall` probe run in it through `inf`.
+pub fn ask(inf: &Infection<'_>, g: &Getters) -> Result<Asked> {
     let pid = inf.tracee().pid();
-    let (buf, _) = inf.syscall_buffer();
-    let get = |name: &'static str, op: i32, arg: u64| {
-        inf.syscall(name, libc::SYS_prctl, [op as u64, arg, 0, 0, 0, 0])
-    };
-    let read_int = || -> Result<u32> {
-        let mut b = [0u8; 4];
-        inf.tracee().read_mem(buf, &mut b)?;
-        Ok(u32::from_le_bytes(b))
-    };
-    get("prctl(PR_GET_PDEATHSIG)", libc::PR_GET_PDEATHSIG, buf)?;
-    let pdeath_sig = read_int()?;
-    get(
-        "prctl(PR_GET_CHILD_SUBREAPER)",
-        libc::PR_GET_CHILD_SUBREAPER,
-        buf,
-    )?;
-    let child_subreaper = read_int()? != 0;
-    let dumpable = get("prctl(PR_GET_DUMPABLE)", libc::PR_GET_DUMPABLE, 0)?;
+    let got = |name: &'static str, ret: i64| ckpt_parasite::check_ret(pid, name, ret);
+    got("prctl(PR_GET_PDEATHSIG)", g.pdeath_sig_ret)?;
+    let pdeath_sig = g.pdeath_sig;
+    got("prctl(PR_GET_CHILD_SUBREAPER)", g.child_subreaper_ret)?;
+    let child_subreaper = g.child_subreaper != 0;
+    let dumpable = got("prctl(PR_GET_DUMPABLE)", g.dumpable_ret)?;
     if dumpable == SUID_DUMP_ROOT {
         return Err(DumpError::Unsupported {
             pid,
             what: "dumpable 2 (core dumps readable by root only, after a set-id exec)".into(),
         });
     }
-    let thp_disable = get("prctl(PR_GET_THP_DISABLE)", libc::PR_GET_THP_DISABLE, 0)?;
+    let thp_disable = got("prctl(PR_GET_THP_DISABLE)", g.thp_disable_ret)?;
     // Kernels before 6.3 have no MDWE and answer EINVAL: nothing to keep.
-    let mdwe = match get("prctl(PR_GET_MDWE)", libc::PR_GET_MDWE, 0) {
+    let mdwe = match got("prctl(PR_GET_MDWE)", g.mdwe_ret) {
         Err(ParasiteError::RemoteSyscall {
             errno: nix::errno::Errno::EINVAL,
             ..
         }) => 0,
         other => other?,
     };
-    let timer_slack = get("prctl(PR_GET_TIMERSLACK)", libc::PR_GET_TIMERSLACK, 0)?;
+    let timer_slack = got("prctl(PR_GET_TIMERSLACK)", g.timer_slack_ret)?;
     let (mlock_future, mlock_future_onfault) = probe_mlock_future(inf)?;
     Ok(Asked {
         prctl: Prctl {

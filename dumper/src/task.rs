@@ -82,13 +82,14 @@ pub fn run_parasite(
     let args = inf.dump_misc(quiet_leader)?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::ParasiteLoaded);
     let posix_timers = crate::timer::collect(&inf, leader.pid())?;
-    let securebits = inf.syscall(
+    let getters = &args.misc.getters;
+    let securebits = ckpt_parasite::check_ret(
+        leader.pid(),
         "prctl(PR_GET_SECUREBITS)",
-        libc::SYS_prctl,
-        [libc::PR_GET_SECUREBITS as u64, 0, 0, 0, 0, 0],
+        getters.securebits_ret,
     )? as i64;
-    let prctl = crate::prctl::ask(&inf)?;
-    let membarrier = crate::membarrier::ask(&inf)?;
+    let prctl = crate::prctl::ask(&inf, getters)?;
+    let membarrier = crate::membarrier::registrations(leader.pid(), getters.membarrier_ret)?;
     crate::aio::check_owned(&inf, leader.pid())?;
     let out = TaskMisc {
         securebits,

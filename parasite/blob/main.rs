@@ -36,6 +36,12 @@ const SYS_SIGALTSTACK: u64 = 131;
 const SYS_PRCTL: u64 = 157;
 const SYS_GETTID: u64 = 186;
 const SYS_TGKILL: u64 = 234;
+const SYS_MEMBARRIER: u64 = 324;
+const PR_GET_DUMPABLE: u64 = 3;
+const PR_GET_CHILD_SUBREAPER: u64 = 37;
+const PR_GET_THP_DISABLE: u64 = 42;
+const PR_GET_MDWE: u64 = 66;
+const MEMBARRIER_CMD_GET_REGISTRATIONS: u64 = 1 << 9;
 const PR_GET_PDEATHSIG: u64 = 2;
 const PR_GET_SECUREBITS: u64 = 27;
 const PR_GET_TIMERSLACK: u64 = 30;
@@ -170,6 +176,28 @@ unsafe fn dump_misc(m: *mut MiscState) -> i64 {
         (*m).tid_address_ret = r;
 
         (*m).brk = syscall4(SYS_BRK, 0, 0, 0, 0) as u64;
+
+        let g = &raw mut (*m).getters;
+        (*g).securebits_ret = syscall4(SYS_PRCTL, PR_GET_SECUREBITS, 0, 0, 0);
+        (*g).pdeath_sig_ret = syscall4(
+            SYS_PRCTL,
+            PR_GET_PDEATHSIG,
+            &raw mut (*g).pdeath_sig as u64,
+            0,
+            0,
+        );
+        (*g).child_subreaper_ret = syscall4(
+            SYS_PRCTL,
+            PR_GET_CHILD_SUBREAPER,
+            &raw mut (*g).child_subreaper as u64,
+            0,
+            0,
+        );
+        (*g).dumpable_ret = syscall4(SYS_PRCTL, PR_GET_DUMPABLE, 0, 0, 0);
+        (*g).thp_disable_ret = syscall4(SYS_PRCTL, PR_GET_THP_DISABLE, 0, 0, 0);
+        (*g).mdwe_ret = syscall4(SYS_PRCTL, PR_GET_MDWE, 0, 0, 0);
+        (*g).timer_slack_ret = syscall4(SYS_PRCTL, PR_GET_TIMERSLACK, 0, 0, 0);
+        (*g).membarrier_ret = syscall4(SYS_MEMBARRIER, MEMBARRIER_CMD_GET_REGISTRATIONS, 0, 0, 0);
         (&raw mut (*m).done).write_volatile(1);
         stop_with(u64::from((*m).stop_signal));
     }
@@ -243,7 +271,8 @@ unsafe fn stop_with(sig: u64) {
     }
 }
 
-/// Raw x86_64 `syscall` with up to four arguments; returns the kernel's raw result.
+/// Raw x86_64 `syscall` with up to four arguments (the fifth and sixth are 0); returns the
+/// kernel's raw result.
 ///
 /// # Safety
 /// The syscall and its arguments must be valid for the current process (pointer arguments
@@ -262,6 +291,10 @@ unsafe fn syscall4(nr: u64, a1: u64, a2: u64, a3: u64, a4: u64) -> i64 {
             in("rsi") a2,
             in("rdx") a3,
             in("r10") a4,
+            // The fifth and sixth arguments: 0, as getters such as
+            // PR_GET_THP_DISABLE require of every argument they do not use.
+            in("r8") 0u64,
+            in("r9") 0u64,
             lateout("rcx") _,
             lateout("r11") _,
             options(nostack)

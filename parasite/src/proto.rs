@@ -155,6 +155,56 @@ pub struct MiscState {
     pub stop_signal: u32,
     /// Set to 1 by the blob once every field above is filled.
     pub done: u32,
+    /// The process-wide getters, each its raw return value: `prctl(PR_GET_SECUREBITS)`,
+    /// `PR_GET_DUMPABLE`, `PR_GET_THP_DISABLE`, `PR_GET_MDWE` (EINVAL before 6.3),
+    /// `PR_GET_TIMERSLACK` and `membarrier(MEMBARRIER_CMD_GET_REGISTRATIONS)` (EINVAL before
+    /// 6.3).
+    pub getters: Getters,
+}
+
+/// What [`CMD_DUMP_MISC`] asks the kernel beyond the task state: answers with no /proc file,
+/// asked in the same run instead of one remote syscall (two stops) each.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Getters {
+    /// `prctl(PR_GET_SECUREBITS)`.
+    pub securebits_ret: i64,
+    /// `prctl(PR_GET_PDEATHSIG, &pdeath_sig)`'s return value.
+    pub pdeath_sig_ret: i64,
+    /// The parent-death signal it wrote.
+    pub pdeath_sig: u32,
+    /// The child-subreaper flag `prctl(PR_GET_CHILD_SUBREAPER, &child_subreaper)` wrote.
+    pub child_subreaper: u32,
+    /// `prctl(PR_GET_CHILD_SUBREAPER)`'s return value.
+    pub child_subreaper_ret: i64,
+    /// `prctl(PR_GET_DUMPABLE)`.
+    pub dumpable_ret: i64,
+    /// `prctl(PR_GET_THP_DISABLE)`.
+    pub thp_disable_ret: i64,
+    /// `prctl(PR_GET_MDWE)`.
+    pub mdwe_ret: i64,
+    /// `prctl(PR_GET_TIMERSLACK)`.
+    pub timer_slack_ret: i64,
+    /// `membarrier(MEMBARRIER_CMD_GET_REGISTRATIONS, 0, 0)`.
+    pub membarrier_ret: i64,
+}
+
+impl Getters {
+    /// All-zero value.
+    pub const fn zeroed() -> Self {
+        Self {
+            securebits_ret: 0,
+            pdeath_sig_ret: 0,
+            pdeath_sig: 0,
+            child_subreaper: 0,
+            child_subreaper_ret: 0,
+            dumpable_ret: 0,
+            thp_disable_ret: 0,
+            mdwe_ret: 0,
+            timer_slack_ret: 0,
+            membarrier_ret: 0,
+        }
+    }
 }
 
 impl MiscState {
@@ -172,6 +222,7 @@ impl MiscState {
             brk: 0,
             stop_signal: 0,
             done: 0,
+            getters: Getters::zeroed(),
         }
     }
 }
@@ -281,8 +332,9 @@ const _: () = assert!(core::mem::size_of::<KernelSigaction>() == 32);
 const _: () = assert!(core::mem::size_of::<Timeval>() == 16);
 const _: () = assert!(core::mem::size_of::<ITimerval>() == 32);
 const _: () = assert!(core::mem::size_of::<StackT>() == 24);
+const _: () = assert!(core::mem::size_of::<Getters>() == 9 * 8);
 const _: () =
-    assert!(core::mem::size_of::<MiscState>() == 2048 + 512 + 96 + 24 + 24 + 8 * 4 + 4 * 2);
+    assert!(core::mem::size_of::<MiscState>() == 2048 + 512 + 96 + 24 + 24 + 8 * 4 + 4 * 2 + 9 * 8);
 const _: () = assert!(core::mem::size_of::<ThreadQuery>() == 16 + 24 + 8 * 8);
 const _: () = assert!(
     core::mem::size_of::<Args>()
