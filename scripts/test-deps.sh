@@ -85,7 +85,8 @@ if [ "$lab" = 1 ]; then
 	# are. Readable by the lab's ordinary user whatever root's umask.
 	pip_mpich=${CKPT_PIP_MPICH:-/opt/ckpt-mpich}
 	pip_mpich_version=5.0.2
-	have=$("$pip_mpich/bin/mpichversion" 2>/dev/null | sed -n 's/^MPICH Version:[[:space:]]*//p')
+	# Absent on a fresh machine: under pipefail that is not an error here.
+	have=$("$pip_mpich/bin/mpichversion" 2>/dev/null | sed -n 's/^MPICH Version:[[:space:]]*//p' || true)
 	if [ "$have" != "$pip_mpich_version" ]; then
 		echo "test-deps.sh: installing MPICH $pip_mpich_version from PyPI into $pip_mpich" >&2
 		(
