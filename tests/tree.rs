@@ -46,6 +46,37 @@ fn tree_restored_with_links_and_shared_offset() {
     finish_restore(&v, restore);
 }
 
+/// A root with eight leaves of 8 MiB each (above the size whose pages go
+/// through a userfaultfd): the restore copies the leaves' pages while it
+/// rebuilds the next ones, two at once, read directly from a disk; every
+/// leaf then checks every word of its memory, raw and compressed alike.
+#[test]
+fn leaves_filled_beside_each_other_come_back_word_for_word() {
+    let env = TestEnv::new("tree-leaves");
+    let mut v = Victim::spawn(&env, "leaves", &["8", "8"]);
+    v.wait_ready();
+    assert_eq!(children(v.pid).len(), 8, "the root should have 8 children");
+    let out = dump(&env, &v, &["--kill", "--compress=lz4"]);
+    assert!(out.stderr.contains("9 processes"), "{}", out.stderr);
+    v.reap_killed(std::time::Duration::from_secs(10));
+    let restore = CkptCmd::spawn(&env, &["-vv", "restore", "--dir", path_str(&env.img)]);
+    v.go();
+    let out = finish_restore(&v, restore);
+    let on_disk = nix::sys::statfs::statfs(&env.img)
+        .is_ok_and(|fs| fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC);
+    if on_disk {
+        let direct = out
+            .stderr
+            .matches("read directly, each block checked")
+            .count();
+        assert!(
+            direct >= 8,
+            "{direct} pages files read directly:\n{}",
+            out.stderr
+        );
+    }
+}
+
 /// The root dies (killed here by the pre-resume action script) after the
 /// tree is rebuilt, while its children are already let go: the restore
 /// fails naming the root, and kills the children it had let go, so no

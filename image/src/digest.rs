@@ -70,7 +70,8 @@ pub fn of_file_with_blocks(
     let blocks = (0..count)
         .into_par_iter()
         .map_init(
-            || vec![0u8; BLOCK as usize],
+            // A small file (most of a checkpoint's) needs a small buffer.
+            || vec![0u8; BLOCK.min(size) as usize],
             |buf, i| {
                 let start = i * BLOCK;
                 let len = BLOCK.min(size - start) as usize;

@@ -47,7 +47,7 @@ pub enum ParasiteError {
     Mem {
         /// The task.
         pid: i32,
-        /// "read" or "write".
+        /// "open", "read" or "write".
         op: &'static str,
         /// Remote address.
         addr: u64,

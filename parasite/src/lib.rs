@@ -27,4 +27,4 @@ pub mod uffd;
 pub use error::{ParasiteError, Result};
 pub use infect::{Infection, ThreadState, first_exec_addr, restart_regs};
 pub use sys::{RseqConfig, SIGINFO_SIZE, cpu_vendor, xcr0, xsave_size};
-pub use tracee::{NewTask, Regs, SYSCALL_INT3, Stopping, Tracee, check_ret, tracer_of};
+pub use tracee::{NewTask, Regs, SYSCALL_INT3, Stopping, TaskMemory, Tracee, check_ret, tracer_of};

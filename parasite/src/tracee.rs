@@ -361,30 +361,26 @@ impl Tracee {
 
     /// Writes task memory (FOLL_FORCE: read-only private pages are COW-ed).
     pub fn write_mem(&self, addr: u64, buf: &[u8]) -> Result<()> {
-        self.mem()?
-            .write_all_at(buf, addr)
-            .map_err(|source| ParasiteError::Mem {
-                pid: self.pid(),
-                op: "write",
-                addr,
-                len: buf.len(),
-                source,
-            })
+        write_forced(self.pid(), self.mem()?, addr, buf)
     }
 
     /// Writes task memory with `process_vm_writev`: one copy, no bounce
     /// page, but only into mappings the task itself may write. Falls back to
     /// [`Tracee::write_mem`] for the rest (read-only, PROT_NONE).
     pub fn write_mem_fast(&self, addr: u64, buf: &[u8]) -> Result<()> {
-        let local = [std::io::IoSlice::new(buf)];
-        let remote = [nix::sys::uio::RemoteIoVec {
-            base: addr as usize,
-            len: buf.len(),
-        }];
-        match nix::sys::uio::process_vm_writev(self.pid, &local, &remote) {
-            Ok(n) if n == buf.len() => Ok(()),
-            _ => self.write_mem(addr, buf),
+        if write_direct(self.pid, addr, buf) {
+            return Ok(());
         }
+        self.write_mem(addr, buf)
+    }
+
+    /// The task's memory, to be written from any thread (a stopped
+    /// process's pages copied beside the tracer's work on others).
+    pub fn memory(&self) -> Result<TaskMemory> {
+        Ok(TaskMemory {
+            pid: self.pid,
+            mem: open_mem(self.pid())?,
+        })
     }
 
     /// Waits for the task's next stop; its death is an error.
@@ -1024,4 +1020,52 @@ pub fn tracer_of(pid: i32) -> Option<i32> {
     s.lines()
         .find_map(|l| l.strip_prefix("TracerPid:"))
         .and_then(|v| v.trim().parse().ok())
+}
+
+/// A task's memory, written as [`Tracee::write_mem_fast`] writes it, from
+/// any thread: nothing here needs the tracer (`process_vm_writev` and
+/// `/proc/PID/mem` are checked against the caller's credentials, not its
+/// ptrace link).
+pub struct TaskMemory {
+    pid: Pid,
+    mem: File,
+}
+
+impl TaskMemory {
+    /// The task whose memory this is.
+    pub fn pid(&self) -> i32 {
+        self.pid.as_raw()
+    }
+
+    /// Writes `buf` at `addr`, as [`Tracee::write_mem_fast`].
+    pub fn write(&self, addr: u64, buf: &[u8]) -> Result<()> {
+        if write_direct(self.pid, addr, buf) {
+            return Ok(());
+        }
+        write_forced(self.pid(), &self.mem, addr, buf)
+    }
+}
+
+/// `process_vm_writev` of all of `buf` at `addr`: false when the mapping
+/// refuses it (read-only, PROT_NONE) or the write comes out short.
+fn write_direct(pid: Pid, addr: u64, buf: &[u8]) -> bool {
+    let local = [std::io::IoSlice::new(buf)];
+    let remote = [nix::sys::uio::RemoteIoVec {
+        base: addr as usize,
+        len: buf.len(),
+    }];
+    matches!(nix::sys::uio::process_vm_writev(pid, &local, &remote), Ok(n) if n == buf.len())
+}
+
+/// Writes through `/proc/PID/mem` (`mem`), which forces the write into
+/// read-only private pages.
+fn write_forced(pid: i32, mem: &File, addr: u64, buf: &[u8]) -> Result<()> {
+    mem.write_all_at(buf, addr)
+        .map_err(|source| ParasiteError::Mem {
+            pid,
+            op: "write",
+            addr,
+            len: buf.len(),
+            source,
+        })
 }

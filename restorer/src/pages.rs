@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use ckpt_image::ImageDir;
 use ckpt_image::mm::{Mm, PageCopy, PageEncoding};
+use ckpt_parasite::TaskMemory;
 use ckpt_parasite::remote::Remote;
 use ckpt_parasite::uffd::{self, Features, RegisterMode, Stop, Userfault};
 use rayon::prelude::*;
@@ -18,23 +19,63 @@ mod direct;
 pub(crate) mod layout;
 
 use direct::DirectPages;
+pub use direct::ReadBuffers;
 pub use layout::plan;
 use layout::{Split, cut_into_pieces};
 
-/// Copies saved pages into place, verified against the sealed manifest
-/// before anything runs (a mismatch fails the restore, the copied pages
-/// with it). On disk, with the manifest's block digests, the file is read
-/// with direct I/O and each block checked as it arrives ([`direct`]);
-/// otherwise the copy reads the mapped file while other cores hash the
-/// same bytes (one read of the file, hashing beside copying).
-pub fn fill_pages(
+/// A process's pages, ready to be copied into it, verified against the
+/// sealed manifest before anything runs (a mismatch fails the restore,
+/// the copied pages with it). What needs the tracer
+/// is done (the pages written before a userfaultfd may be registered, the
+/// userfaultfd); the copy ([`PageFill::run`]) needs neither the tracer
+/// nor its thread, so a tree's processes are filled beside each other
+/// while the tracer rebuilds the next one. The process must stay stopped
+/// and its mappings unchanged until the copy has run.
+pub struct PageFill<'a> {
+    copier: Copier<'a>,
+    /// The pieces left to copy.
+    pieces: Vec<PageCopy>,
+    source: Source<'a>,
+    /// Where the pieces are placed with `UFFDIO_COPY`; closed (its ranges
+    /// unregistered) once they all are.
+    uffd: Option<Userfault>,
+}
+
+/// Copies pieces of a mapped pages file into a process's memory.
+struct Copier<'a> {
+    memory: TaskMemory,
+    /// The mapped pages file.
+    pages: &'a [u8],
+    /// Bytes of the whole fill, for `progress`.
+    total: u64,
+    progress: Option<&'a (dyn Fn(u64, u64) + Sync)>,
+    /// Bytes copied so far.
+    done: AtomicU64,
+}
+
+/// Where a fill reads its pieces from, and how the file is verified.
+enum Source<'a> {
+    /// Read again with direct I/O, each block checked as it arrives
+    /// ([`direct`]).
+    Direct(DirectPages<'a>),
+    /// Copied from the mapping while other cores hash the same bytes (one
+    /// read of the file, hashing beside copying).
+    Mapped { images: &'a ImageDir, name: String },
+}
+
+/// Plans the copy of the pages of `mm` from `pages` (the mapped file
+/// `name` of `images`) and does what of it needs the tracer `r`. On disk,
+/// with the manifest's block digests, the file is to be read with direct
+/// I/O into `buffers`; otherwise from the mapping.
+pub fn prepare_fill<'a>(
     r: &Remote<'_>,
     mm: &Mm,
-    images: &ImageDir,
-    name: &str,
-    pages: &[u8],
-    progress: Option<&(dyn Fn(u64, u64) + Sync)>,
-) -> Result<()> {
+    images: &'a ImageDir,
+    name: String,
+    pages: &'a [u8],
+    buffers: &'a ReadBuffers,
+    progress: Option<&'a (dyn Fn(u64, u64) + Sync)>,
+) -> Result<PageFill<'a>> {
     // Private anonymous memory is filled with UFFDIO_COPY, which puts each
     // new page in place already holding its data: writing into the
     // process instead faults in a zeroed page first and then copies over
@@ -42,90 +83,23 @@ pub fn fill_pages(
     // The rest, and everything when the kernel refuses a userfaultfd, is
     // written as before.
     let split = layout::split(mm, plan(r.t.pid(), mm, pages.len() as u64)?);
-    if let Some(d) = open_direct(images, name, &split, pages.len() as u64)? {
-        log::debug!("{name}: read directly, each block checked as it arrives");
-        return copy_pages(r, mm, split, pages, Some(&d), progress);
-    }
-    // The copy stays on this thread (the tracer's); the hashing runs on
-    // the pool's threads meanwhile.
-    std::thread::scope(|s| {
-        let verifying = s.spawn(|| images.verify_bytes(name, pages));
-        let copied = copy_pages(r, mm, split, pages, None, progress);
-        let verified = verifying
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        verified?;
-        copied
-    })
-}
-
-/// The pages file `name` of `size` bytes opened for direct reads, when it
-/// is on a disk, the manifest has its block digests, the pieces of `split`
-/// lie in it one after the other, and few of their bytes are written from
-/// the mapping before the fill (`split.eager`), which the direct reads
-/// would read a second time (20,000 one-page VMAs are all first pages);
-/// `None` otherwise.
-fn open_direct(
-    images: &ImageDir,
-    name: &str,
-    split: &Split,
-    size: u64,
-) -> Result<Option<DirectPages>> {
-    let mut sorted: Vec<PageCopy> = split.eager.iter().chain(&split.lazy).copied().collect();
-    sorted.sort_unstable_by_key(|c| c.file_offset);
-    if !direct::in_file_order(&sorted) {
-        return Ok(None);
-    }
-    let eager: u64 = split.eager.iter().map(|c| c.file_len).sum();
-    if eager > size / MOSTLY_FILLED {
-        return Ok(None);
-    }
-    let Some(file) = images.open_pages_direct(name)? else {
-        return Ok(None);
+    let source = match open_direct(images, &name, &split, pages.len() as u64, buffers)? {
+        Some(d) => {
+            log::debug!("{name}: read directly, each block checked as it arrives");
+            Source::Direct(d)
+        }
+        None => Source::Mapped { images, name },
     };
-    // From here on the blocks are checked as they are read, not the file
-    // as a whole.
-    let Some(checks) = images.block_checks(name)? else {
-        return Ok(None);
+    let copier = Copier {
+        memory: r.t.memory()?,
+        pages,
+        total: mm.pages_bytes,
+        progress,
+        done: AtomicU64::new(0),
     };
-    Ok(Some(DirectPages::new(file, checks, size)))
-}
-
-/// The direct path is taken when at most 1/MOSTLY_FILLED of a pages file
-/// is written from its mapping before the fill.
-const MOSTLY_FILLED: u64 = 8;
-
-/// Copies `split` into place from `pages` (the mapped file), or, with
-/// `direct`, all but the eager pieces (a few pages) from its reads, which
-/// also verify the whole file.
-/// Below this many bytes of private anonymous pages a process's memory is
-/// written, not placed with UFFDIO_COPY: creating, registering and closing
-/// the userfaultfd takes some ten ptrace stops, about what placing
-/// instead of writing saves on 2 MiB (0.27 s a GiB), and most processes of
-/// a large tree hold less than that.
-const UFFD_MIN_BYTES: u64 = 4 << 20;
-
-fn copy_pages(
-    r: &Remote<'_>,
-    mm: &Mm,
-    split: Split,
-    pages: &[u8],
-    direct: Option<&DirectPages>,
-    progress: Option<&(dyn Fn(u64, u64) + Sync)>,
-) -> Result<()> {
-    let done = AtomicU64::new(0);
-    let total = mm.pages_bytes;
     // First, while nothing is registered: a write into a registered range
     // would wait for a fill that never comes.
-    copy_each(
-        r,
-        split.eager,
-        pages,
-        total,
-        progress,
-        &done,
-        Placing::Write,
-    )?;
+    copier.copy_each(split.eager, Placing::Write)?;
     let placed_bytes: u64 = split.lazy.iter().map(|c| c.raw_len).sum();
     let uffd = if placed_bytes < UFFD_MIN_BYTES {
         None
@@ -145,27 +119,132 @@ fn copy_pages(
             }
         }
     };
-    let how = match &uffd {
-        Some(u) => Placing::Fill(u),
-        None => Placing::Write,
-    };
-    match direct {
-        None => copy_each(r, split.lazy, pages, total, progress, &done, how)?,
-        Some(d) => {
-            let mut rest = pieces(split.lazy);
-            rest.sort_unstable_by_key(|c| c.file_offset);
-            let rest = direct::cut_at_windows(rest);
-            d.stream(&rest, |c, stored| {
-                DECOMPRESSED.with_borrow_mut(|buf| place_piece(r, c, stored, buf, how))?;
-                report(c, total, progress, &done);
-                Ok(())
-            })?;
+    Ok(PageFill {
+        copier,
+        pieces: split.lazy,
+        source,
+        uffd,
+    })
+}
+
+impl PageFill<'_> {
+    /// The process filled.
+    pub fn pid(&self) -> i32 {
+        self.copier.memory.pid()
+    }
+
+    /// Copies the pieces left, and has the whole file verified (a
+    /// mismatch is an error, whatever was copied).
+    pub fn run(self) -> Result<()> {
+        let how = match &self.uffd {
+            Some(u) => Placing::Fill(u),
+            None => Placing::Write,
+        };
+        match &self.source {
+            Source::Direct(d) => {
+                let mut rest = pieces(self.pieces.clone());
+                rest.sort_unstable_by_key(|c| c.file_offset);
+                let rest = direct::cut_at_windows(rest);
+                d.stream(&rest, |c, stored| {
+                    DECOMPRESSED.with_borrow_mut(|buf| {
+                        place_piece(&self.copier.memory, c, stored, buf, how)
+                    })?;
+                    self.copier.report(c);
+                    Ok(())
+                })?;
+            }
+            // The copy stays on this thread; the hashing runs on the
+            // pool's threads meanwhile.
+            Source::Mapped { images, name } => std::thread::scope(|s| {
+                let verifying = s.spawn(|| images.verify_bytes(name, self.copier.pages));
+                let copied = self.copier.copy_each(self.pieces.clone(), how);
+                let verified = verifying
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                verified?;
+                copied
+            })?,
+        }
+        // Closing the userfaultfd (with `self`) unregisters its ranges.
+        Ok(())
+    }
+}
+
+impl Copier<'_> {
+    /// Copies `copies` (checked by [`plan`]) from the mapped file into
+    /// place as `how` says, without verifying the file.
+    fn copy_each(&self, copies: Vec<PageCopy>, how: Placing<'_>) -> Result<()> {
+        let pid = self.memory.pid();
+        // In file order: each core then reads its own stretch of the file
+        // front to back (a dump appends LZ4 blocks in the order they were
+        // ready, not by address), which the kernel's read-ahead follows.
+        let mut pieces = pieces(copies);
+        pieces.sort_unstable_by_key(|c| c.file_offset);
+        pieces.par_iter().try_for_each_init(Vec::new, |buf, c| {
+            // In range by `plan`; `get` keeps that a checked fact here too.
+            let stored = usize::try_from(c.file_offset)
+                .ok()
+                .zip(usize::try_from(c.file_len).ok())
+                .and_then(|(off, len)| self.pages.get(off..off.checked_add(len)?))
+                .ok_or_else(|| bad_piece(pid, c, "outside the pages file".into()))?;
+            place_piece(&self.memory, c, stored, buf, how)?;
+            self.report(c);
+            Ok(())
+        })
+    }
+
+    /// Adds `c` to the bytes done and tells `progress`.
+    fn report(&self, c: &PageCopy) {
+        let now = self.done.fetch_add(c.raw_len, Ordering::Relaxed) + c.raw_len;
+        if let Some(p) = self.progress {
+            p(now, self.total);
         }
     }
-    // Closing the userfaultfd unregisters its ranges.
-    drop(uffd);
-    Ok(())
 }
+
+/// The pages file `name` of `size` bytes opened for direct reads, when it
+/// is on a disk, the manifest has its block digests, the pieces of `split`
+/// lie in it one after the other, and few of their bytes are written from
+/// the mapping before the fill (`split.eager`), which the direct reads
+/// would read a second time (20,000 one-page VMAs are all first pages);
+/// `None` otherwise.
+fn open_direct<'b>(
+    images: &ImageDir,
+    name: &str,
+    split: &Split,
+    size: u64,
+    buffers: &'b ReadBuffers,
+) -> Result<Option<DirectPages<'b>>> {
+    let mut sorted: Vec<PageCopy> = split.eager.iter().chain(&split.lazy).copied().collect();
+    sorted.sort_unstable_by_key(|c| c.file_offset);
+    if !direct::in_file_order(&sorted) {
+        return Ok(None);
+    }
+    let eager: u64 = split.eager.iter().map(|c| c.file_len).sum();
+    if eager > size / MOSTLY_FILLED {
+        return Ok(None);
+    }
+    let Some(file) = images.open_pages_direct(name)? else {
+        return Ok(None);
+    };
+    // From here on the blocks are checked as they are read, not the file
+    // as a whole.
+    let Some(checks) = images.block_checks(name)? else {
+        return Ok(None);
+    };
+    Ok(Some(DirectPages::new(file, checks, size, buffers)))
+}
+
+/// The direct path is taken when at most 1/MOSTLY_FILLED of a pages file
+/// is written from its mapping before the fill.
+const MOSTLY_FILLED: u64 = 8;
+
+/// Below this many bytes of private anonymous pages a process's memory is
+/// written, not placed with UFFDIO_COPY: creating, registering and closing
+/// the userfaultfd takes some ten ptrace stops, about what placing
+/// instead of writing saves on 2 MiB (0.27 s a GiB), and most processes of
+/// a large tree hold less than that.
+const UFFD_MIN_BYTES: u64 = 4 << 20;
 
 thread_local! {
     /// Each thread's buffer for decompressing LZ4 blocks read directly,
@@ -192,37 +271,14 @@ pub fn copy_listed(
     total: u64,
     progress: Option<&(dyn Fn(u64, u64) + Sync)>,
 ) -> Result<()> {
-    let done = AtomicU64::new(0);
-    copy_each(r, copies, pages, total, progress, &done, Placing::Write)
-}
-
-/// [`copy_listed`], placing the data as `how` says, adding to `done`.
-fn copy_each(
-    r: &Remote<'_>,
-    copies: Vec<PageCopy>,
-    pages: &[u8],
-    total: u64,
-    progress: Option<&(dyn Fn(u64, u64) + Sync)>,
-    done: &AtomicU64,
-    how: Placing<'_>,
-) -> Result<()> {
-    let pid = r.t.pid();
-    // In file order: each core then reads its own stretch of the file
-    // front to back (a dump appends LZ4 blocks in the order they were
-    // ready, not by address), which the kernel's read-ahead follows.
-    let mut pieces = pieces(copies);
-    pieces.sort_unstable_by_key(|c| c.file_offset);
-    pieces.par_iter().try_for_each_init(Vec::new, |buf, c| {
-        // In range by `plan`; `get` keeps that a checked fact here too.
-        let stored = usize::try_from(c.file_offset)
-            .ok()
-            .zip(usize::try_from(c.file_len).ok())
-            .and_then(|(off, len)| pages.get(off..off.checked_add(len)?))
-            .ok_or_else(|| bad_piece(pid, c, "outside the pages file".into()))?;
-        place_piece(r, c, stored, buf, how)?;
-        report(c, total, progress, done);
-        Ok(())
-    })
+    let copier = Copier {
+        memory: r.t.memory()?,
+        pages,
+        total,
+        progress,
+        done: AtomicU64::new(0),
+    };
+    copier.copy_each(copies, Placing::Write)
 }
 
 /// An error naming `pid`'s pages file and the piece `c` in it.
@@ -239,13 +295,13 @@ fn bad_piece(pid: i32, c: &PageCopy, what: String) -> RestoreError {
 /// Puts piece `c`, whose stored bytes are `stored`, in place as `how`
 /// says, decompressing through `buf`.
 fn place_piece(
-    r: &Remote<'_>,
+    memory: &TaskMemory,
     c: &PageCopy,
     stored: &[u8],
     buf: &mut Vec<u8>,
     how: Placing<'_>,
 ) -> Result<()> {
-    let pid = r.t.pid();
+    let pid = memory.pid();
     let data = match c.encoding {
         PageEncoding::Raw => stored,
         PageEncoding::Lz4 => {
@@ -260,21 +316,8 @@ fn place_piece(
         }
     };
     match how {
-        Placing::Write => Ok(r.t.write_mem_fast(c.addr, data)?),
-        Placing::Fill(u) => fill(r, u, c.addr, data),
-    }
-}
-
-/// Adds `c` to `done` and tells `progress`.
-fn report(
-    c: &PageCopy,
-    total: u64,
-    progress: Option<&(dyn Fn(u64, u64) + Sync)>,
-    done: &AtomicU64,
-) {
-    let now = done.fetch_add(c.raw_len, Ordering::Relaxed) + c.raw_len;
-    if let Some(p) = progress {
-        p(now, total);
+        Placing::Write => Ok(memory.write(c.addr, data)?),
+        Placing::Fill(u) => fill(memory, u, c.addr, data),
     }
 }
 
@@ -282,7 +325,7 @@ fn report(
 /// and its map settled, so the copy can stop only on a page already
 /// present, which the rebuild makes at most at a VMA's first page (the
 /// split keeps those written): that one is written over instead.
-fn fill(r: &Remote<'_>, u: &Userfault, addr: u64, data: &[u8]) -> Result<()> {
+fn fill(memory: &TaskMemory, u: &Userfault, addr: u64, data: &[u8]) -> Result<()> {
     let mut at = 0usize;
     while at < data.len() {
         let f = u.copy_step(addr + at as u64, &data[at..])?;
@@ -291,7 +334,7 @@ fn fill(r: &Remote<'_>, u: &Userfault, addr: u64, data: &[u8]) -> Result<()> {
             None | Some(Stop::Changing) => {}
             Some(Stop::Present) => {
                 let end = (at + PAGE_BYTES).min(data.len());
-                r.t.write_mem_fast(addr + at as u64, &data[at..end])?;
+                memory.write(addr + at as u64, &data[at..end])?;
                 at = end;
             }
             Some(stop @ (Stop::Unmapped | Stop::Exited)) => {

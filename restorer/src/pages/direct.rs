@@ -32,16 +32,63 @@ const ALIGN: u64 = 4096;
 
 /// A pages file opened for direct reads, with the sealed digests of its
 /// blocks.
-pub(crate) struct DirectPages {
+pub(crate) struct DirectPages<'b> {
     file: File,
     checks: BlockChecks,
     size: u64,
+    buffers: &'b ReadBuffers,
 }
 
-impl DirectPages {
-    /// `file` (opened with `O_DIRECT`) of `size` bytes, checked by `checks`.
-    pub(crate) fn new(file: File, checks: BlockChecks, size: u64) -> DirectPages {
-        DirectPages { file, checks, size }
+/// The read buffers of a restore, kept from one pages file to the next:
+/// a tree of 64 processes read with new buffers each faulted in 2 GiB of
+/// fresh memory (64 × two 16 MiB windows) the kernel had to zero first.
+#[derive(Default)]
+pub struct ReadBuffers {
+    spare: std::sync::Mutex<Vec<memmap2::MmapMut>>,
+}
+
+/// Buffers kept at most: enough for two files read at once.
+const SPARE_BUFFERS: usize = 2 * (AHEAD + 1);
+
+impl ReadBuffers {
+    /// A buffer of at least `len` bytes: a spare one, or a new one.
+    fn take(&self, len: usize) -> std::io::Result<memmap2::MmapMut> {
+        let mut spare = self.spare.lock().unwrap_or_else(|p| p.into_inner());
+        match spare.iter().position(|b| b.len() >= len) {
+            Some(i) => Ok(spare.swap_remove(i)),
+            None => {
+                drop(spare);
+                memmap2::MmapMut::map_anon(len)
+            }
+        }
+    }
+
+    /// Keeps `bufs` for the next file, up to [`SPARE_BUFFERS`].
+    fn give_back(&self, bufs: impl Iterator<Item = memmap2::MmapMut>) {
+        let mut spare = self.spare.lock().unwrap_or_else(|p| p.into_inner());
+        for b in bufs {
+            if spare.len() < SPARE_BUFFERS {
+                spare.push(b);
+            }
+        }
+    }
+}
+
+impl<'b> DirectPages<'b> {
+    /// `file` (opened with `O_DIRECT`) of `size` bytes, checked by `checks`,
+    /// read into `buffers`.
+    pub(crate) fn new(
+        file: File,
+        checks: BlockChecks,
+        size: u64,
+        buffers: &'b ReadBuffers,
+    ) -> DirectPages<'b> {
+        DirectPages {
+            file,
+            checks,
+            size,
+            buffers,
+        }
     }
 
     /// Reads the whole file, checks every block, and calls `place` with
@@ -61,27 +108,36 @@ impl DirectPages {
         let buffers = windows.min(AHEAD as u64 + 1);
         let buf_len = WINDOW.min(self.size.next_multiple_of(ALIGN)) as usize;
         for _ in 0..buffers {
-            let buf =
-                memmap2::MmapMut::map_anon(buf_len).map_err(|e| self.io("map a read buffer", e))?;
+            let buf = self
+                .buffers
+                .take(buf_len)
+                .map_err(|e| self.io("map a read buffer", e))?;
             // The channel holds AHEAD + 1 and is not full.
             let _ = free_tx.send(buf);
         }
         std::thread::scope(|s| {
-            s.spawn(move || {
+            // The reader hands its end of the free buffers back when done,
+            // so that they are kept for the next file.
+            let reader = s.spawn(move || {
                 for w in 0..windows {
                     let Ok(mut buf) = free_rx.recv() else {
-                        return;
+                        break;
                     };
                     let read = self.read_window(w, &mut buf);
                     let stop = read.is_err();
                     if full_tx.send(Filled { buf, read }).is_err() || stop {
-                        return;
+                        break;
                     }
                 }
+                free_rx
             });
             // The channels go with this call, so on an early return the
             // reader's next send or receive fails and it ends.
-            self.consume(windows, pieces, &place, free_tx, full_rx)
+            let consumed = self.consume(windows, pieces, &place, free_tx, full_rx);
+            if let Ok(free_rx) = reader.join() {
+                self.buffers.give_back(free_rx.try_iter());
+            }
+            consumed
         })
     }
 

@@ -13,6 +13,7 @@ use crate::error::{RestoreError, Result};
 use crate::held::{ChildrenFirst, Held};
 use crate::options::RestoreOptions;
 use crate::outcome::ms_since;
+use crate::pages;
 use crate::read::{Checkpoint, ProcessImages};
 use crate::{fd, lazy, mm, shapes, task, tree};
 
@@ -57,30 +58,43 @@ pub(super) fn build_tree(
     let mut slots: ChildrenFirst<Option<Held>> =
         ChildrenFirst(procs.iter().map(|_| None).collect());
     slots[0] = Some(Held::new(root));
-    for (i, p) in procs.iter().enumerate() {
-        let t = slots[i]
-            .as_ref()
-            .expect("parents come before their children");
-        let r = Remote { t, base };
-        let started = Instant::now();
-        let served = b
-            .server
-            .as_mut()
-            .filter(|_| ck.lazy[i])
-            .map(|server| Served {
-                server,
-                checks: blocks[i].clone(),
-            });
-        process::rebuild_memory(&r, p, &ck.pages[i], served, &mut b.cx)?;
-        log::debug!(
-            "pid {}: memory rebuilt ({:.3} ms)",
-            p.pid,
-            ms_since(started)
-        );
-        for (j, child) in fork_children(&r, p, ck, adopted, b)? {
-            slots[j] = Some(child);
+    let buffers = pages::ReadBuffers::default();
+    std::thread::scope(|s| {
+        let mut filling = Filling::new(s);
+        for (i, p) in procs.iter().enumerate() {
+            let t = slots[i]
+                .as_ref()
+                .expect("parents come before their children");
+            let r = Remote { t, base };
+            let started = Instant::now();
+            let served = b
+                .server
+                .as_mut()
+                .filter(|_| ck.lazy[i])
+                .map(|server| Served {
+                    server,
+                    checks: blocks[i].clone(),
+                });
+            let fill = process::rebuild_memory(&r, p, &ck.pages[i], &buffers, served, &mut b.cx)?;
+            log::debug!(
+                "pid {}: memory rebuilt ({:.3} ms)",
+                p.pid,
+                ms_since(started)
+            );
+            if let Some(fill) = fill {
+                // What a child is forked with must be there before it is.
+                if forks_any(p, ck) {
+                    fill.run()?;
+                } else {
+                    filling.start(fill)?;
+                }
+            }
+            for (j, child) in fork_children(&r, p, ck, adopted, b)? {
+                slots[j] = Some(child);
+            }
         }
-    }
+        filling.finish()
+    })?;
     let mut tracees = ChildrenFirst(
         std::mem::take(&mut slots.0)
             .into_iter()
@@ -90,6 +104,74 @@ pub(super) fn build_tree(
     rebuild_each(&mut tracees, procs, base, b, opts)?;
     b.cx.shmem.seal_all()?;
     Ok(Built { tracees, session })
+}
+
+/// Whether `p` forks a process, live or zombie, when rebuilt.
+fn forks_any(p: &ProcessImages, ck: &Checkpoint) -> bool {
+    ck.procs.iter().any(|c| c.ppid == p.pid) || ck.zombies.iter().any(|z| z.ppid == p.pid)
+}
+
+/// The copies of pages running beside the rebuild of the next processes:
+/// a copy is mostly waiting for the storage and faulting in new pages,
+/// and the tracer's work on the next process (remote syscalls, ptrace
+/// stops) overlaps it. Restoring a tree's processes one after another,
+/// each read front to back, left the storage idle between them.
+struct Filling<'scope, 'env> {
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    running: std::collections::VecDeque<std::thread::ScopedJoinHandle<'scope, Result<()>>>,
+}
+
+/// Copies running at once. Each spreads over the pool's threads already;
+/// a second one fills the gap at the start and end of the first (its
+/// first read, its last pieces), more would only hold more buffers.
+const FILLS_AT_ONCE: usize = 2;
+
+impl<'scope, 'env> Filling<'scope, 'env> {
+    fn new(scope: &'scope std::thread::Scope<'scope, 'env>) -> Self {
+        Filling {
+            scope,
+            running: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Starts `fill` once fewer than [`FILLS_AT_ONCE`] run; the first
+    /// error of the ones waited for.
+    fn start(&mut self, fill: pages::PageFill<'env>) -> Result<()> {
+        while self.running.len() >= FILLS_AT_ONCE {
+            self.wait_oldest()?;
+        }
+        let pid = fill.pid();
+        let handle = std::thread::Builder::new()
+            .name(format!("fill {pid}"))
+            .spawn_scoped(self.scope, move || fill.run())
+            .map_err(|e| RestoreError::Host {
+                pid,
+                what: format!("cannot start the copy of its pages: {e}"),
+            })?;
+        self.running.push_back(handle);
+        Ok(())
+    }
+
+    fn wait_oldest(&mut self) -> Result<()> {
+        match self.running.pop_front() {
+            Some(h) => h
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for every copy; the first error.
+    fn finish(mut self) -> Result<()> {
+        let mut first = Ok(());
+        while !self.running.is_empty() {
+            let r = self.wait_oldest();
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
 }
 
 /// Takes the stopped root, blocks every signal for the whole tree and

@@ -26,14 +26,17 @@ pub(super) struct Served<'s> {
 }
 
 /// The address space of one process: everything before it forks its
-/// children.
-pub(super) fn rebuild_memory(
+/// children. The copy of its pages (read through `buffers` where read
+/// directly) is returned to be run, unless they are served lazily (copied
+/// or handed to the server here).
+pub(super) fn rebuild_memory<'f, 'a: 'f>(
     r: &Remote<'_>,
     p: &ProcessImages,
-    pages: &Arc<memmap2::Mmap>,
+    pages: &'f Arc<memmap2::Mmap>,
+    buffers: &'f pages::ReadBuffers,
     served: Option<Served<'_>>,
-    cx: &mut RestoreContext<'_>,
-) -> Result<()> {
+    cx: &mut RestoreContext<'a>,
+) -> Result<Option<pages::PageFill<'f>>> {
     let pid = r.t.pid();
     let core = &p.core;
     let child_maps = mm::read_maps(pid)?;
@@ -59,13 +62,26 @@ pub(super) fn rebuild_memory(
     )?;
     ckpt_parasite::fault::inject(ckpt_parasite::fault::FaultPoint::MidRebuild);
     inherit::drop_pages(r, &p.mm)?;
-    match served {
+    let fill = match served {
         None => {
             let name = ckpt_image::pages_name(p.pid);
-            pages::fill_pages(r, &p.mm, cx.images, &name, pages, cx.options.progress)?
+            let images = cx.images;
+            Some(pages::prepare_fill(
+                r,
+                &p.mm,
+                images,
+                name,
+                pages,
+                buffers,
+                cx.options.progress,
+            )?)
         }
-        Some(served) => fill_some_pages(r, p, pages, served, cx)?,
-    }
+        Some(served) => {
+            fill_some_pages(r, p, pages, served, cx)?;
+            None
+        }
+    };
+    // Nothing below reads or writes the pages still to be copied.
     let mm_fields = core.mm.as_ref().expect("validated");
     let exe = mm::Exe {
         path: &core.exe,
@@ -73,7 +89,7 @@ pub(super) fn rebuild_memory(
         creds: core.creds.as_ref(),
     };
     mm::set_mm_fields(r, mm_fields, &exe, &mut cx.checks)?;
-    Ok(())
+    Ok(fill)
 }
 
 /// The child inherited the restorer's rseq registration, which points
