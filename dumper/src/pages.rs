@@ -337,10 +337,10 @@ pub fn copy_pages_compressed(
     t: &Memory,
     vmas: &[Vma],
     out: &PagesWriter,
+    pool: &BufferPool,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Vec<PageChunk>> {
     let all = &chunks(vmas);
-    let pool = &BufferPool::default();
     let mut blocks = std::thread::scope(|s| -> Result<Vec<PageChunk>> {
         let (to_writer, packed) = std::sync::mpsc::sync_channel::<Packed>(QUEUED_CHUNKS);
         let writer = s.spawn(move || -> Result<Vec<PageChunk>> {

@@ -337,7 +337,11 @@ impl PageStream<'_> {
     /// durable: [`crate::ImageWriter::finish_pages_all`] syncs). Returns
     /// its size.
     pub fn finish(mut self) -> Result<u64, ImageError> {
-        let last = self.flush();
+        let last = if self.flushers.is_empty() {
+            self.write_only_block()
+        } else {
+            self.flush()
+        };
         // A flusher's error is the cause of the last flush's.
         self.end()?;
         last?;
@@ -357,6 +361,21 @@ impl PageStream<'_> {
         });
         lock(&w.hashed).extend(digests);
         Ok(size)
+    }
+
+    /// Hashes and writes the block being filled on this thread: a stream
+    /// that never filled a block (a small process's pages, most of a large
+    /// tree's) needs no flusher threads for it.
+    fn write_only_block(&mut self) -> Result<(), ImageError> {
+        let Some(block) = self.block.take() else {
+            return Ok(());
+        };
+        let mut job = Flush {
+            index: self.index,
+            len: self.filled,
+            block,
+        };
+        self.shared.write(&mut job)
     }
 
     /// Stops the flushers once their queue is empty and waits for them;

@@ -120,16 +120,26 @@ impl<'t> Remote<'t> {
     /// Copies `bytes` into argument slot `slot` (each slot is one page) and
     /// returns its remote address.
     pub fn put(&self, slot: u64, bytes: &[u8]) -> Result<u64> {
-        if bytes.len() as u64 > PAGE || slot >= SLOTS {
+        self.put_at(slot, 0, bytes)
+    }
+
+    /// Copies `bytes` into argument slot `slot` at `offset` in it, and
+    /// returns their remote address: arguments of several calls of one
+    /// batch in slot 0, the one a batch leaves alone.
+    pub fn put_at(&self, slot: u64, offset: u64, bytes: &[u8]) -> Result<u64> {
+        let fits = offset
+            .checked_add(bytes.len() as u64)
+            .is_some_and(|end| end <= PAGE);
+        if !fits || slot >= SLOTS {
             return Err(ParasiteError::Layout {
                 pid: self.t.pid(),
                 what: format!(
-                    "syscall argument of {} bytes in slot {slot} does not fit the scratch area",
+                    "syscall argument of {} bytes at {offset} in slot {slot} does not fit the scratch area",
                     bytes.len()
                 ),
             });
         }
-        let addr = self.base + DATA_OFFSET + slot * PAGE;
+        let addr = self.base + DATA_OFFSET + slot * PAGE + offset;
         self.t.write_mem(addr, bytes)?;
         Ok(addr)
     }

@@ -845,20 +845,27 @@ pub fn set_mm_fields(
         (f.auxv.len() as u64) | (u64::from(exe_arg) << 32),
     ];
     let map = r.put_u64s(2, &words)?;
-    let res = r.call(
-        "prctl(PR_SET_MM_MAP)",
-        libc::SYS_prctl,
-        [
-            PR_SET_MM,
-            PR_SET_MM_MAP,
-            map,
-            (words.len() * 8) as u64,
-            0,
-            0,
-        ],
-    );
-    r.close(exe_fd)?;
-    res?;
+    // One stop; should the prctl fail, the restore fails and the process
+    // dies with the fd.
+    r.call_many(&[
+        batch::Call {
+            name: "prctl(PR_SET_MM_MAP)",
+            nr: libc::SYS_prctl,
+            args: [
+                PR_SET_MM,
+                PR_SET_MM_MAP,
+                map,
+                (words.len() * 8) as u64,
+                0,
+                0,
+            ],
+        },
+        batch::Call {
+            name: "close (executable)",
+            nr: libc::SYS_close,
+            args: [exe_fd as u64, 0, 0, 0, 0, 0],
+        },
+    ])?;
     Ok(())
 }
 

@@ -5,9 +5,9 @@
 //! dump recorded grants nothing new. Then the process's `oom_score_adj`.
 
 use ckpt_image::task::{Core, Sched};
+use ckpt_parasite::ParasiteError;
 use ckpt_parasite::batch::Call;
 use ckpt_parasite::remote::Remote;
-use ckpt_parasite::{ParasiteError, Tracee};
 use nix::errno::Errno;
 
 use crate::error::{RestoreError, Result};
@@ -35,25 +35,15 @@ const IOPRIO_WHO_PROCESS: u64 = 1;
 /// Largest valid I/O priority value: class (3 bits) << 13 | data.
 const IOPRIO_MAX_VALUE: u32 = (1 << 16) - 1;
 
-/// Sets every thread's scheduling attributes (the leader behind `r`, then
-/// `threads`, which follow `core.threads`) and the process's
-/// `oom_score_adj`. A CPU mask with no CPU of this host is a notice, not an
-/// error: the job may be restored on a smaller node; so is an
-/// `oom_score_adj` below the restorer's when ckpt lacks CAP_SYS_RESOURCE.
-pub fn restore(
-    r: &Remote<'_>,
-    threads: &[Tracee],
-    core: &Core,
-    notice: &dyn Fn(&str),
-) -> Result<()> {
+/// Sets the leader's scheduling attributes (behind `r`; the other
+/// threads' are set as each is created, in the same stop as the rest of
+/// its own state: `thread.rs`) and the process's `oom_score_adj`. A CPU
+/// mask with no CPU of this host is a notice, not an error: the job may be
+/// restored on a smaller node; so is an `oom_score_adj` below the
+/// restorer's when ckpt lacks CAP_SYS_RESOURCE.
+pub fn restore(r: &Remote<'_>, core: &Core, notice: &dyn Fn(&str)) -> Result<()> {
     if let Some(s) = &core.sched {
         set(r, core.pid, core.pid, s, notice)?;
-    }
-    for (t, tc) in threads.iter().zip(&core.threads) {
-        if let Some(s) = &tc.sched {
-            let tr = Remote { t, base: r.base };
-            set(&tr, core.pid, tc.tid, s, notice)?;
-        }
     }
     if core.sched.is_some() {
         let pid = r.t.pid();
@@ -110,16 +100,28 @@ fn validate(pid: i32, tid: i32, s: &Sched) -> Result<()> {
     Ok(())
 }
 
-/// Sets one thread's attributes from inside it. The timer slack goes
-/// first: switching to a real-time policy then zeroes it, as it was.
+/// Sets one thread's attributes from inside it.
 fn set(r: &Remote<'_>, pid: i32, tid: i32, s: &Sched, notice: &dyn Fn(&str)) -> Result<()> {
+    let calls = thread_calls(r, pid, tid, s)?;
+    run_with(r, &calls, pid, tid, s, notice)
+}
+
+/// Where in argument slot 0 a thread's attributes go: after what its
+/// other calls of the same batch put there (its alternate stack, name).
+const SCHED_ARG_OFFSET: u64 = 256;
+
+/// The calls that set one thread's attributes from inside it (their
+/// argument put in slot 0 at [`SCHED_ARG_OFFSET`]), to be run by
+/// [`run_with`], last in their batch. The timer slack goes first:
+/// switching to a real-time policy then zeroes it, as it was.
+pub fn thread_calls(r: &Remote<'_>, pid: i32, tid: i32, s: &Sched) -> Result<Vec<Call>> {
     validate(pid, tid, s)?;
     let flags = if s.reset_on_fork {
         SCHED_FLAG_RESET_ON_FORK
     } else {
         0
     };
-    // One argument slot: the sched_attr, then the affinity mask.
+    // One argument: the sched_attr, then the affinity mask.
     let mut arg = Vec::with_capacity(AFFINITY_AT + s.affinity.len() * 8);
     arg.extend_from_slice(&SCHED_ATTR_SIZE_VER0.to_le_bytes());
     arg.extend_from_slice(&s.policy.to_le_bytes());
@@ -130,9 +132,8 @@ fn set(r: &Remote<'_>, pid: i32, tid: i32, s: &Sched, notice: &dyn Fn(&str)) -> 
     arg.resize(AFFINITY_AT, 0);
     let mask: Vec<u8> = s.affinity.iter().flat_map(|w| w.to_le_bytes()).collect();
     arg.extend_from_slice(&mask);
-    let at = r.put(0, &arg)?;
-    // One stop for all (a thread of 2,000 counts): the affinity last, as
-    // the one call whose failure is not an error.
+    let at = r.put_at(0, SCHED_ARG_OFFSET, &arg)?;
+    // The affinity last, as the one call whose failure is not an error.
     let mut calls = vec![
         Call {
             name: "prctl(PR_SET_TIMERSLACK)",
@@ -157,7 +158,20 @@ fn set(r: &Remote<'_>, pid: i32, tid: i32, s: &Sched, notice: &dyn Fn(&str)) -> 
             args: [0, mask.len() as u64, at + AFFINITY_AT as u64, 0, 0, 0],
         });
     }
-    match r.call_many(&calls) {
+    Ok(calls)
+}
+
+/// Runs `calls` in one stop, ending with [`thread_calls`] for `s`: a CPU
+/// mask with none of this host's CPUs (its call the last) is a notice.
+pub fn run_with(
+    r: &Remote<'_>,
+    calls: &[Call],
+    pid: i32,
+    tid: i32,
+    s: &Sched,
+    notice: &dyn Fn(&str),
+) -> Result<()> {
+    match r.call_many(calls) {
         Ok(_) => Ok(()),
         Err(ParasiteError::RemoteSyscall {
             name: SET_AFFINITY,

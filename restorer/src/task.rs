@@ -71,7 +71,8 @@ pub fn restore_misc(r: &Remote<'_>, core: &Core) -> Result<()> {
             [it.which as u64, p, 0, 0, 0, 0],
         )?;
     }
-    restore_thread_state(
+    // The leader's own state, its personality and umask in one stop.
+    let mut calls = thread_state_calls(
         r,
         &ThreadOwn {
             altstack: core.altstack.as_ref(),
@@ -81,12 +82,17 @@ pub fn restore_misc(r: &Remote<'_>, core: &Core) -> Result<()> {
             comm: &core.comm,
         },
     )?;
-    r.call(
-        "personality",
-        libc::SYS_personality,
-        [core.personality as u64, 0, 0, 0, 0, 0],
-    )?;
-    r.call("umask", libc::SYS_umask, [core.umask as u64, 0, 0, 0, 0, 0])?;
+    calls.push(batch::Call {
+        name: "personality",
+        nr: libc::SYS_personality,
+        args: [core.personality as u64, 0, 0, 0, 0, 0],
+    });
+    calls.push(batch::Call {
+        name: "umask",
+        nr: libc::SYS_umask,
+        args: [core.umask as u64, 0, 0, 0, 0, 0],
+    });
+    r.call_many(&calls)?;
     restore_dirs(r, core)
 }
 
@@ -104,11 +110,18 @@ fn restore_dirs(r: &Remote<'_>, core: &Core) -> Result<()> {
     let dirs = crate::fd::creds::as_user(identity.as_ref(), r, || {
         open_dirs(r, core, identity.as_ref())
     })??;
-    let moved = move_to(r, &dirs);
+    // The move and the closes in one stop; a failed move fails the restore,
+    // which kills the process with whatever it still holds.
+    let mut calls = move_calls(r, &dirs)?;
     for fd in [Some(dirs.cwd), dirs.root].into_iter().flatten() {
-        r.close(fd)?;
+        calls.push(batch::Call {
+            name: "close (directory)",
+            nr: libc::SYS_close,
+            args: [fd as u64, 0, 0, 0, 0, 0],
+        });
     }
-    moved
+    r.call_many(&calls)?;
+    Ok(())
 }
 
 /// The process's fds of its working and root directories (`O_PATH`).
@@ -152,16 +165,22 @@ fn open_dirs(r: &Remote<'_>, core: &Core, identity: Option<&FsIdentity>) -> Resu
     Ok(DirFds { cwd, root })
 }
 
-/// Moves into `dirs`: root first (`chroot(".")` from it), then the
+/// The calls that move into `dirs`: root first (`chroot(".")` from it), then the
 /// working directory, which may lie outside the new root as it did.
-fn move_to(r: &Remote<'_>, dirs: &DirFds) -> Result<()> {
+fn move_calls(r: &Remote<'_>, dirs: &DirFds) -> Result<Vec<batch::Call>> {
+    let call = |name, nr, arg: u64| batch::Call {
+        name,
+        nr,
+        args: [arg, 0, 0, 0, 0, 0],
+    };
+    let mut calls = Vec::new();
     if let Some(root) = dirs.root {
-        r.call("fchdir", libc::SYS_fchdir, [root as u64, 0, 0, 0, 0, 0])?;
         let dot = r.put_path(0, ".")?;
-        r.call("chroot", libc::SYS_chroot, [dot, 0, 0, 0, 0, 0])?;
+        calls.push(call("fchdir", libc::SYS_fchdir, root as u64));
+        calls.push(call("chroot", libc::SYS_chroot, dot));
     }
-    r.call("fchdir", libc::SYS_fchdir, [dirs.cwd as u64, 0, 0, 0, 0, 0])?;
-    Ok(())
+    calls.push(call("fchdir", libc::SYS_fchdir, dirs.cwd as u64));
+    Ok(calls)
 }
 
 /// A working or root directory that could not be looked up, in terms of
@@ -255,8 +274,10 @@ const NAME_OFFSET: usize = 32;
 /// Longest thread name the kernel keeps.
 const COMM_MAX: usize = 15;
 
-/// Sets `own` in the thread behind `r`.
-pub fn restore_thread_state(r: &Remote<'_>, own: &ThreadOwn<'_>) -> Result<()> {
+/// The calls that set `own` in the thread behind `r` (their data put at
+/// the start of argument slot 0), for a batch that does more in the same
+/// stop.
+pub fn thread_state_calls(r: &Remote<'_>, own: &ThreadOwn<'_>) -> Result<Vec<batch::Call>> {
     let (sp, flags, size) = own.altstack.map_or((0, libc::SS_DISABLE, 0), |a| {
         (a.sp, a.flags & !libc::SS_ONSTACK, a.size)
     });
@@ -306,8 +327,7 @@ pub fn restore_thread_state(r: &Remote<'_>, own: &ThreadOwn<'_>) -> Result<()> {
             0,
         ],
     ));
-    r.call_many(&calls)?;
-    Ok(())
+    Ok(calls)
 }
 
 /// Sets the calling thread's name (comm).

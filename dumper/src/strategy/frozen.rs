@@ -10,6 +10,7 @@ use ckpt_image::mm::PageChunk;
 use super::{PageStrategy, PagesJob, page_progress};
 use crate::collect::Collected;
 use crate::error::Result;
+use crate::pages::BufferPool;
 use crate::stats::ms_since;
 use crate::{DumpStats, WriteOptions, pages};
 
@@ -35,6 +36,8 @@ pub(super) struct OneProcess<'a, 'o> {
     pub opts: &'a WriteOptions<'o>,
     /// Reports the bytes of this process copied so far.
     pub progress: &'a (dyn Fn(u64) + Sync),
+    /// Compression buffers, shared by the processes copied at once.
+    pub pool: &'a BufferPool,
 }
 
 /// Copies one process's pages into its pages file, adding to the figures
@@ -62,6 +65,9 @@ pub(super) fn save_each(job: PagesJob<'_, '_>, copy: CopyProcess) -> Result<Vec<
     let mut out = Vec::with_capacity(procs.len());
     // Bytes copied so far over all processes, for the progress line.
     let copied = AtomicU64::new(0);
+    // Kept from one process to the next: most processes of a large tree
+    // are small, and buffers of their own were mostly fresh zeroed memory.
+    let pool = BufferPool::default();
     // Page files are copied a batch at a time, then synced (and read back
     // for their checksums) together.
     for batch in procs.chunks(SYNC_BATCH) {
@@ -86,6 +92,7 @@ pub(super) fn save_each(job: PagesJob<'_, '_>, copy: CopyProcess) -> Result<Vec<
                     out: &pw,
                     opts,
                     progress: &progress,
+                    pool: &pool,
                 };
                 let mut own = DumpStats::default();
                 let blocks = copy(&one, &mut own)?;
@@ -130,7 +137,7 @@ struct CopiedProcess {
 pub(super) fn copy_whole(one: &OneProcess<'_, '_>, _: &mut DumpStats) -> Result<Vec<PageChunk>> {
     let c = one.c;
     if one.opts.compress {
-        pages::copy_pages_compressed(&c.mem, &c.vmas, one.out, one.progress)
+        pages::copy_pages_compressed(&c.mem, &c.vmas, one.out, one.pool, one.progress)
     } else {
         pages::copy_pages(&c.mem, &c.vmas, one.out, one.progress)?;
         Ok(Vec::new())

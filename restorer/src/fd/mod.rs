@@ -607,16 +607,26 @@ fn install<K: FileRestorer>(
 /// Copies fd `fd` of process `owner` into the process behind `r`
 /// (`pidfd_getfd`, run inside it): the same open file description, offset
 /// included. The restorer's own fds are taken through the pidfd of it the
-/// process inherited ([`RESTORER_PIDFD`]), another process's through a
-/// pidfd opened and closed around the copy.
+/// process inherited ([`RESTORER_PIDFD`]); so is another process's, once
+/// the restorer has a copy of it (one stop instead of two); without that
+/// pidfd, through a pidfd of the owner opened and closed around the copy.
 pub fn take_from(r: &Remote<'_>, owner: i32, fd: i32) -> Result<i32> {
     let inherited = RESTORER_PIDFD.load(std::sync::atomic::Ordering::Relaxed);
-    if owner == std::process::id() as i32 && inherited != NO_PIDFD {
-        return Ok(r.call(
-            "pidfd_getfd",
-            libc::SYS_pidfd_getfd,
-            [inherited as u64, fd as u64, 0, 0, 0, 0],
-        )? as i32);
+    if inherited != NO_PIDFD {
+        let from_restorer = |mine: i32| -> Result<i32> {
+            Ok(r.call(
+                "pidfd_getfd",
+                libc::SYS_pidfd_getfd,
+                [inherited as u64, mine as u64, 0, 0, 0, 0],
+            )? as i32)
+        };
+        if owner == std::process::id() as i32 {
+            return from_restorer(fd);
+        }
+        // The owner is a process of the tree, stopped and traced here.
+        let mine = crate::sys::take_fd(owner, fd)
+            .map_err(|e| RestoreError::os(owner, "pidfd_getfd", e))?;
+        return from_restorer(std::os::fd::AsRawFd::as_raw_fd(&mine));
     }
     // The call runs inside the process: the owner's pid as it sees it.
     let owner = crate::pid::inner(owner)?;

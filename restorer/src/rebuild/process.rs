@@ -220,7 +220,7 @@ fn restore_threads_and_creds(
     // Threads are created while the leader still has the privileges clone3
     // with set_tid needs; credentials are per thread in the kernel.
     let shared_filters = seccomp::install_shared(r, core)?;
-    let threads = thread::spawn(r, core)?;
+    let threads = thread::spawn(r, core, opts.notice)?;
     for th in threads.iter() {
         log::debug!("pid {pid}: thread {}", th.pid());
     }
@@ -229,7 +229,7 @@ fn restore_threads_and_creds(
     }
     // After the threads: a timer may signal one of them.
     timer::create(r, &core.posix_timers)?;
-    sched::restore(r, &threads, core, opts.notice)?;
+    sched::restore(r, core, opts.notice)?;
     prctl::restore_before_creds(r, core)?;
     seccomp::install_own(r, &threads, core, shared_filters)?;
     creds::restore(r, pid, core.creds.as_ref())?;
