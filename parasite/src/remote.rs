@@ -12,6 +12,8 @@ use crate::tracee::{SYSCALL_INT3, Tracee};
 /// Size of the scratch area: one page of code, the rest for arguments.
 pub const SCRATCH_LEN: u64 = 4 * PAGE;
 const PAGE: u64 = 4096;
+/// Bytes of one argument slot.
+pub const SLOT_BYTES: u64 = PAGE;
 const DATA_OFFSET: u64 = PAGE;
 /// Where the batch loop ([`crate::batch`]) sits in the code page, after
 /// the `syscall; int3` trampoline.
@@ -61,11 +63,26 @@ impl<'t> Remote<'t> {
     /// Uses the argument slots from 1 on: nothing put there before
     /// survives.
     pub fn call_many(&self, calls: &[batch::Call]) -> Result<Vec<u64>> {
+        let ran = self.call_until_failure(calls)?;
+        match ran.failed {
+            None => Ok(ran.results),
+            Some(f) => Err(ParasiteError::RemoteSyscall {
+                pid: self.t.pid(),
+                name: calls[f.index].name,
+                errno: f.errno,
+            }),
+        }
+    }
+
+    /// [`Remote::call_many`] that reports the first failure instead of
+    /// failing with it: what the calls before it returned stays known (the
+    /// fds they opened, to be used or closed).
+    pub fn call_until_failure(&self, calls: &[batch::Call]) -> Result<Ran> {
         let pid = self.t.pid();
         let code_len = batch::loop_code().len() as u64;
         let table_at = self.base + DATA_OFFSET + BATCH_FIRST_SLOT * PAGE;
         let mut results = Vec::with_capacity(calls.len());
-        for chunk in calls.chunks(BATCH_ENTRIES) {
+        for (c, chunk) in calls.chunks(BATCH_ENTRIES).enumerate() {
             let table = batch::table(chunk);
             self.t.write_mem(table_at, &table)?;
             let mut r = self.t.regs()?;
@@ -97,7 +114,17 @@ impl<'t> Remote<'t> {
             if left != 0 {
                 let failed = &chunk[ran];
                 let ret = result(ran) as i64;
-                crate::tracee::check_ret(pid, failed.name, ret)?;
+                if let Err(ParasiteError::RemoteSyscall { errno, .. }) =
+                    crate::tracee::check_ret(pid, failed.name, ret)
+                {
+                    return Ok(Ran {
+                        results,
+                        failed: Some(Failed {
+                            index: c * BATCH_ENTRIES + ran,
+                            errno,
+                        }),
+                    });
+                }
                 return Err(ParasiteError::UnexpectedStop {
                     pid,
                     what: "running a batch of remote syscalls",
@@ -105,7 +132,10 @@ impl<'t> Remote<'t> {
                 });
             }
         }
-        Ok(results)
+        Ok(Ran {
+            results,
+            failed: None,
+        })
     }
 
     /// The argument slots from 1 on as one buffer (what [`Remote::put`]
@@ -205,4 +235,21 @@ impl<'t> Remote<'t> {
         self.call("close", libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0])
             .map(|_| ())
     }
+}
+
+/// What [`Remote::call_until_failure`] ran.
+pub struct Ran {
+    /// The results of the calls that succeeded, in order: every call's, or
+    /// those before the one that failed.
+    pub results: Vec<u64>,
+    /// The call that failed, if one did.
+    pub failed: Option<Failed>,
+}
+
+/// A call of a batch that failed.
+pub struct Failed {
+    /// Its index among the calls.
+    pub index: usize,
+    /// What it returned.
+    pub errno: nix::errno::Errno,
 }

@@ -393,6 +393,7 @@ fn map_all(
     // shared memory object's fd, attaching SysV memory) runs on its own.
     let mut batch = MapBatch::default();
     let apart = Apart::plan(r, mm)?;
+    files.open_all(r, mm)?;
     for (i, v) in mm.vmas.iter().enumerate() {
         let kind = VmaKind::try_from(v.kind).map_err(|_| invalid(pid, v, "unknown kind"))?;
         if kind.is_special() || v.inherited {
@@ -460,21 +461,64 @@ struct MappedFiles {
 }
 
 impl MappedFiles {
+    /// Opens every file `mm`'s VMAs map, as many per stop as their paths
+    /// fit in an argument slot (a program has a few libraries, an
+    /// interpreter dozens). Stops at the first that fails to open, keeping
+    /// those before it: [`MappedFiles::open`] then opens it alone and says
+    /// why, naming the VMA.
+    fn open_all(&mut self, r: &Remote<'_>, mm: &Mm) -> Result<()> {
+        let mut wanted: Vec<(String, bool)> = Vec::new();
+        for v in &mm.vmas {
+            let writable = match VmaKind::try_from(v.kind) {
+                Ok(VmaKind::FilePrivate) if !v.inherited => false,
+                Ok(VmaKind::FileShared) if !v.inherited => v.flags & vma_flags::MAYWRITE != 0,
+                _ => continue,
+            };
+            let key = (v.path.clone(), writable);
+            if !self.open.contains_key(&key) && !wanted.contains(&key) {
+                wanted.push(key);
+            }
+        }
+        let mut rest = &wanted[..];
+        while !rest.is_empty() {
+            // Paths NUL-terminated one after another in slot 0.
+            let mut calls = Vec::new();
+            let mut at = 0u64;
+            for (path, writable) in rest {
+                let len = path.len() as u64 + 1;
+                if at + len > ckpt_parasite::remote::SLOT_BYTES && !calls.is_empty() {
+                    break;
+                }
+                let mut bytes = path.as_bytes().to_vec();
+                bytes.push(0);
+                let addr = r.put_at(0, at, &bytes)?;
+                at += len;
+                calls.push(batch::Call {
+                    name: "open (mapped file)",
+                    nr: libc::SYS_open,
+                    args: [addr, open_flags(*writable) as u64, 0, 0, 0, 0],
+                });
+            }
+            let ran = r.call_until_failure(&calls)?;
+            for (key, &fd) in rest.iter().zip(&ran.results) {
+                self.open.insert(key.clone(), fd as i32);
+            }
+            if ran.failed.is_some() {
+                return Ok(());
+            }
+            rest = &rest[calls.len()..];
+        }
+        Ok(())
+    }
+
     /// The fd of `v`'s file, opened now if no earlier VMA did.
     fn open(&mut self, r: &Remote<'_>, v: &Vma, writable: bool) -> Result<i32> {
         let key = (v.path.clone(), writable);
         if let Some(&fd) = self.open.get(&key) {
             return Ok(fd);
         }
-        let mode = if writable {
-            libc::O_RDWR
-        } else {
-            libc::O_RDONLY
-        };
-        // /proc resolved the dumped path: a symbolic link at its end was
-        // put there since.
         let fd = r
-            .open(&v.path, mode | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0)
+            .open(&v.path, open_flags(writable), 0)
             .map_err(|e| changed(r.t.pid(), v, format!("cannot reopen: {e}")))?;
         self.open.insert(key, fd);
         Ok(fd)
@@ -486,6 +530,18 @@ impl MappedFiles {
         r.call_many(&calls)?;
         Ok(())
     }
+}
+
+/// How a mapped file is opened: read-only, or for writing when a shared
+/// mapping of it may write. /proc resolved the dumped path: a symbolic
+/// link at its end was put there since, and is not followed.
+fn open_flags(writable: bool) -> i32 {
+    let mode = if writable {
+        libc::O_RDWR
+    } else {
+        libc::O_RDONLY
+    };
+    mode | libc::O_CLOEXEC | libc::O_NOFOLLOW
 }
 
 /// `close(fd)` as a batch entry.
