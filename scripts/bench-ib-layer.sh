@@ -12,14 +12,20 @@
 #       (default 5); prints ns per call, medians over the pairs, and what
 #       the layer adds; with 1 thread, then with 2 (each on a QP of its
 #       own, at once).
-#   scripts/bench-ib-layer.sh --guest [--pairs N] [--iters N] [--json FILE]
+#   scripts/bench-ib-layer.sh --guest [--pairs N] [--iters N] [--json FILE] [--control]
 #       In the SoftRoCE VM of scripts/ib-vm.sh (QEMU TCG, rxe0, server and
 #       client on the one device): perftest's ib_send_bw and ib_write_bw
 #       (64-byte messages, busy polling) and ib_send_lat (64 bytes, on
 #       completion events), ib_send_bw with 64 KiB messages, and the
 #       fast-path program above, without and with the layer, N pairs
 #       interleaved in one boot (default 5); medians and layer/plain.
-#       Needs root.
+#       --control preloads an empty library instead of the layer: the
+#       ratios it prints are the harness's own bias and spread. Needs
+#       root.
+#
+# Pairs alternate their order (plain first, then layer first, ...), so
+# neither side always runs first in a fresh state or last in a drifted
+# one.
 #
 # Environment: CKPT_IB_LAYER (default: build this tree's release layer).
 set -euo pipefail
@@ -31,7 +37,8 @@ rounds=20000
 threads="1 2"
 iters=4000
 json_out=
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+control=0
+usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
 	case $1 in
 	--guest) mode=guest; shift ;;
@@ -40,6 +47,7 @@ while [ $# -gt 0 ]; do
 	--threads) threads=$2; shift 2 ;;
 	--iters) iters=$2; shift 2 ;;
 	--json) json_out=$2; shift 2 ;;
+	--control) control=1; shift ;;
 	*) usage ;;
 	esac
 done
@@ -51,6 +59,8 @@ if [ -z "$layer" ]; then
 fi
 [ -f "$layer" ] || { echo "bench-ib-layer: no layer at $layer" >&2; exit 1; }
 
+# Pair I's order: odd pairs run plain first, even pairs the layer first.
+pair_order() { if [ $(($1 % 2)) = 1 ]; then echo plain layer; else echo layer plain; fi; }
 median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else print (NR % 2 ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2)}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b + 0 == 0) print "nan"; else printf "%.3f", a / b}'; }
 cpu=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
@@ -90,7 +100,7 @@ host_bench() {
 	for t in $threads; do
 		local out="$work/results-$t"
 		for i in $(seq "$pairs"); do
-			for m in plain layer; do
+			for m in $(pair_order "$i"); do
 				local pre=() want=libibverbs.so.1 res
 				if [ "$m" = layer ]; then
 					pre=(env LD_PRELOAD="$work/libckpt_ibverbs.so")
@@ -124,6 +134,14 @@ guest_bench() {
 	scratch=$(mktemp -d /var/tmp/ckpt-bench-ib.XXXXXX)
 	trap 'rm -rf "$scratch"' EXIT
 	build_fastpath "$scratch"
+	# What the "layer" side preloads: the layer, or for --control a
+	# library with nothing in it.
+	local want_layer=preload.so
+	cp "$scratch/libckpt_ibverbs.so" "$scratch/preload.so"
+	if [ "$control" = 1 ]; then
+		echo 'int ckpt_bench_control;' | gcc -x c -shared -fPIC -o "$scratch/preload.so" -
+		want_layer=libibverbs.so.1
+	fi
 	local lat_iters=$((iters / 8 + 1)) big_iters=$((iters / 8 + 5)) guest_rounds=$((rounds / 10 + 1))
 	# --use_old_post_send: perftest posts with ibv_post_send, the verb the
 	# layer shadows, and never with the extended ibv_wr_* API, which the
@@ -140,7 +158,7 @@ cd "\$CKPT_IB_SCRATCH"
 one() { # NAME MODE SIZE TOOL ARGS...: one server/client pair; prints the client's result line
 	name=\$1 mode=\$2 size=\$3 tool=\$4; shift 4
 	pre=
-	[ "\$mode" = layer ] && pre="env LD_PRELOAD=\$CKPT_IB_SCRATCH/libckpt_ibverbs.so"
+	[ "\$mode" = layer ] && pre="env LD_PRELOAD=\$CKPT_IB_SCRATCH/preload.so"
 	\$pre \$tool -d rxe0 -x 1 -s \$size -F --use_old_post_send "\$@" >srv.out 2>&1 &
 	sleep 0.5
 	\$pre \$tool -d rxe0 -x 1 -s \$size -F --use_old_post_send "\$@" 127.0.0.1 >cli.out 2>&1
@@ -154,13 +172,15 @@ one() { # NAME MODE SIZE TOOL ARGS...: one server/client pair; prints the client
 	echo "\$name \$mode \$line"
 }
 for i in \$(seq $pairs); do
-	for m in plain layer; do
+	order="plain layer"
+	[ \$((i % 2)) = 0 ] && order="layer plain"
+	for m in \$order; do
 		one send_bw \$m 64 ib_send_bw -n $iters
 		one write_bw \$m 64 ib_write_bw -n $iters
 		one send_lat_ev \$m 64 ib_send_lat -n $lat_iters -e
 		one send_bw_64k \$m 65536 ib_send_bw -n $big_iters
 		pre=
-		[ "\$m" = layer ] && pre="env LD_PRELOAD=\$CKPT_IB_SCRATCH/libckpt_ibverbs.so"
+		[ "\$m" = layer ] && pre="env LD_PRELOAD=\$CKPT_IB_SCRATCH/preload.so"
 		\$pre ./fastpath $guest_rounds 1 | sed "s/^/fp \$m /"
 	done
 done
@@ -174,7 +194,7 @@ GUEST
 		exit 1
 	fi
 	if [ "$(grep -c '^fp plain ops_from libibverbs.so.1$' <<<"$out")" != "$pairs" ] ||
-		[ "$(grep -c '^fp layer ops_from libckpt_ibverbs.so$' <<<"$out")" != "$pairs" ]; then
+		[ "$(grep -c "^fp layer ops_from $want_layer\$" <<<"$out")" != "$pairs" ]; then
 		echo "bench-ib-layer: the fast-path program did not run as expected in the guest:" >&2
 		echo "$out" >&2
 		exit 1
@@ -191,6 +211,7 @@ GUEST
 			END {for (i = 1; i <= nl; i++) if (p[i] + 0 != 0) print l[i] / p[i]}' <<<"$out" | median
 	}
 	echo
+	[ "$control" = 0 ] || echo "CONTROL: the \"layer\" side preloads an empty library, not the layer"
 	echo "perftest in the SoftRoCE guest (QEMU TCG, 1 vCPU, rxe0 loopback), median of $pairs interleaved pairs:"
 	printf '%-40s %10s %10s %12s %12s\n' figure plain layer layer/plain "pairwise"
 	local json="" k name p l
