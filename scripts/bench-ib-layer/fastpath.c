@@ -63,8 +63,15 @@ struct worker {
 	uint32_t lkey;
 	long rounds;
 	double *samples[KINDS];
-	double start, end;
+	double start, end, cpu;
 };
+
+static double thread_cpu_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
 
 static pthread_barrier_t go;
 
@@ -110,6 +117,7 @@ static void *run(void *arg)
 
 	pthread_barrier_wait(&go);
 	w->start = now_ns();
+	double cpu0 = thread_cpu_ns();
 	for (long r = -w->rounds / 10; r < w->rounds; r++) { /* the first tenth warms up */
 		double t[8];
 		t[0] = now_ns();
@@ -152,6 +160,7 @@ static void *run(void *arg)
 		w->samples[POLL_BATCH][r] = (t[7] - t[6]) / BATCH;
 	}
 	w->end = now_ns();
+	w->cpu = thread_cpu_ns() - cpu0;
 	return NULL;
 }
 
@@ -212,16 +221,18 @@ int main(int argc, char **argv)
 			die("pthread_create");
 	for (int t = 0; t < threads; t++)
 		pthread_join(tids[t], NULL);
-	/* How much of the run the threads spent running together (1: all of
-	 * it): on a loaded machine they may have taken turns on one CPU, and
-	 * then nothing was contended. */
-	double first_end = ws[0].end, last_start = ws[0].start, longest = 0;
+	/* How much of the run the threads spent running at the same time (1:
+	 * all of it; 1/THREADS: they took turns): on a loaded machine they may
+	 * share one CPU, and then nothing is contended. Their CPU time over
+	 * THREADS times the run's length says it; the run's wall-clock span
+	 * alone would not. */
+	double first_start = ws[0].start, last_end = ws[0].end, cpu = 0;
 	for (int t = 0; t < threads; t++) {
-		first_end = ws[t].end < first_end ? ws[t].end : first_end;
-		last_start = ws[t].start > last_start ? ws[t].start : last_start;
-		longest = ws[t].end - ws[t].start > longest ? ws[t].end - ws[t].start : longest;
+		first_start = ws[t].start < first_start ? ws[t].start : first_start;
+		last_end = ws[t].end > last_end ? ws[t].end : last_end;
+		cpu += ws[t].cpu;
 	}
-	printf("overlap %.2f\n", first_end > last_start ? (first_end - last_start) / longest : 0.0);
+	printf("parallel %.2f\n", cpu / ((double)threads * (last_end - first_start)));
 	size_t all = (size_t)rounds * (size_t)threads;
 	double *merged = malloc(sizeof(double) * all);
 	if (!merged)
