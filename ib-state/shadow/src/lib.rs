@@ -48,9 +48,9 @@ pub static CKPT_IB_IN_VERBS: OwnLines<AtomicUsize> = OwnLines(AtomicUsize::new(0
 /// pairs them). Every verb of every thread writes the in-verbs count;
 /// beside it, what every verb only reads (the gate, whether a restart
 /// happened) would be evicted from each core's cache each time another
-/// thread counted itself, and those reads would miss too: two threads
-/// posting receives at once paid +123 ns a call for the layer with them
-/// together, +50 apart (scripts/bench-ib-layer.sh).
+/// thread counted itself, and those reads would miss too: with two
+/// threads posting at once, the layer cost more than twice as much with
+/// them together (scripts/bench-ib-layer.sh).
 #[repr(C, align(128))]
 pub struct OwnLines<T>(pub T);
 
