@@ -40,9 +40,26 @@ use std::time::{Duration, Instant};
 /// Threads currently inside a verb of this layer. A checkpoint only
 /// proceeds when it is zero, so no lock of the layer is held by a frozen
 /// thread and no request is half-recorded. Exported: the dumper reads it
-/// in the process's memory.
+/// in the process's memory (the counter is at the symbol's address).
 #[unsafe(no_mangle)]
-pub static CKPT_IB_IN_VERBS: AtomicUsize = AtomicUsize::new(0);
+pub static CKPT_IB_IN_VERBS: OwnLines<AtomicUsize> = OwnLines(AtomicUsize::new(0));
+
+/// A value alone on its cache lines (two: the adjacent-line prefetcher
+/// pairs them). Every verb of every thread writes the in-verbs count;
+/// beside it, what every verb only reads (the gate, whether a restart
+/// happened) would be evicted from each core's cache each time another
+/// thread counted itself, and those reads would miss too: with two
+/// threads posting at once, the layer cost more than twice as much with
+/// them together (scripts/bench-ib-layer.sh).
+#[repr(C, align(128))]
+pub struct OwnLines<T>(pub T);
+
+impl<T> std::ops::Deref for OwnLines<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
 
 /// Closed (non-zero) by the dumper while it waits for the threads inside
 /// a verb to come out: a thread entering a verb waits at the gate instead,
