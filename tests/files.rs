@@ -12,6 +12,16 @@ fn files_restored_with_offsets_and_flags() {
     standard_cycle("files", "files", &[]);
 }
 
+/// A child's stdio and fds 4 and 5, all shared with its parent, nothing
+/// at 3: the restore takes them from the parent together and moves each
+/// to its number; each process checks its fds point where they did
+/// (tests/c/fdgap.c). Where moving them could drop a copy is a unit test
+/// of the restorer (`fd::tests`).
+#[test]
+fn fds_shared_with_the_parent_above_a_gap_keep_their_files() {
+    standard_cycle("fdgap", "fdgap", &[]);
+}
+
 /// Fd numbers the victim uses, and the file each must point to.
 const FDS: &[(i64, &str)] = &[
     (10, "ro.txt"),

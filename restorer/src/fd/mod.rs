@@ -179,6 +179,18 @@ pub struct Context<'c, 'a> {
     /// The effective capabilities the process was dumped with (none if
     /// the image has no credentials).
     cap_eff: u64,
+    /// Fds taken from earlier processes, not yet in place ([`put_takes`]).
+    takes: Vec<Take>,
+}
+
+/// An fd to be taken from the earlier process that installed its file.
+struct Take {
+    /// The earlier process and its fd (the restorer's view).
+    owner: i32,
+    owner_fd: i32,
+    /// Where it goes here, and its FD_CLOEXEC.
+    fd: i32,
+    cloexec: bool,
 }
 
 /// A stdio fd of a restored process that got `/dev/null` because the
@@ -468,6 +480,7 @@ pub fn restore(
         inherited: inherited_fds(pid)?,
         fs: creds::FsIdentity::of(creds),
         cap_eff: creds.map_or(0, |c| c.cap_eff),
+        takes: Vec::new(),
     };
     let previous = cx.fs.as_ref().map(|i| i.assume(r)).transpose()?;
     // An epoll registered in another epoll is rebuilt first: the outer one
@@ -485,6 +498,7 @@ pub fn restore(
                 .ok_or_else(|| cx.invalid(fd.fd, "no such file"))?;
             install_file(cx, r, file, fd, pass)?;
         }
+        put_takes(cx, r)?;
     }
     unix::hold_in_flight(cx, r, &table.in_flight)?;
     if let Some(p) = previous {
@@ -539,6 +553,7 @@ pub fn take_controlling_terminal(
         inherited: Vec::new(),
         fs: None,
         cap_eff: 0,
+        takes: Vec::new(),
     };
     pty::take_controlling_terminal(cx, r, ctty)
 }
@@ -567,6 +582,22 @@ fn install<K: FileRestorer>(
     } else {
         cx.tables.installed.get(&file.id).copied()
     };
+    if let Some(at) = earlier
+        && at.pid != cx.pid
+        && RESTORER_PIDFD.load(std::sync::atomic::Ordering::Relaxed) != NO_PIDFD
+    {
+        // Put in place with the takes next to it, in two stops for all.
+        cx.takes.push(Take {
+            owner: at.pid,
+            owner_fd: at.fd,
+            fd: fd.fd,
+            cloexec: fd.cloexec,
+        });
+        cx.here.insert(fd.fd, file.id);
+        return Ok(());
+    }
+    // Whatever this fd's kind does may use the numbers of the fds before.
+    put_takes(cx, r)?;
     let got = match earlier {
         Some(at) if at.pid == cx.pid => at.fd,
         Some(at) => take_from(r, at.pid, at.fd)?,
@@ -652,6 +683,118 @@ pub fn take_from(r: &Remote<'_>, owner: i32, fd: i32) -> Result<i32> {
     Ok(got[0] as i32)
 }
 
+/// Puts the fds of `cx.takes` in place in the process behind `r`: the
+/// restorer copies each from its holder, the process takes all the copies
+/// through the restorer's pidfd in one stop and moves them to their
+/// numbers in another (a process's three stdio fds shared with its
+/// parent were three stops each).
+fn put_takes(cx: &mut Context<'_, '_>, r: &Remote<'_>) -> Result<()> {
+    let takes = std::mem::take(&mut cx.takes);
+    if takes.is_empty() {
+        return Ok(());
+    }
+    let inherited = RESTORER_PIDFD.load(std::sync::atomic::Ordering::Relaxed) as u64;
+    let mine = takes
+        .iter()
+        .map(|t| {
+            crate::sys::take_fd(t.owner, t.owner_fd).map_err(|e| {
+                RestoreError::os(t.owner, format!("pidfd_getfd of fd {}", t.owner_fd), e)
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let getfds: Vec<batch::Call> = mine
+        .iter()
+        .map(|m| batch::Call {
+            name: "pidfd_getfd",
+            nr: libc::SYS_pidfd_getfd,
+            args: [
+                inherited,
+                std::os::fd::AsRawFd::as_raw_fd(m) as u64,
+                0,
+                0,
+                0,
+                0,
+            ],
+        })
+        .collect();
+    let mut got: Vec<i32> = r
+        .call_many(&getfds)?
+        .into_iter()
+        .map(|g| g as i32)
+        .collect();
+    drop(mine);
+    // Moved in order, a take must not land on a copy not moved yet: such
+    // copies go above every number in play first (one more stop, rare).
+    if lands_on_a_copy(&takes.iter().map(|t| t.fd).collect::<Vec<_>>(), &got) {
+        let above = takes
+            .iter()
+            .map(|t| t.fd)
+            .chain(got.iter().copied())
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let relocate: Vec<batch::Call> = got
+            .iter()
+            .flat_map(|&g| {
+                [
+                    batch::Call {
+                        name: "fcntl(F_DUPFD_CLOEXEC)",
+                        nr: libc::SYS_fcntl,
+                        args: [
+                            g as u64,
+                            libc::F_DUPFD_CLOEXEC as u64,
+                            above as u64,
+                            0,
+                            0,
+                            0,
+                        ],
+                    },
+                    batch::Call {
+                        name: "close",
+                        nr: libc::SYS_close,
+                        args: [g as u64, 0, 0, 0, 0, 0],
+                    },
+                ]
+            })
+            .collect();
+        let moved = r.call_many(&relocate)?;
+        got = moved.iter().step_by(2).map(|&g| g as i32).collect();
+    }
+    let mut moves = Vec::new();
+    for (t, &g) in takes.iter().zip(&got) {
+        if g == t.fd {
+            // pidfd_getfd sets FD_CLOEXEC.
+            moves.push(batch::Call {
+                name: "fcntl(F_SETFD)",
+                nr: libc::SYS_fcntl,
+                args: [g as u64, libc::F_SETFD as u64, t.cloexec as u64, 0, 0, 0],
+            });
+            continue;
+        }
+        let flags = if t.cloexec { libc::O_CLOEXEC } else { 0 };
+        moves.push(batch::Call {
+            name: "dup3",
+            nr: libc::SYS_dup3,
+            args: [g as u64, t.fd as u64, flags as u64, 0, 0, 0],
+        });
+        moves.push(batch::Call {
+            name: "close",
+            nr: libc::SYS_close,
+            args: [g as u64, 0, 0, 0, 0, 0],
+        });
+    }
+    r.call_many(&moves)?;
+    Ok(())
+}
+
+/// Whether moving copies `got[i]` to `targets[i]` one after another would
+/// put one onto a copy not moved yet (a child's fds 7 and 8 taken while
+/// 5 and 7 are the lowest free numbers: the first move drops the second
+/// copy).
+fn lands_on_a_copy(targets: &[i32], got: &[i32]) -> bool {
+    (0..targets.len()).any(|i| got[i + 1..].contains(&targets[i]))
+}
+
 /// No inherited pidfd of the restorer ([`RESTORER_PIDFD`]).
 pub const NO_PIDFD: i32 = -1;
 
@@ -701,4 +844,27 @@ fn inherited_fds(pid: i32) -> Result<Vec<i32>> {
         .collect();
     fds.sort_unstable();
     Ok(fds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lands_on_a_copy;
+
+    #[test]
+    fn a_move_onto_a_copy_not_moved_yet_is_seen() {
+        // Copies at 5 and 7 for fds 7 and 8: moving the first to 7 drops
+        // the second's copy.
+        assert!(lands_on_a_copy(&[7, 8], &[5, 7]));
+        assert!(lands_on_a_copy(&[4, 5], &[3, 4]));
+    }
+
+    #[test]
+    fn moves_onto_copies_already_moved_or_in_place_are_fine() {
+        // Stdio first: its copies are moved before the later fds land.
+        assert!(!lands_on_a_copy(&[0, 1, 2, 4, 5], &[5, 7, 8, 9, 11]));
+        assert!(!lands_on_a_copy(&[0, 1, 2, 7, 8], &[5, 7, 8, 9, 11]));
+        // A copy already at its number stays.
+        assert!(!lands_on_a_copy(&[3, 9], &[3, 4]));
+        assert!(!lands_on_a_copy(&[], &[]));
+    }
 }
