@@ -65,9 +65,7 @@ fn large_memory_read_in_windows_comes_back_whole() {
         let restore = CkptCmd::spawn(&env, &["-vv", "restore", "--dir", path_str(&env.img)]);
         v.go();
         let out = finish_restore(&v, restore);
-        let on_disk = nix::sys::statfs::statfs(&env.img)
-            .is_ok_and(|fs| fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC);
-        if on_disk {
+        if on_disk(&env.img) {
             assert!(
                 out.stderr.contains(&format!(
                     "pages-{}.img: read directly, each block checked as it arrives",

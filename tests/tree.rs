@@ -62,9 +62,7 @@ fn leaves_filled_beside_each_other_come_back_word_for_word() {
     let restore = CkptCmd::spawn(&env, &["-vv", "restore", "--dir", path_str(&env.img)]);
     v.go();
     let out = finish_restore(&v, restore);
-    let on_disk = nix::sys::statfs::statfs(&env.img)
-        .is_ok_and(|fs| fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC);
-    if on_disk {
+    if on_disk(&env.img) {
         let direct = out
             .stderr
             .matches("read directly, each block checked")

@@ -79,6 +79,17 @@ pub struct Call {
     pub args: [u64; 6],
 }
 
+impl Call {
+    /// `close(fd)`, named `name` in errors.
+    pub fn close(name: &'static str, fd: i32) -> Call {
+        Call {
+            name,
+            nr: libc::SYS_close,
+            args: [fd as u64, 0, 0, 0, 0, 0],
+        }
+    }
+}
+
 /// The table of `calls` as the loop reads it.
 pub fn table(calls: &[Call]) -> Vec<u8> {
     let mut t = Vec::with_capacity(calls.len() * ENTRY_LEN as usize);

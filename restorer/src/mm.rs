@@ -526,7 +526,11 @@ impl MappedFiles {
 
     /// Closes every fd, in one batch.
     fn close_all(self, r: &Remote<'_>) -> Result<()> {
-        let calls: Vec<batch::Call> = self.open.into_values().map(close_call).collect();
+        let calls: Vec<batch::Call> = self
+            .open
+            .into_values()
+            .map(|fd| batch::Call::close("close", fd))
+            .collect();
         r.call_many(&calls)?;
         Ok(())
     }
@@ -542,15 +546,6 @@ fn open_flags(writable: bool) -> i32 {
         libc::O_RDONLY
     };
     mode | libc::O_CLOEXEC | libc::O_NOFOLLOW
-}
-
-/// `close(fd)` as a batch entry.
-fn close_call(fd: i32) -> batch::Call {
-    batch::Call {
-        name: "close",
-        nr: libc::SYS_close,
-        args: [fd as u64, 0, 0, 0, 0, 0],
-    }
 }
 
 /// `flags` plus what the VMA's own flags ask of `mmap`.
@@ -774,7 +769,7 @@ impl<'v> MapBatch<'v> {
 
     /// Closes `fd` right after the mappings pushed so far.
     fn close_after(&mut self, fd: i32) {
-        self.calls.push(close_call(fd));
+        self.calls.push(batch::Call::close("close", fd));
     }
 
     /// Maps `v` with an anon_vma of its own ([`Placement::OwnAnonVma`]):
@@ -916,11 +911,7 @@ pub fn set_mm_fields(
                 0,
             ],
         },
-        batch::Call {
-            name: "close (executable)",
-            nr: libc::SYS_close,
-            args: [exe_fd as u64, 0, 0, 0, 0, 0],
-        },
+        batch::Call::close("close (executable)", exe_fd),
     ])?;
     Ok(())
 }

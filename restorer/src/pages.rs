@@ -136,28 +136,33 @@ impl PageFill<'_> {
     /// Copies the pieces left, and has the whole file verified (a
     /// mismatch is an error, whatever was copied).
     pub fn run(self) -> Result<()> {
-        let how = match &self.uffd {
+        let PageFill {
+            copier,
+            pieces: left,
+            source,
+            uffd,
+        } = self;
+        let how = match &uffd {
             Some(u) => Placing::Fill(u),
             None => Placing::Write,
         };
-        match &self.source {
+        match source {
             Source::Direct(d) => {
-                let mut rest = pieces(self.pieces.clone());
+                let mut rest = pieces(left);
                 rest.sort_unstable_by_key(|c| c.file_offset);
                 let rest = direct::cut_at_windows(rest);
                 d.stream(&rest, |c, stored| {
-                    DECOMPRESSED.with_borrow_mut(|buf| {
-                        place_piece(&self.copier.memory, c, stored, buf, how)
-                    })?;
-                    self.copier.report(c);
+                    DECOMPRESSED
+                        .with_borrow_mut(|buf| place_piece(&copier.memory, c, stored, buf, how))?;
+                    copier.report(c);
                     Ok(())
                 })?;
             }
             // The copy stays on this thread; the hashing runs on the
             // pool's threads meanwhile.
             Source::Mapped { images, name } => std::thread::scope(|s| {
-                let verifying = s.spawn(|| images.verify_bytes(name, self.copier.pages));
-                let copied = self.copier.copy_each(self.pieces.clone(), how);
+                let verifying = s.spawn(|| images.verify_bytes(&name, copier.pages));
+                let copied = copier.copy_each(left, how);
                 let verified = verifying
                     .join()
                     .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
@@ -165,7 +170,8 @@ impl PageFill<'_> {
                 copied
             })?,
         }
-        // Closing the userfaultfd (with `self`) unregisters its ranges.
+        // Closing the userfaultfd unregisters its ranges.
+        drop(uffd);
         Ok(())
     }
 }

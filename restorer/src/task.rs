@@ -114,11 +114,7 @@ fn restore_dirs(r: &Remote<'_>, core: &Core) -> Result<()> {
     // which kills the process with whatever it still holds.
     let mut calls = move_calls(r, &dirs)?;
     for fd in [Some(dirs.cwd), dirs.root].into_iter().flatten() {
-        calls.push(batch::Call {
-            name: "close (directory)",
-            nr: libc::SYS_close,
-            args: [fd as u64, 0, 0, 0, 0, 0],
-        });
+        calls.push(batch::Call::close("close (directory)", fd));
     }
     r.call_many(&calls)?;
     Ok(())

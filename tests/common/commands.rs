@@ -186,6 +186,13 @@ pub fn path_str(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }
 
+/// Whether `dir` is on a disk, not tmpfs: where the restorer reads pages
+/// files with direct I/O.
+pub fn on_disk(dir: &Path) -> bool {
+    nix::sys::statfs::statfs(dir)
+        .is_ok_and(|fs| fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC)
+}
+
 /// Asserts the image dir holds the files the contract promises.
 pub fn assert_images(img: &Path, pid: i32) {
     for f in expected_images(pid) {

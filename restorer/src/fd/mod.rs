@@ -749,11 +749,7 @@ fn put_takes(cx: &mut Context<'_, '_>, r: &Remote<'_>) -> Result<()> {
                             0,
                         ],
                     },
-                    batch::Call {
-                        name: "close",
-                        nr: libc::SYS_close,
-                        args: [g as u64, 0, 0, 0, 0, 0],
-                    },
+                    batch::Call::close("close", g),
                 ]
             })
             .collect();
@@ -777,11 +773,7 @@ fn put_takes(cx: &mut Context<'_, '_>, r: &Remote<'_>) -> Result<()> {
             nr: libc::SYS_dup3,
             args: [g as u64, t.fd as u64, flags as u64, 0, 0, 0],
         });
-        moves.push(batch::Call {
-            name: "close",
-            nr: libc::SYS_close,
-            args: [g as u64, 0, 0, 0, 0, 0],
-        });
+        moves.push(batch::Call::close("close", g));
     }
     r.call_many(&moves)?;
     Ok(())
